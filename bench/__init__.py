@@ -1,0 +1,1 @@
+"""Load generators and benchmarks for JSON-RPC endpoints."""

@@ -1,0 +1,40 @@
+"""In-process transport: `inproc://name` URLs resolve to handlers registered in one registry.
+
+`chainstate up` runs nodes and the proxy in one event loop; the proxy then calls a node's
+JSON-RPC handler directly instead of making an HTTP hop. The registry is an explicit object
+passed to the components that share it (no module-level state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+# Takes a raw JSON-RPC body, returns the raw response body (b"" when nothing to answer).
+BodyHandler = Callable[[bytes], Awaitable[bytes]]
+
+SCHEME = "inproc://"
+
+
+class InprocRegistry:
+    def __init__(self) -> None:
+        self._handlers: dict[str, BodyHandler] = {}
+
+    def register(self, name: str, handler: BodyHandler) -> str:
+        """Register a handler under `name`; returns its URL."""
+        self._handlers[name] = handler
+        return SCHEME + name
+
+    def unregister(self, name: str) -> None:
+        self._handlers.pop(name, None)
+
+    def resolve(self, url: str) -> BodyHandler | None:
+        if not url.startswith(SCHEME):
+            return None
+        return self._handlers.get(url[len(SCHEME) :])
+
+    def names(self) -> list[str]:
+        return sorted(self._handlers)
+
+
+def is_inproc(url: str) -> bool:
+    return url.startswith(SCHEME)

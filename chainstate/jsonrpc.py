@@ -1,0 +1,186 @@
+"""JSON-RPC 2.0 envelopes, error codes and a small method dispatcher shared by every server.
+
+The proxy, the state node, the writer and the checker all speak JSON-RPC; this module is the
+one place that knows how a body is parsed, how an error looks and how a batch is answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+# JSON-RPC 2.0 standard codes
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+# Server-defined codes used across chainstate
+SERVER_BUSY = -32005  # a limit was hit (batch length, body size, rate)
+
+# State node codes (spec: "Errors")
+EVM_REVERT = -39000
+GAS_EXHAUSTED = -39001
+BALANCE_EXHAUSTED = -39002
+NONCE_ERROR = -39003
+EVM_FAILED = -39004
+DATABASE_FAILED = -39005
+BLOCK_NOT_FOUND = -39006
+INVALID_BLOCK_ID = -39007
+UNSUPPORTED_PRECOMPILE = -39008
+
+# Codes the proxy retries on another node (spec rule 1 of "Errors").
+RETRYABLE_CODES = frozenset({BLOCK_NOT_FOUND, UNSUPPORTED_PRECOMPILE})
+
+
+class JsonRpcError(Exception):
+    """An error to answer as a JSON-RPC error object."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+    def to_obj(self) -> dict[str, Any]:
+        err: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            err["data"] = self.data
+        return err
+
+
+def error_response(req_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": req_id, "error": JsonRpcError(code, message, data).to_obj()}
+
+
+def result_response(req_id: Any, result: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": req_id, "result": result}
+
+
+def dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj)
+
+
+def parse_body(body: bytes) -> Any:
+    """Decode a request body; raises JsonRpcError(-32700) on malformed JSON."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise JsonRpcError(PARSE_ERROR, f"Parse error: {exc}") from None
+
+
+def request_id(item: Any) -> Any:
+    """The id to echo for an item, or None when it has no usable id."""
+    if isinstance(item, dict):
+        rid = item.get("id")
+        if rid is None or isinstance(rid, str | int | float) and not isinstance(rid, bool):
+            return rid
+    return None
+
+
+def is_notification(item: dict[str, Any]) -> bool:
+    return "id" not in item
+
+
+def check_request(item: Any) -> JsonRpcError | None:
+    """Validate the envelope of one request object (not its params)."""
+    if not isinstance(item, dict):
+        return JsonRpcError(INVALID_REQUEST, "Invalid Request: expected a JSON object")
+    if item.get("jsonrpc") != "2.0":
+        return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"')
+    method = item.get("method")
+    if not isinstance(method, str) or not method:
+        return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "method" must be a non-empty string')
+    if "id" in item:
+        rid = item["id"]
+        if isinstance(rid, bool) or not (rid is None or isinstance(rid, str | int | float)):
+            return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "id" must be a string, number or null')
+    params = item.get("params", [])
+    if not isinstance(params, list | dict):
+        return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "params" must be an array or object')
+    return None
+
+
+Handler = Callable[[Any], Awaitable[Any]]
+
+
+class Dispatcher:
+    """Answers JSON-RPC bodies (single or batch) by calling registered async method handlers.
+
+    A handler takes the request's `params` (list or dict) and returns the result, or raises
+    JsonRpcError. Unexpected exceptions become -32603 without leaking internals.
+    """
+
+    def __init__(self, name: str = "jsonrpc", max_batch: int = 1000) -> None:
+        self.name = name
+        self.max_batch = max_batch
+        self._methods: dict[str, Handler] = {}
+
+    def register(self, method: str, handler: Handler) -> None:
+        self._methods[method] = handler
+
+    def update(self, methods: dict[str, Handler]) -> None:
+        self._methods.update(methods)
+
+    @property
+    def methods(self) -> list[str]:
+        return sorted(self._methods)
+
+    async def call(self, method: str, params: Any) -> Any:
+        handler = self._methods.get(method)
+        if handler is None:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+        return await handler(params)
+
+    async def handle_item(self, item: Any) -> dict[str, Any] | None:
+        bad = check_request(item)
+        if bad is not None:
+            return {"jsonrpc": "2.0", "id": request_id(item), "error": bad.to_obj()}
+        rid = item.get("id")
+        try:
+            result = await self.call(item["method"], item.get("params", []))
+            response = result_response(rid, result)
+        except JsonRpcError as exc:
+            response = {"jsonrpc": "2.0", "id": rid, "error": exc.to_obj()}
+        except Exception:
+            log.exception("%s: internal error in %s", self.name, item.get("method"))
+            response = error_response(rid, INTERNAL_ERROR, "Internal error")
+        return None if is_notification(item) else response
+
+    async def handle_body(self, body: bytes) -> bytes:
+        """Answer a raw body; returns b"" when nothing is to be sent (only notifications)."""
+        try:
+            payload = parse_body(body)
+        except JsonRpcError as exc:
+            return dumps({"jsonrpc": "2.0", "id": None, "error": exc.to_obj()})
+        if isinstance(payload, list):
+            if not payload:
+                return dumps(error_response(None, INVALID_REQUEST, "Invalid Request: empty batch"))
+            if len(payload) > self.max_batch:
+                return dumps(
+                    error_response(
+                        None, INVALID_REQUEST, f"batch too large: {len(payload)} > {self.max_batch}"
+                    )
+                )
+            answers = await asyncio.gather(*(self.handle_item(it) for it in payload))
+            out = [a for a in answers if a is not None]
+            return dumps(out) if out else b""
+        answer = await self.handle_item(payload)
+        return dumps(answer) if answer is not None else b""
+
+
+def params_list(params: Any, names: list[str]) -> list[Any]:
+    """Positional view of params; a dict is mapped through `names`. Missing trailing → None."""
+    if isinstance(params, dict):
+        return [params.get(n) for n in names]
+    if not isinstance(params, list):
+        raise JsonRpcError(INVALID_PARAMS, "params must be an array or object")
+    if len(params) > len(names):
+        raise JsonRpcError(INVALID_PARAMS, f"too many params: expected at most {len(names)}")
+    return list(params) + [None] * (len(names) - len(params))

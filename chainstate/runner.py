@@ -1,0 +1,37 @@
+"""Run one or more aiohttp applications in one uvloop event loop until Ctrl-C / SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+
+import uvloop
+from aiohttp import web
+
+
+async def start_site(
+    stack: AsyncExitStack, app: web.Application, host: str, port: int, reuse_port: bool = False
+) -> web.AppRunner:
+    """Start `app` on host:port and register its cleanup on `stack`."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=1024)
+    await site.start()
+    return runner
+
+
+async def wait_for_stop() -> None:
+    """Block until SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def run(main: Callable[[], Awaitable[None]]) -> None:
+    """Run `main` on uvloop."""
+    uvloop.run(main())

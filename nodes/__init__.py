@@ -1,0 +1,1 @@
+"""Chain nodes served in process or alone: state, writer, checker, and the devnet chain."""

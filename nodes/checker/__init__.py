@@ -1,0 +1,1 @@
+"""Consistency checker: confirms blocks that a quorum of state replicas agree on."""

@@ -1,0 +1,1 @@
+"""The devnet: anvil as the execution client, installed and started by chainstate."""

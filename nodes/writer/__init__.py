@@ -1,0 +1,1 @@
+"""Write node: follows an execution client and emits each block as BlockFile/Header/StateDiff/ValidationHash."""

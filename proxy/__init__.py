@@ -1,0 +1,1 @@
+"""Routing proxy: JSON-RPC engine, pools, selection, forwarding, admin API."""

@@ -1,0 +1,19 @@
+"""Fixtures shared by every test area. Area-specific fixtures live in tests/<area>/conftest.py."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def unused_port() -> int:
+    return free_port()

@@ -1,0 +1,1 @@
+"""The /v1 data workspace API: spaces, tables, rows, functions, notebooks, auth."""
