@@ -1,0 +1,50 @@
+"""The read interface of a state node at a fixed height.
+
+The state node's store implements it; the EVM executor, BSRB/1 batch reads and the
+checker's `blockx` methods consume it. Heights outside the node's range raise
+JsonRpcError(-39006); storage failures raise JsonRpcError(-39005).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderInfo:
+    """What execution and routing need from a block header (values decoded)."""
+
+    number: int
+    hash: str
+    parent_hash: str
+    timestamp: int
+    miner: str
+    gas_limit: int
+    gas_used: int
+    base_fee_per_gas: int
+    mix_hash: str  # prevrandao after the merge
+    difficulty: int
+    validation_hash: str
+
+
+class StateReader(Protocol):
+    """State as of the end of block `height` (all values decoded to int/bytes)."""
+
+    def range(self) -> tuple[int, int]:
+        """(earliest, latest) heights this node can answer; latest is the head."""
+        ...
+
+    def header(self, height: int) -> HeaderInfo: ...
+
+    def height_of(self, block_hash: str) -> int | None:
+        """Height of a canonical block by hash, or None when unknown."""
+        ...
+
+    def balance(self, address: str, height: int) -> int: ...
+
+    def nonce(self, address: str, height: int) -> int: ...
+
+    def code(self, address: str, height: int) -> bytes: ...
+
+    def storage(self, address: str, slot: int, height: int) -> int: ...
