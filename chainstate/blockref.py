@@ -101,6 +101,7 @@ def parse_block_ctx(value: Any) -> BlockRef:
         raise _bad(value)
     kind = value.get("type", "Equals")
     if kind not in ("Equals", "Contains"):
-        raise JsonRpcError(INVALID_BLOCK_ID, f'invalid blockCtx type {kind!r}: "Equals" or "Contains"')
+        msg = f'invalid blockCtx type {kind!r}: expected "Equals" or "Contains"'
+        raise JsonRpcError(INVALID_BLOCK_ID, msg)
     block_id = value.get("block_id", "latest")
     return parse_block_id(block_id, contains=kind == "Contains")

@@ -79,7 +79,7 @@ def request_id(item: Any) -> Any:
     """The id to echo for an item, or None when it has no usable id."""
     if isinstance(item, dict):
         rid = item.get("id")
-        if rid is None or isinstance(rid, str | int | float) and not isinstance(rid, bool):
+        if rid is None or (isinstance(rid, str | int | float) and not isinstance(rid, bool)):
             return rid
     return None
 
@@ -100,7 +100,8 @@ def check_request(item: Any) -> JsonRpcError | None:
     if "id" in item:
         rid = item["id"]
         if isinstance(rid, bool) or not (rid is None or isinstance(rid, str | int | float)):
-            return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "id" must be a string, number or null')
+            msg = 'Invalid Request: "id" must be a string, number or null'
+            return JsonRpcError(INVALID_REQUEST, msg)
     params = item.get("params", [])
     if not isinstance(params, list | dict):
         return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "params" must be an array or object')

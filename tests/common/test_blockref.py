@@ -23,8 +23,10 @@ H = "0x" + "ab" * 32
         ("0x10", BlockRef(number=16)),
         (H, BlockRef(hash=H)),
         ({"blockNumber": "0x2"}, BlockRef(number=2)),
-        ({"blockHash": H.upper().replace("0X", "0x"), "requireCanonical": True},
-         BlockRef(hash=H, require_canonical=True)),
+        (
+            {"blockHash": H.upper().replace("0X", "0x"), "requireCanonical": True},
+            BlockRef(hash=H, require_canonical=True),
+        ),
         (None, BlockRef(tag="latest")),
     ],
 )
