@@ -1,0 +1,179 @@
+"""Polls the state replicas and confirms each height that a quorum of them agree on."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from chainstate.jsonrpc import JsonRpcError
+from chainstate.rpcclient import RpcClient, RpcUnavailable
+from nodes.checker.confirm import Vote, decide, disagreement
+from nodes.checker.ledger import BlockRecord, Ledger
+from nodes.checker.settings import CheckerSettings
+
+log = logging.getLogger("chainstate.checker")
+
+
+class CheckerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.replica_height = Gauge(
+            "checker_replica_height",
+            "Latest height a replica reports",
+            ["replica"],
+            registry=registry,
+        )
+        self.replica_up = Gauge(
+            "checker_replica_up",
+            "1 when the replica answered the last poll",
+            ["replica"],
+            registry=registry,
+        )
+        self.replica_diverged = Gauge(
+            "checker_replica_diverged",
+            "1 when the replica's validation hash disagreed with the quorum",
+            ["replica"],
+            registry=registry,
+        )
+        self.confirmed_height = Gauge(
+            "checker_confirmed_height", "Latest confirmed height", registry=registry
+        )
+        self.lag = Gauge(
+            "checker_confirmation_lag_blocks",
+            "Highest replica height minus the confirmed height",
+            registry=registry,
+        )
+        self.disagreements = Counter(
+            "checker_disagreements",
+            "Heights where replicas held different blocks or hashes",
+            registry=registry,
+        )
+        self.reorgs = Counter(
+            "checker_reorgs", "Confirmed blocks later demoted to forks", registry=registry
+        )
+
+
+class Poller:
+    def __init__(
+        self,
+        settings: CheckerSettings,
+        ledger: Ledger,
+        clients: dict[str, RpcClient],
+        metrics: CheckerMetrics,
+    ) -> None:
+        self.settings = settings
+        self.ledger = ledger
+        self.clients = clients
+        self.metrics = metrics
+        self._counted: dict[int, set[str]] = {}
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except Exception:
+                log.exception("checker: polling round failed")
+            await asyncio.sleep(self.settings.poll_interval)
+
+    async def poll_once(self) -> int:
+        """One round; returns how many heights were confirmed."""
+        ranges = await self._ranges()
+        quorum = self.settings.effective_quorum
+        if len(ranges) < quorum:
+            return 0
+        start = self._next_height(ranges, quorum)
+        top = sorted((latest for _, latest in ranges.values()), reverse=True)[quorum - 1]
+        confirmed = 0
+        if start <= top:
+            count = min(self.settings.batch, top - start + 1)
+            views = await asyncio.gather(*(self._votes(r, start, count) for r in ranges))
+            confirmed = self._confirm_range(start, count, views, quorum)
+        self._update_lag(ranges)
+        return confirmed
+
+    def _confirm_range(
+        self, start: int, count: int, views: list[dict[int, Vote]], quorum: int
+    ) -> int:
+        for height in range(start, start + count):
+            votes = [view[height] for view in views if height in view]
+            decision = decide(votes, quorum, len(self.clients))
+            self._report_disagreement(height, votes, decision.diverged)
+            if decision.winner is None:
+                return height - start
+            prev = self.ledger.at_height(height - 1)
+            if prev is not None and decision.winner.parent_id != prev.id:
+                log.warning("checker: reorg below %d, demoting confirmed block %s", height, prev.id)
+                self.ledger.demote(height - 1)
+                self.metrics.reorgs.inc()
+                return height - start
+            forks = [self._record(v, fork=True) for v in decision.losers]
+            self.ledger.confirm(self._record(decision.winner, fork=False), forks)
+            self.metrics.confirmed_height.set(height)
+        return count
+
+    @staticmethod
+    def _record(vote: Vote, fork: bool) -> BlockRecord:
+        return BlockRecord(vote.id, vote.height, vote.validation_hash, fork)
+
+    def _report_disagreement(self, height: int, votes: list[Vote], diverged: list[str]) -> None:
+        for replica in self.clients:
+            self.metrics.replica_diverged.labels(replica).set(1 if replica in diverged else 0)
+        if not disagreement(votes):
+            return
+        seen = self._counted.setdefault(height, set())
+        key = {f"{v.replica}={v.id}/{v.validation_hash}" for v in votes}
+        if key <= seen:
+            return
+        seen |= key
+        if len(self._counted) > 1000:
+            self._counted.pop(min(self._counted))
+        self.metrics.disagreements.inc()
+        log.warning(
+            "checker: replicas disagree at height %d",
+            height,
+            extra={"votes": [[v.replica, v.id, v.validation_hash] for v in votes]},
+        )
+
+    def _next_height(self, ranges: dict[str, tuple[int, int]], quorum: int) -> int:
+        latest = self.ledger.latest()
+        if latest is not None:
+            return latest.num + 1
+        if self.settings.start_height is not None:
+            return self.settings.start_height
+        return sorted(earliest for earliest, _ in ranges.values())[quorum - 1]
+
+    def _update_lag(self, ranges: dict[str, tuple[int, int]]) -> None:
+        latest = self.ledger.latest()
+        head = max(latest for _, latest in ranges.values())
+        self.metrics.lag.set(head - (latest.num if latest else -1))
+
+    async def _ranges(self) -> dict[str, tuple[int, int]]:
+        results = await asyncio.gather(*(self._range(r) for r in self.clients))
+        return {r: rg for r, rg in zip(self.clients, results, strict=True) if rg is not None}
+
+    async def _range(self, replica: str) -> tuple[int, int] | None:
+        try:
+            got: Any = await self.clients[replica].call("blockx_range")
+            earliest, latest = int(got["earliest"]), int(got["latest"])
+        except (RpcUnavailable, JsonRpcError, KeyError, TypeError, ValueError) as exc:
+            self.metrics.replica_up.labels(replica).set(0)
+            log.info("checker: replica %s unavailable: %s", replica, exc)
+            return None
+        self.metrics.replica_up.labels(replica).set(1)
+        self.metrics.replica_height.labels(replica).set(latest)
+        return earliest, latest
+
+    async def _votes(self, replica: str, start: int, count: int) -> dict[int, Vote]:
+        try:
+            items = await self.clients[replica].call("blockx_getValidation", [start, count])
+            return {
+                int(it["height"]): Vote(
+                    replica, int(it["height"]), it["id"], it["parent_id"], it["validation_hash"]
+                )
+                for it in items
+            }
+        except (RpcUnavailable, JsonRpcError, KeyError, TypeError, ValueError) as exc:
+            log.info("checker: replica %s: blockx_getValidation failed: %s", replica, exc)
+            return {}

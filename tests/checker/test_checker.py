@@ -1,0 +1,281 @@
+"""The checker confirms what a quorum of replicas agree on, and nothing else.
+
+Replicas here are in-process models answering the two `blockx_*` methods the checker
+reads; the end-to-end test with real state nodes lives with the write pipeline tests.
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from chainstate.inproc import InprocRegistry
+from chainstate.jsonrpc import Dispatcher, JsonRpcError
+from nodes.checker.confirm import Vote, decide
+from nodes.checker.service import CheckerNode
+from nodes.checker.settings import CheckerSettings
+
+
+def bhash(tag: str, height: int) -> str:
+    return "0x" + f"{tag}{height:x}".encode().hex().ljust(64, "0")[:64]
+
+
+def vhash(tag: str, height: int) -> str:
+    return "0x" + (f"{height:016x}" + tag.encode().hex()).ljust(64, "e")[:64]
+
+
+class Replica:
+    """A state replica's view: height → (id, parent_id, validation_hash)."""
+
+    def __init__(self, registry: InprocRegistry, name: str, head: int, tag: str = "a") -> None:
+        self.name, self.earliest, self.down = name, 0, False
+        self.blocks: dict[int, tuple[str, str, str]] = {}
+        self.extend(tag, 0, head)
+        d = Dispatcher(name)
+        d.update({"blockx_range": self._range, "blockx_getValidation": self._validation})
+        self.dispatcher = d
+        self.url = registry.register(name, self._body)
+
+    def extend(self, tag: str, start: int, end: int) -> None:
+        for h in range(start, end + 1):
+            parent = self.blocks[h - 1][0] if h > 0 else "0x" + "00" * 32
+            self.blocks[h] = (bhash(tag, h), parent, vhash(tag, h))
+        for h in [h for h in self.blocks if h > end]:
+            del self.blocks[h]
+
+    def corrupt(self, height: int) -> None:
+        bid, parent, _ = self.blocks[height]
+        self.blocks[height] = (bid, parent, vhash("bad", height))
+
+    async def _body(self, body: bytes) -> bytes:
+        if self.down:
+            raise ConnectionError("replica down")
+        return await self.dispatcher.handle_body(body)
+
+    async def _range(self, params):
+        return {"earliest": self.earliest, "latest": max(self.blocks)}
+
+    async def _validation(self, params):
+        start, count = params
+        return [
+            {"height": h, "id": b[0], "parent_id": b[1], "validation_hash": b[2]}
+            for h in range(start, start + count)
+            if (b := self.blocks.get(h))
+        ]
+
+
+@pytest.fixture
+def registry() -> InprocRegistry:
+    return InprocRegistry()
+
+
+async def make_checker(registry, replicas, tmp_path, quorum=0) -> CheckerNode:
+    settings = CheckerSettings(replicas=[r.url for r in replicas], quorum=quorum, poll_interval=60)
+    node = CheckerNode(settings, data_dir=tmp_path, registry=registry)
+    await node.start()
+    return node
+
+
+async def rpc(node: CheckerNode, method: str, *params):
+    body = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": list(params)})
+    answer = orjson.loads(await node.handle_body(body))
+    if "error" in answer:
+        raise JsonRpcError(answer["error"]["code"], answer["error"]["message"])
+    return answer["result"]
+
+
+async def settle(node: CheckerNode, rounds: int = 5) -> None:
+    for _ in range(rounds):
+        await node.poller.poll_once()
+
+
+def metric(node: CheckerNode, name: str, **labels) -> float | None:
+    return node.metrics_registry.get_sample_value(name, labels or None)
+
+
+async def test_agreeing_replicas_are_confirmed(registry, tmp_path):
+    reps = [Replica(registry, f"r{i}", head=12) for i in range(3)]
+    node = await make_checker(registry, reps, tmp_path)
+    try:
+        await settle(node)
+        latest = await rpc(node, "getLatestBlock")
+        assert latest == {
+            "id": bhash("a", 12),
+            "num": 12,
+            "validation_hash": int(vhash("a", 12)[2:18], 16),
+            "is_fork": False,
+        }
+        assert (await rpc(node, "getBlockByHeight", 3))["id"] == bhash("a", 3)
+        assert (await rpc(node, "getBlockByHeight", "0x3"))["num"] == 3
+        assert (await rpc(node, "getBlockById", bhash("a", 7)))["num"] == 7
+        assert await rpc(node, "blockIsValid", bhash("a", 7)) is True
+        assert metric(node, "checker_confirmed_height") == 12
+        assert metric(node, "checker_confirmation_lag_blocks") == 0
+    finally:
+        await node.close()
+
+
+async def test_corrupted_replica_is_reported_not_confirmed(registry, tmp_path):
+    good, bad = Replica(registry, "good", head=8), Replica(registry, "bad", head=8)
+    bad.corrupt(5)
+    node = await make_checker(registry, [good, bad], tmp_path)  # majority of 2 = 2
+    try:
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["num"] == 4
+        with pytest.raises(JsonRpcError) as err:
+            await rpc(node, "getBlockByHeight", 5)
+        assert err.value.code == -39005
+        assert metric(node, "checker_disagreements_total") == 1  # counted once, not per round
+        assert metric(node, "checker_confirmation_lag_blocks") == 4
+    finally:
+        await node.close()
+
+
+async def test_minority_corruption_and_fork_lose(registry, tmp_path):
+    reps = [Replica(registry, f"r{i}", head=8) for i in range(3)]
+    reps[1].corrupt(5)
+    reps[2].extend("z", 6, 8)  # r2 forked from height 6
+    node = await make_checker(registry, reps, tmp_path, quorum=2)
+    try:
+        await node.poller.poll_once()
+        assert (await rpc(node, "getLatestBlock"))["num"] == 8
+        fork = await rpc(node, "getBlockById", bhash("z", 6))
+        assert fork["is_fork"] is True and fork["num"] == 6
+        assert await rpc(node, "blockIsValid", bhash("z", 6)) is False
+        assert await rpc(node, "blockIsValid", bhash("a", 6)) is True
+        assert metric(node, "checker_disagreements_total") == 4  # heights 5, 6, 7, 8
+    finally:
+        await node.close()
+
+
+async def test_diverged_replica_flagged(registry, tmp_path):
+    reps = [Replica(registry, f"r{i}", head=3) for i in range(3)]
+    reps[2].corrupt(3)
+    node = await make_checker(registry, reps, tmp_path)
+    try:
+        await node.poller.poll_once()
+        assert metric(node, "checker_replica_diverged", replica=reps[2].url) == 1
+        assert (await rpc(node, "getLatestBlock"))["num"] == 3
+    finally:
+        await node.close()
+
+
+async def test_lagging_replica_holds_back_only_below_quorum(registry, tmp_path):
+    a, b, c = (Replica(registry, n, head=10) for n in "abc")
+    c.extend("a", 0, 6)
+    node = await make_checker(registry, [a, b, c], tmp_path)
+    try:
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["num"] == 10
+    finally:
+        await node.close()
+    node = await make_checker(registry, [a, b, c], tmp_path / "all", quorum=3)
+    try:
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["num"] == 6
+        c.extend("a", 7, 10)
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["num"] == 10
+    finally:
+        await node.close()
+
+
+async def test_replica_down(registry, tmp_path):
+    a, b, c = (Replica(registry, n, head=5) for n in "abc")
+    c.down = True
+    node = await make_checker(registry, [a, b, c], tmp_path)
+    try:
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["num"] == 5
+        assert metric(node, "checker_replica_up", replica=c.url) == 0
+        b.down = True  # below quorum: nothing new is confirmed, nothing is lost
+        a.extend("a", 6, 9)
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["num"] == 5
+    finally:
+        await node.close()
+
+
+async def test_restart_keeps_confirmations(registry, tmp_path):
+    reps = [Replica(registry, f"r{i}", head=6) for i in range(2)]
+    node = await make_checker(registry, reps, tmp_path)
+    await settle(node)
+    await node.close()
+    for r in reps:
+        r.extend("a", 7, 9)
+    node = await make_checker(registry, reps, tmp_path)
+    try:
+        assert (await rpc(node, "getLatestBlock"))["num"] == 6  # before any poll
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["num"] == 9
+    finally:
+        await node.close()
+
+
+async def test_reorg_below_confirmed_height(registry, tmp_path):
+    reps = [Replica(registry, f"r{i}", head=10) for i in range(2)]
+    node = await make_checker(registry, reps, tmp_path)
+    try:
+        await settle(node)
+        for r in reps:
+            r.extend("y", 9, 11)
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["id"] == bhash("y", 11)
+        assert (await rpc(node, "getBlockByHeight", 9))["id"] == bhash("y", 9)
+        assert await rpc(node, "blockIsValid", bhash("a", 10)) is False
+        assert metric(node, "checker_reorgs_total") == 2
+    finally:
+        await node.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b"{", "Parse error"),
+        (b"[]", "empty batch"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"getBlockByHeight","params":[-1]}', "invalid height"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"getBlockByHeight","params":["x"]}', "invalid height"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"getBlockByHeight","params":[99]}', "not a confirmed"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"getBlockById","params":["0x12"]}', "invalid block"),
+        (
+            b'{"jsonrpc":"2.0","id":1,"method":"blockIsValid","params":["0x' + b"1" * 64 + b'"]}',
+            "unknown",
+        ),
+        (b'{"jsonrpc":"2.0","id":1,"method":"getLatestBlock","params":[]}', "no block"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"eth_call","params":[]}', "Method not found"),
+        (b'{"jsonrpc":"2.0","id":1,"method":"getBlockById","params":[1,2]}', "too many"),
+    ],
+)
+async def test_every_error_is_39005(registry, tmp_path, body, fragment):
+    node = await make_checker(registry, [Replica(registry, "r", head=0)], tmp_path)
+    try:
+        answer = orjson.loads(await node.handle_body(body))
+        answer = answer[0] if isinstance(answer, list) else answer
+        assert answer["error"]["code"] == -39005
+        assert fragment in answer["error"]["message"]
+    finally:
+        await node.close()
+
+
+def test_decide_quorum_rules():
+    def v(replica, bid="b", vh="v"):
+        return Vote(replica, 1, bid, "p", vh)
+
+    assert decide([v("a"), v("b")], 2, 3).winner is not None
+    assert decide([v("a"), v("b", vh="w")], 2, 2).winner is None
+    d = decide([v("a"), v("b"), v("c", bid="x")], 2, 3)
+    assert [x.replica for x in d.losers] == ["c"] and d.final
+    assert decide([], 1, 1).winner is None
+
+
+def test_settings_validation():
+    from chainstate.config import ConfigError
+
+    with pytest.raises(ConfigError):
+        CheckerSettings.from_section({"replicas": []})
+    with pytest.raises(ConfigError):
+        CheckerSettings.from_section({"replicas": ["http://x"], "quorum": 2})
+    with pytest.raises(ConfigError):
+        CheckerSettings.from_section({"replicas": ["http://x"], "bogus": 1})
+    s = CheckerSettings.from_section({"replicas": ["a", "b", "c"], "listen": ":9000"})
+    assert (s.host, s.port, s.effective_quorum) == ("", 9000, 2)
