@@ -1,0 +1,245 @@
+"""anvil, the devnet's execution client: found or installed with npm, run as a child process.
+
+`ensure_anvil()` looks on PATH, then in the project's tool folder (`<repo>/.tools`), and
+installs the pinned `@foundry-rs/anvil` there with npm when it is absent. `AnvilProcess`
+starts anvil from the genesis file in `configs/` (so the allocation is known), waits until it
+answers JSON-RPC, and stops it (terminate, then kill). With `state_path` the chain survives a
+restart: anvil's state is dumped there on stop and loaded on the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TOOL_DIR = REPO_ROOT / ".tools"
+GENESIS = REPO_ROOT / "configs" / "genesis.json"
+
+ANVIL_PACKAGE = "@foundry-rs/anvil"
+ANVIL_VERSION = "1.7.1"
+OPENZEPPELIN_PACKAGE = "@openzeppelin/contracts"
+OPENZEPPELIN_VERSION = "4.9.6"
+
+DEFAULT_START_TIMEOUT = 30.0  # seconds to wait for anvil to answer eth_chainId
+DEFAULT_STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL
+
+
+class DevnetError(RuntimeError):
+    """anvil could not be found, installed or started; the message says what to do."""
+
+
+def _npm_install(tool_dir: Path, spec: str) -> None:
+    """Install `spec` into `tool_dir/node_modules`, showing npm's progress on stderr."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise DevnetError(
+            f"npm is needed to install {spec} (install Node.js and npm, e.g. "
+            "`apt-get install npm`), or put anvil on PATH"
+        )
+    tool_dir.mkdir(parents=True, exist_ok=True)
+    print(f"[chainstate] installing {spec} into {tool_dir} with npm…", file=sys.stderr, flush=True)
+    cmd = [npm, "install", "--prefix", str(tool_dir), "--no-audit", "--no-fund", spec]
+    result = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, check=False)
+    if result.returncode != 0:
+        raise DevnetError(f"`{' '.join(cmd)}` failed with exit code {result.returncode}")
+
+
+def _installed_version(package_dir: Path) -> str | None:
+    try:
+        return json.loads((package_dir / "package.json").read_text()).get("version")
+    except (OSError, ValueError):
+        return None
+
+
+def ensure_npm_package(name: str, version: str, tool_dir: Path | None = None) -> Path:
+    """The folder of npm package `name@version` under the tool folder, installed if absent."""
+    tool_dir = tool_dir or TOOL_DIR
+    package_dir = tool_dir / "node_modules" / name
+    if _installed_version(package_dir) != version:
+        _npm_install(tool_dir, f"{name}@{version}")
+        if _installed_version(package_dir) != version:
+            raise DevnetError(f"npm did not install {name}@{version} into {package_dir}")
+    return package_dir
+
+
+def ensure_anvil(tool_dir: Path | None = None) -> Path:
+    """Path of an anvil binary: on PATH, in the tool folder, or freshly installed there."""
+    on_path = shutil.which("anvil")
+    if on_path:
+        return Path(on_path)
+    tool_dir = tool_dir or TOOL_DIR
+    binary = tool_dir / "node_modules" / ".bin" / "anvil"
+    if binary.exists() and os.access(binary, os.X_OK):
+        return binary
+    ensure_npm_package(ANVIL_PACKAGE, ANVIL_VERSION, tool_dir)
+    if not binary.exists():
+        raise DevnetError(f"npm installed {ANVIL_PACKAGE} but {binary} is missing")
+    return binary
+
+
+def ensure_openzeppelin(tool_dir: Path | None = None) -> Path:
+    """The compiled OpenZeppelin contract artifacts folder (`build/contracts`)."""
+    package = ensure_npm_package(OPENZEPPELIN_PACKAGE, OPENZEPPELIN_VERSION, tool_dir)
+    return package / "build" / "contracts"
+
+
+class AnvilProcess:
+    """One anvil child process with an explicit lifecycle (`start`/`stop`, or `async with`).
+
+    `block_time=None` means automine (one block per transaction; deterministic for tests).
+    """
+
+    def __init__(
+        self,
+        port: int,
+        chain_id: int = 1337,
+        block_time: float | None = None,
+        genesis: Path | None = None,
+        hardfork: str = "cancun",
+        host: str = "127.0.0.1",
+        state_path: Path | None = None,
+        binary: Path | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+    ) -> None:
+        self.port = port
+        self.chain_id = chain_id
+        self.block_time = block_time
+        self.genesis = genesis
+        self.hardfork = hardfork
+        self.host = host
+        self.state_path = state_path
+        self.binary = binary
+        self.start_timeout = start_timeout
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._output: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def command(self, binary: Path) -> list[str]:
+        cmd = [str(binary), "--host", self.host, "--port", str(self.port)]
+        cmd += ["--chain-id", str(self.chain_id), "--hardfork", self.hardfork]
+        if self.block_time:
+            cmd += ["--block-time", str(self.block_time)]
+        if self.state_path is not None and self.state_path.exists():
+            # anvil refuses --init together with a state file; the dump holds the genesis.
+            cmd += ["--load-state", str(self.state_path)]
+        elif self.genesis is not None:
+            cmd += ["--init", str(self.genesis)]
+        return cmd
+
+    def start_blocking(self) -> None:
+        """Start and wait without an event loop (session/module test fixtures use this)."""
+        binary = self.binary or ensure_anvil()
+        self._output = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
+        self._proc = subprocess.Popen(
+            self.command(binary),
+            stdin=subprocess.DEVNULL,
+            stdout=self._output,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + self.start_timeout
+        try:
+            while not self._probe():
+                if time.monotonic() > deadline:
+                    raise DevnetError(f"anvil did not answer within {self.start_timeout}s")
+                time.sleep(0.05)
+        except BaseException:
+            self.stop_blocking(dump=False)
+            raise
+        log.info("anvil started", extra={"url": self.url, "pid": self._proc.pid})
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.start_blocking)
+
+    def _probe(self) -> bool:
+        """True once our process answers eth_chainId with the expected chain id."""
+        assert self._proc is not None
+        if self._proc.poll() is not None:
+            raise DevnetError(f"anvil exited at start: {self.output_tail()}")
+        # Another process may own the port: trust an answer only once ours has bound it.
+        if "Listening on" not in self.output_tail(limit=1 << 20):
+            return False
+        try:
+            got = int(self._rpc("eth_chainId", timeout=1.0), 16)
+        except (OSError, ValueError, KeyError):
+            return False
+        if got != self.chain_id:
+            raise DevnetError(f"anvil at {self.url} answers chain id {got}, not {self.chain_id}")
+        return True
+
+    def _rpc(self, method: str, timeout: float) -> Any:
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": []})
+        req = urllib.request.Request(
+            self.url, data=body.encode(), headers={"content-type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())["result"]
+
+    def output_tail(self, limit: int = 2000) -> str:
+        if self._output is None:
+            return ""
+        self._output.seek(0)
+        return self._output.read().decode(errors="replace")[-limit:].strip()
+
+    def dump_state(self) -> None:
+        """Write anvil's state (blocks included) to `state_path` for the next start."""
+        if self.state_path is None:
+            return
+        raw = bytes.fromhex(self._rpc("anvil_dumpState", timeout=30.0)[2:])
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_bytes(gzip.decompress(raw))
+        tmp.replace(self.state_path)
+
+    def stop_blocking(self, dump: bool = True) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            if dump:
+                try:
+                    self.dump_state()
+                except Exception as exc:
+                    log.warning("anvil state dump failed: %s", exc)
+            proc.terminate()
+            try:
+                proc.wait(DEFAULT_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._output is not None:
+            self._output.close()
+            self._output = None
+
+    async def stop(self, dump: bool = True) -> None:
+        await asyncio.to_thread(self.stop_blocking, dump)
+
+    async def __aenter__(self) -> AnvilProcess:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

@@ -1,0 +1,64 @@
+"""anvil is found, starts from configs/genesis.json, answers JSON-RPC and stops cleanly."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import pytest
+
+from nodes.devnet.anvil import GENESIS, AnvilProcess, DevnetError, ensure_anvil, ensure_openzeppelin
+from tests.conftest import free_port
+
+
+async def rpc(url: str, method: str, params: list | None = None):
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []}
+    async with aiohttp.ClientSession() as s, s.post(url, json=body) as resp:
+        return (await resp.json())["result"]
+
+
+def test_ensure_anvil_finds_the_pinned_binary() -> None:
+    path = ensure_anvil()
+    assert path.name == "anvil" and path.exists()
+
+
+def test_openzeppelin_artifacts_present() -> None:
+    artifact = ensure_openzeppelin() / "ERC20PresetFixedSupply.json"
+    assert json.loads(artifact.read_text())["bytecode"].startswith("0x60")
+
+
+async def test_genesis_allocation_is_the_known_one(anvil_url: str) -> None:
+    genesis = json.loads(GENESIS.read_text())
+    assert await rpc(anvil_url, "eth_chainId") == "0x539"
+    assert len(genesis["alloc"]) == 10
+    accounts = await rpc(anvil_url, "eth_accounts")
+    assert [a[2:] for a in accounts] == list(genesis["alloc"])
+    for addr, entry in genesis["alloc"].items():
+        assert await rpc(anvil_url, "eth_getBalance", ["0x" + addr, "0x0"]) == entry["balance"]
+
+
+async def test_block_time_mines_without_transactions() -> None:
+    async with AnvilProcess(port=free_port(), genesis=GENESIS, block_time=0.2) as proc:
+        import asyncio
+
+        await asyncio.sleep(0.7)
+        assert int(await rpc(proc.url, "eth_blockNumber"), 16) >= 2
+    assert proc.pid is None
+
+
+async def test_state_path_keeps_the_chain_across_restarts(tmp_path) -> None:
+    state = tmp_path / "anvil-state.json"
+    port = free_port()
+    async with AnvilProcess(port=port, genesis=GENESIS, state_path=state) as proc:
+        await rpc(proc.url, "evm_mine")
+        block1 = await rpc(proc.url, "eth_getBlockByNumber", ["0x1", False])
+    assert state.exists()
+    async with AnvilProcess(port=port, genesis=GENESIS, state_path=state) as proc:
+        assert await rpc(proc.url, "eth_getBlockByNumber", ["0x1", False]) == block1
+
+
+async def test_port_in_use_is_a_clear_error(anvil) -> None:
+    other = AnvilProcess(port=anvil.port, genesis=GENESIS, start_timeout=5)
+    with pytest.raises(DevnetError, match=r"exited|did not answer"):
+        await other.start()
+    assert other.pid is None
