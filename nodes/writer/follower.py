@@ -1,0 +1,217 @@
+"""Following the execution client: poll its head, build each new block, store it, and
+rewind to the fork point when the chain the store holds is no longer canonical."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from chainstate.jsonrpc import METHOD_NOT_FOUND, JsonRpcError
+from chainstate.rpcclient import RpcUnavailable
+from nodes.devnet.rpc import EthClient
+from nodes.writer import blockdiff as bd
+from nodes.writer.settings import WriterSettings
+from nodes.writer.store import BlockStore, StoreError
+
+log = logging.getLogger(__name__)
+
+PRESTATE_DIFF = {"tracer": "prestateTracer", "tracerConfig": {"diffMode": True}}
+
+
+class FatalFollowError(RuntimeError):
+    """Following cannot continue without an operator (another chain, bad genesis file)."""
+
+
+@dataclass
+class FollowStats:
+    blocks_built: int = 0
+    traces: int = 0  # debug_trace* calls made to the execution client
+    reorgs: int = 0
+    rewound_blocks: int = 0
+    errors: int = 0
+    execution_head: int | None = None
+    last_error: str | None = None
+    fatal: bool = False
+    last_build_seconds: float = 0.0
+
+
+class ChainFollower:
+    """Builds blocks from `client` into `store`, one at a time, in height order."""
+
+    def __init__(
+        self,
+        client: EthClient,
+        store: BlockStore,
+        settings: WriterSettings,
+        alloc: list[bd.GenesisAccount],
+    ) -> None:
+        self.client = client
+        self.store = store
+        self.settings = settings
+        self.alloc = alloc
+        self.stats = FollowStats()
+        self.chain_id: int | None = None
+        self.head_changed = asyncio.Event()
+
+    async def run(self) -> None:
+        """Poll until cancelled. Transient errors back off; fatal ones stop following."""
+        backoff = self.settings.poll_interval
+        while True:
+            try:
+                progressed = await self.sync_once()
+                self.stats.last_error = None
+                backoff = self.settings.poll_interval
+            except FatalFollowError as exc:
+                self.stats.fatal, self.stats.last_error = True, str(exc)
+                log.error("write node stopped following: %s", exc)
+                return
+            except (RpcUnavailable, JsonRpcError, bd.BlockDataError, StoreError) as exc:
+                self._note_error(exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.settings.max_backoff)
+                continue
+            if not progressed:
+                await asyncio.sleep(self.settings.poll_interval)
+
+    def _note_error(self, exc: Exception) -> None:
+        message = f"{type(exc).__name__}: {exc}"
+        self.stats.errors += 1
+        if message != self.stats.last_error:
+            log.warning("write node: execution client error (will retry): %s", message)
+        self.stats.last_error = message
+
+    async def sync_once(self) -> bool:
+        """One poll: returns True when it stored or rewound anything."""
+        await self._check_chain_id()
+        client_head = int(await self.client.call("eth_blockNumber"), 16)
+        self.stats.execution_head = client_head
+        stored = self.store.head()
+        if stored is None:
+            await self._build_genesis()
+            return True
+        if stored.number > client_head or await self._hash_at(stored.number) != stored.hash:
+            await self._rewind(min(stored.number, client_head))
+            return True
+        progressed = False
+        for number in range(stored.number + 1, client_head + 1)[
+            : self.settings.max_blocks_per_poll
+        ]:
+            if not await self._build(number):
+                break
+            progressed = True
+        return progressed
+
+    async def _check_chain_id(self) -> None:
+        chain_id = int(await self.client.call("eth_chainId"), 16)
+        if self.chain_id == chain_id:
+            return
+        stored = self.store.get_meta("chain_id")
+        if stored is not None and int(stored) != chain_id:
+            raise FatalFollowError(
+                f"the execution client has chain id {chain_id} but this write node's store "
+                f"holds chain {stored}; point it at the right client or use another data dir"
+            )
+        if stored is None:
+            await asyncio.to_thread(self.store.set_meta, "chain_id", str(chain_id))
+        self.chain_id = chain_id
+
+    async def _hash_at(self, number: int) -> str | None:
+        block = await self.client.call("eth_getBlockByNumber", [hex(number), False])
+        return bd.data(block["hash"]) if block else None
+
+    async def _rewind(self, start: int) -> None:
+        """Find the highest stored block the client still has, drop everything above it."""
+        number = start
+        depth = 0
+        while number >= 0:
+            if self.store.hash_at(number) == await self._hash_at(number):
+                break
+            number -= 1
+            depth += 1
+            if depth > self.settings.max_reorg_depth:
+                raise FatalFollowError(
+                    f"fork deeper than max_reorg_depth={self.settings.max_reorg_depth} blocks"
+                )
+        if number < 0:
+            raise FatalFollowError(
+                "the execution client's genesis block differs from the stored one: it follows "
+                "another chain; use another data dir for this chain"
+            )
+        dropped = await asyncio.to_thread(self.store.rewind, number)
+        self.stats.reorgs += 1
+        self.stats.rewound_blocks += dropped
+        log.warning("write node: reorg, rewound %d blocks to %d", dropped, number)
+        self.head_changed.set()
+
+    async def _build_genesis(self) -> None:
+        block = await self.client.call("eth_getBlockByNumber", ["0x0", True])
+        if block is None:
+            raise RpcUnavailable("the execution client has no block 0")
+        reads = bd.genesis_reads(self.alloc)
+        actual = await self._read(reads, bd.data(block["hash"]))
+        expected = bd.genesis_values(self.alloc)
+        for (kind, addr, slot), want, got in zip(reads, expected, actual, strict=True):
+            if bd.encode_value(kind, got) != want:
+                where = f"{addr} {kind}" + (f" slot {slot}" if slot else "")
+                raise FatalFollowError(
+                    f"genesis file {self.settings.genesis} does not match the execution client "
+                    f"at block 0: {where} is {got}, the file says {want}"
+                )
+        output = bd.assemble_genesis(block, self.alloc)
+        await self._store(output)
+
+    async def _build(self, number: int) -> bool:
+        """Build and store block `number`; False when the client does not have it (yet)."""
+        started = time.monotonic()
+        block = await self.client.call("eth_getBlockByNumber", [hex(number), True])
+        if block is None:
+            return False
+        block_hash, parent = bd.data(block["hash"]), bd.data(block["parentHash"])
+        if self.store.hash_at(number - 1) != parent:
+            await self._rewind(number - 1)
+            return False
+        txs = block.get("transactions") or []
+        traces: list[Any] = []
+        receipts: list[Any] = []
+        if txs:
+            self.stats.traces += 1
+            traces = await self.client.call("debug_traceBlockByHash", [block_hash, PRESTATE_DIFF])
+            receipts = await self._receipts(block_hash, txs)
+        withdrawals = [w["address"] for w in block.get("withdrawals") or []]
+        touched = bd.touched_from_traces(traces, extra=withdrawals)
+        reads = touched.reads()
+        before = await self._read(reads, parent)
+        after = await self._read(reads, block_hash)
+        output = bd.assemble(block, receipts, bd.make_state_diff(reads, before, after))
+        await self._store(output)
+        self.stats.blocks_built += 1
+        self.stats.last_build_seconds = time.monotonic() - started
+        return True
+
+    async def _receipts(self, block_hash: str, txs: list[Any]) -> list[Any]:
+        try:
+            receipts = await self.client.call("eth_getBlockReceipts", [block_hash])
+        except JsonRpcError as exc:
+            if exc.code != METHOD_NOT_FOUND:
+                raise
+            calls = [("eth_getTransactionReceipt", [tx["hash"]]) for tx in txs]
+            receipts = await self.client.batch(calls, self.settings.read_batch)
+        if not isinstance(receipts, list) or len(receipts) != len(txs):
+            raise bd.BlockDataError(f"receipts of block {block_hash} do not match its transactions")
+        return receipts
+
+    async def _read(self, reads: list[tuple[str, str, str | None]], block_hash: str) -> list[Any]:
+        calls = bd.read_calls(reads, block_hash)
+        return await self.client.batch(calls, self.settings.read_batch)
+
+    async def _store(self, output: dict[str, Any]) -> None:
+        header = output["Header"]
+        number = int(header["number"], 16)
+        encoded = bd.canonical_json(output)
+        await asyncio.to_thread(
+            self.store.append, number, header["hash"], header["parentHash"], encoded
+        )
+        self.head_changed.set()

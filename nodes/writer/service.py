@@ -1,0 +1,259 @@
+"""The write node: follows an execution client and serves `trace_vendorBlock`.
+
+Lifecycle: `start()` opens the store, registers the JSON-RPC handler in the in-process
+registry (`inproc://<key>`) and starts following; `close()` undoes it. `make_app()` gives the
+same JSON-RPC on HTTP `POST /`, plus `GET /health` and `GET /metrics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from chainstate.blockref import parse_block_id
+from chainstate.inproc import InprocRegistry
+from chainstate.jsonrpc import (
+    BLOCK_NOT_FOUND,
+    INTERNAL_ERROR,
+    INVALID_BLOCK_ID,
+    Dispatcher,
+    JsonRpcError,
+    params_list,
+)
+from chainstate.rpcclient import RpcUnavailable
+from chainstate.rpcserver import rpc_handler
+from nodes.devnet.rpc import EthClient
+from nodes.writer import blockdiff as bd
+from nodes.writer.follower import ChainFollower
+from nodes.writer.settings import WriterSettings
+from nodes.writer.store import BlockStore
+
+log = logging.getLogger(__name__)
+
+STORE_FILE = "writer.sqlite3"
+PASS_THROUGH = ("eth_sendRawTransaction", "eth_sendTransaction")
+
+
+class WriterNode:
+    """One write node; see docs/write-node.md."""
+
+    def __init__(
+        self,
+        settings: WriterSettings,
+        *,
+        data_dir: Path,
+        registry: InprocRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.data_dir = data_dir
+        self.registry = registry
+        self.dispatcher = Dispatcher(name=f"writer {settings.key}")
+        self.dispatcher.update(
+            {
+                "trace_vendorBlock": self.rpc_trace_vendor_block,
+                "eth_blockNumber": self.rpc_block_number,
+                "eth_chainId": self.rpc_chain_id,
+            }
+        )
+        for method in PASS_THROUGH:
+            self.dispatcher.register(method, self._pass_through(method))
+        self.store: BlockStore | None = None
+        self.client: EthClient | None = None
+        self.follower: ChainFollower | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.metrics = CollectorRegistry(auto_describe=True)
+        self._requests = Counter(
+            "chainstate_writer_requests",
+            "JSON-RPC requests answered by the write node, by method",
+            ["method"],
+            registry=self.metrics,
+        )
+        self._up = Gauge("chainstate_writer_up", "1 while following", registry=self.metrics)
+        self.metrics.register(_FollowerCollector(self))
+
+    @classmethod
+    def from_config(
+        cls, section: dict, *, data_dir: Path, registry: InprocRegistry | None = None
+    ) -> WriterNode:
+        return cls(WriterSettings.from_section(section), data_dir=data_dir, registry=registry)
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        alloc = bd.parse_alloc(json.loads(self.settings.genesis.read_text()))
+        self.store = await asyncio.to_thread(BlockStore, self.data_dir / STORE_FILE)
+        self.client = EthClient(self.settings.execution_url, timeout=self.settings.request_timeout)
+        self.follower = ChainFollower(self.client, self.store, self.settings, alloc)
+        self._task = asyncio.create_task(self.follower.run(), name=f"follow {self.settings.key}")
+        self._up.set(1)
+        if self.registry is not None:
+            self.registry.register(self.settings.key, self.handle_body)
+
+    async def close(self) -> None:
+        if self.registry is not None:
+            self.registry.unregister(self.settings.key)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._up.set(0)
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    @property
+    def head(self) -> int | None:
+        """Height of the latest emitted block, None before block 0 is emitted."""
+        stored = self.store.head() if self.store else None
+        return stored.number if stored else None
+
+    async def wait_for_head(self, height: int, within: float = 30.0) -> None:
+        """Wait until block `height` is emitted (tests and start-up ordering use this)."""
+        async with asyncio.timeout(within):
+            while self.head is None or self.head < height:
+                assert self.follower is not None
+                if self.follower.stats.fatal:
+                    raise RuntimeError(self.follower.stats.last_error)
+                self.follower.head_changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.follower.head_changed.wait(), 0.5)
+
+    # -- JSON-RPC ----------------------------------------------------------------------
+
+    async def handle_body(self, body: bytes) -> bytes:
+        return await self.dispatcher.handle_body(body)
+
+    def block_output(self, block_id: Any) -> bytes:
+        """The stored canonical JSON of one block; raises -39007 / -39006."""
+        if self.store is None:
+            raise JsonRpcError(BLOCK_NOT_FOUND, "write node is not started")
+        if block_id is None:
+            raise JsonRpcError(INVALID_BLOCK_ID, "missing block id: a hex number, hash or tag")
+        ref = parse_block_id(block_id)
+        head = self.head
+        if ref.hash is not None:
+            output = self.store.output_by_hash(ref.hash)
+            if output is None:
+                raise JsonRpcError(BLOCK_NOT_FOUND, f"block {ref.hash} is not known")
+            return output
+        if ref.tag == "earliest":
+            number = 0
+        elif ref.tag is not None:
+            if head is None:
+                raise JsonRpcError(BLOCK_NOT_FOUND, "no block emitted yet")
+            number = head
+        else:
+            number = ref.number if ref.number is not None else 0
+        output = self.store.output_by_number(number)
+        if output is None:
+            raise JsonRpcError(BLOCK_NOT_FOUND, f"block {number} is not emitted yet (head: {head})")
+        return output
+
+    async def rpc_trace_vendor_block(self, params: Any) -> Any:
+        self._requests.labels("trace_vendorBlock").inc()
+        (block_id,) = params_list(params, ["block"])
+        # Stored bytes are already canonical JSON: embed them without decoding.
+        return orjson.Fragment(self.block_output(block_id))
+
+    async def rpc_block_number(self, params: Any) -> str:
+        self._requests.labels("eth_blockNumber").inc()
+        params_list(params, [])
+        head = self.head
+        if head is None:
+            raise JsonRpcError(BLOCK_NOT_FOUND, "no block emitted yet")
+        return hex(head)
+
+    async def rpc_chain_id(self, params: Any) -> str:
+        self._requests.labels("eth_chainId").inc()
+        params_list(params, [])
+        chain_id = self.follower.chain_id if self.follower else None
+        if chain_id is None and self.store is not None:
+            stored = self.store.get_meta("chain_id")
+            chain_id = int(stored) if stored else None
+        if chain_id is None:
+            return await self._forward("eth_chainId", [])
+        return hex(chain_id)
+
+    def _pass_through(self, method: str):
+        async def handler(params: Any) -> Any:
+            self._requests.labels(method).inc()
+            return await self._forward(method, params)
+
+        return handler
+
+    async def _forward(self, method: str, params: Any) -> Any:
+        if self.client is None:
+            raise JsonRpcError(INTERNAL_ERROR, "write node is not started")
+        try:
+            return await self.client.call(method, params)
+        except RpcUnavailable as exc:
+            raise JsonRpcError(INTERNAL_ERROR, f"execution client unavailable: {exc}") from None
+
+    # -- HTTP --------------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/", rpc_handler(self.handle_body))
+        app.router.add_get("/health", self.http_health)
+        app.router.add_get("/metrics", self.http_metrics)
+        return app
+
+    def health(self) -> dict[str, Any]:
+        stats = self.follower.stats if self.follower else None
+        following = self._task is not None and not (stats and stats.fatal)
+        return {
+            "status": "ok" if following else "error",
+            "key": self.settings.key,
+            "head": self.head,
+            "execution_url": self.settings.execution_url,
+            "execution_head": stats.execution_head if stats else None,
+            "last_error": stats.last_error if stats else None,
+        }
+
+    async def http_health(self, request: web.Request) -> web.Response:
+        doc = self.health()
+        return web.json_response(doc, status=200 if doc["status"] == "ok" else 503)
+
+    async def http_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics), content_type="text/plain")
+
+
+class _FollowerCollector:
+    """Exposes the follower's counters at scrape time (no duplicated bookkeeping)."""
+
+    def __init__(self, node: WriterNode) -> None:
+        self.node = node
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self):
+        stats = self.node.follower.stats if self.node.follower else None
+        values = {
+            "chainstate_writer_head": self.node.head,
+            "chainstate_writer_execution_head": stats and stats.execution_head,
+            "chainstate_writer_blocks_built": stats and stats.blocks_built,
+            "chainstate_writer_trace_calls": stats and stats.traces,
+            "chainstate_writer_reorgs": stats and stats.reorgs,
+            "chainstate_writer_rewound_blocks": stats and stats.rewound_blocks,
+            "chainstate_writer_errors": stats and stats.errors,
+            "chainstate_writer_last_build_seconds": stats and stats.last_build_seconds,
+        }
+        for name, value in values.items():
+            family = GaugeMetricFamily(name, name.replace("chainstate_writer_", "write node: "))
+            if value is not None:
+                family.add_metric([], float(value))
+            yield family

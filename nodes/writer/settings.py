@@ -1,0 +1,73 @@
+"""Write node settings: the `[writer]` section of the config, each with a documented default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chainstate.config import REPO_CONFIGS, ConfigError
+
+DEFAULT_KEY = "writer-1"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8664
+DEFAULT_POLL_INTERVAL = 0.5  # seconds between polls of the execution client's head
+DEFAULT_MAX_BLOCKS_PER_POLL = 64  # blocks built per poll before yielding to the next poll
+DEFAULT_REQUEST_TIMEOUT = 30.0  # seconds per JSON-RPC request to the execution client
+DEFAULT_READ_BATCH = 500  # state reads per batch request to the execution client
+DEFAULT_MAX_BACKOFF = 5.0  # seconds, longest wait after repeated execution client errors
+DEFAULT_MAX_REORG_DEPTH = 1024  # deeper forks stop the node: its store is another chain
+DEFAULT_GENESIS = REPO_CONFIGS / "genesis.json"
+
+
+@dataclass(frozen=True, slots=True)
+class WriterSettings:
+    execution_url: str
+    key: str = DEFAULT_KEY
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    genesis: Path = DEFAULT_GENESIS
+    poll_interval: float = DEFAULT_POLL_INTERVAL
+    max_blocks_per_poll: int = DEFAULT_MAX_BLOCKS_PER_POLL
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    read_batch: int = DEFAULT_READ_BATCH
+    max_backoff: float = DEFAULT_MAX_BACKOFF
+    max_reorg_depth: int = DEFAULT_MAX_REORG_DEPTH
+
+    @classmethod
+    def from_section(cls, section: dict[str, Any]) -> WriterSettings:
+        """Parse `[writer]`. A relative `genesis` path is resolved against the section's
+        `__dir__` (the config file's folder, when the caller sets it) or `configs/`."""
+        url = section.get("execution_url")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError("[writer] execution_url must be an http(s):// URL")
+        genesis = Path(section.get("genesis", DEFAULT_GENESIS))
+        if not genesis.is_absolute():
+            genesis = Path(section.get("__dir__", REPO_CONFIGS)) / genesis
+        settings = cls(
+            execution_url=url,
+            key=str(section.get("key", DEFAULT_KEY)),
+            host=str(section.get("host", DEFAULT_HOST)),
+            port=_number(section, "port", DEFAULT_PORT, int),
+            genesis=genesis,
+            poll_interval=_number(section, "poll_interval", DEFAULT_POLL_INTERVAL, float),
+            max_blocks_per_poll=_number(
+                section, "max_blocks_per_poll", DEFAULT_MAX_BLOCKS_PER_POLL, int
+            ),
+            request_timeout=_number(section, "request_timeout", DEFAULT_REQUEST_TIMEOUT, float),
+            read_batch=_number(section, "read_batch", DEFAULT_READ_BATCH, int),
+            max_backoff=_number(section, "max_backoff", DEFAULT_MAX_BACKOFF, float),
+            max_reorg_depth=_number(section, "max_reorg_depth", DEFAULT_MAX_REORG_DEPTH, int),
+        )
+        if not settings.genesis.is_file():
+            raise ConfigError(f"[writer] genesis file not found: {settings.genesis}")
+        return settings
+
+
+def _number(section: dict[str, Any], name: str, default: Any, kind: type) -> Any:
+    value = section.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"[writer] {name} must be a positive number, got {value!r}")
+    if kind is int and value != int(value):
+        raise ConfigError(f"[writer] {name} must be a whole number, got {value!r}")
+    return kind(value)
