@@ -1,0 +1,585 @@
+"""A fast FAKE state node for benchmarking the proxy and load generators.
+
+Every value it answers is made up: balances, storage, code, nonces, call results and block
+headers are pseudo-random bytes derived (blake2b) from the request's params and the block
+height, so the same request at the same height always gets the same answer and different
+requests get different answers. It holds no state and runs no EVM; it exists so that a load
+test measures the proxy, not the node behind it. Never point a user at it.
+
+What it does model faithfully, because routing depends on it:
+- a head that can advance (`block_time`), a `state` kind that keeps only the last `window`
+  blocks and an `archive` kind that keeps all; a block outside the range → -39006;
+- strict params (bad address/block → -32602/-39007), single and batch bodies, notifications;
+- optional added latency per response and injected HTTP failures (every Nth request).
+
+It is a raw asyncio protocol speaking HTTP/1.1 keep-alive with Content-Length bodies (no
+chunked requests: 411), so one core answers tens of thousands of requests per second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from chainstate.blockref import BlockRef, parse_block_ctx, parse_block_id, parse_block_number_param
+from chainstate.hexcodec import parse_address, parse_data, parse_quantity
+from chainstate.jsonrpc import (
+    BLOCK_NOT_FOUND,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    JsonRpcError,
+    check_request,
+    params_list,
+    request_id,
+)
+
+DEFAULT_WINDOW = 128  # blocks a `state` kind fake node keeps (like the real state node)
+DEFAULT_CHAIN_ID = 1337
+DEFAULT_MAX_BODY = 10 * 1024 * 1024  # bytes; larger requests get HTTP 413
+DEFAULT_MAX_BATCH = 10_000  # items; larger batches get -32600
+MAX_HEADER_BYTES = 64 * 1024  # request head larger than this → HTTP 431
+GENESIS_TIMESTAMP = 1_700_000_000  # fake header timestamps: genesis + 12 s per block
+FAKE_MINER = "0x" + "fa" * 20
+ZERO_HASH = "0x" + "00" * 32
+VERSION = "chainstate-bench-fake-node/1 (fake data)"
+
+
+def _digest(*parts: bytes) -> bytes:
+    """32 pseudo-random bytes determined by `parts` (the source of every fake value)."""
+    return hashlib.blake2b(b"|".join(parts), digest_size=32).digest()
+
+
+def _h8(n: int) -> bytes:
+    return n.to_bytes(8, "big")
+
+
+def block_hash(height: int) -> str:
+    """Fake block hash: the height in the first 8 bytes, so a hash maps back to a height."""
+    return "0x" + (_h8(height) + _digest(b"block", _h8(height))[:24]).hex()
+
+
+def height_of_hash(value: str) -> int | None:
+    """The height a fake block hash names, or None if it is not one of ours."""
+    raw = bytes.fromhex(value[2:])
+    height = int.from_bytes(raw[:8], "big")
+    return height if block_hash(height) == value.lower() else None
+
+
+@dataclass
+class FakeNodeSettings:
+    """Every knob of the fake node; defaults are what `chainstate bench fake-node` uses."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = any free port (see FakeNode.port after start)
+    kind: str = "state"  # "state" keeps `window` blocks, "archive" keeps all
+    head: int = 1_000_000
+    window: int = DEFAULT_WINDOW
+    chain_id: int = DEFAULT_CHAIN_ID
+    block_time: float = 0.0  # seconds per new block; 0 = the head never moves
+    latency_ms: float = 0.0  # added before each response is written
+    fail_every: int = 0  # every Nth HTTP request answers `fail_status`; 0 = never
+    fail_status: int = 503
+    max_body: int = DEFAULT_MAX_BODY
+    max_batch: int = DEFAULT_MAX_BATCH
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("state", "archive"):
+            raise ValueError(f"kind must be 'state' or 'archive', not {self.kind!r}")
+        if self.head < 0 or self.window < 1:
+            raise ValueError("head must be >= 0 and window >= 1")
+        if self.block_time < 0 or self.latency_ms < 0 or self.fail_every < 0:
+            raise ValueError("block_time, latency_ms and fail_every must be >= 0")
+
+
+@dataclass
+class FakeChain:
+    """The fake chain's head and the range of heights this node answers."""
+
+    settings: FakeNodeSettings
+    started: float = field(default_factory=time.monotonic)
+
+    def head(self) -> int:
+        s = self.settings
+        if s.block_time <= 0:
+            return s.head
+        return s.head + int((time.monotonic() - self.started) / s.block_time)
+
+    def earliest(self, head: int) -> int:
+        if self.settings.kind == "archive":
+            return 0
+        return max(0, head - self.settings.window + 1)
+
+    def resolve(self, ref: BlockRef, head: int) -> int:
+        """The height `ref` names; -39006 when it is outside [earliest, head]."""
+        if ref.number is not None:
+            height = ref.number
+        elif ref.hash is not None:
+            found = height_of_hash(ref.hash)
+            if found is None or found > head:
+                raise JsonRpcError(BLOCK_NOT_FOUND, f"block {ref.hash} not found")
+            height = found
+        elif ref.tag == "earliest":
+            height = 0
+        else:  # latest, pending, safe, finalized: the fake chain has no reorgs
+            height = head
+        low = self.earliest(head)
+        if not low <= height <= head:
+            msg = f"block {height} is outside this node's range [{low}, {head}]"
+            raise JsonRpcError(BLOCK_NOT_FOUND, msg)
+        return height
+
+
+class FakeMethods:
+    """The read methods of a state node, answered with derived (fake) values."""
+
+    def __init__(self, chain: FakeChain, chain_id: int) -> None:
+        self.chain = chain
+        self.chain_id = chain_id
+        self.table: dict[str, Callable[[Any, int], Any]] = {
+            "eth_blockNumber": self.eth_block_number,
+            "eth_chainId": self.eth_chain_id,
+            "eth_getBalance": self.eth_get_balance,
+            "eth_getTransactionCount": self.eth_get_transaction_count,
+            "eth_getCode": self.eth_get_code,
+            "eth_getStorageAt": self.eth_get_storage_at,
+            "eth_call": self.eth_call,
+            "eth_getBlockByNumber": self.eth_get_block_by_number,
+            "eth_getBlockByHash": self.eth_get_block_by_hash,
+            "eth_baseFee": self.eth_base_fee,
+            "getAddressBalance": self.get_address_balance,
+            "getAddressNonce": self.get_address_nonce,
+            "getAddressCode": self.get_address_code,
+            "getStorageAt": self.get_storage_at,
+            "getLatestBlock": self.get_latest_block,
+            "getBlockByHeight": self.get_block_by_height,
+            "getBlockById": self.get_block_by_id,
+            "blockIsValid": self.block_is_valid,
+            "blockx_range": self.blockx_range,
+            "version": self.version,
+        }
+
+    # --- derived values -------------------------------------------------------------------
+    @staticmethod
+    def balance(address: str, height: int) -> int:
+        return int.from_bytes(_digest(b"bal", address.encode(), _h8(height))[:10], "big")
+
+    @staticmethod
+    def nonce(address: str, height: int) -> int:
+        base = int.from_bytes(_digest(b"nonce", address.encode())[:2], "big")
+        return base + height // 100  # never decreases with height, like a real nonce
+
+    @staticmethod
+    def code(address: str) -> bytes:
+        d = _digest(b"code", address.encode())
+        return b"" if d[0] % 2 == 0 else bytes.fromhex("6080604052") + d
+
+    @staticmethod
+    def storage(address: str, slot: int, height: int) -> bytes:
+        return _digest(b"slot", address.encode(), slot.to_bytes(32, "big"), _h8(height))
+
+    def header(self, height: int) -> dict[str, Any]:
+        d = _digest(b"hdr", _h8(height))
+        return {
+            "number": hex(height),
+            "hash": block_hash(height),
+            "parentHash": block_hash(height - 1) if height else ZERO_HASH,
+            "timestamp": hex(GENESIS_TIMESTAMP + 12 * height),
+            "miner": FAKE_MINER,
+            "gasLimit": hex(30_000_000),
+            "gasUsed": hex(int.from_bytes(d[:3], "big") % 30_000_000),
+            "baseFeePerGas": hex(self.base_fee(height)),
+            "transactions": [],
+            "uncles": [],
+        }
+
+    @staticmethod
+    def base_fee(height: int) -> int:
+        return 1_000_000_000 + int.from_bytes(_digest(b"fee", _h8(height))[:3], "big")
+
+    def vendor_block(self, height: int) -> dict[str, Any]:
+        h = self.header(height)
+        return {
+            "id": h["hash"],
+            "height": height,
+            "timestamp": GENESIS_TIMESTAMP + 12 * height,
+            "parent_id": h["parentHash"],
+            "base_fee_per_gas": self.base_fee(height),
+            "miner": FAKE_MINER,
+            "gas_limit": 30_000_000,
+            "gas_used": int(h["gasUsed"], 16),
+        }
+
+    # --- eth namespace --------------------------------------------------------------------
+    def _at(self, value: Any, head: int) -> int:
+        return self.chain.resolve(parse_block_number_param(value), head)
+
+    def eth_block_number(self, params: Any, head: int) -> str:
+        return hex(head)
+
+    def eth_chain_id(self, params: Any, head: int) -> str:
+        return hex(self.chain_id)
+
+    def eth_get_balance(self, params: Any, head: int) -> str:
+        addr, block = params_list(params, ["address", "blockNumber"])
+        address = parse_address(addr)
+        return hex(self.balance(address, self._at(block, head)))
+
+    def eth_get_transaction_count(self, params: Any, head: int) -> str:
+        addr, block = params_list(params, ["address", "blockNumber"])
+        address = parse_address(addr)
+        return hex(self.nonce(address, self._at(block, head)))
+
+    def eth_get_code(self, params: Any, head: int) -> str:
+        addr, block = params_list(params, ["address", "blockNumber"])
+        address = parse_address(addr)
+        self._at(block, head)
+        return "0x" + self.code(address).hex()
+
+    def eth_get_storage_at(self, params: Any, head: int) -> str:
+        addr, pos, block = params_list(params, ["address", "position", "blockNumber"])
+        address = parse_address(addr)
+        slot = parse_quantity(pos, "position", lenient=True)
+        return "0x" + self.storage(address, slot, self._at(block, head)).hex()
+
+    def eth_call(self, params: Any, head: int) -> str:
+        names = ["request", "blockNumber", "stateOverride", "blockOverrides"]
+        request, block, _, _ = params_list(params, names)
+        if not isinstance(request, dict):
+            raise JsonRpcError(INVALID_PARAMS, "eth_call: request must be an object")
+        to = parse_address(request.get("to"), "to")
+        data = parse_data(request.get("data", request.get("input", "0x")), "data")
+        height = self._at(block, head)
+        return "0x" + _digest(b"call", to.encode(), data, _h8(height)).hex()
+
+    def eth_get_block_by_number(self, params: Any, head: int) -> dict[str, Any] | None:
+        block, _full = params_list(params, ["blockNumber", "full"])
+        return self.header(self.chain.resolve(parse_block_number_param(block, None), head))
+
+    def eth_get_block_by_hash(self, params: Any, head: int) -> dict[str, Any] | None:
+        value, _full = params_list(params, ["blockHash", "full"])
+        ref = parse_block_id(value)
+        if ref.hash is None:
+            raise JsonRpcError(INVALID_PARAMS, "eth_getBlockByHash: expected a 32-byte hash")
+        return self.header(self.chain.resolve(ref, head))
+
+    def eth_base_fee(self, params: Any, head: int) -> int:
+        (block,) = params_list(params, ["blockNumber"])
+        return self.base_fee(self._at(block, head))
+
+    # --- vendor namespace -----------------------------------------------------------------
+    def _ctx(self, value: Any, head: int) -> int:
+        return self.chain.resolve(parse_block_ctx(value), head)
+
+    def get_address_balance(self, params: Any, head: int) -> str:
+        addr, ctx = params_list(params, ["address", "blockCtx"])
+        address = parse_address(addr)
+        return hex(self.balance(address, self._ctx(ctx, head)))
+
+    def get_address_nonce(self, params: Any, head: int) -> str:
+        addr, ctx = params_list(params, ["address", "blockCtx"])
+        address = parse_address(addr)
+        return hex(self.nonce(address, self._ctx(ctx, head)))
+
+    def get_address_code(self, params: Any, head: int) -> str:
+        addr, ctx = params_list(params, ["address", "blockCtx"])
+        address = parse_address(addr)
+        self._ctx(ctx, head)
+        return "0x" + self.code(address).hex()
+
+    def get_storage_at(self, params: Any, head: int) -> str:
+        addr, pos, ctx = params_list(params, ["address", "position", "blockCtx"])
+        address = parse_address(addr)
+        slot = parse_quantity(pos, "position", lenient=True)
+        return "0x" + self.storage(address, slot, self._ctx(ctx, head)).hex()
+
+    def get_latest_block(self, params: Any, head: int) -> dict[str, Any]:
+        return self.vendor_block(head)
+
+    def get_block_by_height(self, params: Any, head: int) -> dict[str, Any]:
+        (height,) = params_list(params, ["height"])
+        return self.vendor_block(self.chain.resolve(parse_block_id(height), head))
+
+    def get_block_by_id(self, params: Any, head: int) -> dict[str, Any]:
+        (value,) = params_list(params, ["id"])
+        return self.vendor_block(self.chain.resolve(parse_block_id(value), head))
+
+    def block_is_valid(self, params: Any, head: int) -> bool:
+        (value,) = params_list(params, ["id"])
+        ref = parse_block_id(value)
+        if ref.hash is None:
+            raise JsonRpcError(INVALID_PARAMS, "blockIsValid: expected a 32-byte block hash")
+        height = height_of_hash(ref.hash)
+        return height is not None and height <= head
+
+    def blockx_range(self, params: Any, head: int) -> dict[str, int]:
+        return {"earliest": self.chain.earliest(head), "latest": head}
+
+    def version(self, params: Any, head: int) -> dict[str, Any]:
+        return {"version": VERSION, "kind": self.chain.settings.kind, "fake": True}
+
+
+def _error(rid: Any, code: int, message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
+
+
+class FakeRpc:
+    """Answers raw JSON-RPC bodies synchronously (no coroutine per request: it is cheaper)."""
+
+    def __init__(self, settings: FakeNodeSettings) -> None:
+        self.settings = settings
+        self.chain = FakeChain(settings)
+        self.methods = FakeMethods(self.chain, settings.chain_id)
+
+    def answer_item(self, item: Any, head: int) -> dict[str, Any] | None:
+        bad = check_request(item)
+        if bad is not None:
+            return _error(request_id(item), bad.code, bad.message)
+        rid = item.get("id")
+        handler = self.methods.table.get(item["method"])
+        try:
+            if handler is None:
+                raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {item['method']}")
+            answer = {"jsonrpc": "2.0", "id": rid, "result": handler(item.get("params", []), head)}
+        except JsonRpcError as exc:
+            answer = _error(rid, exc.code, exc.message)
+        except (ValueError, TypeError, OverflowError) as exc:
+            answer = _error(rid, INVALID_PARAMS, f"invalid params: {exc}")
+        return None if "id" not in item else answer
+
+    def answer_body(self, body: bytes) -> bytes:
+        """The response body for a request body; b"" when only notifications were sent."""
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            return orjson.dumps(_error(None, PARSE_ERROR, f"Parse error: {exc}"))
+        head = self.chain.head()
+        if isinstance(payload, list):
+            if not payload:
+                return orjson.dumps(_error(None, INVALID_REQUEST, "Invalid Request: empty batch"))
+            if len(payload) > self.settings.max_batch:
+                msg = f"batch too large: {len(payload)} items, at most {self.settings.max_batch}"
+                return orjson.dumps(_error(None, INVALID_REQUEST, msg))
+            out = [a for a in (self.answer_item(it, head) for it in payload) if a is not None]
+            return orjson.dumps(out) if out else b""
+        answer = self.answer_item(payload, head)
+        return orjson.dumps(answer) if answer is not None else b""
+
+
+_REASONS = {
+    200: b"OK",
+    204: b"No Content",
+    400: b"Bad Request",
+    405: b"Method Not Allowed",
+    411: b"Length Required",
+    413: b"Payload Too Large",
+    431: b"Request Header Fields Too Large",
+    500: b"Internal Server Error",
+    503: b"Service Unavailable",
+}
+
+
+def http_response(status: int, body: bytes, keep_alive: bool = True) -> bytes:
+    reason = _REASONS.get(status, b"Status")
+    head = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
+        status,
+        reason,
+        len(body),
+    )
+    if not keep_alive:
+        head += b"Connection: close\r\n"
+    return head + b"\r\n" + body
+
+
+def _header_value(head_lower: bytes, name: bytes) -> bytes | None:
+    """The value of header `name` (lower-case, with the colon) in a lower-cased head."""
+    at = head_lower.find(b"\r\n" + name)
+    if at < 0:
+        return None
+    start = at + 2 + len(name)
+    end = head_lower.find(b"\r\n", start)
+    return head_lower[start : end if end >= 0 else None].strip()
+
+
+class FakeNodeProtocol(asyncio.Protocol):
+    """One HTTP/1.1 connection: parses pipelined requests, answers in order."""
+
+    def __init__(self, node: FakeNode) -> None:
+        self.node = node
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.delayed: deque[tuple[float, bytes, bool]] = deque()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.node.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.node.connections.discard(self)
+        if self.timer is not None:
+            self.timer.cancel()
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        while self.transport is not None:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEADER_BYTES:
+                    self.reply(431, b'{"error":"request head too large"}', False)
+                return
+            head_lower = bytes(buf[:end]).lower()
+            first = head_lower.split(b"\r\n", 1)[0].split(b" ")
+            if len(first) != 3 or not first[2].startswith(b"http/1."):
+                self.reply(400, b'{"error":"malformed request line"}', False)
+                return
+            conn = _header_value(head_lower, b"connection:")
+            http10 = first[2] == b"http/1.0"
+            keep_alive = conn == b"keep-alive" if http10 else conn != b"close"
+            if _header_value(head_lower, b"transfer-encoding:") is not None:
+                self.reply(411, b'{"error":"send a Content-Length body"}', False)
+                return
+            raw_len = _header_value(head_lower, b"content-length:")
+            try:
+                length = int(raw_len) if raw_len is not None else 0
+            except ValueError:
+                self.reply(400, b'{"error":"bad Content-Length"}', False)
+                return
+            if length < 0 or length > self.node.settings.max_body:
+                self.reply(413, b'{"error":"body too large"}', False)
+                return
+            total = end + 4 + length
+            if len(buf) < total:
+                return
+            body = bytes(buf[end + 4 : total])
+            del buf[:total]
+            status, answer = self.node.handle(first[0], body)
+            self.reply(status, answer, keep_alive)
+            if not keep_alive:
+                return
+
+    def reply(self, status: int, body: bytes, keep_alive: bool) -> None:
+        data = http_response(status, body, keep_alive)
+        delay = self.node.settings.latency_ms / 1000.0
+        if delay <= 0 and not self.delayed:
+            self._write(data, keep_alive)
+            return
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        self.delayed.append((due, data, keep_alive))
+        if self.timer is None:
+            self.timer = loop.call_at(due, self._flush)
+
+    def _flush(self) -> None:
+        """Write every delayed response that is due, in request order."""
+        self.timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self.delayed and self.delayed[0][0] <= now:
+            _, data, keep_alive = self.delayed.popleft()
+            self._write(data, keep_alive)
+        if self.delayed and self.transport is not None:
+            self.timer = loop.call_at(self.delayed[0][0], self._flush)
+
+    def _write(self, data: bytes, keep_alive: bool) -> None:
+        if self.transport is None:
+            return
+        self.transport.write(data)
+        if not keep_alive:
+            self.transport.close()
+            self.transport = None
+
+
+@dataclass
+class FakeNodeStats:
+    """What the fake node has seen (tests compare it with what the load generator counted)."""
+
+    requests: int = 0
+    failed: int = 0  # answered with the injected failure status
+
+
+class FakeNode:
+    """The fake node's server: `await start()`, then `port`; `await stop()` to close."""
+
+    def __init__(self, settings: FakeNodeSettings) -> None:
+        self.settings = settings
+        self.rpc = FakeRpc(settings)
+        self.stats = FakeNodeStats()
+        self.connections: set[FakeNodeProtocol] = set()
+        self.server: asyncio.base_events.Server | None = None
+
+    @property
+    def port(self) -> int:
+        if self.server is None:
+            raise RuntimeError("fake node not started")
+        return self.server.sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
+    def handle(self, method: bytes, body: bytes) -> tuple[int, bytes]:
+        """HTTP status and body for one request."""
+        if method == b"get":
+            head = self.rpc.chain.head()
+            status = {
+                "fake": True,
+                "kind": self.settings.kind,
+                "head": head,
+                "earliest": self.rpc.chain.earliest(head),
+            }
+            return 200, orjson.dumps(status)
+        if method != b"post":
+            return 405, b'{"error":"use POST for JSON-RPC"}'
+        self.stats.requests += 1
+        every = self.settings.fail_every
+        if every and self.stats.requests % every == 0:
+            self.stats.failed += 1
+            err = _error(None, INTERNAL_ERROR, "fake node: injected failure")
+            return self.settings.fail_status, orjson.dumps(err)
+        answer = self.rpc.answer_body(body)
+        return (200, answer) if answer else (204, b"")
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: FakeNodeProtocol(self),
+            self.settings.host,
+            self.settings.port,
+            backlog=1024,
+            reuse_address=True,
+        )
+
+    async def stop(self) -> None:
+        if self.server is None:
+            return
+        self.server.close()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        await self.server.wait_closed()
+        self.server = None
+
+
+async def serve_forever(settings: FakeNodeSettings, announce: Callable[[str], None]) -> None:
+    """Run a fake node until SIGINT/SIGTERM (the `chainstate bench fake-node` command)."""
+    from chainstate.runner import wait_for_stop
+
+    node = FakeNode(settings)
+    await node.start()
+    try:
+        announce(node.url)
+        await wait_for_stop()
+    finally:
+        await node.stop()

@@ -1,0 +1,384 @@
+"""Benchmark suites: start the services under test, load them, print each figure as a ratio.
+
+`suite proxy` starts a fake node and `chainstate proxy` in front of it as subprocesses on
+free loopback ports, then measures the same requests against the fake node directly and
+through the proxy (single requests, batches of 10 and of 100), so the ratio is the cost of
+the proxy. On a machine with two or more cores the proxy is pinned to one core and the load
+generator and fake node share another, as in TRIED.md's anchors.
+
+A suite is a class with `name`, `start(services)` → {label: url} (the first label is the
+baseline) and `cases()`; adding one (e.g. `state`: a state node vs anvil vs the proxy) is
+a new class in SUITES. Everything started is stopped on exit, error, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from bench.bodies import BlockRange, BodyPlan, fake_addresses
+from bench.loadgen import BenchResult, LoadSettings, run_bench
+
+READY_TIMEOUT = 30.0  # seconds a started service has to answer its first request
+STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when stopping a service
+FAKE_HEAD = 1_000_000  # the fake node's head; cases read random heights just below it
+FAKE_WINDOW = 128  # the fake node's state window (blocks)
+SUITE_CHAIN_ID = 1337
+PROBE = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
+
+
+def free_port() -> int:
+    """A loopback TCP port that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def split_cpus() -> tuple[list[int] | None, list[int] | None]:
+    """(service core, load core) when at least two CPUs are usable, else no pinning."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    return [cpus[0]], [cpus[1]]
+
+
+@dataclass
+class Service:
+    """A subprocess under test, its log file and readiness URL."""
+
+    name: str
+    cmd: list[str]
+    ready_url: str
+    cpus: list[int] | None
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches us; we stop it in order
+            )
+        if self.cpus:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(self.proc.pid, self.cpus)
+
+    def log_tail(self, limit: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-limit:]
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        """Poll with a JSON-RPC request until a 200 answer; fail fast if the process died."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            req = urllib.request.Request(
+                self.ready_url, data=PROBE, headers={"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=2) as resp:
+                    if resp.status == 200 and b'"result"' in resp.read():
+                        return
+            except (OSError, urllib.error.URLError) as exc:
+                last = str(exc)
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} not ready after {timeout:g}s ({last}):\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@dataclass
+class Services:
+    """Every service a suite started, stopped in reverse order (see `running`)."""
+
+    workdir: Path
+    started: list[Service] = field(default_factory=list)
+
+    def start(self, name: str, cmd: list[str], ready_url: str, cpus: list[int] | None) -> Service:
+        svc = Service(name, cmd, ready_url, cpus, self.workdir / f"{name}.log")
+        self.started.append(svc)
+        svc.start()
+        svc.wait_ready()
+        return svc
+
+    def stop_all(self) -> None:
+        for svc in reversed(self.started):
+            svc.stop()
+        self.started.clear()
+
+
+@contextlib.contextmanager
+def running(keep_dir: str | None = None) -> Iterator[Services]:
+    """Services that are stopped on exit, on error, on Ctrl-C and on SIGTERM."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    tmp = None if keep_dir else tempfile.TemporaryDirectory(prefix="chainstate-bench-")
+    workdir = Path(keep_dir or tmp.name)  # type: ignore[union-attr]
+    workdir.mkdir(parents=True, exist_ok=True)
+    services = Services(workdir)
+    try:
+        yield services
+    finally:
+        services.stop_all()
+        signal.signal(signal.SIGTERM, previous)
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def python_cmd(*args: str) -> list[str]:
+    """Run a module of this project with the current interpreter (same venv)."""
+    return [sys.executable, *args]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured load: a body plan sent to every target of the suite."""
+
+    name: str
+    plan: BodyPlan
+
+
+@dataclass
+class SuiteOptions:
+    duration: float = 5.0
+    warmup: float = 1.0
+    concurrency: int = 64
+    pin: bool = True
+    cases: list[str] | None = None  # names to run; None = all
+    keep_dir: str | None = None
+
+
+class Suite(Protocol):
+    name: ClassVar[str]
+
+    def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
+        """Start what is measured; {label: url}, the first label is the baseline."""
+        ...
+
+    def cases(self) -> list[Case]: ...
+
+
+def balance_mix(batch: int) -> BodyPlan:
+    """eth_getBalance at random heights inside the fake node's state window."""
+    return BodyPlan(
+        mix=[("eth_getBalance", 1.0)],
+        batch=batch,
+        blocks=BlockRange(FAKE_HEAD - FAKE_WINDOW // 2, FAKE_HEAD),
+        addresses=fake_addresses(1000),
+    )
+
+
+class ProxySuite:
+    """The proxy in front of a fake node vs the fake node directly."""
+
+    name: ClassVar[str] = "proxy"
+
+    def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
+        proxy_cpus, load_cpus = split_cpus() if opts.pin else (None, None)
+        fake_port, proxy_port = free_port(), free_port()
+        fake_url = f"http://127.0.0.1:{fake_port}"
+        services.start(
+            "fake-node",
+            python_cmd(
+                "-m", "bench", "fake-node", "--port", str(fake_port),
+                "--kind", "state", "--head", str(FAKE_HEAD), "--window", str(FAKE_WINDOW),
+                "--chain-id", str(SUITE_CHAIN_ID),
+            ),
+            fake_url,
+            load_cpus,
+        )  # fmt: skip
+        config = services.workdir / "proxy.toml"
+        config.write_text(proxy_config(fake_url))
+        proxy_url = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
+        services.start(
+            "proxy",
+            python_cmd(
+                "-m", "chainstate.cli", "proxy",
+                "--host", "127.0.0.1", "--port", str(proxy_port), "--config", str(config),
+            ),
+            proxy_url,
+            proxy_cpus,
+        )  # fmt: skip
+        return {"direct": fake_url, "proxy": proxy_url}
+
+    def cases(self) -> list[Case]:
+        return [
+            Case("single", balance_mix(1)),
+            Case("batch10", balance_mix(10)),
+            Case("batch100", balance_mix(100)),
+        ]
+
+
+def proxy_config(node_url: str) -> str:
+    """The proxy's TOML: one chain served by one `state` node (the fake node)."""
+    return (
+        "[proxy]\n"
+        'host = "127.0.0.1"\n'
+        "\n[[proxy.nodes]]\n"
+        f'chain = "{SUITE_CHAIN_ID}"\n'
+        'key = "fake-1"\n'
+        f'url = "{node_url}"\n'
+        'kind = "state"\n'
+        "weight = 1\n"
+    )
+
+
+SUITES: dict[str, type[Suite]] = {"proxy": ProxySuite}
+
+
+def run_suite(suite: Suite, opts: SuiteOptions) -> dict[str, Any]:
+    """Start, measure every case on every target, stop; the report as a dict."""
+    _, load_cpus = split_cpus() if opts.pin else (None, None)
+    report: dict[str, Any] = {
+        "suite": suite.name,
+        "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "pinned": bool(load_cpus),
+        "concurrency": opts.concurrency,
+        "duration_s": opts.duration,
+        "cases": [],
+    }
+    with running(opts.keep_dir) as services:
+        targets = suite.start(services, opts)
+        baseline = next(iter(targets))
+        for case in suite.cases():
+            if opts.cases and case.name not in opts.cases:
+                continue
+            results: dict[str, BenchResult] = {}
+            for label, url in targets.items():
+                settings = LoadSettings(
+                    url=url,
+                    concurrency=opts.concurrency,
+                    duration=opts.duration,
+                    warmup=opts.warmup,
+                    cpus=load_cpus,
+                )
+                results[label] = run_bench(settings, case.plan)
+            report["cases"].append(_case_report(case, results, baseline))
+    return report
+
+
+def _case_report(case: Case, results: dict[str, BenchResult], baseline: str) -> dict[str, Any]:
+    base = results[baseline]
+    out: dict[str, Any] = {"case": case.name, "batch": case.plan.items_per_body, "targets": {}}
+    for label, res in results.items():
+        entry = res.to_json()
+        entry["ratio_req_per_s"] = round(res.req_per_s / base.req_per_s, 3) if base.req_per_s else 0
+        p50 = base.latency_ns["p50"]
+        entry["ratio_p50"] = round(res.latency_ns["p50"] / p50, 3) if p50 else 0
+        out["targets"][label] = entry
+    return out
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as a table: one row per case and target, ratios against the baseline."""
+    lines = [
+        f"suite {report['suite']}  {report['date']}  cpus={report['cpus']} "
+        f"pinned={report['pinned']}  c={report['concurrency']}  {report['duration_s']:g}s/case",
+        f"{'case':<10} {'target':<8} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
+        f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7}",
+    ]
+    for case in report["cases"]:
+        for label, t in case["targets"].items():
+            lat = t["latency_ms"]
+            errors = sum(t["errors"].values())
+            lines.append(
+                f"{case['case']:<10} {label:<8} {t['req_per_s']:>10,.0f} "
+                f"{t['items_per_s']:>11,.0f} "
+                f"{t['ratio_req_per_s']:>6.3f} {lat['p50']:>8.3f} {lat['p90']:>8.3f} "
+                f"{lat['p99']:>8.3f} {lat['max']:>8.3f} {errors:>7}"
+            )
+    return "\n".join(lines)
+
+
+def add_suite_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("suite", choices=sorted(SUITES), help="which suite to run")
+    p.add_argument("-d", "--duration", type=float, default=5.0, help="seconds per measurement")
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per measurement")
+    p.add_argument("-c", "--concurrency", type=int, default=64, help="connections (default 64)")
+    p.add_argument("--case", action="append", help="run only this case (repeatable)")
+    p.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
+    p.add_argument("--keep-dir", help="keep configs and service logs in this folder")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def cmd_suite(args: argparse.Namespace) -> int:
+    if args.duration <= 0 or args.concurrency < 1:
+        print("chainstate bench suite: duration must be > 0, concurrency >= 1", file=sys.stderr)
+        return 2
+    opts = SuiteOptions(
+        duration=args.duration,
+        warmup=args.warmup,
+        concurrency=args.concurrency,
+        pin=not args.no_pin,
+        cases=args.case,
+        keep_dir=args.keep_dir,
+    )
+    try:
+        report = run_suite(SUITES[args.suite](), opts)
+    except RuntimeError as exc:
+        print(f"chainstate bench suite: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2) if args.json else render(report), flush=True)
+    return 0
+
+
+def add_suite_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "suite",
+        help="start services and compare them under the same load (e.g. proxy vs direct)",
+        description=__doc__.splitlines()[0],
+    )
+    add_suite_options(p)
+    p.set_defaults(func=cmd_suite)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__)
+    add_suite_options(parser)
+    args = parser.parse_args(argv)
+    try:
+        return cmd_suite(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
