@@ -88,6 +88,9 @@ def parse_response(buf: bytearray) -> tuple[int, int, bytes, bool] | None:
         if len(buf) > 64 * 1024:
             raise ResponseError("response head larger than 64 KiB")
         return None
+    fast = _parse_common(buf, end)
+    if fast is not None:
+        return fast
     head = bytes(buf[:end]).lower()
     line_end = head.find(b"\r\n")
     status_line = head if line_end < 0 else head[:line_end]
@@ -116,6 +119,28 @@ def parse_response(buf: bytearray) -> tuple[int, int, bytes, bool] | None:
     if len(buf) < start + length:
         return None
     return start + length, status, bytes(buf[start : start + length]), keep_alive
+
+
+def _parse_common(buf: bytearray, end: int) -> tuple[int, int, bytes, bool] | None:
+    """Fast path for the usual keep-alive answer (`HTTP/1.1 NNN`, `Content-Length:`, no
+    Connection or Transfer-Encoding header); None sends the head to the general parser."""
+    head = bytes(buf[: end + 2])
+    if not head.startswith(b"HTTP/1.1 ") or b"onnection:" in head or b"ransfer-" in head:
+        return None
+    at = head.find(b"\r\nContent-Length:")
+    if at < 0:
+        return None
+    digits = head[at + 17 : head.find(b"\r\n", at + 2)].strip()
+    code = head[9:12]
+    if not digits.isdigit() or not code.isdigit():
+        return None
+    length = int(digits)
+    if length > MAX_RESPONSE_BYTES:
+        raise ResponseError("response too large")
+    start = end + 4
+    if len(buf) < start + length:
+        return None
+    return start + length, int(code), bytes(buf[start : start + length]), True
 
 
 def _parse_chunked(
@@ -158,6 +183,7 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.loop = asyncio.get_running_loop()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -182,7 +208,7 @@ class ClientConnection(asyncio.Protocol):
 
     def send(self, data: bytes) -> asyncio.Future[tuple[int, bytes, bool, int]]:
         assert self.transport is not None
-        self.waiter = asyncio.get_running_loop().create_future()
+        self.waiter = self.loop.create_future()
         self.sent_at = time.perf_counter_ns()
         self.transport.write(data)
         return self.waiter
