@@ -15,7 +15,9 @@ from typing import Any
 
 import orjson
 
-DEFAULT_POOL_SIZE = 4096  # distinct bodies pre-built for a mix
+DEFAULT_POOL_SIZE = 4096  # distinct bodies pre-built for a mix of single requests
+DEFAULT_POOL_ITEMS = 65_536  # batches: the default pool holds about this many items
+MIN_POOL_SIZE = 16  # bodies in a default pool however large the batch
 DEFAULT_ADDRESSES = 1000  # distinct accounts a mix draws from
 DEFAULT_SLOTS = 16  # storage slots 0..N-1 a mix draws from
 MAX_BATCH = 100_000  # refuse absurd --batch values early
@@ -131,7 +133,8 @@ class BodyPlan:
     blocks: BlockRange = field(default_factory=BlockRange)
     addresses: list[str] = field(default_factory=list)
     slots: int = DEFAULT_SLOTS
-    pool_size: int = DEFAULT_POOL_SIZE
+    pool_size: int | None = None  # None: DEFAULT_POOL_SIZE bodies, fewer for large batches
+    _built: dict[int, list[bytes]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if (self.fixed is None) == (not self.mix):
@@ -142,6 +145,11 @@ class BodyPlan:
             raise BodyError("the body is already a batch array; drop --batch")
         if self.mix and not self.addresses:
             self.addresses = fake_addresses(DEFAULT_ADDRESSES)
+        if self.pool_size is None:
+            by_items = max(MIN_POOL_SIZE, DEFAULT_POOL_ITEMS // self.batch)
+            self.pool_size = min(DEFAULT_POOL_SIZE, by_items)
+        if self.pool_size < 1:
+            raise BodyError("--pool must be >= 1")
 
     @property
     def items_per_body(self) -> int:
@@ -150,14 +158,19 @@ class BodyPlan:
         return self.batch
 
     def build(self, seed: int = 0) -> list[bytes]:
-        """The pool of body bytes (a single body when fixed)."""
+        """The pool of body bytes (a single body when fixed); built once per seed."""
+        if seed not in self._built:
+            self._built[seed] = self._build(seed)
+        return self._built[seed]
+
+    def _build(self, seed: int) -> list[bytes]:
         if self.fixed is not None:
             return [orjson.dumps(self._batched(lambda i: dict(self.fixed, id=i)))]
         rng = random.Random(seed)
         names = [m for m, _ in self.mix]
         weights = [w for _, w in self.mix]
         pool: list[bytes] = []
-        for _ in range(self.pool_size):
+        for _ in range(self.pool_size or DEFAULT_POOL_SIZE):
 
             def item(i: int) -> dict[str, Any]:
                 method = rng.choices(names, weights)[0]

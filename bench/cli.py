@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.bodies import (
     DEFAULT_ADDRESSES,
+    DEFAULT_POOL_ITEMS,
     DEFAULT_POOL_SIZE,
     DEFAULT_SLOTS,
     BodyError,
@@ -137,8 +138,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     body.add_argument(
         "--pool",
         type=_positive_int,
-        default=DEFAULT_POOL_SIZE,
-        help=f"distinct bodies pre-built for --mix (default {DEFAULT_POOL_SIZE})",
+        help=f"distinct bodies pre-built for --mix (default {DEFAULT_POOL_SIZE}, "
+        f"fewer for batches: about {DEFAULT_POOL_ITEMS} items)",
     )
     body.add_argument(
         "--batch", type=_positive_int, default=1, help="items per HTTP request (default 1)"

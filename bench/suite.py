@@ -177,6 +177,8 @@ class Case:
 
 @dataclass
 class SuiteOptions:
+    """How long and how hard each measurement of a suite runs."""
+
     duration: float = 5.0
     warmup: float = 1.0
     concurrency: int = 64
@@ -227,16 +229,15 @@ class ProxySuite:
         config = services.workdir / "proxy.toml"
         config.write_text(proxy_config(fake_url))
         proxy_url = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
-        services.start(
-            "proxy",
-            python_cmd(
-                "-m", "chainstate.cli", "proxy",
-                "--host", "127.0.0.1", "--port", str(proxy_port), "--config", str(config),
-            ),
-            proxy_url,
-            proxy_cpus,
-        )  # fmt: skip
+        services.start("proxy", self.proxy_command(proxy_port, config), proxy_url, proxy_cpus)
         return {"direct": fake_url, "proxy": proxy_url}
+
+    def proxy_command(self, port: int, config: Path) -> list[str]:
+        """How the proxy under test is started (a test may swap in another server)."""
+        return python_cmd(
+            "-m", "chainstate.cli", "proxy",
+            "--host", "127.0.0.1", "--port", str(port), "--config", str(config),
+        )  # fmt: skip
 
     def cases(self) -> list[Case]:
         return [

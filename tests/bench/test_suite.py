@@ -1,0 +1,94 @@
+"""The suite starts its services, measures every case on every target, and stops them all."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.suite import ProxySuite, SuiteOptions, proxy_config, python_cmd, render, run_suite
+
+
+class StandInSuite(ProxySuite):
+    """The proxy suite with a second fake node standing in for the proxy (the suite's
+    mechanics are under test here, not the proxy)."""
+
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+
+    def proxy_command(self, port: int, config: Path) -> list[str]:
+        assert 'url = "http://127.0.0.1:' in config.read_text()
+        return python_cmd("-m", "bench", "fake-node", "--port", str(port), "--head", "1000000")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie is as good as gone
+        return fh.read().split()[2] != "Z"
+
+
+def test_suite_measures_every_case_and_stops_everything(tmp_path: Path) -> None:
+    suite = StandInSuite()
+    opts = SuiteOptions(duration=0.1, warmup=0, concurrency=4, keep_dir=str(tmp_path))
+    seen: list[int] = []
+    original = suite.start
+
+    def start(services, opts):  # remember the pids to check they are gone afterwards
+        targets = original(services, opts)
+        seen.extend(svc.proc.pid for svc in services.started)
+        return targets
+
+    suite.start = start  # type: ignore[method-assign]
+    report = run_suite(suite, opts)
+    assert [c["case"] for c in report["cases"]] == ["single", "batch10", "batch100"]
+    for case in report["cases"]:
+        direct, proxy = case["targets"]["direct"], case["targets"]["proxy"]
+        assert direct["ratio_req_per_s"] == 1.0
+        assert proxy["ratio_req_per_s"] == pytest.approx(
+            proxy["req_per_s"] / direct["req_per_s"], rel=0.01
+        )
+        assert direct["requests"] > 0 and not direct["errors"] and not proxy["errors"]
+        assert direct["items_ok"] == direct["requests"] * case["batch"]
+    assert "batch100" in render(report)
+    assert len(seen) == 2 and not any(alive(pid) for pid in seen)
+    assert (tmp_path / "fake-node.log").read_text().startswith("fake node (FAKE DATA")
+
+
+def test_suite_stops_what_it_started_when_a_service_fails(tmp_path: Path) -> None:
+    class Broken(StandInSuite):
+        def proxy_command(self, port: int, config: Path) -> list[str]:
+            return python_cmd("-c", "import sys; sys.exit('proxy refused to start')")
+
+    suite = Broken()
+    seen: list[int] = []
+    original = suite.start
+
+    def start(services, opts):
+        try:
+            return original(services, opts)
+        finally:
+            seen.extend(svc.proc.pid for svc in services.started)
+
+    suite.start = start  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="proxy refused to start"):
+        run_suite(suite, SuiteOptions(duration=0.1, warmup=0, keep_dir=str(tmp_path)))
+    assert len(seen) == 2 and not any(alive(pid) for pid in seen)
+
+
+def test_proxy_config_names_the_node() -> None:
+    import tomllib
+
+    cfg = tomllib.loads(proxy_config("http://127.0.0.1:9"))
+    assert cfg["proxy"]["nodes"] == [
+        {
+            "chain": "1337",
+            "key": "fake-1",
+            "url": "http://127.0.0.1:9",
+            "kind": "state",
+            "weight": 1,
+        }
+    ]
