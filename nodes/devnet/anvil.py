@@ -10,11 +10,13 @@ restart: anvil's state is dumped there on stop and loaded on the next start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -83,19 +85,38 @@ def ensure_anvil(tool_dir: Path | None = None) -> Path:
     if on_path:
         return Path(on_path)
     tool_dir = tool_dir or TOOL_DIR
-    binary = tool_dir / "node_modules" / ".bin" / "anvil"
-    if binary.exists() and os.access(binary, os.X_OK):
-        return binary
+    found = _tool_anvil(tool_dir)
+    if found is not None:
+        return found
     ensure_npm_package(ANVIL_PACKAGE, ANVIL_VERSION, tool_dir)
-    if not binary.exists():
-        raise DevnetError(f"npm installed {ANVIL_PACKAGE} but {binary} is missing")
-    return binary
+    found = _tool_anvil(tool_dir)
+    if found is None:
+        raise DevnetError(f"npm installed {ANVIL_PACKAGE} but no anvil binary is in {tool_dir}")
+    return found
+
+
+def _tool_anvil(tool_dir: Path) -> Path | None:
+    """anvil in the tool folder: the native binary of the platform package when present
+    (`.bin/anvil` is a node wrapper that would sit between us and the real process)."""
+    modules = tool_dir / "node_modules"
+    candidates = sorted(modules.glob("@foundry-rs/anvil-*/bin/anvil"))
+    candidates.append(modules / ".bin" / "anvil")
+    for binary in candidates:
+        if binary.is_file() and os.access(binary, os.X_OK):
+            return binary
+    return None
 
 
 def ensure_openzeppelin(tool_dir: Path | None = None) -> Path:
     """The compiled OpenZeppelin contract artifacts folder (`build/contracts`)."""
     package = ensure_npm_package(OPENZEPPELIN_PACKAGE, OPENZEPPELIN_VERSION, tool_dir)
     return package / "build" / "contracts"
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Signal the process group that `proc` leads (started with start_new_session)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
 
 
 class AnvilProcess:
@@ -157,6 +178,7 @@ class AnvilProcess:
             stdin=subprocess.DEVNULL,
             stdout=self._output,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a wrapper's child stops with it
         )
         deadline = time.monotonic() + self.start_timeout
         try:
@@ -219,12 +241,14 @@ class AnvilProcess:
                     self.dump_state()
                 except Exception as exc:
                     log.warning("anvil state dump failed: %s", exc)
-            proc.terminate()
+            _signal_group(proc, signal.SIGTERM)
             try:
                 proc.wait(DEFAULT_STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                _signal_group(proc, signal.SIGKILL)
                 proc.wait()
+            # A wrapper may exit before its child: make sure nothing of the group is left.
+            _signal_group(proc, signal.SIGKILL)
         if self._output is not None:
             self._output.close()
             self._output = None

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
 
 import aiohttp
+import psutil
 import pytest
 
-from nodes.devnet.anvil import GENESIS, AnvilProcess, DevnetError, ensure_anvil, ensure_openzeppelin
+from nodes.devnet.anvil import (
+    GENESIS,
+    TOOL_DIR,
+    AnvilProcess,
+    DevnetError,
+    ensure_anvil,
+    ensure_openzeppelin,
+)
 from tests.conftest import free_port
 
 
@@ -15,6 +26,16 @@ async def rpc(url: str, method: str, params: list | None = None):
     body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []}
     async with aiohttp.ClientSession() as s, s.post(url, json=body) as resp:
         return (await resp.json())["result"]
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Processes of a process group that still run (zombies awaiting reaping do not)."""
+    live = []
+    for p in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                live.append(p.pid)
+    return live
 
 
 def test_ensure_anvil_finds_the_pinned_binary() -> None:
@@ -39,11 +60,23 @@ async def test_genesis_allocation_is_the_known_one(anvil_url: str) -> None:
 
 async def test_block_time_mines_without_transactions() -> None:
     async with AnvilProcess(port=free_port(), genesis=GENESIS, block_time=0.2) as proc:
-        import asyncio
-
         await asyncio.sleep(0.7)
         assert int(await rpc(proc.url, "eth_blockNumber"), 16) >= 2
-    assert proc.pid is None
+        pid = proc.pid
+    assert proc.pid is None and pid is not None
+    assert live_group_members(pid) == []
+
+
+def test_the_npm_wrapper_is_stopped_with_its_child(tmp_path) -> None:
+    """Through the node wrapper (`.bin/anvil`) the real anvil is a grandchild: it must stop."""
+    wrapper = TOOL_DIR / "node_modules" / ".bin" / "anvil"
+    proc = AnvilProcess(port=free_port(), genesis=GENESIS, binary=wrapper)
+    proc.start_blocking()
+    pid = proc.pid
+    assert pid is not None
+    assert len(live_group_members(pid)) == 2  # node and the real anvil
+    proc.stop_blocking()
+    assert live_group_members(pid) == []
 
 
 async def test_state_path_keeps_the_chain_across_restarts(tmp_path) -> None:
