@@ -1,0 +1,205 @@
+"""Follow a write node: poll its head, fetch missing `trace_vendorBlock`s in order, check
+parent hashes, apply each block atomically, roll back on reorgs, back off on errors.
+
+The source URL (`inproc://name` or `http://…`) can change at run time (the write pipeline
+switched Leaders): ingest continues from the store's own head and the parent-hash check
+tells whether the new source is on the same chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from chainstate.hexcodec import parse_quantity
+from chainstate.inproc import InprocRegistry
+from chainstate.jsonrpc import METHOD_NOT_FOUND, JsonRpcError
+from chainstate.rpcclient import RpcClient, RpcUnavailable
+from nodes.state.metrics import StateMetrics
+from nodes.state.settings import StateSettings
+from nodes.state.store import ParentMismatch, ReorgTooDeep, StateStore, StoreError
+from nodes.state.vendor import VendorBlock, VendorBlockError, parse_vendor_block
+
+log = logging.getLogger(__name__)
+
+
+class Ingest:
+    """One ingest loop per state node; `run()` is its task."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        settings: StateSettings,
+        metrics: StateMetrics,
+        *,
+        registry: InprocRegistry | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self.registry = registry
+        self.source: str | None = settings.source
+        self.last_error: str | None = None
+        self.source_head: int | None = None
+        self._client: RpcClient | None = None
+        self._stale: list[RpcClient] = []
+        self._wake = asyncio.Event()
+        self._progress = asyncio.Event()
+        self._chain_id_unsupported = False
+
+    # control ---------------------------------------------------------------------------
+
+    def set_source(self, url: str) -> None:
+        """Follow another write node from now on (checked by parent hashes as usual)."""
+        if not url.startswith(("inproc://", "http://", "https://")):
+            raise ValueError(f"source must be an inproc://, http:// or https:// URL: {url!r}")
+        if url == self.source:
+            return
+        log.info("state ingest: source %s → %s", self.source, url)
+        self.source = url
+        if self._client is not None:
+            self._stale.append(self._client)
+            self._client = None
+        self._chain_id_unsupported = False
+        self._wake.set()
+
+    async def close(self) -> None:
+        for client in [*self._stale, *([self._client] if self._client else [])]:
+            await client.close()
+        self._stale.clear()
+        self._client = None
+
+    async def wait_for_height(self, height: int, within: float) -> None:
+        """Wait until the store's head reaches `height` (tests, start-up scripts)."""
+        deadline = time.monotonic() + within
+        while True:
+            bounds = self.store.bounds()
+            if bounds is not None and bounds[1] >= height:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"state node did not reach block {height} in {within}s")
+            self._progress.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), remaining)
+
+    # loop ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        backoff = self.settings.backoff_initial
+        while True:
+            try:
+                progressed = await self.step()
+            except (RpcUnavailable, JsonRpcError, VendorBlockError, StoreError) as exc:
+                kind = type(exc).__name__
+                self.metrics.error(kind)
+                self.last_error = f"{kind}: {exc}"
+                level = logging.ERROR if isinstance(exc, ReorgTooDeep) else logging.WARNING
+                log.log(level, "state ingest from %s failed: %s", self.source, self.last_error)
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, self.settings.backoff_max)
+                continue
+            backoff = self.settings.backoff_initial
+            self.last_error = None
+            if not progressed:
+                await self._sleep(self.settings.poll_interval)
+
+    async def _sleep(self, seconds: float) -> None:
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    def _rpc(self) -> RpcClient | None:
+        if self.source is None:
+            return None
+        if self._client is None:
+            self._client = RpcClient(
+                self.source, registry=self.registry, timeout=self.settings.request_timeout
+            )
+        return self._client
+
+    async def step(self) -> bool:
+        """One round: returns True when blocks were applied or rolled back."""
+        for client in self._stale:
+            await client.close()
+        self._stale.clear()
+        rpc = self._rpc()
+        if rpc is None:
+            return False
+        await self._learn_chain_id(rpc)
+        src_head = parse_quantity(await rpc.call("eth_blockNumber"), "source block number")
+        self.source_head = src_head
+        self.metrics.source_head.set(src_head)
+        mine = self.store.head_hash()
+        if mine is not None and src_head <= mine[0]:
+            return await self._check_same_chain(rpc, src_head)
+        start = 0 if mine is None else mine[0] + 1
+        count = min(self.settings.fetch_concurrency, src_head - start + 1)
+        blocks = await asyncio.gather(*(self._fetch(rpc, h) for h in range(start, start + count)))
+        for block in blocks:
+            try:
+                await self._apply(block)
+            except ParentMismatch as exc:
+                log.warning("state ingest: reorg at block %d: %s", block.number, exc)
+                await self._rollback()
+                return True
+        return True
+
+    async def _check_same_chain(self, rpc: RpcClient, src_head: int) -> bool:
+        """Caught up (or the source is behind): make sure the source still has our block at
+        its head height; if not, it reorganised, so roll back below that height."""
+        ours = self.store.hash_at(src_head)
+        if ours is None:
+            return False  # below our window: nothing to compare
+        theirs = await self._fetch(rpc, src_head)
+        if theirs.hash == ours:
+            return False
+        log.warning("state ingest: source replaced block %d (reorg); rolling back", src_head)
+        while (mine := self.store.head_hash()) is not None and mine[0] >= src_head:
+            await self._rollback()
+        return True
+
+    async def _fetch(self, rpc: RpcClient, height: int) -> VendorBlock:
+        raw = await rpc.call("trace_vendorBlock", [hex(height)])
+        block = await asyncio.to_thread(
+            parse_vendor_block, raw, verify_hash=self.settings.verify_hash
+        )
+        if block.number != height:
+            raise VendorBlockError(f"asked for block {height}, the source sent {block.number}")
+        return block
+
+    async def _apply(self, block: VendorBlock) -> None:
+        started = time.perf_counter()
+        await asyncio.to_thread(self.store.apply, block, verify_pre=self.settings.verify_pre)
+        self.metrics.apply_seconds.observe(time.perf_counter() - started)
+        self.metrics.applied.inc()
+        self._published()
+
+    async def _rollback(self) -> None:
+        await asyncio.to_thread(self.store.rollback)
+        self.metrics.rollbacks.inc()
+        self._published()
+
+    def _published(self) -> None:
+        bounds = self.store.bounds()
+        if bounds is not None:
+            self.metrics.earliest.set(bounds[0])
+            self.metrics.head.set(bounds[1])
+        self._progress.set()
+
+    async def _learn_chain_id(self, rpc: RpcClient) -> None:
+        """Ask the source for the chain id once, when neither config nor store has it."""
+        if self._chain_id_unsupported or self.store.chain_id() is not None:
+            return
+        try:
+            answer: Any = await rpc.call("eth_chainId")
+        except JsonRpcError as exc:
+            if exc.code != METHOD_NOT_FOUND:
+                raise
+            self._chain_id_unsupported = True
+            log.warning("state ingest: source %s has no eth_chainId; set chain_id", self.source)
+            return
+        await asyncio.to_thread(self.store.set_chain_id, parse_quantity(answer, "chain id"))

@@ -1,0 +1,287 @@
+"""The state node's read methods (eth_*, vendor namespace, blockx_* for the checker).
+
+Result shapes the spec leaves open are decided here and documented in docs/state-node.md:
+eth_* follow geth (hex quantities); vendor balances are hex quantities (U256 may exceed what
+JSON numbers carry safely), nonces are integers, code is 0x bytes, storage a 32-byte word.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from chainstate import __version__
+from chainstate.blockref import (
+    BlockRef,
+    parse_block_ctx,
+    parse_block_id,
+    parse_block_number_param,
+)
+from chainstate.hexcodec import (
+    UINT256_MAX,
+    parse_address,
+    parse_quantity,
+    to_data,
+    to_hash32,
+    to_hex,
+)
+from chainstate.jsonrpc import (
+    BLOCK_NOT_FOUND,
+    INTERNAL_ERROR,
+    INVALID_BLOCK_ID,
+    INVALID_PARAMS,
+    Handler,
+    JsonRpcError,
+    params_list,
+)
+from nodes.state.store import StateStore, out_of_range
+
+NODE_NAME = "chainstate-state-node"
+
+
+def _require(value: Any, name: str) -> Any:
+    if value is None:
+        raise JsonRpcError(INVALID_PARAMS, f"missing required parameter: {name}")
+    return value
+
+
+def _slot(value: Any) -> int:
+    slot = parse_quantity(_require(value, "position"), "storage position", lenient=True)
+    if slot > UINT256_MAX:
+        raise JsonRpcError(INVALID_PARAMS, "invalid storage position: more than 32 bytes")
+    return slot
+
+
+def _full_flag(value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise JsonRpcError(INVALID_PARAMS, "invalid full flag: expected true or false")
+
+
+def _block_hash(value: Any) -> str:
+    ref = parse_block_id(_require(value, "block hash"))
+    if ref.hash is None:
+        raise JsonRpcError(INVALID_BLOCK_ID, f"invalid block id {value!r:.80}: expected a hash")
+    return ref.hash
+
+
+def vendor_block(header: dict[str, Any]) -> dict[str, Any]:
+    """The spec's VendorBlock record from a stored Header."""
+
+    def q(name: str) -> int:
+        value = header.get(name)
+        return int(value, 16) if value else 0
+
+    return {
+        "id": header["hash"],
+        "height": q("number"),
+        "timestamp": q("timestamp"),
+        "parent_id": header["parentHash"],
+        "base_fee_per_gas": q("baseFeePerGas"),
+        "miner": header["miner"],
+        "gas_limit": q("gasLimit"),
+        "gas_used": q("gasUsed"),
+    }
+
+
+class StateMethods:
+    """JSON-RPC handlers over a StateStore; `handlers()` is what the node registers."""
+
+    def __init__(
+        self,
+        store: StateStore,
+        *,
+        key: str,
+        kind: str,
+        window: int,
+        chain_id: Callable[[], int | None],
+        max_validation_count: int = 1000,
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.kind = kind
+        self.window = window
+        self._chain_id = chain_id
+        self.max_validation_count = max_validation_count
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "eth_blockNumber": self.eth_block_number,
+            "eth_chainId": self.eth_chain_id,
+            "eth_getBalance": self.eth_get_balance,
+            "eth_getTransactionCount": self.eth_get_transaction_count,
+            "eth_getCode": self.eth_get_code,
+            "eth_getStorageAt": self.eth_get_storage_at,
+            "eth_getBlockByNumber": self.eth_get_block_by_number,
+            "eth_getBlockByHash": self.eth_get_block_by_hash,
+            "eth_baseFee": self.eth_base_fee,
+            "version": self.version,
+            "getAddressBalance": self.get_address_balance,
+            "getAddressNonce": self.get_address_nonce,
+            "getAddressCode": self.get_address_code,
+            "getStorageAt": self.get_storage_at,
+            "getLatestBlock": self.get_latest_block,
+            "getBlockByHeight": self.get_block_by_height,
+            "getBlockById": self.get_block_by_id,
+            "blockIsValid": self.block_is_valid,
+            "blockx_range": self.blockx_range,
+            "blockx_getValidation": self.blockx_get_validation,
+        }
+
+    # block resolution ------------------------------------------------------------------
+
+    def resolve(self, ref: BlockRef) -> int:
+        """The height to answer at; -39006 when this node cannot answer for that block.
+
+        Tags other than `earliest` mean the head; `earliest` means block 0 (as in geth), so
+        a pruned node sends it on to an archive node. `Contains` answers at the head,
+        provided the named block is known and not beyond it.
+        """
+        earliest, head = self.store.range()
+        if ref.tag is not None:
+            height = 0 if ref.tag == "earliest" else head
+        elif ref.number is not None:
+            height = ref.number
+        else:
+            known = self.store.height_of(ref.hash or "")
+            if known is None:
+                raise JsonRpcError(BLOCK_NOT_FOUND, f"block {ref.hash} is not known to this node")
+            height = known
+        if ref.contains and height <= head:
+            return head
+        if not earliest <= height <= head:
+            raise out_of_range(height, (earliest, head))
+        return height
+
+    def _eth_block(self, value: Any) -> int:
+        return self.resolve(parse_block_number_param(value))
+
+    def _ctx(self, value: Any) -> int:
+        return self.resolve(parse_block_ctx(value))
+
+    # eth namespace ---------------------------------------------------------------------
+
+    async def eth_block_number(self, params: Any) -> str:
+        params_list(params, [])
+        return to_hex(self.store.range()[1])
+
+    async def eth_chain_id(self, params: Any) -> str:
+        params_list(params, [])
+        chain_id = self._chain_id()
+        if chain_id is None:
+            msg = "chain id not known yet: set chain_id or let the node reach its source"
+            raise JsonRpcError(INTERNAL_ERROR, msg)
+        return to_hex(chain_id)
+
+    async def eth_get_balance(self, params: Any) -> str:
+        addr, block = params_list(params, ["address", "blockNumber"])
+        address = parse_address(_require(addr, "address"))
+        return to_hex(self.store.balance(address, self._eth_block(block)))
+
+    async def eth_get_transaction_count(self, params: Any) -> str:
+        addr, block = params_list(params, ["address", "blockNumber"])
+        address = parse_address(_require(addr, "address"))
+        return to_hex(self.store.nonce(address, self._eth_block(block)))
+
+    async def eth_get_code(self, params: Any) -> str:
+        addr, block = params_list(params, ["address", "blockNumber"])
+        address = parse_address(_require(addr, "address"))
+        return to_data(self.store.code(address, self._eth_block(block)))
+
+    async def eth_get_storage_at(self, params: Any) -> str:
+        addr, position, block = params_list(params, ["address", "position", "blockNumber"])
+        address = parse_address(_require(addr, "address"))
+        slot = _slot(position)
+        return to_hash32(self.store.storage(address, slot, self._eth_block(block)))
+
+    def _geth_header(self, height: int) -> dict[str, Any]:
+        header = dict(self.store.header_fields(height)["header"])
+        header["transactions"] = []
+        header["uncles"] = []
+        return header
+
+    async def eth_get_block_by_number(self, params: Any) -> dict[str, Any]:
+        block, full = params_list(params, ["blockNumber", "full"])
+        _full_flag(full)
+        ref = parse_block_number_param(_require(block, "blockNumber"), default=None)
+        return self._geth_header(self.resolve(ref))
+
+    async def eth_get_block_by_hash(self, params: Any) -> dict[str, Any]:
+        block_hash, full = params_list(params, ["blockHash", "full"])
+        _full_flag(full)
+        return self._geth_header(self.resolve(BlockRef(hash=_block_hash(block_hash))))
+
+    async def eth_base_fee(self, params: Any) -> int:
+        (block,) = params_list(params, ["blockNumber"])
+        return self.store.header(self._eth_block(block)).base_fee_per_gas
+
+    # vendor namespace ------------------------------------------------------------------
+
+    async def version(self, params: Any) -> dict[str, Any]:
+        params_list(params, [])
+        bounds = self.store.bounds()
+        return {
+            "name": NODE_NAME,
+            "version": __version__,
+            "key": self.key,
+            "kind": self.kind,
+            "window": self.window if self.kind == "state" else None,
+            "chain_id": self._chain_id(),
+            "range": None if bounds is None else {"earliest": bounds[0], "latest": bounds[1]},
+        }
+
+    async def get_address_balance(self, params: Any) -> str:
+        addr, ctx = params_list(params, ["address", "blockCtx"])
+        address = parse_address(_require(addr, "address"))
+        return to_hex(self.store.balance(address, self._ctx(ctx)))
+
+    async def get_address_nonce(self, params: Any) -> int:
+        addr, ctx = params_list(params, ["address", "blockCtx"])
+        address = parse_address(_require(addr, "address"))
+        return self.store.nonce(address, self._ctx(ctx))
+
+    async def get_address_code(self, params: Any) -> str:
+        addr, ctx = params_list(params, ["address", "blockCtx"])
+        address = parse_address(_require(addr, "address"))
+        return to_data(self.store.code(address, self._ctx(ctx)))
+
+    async def get_storage_at(self, params: Any) -> str:
+        addr, position, ctx = params_list(params, ["address", "position", "blockCtx"])
+        address = parse_address(_require(addr, "address"))
+        slot = _slot(position)
+        return to_hash32(self.store.storage(address, slot, self._ctx(ctx)))
+
+    async def get_latest_block(self, params: Any) -> dict[str, Any]:
+        params_list(params, [])
+        return vendor_block(self.store.header_fields(self.store.range()[1])["header"])
+
+    async def get_block_by_height(self, params: Any) -> dict[str, Any]:
+        (height,) = params_list(params, ["height"])
+        ref = parse_block_id(_require(height, "height"))
+        if ref.hash is not None:
+            raise JsonRpcError(INVALID_BLOCK_ID, "invalid height: got a block hash")
+        return vendor_block(self.store.header_fields(self.resolve(ref))["header"])
+
+    async def get_block_by_id(self, params: Any) -> dict[str, Any]:
+        (block_id,) = params_list(params, ["id"])
+        ref = BlockRef(hash=_block_hash(block_id))
+        return vendor_block(self.store.header_fields(self.resolve(ref))["header"])
+
+    async def block_is_valid(self, params: Any) -> bool:
+        (block_id,) = params_list(params, ["id"])
+        return self.store.height_of(_block_hash(block_id)) is not None
+
+    # blockx namespace (the consistency checker) ----------------------------------------
+
+    async def blockx_range(self, params: Any) -> dict[str, int]:
+        params_list(params, [])
+        earliest, latest = self.store.range()
+        return {"earliest": earliest, "latest": latest}
+
+    async def blockx_get_validation(self, params: Any) -> list[dict[str, Any]]:
+        start, count = params_list(params, ["fromHeight", "count"])
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise JsonRpcError(INVALID_PARAMS, "fromHeight must be a non-negative integer")
+        limit = self.max_validation_count
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= limit:
+            raise JsonRpcError(INVALID_PARAMS, f"count must be an integer from 1 to {limit}")
+        return self.store.validations(start, count)

@@ -1,0 +1,175 @@
+"""The state node as a component: store + ingest + JSON-RPC methods + health + metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from chainstate.inproc import InprocRegistry
+from chainstate.jsonrpc import Dispatcher, JsonRpcError, dumps
+from chainstate.rpcserver import rpc_handler
+from nodes.state.ingest import Ingest
+from nodes.state.methods import StateMethods
+from nodes.state.metrics import StateMetrics
+from nodes.state.reader import StateReader
+from nodes.state.settings import StateSettings
+from nodes.state.store import StateStore, StoreError
+
+log = logging.getLogger(__name__)
+
+EVM_METHODS_MODULE = "nodes.state.evm.methods"
+STORE_DIR = "lmdb"
+
+
+def _evm_module_available() -> bool:
+    try:
+        return importlib.util.find_spec(EVM_METHODS_MODULE) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+class StateNode:
+    """One state or archive node.
+
+    `start()` opens the store, registers the read methods (and the EVM methods when
+    `nodes/state/evm/methods.py` is present), starts ingest and registers `handle_body` in
+    the in-process registry under `key`. Whoever serves `make_app()` over HTTP sets
+    `http_url`.
+    """
+
+    def __init__(
+        self,
+        settings: StateSettings,
+        *,
+        data_dir: Path,
+        registry: InprocRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.key = settings.key
+        self.kind = settings.kind
+        self.data_dir = Path(data_dir)
+        self.registry = registry
+        self.http_url: str | None = None
+        self.metrics = StateMetrics(settings.key)
+        self.store = StateStore(
+            self.data_dir / STORE_DIR,
+            kind=settings.kind,
+            window=settings.window,
+            map_size_mb=settings.map_size_mb,
+        )
+        self.reader: StateReader = self.store
+        self.dispatcher = Dispatcher(f"state:{settings.key}", max_batch=settings.max_batch)
+        self.methods = StateMethods(
+            self.store,
+            key=settings.key,
+            kind=settings.kind,
+            window=settings.window,
+            chain_id=self.chain_id,
+            max_validation_count=settings.max_validation_count,
+        )
+        self.ingest = Ingest(self.store, settings, self.metrics, registry=registry)
+        self._task: asyncio.Task[None] | None = None
+        self._started = False
+
+    @classmethod
+    def from_config(
+        cls, section: dict[str, Any], *, data_dir: Path, registry: InprocRegistry | None = None
+    ) -> StateNode:
+        return cls(StateSettings.from_section(section), data_dir=data_dir, registry=registry)
+
+    def chain_id(self) -> int | None:
+        """From the config, else as learned from the source (kept in the store)."""
+        if self.settings.chain_id is not None:
+            return self.settings.chain_id
+        return self.store.chain_id() if self._started else None
+
+    def resolve(self, ref: Any) -> int:
+        """Height to answer a `BlockRef` at (raises -39006/-39007); for the EVM methods."""
+        return self.methods.resolve(ref)
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.store.open)
+        self._started = True
+        stored = self.store.chain_id()
+        wanted = self.settings.chain_id
+        if wanted is not None and stored is not None and stored != wanted:
+            self.store.close()
+            raise StoreError(f"{self.data_dir} holds chain {stored}, configured for {wanted}")
+        if wanted is not None and stored is None:
+            await asyncio.to_thread(self.store.set_chain_id, wanted)
+        self.dispatcher.update(self.methods.handlers())
+        if _evm_module_available():
+            importlib.import_module(EVM_METHODS_MODULE).register(self)
+        self.ingest._published()
+        self._task = asyncio.create_task(self.ingest.run(), name=f"state-ingest:{self.key}")
+        if self.registry is not None:
+            self.registry.register(self.key, self.handle_body)
+
+    async def close(self) -> None:
+        if self.registry is not None:
+            self.registry.unregister(self.key)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.ingest.close()
+        await asyncio.to_thread(self.store.close)
+        self._started = False
+
+    def set_source(self, url: str) -> None:
+        """Follow another write node (the write pipeline switched Leaders)."""
+        self.ingest.set_source(url)
+
+    async def handle_body(self, body: bytes) -> bytes:
+        started = time.perf_counter()
+        try:
+            return await self.dispatcher.handle_body(body)
+        finally:
+            self.metrics.request_seconds.observe(time.perf_counter() - started)
+
+    # HTTP ------------------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_post("/", rpc_handler(self.handle_body))
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Healthy = the store answers and holds at least one block."""
+        try:
+            bounds = self.store.bounds()
+        except JsonRpcError as exc:
+            return False, {"status": "error", "error": exc.message}
+        doc = {
+            "status": "ok" if bounds else "syncing",
+            "key": self.key,
+            "kind": self.kind,
+            "earliest": bounds[0] if bounds else None,
+            "head": bounds[1] if bounds else None,
+            "source": self.ingest.source,
+            "source_head": self.ingest.source_head,
+            "last_error": self.ingest.last_error,
+        }
+        return bounds is not None, doc
+
+    async def _health(self, request: web.Request) -> web.Response:
+        ok, doc = self.health()
+        return web.Response(
+            status=200 if ok else 503, body=dumps(doc), content_type="application/json"
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

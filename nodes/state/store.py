@@ -1,0 +1,468 @@
+"""The state node's crash-safe store: LMDB, one write transaction per block.
+
+Layout (named LMDB databases):
+
+- `versions`: `address(20) | field(1) [| slot(32)] | height(8, big-endian)` → value at that
+  height. Fields: 1 balance, 2 nonce, 3 code, 4 storage slot. Integers are stored as minimal
+  big-endian bytes (zero = empty), code as raw bytes. A read at height h seeks to the first key
+  after `prefix | h` and steps back one: O(log n) whatever the history length.
+- `headers`: height → the block's Header (as sent by the write node) and ValidationHash.
+- `hashes`: block hash(32) → height, for every canonical block ever applied (also below a
+  `state` node's window, so `blockIsValid` stays answerable).
+- `undo`: height → the version prefixes the block wrote; rolling a block back deletes exactly
+  those versions, and pruning knows which older versions a window move makes obsolete.
+- `meta`: head, earliest, chain id, kind.
+
+Commits are durable (LMDB `sync`): kill -9 leaves either the whole block or none of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import orjson
+
+from chainstate.jsonrpc import BLOCK_NOT_FOUND, DATABASE_FAILED, JsonRpcError
+from nodes.state.reader import HeaderInfo
+from nodes.state.vendor import AccountDiff, VendorBlock
+
+log = logging.getLogger(__name__)
+
+_BE = struct.Struct(">Q")
+F_BALANCE = b"\x01"
+F_NONCE = b"\x02"
+F_CODE = b"\x03"
+F_STORAGE = b"\x04"
+_ACCOUNT_PREFIX = 21
+_STORAGE_PREFIX = 53
+
+META_HEAD = b"head"
+META_EARLIEST = b"earliest"
+META_CHAIN_ID = b"chain_id"
+META_KIND = b"kind"
+
+
+class StoreError(Exception):
+    """A block could not be applied or rolled back; the store is unchanged."""
+
+
+class OutOfOrder(StoreError):
+    """The block is not the next height after the stored head."""
+
+
+class ParentMismatch(StoreError):
+    """The block's parentHash is not the stored head's hash: the source is on another fork."""
+
+
+class ReorgTooDeep(StoreError):
+    """A rollback would go below this node's earliest block."""
+
+
+class PreStateMismatch(StoreError):
+    """The block's `pre` values differ from the stored state at its parent."""
+
+
+class StoreFailure(StoreError):
+    """LMDB itself failed (disk full, map full, I/O error)."""
+
+
+def _int_bytes(value: int) -> bytes:
+    return value.to_bytes((value.bit_length() + 7) // 8, "big")
+
+
+def _addr(address: str) -> bytes:
+    return bytes.fromhex(address[2:])
+
+
+def _split_prefixes(blob: bytes) -> Iterator[bytes]:
+    """The prefixes of an undo record (account prefixes are 21 bytes, storage ones 53)."""
+    i = 0
+    while i < len(blob):
+        size = _STORAGE_PREFIX if blob[i + 20 : i + 21] == F_STORAGE else _ACCOUNT_PREFIX
+        yield blob[i : i + size]
+        i += size
+
+
+def out_of_range(height: int, bounds: tuple[int, int] | None) -> JsonRpcError:
+    if bounds is None:
+        return JsonRpcError(BLOCK_NOT_FOUND, "block not found: this node holds no blocks yet")
+    lo, hi = bounds
+    return JsonRpcError(
+        BLOCK_NOT_FOUND, f"block {height} is outside this node's range [{lo}, {hi}]"
+    )
+
+
+def header_info(stored: dict[str, Any]) -> HeaderInfo:
+    h = stored["header"]
+
+    def q(name: str) -> int:
+        value = h.get(name)
+        return int(value, 16) if value else 0
+
+    return HeaderInfo(
+        number=q("number"),
+        hash=h["hash"],
+        parent_hash=h["parentHash"],
+        timestamp=q("timestamp"),
+        miner=h["miner"],
+        gas_limit=q("gasLimit"),
+        gas_used=q("gasUsed"),
+        base_fee_per_gas=q("baseFeePerGas"),
+        mix_hash=h.get("mixHash") or "0x" + "00" * 32,
+        difficulty=q("difficulty"),
+        validation_hash=stored["validationHash"],
+    )
+
+
+class StateView:
+    """Reads at one height inside one read transaction (for batches of reads)."""
+
+    def __init__(self, store: StateStore, txn: lmdb.Transaction, height: int) -> None:
+        self._store = store
+        self._txn = txn
+        self.height = height
+
+    def balance(self, address: str) -> int:
+        return self._store._int(self._txn, _addr(address) + F_BALANCE, self.height)
+
+    def nonce(self, address: str) -> int:
+        return self._store._int(self._txn, _addr(address) + F_NONCE, self.height)
+
+    def code(self, address: str) -> bytes:
+        return self._store._value(self._txn, _addr(address) + F_CODE, self.height) or b""
+
+    def storage(self, address: str, slot: int) -> int:
+        prefix = _addr(address) + F_STORAGE + slot.to_bytes(32, "big")
+        return self._store._int(self._txn, prefix, self.height)
+
+
+class StateStore:
+    """Implements nodes.state.reader.StateReader over LMDB.
+
+    Reads run in any thread (each opens a short read transaction); writes (`apply`,
+    `rollback`) are serialised by a lock and are each one LMDB write transaction.
+    """
+
+    def __init__(
+        self, path: Path, *, kind: str = "state", window: int = 128, map_size_mb: int = 65536
+    ) -> None:
+        self.path = Path(path)
+        self.kind = kind
+        self.window = window
+        self.map_size = map_size_mb * 1024 * 1024
+        self._env: lmdb.Environment | None = None
+        self._write_lock = threading.Lock()
+
+    # lifecycle -------------------------------------------------------------------------
+
+    def open(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        env = lmdb.open(
+            str(self.path), map_size=self.map_size, max_dbs=8, sync=True, metasync=True,
+            readahead=False,
+        )  # fmt: skip
+        self._meta = env.open_db(b"meta")
+        self._ver = env.open_db(b"versions")
+        self._hdr = env.open_db(b"headers")
+        self._hashes = env.open_db(b"hashes")
+        self._undo = env.open_db(b"undo")
+        with env.begin(write=True) as txn:
+            stored = txn.get(META_KIND, db=self._meta)
+            if stored == b"state" and self.kind == "archive" and txn.get(META_HEAD, db=self._meta):
+                env.close()
+                raise StoreError(
+                    f"{self.path}: a pruned `state` store cannot be reopened as `archive`"
+                )
+            txn.put(META_KIND, self.kind.encode(), db=self._meta)
+        self._env = env
+
+    def close(self) -> None:
+        with self._write_lock:
+            if self._env is not None:
+                self._env.close()
+                self._env = None
+
+    # reading ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _reading(self) -> Iterator[lmdb.Transaction]:
+        env = self._env
+        if env is None:
+            raise JsonRpcError(DATABASE_FAILED, "state store is closed")
+        try:
+            with env.begin() as txn:
+                yield txn
+        except lmdb.Error as exc:
+            log.error("state store read failed: %s", exc)
+            raise JsonRpcError(DATABASE_FAILED, "state store read failed") from None
+
+    def _bounds(self, txn: lmdb.Transaction) -> tuple[int, int] | None:
+        head = txn.get(META_HEAD, db=self._meta)
+        if head is None:
+            return None
+        return _BE.unpack(txn.get(META_EARLIEST, db=self._meta))[0], _BE.unpack(head)[0]
+
+    def _check(self, txn: lmdb.Transaction, height: int) -> None:
+        bounds = self._bounds(txn)
+        if bounds is None or not bounds[0] <= height <= bounds[1]:
+            raise out_of_range(height, bounds)
+
+    def _value(self, txn: lmdb.Transaction, prefix: bytes, height: int) -> bytes | None:
+        """The newest version of `prefix` at or below `height`, or None if never written."""
+        cur = txn.cursor(db=self._ver)
+        found = cur.prev() if cur.set_range(prefix + _BE.pack(height + 1)) else cur.last()
+        if not found:
+            return None
+        key = cur.key()
+        if len(key) == len(prefix) + 8 and key.startswith(prefix):
+            return cur.value()
+        return None
+
+    def _int(self, txn: lmdb.Transaction, prefix: bytes, height: int) -> int:
+        return int.from_bytes(self._value(txn, prefix, height) or b"", "big")
+
+    def bounds(self) -> tuple[int, int] | None:
+        """(earliest, head), or None before the first block."""
+        with self._reading() as txn:
+            return self._bounds(txn)
+
+    def range(self) -> tuple[int, int]:
+        with self._reading() as txn:
+            bounds = self._bounds(txn)
+        if bounds is None:
+            raise out_of_range(0, None)
+        return bounds
+
+    def header_fields(self, height: int) -> dict[str, Any]:
+        """The stored Header object and ValidationHash of a block in range:
+        `{"header": {...}, "validationHash": "0x…"}`."""
+        with self._reading() as txn:
+            self._check(txn, height)
+            raw = txn.get(_BE.pack(height), db=self._hdr)
+        if raw is None:  # only if the store was damaged outside this program
+            raise JsonRpcError(DATABASE_FAILED, f"header {height} missing from the state store")
+        return orjson.loads(raw)
+
+    def header(self, height: int) -> HeaderInfo:
+        return header_info(self.header_fields(height))
+
+    def head_hash(self) -> tuple[int, str] | None:
+        """(height, hash) of the head, or None before the first block."""
+        with self._reading() as txn:
+            bounds = self._bounds(txn)
+            if bounds is None:
+                return None
+            raw = txn.get(_BE.pack(bounds[1]), db=self._hdr)
+        return bounds[1], orjson.loads(raw)["header"]["hash"]
+
+    def hash_at(self, height: int) -> str | None:
+        """Hash of the stored block at `height` while it is in range, else None."""
+        with self._reading() as txn:
+            raw = txn.get(_BE.pack(height), db=self._hdr)
+        return None if raw is None else orjson.loads(raw)["header"]["hash"]
+
+    def height_of(self, block_hash: str) -> int | None:
+        with self._reading() as txn:
+            raw = txn.get(bytes.fromhex(block_hash[2:]), db=self._hashes)
+        return None if raw is None else _BE.unpack(raw)[0]
+
+    def balance(self, address: str, height: int) -> int:
+        with self.view(height) as v:
+            return v.balance(address)
+
+    def nonce(self, address: str, height: int) -> int:
+        with self.view(height) as v:
+            return v.nonce(address)
+
+    def code(self, address: str, height: int) -> bytes:
+        with self.view(height) as v:
+            return v.code(address)
+
+    def storage(self, address: str, slot: int, height: int) -> int:
+        with self.view(height) as v:
+            return v.storage(address, slot)
+
+    @contextmanager
+    def view(self, height: int) -> Iterator[StateView]:
+        """A consistent view at `height` for many reads; -39006 when out of range."""
+        with self._reading() as txn:
+            self._check(txn, height)
+            yield StateView(self, txn, height)
+
+    def validations(self, start: int, count: int) -> list[dict[str, Any]]:
+        """Checker records for heights [start, start+count) that this node holds."""
+        out: list[dict[str, Any]] = []
+        with self._reading() as txn:
+            bounds = self._bounds(txn)
+            if bounds is None:
+                return out
+            lo, hi = max(start, bounds[0]), min(start + count - 1, bounds[1])
+            if lo > hi:
+                return out
+            cur = txn.cursor(db=self._hdr)
+            if not cur.set_range(_BE.pack(lo)):
+                return out
+            for key, raw in cur:
+                height = _BE.unpack(key)[0]
+                if height > hi:
+                    break
+                stored = orjson.loads(raw)
+                out.append(
+                    {
+                        "height": height,
+                        "id": stored["header"]["hash"],
+                        "parent_id": stored["header"]["parentHash"],
+                        "validation_hash": stored["validationHash"],
+                    }
+                )
+        return out
+
+    def chain_id(self) -> int | None:
+        with self._reading() as txn:
+            raw = txn.get(META_CHAIN_ID, db=self._meta)
+        return None if raw is None else _BE.unpack(raw)[0]
+
+    def set_chain_id(self, chain_id: int) -> None:
+        self._write(lambda txn: txn.put(META_CHAIN_ID, _BE.pack(chain_id), db=self._meta))
+
+    # writing ---------------------------------------------------------------------------
+
+    def _write(self, fn: Any) -> Any:
+        with self._write_lock:
+            if self._env is None:
+                raise StoreFailure("state store is closed")
+            try:
+                with self._env.begin(write=True) as txn:
+                    return fn(txn)
+            except lmdb.Error as exc:
+                raise StoreFailure(f"state store write failed: {exc}") from exc
+
+    def apply(self, block: VendorBlock, *, verify_pre: bool = True) -> None:
+        """Apply the next block in one transaction; raises StoreError and changes nothing if
+        it does not follow the head or its `pre` disagrees with the stored state."""
+        self._write(lambda txn: self._apply(txn, block, verify_pre))
+
+    def _apply(self, txn: lmdb.Transaction, block: VendorBlock, verify_pre: bool) -> None:
+        bounds = self._bounds(txn)
+        height = block.number
+        if bounds is None:
+            if height != 0:
+                raise OutOfOrder(f"the first block must be block 0, got {height}")
+            earliest = 0
+        else:
+            earliest, head = bounds
+            if height != head + 1:
+                raise OutOfOrder(f"expected block {head + 1}, got {height}")
+            head_hash = orjson.loads(txn.get(_BE.pack(head), db=self._hdr))["header"]["hash"]
+            if block.parent_hash != head_hash:
+                raise ParentMismatch(
+                    f"block {height} has parent {block.parent_hash}, stored head is {head_hash}"
+                )
+            if verify_pre:
+                self._verify_pre(txn, block)
+        hb = _BE.pack(height)
+        undo = bytearray()
+        for address, acc in block.post.items():
+            for prefix, value in _versions(_addr(address), acc):
+                txn.put(prefix + hb, value, db=self._ver)
+                undo += prefix
+        txn.put(hb, bytes(undo), db=self._undo)
+        stored = {"header": block.header, "validationHash": block.validation_hash}
+        txn.put(hb, orjson.dumps(stored), db=self._hdr)
+        txn.put(bytes.fromhex(block.hash[2:]), hb, db=self._hashes)
+        txn.put(META_HEAD, hb, db=self._meta)
+        if bounds is None:
+            txn.put(META_EARLIEST, hb, db=self._meta)
+        self._prune(txn, earliest, height)
+
+    def _verify_pre(self, txn: lmdb.Transaction, block: VendorBlock) -> None:
+        parent = block.number - 1
+        for address, acc in block.pre.items():
+            a = _addr(address)
+            checks: list[tuple[str, bytes, Any, Any]] = []
+            if acc.balance is not None:
+                checks.append(("balance", a + F_BALANCE, acc.balance, int))
+            if acc.nonce is not None:
+                checks.append(("nonce", a + F_NONCE, acc.nonce, int))
+            if acc.code is not None:
+                checks.append(("code", a + F_CODE, acc.code, bytes))
+            for slot, value in acc.storage.items():
+                slot_key = a + F_STORAGE + slot.to_bytes(32, "big")
+                checks.append((f"slot {slot:#066x}", slot_key, value, int))
+            for what, prefix, expected, kind in checks:
+                raw = self._value(txn, prefix, parent) or b""
+                have: Any = int.from_bytes(raw, "big") if kind is int else raw
+                if have != expected:
+                    raise PreStateMismatch(
+                        f"block {block.number}: pre {what} of {address} differs from the "
+                        f"stored state at block {parent}"
+                    )
+
+    def _prune(self, txn: lmdb.Transaction, old_earliest: int, head: int) -> None:
+        """Move a `state` node's window: keep, per field and slot, only the newest version
+        at or below the new earliest height (and everything above it)."""
+        if self.kind != "state":
+            return
+        new_earliest = max(old_earliest, head - self.window + 1)
+        if new_earliest == old_earliest:
+            return
+        cur = txn.cursor(db=self._ver)
+        for height in range(old_earliest + 1, new_earliest + 1):
+            hb = _BE.pack(height)
+            for prefix in _split_prefixes(txn.get(hb, db=self._undo) or b""):
+                if not cur.set_key(prefix + hb):
+                    continue
+                while cur.prev():
+                    key = cur.key()
+                    if len(key) != len(prefix) + 8 or not key.startswith(prefix):
+                        break
+                    cur.delete()  # moves to the next key: the version we came from
+        for height in range(old_earliest, new_earliest + 1):
+            txn.delete(_BE.pack(height), db=self._undo)
+        for height in range(old_earliest, new_earliest):
+            txn.delete(_BE.pack(height), db=self._hdr)
+        txn.put(META_EARLIEST, _BE.pack(new_earliest), db=self._meta)
+
+    def rollback(self) -> int:
+        """Remove the head block (one transaction); returns the new head height."""
+        return self._write(self._rollback)
+
+    def _rollback(self, txn: lmdb.Transaction) -> int:
+        bounds = self._bounds(txn)
+        if bounds is None:
+            raise ReorgTooDeep("no block to roll back")
+        earliest, head = bounds
+        if head <= earliest:
+            raise ReorgTooDeep(
+                f"cannot roll back block {head}: it is this node's earliest block "
+                f"(a `{self.kind}` node keeps {self.window if self.kind == 'state' else 'all'} "
+                "blocks)"
+            )
+        hb = _BE.pack(head)
+        for prefix in _split_prefixes(txn.get(hb, db=self._undo) or b""):
+            txn.delete(prefix + hb, db=self._ver)
+        stored = orjson.loads(txn.get(hb, db=self._hdr))
+        txn.delete(bytes.fromhex(stored["header"]["hash"][2:]), db=self._hashes)
+        txn.delete(hb, db=self._hdr)
+        txn.delete(hb, db=self._undo)
+        txn.put(META_HEAD, _BE.pack(head - 1), db=self._meta)
+        return head - 1
+
+
+def _versions(address: bytes, acc: AccountDiff) -> Iterator[tuple[bytes, bytes]]:
+    """(prefix, encoded value) of every field and slot an account's `post` sets."""
+    if acc.balance is not None:
+        yield address + F_BALANCE, _int_bytes(acc.balance)
+    if acc.nonce is not None:
+        yield address + F_NONCE, _int_bytes(acc.nonce)
+    if acc.code is not None:
+        yield address + F_CODE, acc.code
+    for slot, value in acc.storage.items():
+        yield address + F_STORAGE + slot.to_bytes(32, "big"), _int_bytes(value)
