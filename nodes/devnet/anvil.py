@@ -4,7 +4,8 @@
 installs the pinned `@foundry-rs/anvil` there with npm when it is absent. `AnvilProcess`
 starts anvil from the genesis file in `configs/` (so the allocation is known), waits until it
 answers JSON-RPC, and stops it (terminate, then kill). With `state_path` the chain survives a
-restart: anvil's state is dumped there on stop and loaded on the next start.
+restart: anvil loads that file at start and writes it every `state_interval` seconds and on
+exit (after a kill -9 at most that many seconds of chain are lost; followers see a reorg).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ OPENZEPPELIN_VERSION = "4.9.6"
 
 DEFAULT_START_TIMEOUT = 30.0  # seconds to wait for anvil to answer eth_chainId
 DEFAULT_STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL
+DEFAULT_STATE_INTERVAL = 10.0  # seconds between anvil's dumps of its state file
 
 
 class DevnetError(RuntimeError):
@@ -136,6 +138,7 @@ class AnvilProcess:
         state_path: Path | None = None,
         binary: Path | None = None,
         start_timeout: float = DEFAULT_START_TIMEOUT,
+        state_interval: float = DEFAULT_STATE_INTERVAL,
     ) -> None:
         self.port = port
         self.chain_id = chain_id
@@ -146,6 +149,7 @@ class AnvilProcess:
         self.state_path = state_path
         self.binary = binary
         self.start_timeout = start_timeout
+        self.state_interval = state_interval
         self._proc: subprocess.Popen[bytes] | None = None
         self._output: IO[bytes] | None = None
 
@@ -163,8 +167,9 @@ class AnvilProcess:
         if self.block_time:
             cmd += ["--block-time", str(self.block_time)]
         if self.state_path is not None and self.state_path.exists():
-            # anvil refuses --init together with a state file; the dump holds the genesis.
-            cmd += ["--load-state", str(self.state_path)]
+            # anvil loads the file, dumps into it every state_interval seconds and on exit.
+            cmd += ["--state", str(self.state_path)]
+            cmd += ["--state-interval", str(max(1, round(self.state_interval)))]
         elif self.genesis is not None:
             cmd += ["--init", str(self.genesis)]
         return cmd
@@ -172,6 +177,17 @@ class AnvilProcess:
     def start_blocking(self) -> None:
         """Start and wait without an event loop (session/module test fixtures use this)."""
         binary = self.binary or ensure_anvil()
+        if self.state_path is not None and not self.state_path.exists():
+            # anvil refuses --init together with --state: the first start runs from the
+            # genesis file once, dumps it as the state file, then runs on that file.
+            self._spawn(binary)
+            self.dump_state()
+            self.stop_blocking()
+        self._spawn(binary)
+        assert self._proc is not None
+        log.info("anvil started", extra={"url": self.url, "pid": self._proc.pid})
+
+    def _spawn(self, binary: Path) -> None:
         self._output = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         self._proc = subprocess.Popen(
             self.command(binary),
@@ -187,9 +203,8 @@ class AnvilProcess:
                     raise DevnetError(f"anvil did not answer within {self.start_timeout}s")
                 time.sleep(0.05)
         except BaseException:
-            self.stop_blocking(dump=False)
+            self.stop_blocking()
             raise
-        log.info("anvil started", extra={"url": self.url, "pid": self._proc.pid})
 
     async def start(self) -> None:
         await asyncio.to_thread(self.start_blocking)
@@ -225,7 +240,7 @@ class AnvilProcess:
         return self._output.read().decode(errors="replace")[-limit:].strip()
 
     def dump_state(self) -> None:
-        """Write anvil's state (blocks included) to `state_path` for the next start."""
+        """Write anvil's state (blocks included) to `state_path`."""
         if self.state_path is None:
             return
         raw = bytes.fromhex(self._rpc("anvil_dumpState", timeout=30.0)[2:])
@@ -233,14 +248,10 @@ class AnvilProcess:
         tmp.write_bytes(gzip.decompress(raw))
         tmp.replace(self.state_path)
 
-    def stop_blocking(self, dump: bool = True) -> None:
+    def stop_blocking(self) -> None:
+        """SIGTERM (anvil then writes its state file, if any), SIGKILL after a grace time."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
-            if dump:
-                try:
-                    self.dump_state()
-                except Exception as exc:
-                    log.warning("anvil state dump failed: %s", exc)
             _signal_group(proc, signal.SIGTERM)
             try:
                 proc.wait(DEFAULT_STOP_TIMEOUT)
@@ -253,8 +264,8 @@ class AnvilProcess:
             self._output.close()
             self._output = None
 
-    async def stop(self, dump: bool = True) -> None:
-        await asyncio.to_thread(self.stop_blocking, dump)
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.stop_blocking)
 
     async def __aenter__(self) -> AnvilProcess:
         await self.start()

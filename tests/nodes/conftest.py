@@ -30,7 +30,7 @@ def anvil(anvil_binary: Path) -> Iterator[AnvilProcess]:
     try:
         yield proc
     finally:
-        proc.stop_blocking(dump=False)
+        proc.stop_blocking()
 
 
 @pytest.fixture(scope="module")

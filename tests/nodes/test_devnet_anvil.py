@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 
 import aiohttp
 import psutil
@@ -83,11 +84,31 @@ async def test_state_path_keeps_the_chain_across_restarts(tmp_path) -> None:
     state = tmp_path / "anvil-state.json"
     port = free_port()
     async with AnvilProcess(port=port, genesis=GENESIS, state_path=state) as proc:
+        genesis_block = await rpc(proc.url, "eth_getBlockByNumber", ["0x0", False])
         await rpc(proc.url, "evm_mine")
         block1 = await rpc(proc.url, "eth_getBlockByNumber", ["0x1", False])
     assert state.exists()
     async with AnvilProcess(port=port, genesis=GENESIS, state_path=state) as proc:
         assert await rpc(proc.url, "eth_getBlockByNumber", ["0x1", False]) == block1
+        assert await rpc(proc.url, "eth_getBlockByNumber", ["0x0", False]) == genesis_block
+
+
+async def test_state_file_is_written_periodically(tmp_path) -> None:
+    """After a kill -9 the chain is back up to the last periodic dump."""
+    state = tmp_path / "anvil-state.json"
+    port = free_port()
+    proc = AnvilProcess(port=port, genesis=GENESIS, state_path=state, state_interval=1)
+    await proc.start()
+    try:
+        await rpc(proc.url, "evm_mine")
+        block1 = await rpc(proc.url, "eth_getBlockByNumber", ["0x1", False])
+        await asyncio.sleep(1.5)
+        assert proc.pid is not None
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        await proc.stop()
+    async with AnvilProcess(port=port, genesis=GENESIS, state_path=state) as again:
+        assert await rpc(again.url, "eth_getBlockByNumber", ["0x1", False]) == block1
 
 
 async def test_port_in_use_is_a_clear_error(anvil) -> None:
