@@ -1,0 +1,204 @@
+"""Ingest: following a source, reorgs, outages, bad blocks, switching sources (incl. HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from chainstate.inproc import InprocRegistry
+from chainstate.rpcserver import rpc_handler
+from nodes.state.service import StateNode
+from tests.nodes.test_state_chain import (
+    CHAIN_ID,
+    Account,
+    ChainSource,
+    SyntheticChain,
+    random_chain,
+)
+
+FAST = {"poll_interval": 0.02, "backoff_initial": 0.02, "backoff_max": 0.1}
+
+
+@pytest.fixture
+async def make_node(
+    tmp_path: Path,
+) -> AsyncIterator[Callable[..., Any]]:
+    nodes: list[StateNode] = []
+
+    async def make(source: str, registry: InprocRegistry, **settings: Any) -> StateNode:
+        section = {"key": f"n{len(nodes)}", "source": source, **FAST, **settings}
+        node = StateNode.from_config(section, data_dir=tmp_path / section["key"], registry=registry)
+        await node.start()
+        nodes.append(node)
+        return node
+
+    yield make
+    for node in nodes:
+        await node.close()
+
+
+def assert_matches(node: StateNode, chain: SyntheticChain, addrs: list[str]) -> None:
+    earliest, head = node.reader.range()
+    assert head == chain.head
+    for height in range(earliest, head + 1):
+        assert node.reader.header(height).hash == chain.blocks[height]["Header"]["hash"]
+        model = chain.state(height)
+        for addr in addrs:
+            acct = model.get(addr, Account())
+            assert node.reader.balance(addr, height) == acct.balance
+            assert node.reader.nonce(addr, height) == acct.nonce
+            for slot in range(6):
+                assert node.reader.storage(addr, slot, height) == acct.storage.get(slot, 0)
+
+
+async def wait_until(predicate: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def extend(chain: SyntheticChain, addrs: list[str], blocks: int, seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(blocks):
+        chain.add_random_block(rng, addrs)
+
+
+async def test_follows_new_blocks_and_learns_the_chain_id(make_node: Any) -> None:
+    chain, addrs = random_chain(seed=41, blocks=20)
+    registry = InprocRegistry()
+    source = ChainSource(chain)
+    registry.register("w", source.handle_body)
+    node = await make_node("inproc://w", registry, kind="archive")
+    await node.ingest.wait_for_height(19, within=10)
+    assert node.chain_id() == CHAIN_ID
+    extend(chain, addrs, 15, seed=1)
+    await node.ingest.wait_for_height(34, within=10)
+    assert_matches(node, chain, addrs)
+    assert registry.resolve("inproc://n0") is not None  # the node registered itself
+
+
+async def test_reorg_to_a_longer_fork_rolls_back_and_follows(make_node: Any) -> None:
+    chain, addrs = random_chain(seed=42, blocks=30)
+    registry = InprocRegistry()
+    source = ChainSource(chain)
+    registry.register("w", source.handle_body)
+    node = await make_node("inproc://w", registry, kind="state", window=20)
+    await node.ingest.wait_for_height(29, within=10)
+    orphan = chain.blocks[27]["Header"]["hash"]
+    fork = chain.fork(24, "fork")
+    extend(fork, addrs, 12, seed=2)
+    source.chain = fork
+    await wait_until(lambda: node.store.hash_at(36) == fork.blocks[36]["Header"]["hash"])
+    assert_matches(node, fork, addrs)
+    assert node.store.height_of(orphan) is None
+    assert node.metrics.rollbacks._value.get() == 5
+
+
+async def test_reorg_at_the_same_height_is_noticed_when_idle(make_node: Any) -> None:
+    chain, addrs = random_chain(seed=43, blocks=30)
+    registry = InprocRegistry()
+    source = ChainSource(chain)
+    registry.register("w", source.handle_body)
+    node = await make_node("inproc://w", registry, kind="archive")
+    await node.ingest.wait_for_height(29, within=10)
+    fork = chain.fork(26, "same-height")
+    extend(fork, addrs, 3, seed=3)
+    assert fork.head == chain.head
+    source.chain = fork
+    await wait_until(lambda: node.store.hash_at(29) == fork.blocks[29]["Header"]["hash"])
+    assert_matches(node, fork, addrs)
+
+
+async def test_a_source_outage_backs_off_and_recovers(make_node: Any) -> None:
+    chain, addrs = random_chain(seed=44, blocks=10)
+    registry = InprocRegistry()
+    source = ChainSource(chain)
+    registry.register("w", source.handle_body)
+    node = await make_node("inproc://w", registry, kind="archive")
+    await node.ingest.wait_for_height(9, within=10)
+    source.fail = True
+    extend(chain, addrs, 5, seed=4)
+    await wait_until(lambda: node.ingest.last_error is not None)
+    calls = source.calls
+    await asyncio.sleep(0.3)
+    # backing off: at most a handful of attempts in 0.3 s (max backoff 0.1 s)
+    assert source.calls - calls <= 8
+    assert "source is down" in (node.ingest.last_error or "")
+    source.fail = False
+    await node.ingest.wait_for_height(14, within=10)
+    await wait_until(lambda: node.ingest.last_error is None)
+    assert_matches(node, chain, addrs)
+
+
+async def test_a_tampered_block_is_never_applied(make_node: Any) -> None:
+    chain, addrs = random_chain(seed=45, blocks=12)
+    registry = InprocRegistry()
+    real = chain.blocks[8]
+    bad = copy.deepcopy(real)
+    bad["StateDiff"]["post"][addrs[0]] = {"balance": hex(1)}  # content changed, hash kept
+    chain.blocks[8] = bad
+    source = ChainSource(chain)
+    registry.register("w", source.handle_body)
+    node = await make_node("inproc://w", registry, kind="archive")
+    await node.ingest.wait_for_height(7, within=10)
+    await wait_until(lambda: "ValidationHash" in (node.ingest.last_error or ""))
+    assert node.reader.range() == (0, 7)
+    chain.blocks[8] = real
+    await node.ingest.wait_for_height(11, within=10)
+    assert_matches(node, chain, addrs)
+
+
+async def test_a_reorg_deeper_than_the_window_keeps_the_old_answers(make_node: Any) -> None:
+    chain, addrs = random_chain(seed=46, blocks=30)
+    registry = InprocRegistry()
+    source = ChainSource(chain)
+    registry.register("w", source.handle_body)
+    node = await make_node("inproc://w", registry, kind="state", window=5)
+    await node.ingest.wait_for_height(29, within=10)
+    fork = chain.fork(10, "deep")
+    extend(fork, addrs, 25, seed=5)
+    source.chain = fork
+    await wait_until(lambda: "ReorgTooDeep" in (node.ingest.last_error or ""))
+    assert node.reader.range() == (25, 25)  # rolled back to its earliest block, no further
+    assert node.reader.header(25).hash == chain.blocks[25]["Header"]["hash"]
+
+
+async def test_switching_sources_continues_from_the_own_head(make_node: Any) -> None:
+    chain, addrs = random_chain(seed=47, blocks=40)
+    registry = InprocRegistry()
+    leader = ChainSource(chain, visible=20)
+    registry.register("leader", leader.handle_body)
+    # The new Leader runs apart: served over HTTP, ahead of the old one.
+    follower = ChainSource(chain)
+    app = web.Application()
+    app.router.add_post("/", rpc_handler(follower.handle_body))
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        node = await make_node("inproc://leader", registry, kind="archive")
+        await node.ingest.wait_for_height(20, within=10)
+        node.set_source(str(server.make_url("/")))
+        await node.ingest.wait_for_height(39, within=10)
+        assert_matches(node, chain, addrs)
+        assert leader.calls > 0 and follower.calls > 0
+        # A Leader on another fork: parent hashes tell, and the node follows it.
+        fork = chain.fork(35, "leader-2")
+        extend(fork, addrs, 10, seed=6)
+        other = ChainSource(fork)
+        registry.register("leader-2", other.handle_body)
+        node.set_source("inproc://leader-2")
+        await wait_until(lambda: node.store.hash_at(45) == fork.blocks[45]["Header"]["hash"])
+        assert_matches(node, fork, addrs)
+        with pytest.raises(ValueError):
+            node.set_source("ftp://nowhere")
+    finally:
+        await server.close()
