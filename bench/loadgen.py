@@ -172,54 +172,60 @@ def _parse_chunked(
 
 
 class ClientConnection(asyncio.Protocol):
-    """One keep-alive connection with at most one request in flight."""
+    """One keep-alive connection with at most one request in flight.
 
-    def __init__(self) -> None:
+    Callback driven: when a response is complete it tells its LoadRun, which records it and
+    writes the next request from inside the same callback (no future or task switch per
+    request, which is what makes the generator cheap)."""
+
+    def __init__(self, run: LoadRun, slot: int) -> None:
+        self.run = run
+        self.slot = slot
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
-        self.waiter: asyncio.Future[tuple[int, bytes, bool, int]] | None = None
+        self.in_flight = False
         self.sent_at = 0
+        self.stats: Stats | None = None  # the window the request in flight belongs to
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.loop = asyncio.get_running_loop()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._fail(exc or ConnectionResetError("server closed the connection"))
+        self.transport = None
+        self.fail(exc or ConnectionResetError("server closed the connection"))
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        if self.waiter is None or self.waiter.done():
+        if not self.in_flight:
             return
         try:
             parsed = parse_response(self.buf)
         except ResponseError as exc:
-            self._fail(exc)
-            self.close()
+            self.fail(exc)
             return
         if parsed is None:
             return
-        consumed, status, body, keep_alive = parsed
         done_at = time.perf_counter_ns()
+        consumed, status, body, keep_alive = parsed
         del self.buf[:consumed]
-        self.waiter.set_result((status, body, keep_alive, done_at))
+        self.in_flight = False
+        self.run.on_response(self, status, body, keep_alive, done_at)
 
-    def send(self, data: bytes) -> asyncio.Future[tuple[int, bytes, bool, int]]:
+    def send(self, data: bytes, stats: Stats) -> None:
         assert self.transport is not None
-        self.waiter = self.loop.create_future()
+        self.in_flight = True
+        self.stats = stats
         self.sent_at = time.perf_counter_ns()
         self.transport.write(data)
-        return self.waiter
 
-    def _fail(self, exc: BaseException) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(exc)
-
-    def timeout(self) -> None:
-        self._fail(TimeoutError("request timed out"))
-        self.close()
+    def fail(self, exc: BaseException) -> None:
+        """The request in flight failed (connection lost, timeout, bad HTTP)."""
+        if self.in_flight:
+            self.in_flight = False
+            self.close()
+            self.run.on_failure(self, exc)
 
     def close(self) -> None:
         self.closed = True
@@ -448,7 +454,8 @@ class BenchResult:
 
 
 class LoadRun:
-    """One process's share of a run: `connections` loops over pre-built request bytes."""
+    """One process's share of a run: `connections` slots, each a connection that sends the
+    next pre-built request as soon as the previous answer is in."""
 
     def __init__(
         self,
@@ -460,6 +467,7 @@ class LoadRun:
     ) -> None:
         self.settings = settings
         self.target = Target.parse(settings.url)
+        self.ssl = ssl.create_default_context() if self.target.tls else None
         self.items = plan.items_per_body
         self.payloads = [encode_request(self.target, b, settings.headers) for b in plan.build(seed)]
         self.n_connections = connections
@@ -470,58 +478,91 @@ class LoadRun:
         self.end_ns = 0
         self.conns: list[ClientConnection | None] = [None] * connections
         self.cursor = 0
+        self.active = 0
+        self.done: asyncio.Future[None] | None = None
+        self.opening: set[asyncio.Task[None]] = set()
 
-    async def _connect(self) -> ClientConnection:
+    async def _connect(self, slot: int) -> ClientConnection:
         loop = asyncio.get_running_loop()
-        ctx = ssl.create_default_context() if self.target.tls else None
         _, proto = await loop.create_connection(
-            ClientConnection, self.target.host, self.target.port, ssl=ctx
+            lambda: ClientConnection(self, slot), self.target.host, self.target.port, ssl=self.ssl
         )
+        self.conns[slot] = proto
         return proto
 
     async def connect_all(self) -> None:
         """Open every connection before the clock starts (failures are retried in the run)."""
-        results = await asyncio.gather(
-            *(self._connect() for _ in range(self.n_connections)), return_exceptions=True
+        await asyncio.gather(
+            *(self._connect(i) for i in range(self.n_connections)), return_exceptions=True
         )
-        for i, res in enumerate(results):
-            self.conns[i] = res if isinstance(res, ClientConnection) else None
 
-    def _more(self) -> bool:
+    def _take(self) -> bool:
+        """May one more request be sent? Uses one unit of a request budget."""
         if self.stopping:
             return False
-        if self.measuring and self.remaining is not None:
-            if self.remaining <= 0:
-                return False
-            self.remaining -= 1
-            return True
-        return self.remaining is not None or time.perf_counter_ns() < self.end_ns
+        if self.remaining is None:
+            return time.perf_counter_ns() < self.end_ns
+        if not self.measuring:
+            return True  # warm-up traffic does not use the budget
+        if self.remaining <= 0:
+            return False
+        self.remaining -= 1
+        return True
 
-    async def _loop(self, slot: int) -> None:
-        payloads = self.payloads
-        n = len(payloads)
-        while self._more():
-            conn = self.conns[slot]
-            if conn is None or conn.closed:
-                try:
-                    conn = self.conns[slot] = await self._connect()
-                except OSError as exc:
-                    self.conns[slot] = None
-                    self.stats.errors[connection_error_kind(exc)] += 1
-                    await asyncio.sleep(RECONNECT_DELAY)
-                    continue
-            self.cursor = (self.cursor + 1) % n
-            stats = self.stats
+    def _next(self, conn: ClientConnection) -> None:
+        """Send the next request on `conn`, or retire its slot."""
+        if conn.closed:
+            self._reopen(conn.slot)
+        elif self._take():
+            self._send(conn)
+        else:
+            conn.close()
+            self._slot_done()
+
+    def _send(self, conn: ClientConnection) -> None:
+        self.cursor += 1
+        if self.cursor >= len(self.payloads):
+            self.cursor = 0
+        conn.send(self.payloads[self.cursor], self.stats)
+
+    def on_response(
+        self, conn: ClientConnection, status: int, body: bytes, keep_alive: bool, done_at: int
+    ) -> None:
+        stats = conn.stats or self.stats
+        stats.hist.record(done_at - conn.sent_at)
+        stats.count_response(status, body, self.items)
+        if not keep_alive:
+            conn.close()
+        self._next(conn)
+
+    def on_failure(self, conn: ClientConnection, exc: BaseException) -> None:
+        (conn.stats or self.stats).errors[connection_error_kind(exc)] += 1
+        if not self.stopping:
+            self._reopen(conn.slot)
+
+    def _reopen(self, slot: int) -> None:
+        self.conns[slot] = None
+        task = asyncio.ensure_future(self._open(slot))
+        self.opening.add(task)
+        task.add_done_callback(self.opening.discard)
+
+    async def _open(self, slot: int, delay: float = 0.0) -> None:
+        """(Re)connect slot `slot` and send its first request; each attempt uses a request."""
+        while self._take():
             try:
-                status, body, keep_alive, done_at = await conn.send(payloads[self.cursor])
-            except (OSError, ResponseError, TimeoutError) as exc:
-                stats.errors[connection_error_kind(exc)] += 1
-                conn.close()
+                conn = await self._connect(slot)
+            except OSError as exc:
+                self.stats.errors[connection_error_kind(exc)] += 1
+                await asyncio.sleep(RECONNECT_DELAY)
                 continue
-            stats.hist.record(done_at - conn.sent_at)
-            stats.count_response(status, body, self.items)
-            if not keep_alive:
-                conn.close()
+            self._send(conn)
+            return
+        self._slot_done()
+
+    def _slot_done(self) -> None:
+        self.active -= 1
+        if self.active == 0 and self.done is not None and not self.done.done():
+            self.done.set_result(None)
 
     async def _watchdog(self) -> None:
         """Fail requests in flight longer than the timeout (cheaper than a timer each)."""
@@ -529,32 +570,41 @@ class LoadRun:
         while True:
             await asyncio.sleep(WATCHDOG_INTERVAL)
             now = time.perf_counter_ns()
-            for conn in self.conns:
-                if conn and conn.waiter and not conn.waiter.done() and now - conn.sent_at > limit:
-                    conn.timeout()
+            for conn in list(self.conns):
+                if conn is not None and conn.in_flight and now - conn.sent_at > limit:
+                    conn.fail(TimeoutError("request timed out"))
 
     async def run(self) -> tuple[Stats, float]:
         """Warm up, measure, and return (stats, measured seconds)."""
         s = self.settings
+        loop = asyncio.get_running_loop()
         start = time.perf_counter_ns()
         warm_ns = int(s.warmup * 1e9)
         self.end_ns = start + warm_ns + int(s.duration * 1e9)
+        self.done = loop.create_future()
+        self.active = self.n_connections
         watchdog = asyncio.ensure_future(self._watchdog())
-        loops = [asyncio.ensure_future(self._loop(i)) for i in range(self.n_connections)]
+        measure_start = start
         try:
+            self.measuring = not warm_ns
+            for slot, conn in enumerate(self.conns):
+                if conn is None or conn.closed:
+                    self._reopen(slot)
+                else:
+                    self._next(conn)
             if warm_ns:
                 await asyncio.sleep(s.warmup)
-            self.stats = Stats()
-            self.measuring = True
-            measure_start = time.perf_counter_ns()
-            await asyncio.gather(*loops)
+                self.stats = Stats()
+                self.measuring = True
+                measure_start = time.perf_counter_ns()
+            await self.done
             elapsed = (time.perf_counter_ns() - measure_start) / 1e9
         finally:
             self.stopping = True
             watchdog.cancel()
-            for task in loops:
+            for task in list(self.opening):
                 task.cancel()
-            await asyncio.gather(watchdog, *loops, return_exceptions=True)
+            await asyncio.gather(watchdog, *self.opening, return_exceptions=True)
             for conn in self.conns:
                 if conn is not None:
                     conn.close()
