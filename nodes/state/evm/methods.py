@@ -1,0 +1,315 @@
+"""The state node's EVM methods: eth_call, eth_multiCall, contractMultiCall,
+simulateTransactions, estimateGas, pre_traceCall, pre_traceMany, blockx_stateReadBatch.
+
+`register(node)` is the integration point: the state node calls it at start. Execution runs
+on worker processes that read the node's state at the requested block through the state feed
+(the node's StateReader over loopback HTTP). Return shapes are in docs/evm.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from chainstate.blockref import BlockRef, parse_block_ctx, parse_block_id, parse_block_number_param
+from chainstate.hexcodec import parse_data
+from chainstate.jsonrpc import (
+    BLOCK_NOT_FOUND,
+    INVALID_PARAMS,
+    SERVER_BUSY,
+    Dispatcher,
+    JsonRpcError,
+    params_list,
+)
+from nodes.state.evm import bsrb
+from nodes.state.evm.codec import (
+    apply_block_overrides,
+    block_env,
+    invalid,
+    parse_call,
+    parse_calls,
+    parse_flag,
+    parse_state_override,
+)
+from nodes.state.evm.executor import Executor
+from nodes.state.evm.feed import StateFeed
+from nodes.state.evm.settings import EvmSettings
+from nodes.state.reader import StateReader
+
+
+class NodeLike(Protocol):
+    reader: StateReader
+    dispatcher: Dispatcher
+
+
+def resolve_height(reader: StateReader, ref: BlockRef) -> int:
+    """The height a BlockRef names on this node; -39006 when outside the node's range."""
+    lo, hi = reader.range()
+    if ref.tag is not None:
+        height = 0 if ref.tag == "earliest" else hi
+    elif ref.hash is not None:
+        found = reader.height_of(ref.hash)
+        if found is None:
+            raise JsonRpcError(BLOCK_NOT_FOUND, f"block {ref.hash} is not known to this node")
+        height = found
+    else:
+        assert ref.number is not None
+        height = ref.number
+        if ref.contains and lo <= height <= hi:
+            height = hi  # any block containing that state: the head does
+    if not lo <= height <= hi:
+        raise JsonRpcError(
+            BLOCK_NOT_FOUND, f"block {height} is outside this node's range {lo}..{hi}"
+        )
+    return height
+
+
+class EvmMethods:
+    """Handlers of the EVM methods for one node; lazy start of the feed and the workers."""
+
+    def __init__(
+        self,
+        reader: StateReader,
+        settings: EvmSettings,
+        *,
+        resolver: Callable[[BlockRef], int] | None = None,
+        chain_id: Callable[[], int | None] | None = None,
+    ) -> None:
+        self.reader = reader
+        self.settings = settings
+        self.executor = Executor(settings)
+        self.feed = StateFeed(reader, settings.chain_id)
+        self._resolver = resolver or (lambda ref: resolve_height(reader, ref))
+        self._chain_id = chain_id
+        self._start_lock = asyncio.Lock()
+        self._started = False
+
+    def handlers(self) -> dict[str, Callable[[Any], Any]]:
+        return {
+            "eth_call": self.eth_call,
+            "eth_multiCall": self.eth_multi_call,
+            "contractMultiCall": self.contract_multi_call,
+            "simulateTransactions": self.simulate_transactions,
+            "estimateGas": self.estimate_gas,
+            "pre_traceCall": self.pre_trace_call,
+            "pre_traceMany": self.pre_trace_many,
+            "blockx_stateReadBatch": self.state_read_batch,
+        }
+
+    async def start(self) -> None:
+        async with self._start_lock:
+            if self._started:
+                return
+            await self.feed.start()
+            await self.executor.start()
+            self._started = True
+
+    async def close(self) -> None:
+        await self.executor.close()
+        await self.feed.close()
+        self._started = False
+
+    # -- helpers ----------------------------------------------------------------------
+
+    async def _job(
+        self,
+        kind: str,
+        ref: BlockRef,
+        calls_raw: Any,
+        *,
+        single: bool,
+        block_overrides: Any = None,
+        state_override: Any = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """Validate everything, resolve the block, build the job (one call or many)."""
+        height = self._resolver(ref)
+        env = apply_block_overrides(block_env(self.reader.header(height)), block_overrides)
+        limit = min(self.settings.gas_cap, env["gas_limit"])
+        if single:
+            calls = [parse_call(calls_raw, limit)]
+        else:
+            calls = parse_calls(calls_raw, limit, self.settings.max_calls)
+        overrides = parse_state_override(state_override)
+        if not self._started:
+            await self.start()
+        assert self.feed.url is not None
+        job = self.executor.job(kind, self.feed.url, height, env, calls, overrides, **extra)
+        chain_id = self._chain_id() if self._chain_id else None
+        if chain_id is not None:
+            job["chain_id"] = chain_id
+        return job
+
+    @staticmethod
+    def _call_result(r: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "success": r["ok"],
+            "returnData": r.get("output", "0x"),
+            "gasUsed": hex(r.get("gas_used", 0)),
+        }
+        if not r["ok"]:
+            out["error"] = r["error"]
+            data = r["error"].get("data")
+            if isinstance(data, str):
+                out["returnData"] = data
+        return out
+
+    @staticmethod
+    def _fast_fail(results: list[dict[str, Any]]) -> None:
+        for i, r in enumerate(results):
+            if not r["ok"]:
+                err = r["error"]
+                data = {"index": i, "data": err.get("data")}
+                raise JsonRpcError(err["code"], f"requests[{i}]: {err['message']}", data)
+
+    async def _multi(
+        self,
+        ref: BlockRef,
+        requests: Any,
+        fast_fail: Any,
+        use_parallel: Any,
+        disable_cache: Any,
+        block_overrides: Any = None,
+        state_override: Any = None,
+    ) -> list[dict[str, Any]]:
+        ff = parse_flag(fast_fail, "fastFail")
+        parallel = parse_flag(use_parallel, "useParallel")
+        no_cache = parse_flag(disable_cache, "disableCache")
+        job = await self._job(
+            "calls",
+            ref,
+            requests,
+            single=False,
+            block_overrides=block_overrides,
+            state_override=state_override,
+            fast_fail=ff,
+            disable_cache=no_cache,
+        )
+        results = await self.executor.calls(job, parallel)
+        if ff:
+            self._fast_fail(results)
+        return [self._call_result(r) for r in results]
+
+    # -- eth namespace ----------------------------------------------------------------
+
+    async def eth_call(self, params: Any) -> str:
+        request, block, state_override, block_overrides = params_list(
+            params, ["request", "blockNumber", "stateOverride", "blockOverrides"]
+        )
+        ref = parse_block_number_param(block)
+        job = await self._job(
+            "calls",
+            ref,
+            request,
+            single=True,
+            block_overrides=block_overrides,
+            state_override=state_override,
+        )
+        return (await self.executor.call(job))["output"]
+
+    async def eth_multi_call(self, params: Any) -> list[dict[str, Any]]:
+        names = ["requests", "blockNumber", "fastFail", "useParallel", "disableCache"]
+        requests, block, ff, parallel, no_cache = params_list(params, names)
+        return await self._multi(parse_block_number_param(block), requests, ff, parallel, no_cache)
+
+    # -- vendor namespace -------------------------------------------------------------
+
+    async def contract_multi_call(self, params: Any) -> list[dict[str, Any]]:
+        names = [
+            "requests",
+            "blockCtx",
+            "blockOverrides",
+            "stateOverride",
+            "fastFail",
+            "useParallel",
+            "disableCache",
+        ]
+        requests, ctx, block_ov, state_ov, ff, parallel, no_cache = params_list(params, names)
+        ref = parse_block_ctx(ctx)
+        return await self._multi(ref, requests, ff, parallel, no_cache, block_ov, state_ov)
+
+    async def simulate_transactions(self, params: Any) -> list[dict[str, Any]]:
+        requests, ctx, block_ov = params_list(params, ["requests", "blockCtx", "blockOverrides"])
+        job = await self._job(
+            "simulate", parse_block_ctx(ctx), requests, single=False, block_overrides=block_ov
+        )
+        results = (await self.executor.run(job))["results"]
+        out: list[dict[str, Any]] = []
+        for r in results:
+            item: dict[str, Any] = {
+                "status": "0x1" if r["ok"] else "0x0",
+                "gasUsed": hex(r.get("gas_used", 0)),
+                "returnData": r.get("output", "0x"),
+                "logs": r.get("logs", []),
+            }
+            if not r["ok"]:
+                item["error"] = r["error"]
+                data = r["error"].get("data")
+                if isinstance(data, str):
+                    item["returnData"] = data
+            out.append(item)
+        return out
+
+    async def estimate_gas(self, params: Any) -> str:
+        request, ctx, block_ov = params_list(params, ["request", "blockCtx", "blockOverrides"])
+        job = await self._job(
+            "estimate", parse_block_ctx(ctx), request, single=True, block_overrides=block_ov
+        )
+        return hex((await self.executor.run(job))["result"])
+
+    # -- pre / blockx namespaces ------------------------------------------------------
+
+    async def pre_trace_call(self, params: Any) -> dict[str, Any]:
+        request, block_id = params_list(params, ["request", "blockId"])
+        ref = parse_block_id("latest" if block_id is None else block_id)
+        job = await self._job("trace", ref, request, single=True)
+        return (await self.executor.run(job))["results"][0]
+
+    async def pre_trace_many(self, params: Any) -> list[dict[str, Any]]:
+        requests, block_id = params_list(params, ["requests", "blockId"])
+        ref = parse_block_id("latest" if block_id is None else block_id)
+        job = await self._job("trace", ref, requests, single=False)
+        return (await self.executor.run(job))["results"]
+
+    async def state_read_batch(self, params: Any) -> str:
+        (payload,) = params_list(params, ["payload"])
+        raw = parse_data(payload, "payload")
+        try:
+            req = bsrb.decode_request(raw, self.settings.max_bsrb_reads)
+        except bsrb.BsrbError as exc:
+            if "at most" in str(exc):
+                raise JsonRpcError(SERVER_BUSY, f"BSRB/1: {exc}") from None
+            raise JsonRpcError(INVALID_PARAMS, f"malformed BSRB/1 payload: {exc}") from None
+        ref = BlockRef(tag="latest") if req.height is None else BlockRef(number=req.height)
+        height = self._resolver(ref)
+        header = self.reader.header(height)
+        values: list[tuple[int, int | bytes]] = []
+        r = self.reader
+        for read in req.reads:
+            if read.kind == bsrb.BALANCE:
+                values.append((read.kind, r.balance(read.address, height)))
+            elif read.kind == bsrb.NONCE:
+                values.append((read.kind, r.nonce(read.address, height)))
+            elif read.kind == bsrb.CODE:
+                values.append((read.kind, r.code(read.address, height)))
+            else:
+                values.append((read.kind, r.storage(read.address, read.slot, height)))
+        return "0x" + bsrb.encode_response(height, header.hash, values).hex()
+
+
+def register(node: Any, settings: EvmSettings | None = None) -> EvmMethods:
+    """Register the EVM methods on `node.dispatcher`; the node should `await
+    node.evm.close()` when it closes (workers also exit on their own when it dies)."""
+    if settings is None:
+        settings = getattr(node, "evm_settings", None) or EvmSettings()
+    chain_id_fn = getattr(node, "chain_id", None)
+    chain_id = chain_id_fn if callable(chain_id_fn) else None
+    resolver = getattr(node, "resolve", None)
+    methods = EvmMethods(node.reader, settings, resolver=resolver, chain_id=chain_id)
+    node.dispatcher.update(methods.handlers())
+    node.evm = methods
+    return methods
+
+
+__all__ = ["EvmMethods", "invalid", "register", "resolve_height"]

@@ -1,0 +1,142 @@
+"""A pool of EVM worker processes with a wall-clock limit per job.
+
+Why our own pool and not ProcessPoolExecutor: a job that runs past its time limit must be
+stopped without stopping the others, and ProcessPoolExecutor cannot kill one task. Here each
+worker is one spawned process with its own pipe; a job that overruns gets its worker killed
+and replaced, and the caller gets -39004. Workers are separate processes because pyrevm
+holds the GIL while it runs and while it waits for state reads; the event loop and the
+state feed it reads from must stay free. One worker per core uses every core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from chainstate.jsonrpc import EVM_FAILED, SERVER_BUSY, JsonRpcError
+from nodes.state.evm.settings import EvmSettings
+from nodes.state.evm.worker import Limits, worker_main
+
+log = logging.getLogger(__name__)
+
+
+class _Worker:
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self, ctx: Any, limits: Limits, warm_blocks: int) -> None:
+        parent, child = ctx.Pipe(duplex=True)
+        self.conn: Connection = parent
+        self.proc: BaseProcess = ctx.Process(
+            target=worker_main, args=(child, limits, warm_blocks), daemon=True
+        )
+        self.proc.start()
+        child.close()
+
+    def roundtrip(self, job: dict[str, Any]) -> dict[str, Any]:
+        """Blocking: send a job and wait for its answer (runs in a pool thread)."""
+        self.conn.send(job)
+        return self.conn.recv()
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=2)
+        self.conn.close()
+
+    def stop(self) -> None:
+        """Closing the pipe makes the worker return; kill it if it does not."""
+        self.conn.close()
+        self.proc.join(timeout=2)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=2)
+
+
+class WorkerPool:
+    """`run(job, timeout)` on an idle worker; bounded queue; explicit `start`/`close`."""
+
+    def __init__(self, settings: EvmSettings) -> None:
+        self.settings = settings
+        self.size = settings.worker_count
+        self._ctx = multiprocessing.get_context("spawn")
+        self._limits = Limits(
+            max_trace_steps=settings.max_trace_steps,
+            max_trace_bytes=settings.max_trace_bytes,
+            max_return_bytes=settings.max_return_bytes,
+        )
+        self._idle: asyncio.Queue[_Worker] | None = None
+        self._all: set[_Worker] = set()
+        self._threads: ThreadPoolExecutor | None = None
+        self._waiting = 0
+        self._closed = False
+
+    @property
+    def started(self) -> bool:
+        return self._idle is not None
+
+    def _spawn(self) -> _Worker:
+        return _Worker(self._ctx, self._limits, self.settings.warm_blocks)
+
+    async def start(self) -> None:
+        if self._idle is not None:
+            return
+        self._threads = ThreadPoolExecutor(self.size + 2, thread_name_prefix="evm-pipe")
+        self._idle = asyncio.Queue()
+        workers = await asyncio.gather(*(asyncio.to_thread(self._spawn) for _ in range(self.size)))
+        for w in workers:
+            self._all.add(w)
+            self._idle.put_nowait(w)
+        log.info("evm workers started", extra={"workers": self.size})
+
+    async def close(self) -> None:
+        self._closed = True
+        workers, self._all = list(self._all), set()
+        await asyncio.gather(*(asyncio.to_thread(w.stop) for w in workers))
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        self._idle = None
+
+    async def run(self, job: dict[str, Any], time_limit: float) -> dict[str, Any]:
+        """The worker's answer dict; -32005 when too many jobs wait, -39004 on overrun."""
+        if self._idle is None:
+            await self.start()
+        assert self._idle is not None
+        if self._waiting >= self.settings.queue_limit:
+            raise JsonRpcError(SERVER_BUSY, "EVM executor busy: too many queued executions")
+        self._waiting += 1
+        try:
+            worker = await self._idle.get()
+        finally:
+            self._waiting -= 1
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._threads, worker.roundtrip, job)
+        try:
+            answer = await asyncio.wait_for(future, time_limit)
+        except TimeoutError:
+            await self._replace(worker)
+            msg = f"execution exceeded the time limit of {time_limit:g}s"
+            raise JsonRpcError(EVM_FAILED, msg) from None
+        except (EOFError, OSError, BrokenPipeError):
+            await self._replace(worker)
+            raise JsonRpcError(EVM_FAILED, "EVM worker crashed during execution") from None
+        except asyncio.CancelledError:
+            await asyncio.shield(self._replace(worker))
+            raise
+        self._idle.put_nowait(worker)
+        return answer
+
+    async def _replace(self, worker: _Worker) -> None:
+        """Kill an overrunning or dead worker and put a fresh one in its place."""
+        self._all.discard(worker)
+        await asyncio.to_thread(worker.kill)
+        if self._closed or self._idle is None:
+            return
+        fresh = await asyncio.to_thread(self._spawn)
+        self._all.add(fresh)
+        self._idle.put_nowait(fresh)
+        log.warning("evm worker replaced", extra={"pid": worker.proc.pid})

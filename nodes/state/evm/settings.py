@@ -1,0 +1,63 @@
+"""Every user-facing limit of EVM execution, as named settings with documented defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+from chainstate.config import ConfigError
+
+DEFAULT_GAS_CAP = 50_000_000  # geth's --rpc.gascap default
+DEFAULT_CALL_TIMEOUT = 5.0  # seconds of wall clock for one job (a call, a batch, a trace)
+DEFAULT_MAX_CALLS = 1000  # calls per eth_multiCall/contractMultiCall/simulateTransactions
+DEFAULT_MAX_TRACE_STEPS = 100_000  # struct-log entries per traced call
+DEFAULT_MAX_TRACE_BYTES = 16 * 1024 * 1024  # raw EIP-3155 output per traced call
+DEFAULT_MAX_RETURN_BYTES = 1024 * 1024  # return data per call
+DEFAULT_MAX_BSRB_READS = 10_000  # reads per blockx_stateReadBatch payload
+DEFAULT_WARM_BLOCKS = 4  # per worker: blocks whose fetched state stays cached
+DEFAULT_QUEUE_LIMIT = 256  # jobs waiting for a worker before -32005 "busy"
+
+
+@dataclass(frozen=True, slots=True)
+class EvmSettings:
+    """Limits and sizing of the executor; `[evm]` in the node config overrides any field."""
+
+    gas_cap: int = DEFAULT_GAS_CAP
+    call_timeout: float = DEFAULT_CALL_TIMEOUT
+    max_calls: int = DEFAULT_MAX_CALLS
+    max_trace_steps: int = DEFAULT_MAX_TRACE_STEPS
+    max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES
+    max_return_bytes: int = DEFAULT_MAX_RETURN_BYTES
+    max_bsrb_reads: int = DEFAULT_MAX_BSRB_READS
+    warm_blocks: int = DEFAULT_WARM_BLOCKS
+    queue_limit: int = DEFAULT_QUEUE_LIMIT
+    workers: int = 0  # 0 = one per CPU core
+    chain_id: int = 1337
+    spec_id: str = "Cancun"  # pyrevm spec names are CamelCase; others silently mean latest
+
+    @property
+    def worker_count(self) -> int:
+        return self.workers if self.workers > 0 else max(1, os.cpu_count() or 1)
+
+    @classmethod
+    def from_config(cls, cfg: dict[str, Any] | None) -> EvmSettings:
+        """Build from a config table, rejecting unknown keys and wrong types."""
+        cfg = dict(cfg or {})
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(cfg) - set(known))
+        if unknown:
+            raise ConfigError(f"[evm]: unknown settings {unknown}")
+        for name, value in cfg.items():
+            want = type(getattr(cls(), name))
+            ok = isinstance(value, want) or (want is float and isinstance(value, int))
+            if not ok or isinstance(value, bool):
+                raise ConfigError(f"[evm].{name}: expected {want.__name__}, got {value!r}")
+            if want in (int, float) and value < 0:
+                raise ConfigError(f"[evm].{name}: must not be negative")
+        if cfg.get("spec_id", "Cancun") not in SPEC_IDS:
+            raise ConfigError(f"[evm].spec_id: one of {sorted(SPEC_IDS)}")
+        return cls(**cfg)
+
+
+SPEC_IDS = frozenset({"Berlin", "London", "Merge", "Shanghai", "Cancun", "Prague"})

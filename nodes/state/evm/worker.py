@@ -1,0 +1,494 @@
+"""The process side of the executor: runs jobs on pyrevm and answers plain dicts.
+
+A worker process owns a small LRU of warm EVMs, one per (state URL, block): pyrevm's fork
+mode fetches accounts and slots lazily from the state URL and keeps them, so repeated calls at
+one block run in memory. Every call runs between `snapshot()` and `revert()`, which keeps
+the journal from growing and leaves the warm state as of the block. Jobs with state overrides
+or tracing get a fresh EVM: overrides write into pyrevm's cache (not the journal) and an
+aborted trace may leave the journal inconsistent.
+
+Errors are returned as `{"code", "message", "data"}` dicts (JSON-RPC codes of the spec); the
+main process turns them into JsonRpcError. Nothing here imports the event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from pyrevm import EVM, AccountInfo, BlockEnv, CfgEnv, Env
+
+EVM_REVERT = -39000
+GAS_EXHAUSTED = -39001
+BALANCE_EXHAUSTED = -39002
+NONCE_ERROR = -39003
+EVM_FAILED = -39004
+DATABASE_FAILED = -39005
+BLOCK_NOT_FOUND = -39006
+INVALID_PARAMS = -32602
+SERVER_BUSY = -32005
+
+_REVERT = re.compile(r"^Revert \{ gas_used: (\d+), output: 0x([0-9a-fA-F]*) \}")
+_HALT = re.compile(r"^Halt \{ reason: (\w+)(?:\((\w+)\))?, gas_used: (\d+) \}")
+ERROR_SELECTOR = bytes.fromhex("08c379a0")
+PANIC_SELECTOR = bytes.fromhex("4e487b71")
+PANIC_REASONS = {
+    0x00: "generic panic",
+    0x01: "assert(false)",
+    0x11: "arithmetic underflow or overflow",
+    0x12: "division or modulo by zero",
+    0x21: "enum overflow",
+    0x22: "invalid encoded storage byte array accessed",
+    0x31: "out-of-bounds array access; popping on an empty array",
+    0x32: "out-of-bounds access of an array or bytesN",
+    0x41: "out of memory",
+    0x51: "uninitialized function",
+}
+
+
+class CallFailed(Exception):
+    """A call ended without success; `error` is the JSON-RPC error dict, `gas_used` if known."""
+
+    def __init__(self, error: dict[str, Any], gas_used: int = 0) -> None:
+        super().__init__(error["message"])
+        self.error = error
+        self.gas_used = gas_used
+
+
+class Unusable(Exception):
+    """pyrevm's journal is broken after a panic; the EVM must be dropped."""
+
+
+class TraceTooLong(Exception):
+    """Raised by the trace sink once the configured step or byte limit is passed."""
+
+
+def error(code: int, message: str, data: Any = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        out["data"] = data
+    return out
+
+
+def decode_revert(output: bytes) -> str | None:
+    """The `Error(string)` or `Panic(uint256)` message of revert data, when it is one."""
+    if output[:4] == ERROR_SELECTOR and len(output) >= 68:
+        try:
+            offset = int.from_bytes(output[4:36], "big")
+            length = int.from_bytes(output[4 + offset : 36 + offset], "big")
+            raw = output[36 + offset : 36 + offset + length]
+            if len(raw) == length:
+                return raw.decode("utf-8", errors="replace")
+        except (ValueError, OverflowError):
+            return None
+    if output[:4] == PANIC_SELECTOR and len(output) == 36:
+        code = int.from_bytes(output[4:36], "big")
+        return f"panic: {PANIC_REASONS.get(code, 'unknown panic code')} (0x{code:x})"
+    return None
+
+
+def revert_error(output: bytes) -> dict[str, Any]:
+    """geth's shape: message `execution reverted[: reason]`, data the revert bytes in hex."""
+    reason = decode_revert(output)
+    message = "execution reverted" + (f": {reason}" if reason is not None else "")
+    return error(EVM_REVERT, message, "0x" + output.hex())
+
+
+def classify(exc: BaseException) -> CallFailed:
+    """Map a pyrevm exception text to the spec's error codes."""
+    text = str(exc)
+    m = _REVERT.match(text)
+    if m:
+        return CallFailed(revert_error(bytes.fromhex(m.group(2))), int(m.group(1)))
+    m = _HALT.match(text)
+    if m:
+        reason, detail, gas_used = m.group(1), m.group(2), int(m.group(3))
+        if reason == "OutOfGas":
+            return CallFailed(error(GAS_EXHAUSTED, f"out of gas ({detail or 'Basic'})"), gas_used)
+        if reason == "OutOfFunds":
+            return CallFailed(error(BALANCE_EXHAUSTED, "insufficient balance"), gas_used)
+        if reason == "NonceOverflow":
+            return CallFailed(error(NONCE_ERROR, "nonce overflow"), gas_used)
+        return CallFailed(error(EVM_FAILED, f"execution halted: {reason}"), gas_used)
+    if "CallGasCostMoreThanGasLimit" in text or ("GasLimit" in text and "Initial gas" in text):
+        return CallFailed(error(GAS_EXHAUSTED, "intrinsic gas too high"))
+    if "LackOfFundForMaxFee" in text or "InsufficientFunds" in text:
+        return CallFailed(error(BALANCE_EXHAUSTED, "insufficient funds for gas * price + value"))
+    if "Nonce" in text and "Transaction(" in text:
+        return CallFailed(error(NONCE_ERROR, f"nonce error: {text[:200]}"))
+    if "Transaction(" in text:
+        return CallFailed(error(EVM_FAILED, f"invalid transaction: {text[:200]}"))
+    if "-39006" in text or "out of this node's range" in text:
+        return CallFailed(error(BLOCK_NOT_FOUND, "block state no longer available"))
+    if any(k in text for k in ("Database", "error sending request", "Connection", "rpc", "RPC")):
+        return CallFailed(error(DATABASE_FAILED, f"state read failed: {text[:200]}"))
+    return CallFailed(error(EVM_FAILED, f"EVM failed: {text[:200]}"))
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_trace_steps: int
+    max_trace_bytes: int
+    max_return_bytes: int
+
+
+def _block_env(block: dict[str, Any]) -> BlockEnv:
+    return BlockEnv(
+        number=block["number"],
+        coinbase=block["coinbase"],
+        timestamp=block["timestamp"],
+        difficulty=block.get("difficulty", 0),
+        prevrandao=bytes.fromhex(block["prevrandao"][2:]),
+        basefee=block["basefee"],
+        gas_limit=block["gas_limit"],
+    )
+
+
+def new_evm(job: dict[str, Any], tracing: bool = False) -> EVM:
+    """A fork-mode EVM reading state as of the job's block from the job's state URL.
+
+    The constructor's `gas_limit` is what GASLIMIT reads after pyrevm rebuilds the block env,
+    so it is the block's gas limit.
+    """
+    block = job["block"]
+    env = Env(cfg=CfgEnv(chain_id=job["chain_id"]), block=_block_env(block))
+    return EVM(
+        env=env,
+        fork_url=job["fork_url"],
+        fork_block=hex(job["height"]),
+        gas_limit=block["gas_limit"],
+        tracing=tracing,
+        spec_id=job["spec_id"],
+    )
+
+
+def apply_overrides(evm: EVM, overrides: dict[str, Any]) -> None:
+    """State overrides (already validated): balance, nonce, code, stateDiff."""
+    for address, ov in overrides.items():
+        info = evm.basic(address)
+        balance = ov.get("balance", info.balance)
+        nonce = ov.get("nonce", info.nonce)
+        code = ov["code"] if "code" in ov else (evm.get_code(address) or b"")
+        evm.insert_account_info(
+            address, AccountInfo(balance=balance, nonce=nonce, code=code or None)
+        )
+        for slot, value in ov.get("stateDiff", {}).items():
+            evm.insert_account_storage(address, slot, value)
+
+
+def _log(entry: Any) -> dict[str, Any]:
+    _topics, data = entry.data
+    return {
+        "address": entry.address.lower(),
+        "topics": [t.lower() for t in entry.topics],
+        "data": "0x" + data.hex(),
+    }
+
+
+class Runner:
+    """Runs jobs inside one worker process; keeps the warm EVMs between jobs."""
+
+    def __init__(self, limits: Limits, warm_blocks: int) -> None:
+        self.limits = limits
+        self.warm_blocks = max(1, warm_blocks)
+        self._warm: OrderedDict[tuple[str, int, str, int], EVM] = OrderedDict()
+
+    def evm_for(self, job: dict[str, Any]) -> EVM:
+        """A warm EVM for the job's block, or a fresh one when the job must not share."""
+        if job.get("overrides") or job.get("kind") == "trace" or job.get("disable_cache"):
+            evm = new_evm(job, tracing=False)
+            if job.get("overrides"):
+                apply_overrides(evm, job["overrides"])
+            return evm
+        # GASLIMIT reads the constructor's gas limit, so a gasLimit override needs its own EVM
+        key = (job["fork_url"], job["height"], job["block"]["hash"], job["block"]["gas_limit"])
+        evm = self._warm.get(key)
+        if evm is None:
+            evm = new_evm(job)
+            self._warm[key] = evm
+            while len(self._warm) > self.warm_blocks:
+                self._warm.popitem(last=False)
+        else:
+            self._warm.move_to_end(key)
+        return evm
+
+    def run(self, job: dict[str, Any]) -> dict[str, Any]:
+        kind = job["kind"]
+        try:
+            evm = self.evm_for(job)
+            evm.set_block_env(_block_env(job["block"]))
+            if kind == "calls":
+                return {"results": self.calls(evm, job)}
+            if kind == "simulate":
+                return {"results": self.simulate(evm, job)}
+            if kind == "estimate":
+                return {"result": self.estimate(evm, job)}
+            if kind == "trace":
+                return {"results": [self.trace(evm, job, c) for c in job["calls"]]}
+            return {"error": error(INVALID_PARAMS, f"unknown job kind {kind!r}")}
+        except CallFailed as exc:
+            return {"error": exc.error}
+        except Unusable:
+            self._warm.clear()
+            return {"error": error(EVM_FAILED, "EVM failed; the execution state was reset")}
+        except Exception as exc:  # fork-mode connection failures land here
+            self._warm.clear()
+            return {"error": classify(exc).error}
+
+    # -- one call ---------------------------------------------------------------------
+
+    def _call(self, evm: EVM, call: dict[str, Any]) -> dict[str, Any]:
+        """Run one message call; returns output, gas used and logs, or raises CallFailed."""
+        try:
+            output = evm.message_call(
+                call["from"],
+                call["to"],
+                call["data"],
+                call["value"],
+                call["gas"],
+                call["gas_price"],
+            )
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt | SystemExit | TraceTooLong):
+                raise
+            failed = classify(exc)
+            if type(exc).__name__ == "PanicException":
+                raise Unusable(str(exc)) from None
+            raise failed from None
+        finally:
+            evm.reset_transient_storage()
+        result = evm.result
+        if len(output) > self.limits.max_return_bytes:
+            msg = f"return data of {len(output)} bytes exceeds {self.limits.max_return_bytes}"
+            raise CallFailed(error(EVM_FAILED, msg), result.gas_used)
+        return {
+            "output": "0x" + bytes(output).hex(),
+            "gas_used": result.gas_used,
+            "logs": [_log(x) for x in result.logs],
+        }
+
+    def _isolated(self, evm: EVM, call: dict[str, Any]) -> dict[str, Any]:
+        checkpoint = evm.snapshot()
+        try:
+            result = self._call(evm, call)
+        except CallFailed:
+            self._revert(evm, checkpoint)
+            raise
+        self._revert(evm, checkpoint)
+        return result
+
+    @staticmethod
+    def _revert(evm: EVM, checkpoint: Any) -> None:
+        """Undo a call; an EVM whose journal broke (a panic inside pyrevm) is unusable."""
+        try:
+            evm.revert(checkpoint)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            raise Unusable(str(exc)) from None
+
+    def calls(self, evm: EVM, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """Independent calls on the block's state; `fast_fail` stops at the first failure."""
+        out: list[dict[str, Any]] = []
+        for call in job["calls"]:
+            try:
+                out.append({"ok": True, **self._isolated(evm, call)})
+            except CallFailed as exc:
+                out.append({"ok": False, "error": exc.error, "gas_used": exc.gas_used})
+                if job.get("fast_fail"):
+                    break
+        return out
+
+    def simulate(self, evm: EVM, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """A sequence: each transaction sees the writes of the successful ones before it."""
+        out: list[dict[str, Any]] = []
+        nonces: dict[str, int] = {}
+        checkpoint = evm.snapshot()
+        try:
+            for call in job["calls"]:
+                sender = call["from"]
+                expected = nonces.get(sender)
+                if expected is None:
+                    expected = evm.basic(sender).nonce
+                if call.get("nonce") is not None and call["nonce"] != expected:
+                    msg = f"nonce {call['nonce']} does not match the account's nonce {expected}"
+                    out.append({"ok": False, "error": error(NONCE_ERROR, msg), "gas_used": 0})
+                    continue
+                inner = evm.snapshot()
+                try:
+                    out.append({"ok": True, **self._call(evm, call)})
+                    nonces[sender] = expected + 1
+                except CallFailed as exc:
+                    evm.revert(inner)
+                    out.append({"ok": False, "error": exc.error, "gas_used": exc.gas_used})
+                    nonces[sender] = expected + 1 if exc.gas_used else expected
+        finally:
+            evm.revert(checkpoint)
+        return out
+
+    # -- gas estimation ---------------------------------------------------------------
+
+    def _fits(self, evm: EVM, call: dict[str, Any], gas: int) -> tuple[bool, CallFailed | None]:
+        try:
+            self._isolated(evm, {**call, "gas": gas})
+            return True, None
+        except CallFailed as exc:
+            return False, exc
+
+    def estimate(self, evm: EVM, job: dict[str, Any]) -> int:
+        """geth's search: run at the cap, then bisect between gas used and the cap.
+
+        A revert at the cap is the answer (-39000); running out of gas at the cap is
+        -39001. The search is exact (to 1 gas), as anvil's is.
+        """
+        call = job["calls"][0]
+        hi = call["gas"]
+        first = self._isolated_or_fail(evm, call)
+        used = first["gas_used"]
+        lo = max(used - 1, 20_999)
+        optimistic = min(hi, (used + 2300) * 64 // 63)
+        ok, _ = self._fits(evm, call, optimistic)
+        if ok:
+            hi = optimistic
+        else:
+            lo = max(lo, optimistic)
+        while hi - lo > 1:
+            mid = (hi + lo) // 2
+            ok, failure = self._fits(evm, call, mid)
+            if ok:
+                hi = mid
+            elif failure is not None and failure.error["code"] not in (
+                GAS_EXHAUSTED,
+                EVM_REVERT,
+                EVM_FAILED,
+            ):
+                raise failure
+            else:
+                lo = mid
+        return hi
+
+    def _isolated_or_fail(self, evm: EVM, call: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._isolated(evm, call)
+        except CallFailed as exc:
+            if exc.error["code"] == GAS_EXHAUSTED:
+                msg = f"gas required exceeds allowance ({call['gas']})"
+                raise CallFailed(error(GAS_EXHAUSTED, msg), exc.gas_used) from None
+            raise
+
+    # -- tracing ----------------------------------------------------------------------
+
+    def trace(self, evm: EVM, job: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
+        """geth's struct-log shape built from pyrevm's EIP-3155 lines."""
+        sink = TraceSink(self.limits.max_trace_steps, self.limits.max_trace_bytes)
+        checkpoint = evm.snapshot()
+        evm.tracing = True
+        failed: CallFailed | None = None
+        result: dict[str, Any] | None = None
+        try:
+            with contextlib.redirect_stdout(sink):
+                result = self._call(evm, call)
+        except CallFailed as exc:
+            failed = exc
+        except BaseException as exc:  # pyo3 PanicException when the sink refused a line
+            if isinstance(exc, KeyboardInterrupt | SystemExit):
+                raise
+            if not sink.overflow:
+                raise
+        finally:
+            evm.tracing = False
+        if sink.overflow:
+            # The EVM was aborted mid-call; do not reuse it (it is never a warm one).
+            limit = f"{self.limits.max_trace_steps} steps or {self.limits.max_trace_bytes} bytes"
+            raise CallFailed(error(EVM_FAILED, f"trace exceeds {limit}"))
+        evm.revert(checkpoint)
+        logs = sink.struct_logs()
+        if failed is not None:
+            data = failed.error.get("data")
+            ret = data if isinstance(data, str) else "0x"
+            return {
+                "gas": failed.gas_used,
+                "failed": True,
+                "returnValue": ret,
+                "error": failed.error,
+                "structLogs": logs,
+            }
+        assert result is not None
+        return {
+            "gas": result["gas_used"],
+            "failed": False,
+            "returnValue": result["output"],
+            "structLogs": logs,
+        }
+
+
+class TraceSink(io.TextIOBase):
+    """Collects EIP-3155 lines written to sys.stdout by pyrevm, within limits."""
+
+    def __init__(self, max_steps: int, max_bytes: int) -> None:
+        self.max_steps = max_steps
+        self.max_bytes = max_bytes
+        self.lines: list[str] = []
+        self.size = 0
+        self.overflow = False
+        self._partial = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.size += len(s)
+        text = self._partial + s
+        parts = text.split("\n")
+        self._partial = parts.pop()
+        self.lines.extend(p for p in parts if p)
+        if self.size > self.max_bytes or len(self.lines) > self.max_steps + 1:
+            self.overflow = True
+            raise TraceTooLong("trace limit reached")
+        return len(s)
+
+    def struct_logs(self) -> list[dict[str, Any]]:
+        import orjson
+
+        out: list[dict[str, Any]] = []
+        for line in [*self.lines, self._partial] if self._partial else self.lines:
+            step = orjson.loads(line)
+            if "pc" not in step:
+                continue  # the summary line
+            out.append(
+                {
+                    "pc": step["pc"],
+                    "op": step["opName"],
+                    "gas": int(step["gas"], 16),
+                    "gasCost": int(step["gasCost"], 16),
+                    "depth": step["depth"],
+                    "stack": step.get("stack", []),
+                    "refund": int(step.get("refund", "0x0"), 16),
+                }
+            )
+        return out
+
+
+def worker_main(conn: Any, limits: Limits, warm_blocks: int) -> None:
+    """Entry point of a worker process: answer jobs from the pipe until it closes."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers end
+    runner = Runner(limits, warm_blocks)
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            answer = runner.run(job)
+        except Exception as exc:
+            answer = {"error": error(EVM_FAILED, f"worker error: {str(exc)[:200]}")}
+        try:
+            conn.send(answer)
+        except (BrokenPipeError, OSError):
+            return

@@ -1,0 +1,203 @@
+"""eth_call and its errors, differential against anvil at historical blocks of the workload."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from chainstate.jsonrpc import JsonRpcError
+from tests.evm.conftest import A0, A1, A2, Chain, Client, rpc, rpc_raw
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+def balance_of(holder: str) -> str:
+    return "0x70a08231" + holder[2:].rjust(64, "0")
+
+
+def transfer(to: str, amount: int) -> str:
+    return "0xa9059cbb" + to[2:].rjust(64, "0") + f"{amount:064x}"
+
+
+async def test_erc20_balance_equals_anvil_at_every_block(evm: Client, chain: Chain) -> None:
+    holders = [*chain.holders, A0, A2]
+    for height in range(chain.erc20_block, chain.head + 1):
+        for holder in holders:
+            req = {"to": chain.erc20, "data": balance_of(holder)}
+            ours = await evm.call("eth_call", [req, hex(height)])
+            assert ours == rpc(chain.url, "eth_call", [req, hex(height)]), (height, holder)
+
+
+async def test_latest_and_by_hash(evm: Client, chain: Chain) -> None:
+    req = {"to": chain.erc20, "data": balance_of(A2)}
+    expected = rpc(chain.url, "eth_call", [req, "latest"])
+    assert await evm.call("eth_call", [req, "latest"]) == expected
+    assert await evm.call("eth_call", [req]) == expected
+    block = rpc(chain.url, "eth_getBlockByNumber", [hex(chain.head - 1), False])
+    by_hash = await evm.call("eth_call", [req, {"blockHash": block["hash"]}])
+    assert by_hash == rpc(chain.url, "eth_call", [req, hex(chain.head - 1)])
+    assert by_hash != expected  # A2 received tokens in the last block
+
+
+async def test_block_env_opcodes(evm: Client, chain: Chain) -> None:
+    """NUMBER, TIMESTAMP, COINBASE, GASLIMIT, CHAINID, PREVRANDAO, BLOCKHASH equal anvil's.
+
+    BASEFEE reads 0, as in geth's eth_call without a gas price (anvil reads the block's
+    base fee); see docs/evm.md."""
+    height = hex(chain.head - 2)
+    req = {"to": chain.env, "data": "0x"}
+    ours = bytes.fromhex((await evm.call("eth_call", [req, height]))[2:])
+    theirs = bytes.fromhex(rpc(chain.url, "eth_call", [req, height])[2:])
+    words = lambda b: [b[i : i + 32] for i in range(0, len(b), 32)]  # noqa: E731
+    ow, tw = words(ours), words(theirs)
+    assert len(ow) == 8
+    for i in (0, 1, 3, 4, 5, 6, 7):
+        assert ow[i] == tw[i], i
+    assert int.from_bytes(ow[2], "big") == 0
+
+
+async def test_revert_reason_and_data_equal_anvil(evm: Client, chain: Chain) -> None:
+    req = {"from": A1, "to": chain.erc20, "data": transfer(A0, 10**30)}
+    with pytest.raises(JsonRpcError) as exc:
+        await evm.call("eth_call", [req, "latest"])
+    theirs = rpc_raw(chain.url, "eth_call", [req, "latest"])["error"]
+    assert exc.value.code == -39000
+    assert exc.value.data == theirs["data"]
+    assert exc.value.message == theirs["message"]
+    assert "ERC20: transfer amount exceeds balance" in exc.value.message
+
+
+async def test_panic_is_decoded(evm: Client, chain: Chain) -> None:
+    with pytest.raises(JsonRpcError) as exc:
+        await evm.call("eth_call", [{"to": chain.panic}, "latest"])
+    assert exc.value.code == -39000
+    assert exc.value.data == "0x4e487b71" + "11".rjust(64, "0")
+    assert "arithmetic underflow or overflow (0x11)" in exc.value.message
+
+
+async def test_out_of_gas_is_39001(evm: Client, chain: Chain) -> None:
+    with pytest.raises(JsonRpcError) as exc:
+        await evm.call("eth_call", [{"to": chain.loop}, "latest"])
+    assert exc.value.code == -39001
+    with pytest.raises(JsonRpcError) as exc:
+        await evm.call("eth_call", [{"to": chain.erc20, "gas": "0x5000"}, "latest"])
+    assert exc.value.code == -39001
+    assert "intrinsic gas" in exc.value.message
+
+
+async def test_balance_exhausted(evm: Client, chain: Chain) -> None:
+    req = {"from": A1, "to": A2, "value": hex(10**30)}
+    with pytest.raises(JsonRpcError) as exc:
+        await evm.call("eth_call", [req, "latest"])
+    assert exc.value.code == -39002
+    assert "code" in rpc_raw(chain.url, "eth_call", [req, "latest"])["error"]
+    priced = {"from": A1, "to": chain.erc20, "data": balance_of(A1), "gasPrice": hex(10**18)}
+    with pytest.raises(JsonRpcError) as exc:
+        await evm.call("eth_call", [priced, "latest"])
+    assert exc.value.code == -39002
+
+
+async def test_gas_price_given_is_charged_check_only(evm: Client, chain: Chain) -> None:
+    req = {"from": A0, "to": chain.erc20, "data": balance_of(A0), "gasPrice": "0x1"}
+    ours = await evm.call("eth_call", [req, "latest"])
+    assert ours == rpc(chain.url, "eth_call", [req, "latest"])
+
+
+async def test_return_size_limit(evm: Client, chain: Chain) -> None:
+    with pytest.raises(JsonRpcError) as exc:
+        await evm.call("eth_call", [{"to": chain.bigret}, "latest"])
+    assert exc.value.code == -39004
+    assert "exceeds" in exc.value.message
+
+
+async def test_state_override_equals_anvil(evm: Client, chain: Chain) -> None:
+    slot = (
+        "0x"
+        + (__import__("nodes.devnet.workload", fromlist=["mapping_slot"]).mapping_slot(A1, 0)[2:])
+    )
+    overrides = {
+        chain.erc20: {"stateDiff": {slot: "0x" + f"{12345:064x}"}},
+        A1: {"balance": "0xde0b6b3a7640000"},
+    }
+    req = {"to": chain.erc20, "data": balance_of(A1)}
+    ours = await evm.call("eth_call", [req, "latest", overrides])
+    assert ours == rpc(chain.url, "eth_call", [req, "latest", overrides])
+    assert int(ours, 16) == 12345
+    code_ov = {chain.loop: {"code": "0x" + "602a60005260206000f3"}}  # return 42
+    ours = await evm.call("eth_call", [{"to": chain.loop}, "latest", code_ov])
+    assert int(ours, 16) == 42
+    assert ours == rpc(chain.url, "eth_call", [{"to": chain.loop}, "latest", code_ov])
+    # the override did not leak into later calls (the warm state is as of the block)
+    plain = await evm.call("eth_call", [req, "latest"])
+    assert plain == rpc(chain.url, "eth_call", [req, "latest"])
+
+
+async def test_block_overrides(evm: Client, chain: Chain) -> None:
+    ov = {"number": "0x3e8", "time": "0x1234", "gasLimit": "0x2faf080"}
+    out = bytes.fromhex((await evm.call("eth_call", [{"to": chain.env}, "latest", None, ov]))[2:])
+    assert int.from_bytes(out[0:32], "big") == 1000
+    assert int.from_bytes(out[32:64], "big") == 0x1234
+    assert int.from_bytes(out[128:160], "big") == 50_000_000
+
+
+@pytest.mark.parametrize(
+    ("params", "code"),
+    [
+        ([{"to": "0x12"}, "latest"], -32602),
+        ([{"data": "0x"}, "latest"], -32602),
+        ([{"to": "0x" + "00" * 20, "data": "0xabc"}, "latest"], -32602),
+        ([{"to": "0x" + "00" * 20, "value": "0x01"}, "latest"], -32602),
+        ([{"to": "0x" + "00" * 20, "bogus": 1}, "latest"], -32602),
+        (["not an object", "latest"], -32602),
+        ([{"to": "0x" + "00" * 20}, "0xffffffffff"], -39006),
+        ([{"to": "0x" + "00" * 20}, "yesterday"], -39007),
+        ([{"to": "0x" + "00" * 20}, {"blockHash": "0x" + "ab" * 32}], -39006),
+        ([{"to": "0x" + "00" * 20}, "latest", {"0x12": {}}], -32602),
+        ([{"to": "0x" + "00" * 20}, "latest", {"0x" + "11" * 20: {"state": {}}}], -32602),
+        ([{"to": "0x" + "00" * 20}, "latest", None, {"number": 5}], -32602),
+        ([{"to": "0x" + "00" * 20}, "latest", None, None, 1], -32602),
+    ],
+)
+async def test_bad_input(evm: Client, params: list, code: int) -> None:
+    answer = await evm.raw("eth_call", params)
+    assert answer["error"]["code"] == code, answer
+
+
+async def test_slow_call_does_not_stall_others(evm: Client, chain: Chain) -> None:
+    """Two gas-burning loops at once leave the fast calls answering quickly."""
+    loops = [
+        asyncio.create_task(evm.raw("eth_call", [{"to": chain.loop, "gas": "0x2faf080"}]))
+        for _ in range(2)
+    ]
+    started = time.monotonic()
+    req = {"to": chain.erc20, "data": balance_of(A0)}
+    for _ in range(5):
+        await evm.call("eth_call", [req, "latest"])
+    fast = time.monotonic() - started
+    answers = await asyncio.gather(*loops)
+    assert all(a["error"]["code"] == -39001 for a in answers)
+    assert fast < 3.0
+
+
+async def test_time_limit_kills_only_that_call(chain: Chain) -> None:
+    from nodes.state.evm.methods import EvmMethods
+    from nodes.state.evm.settings import EvmSettings
+    from tests.evm.conftest import AnvilReader, Client
+
+    settings = EvmSettings(workers=1, call_timeout=1.0, gas_cap=2**62, chain_id=1337)
+    methods = EvmMethods(AnvilReader(chain.url), settings)
+    await methods.start()
+    try:
+        client = Client(methods)
+        ov = {"gasLimit": hex(2**62)}
+        answer = await client.raw("eth_call", [{"to": chain.loop}, "latest", None, ov])
+        assert answer["error"]["code"] == -39004
+        assert "time limit" in answer["error"]["message"]
+        # the replaced worker answers the next call
+        methods.settings  # noqa: B018
+        ok = await client.raw("eth_call", [{"to": chain.erc20, "data": balance_of(A0)}])
+        assert ok.get("result", "").startswith("0x"), ok
+    finally:
+        await methods.close()
