@@ -79,6 +79,8 @@ class StateNode:
         self.ingest = Ingest(self.store, settings, self.metrics, registry=registry)
         self._task: asyncio.Task[None] | None = None
         self._started = False
+        self.evm: Any = None  # set by nodes.state.evm.methods.register when present
+        self.evm_settings: Any = None
 
     @classmethod
     def from_config(
@@ -108,6 +110,9 @@ class StateNode:
             await asyncio.to_thread(self.store.set_chain_id, wanted)
         self.dispatcher.update(self.methods.handlers())
         if _evm_module_available():
+            from nodes.state.evm.settings import EvmSettings
+
+            self.evm_settings = EvmSettings.from_config(self.settings.evm)
             importlib.import_module(EVM_METHODS_MODULE).register(self)
         self.ingest._published()
         self._task = asyncio.create_task(self.ingest.run(), name=f"state-ingest:{self.key}")
@@ -123,6 +128,10 @@ class StateNode:
                 await self._task
             self._task = None
         await self.ingest.close()
+        evm = getattr(self, "evm", None)
+        if evm is not None:
+            await evm.close()
+            self.evm = None
         await asyncio.to_thread(self.store.close)
         self._started = False
 

@@ -3,7 +3,7 @@ default (documented in docs/state-node.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from chainstate.config import ConfigError
@@ -44,6 +44,7 @@ class StateSettings:
     verify_hash: bool = True  # reject a block whose ValidationHash does not match its content
     max_validation_count: int = DEFAULT_MAX_VALIDATION_COUNT
     max_batch: int = DEFAULT_MAX_BATCH
+    evm: dict[str, Any] = field(default_factory=dict)  # the EVM helper's [evm] settings
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> StateSettings:
@@ -85,6 +86,10 @@ class StateSettings:
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
     """Check a config value against the type of its default."""
+    if name == "evm":
+        if not isinstance(value, dict):
+            raise ConfigError("state node setting evm must be a table")
+        return dict(value)
     if name in ("source", "chain_id"):
         if value is None:
             return None
