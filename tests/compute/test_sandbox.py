@@ -1,0 +1,159 @@
+"""The sandbox: isolation, limits, output capture, the worker pool, and the abuse cases."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import free_port
+from workspace.compute.sandbox import (
+    Isolation,
+    Job,
+    Limits,
+    QueueFull,
+    Sandbox,
+    UidPool,
+    WorkerPool,
+)
+
+PY = "/usr/bin/python3"
+
+
+def job(code: str, **limits: object) -> Job:
+    return Job([PY, "-I", "-c", code], limits=Limits(**{"wall_seconds": 5, **limits}))
+
+
+def test_isolation_is_probed_and_reported(isolation: Isolation) -> None:
+    info = isolation.as_dict()
+    assert set(info) >= {"network", "network_isolated", "per_run_uid", "cpu_quota", "notes"}
+    if not isolation.network_isolated:  # never silently: the gap is in the notes
+        assert any("network" in n for n in info["notes"])
+
+
+async def test_clean_env_own_uid_and_temp_dir_removed(sandbox: Sandbox) -> None:
+    os.environ["CHAINSTATE_TEST_SECRET"] = "s3cret"
+    try:
+        res = await sandbox.run(
+            job("import os, json; print(json.dumps([dict(os.environ), os.getuid(), os.getcwd()]))"),
+            uid=2_100_010,
+        )
+    finally:
+        del os.environ["CHAINSTATE_TEST_SECRET"]
+    env, uid, cwd = json.loads(res.output)
+    assert "CHAINSTATE_TEST_SECRET" not in env
+    assert set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "CHAINSTATE_RESULT_FD"}
+    if sandbox.isolation.drop_uid:
+        assert uid == 2_100_010
+    assert env["HOME"] == cwd
+    assert not await asyncio.to_thread(os.path.exists, cwd)
+
+
+async def test_result_fd_carries_the_result(sandbox: Sandbox) -> None:
+    code = "import os; os.write(int(os.environ['CHAINSTATE_RESULT_FD']), b'[1]')"
+    res = await sandbox.run(job(code))
+    assert res.result == b"[1]" and res.exit_code == 0
+
+
+async def test_network_is_off(sandbox: Sandbox) -> None:
+    if not sandbox.isolation.network_isolated:
+        pytest.fail(f"network isolation unavailable here: {sandbox.isolation.notes}")
+    port = free_port()
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", port))
+    srv.listen()
+    srv.setblocking(False)
+    try:
+        code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"
+        res = await sandbox.run(job(code))
+        assert res.exit_code == 1
+        assert b"unreachable" in res.output or b"refused" in res.output
+        with pytest.raises(BlockingIOError):
+            srv.accept()
+    finally:
+        srv.close()
+
+
+async def test_wall_clock_kills_an_infinite_loop(sandbox: Sandbox) -> None:
+    t0 = time.monotonic()
+    res = await sandbox.run(job("while True: pass", wall_seconds=1))
+    assert res.reason == "timeout"
+    assert time.monotonic() - t0 < 3
+
+
+async def test_fork_bomb_is_contained_and_swept(sandbox: Sandbox) -> None:
+    if not sandbox.isolation.drop_uid:
+        pytest.skip("per-run uid needs root; RLIMIT_NPROC would count the server's own processes")
+    uid = 2_100_011
+    code = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    res = await sandbox.run(job(code, wall_seconds=1.5, processes=32), uid=uid)
+    assert res.reason == "timeout"
+    alive = [
+        p
+        for p in psutil.process_iter(["uids", "status"])
+        if p.info["uids"] and p.info["uids"].real == uid and p.info["status"] != "zombie"
+    ]
+    assert alive == []
+
+
+async def test_huge_allocation_fails_cleanly(sandbox: Sandbox) -> None:
+    res = await sandbox.run(job("b = bytearray(10 * 1024 ** 3)", memory_bytes=256 * 1024**2))
+    assert res.exit_code == 1 and b"MemoryError" in res.output
+
+
+async def test_output_is_capped_while_streaming(sandbox: Sandbox) -> None:
+    code = "import sys\nsys.stdout.write('x' * 300000)"
+    res = await sandbox.run(job(code, output_bytes=1000))
+    assert res.exit_code == 0 and res.reason is None
+    assert len(res.output) == 1000 and res.output_size == 300000 and res.output_truncated
+
+
+async def test_100mb_print_is_stopped(sandbox: Sandbox) -> None:
+    code = "import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 1048576)"
+    res = await sandbox.run(job(code, output_hard_bytes=4 * 1024 * 1024))
+    assert res.reason == "output_limit"
+    assert len(res.output) <= Limits().output_bytes
+
+
+async def test_file_size_limit(sandbox: Sandbox) -> None:
+    code = "open('big', 'wb').write(b'x' * 2_000_000)"
+    res = await sandbox.run(job(code, file_size_bytes=1_000_000))
+    assert res.exit_code == 1 and b"File too large" in res.output
+
+
+async def test_cpu_seconds_limit(sandbox: Sandbox) -> None:
+    res = await sandbox.run(job("while True: pass", cpu_seconds=1, wall_seconds=10))
+    assert res.reason is None and res.signal is not None  # SIGXCPU, then SIGKILL
+
+
+async def test_cpu_quota_slows_a_busy_loop(sandbox: Sandbox) -> None:
+    if sandbox.isolation.cpu_cgroup is None:
+        pytest.fail(f"cpu quota unavailable: {sandbox.isolation.notes}")
+    code = "import time\nwhile time.process_time() < 0.3:\n    pass"
+    res = await sandbox.run(job(code, cpu_percent=20, wall_seconds=10))
+    assert res.exit_code == 0
+    assert res.duration_ms >= 1000  # 0.3 s of CPU at 20 % needs about 1.5 s
+
+
+async def test_pool_records_queue_wait_and_bounds_the_queue(sandbox: Sandbox) -> None:
+    pool = WorkerPool(workers=1, max_queue=1, uids=UidPool(2_100_020, 2))
+
+    async def one() -> int:
+        async with pool.slot() as (uid, wait_ms):
+            await sandbox.run(job("import time; time.sleep(0.4)"), uid)
+            return wait_ms
+
+    first = asyncio.create_task(one())
+    await asyncio.sleep(0.05)
+    second = asyncio.create_task(one())
+    await asyncio.sleep(0.05)
+    with pytest.raises(QueueFull):
+        async with pool.slot():
+            pass
+    waits = await asyncio.gather(first, second)
+    assert waits[0] < 100 and waits[1] >= 250

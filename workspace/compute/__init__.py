@@ -1,0 +1,1 @@
+"""Workspace compute: sandboxed execution of Functions and Notebook instances."""

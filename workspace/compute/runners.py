@@ -1,0 +1,387 @@
+"""Language runners: turn (language, code, entry, positional args) into an `Outcome`.
+
+python, javascript and go run in the sandbox through a small harness per language that calls
+the entry function and writes one JSON document to a dedicated fd; sql runs in process through
+the data API's read-only query guard (an injected `SqlExecutor`). Go code is compiled once per
+code hash into a cache, sharing one GOCACHE so repeat builds are fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import sys
+import sysconfig
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workspace.compute.sandbox import (
+    GiB,
+    Job,
+    Limits,
+    QueueFull,
+    RunResult,
+    Sandbox,
+    WorkerPool,
+)
+
+log = logging.getLogger("workspace.compute.runners")
+
+RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
+LANGUAGES = ("python", "go", "javascript", "sql")
+DEFAULT_ENTRY = {"python": "main", "javascript": "main", "go": "Main", "sql": ""}
+IDENTIFIER = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$]{0,127}$")
+
+# failure code -> retryable
+FAILURE_CODES: dict[str, bool] = {
+    "exception": False,
+    "compile_error": False,
+    "entry_not_found": False,
+    "bad_arguments": False,
+    "bad_return": False,
+    "memory_limit": False,
+    "output_limit": False,
+    "result_too_large": False,
+    "cpu_limit": False,
+    "timeout": True,
+    "crashed": False,
+    "queue_full": True,
+    "unsupported": False,
+    "internal": True,
+}
+
+
+class SqlError(Exception):
+    """A SQL Function that the guard rejected or the database failed; shown in the record."""
+
+
+SqlExecutor = Callable[[str, list[Any]], Awaitable[Any]]
+"""(sql, positional args) -> JSON value; bound to the caller's account by the endpoint."""
+
+
+@dataclass
+class Outcome:
+    """The language-independent result of one execution (the record builder's input)."""
+
+    status: str  # succeeded | failed | timeout
+    return_value: Any = None
+    failure: dict[str, Any] | None = None
+    error_stack: str = ""
+    local_vars: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+    truncated: bool = False
+    original_size_bytes: int = 0
+    execution_duration_ms: int = 0
+    queue_wait_ms: int = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @classmethod
+    def failed(cls, code: str, message: str, status: str = "failed", **kw: Any) -> Outcome:
+        failure = {"code": code, "message": message, "retryable": FAILURE_CODES.get(code, False)}
+        return cls(status=status, failure=failure, **kw)
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """Tools and limits for Function runs (see docs/compute.md for defaults)."""
+
+    python: str = sys.executable
+    node: str = "node"
+    go: str = "go"
+    limits: Limits = field(default_factory=Limits)
+    go_build_seconds: float = 120.0
+    go_build_memory_bytes: int = 2 * GiB
+    cache_dir: Path = Path(".chainstate/compute")
+
+
+def entry_name(language: str, func_name: str | None) -> str:
+    """The entry function to call: `func_name`, or the language's default."""
+    name = func_name or DEFAULT_ENTRY[language]
+    if language != "sql" and not IDENTIFIER.match(name):
+        raise ValueError(f"func_name {name!r} is not a valid identifier")
+    return name
+
+
+def outcome_from_run(result: RunResult, limits: Limits) -> Outcome:
+    """Map a sandbox run plus the harness's JSON document to an Outcome."""
+    text = result.output.decode("utf-8", errors="replace")
+    common = {
+        "text": text,
+        "truncated": result.output_truncated,
+        "original_size_bytes": result.output_size,
+        "execution_duration_ms": result.duration_ms,
+        "queue_wait_ms": result.queue_wait_ms,
+        "started_at": result.started_at,
+        "finished_at": result.finished_at,
+    }
+    if result.reason == "timeout":
+        msg = f"wall-clock limit of {limits.wall_seconds:g} s exceeded"
+        return Outcome.failed("timeout", msg, status="timeout", **common)
+    if result.reason == "output_limit":
+        msg = f"output exceeded {limits.output_hard_bytes} bytes; the run was stopped"
+        return Outcome.failed("output_limit", msg, **common)
+    if result.reason == "canceled":
+        return Outcome.failed("internal", "the run was canceled", **common)
+    if result.signal in (signal.SIGXCPU, signal.SIGKILL) and result.reason is None:
+        msg = f"CPU time limit of {limits.cpu_seconds} s exceeded"
+        return Outcome.failed("cpu_limit", msg, status="timeout", **common)
+    if result.result_too_large:
+        msg = f"return value larger than {limits.result_bytes} bytes"
+        return Outcome.failed("result_too_large", msg, **common)
+    doc = _parse_doc(result.result)
+    if doc is None:
+        return _crash(result, text, common)
+    if doc.get("ok") is True:
+        return Outcome(status="succeeded", return_value=doc.get("value"), **common)
+    code = str(doc.get("code") or "exception")
+    if code not in FAILURE_CODES:
+        code = "exception"
+    return Outcome.failed(
+        code,
+        str(doc.get("message") or code),
+        error_stack=str(doc.get("stack") or ""),
+        local_vars=doc.get("locals") if isinstance(doc.get("locals"), dict) else {},
+        **common,
+    )
+
+
+def _parse_doc(raw: bytes | None) -> dict[str, Any] | None:
+    if not raw:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+_OOM_MARKERS = ("out of memory", "MemoryError", "Cannot allocate memory", "heap limit")
+
+
+def _crash(result: RunResult, text: str, common: dict[str, Any]) -> Outcome:
+    tail = text[-2000:]
+    if any(m in text[:2000] or m in tail for m in _OOM_MARKERS):
+        return Outcome.failed("memory_limit", "memory limit exceeded", error_stack=tail, **common)
+    how = (
+        f"killed by signal {signal.Signals(result.signal).name}"
+        if result.signal
+        else f"exited with code {result.exit_code}"
+    )
+    return Outcome.failed(
+        "crashed", f"the process {how} without a result", error_stack=tail, **common
+    )
+
+
+class CodeRunner:
+    """Runs Function code in any supported language under the worker pool."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        pool: WorkerPool,
+        settings: RunnerSettings,
+    ) -> None:
+        self.sandbox = sandbox
+        self.pool = pool
+        self.settings = settings
+        self._go_locks: dict[str, asyncio.Lock] = {}
+        self.python = settings.python
+        self.python_env: dict[str, str] = {}
+        self.notes: list[str] = []
+
+    async def prepare(self) -> None:
+        """Pick a Python interpreter the sandbox uid can execute, once at start.
+
+        The venv's interpreter may live under a folder other users cannot enter (pyenv under
+        /root); then the system python3 of the same minor version runs with the venv's
+        site-packages on its path, and the choice is reported.
+        """
+        candidates = [self.settings.python, "/usr/bin/python3"]
+        want = f"{sys.version_info.major}.{sys.version_info.minor}"
+        probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+        for exe in candidates:
+            try:
+                async with self.pool.slot() as (uid, _):
+                    res = await self.sandbox.run(
+                        Job([exe, "-I", "-c", probe], limits=Limits(wall_seconds=20)), uid
+                    )
+            except OSError as exc:
+                self.notes.append(f"sandbox cannot run {exe}: {exc.strerror}")
+                continue
+            if res.exit_code == 0 and res.output.decode().strip() == want:
+                self.python = exe
+                if exe != self.settings.python:
+                    self.python_env = {"CHAINSTATE_SITE_PACKAGES": _site_packages()}
+                    note = f"sandbox python: {exe} with the venv's site-packages"
+                    self.notes.append(note)
+                    log.info(note)
+                return
+        self.notes.append(f"no python {want} runnable in the sandbox; python runs will fail")
+        log.warning(self.notes[-1])
+
+    async def run(
+        self,
+        language: str,
+        code: str,
+        func_name: str | None,
+        args: list[Any],
+        *,
+        env: Mapping[str, str] | None = None,
+        sql: SqlExecutor | None = None,
+        limits: Limits | None = None,
+    ) -> Outcome:
+        """Execute and never raise for user errors: every failure is an Outcome."""
+        if language not in LANGUAGES:
+            return Outcome.failed("unsupported", f"language {language!r} is not supported")
+        entry = entry_name(language, func_name)
+        limits = limits or self.settings.limits
+        if language == "sql":
+            return await self._run_sql(code, args, sql, limits)
+        try:
+            async with self.pool.slot() as (uid, wait_ms):
+                job = await self._job(language, code, entry, args, limits)
+                if isinstance(job, Outcome):
+                    job.queue_wait_ms = wait_ms
+                    return job
+                job.env = {**job.env, **(env or {})}
+                result = await self.sandbox.run(job, uid)
+                result.queue_wait_ms = wait_ms
+                return outcome_from_run(result, limits)
+        except QueueFull as exc:
+            return Outcome.failed("queue_full", str(exc))
+        except OSError as exc:  # the toolchain cannot be started (missing binary, no access)
+            log.warning("sandbox start failed", extra={"language": language, "error": str(exc)})
+            return Outcome.failed("internal", f"cannot start the {language} runtime: {exc}")
+
+    async def _job(
+        self, language: str, code: str, entry: str, args: list[Any], limits: Limits
+    ) -> Job | Outcome:
+        job_doc = json.dumps({"entry": entry, "args": args, "mode": "function"})
+        if language == "python":
+            harness = str(RUNTIME_DIR / "python_harness.py")
+            argv = [self.python, "-I", "-X", "utf8", harness]
+            files = {"job.json": job_doc, "main.py": code}
+            return Job(argv, files, dict(self.python_env), limits)
+        if language == "javascript":
+            heap_mb = max(16, limits.memory_bytes * 3 // 4 // (1024 * 1024))
+            harness = str(RUNTIME_DIR / "js_harness.js")
+            argv = [self.settings.node, f"--max-old-space-size={heap_mb}", harness]
+            files = {"job.json": job_doc, "main.js": code}
+            return Job(argv, files, {}, limits)
+        binary = await self._go_binary(code, entry)
+        if isinstance(binary, Outcome):
+            return binary
+        return Job([str(binary)], {"job.json": job_doc}, {"GOMAXPROCS": "2"}, limits)
+
+    async def _run_sql(
+        self, code: str, args: list[Any], sql: SqlExecutor | None, limits: Limits
+    ) -> Outcome:
+        if sql is None:
+            return Outcome.failed("unsupported", "SQL Functions need the workspace data store")
+        started = time.time()
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(limits.wall_seconds):
+                value = await sql(code, args)
+        except TimeoutError:
+            msg = f"wall-clock limit of {limits.wall_seconds:g} s exceeded"
+            return Outcome.failed(
+                "timeout", msg, status="timeout", started_at=started, finished_at=time.time()
+            )
+        except SqlError as exc:
+            return Outcome.failed(
+                "exception",
+                str(exc),
+                started_at=started,
+                finished_at=time.time(),
+                execution_duration_ms=int((time.monotonic() - t0) * 1000),
+            )
+        return Outcome(
+            status="succeeded",
+            return_value=value,
+            started_at=started,
+            finished_at=time.time(),
+            execution_duration_ms=int((time.monotonic() - t0) * 1000),
+        )
+
+    async def _go_binary(self, code: str, entry: str) -> Path | Outcome:
+        """Compile (or reuse) the binary for this code + entry."""
+        if not re.search(r"^\s*package\s+main\b", code, re.M):
+            code = "package main\n\n" + code
+        key = hashlib.sha256(f"{entry}\0{code}".encode()).hexdigest()[:32]
+        bin_dir = self.settings.cache_dir / "go-bin"
+        binary = bin_dir / f"{key}.bin"
+        lock = self._go_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if binary.exists():
+                return binary
+            return await self._go_build(code, entry, binary)
+
+    async def _go_build(self, code: str, entry: str, binary: Path) -> Path | Outcome:
+        cache = self.settings.cache_dir.resolve()
+        for sub in ("gocache", "gopath", "go-bin"):
+            (cache / sub).mkdir(parents=True, exist_ok=True)
+        wrapper = (RUNTIME_DIR / "go_main.go").read_text().replace("__ENTRY__", entry)
+        files = {
+            "src/go.mod": "module userfn\n\ngo 1.19\n",
+            "src/user.go": code,
+            "src/chainstate_main.go": wrapper,
+        }
+        limits = Limits(
+            wall_seconds=self.settings.go_build_seconds,
+            cpu_seconds=int(self.settings.go_build_seconds) * 2,
+            memory_bytes=self.settings.go_build_memory_bytes,
+            file_size_bytes=256 * 1024 * 1024,
+            open_files=1024,
+        )
+        env = {
+            "GOCACHE": str(cache / "gocache"),
+            "GOPATH": str(cache / "gopath"),
+            "GOPROXY": "off",
+            "GOFLAGS": "-mod=mod",
+            "GOTOOLCHAIN": "local",
+            "CGO_ENABLED": "0",
+        }
+        argv = [self.settings.go, "build", "-trimpath", "-o", "../fn.bin", "."]
+        job = Job(argv, files, env, limits, subdir="src")
+        sp = await self.sandbox.start(job, uid=None)  # the compiler runs no user code
+        try:
+            result = await sp.wait()
+            built = sp.workdir / "fn.bin"
+            if result.exit_code == 0 and built.exists():
+                tmp = binary.with_suffix(f".{os.getpid()}.tmp")
+                shutil.copyfile(built, tmp)
+                tmp.chmod(0o755)
+                tmp.replace(binary)
+                return binary
+        finally:
+            self.sandbox.cleanup(sp)
+        text = result.output.decode("utf-8", errors="replace")
+        if result.reason == "timeout":
+            return Outcome.failed("timeout", "go build timed out", status="timeout", text=text)
+        text = text.replace(str(sp.workdir / "src") + "/", "")
+        return Outcome.failed(
+            "compile_error", _first_line(text) or "go build failed", error_stack=text, text=text
+        )
+
+
+def _site_packages() -> str:
+    paths = sysconfig.get_paths()
+    return os.pathsep.join(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip() and not line.startswith("#"):
+            return line.strip()
+    return ""

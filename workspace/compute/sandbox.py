@@ -1,0 +1,514 @@
+"""Isolated subprocess runs for user code (Functions and Notebook instances).
+
+Every run is a subprocess with a clean environment, its own temp dir (removed afterwards),
+rlimits (CPU seconds, data memory, file size, open files, processes), a wall-clock limit,
+output captured while streaming with a cap, and the network off through a new network
+namespace. What the machine allows is probed once at start (`probe_isolation`) and reported;
+a missing isolation feature is logged as a warning and shown in `Isolation.as_dict()`, never
+skipped silently. When running as root each concurrent run gets its own unprivileged uid, so
+`RLIMIT_NPROC` bounds a fork bomb and every leftover process of a run can be swept by uid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import resource
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+log = logging.getLogger("workspace.compute.sandbox")
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+RESULT_FD_ENV = "CHAINSTATE_RESULT_FD"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-run limits; every field is a documented setting (docs/compute.md)."""
+
+    wall_seconds: float = 10.0  # wall clock from spawn to kill
+    cpu_seconds: int = 10  # RLIMIT_CPU (SIGXCPU, then SIGKILL one second later)
+    memory_bytes: int = 512 * MiB  # RLIMIT_DATA: heap/anonymous memory (Go/Node start fine)
+    file_size_bytes: int = 16 * MiB  # RLIMIT_FSIZE: largest file the run may write
+    open_files: int = 256  # RLIMIT_NOFILE
+    processes: int = 64  # RLIMIT_NPROC for the run's own uid (threads count too)
+    output_bytes: int = 256 * KiB  # stdout+stderr kept in the record
+    output_hard_bytes: int | None = 16 * MiB  # more than this in total kills the run
+    result_bytes: int = 8 * MiB  # largest JSON result accepted on the result fd
+    cpu_percent: int | None = None  # 100 = one vCPU; enforced through a cpu cgroup
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What this machine lets the sandbox do, probed once at start."""
+
+    network: str  # "netns" (root), "userns+netns" (unprivileged) or "none"
+    drop_uid: bool  # runs get their own uid (needs root)
+    cpu_cgroup: str | None  # parent cgroup folder used for max_cpu, or None
+    cgroup_version: int | None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def network_isolated(self) -> bool:
+        return self.network != "none"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "network": self.network,
+            "network_isolated": self.network_isolated,
+            "per_run_uid": self.drop_uid,
+            "cpu_quota": self.cpu_cgroup is not None,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass
+class Job:
+    """One process to run: argv, files to place in its temp dir, extra environment."""
+
+    argv: list[str]
+    files: Mapping[str, bytes | str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
+    subdir: str | None = None  # working directory inside the temp dir
+
+
+@dataclass
+class RunResult:
+    """What happened to one run, in the sandbox's terms (the record builder maps it)."""
+
+    exit_code: int | None
+    signal: int | None
+    reason: str | None  # timeout | output_limit | canceled | memory_watchdog | None
+    output: bytes
+    output_size: int
+    output_truncated: bool
+    result: bytes | None
+    result_too_large: bool
+    started_at: float
+    finished_at: float
+    duration_ms: int
+    queue_wait_ms: int = 0
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _unshare(flags: int) -> None:
+    if _libc().unshare(flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _probe_child(flags: int) -> bool:
+    """Fork a throwaway child that tries unshare(flags); True when it worked."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            _unshare(flags)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def _probe_cgroup() -> tuple[str | None, int | None, str]:
+    """Find a writable cpu controller (v2 unified root or v1 `cpu` hierarchy)."""
+    v2 = Path("/sys/fs/cgroup")
+    candidates: list[tuple[Path, int, str]] = []
+    if (v2 / "cgroup.controllers").exists() and "cpu" in (v2 / "cgroup.controllers").read_text():
+        candidates.append((v2, 2, "cpu.max"))
+    candidates.append((v2 / "cpu", 1, "cpu.cfs_quota_us"))
+    for root, version, knob in candidates:
+        if not root.is_dir():
+            continue
+        folder = root / f"chainstate-{os.getpid()}"
+        try:
+            folder.mkdir(exist_ok=True)
+            if version == 2:
+                with contextlib.suppress(OSError):
+                    (v2 / "cgroup.subtree_control").write_text("+cpu")
+                    (folder / "cgroup.subtree_control").write_text("+cpu")
+            if (folder / knob).exists() or version == 2:
+                return str(folder), version, f"cpu quota through cgroup v{version} at {folder}"
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+            last = f"cgroup v{version} cpu not writable: {exc.strerror}"
+            continue
+    return None, None, locals().get("last", "no cpu cgroup controller found")
+
+
+def probe_isolation(use_cgroups: bool = True) -> Isolation:
+    """Detect network namespaces, uid dropping and the cpu cgroup once; log the outcome."""
+    notes: list[str] = []
+    root = os.geteuid() == 0
+    if root and _probe_child(CLONE_NEWNET):
+        network = "netns"
+    elif _probe_child(CLONE_NEWUSER | CLONE_NEWNET):
+        network = "userns+netns"
+    else:
+        network = "none"
+        notes.append("network namespaces unavailable: user code can reach the network")
+    if not root:
+        notes.append("not root: runs share this user's uid and RLIMIT_NPROC budget")
+    cgroup, version, note = _probe_cgroup() if use_cgroups else (None, None, "cgroups disabled")
+    if cgroup is None:
+        notes.append(f"max_cpu not enforced: {note}")
+    iso = Isolation(network, root, cgroup, version, tuple(notes))
+    level = logging.WARNING if notes else logging.INFO
+    log.log(level, "sandbox isolation probed", extra={"isolation": iso.as_dict()})
+    return iso
+
+
+def release_isolation(iso: Isolation) -> None:
+    """Remove the parent cgroup folder created by the probe (empty by then)."""
+    if iso.cpu_cgroup:
+        with contextlib.suppress(OSError):
+            Path(iso.cpu_cgroup).rmdir()
+
+
+class UidPool:
+    """Unprivileged uids handed to concurrent runs, one each, so runs never share one."""
+
+    def __init__(self, base: int, count: int) -> None:
+        self._free = list(range(base, base + count))
+
+    def acquire(self) -> int:
+        if not self._free:
+            raise RuntimeError("no free sandbox uid")
+        return self._free.pop(0)
+
+    def release(self, uid: int) -> None:
+        self._free.append(uid)
+
+
+class SandboxProcess:
+    """A spawned run: streams output to a callback, keeps a capped copy, can be killed."""
+
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        job: Job,
+        workdir: Path,
+        uid: int | None,
+        cgroup: Path | None,
+        result_reader: asyncio.StreamReader,
+        on_output: Callable[[bytes], None] | None,
+    ) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.job = job
+        self.workdir = workdir
+        self.uid = uid
+        self.cgroup = cgroup
+        self.started_at = time.time()
+        self._t0 = time.monotonic()
+        self._result_reader = result_reader
+        self._on_output = on_output
+        self._kept = bytearray()
+        self._size = 0
+        self.reason: str | None = None
+        self._out_task = asyncio.ensure_future(self._pump_output())
+        self._res_task = asyncio.ensure_future(self._read_result())
+
+    async def _pump_output(self) -> None:
+        assert self.proc.stdout is not None
+        limits = self.job.limits
+        while chunk := await self.proc.stdout.read(64 * KiB):
+            self._size += len(chunk)
+            room = limits.output_bytes - len(self._kept)
+            if room > 0:
+                self._kept += chunk[:room]
+            if self._on_output is not None:
+                self._on_output(chunk)
+            if limits.output_hard_bytes is not None and self._size > limits.output_hard_bytes:
+                self.kill("output_limit")
+
+    async def _read_result(self) -> tuple[bytes | None, bool]:
+        cap = self.job.limits.result_bytes
+        data = bytearray()
+        while chunk := await self._result_reader.read(64 * KiB):
+            if len(data) + len(chunk) > cap:
+                return None, True
+            data += chunk
+        return (bytes(data) if data else None), False
+
+    def processes(self) -> list[psutil.Process]:
+        """The run's live processes (the main one and every descendant)."""
+        try:
+            main = psutil.Process(self.pid)
+            return [main, *main.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def kill(self, reason: str) -> None:
+        """Kill the run and everything it started; the first reason given is kept."""
+        if self.reason is None:
+            self.reason = reason
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        _sweep(self.pid, self.uid)
+
+    async def wait(self, wall_seconds: float | None = None) -> RunResult:
+        """Wait for exit (killing at the wall clock), then collect output and result."""
+        limit = self.job.limits.wall_seconds if wall_seconds is None else wall_seconds
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout=limit)
+        except TimeoutError:
+            self.kill("timeout")
+            await self.proc.wait()
+        except asyncio.CancelledError:
+            self.kill("canceled")
+            await asyncio.shield(self.proc.wait())
+            raise
+        _sweep(self.pid, self.uid)  # leftovers (daemonized children) die with the run
+        finished = time.time()
+        duration_ms = int((time.monotonic() - self._t0) * 1000)
+        for task in (self._out_task, self._res_task):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), timeout=2.0)
+        result, too_large = self._res_task.result() if self._res_task.done() else (None, False)
+        self._out_task.cancel()
+        self._res_task.cancel()
+        code = self.proc.returncode
+        return RunResult(
+            exit_code=code if code is not None and code >= 0 else None,
+            signal=-code if code is not None and code < 0 else None,
+            reason=self.reason,
+            output=bytes(self._kept),
+            output_size=self._size,
+            output_truncated=self._size > len(self._kept),
+            result=result,
+            result_too_large=too_large,
+            started_at=self.started_at,
+            finished_at=finished,
+            duration_ms=duration_ms,
+        )
+
+
+def _sweep(pid: int, uid: int | None) -> None:
+    """SIGKILL the process tree and, with a private uid, every process of that uid."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+    if uid is None:
+        return
+    for _ in range(20):  # a fork bomb keeps forking while we kill; repeat until none remain
+        found = False
+        for p in psutil.process_iter(["uids"]):
+            uids = p.info.get("uids")
+            if uids is not None and uids.real == uid:
+                found = True
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+        if not found:
+            return
+
+
+def _check_traversable(path: Path) -> None:
+    """Runs use other uids: every existing ancestor of the work root must be searchable."""
+    for folder in [path, *path.parents]:
+        if folder.exists() and not folder.stat().st_mode & 0o001:
+            raise ValueError(f"sandbox work root {path}: {folder} is not searchable by others")
+
+
+def _prepare_workdir(workdir: Path, files: Mapping[str, bytes | str], uid: int | None) -> None:
+    """Write the job's files and hand the folder to the run's uid."""
+    for name, content in files.items():
+        target = workdir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content.encode() if isinstance(content, str) else content)
+    if uid is not None:
+        for path in [workdir, *workdir.rglob("*")]:
+            os.chown(path, uid, uid)
+        workdir.chmod(0o700)
+
+
+class Sandbox:
+    """Spawns isolated runs. One per server; `isolation` says what is enforced."""
+
+    def __init__(
+        self,
+        isolation: Isolation,
+        work_root: Path | None = None,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.isolation = isolation
+        self.work_root = Path(work_root or Path(tempfile.gettempdir()) / "chainstate-sandbox")
+        self.base_env = dict(base_env or {"PATH": "/usr/local/bin:/usr/bin:/bin"})
+        if isolation.drop_uid:
+            _check_traversable(self.work_root)
+
+    async def start(
+        self,
+        job: Job,
+        uid: int | None = None,
+        on_output: Callable[[bytes], None] | None = None,
+    ) -> SandboxProcess:
+        """Create the temp dir, write the job's files and spawn the process."""
+        uid = uid if self.isolation.drop_uid else None
+        if not self.work_root.is_dir():
+            self.work_root.mkdir(parents=True, exist_ok=True)
+            self.work_root.chmod(0o711)  # each run's uid must reach its own folder
+        workdir = Path(tempfile.mkdtemp(prefix="run-", dir=self.work_root))
+        try:
+            _prepare_workdir(workdir, job.files, uid)
+            cgroup = self._make_cgroup(job.limits.cpu_percent)
+            r_fd, w_fd = os.pipe()
+            env = {
+                **self.base_env,
+                "HOME": str(workdir),
+                "TMPDIR": str(workdir),
+                "LANG": "C.UTF-8",
+                RESULT_FD_ENV: str(w_fd),
+                **job.env,
+            }
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *job.argv,
+                    cwd=workdir / job.subdir if job.subdir else workdir,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.STDOUT,
+                    pass_fds=(w_fd,),
+                    preexec_fn=self._preexec(job.limits, uid, cgroup),
+                    limit=64 * KiB,
+                )
+            finally:
+                os.close(w_fd)
+            reader = asyncio.StreamReader(limit=64 * KiB)
+            loop = asyncio.get_running_loop()
+            await loop.connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(r_fd, "rb", 0)
+            )
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        return SandboxProcess(proc, job, workdir, uid, cgroup, reader, on_output)
+
+    async def run(self, job: Job, uid: int | None = None) -> RunResult:
+        """Start, wait (wall clock enforced) and clean up one run."""
+        sp = await self.start(job, uid)
+        try:
+            return await sp.wait()
+        finally:
+            self.cleanup(sp)
+
+    def cleanup(self, sp: SandboxProcess) -> None:
+        """Remove the run's temp dir and cgroup once it has ended."""
+        _sweep(sp.pid, sp.uid)
+        shutil.rmtree(sp.workdir, ignore_errors=True)
+        if sp.cgroup is not None:
+            for _ in range(50):
+                try:
+                    sp.cgroup.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+    def _make_cgroup(self, cpu_percent: int | None) -> Path | None:
+        if cpu_percent is None or self.isolation.cpu_cgroup is None:
+            return None
+        folder = Path(self.isolation.cpu_cgroup) / f"run-{uuid.uuid4().hex[:12]}"
+        folder.mkdir()
+        period = 100_000
+        quota = max(1000, cpu_percent * period // 100)
+        if self.isolation.cgroup_version == 2:
+            (folder / "cpu.max").write_text(f"{quota} {period}")
+        else:
+            (folder / "cpu.cfs_period_us").write_text(str(period))
+            (folder / "cpu.cfs_quota_us").write_text(str(quota))
+        return folder
+
+    def _preexec(self, limits: Limits, uid: int | None, cgroup: Path | None) -> Callable[[], None]:
+        network = self.isolation.network
+
+        def setup() -> None:  # runs in the child between fork and exec
+            os.setsid()
+            if cgroup is not None:
+                with open(cgroup / "cgroup.procs", "w") as fh:
+                    fh.write(str(os.getpid()))
+            cpu = max(1, int(limits.cpu_seconds))
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+            resource.setrlimit(resource.RLIMIT_DATA, (limits.memory_bytes, limits.memory_bytes))
+            size = limits.file_size_bytes
+            resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if network == "netns":
+                _unshare(CLONE_NEWNET)
+            elif network == "userns+netns":
+                _unshare(CLONE_NEWUSER | CLONE_NEWNET)
+            if uid is not None:
+                resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+
+        return setup
+
+
+class QueueFull(Exception):
+    """More runs are waiting than the pool's queue allows."""
+
+
+class WorkerPool:
+    """Bounds concurrent runs and measures how long each waited for a slot."""
+
+    def __init__(self, workers: int, max_queue: int, uids: UidPool) -> None:
+        self.workers = workers
+        self.max_queue = max_queue
+        self._sem = asyncio.Semaphore(workers)
+        self._uids = uids
+        self.waiting = 0
+        self.running = 0
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[tuple[int, int]]:
+        """Yield (uid, queue_wait_ms); raise QueueFull when too many are waiting."""
+        if self._sem.locked() and self.waiting >= self.max_queue:
+            raise QueueFull(f"{self.waiting} runs already waiting for a worker")
+        t0 = time.monotonic()
+        self.waiting += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self.waiting -= 1
+        wait_ms = int((time.monotonic() - t0) * 1000)
+        uid = self._uids.acquire()
+        self.running += 1
+        try:
+            yield uid, wait_ms
+        finally:
+            self.running -= 1
+            self._uids.release(uid)
+            self._sem.release()
+
+
+def with_limits(limits: Limits, **changes: Any) -> Limits:
+    """A copy of `limits` with some fields changed (None values are ignored)."""
+    return replace(limits, **{k: v for k, v in changes.items() if v is not None})
