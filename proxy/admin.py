@@ -1,0 +1,523 @@
+"""The admin API: pools, nodes, weights, method routes, mirrors, writers, version mode.
+
+Its own route table, served on the data port or on a separate listener (`admin_port`), and
+optionally behind `Authorization: Bearer <admin_token>`. Persisted changes are written to the
+store and the call returns once the watch has applied them (the one code path that changes
+routing state); in-memory local nodes are changed directly. docs/admin-api.md documents
+every body and answer.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from chainstate.blockref import parse_block_ctx
+from chainstate.jsonrpc import JsonRpcError
+from proxy.engine import Engine
+from proxy.model import (
+    EntryError,
+    MirrorEntry,
+    Node,
+    NodeEntry,
+    Pool,
+    RouteRule,
+    WriterEntry,
+    check_key,
+    check_method,
+    check_version,
+    check_weight,
+    mirror_id,
+    normalize_chain,
+    normalize_pool,
+)
+from proxy.select import NoEligibleNode
+from proxy.settings import ProxySettings
+from proxy.state import RoutingState
+from proxy.store import ConfigStore, StoreUnavailable
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MAX_ADMIN_BODY = 64 * 1024  # admin bodies are small objects
+
+
+class AdminError(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def reply(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
+
+
+class AdminApi:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        state: RoutingState,
+        store: ConfigStore,
+        engine: Engine,
+    ) -> None:
+        self.settings = settings
+        self.state = state
+        self.store = store
+        self.engine = engine
+        self.token = settings.admin_token
+
+    # ---- plumbing ------------------------------------------------------------------------
+
+    def routes(self) -> list[web.RouteDef]:
+        g, p = self._get, self._post
+        return [
+            g("/getChains", self.get_chains),
+            g("/{pool}/getAllNodes", self.get_all_nodes),
+            g("/{pool}/debug_chooseOneNode", self.debug_choose),
+            p("/{pool}/addNode", self.add_node),
+            p("/{pool}/updateNode/{key}", self.update_node),
+            p("/{pool}/deleteNode/{key}", self.delete_node),
+            p("/{pool}/addLocalNode", self.add_local_node),
+            p("/{pool}/deleteLocalNode/{key}", self.delete_local_node),
+            p("/{pool}/setWeight", self.set_weight),
+            g("/{pool}/getWeight", self.get_weight),
+            p("/{pool}/deleteWeight", self.delete_weight),
+            g("/{pool}/getMethodRoutes", self.get_routes),
+            p("/{pool}/addMethodRoute", self.add_route),
+            p("/{pool}/removeMethodRoute", self.remove_route),
+            p("/{pool}/deleteMethodRoute/{method}", self.delete_method_route),
+            g("/{pool}/getMirrors", self.get_mirrors),
+            p("/{pool}/addMirror", self.add_mirror),
+            p("/{pool}/deleteMirror", self.delete_mirror),
+            p("/{pool}/deleteAllMirrors", self.delete_all_mirrors),
+            g("/{pool}/writers", self.get_writers),
+            g("/{pool}/writers/leader", self.get_leader),
+            p("/{pool}/writers/switchLeader", self.switch_leader),
+            p("/{pool}/writers/addWriter", self.add_writer),
+            p("/{pool}/writers/deleteWriter/{key}", self.delete_writer),
+            g("/{pool}/getVersion", self.get_version),
+            p("/{pool}/setVersion", self.set_version),
+        ]
+
+    def _get(self, path: str, handler: Handler) -> web.RouteDef:
+        return web.get(path, self._guard(handler), allow_head=False)
+
+    def _post(self, path: str, handler: Handler) -> web.RouteDef:
+        return web.post(path, self._guard(handler))
+
+    def _guard(self, handler: Handler) -> Handler:
+        """Token check and error mapping shared by every admin handler."""
+
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            if self.token is not None and not self._authorized(request):
+                return reply({"error": "admin token required: Authorization: Bearer <token>"}, 401)
+            try:
+                return await handler(request)
+            except AdminError as exc:
+                return reply({"error": exc.reason}, exc.status)
+            except EntryError as exc:
+                return reply({"error": str(exc)}, 400)
+            except StoreUnavailable as exc:
+                return reply({"error": f"config store unavailable, nothing changed: {exc}"}, 503)
+
+        return guarded
+
+    def _authorized(self, request: web.Request) -> bool:
+        header = request.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            return False
+        return hmac.compare_digest(given.strip().encode(), (self.token or "").encode())
+
+    @staticmethod
+    def _pool_id(request: web.Request) -> str:
+        raw = request.match_info["pool"]
+        pool_id = normalize_pool(raw)
+        if pool_id is None:
+            raise AdminError(
+                400, f"{raw!r} is not a chain id or pool id (e.g. 1337, 0x539, 1-blue)"
+            )
+        return pool_id
+
+    def _pool(self, request: web.Request) -> Pool:
+        pool_id = self._pool_id(request)
+        pool = self.state.pools.get(pool_id)
+        if pool is None:
+            raise AdminError(404, f"unknown pool {pool_id}")
+        return pool
+
+    @staticmethod
+    async def _body(request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        if len(raw) > MAX_ADMIN_BODY:
+            raise AdminError(413, f"body larger than {MAX_ADMIN_BODY} bytes")
+        if not raw.strip():
+            return {}
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise AdminError(400, f"body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise AdminError(400, "body must be a JSON object")
+        return body
+
+    async def _put(self, key: str, obj: Any) -> int:
+        self._check_store()
+        return await self._applied(await self.store.put(key, orjson.dumps(obj)))
+
+    async def _delete(self, key: str) -> int:
+        self._check_store()
+        return await self._applied(await self.store.delete(key))
+
+    async def _delete_prefix(self, prefix: str) -> int:
+        self._check_store()
+        return await self._applied(await self.store.delete_prefix(prefix))
+
+    def _check_store(self) -> None:
+        if not self.store.available:
+            raise StoreUnavailable("the store does not answer")
+
+    async def _applied(self, revision: int) -> int:
+        if not await self.state.wait_applied(revision, self.settings.admin_apply_timeout):
+            raise AdminError(
+                504,
+                f"written at revision {revision} but not applied within "
+                f"{self.settings.admin_apply_timeout}s (admin_apply_timeout)",
+            )
+        return revision
+
+    # ---- chains and nodes ----------------------------------------------------------------
+
+    async def get_chains(self, request: web.Request) -> web.Response:
+        chains = []
+        for chain in self.state.chains():
+            active = self.state.pool_for_chain(chain)
+            pools = sorted(p for p in self.state.pools if p.partition("-")[0] == chain)
+            chains.append(
+                {
+                    "chain": chain,
+                    "version": self.state.versions.get(chain),
+                    "active_pool": active.id if active else None,
+                    "pools": pools,
+                    "head": active.head() if active else None,
+                    "nodes": len(active.readers) if active else 0,
+                }
+            )
+        return reply({"chains": chains})
+
+    async def get_all_nodes(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        return reply(
+            {"pool": pool.id, "head": pool.head(), "nodes": [n.to_obj() for n in pool.readers]}
+        )
+
+    async def debug_choose(self, request: web.Request) -> web.Response:
+        q = request.query
+        raw_pool = request.match_info["pool"]
+        method = q.get("method", "eth_call")
+        resolved = self.engine.resolve(raw_pool)
+        if resolved is None:
+            raise AdminError(404, f"unknown chain or pool {raw_pool!r}")
+        _, pool = resolved
+        try:
+            spec = self.engine.methods.spec(method)
+            ref = None
+            if "block" in q or "type" in q:
+                kind = q.get("type", "Equals")
+                block = q.get("block", "latest")
+                if kind not in ("Equals", "Contains"):
+                    raise AdminError(400, 'type must be "Equals" or "Contains"')
+                ref = parse_block_ctx({"block_id": block, "type": kind})
+        except JsonRpcError as exc:
+            raise AdminError(400, exc.message) from None
+        need = self.engine.selector.need(pool, ref)
+        answer: dict[str, Any] = {
+            "pool": pool.id,
+            "method": method,
+            "block": None if ref is None else ref.describe(),
+            "type": None if ref is None else ("Contains" if ref.contains else "Equals"),
+            "kind": "writer" if spec.writer else need.kind,
+        }
+        try:
+            choice = self.engine.selector.choose(pool, method, spec, ref)
+        except NoEligibleNode as exc:
+            return reply({**answer, "node": None, "reason": exc.message})
+        return reply({**answer, "node": choice.node.to_obj(), "reason": choice.reason})
+
+    async def add_node(self, request: web.Request) -> web.Response:
+        pool_id = self._pool_id(request)
+        entry = NodeEntry.from_obj(await self._body(request), self.settings.max_weight)
+        pool = self.state.pools.get(pool_id)
+        if pool is not None and pool.find(entry.key) is not None:
+            raise AdminError(409, f"node {entry.key} already exists in pool {pool_id}")
+        await self._put(f"pools/{pool_id}/nodes/{entry.key}", entry.to_obj())
+        return reply({"pool": pool_id, "node": self._node(pool_id, entry.key)}, 201)
+
+    def _node(self, pool_id: str, key: str) -> dict[str, Any] | None:
+        pool = self.state.pools.get(pool_id)
+        node = pool.find(key) if pool else None
+        return node.to_obj() if node else None
+
+    async def update_node(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        key = request.match_info["key"]
+        node = pool.find(key)
+        if node is None:
+            raise AdminError(404, f"unknown node {key} in pool {pool.id}")
+        body = await self._body(request)
+        if body.get("key", key) != key:
+            raise AdminError(400, "key cannot change; delete the node and add it again")
+        if not body:
+            raise AdminError(400, "nothing to update: send url, kind, weight and/or enabled")
+        entry = NodeEntry.from_obj({**node.entry.to_obj(), **body}, self.settings.max_weight)
+        if node.local:
+            pool.local[key] = _renewed(node, entry)
+            pool.rebuild()
+        else:
+            await self._put(f"pools/{pool.id}/nodes/{key}", entry.to_obj())
+        return reply({"pool": pool.id, "node": self._node(pool.id, key)})
+
+    async def delete_node(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        key = request.match_info["key"]
+        if key not in pool.nodes:
+            hint = " (it is a local node: use deleteLocalNode)" if key in pool.local else ""
+            raise AdminError(404, f"unknown node {key} in pool {pool.id}{hint}")
+        await self._delete(f"pools/{pool.id}/nodes/{key}")
+        if key in pool.weights:
+            await self._delete(f"pools/{pool.id}/weights/{key}")
+        return reply({"pool": pool.id, "deleted": key})
+
+    async def add_local_node(self, request: web.Request) -> web.Response:
+        pool_id = self._pool_id(request)
+        entry = NodeEntry.from_obj(await self._body(request), self.settings.max_weight)
+        pool = self.state.pool(pool_id, create=True)
+        assert pool is not None
+        if pool.find(entry.key) is not None:
+            raise AdminError(409, f"node {entry.key} already exists in pool {pool_id}")
+        pool.local[entry.key] = Node(entry, local=True)
+        pool.rebuild()
+        return reply({"pool": pool_id, "node": pool.local[entry.key].to_obj()}, 201)
+
+    async def delete_local_node(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        key = request.match_info["key"]
+        if key not in pool.local:
+            raise AdminError(404, f"unknown local node {key} in pool {pool.id}")
+        del pool.local[key]
+        pool.rebuild()
+        if pool.empty:
+            self.state.pools.pop(pool.id, None)
+        return reply({"pool": pool.id, "deleted": key})
+
+    # ---- weights -------------------------------------------------------------------------
+
+    async def set_weight(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        body = await self._body(request)
+        key = check_key(body.get("key"), "key")
+        weight = check_weight(body.get("weight"), self.settings.max_weight)
+        if set(body) - {"key", "weight"}:
+            raise AdminError(400, 'setWeight takes {"key", "weight"} only')
+        if pool.find(key) is None:
+            raise AdminError(404, f"unknown node {key} in pool {pool.id}")
+        await self._put(f"pools/{pool.id}/weights/{key}", {"weight": weight})
+        return reply({"pool": pool.id, **self._weight(pool, key)})
+
+    @staticmethod
+    def _weight(pool: Pool, key: str) -> dict[str, Any]:
+        node = pool.find(key)
+        base = node.entry.weight if node else None
+        override = pool.weights.get(key)
+        effective = override if override is not None else base
+        return {"key": key, "weight": effective, "base": base, "override": override}
+
+    async def get_weight(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        key = request.query.get("key")
+        if key is None:
+            return reply(
+                {"pool": pool.id, "weights": [self._weight(pool, n.key) for n in pool.readers]}
+            )
+        if pool.find(key) is None:
+            raise AdminError(404, f"unknown node {key} in pool {pool.id}")
+        return reply({"pool": pool.id, **self._weight(pool, key)})
+
+    async def delete_weight(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        key = check_key((await self._body(request)).get("key"), "key")
+        if key not in pool.weights:
+            raise AdminError(404, f"no weight override for {key} in pool {pool.id}")
+        await self._delete(f"pools/{pool.id}/weights/{key}")
+        return reply({"pool": pool.id, **self._weight(pool, key)})
+
+    # ---- method routes -------------------------------------------------------------------
+
+    async def get_routes(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        routes = {m: [r.to_obj() for r in rules] for m, rules in sorted(pool.routes.items())}
+        return reply({"pool": pool.id, "routes": routes})
+
+    async def add_route(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        rule = RouteRule.from_obj(await self._body(request))
+        if rule.method not in self.engine.methods.specs:
+            raise AdminError(400, f"method {rule.method} is not served by the proxy")
+        if self.engine.methods.spec(rule.method).writer:
+            raise AdminError(400, f"{rule.method} always goes to the Leader write node")
+        missing = [k for k in rule.nodes or () if pool.find(k) is None]
+        if missing:
+            raise AdminError(400, f"unknown node(s) {missing} in pool {pool.id}")
+        rules = list(pool.routes.get(rule.method, []))
+        if rule not in rules:
+            rules.append(rule)
+            await self._put(f"pools/{pool.id}/routes/{rule.method}", [r.to_obj() for r in rules])
+        return reply({"pool": pool.id, "method": rule.method, "rules": [r.to_obj() for r in rules]})
+
+    async def remove_route(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        rule = RouteRule.from_obj(await self._body(request))
+        rules = list(pool.routes.get(rule.method, []))
+        if rule not in rules:
+            raise AdminError(404, f"no such rule for {rule.method} in pool {pool.id}")
+        rules.remove(rule)
+        key = f"pools/{pool.id}/routes/{rule.method}"
+        if rules:
+            await self._put(key, [r.to_obj() for r in rules])
+        else:
+            await self._delete(key)
+        return reply({"pool": pool.id, "method": rule.method, "rules": [r.to_obj() for r in rules]})
+
+    async def delete_method_route(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        method = check_method(request.match_info["method"])
+        if method not in pool.routes:
+            raise AdminError(404, f"no rules for {method} in pool {pool.id}")
+        await self._delete(f"pools/{pool.id}/routes/{method}")
+        return reply({"pool": pool.id, "method": method, "rules": []})
+
+    # ---- mirrors -------------------------------------------------------------------------
+
+    async def get_mirrors(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        return reply({"pool": pool.id, "mirrors": [m.to_obj() for m in pool.mirrors.values()]})
+
+    async def add_mirror(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        mirror = MirrorEntry.from_obj(await self._body(request))
+        existed = mirror.id in pool.mirrors
+        await self._put(f"pools/{pool.id}/mirrors/{mirror.id}", mirror.to_obj())
+        return reply({"pool": pool.id, "mirror": mirror.to_obj()}, 200 if existed else 201)
+
+    async def delete_mirror(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        body = await self._body(request)
+        if "id" in body:
+            mid = body["id"]
+        elif isinstance(body.get("url"), str):
+            mid = mirror_id(body["url"])
+        else:
+            raise AdminError(400, 'deleteMirror needs {"url"} or {"id"}')
+        if mid not in pool.mirrors:
+            raise AdminError(404, f"no such mirror in pool {pool.id}")
+        await self._delete(f"pools/{pool.id}/mirrors/{mid}")
+        return reply({"pool": pool.id, "deleted": mid})
+
+    async def delete_all_mirrors(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        count = len(pool.mirrors)
+        if count:
+            await self._delete_prefix(f"pools/{pool.id}/mirrors/")
+        return reply({"pool": pool.id, "deleted": count})
+
+    # ---- writers -------------------------------------------------------------------------
+
+    @staticmethod
+    def _writer(pool: Pool, node: Node) -> dict[str, Any]:
+        return {"key": node.key, "url": node.entry.url, "leader": pool.leader == node.key}
+
+    async def get_writers(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        writers = [self._writer(pool, n) for n in pool.writers.values()]
+        return reply({"pool": pool.id, "leader": pool.leader, "writers": writers})
+
+    async def get_leader(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        leader = pool.leader_node()
+        if leader is None:
+            raise AdminError(404, f"pool {pool.id} has no Leader write node")
+        return reply({"pool": pool.id, "leader": self._writer(pool, leader)})
+
+    async def switch_leader(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        key = check_key((await self._body(request)).get("key"), "key")
+        if key not in pool.writers:
+            raise AdminError(404, f"unknown writer {key} in pool {pool.id}")
+        previous = pool.leader
+        await self._put(f"pools/{pool.id}/leader", {"key": key})
+        leader = self._writer(pool, pool.writers[key])
+        return reply({"pool": pool.id, "previous": previous, "leader": leader})
+
+    async def add_writer(self, request: web.Request) -> web.Response:
+        pool_id = self._pool_id(request)
+        body = await self._body(request)
+        leader = body.pop("leader", False)
+        if not isinstance(leader, bool):
+            raise AdminError(400, "leader must be true or false")
+        writer = WriterEntry.from_obj(body)
+        pool = self.state.pools.get(pool_id)
+        if pool is not None and writer.key in pool.writers:
+            raise AdminError(409, f"writer {writer.key} already exists in pool {pool_id}")
+        await self._put(f"pools/{pool_id}/writers/{writer.key}", writer.to_obj())
+        if leader:
+            await self._put(f"pools/{pool_id}/leader", {"key": writer.key})
+        pool = self.state.pools[pool_id]
+        return reply({"pool": pool_id, "writer": self._writer(pool, pool.writers[writer.key])}, 201)
+
+    async def delete_writer(self, request: web.Request) -> web.Response:
+        pool = self._pool(request)
+        key = request.match_info["key"]
+        if key not in pool.writers:
+            raise AdminError(404, f"unknown writer {key} in pool {pool.id}")
+        if pool.leader == key:
+            raise AdminError(409, f"{key} is the Leader: switch the Leader first")
+        await self._delete(f"pools/{pool.id}/writers/{key}")
+        return reply({"pool": pool.id, "deleted": key})
+
+    # ---- version mode --------------------------------------------------------------------
+
+    def _chain(self, request: web.Request) -> str:
+        raw = request.match_info["pool"]
+        chain = normalize_chain(raw)
+        if chain is None:
+            raise AdminError(400, f"{raw!r} is not a chain id (version mode is per chain)")
+        return chain
+
+    async def get_version(self, request: web.Request) -> web.Response:
+        chain = self._chain(request)
+        version = self.state.versions.get(chain)
+        pool = self.state.pool_for_chain(chain)
+        return reply({"chain": chain, "version": version, "active_pool": pool.id if pool else None})
+
+    async def set_version(self, request: web.Request) -> web.Response:
+        chain = self._chain(request)
+        body = await self._body(request)
+        if set(body) != {"version"}:
+            raise AdminError(400, 'setVersion takes {"version": "<V>"} or {"version": null}')
+        if body["version"] is None:
+            await self._delete(f"{chain}/version")
+        else:
+            version = check_version(body["version"])
+            await self._put(f"{chain}/version", version)
+        return await self.get_version(request)
+
+
+def _renewed(node: Node, entry: NodeEntry) -> Node:
+    """The node with a changed entry; observations are kept while the URL stays the same."""
+    if node.entry.url == entry.url:
+        node.entry = entry
+        return node
+    return Node(entry, local=node.local)

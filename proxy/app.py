@@ -1,0 +1,177 @@
+"""The proxy's aiohttp application: data path, metrics, admin API and their lifecycle.
+
+`create_app` builds every part once per app (no globals): the routing state fed by the store,
+the upstream session, the selector, the engine, the head tracker and the mirror workers.
+Background work starts and stops through `cleanup_ctx`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from aiohttp import web
+from opentelemetry import trace
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from chainstate.config import ConfigError
+from chainstate.inproc import InprocRegistry
+from chainstate.jsonrpc import INVALID_REQUEST, dumps, error_response
+from proxy.admin import AdminApi
+from proxy.engine import Engine
+from proxy.health import HeadTracker
+from proxy.metrics import ProxyMetrics
+from proxy.mirror import Mirrors
+from proxy.model import EntryError
+from proxy.select import Selector
+from proxy.settings import ProxySettings
+from proxy.state import RoutingState
+from proxy.store import ConfigStore
+from proxy.sync import StoreSync
+from proxy.upstream import Upstream
+
+JSON = "application/json"
+
+
+@dataclass(slots=True)
+class Proxy:
+    """Every part of one proxy app."""
+
+    settings: ProxySettings
+    state: RoutingState
+    store: ConfigStore
+    upstream: Upstream
+    selector: Selector
+    metrics: ProxyMetrics
+    mirrors: Mirrors
+    engine: Engine
+    tracker: HeadTracker
+    sync: StoreSync
+    admin: AdminApi
+
+    @classmethod
+    def build(
+        cls,
+        settings: ProxySettings,
+        store: ConfigStore,
+        registry: InprocRegistry | None,
+        tracer: trace.Tracer | None,
+    ) -> Proxy:
+        s = settings
+        real_tracer = None if tracer is None or isinstance(tracer, trace.NoOpTracer) else tracer
+        state = RoutingState(max_weight=s.max_weight)
+        upstream = Upstream(registry, s.upstream_connections, s.upstream_keepalive)
+        selector = Selector(s.state_window, s.known_hashes)
+        metrics = ProxyMetrics(s.client_id_top_n)
+        mirrors = Mirrors(
+            upstream,
+            metrics,
+            real_tracer,
+            s.mirror_queue_size,
+            s.mirror_workers,
+            s.mirror_timeout,
+        )
+        engine = Engine(s, state, upstream, selector, metrics, mirrors, real_tracer)
+        metrics.watch_nodes(lambda: state.pools, lambda: engine.inflight)
+        tracker = HeadTracker(
+            lambda: state.pools,
+            upstream,
+            selector,
+            s.head_poll_interval,
+            s.poll_timeout,
+            s.unhealthy_after,
+        )
+        sync = StoreSync(store, state, s)
+        admin = AdminApi(s, state, store, engine)
+        return cls(
+            s, state, store, upstream, selector, metrics, mirrors, engine, tracker, sync, admin
+        )
+
+    async def lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
+        await self.upstream.start()
+        try:
+            try:
+                await self.sync.start()
+            except EntryError as exc:
+                raise ConfigError(f"[proxy] {exc}") from None
+            await self.mirrors.start()
+            await self.tracker.start()
+            yield
+        finally:
+            await self.tracker.close()
+            await self.mirrors.close()
+            await self.sync.close()
+            await self.upstream.close()
+
+
+PROXY = web.AppKey("proxy", Proxy)
+
+
+def get_proxy(app: web.Application) -> Proxy:
+    return app[PROXY]
+
+
+def get_engine(app: web.Application) -> Engine:
+    """The engine of a proxy app, for in-process forwarding:
+    `await get_engine(app).handle(chain_id, body, headers) -> (status, body)`."""
+    return app[PROXY].engine
+
+
+def _data_handler(proxy: Proxy):
+    engine = proxy.engine
+    max_body = proxy.settings.max_body_bytes
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        length = request.content_length
+        if length is not None and length > max_body:
+            msg = f"request body is {length} bytes, larger than max_body_bytes={max_body}"
+            body = dumps(error_response(None, INVALID_REQUEST, msg))
+            return web.Response(status=413, body=body, content_type=JSON)
+        status, out = await engine.handle(
+            request.match_info["chain"], await request.read(), request.headers
+        )
+        if status == 204:
+            return web.Response(status=204)
+        return web.Response(status=status, body=out, content_type=JSON)
+
+    return handle
+
+
+def _metrics_handler(proxy: Proxy):
+    registry = proxy.metrics.registry
+
+    async def handle(_request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    return handle
+
+
+def create_app(
+    settings: ProxySettings,
+    *,
+    store: ConfigStore,
+    registry: InprocRegistry | None = None,
+    tracer: trace.Tracer | None = None,
+) -> web.Application:
+    """The proxy app: `POST /:chainId`, `GET /metrics`, and the admin API unless
+    `settings.admin_port` puts it on its own listener (then use `create_admin_app`)."""
+    proxy = Proxy.build(settings, store, registry, tracer)
+    # Bodies over the limit are refused by the handler with a JSON-RPC error, not by aiohttp.
+    app = web.Application(client_max_size=settings.max_body_bytes + 1024)
+    app[PROXY] = proxy
+    app.router.add_get("/metrics", _metrics_handler(proxy))
+    if settings.admin_port is None:
+        app.router.add_routes(proxy.admin.routes())
+    app.router.add_post("/{chain}", _data_handler(proxy))
+    app.cleanup_ctx.append(proxy.lifecycle)
+    return app
+
+
+def create_admin_app(app: web.Application) -> web.Application:
+    """The admin API alone, for a separate listener; it shares `app`'s state, and `app`
+    (which owns the lifecycle) must be running too."""
+    admin = web.Application(client_max_size=1024 * 1024)
+    admin.router.add_routes(app[PROXY].admin.routes())
+    return admin

@@ -1,0 +1,106 @@
+"""`chainstate proxy`: the routing proxy as its own process."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from chainstate.config import ConfigError, load_config
+from chainstate.runner import run, start_site, wait_for_stop
+from proxy.settings import ProxySettings
+from proxy.store import ConfigStore
+
+MEMORY = ":memory:"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "proxy",
+        help="run the routing proxy (POST /:chainId, admin API, /metrics)",
+        description="The JSON-RPC routing proxy. Chains and nodes come from --config and the "
+        "admin API; it also starts with neither.",
+    )
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (default 8663)")
+    p.add_argument("--config", help="TOML config with a [proxy] section (default: none)")
+    p.add_argument(
+        "--store",
+        help="config store: a JSON file path, etcd://host:port/prefix/, or :memory: "
+        "(default: proxy-store.json under the config's data_dir, else ./.chainstate/)",
+    )
+    p.add_argument("--admin-token", help="require 'Authorization: Bearer TOKEN' on admin calls")
+    p.add_argument("--admin-host", help="serve the admin API on its own address")
+    p.add_argument("--admin-port", type=int, help="serve the admin API on its own port")
+    p.set_defaults(func=cmd_proxy)
+
+
+def settings_from_args(args: argparse.Namespace) -> ProxySettings:
+    config = load_config(args.config)
+    settings = ProxySettings.from_config(config)
+    changes: dict[str, Any] = {}
+    for name in ("host", "port", "admin_token", "admin_host", "admin_port"):
+        value = getattr(args, name, None)
+        if value is not None:
+            changes[name] = value
+    if args.store is not None:
+        changes["store_path"] = args.store
+    if changes.get("admin_host") and "admin_port" not in changes and settings.admin_port is None:
+        raise ConfigError("--admin-host needs --admin-port")
+    return dataclasses.replace(settings, **changes)
+
+
+def open_store(location: str | None) -> ConfigStore:
+    """The store for a --store value (file path, etcd:// URL or :memory:)."""
+    if location is not None and location.startswith("etcd://"):
+        try:
+            from proxy.store_etcd import EtcdStore
+        except ImportError as exc:
+            raise ConfigError(f"the etcd store is not available: {exc}") from None
+        return EtcdStore.from_url(location)
+    from proxy.store_file import FileStore
+
+    if location == MEMORY:
+        return FileStore(None)
+    return FileStore(Path(location) if location else Path(".chainstate") / "proxy-store.json")
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    store = open_store(settings.store_path)
+    run(lambda: serve(settings, store))
+    return 0
+
+
+async def serve(settings: ProxySettings, store: ConfigStore) -> None:
+    from proxy.app import create_admin_app, create_app
+
+    app = create_app(settings, store=store)
+    async with AsyncExitStack() as stack:
+        await start_site(stack, app, settings.host, settings.port)
+        url = f"http://{settings.host}:{settings.port}"
+        admin_url = url
+        if settings.admin_port is not None:
+            admin_host = settings.admin_host or settings.host
+            await start_site(stack, create_admin_app(app), admin_host, settings.admin_port)
+            admin_url = f"http://{admin_host}:{settings.admin_port}"
+        print_banner(url, admin_url, settings)
+        await wait_for_stop()
+
+
+def print_banner(url: str, admin_url: str, settings: ProxySettings) -> None:
+    auth = " -H 'Authorization: Bearer <token>'" if settings.admin_token else ""
+    lines = [
+        f"chainstate proxy listening on {url}  (JSON-RPC: POST {url}/<chainId>)",
+        f"admin API on {admin_url}{' (token required)' if settings.admin_token else ''};"
+        f" metrics on {url}/metrics",
+        "Try:",
+        f"  curl -s {admin_url}/getChains{auth}",
+        f"  curl -s {admin_url}/1337/addNode{auth} -H 'content-type: application/json' "
+        """-d '{"key":"state-1","url":"http://127.0.0.1:8665","kind":"state"}'""",
+        f"  curl -s {url}/1337 -H 'content-type: application/json' "
+        """-d '{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'""",
+    ]
+    print("\n".join(lines), flush=True)

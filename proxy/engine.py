@@ -1,0 +1,490 @@
+"""The JSON-RPC engine: parse → target block → choose node → forward → classify → retry.
+
+`Engine.handle(chain_id, body, headers)` answers one client body and is the in-process entry
+point (the workspace calls it). A single request going to one node is forwarded as the
+client's raw bytes and the node's raw answer is returned without re-encoding; the answer is
+only peeked at for the retryable codes (-39006, -39008). Batches are split by chosen node,
+sent as concurrent sub-batches with ids rewritten to positions (client ids may repeat, be
+strings or null), and reassembled in the client's order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from opentelemetry import trace
+
+from chainstate.blockref import BlockRef
+from chainstate.jsonrpc import (
+    BLOCK_NOT_FOUND,
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    RETRYABLE_CODES,
+    JsonRpcError,
+    check_request,
+    error_response,
+    request_id,
+)
+from proxy.methods import MethodSpec, MethodTable
+from proxy.metrics import ProxyMetrics
+from proxy.mirror import Mirrors
+from proxy.model import Node, Pool, normalize_pool
+from proxy.select import NoEligibleNode, Selector
+from proxy.settings import ProxySettings
+from proxy.state import RoutingState
+from proxy.upstream import Upstream, UpstreamError
+
+access_log = logging.getLogger("chainstate.proxy.access")
+SOURCE_HEADERS = ("x-vendor-biz", "x-vendor-source", "x-vendor-source-host", "x-vendor-env")
+RETRY_REASONS = {BLOCK_NOT_FOUND: "block_not_found", -39008: "unsupported_precompile"}
+NO_NODE_KEY = "-"  # node label of items no node answered
+UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
+
+
+def _dumps_error(rid: Any, exc: JsonRpcError) -> bytes:
+    return orjson.dumps(error_response(rid, exc.code, exc.message, exc.data))
+
+
+def retry_code(raw: bytes) -> int | None:
+    """The retryable error code of a single response, peeking before decoding anything."""
+    if b"-3900" not in raw:
+        return None
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return _error_code(obj) if isinstance(obj, dict) else None
+
+
+def _error_code(obj: dict[str, Any]) -> int | None:
+    err = obj.get("error")
+    if isinstance(err, dict) and err.get("code") in RETRYABLE_CODES:
+        return err["code"]
+    return None
+
+
+@dataclass(slots=True)
+class Ctx:
+    """One client request as it goes through the steps."""
+
+    chain: str
+    pool: Pool
+    methods: list[str] = field(default_factory=list)
+
+
+@dataclass(eq=False, slots=True)
+class Item:
+    """One request object of a batch and its retry bookkeeping."""
+
+    pos: int
+    obj: dict[str, Any]
+    method: str
+    spec: MethodSpec
+    ref: BlockRef | None
+    notif: bool
+    tried: list[Node] = field(default_factory=list)
+    prefer_archive: bool = False
+    last: dict[str, Any] | None = None  # last (retryable) answer
+    err: UpstreamError | None = None  # last transport failure
+    reason: str = ""
+
+
+class Engine:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        state: RoutingState,
+        upstream: Upstream,
+        selector: Selector,
+        metrics: ProxyMetrics,
+        mirrors: Mirrors,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
+        self.settings = settings
+        self.state = state
+        self.upstream = upstream
+        self.selector = selector
+        self.metrics = metrics
+        self.mirrors = mirrors
+        self.methods = MethodTable(settings.extra_methods)
+        self.tracer = None if tracer is None or isinstance(tracer, trace.NoOpTracer) else tracer
+        self.inflight = 0
+        self._timeout = settings.upstream_timeout
+        self._attempts = settings.max_attempts
+        self._max_body = settings.max_body_bytes
+        self._max_batch = settings.max_batch_items
+        self._unhealthy_after = settings.unhealthy_after
+
+    # ---- entry ---------------------------------------------------------------------------
+
+    def resolve(self, chain_id: str) -> tuple[str, Pool] | None:
+        """The (normalized chain, pool) a data path `/:chainId` addresses, or None."""
+        pool_id = normalize_pool(chain_id)
+        if pool_id is None:
+            return None
+        chain = pool_id.partition("-")[0]
+        if pool_id != chain:  # an explicit versioned pool, e.g. /1337-blue
+            pool = self.state.pools.get(pool_id)
+        else:
+            pool = self.state.pool_for_chain(chain)
+        return None if pool is None else (chain, pool)
+
+    async def handle(
+        self, chain_id: str, body: bytes, headers: Mapping[str, str]
+    ) -> tuple[int, bytes]:
+        """Answer one client body: (HTTP status, response body; b"" with 204)."""
+        started = time.perf_counter()
+        self.inflight += 1
+        try:
+            if self.tracer is None:
+                return await self._handle(chain_id, body, headers, None, started)
+            with self.tracer.start_as_current_span("jsonrpc.request") as span:
+                return await self._handle(chain_id, body, headers, span, started)
+        finally:
+            self.inflight -= 1
+
+    async def _handle(
+        self,
+        chain_id: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        span: Any,
+        started: float,
+    ) -> tuple[int, bytes]:
+        found = self.resolve(chain_id)
+        if found is None:
+            msg = f"unknown chain {chain_id[:80]!r}: no node pool is configured for it"
+            return 404, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
+        chain, pool = found
+        ctx = Ctx(chain, pool)
+        self.metrics.client(headers.get("client-id"))
+        shape = "single"
+        size = 1
+        if len(body) > self._max_body:
+            msg = f"request body is {len(body)} bytes, larger than max_body_bytes={self._max_body}"
+            status, out = 413, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
+        else:
+            try:
+                payload = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                payload = None
+                status, out = (
+                    200,
+                    _dumps_error(None, JsonRpcError(PARSE_ERROR, f"Parse error: {exc}")),
+                )
+            else:
+                if isinstance(payload, list):
+                    shape, size = "batch", len(payload)
+                    status, out = await self._batch(ctx, payload)
+                else:
+                    status, out = await self._single(ctx, payload, body)
+        elapsed = time.perf_counter() - started
+        self.metrics.observe(chain, shape, elapsed)
+        if span is not None:
+            self._annotate(span, ctx, size, headers)
+        if access_log.isEnabledFor(logging.INFO):
+            self._log(ctx, size, status, elapsed, headers)
+        return status, out
+
+    # ---- single --------------------------------------------------------------------------
+
+    async def _single(self, ctx: Ctx, payload: Any, body: bytes) -> tuple[int, bytes]:
+        bad = check_request(payload)
+        if bad is not None:
+            self.metrics.request(ctx.chain, UNKNOWN_METHOD, NO_NODE_KEY, "invalid")
+            return 200, _dumps_error(request_id(payload), bad)
+        method = payload["method"]
+        notif = "id" not in payload
+        rid = payload.get("id")
+        try:
+            spec, ref = self.methods.target(method, payload.get("params"))
+        except JsonRpcError as exc:
+            label = method if method in self.methods.specs else UNKNOWN_METHOD
+            self.metrics.request(ctx.chain, label, NO_NODE_KEY, "invalid")
+            return (204, b"") if notif else (200, _dumps_error(rid, exc))
+        ctx.methods.append(method)
+        if ctx.pool.mirrors:
+            self.mirrors.offer_single(ctx.pool, method, body)
+        out = await self._forward_single(ctx, method, spec, ref, rid, body)
+        return (204, b"") if notif or not out else (200, out)
+
+    async def _forward_single(
+        self,
+        ctx: Ctx,
+        method: str,
+        spec: MethodSpec,
+        ref: BlockRef | None,
+        rid: Any,
+        body: bytes,
+    ) -> bytes:
+        tried: list[Node] = []
+        prefer_archive = False
+        last: bytes | None = None
+        failure: UpstreamError | None = None
+        reason = ""
+        for attempt in range(1, self._attempts + 1):
+            try:
+                node = self.selector.choose(ctx.pool, method, spec, ref, tried, prefer_archive).node
+            except NoEligibleNode as exc:
+                if last is None and failure is None:
+                    self.metrics.request(ctx.chain, method, NO_NODE_KEY, "no_node")
+                    return _dumps_error(rid, exc)
+                break
+            if attempt > 1:
+                self.metrics.retry(ctx.chain, reason)
+            tried.append(node)
+            code: int | None = None
+
+            def classify(raw: bytes) -> str:
+                nonlocal code
+                code = retry_code(raw)
+                return "ok" if code is None else "retryable"
+
+            try:
+                raw = await self._attempt(ctx, node, body, 1, attempt, classify)
+            except UpstreamError as exc:
+                failure, reason = exc, exc.kind
+                continue
+            if code is None:
+                outcome = "error" if b'"error"' in raw else "ok"
+                self.metrics.request(ctx.chain, method, node.key, outcome)
+                return raw
+            last, reason = raw, RETRY_REASONS.get(code, "retryable")
+            prefer_archive = code == BLOCK_NOT_FOUND
+        node_key = tried[-1].key if tried else NO_NODE_KEY
+        if last is not None:
+            self.metrics.request(ctx.chain, method, node_key, "error")
+            return last
+        self.metrics.request(ctx.chain, method, node_key, "upstream_failed")
+        return _dumps_error(rid, self._failed(method, len(tried), failure))
+
+    @staticmethod
+    def _failed(method: str, attempts: int, failure: UpstreamError | None) -> JsonRpcError:
+        msg = f"{method}: no node answered after {attempts} attempt(s); last error: {failure}"
+        return JsonRpcError(INTERNAL_ERROR, msg)
+
+    # ---- upstream attempt ----------------------------------------------------------------
+
+    async def _attempt(
+        self,
+        ctx: Ctx,
+        node: Node,
+        body: bytes,
+        items: int,
+        attempt: int,
+        classify: Callable[[bytes], str],
+    ) -> bytes:
+        """One upstream try: in-flight and health bookkeeping, metrics, span."""
+        if self.tracer is None:
+            return await self._attempt_inner(ctx, node, body, classify, None)
+        with self.tracer.start_as_current_span("upstream.attempt") as span:
+            span.set_attribute("node", node.key)
+            span.set_attribute("attempt", attempt)
+            span.set_attribute("items", items)
+            return await self._attempt_inner(ctx, node, body, classify, span)
+
+    async def _attempt_inner(
+        self, ctx: Ctx, node: Node, body: bytes, classify: Callable[[bytes], str], span: Any
+    ) -> bytes:
+        node.inflight += 1
+        started = time.perf_counter()
+        try:
+            raw = await self.upstream.send(node.entry.url, body, self._timeout)
+        except UpstreamError as exc:
+            node.failed(self._unhealthy_after)
+            self.metrics.attempt(ctx.chain, node.key, exc.kind, time.perf_counter() - started)
+            self.metrics.upstream_error(node.key, exc.kind)
+            if span is not None:
+                span.set_attribute("outcome", exc.kind)
+            raise
+        finally:
+            node.inflight -= 1
+        elapsed = time.perf_counter() - started
+        node.succeeded()
+        node.observe_latency(elapsed * 1000)
+        outcome = classify(raw)
+        self.metrics.attempt(ctx.chain, node.key, outcome, elapsed)
+        if span is not None:
+            span.set_attribute("outcome", outcome)
+        return raw
+
+    # ---- batch ---------------------------------------------------------------------------
+
+    async def _batch(self, ctx: Ctx, payload: list[Any]) -> tuple[int, bytes]:
+        if not payload:
+            return 200, _dumps_error(
+                None, JsonRpcError(INVALID_REQUEST, "Invalid Request: empty batch")
+            )
+        if len(payload) > self._max_batch:
+            msg = f"batch has {len(payload)} items, more than max_batch_items={self._max_batch}"
+            return 200, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
+        answers: list[Any] = [None] * len(payload)
+        items = self._parse_items(ctx, payload, answers)
+        if items and ctx.pool.mirrors:
+            self.mirrors.offer_batch(ctx.pool, [(it.method, it.obj) for it in items])
+        pending = items
+        for attempt in range(1, self._attempts + 1):
+            if not pending:
+                break
+            groups = self._group(ctx, pending, attempt, answers)
+            results = await _gather(
+                [self._send_group(ctx, n, group, attempt, answers) for n, group in groups.items()]
+            )
+            pending = [it for retry in results for it in retry]
+        for it in pending:
+            self._give_up(ctx, it, answers, None)
+        out = [a for a in answers if a is not None]
+        return (200, orjson.dumps(out)) if out else (204, b"")
+
+    def _parse_items(self, ctx: Ctx, payload: list[Any], answers: list[Any]) -> list[Item]:
+        items = []
+        for pos, obj in enumerate(payload):
+            bad = check_request(obj)
+            if bad is not None:
+                self.metrics.request(ctx.chain, UNKNOWN_METHOD, NO_NODE_KEY, "invalid")
+                answers[pos] = error_response(request_id(obj), bad.code, bad.message)
+                continue
+            method = obj["method"]
+            notif = "id" not in obj
+            try:
+                spec, ref = self.methods.target(method, obj.get("params"))
+            except JsonRpcError as exc:
+                label = method if method in self.methods.specs else UNKNOWN_METHOD
+                self.metrics.request(ctx.chain, label, NO_NODE_KEY, "invalid")
+                if not notif:
+                    answers[pos] = error_response(obj.get("id"), exc.code, exc.message, exc.data)
+                continue
+            ctx.methods.append(method)
+            items.append(Item(pos, obj, method, spec, ref, notif))
+        return items
+
+    def _group(
+        self, ctx: Ctx, pending: list[Item], attempt: int, answers: list[Any]
+    ) -> dict[Node, list[Item]]:
+        groups: dict[Node, list[Item]] = {}
+        for it in pending:
+            try:
+                choice = self.selector.choose(
+                    ctx.pool, it.method, it.spec, it.ref, it.tried, it.prefer_archive
+                )
+            except NoEligibleNode as exc:
+                self._give_up(ctx, it, answers, exc)
+                continue
+            if attempt > 1:
+                self.metrics.retry(ctx.chain, it.reason)
+            it.tried.append(choice.node)
+            groups.setdefault(choice.node, []).append(it)
+        return groups
+
+    def _give_up(self, ctx: Ctx, it: Item, answers: list[Any], exc: JsonRpcError | None) -> None:
+        """Final answer of an item no further attempt will serve."""
+        node_key = it.tried[-1].key if it.tried else NO_NODE_KEY
+        if it.last is not None:
+            answer, outcome = it.last, "error"
+        elif it.err is not None or exc is None:
+            answer = error_response(it.obj.get("id"), INTERNAL_ERROR, "")
+            answer["error"] = self._failed(it.method, len(it.tried), it.err).to_obj()
+            outcome = "upstream_failed"
+        else:
+            answer, outcome = error_response(it.obj.get("id"), exc.code, exc.message), "no_node"
+        self.metrics.request(ctx.chain, it.method, node_key, outcome)
+        if not it.notif:
+            answers[it.pos] = answer
+
+    async def _send_group(
+        self, ctx: Ctx, node: Node, group: list[Item], attempt: int, answers: list[Any]
+    ) -> list[Item]:
+        """Send one sub-batch; returns the items to try again."""
+        sub = [it.obj if it.notif else {**it.obj, "id": j} for j, it in enumerate(group)]
+        parsed: Any = None
+
+        def classify(raw: bytes) -> str:
+            nonlocal parsed
+            try:
+                parsed = orjson.loads(raw) if raw else []
+            except orjson.JSONDecodeError:
+                return "bad_response"
+            return "ok"
+
+        try:
+            await self._attempt(ctx, node, orjson.dumps(sub), len(group), attempt, classify)
+        except UpstreamError as exc:
+            for it in group:
+                it.err, it.reason = exc, exc.kind
+            return group
+        if isinstance(parsed, dict):  # the node rejected the whole sub-batch with one error
+            by_pos = {j: dict(parsed) for j in range(len(group))}
+        elif isinstance(parsed, list):
+            by_pos = {a.get("id"): a for a in parsed if isinstance(a, dict)}
+        else:
+            bad = UpstreamError("bad_response", f"{node.key} answered a batch with non-JSON-RPC")
+            for it in group:
+                it.err, it.reason = bad, bad.kind
+            return [it for it in group if not it.notif]
+        retry = []
+        for j, it in enumerate(group):
+            if it.notif:
+                self.metrics.request(ctx.chain, it.method, node.key, "ok")
+                continue
+            answer = by_pos.get(j)
+            if answer is None:
+                it.err = UpstreamError("bad_response", f"{node.key} gave no answer for the item")
+                it.reason = "missing_answer"
+                retry.append(it)
+                continue
+            answer["id"] = it.obj.get("id")
+            code = _error_code(answer)
+            if code is not None:
+                it.last, it.reason = answer, RETRY_REASONS.get(code, "retryable")
+                it.prefer_archive = code == BLOCK_NOT_FOUND
+                retry.append(it)
+                continue
+            outcome = "error" if "error" in answer else "ok"
+            self.metrics.request(ctx.chain, it.method, node.key, outcome)
+            answers[it.pos] = answer
+        return retry
+
+    # ---- observability -------------------------------------------------------------------
+
+    def _annotate(self, span: Any, ctx: Ctx, size: int, headers: Mapping[str, str]) -> None:
+        span.set_attribute("chain", ctx.chain)
+        span.set_attribute("pool", ctx.pool.id)
+        span.set_attribute("rpc.methods", sorted(set(ctx.methods)))
+        span.set_attribute("batch.size", size)
+        client_id = headers.get("client-id")
+        if client_id:
+            span.set_attribute("client_id", client_id)
+        for name in SOURCE_HEADERS:
+            value = headers.get(name)
+            if value:
+                span.set_attribute(name.replace("-", "_"), value)
+
+    def _log(
+        self, ctx: Ctx, size: int, status: int, elapsed: float, headers: Mapping[str, str]
+    ) -> None:
+        extra: dict[str, Any] = {
+            "chain": ctx.chain,
+            "pool": ctx.pool.id,
+            "methods": sorted(set(ctx.methods)),
+            "items": size,
+            "status": status,
+            "ms": round(elapsed * 1000, 3),
+            "client_id": headers.get("client-id"),
+        }
+        for name in SOURCE_HEADERS:
+            extra[name.replace("-", "_")] = headers.get(name)
+        access_log.info("request", extra=extra)
+
+
+async def _gather(coros: list[Any]) -> list[Any]:
+    """gather() without a task when there is one sub-batch (the common case)."""
+    if len(coros) == 1:
+        return [await coros[0]]
+    return list(await asyncio.gather(*coros))

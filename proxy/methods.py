@@ -1,0 +1,178 @@
+"""Step 1 of routing: which methods the proxy serves and which block each request targets.
+
+The method set is the spec's: the state node's eth_* table, the vendor names, pre_*,
+blockx_stateReadBatch, plus trace_vendorBlock and the transaction senders (which go to the
+chain's Leader write node). `extra_methods` (a setting) allows more, routed like latest reads.
+Params are checked only as far as routing needs and as the spec makes obvious (missing
+address, malformed hash, bad block id); the node checks the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from chainstate.blockref import BlockRef, parse_block_ctx, parse_block_id, parse_block_number_param
+from chainstate.hexcodec import parse_address, parse_data, parse_hash
+from chainstate.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError
+
+Check = Callable[[Any, str], Any]
+
+
+def _object(value: Any, what: str) -> Any:
+    if not isinstance(value, dict):
+        raise JsonRpcError(INVALID_PARAMS, f"invalid {what}: expected an object")
+    return value
+
+
+def _list(value: Any, what: str) -> Any:
+    if not isinstance(value, list):
+        raise JsonRpcError(INVALID_PARAMS, f"invalid {what}: expected an array")
+    return value
+
+
+def _block_height(value: Any) -> BlockRef:
+    ref = parse_block_id(value)
+    return ref
+
+
+def _block_hash(value: Any) -> BlockRef:
+    return BlockRef(hash=parse_hash(value, "block hash"))
+
+
+def _block_id(value: Any) -> BlockRef:
+    return parse_block_id("latest" if value is None else value)
+
+
+BLOCK_PARSERS: dict[str, Callable[[Any], BlockRef]] = {
+    "number": parse_block_number_param,  # eth_* blockNumber (tags, hex, EIP-1898, hash)
+    "ctx": parse_block_ctx,  # vendor blockCtx (Equals/Contains)
+    "height": _block_height,  # getBlockByHeight
+    "hash": _block_hash,  # getBlockById, eth_getBlockByHash
+    "id": _block_id,  # pre_* blockId
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MethodSpec:
+    params: tuple[str, ...]  # names, in positional order
+    required: int = 0  # leading params that must be present
+    block: str | None = None  # how the block param is read (BLOCK_PARSERS key)
+    block_at: int = -1
+    checks: tuple[tuple[int, Check], ...] = ()
+    writer: bool = False  # goes to the chain's Leader write node
+
+
+def _m(
+    params: str = "",
+    required: int = 0,
+    block: str | None = None,
+    checks: tuple[tuple[int, Check], ...] = (),
+    writer: bool = False,
+) -> MethodSpec:
+    names = tuple(params.split()) if params else ()
+    block_at = -1
+    if block is not None:
+        block_name = {"number": "blockNumber", "ctx": "blockCtx", "id": "blockId"}.get(block)
+        block_at = names.index(block_name) if block_name in names else 0
+    return MethodSpec(names, required, block, block_at, checks, writer)
+
+
+_ADDR = ((0, parse_address),)
+METHODS: dict[str, MethodSpec] = {
+    # state node: eth namespace
+    "eth_call": _m(
+        "request blockNumber stateOverride blockOverrides", 1, "number", ((0, _object),)
+    ),
+    "eth_multiCall": _m(
+        "requests blockNumber fastFail useParallel disableCache", 1, "number", ((0, _list),)
+    ),
+    "eth_blockNumber": _m(),
+    "eth_getBalance": _m("address blockNumber", 1, "number", _ADDR),
+    "eth_getCode": _m("address blockNumber", 1, "number", _ADDR),
+    "eth_getStorageAt": _m("address position blockNumber", 2, "number", _ADDR),
+    "eth_getTransactionCount": _m("address blockNumber", 1, "number", _ADDR),
+    "eth_getBlockByNumber": _m("blockNumber full", 1, "number"),
+    "eth_getBlockByHash": _m("blockHash full", 1, "hash"),
+    "eth_chainId": _m(),
+    "eth_baseFee": _m("blockNumber", 0, "number"),
+    # state node: vendor namespace
+    "version": _m(),
+    "getAddressBalance": _m("address blockCtx", 1, "ctx", _ADDR),
+    "getAddressNonce": _m("address blockCtx", 1, "ctx", _ADDR),
+    "getAddressCode": _m("address blockCtx", 1, "ctx", _ADDR),
+    "getStorageAt": _m("address position blockCtx", 2, "ctx", _ADDR),
+    "contractMultiCall": _m(
+        "requests blockCtx blockOverrides stateOverride fastFail useParallel disableCache",
+        1,
+        "ctx",
+        ((0, _list),),
+    ),
+    "simulateTransactions": _m("requests blockCtx blockOverrides", 1, "ctx", ((0, _list),)),
+    "estimateGas": _m("request blockCtx blockOverrides", 1, "ctx", ((0, _object),)),
+    "getLatestBlock": _m(),
+    "getBlockByHeight": _m("height", 1, "height"),
+    "getBlockById": _m("id", 1, "hash"),
+    "blockIsValid": _m("id", 1, checks=((0, parse_hash),)),
+    # pre and blockx namespaces
+    "pre_traceCall": _m("request blockId", 1, "id", ((0, _object),)),
+    "pre_traceMany": _m("requests blockId", 1, "id", ((0, _list),)),
+    "blockx_stateReadBatch": _m("payload", 1, checks=((0, parse_data),)),
+    # write node and transaction senders: the chain's Leader
+    "trace_vendorBlock": _m("block", 1, writer=True),
+    "eth_sendRawTransaction": _m("data", 1, checks=((0, parse_data),), writer=True),
+    "eth_sendTransaction": _m("transaction", 1, checks=((0, _object),), writer=True),
+}
+EXTRA = MethodSpec(params=())
+
+
+class MethodTable:
+    """The allowed methods (spec + `extra_methods`) and how to read their target block."""
+
+    def __init__(self, extra_methods: tuple[str, ...] = ()) -> None:
+        self.specs = dict(METHODS)
+        for name in extra_methods:
+            self.specs.setdefault(name, EXTRA)
+
+    def spec(self, method: str) -> MethodSpec:
+        spec = self.specs.get(method)
+        if spec is None:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+        return spec
+
+    def target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None]:
+        """The spec of `method` and the block its params target (None: no block named)."""
+        spec = self.spec(method)
+        if spec is EXTRA:
+            return spec, None
+        values = _positional(params, spec)
+        for index, check in spec.checks:
+            check(values[index], spec.params[index])
+        if spec.block is None:
+            return spec, None
+        value = values[spec.block_at] if spec.block_at < len(values) else None
+        return spec, BLOCK_PARSERS[spec.block](value)
+
+
+def _positional(params: Any, spec: MethodSpec) -> list[Any]:
+    names = spec.params
+    if params is None:
+        params = []
+    if isinstance(params, dict):
+        unknown = set(params) - set(names)
+        if unknown:
+            msg = f"unknown param(s) {sorted(unknown)}; expected {list(names)}"
+            raise JsonRpcError(INVALID_PARAMS, msg)
+        values = [params.get(n) for n in names]
+    elif isinstance(params, list):
+        if len(params) > len(names):
+            msg = f"too many params: expected at most {len(names)} ({', '.join(names)})"
+            raise JsonRpcError(INVALID_PARAMS, msg)
+        values = params + [None] * (len(names) - len(params))
+    else:
+        raise JsonRpcError(INVALID_PARAMS, "params must be an array or object")
+    for i in range(spec.required):
+        if values[i] is None:
+            raise JsonRpcError(INVALID_PARAMS, f"missing param {i}: {names[i]}")
+    return values

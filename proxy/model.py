@@ -1,0 +1,303 @@
+"""Pools, nodes and the entries the admin API and the store hold.
+
+One validation path for every entry: the admin API (HTTP 400 with the reason) and the store
+watcher (a bad stored value is logged and ignored) both go through `*.from_obj`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+KINDS = ("state", "archive")
+URL_SCHEMES = ("http://", "https://", "inproc://")
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_METHOD = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+_DEC_CHAIN = re.compile(r"^(0|[1-9][0-9]{0,19})$")
+_HEX_CHAIN = re.compile(r"^0[xX][0-9a-fA-F]{1,16}$")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
+MAX_CHAIN_ID = 2**64 - 1
+EWMA = 0.2  # weight of the newest sample in latency_ms
+
+
+class EntryError(ValueError):
+    """An entry that cannot be used; the message says which field and why."""
+
+
+def normalize_chain(raw: str) -> str | None:
+    """Decimal chain id for `raw` (decimal or 0x-hex), or None when it is not a chain id."""
+    if _DEC_CHAIN.match(raw):
+        return raw if int(raw) <= MAX_CHAIN_ID else None
+    if _HEX_CHAIN.match(raw):
+        return str(int(raw, 16))
+    return None
+
+
+def normalize_pool(raw: str) -> str | None:
+    """A pool id: a chain id (hex normalized) optionally followed by `-version`."""
+    chain, sep, version = raw.partition("-")
+    norm = normalize_chain(chain)
+    if norm is None:
+        return None
+    if not sep:
+        return norm
+    return f"{norm}-{version}" if _VERSION.match(version) else None
+
+
+def check_version(value: Any) -> str:
+    if not isinstance(value, str) or not _VERSION.match(value):
+        raise EntryError("version must be 1-32 letters, digits, '.', '_' or '-'")
+    return value
+
+
+def check_key(value: Any, what: str = "key") -> str:
+    if not isinstance(value, str) or not _KEY.match(value):
+        raise EntryError(f"{what} must be 1-64 letters, digits, '.', '_' or '-' (got {value!r})")
+    return value
+
+
+def check_method(value: Any) -> str:
+    if not isinstance(value, str) or not _METHOD.match(value):
+        raise EntryError(f"method must be a JSON-RPC method name (got {value!r})")
+    return value
+
+
+def check_url(value: Any) -> str:
+    if not isinstance(value, str) or not value.startswith(URL_SCHEMES) or len(value) > 2048:
+        raise EntryError("url must start with http://, https:// or inproc://")
+    if len(value.split("://", 1)[1]) == 0:
+        raise EntryError("url has no host or name")
+    return value
+
+
+def check_weight(value: Any, max_weight: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= max_weight:
+        raise EntryError(f"weight must be an integer from 0 to {max_weight}")
+    return value
+
+
+def _object(obj: Any, allowed: set[str], what: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise EntryError(f"{what} must be a JSON object")
+    extra = set(obj) - allowed
+    if extra:
+        raise EntryError(f"{what}: unknown field(s) {sorted(extra)}; allowed {sorted(allowed)}")
+    return obj
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEntry:
+    key: str
+    url: str
+    kind: str = "state"
+    weight: int = 1
+    enabled: bool = True
+
+    FIELDS = frozenset({"key", "url", "kind", "weight", "enabled"})
+
+    @classmethod
+    def from_obj(cls, obj: Any, max_weight: int = 1_000_000) -> NodeEntry:
+        o = _object(obj, set(cls.FIELDS), "node")
+        if "key" not in o or "url" not in o:
+            raise EntryError('node needs "key" and "url"')
+        kind = o.get("kind", "state")
+        if kind not in KINDS:
+            raise EntryError(f'kind must be "state" or "archive" (got {kind!r})')
+        enabled = o.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise EntryError("enabled must be true or false")
+        return cls(
+            key=check_key(o["key"]),
+            url=check_url(o["url"]),
+            kind=kind,
+            weight=check_weight(o.get("weight", 1), max_weight),
+            enabled=enabled,
+        )
+
+    def to_obj(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "url": self.url,
+            "kind": self.kind,
+            "weight": self.weight,
+            "enabled": self.enabled,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class WriterEntry:
+    key: str
+    url: str
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> WriterEntry:
+        o = _object(obj, {"key", "url"}, "writer")
+        if "key" not in o or "url" not in o:
+            raise EntryError('writer needs "key" and "url"')
+        return cls(key=check_key(o["key"]), url=check_url(o["url"]))
+
+    def to_obj(self) -> dict[str, Any]:
+        return {"key": self.key, "url": self.url}
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRule:
+    """Pins `method` to a node kind, or to named nodes."""
+
+    method: str
+    kind: str | None = None
+    nodes: tuple[str, ...] | None = None
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> RouteRule:
+        o = _object(obj, {"method", "kind", "nodes"}, "route rule")
+        method = check_method(o.get("method"))
+        if ("kind" in o) == ("nodes" in o):
+            raise EntryError('route rule needs exactly one of "kind" or "nodes"')
+        if "kind" in o:
+            if o["kind"] not in KINDS:
+                raise EntryError(f'kind must be "state" or "archive" (got {o["kind"]!r})')
+            return cls(method=method, kind=o["kind"])
+        nodes = o["nodes"]
+        if not isinstance(nodes, list) or not nodes:
+            raise EntryError("nodes must be a non-empty list of node keys")
+        return cls(method=method, nodes=tuple(check_key(k, "node key") for k in nodes))
+
+    def to_obj(self) -> dict[str, Any]:
+        if self.kind is not None:
+            return {"method": self.method, "kind": self.kind}
+        return {"method": self.method, "nodes": list(self.nodes or ())}
+
+    def matches(self, node: Node) -> bool:
+        if self.kind is not None:
+            return node.entry.kind == self.kind
+        return node.entry.key in (self.nodes or ())
+
+
+def mirror_id(url: str) -> str:
+    """Store key of a mirror target: stable per URL, safe in a key path."""
+    return hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorEntry:
+    url: str
+    methods: frozenset[str] | None = None  # None: every method
+
+    @property
+    def id(self) -> str:
+        return mirror_id(self.url)
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> MirrorEntry:
+        o = _object(obj, {"url", "methods"}, "mirror")
+        url = check_url(o.get("url"))
+        methods = o.get("methods")
+        if methods is None:
+            return cls(url=url)
+        if not isinstance(methods, list) or not methods:
+            raise EntryError("methods must be a non-empty list of method names")
+        return cls(url=url, methods=frozenset(check_method(m) for m in methods))
+
+    def to_obj(self) -> dict[str, Any]:
+        obj: dict[str, Any] = {"id": self.id, "url": self.url}
+        if self.methods is not None:
+            obj["methods"] = sorted(self.methods)
+        return obj
+
+    def wants(self, method: str) -> bool:
+        return self.methods is None or method in self.methods
+
+
+@dataclass(eq=False, slots=True)
+class Node:
+    """A node of a pool: its entry plus what the proxy observed about it."""
+
+    entry: NodeEntry
+    local: bool = False
+    head: int | None = None
+    earliest: int | None = None
+    healthy: bool = True
+    fails: int = 0
+    latency_ms: float | None = None
+    inflight: int = 0
+    weight_override: int | None = None
+
+    @property
+    def key(self) -> str:
+        return self.entry.key
+
+    @property
+    def weight(self) -> int:
+        return self.entry.weight if self.weight_override is None else self.weight_override
+
+    def observe_latency(self, ms: float) -> None:
+        prev = self.latency_ms
+        self.latency_ms = ms if prev is None else prev + EWMA * (ms - prev)
+
+    def succeeded(self) -> None:
+        self.fails = 0
+        self.healthy = True
+
+    def failed(self, unhealthy_after: int) -> None:
+        self.fails += 1
+        if self.fails >= unhealthy_after:
+            self.healthy = False
+
+    def serves(self, height: int) -> bool:
+        """False only when what we observed says the node does not hold `height`."""
+        if self.head is not None and height > self.head:
+            return False
+        return not (self.earliest is not None and height < self.earliest)
+
+    def to_obj(self) -> dict[str, Any]:
+        obj = self.entry.to_obj()
+        obj["weight"] = self.weight
+        obj.update(
+            head=self.head,
+            earliest=self.earliest,
+            healthy=self.healthy,
+            latency_ms=None if self.latency_ms is None else round(self.latency_ms, 3),
+            inflight=self.inflight,
+            local=self.local,
+        )
+        return obj
+
+
+@dataclass(slots=True)
+class Pool:
+    """One node pool (a chain id, or a versioned pool such as `1337-blue`)."""
+
+    id: str
+    nodes: dict[str, Node] = field(default_factory=dict)  # persisted entries
+    local: dict[str, Node] = field(default_factory=dict)  # addLocalNode (memory only)
+    weights: dict[str, int] = field(default_factory=dict)
+    routes: dict[str, list[RouteRule]] = field(default_factory=dict)
+    mirrors: dict[str, MirrorEntry] = field(default_factory=dict)
+    writers: dict[str, Node] = field(default_factory=dict)  # entries of kind "writer"
+    leader: str | None = None
+    readers: list[Node] = field(default_factory=list)  # nodes + local, rebuilt on change
+
+    def rebuild(self) -> None:
+        for node in (*self.nodes.values(), *self.local.values()):
+            node.weight_override = self.weights.get(node.key)
+        self.readers = [*self.nodes.values(), *self.local.values()]
+
+    def find(self, key: str) -> Node | None:
+        return self.nodes.get(key) or self.local.get(key)
+
+    @property
+    def empty(self) -> bool:
+        return not (
+            self.nodes or self.local or self.weights or self.routes or self.mirrors
+        ) and not (self.writers or self.leader)
+
+    def head(self) -> int | None:
+        """The highest head among healthy enabled nodes (the chain head as the pool sees it)."""
+        heads = [n.head for n in self.readers if n.head is not None and n.healthy]
+        return max(heads) if heads else None
+
+    def leader_node(self) -> Node | None:
+        return self.writers.get(self.leader) if self.leader else None

@@ -1,0 +1,160 @@
+"""Steps 2 and 3 of routing: the node kind a block needs, then the node among the eligible.
+
+Rules (DESIGN.md): `Contains`, tags and no block → `state`; a height within `state_window`
+of the pool head → `state`, older → `archive`; `earliest` → `archive`; a block hash the
+proxy has not seen → `archive`. When no node of the wanted kind is eligible the other kind
+is tried (an archive node holds recent blocks too; a state node answers -39006 when it
+lacks the block, which is retried). Method routes override the kind. Among eligible nodes
+(enabled, healthy, weight > 0, head ≥ height, not already tried for this item) the choice
+is weighted "power of two choices" on in-flight requests per unit of weight.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from cachetools import LRUCache
+
+from chainstate.blockref import BlockRef
+from chainstate.jsonrpc import INTERNAL_ERROR, JsonRpcError
+from proxy.methods import MethodSpec
+from proxy.model import Node, Pool
+
+NO_NODE = INTERNAL_ERROR  # JSON-RPC code answered when no node can take an item
+
+
+class NoEligibleNode(JsonRpcError):
+    def __init__(self, message: str) -> None:
+        super().__init__(NO_NODE, message)
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """What an item needs: a node kind, and the height it must hold (None: any)."""
+
+    kind: str
+    height: int | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    node: Node
+    reason: str
+
+
+class Selector:
+    def __init__(self, state_window: int, known_hashes: int, rng: random.Random | None = None):
+        self.state_window = state_window
+        self.hashes: LRUCache[str, int] = LRUCache(maxsize=known_hashes)
+        self.rng = rng or random.Random()
+
+    def remember_hash(self, block_hash: str, height: int) -> None:
+        self.hashes[block_hash.lower()] = height
+
+    def need(self, pool: Pool, ref: BlockRef | None, prefer_archive: bool = False) -> Need:
+        """Step 2: the kind and height an item targets."""
+        if prefer_archive:
+            height = None if ref is None else self._height(ref)
+            return Need("archive", height, "retry after BlockNotFound prefers archive")
+        if ref is None:
+            return Need("state", None, "no block named → state")
+        if ref.contains:
+            return Need("state", None, "blockCtx Contains → state")
+        if ref.tag == "earliest":
+            return Need("archive", 0, "earliest → archive")
+        if ref.tag is not None:
+            return Need("state", None, f"tag {ref.tag} → state")
+        height = self._height(ref)
+        if height is None:
+            return Need("archive", None, "unknown block hash → archive")
+        head = pool.head()
+        if head is None:
+            return Need("state", height, f"block {height}, head unknown yet → state")
+        if head - height <= self.state_window:
+            return Need(
+                "state", height, f"block {height} within {self.state_window} of head {head} → state"
+            )
+        return Need(
+            "archive",
+            height,
+            f"block {height} older than head {head} - {self.state_window} → archive",
+        )
+
+    def _height(self, ref: BlockRef) -> int | None:
+        if ref.number is not None:
+            return ref.number
+        if ref.hash is not None:
+            return self.hashes.get(ref.hash)
+        if ref.tag == "earliest":
+            return 0
+        return None
+
+    def choose(
+        self,
+        pool: Pool,
+        method: str,
+        spec: MethodSpec,
+        ref: BlockRef | None,
+        exclude: Collection[Node] = (),
+        prefer_archive: bool = False,
+    ) -> Choice:
+        """Step 3: the node for one item, or NoEligibleNode saying why none fits."""
+        if spec.writer:
+            return self._leader(pool, method, exclude)
+        need = self.need(pool, ref, prefer_archive)
+        usable = [n for n in pool.readers if self._usable(n, need.height, exclude)]
+        rules = pool.routes.get(method)
+        if rules:
+            picked = [n for n in usable if any(r.matches(n) for r in rules)]
+            shown = ", ".join(str(r.to_obj()) for r in rules)
+            if not picked:
+                raise NoEligibleNode(self._none_msg(pool, method, need, f"method route {shown}"))
+            return Choice(self._pick(picked), f"method route {shown}; {need.reason}")
+        picked = [n for n in usable if n.entry.kind == need.kind]
+        reason = need.reason
+        if not picked:
+            other = "state" if need.kind == "archive" else "archive"
+            picked = [n for n in usable if n.entry.kind == other]
+            reason = f"{need.reason}; no eligible {need.kind} node, falling back to {other}"
+        if not picked:
+            raise NoEligibleNode(self._none_msg(pool, method, need, need.reason))
+        return Choice(self._pick(picked), reason)
+
+    @staticmethod
+    def _usable(node: Node, height: int | None, exclude: Collection[Node]) -> bool:
+        if not (node.entry.enabled and node.healthy and node.weight > 0) or node in exclude:
+            return False
+        return height is None or node.serves(height)
+
+    def _pick(self, nodes: list[Node]) -> Node:
+        if len(nodes) == 1:
+            return nodes[0]
+        a, b = self.rng.choices(nodes, weights=[n.weight for n in nodes], k=2)
+        if a is b:
+            return a
+        return a if (a.inflight + 1) / a.weight <= (b.inflight + 1) / b.weight else b
+
+    @staticmethod
+    def _leader(pool: Pool, method: str, exclude: Collection[Node]) -> Choice:
+        leader = pool.leader_node()
+        if leader is None:
+            raise NoEligibleNode(f"{method}: pool {pool.id} has no Leader write node")
+        if leader in exclude:
+            raise NoEligibleNode(f"{method}: the Leader write node {leader.key} did not answer")
+        return Choice(leader, f"{method} goes to the Leader write node {leader.key}")
+
+    @staticmethod
+    def _none_msg(pool: Pool, method: str, need: Need, why: str) -> str:
+        states = ", ".join(
+            f"{n.key}({n.entry.kind}, {'enabled' if n.entry.enabled else 'disabled'}, "
+            f"{'healthy' if n.healthy else 'unhealthy'}, head {n.head}, weight {n.weight})"
+            for n in pool.readers
+        )
+        at = "" if need.height is None else f" at block {need.height}"
+        return (
+            f"no eligible node for {method}{at} in pool {pool.id} ({why}); "
+            f"nodes: {states or 'none'}"
+        )

@@ -1,0 +1,158 @@
+"""Proxy settings: every user-facing limit is a named field with a documented default.
+
+Read from the `[proxy]` section of the TOML config (plus `[[proxy.nodes]]` and
+`[[proxy.writers]]` seed entries). docs/proxy.md lists every field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from chainstate.config import ConfigError, resolve_path, section
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8663
+
+
+@dataclass(frozen=True, slots=True)
+class SeedNode:
+    """A node from the config file, written to the store when absent (see docs/config-store.md)."""
+
+    chain: str
+    key: str
+    url: str
+    kind: str = "state"
+    weight: int = 1
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SeedWriter:
+    chain: str
+    key: str
+    url: str
+    leader: bool = False
+
+
+@dataclass(slots=True)
+class ProxySettings:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    # Admin API on its own listener when admin_port is set (admin_host defaults to host).
+    admin_host: str | None = None
+    admin_port: int | None = None
+    # When set, every admin call needs `Authorization: Bearer <admin_token>` (else HTTP 401).
+    admin_token: str | None = None
+    # File store path (None: in memory). `chainstate proxy --store` overrides it.
+    store_path: str | None = None
+    max_body_bytes: int = 10 * 1024 * 1024  # larger request bodies → HTTP 413
+    max_batch_items: int = 1000  # longer batches → -32600
+    state_window: int = 128  # blocks behind the head still routed to `state` nodes
+    head_poll_interval: float = 1.0  # seconds between eth_blockNumber polls of each node
+    poll_timeout: float = 2.0  # seconds a poll may take before it counts as a failure
+    unhealthy_after: int = 3  # consecutive failures (errors/timeouts) that take a node out
+    upstream_timeout: float = 10.0  # seconds for one upstream attempt
+    max_attempts: int = 3  # attempts per request item (first try + retries)
+    upstream_connections: int = 512  # pooled keep-alive upstream connections (all nodes)
+    upstream_keepalive: float = 30.0  # seconds an idle upstream connection is kept
+    extra_methods: tuple[str, ...] = ()  # methods allowed beyond the spec's set
+    mirror_queue_size: int = 1000  # queued mirror copies; more are dropped (and counted)
+    mirror_workers: int = 4  # concurrent mirror senders
+    mirror_timeout: float = 5.0  # seconds for one mirror copy
+    client_id_top_n: int = 100  # distinct client-id labels in metrics; later ones → "other"
+    known_hashes: int = 4096  # recent block hashes remembered for routing by hash
+    admin_apply_timeout: float = 5.0  # seconds an admin write waits to see its change applied
+    max_weight: int = 1_000_000  # largest node weight accepted by the admin API
+    nodes: tuple[SeedNode, ...] = ()
+    writers: tuple[SeedWriter, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ProxySettings:
+        """Settings from a loaded config (`chainstate.config.load_config`); {} gives defaults."""
+        sect = section(config, "proxy")
+        known = {f.name for f in fields(cls)} - {"nodes", "writers", "store_path"}
+        values: dict[str, Any] = {}
+        for name, value in sect.items():
+            if name in ("nodes", "writers", "store"):
+                continue
+            if name not in known:
+                raise ConfigError(f"[proxy] unknown setting {name!r}")
+            values[name] = value
+        if "extra_methods" in values:
+            extra = values["extra_methods"]
+            if not isinstance(extra, list) or not all(isinstance(m, str) for m in extra):
+                raise ConfigError("[proxy] extra_methods must be a list of method names")
+            values["extra_methods"] = tuple(extra)
+        if "store" in sect:
+            values["store_path"] = str(resolve_path(config, sect["store"]))
+        elif "data_dir" in config:
+            values["store_path"] = str(
+                resolve_path(config, config["data_dir"]) / "proxy-store.json"
+            )
+        values["nodes"] = tuple(_seed_nodes(sect.get("nodes", [])))
+        values["writers"] = tuple(_seed_writers(sect.get("writers", [])))
+        try:
+            settings = cls(**values)
+        except TypeError as exc:
+            raise ConfigError(f"[proxy] {exc}") from None
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        positive = (
+            "max_body_bytes",
+            "max_batch_items",
+            "head_poll_interval",
+            "poll_timeout",
+            "unhealthy_after",
+            "upstream_timeout",
+            "max_attempts",
+            "upstream_connections",
+            "mirror_queue_size",
+            "mirror_workers",
+            "mirror_timeout",
+            "known_hashes",
+            "admin_apply_timeout",
+            "max_weight",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"[proxy] {name} must be a positive number, got {value!r}")
+        if not isinstance(self.state_window, int) or self.state_window < 0:
+            raise ConfigError("[proxy] state_window must be an integer >= 0")
+        if self.client_id_top_n < 0:
+            raise ConfigError("[proxy] client_id_top_n must be >= 0")
+
+    def default_store_path(self) -> Path:
+        return Path(".chainstate") / "proxy-store.json"
+
+
+def _items(value: Any, what: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ConfigError(f"[[proxy.{what}]] must be a list of tables")
+    return value
+
+
+def _seed_nodes(value: Any) -> list[SeedNode]:
+    out = []
+    for item in _items(value, "nodes"):
+        try:
+            node = SeedNode(**{**item, "chain": str(item.get("chain", ""))})
+        except TypeError as exc:
+            raise ConfigError(f"[[proxy.nodes]] {exc}") from None
+        out.append(node)
+    return out
+
+
+def _seed_writers(value: Any) -> list[SeedWriter]:
+    out = []
+    for item in _items(value, "writers"):
+        try:
+            writer = SeedWriter(**{**item, "chain": str(item.get("chain", ""))})
+        except TypeError as exc:
+            raise ConfigError(f"[[proxy.writers]] {exc}") from None
+        out.append(writer)
+    return out

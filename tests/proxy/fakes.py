@@ -1,0 +1,123 @@
+"""FAKE state/archive/write nodes for the proxy tests (tests only; real HTTP on loopback).
+
+A fake answers every served method with `{"node", "method", "height"}` so a test sees which
+node served an item at which height, keeps a window of heights like a `state` node (outside
+it → -39006), and can be made slow, failing or dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from chainstate.jsonrpc import BLOCK_NOT_FOUND, JsonRpcError
+from proxy.methods import MethodTable
+from tests.conftest import free_port
+
+TABLE = MethodTable(("trace_vendorBlock",))
+
+
+def block_hash(height: int) -> str:
+    return "0x" + height.to_bytes(32, "big").hex()
+
+
+class FakeNode:
+    def __init__(
+        self,
+        name: str,
+        kind: str = "state",
+        head: int = 1000,
+        window: int = 128,
+    ) -> None:
+        self.name = name
+        self.kind = kind
+        self.head = head
+        self.window = window
+        self.delay = 0.0  # seconds before answering data requests
+        self.http_status: int | None = None  # answer every request with this HTTP status
+        self.error_code: int | None = None  # answer every data item with this error
+        self.received: list[dict[str, Any]] = []  # data items (polls excluded)
+        self.bodies: list[bytes] = []
+        self.port = free_port()
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def entry(self, weight: int = 1) -> dict[str, Any]:
+        return {"key": self.name, "url": self.url, "kind": self.kind, "weight": weight}
+
+    async def start(self) -> FakeNode:
+        app = web.Application()
+        app.router.add_post("/", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def earliest(self) -> int:
+        return 0 if self.kind == "archive" else max(0, self.head - self.window + 1)
+
+    def data_items(self, method: str | None = None) -> list[dict[str, Any]]:
+        return [r for r in self.received if method is None or r.get("method") == method]
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        payload = orjson.loads(body)
+        items = payload if isinstance(payload, list) else [payload]
+        polling = any(i.get("method") == "blockx_range" for i in items)
+        if not polling:
+            self.bodies.append(body)
+            self.received.extend(items)
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            if self.http_status is not None:
+                return web.Response(status=self.http_status, text="fake failure")
+        answers = [a for a in (self._answer(i, polling) for i in items) if a is not None]
+        if not answers:
+            return web.Response(status=204)
+        out = answers if isinstance(payload, list) else answers[0]
+        return web.Response(body=orjson.dumps(out), content_type="application/json")
+
+    def _answer(self, item: dict[str, Any], polling: bool) -> dict[str, Any] | None:
+        rid = item.get("id")
+        try:
+            result = self._result(item, polling)
+        except JsonRpcError as exc:
+            answer = {"jsonrpc": "2.0", "id": rid, "error": exc.to_obj()}
+        else:
+            answer = {"jsonrpc": "2.0", "id": rid, "result": result}
+        return None if "id" not in item else answer
+
+    def _result(self, item: dict[str, Any], polling: bool) -> Any:
+        method = item["method"]
+        if method == "eth_blockNumber":
+            return hex(self.head)
+        if method == "blockx_range":
+            return {"earliest": self.earliest, "latest": self.head}
+        if polling and method == "eth_getBlockByNumber":
+            return {"number": hex(self.head), "hash": block_hash(self.head)}
+        if self.error_code is not None:
+            raise JsonRpcError(self.error_code, f"{self.name}: forced error")
+        _, ref = TABLE.target(method, item.get("params"))
+        height = self.head
+        if ref is not None:
+            if ref.number is not None:
+                height = ref.number
+            elif ref.hash is not None:
+                height = int(ref.hash, 16)
+            elif ref.tag == "earliest":
+                height = 0
+        if not self.earliest <= height <= self.head:
+            raise JsonRpcError(BLOCK_NOT_FOUND, f"{self.name}: block {height} not held")
+        return {"node": self.name, "method": method, "height": height}
