@@ -38,6 +38,9 @@ STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when stopping a service
 FAKE_HEAD = 1_000_000  # the fake node's head; cases read random heights just below it
 FAKE_WINDOW = 128  # the fake node's state window (blocks)
 SUITE_CHAIN_ID = 1337
+STATE_EXTRA_BLOCKS = 200  # blocks mined after the devnet workload for `suite state`
+STATE_SLOTS = 17  # storage slots 0..16 of the workload's storage contract
+SYNC_TIMEOUT = 180.0  # seconds for the state node to ingest up to anvil's head
 PROBE = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
 
 
@@ -65,6 +68,7 @@ class Service:
     ready_url: str
     cpus: list[int] | None
     log_path: Path
+    probe: bytes | None = PROBE  # JSON-RPC body that must get a result; None: GET → 200
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -87,7 +91,7 @@ class Service:
             return ""
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        """Poll with a JSON-RPC request until a 200 answer; fail fast if the process died."""
+        """Poll until the probe is answered; fail fast if the process died."""
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
@@ -96,11 +100,12 @@ class Service:
                     f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
                 )
             req = urllib.request.Request(
-                self.ready_url, data=PROBE, headers={"Content-Type": "application/json"}
+                self.ready_url, data=self.probe, headers={"Content-Type": "application/json"}
             )
             try:
                 with urllib.request.urlopen(req, timeout=2) as resp:
-                    if resp.status == 200 and b'"result"' in resp.read():
+                    body = resp.read()
+                    if resp.status == 200 and (self.probe is None or b'"result"' in body):
                         return
             except (OSError, urllib.error.URLError) as exc:
                 last = str(exc)
@@ -128,8 +133,15 @@ class Services:
     workdir: Path
     started: list[Service] = field(default_factory=list)
 
-    def start(self, name: str, cmd: list[str], ready_url: str, cpus: list[int] | None) -> Service:
-        svc = Service(name, cmd, ready_url, cpus, self.workdir / f"{name}.log")
+    def start(
+        self,
+        name: str,
+        cmd: list[str],
+        ready_url: str,
+        cpus: list[int] | None,
+        probe: bytes | None = PROBE,
+    ) -> Service:
+        svc = Service(name, cmd, ready_url, cpus, self.workdir / f"{name}.log", probe)
         self.started.append(svc)
         svc.start()
         svc.wait_ready()
@@ -237,6 +249,7 @@ class ProxySuite:
         return python_cmd(
             "-m", "chainstate.cli", "proxy",
             "--host", "127.0.0.1", "--port", str(port), "--config", str(config),
+            "--store", ":memory:",  # nothing persisted: each run starts from the config
         )  # fmt: skip
 
     def cases(self) -> list[Case]:
@@ -247,21 +260,142 @@ class ProxySuite:
         ]
 
 
-def proxy_config(node_url: str) -> str:
-    """The proxy's TOML: one chain served by one `state` node (the fake node)."""
-    return (
-        "[proxy]\n"
-        'host = "127.0.0.1"\n'
-        "\n[[proxy.nodes]]\n"
-        f'chain = "{SUITE_CHAIN_ID}"\n'
-        'key = "fake-1"\n'
-        f'url = "{node_url}"\n'
-        'kind = "state"\n'
-        "weight = 1\n"
-    )
+def proxy_config(node_url: str, kinds: tuple[str, ...] = ("state",)) -> str:
+    """The proxy's TOML: one chain served by one node, entered once per kind (an archive
+    state node can answer as both, so every height has a node to go to)."""
+    out = '[proxy]\nhost = "127.0.0.1"\n'
+    for kind in kinds:
+        out += (
+            "\n[[proxy.nodes]]\n"
+            f'chain = "{SUITE_CHAIN_ID}"\n'
+            f'key = "bench-{kind}"\n'
+            f'url = "{node_url}"\n'
+            f'kind = "{kind}"\n'
+            "weight = 1\n"
+        )
+    return out
 
 
-SUITES: dict[str, type[Suite]] = {"proxy": ProxySuite}
+def rpc_call(url: str, method: str, params: list[Any], timeout: float = 10.0) -> Any:
+    """One JSON-RPC call (set-up only, not measured); raises RuntimeError on an error."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        answer = json.loads(resp.read())
+    if "error" in answer:
+        raise RuntimeError(f"{method} on {url}: {answer['error']}")
+    return answer["result"]
+
+
+def proxy_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("proxy.cli") is not None
+
+
+class StateSuite:
+    """A real state node (fed by a write node following anvil) vs the proxy vs anvil.
+
+    Set-up: anvil with the devnet genesis, the deterministic devnet workload (contracts,
+    ERC20, storage) and STATE_EXTRA_BLOCKS more blocks; a write node following anvil; an
+    archive state node ingesting from the write node until it holds anvil's head; and, when
+    the proxy exists, `chainstate proxy` in front of the state node. Cases read balances and
+    storage slots of the workload's accounts at random heights of the whole chain."""
+
+    name: ClassVar[str] = "state"
+
+    def __init__(self) -> None:
+        self.head = 0
+        self.accounts: list[str] = []
+        self.storage_contract = ""
+
+    def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
+        svc_cpus, _ = split_cpus() if opts.pin else (None, None)
+        anvil_port, writer_port, state_port = free_port(), free_port(), free_port()
+        anvil = f"http://127.0.0.1:{anvil_port}"
+        services.start(
+            "anvil",
+            python_cmd("-m", "chainstate.cli", "devnet", "anvil", "--port", str(anvil_port)),
+            anvil,
+            svc_cpus,
+        )
+        self._make_blocks(anvil, services.workdir)
+        writer = f"http://127.0.0.1:{writer_port}"
+        services.start(
+            "write-node",
+            python_cmd(
+                "-m", "chainstate.cli", "write-node", "--execution-url", anvil,
+                "--port", str(writer_port), "--data-dir", str(services.workdir / "writer"),
+            ),
+            writer + "/health",
+            svc_cpus,
+            probe=None,
+        )  # fmt: skip
+        state = f"http://127.0.0.1:{state_port}"
+        services.start(
+            "state-node",
+            python_cmd(
+                "-m", "chainstate.cli", "state-node", "--key", "bench-state", "--kind", "archive",
+                "--source", writer, "--port", str(state_port), "--chain-id", str(SUITE_CHAIN_ID),
+                "--data-dir", str(services.workdir / "state"),
+            ),
+            state,
+            svc_cpus,
+        )  # fmt: skip
+        self._wait_synced(state)
+        targets = {"state-node": state}
+        if proxy_available():
+            proxy_port = free_port()
+            config = services.workdir / "proxy.toml"
+            config.write_text(proxy_config(state, kinds=("state", "archive")))
+            proxy = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
+            services.start("proxy", ProxySuite().proxy_command(proxy_port, config), proxy, svc_cpus)
+            targets["proxy"] = proxy
+        targets["anvil"] = anvil
+        return targets
+
+    def _make_blocks(self, anvil: str, workdir: Path) -> None:
+        cmd = python_cmd(
+            "-m", "chainstate.cli", "devnet", "workload", "--url", anvil, "--no-reorg", "--json"
+        )  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"devnet workload failed: {done.stderr[-2000:]}")
+        record = json.loads(done.stdout)
+        (workdir / "workload.json").write_text(done.stdout)
+        self.accounts = [a for a in record["accounts"] if int(a, 16) != 0]
+        self.storage_contract = record["contracts"]["storage"]
+        rpc_call(anvil, "anvil_mine", [hex(STATE_EXTRA_BLOCKS)])
+        self.head = int(rpc_call(anvil, "eth_blockNumber", []), 16)
+
+    def _wait_synced(self, state: str) -> None:
+        deadline = time.monotonic() + SYNC_TIMEOUT
+        height = -1
+        while time.monotonic() < deadline:
+            height = int(rpc_call(state, "eth_blockNumber", []), 16)
+            if height >= self.head:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"state node at {height} after {SYNC_TIMEOUT:g}s, anvil at {self.head}")
+
+    def _plan(self, method: str, batch: int, addresses: list[str]) -> BodyPlan:
+        return BodyPlan(
+            mix=[(method, 1.0)],
+            batch=batch,
+            blocks=BlockRange(1, self.head),
+            addresses=addresses,
+            slots=STATE_SLOTS,
+        )
+
+    def cases(self) -> list[Case]:
+        return [
+            Case("balance", self._plan("eth_getBalance", 1, self.accounts)),
+            Case("storage", self._plan("eth_getStorageAt", 1, [self.storage_contract])),
+            Case("balance10", self._plan("eth_getBalance", 10, self.accounts)),
+        ]
+
+
+SUITES: dict[str, type[Suite]] = {"proxy": ProxySuite, "state": StateSuite}
 
 
 def run_suite(suite: Suite, opts: SuiteOptions) -> dict[str, Any]:
@@ -313,7 +447,7 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         f"suite {report['suite']}  {report['date']}  cpus={report['cpus']} "
         f"pinned={report['pinned']}  c={report['concurrency']}  {report['duration_s']:g}s/case",
-        f"{'case':<10} {'target':<8} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
+        f"{'case':<10} {'target':<10} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
         f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7}",
     ]
     for case in report["cases"]:
@@ -321,7 +455,7 @@ def render(report: dict[str, Any]) -> str:
             lat = t["latency_ms"]
             errors = sum(t["errors"].values())
             lines.append(
-                f"{case['case']:<10} {label:<8} {t['req_per_s']:>10,.0f} "
+                f"{case['case']:<10} {label:<10} {t['req_per_s']:>10,.0f} "
                 f"{t['items_per_s']:>11,.0f} "
                 f"{t['ratio_req_per_s']:>6.3f} {lat['p50']:>8.3f} {lat['p90']:>8.3f} "
                 f"{lat['p99']:>8.3f} {lat['max']:>8.3f} {errors:>7}"
