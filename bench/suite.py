@@ -6,9 +6,13 @@ through the proxy (single requests, batches of 10 and of 100), so the ratio is t
 the proxy. On a machine with two or more cores the proxy is pinned to one core and the load
 generator and fake node share another, as in TRIED.md's anchors.
 
-A suite is a class with `name`, `start(services)` → {label: url} (the first label is the
-baseline) and `cases()`; adding one (e.g. `state`: a state node vs anvil vs the proxy) is
-a new class in SUITES. Everything started is stopped on exit, error, Ctrl-C or SIGTERM.
+`suite state` starts anvil (with the devnet workload), a write node, an archive state node
+and the proxy, and compares eth_getBalance/eth_getStorageAt at random heights on the state
+node, through the proxy and on anvil.
+
+A suite is a class with `name`, `start(services, opts)` → {label: url} (the first label is
+the baseline) and `cases()`; adding one is a new class in SUITES. Everything started is
+stopped on exit, error, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
