@@ -168,6 +168,7 @@ class StateStore:
             str(self.path), map_size=self.map_size, max_dbs=8, sync=True, metasync=True,
             readahead=False,
         )  # fmt: skip
+        env.reader_check()  # free reader slots left by a killed process
         self._meta = env.open_db(b"meta")
         self._ver = env.open_db(b"versions")
         self._hdr = env.open_db(b"headers")
