@@ -1,7 +1,8 @@
 """Steps 2 and 3 of routing: the node kind a block needs, then the node among the eligible.
 
-Rules (DESIGN.md): `Contains`, tags and no block → `state`; a height within `state_window`
-of the pool head → `state`, older → `archive`; `earliest` → `archive`; a block hash the
+Rules (DESIGN.md): `Contains`, tags and no block → `state`; a height among the last
+`state_window` blocks up to the pool head (head - height < state_window, the blocks a state
+node with that window holds) → `state`, older → `archive`; `earliest` → `archive`; a block hash the
 proxy has not seen → `archive`. When no node of the wanted kind is eligible the other kind
 is tried (an archive node holds recent blocks too; a state node answers -39006 when it
 lacks the block, which is retried). Method routes override the kind. Among eligible nodes
@@ -73,9 +74,11 @@ class Selector:
         head = pool.head()
         if head is None:
             return Need("state", height, f"block {height}, head unknown yet → state")
-        if head - height <= self.state_window:
+        if head - height < self.state_window:
             return Need(
-                "state", height, f"block {height} within {self.state_window} of head {head} → state"
+                "state",
+                height,
+                f"block {height} among the last {self.state_window} of head {head} → state",
             )
         return Need(
             "archive",

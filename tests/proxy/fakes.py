@@ -37,7 +37,7 @@ class FakeNode:
         self.head = head
         self.window = window
         self.delay = 0.0  # seconds before answering data requests
-        self.http_status: int | None = None  # answer every request with this HTTP status
+        self.http_status: int | None = None  # answer everything (polls too) with this status
         self.error_code: int | None = None  # answer every data item with this error
         self.received: list[dict[str, Any]] = []  # data items (polls excluded)
         self.bodies: list[bytes] = []
@@ -76,13 +76,13 @@ class FakeNode:
         payload = orjson.loads(body)
         items = payload if isinstance(payload, list) else [payload]
         polling = any(i.get("method") == "blockx_range" for i in items)
+        if self.http_status is not None:
+            return web.Response(status=self.http_status, text="fake failure")
         if not polling:
             self.bodies.append(body)
             self.received.extend(items)
             if self.delay:
                 await asyncio.sleep(self.delay)
-            if self.http_status is not None:
-                return web.Response(status=self.http_status, text="fake failure")
         answers = [a for a in (self._answer(i, polling) for i in items) if a is not None]
         if not answers:
             return web.Response(status=204)
@@ -111,7 +111,7 @@ class FakeNode:
             raise JsonRpcError(self.error_code, f"{self.name}: forced error")
         _, ref = TABLE.target(method, item.get("params"))
         height = self.head
-        if ref is not None:
+        if ref is not None and not ref.contains:  # Contains: the node's own view
             if ref.number is not None:
                 height = ref.number
             elif ref.hash is not None:

@@ -1,0 +1,415 @@
+"""The data path end to end: a proxy app in front of fake state/archive/write nodes."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from proxy.store_file import FileStore
+from tests.proxy.conftest import fast_settings, wait_until
+from tests.proxy.fakes import block_hash
+
+ADDR = "0x" + "11" * 20
+
+
+def req(method: str, params=None, rid=1) -> dict:
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params or []}
+
+
+def balance(block: str = "latest", rid=1) -> dict:
+    return req("eth_getBalance", [ADDR, block], rid)
+
+
+@pytest.fixture
+async def two(make_api, fake_nodes):
+    """A proxy with one state node (window 128) and one archive node, heads at 1000."""
+    state = await fake_nodes("state-1", "state")
+    archive = await fake_nodes("archive-1", "archive")
+    api = await make_api()
+    await api.add("1337", state)
+    await api.add("1337", archive)
+    await api.heads_known("1337")
+    return api, state, archive
+
+
+def served_by(answer: dict) -> str:
+    return answer["result"]["node"]
+
+
+async def test_single_requests_route_by_block(two) -> None:
+    api, _, _ = two
+    cases = {
+        "latest": "state-1",
+        "safe": "state-1",
+        "pending": "state-1",
+        "earliest": "archive-1",
+        hex(1000 - 127): "state-1",
+        hex(1000 - 128): "archive-1",
+        block_hash(5): "archive-1",  # a hash the proxy has not seen
+        block_hash(1000): "state-1",  # the head's hash, learned by polling
+    }
+    for block, node in cases.items():
+        assert served_by(await api.call("1337", "eth_getBalance", [ADDR, block])) == node, block
+    ctx_old = {"block_id": "0x5", "type": "Equals"}
+    ctx_contains = {"block_id": "0x5", "type": "Contains"}
+    assert served_by(await api.call("1337", "getAddressBalance", [ADDR, ctx_old])) == "archive-1"
+    got = await api.call("1337", "getAddressBalance", [ADDR, ctx_contains])
+    assert served_by(got) == "state-1"
+    assert served_by(await api.call("1337", "getAddressBalance", [ADDR])) == "state-1"
+    eip1898 = {"blockNumber": "0x5"}
+    assert served_by(await api.call("1337", "eth_call", [{"to": ADDR}, eip1898])) == "archive-1"
+
+
+async def test_debug_choose_one_node_matches_routing(two) -> None:
+    api, _, _ = two
+    for block, kind in (("latest", "state"), ("0x5", "archive"), ("earliest", "archive")):
+        status, chosen = await api.get(
+            "/1337/debug_chooseOneNode", params={"method": "eth_getBalance", "block": block}
+        )
+        assert status == 200 and chosen["kind"] == kind and chosen["node"]["kind"] == kind
+        answer = await api.call("1337", "eth_getBalance", [ADDR, block])
+        assert served_by(answer) == chosen["node"]["key"]
+        assert "→" in chosen["reason"]
+    status, chosen = await api.get(
+        "/0x539/debug_chooseOneNode", params={"block": "5", "type": "Contains"}
+    )
+    assert chosen["kind"] == "state" and chosen["type"] == "Contains"
+    status, bad = await api.get("/1337/debug_chooseOneNode", params={"method": "nope"})
+    assert status == 400 and "nope" in bad["error"]
+    status, bad = await api.get("/1337/debug_chooseOneNode", params={"block": "0xzz"})
+    assert status == 400
+
+
+async def test_batch_across_nodes_keeps_client_order_and_ids(two) -> None:
+    api, state, archive = two
+    batch = [
+        balance("0x5", rid=7),
+        balance("latest", rid=7),  # repeated id
+        balance("0x6", rid="x"),
+        {"jsonrpc": "2.0", "method": "eth_blockNumber", "params": []},  # notification
+        balance("latest", rid=None),
+        balance("0x3e8", rid="x"),
+        req("eth_getBalance", [], rid=3),  # bad params: answered by the proxy
+    ]
+    status, answers = await api.rpc("1337", batch)
+    assert status == 200
+    assert [a["id"] for a in answers] == [7, 7, "x", None, "x", 3]
+    assert [a.get("result", {}).get("node") for a in answers[:5]] == [
+        "archive-1",
+        "state-1",
+        "archive-1",
+        "state-1",
+        "state-1",
+    ]
+    assert [a["result"]["height"] for a in answers[:5]] == [5, 1000, 6, 1000, 1000]
+    assert answers[5]["error"]["code"] == -32602
+    assert len(archive.bodies) == 1 and len(state.bodies) == 1  # one sub-batch per node
+    assert any(i.get("method") == "eth_blockNumber" and "id" not in i for i in state.received)
+
+
+async def test_retry_on_block_not_found_prefers_archive(make_api, fake_nodes) -> None:
+    stale = await fake_nodes("stale", "state")
+    archive = await fake_nodes("archive-1", "archive")
+    api = await make_api()
+    await api.add("1337", stale)
+    await api.add("1337", archive)
+    await api.heads_known("1337")
+    stale.error_code = -39006  # claims the block is outside its range
+    assert served_by(await api.call("1337", "eth_getBalance", [ADDR, "latest"])) == "archive-1"
+    _, answers = await api.rpc("1337", [balance("latest", 1), balance("latest", 2)])
+    assert [served_by(a) for a in answers] == ["archive-1", "archive-1"]
+    metrics = await (await api.client.get("/metrics")).text()
+    assert 'chainstate_proxy_retries_total{chain="1337",reason="block_not_found"} 3.0' in metrics
+    assert 'outcome="retryable"' in metrics
+
+
+async def test_retry_on_unsupported_precompile_and_last_answer_when_all_fail(
+    make_api, fake_nodes
+) -> None:
+    nodes = [await fake_nodes(f"s{i}", "state") for i in range(4)]
+    api = await make_api()
+    for n in nodes:
+        await api.add("1337", n)
+    await api.heads_known("1337")
+    nodes[0].error_code = nodes[1].error_code = -39008
+    nodes[2].error_code = nodes[3].error_code = -39008
+    answer = await api.call("1337", "eth_call", [{"to": ADDR}, "latest"])
+    assert answer["error"]["code"] == -39008  # the node's own answer, after max_attempts
+    assert sum(len(n.received) for n in nodes) == 3  # max_attempts = 3, three different nodes
+    nodes[0].error_code = nodes[1].error_code = nodes[2].error_code = None
+    for _ in range(5):
+        assert "result" in await api.call("1337", "eth_call", [{"to": ADDR}, "latest"])
+
+
+async def test_dead_node_is_retried_then_taken_out_and_brought_back(make_api, fake_nodes) -> None:
+    a = await fake_nodes("a", "state")
+    b = await fake_nodes("b", "state")
+    api = await make_api()
+    await api.add("1337", a)
+    await api.add("1337", b)
+    await api.heads_known("1337")
+    await b.stop()
+    for i in range(6):
+        assert served_by(await api.call("1337", "eth_getBalance", [ADDR], rid=i)) == "a"
+    pool = api.proxy.state.pools["1337"]
+    await wait_until(lambda: not pool.find("b").healthy)
+    _, nodes = await api.get("/1337/getAllNodes")
+    assert [n["healthy"] for n in nodes["nodes"]] == [True, False]
+    await b.start()
+    await wait_until(lambda: pool.find("b").healthy)
+    await a.stop()  # all traffic now needs b
+    assert served_by(await api.call("1337", "eth_getBalance", [ADDR])) == "b"
+
+
+async def test_slow_node_times_out_and_is_retried(make_api, fake_nodes) -> None:
+    slow = await fake_nodes("slow", "state")
+    fast = await fake_nodes("fast", "archive")
+    api = await make_api(fast_settings(upstream_timeout=0.3))
+    await api.add("1337", slow)
+    await api.add("1337", fast)
+    await api.heads_known("1337")
+    slow.delay = 1.0
+    assert served_by(await api.call("1337", "eth_getBalance", [ADDR])) == "fast"
+    metrics = await (await api.client.get("/metrics")).text()
+    assert 'chainstate_proxy_upstream_errors_total{kind="timeout",node="slow"} 1.0' in metrics
+    assert 'chainstate_proxy_retries_total{chain="1337",reason="timeout"} 1.0' in metrics
+
+
+async def test_every_node_down_gives_a_clear_error(make_api, fake_nodes) -> None:
+    only = await fake_nodes("only", "state")
+    api = await make_api()
+    await api.add("1337", only)
+    await api.heads_known("1337")
+    only.http_status = 502
+    answer = await api.call("1337", "eth_getBalance", [ADDR])
+    assert answer["error"]["code"] == -32603
+    assert (
+        "no node answered" in answer["error"]["message"]
+        and "HTTP 502" in answer["error"]["message"]
+    )
+    await wait_until(lambda: not api.proxy.state.pools["1337"].find("only").healthy)
+    answer = await api.call("1337", "eth_getBalance", [ADDR])
+    assert "no eligible node" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"{not json", -32700),
+        (b"", -32700),
+        (b"[]", -32600),
+        (b"5", -32600),
+        (b'"x"', -32600),
+        (b'{"jsonrpc":"1.0","id":1,"method":"eth_blockNumber"}', -32600),
+        (b'{"jsonrpc":"2.0","id":1}', -32600),
+        (b'{"jsonrpc":"2.0","id":[1],"method":"eth_blockNumber"}', -32600),
+        (b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":5}', -32600),
+        (b'{"jsonrpc":"2.0","id":1,"method":"eth_getLogs","params":[]}', -32601),
+        (b'{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":[]}', -32602),
+        (b'{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0x1"]}', -32602),
+    ],
+)
+async def test_malformed_bodies(two, body, code) -> None:
+    api, state, archive = two
+    status, answer = await api.rpc("1337", body)
+    assert status == 200
+    assert answer["error"]["code"] == code
+    assert not state.received and not archive.received
+
+
+async def test_batch_of_bad_items_answers_each(two) -> None:
+    api, _, _ = two
+    _, answers = await api.rpc("1337", [1, {"jsonrpc": "2.0"}, req("nope", rid=2)])
+    assert [a["error"]["code"] for a in answers] == [-32600, -32600, -32601]
+    assert [a["id"] for a in answers] == [None, None, 2]
+
+
+async def test_limits(make_api, fake_nodes) -> None:
+    node = await fake_nodes("s", "state")
+    api = await make_api(fast_settings(max_body_bytes=400, max_batch_items=2))
+    await api.add("1337", node)
+    status, answer = await api.rpc("1337", [balance()] * 3)
+    assert status == 200 and "max_batch_items=2" in answer["error"]["message"]
+    status, answer = await api.rpc("1337", b" " * 401)
+    assert status == 413 and "max_body_bytes=400" in answer["error"]["message"]
+
+
+async def test_notifications_are_forwarded_without_answer(two) -> None:
+    api, state, _ = two
+    status, answer = await api.rpc("1337", {"jsonrpc": "2.0", "method": "eth_chainId"})
+    assert status == 204 and answer is None
+    assert state.data_items("eth_chainId")
+    status, answer = await api.rpc("1337", [{"jsonrpc": "2.0", "method": "eth_chainId"}])
+    assert status == 204
+
+
+async def test_chain_ids(two) -> None:
+    api, _, _ = two
+    assert served_by(await api.call("0x539", "eth_getBalance", [ADDR])) == "state-1"
+    for chain in ("1", "0x1", "abc", "0x"):
+        status, answer = await api.rpc(chain, balance())
+        assert status == 404, chain
+        assert answer["error"]["code"] == -32600 and "unknown chain" in answer["error"]["message"]
+
+
+async def test_method_routes(two) -> None:
+    api, _, _ = two
+    status, _ = await api.post(
+        "/1337/addMethodRoute", {"method": "eth_getBalance", "kind": "archive"}
+    )
+    assert status == 200
+    assert served_by(await api.call("1337", "eth_getBalance", [ADDR])) == "archive-1"
+    assert served_by(await api.call("1337", "eth_getCode", [ADDR])) == "state-1"
+    await api.post("/1337/deleteMethodRoute/eth_getBalance")
+    await api.post("/1337/addMethodRoute", {"method": "eth_getCode", "nodes": ["archive-1"]})
+    assert served_by(await api.call("1337", "eth_getCode", [ADDR])) == "archive-1"
+    await api.post("/1337/removeMethodRoute", {"method": "eth_getCode", "nodes": ["archive-1"]})
+    assert served_by(await api.call("1337", "eth_getCode", [ADDR])) == "state-1"
+
+
+async def test_writer_methods_go_to_the_leader(make_api, fake_nodes) -> None:
+    state = await fake_nodes("state-1", "state")
+    w1 = await fake_nodes("w1", "state")
+    w2 = await fake_nodes("w2", "state")
+    api = await make_api()
+    await api.add("1337", state)
+    raw_tx = "0x02f8"
+    answer = await api.call("1337", "eth_sendRawTransaction", [raw_tx])
+    assert "no Leader" in answer["error"]["message"]
+    assert (
+        await api.post("/1337/writers/addWriter", {"key": "w1", "url": w1.url, "leader": True})
+    )[0] == 201
+    assert (await api.post("/1337/writers/addWriter", {"key": "w2", "url": w2.url}))[0] == 201
+    assert served_by(await api.call("1337", "eth_sendRawTransaction", [raw_tx])) == "w1"
+    assert served_by(await api.call("1337", "trace_vendorBlock", ["latest"])) == "w1"
+    status, body = await api.post("/1337/writers/switchLeader", {"key": "w2"})
+    assert status == 200 and body["previous"] == "w1" and body["leader"]["key"] == "w2"
+    assert served_by(await api.call("1337", "eth_sendTransaction", [{"to": ADDR}])) == "w2"
+    assert not state.received
+    await w2.stop()
+    answer = await api.call("1337", "eth_sendRawTransaction", [raw_tx])
+    assert answer["error"]["code"] == -32603  # no retry on another writer
+    assert len(w1.data_items("eth_sendRawTransaction")) == 1
+
+
+async def test_mirrors_get_copies_and_never_affect_clients(two, fake_nodes) -> None:
+    api, _, _ = two
+    mirror = await fake_nodes("mirror", "archive")
+    dead = await fake_nodes("dead-mirror", "archive")
+    await dead.stop()
+    status, body = await api.post(
+        "/1337/addMirror", {"url": mirror.url, "methods": ["eth_getBalance"]}
+    )
+    assert status == 201 and body["mirror"]["methods"] == ["eth_getBalance"]
+    assert (await api.post("/1337/addMirror", {"url": dead.url}))[0] == 201
+    mirror.delay = 0.5  # a slow mirror does not slow the client
+    answer = await api.call("1337", "eth_getBalance", [ADDR])
+    assert served_by(answer) == "state-1"
+    await api.call("1337", "eth_getCode", [ADDR])
+    await api.rpc("1337", [balance(rid=1), req("eth_getCode", [ADDR], rid=2)])
+    await wait_until(lambda: len(mirror.received) == 2)
+    assert {i["method"] for i in mirror.received} == {"eth_getBalance"}
+    metrics = api.proxy.metrics
+    await wait_until(
+        lambda: (
+            metrics.mirrors.labels("failed")._value.get() == 3
+            and metrics.mirrors.labels("sent")._value.get() == 2
+        )
+    )
+    status, listed = await api.get("/1337/getMirrors")
+    assert len(listed["mirrors"]) == 2
+    assert (await api.post("/1337/deleteMirror", {"url": mirror.url}))[0] == 200
+    assert (await api.post("/1337/deleteMirror", {"url": mirror.url}))[0] == 404
+    assert (await api.post("/1337/deleteAllMirrors"))[1]["deleted"] == 1
+
+
+async def test_version_key_routes_chain_to_versioned_pool(make_api, fake_nodes) -> None:
+    blue = await fake_nodes("blue-1", "state")
+    green = await fake_nodes("green-1", "state")
+    store = FileStore(None)
+    api = await make_api(store=store)
+    await api.add("1337", green)
+    await api.add("1337-blue", blue)
+    assert served_by(await api.call("1337", "eth_getBalance", [ADDR])) == "green-1"
+    await store.put("1337/version", b"blue")  # as an operator would with etcdctl
+    await wait_until(lambda: api.proxy.state.versions.get("1337") == "blue")
+    assert served_by(await api.call("1337", "eth_getBalance", [ADDR])) == "blue-1"
+    assert served_by(await api.call("0x539", "eth_getBalance", [ADDR])) == "blue-1"
+    status, chains = await api.get("/getChains")
+    assert chains["chains"][0]["active_pool"] == "1337-blue"
+    status, body = await api.post("/1337/setVersion", {"version": None})
+    assert body["active_pool"] == "1337"
+    assert served_by(await api.call("1337", "eth_getBalance", [ADDR])) == "green-1"
+    status, body = await api.post("/1337/setVersion", {"version": "bl/ue"})
+    assert status == 400
+
+
+async def test_metrics_client_ids_and_access_log(two, caplog) -> None:
+    api, _, _ = two
+    api.proxy.metrics._top_n = 2
+    headers = {"x-vendor-biz": "biz", "x-vendor-source": "src", "x-vendor-env": "prod"}
+    with caplog.at_level(logging.INFO, logger="chainstate.proxy.access"):
+        for cid in ("alpha", "beta", "gamma", "delta"):
+            await api.rpc("1337", balance(), headers={"client-id": cid, **headers})
+    text = await (await api.client.get("/metrics")).text()
+    assert 'chainstate_proxy_client_requests_total{client_id="alpha"} 1.0' in text
+    assert 'chainstate_proxy_client_requests_total{client_id="other"} 2.0' in text
+    assert "gamma" not in text
+    assert 'method="eth_getBalance",node="state-1",outcome="ok"' in text
+    assert "chainstate_proxy_request_seconds_bucket" in text
+    record = caplog.records[-1]
+    assert record.name == "chainstate.proxy.access"
+    assert record.client_id == "delta" and record.x_vendor_biz == "biz" and record.status == 200
+
+
+async def test_spans(make_api, fake_nodes) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    stale = await fake_nodes("stale", "state")
+    archive = await fake_nodes("archive-1", "archive")
+    api = await make_api(tracer=provider.get_tracer("test"))
+    await api.add("1337", stale)
+    await api.add("1337", archive)
+    await api.heads_known("1337")
+    stale.error_code = -39006
+    headers = {"client-id": "c1", "x-vendor-source-host": "h1"}
+    await api.rpc("1337", [balance("latest", 1), balance("0x5", 2)], headers=headers)
+    spans = exporter.get_finished_spans()
+    root = next(s for s in spans if s.name == "jsonrpc.request")
+    assert root.attributes["chain"] == "1337" and root.attributes["batch.size"] == 2
+    assert root.attributes["rpc.methods"] == ("eth_getBalance",)
+    assert root.attributes["client_id"] == "c1" and root.attributes["x_vendor_source_host"] == "h1"
+    attempts = [s for s in spans if s.name == "upstream.attempt"]
+    assert all(s.parent.span_id == root.context.span_id for s in attempts)
+    assert sorted((s.attributes["node"], s.attributes["attempt"]) for s in attempts) == [
+        ("archive-1", 1),
+        ("archive-1", 2),
+        ("stale", 1),
+    ]
+
+
+async def test_in_process_engine_and_inproc_nodes(make_api, fake_nodes) -> None:
+    from chainstate.inproc import InprocRegistry
+    from proxy.app import get_engine
+
+    registry = InprocRegistry()
+
+    async def node(body: bytes) -> bytes:
+        item = orjson.loads(body)
+        if isinstance(item, list):
+            return orjson.dumps([{"jsonrpc": "2.0", "id": i["id"], "result": "0x1"} for i in item])
+        return orjson.dumps({"jsonrpc": "2.0", "id": item["id"], "result": "inproc"})
+
+    url = registry.register("local-state", node)
+    api = await make_api(registry=registry)
+    await api.post("/1337/addNode", {"key": "local-state", "url": url})
+    status, body = await get_engine(api.client.app).handle(
+        "0x539", orjson.dumps(balance()), {"client-id": "workspace"}
+    )
+    assert status == 200 and orjson.loads(body)["result"] == "inproc"

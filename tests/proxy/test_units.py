@@ -1,0 +1,326 @@
+"""Each routing step on its own: method table, target block, node choice, entries, store."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pytest
+
+from chainstate.blockref import BlockRef
+from chainstate.jsonrpc import JsonRpcError
+from proxy.engine import retry_code
+from proxy.methods import MethodTable
+from proxy.model import (
+    EntryError,
+    MirrorEntry,
+    Node,
+    NodeEntry,
+    Pool,
+    RouteRule,
+    normalize_chain,
+    normalize_pool,
+)
+from proxy.select import NoEligibleNode, Selector
+from proxy.state import RoutingState
+from proxy.store import StoreEvent
+from proxy.store_file import FileStore
+
+ADDR = "0x" + "ab" * 20
+HASH = "0x" + "cd" * 32
+TABLE = MethodTable()
+
+
+# ---- step 1: methods and target blocks ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "expected"),
+    [
+        ("eth_getBalance", [ADDR, "0x10"], BlockRef(number=16)),
+        ("eth_getBalance", [ADDR], BlockRef(tag="latest")),
+        ("eth_getBalance", {"address": ADDR, "blockNumber": "earliest"}, BlockRef(tag="earliest")),
+        ("eth_getStorageAt", [ADDR, "0x0", "pending"], BlockRef(tag="pending")),
+        ("eth_call", [{"to": ADDR}, {"blockHash": HASH}], BlockRef(hash=HASH)),
+        ("eth_call", [{"to": ADDR}, {"blockNumber": "0x5"}], BlockRef(number=5)),
+        ("eth_getBlockByNumber", ["0x7", False], BlockRef(number=7)),
+        ("eth_getBlockByHash", [HASH, False], BlockRef(hash=HASH)),
+        ("eth_baseFee", [], BlockRef(tag="latest")),
+        ("getAddressBalance", [ADDR], BlockRef(tag="latest")),
+        (
+            "getAddressBalance",
+            [ADDR, {"block_id": "0x9", "type": "Contains"}],
+            BlockRef(number=9, contains=True),
+        ),
+        ("getStorageAt", [ADDR, "0x1", {"block_id": "12", "type": "Equals"}], BlockRef(number=12)),
+        ("getBlockByHeight", [44], BlockRef(number=44)),
+        ("getBlockById", [HASH], BlockRef(hash=HASH)),
+        ("pre_traceCall", [{"to": ADDR}, "0x3"], BlockRef(number=3)),
+        ("eth_blockNumber", [], None),
+        ("blockIsValid", [HASH], None),
+        ("trace_vendorBlock", ["latest"], None),
+    ],
+)
+def test_target_block_of_every_way_to_name_a_block(method, params, expected) -> None:
+    _, ref = TABLE.target(method, params)
+    assert ref == expected
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "code"),
+    [
+        ("eth_getBalance", [], -32602),  # missing address
+        ("eth_getBalance", ["0x12", "latest"], -32602),  # bad address
+        ("eth_getBalance", [ADDR, "latest", 1], -32602),  # too many
+        ("eth_getBalance", {"addr": ADDR}, -32602),  # unknown name
+        ("eth_getBalance", [ADDR, "0xzz"], -39007),  # bad block
+        ("getAddressBalance", [ADDR, {"block_id": "latest", "type": "Near"}], -39007),
+        ("eth_getBlockByHash", ["0x12", False], -32602),
+        ("eth_call", ["notanobject"], -32602),
+        ("eth_sendRawTransaction", ["nothex"], -32602),
+        ("eth_getLogs", [], -32601),  # not in the spec's set
+        ("debug_traceTransaction", [], -32601),
+    ],
+)
+def test_bad_params_and_methods_are_refused(method, params, code) -> None:
+    with pytest.raises(JsonRpcError) as err:
+        TABLE.target(method, params)
+    assert err.value.code == code
+
+
+def test_extra_methods_setting_allows_more() -> None:
+    table = MethodTable(("eth_getLogs",))
+    spec, ref = table.target("eth_getLogs", [{"fromBlock": "0x1"}])
+    assert ref is None and not spec.writer
+
+
+def test_writer_methods() -> None:
+    for method in ("eth_sendRawTransaction", "eth_sendTransaction", "trace_vendorBlock"):
+        assert TABLE.spec(method).writer
+
+
+@pytest.mark.parametrize(
+    ("raw", "chain", "pool"),
+    [
+        ("1", "1", "1"),
+        ("0x1", "1", "1"),
+        ("0x539", "1337", "1337"),
+        ("0X539", "1337", "1337"),
+        ("1337-blue", None, "1337-blue"),
+        ("0x539-blue", None, "1337-blue"),
+        ("01", None, None),
+        ("abc", None, None),
+        ("-1", None, None),
+        ("1-", None, None),
+        ("1-bl/ue", None, None),
+    ],
+)
+def test_chain_and_pool_ids_are_normalized(raw, chain, pool) -> None:
+    assert normalize_chain(raw) == chain
+    assert normalize_pool(raw) == pool
+
+
+# ---- steps 2 and 3: kind and node ---------------------------------------------------------
+
+
+def pool_with(*nodes: Node) -> Pool:
+    pool = Pool("1", nodes={n.key: n for n in nodes})
+    pool.rebuild()
+    return pool
+
+
+def node(key: str, kind: str, head: int | None = 1000, weight: int = 1, **kw) -> Node:
+    entry = NodeEntry(key=key, url=f"http://{key}", kind=kind, weight=weight, **kw)
+    return Node(entry, head=head)
+
+
+SPEC = TABLE.spec("eth_getBalance")
+
+
+@pytest.fixture
+def selector() -> Selector:
+    return Selector(state_window=128, known_hashes=16, rng=random.Random(7))
+
+
+@pytest.mark.parametrize(
+    ("ref", "kind"),
+    [
+        (None, "state"),
+        (BlockRef(tag="latest"), "state"),
+        (BlockRef(tag="safe"), "state"),
+        (BlockRef(tag="finalized"), "state"),
+        (BlockRef(tag="pending"), "state"),
+        (BlockRef(tag="earliest"), "archive"),
+        (BlockRef(number=1000 - 127), "state"),
+        (BlockRef(number=1000 - 128), "archive"),
+        (BlockRef(number=5, contains=True), "state"),
+        (BlockRef(hash=HASH), "archive"),  # unknown hash
+    ],
+)
+def test_kind_rules(selector: Selector, ref, kind) -> None:
+    pool = pool_with(node("s", "state"), node("a", "archive"))
+    assert selector.need(pool, ref).kind == kind
+    assert selector.choose(pool, "eth_getBalance", SPEC, ref).node.entry.kind == kind
+
+
+def test_known_hash_routes_by_its_height(selector: Selector) -> None:
+    pool = pool_with(node("s", "state"), node("a", "archive"))
+    selector.remember_hash(HASH, 999)
+    assert selector.choose(pool, "eth_getBalance", SPEC, BlockRef(hash=HASH)).node.key == "s"
+
+
+def test_unhealthy_disabled_behind_and_zero_weight_nodes_are_skipped(selector: Selector) -> None:
+    sick = node("sick", "state")
+    sick.healthy = False
+    off = node("off", "state", enabled=False)
+    behind = node("behind", "state", head=900)
+    drained = node("drained", "state", weight=0)
+    good = node("good", "state")
+    pool = pool_with(sick, off, behind, drained, good)
+    ref = BlockRef(number=950)
+    for _ in range(20):
+        assert selector.choose(pool, "eth_getBalance", SPEC, ref).node is good
+
+
+def test_falls_back_to_the_other_kind_and_says_so(selector: Selector) -> None:
+    pool = pool_with(node("a", "archive"))
+    choice = selector.choose(pool, "eth_getBalance", SPEC, BlockRef(tag="latest"))
+    assert choice.node.key == "a" and "falling back to archive" in choice.reason
+
+
+def test_no_eligible_node_says_why(selector: Selector) -> None:
+    pool = pool_with(node("s", "state", enabled=False))
+    with pytest.raises(NoEligibleNode) as err:
+        selector.choose(pool, "eth_getBalance", SPEC, None)
+    assert err.value.code == -32603 and "s(state, disabled" in err.value.message
+
+
+def test_excluded_nodes_and_prefer_archive(selector: Selector) -> None:
+    s1, s2, a = node("s1", "state"), node("s2", "state"), node("a", "archive")
+    pool = pool_with(s1, s2, a)
+    ref = BlockRef(tag="latest")
+    assert selector.choose(pool, "eth_getBalance", SPEC, ref, exclude=[s1]).node is s2
+    assert selector.choose(pool, "eth_getBalance", SPEC, ref, prefer_archive=True).node is a
+
+
+def test_method_routes_pin_kind_or_nodes(selector: Selector) -> None:
+    s1, s2, a = node("s1", "state"), node("s2", "state"), node("a", "archive")
+    pool = pool_with(s1, s2, a)
+    pool.routes["eth_getBalance"] = [RouteRule("eth_getBalance", kind="archive")]
+    assert selector.choose(pool, "eth_getBalance", SPEC, None).node is a
+    pool.routes["eth_getBalance"] = [RouteRule("eth_getBalance", nodes=("s2",))]
+    for _ in range(10):
+        assert selector.choose(pool, "eth_getBalance", SPEC, None).node is s2
+    with pytest.raises(NoEligibleNode):  # pinned nodes only: no fallback
+        selector.choose(pool, "eth_getBalance", SPEC, None, exclude=[s2])
+
+
+def test_weighted_choice_follows_weights_and_inflight(selector: Selector) -> None:
+    heavy, light = node("heavy", "state", weight=9), node("light", "state", weight=1)
+    pool = pool_with(heavy, light)
+    picks = [selector.choose(pool, "eth_getBalance", SPEC, None).node.key for _ in range(2000)]
+    assert picks.count("heavy") > 1700
+    heavy.inflight = 100  # busy: the light node takes over when both are drawn
+    picks = [selector.choose(pool, "eth_getBalance", SPEC, None).node.key for _ in range(2000)]
+    assert picks.count("light") > 300
+
+
+def test_writer_methods_go_to_the_leader(selector: Selector) -> None:
+    pool = pool_with(node("s", "state"))
+    spec = TABLE.spec("eth_sendRawTransaction")
+    with pytest.raises(NoEligibleNode, match="no Leader"):
+        selector.choose(pool, "eth_sendRawTransaction", spec, None)
+    w1, w2 = node("w1", "writer"), node("w2", "writer")
+    pool.writers = {"w1": w1, "w2": w2}
+    pool.leader = "w2"
+    assert selector.choose(pool, "eth_sendRawTransaction", spec, None).node is w2
+
+
+# ---- entries -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"url": "http://x"},
+        {"key": "a b", "url": "http://x"},
+        {"key": "a", "url": "ftp://x"},
+        {"key": "a", "url": "http://"},
+        {"key": "a", "url": "http://x", "kind": "light"},
+        {"key": "a", "url": "http://x", "weight": -1},
+        {"key": "a", "url": "http://x", "weight": True},
+        {"key": "a", "url": "http://x", "enabled": "yes"},
+        {"key": "a", "url": "http://x", "head": 5},
+        ["key", "a"],
+    ],
+)
+def test_bad_node_entries(obj) -> None:
+    with pytest.raises(EntryError):
+        NodeEntry.from_obj(obj)
+
+
+def test_route_and_mirror_entries() -> None:
+    with pytest.raises(EntryError):
+        RouteRule.from_obj({"method": "eth_call"})
+    with pytest.raises(EntryError):
+        RouteRule.from_obj({"method": "eth_call", "kind": "state", "nodes": ["a"]})
+    with pytest.raises(EntryError):
+        MirrorEntry.from_obj({"url": "http://m", "methods": []})
+    m = MirrorEntry.from_obj({"url": "http://m", "methods": ["eth_call"]})
+    assert m.wants("eth_call") and not m.wants("eth_getBalance")
+
+
+def test_retry_code_peeks_without_decoding_ok_answers() -> None:
+    assert retry_code(b'{"jsonrpc":"2.0","id":1,"result":"0x1"}') is None
+    assert retry_code(b'{"jsonrpc":"2.0","id":1,"error":{"code":-39006,"message":"x"}}') == -39006
+    assert retry_code(b'{"jsonrpc":"2.0","id":1,"error":{"code":-39008,"message":"x"}}') == -39008
+    assert retry_code(b'{"jsonrpc":"2.0","id":1,"error":{"code":-39000,"message":"x"}}') is None
+
+
+# ---- state applied from store events -----------------------------------------------------
+
+
+def test_state_applies_events_and_ignores_bad_values() -> None:
+    state = RoutingState()
+    n = orjson.dumps({"key": "s", "url": "http://s", "kind": "state", "weight": 2})
+    state.load({"pools/1/nodes/s": n, "pools/1/nodes/bad": b"{not json", "1/version": b"blue"}, 3)
+    assert list(state.pools["1"].nodes) == ["s"]
+    assert state.versions == {"1": "blue"}
+    assert state.pool_for_chain("1") is None  # version mode: pool 1-blue does not exist yet
+    state.apply(StoreEvent("pools/1-blue/nodes/s", n, 4))
+    assert state.pool_for_chain("1").id == "1-blue"
+    state.apply(StoreEvent("1/version", None, 5))
+    assert state.pool_for_chain("1").id == "1"
+    state.apply(StoreEvent("pools/1/nodes/s", None, 6))
+    assert "1" not in state.pools and state.revision == 6
+
+
+# ---- file store --------------------------------------------------------------------------
+
+
+async def test_file_store_persists_atomically_and_watches(tmp_path) -> None:
+    path = tmp_path / "store.json"
+    store = FileStore(path)
+    await store.start()
+    rev = await store.put("a/1", b'{"x":1}')
+    watch = store.watch("a/", rev)
+    first = await anext(watch)
+    assert first == StoreEvent("a/1", b'{"x":1}', rev)
+    await store.put("b/1", b"2")
+    rev3 = await store.delete("a/1")
+    assert await anext(watch) == StoreEvent("a/1", None, rev3)
+    assert await store.delete("missing") == rev3  # unchanged revision
+    await store.close()
+    assert not list(tmp_path.glob("*.tmp"))
+    again = FileStore(path)
+    await again.start()
+    assert await again.snapshot() == ({"b/1": b"2"}, rev3)
+    rev4 = await again.delete_prefix("b/")
+    assert await again.snapshot() == ({}, rev4)
+
+
+async def test_file_store_refuses_unreadable_file(tmp_path) -> None:
+    path = tmp_path / "store.json"
+    path.write_text("{broken")
+    with pytest.raises(RuntimeError, match="unreadable"):
+        await FileStore(path).start()
