@@ -83,12 +83,10 @@ def test_proxy_config_names_the_node() -> None:
     import tomllib
 
     cfg = tomllib.loads(proxy_config("http://127.0.0.1:9"))
-    assert cfg["proxy"]["nodes"] == [
-        {
-            "chain": "1337",
-            "key": "fake-1",
-            "url": "http://127.0.0.1:9",
-            "kind": "state",
-            "weight": 1,
-        }
+    node = {"chain": "1337", "key": "bench-state", "url": "http://127.0.0.1:9", "kind": "state"}
+    assert cfg["proxy"]["nodes"] == [{**node, "weight": 1}]
+    both = tomllib.loads(proxy_config("http://127.0.0.1:9", kinds=("state", "archive")))
+    assert [(n["key"], n["kind"]) for n in both["proxy"]["nodes"]] == [
+        ("bench-state", "state"),
+        ("bench-archive", "archive"),
     ]
