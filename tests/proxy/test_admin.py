@@ -43,9 +43,7 @@ async def api(make_api) -> Api:
     api = await make_api()
     status, _ = await api.post("/1337/addNode", {"key": "s1", "url": URL, "kind": "state"})
     assert status == 201
-    status, _ = await api.post(
-        "/1337/writers/addWriter", {"key": "w1", "url": URL, "leader": True}
-    )
+    status, _ = await api.post("/1337/writers/addWriter", {"key": "w1", "url": URL, "leader": True})
     assert status == 201
     return api
 
@@ -182,9 +180,9 @@ async def test_routes_listing(api: Api) -> None:
 
 
 async def test_writers_listing(api: Api) -> None:
-    status, body = await api.get("/1337/writers")
+    _, body = await api.get("/1337/writers")
     assert body["writers"] == [{"key": "w1", "url": URL, "leader": True}]
-    status, body = await api.get("/1337/writers/leader")
+    _, body = await api.get("/1337/writers/leader")
     assert body["leader"]["key"] == "w1"
     await api.post("/1337/writers/addWriter", {"key": "w2", "url": URL})
     assert (await api.post("/1337/writers/deleteWriter/w2"))[0] == 200
@@ -213,7 +211,7 @@ async def test_persistence_across_restart_and_config_seeding(aiohttp_client, tmp
         writers=(SeedWriter("1337", "w1", URL, leader=True),),
     )
     first = Api(await aiohttp_client(create_app(settings, store=FileStore(path))))
-    status, body = await first.get("/1337/getAllNodes")
+    _, body = await first.get("/1337/getAllNodes")
     assert [(n["key"], n["kind"]) for n in body["nodes"]] == [
         ("seed-1", "state"),
         ("seed-2", "archive"),
@@ -230,7 +228,7 @@ async def test_persistence_across_restart_and_config_seeding(aiohttp_client, tmp
     await first.client.close()
 
     second = Api(await aiohttp_client(create_app(settings, store=FileStore(path))))
-    status, body = await second.get("/1337/getAllNodes")
+    _, body = await second.get("/1337/getAllNodes")
     assert [(n["key"], n["weight"]) for n in body["nodes"]] == [("added", 9), ("seed-2", 2)]
     assert (await second.get("/1337/getMethodRoutes"))[1]["routes"] == {
         "eth_call": [{"method": "eth_call", "kind": "archive"}]
