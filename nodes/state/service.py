@@ -18,6 +18,7 @@ from chainstate.inproc import InprocRegistry
 from chainstate.jsonrpc import Dispatcher, JsonRpcError, dumps
 from chainstate.rpcserver import rpc_handler
 from nodes.state.ingest import Ingest
+from nodes.state.leader import LeaderWatch
 from nodes.state.methods import StateMethods
 from nodes.state.metrics import StateMetrics
 from nodes.state.reader import StateReader
@@ -78,6 +79,16 @@ class StateNode:
         )
         self.ingest = Ingest(self.store, settings, self.metrics, registry=registry)
         self._task: asyncio.Task[None] | None = None
+        self.leader: LeaderWatch | None = None
+        if settings.leader_from:
+            self.leader = LeaderWatch(
+                settings.leader_from,
+                self.ingest,
+                interval=settings.leader_poll_interval,
+                timeout=settings.request_timeout,
+                token_env=settings.leader_token_env,
+            )
+        self._leader_task: asyncio.Task[None] | None = None
         self._started = False
         self.evm: Any = None  # set by nodes.state.evm.methods.register when present
         self.evm_settings: Any = None
@@ -116,17 +127,22 @@ class StateNode:
             importlib.import_module(EVM_METHODS_MODULE).register(self)
         self.ingest._published()
         self._task = asyncio.create_task(self.ingest.run(), name=f"state-ingest:{self.key}")
+        if self.leader is not None:
+            self._leader_task = asyncio.create_task(
+                self.leader.run(), name=f"state-leader:{self.key}"
+            )
         if self.registry is not None:
             self.registry.register(self.key, self.handle_body)
 
     async def close(self) -> None:
         if self.registry is not None:
             self.registry.unregister(self.key)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in (self._leader_task, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._leader_task = None
         await self.ingest.close()
         evm = getattr(self, "evm", None)
         if evm is not None:
@@ -171,6 +187,8 @@ class StateNode:
             "source_head": self.ingest.source_head,
             "last_error": self.ingest.last_error,
         }
+        if self.leader is not None:
+            doc["leader_error"] = self.leader.last_error
         return bounds is not None, doc
 
     async def _health(self, request: web.Request) -> web.Response:

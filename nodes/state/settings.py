@@ -23,6 +23,7 @@ DEFAULT_BACKOFF_MAX = 5.0  # seconds, longest wait after repeated source errors
 DEFAULT_MAP_SIZE_MB = 65536  # LMDB map size (address space reserved, not disk used)
 DEFAULT_MAX_VALIDATION_COUNT = 1000  # blockx_getValidation `count` limit
 DEFAULT_MAX_BATCH = 1000  # JSON-RPC batch length limit
+DEFAULT_LEADER_POLL_INTERVAL = 1.0  # seconds between Leader lookups (when leader_from is set)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,11 @@ class StateSettings:
     verify_hash: bool = True  # reject a block whose ValidationHash does not match its content
     max_validation_count: int = DEFAULT_MAX_VALIDATION_COUNT
     max_batch: int = DEFAULT_MAX_BATCH
+    # The proxy admin's `GET /{chain}/writers/leader` URL: follow whichever write node is
+    # the Leader. The admin token, when needed, is read from the env var named here.
+    leader_from: str | None = None
+    leader_poll_interval: float = DEFAULT_LEADER_POLL_INTERVAL
+    leader_token_env: str | None = None
     evm: dict[str, Any] = field(default_factory=dict)  # the EVM helper's [evm] settings
 
     @classmethod
@@ -76,7 +82,12 @@ class StateSettings:
             raise ConfigError(f"{where}: source must be an inproc://, http:// or https:// URL")
         if self.chain_id is not None and self.chain_id < 0:
             raise ConfigError(f"{where}: chain_id must be non-negative")
-        for name in ("poll_interval", "request_timeout", "backoff_initial", "backoff_max"):
+        if self.leader_from is not None and not self.leader_from.startswith(
+            ("http://", "https://")
+        ):
+            raise ConfigError(f"{where}: leader_from must be an http:// or https:// URL")
+        names = ("poll_interval", "request_timeout", "backoff_initial", "backoff_max")
+        for name in (*names, "leader_poll_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{where}: {name} must be positive")
         for name in ("fetch_concurrency", "map_size_mb", "max_validation_count", "max_batch"):
@@ -90,7 +101,7 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         if not isinstance(value, dict):
             raise ConfigError("state node setting evm must be a table")
         return dict(value)
-    if name in ("source", "chain_id"):
+    if name in ("source", "chain_id", "leader_from", "leader_token_env"):
         if value is None:
             return None
         if name == "chain_id":

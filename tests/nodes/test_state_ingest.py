@@ -202,3 +202,43 @@ async def test_switching_sources_continues_from_the_own_head(make_node: Any) -> 
             node.set_source("ftp://nowhere")
     finally:
         await server.close()
+
+
+async def test_follows_the_leader_named_by_the_proxy_admin(make_node: Any) -> None:
+    chain, addrs = random_chain(seed=48, blocks=30)
+    registry = InprocRegistry()
+    old, new = ChainSource(chain, visible=10), ChainSource(chain)
+    registry.register("leader-a", old.handle_body)
+    registry.register("leader-b", new.handle_body)
+    leader: dict[str, Any] = {"key": "leader-a", "url": "inproc://leader-a", "leader": True}
+    status = {"code": 200}
+
+    async def get_leader(request: web.Request) -> web.Response:
+        if status["code"] != 200:
+            return web.json_response({"error": "no Leader"}, status=status["code"])
+        return web.json_response({"pool": "1337", "leader": leader})
+
+    app = web.Application()
+    app.router.add_get("/1337/writers/leader", get_leader)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        node = await make_node(
+            "inproc://leader-a",
+            registry,
+            kind="archive",
+            leader_from=str(server.make_url("/1337/writers/leader")),
+            leader_poll_interval=0.02,
+        )
+        await node.ingest.wait_for_height(10, within=10)
+        status["code"] = 404  # a failing lookup keeps the current source
+        await wait_until(lambda: node.leader is not None and node.leader.last_error is not None)
+        assert node.ingest.source == "inproc://leader-a"
+        status["code"] = 200
+        leader.update(key="leader-b", url="inproc://leader-b")  # switchLeader
+        await node.ingest.wait_for_height(29, within=10)
+        assert node.ingest.source == "inproc://leader-b"
+        assert node.health()[1]["leader_error"] is None
+        assert_matches(node, chain, addrs)
+    finally:
+        await server.close()
