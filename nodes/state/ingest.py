@@ -96,9 +96,12 @@ class Ingest:
             except (RpcUnavailable, JsonRpcError, VendorBlockError, StoreError) as exc:
                 kind = type(exc).__name__
                 self.metrics.error(kind)
-                self.last_error = f"{kind}: {exc}"
+                error = f"{kind}: {exc}"
                 level = logging.ERROR if isinstance(exc, ReorgTooDeep) else logging.WARNING
-                log.log(level, "state ingest from %s failed: %s", self.source, self.last_error)
+                if error == self.last_error:  # the same failure again: once is enough
+                    level = logging.DEBUG
+                self.last_error = error
+                log.log(level, "state ingest from %s failed: %s", self.source, error)
                 await self._sleep(backoff)
                 backoff = min(backoff * 2, self.settings.backoff_max)
                 continue
@@ -143,7 +146,7 @@ class Ingest:
             try:
                 await self._apply(block)
             except ParentMismatch as exc:
-                log.warning("state ingest: reorg at block %d: %s", block.number, exc)
+                log.info("state ingest: reorg at block %d: %s", block.number, exc)
                 await self._rollback()
                 return True
         return True
@@ -157,7 +160,7 @@ class Ingest:
         theirs = await self._fetch(rpc, src_head)
         if theirs.hash == ours:
             return False
-        log.warning("state ingest: source replaced block %d (reorg); rolling back", src_head)
+        log.info("state ingest: source replaced block %d (reorg); rolling back", src_head)
         while (mine := self.store.head_hash()) is not None and mine[0] >= src_head:
             await self._rollback()
         return True
