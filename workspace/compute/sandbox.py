@@ -38,6 +38,7 @@ GiB = 1024 * MiB
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
 RESULT_FD_ENV = "CHAINSTATE_RESULT_FD"
 
 
@@ -468,8 +469,21 @@ class Sandbox:
                 os.setgroups([])
                 os.setgid(uid)
                 os.setuid(uid)
+            _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the server
 
         return setup
+
+
+def sweep_uids(uids: range) -> int:
+    """Kill processes left by a previous server in the sandbox uid range; returns the count."""
+    killed = 0
+    for p in psutil.process_iter(["uids"]):
+        ids = p.info.get("uids")
+        if ids is not None and ids.real in uids:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+                killed += 1
+    return killed
 
 
 class QueueFull(Exception):

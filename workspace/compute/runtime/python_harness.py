@@ -100,6 +100,7 @@ def main():
         _emit(fd, _failure("compile_error", exc, with_locals=False))
         return
     try:
+        module.__dict__.update(job.get("globals") or {})
         exec(code, module.__dict__)
         entry = job.get("entry")
         if job.get("mode") == "script":

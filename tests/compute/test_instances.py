@@ -1,0 +1,268 @@
+"""Notebook instances: exits, logs cursor, cancel, keepalive expiry, background, OOM, restart;
+schedules firing and skipping. Real SQLite store, real sandboxed processes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workspace.compute.instances import (
+    EXIT_KILLED,
+    InstanceError,
+    InstanceManager,
+    InstanceSettings,
+)
+from workspace.compute.runners import CodeRunner
+from workspace.compute.sandbox import MiB, Sandbox
+from workspace.compute.scheduler import Scheduler
+from workspace.compute.store import MIGRATIONS, ComputeStore, list_schedule_runs
+from workspace.db import schema
+from workspace.db.sqlite import SqliteDatabase
+
+T0 = 1_800_000_000.0  # a whole minute (divisible by 60)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[ComputeStore]:
+    db = SqliteDatabase(tmp_path / "ws.sqlite")
+    db.migrate("workspace.db.schema", schema.MIGRATIONS)
+    db.migrate("workspace.compute", MIGRATIONS)
+    yield ComputeStore(db)
+    await db.close()
+
+
+SETTINGS = InstanceSettings(
+    allowed_quotas=((100, 256 * MiB),),
+    default_max_memory=256 * MiB,
+    metrics_interval_seconds=0.2,
+    reaper_interval_seconds=3600,  # tests call reap() themselves with the fake clock
+    max_running=3,
+)
+
+
+def make_manager(
+    sandbox: Sandbox, runner: CodeRunner, store: ComputeStore, tmp_path: Path, clock: Clock
+) -> InstanceManager:
+    return InstanceManager(sandbox, runner, store, SETTINGS, tmp_path / "logs", clock=clock)
+
+
+@pytest.fixture
+async def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def manager(
+    sandbox: Sandbox, runner: CodeRunner, store: ComputeStore, tmp_path: Path, clock: Clock
+) -> AsyncIterator[InstanceManager]:
+    m = make_manager(sandbox, runner, store, tmp_path, clock)
+    await m.start()
+    yield m
+    await m.close()
+
+
+async def launch(m: InstanceManager, code: str, **kw: Any) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "code": code,
+        "notebook": {"id": "s1.nb", "space": "s1", "name": "nb"},
+        "parameters": [],
+        "arguments": [],
+        "globals_": {},
+        "account_id": "a" * 32,
+        "user_id": "u1",
+        "name": "job",
+        "background": False,
+        "max_cpu": None,
+        "max_memory": None,
+    }
+    args.update(kw)
+    return await m.launch(**args)
+
+
+async def wait_ended(store: ComputeStore, instance_id: str, seconds: float = 10) -> dict[str, Any]:
+    for _ in range(int(seconds * 20)):
+        doc = await store.get_instance(instance_id)
+        if doc and doc["status"] == "ended":
+            return doc
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"instance {instance_id} did not end")
+
+
+async def test_success_logs_and_cursor(manager: InstanceManager, store: ComputeStore) -> None:
+    code = "for i in range(3):\n    print('line', i, greeting)\n"
+    doc = await launch(manager, code, globals_={"greeting": "hi"})
+    assert doc["status"] == "running" and doc["display_status"] == "running"
+    assert doc["deadline"] == T0 + 150
+    end = await wait_ended(store, doc["id"])
+    assert (end["exit_code"], end["display_status"], end["oom_killed"]) == (0, "succeeded", False)
+    assert end["exit_message"] == "completed" and end["deadline"] is None
+    logs, cursor = manager.logs(doc["id"], None)
+    outputs = [r["message"] for r in logs if r["type"] == "output"]
+    assert outputs == ["line 0 hi", "line 1 hi", "line 2 hi"]
+    stamps = [r["timestamp"] for r in logs]
+    assert stamps == sorted(set(stamps)) and cursor == stamps[-1]
+    again, cursor2 = manager.logs(doc["id"], cursor)
+    assert again == [] and cursor2 == cursor
+    middle, _ = manager.logs(doc["id"], stamps[1])
+    assert [r["timestamp"] for r in middle] == stamps[2:]
+
+
+async def test_exception_fails_with_message(manager: InstanceManager, store: ComputeStore) -> None:
+    doc = await launch(manager, "x = 1\nraise RuntimeError('nope')\n")
+    end = await wait_ended(store, doc["id"])
+    assert end["display_status"] == "failed" and end["exit_code"] == 1
+    assert end["exit_message"] == "RuntimeError: nope"
+    logs, _ = manager.logs(doc["id"], None)
+    assert any("instance ended: failed" in r["message"] for r in logs)
+
+
+async def test_cancel_running_instance(manager: InstanceManager, store: ComputeStore) -> None:
+    doc = await launch(manager, "import time\nwhile True:\n    time.sleep(0.05)\n")
+    assert manager.is_running(doc["id"])
+    await manager.cancel(doc["id"])
+    end = await store.get_instance(doc["id"])
+    assert end is not None
+    assert (end["status"], end["display_status"], end["exit_code"]) == (
+        "ended",
+        "canceled",
+        EXIT_KILLED,
+    )
+    await manager.cancel(doc["id"])  # a finished instance: nothing happens
+    with pytest.raises(InstanceError):
+        await manager.cancel("missing")
+
+
+async def test_keepalive_and_deadline(
+    manager: InstanceManager, store: ComputeStore, clock: Clock
+) -> None:
+    code = "import time\nwhile True:\n    time.sleep(0.05)\n"
+    fg = await launch(manager, code)
+    bg = await launch(manager, code, background=True)
+    assert bg["deadline"] is None
+    clock.now += 100
+    await manager.keepalive(fg["id"])
+    await manager.keepalive(bg["id"])
+    assert (await store.get_instance(fg["id"]))["deadline"] == clock.now + 150
+    assert (await store.get_instance(bg["id"]))["deadline"] is None
+    clock.now += 149
+    assert await manager.reap() == 0
+    clock.now += 2
+    assert await manager.reap() == 1
+    end = await wait_ended(store, fg["id"])
+    assert end["display_status"] == "canceled" and "expired" in end["exit_message"]
+    assert manager.is_running(bg["id"])
+    await manager.keepalive(fg["id"])  # finished: unaffected
+    assert (await store.get_instance(fg["id"]))["deadline"] is None
+    await manager.cancel(bg["id"])
+
+
+async def test_set_background_is_one_way(
+    manager: InstanceManager, store: ComputeStore, clock: Clock
+) -> None:
+    doc = await launch(manager, "import time\ntime.sleep(30)\n")
+    await manager.set_background(doc["id"], False)  # already foreground: no change
+    await manager.set_background(doc["id"], True)
+    now = await store.get_instance(doc["id"])
+    assert now["background"] is True and now["deadline"] is None
+    with pytest.raises(InstanceError, match="cannot move back"):
+        await manager.set_background(doc["id"], False)
+    clock.now += 1000
+    assert await manager.reap() == 0
+    await manager.cancel(doc["id"])
+
+
+async def test_memory_limit_is_oom(manager: InstanceManager, store: ComputeStore) -> None:
+    doc = await launch(manager, "blob = bytearray(10 * 1024 ** 3)\n")
+    end = await wait_ended(store, doc["id"])
+    assert end["oom_killed"] is True and end["display_status"] == "failed"
+    assert "out of memory" in end["exit_message"]
+
+
+async def test_quota_and_capacity_are_checked(manager: InstanceManager) -> None:
+    with pytest.raises(InstanceError, match="not allowed"):
+        await launch(manager, "pass", max_cpu=400)
+    code = "import time\ntime.sleep(30)\n"
+    docs = [await launch(manager, code) for _ in range(SETTINGS.max_running)]
+    with pytest.raises(InstanceError) as err:
+        await launch(manager, code)
+    assert err.value.kind == "busy"
+    for d in docs:
+        await manager.cancel(d["id"])
+
+
+async def test_container_metrics_are_sampled(manager: InstanceManager, store: ComputeStore) -> None:
+    code = "import time\nt = time.time()\nwhile time.time() - t < 1.2:\n    pass\n"
+    doc = await launch(manager, code)
+    await wait_ended(store, doc["id"])
+    points = manager.container_points(doc["id"])
+    assert set(points) >= {"cpu", "memory", "net_rx", "net_tx"}
+    assert max(v for _, v in points["cpu"]) > 20
+    assert all(v > 0 for _, v in points["memory"])
+
+
+async def test_restart_ends_running_instances_as_failed(
+    sandbox: Sandbox,
+    runner: CodeRunner,
+    store: ComputeStore,
+    tmp_path: Path,
+    clock: Clock,
+) -> None:
+    first = make_manager(sandbox, runner, store, tmp_path, clock)
+    await first.start()
+    doc = await launch(first, "import time\ntime.sleep(60)\n")
+    second = make_manager(sandbox, runner, store, tmp_path, clock)
+    await second.start()  # what a restarted server does first
+    end = await store.get_instance(doc["id"])
+    assert end["status"] == "ended" and end["display_status"] == "failed"
+    assert "server restarted" in end["exit_message"]
+    await second.close()
+    await first.close()
+
+
+async def test_schedule_fires_and_skips_overlaps(
+    manager: InstanceManager, store: ComputeStore, clock: Clock
+) -> None:
+    async def launch_scheduled(sched: dict[str, Any]) -> str:
+        doc = await launch(
+            manager, sched["code"], background=True, launched="schedule", schedule_id=sched["id"]
+        )
+        return doc["id"]
+
+    scheduler = Scheduler(store, launch_scheduled, manager.is_running, clock=clock)
+    sched = {
+        "id": "sch1",
+        "account_id": "a" * 32,
+        "space": "s1",
+        "cron": "* * * * *",
+        "mode": "skip",
+        "code": "import time\ntime.sleep(30)\n",
+        "created_at": T0,
+        "deleted_at": None,
+    }
+    await store.put_schedule(sched)
+    assert await scheduler.tick(T0 + 30) == []
+    first = await scheduler.tick(T0 + 61)
+    assert [r["status"] for r in first] == ["started"]
+    inst = await store.get_instance(first[0]["instance_id"])
+    assert inst["launched"] == "schedule" and inst["schedule_id"] == "sch1"
+    second = await scheduler.tick(T0 + 121)
+    assert [r["status"] for r in second] == ["skipped"]
+    assert "still running" in second[0]["reason"]
+    await manager.cancel(first[0]["instance_id"])
+    later = await scheduler.tick(T0 + 365)  # 180, 240, 300 missed; 360 fires
+    assert [r["status"] for r in later] == ["skipped", "skipped", "skipped", "started"]
+    _, total = await store.db.run(list_schedule_runs, "sch1", 0, 100)
+    assert total == 6
+    await manager.cancel(later[-1]["instance_id"])

@@ -1,0 +1,507 @@
+"""Persistence for Functions, test cases, Notebooks, instances, schedules and table access.
+
+Plain synchronous functions over a `workspace.db.Conn` (one transaction each through
+`Database.run`), portable between SQLite and PostgreSQL. Instances and schedules are stored
+as a JSON document plus the columns lists filter on. `ComputeStore` is the async facade the
+instance manager, the scheduler and the endpoints use.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from workspace.db import Conn, Database, Migration
+
+MIGRATIONS: list[Migration] = [
+    """CREATE TABLE ws_functions (
+        id TEXT PRIMARY KEY, space TEXT NOT NULL, account_id TEXT NOT NULL, name TEXT NOT NULL,
+        language TEXT NOT NULL, code TEXT NOT NULL, parameters_json TEXT NOT NULL,
+        return_type TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX ws_functions_space ON ws_functions (space)",
+    # args_key: canonical JSON of the arguments; a duplicate per Function is a 409.
+    """CREATE TABLE ws_function_testcases (
+        id TEXT PRIMARY KEY, function_id TEXT NOT NULL, arguments_json TEXT NOT NULL,
+        args_key TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL, UNIQUE (function_id, args_key))""",
+    """CREATE TABLE ws_notebooks (
+        id TEXT PRIMARY KEY, space TEXT NOT NULL, account_id TEXT NOT NULL, name TEXT NOT NULL,
+        language TEXT NOT NULL, code TEXT NOT NULL, parameters_json TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX ws_notebooks_space ON ws_notebooks (space)",
+    """CREATE TABLE ws_nb_instances (
+        id TEXT PRIMARY KEY, account_id TEXT NOT NULL, user_id TEXT, notebook_id TEXT,
+        schedule_id TEXT, status TEXT NOT NULL, display_status TEXT NOT NULL,
+        launched TEXT NOT NULL, name TEXT, created_at DOUBLE PRECISION NOT NULL,
+        doc_json TEXT NOT NULL)""",
+    "CREATE INDEX ws_nb_instances_account ON ws_nb_instances (account_id, created_at)",
+    "CREATE INDEX ws_nb_instances_status ON ws_nb_instances (status)",
+    """CREATE TABLE ws_nb_schedules (
+        id TEXT PRIMARY KEY, account_id TEXT NOT NULL, space TEXT NOT NULL,
+        deleted_at DOUBLE PRECISION, created_at DOUBLE PRECISION NOT NULL,
+        doc_json TEXT NOT NULL)""",
+    # One row per due time of a schedule: started (with its instance) or skipped (with why).
+    """CREATE TABLE ws_nb_schedule_runs (
+        id TEXT PRIMARY KEY, schedule_id TEXT NOT NULL, due_at DOUBLE PRECISION NOT NULL,
+        status TEXT NOT NULL, instance_id TEXT, reason TEXT,
+        created_at DOUBLE PRECISION NOT NULL)""",
+    "CREATE INDEX ws_nb_schedule_runs_schedule ON ws_nb_schedule_runs (schedule_id, due_at)",
+    # Which instance read or wrote which table, last time (table/instance/list, deps).
+    """CREATE TABLE ws_table_access (
+        table_id TEXT NOT NULL, instance_id TEXT NOT NULL, access TEXT NOT NULL,
+        reader TEXT NOT NULL, last_accessed_at_ms BIGINT NOT NULL,
+        PRIMARY KEY (table_id, instance_id, access))""",
+    "CREATE INDEX ws_table_access_reader ON ws_table_access (table_id, access, reader)",
+]
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def args_key(arguments: Sequence[Any]) -> str:
+    """Canonical JSON of positional arguments: equal arguments give equal keys."""
+    return json.dumps(list(arguments), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+# Functions ------------------------------------------------------------------------------
+
+
+def function_from_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "space": row["space"],
+        "account_id": row["account_id"],
+        "name": row["name"],
+        "language": row["language"],
+        "code": row["code"],
+        "parameters": json.loads(row["parameters_json"]),
+        "return_type": row["return_type"],
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }
+
+
+def get_function(conn: Conn, function_id: str) -> dict[str, Any] | None:
+    row = conn.one("SELECT * FROM ws_functions WHERE id = ?", [function_id])
+    return function_from_row(row) if row else None
+
+
+def put_function(conn: Conn, fn: dict[str, Any]) -> None:
+    conn.execute("DELETE FROM ws_functions WHERE id = ?", [fn["id"]])
+    conn.execute(
+        "INSERT INTO ws_functions (id, space, account_id, name, language, code, parameters_json,"
+        " return_type, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            fn["id"],
+            fn["space"],
+            fn["account_id"],
+            fn["name"],
+            fn["language"],
+            fn["code"],
+            _dump(fn["parameters"]),
+            fn["return_type"],
+            fn["created_at"],
+            fn["updated_at"],
+        ],
+    )
+
+
+def delete_function(conn: Conn, function_id: str) -> None:
+    conn.execute("DELETE FROM ws_function_testcases WHERE function_id = ?", [function_id])
+    conn.execute("DELETE FROM ws_functions WHERE id = ?", [function_id])
+
+
+def list_functions(
+    conn: Conn,
+    spaces: Sequence[str],
+    name: str | None,
+    order_by: str,
+    direction: str,
+) -> list[dict[str, Any]]:
+    """All matching Functions of the given Spaces, ordered (keyword filtering is the caller's)."""
+    if not spaces:
+        return []
+    marks = ", ".join("?" for _ in spaces)
+    sql = f"SELECT * FROM ws_functions WHERE space IN ({marks})"
+    params: list[Any] = list(spaces)
+    if name:
+        sql += " AND name LIKE ? ESCAPE '\\'"
+        params.append("%" + _like(name) + "%")
+    sql += f" ORDER BY {order_by} {'ASC' if direction == 'asc' else 'DESC'}, id ASC"
+    return [function_from_row(r) for r in conn.all(sql, params)]
+
+
+def _like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+# Test cases -----------------------------------------------------------------------------
+
+
+def testcase_from_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "function_id": row["function_id"],
+        "arguments": json.loads(row["arguments_json"]),
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }
+
+
+def get_testcase(conn: Conn, testcase_id: str) -> dict[str, Any] | None:
+    row = conn.one("SELECT * FROM ws_function_testcases WHERE id = ?", [testcase_id])
+    return testcase_from_row(row) if row else None
+
+
+def find_testcase_by_args(conn: Conn, function_id: str, key: str) -> str | None:
+    return conn.scalar(
+        "SELECT id FROM ws_function_testcases WHERE function_id = ? AND args_key = ?",
+        [function_id, key],
+    )
+
+
+def put_testcase(conn: Conn, tc: dict[str, Any]) -> None:
+    conn.execute("DELETE FROM ws_function_testcases WHERE id = ?", [tc["id"]])
+    conn.execute(
+        "INSERT INTO ws_function_testcases (id, function_id, arguments_json, args_key,"
+        " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            tc["id"],
+            tc["function_id"],
+            _dump(tc["arguments"]),
+            args_key(tc["arguments"]),
+            tc["created_at"],
+            tc["updated_at"],
+        ],
+    )
+
+
+def delete_testcase(conn: Conn, testcase_id: str) -> None:
+    conn.execute("DELETE FROM ws_function_testcases WHERE id = ?", [testcase_id])
+
+
+def list_testcases(
+    conn: Conn, function_id: str, start: int, limit: int, order_by: str, direction: str
+) -> tuple[list[dict[str, Any]], int]:
+    total = conn.scalar(
+        "SELECT COUNT(*) FROM ws_function_testcases WHERE function_id = ?", [function_id]
+    )
+    rows = conn.all(
+        f"SELECT * FROM ws_function_testcases WHERE function_id = ? ORDER BY {order_by} "
+        f"{'ASC' if direction == 'asc' else 'DESC'}, id ASC LIMIT ? OFFSET ?",
+        [function_id, limit, start],
+    )
+    return [testcase_from_row(r) for r in rows], int(total or 0)
+
+
+# Notebooks ------------------------------------------------------------------------------
+
+
+def notebook_from_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "space": row["space"],
+        "account_id": row["account_id"],
+        "name": row["name"],
+        "language": row["language"],
+        "code": row["code"],
+        "parameters": json.loads(row["parameters_json"]),
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }
+
+
+def get_notebook(conn: Conn, notebook_id: str) -> dict[str, Any] | None:
+    row = conn.one("SELECT * FROM ws_notebooks WHERE id = ?", [notebook_id])
+    return notebook_from_row(row) if row else None
+
+
+def put_notebook(conn: Conn, nb: dict[str, Any]) -> None:
+    conn.execute("DELETE FROM ws_notebooks WHERE id = ?", [nb["id"]])
+    conn.execute(
+        "INSERT INTO ws_notebooks (id, space, account_id, name, language, code, parameters_json,"
+        " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            nb["id"],
+            nb["space"],
+            nb["account_id"],
+            nb["name"],
+            nb["language"],
+            nb["code"],
+            _dump(nb["parameters"]),
+            nb["created_at"],
+            nb["updated_at"],
+        ],
+    )
+
+
+def delete_notebook(conn: Conn, notebook_id: str) -> None:
+    conn.execute("DELETE FROM ws_notebooks WHERE id = ?", [notebook_id])
+
+
+def list_notebooks(
+    conn: Conn,
+    spaces: Sequence[str],
+    name: str | None,
+    start: int,
+    limit: int,
+    order_by: str,
+    direction: str,
+) -> tuple[list[dict[str, Any]], int]:
+    if not spaces:
+        return [], 0
+    marks = ", ".join("?" for _ in spaces)
+    where = f"space IN ({marks})"
+    params: list[Any] = list(spaces)
+    if name:
+        where += " AND name LIKE ? ESCAPE '\\'"
+        params.append("%" + _like(name) + "%")
+    total = conn.scalar(f"SELECT COUNT(*) FROM ws_notebooks WHERE {where}", params)
+    rows = conn.all(
+        f"SELECT * FROM ws_notebooks WHERE {where} ORDER BY {order_by} "
+        f"{'ASC' if direction == 'asc' else 'DESC'}, id ASC LIMIT ? OFFSET ?",
+        [*params, limit, start],
+    )
+    return [notebook_from_row(r) for r in rows], int(total or 0)
+
+
+# Instances ------------------------------------------------------------------------------
+
+
+def put_instance(conn: Conn, doc: dict[str, Any]) -> None:
+    conn.execute("DELETE FROM ws_nb_instances WHERE id = ?", [doc["id"]])
+    conn.execute(
+        "INSERT INTO ws_nb_instances (id, account_id, user_id, notebook_id, schedule_id, status,"
+        " display_status, launched, name, created_at, doc_json)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            doc["id"],
+            doc["account_id"],
+            doc["user_id"],
+            doc["notebook_id"],
+            doc["schedule_id"],
+            doc["status"],
+            doc["display_status"],
+            doc["launched"],
+            doc["name"],
+            doc["created_at"],
+            _dump(doc),
+        ],
+    )
+
+
+def get_instance(conn: Conn, instance_id: str) -> dict[str, Any] | None:
+    raw = conn.scalar("SELECT doc_json FROM ws_nb_instances WHERE id = ?", [instance_id])
+    return json.loads(raw) if raw else None
+
+
+def running_instances(conn: Conn) -> list[dict[str, Any]]:
+    rows = conn.tuples("SELECT doc_json FROM ws_nb_instances WHERE status = 'running'")
+    return [json.loads(r[0]) for r in rows]
+
+
+def list_instances(
+    conn: Conn, account_id: str, filters: dict[str, Any], start: int, limit: int
+) -> tuple[list[dict[str, Any]], int]:
+    """Instances of one account, newest first. `keyword` takes precedence over `name` and
+    matches the instance name or the launcher's personal account slug."""
+    where = ["account_id = ?"]
+    params: list[Any] = [account_id]
+    for col in ("notebook_id", "schedule_id", "display_status", "launched"):
+        if filters.get(col) is not None:
+            where.append(f"{col} = ?")
+            params.append(filters[col])
+    if filters.get("keyword"):
+        pattern = "%" + _like(filters["keyword"]) + "%"
+        where.append(
+            "(name LIKE ? ESCAPE '\\' OR user_id IN (SELECT id FROM ws_accounts"
+            " WHERE type = 'personal' AND slug LIKE ? ESCAPE '\\'))"
+        )
+        params += [pattern, pattern]
+    elif filters.get("name"):
+        where.append("name LIKE ? ESCAPE '\\'")
+        params.append("%" + _like(filters["name"]) + "%")
+    clause = " AND ".join(where)
+    total = conn.scalar(f"SELECT COUNT(*) FROM ws_nb_instances WHERE {clause}", params)
+    rows = conn.tuples(
+        f"SELECT doc_json FROM ws_nb_instances WHERE {clause} ORDER BY created_at DESC, id ASC"
+        " LIMIT ? OFFSET ?",
+        [*params, limit, start],
+    )
+    return [json.loads(r[0]) for r in rows], int(total or 0)
+
+
+# Schedules ------------------------------------------------------------------------------
+
+
+def put_schedule(conn: Conn, doc: dict[str, Any]) -> None:
+    conn.execute("DELETE FROM ws_nb_schedules WHERE id = ?", [doc["id"]])
+    conn.execute(
+        "INSERT INTO ws_nb_schedules (id, account_id, space, deleted_at, created_at, doc_json)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        [
+            doc["id"],
+            doc["account_id"],
+            doc["space"],
+            doc.get("deleted_at"),
+            doc["created_at"],
+            _dump(doc),
+        ],
+    )
+
+
+def get_schedule(conn: Conn, schedule_id: str) -> dict[str, Any] | None:
+    raw = conn.scalar("SELECT doc_json FROM ws_nb_schedules WHERE id = ?", [schedule_id])
+    return json.loads(raw) if raw else None
+
+
+def active_schedules(conn: Conn) -> list[dict[str, Any]]:
+    rows = conn.tuples("SELECT doc_json FROM ws_nb_schedules WHERE deleted_at IS NULL")
+    return [json.loads(r[0]) for r in rows]
+
+
+def list_schedules(
+    conn: Conn,
+    account_id: str,
+    content_id: str | None,
+    include_deleted: bool,
+    start: int,
+    limit: int,
+) -> tuple[list[dict[str, Any]], int]:
+    where = "account_id = ?"
+    params: list[Any] = [account_id]
+    if not include_deleted:
+        where += " AND deleted_at IS NULL"
+    rows = [
+        json.loads(r[0])
+        for r in conn.tuples(
+            f"SELECT doc_json FROM ws_nb_schedules WHERE {where} ORDER BY created_at DESC, id ASC",
+            params,
+        )
+    ]
+    if content_id is not None:
+        rows = [r for r in rows if r.get("content_id") == content_id]
+    return rows[start : start + limit], len(rows)
+
+
+def add_schedule_run(conn: Conn, run: dict[str, Any]) -> None:
+    conn.execute(
+        "INSERT INTO ws_nb_schedule_runs (id, schedule_id, due_at, status, instance_id, reason,"
+        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [
+            run["id"],
+            run["schedule_id"],
+            run["due_at"],
+            run["status"],
+            run.get("instance_id"),
+            run.get("reason"),
+            run["created_at"],
+        ],
+    )
+
+
+def list_schedule_runs(
+    conn: Conn, schedule_id: str, start: int, limit: int
+) -> tuple[list[dict[str, Any]], int]:
+    total = conn.scalar(
+        "SELECT COUNT(*) FROM ws_nb_schedule_runs WHERE schedule_id = ?", [schedule_id]
+    )
+    rows = conn.all(
+        "SELECT * FROM ws_nb_schedule_runs WHERE schedule_id = ? ORDER BY due_at DESC, id ASC"
+        " LIMIT ? OFFSET ?",
+        [schedule_id, limit, start],
+    )
+    return rows, int(total or 0)
+
+
+# Table access ---------------------------------------------------------------------------
+
+
+def record_access(
+    conn: Conn, table_id: str, instance_id: str, access: str, reader: str, at_ms: int
+) -> None:
+    """Remember that `instance_id` (run on behalf of `reader`: a notebook or Function id)
+    read or wrote `table_id` at `at_ms`."""
+    conn.execute(
+        "DELETE FROM ws_table_access WHERE table_id = ? AND instance_id = ? AND access = ?",
+        [table_id, instance_id, access],
+    )
+    conn.execute(
+        "INSERT INTO ws_table_access (table_id, instance_id, access, reader,"
+        " last_accessed_at_ms) VALUES (?, ?, ?, ?, ?)",
+        [table_id, instance_id, access, reader, at_ms],
+    )
+
+
+def table_accesses(conn: Conn, table_id: str, access: str, limit: int) -> list[dict[str, Any]]:
+    return conn.all(
+        "SELECT instance_id, last_accessed_at_ms FROM ws_table_access"
+        " WHERE table_id = ? AND access = ? ORDER BY last_accessed_at_ms DESC LIMIT ?",
+        [table_id, access, limit],
+    )
+
+
+def table_reader_count(conn: Conn, table_id: str) -> int:
+    """A table's `deps`: distinct notebooks / Functions that read it."""
+    return int(
+        conn.scalar(
+            "SELECT COUNT(DISTINCT reader) FROM ws_table_access WHERE table_id = ?"
+            " AND access = 'read'",
+            [table_id],
+        )
+        or 0
+    )
+
+
+def space_reader_count(conn: Conn, table_ids: Sequence[str]) -> int:
+    """A Space's `dep_count`: distinct readers over its tables."""
+    if not table_ids:
+        return 0
+    marks = ", ".join("?" for _ in table_ids)
+    return int(
+        conn.scalar(
+            f"SELECT COUNT(DISTINCT reader) FROM ws_table_access WHERE table_id IN ({marks})"
+            " AND access = 'read'",
+            list(table_ids),
+        )
+        or 0
+    )
+
+
+class ComputeStore:
+    """Async facade over the database for the manager, the scheduler and the endpoints."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def put_instance(self, doc: dict[str, Any]) -> None:
+        await self.db.run(put_instance, doc)
+
+    async def get_instance(self, instance_id: str) -> dict[str, Any] | None:
+        return await self.db.run(get_instance, instance_id)
+
+    async def running_instances(self) -> list[dict[str, Any]]:
+        return await self.db.run(running_instances)
+
+    async def put_schedule(self, doc: dict[str, Any]) -> None:
+        await self.db.run(put_schedule, doc)
+
+    async def get_schedule(self, schedule_id: str) -> dict[str, Any] | None:
+        return await self.db.run(get_schedule, schedule_id)
+
+    async def active_schedules(self) -> list[dict[str, Any]]:
+        return await self.db.run(active_schedules)
+
+    async def add_schedule_run(self, run: dict[str, Any]) -> None:
+        await self.db.run(add_schedule_run, run)
+
+    async def get_notebook(self, notebook_id: str) -> dict[str, Any] | None:
+        return await self.db.run(get_notebook, notebook_id)
+
+    async def record_access(
+        self, table_id: str, instance_id: str, access: str, reader: str, at_ms: int
+    ) -> None:
+        await self.db.run(record_access, table_id, instance_id, access, reader, at_ms)
