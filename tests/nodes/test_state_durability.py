@@ -63,13 +63,14 @@ async def head_of(session: aiohttp.ClientSession, url: str) -> int | None:
 async def wait_head(
     session: aiohttp.ClientSession, url: str, at_least: int, proc: subprocess.Popen[bytes]
 ) -> int:
-    for _ in range(3000):
+    deadline = asyncio.get_running_loop().time() + 60
+    while asyncio.get_running_loop().time() < deadline:
         assert proc.poll() is None, f"state node exited with {proc.returncode}"
         head = await head_of(session, url)
         if head is not None and head >= at_least:
             return head
         await asyncio.sleep(0.005)
-    raise AssertionError(f"node did not reach block {at_least}")
+    raise AssertionError(f"node did not reach block {at_least} in 60 s")
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:
