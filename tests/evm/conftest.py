@@ -216,7 +216,7 @@ class Client:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def evm(chain: Chain) -> AsyncIterator[Client]:
-    settings = EvmSettings(workers=2, call_timeout=3.0, chain_id=1337)
+    settings = EvmSettings(workers=2, call_timeout=3.0, chain_id=1337, max_trace_steps=1000)
     methods = EvmMethods(AnvilReader(chain.url), settings)
     await methods.start()
     try:

@@ -134,6 +134,18 @@ async def test_state_override_equals_anvil(evm: Client, chain: Chain) -> None:
     assert plain == rpc(chain.url, "eth_call", [req, "latest"])
 
 
+async def test_full_storage_override_equals_anvil(evm: Client, chain: Chain) -> None:
+    """`state` replaces the whole storage: every other holder reads zero."""
+    from nodes.devnet.workload import mapping_slot
+
+    overrides = {chain.erc20: {"state": {mapping_slot(A1, 0): "0x" + f"{5:064x}"}}}
+    for holder, want in [(A1, 5), (A0, 0)]:
+        req = {"to": chain.erc20, "data": balance_of(holder)}
+        ours = await evm.call("eth_call", [req, "latest", overrides])
+        assert ours == rpc(chain.url, "eth_call", [req, "latest", overrides])
+        assert int(ours, 16) == want
+
+
 async def test_block_overrides(evm: Client, chain: Chain) -> None:
     ov = {"number": "0x3e8", "time": "0x1234", "gasLimit": "0x2faf080"}
     out = bytes.fromhex((await evm.call("eth_call", [{"to": chain.env}, "latest", None, ov]))[2:])
@@ -155,7 +167,15 @@ async def test_block_overrides(evm: Client, chain: Chain) -> None:
         ([{"to": "0x" + "00" * 20}, "yesterday"], -39007),
         ([{"to": "0x" + "00" * 20}, {"blockHash": "0x" + "ab" * 32}], -39006),
         ([{"to": "0x" + "00" * 20}, "latest", {"0x12": {}}], -32602),
-        ([{"to": "0x" + "00" * 20}, "latest", {"0x" + "11" * 20: {"state": {}}}], -32602),
+        (
+            [
+                {"to": "0x" + "00" * 20},
+                "latest",
+                {"0x" + "11" * 20: {"state": {}, "stateDiff": {}}},
+            ],
+            -32602,
+        ),
+        ([{"to": "0x" + "00" * 20}, "latest", {"0x" + "11" * 20: {"stateDiff": []}}], -32602),
         ([{"to": "0x" + "00" * 20}, "latest", None, {"number": 5}], -32602),
         ([{"to": "0x" + "00" * 20}, "latest", None, None, 1], -32602),
     ],

@@ -10,6 +10,7 @@ from typing import Any
 
 from chainstate.hexcodec import UINT256_MAX, parse_address, parse_data, parse_quantity
 from chainstate.jsonrpc import INVALID_PARAMS, JsonRpcError
+from nodes.state.evm.feed import Overlay
 from nodes.state.reader import HeaderInfo
 
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
@@ -132,49 +133,49 @@ def parse_calls(objs: Any, gas_limit: int, max_calls: int) -> list[dict[str, Any
     return [parse_call(o, gas_limit, f"requests[{i}]") for i, o in enumerate(objs)]
 
 
-def parse_state_override(obj: Any) -> dict[str, Any]:
-    """`{address: {balance?, nonce?, code?, stateDiff?}}` → decoded; `state` is refused.
-
-    `state` (replace the whole storage) cannot be expressed on pyrevm 0.3.7's fork cache,
-    which has no way to mark an account's storage as cleared; see docs/evm.md.
-    """
+def parse_state_override(obj: Any) -> Overlay | None:
+    """`{address: {balance?, nonce?, code?, state? | stateDiff?}}` → an Overlay (geth's rules:
+    `state` replaces the whole storage, `stateDiff` changes the named slots)."""
     if obj is None:
-        return {}
+        return None
     if not isinstance(obj, dict):
         raise invalid("invalid stateOverride: expected an object keyed by address")
-    out: dict[str, Any] = {}
+    overlay = Overlay()
     for raw_addr, ov in obj.items():
         address = parse_address(raw_addr, "stateOverride key")
+        where = f"stateOverride[{address}]"
         if not isinstance(ov, dict):
-            raise invalid(f"invalid stateOverride[{address}]: expected an object")
+            raise invalid(f"invalid {where}: expected an object")
         unknown = sorted(set(ov) - OVERRIDE_FIELDS)
         if unknown:
-            raise invalid(f"invalid stateOverride[{address}]: unknown fields {unknown}")
-        if ov.get("state") is not None:
-            raise invalid(
-                f"stateOverride[{address}].state (full storage replacement) is not supported; "
-                "use stateDiff"
-            )
-        item: dict[str, Any] = {}
+            raise invalid(f"invalid {where}: unknown fields {unknown}")
+        if ov.get("state") is not None and ov.get("stateDiff") is not None:
+            raise invalid(f"invalid {where}: give either state or stateDiff, not both")
+        account: dict[str, Any] = {}
         if ov.get("balance") is not None:
-            item["balance"] = _u256(ov["balance"], f"stateOverride[{address}].balance")
+            account["balance"] = _u256(ov["balance"], f"{where}.balance")
         if ov.get("nonce") is not None:
-            item["nonce"] = _u64(ov["nonce"], f"stateOverride[{address}].nonce")
+            account["nonce"] = _u64(ov["nonce"], f"{where}.nonce")
         if ov.get("code") is not None:
-            item["code"] = parse_data(ov["code"], f"stateOverride[{address}].code")
-        diff = ov.get("stateDiff")
-        if diff is not None:
-            if not isinstance(diff, dict):
-                raise invalid(f"invalid stateOverride[{address}].stateDiff: expected an object")
-            item["stateDiff"] = {_slot(k, address): _slot(v, address) for k, v in diff.items()}
-        out[address] = item
-    return out
+            account["code"] = parse_data(ov["code"], f"{where}.code")
+        if account:
+            overlay.accounts[address] = account
+        for name in ("state", "stateDiff"):
+            slots = ov.get(name)
+            if slots is None:
+                continue
+            if not isinstance(slots, dict):
+                raise invalid(f"invalid {where}.{name}: expected an object")
+            overlay.storage[address] = {_slot(k, where): _slot(v, where) for k, v in slots.items()}
+            if name == "state":
+                overlay.replaced.add(address)
+    return overlay
 
 
-def _slot(value: Any, address: str) -> int:
-    n = parse_quantity(value, f"stateOverride[{address}].stateDiff entry", lenient=True)
+def _slot(value: Any, where: str) -> int:
+    n = parse_quantity(value, f"{where} storage entry", lenient=True)
     if n > UINT256_MAX:
-        raise invalid(f"invalid stateOverride[{address}].stateDiff entry: over 32 bytes")
+        raise invalid(f"invalid {where} storage entry: over 32 bytes")
     return n
 
 

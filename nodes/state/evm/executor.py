@@ -38,7 +38,6 @@ class Executor:
         height: int,
         block: dict[str, Any],
         calls: list[dict[str, Any]],
-        overrides: dict[str, Any] | None = None,
         **extra: Any,
     ) -> dict[str, Any]:
         return {
@@ -49,12 +48,14 @@ class Executor:
             "chain_id": self.settings.chain_id,
             "spec_id": self.settings.spec_id,
             "calls": calls,
-            "overrides": overrides or {},
             **extra,
         }
 
     async def run(self, job: dict[str, Any]) -> dict[str, Any]:
-        answer = await self.pool.run(job, self.settings.call_timeout)
+        limit = (
+            self.settings.trace_timeout if job["kind"] == "trace" else self.settings.call_timeout
+        )
+        answer = await self.pool.run(job, limit)
         if "error" in answer:
             raise_error(answer["error"])
         return answer

@@ -13,14 +13,27 @@ ethers (inside pyrevm) insists on parsing but the EVM never reads are zero. The 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import secrets
 import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from chainstate.hexcodec import parse_address, parse_quantity, to_hash32
-from chainstate.jsonrpc import INVALID_PARAMS, Dispatcher, JsonRpcError, params_list
+from chainstate.jsonrpc import (
+    INVALID_PARAMS,
+    Dispatcher,
+    JsonRpcError,
+    dumps,
+    error_response,
+    params_list,
+    result_response,
+)
 from chainstate.rpcserver import rpc_handler
 from nodes.state.reader import StateReader
 
@@ -28,7 +41,29 @@ log = logging.getLogger(__name__)
 
 ZERO_HASH = "0x" + "00" * 32
 EMPTY_BLOOM = "0x" + "00" * 256
+_ACCOUNT_FIELDS = {
+    "eth_getBalance": "balance",
+    "eth_getTransactionCount": "nonce",
+    "eth_getCode": "code",
+}
 EMPTY_UNCLES = "0x1dcc4de8dec75d7aab85b567b6ccd41ad312451b948a7413f0a142fd40d49347"
+
+
+@dataclass
+class Overlay:
+    """State on top of the block's: state overrides, or the writes of earlier transactions
+    of a simulation. pyrevm reads it as plain (cold, committed) state, exactly as a later
+    transaction in a block sees the writes of earlier ones."""
+
+    accounts: dict[str, dict[str, Any]] = field(default_factory=dict)  # balance, nonce, code
+    storage: dict[str, dict[int, int]] = field(default_factory=dict)
+    replaced: set[str] = field(default_factory=set)  # storage replaced wholesale
+
+    def merge_writes(self, writes: dict[str, Any]) -> None:
+        for address, (balance, nonce, code) in writes["accounts"].items():
+            self.accounts[address] = {"balance": balance, "nonce": nonce, "code": code}
+        for address, slots in writes["slots"].items():
+            self.storage.setdefault(address, {}).update(slots)
 
 
 class StateFeed:
@@ -50,13 +85,62 @@ class StateFeed:
             }
         )
         self._runner: web.AppRunner | None = None
+        self._overlays: dict[str, Overlay] = {}
         self.url: str | None = None
+
+    @contextlib.contextmanager
+    def overlay(self, overlay: Overlay) -> Iterator[str]:
+        """A state URL serving `overlay` over the block's state, valid inside the block."""
+        assert self.url is not None, "start() the feed first"
+        token = secrets.token_hex(12)
+        self._overlays[token] = overlay
+        try:
+            yield f"{self.url}/o/{token}"
+        finally:
+            del self._overlays[token]
+
+    async def _overlay_handler(self, request: web.Request) -> web.Response:
+        overlay = self._overlays.get(request.match_info["token"])
+        body = await request.read()
+        if overlay is None:
+            return web.Response(status=404, text="no such overlay")
+        try:
+            item = orjson.loads(body)
+            answer = self._from_overlay(overlay, item) if isinstance(item, dict) else None
+        except JsonRpcError as exc:
+            answer = error_response(item.get("id"), exc.code, exc.message)
+        except orjson.JSONDecodeError:
+            answer = None
+        out = dumps(answer) if answer is not None else await self.dispatcher.handle_body(body)
+        return web.Response(body=out, content_type="application/json")
+
+    def _from_overlay(self, overlay: Overlay, item: dict[str, Any]) -> dict[str, Any] | None:
+        """The overlay's answer to one request, or None to read the block's state."""
+        method, params, rid = item.get("method"), item.get("params") or [], item.get("id")
+        if method == "eth_getStorageAt" and len(params) == 3:
+            address = parse_address(params[0])
+            slot = parse_quantity(params[1], "slot", lenient=True)
+            self._height(params[2])
+            slots = overlay.storage.get(address, {})
+            if slot in slots or address in overlay.replaced:
+                return result_response(rid, to_hash32(slots.get(slot, 0)))
+            return None
+        if method in _ACCOUNT_FIELDS and len(params) == 2:
+            address = parse_address(params[0])
+            self._height(params[1])
+            value = overlay.accounts.get(address, {}).get(_ACCOUNT_FIELDS[method])
+            if value is None:
+                return None
+            shown = "0x" + value.hex() if isinstance(value, bytes) else hex(value)
+            return result_response(rid, shown)
+        return None
 
     async def start(self) -> str:
         if self.url is not None:
             return self.url
         app = web.Application(client_max_size=1024 * 1024)
         app.router.add_post("/", rpc_handler(self.dispatcher.handle_body))
+        app.router.add_post("/o/{token}", self._overlay_handler)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

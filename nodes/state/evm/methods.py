@@ -9,7 +9,8 @@ on worker processes that read the node's state at the requested block through th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from chainstate.blockref import BlockRef, parse_block_ctx, parse_block_id, parse_block_number_param
@@ -17,6 +18,7 @@ from chainstate.hexcodec import parse_data
 from chainstate.jsonrpc import (
     BLOCK_NOT_FOUND,
     INVALID_PARAMS,
+    NONCE_ERROR,
     SERVER_BUSY,
     Dispatcher,
     JsonRpcError,
@@ -33,9 +35,13 @@ from nodes.state.evm.codec import (
     parse_state_override,
 )
 from nodes.state.evm.executor import Executor
-from nodes.state.evm.feed import StateFeed
+from nodes.state.evm.feed import Overlay, StateFeed
 from nodes.state.evm.settings import EvmSettings
 from nodes.state.reader import StateReader
+
+
+def nonce_error(message: str) -> dict[str, Any]:
+    return {"code": NONCE_ERROR, "message": message}
 
 
 class NodeLike(Protocol):
@@ -120,7 +126,6 @@ class EvmMethods:
         *,
         single: bool,
         block_overrides: Any = None,
-        state_override: Any = None,
         **extra: Any,
     ) -> dict[str, Any]:
         """Validate everything, resolve the block, build the job (one call or many)."""
@@ -131,15 +136,23 @@ class EvmMethods:
             calls = [parse_call(calls_raw, limit)]
         else:
             calls = parse_calls(calls_raw, limit, self.settings.max_calls)
-        overrides = parse_state_override(state_override)
         if not self._started:
             await self.start()
         assert self.feed.url is not None
-        job = self.executor.job(kind, self.feed.url, height, env, calls, overrides, **extra)
+        job = self.executor.job(kind, self.feed.url, height, env, calls, **extra)
         chain_id = self._chain_id() if self._chain_id else None
         if chain_id is not None:
             job["chain_id"] = chain_id
         return job
+
+    @contextlib.contextmanager
+    def _overlaid(self, job: dict[str, Any], overlay: Overlay | None) -> Iterator[dict[str, Any]]:
+        """The job reading through `overlay` (on a fresh EVM), or unchanged without one."""
+        if overlay is None:
+            yield job
+            return
+        with self.feed.overlay(overlay) as url:
+            yield {**job, "fork_url": url, "fresh": True}
 
     @staticmethod
     def _call_result(r: dict[str, Any]) -> dict[str, Any]:
@@ -176,17 +189,18 @@ class EvmMethods:
         ff = parse_flag(fast_fail, "fastFail")
         parallel = parse_flag(use_parallel, "useParallel")
         no_cache = parse_flag(disable_cache, "disableCache")
+        overlay = parse_state_override(state_override)
         job = await self._job(
             "calls",
             ref,
             requests,
             single=False,
             block_overrides=block_overrides,
-            state_override=state_override,
             fast_fail=ff,
             disable_cache=no_cache,
         )
-        results = await self.executor.calls(job, parallel)
+        with self._overlaid(job, overlay) as job:
+            results = await self.executor.calls(job, parallel)
         if ff:
             self._fast_fail(results)
         return [self._call_result(r) for r in results]
@@ -198,15 +212,10 @@ class EvmMethods:
             params, ["request", "blockNumber", "stateOverride", "blockOverrides"]
         )
         ref = parse_block_number_param(block)
-        job = await self._job(
-            "calls",
-            ref,
-            request,
-            single=True,
-            block_overrides=block_overrides,
-            state_override=state_override,
-        )
-        return (await self.executor.call(job))["output"]
+        overlay = parse_state_override(state_override)
+        job = await self._job("calls", ref, request, single=True, block_overrides=block_overrides)
+        with self._overlaid(job, overlay) as job:
+            return (await self.executor.call(job))["output"]
 
     async def eth_multi_call(self, params: Any) -> list[dict[str, Any]]:
         names = ["requests", "blockNumber", "fastFail", "useParallel", "disableCache"]
@@ -230,26 +239,54 @@ class EvmMethods:
         return await self._multi(ref, requests, ff, parallel, no_cache, block_ov, state_ov)
 
     async def simulate_transactions(self, params: Any) -> list[dict[str, Any]]:
+        """Each transaction is one job reading the block's state under an overlay holding
+        the writes of the transactions before it (cold, committed state, as in a block)."""
         requests, ctx, block_ov = params_list(params, ["requests", "blockCtx", "blockOverrides"])
         job = await self._job(
-            "simulate", parse_block_ctx(ctx), requests, single=False, block_overrides=block_ov
+            "calls", parse_block_ctx(ctx), requests, single=False, block_overrides=block_ov
         )
-        results = (await self.executor.run(job))["results"]
+        overlay = Overlay()
         out: list[dict[str, Any]] = []
-        for r in results:
-            item: dict[str, Any] = {
-                "status": "0x1" if r["ok"] else "0x0",
-                "gasUsed": hex(r.get("gas_used", 0)),
-                "returnData": r.get("output", "0x"),
-                "logs": r.get("logs", []),
-            }
-            if not r["ok"]:
-                item["error"] = r["error"]
-                data = r["error"].get("data")
-                if isinstance(data, str):
-                    item["returnData"] = data
-            out.append(item)
+        with self.feed.overlay(overlay) as url:
+            for call in job["calls"]:
+                sender = call["from"]
+                known = overlay.accounts.get(sender, {}).get("nonce")
+                nonce = self.reader.nonce(sender, job["height"]) if known is None else known
+                if call["nonce"] is not None and call["nonce"] != nonce:
+                    msg = f"nonce {call['nonce']} does not match the account's nonce {nonce}"
+                    out.append(self._sim_result({"ok": False, "error": nonce_error(msg)}))
+                    continue
+                one = {**job, "calls": [call], "fork_url": url, "fresh": True}
+                result = (await self.executor.run({**one, "collect_writes": True}))["results"][0]
+                if result["ok"]:
+                    overlay.merge_writes(result["writes"])
+                self._bump_nonce(overlay, sender, nonce, job["height"])
+                out.append(self._sim_result(result))
         return out
+
+    def _bump_nonce(self, overlay: Overlay, sender: str, nonce: int, height: int) -> None:
+        """A transaction uses its sender's nonce, whether it succeeds or reverts."""
+        account = overlay.accounts.setdefault(sender, {})
+        if "balance" not in account:
+            account["balance"] = self.reader.balance(sender, height)
+        if "code" not in account:
+            account["code"] = self.reader.code(sender, height)
+        account["nonce"] = nonce + 1
+
+    @staticmethod
+    def _sim_result(r: dict[str, Any]) -> dict[str, Any]:
+        item: dict[str, Any] = {
+            "status": "0x1" if r["ok"] else "0x0",
+            "gasUsed": hex(r.get("gas_used", 0)),
+            "returnData": r.get("output", "0x"),
+            "logs": r.get("logs", []),
+        }
+        if not r["ok"]:
+            item["error"] = r["error"]
+            data = r["error"].get("data")
+            if isinstance(data, str):
+                item["returnData"] = data
+        return item
 
     async def estimate_gas(self, params: Any) -> str:
         request, ctx, block_ov = params_list(params, ["request", "blockCtx", "blockOverrides"])

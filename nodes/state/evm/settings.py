@@ -11,7 +11,8 @@ from chainstate.config import ConfigError
 DEFAULT_GAS_CAP = 50_000_000  # geth's --rpc.gascap default
 DEFAULT_CALL_TIMEOUT = 5.0  # seconds of wall clock for one job (a call, a batch, a trace)
 DEFAULT_MAX_CALLS = 1000  # calls per eth_multiCall/contractMultiCall/simulateTransactions
-DEFAULT_MAX_TRACE_STEPS = 100_000  # struct-log entries per traced call
+DEFAULT_TRACE_TIMEOUT = 20.0  # seconds for one pre_trace* job (pyrevm traces ~650 steps/s)
+DEFAULT_MAX_TRACE_STEPS = 10_000  # struct-log entries per traced call
 DEFAULT_MAX_TRACE_BYTES = 16 * 1024 * 1024  # raw EIP-3155 output per traced call
 DEFAULT_MAX_RETURN_BYTES = 1024 * 1024  # return data per call
 DEFAULT_MAX_BSRB_READS = 10_000  # reads per blockx_stateReadBatch payload
@@ -26,6 +27,7 @@ class EvmSettings:
     gas_cap: int = DEFAULT_GAS_CAP
     call_timeout: float = DEFAULT_CALL_TIMEOUT
     max_calls: int = DEFAULT_MAX_CALLS
+    trace_timeout: float = DEFAULT_TRACE_TIMEOUT
     max_trace_steps: int = DEFAULT_MAX_TRACE_STEPS
     max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES
     max_return_bytes: int = DEFAULT_MAX_RETURN_BYTES

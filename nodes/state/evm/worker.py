@@ -3,9 +3,9 @@
 A worker process owns a small LRU of warm EVMs, one per (state URL, block): pyrevm's fork
 mode fetches accounts and slots lazily from the state URL and keeps them, so repeated calls at
 one block run in memory. Every call runs between `snapshot()` and `revert()`, which keeps
-the journal from growing and leaves the warm state as of the block. Jobs with state overrides
-or tracing get a fresh EVM: overrides write into pyrevm's cache (not the journal) and an
-aborted trace may leave the journal inconsistent.
+the journal from growing and leaves the warm state as of the block. Jobs marked `fresh`
+(state overrides and simulations, whose state URL is an overlay of the feed), traces (an
+aborted trace may leave the journal inconsistent) and `disable_cache` get a fresh EVM.
 
 Errors are returned as `{"code", "message", "data"}` dicts (JSON-RPC codes of the spec); the
 main process turns them into JsonRpcError. Nothing here imports the event loop.
@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from pyrevm import EVM, AccountInfo, BlockEnv, CfgEnv, Env
+from pyrevm import EVM, BlockEnv, CfgEnv, Env
 
 EVM_REVERT = -39000
 GAS_EXHAUSTED = -39001
@@ -166,18 +166,27 @@ def new_evm(job: dict[str, Any], tracing: bool = False) -> EVM:
     )
 
 
-def apply_overrides(evm: EVM, overrides: dict[str, Any]) -> None:
-    """State overrides (already validated): balance, nonce, code, stateDiff."""
-    for address, ov in overrides.items():
-        info = evm.basic(address)
-        balance = ov.get("balance", info.balance)
-        nonce = ov.get("nonce", info.nonce)
-        code = ov["code"] if "code" in ov else (evm.get_code(address) or b"")
-        evm.insert_account_info(
-            address, AccountInfo(balance=balance, nonce=nonce, code=code or None)
-        )
-        for slot, value in ov.get("stateDiff", {}).items():
-            evm.insert_account_storage(address, slot, value)
+_ACCOUNT_STORAGE = re.compile(
+    r"0x([0-9a-f]{40}): Account \{ info: .*?, storage: \{((?:[^{}]|\{[^{}]*\})*)\}, status"
+)
+_SLOT = re.compile(r"(\d+): (?:Evm)?StorageSlot \{ \w+: \d+, present_value: (\d+)")
+
+
+def writes_of(evm: EVM) -> dict[str, Any]:
+    """The accounts and present slot values in the journal (what a call wrote or read).
+
+    pyrevm 0.3.7 exposes journal accounts (`journal_state`) but storage only in the debug
+    text of the journal (`journal_str`), whose shape is pinned with the pyrevm version.
+    """
+    accounts = {
+        address.lower(): (info.balance, info.nonce, bytes(info.code or b""))
+        for address, info in evm.journal_state.items()
+    }
+    slots: dict[str, dict[int, int]] = {}
+    for m in _ACCOUNT_STORAGE.finditer(evm.journal_str):
+        for slot, value in _SLOT.findall(m.group(2)):
+            slots.setdefault("0x" + m.group(1), {})[int(slot)] = int(value)
+    return {"accounts": accounts, "slots": slots}
 
 
 def _log(entry: Any) -> dict[str, Any]:
@@ -199,11 +208,8 @@ class Runner:
 
     def evm_for(self, job: dict[str, Any]) -> EVM:
         """A warm EVM for the job's block, or a fresh one when the job must not share."""
-        if job.get("overrides") or job.get("kind") == "trace" or job.get("disable_cache"):
-            evm = new_evm(job, tracing=False)
-            if job.get("overrides"):
-                apply_overrides(evm, job["overrides"])
-            return evm
+        if job.get("fresh") or job["kind"] == "trace" or job.get("disable_cache"):
+            return new_evm(job)
         # GASLIMIT reads the constructor's gas limit, so a gasLimit override needs its own EVM
         key = (job["fork_url"], job["height"], job["block"]["hash"], job["block"]["gas_limit"])
         evm = self._warm.get(key)
@@ -223,8 +229,6 @@ class Runner:
             evm.set_block_env(_block_env(job["block"]))
             if kind == "calls":
                 return {"results": self.calls(evm, job)}
-            if kind == "simulate":
-                return {"results": self.simulate(evm, job)}
             if kind == "estimate":
                 return {"result": self.estimate(evm, job)}
             if kind == "trace":
@@ -294,40 +298,17 @@ class Runner:
     def calls(self, evm: EVM, job: dict[str, Any]) -> list[dict[str, Any]]:
         """Independent calls on the block's state; `fast_fail` stops at the first failure."""
         out: list[dict[str, Any]] = []
+        collect = bool(job.get("collect_writes"))
         for call in job["calls"]:
             try:
+                if collect:  # a fresh EVM: nothing to revert, the journal holds the writes
+                    out.append({"ok": True, **self._call(evm, call), "writes": writes_of(evm)})
+                    continue
                 out.append({"ok": True, **self._isolated(evm, call)})
             except CallFailed as exc:
                 out.append({"ok": False, "error": exc.error, "gas_used": exc.gas_used})
                 if job.get("fast_fail"):
                     break
-        return out
-
-    def simulate(self, evm: EVM, job: dict[str, Any]) -> list[dict[str, Any]]:
-        """A sequence: each transaction sees the writes of the successful ones before it."""
-        out: list[dict[str, Any]] = []
-        nonces: dict[str, int] = {}
-        checkpoint = evm.snapshot()
-        try:
-            for call in job["calls"]:
-                sender = call["from"]
-                expected = nonces.get(sender)
-                if expected is None:
-                    expected = evm.basic(sender).nonce
-                if call.get("nonce") is not None and call["nonce"] != expected:
-                    msg = f"nonce {call['nonce']} does not match the account's nonce {expected}"
-                    out.append({"ok": False, "error": error(NONCE_ERROR, msg), "gas_used": 0})
-                    continue
-                inner = evm.snapshot()
-                try:
-                    out.append({"ok": True, **self._call(evm, call)})
-                    nonces[sender] = expected + 1
-                except CallFailed as exc:
-                    evm.revert(inner)
-                    out.append({"ok": False, "error": exc.error, "gas_used": exc.gas_used})
-                    nonces[sender] = expected + 1 if exc.gas_used else expected
-        finally:
-            evm.revert(checkpoint)
         return out
 
     # -- gas estimation ---------------------------------------------------------------
@@ -455,17 +436,21 @@ class TraceSink(io.TextIOBase):
         import orjson
 
         out: list[dict[str, Any]] = []
+        shift: int | None = None
         for line in [*self.lines, self._partial] if self._partial else self.lines:
             step = orjson.loads(line)
             if "pc" not in step:
                 continue  # the summary line
+            if shift is None:
+                # revm 8 counts the top frame as depth 2 under pyrevm; geth's starts at 1
+                shift = step["depth"] - 1
             out.append(
                 {
                     "pc": step["pc"],
                     "op": step["opName"],
                     "gas": int(step["gas"], 16),
                     "gasCost": int(step["gasCost"], 16),
-                    "depth": step["depth"],
+                    "depth": step["depth"] - shift,
                     "stack": step.get("stack", []),
                     "refund": int(step.get("refund", "0x0"), 16),
                 }
