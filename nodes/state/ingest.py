@@ -93,7 +93,11 @@ class Ingest:
         while True:
             try:
                 progressed = await self.step()
-            except (RpcUnavailable, JsonRpcError, VendorBlockError, StoreError) as exc:
+            except Exception as exc:  # the loop must outlive any one failure
+                if not isinstance(
+                    exc, RpcUnavailable | JsonRpcError | VendorBlockError | StoreError
+                ):
+                    log.exception("state ingest: unexpected failure")
                 kind = type(exc).__name__
                 self.metrics.error(kind)
                 error = f"{kind}: {exc}"

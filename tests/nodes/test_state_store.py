@@ -216,3 +216,27 @@ def test_validations_for_the_checker(tmp_path: Path) -> None:
     }
     assert store.validations(8, 100)[-1]["height"] == 9
     assert store.validations(10, 5) == []
+
+
+def test_a_failure_in_the_middle_of_a_block_leaves_no_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    chain, addrs = random_chain(seed=21, blocks=40)
+    store = open_store(tmp_path, kind="state", window=8)
+    apply_all(store, chain.fork(30, "x"))
+
+    def crash(*args: object) -> None:
+        raise OSError("disk on fire")  # after every version of the block was written
+
+    monkeypatch.setattr(store, "_prune", crash)
+    with pytest.raises(OSError):
+        store.apply(parse_vendor_block(chain.blocks[31]))
+    monkeypatch.undo()
+    assert store.range() == (23, 30)
+    assert store.hash_at(31) is None
+    assert store.height_of(chain.blocks[31]["Header"]["hash"]) is None
+    for height in range(23, 31):
+        assert_state(store, chain, height, addrs)
+    apply_all(store, chain, start=31)
+    for height in range(32, 40):
+        assert_state(store, chain, height, addrs)
