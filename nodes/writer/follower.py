@@ -18,6 +18,7 @@ from nodes.writer.store import BlockStore, StoreError
 
 log = logging.getLogger(__name__)
 
+MAX_READ_ATTEMPTS = 5  # re-reads of a head block while new blocks keep arriving
 PRESTATE_DIFF = {"tracer": "prestateTracer", "tracerConfig": {"diffMode": True}}
 
 
@@ -151,7 +152,7 @@ class ChainFollower:
         if block is None:
             raise RpcUnavailable("the execution client has no block 0")
         reads = bd.genesis_reads(self.alloc)
-        actual = await self._read(reads, bd.data(block["hash"]))
+        actual = await self._read(reads, bd.data(block["hash"]), 0)
         expected = bd.genesis_values(self.alloc)
         for (kind, addr, slot), want, got in zip(reads, expected, actual, strict=True):
             if bd.encode_value(kind, got) != want:
@@ -183,8 +184,8 @@ class ChainFollower:
         withdrawals = [w["address"] for w in block.get("withdrawals") or []]
         touched = bd.touched_from_traces(traces, extra=withdrawals)
         reads = touched.reads()
-        before = await self._read(reads, parent)
-        after = await self._read(reads, block_hash)
+        before = await self._read(reads, parent, number - 1)
+        after = await self._read(reads, block_hash, number)
         output = bd.assemble(block, receipts, bd.make_state_diff(reads, before, after))
         await self._store(output)
         self.stats.blocks_built += 1
@@ -203,9 +204,27 @@ class ChainFollower:
             raise bd.BlockDataError(f"receipts of block {block_hash} do not match its transactions")
         return receipts
 
-    async def _read(self, reads: list[tuple[str, str, str | None]], block_hash: str) -> list[Any]:
+    async def _read(
+        self, reads: list[tuple[str, str, str | None]], block_hash: str, number: int
+    ) -> list[Any]:
+        """Values at block `block_hash` (height `number`).
+
+        anvil 1.7.1 answers a read at the head block from its live state: a block mined
+        while the batch runs leaks into it. Reads of the head are therefore accepted only
+        when the head did not move during the batch; otherwise they are repeated, by then
+        from the block's kept historical state.
+        """
         calls = bd.read_calls(reads, block_hash)
-        return await self.client.batch(calls, self.settings.read_batch)
+        if not calls:
+            return []
+        for _ in range(MAX_READ_ATTEMPTS):
+            head_before = int(await self.client.call("eth_blockNumber"), 16)
+            values = await self.client.batch(calls, self.settings.read_batch)
+            if number < head_before:
+                return values
+            if int(await self.client.call("eth_blockNumber"), 16) == head_before:
+                return values
+        raise RpcUnavailable("the execution client's head kept moving while reading a block")
 
     async def _store(self, output: dict[str, Any]) -> None:
         header = output["Header"]

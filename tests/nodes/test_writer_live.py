@@ -16,6 +16,7 @@ from nodes.devnet.rpc import EthClient
 from nodes.devnet.workload import fresh_address, run_workload
 from nodes.writer.service import WriterNode
 from tests.conftest import free_port
+from tests.nodes.test_writer import check_block
 
 
 def make_writer(url: str, data_dir: Path) -> WriterNode:
@@ -24,14 +25,17 @@ def make_writer(url: str, data_dir: Path) -> WriterNode:
 
 
 async def assert_store_is_the_canonical_chain(writer: WriterNode, eth: EthClient) -> None:
+    """Stored hashes equal the client's from block 1 up. Block 0 is left out: anvil 1.7.1
+    restarted from a state file sometimes reports a fresh genesis hash for block 0 while
+    block 1's parentHash still names the loaded one (the store keeps the loaded one)."""
     head = int(await eth.call("eth_blockNumber"), 16)
     await writer.wait_for_head(head, within=20)
     async with asyncio.timeout(20):  # the head height may be reached on an orphan first
         while True:
-            calls = [("eth_getBlockByNumber", [hex(n), False]) for n in range(head + 1)]
+            calls = [("eth_getBlockByNumber", [hex(n), False]) for n in range(1, head + 1)]
             canonical = [b["hash"] for b in await eth.batch(calls)]
             assert writer.store is not None
-            if [writer.store.hash_at(n) for n in range(head + 1)] == canonical:
+            if [writer.store.hash_at(n) for n in range(1, head + 1)] == canonical:
                 return
             await asyncio.sleep(0.02)
 
@@ -48,6 +52,8 @@ async def test_following_while_the_workload_reorgs(tmp_path: Path) -> None:
             # Orphaned transfers left no trace in what the node serves now.
             for n in range(record.last_block + 1):
                 out = await rpc.call("trace_vendorBlock", [hex(n)])
+                if n:
+                    await check_block(eth, out, record)
                 assert fresh_address(4) not in out["StateDiff"]["post"]
                 assert fresh_address(6) not in out["StateDiff"]["post"]
                 if n:
