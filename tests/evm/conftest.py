@@ -64,7 +64,7 @@ def init_code(runtime_hex: str) -> str:
     return "0x61" + f"{n:04x}" + "80600c6000396000f3" + runtime_hex
 
 
-def rpc(url: str, method: str, params: list[Any]) -> Any:
+def rpc(url: str, method: str, params: Any) -> Any:
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
     req = urllib.request.Request(url, body, {"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as resp:
@@ -75,7 +75,7 @@ def rpc(url: str, method: str, params: list[Any]) -> Any:
     return answer["result"]
 
 
-def rpc_raw(url: str, method: str, params: list[Any]) -> dict[str, Any]:
+def rpc_raw(url: str, method: str, params: Any) -> dict[str, Any]:
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
     req = urllib.request.Request(url, body, {"content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=30) as resp:

@@ -336,8 +336,8 @@ class EvmMethods:
 
 
 def register(node: Any, settings: EvmSettings | None = None) -> EvmMethods:
-    """Register the EVM methods on `node.dispatcher`; the node should `await
-    node.evm.close()` when it closes (workers also exit on their own when it dies)."""
+    """Register the EVM methods on `node.dispatcher`; they start on first use and stop
+    when `node.close()` is awaited (workers also exit on their own when the node dies)."""
     if settings is None:
         settings = getattr(node, "evm_settings", None) or EvmSettings()
     chain_id_fn = getattr(node, "chain_id", None)
@@ -346,7 +346,23 @@ def register(node: Any, settings: EvmSettings | None = None) -> EvmMethods:
     methods = EvmMethods(node.reader, settings, resolver=resolver, chain_id=chain_id)
     node.dispatcher.update(methods.handlers())
     node.evm = methods
+    _close_with(node, methods)
     return methods
+
+
+def _close_with(node: Any, methods: EvmMethods) -> None:
+    """Stop the workers and the feed when the node closes (the node has no cleanup hook)."""
+    node_close = getattr(node, "close", None)
+    if node_close is None:
+        return
+
+    async def close() -> None:
+        try:
+            await methods.close()
+        finally:
+            await node_close()
+
+    node.close = close
 
 
 __all__ = ["EvmMethods", "invalid", "register", "resolve_height"]

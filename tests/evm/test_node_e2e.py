@@ -1,0 +1,77 @@
+"""End to end, as a user: anvil running the devnet workload, a write node following it, an
+archive state node (separate processes, `chainstate write-node` / `state-node`) and the
+routing proxy in front. Through the proxy: an ERC20 call at latest and at an old block equal
+to anvil's, a revert with its reason, a gas estimate, a trace and a 100-call multi-call."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bench.suite import StateSuite, SuiteOptions, proxy_available, running
+from tests.evm.conftest import A0, A1, rpc, rpc_raw
+
+pytestmark = pytest.mark.skipif(not proxy_available(), reason="the proxy is not in this tree")
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[dict[str, Any]]:
+    with running() as services:
+        suite = StateSuite()
+        targets = suite.start(services, SuiteOptions(pin=False))
+        record = json.loads((services.workdir / "workload.json").read_text())
+        yield {**targets, "record": record, "head": suite.head}
+
+
+def balance_of(holder: str) -> str:
+    return "0x70a08231" + holder[2:].rjust(64, "0")
+
+
+def test_erc20_at_latest_and_old_block_equals_anvil(stack: dict[str, Any]) -> None:
+    erc20 = stack["record"]["erc20"]
+    holders = [*stack["record"]["erc20_holders"], A0]
+    old = hex(stack["record"]["last_block"])  # before the 200 empty blocks: state window
+    for holder in holders:
+        req = {"to": erc20, "data": balance_of(holder)}
+        for block in ("latest", old):
+            expected = rpc(stack["anvil"], "eth_call", [req, block])
+            assert rpc(stack["proxy"], "eth_call", [req, block]) == expected
+            assert rpc(stack["state-node"], "eth_call", [req, block]) == expected
+
+
+def test_revert_reason_through_the_proxy(stack: dict[str, Any]) -> None:
+    erc20 = stack["record"]["erc20"]
+    data = "0xa9059cbb" + A0[2:].rjust(64, "0") + f"{10**30:064x}"
+    req = {"from": A1, "to": erc20, "data": data}
+    err = rpc_raw(stack["proxy"], "eth_call", [req, "latest"])["error"]
+    theirs = rpc_raw(stack["anvil"], "eth_call", [req, "latest"])["error"]
+    assert err["code"] == -39000
+    assert err["message"] == theirs["message"]
+    assert err["data"] == theirs["data"]
+
+
+def test_estimate_and_trace_through_the_proxy(stack: dict[str, Any]) -> None:
+    erc20 = stack["record"]["erc20"]
+    data = "0xa9059cbb" + A1[2:].rjust(64, "0") + f"{10**18:064x}"
+    req = {"from": A0, "to": erc20, "data": data}
+    assert rpc(stack["proxy"], "estimateGas", [req]) == rpc(
+        stack["anvil"], "eth_estimateGas", [req, "latest"]
+    )
+    ours = rpc(stack["proxy"], "pre_traceCall", [req, "latest"])
+    theirs = rpc(stack["anvil"], "debug_traceCall", [req, "latest", {}])
+    key = lambda t: [(s["pc"], s["op"], s["gas"], s["gasCost"], s["depth"]) for s in t]  # noqa: E731
+    assert key(ours["structLogs"]) == key(theirs["structLogs"])
+
+
+def test_contract_multicall_100_through_the_proxy(stack: dict[str, Any]) -> None:
+    erc20 = stack["record"]["erc20"]
+    holders = [*stack["record"]["erc20_holders"], A0, A1]
+    calls = [{"to": erc20, "data": balance_of(holders[i % len(holders)])} for i in range(100)]
+    results = rpc(stack["proxy"], "contractMultiCall", {"requests": calls, "useParallel": True})
+    assert len(results) == 100
+    for call, r in zip(calls, results, strict=True):
+        assert r["success"]
+        assert r["returnData"] == rpc(stack["anvil"], "eth_call", [call, "latest"])
