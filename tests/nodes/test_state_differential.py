@@ -7,6 +7,7 @@ every touched account and slot, their answers equal anvil's at the same block.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from chainstate.inproc import InprocRegistry
+from chainstate.jsonrpc import JsonRpcError
+from nodes.checker.service import CheckerNode
 from nodes.devnet.anvil import GENESIS, AnvilProcess
 from nodes.devnet.rpc import EthClient
 from nodes.devnet.workload import WorkloadRecord, run_workload
@@ -72,6 +75,27 @@ async def assert_same_answers(
         assert mine["transactions"] == [] and mine["uncles"] == []
 
 
+async def checker_confirms(registry: InprocRegistry, tmp_path: Path, canonical: list[str]) -> None:
+    """The consistency checker, polling both nodes' blockx_* methods, confirms the head."""
+    checker = CheckerNode.from_config(
+        {"replicas": ["inproc://archive", "inproc://state"], "poll_interval": 0.02},
+        data_dir=tmp_path / "checker",
+        registry=registry,
+    )
+    await checker.start()
+    head = len(canonical) - 1
+    latest: dict[str, Any] = {}
+    try:
+        async with asyncio.timeout(20):
+            while latest.get("num") != head:
+                await asyncio.sleep(0.02)
+                with contextlib.suppress(JsonRpcError):  # nothing confirmed yet
+                    latest = await checker.dispatcher.call("getLatestBlock", [])
+        assert latest["id"] == canonical[head] and latest["is_fork"] is False
+    finally:
+        await checker.close()
+
+
 @pytest.mark.timeout(180)
 async def test_state_nodes_answer_as_anvil_does(tmp_path: Path) -> None:
     registry = InprocRegistry()
@@ -115,6 +139,7 @@ async def test_state_nodes_answer_as_anvil_does(tmp_path: Path) -> None:
             old = ("eth_getBalance", [sorted(record.accounts)[0], hex(head - 16)])
             with pytest.raises(Exception, match="outside this node's range"):
                 await windowed.call(*old)
+            await checker_confirms(registry, tmp_path, canonical)
         finally:
             await mine.close()
             await windowed.close()
