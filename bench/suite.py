@@ -162,7 +162,9 @@ def running(keep_dir: str | None = None) -> Iterator[Services]:
     """Services that are stopped on exit, on error, on Ctrl-C and on SIGTERM."""
 
     def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+        # Re-raised as SIGINT: inside an event loop (uvloop.run) only SIGINT is turned into
+        # a clean cancellation; an exception raised here would be swallowed by the loop.
+        os.kill(os.getpid(), signal.SIGINT)
 
     previous = signal.signal(signal.SIGTERM, on_term)
     tmp = None if keep_dir else tempfile.TemporaryDirectory(prefix="chainstate-bench-")
@@ -409,6 +411,7 @@ def run_suite(suite: Suite, opts: SuiteOptions) -> dict[str, Any]:
         "suite": suite.name,
         "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
         "cpus": os.cpu_count(),
+        "load_avg_start": round(os.getloadavg()[0], 2),  # other work on the machine skews it
         "pinned": bool(load_cpus),
         "concurrency": opts.concurrency,
         "duration_s": opts.duration,
@@ -431,6 +434,7 @@ def run_suite(suite: Suite, opts: SuiteOptions) -> dict[str, Any]:
                 )
                 results[label] = run_bench(settings, case.plan)
             report["cases"].append(_case_report(case, results, baseline))
+    report["load_avg_end"] = round(os.getloadavg()[0], 2)
     return report
 
 
@@ -450,7 +454,8 @@ def render(report: dict[str, Any]) -> str:
     """The report as a table: one row per case and target, ratios against the baseline."""
     lines = [
         f"suite {report['suite']}  {report['date']}  cpus={report['cpus']} "
-        f"pinned={report['pinned']}  c={report['concurrency']}  {report['duration_s']:g}s/case",
+        f"pinned={report['pinned']}  c={report['concurrency']}  {report['duration_s']:g}s/case  "
+        f"load avg {report['load_avg_start']} → {report.get('load_avg_end', '?')}",
         f"{'case':<10} {'target':<10} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
         f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7}",
     ]
