@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bench.suite import ProxySuite, StateSuite, SuiteOptions, proxy_available, run_suite
@@ -35,3 +40,35 @@ def test_state_suite_compares_state_node_proxy_and_anvil(tmp_path: Path) -> None
     for label, target in case["targets"].items():
         assert target["requests"] > 0, label
         assert not target["errors"], (label, target["errors"])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_suite_stops_its_services(tmp_path: Path, sig: signal.Signals) -> None:
+    cmd = [sys.executable, "-m", "bench.suite", "proxy", "-d", "30", "--warmup", "0"]
+    cmd += ["-c", "2", "--keep-dir", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        children: list[psutil.Process] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            children = psutil.Process(proc.pid).children()
+            if len(children) == 2 and "listening" in _read(tmp_path / "proxy.log"):
+                break
+            time.sleep(0.1)
+        assert len(children) == 2, _read(tmp_path / "proxy.log")
+        time.sleep(0.5)  # measuring now
+        proc.send_signal(sig)
+        assert proc.wait(15) == 130
+        _gone, alive = psutil.wait_procs(children, timeout=5)
+        assert not alive
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
