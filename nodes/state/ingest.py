@@ -183,14 +183,15 @@ class Ingest:
         await asyncio.to_thread(self.store.apply, block, verify_pre=self.settings.verify_pre)
         self.metrics.apply_seconds.observe(time.perf_counter() - started)
         self.metrics.applied.inc()
-        self._published()
+        self.publish_metrics()
 
     async def _rollback(self) -> None:
         await asyncio.to_thread(self.store.rollback)
         self.metrics.rollbacks.inc()
-        self._published()
+        self.publish_metrics()
 
-    def _published(self) -> None:
+    def publish_metrics(self) -> None:
+        """Update the head/earliest gauges and wake `wait_for_height` callers."""
         bounds = self.store.bounds()
         if bounds is not None:
             self.metrics.earliest.set(bounds[0])

@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from chainstate.config import ConfigError
 from chainstate.inproc import InprocRegistry
 from chainstate.jsonrpc import Dispatcher, JsonRpcError, dumps
 from chainstate.rpcserver import rpc_handler
@@ -110,13 +111,20 @@ class StateNode:
         return self.methods.resolve(ref)
 
     async def start(self) -> None:
-        await asyncio.to_thread(self.store.open)
+        try:
+            await asyncio.to_thread(self.store.open)
+        except StoreError as exc:  # e.g. a pruned store configured as an archive
+            raise ConfigError(f"state node {self.key}: {exc}") from None
         self._started = True
         stored = self.store.chain_id()
         wanted = self.settings.chain_id
         if wanted is not None and stored is not None and stored != wanted:
             self.store.close()
-            raise StoreError(f"{self.data_dir} holds chain {stored}, configured for {wanted}")
+            self._started = False
+            raise ConfigError(
+                f"state node {self.key}: {self.data_dir} holds chain {stored}, "
+                f"configured for chain {wanted}"
+            )
         if wanted is not None and stored is None:
             await asyncio.to_thread(self.store.set_chain_id, wanted)
         self.dispatcher.update(self.methods.handlers())
@@ -125,7 +133,7 @@ class StateNode:
 
             self.evm_settings = EvmSettings.from_config(self.settings.evm)
             importlib.import_module(EVM_METHODS_MODULE).register(self)
-        self.ingest._published()
+        self.ingest.publish_metrics()
         self._task = asyncio.create_task(self.ingest.run(), name=f"state-ingest:{self.key}")
         if self.leader is not None:
             self._leader_task = asyncio.create_task(

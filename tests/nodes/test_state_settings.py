@@ -12,7 +12,10 @@ import pytest
 
 from chainstate.config import DEVNET_CONFIG, ConfigError
 from nodes.state.cli import section_from_args
+from nodes.state.service import StateNode
 from nodes.state.settings import StateSettings
+from nodes.state.vendor import parse_vendor_block
+from tests.nodes.test_state_chain import random_chain
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,3 +72,22 @@ def test_cli_refuses_missing_or_in_process_sources(tmp_path: Path) -> None:
     assert got.returncode == 2 and "http://" in got.stderr
     got = run_cli("--source", "http://127.0.0.1:1", "--window", "0", "--data-dir", str(tmp_path))
     assert got.returncode == 2 and "window" in got.stderr
+
+
+async def test_a_data_dir_of_another_chain_or_kind_is_refused(tmp_path: Path) -> None:
+    node = StateNode.from_config({"key": "a", "chain_id": 1}, data_dir=tmp_path)
+    await node.start()
+    await node.close()
+    other = StateNode.from_config({"key": "a", "chain_id": 2}, data_dir=tmp_path)
+    with pytest.raises(ConfigError, match="holds chain 1"):
+        await other.start()
+    # a state store that holds blocks (so it may be pruned) cannot become an archive
+
+    chain, _ = random_chain(seed=5, blocks=3)
+    node = StateNode.from_config({"key": "a", "chain_id": 1}, data_dir=tmp_path)
+    await node.start()
+    node.store.apply(parse_vendor_block(chain.blocks[0]))
+    await node.close()
+    archive = StateNode.from_config({"key": "a", "kind": "archive"}, data_dir=tmp_path)
+    with pytest.raises(ConfigError, match="cannot be reopened as `archive`"):
+        await archive.start()
