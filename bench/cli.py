@@ -214,7 +214,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"chainstate bench run: {exc}", file=sys.stderr)
         return 2
     print_result(result, args.json)
-    return 0
+    return 0 if result.requests_ok else 1  # nothing succeeded: the target is likely wrong
 
 
 def add_fake_node_options(p: argparse.ArgumentParser) -> None:

@@ -546,7 +546,7 @@ class LoadRun:
         self.opening.add(task)
         task.add_done_callback(self.opening.discard)
 
-    async def _open(self, slot: int, delay: float = 0.0) -> None:
+    async def _open(self, slot: int) -> None:
         """(Re)connect slot `slot` and send its first request; each attempt uses a request."""
         while self._take():
             try:
@@ -687,11 +687,16 @@ def _run_processes(settings: LoadSettings, plan: BodyPlan) -> BenchResult:
             procs.append(proc)
         total = Stats()
         elapsed = 0.0
-        budget = WORKER_START_TIMEOUT + settings.warmup + settings.duration + settings.timeout
+        budget: float | None = None  # a request count has no time bound
+        if settings.requests is None:
+            budget = WORKER_START_TIMEOUT + settings.warmup + settings.duration + settings.timeout
         for pipe in pipes:
             if not pipe.poll(budget):
                 raise RuntimeError("a load worker did not report in time")
-            msg = pipe.recv()
+            try:
+                msg = pipe.recv()
+            except EOFError:
+                raise RuntimeError("a load worker exited without reporting") from None
             if "error" in msg:
                 raise RuntimeError(f"load worker failed: {msg['error']}")
             total.merge(Stats.from_dict(msg["stats"]))

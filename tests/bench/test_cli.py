@@ -113,3 +113,12 @@ def test_wrk_cross_check(fake_node_process: str) -> None:
     report = json.loads(out.stdout)
     assert report["tool"] == "wrk" and report["requests"] > 100
     assert report["errors"]["http:4xx-5xx"] == pytest.approx(report["requests"] / 5, abs=3)
+
+
+def test_run_against_nothing_exits_1() -> None:
+    from tests.conftest import free_port
+
+    cmd = [sys.executable, "-m", "bench", "run", f"http://127.0.0.1:{free_port()}/"]
+    cmd += ["-n", "2", "-c", "1", "--warmup", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "conn:refused=2" in out.stdout
