@@ -126,3 +126,29 @@ async def test_following_interval_mining(tmp_path: Path, block_time: float) -> N
         finally:
             await eth.close()
             await writer.close()
+
+
+async def test_fresh_node_on_a_reloaded_client_keeps_the_parent_links(tmp_path: Path) -> None:
+    """Block 0 is taken as block 1's parent even when anvil (reloaded from its state file)
+    answers block 0 by number with a fresh genesis."""
+    port = free_port()
+    state = tmp_path / "anvil-state.json"
+    eth = EthClient(f"http://127.0.0.1:{port}")
+    try:
+        async with AnvilProcess(port=port, genesis=GENESIS, state_path=state):
+            genesis = await eth.call("eth_getBlockByNumber", ["0x0", False])
+            for _ in range(3):
+                await eth.call("evm_mine")
+        async with AnvilProcess(port=port, genesis=GENESIS, state_path=state):
+            writer = make_writer(f"http://127.0.0.1:{port}", tmp_path / "writer")
+            await writer.start()
+            try:
+                await writer.wait_for_head(3, within=20)
+                assert writer.store is not None
+                assert writer.store.hash_at(0) == genesis["hash"]
+                block1 = orjson.loads(writer.block_output("0x1"))
+                assert block1["Header"]["parentHash"] == genesis["hash"]
+            finally:
+                await writer.close()
+    finally:
+        await eth.close()
