@@ -1,0 +1,142 @@
+"""OpenTelemetry tracing for the proxy: one TracerProvider per proxy, never the global one.
+
+The proxy creates the spans ("jsonrpc.request", "upstream.attempt", "mirror.copy"); this
+module only decides where they go:
+
+    none     no provider; a no-op tracer (the default: tracing costs nothing)
+    console  one JSON object per finished span on stdout (debugging, tests)
+    otlp     OTLP to a collector, if `opentelemetry-exporter-otlp` is installed
+             (endpoint from the setting or the standard OTEL_EXPORTER_OTLP_* env vars)
+
+`header_attributes` turns the client-identifying request headers into span attributes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Mapping
+from typing import IO, Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+from chainstate.config import ConfigError
+
+EXPORTERS = ("none", "console", "otlp")
+DEFAULT_SERVICE_NAME = "chainstate-proxy"
+DEFAULT_SAMPLE_RATIO = 1.0  # fraction of client requests traced (children follow the parent)
+TRACER_NAME = "chainstate.proxy"
+
+# Request headers recorded on the client request span, under the header's own name.
+TRACED_HEADERS = (
+    "client-id",
+    "x-vendor-biz",
+    "x-vendor-source",
+    "x-vendor-source-host",
+    "x-vendor-env",
+)
+MAX_ATTRIBUTE_LENGTH = 256  # longer header values are cut: spans stay small
+
+_OTLP_MODULES = (
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+)
+
+
+def _otlp_exporter(endpoint: str | None) -> SpanExporter:
+    for name in _OTLP_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        kwargs: dict[str, Any] = {"endpoint": endpoint} if endpoint else {}
+        return module.OTLPSpanExporter(**kwargs)
+    raise ConfigError(
+        "tracing exporter 'otlp' needs the OTLP exporter package: "
+        "pip install opentelemetry-exporter-otlp-proto-http (or opentelemetry-exporter-otlp)"
+    )
+
+
+def _console_exporter(out: IO[str] | None) -> SpanExporter:
+    return ConsoleSpanExporter(
+        out=out or sys.stdout,
+        formatter=lambda span: span.to_json(indent=None) + "\n",
+    )
+
+
+def build_tracer_provider(
+    exporter: str = "none",
+    service_name: str = DEFAULT_SERVICE_NAME,
+    *,
+    otlp_endpoint: str | None = None,
+    sample_ratio: float = DEFAULT_SAMPLE_RATIO,
+    span_exporter: SpanExporter | None = None,
+    out: IO[str] | None = None,
+) -> TracerProvider | None:
+    """A provider exporting to `exporter`, or None for "none".
+
+    `span_exporter` (tests, embedding) replaces the named exporter and is fed synchronously,
+    so finished spans are visible at once. Call `provider.shutdown()` on exit to flush
+    (the SDK also does it at interpreter exit).
+    """
+    if exporter not in EXPORTERS:
+        raise ConfigError(
+            f"tracing exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}"
+        )
+    if not 0.0 <= sample_ratio <= 1.0:
+        raise ConfigError(f"tracing sample_ratio must be between 0 and 1, got {sample_ratio}")
+    if span_exporter is None and exporter == "none":
+        return None
+    provider = TracerProvider(
+        resource=Resource.create({SERVICE_NAME: service_name}),
+        sampler=ParentBased(TraceIdRatioBased(sample_ratio)),
+    )
+    if span_exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(span_exporter))
+    elif exporter == "console":
+        provider.add_span_processor(BatchSpanProcessor(_console_exporter(out)))
+    else:
+        provider.add_span_processor(BatchSpanProcessor(_otlp_exporter(otlp_endpoint)))
+    return provider
+
+
+def build_tracer(
+    exporter: str = "none",
+    service_name: str = DEFAULT_SERVICE_NAME,
+    *,
+    otlp_endpoint: str | None = None,
+    sample_ratio: float = DEFAULT_SAMPLE_RATIO,
+    span_exporter: SpanExporter | None = None,
+    out: IO[str] | None = None,
+) -> trace.Tracer:
+    """The tracer to pass to the proxy app; a no-op tracer when exporter is "none"."""
+    provider = build_tracer_provider(
+        exporter,
+        service_name,
+        otlp_endpoint=otlp_endpoint,
+        sample_ratio=sample_ratio,
+        span_exporter=span_exporter,
+        out=out,
+    )
+    if provider is None:
+        return trace.NoOpTracer()
+    return provider.get_tracer(TRACER_NAME)
+
+
+def header_attributes(headers: Mapping[str, str]) -> dict[str, str]:
+    """Span attributes from the client-identifying headers that are present."""
+    attributes: dict[str, str] = {}
+    for name in TRACED_HEADERS:
+        value = headers.get(name)
+        if value:
+            attributes[name] = value[:MAX_ATTRIBUTE_LENGTH]
+    return attributes
