@@ -1,0 +1,172 @@
+"""What a route module declares: `Endpoint`s whose handlers take a `Call`.
+
+A route module (listed in `workspace.app.ROUTE_MODULES`) exposes
+`routes(ctx: AppCtx) -> list[Endpoint]`. The app turns each Endpoint into an aiohttp route
+that authenticates, parses parameters (query string for GET, JSON body for POST) against
+`params`, runs the handler and wraps its return value in the `{"code", "message", "data"}`
+envelope. The same declarations produce /v1/openapi.json.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import ClientSession, web
+
+from workspace.auth import Principal, authenticate
+from workspace.db import Database
+from workspace.errors import (
+    INTERNAL,
+    INVALID_JSON,
+    TOO_LARGE,
+    UNSUPPORTED_MEDIA,
+    ApiError,
+    ok,
+)
+from workspace.settings import WorkspaceSettings
+from workspace.validate import Field, parse_fields
+
+log = logging.getLogger("workspace")
+
+# chainstate_forward(chain_id, body, headers) -> (HTTP status, body)
+Forward = Callable[[str, bytes, Mapping[str, str]], Awaitable[tuple[int, bytes]]]
+
+
+@dataclass
+class AppCtx:
+    """Everything a handler may use; one per application."""
+
+    settings: WorkspaceSettings
+    db: Database
+    forward: Forward
+    http: ClientSession | None = None
+    # Tables with a `space` column counted in a Space's `content_count` (modules append).
+    content_tables: list[str] = field(default_factory=lambda: ["ws_tables"])
+
+
+@dataclass
+class Call:
+    """One authenticated request with its parsed parameters."""
+
+    request: web.Request
+    ctx: AppCtx
+    params: dict[str, Any]
+    principal: Principal | None
+
+    @property
+    def db(self) -> Database:
+        return self.ctx.db
+
+    @property
+    def who(self) -> Principal:
+        assert self.principal is not None
+        return self.principal
+
+
+Handler = Callable[[Call], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One /v1 endpoint. `response` is the JSON Schema of `data` (for OpenAPI); `raw`
+    handlers return a web.Response themselves and get the body unparsed."""
+
+    method: str
+    path: str
+    handler: Handler
+    params: tuple[Field, ...] = ()
+    summary: str = ""
+    response: dict[str, Any] = field(default_factory=dict)
+    tag: str = ""
+    access_key: bool = False
+    auth: bool = True
+    raw: bool = False
+
+
+def json_response(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS),
+        status=status,
+        content_type="application/json",
+    )
+
+
+async def read_json_body(request: web.Request, max_bytes: int) -> dict[str, Any]:
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise ApiError(TOO_LARGE, f"request body larger than {max_bytes} bytes")
+    raw = await request.content.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise ApiError(TOO_LARGE, f"request body larger than {max_bytes} bytes")
+    if not raw.strip():
+        return {}
+    ctype = request.content_type
+    if ctype not in ("application/json", "application/octet-stream") and not ctype.endswith(
+        "+json"
+    ):
+        raise ApiError(
+            UNSUPPORTED_MEDIA, "POST bodies must be JSON (Content-Type: application/json)"
+        )
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(INVALID_JSON, f"body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(INVALID_JSON, "body must be a JSON object")
+    return body
+
+
+def make_handler(
+    ctx: AppCtx, ep: Endpoint
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The aiohttp handler for one Endpoint: auth, params, envelope."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        principal = None
+        if ep.auth:
+            principal = await ctx.db.run(authenticate, request.headers, ep.access_key)
+        if ep.raw:
+            params: dict[str, Any] = {}
+        elif ep.method == "GET":
+            query = dict(request.query)
+            if len(query) != len(request.query):
+                raise ApiError(40000, "each query parameter may be given once")
+            params = parse_fields(ep.params, query, query=True)
+        else:
+            body = await read_json_body(request, ctx.settings.max_body_bytes)
+            params = parse_fields(ep.params, body, query=False)
+        result = await ep.handler(Call(request, ctx, params, principal))
+        if isinstance(result, web.StreamResponse):
+            return result
+        return json_response(ok(result))
+
+    return handle
+
+
+@web.middleware
+async def envelope_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every failure becomes the error envelope with its HTTP status."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return json_response(exc.envelope(), exc.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = exc.status * 100
+        reason = exc.reason or "error"
+        if exc.status == 404:
+            reason = f"no endpoint {request.method} {request.path}"
+        elif exc.status == 405:
+            reason = f"{request.method} is not allowed on {request.path}"
+        elif exc.status == 413:
+            reason = "request body too large"
+        return json_response({"code": code, "message": reason, "data": None}, exc.status)
+    except Exception:
+        log.exception("unhandled error", extra={"path": request.path})
+        return json_response({"code": INTERNAL, "message": "internal error", "data": None}, 500)
