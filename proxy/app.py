@@ -161,10 +161,11 @@ def create_app(
     # Bodies over the limit are refused by the handler with a JSON-RPC error, not by aiohttp.
     app = web.Application(client_max_size=settings.max_body_bytes + 1024)
     app[PROXY] = proxy
+    # The data route first: aiohttp tries dynamic routes in order.
+    app.router.add_post("/{chain}", _data_handler(proxy))
     app.router.add_get("/metrics", _metrics_handler(proxy))
     if settings.admin_port is None:
         app.router.add_routes(proxy.admin.routes())
-    app.router.add_post("/{chain}", _data_handler(proxy))
     app.cleanup_ctx.append(proxy.lifecycle)
     return app
 

@@ -78,12 +78,12 @@ class Selector:
             return Need(
                 "state",
                 height,
-                f"block {height} among the last {self.state_window} of head {head} → state",
+                f"block {height} among the last {self.state_window} up to head {head} → state",
             )
         return Need(
             "archive",
             height,
-            f"block {height} older than head {head} - {self.state_window} → archive",
+            f"block {height} older than the last {self.state_window} up to head {head} → archive",
         )
 
     def _height(self, ref: BlockRef) -> int | None:
