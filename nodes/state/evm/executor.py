@@ -1,21 +1,33 @@
 """The Executor: turns validated requests into worker jobs and answers into results.
 
 A job carries everything a worker needs (state URL, height, block env, chain id, spec, the
-calls, overrides), so workers are stateless apart from their warm caches.
+calls), so workers are stateless apart from their warm caches. Single calls on the same
+block are coalesced: while the workers are busy, eth_calls for one block queue up and the
+next free worker runs them together as one job (each still isolated), which spreads the
+per-job cost (pipe, pickling, thread hop) over many calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from typing import Any
 
 from chainstate.jsonrpc import JsonRpcError
 from nodes.state.evm.pool import WorkerPool
 from nodes.state.evm.settings import EvmSettings
 
+Pending = tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]
+
 
 def raise_error(err: dict[str, Any]) -> None:
     raise JsonRpcError(err["code"], err["message"], err.get("data"))
+
+
+def _coalesce_key(job: dict[str, Any]) -> tuple[Any, ...]:
+    block = tuple(sorted(job["block"].items()))
+    flags = (job.get("fresh"), job.get("disable_cache"))
+    return (job["fork_url"], job["height"], block, job["chain_id"], job["spec_id"], flags)
 
 
 class Executor:
@@ -24,11 +36,18 @@ class Executor:
     def __init__(self, settings: EvmSettings) -> None:
         self.settings = settings
         self.pool = WorkerPool(settings)
+        self._pending: OrderedDict[tuple[Any, ...], list[Pending]] = OrderedDict()
+        self._pending_count = 0
+        self._drainers = 0
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         await self.pool.start()
 
     async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.pool.close()
 
     def job(
@@ -51,18 +70,19 @@ class Executor:
             **extra,
         }
 
+    def _limit(self, job: dict[str, Any]) -> float:
+        tracing = job["kind"] == "trace"
+        return self.settings.trace_timeout if tracing else self.settings.call_timeout
+
     async def run(self, job: dict[str, Any]) -> dict[str, Any]:
-        limit = (
-            self.settings.trace_timeout if job["kind"] == "trace" else self.settings.call_timeout
-        )
-        answer = await self.pool.run(job, limit)
+        answer = await self.pool.run(job, self._limit(job))
         if "error" in answer:
             raise_error(answer["error"])
         return answer
 
     async def call(self, job: dict[str, Any]) -> dict[str, Any]:
-        """One call; its failure is raised as the JSON-RPC error."""
-        result = (await self.run(job))["results"][0]
+        """One call (coalesced with others at its block); its failure is raised."""
+        result = await self._coalesced(job)
         if not result["ok"]:
             raise_error(result["error"])
         return result
@@ -84,3 +104,85 @@ class Executor:
             if job.get("fast_fail") and any(not r["ok"] for r in answer["results"]):
                 break
         return out
+
+    # -- coalescing -------------------------------------------------------------------
+
+    async def _coalesced(self, job: dict[str, Any]) -> dict[str, Any]:
+        if self._pending_count >= self.settings.queue_limit:
+            raise JsonRpcError(-32005, "EVM executor busy: too many queued calls")
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(_coalesce_key(job), []).append((job, future))
+        self._pending_count += 1
+        if self._drainers < self.pool.size:
+            self._drainers += 1
+            task = asyncio.create_task(self._drain())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await future
+
+    def _take(self) -> list[Pending]:
+        """The oldest block's waiting calls, at most `coalesce_max` of them."""
+        if not self._pending:
+            return []
+        key = next(iter(self._pending))
+        items = self._pending[key]
+        taken, rest = items[: self.settings.coalesce_max], items[self.settings.coalesce_max :]
+        if rest:
+            self._pending[key] = rest
+        else:
+            del self._pending[key]
+        self._pending_count -= len(taken)
+        return [(j, f) for j, f in taken if not f.done()]
+
+    async def _drain(self) -> None:
+        """Hand waiting calls to free workers until none wait."""
+        try:
+            while self._pending:
+                worker = await self.pool.acquire()
+                items = self._take()
+                if not items:
+                    self.pool.release(worker)
+                    continue
+                combined = {**items[0][0], "calls": [j["calls"][0] for j, _ in items]}
+                try:
+                    answer = await self.pool.run_on(worker, combined, self._limit(combined))
+                except JsonRpcError as exc:
+                    self._after_failure(items, exc)
+                    continue
+                self._deliver(items, answer)
+        except JsonRpcError as exc:  # acquire refused: fail what waits
+            while self._pending:
+                for _, future in self._take():
+                    future.set_exception(exc)
+        finally:
+            self._drainers -= 1
+
+    @staticmethod
+    def _deliver(items: list[Pending], answer: dict[str, Any]) -> None:
+        for i, (_, future) in enumerate(items):
+            if future.done():
+                continue
+            if "error" in answer:
+                future.set_result({"ok": False, "error": answer["error"], "gas_used": 0})
+            else:
+                future.set_result(answer["results"][i])
+
+    def _after_failure(self, items: list[Pending], exc: JsonRpcError) -> None:
+        """A combined job overran or crashed: run each call alone, so only its culprit fails."""
+        if len(items) == 1:
+            if not items[0][1].done():
+                items[0][1].set_exception(exc)
+            return
+        for job, future in items:
+            task = asyncio.create_task(self._alone(job, future))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _alone(self, job: dict[str, Any], future: asyncio.Future[dict[str, Any]]) -> None:
+        try:
+            answer = await self.pool.run(job, self._limit(job))
+        except JsonRpcError as exc:
+            if not future.done():
+                future.set_exception(exc)
+            return
+        self._deliver([(job, future)], answer)

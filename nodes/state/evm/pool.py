@@ -57,6 +57,12 @@ class _Worker:
             self.proc.join(timeout=2)
 
 
+def _consume(future: asyncio.Future[Any]) -> None:
+    """Mark a roundtrip's exception as seen (a killed worker's pipe raises EOFError)."""
+    if not future.cancelled():
+        future.exception()
+
+
 class WorkerPool:
     """`run(job, timeout)` on an idle worker; bounded queue; explicit `start`/`close`."""
 
@@ -74,6 +80,7 @@ class WorkerPool:
         self._threads: ThreadPoolExecutor | None = None
         self._waiting = 0
         self._closed = False
+        self._background: set[asyncio.Task[None]] = set()
 
     @property
     def started(self) -> bool:
@@ -101,8 +108,8 @@ class WorkerPool:
             self._threads.shutdown(wait=False, cancel_futures=True)
         self._idle = None
 
-    async def run(self, job: dict[str, Any], time_limit: float) -> dict[str, Any]:
-        """The worker's answer dict; -32005 when too many jobs wait, -39004 on overrun."""
+    async def acquire(self) -> _Worker:
+        """An idle worker (waits); -32005 when too many callers already wait."""
         if self._idle is None:
             await self.start()
         assert self._idle is not None
@@ -110,13 +117,28 @@ class WorkerPool:
             raise JsonRpcError(SERVER_BUSY, "EVM executor busy: too many queued executions")
         self._waiting += 1
         try:
-            worker = await self._idle.get()
+            return await self._idle.get()
         finally:
             self._waiting -= 1
+
+    def release(self, worker: _Worker) -> None:
+        if self._idle is not None and worker in self._all:
+            self._idle.put_nowait(worker)
+
+    async def run(self, job: dict[str, Any], time_limit: float) -> dict[str, Any]:
+        """The worker's answer dict; -32005 when too many jobs wait, -39004 on overrun."""
+        return await self.run_on(await self.acquire(), job, time_limit)
+
+    async def run_on(
+        self, worker: _Worker, job: dict[str, Any], time_limit: float
+    ) -> dict[str, Any]:
+        """Run on an acquired worker, which goes back to the pool (or is replaced)."""
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + time_limit
         future = loop.run_in_executor(self._threads, worker.roundtrip, job)
+        future.add_done_callback(_consume)
         try:
-            answer = await asyncio.wait_for(future, time_limit)
+            answer = await asyncio.wait_for(asyncio.shield(future), time_limit)
         except TimeoutError:
             await self._replace(worker)
             msg = f"execution exceeded the time limit of {time_limit:g}s"
@@ -125,10 +147,22 @@ class WorkerPool:
             await self._replace(worker)
             raise JsonRpcError(EVM_FAILED, "EVM worker crashed during execution") from None
         except asyncio.CancelledError:
-            await asyncio.shield(self._replace(worker))
+            # The caller left; the worker finishes the job (within its limit) and is reused.
+            task = loop.create_task(self._finish(worker, future, deadline))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
             raise
-        self._idle.put_nowait(worker)
+        self.release(worker)
         return answer
+
+    async def _finish(self, worker: _Worker, future: asyncio.Future[Any], deadline: float) -> None:
+        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
+        try:
+            await asyncio.wait_for(future, remaining)
+        except Exception:
+            await self._replace(worker)
+            return
+        self.release(worker)
 
     async def _replace(self, worker: _Worker) -> None:
         """Kill an overrunning or dead worker and put a fresh one in its place."""

@@ -17,7 +17,8 @@ DEFAULT_MAX_TRACE_BYTES = 16 * 1024 * 1024  # raw EIP-3155 output per traced cal
 DEFAULT_MAX_RETURN_BYTES = 1024 * 1024  # return data per call
 DEFAULT_MAX_BSRB_READS = 10_000  # reads per blockx_stateReadBatch payload
 DEFAULT_WARM_BLOCKS = 4  # per worker: blocks whose fetched state stays cached
-DEFAULT_QUEUE_LIMIT = 256  # jobs waiting for a worker before -32005 "busy"
+DEFAULT_QUEUE_LIMIT = 1024  # jobs (or single calls) waiting for a worker before -32005 "busy"
+DEFAULT_COALESCE_MAX = 256  # single calls at one block run together as one job
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,7 @@ class EvmSettings:
     max_bsrb_reads: int = DEFAULT_MAX_BSRB_READS
     warm_blocks: int = DEFAULT_WARM_BLOCKS
     queue_limit: int = DEFAULT_QUEUE_LIMIT
+    coalesce_max: int = DEFAULT_COALESCE_MAX
     workers: int = 0  # 0 = one per CPU core
     chain_id: int = 1337
     spec_id: str = "Cancun"  # pyrevm spec names are CamelCase; others silently mean latest
@@ -57,9 +59,25 @@ class EvmSettings:
                 raise ConfigError(f"[evm].{name}: expected {want.__name__}, got {value!r}")
             if want in (int, float) and value < 0:
                 raise ConfigError(f"[evm].{name}: must not be negative")
+        for name in POSITIVE:
+            if name in cfg and cfg[name] <= 0:
+                raise ConfigError(f"[evm].{name}: must be positive")
         if cfg.get("spec_id", "Cancun") not in SPEC_IDS:
             raise ConfigError(f"[evm].spec_id: one of {sorted(SPEC_IDS)}")
         return cls(**cfg)
 
 
+POSITIVE = (
+    "gas_cap",
+    "call_timeout",
+    "trace_timeout",
+    "max_calls",
+    "max_trace_steps",
+    "max_trace_bytes",
+    "max_return_bytes",
+    "max_bsrb_reads",
+    "warm_blocks",
+    "queue_limit",
+    "coalesce_max",
+)
 SPEC_IDS = frozenset({"Berlin", "London", "Merge", "Shanghai", "Cancun", "Prague"})
