@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -16,6 +17,9 @@ from aiohttp.test_utils import TestServer
 from chainstate.inproc import InprocRegistry
 from chainstate.rpcserver import rpc_handler
 from nodes.state.service import StateNode
+from proxy.app import create_app
+from proxy.settings import ProxySettings
+from proxy.store_file import FileStore
 from tests.nodes.test_state_chain import (
     CHAIN_ID,
     Account,
@@ -205,40 +209,41 @@ async def test_switching_sources_continues_from_the_own_head(make_node: Any) -> 
 
 
 async def test_follows_the_leader_named_by_the_proxy_admin(make_node: Any) -> None:
+    """With `leader_from`, the proxy's switchLeader moves ingest to the new Leader."""
     chain, addrs = random_chain(seed=48, blocks=30)
     registry = InprocRegistry()
     old, new = ChainSource(chain, visible=10), ChainSource(chain)
     registry.register("leader-a", old.handle_body)
     registry.register("leader-b", new.handle_body)
-    leader: dict[str, Any] = {"key": "leader-a", "url": "inproc://leader-a", "leader": True}
-    status = {"code": 200}
-
-    async def get_leader(request: web.Request) -> web.Response:
-        if status["code"] != 200:
-            return web.json_response({"error": "no Leader"}, status=status["code"])
-        return web.json_response({"pool": "1337", "leader": leader})
-
-    app = web.Application()
-    app.router.add_get("/1337/writers/leader", get_leader)
-    server = TestServer(app)
-    await server.start_server()
+    proxy = TestServer(create_app(ProxySettings(), store=FileStore(None), registry=registry))
+    await proxy.start_server()
     try:
-        node = await make_node(
-            "inproc://leader-a",
-            registry,
-            kind="archive",
-            leader_from=str(server.make_url("/1337/writers/leader")),
-            leader_poll_interval=0.02,
-        )
-        await node.ingest.wait_for_height(10, within=10)
-        status["code"] = 404  # a failing lookup keeps the current source
-        await wait_until(lambda: node.leader is not None and node.leader.last_error is not None)
-        assert node.ingest.source == "inproc://leader-a"
-        status["code"] = 200
-        leader.update(key="leader-b", url="inproc://leader-b")  # switchLeader
-        await node.ingest.wait_for_height(29, within=10)
-        assert node.ingest.source == "inproc://leader-b"
-        assert node.health()[1]["leader_error"] is None
-        assert_matches(node, chain, addrs)
+        async with aiohttp.ClientSession() as admin:
+
+            async def post(path: str, body: dict[str, Any]) -> None:
+                async with admin.post(proxy.make_url(path), json=body) as resp:
+                    assert resp.status in (200, 201), await resp.text()
+
+            node = await make_node(
+                "inproc://leader-a",
+                registry,
+                kind="archive",
+                leader_from=str(proxy.make_url("/1337/writers/leader")),
+                leader_poll_interval=0.02,
+            )
+            await node.ingest.wait_for_height(10, within=10)
+            # no Leader known yet (404): the node keeps its source
+            await wait_until(lambda: node.leader is not None and node.leader.last_error)
+            assert node.ingest.source == "inproc://leader-a"
+            writer_a = {"key": "leader-a", "url": "inproc://leader-a", "leader": True}
+            await post("/1337/writers/addWriter", writer_a)
+            await post("/1337/writers/addWriter", {"key": "leader-b", "url": "inproc://leader-b"})
+            await wait_until(lambda: node.leader is not None and node.leader.last_error is None)
+            assert node.ingest.source == "inproc://leader-a"
+            await post("/1337/writers/switchLeader", {"key": "leader-b"})
+            await node.ingest.wait_for_height(29, within=10)
+            assert node.ingest.source == "inproc://leader-b"
+            assert node.health()[1]["leader_error"] is None
+            assert_matches(node, chain, addrs)
     finally:
-        await server.close()
+        await proxy.close()
