@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from chainstate.blockref import parse_block_id
+from chainstate.blockref import TAGS, parse_block_id
 from chainstate.inproc import InprocRegistry
 from chainstate.jsonrpc import (
     BLOCK_NOT_FOUND,
@@ -142,6 +142,11 @@ class WriterNode:
             raise JsonRpcError(BLOCK_NOT_FOUND, "write node is not started")
         if block_id is None:
             raise JsonRpcError(INVALID_BLOCK_ID, "missing block id: a hex number, hash or tag")
+        if not isinstance(block_id, str) or not (block_id.startswith("0x") or block_id in TAGS):
+            shown = repr(block_id)[:80]
+            raise JsonRpcError(
+                INVALID_BLOCK_ID, f"invalid block id {shown}: a hex number, hash or tag"
+            )
         ref = parse_block_id(block_id)
         head = self.head
         if ref.hash is not None:

@@ -239,7 +239,19 @@ async def test_block_by_hash_and_tags(writer: WriterNode, rpc: RpcClient, eth: E
 
 @pytest.mark.parametrize(
     "params",
-    [["0xzz"], ["0x01"], ["-1"], [{"number": 1}], [None], [], [True], ["0x" + "a" * 63]],
+    [
+        ["0xzz"],
+        ["0x01"],
+        ["-1"],
+        ["12"],
+        [12],
+        [{"number": 1}],
+        [None],
+        [],
+        [True],
+        ["0x" + "a" * 63],
+        ["LATEST"],
+    ],
 )
 async def test_malformed_block_id_is_39007(rpc: RpcClient, params: list[Any]) -> None:
     with pytest.raises(JsonRpcError) as err:
