@@ -8,7 +8,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from chainstate.config import ConfigError, load_config
+from chainstate.config import ConfigError, load_config, section
 from chainstate.runner import run, start_site, wait_for_stop
 from proxy.settings import ProxySettings
 from proxy.store import ConfigStore
@@ -34,6 +34,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--admin-token", help="require 'Authorization: Bearer TOKEN' on admin calls")
     p.add_argument("--admin-host", help="serve the admin API on its own address")
     p.add_argument("--admin-port", type=int, help="serve the admin API on its own port")
+    p.add_argument(
+        "--trace",
+        choices=("none", "console", "otlp"),
+        help="where spans go (default: [proxy.tracing] exporter, else none)",
+    )
     p.set_defaults(func=cmd_proxy)
 
 
@@ -67,17 +72,32 @@ def open_store(location: str | None) -> ConfigStore:
     return FileStore(Path(location) if location else Path(".chainstate") / "proxy-store.json")
 
 
+def build_tracer(config: dict[str, Any], exporter: str | None) -> Any:
+    """The tracer from `[proxy.tracing]` (exporter, service_name, otlp_endpoint,
+    sample_ratio; see proxy/tracing.py), the --trace flag overriding its exporter."""
+    from proxy.tracing import build_tracer as build
+
+    sect = dict(section(section(config, "proxy"), "tracing"))
+    if exporter is not None:
+        sect["exporter"] = exporter
+    try:
+        return build(**sect)
+    except TypeError as exc:
+        raise ConfigError(f"[proxy.tracing] {exc}") from None
+
+
 def cmd_proxy(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    tracer = build_tracer(load_config(args.config), args.trace)
     store = open_store(settings.store_path)
-    run(lambda: serve(settings, store))
+    run(lambda: serve(settings, store, tracer))
     return 0
 
 
-async def serve(settings: ProxySettings, store: ConfigStore) -> None:
+async def serve(settings: ProxySettings, store: ConfigStore, tracer: Any = None) -> None:
     from proxy.app import create_admin_app, create_app
 
-    app = create_app(settings, store=store)
+    app = create_app(settings, store=store, tracer=tracer)
     async with AsyncExitStack() as stack:
         await start_site(stack, app, settings.host, settings.port)
         url = f"http://{settings.host}:{settings.port}"

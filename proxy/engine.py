@@ -46,6 +46,11 @@ SOURCE_HEADERS = ("x-vendor-biz", "x-vendor-source", "x-vendor-source-host", "x-
 RETRY_REASONS = {BLOCK_NOT_FOUND: "block_not_found", -39008: "unsupported_precompile"}
 NO_NODE_KEY = "-"  # node label of items no node answered
 UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
+MAX_HEADER_VALUE = 256  # longer client header values are cut in logs and spans
+
+
+def _cut(value: str | None) -> str | None:
+    return None if value is None else value[:MAX_HEADER_VALUE]
 
 
 def _dumps_error(rid: Any, exc: JsonRpcError) -> bytes:
@@ -136,6 +141,14 @@ class Engine:
             pool = self.state.pool_for_chain(chain)
         return None if pool is None else (chain, pool)
 
+    def _unknown(self, chain_id: str) -> str:
+        pool_id = normalize_pool(chain_id)
+        version = self.state.versions.get(pool_id) if pool_id else None
+        if version:
+            pool = f"{pool_id}-{version}"
+            return f"chain {pool_id} is in version mode ({version}) but pool {pool} has no nodes"
+        return f"unknown chain {chain_id[:80]!r}: no node pool is configured for it"
+
     async def handle(
         self, chain_id: str, body: bytes, headers: Mapping[str, str]
     ) -> tuple[int, bytes]:
@@ -160,8 +173,7 @@ class Engine:
     ) -> tuple[int, bytes]:
         found = self.resolve(chain_id)
         if found is None:
-            msg = f"unknown chain {chain_id[:80]!r}: no node pool is configured for it"
-            return 404, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
+            return 404, _dumps_error(None, JsonRpcError(INVALID_REQUEST, self._unknown(chain_id)))
         chain, pool = found
         ctx = Ctx(chain, pool)
         self.metrics.client(headers.get("client-id"))
@@ -460,11 +472,11 @@ class Engine:
         span.set_attribute("batch.size", size)
         client_id = headers.get("client-id")
         if client_id:
-            span.set_attribute("client_id", client_id)
+            span.set_attribute("client_id", client_id[:MAX_HEADER_VALUE])
         for name in SOURCE_HEADERS:
             value = headers.get(name)
             if value:
-                span.set_attribute(name.replace("-", "_"), value)
+                span.set_attribute(name.replace("-", "_"), value[:MAX_HEADER_VALUE])
 
     def _log(
         self, ctx: Ctx, size: int, status: int, elapsed: float, headers: Mapping[str, str]
@@ -476,10 +488,10 @@ class Engine:
             "items": size,
             "status": status,
             "ms": round(elapsed * 1000, 3),
-            "client_id": headers.get("client-id"),
+            "client_id": _cut(headers.get("client-id")),
         }
         for name in SOURCE_HEADERS:
-            extra[name.replace("-", "_")] = headers.get(name)
+            extra[name.replace("-", "_")] = _cut(headers.get(name))
         access_log.info("request", extra=extra)
 
 

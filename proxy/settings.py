@@ -75,8 +75,8 @@ class ProxySettings:
         known = {f.name for f in fields(cls)} - {"nodes", "writers", "store_path"}
         values: dict[str, Any] = {}
         for name, value in sect.items():
-            if name in ("nodes", "writers", "store"):
-                continue
+            if name in ("nodes", "writers", "store") or isinstance(value, dict):
+                continue  # sub-tables ([proxy.tracing], ...) belong to the modules they name
             if name not in known:
                 raise ConfigError(f"[proxy] unknown setting {name!r}")
             values[name] = value

@@ -1,0 +1,94 @@
+"""`chainstate proxy` as its own process: starts with no config, nodes come from the admin API."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from tests.conftest import free_port
+
+ADDR = "0x" + "22" * 20
+
+
+@pytest.fixture
+async def proxy_process(tmp_path):
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "chainstate.cli", "proxy", "--port", str(port),
+        "--store", str(tmp_path / "store.json"), "--admin-token", "t0ken",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as s:
+            for _ in range(200):
+                try:
+                    async with s.get(f"{url}/metrics") as resp:
+                        if resp.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("proxy did not start: " + proc.stderr.read())
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def test_proxy_command_routes_as_debug_choose_says(proxy_process, fake_nodes) -> None:
+    url, proc = proxy_process
+    state = await fake_nodes("state-1", "state")
+    archive = await fake_nodes("archive-1", "archive")
+    auth = {"Authorization": "Bearer t0ken"}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{url}/1337/addNode", json=state.entry()) as resp:
+            assert resp.status == 401
+        for node in (state, archive):
+            async with s.post(f"{url}/0x539/addNode", json=node.entry(), headers=auth) as resp:
+                assert resp.status == 201
+        for _ in range(100):  # heads arrive with the first poll (1 s interval)
+            async with s.get(f"{url}/1337/getAllNodes", headers=auth) as resp:
+                nodes = (await resp.json())["nodes"]
+            if all(n["head"] == 1000 for n in nodes):
+                break
+            await asyncio.sleep(0.05)
+        choices = {}
+        for block in ("latest", "0x10"):
+            params = {"method": "eth_getBalance", "block": block}
+            async with s.get(f"{url}/1337/debug_chooseOneNode", params=params, headers=auth) as r:
+                choices[block] = (await r.json())["node"]["key"]
+        assert choices == {"latest": "state-1", "0x10": "archive-1"}
+        batch = [
+            {"jsonrpc": "2.0", "id": i, "method": "eth_getBalance", "params": [ADDR, block]}
+            for i, block in enumerate(["latest", "0x10", "latest", "0x3e7", "0x1"])
+        ]
+        async with s.post(f"{url}/1337", json=batch) as resp:
+            answers = await resp.json()
+    assert [a["id"] for a in answers] == [0, 1, 2, 3, 4]
+    assert [a["result"]["node"] for a in answers] == [
+        "state-1",
+        "archive-1",
+        "state-1",
+        "state-1",
+        "archive-1",
+    ]
+    proc.terminate()
+    out, _ = proc.communicate(timeout=10)
+    assert "listening on" in out and "curl" in out
+
+
+def test_proxy_command_refuses_a_bad_config(tmp_path) -> None:
+    config = tmp_path / "proxy.toml"
+    config.write_text("[proxy]\nmax_attempts = 0\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "chainstate.cli", "proxy", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2 and "max_attempts" in proc.stderr
