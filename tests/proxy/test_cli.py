@@ -21,7 +21,9 @@ async def proxy_process(tmp_path):
         sys.executable, "-m", "chainstate.cli", "proxy", "--port", str(port),
         "--store", str(tmp_path / "store.json"), "--admin-token", "t0ken",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession() as s:
@@ -33,11 +35,14 @@ async def proxy_process(tmp_path):
                 except aiohttp.ClientError:
                     await asyncio.sleep(0.05)
             else:
-                raise AssertionError("proxy did not start: " + proc.stderr.read())
+                proc.kill()
+                _, err = await proc.communicate()
+                raise AssertionError(f"proxy did not start: {err.decode()}")
         yield url, proc
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        if proc.returncode is None:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 10)
 
 
 async def test_proxy_command_routes_as_debug_choose_says(proxy_process, fake_nodes) -> None:
@@ -78,8 +83,8 @@ async def test_proxy_command_routes_as_debug_choose_says(proxy_process, fake_nod
         "archive-1",
     ]
     proc.terminate()
-    out, _ = proc.communicate(timeout=10)
-    assert "listening on" in out and "curl" in out
+    out, _ = await asyncio.wait_for(proc.communicate(), 10)
+    assert b"listening on" in out and b"curl" in out
 
 
 def test_proxy_command_refuses_a_bad_config(tmp_path) -> None:
