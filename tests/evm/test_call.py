@@ -221,3 +221,24 @@ async def test_time_limit_kills_only_that_call(chain: Chain) -> None:
         assert ok.get("result", "").startswith("0x"), ok
     finally:
         await methods.close()
+
+
+async def test_state_read_failure_is_39005(chain: Chain) -> None:
+    from nodes.state.evm.methods import EvmMethods
+    from nodes.state.evm.settings import EvmSettings
+    from tests.evm.conftest import AnvilReader, Client
+
+    class FailingStorage(AnvilReader):
+        def storage(self, address: str, slot: int, height: int) -> int:
+            raise JsonRpcError(-39005, "storage unreadable")
+
+    methods = EvmMethods(FailingStorage(chain.url), EvmSettings(workers=1, chain_id=1337))
+    try:
+        client = Client(methods)
+        answer = await client.raw("eth_call", [{"to": chain.erc20, "data": balance_of(A0)}])
+        assert answer["error"]["code"] == -39005, answer
+        # a call that reads no storage still works on the same node
+        ok = await client.raw("eth_call", [{"to": chain.env}])
+        assert ok["result"].startswith("0x")
+    finally:
+        await methods.close()

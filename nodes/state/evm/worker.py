@@ -77,14 +77,14 @@ def error(code: int, message: str, data: Any = None) -> dict[str, Any]:
 def decode_revert(output: bytes) -> str | None:
     """The `Error(string)` or `Panic(uint256)` message of revert data, when it is one."""
     if output[:4] == ERROR_SELECTOR and len(output) >= 68:
-        try:
-            offset = int.from_bytes(output[4:36], "big")
-            length = int.from_bytes(output[4 + offset : 36 + offset], "big")
-            raw = output[36 + offset : 36 + offset + length]
-            if len(raw) == length:
-                return raw.decode("utf-8", errors="replace")
-        except (ValueError, OverflowError):
+        body = output[4:]
+        offset = int.from_bytes(body[0:32], "big")
+        if offset + 32 > len(body):
             return None
+        length = int.from_bytes(body[offset : offset + 32], "big")
+        if offset + 32 + length > len(body):
+            return None
+        return body[offset + 32 : offset + 32 + length].decode("utf-8", errors="replace")
     if output[:4] == PANIC_SELECTOR and len(output) == 36:
         code = int.from_bytes(output[4:36], "big")
         return f"panic: {PANIC_REASONS.get(code, 'unknown panic code')} (0x{code:x})"

@@ -1,0 +1,126 @@
+"""Units without a chain: settings, BSRB/1 codec, revert decoding, error classification."""
+
+from __future__ import annotations
+
+import pytest
+
+from chainstate.config import ConfigError
+from nodes.state.evm import bsrb
+from nodes.state.evm.codec import apply_block_overrides, parse_call, parse_state_override
+from nodes.state.evm.settings import EvmSettings
+from nodes.state.evm.worker import TraceSink, classify, decode_revert
+
+
+def test_settings_defaults_and_overrides() -> None:
+    s = EvmSettings.from_config({"gas_cap": 1000, "call_timeout": 2, "workers": 3})
+    assert (s.gas_cap, s.call_timeout, s.worker_count) == (1000, 2, 3)
+    assert EvmSettings().worker_count >= 1
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"gas_kap": 1},
+        {"gas_cap": "1"},
+        {"gas_cap": True},
+        {"call_timeout": -1},
+        {"coalesce_max": 0},
+        {"spec_id": "cancun"},
+    ],
+)
+def test_settings_rejects_bad_values(cfg: dict) -> None:
+    with pytest.raises(ConfigError):
+        EvmSettings.from_config(cfg)
+
+
+def test_bsrb_round_trip() -> None:
+    reads = [
+        bsrb.Read(bsrb.BALANCE, "0x" + "11" * 20),
+        bsrb.Read(bsrb.STORAGE, "0x" + "22" * 20, 2**255 + 7),
+        bsrb.Read(bsrb.CODE, "0x" + "33" * 20),
+        bsrb.Read(bsrb.NONCE, "0x" + "44" * 20),
+    ]
+    for height in (None, 0, 12345):
+        req = bsrb.decode_request(bsrb.encode_request(height, reads), 10)
+        assert (req.height, req.reads) == (height, reads)
+    values = [(1, 10**30), (4, 5), (3, b"\x60\x00"), (2, 9)]
+    data = bsrb.encode_response(7, "0x" + "ab" * 32, values)
+    assert bsrb.decode_response(data) == (7, "0x" + "ab" * 32, values)
+
+
+def test_bsrb_limit() -> None:
+    payload = bsrb.encode_request(1, [bsrb.Read(bsrb.BALANCE, "0x" + "11" * 20)] * 3)
+    with pytest.raises(bsrb.BsrbError, match="at most 2"):
+        bsrb.decode_request(payload, 2)
+
+
+def test_decode_revert() -> None:
+    msg = b"nope"
+    error = (
+        bytes.fromhex("08c379a0")
+        + (32).to_bytes(32, "big")
+        + len(msg).to_bytes(32, "big")
+        + msg.ljust(32, b"\0")
+    )
+    assert decode_revert(error) == "nope"
+    assert decode_revert(bytes.fromhex("4e487b71") + (0x12).to_bytes(32, "big")) == (
+        "panic: division or modulo by zero (0x12)"
+    )
+    assert decode_revert(b"\x01\x02") is None
+    assert decode_revert(bytes.fromhex("08c379a0") + b"\xff" * 64) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ("Revert { gas_used: 100, output: 0x }", -39000),
+        ("Halt { reason: OutOfGas(Basic), gas_used: 5 }", -39001),
+        ("Halt { reason: OpcodeNotFound, gas_used: 5 }", -39004),
+        ("Halt { reason: PrecompileError, gas_used: 5 }", -39004),
+        (
+            "Initial gas spend is 21572 but gas limit is 100. Error: CallGasCostMoreThanGasLimit",
+            -39001,
+        ),
+        ("Transaction(LackOfFundForMaxFee { fee: 1, balance: 0 })", -39002),
+        ("Transaction(NonceTooHigh { tx: 5, state: 1 })", -39003),
+    ],
+)
+def test_classify(text: str, code: int) -> None:
+    assert classify(RuntimeError(text)).error["code"] == code
+
+
+def test_call_object_rules() -> None:
+    call = parse_call({"to": "0x" + "ab" * 20, "gas": "0xffffffff", "input": "0x01"}, 1000)
+    assert call["gas"] == 1000  # clamped to the cap
+    assert call["from"] == "0x" + "00" * 20
+    assert call["data"] == b"\x01"
+    assert call["gas_price"] is None
+    with pytest.raises(Exception, match="differ"):
+        parse_call({"to": "0x" + "ab" * 20, "data": "0x01", "input": "0x02"}, 1000)
+    with pytest.raises(Exception, match="not both"):
+        parse_call({"to": "0x" + "ab" * 20, "gasPrice": "0x1", "maxFeePerGas": "0x1"}, 1000)
+
+
+def test_overrides_parse() -> None:
+    a = "0x" + "ab" * 20
+    ov = parse_state_override({a: {"balance": "0x10", "state": {"0x1": "0x2"}}})
+    assert ov is not None
+    assert ov.accounts[a] == {"balance": 16}
+    assert ov.storage[a] == {1: 2}
+    assert a in ov.replaced
+    env = {"number": 1, "timestamp": 2, "gas_limit": 3, "coinbase": a}
+    out = apply_block_overrides(env, {"number": "0x5", "feeRecipient": "0x" + "cd" * 20})
+    assert out["number"] == 5 and out["coinbase"] == "0x" + "cd" * 20
+    assert env["number"] == 1
+
+
+def test_trace_sink_limits() -> None:
+    sink = TraceSink(max_steps=2, max_bytes=10_000)
+    step = '{"pc":0,"op":96,"gas":"0x10","gasCost":"0x3","stack":[],"depth":2,"opName":"PUSH1"}\n'
+    sink.write(step)
+    sink.write(step)
+    assert [s["depth"] for s in sink.struct_logs()] == [1, 1]
+    with pytest.raises(Exception, match="limit"):
+        sink.write(step)
+        sink.write(step)
+    assert sink.overflow
