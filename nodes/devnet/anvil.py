@@ -115,6 +115,13 @@ def ensure_openzeppelin(tool_dir: Path | None = None) -> Path:
     return package / "build" / "contracts"
 
 
+def _with_parent_death_signal(cmd: list[str]) -> list[str]:
+    """Have anvil terminated when the process that started it dies without stopping it
+    (kill -9, a crashed test run): `setpriv --pdeathsig` where util-linux has it."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", *cmd] if setpriv else cmd
+
+
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     """Signal the process group that `proc` leads (started with start_new_session)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -190,7 +197,7 @@ class AnvilProcess:
     def _spawn(self, binary: Path) -> None:
         self._output = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         self._proc = subprocess.Popen(
-            self.command(binary),
+            _with_parent_death_signal(self.command(binary)),
             stdin=subprocess.DEVNULL,
             stdout=self._output,
             stderr=subprocess.STDOUT,

@@ -7,6 +7,10 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import aiohttp
 import psutil
@@ -118,3 +122,22 @@ async def test_port_in_use_is_a_clear_error(anvil) -> None:
     with pytest.raises(DevnetError, match=r"exited|did not answer"):
         await other.start()
     assert other.pid is None
+
+
+def test_anvil_dies_with_the_process_that_started_it() -> None:
+    """A crashed parent (here: os._exit without stop) leaves no anvil behind."""
+    code = (
+        "import os; from nodes.devnet.anvil import AnvilProcess, GENESIS; "
+        "from tests.conftest import free_port; "
+        "a = AnvilProcess(port=free_port(), genesis=GENESIS); a.start_blocking(); "
+        "print(a.pid, flush=True); os._exit(0)"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=60
+    )
+    pid = int(out.stdout.strip())
+    deadline = time.monotonic() + 5
+    while live_group_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live_group_members(pid) == []
