@@ -82,7 +82,7 @@ class SqliteDatabase(Database):
         def authorize(action: int, arg1: Any, arg2: Any, dbname: Any, trigger: Any) -> int:
             if action in _ALLOWED_ACTIONS:
                 return sqlite3.SQLITE_OK
-            if action == sqlite3.SQLITE_READ and arg1 == guard.table and dbname == "main":
+            if action == sqlite3.SQLITE_READ and arg1 == guard.table and dbname in ("main", None):
                 return sqlite3.SQLITE_OK
             return sqlite3.SQLITE_DENY
 
