@@ -242,3 +242,54 @@ async def test_state_read_failure_is_39005(chain: Chain) -> None:
         assert ok["result"].startswith("0x")
     finally:
         await methods.close()
+
+
+async def test_coalesced_calls_survive_a_culprit_and_callers_leaving(chain: Chain) -> None:
+    """Calls at one block are run together; one overrunning call fails alone, the others
+    answer. A caller that goes away leaves its worker running (no respawn)."""
+    from nodes.state.evm.methods import EvmMethods
+    from nodes.state.evm.settings import EvmSettings
+    from tests.evm.conftest import AnvilReader, Client
+
+    settings = EvmSettings(workers=1, call_timeout=1.0, gas_cap=2**62, chain_id=1337)
+    methods = EvmMethods(AnvilReader(chain.url), settings)
+    await methods.start()
+    try:
+        client = Client(methods)
+        ov = {"gasLimit": hex(2**62)}
+        fast = {"to": chain.erc20, "data": balance_of(A0)}
+        blocker = asyncio.create_task(client.raw("eth_call", [fast, "latest", None, ov]))
+        batch = [
+            asyncio.create_task(client.raw("eth_call", [req, "latest", None, ov]))
+            for req in [fast, {"to": chain.loop}, fast, fast]
+        ]
+        answers = await asyncio.gather(blocker, *batch)
+        codes = [a.get("error", {}).get("code") for a in answers]
+        assert codes == [None, None, -39004, None, None], answers
+        assert answers[1]["result"] == rpc(chain.url, "eth_call", [fast, "latest"])
+
+        pids = {w.proc.pid for w in methods.executor.pool._all}
+        slow = asyncio.create_task(client.raw("eth_call", [{"to": chain.loop, "gas": "0x1c9c380"}]))
+        await asyncio.sleep(0.05)
+        slow.cancel()
+        ok = await client.raw("eth_call", [fast])
+        assert ok["result"] == rpc(chain.url, "eth_call", [fast, "latest"])
+        assert {w.proc.pid for w in methods.executor.pool._all} == pids
+    finally:
+        await methods.close()
+
+
+async def test_multicall_response_size_limit(chain: Chain) -> None:
+    from nodes.state.evm.methods import EvmMethods
+    from nodes.state.evm.settings import EvmSettings
+    from tests.evm.conftest import AnvilReader, Client
+
+    settings = EvmSettings(workers=1, max_response_bytes=64, chain_id=1337)
+    methods = EvmMethods(AnvilReader(chain.url), settings)
+    try:
+        calls = [{"to": chain.erc20, "data": balance_of(A0)}] * 4
+        results = await Client(methods).call("eth_multiCall", [calls, "latest"])
+        assert [r["success"] for r in results] == [True, True, True, False]
+        assert "response exceeds 64 bytes" in results[3]["error"]["message"]
+    finally:
+        await methods.close()

@@ -74,6 +74,8 @@ class WorkerPool:
             max_trace_steps=settings.max_trace_steps,
             max_trace_bytes=settings.max_trace_bytes,
             max_return_bytes=settings.max_return_bytes,
+            max_response_bytes=settings.max_response_bytes,
+            warm_max_calls=settings.warm_max_calls,
         )
         self._idle: asyncio.Queue[_Worker] | None = None
         self._all: set[_Worker] = set()

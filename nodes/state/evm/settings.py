@@ -15,6 +15,8 @@ DEFAULT_TRACE_TIMEOUT = 20.0  # seconds for one pre_trace* job (pyrevm traces ~6
 DEFAULT_MAX_TRACE_STEPS = 10_000  # struct-log entries per traced call
 DEFAULT_MAX_TRACE_BYTES = 16 * 1024 * 1024  # raw EIP-3155 output per traced call
 DEFAULT_MAX_RETURN_BYTES = 1024 * 1024  # return data per call
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # return data of all calls of one request
+DEFAULT_WARM_MAX_CALLS = 200_000  # calls a warm EVM serves before it is rebuilt (memory)
 DEFAULT_MAX_BSRB_READS = 10_000  # reads per blockx_stateReadBatch payload
 DEFAULT_WARM_BLOCKS = 4  # per worker: blocks whose fetched state stays cached
 DEFAULT_QUEUE_LIMIT = 1024  # jobs (or single calls) waiting for a worker before -32005 "busy"
@@ -32,6 +34,8 @@ class EvmSettings:
     max_trace_steps: int = DEFAULT_MAX_TRACE_STEPS
     max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES
     max_return_bytes: int = DEFAULT_MAX_RETURN_BYTES
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    warm_max_calls: int = DEFAULT_WARM_MAX_CALLS
     max_bsrb_reads: int = DEFAULT_MAX_BSRB_READS
     warm_blocks: int = DEFAULT_WARM_BLOCKS
     queue_limit: int = DEFAULT_QUEUE_LIMIT
@@ -75,6 +79,8 @@ POSITIVE = (
     "max_trace_steps",
     "max_trace_bytes",
     "max_return_bytes",
+    "max_response_bytes",
+    "warm_max_calls",
     "max_bsrb_reads",
     "warm_blocks",
     "queue_limit",

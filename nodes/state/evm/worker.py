@@ -134,6 +134,8 @@ class Limits:
     max_trace_steps: int
     max_trace_bytes: int
     max_return_bytes: int
+    max_response_bytes: int  # return data of all calls of one job together
+    warm_max_calls: int  # calls a warm EVM serves before it is dropped (bounds its cache)
 
 
 def _block_env(block: dict[str, Any]) -> BlockEnv:
@@ -205,21 +207,29 @@ class Runner:
         self.limits = limits
         self.warm_blocks = max(1, warm_blocks)
         self._warm: OrderedDict[tuple[str, int, str, int], EVM] = OrderedDict()
+        self._uses: dict[tuple[str, int, str, int], int] = {}
 
     def evm_for(self, job: dict[str, Any]) -> EVM:
-        """A warm EVM for the job's block, or a fresh one when the job must not share."""
+        """A warm EVM for the job's block, or a fresh one when the job must not share.
+
+        A warm EVM is rebuilt after `warm_max_calls` calls, which bounds what its cache of
+        fetched accounts and slots can grow to.
+        """
         if job.get("fresh") or job["kind"] == "trace" or job.get("disable_cache"):
             return new_evm(job)
         # GASLIMIT reads the constructor's gas limit, so a gasLimit override needs its own EVM
         key = (job["fork_url"], job["height"], job["block"]["hash"], job["block"]["gas_limit"])
         evm = self._warm.get(key)
-        if evm is None:
+        used = self._uses.get(key, 0) + len(job["calls"])
+        if evm is None or used > self.limits.warm_max_calls:
             evm = new_evm(job)
-            self._warm[key] = evm
-            while len(self._warm) > self.warm_blocks:
-                self._warm.popitem(last=False)
-        else:
-            self._warm.move_to_end(key)
+            used = len(job["calls"])
+        self._warm[key] = evm
+        self._warm.move_to_end(key)
+        self._uses[key] = used
+        while len(self._warm) > self.warm_blocks:
+            old, _ = self._warm.popitem(last=False)
+            self._uses.pop(old, None)
         return evm
 
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
@@ -299,12 +309,17 @@ class Runner:
         """Independent calls on the block's state; `fast_fail` stops at the first failure."""
         out: list[dict[str, Any]] = []
         collect = bool(job.get("collect_writes"))
+        size = 0
         for call in job["calls"]:
             try:
+                if size > self.limits.max_response_bytes:
+                    limit = self.limits.max_response_bytes
+                    raise CallFailed(error(EVM_FAILED, f"response exceeds {limit} bytes"))
                 if collect:  # a fresh EVM: nothing to revert, the journal holds the writes
                     out.append({"ok": True, **self._call(evm, call), "writes": writes_of(evm)})
-                    continue
-                out.append({"ok": True, **self._isolated(evm, call)})
+                else:
+                    out.append({"ok": True, **self._isolated(evm, call)})
+                size += (len(out[-1]["output"]) - 2) // 2
             except CallFailed as exc:
                 out.append({"ok": False, "error": exc.error, "gas_used": exc.gas_used})
                 if job.get("fast_fail"):
