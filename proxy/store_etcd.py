@@ -301,7 +301,7 @@ class EtcdStore:
 
     # -- writes --------------------------------------------------------------------------
 
-    async def _write(self, op: Callable[[aetcd.Client], Any]) -> int:
+    async def _write(self, op: Callable[[aetcd.Client], Any]) -> Any:
         client = self._require_client()
         try:
             result = await op(client)
@@ -312,22 +312,50 @@ class EtcdStore:
                 raise ValueError(f"etcd refused the write: {exc}") from exc
             raise
         self._set_available(True)
-        return result.header.revision
+        return result
 
     async def put(self, key: str, value: bytes) -> int:
         full = self._full_key(key)
         if not isinstance(value, bytes | bytearray):
             raise TypeError("store values are bytes")
-        return await self._write(lambda c: c.put(full, bytes(value)))
+        result = await self._write(lambda c: c.put(full, bytes(value)))
+        return result.header.revision
 
     async def delete(self, key: str) -> int:
         full = self._full_key(key)
-        # delete_range (not delete) so the revision comes back even when nothing existed.
-        return await self._write(lambda c: c.delete_range(full, full + b"\0"))
+        # delete_range (not delete): aetcd's delete drops the response header on a miss.
+        return await self._delete_range(full, full + b"\0")
 
     async def delete_prefix(self, prefix: str) -> int:
         start = self._prefix_bytes + prefix.encode()
-        return await self._write(lambda c: c.delete_range(start, prefix_range_end(start)))
+        return await self._delete_range(start, prefix_range_end(start))
+
+    async def _delete_range(self, start: bytes, end: bytes) -> int:
+        result = await self._write(lambda c: c.delete_range(start, end))
+        if result.deleted:
+            return result.header.revision
+        # Nothing changed. etcd's own revision may be ahead of every change under our prefix
+        # (other prefixes share it), and a caller waiting for its watch to reach that
+        # revision would wait in vain; the newest revision under the prefix is always seen.
+        return await self._prefix_revision()
+
+    async def _prefix_revision(self) -> int:
+        """The mod revision of the newest key under the store prefix (0: none)."""
+        request = rpc.RangeRequest(
+            key=self._prefix_bytes,
+            range_end=prefix_range_end(self._prefix_bytes),
+            limit=1,
+            keys_only=True,
+            sort_order=rpc.RangeRequest.DESCEND,
+            sort_target=rpc.RangeRequest.MOD,
+        )
+        try:
+            response = await self._require_client().kvstub.Range(request, timeout=self._timeout)
+        except rpc.AioRpcError as exc:
+            if _is_unreachable(exc):
+                raise self._unavailable(exc) from exc
+            raise
+        return response.kvs[0].mod_revision if response.kvs else 0
 
     # -- watch ---------------------------------------------------------------------------
 

@@ -113,9 +113,16 @@ async def test_put_snapshot_delete_revisions(store: EtcdStore) -> None:
 
     r4 = await store.delete("pools/1/nodes/a")
     assert r4 == r3 + 1
-    assert await store.delete("pools/1/nodes/a") == r4  # nothing deleted: revision unchanged
+    # Deleting nothing changes nothing: the answer is the newest revision under the prefix
+    # (the live "1/version" key), never etcd's revision moved on by other prefixes, which a
+    # caller waiting for its watch to catch up would wait for in vain.
+    foreign = EtcdStore(store.endpoint, unique_prefix(), **FAST)
+    await foreign.start()
+    assert await foreign.put("elsewhere", b"x") > r4
+    await foreign.close()
+    assert await store.delete("pools/1/nodes/a") == r3
     r5 = await store.delete_prefix("pools/")
-    assert r5 == r4 + 1
+    assert r5 == r4 + 2
     data, rev = await store.snapshot()
     assert data == {"1/version": b'"blue"'} and rev == r5
 
