@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import os
 import signal
@@ -54,13 +55,19 @@ def test_openzeppelin_artifacts_present() -> None:
 
 
 async def test_genesis_allocation_is_the_known_one(anvil_url: str) -> None:
+    """The genesis file lists every account anvil has at block 0: the 10 test-mnemonic
+    accounts and the CREATE2 deployer anvil always installs."""
     genesis = json.loads(GENESIS.read_text())
+    alloc = {"0x" + a: entry for a, entry in genesis["alloc"].items()}
     assert await rpc(anvil_url, "eth_chainId") == "0x539"
-    assert len(genesis["alloc"]) == 10
     accounts = await rpc(anvil_url, "eth_accounts")
-    assert [a[2:] for a in accounts] == list(genesis["alloc"])
-    for addr, entry in genesis["alloc"].items():
-        assert await rpc(anvil_url, "eth_getBalance", ["0x" + addr, "0x0"]) == entry["balance"]
+    assert accounts == list(alloc)[:10]
+    assert all(alloc[a]["balance"] == hex(10_000 * 10**18) for a in accounts)
+    for addr, entry in alloc.items():
+        assert await rpc(anvil_url, "eth_getBalance", [addr, "0x0"]) == entry["balance"]
+        assert await rpc(anvil_url, "eth_getCode", [addr, "0x0"]) == entry.get("code", "0x")
+    dump = json.loads(gzip.decompress(bytes.fromhex((await rpc(anvil_url, "anvil_dumpState"))[2:])))
+    assert sorted(dump["accounts"]) == sorted(alloc)
 
 
 async def test_block_time_mines_without_transactions() -> None:
