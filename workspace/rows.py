@@ -115,6 +115,7 @@ def write_block(
         "block_id": block_id,
         "block_timestamp": block_timestamp,
     }
+    encode_row(t, system, max_bytes)  # the block itself is checked even with no rows
     encoded = [encode_row(t, {**r, **system}, max_bytes) for r in rows]
     for r in encoded:
         if r.get("id") is None:
