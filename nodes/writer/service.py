@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from chainstate.blockref import TAGS, parse_block_id
 from chainstate.inproc import InprocRegistry
@@ -26,6 +27,7 @@ from chainstate.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_BLOCK_ID,
     Dispatcher,
+    Handler,
     JsonRpcError,
     params_list,
 )
@@ -192,7 +194,9 @@ class WriterNode:
             return await self._forward("eth_chainId", [])
         return hex(chain_id)
 
-    def _pass_through(self, method: str):
+    def _pass_through(self, method: str) -> Handler:
+        """A handler forwarding `method` to the execution client unchanged."""
+
         async def handler(params: Any) -> Any:
             self._requests.labels(method).inc()
             return await self._forward(method, params)
@@ -242,10 +246,10 @@ class _FollowerCollector:
     def __init__(self, node: WriterNode) -> None:
         self.node = node
 
-    def describe(self) -> list:
+    def describe(self) -> list[Metric]:
         return []
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         stats = self.node.follower.stats if self.node.follower else None
         values = {
             "chainstate_writer_head": self.node.head,
