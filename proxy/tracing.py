@@ -7,15 +7,12 @@ module only decides where they go:
     console  one JSON object per finished span on stdout (debugging, tests)
     otlp     OTLP to a collector, if `opentelemetry-exporter-otlp` is installed
              (endpoint from the setting or the standard OTEL_EXPORTER_OTLP_* env vars)
-
-`header_attributes` turns the client-identifying request headers into span attributes.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Mapping
 from typing import IO, Any
 
 from opentelemetry import trace
@@ -35,16 +32,6 @@ EXPORTERS = ("none", "console", "otlp")
 DEFAULT_SERVICE_NAME = "chainstate-proxy"
 DEFAULT_SAMPLE_RATIO = 1.0  # fraction of client requests traced (children follow the parent)
 TRACER_NAME = "chainstate.proxy"
-
-# Request headers recorded on the client request span, under the header's own name.
-TRACED_HEADERS = (
-    "client-id",
-    "x-vendor-biz",
-    "x-vendor-source",
-    "x-vendor-source-host",
-    "x-vendor-env",
-)
-MAX_ATTRIBUTE_LENGTH = 256  # longer header values are cut: spans stay small
 
 _OTLP_MODULES = (
     "opentelemetry.exporter.otlp.proto.http.trace_exporter",
@@ -130,13 +117,3 @@ def build_tracer(
     if provider is None:
         return trace.NoOpTracer()
     return provider.get_tracer(TRACER_NAME)
-
-
-def header_attributes(headers: Mapping[str, str]) -> dict[str, str]:
-    """Span attributes from the client-identifying headers that are present."""
-    attributes: dict[str, str] = {}
-    for name in TRACED_HEADERS:
-        value = headers.get(name)
-        if value:
-            attributes[name] = value[:MAX_ATTRIBUTE_LENGTH]
-    return attributes
