@@ -122,6 +122,8 @@ class AdminApi:
                 return reply({"error": str(exc)}, 400)
             except StoreUnavailable as exc:
                 return reply({"error": f"config store unavailable, nothing changed: {exc}"}, 503)
+            except OSError as exc:  # the file store could not write (disk full, permissions)
+                return reply({"error": f"config store write failed, nothing changed: {exc}"}, 503)
 
         return guarded
 

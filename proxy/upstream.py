@@ -97,9 +97,7 @@ class Upstream:
             raise UpstreamError("timeout", f"no answer from {url} within {limit}s") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError("connect", f"{url}: {type(exc).__name__}: {exc}") from None
-        if status == 200 or status == 204:
-            return data
-        raise UpstreamError("http", f"{url} answered HTTP {status}")
+        return _answer(url, status, data)
 
     def _pool(self, url: str) -> HostPool:
         pool = self._pools.get(url)
@@ -123,9 +121,7 @@ class Upstream:
             raise UpstreamError("timeout", f"no answer from {url} within {limit}s") from None
         except (HttpError, OSError) as exc:
             raise UpstreamError("connect", f"{url}: {exc}") from None
-        if status == 200 or status == 204:
-            return data
-        raise UpstreamError("http", f"{url} answered HTTP {status}")
+        return _answer(url, status, data)
 
     async def _send_inproc(self, url: str, body: bytes, limit: float) -> bytes:
         handler = self.registry.resolve(url) if self.registry is not None else None
@@ -138,3 +134,13 @@ class Upstream:
             raise UpstreamError("timeout", f"no answer from {url} within {limit}s") from None
         except Exception as exc:  # a failing in-process node is an unusable answer
             raise UpstreamError("inproc", f"{url}: {type(exc).__name__}: {exc}") from None
+
+
+def _answer(url: str, status: int, data: bytes) -> bytes:
+    """The body of a usable answer: 2xx, or a 4xx that carries a JSON-RPC answer (a node
+    refusing the request itself, e.g. too large); 5xx and other 4xx are failures (retried)."""
+    if status == 200 or status == 204:
+        return data
+    if 400 <= status < 500 and b'"jsonrpc"' in data[:200]:
+        return data
+    raise UpstreamError("http", f"{url} answered HTTP {status}")

@@ -324,3 +324,15 @@ async def test_file_store_refuses_unreadable_file(tmp_path) -> None:
     path.write_text("{broken")
     with pytest.raises(RuntimeError, match="unreadable"):
         await FileStore(path).start()
+
+
+def test_upstream_status_handling() -> None:
+    from proxy.upstream import UpstreamError, _answer
+
+    rpc = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"too large"}}'
+    assert _answer("http://n", 200, b"x") == b"x"
+    assert _answer("http://n", 204, b"") == b""
+    assert _answer("http://n", 413, rpc) == rpc  # the node's own JSON-RPC refusal
+    for status, body in ((413, b"too large"), (502, rpc), (503, b"")):
+        with pytest.raises(UpstreamError, match=f"HTTP {status}"):
+            _answer("http://n", status, body)
