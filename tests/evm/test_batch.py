@@ -169,6 +169,29 @@ async def test_estimate_gas_equals_anvil(evm: Client, chain: Chain) -> None:
     assert ours == rpc(chain.url, "eth_estimateGas", [req, old["block_id"]])
 
 
+async def test_estimate_gas_with_a_gas_price_is_capped_by_the_balance(
+    evm: Client, chain: Chain
+) -> None:
+    from nodes.devnet.workload import fresh_address
+
+    holder = fresh_address(1)  # received 0.5 ETH in the workload
+    balance = int(rpc(chain.url, "eth_getBalance", [holder, "latest"]), 16)
+    price = balance // 30_000  # affords about 30,000 gas
+    req = {"from": holder, "to": chain.erc20, "data": balance_of(A0), "gasPrice": hex(price)}
+    ours = await evm.call("estimateGas", [req])
+    assert ours == rpc(chain.url, "eth_estimateGas", [req, "latest"])
+    too_costly = {"from": holder, "to": chain.counter, "gasPrice": hex(price)}  # ~44k gas
+    with pytest.raises(JsonRpcError) as exc:
+        await evm.call("estimateGas", [too_costly])
+    assert exc.value.code == -39001
+    assert "gas required exceeds allowance (30000)" in exc.value.message
+    assert "error" in rpc_raw(chain.url, "eth_estimateGas", [too_costly, "latest"])
+    broke = {"from": "0x" + "5e" * 20, "to": chain.erc20, "gasPrice": "0x1", "value": "0x1"}
+    with pytest.raises(JsonRpcError) as exc:
+        await evm.call("estimateGas", [broke])
+    assert exc.value.code == -39002
+
+
 async def test_estimate_gas_errors(evm: Client, chain: Chain) -> None:
     with pytest.raises(JsonRpcError) as exc:
         req = {"from": A1, "to": chain.erc20, "data": transfer(A0, 10**30)}

@@ -339,10 +339,17 @@ class Runner:
         """geth's search: run at the cap, then bisect between gas used and the cap.
 
         A revert at the cap is the answer (-39000); running out of gas at the cap is
-        -39001. The search is exact (to 1 gas), as anvil's is.
+        -39001. The search is exact (to 1 gas), as anvil's is. With a gas price, the cap is
+        also what the sender can pay for after `value`, as in geth.
         """
         call = job["calls"][0]
         hi = call["gas"]
+        if call["gas_price"]:
+            available = evm.basic(call["from"]).balance - call["value"]
+            if available < 0:
+                raise CallFailed(error(BALANCE_EXHAUSTED, "insufficient funds for transfer"))
+            hi = min(hi, available // call["gas_price"])
+            call = {**call, "gas": hi}
         first = self._isolated_or_fail(evm, call)
         used = first["gas_used"]
         lo = max(used - 1, 20_999)
