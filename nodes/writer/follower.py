@@ -74,13 +74,21 @@ class ChainFollower:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.settings.max_backoff)
                 continue
+            except Exception as exc:  # an answer of unexpected shape must not end following
+                if f"{type(exc).__name__}: {exc}" != self.stats.last_error:
+                    log.exception("write node: unexpected error while following (will retry)")
+                self._note_error(exc, logged=True)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self.settings.max_backoff)
+                continue
             if not progressed:
                 await asyncio.sleep(self.settings.poll_interval)
 
-    def _note_error(self, exc: Exception) -> None:
+    def _note_error(self, exc: Exception, logged: bool = False) -> None:
+        """Count an error; log it once while it repeats."""
         message = f"{type(exc).__name__}: {exc}"
         self.stats.errors += 1
-        if message != self.stats.last_error:
+        if message != self.stats.last_error and not logged:
             log.warning("write node: execution client error (will retry): %s", message)
         self.stats.last_error = message
 

@@ -222,7 +222,7 @@ class WriterNode:
 
     def health(self) -> dict[str, Any]:
         stats = self.follower.stats if self.follower else None
-        following = self._task is not None and not (stats and stats.fatal)
+        following = self._task is not None and not self._task.done()
         return {
             "status": "ok" if following else "error",
             "key": self.settings.key,

@@ -433,3 +433,31 @@ async def test_unreachable_execution_client_is_retried(tmp_path: Path) -> None:
         assert err.value.code == BLOCK_NOT_FOUND
     finally:
         await node.close()
+
+
+async def test_malformed_client_answers_do_not_stop_following(tmp_path: Path) -> None:
+    """A client answering blocks of an unexpected shape: errors are reported, not fatal."""
+
+    async def fake_client(request: web.Request) -> web.Response:
+        body = await request.json()
+        results = {"eth_chainId": "0x539", "eth_blockNumber": "0x0"}
+        result = results.get(body["method"], {"number": "0x0"})  # a block without a hash
+        return web.json_response({"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+    app = web.Application()
+    app.router.add_post("/", fake_client)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    node = make_writer(f"http://127.0.0.1:{port}", tmp_path, max_backoff=0.05)
+    await node.start()
+    try:
+        await asyncio.sleep(0.3)
+        health = node.health()
+        assert health["status"] == "ok" and health["head"] is None
+        assert "KeyError" in health["last_error"]
+        assert node.follower is not None and node.follower.stats.errors >= 2
+    finally:
+        await node.close()
+        await runner.cleanup()
