@@ -35,6 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--admin-host", help="serve the admin API on its own address")
     p.add_argument("--admin-port", type=int, help="serve the admin API on its own port")
     p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="serve with N processes on the port (SO_REUSEPORT); needs an etcd:// store",
+    )
+    p.add_argument(
         "--trace",
         choices=("none", "console", "otlp"),
         help="where spans go (default: [proxy.tracing] exporter, else none)",
@@ -86,34 +92,75 @@ def build_tracer(config: dict[str, Any], exporter: str | None) -> Any:
         raise ConfigError(f"[proxy.tracing] {exc}") from None
 
 
+def _check_tracing(config: dict[str, Any], exporter: str | None) -> None:
+    from proxy.tracing import EXPORTERS
+
+    chosen = exporter or section(section(config, "proxy"), "tracing").get("exporter", "none")
+    if chosen not in EXPORTERS:
+        raise ConfigError(f"[proxy.tracing] exporter must be one of {', '.join(EXPORTERS)}")
+
+
 def cmd_proxy(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    tracer = build_tracer(load_config(args.config), args.trace)
-    store = open_store(settings.store_path)
-    run(lambda: serve(settings, store, tracer))
-    return 0
+    config = load_config(args.config)
+    _check_tracing(config, args.trace)  # before starting anything (and before forking)
+    if args.workers < 1:
+        raise ConfigError("--workers must be at least 1")
+    if args.workers == 1:
+        store = open_store(settings.store_path)
+        run(lambda: serve(settings, store, build_tracer(config, args.trace)))
+        return 0
+    if not (settings.store_path or "").startswith("etcd://"):
+        raise ConfigError(
+            "--workers needs a shared store (--store etcd://host:port/prefix/): "
+            "each worker applies configuration from it"
+        )
+    from proxy.workers import run_workers
+
+    def serve_one() -> None:  # in each forked worker: its own loop, store client, tracer
+        store = open_store(settings.store_path)
+        tracer = build_tracer(config, args.trace)
+        run(lambda: serve(settings, store, tracer, reuse_port=True, banner=False))
+
+    url, admin_url = _urls(settings)
+    print_banner(url, admin_url, settings, workers=args.workers)
+    return run_workers(args.workers, serve_one)
 
 
-async def serve(settings: ProxySettings, store: ConfigStore, tracer: Any = None) -> None:
+def _urls(settings: ProxySettings) -> tuple[str, str]:
+    url = f"http://{settings.host}:{settings.port}"
+    if settings.admin_port is None:
+        return url, url
+    return url, f"http://{settings.admin_host or settings.host}:{settings.admin_port}"
+
+
+async def serve(
+    settings: ProxySettings,
+    store: ConfigStore,
+    tracer: Any = None,
+    *,
+    reuse_port: bool = False,
+    banner: bool = True,
+) -> None:
     from proxy.app import create_admin_app, create_app
 
     app = create_app(settings, store=store, tracer=tracer)
     async with AsyncExitStack() as stack:
-        await start_site(stack, app, settings.host, settings.port)
-        url = f"http://{settings.host}:{settings.port}"
-        admin_url = url
+        await start_site(stack, app, settings.host, settings.port, reuse_port=reuse_port)
         if settings.admin_port is not None:
             admin_host = settings.admin_host or settings.host
-            await start_site(stack, create_admin_app(app), admin_host, settings.admin_port)
-            admin_url = f"http://{admin_host}:{settings.admin_port}"
-        print_banner(url, admin_url, settings)
+            admin = create_admin_app(app)
+            await start_site(stack, admin, admin_host, settings.admin_port, reuse_port=reuse_port)
+        if banner:
+            print_banner(*_urls(settings), settings)
         await wait_for_stop()
 
 
-def print_banner(url: str, admin_url: str, settings: ProxySettings) -> None:
+def print_banner(url: str, admin_url: str, settings: ProxySettings, workers: int = 1) -> None:
     auth = " -H 'Authorization: Bearer <token>'" if settings.admin_token else ""
+    procs = f", {workers} worker processes" if workers > 1 else ""
     lines = [
-        f"chainstate proxy listening on {url}  (JSON-RPC: POST {url}/<chainId>)",
+        f"chainstate proxy listening on {url}  (JSON-RPC: POST {url}/<chainId>{procs})",
         f"admin API on {admin_url}{' (token required)' if settings.admin_token else ''};"
         f" metrics on {url}/metrics",
         "Try:",
