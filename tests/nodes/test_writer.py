@@ -289,10 +289,21 @@ async def test_send_passes_through_and_the_block_is_emitted(
     await writer.wait_for_head(height, within=10)
     out = await rpc.call("trace_vendorBlock", [hex(height)])
     assert out["StateDiff"]["post"][fresh_address(90)] == {"balance": "0x2a"}
+    # A transaction signed elsewhere goes through eth_sendRawTransaction.
+    signed = {"from": accounts[4], "to": fresh_address(89), "value": "0x2b", "gas": "0x5208"}
+    signed |= {"nonce": await eth.call("eth_getTransactionCount", [accounts[4], "latest"])}
+    signed |= {"maxFeePerGas": hex(10**10), "maxPriorityFeePerGas": "0x1", "chainId": "0x539"}
+    raw = await eth.call("eth_signTransaction", [signed])
+    receipt = await receipt_of(eth, await rpc.call("eth_sendRawTransaction", [raw]))
+    await writer.wait_for_head(int(receipt["blockNumber"], 16), within=10)
+    out = await rpc.call("trace_vendorBlock", [receipt["blockNumber"]])
+    assert out["StateDiff"]["post"][fresh_address(89)] == {"balance": "0x2b"}
     # The execution client's own error comes back unchanged.
+    with pytest.raises(JsonRpcError) as direct:
+        await eth.call("eth_sendRawTransaction", ["0x1234"])
     with pytest.raises(JsonRpcError) as err:
         await rpc.call("eth_sendRawTransaction", ["0x1234"])
-    assert err.value.code not in (INVALID_BLOCK_ID, BLOCK_NOT_FOUND, -32603)
+    assert (err.value.code, err.value.message) == (direct.value.code, direct.value.message)
 
 
 async def test_http_app_health_and_metrics(writer: WriterNode) -> None:
