@@ -7,8 +7,9 @@ a slot is changed and restored, SELFDESTRUCT under Cancun rules (an old contract
 sends its balance away, and a contract created and destroyed in one transaction), and chain
 reorganisations (`evm_snapshot`/`evm_revert` and `anvil_reorg`).
 
-It uses anvil's unlocked dev accounts (`eth_sendTransaction`). On an automine anvil it makes
-the same chain every run. `run()` returns a `WorkloadRecord` of everything it touched, so a
+It uses anvil's unlocked dev accounts (`eth_sendTransaction`). On a fresh automine anvil
+every run makes the same blocks with the same state at every height (block hashes differ
+with the timestamps). `run()` returns a `WorkloadRecord` of everything it touched, so a
 differential test can compare every touched account and slot at every block.
 """
 

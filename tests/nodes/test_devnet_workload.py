@@ -129,3 +129,31 @@ def test_cli_workload_unreachable_url_is_a_clear_error() -> None:
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert url in out.stderr
+
+
+async def test_workload_is_deterministic(record: WorkloadRecord, eth: EthClient) -> None:
+    """A fresh automine anvil gets the same blocks' state: same contracts, heights, values."""
+    from nodes.devnet.anvil import GENESIS, AnvilProcess
+    from tests.conftest import free_port
+
+    async with AnvilProcess(port=free_port(), genesis=GENESIS) as other:
+        again = await run_workload(other.url)
+        mine, theirs = record.to_json(), again.to_json()
+        for volatile in ("reorgs", "transactions"):  # hashes include block timestamps
+            mine.pop(volatile), theirs.pop(volatile)
+        assert mine == theirs
+        other_eth = EthClient(other.url)
+        try:
+            for height in (record.first_block, record.last_block):
+                for addr in sorted(record.accounts):
+                    params = [addr, hex(height)]
+                    assert await eth.call("eth_getBalance", params) == await other_eth.call(
+                        "eth_getBalance", params
+                    )
+                for addr, slot in record.storage_targets():
+                    params = [addr, slot, hex(height)]
+                    assert await eth.call("eth_getStorageAt", params) == await other_eth.call(
+                        "eth_getStorageAt", params
+                    )
+        finally:
+            await other_eth.close()
