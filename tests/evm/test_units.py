@@ -83,6 +83,17 @@ def test_decode_revert() -> None:
         ),
         ("Transaction(LackOfFundForMaxFee { fee: 1, balance: 0 })", -39002),
         ("Transaction(NonceTooHigh { tx: 5, state: 1 })", -39003),
+        (
+            "Database(PyErr { value: RuntimeError('JsonRpcClientError(JsonRpcError(JsonRpcError "
+            '{ code: -39005, message: "db down", data: None }))\') })',
+            -39005,
+        ),
+        (
+            "Database(PyErr { value: RuntimeError('JsonRpcClientError(JsonRpcError(JsonRpcError "
+            '{ code: -39006, message: "block 5 is out of range", data: None }))\') })',
+            -39006,
+        ),
+        ("Database(PyErr { value: RuntimeError('error sending request for url') })", -39005),
     ],
 )
 def test_classify(text: str, code: int) -> None:

@@ -34,6 +34,7 @@ SERVER_BUSY = -32005
 
 _REVERT = re.compile(r"^Revert \{ gas_used: (\d+), output: 0x([0-9a-fA-F]*) \}")
 _HALT = re.compile(r"^Halt \{ reason: (\w+)(?:\((\w+)\))?, gas_used: (\d+) \}")
+_DB_ERROR = re.compile(r'JsonRpcError \{ code: (-?\d+), message: "((?:[^"\\]|\\.)*)"')
 ERROR_SELECTOR = bytes.fromhex("08c379a0")
 PANIC_SELECTOR = bytes.fromhex("4e487b71")
 PANIC_REASONS = {
@@ -122,8 +123,10 @@ def classify(exc: BaseException) -> CallFailed:
         return CallFailed(error(NONCE_ERROR, f"nonce error: {text[:200]}"))
     if "Transaction(" in text:
         return CallFailed(error(EVM_FAILED, f"invalid transaction: {text[:200]}"))
-    if "-39006" in text or "out of this node's range" in text:
-        return CallFailed(error(BLOCK_NOT_FOUND, "block state no longer available"))
+    m = _DB_ERROR.search(text)
+    if m:  # the state feed answered an error: keep its code when it is -39006
+        code = BLOCK_NOT_FOUND if m.group(1) == str(BLOCK_NOT_FOUND) else DATABASE_FAILED
+        return CallFailed(error(code, f"state read failed: {m.group(2)}"))
     if any(k in text for k in ("Database", "error sending request", "Connection", "rpc", "RPC")):
         return CallFailed(error(DATABASE_FAILED, f"state read failed: {text[:200]}"))
     return CallFailed(error(EVM_FAILED, f"EVM failed: {text[:200]}"))
