@@ -148,3 +148,21 @@ def test_anvil_dies_with_the_process_that_started_it() -> None:
     while live_group_members(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert live_group_members(pid) == []
+
+
+def test_without_npm_installing_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(DevnetError, match="npm is needed"):
+        ensure_anvil(tmp_path / "tools")
+    assert not (tmp_path / "tools" / "node_modules").exists()
+
+
+def test_installed_package_of_the_pinned_version_is_reused(tmp_path: Path, monkeypatch) -> None:
+    package = tmp_path / "node_modules" / "@openzeppelin" / "contracts"
+    package.mkdir(parents=True)
+    (package / "package.json").write_text(json.dumps({"version": "4.9.6"}))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # npm would be needed otherwise
+    assert ensure_openzeppelin(tmp_path) == package / "build" / "contracts"
+    (package / "package.json").write_text(json.dumps({"version": "4.9.5"}))
+    with pytest.raises(DevnetError, match="npm is needed"):
+        ensure_openzeppelin(tmp_path)
