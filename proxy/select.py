@@ -7,7 +7,9 @@ proxy has not seen → `archive`. When no node of the wanted kind is eligible th
 is tried (an archive node holds recent blocks too; a state node answers -39006 when it
 lacks the block, which is retried). Method routes override the kind. Among eligible nodes
 (enabled, healthy, weight > 0, head ≥ height, not already tried for this item) the choice
-is weighted "power of two choices" on in-flight requests per unit of weight.
+is weighted "power of two choices" on in-flight requests per unit of weight. When no node is
+known to hold the height (heads are polled, so they lag), the choice is made again without
+that condition rather than refusing the item.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from cachetools import LRUCache
 from chainstate.blockref import BlockRef
 from chainstate.jsonrpc import INTERNAL_ERROR, JsonRpcError
 from proxy.methods import MethodSpec
-from proxy.model import Node, Pool
+from proxy.model import Node, Pool, RouteRule
 
 NO_NODE = INTERNAL_ERROR  # JSON-RPC code answered when no node can take an item
 
@@ -108,23 +110,46 @@ class Selector:
         if spec.writer:
             return self._leader(pool, method, exclude)
         need = self.need(pool, ref, prefer_archive)
-        usable = [n for n in pool.readers if self._usable(n, need.height, exclude)]
         rules = pool.routes.get(method)
+        found = self._among(pool, need, rules, exclude, need.height)
+        if found is None and need.height is not None:
+            # Heads are polled, so a node may hold a block its last poll did not show yet;
+            # a node that really lacks it answers -39006 and the item moves on.
+            found = self._among(pool, need, rules, exclude, None)
+            if found is not None:
+                found = (
+                    found[0],
+                    f"{found[1]}; no node is known to hold block {need.height} yet, trying anyway",
+                )
+        if found is None:
+            why = need.reason
+            if rules:
+                why = "method route " + ", ".join(str(r.to_obj()) for r in rules)
+            raise NoEligibleNode(self._none_msg(pool, method, need, why))
+        return Choice(self._pick(found[0]), found[1])
+
+    def _among(
+        self,
+        pool: Pool,
+        need: Need,
+        rules: list[RouteRule] | None,
+        exclude: Collection[Node],
+        height: int | None,
+    ) -> tuple[list[Node], str] | None:
+        """The candidates and the reason, or None."""
+        usable = [n for n in pool.readers if self._usable(n, height, exclude)]
         if rules:
             picked = [n for n in usable if any(r.matches(n) for r in rules)]
             shown = ", ".join(str(r.to_obj()) for r in rules)
-            if not picked:
-                raise NoEligibleNode(self._none_msg(pool, method, need, f"method route {shown}"))
-            return Choice(self._pick(picked), f"method route {shown}; {need.reason}")
+            return (picked, f"method route {shown}; {need.reason}") if picked else None
         picked = [n for n in usable if n.entry.kind == need.kind]
-        reason = need.reason
-        if not picked:
-            other = "state" if need.kind == "archive" else "archive"
-            picked = [n for n in usable if n.entry.kind == other]
-            reason = f"{need.reason}; no eligible {need.kind} node, falling back to {other}"
-        if not picked:
-            raise NoEligibleNode(self._none_msg(pool, method, need, need.reason))
-        return Choice(self._pick(picked), reason)
+        if picked:
+            return picked, need.reason
+        other = "state" if need.kind == "archive" else "archive"
+        picked = [n for n in usable if n.entry.kind == other]
+        if picked:
+            return picked, f"{need.reason}; no eligible {need.kind} node, falling back to {other}"
+        return None
 
     @staticmethod
     def _usable(node: Node, height: int | None, exclude: Collection[Node]) -> bool:

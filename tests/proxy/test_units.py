@@ -336,3 +336,14 @@ def test_upstream_status_handling() -> None:
     for status, body in ((413, b"too large"), (502, rpc), (503, b"")):
         with pytest.raises(UpstreamError, match=f"HTTP {status}"):
             _answer("http://n", status, body)
+
+
+def test_lagging_heads_do_not_refuse_an_item(selector: Selector) -> None:
+    """Heads are polled: a node whose last poll showed 900 may already hold block 950."""
+    behind = node("behind", "state", head=900)
+    pool = pool_with(behind)
+    choice = selector.choose(pool, "eth_getBalance", SPEC, BlockRef(number=950))
+    assert choice.node is behind and "trying anyway" in choice.reason
+    behind.entry = NodeEntry(key="behind", url="http://behind", kind="state", enabled=False)
+    with pytest.raises(NoEligibleNode):
+        selector.choose(pool, "eth_getBalance", SPEC, BlockRef(number=950))
