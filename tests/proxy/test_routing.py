@@ -378,8 +378,10 @@ async def test_spans(make_api, fake_nodes) -> None:
     await api.add("1337", archive)
     await api.heads_known("1337")
     stale.error_code = -39006
+    await api.post("/1337/addMirror", {"url": archive.url})
     headers = {"client-id": "c1", "x-vendor-source-host": "h1"}
     await api.rpc("1337", [balance("latest", 1), balance("0x5", 2)], headers=headers)
+    await wait_until(lambda: any(s.name == "mirror.copy" for s in exporter.get_finished_spans()))
     spans = exporter.get_finished_spans()
     root = next(s for s in spans if s.name == "jsonrpc.request")
     assert root.attributes["chain"] == "1337" and root.attributes["batch.size"] == 2
@@ -387,6 +389,9 @@ async def test_spans(make_api, fake_nodes) -> None:
     assert root.attributes["client_id"] == "c1" and root.attributes["x_vendor_source_host"] == "h1"
     attempts = [s for s in spans if s.name == "upstream.attempt"]
     assert all(s.parent.span_id == root.context.span_id for s in attempts)
+    mirror = next(s for s in spans if s.name == "mirror.copy")
+    assert mirror.parent.span_id == root.context.span_id
+    assert dict(mirror.attributes) == {"target": archive.url, "outcome": "sent"}
     assert sorted((s.attributes["node"], s.attributes["attempt"]) for s in attempts) == [
         ("archive-1", 1),
         ("archive-1", 2),
