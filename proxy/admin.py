@@ -9,6 +9,7 @@ every body and answer.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -68,6 +69,7 @@ class AdminApi:
         self.store = store
         self.engine = engine
         self.token = settings.admin_token
+        self._write_lock = asyncio.Lock()
 
     # ---- plumbing ------------------------------------------------------------------------
 
@@ -106,7 +108,12 @@ class AdminApi:
         return web.get(path, self._guard(handler), allow_head=False)
 
     def _post(self, path: str, handler: Handler) -> web.RouteDef:
-        return web.post(path, self._guard(handler))
+        async def serialized(request: web.Request) -> web.StreamResponse:
+            # Changes are read-modify-write (e.g. a method's rule list): one at a time here.
+            async with self._write_lock:
+                return await handler(request)
+
+        return web.post(path, self._guard(serialized))
 
     def _guard(self, handler: Handler) -> Handler:
         """Token check and error mapping shared by every admin handler."""

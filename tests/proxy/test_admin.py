@@ -301,3 +301,14 @@ async def test_separate_admin_listener(aiohttp_client) -> None:
     status, _ = await data.rpc("1", {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId"})
     assert status == 200  # the data path sees the node added through the admin listener
     assert isinstance(app, web.Application)
+
+
+async def test_concurrent_changes_do_not_lose_each_other(api: Api) -> None:
+    import asyncio
+
+    for key in ("a", "b", "c", "d"):
+        await api.post("/1337/addNode", {"key": key, "url": URL})
+    rules = [{"method": "eth_call", "nodes": [k]} for k in ("a", "b", "c", "d")]
+    await asyncio.gather(*(api.post("/1337/addMethodRoute", r) for r in rules))
+    _, body = await api.get("/1337/getMethodRoutes")
+    assert sorted(r["nodes"][0] for r in body["routes"]["eth_call"]) == ["a", "b", "c", "d"]
