@@ -11,16 +11,18 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import free_port
 
+ROOT = Path(__file__).resolve().parents[2]
 ETCD_START_TIMEOUT = 15.0  # seconds to wait for /health after starting etcd
 
 
@@ -143,3 +145,69 @@ def etcd_not_started(tmp_path: Path) -> Iterator[EtcdServer]:
         yield server
     finally:
         server.stop()
+
+
+class ProxyProcess:
+    """`chainstate proxy` as a subprocess, with stdout (banner, console spans) and stderr
+    (JSON logs) kept in files for assertions."""
+
+    def __init__(self, workdir: Path, name: str, *args: str, env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.stdout_path = workdir / f"{name}.out"
+        self.stderr_path = workdir / f"{name}.err"
+        config = workdir / f"{name}.toml"
+        config.write_text("[proxy]\nhead_poll_interval = 0.2\n")
+        cmd = [
+            sys.executable, "-m", "chainstate.cli", "proxy",
+            "--port", str(self.port), "--config", str(config), *args,
+        ]  # fmt: skip
+        with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:
+            self.proc = subprocess.Popen(
+                cmd, cwd=ROOT, stdout=out, stderr=err, env={**os.environ, **(env or {})}
+            )
+
+    def wait_ready(self, url: str | None = None, within: float = 20.0) -> ProxyProcess:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"proxy exited {self.proc.returncode}: {self.stderr()}")
+            try:
+                with urllib.request.urlopen(f"{url or self.url}/metrics", timeout=1):
+                    return self
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.05)
+        raise RuntimeError(f"proxy not ready: {self.stderr()}")
+
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_proxy(tmp_path: Path) -> Iterator[Callable[..., ProxyProcess]]:
+    """Start `chainstate proxy` processes for one test; all are stopped afterwards."""
+    started: list[ProxyProcess] = []
+
+    def start(name: str, *args: str, env: dict[str, str] | None = None) -> ProxyProcess:
+        proxy = ProxyProcess(tmp_path, name, *args, env=env)
+        started.append(proxy)
+        return proxy
+
+    try:
+        yield start
+    finally:
+        for proxy in started:
+            proxy.stop()
