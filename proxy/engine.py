@@ -82,6 +82,7 @@ class Ctx:
     chain: str
     pool: Pool
     methods: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)  # every node tried (access log)
 
 
 @dataclass(eq=False, slots=True)
@@ -306,6 +307,7 @@ class Engine:
         self, ctx: Ctx, node: Node, body: bytes, classify: Callable[[bytes], str], span: Any
     ) -> bytes:
         node.inflight += 1
+        ctx.nodes.append(node.key)
         started = time.perf_counter()
         try:
             raw = await self.upstream.send(node.entry.url, body, self._timeout)
@@ -485,6 +487,7 @@ class Engine:
             "chain": ctx.chain,
             "pool": ctx.pool.id,
             "methods": sorted(set(ctx.methods)),
+            "nodes": ctx.nodes,
             "items": size,
             "status": status,
             "ms": round(elapsed * 1000, 3),

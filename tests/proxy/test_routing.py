@@ -365,6 +365,7 @@ async def test_metrics_client_ids_and_access_log(two, caplog) -> None:
     record = caplog.records[-1]
     assert record.name == "chainstate.proxy.access"
     assert record.client_id == "delta" and record.x_vendor_biz == "biz" and record.status == 200
+    assert record.nodes == ["state-1"] and record.methods == ["eth_getBalance"]
 
 
 async def test_spans(make_api, fake_nodes) -> None:
