@@ -39,7 +39,10 @@ async def test_contract_multicall_100_equals_anvil(
     for call, r in zip(calls, results, strict=True):
         assert r["success"] is True
         assert r["returnData"] == rpc(chain.url, "eth_call", [call, height])
-        assert int(r["gasUsed"], 16) > 21000
+    # every call starts cold, as a transaction does: the gas used by a repeated call equals
+    # anvil's estimate (balanceOf has no refunds, so estimate == gas used)
+    for call, r in list(zip(calls, results, strict=True))[:12]:
+        assert r["gasUsed"] == rpc(chain.url, "eth_estimateGas", [call, height])
 
 
 async def test_eth_multicall_mixed_results(evm: Client, chain: Chain) -> None:
