@@ -18,6 +18,7 @@ from pathlib import Path
 
 import orjson
 
+from chainstate.config import ConfigError
 from proxy.store import StoreEvent
 
 HISTORY = 10_000  # recent events kept so a watch may start at an older revision
@@ -48,7 +49,7 @@ class FileStore:
             self._revision = int(doc["revision"])
             self._data = {k: v.encode() for k, v in doc["data"].items()}
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise RuntimeError(f"proxy store {self.path} is unreadable: {exc}") from None
+            raise ConfigError(f"proxy store {self.path} is unreadable: {exc}") from None
 
     async def close(self) -> None:
         for _, queue in self._watchers:

@@ -322,7 +322,9 @@ async def test_file_store_persists_atomically_and_watches(tmp_path) -> None:
 async def test_file_store_refuses_unreadable_file(tmp_path) -> None:
     path = tmp_path / "store.json"
     path.write_text("{broken")
-    with pytest.raises(RuntimeError, match="unreadable"):
+    from chainstate.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unreadable"):
         await FileStore(path).start()
 
 
