@@ -275,6 +275,39 @@ async def test_spans_show_each_retry(proxies, http, nodes) -> None:
     assert all(s["parent_id"] == root["context"]["span_id"] for s in attempts)
 
 
+# -- --workers ---------------------------------------------------------------------------------
+
+
+async def test_workers_share_the_configuration(proxies, etcd, start_proxy, http, nodes) -> None:
+    a, _ = proxies
+    w = start_proxy("w", "--store", etcd.url(PREFIX), "--admin-token", TOKEN, "--workers", "2")
+    w.wait_ready()
+    first, second = await nodes("n1-1006"), await nodes("n2-1006")
+    assert (await admin(http, a.url, "/1006/addNode", first.entry()))[0] == 201
+
+    async def every_worker_routes_to(key: str) -> bool:
+        # New connections spread over the workers (SO_REUSEPORT): 30 of them reach both
+        # workers except with probability 2**-29.
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as fresh:
+            for _ in range(30):
+                try:
+                    answer = await balance(fresh, w.url, "1006")
+                except AssertionError:
+                    return False  # a worker without the node yet: 404 unknown chain
+                if answer.get("result", {}).get("node") != key:
+                    return False
+        return True
+
+    await eventually(lambda: every_worker_routes_to("n1-1006"), within=10)
+    # An admin call answered by whichever worker is seen by the other proxy (and workers).
+    assert (await admin(http, w.url, "/1006/addNode", second.entry()))[0] == 201
+    assert (await admin(http, w.url, "/1006/deleteNode/n1-1006", {}))[0] == 200
+    await eventually(lambda: has(http, a.url, "1006", "n2-1006"), within=1.0)
+    await eventually(lambda: every_worker_routes_to("n2-1006"), within=10)
+    assert w.stop() == 0
+
+
 # -- etcd down at start ------------------------------------------------------------------------
 
 
