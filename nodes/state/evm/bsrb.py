@@ -25,6 +25,10 @@ class BsrbError(ValueError):
     """The payload does not follow BSRB/1; the message says where."""
 
 
+class BsrbLimitError(BsrbError):
+    """The payload is well formed but asks for more reads than allowed."""
+
+
 @dataclass(frozen=True, slots=True)
 class Read:
     kind: int
@@ -51,7 +55,7 @@ def decode_request(payload: bytes, max_reads: int) -> Request:
     if count == 0:
         raise BsrbError("no reads")
     if count > max_reads:
-        raise BsrbError(f"{count} reads, at most {max_reads}")
+        raise BsrbLimitError(f"{count} reads, at most {max_reads}")
     reads: list[Read] = []
     pos = _HEAD.size
     for i in range(count):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from chainstate.blockref import BlockRef, parse_block_ctx, parse_block_id, parse_block_number_param
 from chainstate.hexcodec import parse_data
@@ -20,7 +20,6 @@ from chainstate.jsonrpc import (
     INVALID_PARAMS,
     NONCE_ERROR,
     SERVER_BUSY,
-    Dispatcher,
     JsonRpcError,
     params_list,
 )
@@ -28,7 +27,6 @@ from nodes.state.evm import bsrb
 from nodes.state.evm.codec import (
     apply_block_overrides,
     block_env,
-    invalid,
     parse_call,
     parse_calls,
     parse_flag,
@@ -42,11 +40,6 @@ from nodes.state.reader import StateReader
 
 def nonce_error(message: str) -> dict[str, Any]:
     return {"code": NONCE_ERROR, "message": message}
-
-
-class NodeLike(Protocol):
-    reader: StateReader
-    dispatcher: Dispatcher
 
 
 def resolve_height(reader: StateReader, ref: BlockRef) -> int:
@@ -314,9 +307,9 @@ class EvmMethods:
         raw = parse_data(payload, "payload")
         try:
             req = bsrb.decode_request(raw, self.settings.max_bsrb_reads)
+        except bsrb.BsrbLimitError as exc:
+            raise JsonRpcError(SERVER_BUSY, f"BSRB/1: {exc}") from None
         except bsrb.BsrbError as exc:
-            if "at most" in str(exc):
-                raise JsonRpcError(SERVER_BUSY, f"BSRB/1: {exc}") from None
             raise JsonRpcError(INVALID_PARAMS, f"malformed BSRB/1 payload: {exc}") from None
         ref = BlockRef(tag="latest") if req.height is None else BlockRef(number=req.height)
         height = self._resolver(ref)
@@ -365,4 +358,4 @@ def _close_with(node: Any, methods: EvmMethods) -> None:
     node.close = close
 
 
-__all__ = ["EvmMethods", "invalid", "register", "resolve_height"]
+__all__ = ["EvmMethods", "register", "resolve_height"]

@@ -22,15 +22,16 @@ from typing import Any
 
 from pyrevm import EVM, BlockEnv, CfgEnv, Env
 
-EVM_REVERT = -39000
-GAS_EXHAUSTED = -39001
-BALANCE_EXHAUSTED = -39002
-NONCE_ERROR = -39003
-EVM_FAILED = -39004
-DATABASE_FAILED = -39005
-BLOCK_NOT_FOUND = -39006
-INVALID_PARAMS = -32602
-SERVER_BUSY = -32005
+from chainstate.jsonrpc import (
+    BALANCE_EXHAUSTED,
+    BLOCK_NOT_FOUND,
+    DATABASE_FAILED,
+    EVM_FAILED,
+    EVM_REVERT,
+    GAS_EXHAUSTED,
+    INVALID_PARAMS,
+    NONCE_ERROR,
+)
 
 _REVERT = re.compile(r"^Revert \{ gas_used: (\d+), output: 0x([0-9a-fA-F]*) \}")
 _HALT = re.compile(r"^Halt \{ reason: (\w+)(?:\((\w+)\))?, gas_used: (\d+) \}")
