@@ -20,7 +20,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import aetcd
 from aetcd import rpc
@@ -112,6 +112,9 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
+URL_OPTIONS = ("timeout", "probe_interval", "retry_interval")  # seconds, in the URL query
+
+
 def parse_etcd_url(url: str) -> tuple[str, str]:
     """`etcd://host:port/some/prefix/` → ("host:port", "/some/prefix/").
     Without a path the prefix is DEFAULT_PREFIX."""
@@ -121,6 +124,24 @@ def parse_etcd_url(url: str) -> tuple[str, str]:
     host, port = parse_endpoint(f"http://{parts.netloc}")
     prefix = parts.path if parts.path not in ("", "/") else DEFAULT_PREFIX
     return f"{host}:{port}", normalize_prefix(prefix)
+
+
+def parse_etcd_options(url: str) -> dict[str, float]:
+    """Store settings from the URL query: `etcd://h:2379/p/?timeout=1&probe_interval=0.5`."""
+    options: dict[str, float] = {}
+    for name, raw in parse_qsl(urlsplit(url.strip()).query, keep_blank_values=True):
+        if name not in URL_OPTIONS:
+            raise ConfigError(
+                f"etcd store URL: unknown option {name!r} (known: {', '.join(URL_OPTIONS)})"
+            )
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not value > 0 or value == float("inf"):
+            raise ConfigError(f"etcd store URL: {name} must be a positive number of seconds")
+        options[name] = value
+    return options
 
 
 def _is_unreachable(exc: BaseException) -> bool:
@@ -148,6 +169,13 @@ class EtcdStore:
         probe_interval: float = DEFAULT_PROBE_INTERVAL,
         retry_interval: float = DEFAULT_RETRY_INTERVAL,
     ) -> None:
+        for name, value in (
+            ("timeout", timeout),
+            ("probe_interval", probe_interval),
+            ("retry_interval", retry_interval),
+        ):
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+                raise ConfigError(f"etcd store {name} must be a positive number, got {value!r}")
         self._host, self._port = parse_endpoint(endpoint)
         self._prefix = normalize_prefix(prefix)
         self._prefix_bytes = self._prefix.encode()
@@ -162,9 +190,10 @@ class EtcdStore:
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> EtcdStore:
-        """Build from `etcd://host:port/prefix/` (the `--store` / `[proxy] store` form)."""
+        """Build from `etcd://host:port/prefix/[?timeout=S&probe_interval=S&retry_interval=S]`
+        (the `--store` form); keyword options override the URL's."""
         endpoint, prefix = parse_etcd_url(url)
-        return cls(endpoint, prefix, **options)
+        return cls(endpoint, prefix, **{**parse_etcd_options(url), **options})
 
     # -- status --------------------------------------------------------------------------
 

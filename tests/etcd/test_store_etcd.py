@@ -85,6 +85,17 @@ def test_parse_etcd_url() -> None:
             parse_etcd_url(bad)
 
 
+def test_url_options() -> None:
+    s = EtcdStore.from_url("etcd://h:1/p/?timeout=0.5&probe_interval=3&retry_interval=0.1")
+    assert (s._timeout, s._probe_interval, s._retry_interval) == (0.5, 3.0, 0.1)
+    assert s.prefix == "/p/" and s.endpoint == "h:1"
+    for bad in ("?timeout=0", "?timeout=x", "?timeout=", "?timeout=inf", "?color=red"):
+        with pytest.raises(ConfigError):
+            EtcdStore.from_url("etcd://h:1/p/" + bad)
+    with pytest.raises(ConfigError):
+        EtcdStore("h:1", timeout=-1)
+
+
 def test_bad_keys_are_refused_before_reaching_etcd() -> None:
     s = EtcdStore("127.0.0.1:1")
     with pytest.raises(ValueError):
