@@ -59,6 +59,21 @@ COUNTER_RUNTIME = (
 )
 
 
+def forwarder_runtime(target: str) -> str:
+    """Forwards its calldata to `target` with CALL and returns what it returned."""
+    return (
+        "3660006000"
+        + "37"  # CALLDATACOPY(0, 0, CALLDATASIZE)
+        + "60006000366000600073"
+        + target[2:]
+        + "5af1"  # CALL(gas, target, 0, 0, size, 0, 0)
+        + "50"  # POP success
+        + "3d60006000"
+        + "3e"  # RETURNDATACOPY(0, 0, RETURNDATASIZE)
+        + "3d6000f3"  # RETURN(0, RETURNDATASIZE)
+    )
+
+
 def init_code(runtime_hex: str) -> str:
     n = len(runtime_hex) // 2
     return "0x61" + f"{n:04x}" + "80600c6000396000f3" + runtime_hex
@@ -138,6 +153,7 @@ class Chain:
     panic: str
     bigret: str
     counter: str
+    forwarder: str
     erc20_block: int  # first block where the ERC20 exists
     head: int
 
@@ -179,6 +195,7 @@ def chain(anvil_url: str) -> Chain:  # noqa: F811
             ("counter", COUNTER_RUNTIME),
         ]
     }
+    contracts["forwarder"] = deploy(anvil_url, forwarder_runtime(record.erc20))
     # more ERC20 history after the workload: transfers in separate blocks
     for i in range(3):
         data = "0xa9059cbb" + A2[2:].rjust(64, "0") + f"{(i + 1) * 10**18:064x}"

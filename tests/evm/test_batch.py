@@ -218,6 +218,8 @@ async def test_trace_equals_anvil_struct_logs(evm: Client, chain: Chain) -> None
         {"from": A0, "to": chain.erc20, "data": transfer(A1, 3)},
         {"from": A0, "to": chain.counter},
         {"from": A1, "to": chain.erc20, "data": transfer(A0, 10**30)},
+        {"from": A0, "to": chain.forwarder, "data": balance_of(A1)},  # a nested CALL
+        {"from": A0, "to": chain.forwarder, "data": transfer(A1, 10**30)},  # inner revert
     ]:
         ours = await evm.call("pre_traceCall", [req, height])
         theirs = rpc(chain.url, "debug_traceCall", [req, height, {}])

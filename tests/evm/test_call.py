@@ -31,6 +31,15 @@ async def test_erc20_balance_equals_anvil_at_every_block(evm: Client, chain: Cha
             assert ours == rpc(chain.url, "eth_call", [req, hex(height)]), (height, holder)
 
 
+async def test_nested_call_equals_anvil(evm: Client, chain: Chain) -> None:
+    for height in (hex(chain.head - 1), "latest"):
+        for data in (balance_of(A1), transfer(A1, 10**30)):
+            req = {"from": A0, "to": chain.forwarder, "data": data}
+            assert await evm.call("eth_call", [req, height]) == rpc(
+                chain.url, "eth_call", [req, height]
+            )
+
+
 async def test_latest_and_by_hash(evm: Client, chain: Chain) -> None:
     req = {"to": chain.erc20, "data": balance_of(A2)}
     expected = rpc(chain.url, "eth_call", [req, "latest"])
