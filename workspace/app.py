@@ -42,6 +42,8 @@ ROUTE_MODULES: list[str] = [
     "workspace.rows",
     "workspace.stats",
     "workspace.chaincall",
+    "workspace.functions",  # Functions + the compute service (sandbox, runners, SDK)
+    "workspace.notebooks",  # Notebooks, instances, schedules (after workspace.functions)
 ]
 CTX_KEY = web.AppKey("workspace_ctx", AppCtx)
 LOCAL_SLUG = "local"

@@ -5,10 +5,21 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
+import pytest_asyncio
+from aiohttp import web
 
+from tests.conftest import free_port
+from tests.workspace.conftest import upstream  # noqa: F401 - the fake chain-state upstream
+from workspace import auth
+from workspace.app import create_app, migrate_all
+from workspace.compute.instances import InstanceSettings
 from workspace.compute.runners import CodeRunner, RunnerSettings
 from workspace.compute.sandbox import (
     Isolation,
@@ -19,6 +30,9 @@ from workspace.compute.sandbox import (
     probe_isolation,
     release_isolation,
 )
+from workspace.compute.service import COMPUTE_KEY, ComputeService
+from workspace.db import Database, open_database
+from workspace.settings import WorkspaceSettings
 
 REPO = Path(__file__).resolve().parents[2]
 # Kept between sessions (gitignored) so the first Go build of the standard library is paid once.
@@ -53,3 +67,113 @@ async def runner(sandbox: Sandbox, pool: WorkerPool) -> AsyncIterator[CodeRunner
     r = CodeRunner(sandbox, pool, RunnerSettings(limits=FAST, cache_dir=GO_CACHE))
     await r.prepare()
     yield r
+
+
+# ---- the workspace app with compute, in process (one per test module) -------------------
+
+
+@dataclass
+class Client:
+    """The /v1 API as one credential over a shared aiohttp session."""
+
+    base: str
+    headers: dict[str, str]
+    session: aiohttp.ClientSession
+
+    async def get(self, path: str, **params: Any) -> tuple[int, Any]:
+        query = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in params.items()}
+        async with self.session.get(self.base + path, params=query, headers=self.headers) as r:
+            return r.status, await r.json()
+
+    async def post(self, path: str, body: Any = None) -> tuple[int, Any]:
+        async with self.session.post(self.base + path, json=body or {}, headers=self.headers) as r:
+            return r.status, await r.json()
+
+    async def ok(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
+        status, env = await (self.get(path, **params) if method == "GET" else self.post(path, body))
+        assert status == 200 and env["code"] == 0, (status, env)
+        return env["data"]
+
+    async def fail(self, method: str, path: str, body: Any = None, **params: Any) -> int:
+        status, env = await (self.get(path, **params) if method == "GET" else self.post(path, body))
+        assert status >= 400 and env["code"] != 0 and env["data"] is None, (status, env)
+        return status
+
+
+@dataclass
+class Stack:
+    app: web.Application
+    svc: ComputeService
+    alice: Client
+    bob: Client
+    key: Client  # alice's access key
+    ids: dict[str, str]
+    db: Database
+
+
+TEST_COMPUTE = dict(
+    cache_dir=GO_CACHE,
+    workers=2,
+    max_queue=16,
+    function_limits=Limits(wall_seconds=3, cpu_seconds=3, memory_bytes=256 * 1024 * 1024),
+    instance=InstanceSettings(
+        allowed_quotas=((100, 256 * 1024 * 1024), (200, 512 * 1024 * 1024)),
+        default_max_memory=256 * 1024 * 1024,
+        metrics_interval_seconds=0.2,
+        max_running=4,
+    ),
+)
+
+
+@asynccontextmanager
+async def running_stack(data_dir: Path, proxy_url: str) -> AsyncIterator[Stack]:
+    port = free_port()
+    settings = WorkspaceSettings.from_config(
+        {"data_dir": str(data_dir), "workspace": {"port": port}}
+    ).with_overrides(proxy_url=proxy_url)
+    db = open_database(settings)
+    migrate_all(db)
+
+    def accounts(conn: Any) -> dict[str, str]:
+        ids: dict[str, str] = {}
+        for name in ("alice", "bob"):
+            ids[name] = auth.create_account(conn, "personal", f"{name}{port}", name)["id"]
+            ids[f"{name}_token"] = auth.create_credential(conn, "token", ids[name])[1]
+        ids["alice_key"] = auth.create_credential(conn, "key", ids["alice"])[1]
+        return ids
+
+    ids = db.run_sync(accounts)
+    app = create_app(settings)
+    svc = app[COMPUTE_KEY]
+    svc.settings = replace(svc.settings, **TEST_COMPUTE)  # type: ignore[arg-type]
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    base = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+
+        def client(token: str, account: str) -> Client:
+            headers = {"Authorization": f"Bearer {token}", "X-Account-ID": account}
+            return Client(base, headers, session)
+
+        yield Stack(
+            app,
+            svc,
+            client(ids["alice_token"], ids["alice"]),
+            client(ids["bob_token"], ids["bob"]),
+            Client(base, {"AccessKey": ids["alice_key"]}, session),
+            ids,
+            db,
+        )
+    await runner.cleanup()
+    db.close_sync()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    upstream: str,  # noqa: F811
+) -> AsyncIterator[Stack]:
+    async with running_stack(tmp_path_factory.mktemp("ws"), upstream) as s:
+        yield s

@@ -105,6 +105,12 @@ class _Live:
     cpu_prev: tuple[float, float] | None = None
     net_prev: tuple[float, int, int] | None = None
     points: dict[str, deque[list[float]]] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    # blockx counters since the last sample (fed by the SDK gateway)
+    calls: int = 0
+    tasks: int = 0
+    task_ms: list[float] = field(default_factory=list)
+    block_ts: float | None = None
 
 
 class LogFile:
@@ -156,7 +162,10 @@ class InstanceManager:
         self.clock = clock
         self.env_for = env_for
         self._uids = UidPool(settings.uid_base, settings.max_running)
+        # the service sets `uid_base` per server; tests construct managers directly
         self._live: dict[str, _Live] = {}
+        # called with (instance doc, run env) when an instance's process has ended
+        self.on_end: Callable[[dict[str, Any], dict[str, str]], None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()
         # recent history kept in memory only, bounded (documented: metrics of old instances)
@@ -375,6 +384,7 @@ class InstanceManager:
         )
         live = _Live(doc["id"], sp, uid, doc["max_memory"], self._log_path(doc["id"]), 0.0)
         live.started_mono = time.monotonic()
+        live.env = env
         holder["live"] = live
         self._append_event(doc["id"], "instance started")
         return live
@@ -422,6 +432,8 @@ class InstanceManager:
             self.sandbox.cleanup(live.sp)
             if live.uid is not None:
                 self._uids.release(live.uid)
+            if self.on_end is not None:
+                self.on_end(doc, live.env)
         fresh = await self.store.get_instance(doc["id"]) or doc
         if fresh["status"] == "ended":  # already ended elsewhere (a newer server's start-up)
             return
@@ -524,9 +536,35 @@ class InstanceManager:
             self._point(live, "net_rx", now, round((rx - live.net_prev[1]) / dt, 2))
             self._point(live, "net_tx", now, round((tx - live.net_prev[2]) / dt, 2))
         live.net_prev = (mono, rx, tx)
+        interval = self.settings.metrics_interval_seconds
+        self._point(live, "calls", now, round(live.calls / interval, 3))
+        self._point(live, "tasks", now, round(live.tasks / interval, 3))
+        if live.task_ms:
+            self._point(live, "task_duration", now, round(sum(live.task_ms) / len(live.task_ms), 3))
+        if live.block_ts is not None:
+            self._point(live, "block_lag", now, max(0, int((now - live.block_ts) * 1000)))
+        live.calls = live.tasks = 0
+        live.task_ms = []
         if rss > live.max_memory:
             self._append_event(live.id, f"memory {rss} bytes exceeds max_memory")
             live.sp.kill("oom")
+
+    def record_blockx(self, instance_id: str, kind: str, event: dict[str, Any]) -> None:
+        """An SDK event of a running instance: a chain call, a finished task or a block."""
+        live = self._live.get(instance_id)
+        if live is None:
+            return
+        if kind == "call":
+            live.calls += 1
+        elif kind == "task":
+            live.tasks += 1
+            ms = event.get("ms")
+            if isinstance(ms, int | float) and ms >= 0:
+                live.task_ms.append(float(ms))
+        elif kind == "block":
+            ts = event.get("timestamp")
+            if isinstance(ts, int | float) and (live.block_ts is None or ts > live.block_ts):
+                live.block_ts = float(ts)
 
     def _point(self, live: _Live, name: str, ts: float, value: float) -> None:
         series = live.points.setdefault(name, deque(maxlen=self.settings.metrics_max_points))

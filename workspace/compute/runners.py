@@ -281,7 +281,9 @@ class CodeRunner:
         binary = await self._go_binary(code, entry)
         if isinstance(binary, Outcome):
             return binary
-        return Job([str(binary)], {"job.json": job_doc}, {"GOMAXPROCS": "2"}, limits)
+        # copied into the run's folder: the cache may sit where the run's uid cannot reach
+        files = {"job.json": job_doc, "fn.bin": await asyncio.to_thread(binary.read_bytes)}
+        return Job(["./fn.bin"], files, {"GOMAXPROCS": "2"}, limits, executables=("fn.bin",))
 
     async def _run_sql(
         self, code: str, args: list[Any], sql: SqlExecutor | None, limits: Limits

@@ -91,6 +91,7 @@ class Job:
     env: Mapping[str, str] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
     subdir: str | None = None  # working directory inside the temp dir
+    executables: tuple[str, ...] = ()  # files made executable (mode 0755)
 
 
 @dataclass
@@ -336,12 +337,16 @@ def _check_traversable(path: Path) -> None:
             raise ValueError(f"sandbox work root {path}: {folder} is not searchable by others")
 
 
-def _prepare_workdir(workdir: Path, files: Mapping[str, bytes | str], uid: int | None) -> None:
+def _prepare_workdir(
+    workdir: Path, files: Mapping[str, bytes | str], uid: int | None, executables: tuple[str, ...]
+) -> None:
     """Write the job's files and hand the folder to the run's uid."""
     for name, content in files.items():
         target = workdir / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content.encode() if isinstance(content, str) else content)
+        if name in executables:
+            target.chmod(0o755)
     if uid is not None:
         for path in [workdir, *workdir.rglob("*")]:
             os.chown(path, uid, uid)
@@ -376,7 +381,7 @@ class Sandbox:
             self.work_root.chmod(0o711)  # each run's uid must reach its own folder
         workdir = Path(tempfile.mkdtemp(prefix="run-", dir=self.work_root))
         try:
-            _prepare_workdir(workdir, job.files, uid)
+            _prepare_workdir(workdir, job.files, uid, job.executables)
             cgroup = self._make_cgroup(job.limits.cpu_percent)
             r_fd, w_fd = os.pipe()
             env = {

@@ -1,0 +1,248 @@
+"""SQL Functions: one read-only query over the caller's own tables (joins, aggregates, CTEs).
+
+The statement is parsed with sqlglot; only a single query (SELECT / set operation, CTEs
+included) passes, and every table it names must be an initialized table of the caller's
+account (other accounts' tables are never readable, even public ones). Table references are
+rewritten to the physical tables, positional arguments bind to `?` placeholders, and the query
+runs under the same kind of guard as row/query: SQLite through a `mode=ro` connection with an
+authorizer that allows reads of exactly those tables and a progress-handler time limit;
+PostgreSQL in a READ ONLY transaction with `statement_timeout` (Database.read_only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+
+from workspace.coltypes import TYPES
+from workspace.compute.runners import SqlError
+from workspace.db import Conn, Database, QueryDenied, QueryGuard, QueryTimeout
+from workspace.tabledefs import Table
+
+_QUERY_ROOTS = (exp.Select, exp.Union, exp.Intersect, exp.Except)
+_FORBIDDEN = (
+    exp.Insert,
+    exp.Update,
+    exp.Delete,
+    exp.Create,
+    exp.Drop,
+    exp.Alter,
+    exp.Command,
+    exp.Pragma,
+    exp.Into,
+    exp.Merge,
+    exp.Set,
+    exp.Use,
+    exp.Transaction,
+)
+_SQLITE_OK_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+
+TableLookup = Callable[[str], Table | None]  # full table id -> the caller's own inited table
+
+
+@dataclass
+class CompiledSql:
+    sql: str
+    placeholders: int
+    tables: list[Table]
+    decoders: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+
+
+def _names(t: exp.Table) -> list[str]:
+    return [t.args[k].name for k in ("catalog", "db", "this") if t.args.get(k) is not None]
+
+
+def compile_sql(text: str, lookup: TableLookup, dialect: str) -> CompiledSql:
+    """Check and rewrite one statement; raises SqlError with a clear reason."""
+    try:
+        statements = [s for s in sqlglot.parse(text, read="postgres") if s is not None]
+    except (ParseError, TokenError) as exc:
+        raise SqlError(f"could not parse the SQL: {str(exc).splitlines()[0]}") from None
+    if len(statements) != 1:
+        raise SqlError("a SQL Function holds exactly one statement")
+    stmt = statements[0]
+    if not isinstance(stmt, _QUERY_ROOTS):
+        raise SqlError("a SQL Function must be a read-only query (SELECT …)")
+    for node in stmt.walk():
+        if isinstance(node, _FORBIDDEN):
+            raise SqlError(f"{type(node).__name__.upper()} is not allowed in a SQL Function")
+    ctes = {c.alias_or_name for c in stmt.find_all(exp.CTE)}
+    by_alias: dict[str, Table] = {}
+    used: dict[str, Table] = {}
+    for t in list(stmt.find_all(exp.Table)):
+        if not isinstance(t.this, exp.Identifier):
+            raise SqlError("table functions are not allowed")
+        names = _names(t)
+        if len(names) == 1 and names[0] in ctes:
+            continue
+        ref = ".".join(names)
+        table = lookup(ref)
+        if table is None:
+            raise SqlError(
+                f"table {ref!r} is not an initialized table of your account "
+                "(name tables by their full id, e.g. myspace.transfers)"
+            )
+        alias = t.alias or names[-1]
+        t.set("this", exp.to_identifier(table.physical, quoted=True))
+        t.set("db", None)
+        t.set("catalog", None)
+        t.set("alias", exp.TableAlias(this=exp.to_identifier(alias, quoted=True)))
+        by_alias[alias] = table
+        used[table.id] = table
+    for col in stmt.find_all(exp.Column):
+        parts = [p.name for p in col.parts[:-1]]
+        if len(parts) > 1:  # space.table.column -> table.column
+            col.set("db", None)
+            col.set("catalog", None)
+            col.set("table", exp.to_identifier(parts[-1], quoted=True))
+    placeholders = len(list(stmt.find_all(exp.Placeholder)))
+    out = "postgres" if dialect == "postgresql" else "sqlite"
+    sql = stmt.sql(dialect=out, comments=False)
+    return CompiledSql(sql, placeholders, list(used.values()), _decoders(stmt, by_alias))
+
+
+def _decoders(stmt: exp.Expression, by_alias: dict[str, Table]) -> dict[str, Callable]:
+    """Output columns that are plain table columns read back in their logical form."""
+    if not isinstance(stmt, exp.Select):
+        return {}
+    out: dict[str, Callable[[Any], Any]] = {}
+    for proj in stmt.expressions:
+        if isinstance(proj, exp.Star):
+            for table in by_alias.values():
+                for c in table.columns:
+                    out.setdefault(c["name"], TYPES[c["type"]].decode)
+            continue
+        inner = proj.this if isinstance(proj, exp.Alias) else proj
+        if not isinstance(inner, exp.Column) or isinstance(inner.this, exp.Star):
+            continue
+        candidates = [by_alias[inner.table]] if inner.table in by_alias else by_alias.values()
+        for table in candidates:
+            col = table.column(inner.name)
+            if col is not None:
+                out[proj.alias_or_name] = TYPES[col["type"]].decode
+                break
+    return out
+
+
+class SqlFunctionRunner:
+    """Executes compiled SQL Functions against the workspace database under a guard."""
+
+    def __init__(self, db: Database, timeout_ms: int, max_rows: int) -> None:
+        self.db = db
+        self.timeout_ms = timeout_ms
+        self.max_rows = max_rows
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ws-sqlfn")
+        self._ro: sqlite3.Connection | None = None
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._pool.shutdown, True)
+        if self._ro is not None:
+            self._ro.close()
+
+    async def run(self, compiled: CompiledSql, args: list[Any]) -> list[dict[str, Any]]:
+        if compiled.placeholders != len(args):
+            raise SqlError(
+                f"the SQL has {compiled.placeholders} ? placeholder(s) "
+                f"but {len(args)} argument(s) were given"
+            )
+        for i, a in enumerate(args):
+            if isinstance(a, dict | list):
+                raise SqlError(f"argument {i} must be a string, number, boolean or null")
+        wrapped = f"SELECT * FROM ({compiled.sql}) AS fn_result LIMIT {self.max_rows + 1}"
+        try:
+            if self.db.dialect == "sqlite":
+                loop = asyncio.get_running_loop()
+                names, rows = await loop.run_in_executor(
+                    self._pool, self._sqlite, wrapped, args, compiled
+                )
+            else:
+                guard = QueryGuard(
+                    compiled.tables[0].physical if compiled.tables else "", self.timeout_ms
+                )
+                names, rows = await self.db.read_only(_fetch, guard, wrapped, args)
+        except QueryTimeout:
+            raise SqlError(f"the query ran longer than {self.timeout_ms} ms") from None
+        except QueryDenied as exc:
+            raise SqlError(f"the database rejected the query: {exc}") from None
+        if len(rows) > self.max_rows:
+            raise SqlError(
+                f"the query returned more than {self.max_rows} rows; add a LIMIT or aggregate"
+            )
+        return [_decode(names, r, compiled.decoders) for r in rows]
+
+    def _sqlite(
+        self, sql: str, args: list[Any], compiled: CompiledSql
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        if self._ro is None:
+            path = getattr(self.db, "path")  # noqa: B009 - SqliteDatabase only
+            self._ro = sqlite3.connect(
+                f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+            )
+        raw = self._ro
+        allowed = {t.physical for t in compiled.tables}
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        timed_out = False
+
+        def authorize(action: int, arg1: Any, arg2: Any, dbname: Any, trigger: Any) -> int:
+            if action in _SQLITE_OK_ACTIONS:
+                return sqlite3.SQLITE_OK
+            if action == sqlite3.SQLITE_READ and arg1 in allowed:
+                return sqlite3.SQLITE_OK  # CTEs and subqueries report their base tables
+            return sqlite3.SQLITE_DENY
+
+        def progress() -> int:
+            nonlocal timed_out
+            timed_out = time.monotonic() > deadline
+            return 1 if timed_out else 0
+
+        raw.execute("BEGIN")
+        raw.set_authorizer(authorize)
+        raw.set_progress_handler(progress, 1000)
+        try:
+            cur = raw.execute(sql, [int(a) if isinstance(a, bool) else a for a in args])
+            names = [d[0] for d in cur.description]
+            return names, cur.fetchall()
+        except sqlite3.DatabaseError as exc:
+            if timed_out:
+                raise QueryTimeout("timeout") from None
+            raise QueryDenied(str(exc)) from None
+        finally:
+            raw.set_authorizer(None)
+            raw.set_progress_handler(None, 0)
+            raw.execute("ROLLBACK")
+
+
+def _decode(
+    names: list[str], row: tuple[Any, ...], dec: dict[str, Callable[[Any], Any]]
+) -> dict[str, Any]:
+    return {
+        n: (dec[n](v) if n in dec and v is not None else v) for n, v in zip(names, row, strict=True)
+    }
+
+
+def _fetch(conn: Conn, sql: str, args: list[Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
+    cur = conn.execute(sql, args)
+    return [d[0] for d in cur.description], [tuple(r) for r in cur.fetchall()]
+
+
+def own_table_lookup(conn: Conn, account_id: str) -> TableLookup:
+    """Tables of `account_id` (its own Spaces only), initialized; by full id."""
+
+    def lookup(table_id: str) -> Table | None:
+        row = conn.one(
+            "SELECT t.* FROM ws_tables t JOIN ws_spaces s ON s.id = t.space "
+            "WHERE t.id = ? AND s.account_id = ? AND t.inited = 1",
+            [table_id, account_id],
+        )
+        return Table.from_row(row) if row else None
+
+    return lookup
