@@ -21,7 +21,7 @@ from aiohttp import web
 from workspace.errors import TOO_LARGE, UPSTREAM, UPSTREAM_TIMEOUT, ApiError, invalid
 from workspace.http import AppCtx, Call, Endpoint, Forward
 
-CHAIN_RE = re.compile(r"^(0x[0-9a-fA-F]+|[0-9]+)$")
+CHAIN_RE = re.compile(r"0x[0-9a-fA-F]+|[0-9]+")
 # Request headers passed on to the proxy (usage keys and tracing attributes).
 PASS_HEADERS = (
     "client-id",
@@ -70,7 +70,7 @@ async def finalized_height(ctx: AppCtx, chain_id: str) -> int | None:
 
 
 async def _block_number(ctx: AppCtx, chain_id: str, tag: str) -> int | None:
-    if not CHAIN_RE.match(chain_id):
+    if not CHAIN_RE.fullmatch(chain_id):
         return None
     if tag == "latest":
         req: dict[str, Any] = {"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber", "params": []}
@@ -94,7 +94,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
     async def chainstate(call: Call) -> Any:
         request = call.request
         chain_id = request.match_info["chain_id"]
-        if not CHAIN_RE.match(chain_id):
+        if not CHAIN_RE.fullmatch(chain_id):
             raise invalid(f"chain_id must be a decimal or 0x-hex chain id; got {chain_id!r}")
         limit = ctx.settings.max_body_bytes
         body = await request.content.read(limit + 1)

@@ -18,10 +18,10 @@ from typing import Any
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 UINT256_MAX = 2**256 - 1
 _DEC_INT_DIGITS, _DEC_FRAC_DIGITS = 40, 38
-_HEX40 = re.compile(r"^0x[0-9a-fA-F]{40}$")
-_HEX64 = re.compile(r"^0x[0-9a-fA-F]{64}$")
-_DIGITS = re.compile(r"^[0-9]+$")
-_SIGNED = re.compile(r"^-?[0-9]+$")
+_HEX40 = re.compile(r"0x[0-9a-fA-F]{40}")
+_HEX64 = re.compile(r"0x[0-9a-fA-F]{64}")
+_DIGITS = re.compile(r"[0-9]+")
+_SIGNED = re.compile(r"-?[0-9]+")
 
 
 class BadValue(ValueError):
@@ -31,17 +31,19 @@ class BadValue(ValueError):
 def _str(v: Any) -> str:
     if not isinstance(v, str):
         raise BadValue("must be a string")
+    if "\x00" in v:
+        raise BadValue("must not contain NUL characters")
     return v
 
 
 def _address(v: Any) -> str:
-    if not isinstance(v, str) or not _HEX40.match(v):
+    if not isinstance(v, str) or not _HEX40.fullmatch(v):
         raise BadValue("must be a 0x-prefixed 20-byte hex address")
     return v.lower()
 
 
 def _hash(v: Any) -> str:
-    if not isinstance(v, str) or not _HEX64.match(v):
+    if not isinstance(v, str) or not _HEX64.fullmatch(v):
         raise BadValue("must be a 0x-prefixed 32-byte hex hash")
     return v.lower()
 
@@ -53,7 +55,7 @@ def _chain_id(v: Any) -> str:
 
 
 def _integer(v: Any, lo: int, hi: int, what: str) -> int:
-    if isinstance(v, str) and _SIGNED.match(v.strip()):
+    if isinstance(v, str) and _SIGNED.fullmatch(v.strip()):
         v = int(v.strip())
     elif isinstance(v, float) and v.is_integer():
         v = int(v)

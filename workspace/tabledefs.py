@@ -19,10 +19,10 @@ from workspace.errors import INVALID_DEFINITION, ApiError
 
 TABLE_TYPES = ("normal", "block_event", "block_state", "time")
 BLOCK_TYPES = ("block_event", "block_state")
-COLUMN_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
-ITEM_ID_RE = re.compile(r"^[A-Za-z0-9_-]+$")
-TABLE_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
-CHAIN_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+COLUMN_NAME_RE = re.compile(r"[a-z_][a-z0-9_]*")
+ITEM_ID_RE = re.compile(r"[A-Za-z0-9_-]+")
+TABLE_NAME_RE = re.compile(r"[a-z_][a-z0-9_]*")
+CHAIN_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_FULL_ID = 64
 
 
@@ -74,7 +74,7 @@ def column_name_problem(name: str) -> str | None:
     """Why `name` cannot be a column name, or None (POST /v1/table/columns/validate)."""
     if not 1 <= len(name) <= 64:
         return "a column name has 1-64 characters"
-    if not COLUMN_NAME_RE.match(name):
+    if not COLUMN_NAME_RE.fullmatch(name):
         return "a column name uses a-z, 0-9 and '_' and does not start with a digit"
     if name.startswith("__"):
         return "names starting with '__' are reserved"
@@ -165,7 +165,7 @@ def check_columns(
         raise bad(f"a table has at most {max_columns} columns; got {len(given)}")
     cols: list[dict[str, Any]] = []
     for i, item in enumerate(given):
-        if not ITEM_ID_RE.match(item["id"]):
+        if not ITEM_ID_RE.fullmatch(item["id"]):
             raise bad(f"columns[{i}].id {item['id']!r} may use only A-Z a-z 0-9 _ -")
         problem = column_name_problem(item["name"])
         if problem:
@@ -236,7 +236,7 @@ def check_indexes(
             if table.table_type == "normal":
                 raise bad(f"indexes[{i}].id is required for normal tables")
             idx_id = _generated_id(cols, seen)
-        if not ITEM_ID_RE.match(idx_id):
+        if not ITEM_ID_RE.fullmatch(idx_id):
             raise bad(f"indexes[{i}].id {idx_id!r} may use only A-Z a-z 0-9 _ -")
         if idx_id in seen:
             raise bad(f"index ids must be unique; {idx_id!r} appears twice or is reserved")

@@ -149,14 +149,14 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
         if table_type in td.BLOCK_TYPES:
             if not chain_id:
                 raise invalid(f"chain_id is required for {table_type} tables")
-            if not td.CHAIN_ID_RE.match(chain_id):
+            if not td.CHAIN_ID_RE.fullmatch(chain_id):
                 raise invalid("chain_id must be 1-64 of A-Z a-z 0-9 _ -")
         elif chain_id:
             raise invalid("chain_id is only for block tables (block_event, block_state)")
         base = p["name"]
         if table_type in td.BLOCK_TYPES and base.endswith(f".{chain_id}"):
             base = base[: -len(chain_id) - 1]
-        if not td.TABLE_NAME_RE.match(base):
+        if not td.TABLE_NAME_RE.fullmatch(base):
             raise invalid(
                 "name must use a-z, 0-9 and '_' and not start with a digit"
                 + (" (the chain suffix is added for block tables)" if chain_id else "")

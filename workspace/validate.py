@@ -15,7 +15,7 @@ from typing import Any
 from workspace.errors import invalid
 
 MISSING: Any = object()
-_INT_RE = re.compile(r"^-?[0-9]+$")
+_INT_RE = re.compile(r"-?[0-9]+")
 
 
 class Kind:
@@ -39,6 +39,8 @@ class Str(Kind):
     def parse(self, name: str, value: Any, query: bool) -> Any:
         if not isinstance(value, str):
             raise invalid(f"{name} must be a string")
+        if "\x00" in value:  # PostgreSQL text cannot hold NUL; refuse it on both backends
+            raise invalid(f"{name} must not contain NUL characters")
         if self.enum is not None and value not in self.enum:
             raise invalid(f"{name} must be one of {', '.join(self.enum)}; got {value!r}")
         if self.min_len is not None and len(value) < self.min_len:
@@ -70,7 +72,7 @@ class Int(Kind):
 
     def parse(self, name: str, value: Any, query: bool) -> Any:
         if query and isinstance(value, str):
-            if not _INT_RE.match(value):
+            if not _INT_RE.fullmatch(value):
                 raise invalid(f"{name} must be an integer; got {value!r}")
             value = int(value)
         if isinstance(value, float) and value.is_integer() and not query:

@@ -54,8 +54,11 @@ class Api:
         headers = {**self.headers, "Content-Type": "application/json"}
         data = raw if raw is not None else None
         r = self.session.post(
-            self.base + path, json=None if raw is not None else (body or {}), data=data,
-            headers=headers, timeout=30,
+            self.base + path,
+            json=None if raw is not None else (body or {}),
+            data=data,
+            headers=headers,
+            timeout=30,
         )
         return r.status_code, r.json() if r.content else None
 
@@ -149,7 +152,9 @@ def upstream() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def backend(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """The database setting: "sqlite", or a URL to a fresh PostgreSQL schema (dropped after)."""
     if request.param == "sqlite":
         yield "sqlite"
@@ -191,8 +196,19 @@ def make_workspace(
         return ids
 
     ids = db.run_sync(setup)
-    args = [sys.executable, "-m", "chainstate.cli", "workspace", "--config", str(config),
-            "--database", backend, "--proxy-url", upstream, "--no-local-account"]
+    args = [
+        sys.executable,
+        "-m",
+        "chainstate.cli",
+        "workspace",
+        "--config",
+        str(config),
+        "--database",
+        backend,
+        "--proxy-url",
+        upstream,
+        "--no-local-account",
+    ]
     base = f"http://127.0.0.1:{port}"
     proc = start_proc(args, base)
     session = requests.Session()
@@ -204,7 +220,9 @@ def make_workspace(
 
 
 @pytest.fixture(scope="module")
-def ws(backend: str, tmp_path_factory: pytest.TempPathFactory, upstream: str) -> Iterator[Workspace]:
+def ws(
+    backend: str, tmp_path_factory: pytest.TempPathFactory, upstream: str
+) -> Iterator[Workspace]:
     w = make_workspace(backend, tmp_path_factory.mktemp("ws"), upstream)
     try:
         yield w

@@ -39,7 +39,9 @@ def test_access_key_reach(ws: Workspace) -> None:
     status, env = key.post("/v1/space/create", {"id": uid()})
     assert status == 403
     wrong = ws.anon.as_({"AccessKey": ws.ids["alice_key"], "X-Account-ID": ws.ids["bob"]})
-    status, env = wrong.post("/v1/chainstate/1337", raw=b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}')
+    status, env = wrong.post(
+        "/v1/chainstate/1337", raw=b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}'
+    )
     assert status == 403 and env["code"] == 40300
 
 
@@ -48,15 +50,21 @@ def test_revoked_token_and_cli(ws: Workspace) -> None:
     db_args = ["--data-dir", str(ws.settings.data_dir), "--database", ws.settings.database]
     out = subprocess.run(
         [*base, "create", "--account", ws.ids["carol"], "--name", "ci", *db_args],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     import json
 
     made = json.loads(out.stdout)
     carol = ws.api(made["token"], ws.ids["carol"])
     assert carol.ok("GET", "/v1/space/list")["items"] is not None
-    listed = subprocess.run([*base, "list", "--account", ws.ids["carol"], *db_args],
-                            capture_output=True, text=True, check=True).stdout
+    listed = subprocess.run(
+        [*base, "list", "--account", ws.ids["carol"], *db_args],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert made["id"] in listed and made["token"] not in listed
     subprocess.run([*base, "revoke", made["id"], *db_args], check=True, capture_output=True)
     status, env = carol.get("/v1/space/list")
@@ -71,19 +79,34 @@ def test_space_create_get_list(ws: Workspace) -> None:
     a = ws.alice
     ids = [uid("l") for _ in range(3)]
     for i, sid in enumerate(ids):
-        a.ok("POST", "/v1/space/create", {"id": sid, "description": f"d{i}", "visibility": "public"})
+        a.ok(
+            "POST", "/v1/space/create", {"id": sid, "description": f"d{i}", "visibility": "public"}
+        )
     got = a.ok("GET", "/v1/space", id=ids[0])
     assert got["id"] == ids[0] and got["description"] == "d0" and got["status"] == "active"
     assert got["dep_count"] == 0 and got["content_count"] == 0
     assert isinstance(got["created_at"], float)
     assert a.ok("GET", "/v1/space", id="does-not-exist") is None
-    page = a.ok("GET", "/v1/space/list", account_id=ws.ids["alice"], order_by="id",
-                direction="asc", limit=1000)
+    page = a.ok(
+        "GET",
+        "/v1/space/list",
+        account_id=ws.ids["alice"],
+        order_by="id",
+        direction="asc",
+        limit=1000,
+    )
     mine = [s["id"] for s in page["items"]]
     assert mine == sorted(mine) and set(ids) <= set(mine)
     assert page["total_count"] == len(mine) and all("table_count" in s for s in page["items"])
-    one = a.ok("GET", "/v1/space/list", account_id=ws.ids["alice"], limit=1, start=1,
-               order_by="id", direction="asc")
+    one = a.ok(
+        "GET",
+        "/v1/space/list",
+        account_id=ws.ids["alice"],
+        limit=1,
+        start=1,
+        order_by="id",
+        direction="asc",
+    )
     assert [s["id"] for s in one["items"]] == mine[1:2] and one["start"] == 1
     status, env = a.post("/v1/space/create", {"id": ids[0]})
     assert status == 409 and env["code"] == 40900

@@ -21,20 +21,42 @@ def qt(ws: Workspace) -> Table:
     a = ws.alice
     space = uid("q")
     a.ok("POST", "/v1/space/create", {"id": space})
-    tid = a.ok("POST", "/v1/table/create", {"space": space, "name": "nums",
-                                            "table_type": "normal"})["id"]
-    a.ok("POST", "/v1/table/init", {"id": tid, "columns": [
-        {"id": "id", "name": "id", "type": "STRING"}, {"id": "n", "name": "n", "type": "INT"},
-        {"id": "big", "name": "big", "type": "UINT256"},
-        {"id": "d", "name": "d", "type": "DECIMAL"},
-        {"id": "flag", "name": "flag", "type": "BOOLEAN"},
-        {"id": "s", "name": "s", "type": "STRING"}]})
+    tid = a.ok(
+        "POST", "/v1/table/create", {"space": space, "name": "nums", "table_type": "normal"}
+    )["id"]
+    a.ok(
+        "POST",
+        "/v1/table/init",
+        {
+            "id": tid,
+            "columns": [
+                {"id": "id", "name": "id", "type": "STRING"},
+                {"id": "n", "name": "n", "type": "INT"},
+                {"id": "big", "name": "big", "type": "UINT256"},
+                {"id": "d", "name": "d", "type": "DECIMAL"},
+                {"id": "flag", "name": "flag", "type": "BOOLEAN"},
+                {"id": "s", "name": "s", "type": "STRING"},
+            ],
+        },
+    )
 
     def fill(conn: Conn) -> Table:
         t = Table.from_row(conn.one("SELECT * FROM ws_tables WHERE id = ?", [tid]) or {})
-        rows = [encode_row(t, {"id": f"r{i:05d}", "n": i, "big": str(i * 10**20),
-                               "d": f"{i}.5", "flag": i % 2 == 0, "s": f"v{i % 7}"}, 1 << 20)
-                for i in range(N_ROWS)]
+        rows = [
+            encode_row(
+                t,
+                {
+                    "id": f"r{i:05d}",
+                    "n": i,
+                    "big": str(i * 10**20),
+                    "d": f"{i}.5",
+                    "flag": i % 2 == 0,
+                    "s": f"v{i % 7}",
+                },
+                1 << 20,
+            )
+            for i in range(N_ROWS)
+        ]
         upsert_rows(conn, t, rows, time.time())
         return t
 
@@ -61,8 +83,12 @@ def test_allowed_shapes(ws: Workspace, qt: Table) -> None:
     assert [r["n"] for r in d["rows"]] == ["12", "11", "10"]
     assert d["rows_count"] == 3 and d["truncated"] is False and d["total_count"] is None
     assert d["columns"][0] == {"name": "id", "type": "STRING"}
-    d = ok(ws, t, f"SELECT * FROM {t.id} WHERE big > 100000000000000000000 AND big <= "
-                  f"'300000000000000000000' ORDER BY big")
+    d = ok(
+        ws,
+        t,
+        f"SELECT * FROM {t.id} WHERE big > 100000000000000000000 AND big <= "
+        f"'300000000000000000000' ORDER BY big",
+    )
     assert [r["n"] for r in d["rows"]] == ["2", "3"]
     d = ok(ws, t, f"SELECT * FROM {t.id} WHERE d BETWEEN -1 AND 2.5 ORDER BY d DESC")
     assert [r["d"] for r in d["rows"]] == ["2.5", "1.5", "0.5"]
@@ -72,7 +98,9 @@ def test_allowed_shapes(ws: Workspace, qt: Table) -> None:
     assert [r["n"] for r in d["rows"]] == ["6", "13", "20"]
     d = ok(ws, t, f"SELECT * FROM {t.id} WHERE s IS NOT NULL ORDER BY n LIMIT 2 OFFSET 5")
     assert [r["n"] for r in d["rows"]] == ["5", "6"]
-    d = ok(ws, t, f"SELECT * FROM {t.id} WHERE n = 1 /* a tautology reads only this table */ OR 1=1")
+    d = ok(
+        ws, t, f"SELECT * FROM {t.id} WHERE n = 1 /* a tautology reads only this table */ OR 1=1"
+    )
     assert d["rows_count"] == 10_000 and d["truncated"] is True
     d = ok(ws, t, f"SELECT * FROM {t.id} ORDER BY id;")
     assert d["rows_count"] == 10_000 and d["truncated"] is True
@@ -170,8 +198,6 @@ async def test_database_guard(ws: Workspace, qt: Table) -> None:
             await ws.db.read_only(run("PRAGMA table_info(ws_spaces)"), guard)
     started = time.monotonic()
     with pytest.raises(QueryTimeout):
-        await ws.db.read_only(
-            run(f"SELECT COUNT(*) FROM {phys} a, {phys} b, {phys} c"), guard
-        )
+        await ws.db.read_only(run(f"SELECT COUNT(*) FROM {phys} a, {phys} b, {phys} c"), guard)
     assert time.monotonic() - started < 5
     assert ws.alice.ok("GET", "/v1/table", id=qt.id)["table_rows"] == N_ROWS

@@ -21,14 +21,50 @@ COLUMNS = [
     {"id": "ts", "name": "ts", "type": "TIMESTAMP"},
 ]
 ROWS = [
-    {"id": "a", "n": -5, "big": "0", "dec": "-1.5", "f": 0.5, "ok": True,
-     "who": "0x" + "AA" * 20, "note": "alpha", "ts": 1_700_000_000},
-    {"id": "b", "n": 2**40, "big": str(2**200), "dec": "-1.05", "f": 2.0, "ok": False,
-     "who": "0x" + "bb" * 20, "note": None, "ts": "1700000001"},
-    {"id": "c", "n": 7, "big": "0x10", "dec": "3.14159", "f": -1, "ok": True,
-     "who": "0x" + "cc" * 20, "note": "it's", "ts": 0},
-    {"id": "d", "n": 9223372036854775807, "big": str(2**256 - 1), "dec": 12, "f": 1e300,
-     "ok": None, "who": None, "note": "delta", "ts": None},
+    {
+        "id": "a",
+        "n": -5,
+        "big": "0",
+        "dec": "-1.5",
+        "f": 0.5,
+        "ok": True,
+        "who": "0x" + "AA" * 20,
+        "note": "alpha",
+        "ts": 1_700_000_000,
+    },
+    {
+        "id": "b",
+        "n": 2**40,
+        "big": str(2**200),
+        "dec": "-1.05",
+        "f": 2.0,
+        "ok": False,
+        "who": "0x" + "bb" * 20,
+        "note": None,
+        "ts": "1700000001",
+    },
+    {
+        "id": "c",
+        "n": 7,
+        "big": "0x10",
+        "dec": "3.14159",
+        "f": -1,
+        "ok": True,
+        "who": "0x" + "cc" * 20,
+        "note": "it's",
+        "ts": 0,
+    },
+    {
+        "id": "d",
+        "n": 9223372036854775807,
+        "big": str(2**256 - 1),
+        "dec": 12,
+        "f": 1e300,
+        "ok": None,
+        "who": None,
+        "note": "delta",
+        "ts": None,
+    },
 ]
 
 
@@ -36,8 +72,9 @@ ROWS = [
 def table(ws: Workspace) -> str:
     space = uid("r")
     ws.alice.ok("POST", "/v1/space/create", {"id": space})
-    t = ws.alice.ok("POST", "/v1/table/create",
-                    {"space": space, "name": "things", "table_type": "normal"})["id"]
+    t = ws.alice.ok(
+        "POST", "/v1/table/create", {"space": space, "name": "things", "table_type": "normal"}
+    )["id"]
     ws.alice.ok("POST", "/v1/table/init", {"id": t, "columns": COLUMNS})
     for row in ROWS:
         ws.alice.ok("POST", "/v1/table/row/create", {"table_id": t, "data": row})
@@ -60,10 +97,28 @@ def test_values_come_back_typed(ws: Workspace, table: str) -> None:
     assert [c["name"] for c in got["columns"]] == [c["name"] for c in COLUMNS]
     assert got["columns"][1] == {"id": "n", "name": "n", "type": "INT"}
     d, a = got["rows"]
-    assert d == {"id": "d", "n": "9223372036854775807", "big": str(2**256 - 1), "dec": "12",
-                 "f": 1e300, "ok": None, "who": None, "note": "delta", "ts": None}
-    assert a == {"id": "a", "n": "-5", "big": "0", "dec": "-1.5", "f": 0.5, "ok": True,
-                 "who": "0x" + "aa" * 20, "note": "alpha", "ts": "1700000000"}
+    assert d == {
+        "id": "d",
+        "n": "9223372036854775807",
+        "big": str(2**256 - 1),
+        "dec": "12",
+        "f": 1e300,
+        "ok": None,
+        "who": None,
+        "note": "delta",
+        "ts": None,
+    }
+    assert a == {
+        "id": "a",
+        "n": "-5",
+        "big": "0",
+        "dec": "-1.5",
+        "f": 0.5,
+        "ok": True,
+        "who": "0x" + "aa" * 20,
+        "note": "alpha",
+        "ts": "1700000000",
+    }
 
 
 @pytest.mark.parametrize(
@@ -83,8 +138,10 @@ def test_values_come_back_typed(ws: Workspace, table: str) -> None:
         ([{"field": "who", "op": "eq", "value": "0x" + "BB" * 20}], ["b"]),
         ([{"field": "note", "op": "eq", "value": "it's"}], ["c"]),
         ([{"field": "ts", "op": "gte", "value": 1_700_000_000}], ["a", "b"]),
-        ([{"field": "n", "op": "gt", "value": 0}, {"field": "ok", "op": "eq", "value": True}],
-         ["c"]),
+        (
+            [{"field": "n", "op": "gt", "value": 0}, {"field": "ok", "op": "eq", "value": True}],
+            ["c"],
+        ),
         ([], ["a", "b", "c", "d"]),
     ],
 )
@@ -147,6 +204,8 @@ def test_bad_writes_change_nothing(ws: Workspace, table: str) -> None:
         (c, {"table_id": table, "data": {"id": "a", "dec": "1e999"}}, 40004),
         (c, {"table_id": table, "data": {"id": "a", "ok": 1}}, 40004),
         (c, {"table_id": table, "data": {"id": "a", "who": "0x12"}}, 40004),
+        (c, {"table_id": table, "data": {"id": "a", "who": "0x" + "ab" * 20 + "\n"}}, 40004),
+        (c, {"table_id": table, "data": {"id": "a", "note": "nul\x00"}}, 40004),
         (c, {"table_id": table, "data": {"id": "a", "f": "1.5"}}, 40004),
         (c, {"table_id": table, "data": {"id": None}}, 40004),
         (c, {"table_id": table, "data": "x"}, 40000),
@@ -171,13 +230,23 @@ def test_update_delete_and_other_table_types(ws: Workspace) -> None:
     a = ws.alice
     space = uid("u")
     a.ok("POST", "/v1/space/create", {"id": space})
-    t = a.ok("POST", "/v1/table/create", {"space": space, "name": "kv",
-                                          "table_type": "normal"})["id"]
+    t = a.ok("POST", "/v1/table/create", {"space": space, "name": "kv", "table_type": "normal"})[
+        "id"
+    ]
     status, env = a.post("/v1/table/row/create", {"table_id": t, "data": {"id": "k"}})
     assert status == 409 and "not initialized" in env["message"]
-    a.ok("POST", "/v1/table/init", {"id": t, "columns": [
-        {"id": "id", "name": "id", "type": "HASH"}, {"id": "v", "name": "v", "type": "STRING"},
-        {"id": "w", "name": "w", "type": "INT"}]})
+    a.ok(
+        "POST",
+        "/v1/table/init",
+        {
+            "id": t,
+            "columns": [
+                {"id": "id", "name": "id", "type": "HASH"},
+                {"id": "v", "name": "v", "type": "STRING"},
+                {"id": "w", "name": "w", "type": "INT"},
+            ],
+        },
+    )
     k = "0x" + "Ab" * 32
     a.ok("POST", "/v1/table/row/create", {"table_id": t, "data": {"id": k, "v": "one", "w": 1}})
     a.ok("POST", "/v1/table/row/update", {"table_id": t, "id": k.lower(), "data": {"v": "two"}})
@@ -188,8 +257,11 @@ def test_update_delete_and_other_table_types(ws: Workspace) -> None:
     assert a.ok("POST", "/v1/table/row/get", {"table_id": t, "pks": [k]})["rows"][0]["v"] is None
     a.ok("POST", "/v1/table/row/delete", {"table_id": t, "id": k})
     assert a.ok("POST", "/v1/table/row/get", {"table_id": t, "pks": [k]})["rows"] == []
-    b = a.ok("POST", "/v1/table/create", {"space": space, "name": "ev",
-                                          "table_type": "block_event", "chain_id": "1"})["id"]
+    b = a.ok(
+        "POST",
+        "/v1/table/create",
+        {"space": space, "name": "ev", "table_type": "block_event", "chain_id": "1"},
+    )["id"]
     a.ok("POST", "/v1/table/init", {"id": b})
     status, env = a.post("/v1/table/row/create", {"table_id": b, "data": {"id": "0x" + "1" * 64}})
     assert status == 409 and env["code"] == 40900

@@ -18,8 +18,9 @@ def space(ws: Workspace) -> str:
 
 
 def create(api: Api, space: str, name: str, table_type: str = "normal", **kw: Any) -> dict:
-    return api.ok("POST", "/v1/table/create",
-                  {"space": space, "name": name, "table_type": table_type, **kw})
+    return api.ok(
+        "POST", "/v1/table/create", {"space": space, "name": name, "table_type": table_type, **kw}
+    )
 
 
 def err(api: Api, path: str, body: dict, status: int = 400, code: int | None = None) -> str:
@@ -41,10 +42,18 @@ def test_create_rules(ws: Workspace, space: str) -> None:
     c = "/v1/table/create"
     err(a, c, {"space": space, "name": "ev2", "table_type": "block_event"})
     err(a, c, {"space": space, "name": "n", "table_type": "normal", "chain_id": "1"})
-    err(a, c, {"space": space, "name": "ev", "table_type": "block_event", "chain_id": "1337"},
-        409, 40900)
+    err(
+        a,
+        c,
+        {"space": space, "name": "ev", "table_type": "block_event", "chain_id": "1337"},
+        409,
+        40900,
+    )
     err(a, c, {"space": space, "name": "x" * (64 - len(space)), "table_type": "normal"})
     err(a, c, {"space": space, "name": "Bad-Name", "table_type": "normal"})
+    err(a, c, {"space": space, "name": "trailing\n", "table_type": "normal"})
+    err(a, c, {"space": space, "name": "nul\x00", "table_type": "normal"})
+    err(a, c, {"space": space, "name": "ev3", "table_type": "block_event", "chain_id": "1\n"})
     err(a, c, {"space": space, "name": "", "table_type": "normal"})
     err(a, c, {"space": space, "name": "n", "table_type": "weird"})
     err(a, c, {"space": space, "name": "n", "table_type": "normal", "description": "d" * 256})
@@ -59,24 +68,57 @@ def test_init_rules(ws: Workspace, space: str) -> None:
     i = "/v1/table/init"
     err(a, i, {"id": t, "columns": [{"id": "n", "name": "name", "type": "STRING"}]})
     err(a, i, {"id": t, "columns": [{"id": "id", "name": "id", "type": "INT"}]})
-    err(a, i, {"id": t, "columns": [{"id": "id", "name": "id", "type": "STRING"},
-                                    {"id": "id", "name": "other", "type": "INT"}]})
-    err(a, i, {"id": t, "columns": [{"id": "id", "name": "id", "type": "STRING"},
-                                    {"id": "x", "name": "id", "type": "INT"}]})
-    err(a, i, {"id": t, "columns": [{"id": "id", "name": "id", "type": "STRING"},
-                                    {"id": "x", "name": "Bad Name", "type": "INT"}]})
+    err(
+        a,
+        i,
+        {
+            "id": t,
+            "columns": [
+                {"id": "id", "name": "id", "type": "STRING"},
+                {"id": "id", "name": "other", "type": "INT"},
+            ],
+        },
+    )
+    err(
+        a,
+        i,
+        {
+            "id": t,
+            "columns": [
+                {"id": "id", "name": "id", "type": "STRING"},
+                {"id": "x", "name": "id", "type": "INT"},
+            ],
+        },
+    )
+    err(
+        a,
+        i,
+        {
+            "id": t,
+            "columns": [
+                {"id": "id", "name": "id", "type": "STRING"},
+                {"id": "x", "name": "Bad Name", "type": "INT"},
+            ],
+        },
+    )
     err(a, i, {"id": t, "columns": [{"id": "id", "name": "id", "type": "NOPE"}]})
     err(a, i, {"id": t, "columns": [{"id": "id", "name": "id"}]})
     err(a, i, {"id": t, "indexes": [{"columns": ["id"]}]})  # normal: index id required
     err(a, i, {"id": t, "view": {"zzz": {"sort": 0}}})
     assert a.ok("GET", "/v1/table", id=t)["inited"] is False
-    d = a.ok("POST", i, {
-        "id": t,
-        "columns": [{"id": "id", "name": "id", "type": "STRING"},
-                    {"id": "c_age", "name": "age", "type": "int"}],
-        "indexes": [{"id": "by_age", "columns": ["age"], "is_primary": True}],
-        "view": {"c_age": {"sort": 0}},
-    })
+    d = a.ok(
+        "POST",
+        i,
+        {
+            "id": t,
+            "columns": [
+                {"id": "id", "name": "id", "type": "STRING"},
+                {"id": "c_age", "name": "age", "type": "int"},
+            ],
+            "indexes": [{"id": "by_age", "columns": ["age"], "is_primary": True}],
+            "view": {"c_age": {"sort": 0}},
+        },
+    )
     assert d["columns"][1] == {"id": "c_age", "name": "age", "type": "INT", "is_system": False}
     assert d["columns"][0]["is_system"] is True
     assert [x["id"] for x in d["indexes"]] == ["primary", "by_age"]
@@ -87,10 +129,20 @@ def test_init_rules(ws: Workspace, space: str) -> None:
 def test_block_and_time_init(ws: Workspace, space: str) -> None:
     a = ws.alice
     b = create(a, space, "logs", "block_event", chain_id="1337")["id"]
-    err(a, "/v1/table/init", {"id": b, "columns": [
-        {"id": "bh", "name": "block_height", "type": "STRING"}]})
-    d = a.ok("POST", "/v1/table/init", {"id": b, "columns": [
-        {"id": "v", "name": "value", "type": "UINT256"}], "indexes": [{"columns": ["value"]}]})
+    err(
+        a,
+        "/v1/table/init",
+        {"id": b, "columns": [{"id": "bh", "name": "block_height", "type": "STRING"}]},
+    )
+    d = a.ok(
+        "POST",
+        "/v1/table/init",
+        {
+            "id": b,
+            "columns": [{"id": "v", "name": "value", "type": "UINT256"}],
+            "indexes": [{"columns": ["value"]}],
+        },
+    )
     names = [c["name"] for c in d["columns"]]
     assert names == ["id", "block_height", "block_id", "block_timestamp", "value"]
     assert [c["is_system"] for c in d["columns"]] == [True, True, True, True, False]
@@ -101,19 +153,30 @@ def test_block_and_time_init(ws: Workspace, space: str) -> None:
     err(a, "/v1/table/init", {"id": tm, "columns": [{"id": "x", "name": "x", "type": "INT"}]})
     d = a.ok("POST", "/v1/table/init", {"id": tm})
     assert [(c["name"], c["type"]) for c in d["columns"]] == [
-        ("id", "STRING"), ("time_at", "TIMESTAMP"), ("value", "FLOAT")]
+        ("id", "STRING"),
+        ("time_at", "TIMESTAMP"),
+        ("value", "FLOAT"),
+    ]
 
 
 def test_columns_update_rules(ws: Workspace, space: str) -> None:
     a = ws.alice
     t = create(a, space, "cu")["id"]
-    base = [{"id": "id", "name": "id", "type": "STRING"},
-            {"id": "a", "name": "alpha", "type": "INT"},
-            {"id": "b", "name": "beta", "type": "STRING"}]
-    a.ok("POST", "/v1/table/init", {"id": t, "columns": base,
-                                    "indexes": [{"id": "ib", "columns": ["beta"]}]})
-    a.ok("POST", "/v1/table/row/create", {"table_id": t, "data": {"id": "r1", "alpha": 5,
-                                                                  "beta": "x"}})
+    base = [
+        {"id": "id", "name": "id", "type": "STRING"},
+        {"id": "a", "name": "alpha", "type": "INT"},
+        {"id": "b", "name": "beta", "type": "STRING"},
+    ]
+    a.ok(
+        "POST",
+        "/v1/table/init",
+        {"id": t, "columns": base, "indexes": [{"id": "ib", "columns": ["beta"]}]},
+    )
+    a.ok(
+        "POST",
+        "/v1/table/row/create",
+        {"table_id": t, "data": {"id": "r1", "alpha": 5, "beta": "x"}},
+    )
     u = "/v1/table/columns/update"
     m = err(a, u, {"id": t, "columns": [base[0], {**base[1], "type": "STRING"}, base[2]]})
     assert "type cannot change" in m
@@ -121,17 +184,37 @@ def test_columns_update_rules(ws: Workspace, space: str) -> None:
     assert "index" in m
     err(a, u, {"id": t, "columns": base[1:]})  # the system id column cannot go
     # rename alpha -> gamma, drop nothing, add delta; swap-safe renames
-    d = a.ok("POST", u, {"id": t, "columns": [
-        base[0], {"id": "a", "name": "gamma", "type": "INT"}, base[2],
-        {"id": "d", "name": "delta", "type": "DECIMAL"}]})
+    d = a.ok(
+        "POST",
+        u,
+        {
+            "id": t,
+            "columns": [
+                base[0],
+                {"id": "a", "name": "gamma", "type": "INT"},
+                base[2],
+                {"id": "d", "name": "delta", "type": "DECIMAL"},
+            ],
+        },
+    )
     assert [c["name"] for c in d["columns"]] == ["id", "gamma", "beta", "delta"]
     rows = a.ok("GET", "/v1/table/row/list", table_id=t)["rows"]
     assert rows == [{"id": "r1", "gamma": "5", "beta": "x", "delta": None}]
-    d = a.ok("POST", u, {"id": t, "columns": [
-        base[0], {"id": "a", "name": "beta", "type": "INT"},
-        {"id": "b", "name": "gamma", "type": "STRING"}]})
+    d = a.ok(
+        "POST",
+        u,
+        {
+            "id": t,
+            "columns": [
+                base[0],
+                {"id": "a", "name": "beta", "type": "INT"},
+                {"id": "b", "name": "gamma", "type": "STRING"},
+            ],
+        },
+    )
     assert a.ok("GET", "/v1/table/row/list", table_id=t)["rows"] == [
-        {"id": "r1", "beta": "5", "gamma": "x"}]
+        {"id": "r1", "beta": "5", "gamma": "x"}
+    ]
     assert d["indexes"][1]["columns"] == ["gamma"]  # the index followed the rename
     nt = create(a, space, "fresh")["id"]
     err(a, u, {"id": nt, "columns": base}, 409, 40900)
@@ -164,10 +247,21 @@ def test_indexes_and_view(ws: Workspace, space: str) -> None:
 def test_catalog_endpoints(ws: Workspace, space: str) -> None:
     a = ws.alice
     assert a.ok("GET", "/v1/table/id_types") == [
-        "STRING", "ADDRESS", "TOKENID", "HASH", "BLOCKID", "CHAINID", "TXID"]
+        "STRING",
+        "ADDRESS",
+        "TOKENID",
+        "HASH",
+        "BLOCKID",
+        "CHAINID",
+        "TXID",
+    ]
     tpl = a.ok("GET", "/v1/table/templates", table_type="block_state")
-    assert [c["name"] for c in tpl["columns"]] == ["id", "block_height", "block_id",
-                                                   "block_timestamp"]
+    assert [c["name"] for c in tpl["columns"]] == [
+        "id",
+        "block_height",
+        "block_id",
+        "block_timestamp",
+    ]
     assert a.ok("GET", "/v1/table/templates")["columns"][0]["name"] == "id"
     status, _ = a.get("/v1/table/templates", table_type="bogus")
     assert status == 400
@@ -219,14 +313,17 @@ async def test_start_height(ws: Workspace, space: str) -> None:
     e = a.ok("GET", "/v1/table/start_height/editable", id=b)
     assert e["editable"] is False and "not initialized" in e["reason"]
     a.ok("POST", "/v1/table/init", {"id": b})
-    assert a.ok("GET", "/v1/table/start_height/editable", id=b) == {"editable": True,
-                                                                     "reason": None}
+    assert a.ok("GET", "/v1/table/start_height/editable", id=b) == {
+        "editable": True,
+        "reason": None,
+    }
     err(a, "/v1/table/start_height/update", {"id": b, "start_height": FAKE_HEAD + 1})
     err(a, "/v1/table/start_height/update", {"id": b, "start_height": -1})
     d = a.ok("POST", "/v1/table/start_height/update", {"id": b, "start_height": 100})
     assert d["start_height"] == 100
-    await write_block_rows(ws.db, b, 100, "0x" + "ab" * 32, 1_700_000_000,
-                           [{"id": "0x" + "01" * 32}])
+    await write_block_rows(
+        ws.db, b, 100, "0x" + "ab" * 32, 1_700_000_000, [{"id": "0x" + "01" * 32}]
+    )
     e = a.ok("GET", "/v1/table/start_height/editable", id=b)
     assert e["editable"] is False and "processed" in e["reason"]
     err(a, "/v1/table/start_height/update", {"id": b, "start_height": 50}, 409, 40900)
