@@ -39,18 +39,32 @@ _OTLP_MODULES = (
 )
 
 
-def _otlp_exporter(endpoint: str | None) -> SpanExporter:
+def _otlp_module() -> Any:
     for name in _OTLP_MODULES:
         try:
-            module = importlib.import_module(name)
+            return importlib.import_module(name)
         except ImportError:
             continue
-        kwargs: dict[str, Any] = {"endpoint": endpoint} if endpoint else {}
-        return module.OTLPSpanExporter(**kwargs)
     raise ConfigError(
         "tracing exporter 'otlp' needs the OTLP exporter package: "
         "pip install opentelemetry-exporter-otlp-proto-http (or opentelemetry-exporter-otlp)"
     )
+
+
+def _otlp_exporter(endpoint: str | None) -> SpanExporter:
+    kwargs: dict[str, Any] = {"endpoint": endpoint} if endpoint else {}
+    return _otlp_module().OTLPSpanExporter(**kwargs)
+
+
+def check_exporter(exporter: str) -> None:
+    """Raise ConfigError now if `exporter` cannot work here (unknown name, OTLP package
+    missing), without building anything: for a supervisor before it forks its workers."""
+    if exporter not in EXPORTERS:
+        raise ConfigError(
+            f"tracing exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}"
+        )
+    if exporter == "otlp":
+        _otlp_module()
 
 
 def _console_exporter(out: IO[str] | None) -> SpanExporter:

@@ -11,7 +11,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from chainstate.config import ConfigError
-from proxy.tracing import build_tracer, build_tracer_provider
+from proxy.tracing import build_tracer, build_tracer_provider, check_exporter
 
 
 def test_spans_reach_the_given_exporter_with_attributes() -> None:
@@ -83,3 +83,12 @@ def test_bad_settings_are_refused(kwargs: dict, message: str) -> None:
 def test_otlp_without_the_package_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="pip install opentelemetry-exporter-otlp"):
         build_tracer("otlp")
+    with pytest.raises(ConfigError, match="pip install"):
+        check_exporter("otlp")
+
+
+def test_check_exporter_accepts_what_works_and_refuses_unknown_names() -> None:
+    check_exporter("none")
+    check_exporter("console")
+    with pytest.raises(ConfigError, match="one of"):
+        check_exporter("zipkin")
