@@ -20,9 +20,11 @@ from typing import Any
 
 from chainstate.jsonrpc import EVM_FAILED, SERVER_BUSY, JsonRpcError
 from nodes.state.evm.settings import EvmSettings
-from nodes.state.evm.worker import Limits, worker_main
+from nodes.state.evm.worker import READY, Limits, worker_main
 
 log = logging.getLogger(__name__)
+
+WORKER_START_TIMEOUT = 60.0  # seconds for a spawned worker to import pyrevm and report ready
 
 
 class _Worker:
@@ -36,6 +38,11 @@ class _Worker:
         )
         self.proc.start()
         child.close()
+        # Wait until the worker has imported pyrevm, so startup never counts against a job's
+        # time limit.
+        if not self.conn.poll(WORKER_START_TIMEOUT) or self.conn.recv() != READY:
+            self.kill()
+            raise RuntimeError(f"EVM worker did not start within {WORKER_START_TIMEOUT:g}s")
 
     def roundtrip(self, job: dict[str, Any]) -> dict[str, Any]:
         """Blocking: send a job and wait for its answer (runs in a pool thread)."""

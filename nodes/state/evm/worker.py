@@ -35,6 +35,7 @@ from chainstate.jsonrpc import (
 
 _REVERT = re.compile(r"^Revert \{ gas_used: (\d+), output: 0x([0-9a-fA-F]*) \}")
 _HALT = re.compile(r"^Halt \{ reason: (\w+)(?:\((\w+)\))?, gas_used: (\d+) \}")
+READY = "ready"  # a worker's first message: imports done, jobs welcome
 _DB_ERROR = re.compile(r'JsonRpcError \{ code: (-?\d+), message: "((?:[^"\\]|\\.)*)"')
 ERROR_SELECTOR = bytes.fromhex("08c379a0")
 PANIC_SELECTOR = bytes.fromhex("4e487b71")
@@ -490,6 +491,7 @@ def worker_main(conn: Any, limits: Limits, warm_blocks: int) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers end
     runner = Runner(limits, warm_blocks)
+    conn.send(READY)
     while True:
         try:
             job = conn.recv()
