@@ -2,8 +2,9 @@
 
 Pure functions, no I/O: the follower fetches, these encode (see docs/vendor-block.md).
 
-The StateDiff is computed in two steps. The prestateTracer `diffMode` traces of the
-block's transactions name every account and slot the block may have changed; the values
+The StateDiff is computed in two steps. The traces of the block's transactions (Parity
+`stateDiff` replays, or the prestateTracer in `diffMode`) name every account and slot the
+block may have changed; the values
 are then read from the execution client at the parent block and at the block itself
 (`eth_get*` with the blocks' hashes). This fills exactly what the tracer omits (zero slots
 absent from `pre`, unchanged fields absent from `post`, accounts created in the block), and
@@ -186,6 +187,50 @@ def touched_from_traces(traces: Iterable[Any], extra: Iterable[str] = ()) -> Tou
     for addr in extra:
         touched.add_account(addr)
     return touched
+
+
+def _parity_change(kind: str, delta: Any) -> tuple[str, str] | None:
+    """(before, after) of one Parity stateDiff entry, canonically encoded; None for "="."""
+    if delta == "=":
+        return None
+    if isinstance(delta, dict) and len(delta) == 1:
+        (op, value), zero = next(iter(delta.items())), zero_of(kind)
+        if op == "*" and isinstance(value, dict):
+            return encode_value(kind, value["from"]), encode_value(kind, value["to"])
+        if op == "+":
+            return zero, encode_value(kind, value)
+        if op == "-":
+            return encode_value(kind, value), zero
+    raise BlockDataError(f"unexpected stateDiff entry for {kind}: {delta!r:.200}")
+
+
+def state_diff_from_parity(items: Iterable[Any]) -> dict[str, Any]:
+    """The block's StateDiff from its transactions' Parity `stateDiff` replays
+    (`trace_replayBlockTransactions(block, ["stateDiff"])`): each field's value before the
+    first transaction that changed it and after the last one. These replays state every
+    changed value explicitly ("=" marks the unchanged), so nothing has to be read back."""
+    first: dict[tuple[str, str, str | None], str] = {}
+    last: dict[tuple[str, str, str | None], str] = {}
+    for item in items:
+        diff = item.get("stateDiff") if isinstance(item, dict) else None
+        if not isinstance(diff, dict):
+            raise BlockDataError(f"transaction replay has no stateDiff: {item!r:.200}")
+        for raw_addr, acct in diff.items():
+            addr = address(raw_addr)
+            if not isinstance(acct, dict):
+                raise BlockDataError(f"stateDiff of {addr} is not an object")
+            changes = [((kind, addr, None), acct.get(kind, "=")) for kind in ACCOUNT_FIELDS]
+            changes += [
+                (("storage", addr, word(slot)), delta)
+                for slot, delta in (acct.get("storage") or {}).items()
+            ]
+            for key, delta in changes:
+                change = _parity_change(key[0], delta)
+                if change is not None:
+                    first.setdefault(key, change[0])
+                    last[key] = change[1]
+    reads = sorted(first, key=lambda k: (k[1], k[0] == "storage", k[0], k[2] or ""))
+    return make_state_diff(reads, [first[k] for k in reads], [last[k] for k in reads])
 
 
 def read_calls(reads: list[tuple[str, str, str | None]], block_hash: str) -> list[tuple[str, list]]:

@@ -37,6 +37,7 @@ class FollowStats:
     last_error: str | None = None
     fatal: bool = False
     last_build_seconds: float = 0.0
+    tracer: str | None = None  # the tracer last used: "parity" or "prestate"
 
 
 class ChainFollower:
@@ -56,6 +57,7 @@ class ChainFollower:
         self.stats = FollowStats()
         self.chain_id: int | None = None
         self.head_changed = asyncio.Event()
+        self._parity: bool | None = None  # does the client serve trace_replayBlockTransactions?
 
     async def run(self) -> None:
         """Poll until cancelled. Transient errors back off; fatal ones stop following."""
@@ -204,22 +206,54 @@ class ChainFollower:
             await self._rewind(number - 1)
             return False
         txs = block.get("transactions") or []
-        traces: list[Any] = []
-        receipts: list[Any] = []
-        if txs:
-            self.stats.traces += 1
-            traces = await self.client.call("debug_traceBlockByHash", [block_hash, PRESTATE_DIFF])
-            receipts = await self._receipts(block_hash, txs)
         withdrawals = [w["address"] for w in block.get("withdrawals") or []]
-        touched = bd.touched_from_traces(traces, extra=withdrawals)
-        reads = touched.reads()
-        before = await self._read(reads, parent, number - 1)
-        after = await self._read(reads, block_hash, number)
-        output = bd.assemble(block, receipts, bd.make_state_diff(reads, before, after))
+        receipts = await self._receipts(block_hash, txs) if txs else []
+        state_diff = await self._parity_diff(number, txs) if txs and not withdrawals else None
+        if state_diff is None:
+            touched = await self._prestate_touched(block_hash) if txs else bd.Touched()
+            for withdrawal in withdrawals:
+                touched.add_account(withdrawal)
+            reads = touched.reads()
+            before = await self._read(reads, parent, number - 1)
+            after = await self._read(reads, block_hash, number)
+            state_diff = bd.make_state_diff(reads, before, after)
+        output = bd.assemble(block, receipts, state_diff)
         await self._store(output)
         self.stats.blocks_built += 1
         self.stats.last_build_seconds = time.monotonic() - started
         return True
+
+    async def _parity_diff(self, number: int, txs: list[Any]) -> dict[str, Any] | None:
+        """The StateDiff from Parity `trace_replayBlockTransactions` stateDiff replays, or
+        None when the client lacks them (or the prestate tracer is configured). On anvil
+        this is the fast path: ~0.4 s for 300 transactions, where the prestateTracer takes
+        ~20 s and reading the values back ~2 ms per value."""
+        if self.settings.tracer == "prestate" or self._parity is False:
+            return None
+        self.stats.traces += 1
+        try:
+            items = await self.client.call(
+                "trace_replayBlockTransactions", [hex(number), ["stateDiff"]]
+            )
+        except JsonRpcError as exc:
+            if exc.code != METHOD_NOT_FOUND or self.settings.tracer == "parity":
+                raise
+            self._parity = False
+            log.info("write node: no trace_replayBlockTransactions, using the prestateTracer")
+            return None
+        # Traced by number: make sure it is this block, not one that replaced it meanwhile.
+        if [item.get("transactionHash") for item in items or []] != [tx["hash"] for tx in txs]:
+            raise bd.BlockDataError(f"block {number} changed while it was traced")
+        self._parity, self.stats.tracer = True, "parity"
+        return bd.state_diff_from_parity(items)
+
+    async def _prestate_touched(self, block_hash: str) -> bd.Touched:
+        """Accounts and slots named by the prestateTracer in diffMode; its values have
+        omissions, so the caller reads them back at the parent and at the block."""
+        self.stats.traces += 1
+        traces = await self.client.call("debug_traceBlockByHash", [block_hash, PRESTATE_DIFF])
+        self.stats.tracer = "prestate"
+        return bd.touched_from_traces(traces)
 
     async def _receipts(self, block_hash: str, txs: list[Any]) -> list[Any]:
         try:

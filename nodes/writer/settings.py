@@ -18,6 +18,8 @@ DEFAULT_READ_BATCH = 500  # state reads per batch request to the execution clien
 DEFAULT_MAX_BACKOFF = 5.0  # seconds, longest wait after repeated execution client errors
 DEFAULT_MAX_REORG_DEPTH = 1024  # deeper forks stop the node: its store is another chain
 DEFAULT_GENESIS = REPO_CONFIGS / "genesis.json"
+DEFAULT_TRACER = "auto"  # Parity stateDiff replays when the client has them, else prestateTracer
+TRACERS = ("auto", "parity", "prestate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,7 @@ class WriterSettings:
     read_batch: int = DEFAULT_READ_BATCH
     max_backoff: float = DEFAULT_MAX_BACKOFF
     max_reorg_depth: int = DEFAULT_MAX_REORG_DEPTH
+    tracer: str = DEFAULT_TRACER
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> WriterSettings:
@@ -58,7 +61,10 @@ class WriterSettings:
             read_batch=_number(section, "read_batch", DEFAULT_READ_BATCH, int),
             max_backoff=_number(section, "max_backoff", DEFAULT_MAX_BACKOFF, float),
             max_reorg_depth=_number(section, "max_reorg_depth", DEFAULT_MAX_REORG_DEPTH, int),
+            tracer=section.get("tracer", DEFAULT_TRACER),
         )
+        if settings.tracer not in TRACERS:
+            raise ConfigError(f"[writer] tracer must be one of {', '.join(TRACERS)}")
         if not settings.genesis.is_file():
             raise ConfigError(f"[writer] genesis file not found: {settings.genesis}")
         return settings

@@ -44,6 +44,7 @@ def test_store_refuses_a_block_that_does_not_extend_the_head(tmp_path: Path) -> 
         {"execution_url": "http://x", "poll_interval": -1},
         {"execution_url": "http://x", "read_batch": 1.5},
         {"execution_url": "http://x", "genesis": "/nonexistent/genesis.json"},
+        {"execution_url": "http://x", "tracer": "callTracer"},
     ],
 )
 def test_bad_settings_are_config_errors(section: dict[str, Any], tmp_path: Path) -> None:
@@ -167,3 +168,51 @@ def test_cli_without_execution_url_is_a_usage_error(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "chainstate.cli", "write-node", "--data-dir", str(tmp_path)]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--execution-url" in out.stderr
+
+
+def test_parity_state_diffs_merge_into_one_block_diff() -> None:
+    a, b, c = "0x" + "aa" * 20, "0x" + "bb" * 20, "0x" + "cc" * 20
+    s1, s2 = bd.word(1), bd.word(2)
+    items = [
+        {  # tx 1: a pays b, a's slot 1 set, c created with code and a slot
+            "stateDiff": {
+                a: {
+                    "balance": {"*": {"from": "0x10", "to": "0x8"}},
+                    "nonce": {"*": {"from": "0x0", "to": "0x1"}},
+                    "code": "=",
+                    "storage": {s1: {"*": {"from": bd.word(0), "to": bd.word(9)}}},
+                },
+                b: {"balance": {"*": {"from": "0x0", "to": "0x8"}}, "code": "=", "nonce": "="},
+                c: {
+                    "balance": {"+": "0x0"},
+                    "nonce": {"+": "0x1"},
+                    "code": {"+": "0x6000"},
+                    "storage": {s2: {"+": bd.word(5)}},
+                },
+            }
+        },
+        {  # tx 2: a's slot 1 restored, b removed
+            "stateDiff": {
+                a: {
+                    "balance": "=",
+                    "nonce": {"*": {"from": "0x1", "to": "0x2"}},
+                    "code": "=",
+                    "storage": {s1: {"*": {"from": bd.word(9), "to": bd.word(0)}}},
+                },
+                b: {"balance": {"-": "0x8"}, "nonce": "=", "code": "="},
+            }
+        },
+    ]
+    diff = bd.state_diff_from_parity(items)
+    assert diff["pre"] == {
+        a: {"balance": "0x10", "nonce": "0x0"},
+        c: {"nonce": "0x0", "code": "0x", "storage": {s2: bd.word(0)}},
+    }
+    assert diff["post"] == {
+        a: {"balance": "0x8", "nonce": "0x2"},
+        c: {"nonce": "0x1", "code": "0x6000", "storage": {s2: bd.word(5)}},
+    }
+    with pytest.raises(bd.BlockDataError):
+        bd.state_diff_from_parity([{"stateDiff": {a: {"balance": {"~": "0x1"}}}}])
+    with pytest.raises(bd.BlockDataError):
+        bd.state_diff_from_parity([{"output": "0x"}])
