@@ -8,6 +8,9 @@ outage test runs last because it kills the module's etcd.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -187,7 +190,9 @@ async def test_separate_admin_listener(etcd, start_proxy, http) -> None:
 # -- version mode --------------------------------------------------------------------------------
 
 
-async def test_version_flip_under_load_moves_traffic_without_failures(proxies, http, nodes) -> None:
+async def test_version_flip_under_load_moves_traffic_without_failures(
+    proxies, etcd, http, nodes
+) -> None:
     a, b = proxies
     blue, green = await nodes("blue-1002"), await nodes("green-1002")
     assert (await admin(http, a.url, "/1002-blue/addNode", blue.entry()))[0] == 201
@@ -227,6 +232,22 @@ async def test_version_flip_under_load_moves_traffic_without_failures(proxies, h
         assert flip > 0 and set(answers[:flip]) == {"blue-1002"}
         assert set(answers[flip:]) == {"green-1002"}
         assert len(answers[flip:]) >= 5
+
+    # An operator's raw `etcdctl put` flips the fleets the same way (docs/etcd.md).
+    etcdctl = shutil.which("etcdctl")
+    if etcdctl:
+        put = await asyncio.create_subprocess_exec(
+            *(etcdctl, f"--endpoints={etcd.endpoint}", "put", f"{PREFIX}1002/version", "blue"),
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, "ETCDCTL_API": "3"},
+        )
+        assert await put.wait() == 0
+        for base in (a.url, b.url):
+            await eventually(lambda base=base: routes_to(http, base, "1002", "blue-1002"), 1.0)
+
+
+async def routes_to(http: aiohttp.ClientSession, base: str, chain: str, key: str) -> bool:
+    return (await balance(http, base, chain))["result"]["node"] == key
 
 
 # -- tracing -------------------------------------------------------------------------------------
