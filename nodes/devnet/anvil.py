@@ -220,7 +220,10 @@ class AnvilProcess:
         """True once our process answers eth_chainId with the expected chain id."""
         assert self._proc is not None
         if self._proc.poll() is not None:
-            raise DevnetError(f"anvil exited at start: {self.output_tail()}")
+            hint = ""
+            if self.state_path is not None and self.state_path.exists():
+                hint = f" (if its state file {self.state_path} is damaged, remove it)"
+            raise DevnetError(f"anvil exited at start{hint}: {self.output_tail()}")
         # Another process may own the port: trust an answer only once ours has bound it.
         if "Listening on" not in self.output_tail(limit=1 << 20):
             return False

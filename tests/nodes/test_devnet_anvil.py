@@ -166,3 +166,12 @@ def test_installed_package_of_the_pinned_version_is_reused(tmp_path: Path, monke
     (package / "package.json").write_text(json.dumps({"version": "4.9.5"}))
     with pytest.raises(DevnetError, match="npm is needed"):
         ensure_openzeppelin(tmp_path)
+
+
+async def test_damaged_state_file_is_a_clear_error(tmp_path: Path) -> None:
+    state = tmp_path / "anvil-state.json"
+    state.write_text("{not json")
+    proc = AnvilProcess(port=free_port(), genesis=GENESIS, state_path=state)
+    with pytest.raises(DevnetError, match="remove it"):
+        await proc.start()
+    assert proc.pid is None
