@@ -45,6 +45,7 @@ PANIC_RUNTIME = "634e487b71" + "6000" + "52" + "6011" + "6020" + "52" + "6024" +
 # BIGRET: returns 2 MiB of zeros (exceeds the return size limit)
 BIGRET_RUNTIME = "62200000" + "6000" + "f3"
 # COUNTER: SSTORE(0, SLOAD(0)+1), LOG1(topic=new value), return new value
+BALANCE_RUNTIME = "600035" + "31" + "600052" + "60206000f3"  # returns BALANCE(calldata word)
 COUNTER_RUNTIME = (
     "600054"
     + "6001"
@@ -154,6 +155,7 @@ class Chain:
     bigret: str
     counter: str
     forwarder: str
+    balances: str
     erc20_block: int  # first block where the ERC20 exists
     head: int
 
@@ -193,6 +195,7 @@ def chain(anvil_url: str) -> Chain:  # noqa: F811
             ("panic", PANIC_RUNTIME),
             ("bigret", BIGRET_RUNTIME),
             ("counter", COUNTER_RUNTIME),
+            ("balances", BALANCE_RUNTIME),
         ]
     }
     contracts["forwarder"] = deploy(anvil_url, forwarder_runtime(record.erc20))

@@ -145,6 +145,27 @@ async def test_simulate_equals_executing_on_anvil(evm: Client, chain: Chain) -> 
     assert int(ours[4]["returnData"], 16) == int(ours[3]["returnData"], 16) + 1
 
 
+async def test_simulate_charges_fees_with_a_gas_price(evm: Client, chain: Chain) -> None:
+    """With a gas price, later transactions see the sender's balance after value and fees,
+    as on anvil; without one nothing is charged (eth_call semantics)."""
+    price = 3 * 10**9
+    pay = {"from": A2, "to": A1, "value": hex(10**18), "gasPrice": hex(price)}
+    read = {"from": A0, "to": chain.balances, "data": "0x" + A2[2:].rjust(64, "0")}
+    ours = await evm.call("simulateTransactions", [[pay, read]])
+    assert [r["status"] for r in ours] == ["0x1", "0x1"]
+    snapshot = rpc(chain.url, "evm_snapshot", [])
+    try:
+        receipt = send(chain.url, {**pay, "gas": "0x5208"})
+        after = rpc(chain.url, "eth_getBalance", [A2, "latest"])
+    finally:
+        rpc(chain.url, "evm_revert", [snapshot])
+    assert ours[0]["gasUsed"] == receipt["gasUsed"]
+    assert int(ours[1]["returnData"], 16) == int(after, 16)
+    before = int(rpc(chain.url, "eth_getBalance", [A2, "latest"]), 16)
+    free = await evm.call("simulateTransactions", [[{**pay, "gasPrice": None}, read]])
+    assert int(free[1]["returnData"], 16) == before - 10**18
+
+
 async def test_simulate_nonce_check(evm: Client, chain: Chain) -> None:
     nonce = int(rpc(chain.url, "eth_getTransactionCount", [A2, "latest"]), 16)
     txs = [

@@ -253,18 +253,37 @@ class EvmMethods:
                 result = (await self.executor.run({**one, "collect_writes": True}))["results"][0]
                 if result["ok"]:
                     overlay.merge_writes(result["writes"])
-                self._bump_nonce(overlay, sender, nonce, job["height"])
+                if result["ok"] or result.get("gas_used"):  # included: a revert is too
+                    self._settle(overlay, call, nonce, result.get("gas_used", 0), job)
                 out.append(self._sim_result(result))
         return out
 
-    def _bump_nonce(self, overlay: Overlay, sender: str, nonce: int, height: int) -> None:
-        """A transaction uses its sender's nonce, whether it succeeds or reverts."""
-        account = overlay.accounts.setdefault(sender, {})
+    def _account(self, overlay: Overlay, address: str, height: int) -> dict[str, Any]:
+        account = overlay.accounts.setdefault(address, {})
         if "balance" not in account:
-            account["balance"] = self.reader.balance(sender, height)
+            account["balance"] = self.reader.balance(address, height)
+        if "nonce" not in account:
+            account["nonce"] = self.reader.nonce(address, height)
         if "code" not in account:
-            account["code"] = self.reader.code(sender, height)
-        account["nonce"] = nonce + 1
+            account["code"] = self.reader.code(address, height)
+        return account
+
+    def _settle(
+        self, overlay: Overlay, call: dict[str, Any], nonce: int, gas_used: int, job: dict
+    ) -> None:
+        """What a block does after an included transaction: the sender's nonce advances and,
+        with a gas price, the sender pays gas used × price and the coinbase gets the part
+        above the base fee (the base fee is burnt). Without a gas price nothing is charged,
+        as in eth_call."""
+        height, price = job["height"], call["gas_price"] or 0
+        sender = self._account(overlay, call["from"], height)
+        sender["nonce"] = nonce + 1
+        if price:
+            sender["balance"] -= gas_used * price
+            tip = max(0, price - job["block"]["basefee"]) * gas_used
+            if tip:
+                coinbase = self._account(overlay, job["block"]["coinbase"], height)
+                coinbase["balance"] += tip
 
     @staticmethod
     def _sim_result(r: dict[str, Any]) -> dict[str, Any]:
