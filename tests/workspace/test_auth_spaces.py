@@ -140,6 +140,18 @@ def test_space_validation(ws: Workspace) -> None:
     assert status == 400 and env["code"] == 40001
     status, env = a.get("/v1/nope")
     assert status == 404 and env["code"] == 40400
+    status, env = a.get("/v1/space/create")
+    assert status == 405 and env["code"] == 40500
+    r = a.session.post(
+        a.base + "/v1/space/create",
+        data="id=x",
+        headers={**a.headers, "Content-Type": "application/x-www-form-urlencoded"},
+        timeout=10,
+    )
+    assert r.status_code == 415 and r.json()["code"] == 41500
+    big = b'{"id": "' + b"x" * (8 * 1024 * 1024) + b'"}'
+    status, env = a.post("/v1/space/create", raw=big)
+    assert status == 413 and env["code"] == 41300
 
 
 def test_visibility(ws: Workspace) -> None:

@@ -96,6 +96,7 @@ def test_allowed_shapes(ws: Workspace, qt: Table) -> None:
     assert [r["id"] for r in d["rows"]] == ["r00002"]
     d = ok(ws, t, f"SELECT * FROM {t.id} WHERE s LIKE 'v6%' AND NOT (n > 20) ORDER BY n")
     assert [r["n"] for r in d["rows"]] == ["6", "13", "20"]
+    assert ok(ws, t, f"SELECT * FROM {t.id} WHERE s LIKE 'V6%'")["rows"] == []  # case-sensitive
     d = ok(ws, t, f"SELECT * FROM {t.id} WHERE s IS NOT NULL ORDER BY n LIMIT 2 OFFSET 5")
     assert [r["n"] for r in d["rows"]] == ["5", "6"]
     d = ok(

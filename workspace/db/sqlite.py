@@ -35,6 +35,7 @@ def _connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
         raw = sqlite3.connect(
             f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
         )
+        raw.execute("PRAGMA case_sensitive_like = ON")  # LIKE as on PostgreSQL
     else:
         raw = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         raw.execute("PRAGMA journal_mode=WAL")
