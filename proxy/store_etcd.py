@@ -185,6 +185,7 @@ class EtcdStore:
         self._client: aetcd.Client | None = None
         self._probe_task: asyncio.Task[None] | None = None
         self._available = False
+        self._ever_available = False  # the first success is not a recovery worth a warning
         self._last_error = "not started"
         self._listeners: list[Callable[[bool], None]] = []
 
@@ -224,7 +225,10 @@ class EtcdStore:
         if ok == self._available:
             return
         self._available = ok
-        if ok:
+        if ok and not self._ever_available:
+            self._ever_available = True
+            log.info("etcd store connected", extra={"endpoint": self.endpoint})
+        elif ok:
             log.warning("etcd store reachable again", extra={"endpoint": self.endpoint})
         else:
             log.warning(

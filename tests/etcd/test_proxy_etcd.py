@@ -149,6 +149,7 @@ async def test_two_proxies_route_identically_after_add_node(proxies, http, nodes
     status, _ = await admin(http, b.url, "/1001/deleteNode/a-1001", {})
     assert status == 200
     await eventually(lambda: lacks(http, a.url, "1001", "a-1001"), within=1.0)
+    assert "etcd store" not in a.stderr() + b.stderr()  # quiet while all is well
 
 
 async def has(http: aiohttp.ClientSession, base: str, pool: str, key: str) -> bool:
