@@ -4,6 +4,7 @@ rewind to the fork point when the chain the store holds is no longer canonical."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -85,6 +86,12 @@ class ChainFollower:
                 continue
             if not progressed:
                 await asyncio.sleep(self.settings.poll_interval)
+
+    async def prime(self) -> None:
+        """One first poll. Any error is left for `run`, which meets it again on its first
+        poll and retries or reports it."""
+        with contextlib.suppress(Exception):
+            await self.sync_once()
 
     def _note_error(self, exc: Exception, logged: bool = False) -> None:
         """Count an error; log it once while it repeats."""

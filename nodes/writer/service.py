@@ -95,6 +95,11 @@ class WriterNode:
         self.store = await asyncio.to_thread(BlockStore, self.data_dir / STORE_FILE)
         self.client = EthClient(self.settings.execution_url, timeout=self.settings.request_timeout)
         self.follower = ChainFollower(self.client, self.store, self.settings, alloc)
+        if self.store.head() is None:
+            # Emit block 0 before returning when the client answers at once, so nodes
+            # started next in the same process find a chain to ingest.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.follower.prime(), self.settings.request_timeout)
         self._task = asyncio.create_task(self.follower.run(), name=f"follow {self.settings.key}")
         self._up.set(1)
         if self.registry is not None:

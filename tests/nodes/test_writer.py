@@ -428,6 +428,7 @@ async def test_restart_resumes_without_retracing(anvil_url: str, tmp_path: Path)
     second = make_writer(anvil_url, tmp_path)
     await second.start()
     try:
+        assert second.head is not None and second.head >= head  # nothing to wait for
         await second.wait_for_head(head)
         await asyncio.sleep(0.1)  # a few polls: nothing to rebuild
         assert second.follower is not None
@@ -436,6 +437,20 @@ async def test_restart_resumes_without_retracing(anvil_url: str, tmp_path: Path)
         assert [second.block_output(hex(n)) for n in range(head + 1)] == outputs
     finally:
         await second.close()
+
+
+async def test_start_returns_with_block_0_emitted(anvil_url: str, tmp_path: Path) -> None:
+    """In-process nodes started right after the writer find a chain to ingest."""
+    node = make_writer(anvil_url, tmp_path, poll_interval=60)
+    await node.start()
+    try:
+        assert node.head == 0
+        out = await RpcClient("inproc://writer-t", registry=node.registry).call(
+            "trace_vendorBlock", ["latest"]
+        )
+        assert out["Header"]["number"] == "0x0"
+    finally:
+        await node.close()
 
 
 async def test_genesis_file_mismatch_stops_with_a_clear_error(
@@ -459,7 +474,8 @@ async def test_genesis_file_mismatch_stops_with_a_clear_error(
 
 async def test_unreachable_execution_client_is_retried(tmp_path: Path) -> None:
     node = make_writer(f"http://127.0.0.1:{free_port()}", tmp_path, max_backoff=0.05)
-    await node.start()
+    async with asyncio.timeout(2):  # start does not wait for an unreachable client
+        await node.start()
     try:
         await asyncio.sleep(0.2)
         health = node.health()
