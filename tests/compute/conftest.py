@@ -16,7 +16,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from tests.conftest import free_port
-from tests.workspace.conftest import upstream  # noqa: F401 - the fake chain-state upstream
+from tests.workspace.conftest import backend, upstream  # noqa: F401 - shared fixtures
 from workspace import auth
 from workspace.app import create_app, migrate_all
 from workspace.compute.instances import InstanceSettings
@@ -126,11 +126,13 @@ TEST_COMPUTE = dict(
 
 
 @asynccontextmanager
-async def running_stack(data_dir: Path, proxy_url: str) -> AsyncIterator[Stack]:
+async def running_stack(
+    data_dir: Path, proxy_url: str, database: str = "sqlite"
+) -> AsyncIterator[Stack]:
     port = free_port()
     settings = WorkspaceSettings.from_config(
         {"data_dir": str(data_dir), "workspace": {"port": port}}
-    ).with_overrides(proxy_url=proxy_url)
+    ).with_overrides(proxy_url=proxy_url, database=database)
     db = open_database(settings)
     migrate_all(db)
 
@@ -174,6 +176,8 @@ async def running_stack(data_dir: Path, proxy_url: str) -> AsyncIterator[Stack]:
 async def stack(
     tmp_path_factory: pytest.TempPathFactory,
     upstream: str,  # noqa: F811
+    backend: str,  # noqa: F811
 ) -> AsyncIterator[Stack]:
-    async with running_stack(tmp_path_factory.mktemp("ws"), upstream) as s:
+    """The app on each backend: SQLite, and a fresh PostgreSQL schema (CHAINSTATE_TEST_PG)."""
+    async with running_stack(tmp_path_factory.mktemp("ws"), upstream, backend) as s:
         yield s

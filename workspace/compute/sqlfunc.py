@@ -12,6 +12,8 @@ PostgreSQL in a READ ONLY transaction with `statement_timeout` (Database.read_on
 from __future__ import annotations
 
 import asyncio
+import datetime
+import decimal
 import sqlite3
 import time
 from collections.abc import Callable
@@ -225,8 +227,20 @@ def _decode(
     names: list[str], row: tuple[Any, ...], dec: dict[str, Callable[[Any], Any]]
 ) -> dict[str, Any]:
     return {
-        n: (dec[n](v) if n in dec and v is not None else v) for n, v in zip(names, row, strict=True)
+        n: (dec[n](v) if n in dec and v is not None else _json_safe(v))
+        for n, v in zip(names, row, strict=True)
     }
+
+
+def _json_safe(v: Any) -> Any:
+    """Database values that JSON has no type for (PostgreSQL numeric, dates, bytes)."""
+    if isinstance(v, decimal.Decimal):
+        return int(v) if v == v.to_integral_value() else str(v)
+    if isinstance(v, datetime.date | datetime.time):
+        return v.isoformat()
+    if isinstance(v, bytes | bytearray | memoryview):
+        return "0x" + bytes(v).hex()
+    return v
 
 
 def _fetch(conn: Conn, sql: str, args: list[Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
