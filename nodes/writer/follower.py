@@ -30,7 +30,7 @@ class FatalFollowError(RuntimeError):
 @dataclass
 class FollowStats:
     blocks_built: int = 0
-    traces: int = 0  # debug_trace* calls made to the execution client
+    traces: int = 0  # trace requests made (Parity replays or prestateTracer block traces)
     reorgs: int = 0
     rewound_blocks: int = 0
     errors: int = 0
