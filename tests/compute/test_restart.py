@@ -1,0 +1,79 @@
+"""A real `chainstate workspace` process killed (or stopped) while instances run: the
+instances' processes die with it, and after the restart they are ended as failed with a clear
+exit_message; new instances run normally."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.workspace.conftest import Workspace, make_workspace
+
+CODE = "import os, time\nprint('pid', os.getpid(), flush=True)\nwhile True:\n    time.sleep(0.1)\n"
+
+
+@pytest.fixture
+def server(tmp_path: Path, upstream: str) -> Iterator[Workspace]:
+    ws = make_workspace("sqlite", tmp_path, upstream)
+    try:
+        yield ws
+    finally:
+        ws.stop()
+        ws.db.close_sync()
+
+
+def start_instance(ws: Workspace, nb_id: str) -> tuple[str, int]:
+    inst = ws.alice.ok("POST", "/v1/notebook/instance/create", {"notebook_id": nb_id})
+    for _ in range(100):
+        logs = ws.alice.ok("GET", "/v1/notebook/instance/logs/history", id=inst["id"])["logs"]
+        pids = [r["message"].split()[1] for r in logs if r["message"].startswith("pid ")]
+        if pids:
+            return inst["id"], int(pids[0])
+        time.sleep(0.05)
+    raise AssertionError("the instance printed no pid")
+
+
+def gone(pid: int, seconds: float = 5) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_kill_and_stop_while_instances_run(server: Workspace) -> None:
+    ws = server
+    ws.alice.ok("POST", "/v1/space/create", {"id": "restart"})
+    nb = ws.alice.ok(
+        "POST", "/v1/notebook/create", {"space": "restart", "name": "forever", "code": CODE}
+    )
+    killed_id, killed_pid = start_instance(ws, nb["id"])
+    ws.proc.kill()  # kill -9: no clean-up code runs in the server
+    ws.proc.wait()
+    assert gone(killed_pid), "the instance outlived its server"
+    ws.start()
+    doc = ws.alice.ok("GET", "/v1/notebook/instance", id=killed_id)
+    assert (doc["status"], doc["display_status"]) == ("ended", "failed")
+    assert "server restarted" in doc["exit_message"]
+    logs = ws.alice.ok("GET", "/v1/notebook/instance/logs/history", id=killed_id)["logs"]
+    assert any("server restarted" in r["message"] for r in logs)
+
+    stopped_id, stopped_pid = start_instance(ws, nb["id"])
+    ws.stop()  # SIGTERM: a clean shutdown ends running instances itself
+    assert gone(stopped_pid)
+    ws.start()
+    doc = ws.alice.ok("GET", "/v1/notebook/instance", id=stopped_id)
+    assert doc["display_status"] == "failed"
+    assert doc["exit_message"] == "server shut down while the instance was running"
+
+    fresh, _ = start_instance(ws, nb["id"])  # the restarted server runs instances normally
+    ws.alice.ok("POST", "/v1/notebook/instance/cancel", {"id": fresh})
+    assert ws.alice.ok("GET", "/v1/notebook/instance", id=fresh)["display_status"] == "canceled"
