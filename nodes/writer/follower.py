@@ -249,7 +249,8 @@ class ChainFollower:
             log.info("write node: no trace_replayBlockTransactions, using the prestateTracer")
             return None
         # Traced by number: make sure it is this block, not one that replaced it meanwhile.
-        if [item.get("transactionHash") for item in items or []] != [tx["hash"] for tx in txs]:
+        traced = [str(item.get("transactionHash")).lower() for item in items or []]
+        if traced != [str(tx["hash"]).lower() for tx in txs]:
             raise bd.BlockDataError(f"block {number} changed while it was traced")
         self._parity, self.stats.tracer = True, "parity"
         return bd.state_diff_from_parity(items)
