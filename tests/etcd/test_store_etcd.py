@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -247,6 +248,40 @@ async def test_etcd_killed_and_restarted_mid_watch_loses_nothing(etcd: EtcdServe
     finally:
         await watcher.close()
         await writer.close()
+
+
+async def test_a_hung_etcd_times_out_and_recovers(etcd: EtcdServer) -> None:
+    """etcd frozen (SIGSTOP): calls fail after `timeout` instead of hanging, `available`
+    drops, and after SIGCONT the same watch goes on delivering."""
+    s = EtcdStore(etcd.endpoint, unique_prefix(), timeout=0.5, probe_interval=0.2)
+    await s.start()
+    try:
+        _, rev = await s.snapshot()
+        events = Collector(s.watch("", rev + 1))
+        r1 = await s.put("a", b"1")
+        await events.wait_for(1)
+        assert etcd.proc is not None
+        etcd.proc.send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                await s.put("b", b"2")
+            assert time.monotonic() - t0 < 2.0
+            await wait_until(lambda: not s.available, within=3)
+        finally:
+            etcd.proc.send_signal(signal.SIGCONT)
+        await wait_until(lambda: s.available, within=5)
+        r3 = await s.put("c", b"3")
+        got = await events.wait_for(2)
+        # "b" may or may not have been applied by etcd after its timeout; either way the
+        # watch reports exactly what etcd holds.
+        assert got[0] == StoreEvent("a", b"1", r1) and got[-1] == StoreEvent("c", b"3", r3)
+        assert {e.key for e in got} <= {"a", "b", "c"}
+        data, _ = await s.snapshot()
+        assert {k for k in data} == {e.key for e in got}
+        await events.stop()
+    finally:
+        await s.close()
 
 
 async def retry_put(store: EtcdStore, key: str, value: bytes, within: float = 10.0) -> int:
