@@ -45,6 +45,7 @@ PANIC_RUNTIME = "634e487b71" + "6000" + "52" + "6011" + "6020" + "52" + "6024" +
 # BIGRET: returns 2 MiB of zeros (exceeds the return size limit)
 BIGRET_RUNTIME = "62200000" + "6000" + "f3"
 # COUNTER: SSTORE(0, SLOAD(0)+1), LOG1(topic=new value), return new value
+CODESIZE_RUNTIME = "600035" + "3b" + "600052" + "60206000f3"  # EXTCODESIZE(calldata word)
 BALANCE_RUNTIME = "600035" + "31" + "600052" + "60206000f3"  # returns BALANCE(calldata word)
 COUNTER_RUNTIME = (
     "600054"
@@ -156,6 +157,7 @@ class Chain:
     counter: str
     forwarder: str
     balances: str
+    codesize: str
     erc20_block: int  # first block where the ERC20 exists
     head: int
 
@@ -196,6 +198,7 @@ def chain(anvil_url: str) -> Chain:  # noqa: F811
             ("bigret", BIGRET_RUNTIME),
             ("counter", COUNTER_RUNTIME),
             ("balances", BALANCE_RUNTIME),
+            ("codesize", CODESIZE_RUNTIME),
         ]
     }
     contracts["forwarder"] = deploy(anvil_url, forwarder_runtime(record.erc20))

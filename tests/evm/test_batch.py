@@ -216,6 +216,47 @@ async def test_estimate_gas_with_a_gas_price_is_capped_by_the_balance(
     assert exc.value.code == -39002
 
 
+async def test_estimate_gas_of_a_deployment_equals_anvil(evm: Client, chain: Chain) -> None:
+    import json
+
+    from nodes.devnet.anvil import ensure_openzeppelin
+    from nodes.devnet.workload import abi_encode_erc20_constructor
+
+    artifact = json.loads((ensure_openzeppelin() / "ERC20PresetFixedSupply.json").read_text())
+    args = abi_encode_erc20_constructor("Gold", "GLD", 10**24, A1)
+    req = {"from": A0, "data": artifact["bytecode"] + args.hex()}
+    assert await evm.call("estimateGas", [req]) == rpc(
+        chain.url, "eth_estimateGas", [req, "latest"]
+    )
+
+
+async def test_simulate_deploy_then_use(evm: Client, chain: Chain) -> None:
+    from nodes.devnet.workload import create_address
+    from tests.evm.conftest import COUNTER_RUNTIME, init_code
+
+    nonce = int(rpc(chain.url, "eth_getTransactionCount", [A2, "latest"]), 16)
+    created = create_address(A2, nonce)
+    txs = [
+        {"from": A2, "data": init_code(COUNTER_RUNTIME)},
+        {"from": A1, "to": created},
+        {"from": A1, "to": created},
+    ]
+    ours = await evm.call("simulateTransactions", [txs])
+    snapshot = rpc(chain.url, "evm_snapshot", [])
+    try:
+        receipts = [send(chain.url, {**tx, "gas": "0x100000"}) for tx in txs]
+    finally:
+        rpc(chain.url, "evm_revert", [snapshot])
+    assert receipts[0]["contractAddress"] == created
+    assert [r["status"] for r in ours] == [r["status"] for r in receipts] == ["0x1"] * 3
+    assert [r["gasUsed"] for r in ours] == [r["gasUsed"] for r in receipts]
+    assert [int(r["returnData"], 16) for r in ours[1:]] == [1, 2]
+    # the deployed code is served to later transactions exactly (no analysis padding)
+    size_of = {"from": A1, "to": chain.codesize, "data": "0x" + created[2:].rjust(64, "0")}
+    sized = await evm.call("simulateTransactions", [[txs[0], size_of]])
+    assert int(sized[1]["returnData"], 16) == len(COUNTER_RUNTIME) // 2
+
+
 async def test_estimate_gas_errors(evm: Client, chain: Chain) -> None:
     with pytest.raises(JsonRpcError) as exc:
         req = {"from": A1, "to": chain.erc20, "data": transfer(A0, 10**30)}

@@ -40,6 +40,19 @@ async def test_nested_call_equals_anvil(evm: Client, chain: Chain) -> None:
             )
 
 
+async def test_contract_creation_equals_anvil(evm: Client, chain: Chain) -> None:
+    """A call without `to` runs the init code and answers the deployed code (geth's rule)."""
+    from tests.evm.conftest import COUNTER_RUNTIME, init_code
+
+    req = {"from": A0, "data": init_code(COUNTER_RUNTIME)}
+    ours = await evm.call("eth_call", [req, "latest"])
+    assert ours == rpc(chain.url, "eth_call", [req, "latest"]) == "0x" + COUNTER_RUNTIME
+    reverting = {"from": A0, "data": "0x60006000fd"}
+    with pytest.raises(JsonRpcError) as exc:
+        await evm.call("eth_call", [reverting, "latest"])
+    assert exc.value.code == -39000
+
+
 async def test_latest_and_by_hash(evm: Client, chain: Chain) -> None:
     req = {"to": chain.erc20, "data": balance_of(A2)}
     expected = rpc(chain.url, "eth_call", [req, "latest"])
@@ -168,7 +181,7 @@ async def test_block_overrides(evm: Client, chain: Chain) -> None:
     ("params", "code"),
     [
         ([{"to": "0x12"}, "latest"], -32602),
-        ([{"data": "0x"}, "latest"], -32602),
+        ([{"to": None, "data": "0xzz"}, "latest"], -32602),
         ([{"to": "0x" + "00" * 20, "data": "0xabc"}, "latest"], -32602),
         ([{"to": "0x" + "00" * 20, "value": "0x01"}, "latest"], -32602),
         ([{"to": "0x" + "00" * 20, "bogus": 1}, "latest"], -32602),

@@ -90,9 +90,7 @@ def parse_call(obj: Any, gas_limit: int, what: str = "request") -> dict[str, Any
     unknown = sorted(set(obj) - CALL_FIELDS)
     if unknown:
         raise invalid(f"invalid {what}: unknown fields {unknown}")
-    if obj.get("to") is None:
-        raise invalid(f"invalid {what}: `to` is required (contract creation is not supported)")
-    to = parse_address(obj["to"], f"{what}.to")
+    to = None if obj.get("to") is None else parse_address(obj["to"], f"{what}.to")
     sender = ZERO_ADDRESS if obj.get("from") is None else parse_address(obj["from"], f"{what}.from")
     data = b""
     if obj.get("input") is not None:

@@ -185,15 +185,40 @@ def writes_of(evm: EVM) -> dict[str, Any]:
     pyrevm 0.3.7 exposes journal accounts (`journal_state`) but storage only in the debug
     text of the journal (`journal_str`), whose shape is pinned with the pyrevm version.
     """
-    accounts = {
-        address.lower(): (info.balance, info.nonce, bytes(info.code or b""))
-        for address, info in evm.journal_state.items()
-    }
+    journal = evm.journal_str
+    lengths = code_lengths(journal)
+    accounts = {}
+    for address, info in evm.journal_state.items():
+        key = address.lower()
+        code = bytes(info.code or b"")
+        if key in lengths:
+            code = code[: lengths[key]]
+        accounts[key] = (info.balance, info.nonce, code)
     slots: dict[str, dict[int, int]] = {}
-    for m in _ACCOUNT_STORAGE.finditer(evm.journal_str):
+    for m in _ACCOUNT_STORAGE.finditer(journal):
         for slot, value in _SLOT.findall(m.group(2)):
             slots.setdefault("0x" + m.group(1), {})[int(slot)] = int(value)
     return {"accounts": accounts, "slots": slots}
+
+
+_ANALYSED = re.compile(
+    r"0x([0-9a-f]{40}): Account \{ info: AccountInfo \{ balance: \d+, nonce: \d+, "
+    r"code_hash: 0x[0-9a-f]{64}, code: Some\(Bytecode \{ bytecode: 0x[0-9a-f]*, "
+    r"state: Analysed \{ len: (\d+)"
+)
+
+
+def code_lengths(journal: str) -> dict[str, int]:
+    """Original code lengths of journal accounts whose code revm analysed (and padded with
+    zeros for jump analysis); read from the journal's debug text (pinned pyrevm version)."""
+    return {"0x" + a: int(n) for a, n in _ANALYSED.findall(journal)}
+
+
+def deployed_code(evm: EVM, address: str) -> bytes:
+    """The code a creation deployed, without revm's analysis padding."""
+    code = bytes(evm.get_code(address) or b"")
+    length = code_lengths(evm.journal_str).get(address.lower())
+    return code if length is None else code[:length]
 
 
 def _log(entry: Any) -> dict[str, Any]:
@@ -261,16 +286,22 @@ class Runner:
     # -- one call ---------------------------------------------------------------------
 
     def _call(self, evm: EVM, call: dict[str, Any]) -> dict[str, Any]:
-        """Run one message call; returns output, gas used and logs, or raises CallFailed."""
+        """Run one message call (or a creation when `to` is None); returns output, gas used
+        and logs, or raises CallFailed. A creation's output is the deployed code, as geth's
+        eth_call answers."""
         try:
-            output = evm.message_call(
-                call["from"],
-                call["to"],
-                call["data"],
-                call["value"],
-                call["gas"],
-                call["gas_price"],
-            )
+            if call["to"] is None:
+                address = evm.deploy(call["from"], call["data"], call["value"], call["gas"])
+                output = deployed_code(evm, address)
+            else:
+                output = evm.message_call(
+                    call["from"],
+                    call["to"],
+                    call["data"],
+                    call["value"],
+                    call["gas"],
+                    call["gas_price"],
+                )
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt | SystemExit | TraceTooLong):
                 raise
