@@ -18,7 +18,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from workspace.errors import TOO_LARGE, UPSTREAM, UPSTREAM_TIMEOUT, ApiError, invalid
+from workspace.errors import UPSTREAM, UPSTREAM_TIMEOUT, ApiError, invalid
 from workspace.http import AppCtx, Call, Endpoint, Forward
 
 CHAIN_RE = re.compile(r"0x[0-9a-fA-F]+|[0-9]+")
@@ -96,10 +96,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
         chain_id = request.match_info["chain_id"]
         if not CHAIN_RE.fullmatch(chain_id):
             raise invalid(f"chain_id must be a decimal or 0x-hex chain id; got {chain_id!r}")
-        limit = ctx.settings.max_body_bytes
-        body = await request.content.read(limit + 1)
-        if len(body) > limit:
-            raise ApiError(TOO_LARGE, f"request body larger than {limit} bytes")
+        body = await request.read()  # client_max_size bounds it (413)
         headers = {h: request.headers[h] for h in PASS_HEADERS if h in request.headers}
         headers.setdefault("content-type", "application/json")
         status, answer = await call_forward(ctx, chain_id, body, headers)

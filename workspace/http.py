@@ -46,6 +46,8 @@ class AppCtx:
     http: ClientSession | None = None
     # Tables with a `space` column counted in a Space's `content_count` (modules append).
     content_tables: list[str] = field(default_factory=lambda: ["ws_tables"])
+    # table/instance/list provider: fn(conn, table_id, access, limit) -> data (notebooks).
+    table_instances: Callable[..., Any] | None = None
 
 
 @dataclass
@@ -98,9 +100,7 @@ def json_response(payload: Any, status: int = 200) -> web.Response:
 async def read_json_body(request: web.Request, max_bytes: int) -> dict[str, Any]:
     if request.content_length is not None and request.content_length > max_bytes:
         raise ApiError(TOO_LARGE, f"request body larger than {max_bytes} bytes")
-    raw = await request.content.read(max_bytes + 1)
-    if len(raw) > max_bytes:
-        raise ApiError(TOO_LARGE, f"request body larger than {max_bytes} bytes")
+    raw = await request.read()  # aiohttp enforces client_max_size (413) while reading
     if not raw.strip():
         return {}
     ctype = request.content_type
@@ -165,7 +165,7 @@ async def envelope_middleware(
         elif exc.status == 405:
             reason = f"{request.method} is not allowed on {request.path}"
         elif exc.status == 413:
-            reason = "request body too large"
+            reason = "request body larger than the configured max_body_bytes"
         return json_response({"code": code, "message": reason, "data": None}, exc.status)
     except Exception:
         log.exception("unhandled error", extra={"path": request.path})

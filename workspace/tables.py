@@ -3,6 +3,7 @@ view/update, id_types, templates, start_height/editable|update, instance/list.""
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from typing import Any
@@ -365,10 +366,18 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
         return await call.db.run(q)
 
     async def instance_list(call: Call) -> Any:
-        await call.db.run(load_table, call.who, call.params["id"])
-        # Notebook instances reading/writing tables are recorded by the notebook module;
-        # until an instance touches this table the list is empty.
-        return {"instances": [], "count": 0}
+        p = call.params
+        provider = ctx.table_instances or getattr(
+            sys.modules.get("workspace.notebooks"), "table_instances", None
+        )
+
+        def q(conn: Conn) -> Any:
+            t = load_table(conn, call.who, p["id"])
+            if provider is None:  # no notebook module: no instance can touch a table
+                return {"instances": [], "count": 0}
+            return provider(conn, t.id, p["access"], p["limit"])
+
+        return await call.db.run(q)
 
     T = "table"
     instance_item = obj(

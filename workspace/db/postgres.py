@@ -40,7 +40,8 @@ class PostgresDatabase(Database):
         self._ro: psycopg.Connection | None = None
 
     def _connect(self) -> psycopg.Connection:
-        return psycopg.connect(self.url, autocommit=False, connect_timeout=10)
+        # autocommit: no implicit transactions; every unit of work is an explicit transaction()
+        return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
 
     def _tx(self, fn: Callable[..., T], *args: Any) -> T:
         with self._lock:
