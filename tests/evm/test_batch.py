@@ -9,7 +9,18 @@ import pytest
 from chainstate.jsonrpc import JsonRpcError
 from nodes.devnet.workload import mapping_slot
 from nodes.state.evm import bsrb
-from tests.evm.conftest import A0, A1, A2, Chain, Client, rpc, rpc_raw, send
+from tests.evm.conftest import (
+    A0,
+    A1,
+    A2,
+    COUNTER_RUNTIME,
+    Chain,
+    Client,
+    init_code,
+    rpc,
+    rpc_raw,
+    send,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -282,6 +293,7 @@ async def test_trace_equals_anvil_struct_logs(evm: Client, chain: Chain) -> None
         {"from": A1, "to": chain.erc20, "data": transfer(A0, 10**30)},
         {"from": A0, "to": chain.forwarder, "data": balance_of(A1)},  # a nested CALL
         {"from": A0, "to": chain.forwarder, "data": transfer(A1, 10**30)},  # inner revert
+        {"from": A0, "data": init_code(COUNTER_RUNTIME)},  # a creation
     ]:
         ours = await evm.call("pre_traceCall", [req, height])
         theirs = rpc(chain.url, "debug_traceCall", [req, height, {}])
