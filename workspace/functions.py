@@ -128,7 +128,9 @@ def compute(call: Call) -> ComputeService:
 def setup(app: web.Application, ctx: AppCtx) -> None:
     """One compute service per app: started after the app's migrations, stopped before the
     database closes. Tests may replace `app[COMPUTE_KEY].settings` / `.clock` before start."""
-    settings = ComputeSettings(data_dir=ctx.settings.workspace_dir, port=ctx.settings.port)
+    settings = ComputeSettings.from_mapping(
+        ctx.settings.compute, ctx.settings.workspace_dir, ctx.settings.port
+    )
     svc = ComputeService(ctx, settings)
     app[COMPUTE_KEY] = svc
     for table in ("ws_functions", "ws_notebooks"):

@@ -5,7 +5,7 @@ Read from the `[workspace]` section of the config (see docs/workspace.md, "Setti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ class WorkspaceSettings:
     completeness_max_ranges: int = 100  # stats/block: `completeness` is empty beyond this
     forward_timeout_s: float = 30.0  # /v1/chainstate/{chain_id} upstream timeout
     chain_height_timeout_s: float = 2.0  # chain height look-ups for stats and start_height
+    # The top-level [compute] section, parsed by workspace.compute (docs/compute.md).
+    compute: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> WorkspaceSettings:
@@ -43,9 +45,9 @@ class WorkspaceSettings:
         sect = dict(section(config, "workspace"))
         data_dir = resolve_path(config, config.get("data_dir", ".chainstate"))
         known = {f.name: f for f in fields(cls)}
-        values: dict[str, Any] = {"data_dir": data_dir}
+        values: dict[str, Any] = {"data_dir": data_dir, "compute": dict(section(config, "compute"))}
         for key, value in sect.items():
-            if key not in known or key == "data_dir":
+            if key not in known or key in ("data_dir", "compute"):
                 raise ConfigError(f"[workspace] unknown setting {key!r}")
             default = getattr(cls, key)
             want = type(default)

@@ -77,3 +77,42 @@ def test_kill_and_stop_while_instances_run(server: Workspace) -> None:
     fresh, _ = start_instance(ws, nb["id"])  # the restarted server runs instances normally
     ws.alice.ok("POST", "/v1/notebook/instance/cancel", {"id": fresh})
     assert ws.alice.ok("GET", "/v1/notebook/instance", id=fresh)["display_status"] == "canceled"
+
+
+COMPUTE_CONFIG = """
+[compute]
+instance_foreground_ttl_seconds = 1.5
+instance_reaper_interval_seconds = 0.1
+function_wall_seconds = 1.0
+"""
+
+
+def test_config_section_and_real_time_deadline(tmp_path: Path, upstream: str) -> None:
+    """[compute] settings reach the server; a foreground instance without keepalive is ended
+    when its deadline passes, one kept alive keeps running."""
+    ws = make_workspace("sqlite", tmp_path, upstream, extra_config=COMPUTE_CONFIG)
+    try:
+        a = ws.alice
+        a.ok("POST", "/v1/space/create", {"id": "ttl"})
+        nb = a.ok("POST", "/v1/notebook/create", {"space": "ttl", "name": "nb", "code": CODE})
+        left, _ = start_instance(ws, nb["id"])
+        kept, _ = start_instance(ws, nb["id"])
+        doc = a.ok("GET", "/v1/notebook/instance", id=left)
+        assert doc["deadline"] - doc["created_at"] == pytest.approx(1.5, abs=0.01)
+        for _ in range(8):
+            a.ok("POST", "/v1/notebook/instance/keepalive", {"id": kept})
+            time.sleep(0.4)
+        doc = a.ok("GET", "/v1/notebook/instance", id=left)
+        assert doc["display_status"] == "canceled" and "expired" in doc["exit_message"]
+        assert a.ok("GET", "/v1/notebook/instance", id=kept)["status"] == "running"
+        a.ok("POST", "/v1/notebook/instance/cancel", {"id": kept})
+        rec = a.ok(
+            "POST",
+            "/v1/function/run",
+            {"language": "python", "code": "def main():\n    while True:\n        pass\n"},
+        )
+        assert rec["status"] == "timeout"
+        assert rec["output"]["failure"]["message"] == "wall-clock limit of 1 s exceeded"
+    finally:
+        ws.stop()
+        ws.db.close_sync()

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from chainstate.config import ConfigError
 from workspace.auth import Principal
 from workspace.compute.instances import InstanceManager, InstanceSettings
 from workspace.compute.runners import CodeRunner, Outcome, RunnerSettings
@@ -66,27 +67,51 @@ class ComputeSettings:
     cache_dir: Path | None = None  # Go build cache (default: <data_dir>/compute-cache)
 
     @classmethod
-    def from_mapping(cls, values: dict[str, Any], data_dir: Path) -> ComputeSettings:
-        """From a `[compute]` TOML table: flat keys; `function_*` limits and `instance_*`."""
-        base = cls(data_dir=data_dir)
-        limits = {f.name for f in fields(Limits)}
-        inst = {f.name for f in fields(InstanceSettings)}
-        top, lim, ins = {}, {}, {}
+    def from_mapping(cls, values: dict[str, Any], data_dir: Path, port: int) -> ComputeSettings:
+        """From the `[compute]` TOML table: flat keys; Limits fields prefixed `function_`,
+        InstanceSettings fields prefixed `instance_`. Unknown keys or bad types: ConfigError."""
+        base = cls(data_dir=data_dir, port=port)
+        groups: dict[str, tuple[Any, dict[str, Any]]] = {
+            "function_": (base.function_limits, {}),
+            "instance_": (base.instance, {}),
+            "": (base, {}),
+        }
         for key, value in values.items():
-            if key.startswith("function_") and key[9:] in limits:
-                lim[key[9:]] = value
-            elif key.startswith("instance_") and key[9:] in inst:
-                ins[key[9:]] = value
-            elif key in {f.name for f in fields(cls)}:
-                top[key] = Path(value) if key.endswith("_dir") else value
+            for prefix, (target, out) in groups.items():
+                name = key[len(prefix) :] if key.startswith(prefix) else None
+                known = {f.name: f for f in fields(target)}
+                if name in known and name not in ("function_limits", "instance", "port"):
+                    out[name] = _coerce(key, getattr(target, name), value)
+                    break
             else:
-                raise ValueError(f"[compute] unknown setting {key!r}")
+                raise ConfigError(f"[compute] unknown setting {key!r}")
         return replace(
             base,
-            function_limits=replace(base.function_limits, **lim),
-            instance=replace(base.instance, **ins),
-            **top,
+            function_limits=replace(base.function_limits, **groups["function_"][1]),
+            instance=replace(base.instance, **groups["instance_"][1]),
+            **groups[""][1],
         )
+
+
+def _coerce(key: str, default: Any, value: Any) -> Any:
+    if key.endswith("_dir"):
+        if not isinstance(value, str):
+            raise ConfigError(f"[compute] {key} must be a path string")
+        return Path(value)
+    if key.endswith("allowed_quotas"):
+        ok = isinstance(value, list) and all(
+            isinstance(q, list) and len(q) == 2 and all(isinstance(x, int) for x in q)
+            for q in value
+        )
+        if not ok:
+            raise ConfigError(f"[compute] {key} must be a list of [max_cpu, max_memory] pairs")
+        return tuple(tuple(q) for q in value)
+    want = type(default) if default is not None else int
+    if isinstance(value, bool) != (want is bool) or not isinstance(
+        value, want | (int if want is float else want)
+    ):
+        raise ConfigError(f"[compute] {key} must be a {want.__name__}")
+    return want(value)
 
 
 class ComputeService:
