@@ -363,6 +363,27 @@ class EtcdStore:
         start = self._prefix_bytes + prefix.encode()
         return await self._delete_range(start, prefix_range_end(start))
 
+    async def replace(self, key: str, expected: bytes | None, value: bytes | None) -> int | None:
+        """Compare-and-set: make `key` hold `value` (None: delete it) only if it now holds
+        `expected` (None: absent), atomically in etcd. Returns the new revision, or None when
+        the key no longer matches (another process changed it: re-read and retry).
+        For admin read-modify-write changes made on several proxies at once."""
+        full = self._full_key(key)
+        if value is not None and not isinstance(value, bytes | bytearray):
+            raise TypeError("store values are bytes")
+
+        async def txn(c: aetcd.Client) -> Any:
+            t = c.transactions
+            compare = [t.version(full) == 0] if expected is None else [t.value(full) == expected]
+            op = t.delete(full) if value is None else t.put(full, bytes(value))
+            return await c.transaction(compare=compare, success=[op], failure=[])
+
+        succeeded, responses = await self._write(txn)
+        if not succeeded:
+            return None
+        kind = "response_delete_range" if value is None else "response_put"
+        return getattr(responses[0], kind).header.revision
+
     async def _delete_range(self, start: bytes, end: bytes) -> int:
         result = await self._write(lambda c: c.delete_range(start, end))
         if result.deleted:

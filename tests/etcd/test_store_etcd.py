@@ -139,6 +139,25 @@ async def test_put_snapshot_delete_revisions(store: EtcdStore) -> None:
     assert data == {"1/version": b'"blue"'} and rev == r5
 
 
+async def test_replace_is_a_compare_and_set(store: EtcdStore) -> None:
+    other = await peer_of(store)
+    try:
+        r1 = await store.replace("pools/1/routes/eth_call", None, b"[1]")  # create if absent
+        assert r1 is not None
+        assert await other.replace("pools/1/routes/eth_call", None, b"[9]") is None  # exists
+        r2 = await other.replace("pools/1/routes/eth_call", b"[1]", b"[1,2]")
+        assert r2 is not None and r2 > r1
+        # A proxy that read "[1]" before the other's change loses the race, changes nothing.
+        assert await store.replace("pools/1/routes/eth_call", b"[1]", b"[1,3]") is None
+        assert (await store.snapshot())[0] == {"pools/1/routes/eth_call": b"[1,2]"}
+        r3 = await store.replace("pools/1/routes/eth_call", b"[1,2]", None)  # delete
+        assert r3 is not None and r3 > r2
+        assert (await store.snapshot())[0] == {}
+        assert await store.replace("pools/1/routes/eth_call", b"[1,2]", None) is None
+    finally:
+        await other.close()
+
+
 async def test_prefixes_are_isolated(etcd: EtcdServer) -> None:
     base = unique_prefix()
     a = EtcdStore(etcd.endpoint, base, **FAST)
