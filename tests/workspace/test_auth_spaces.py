@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -54,8 +55,6 @@ def test_revoked_token_and_cli(ws: Workspace) -> None:
         text=True,
         check=True,
     )
-    import json
-
     made = json.loads(out.stdout)
     carol = ws.api(made["token"], ws.ids["carol"])
     assert carol.ok("GET", "/v1/space/list")["items"] is not None
@@ -174,3 +173,35 @@ def test_visibility(ws: Workspace) -> None:
     assert status == 403 and env["code"] == 40300
     status, env = b.post("/v1/table/create", {"space": priv, "name": "x", "table_type": "normal"})
     assert status == 404 and env["code"] == 40400
+
+
+def test_cli_accounts_and_access_keys(ws: Workspace) -> None:
+    db_args = ["--data-dir", str(ws.settings.data_dir), "--database", ws.settings.database]
+    cli = [sys.executable, "-m", "chainstate.cli"]
+
+    def run(*args: str) -> dict:
+        out = subprocess.run([*cli, *args, *db_args], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.splitlines()[-1])
+
+    org = run("account", "create", "--type", "org", "--slug", uid("org"))
+    dave = run("account", "create", "--slug", uid("dave"), "--member-of", org["id"])
+    assert org["type"] == "org" and len(dave["id"]) == 32
+    token = run("token", "create", "--account", dave["id"])["token"]
+    key = run("access-key", "create", "--account", org["id"])["access_key"]
+    as_org = ws.api(token, org["id"])
+    as_org.ok("POST", "/v1/space/create", {"id": uid()})
+    r = as_org.session.post(
+        f"{ws.base}/v1/chainstate/1337",
+        data=b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}',
+        headers={"AccessKey": key, "X-Account-ID": org["id"]},
+        timeout=10,
+    )
+    assert r.status_code == 200 and "result" in r.json()
+    bad = subprocess.run(
+        [*cli, "token", "create", "--account", "0" * 32, *db_args], capture_output=True, text=True
+    )
+    assert bad.returncode == 1 and "does not exist" in bad.stderr
+    dup = subprocess.run(
+        [*cli, "account", "create", "--slug", "alice", *db_args], capture_output=True, text=True
+    )
+    assert dup.returncode == 1 and "already exists" in dup.stderr

@@ -4,6 +4,7 @@ query, stats — and a restart that keeps everything."""
 from __future__ import annotations
 
 import json
+import signal
 
 from tests.workspace.conftest import Workspace, uid
 
@@ -78,3 +79,22 @@ def test_newcomer_flow_and_restart(ws: Workspace) -> None:
     assert [r["id"] for r in again["rows"]] == [addrs[0], *addrs[1:]]
     assert api.ok("GET", "/v1/space", id=space)["content_count"] == 1
     assert api.ok("GET", "/v1/table", id=t["id"])["table_rows"] == 5
+
+
+def test_kill_9_keeps_acknowledged_writes(ws: Workspace) -> None:
+    """A write answered `ok` survives SIGKILL of the server right after."""
+    api = ws.alice
+    space = uid()
+    api.ok("POST", "/v1/space/create", {"id": space})
+    t = api.ok("POST", "/v1/table/create", {"space": space, "name": "k", "table_type": "normal"})
+    api.ok("POST", "/v1/table/init", {"id": t["id"]})
+    for i in range(20):
+        api.ok("POST", "/v1/table/row/create", {"table_id": t["id"], "data": {"id": f"r{i}"}})
+    ws.proc.send_signal(signal.SIGKILL)
+    ws.proc.wait(10)
+    ws.stop()
+    ws.start()
+    rows = api.ok("GET", "/v1/table/row/list", table_id=t["id"], direction="asc")["rows"]
+    assert [r["id"] for r in rows] == sorted(f"r{i}" for i in range(20))
+    minute = api.ok("GET", "/v1/table/stats/minute", id=t["id"], minutes=3)
+    assert sum(b["rows"] for b in minute["buckets"]) == 20
