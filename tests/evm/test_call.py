@@ -128,6 +128,13 @@ async def test_gas_price_given_is_charged_check_only(evm: Client, chain: Chain) 
     assert ours == rpc(chain.url, "eth_call", [req, "latest"])
 
 
+async def test_from_a_contract_is_a_clear_error(evm: Client, chain: Chain) -> None:
+    """geth and anvil skip EIP-3607 in eth_call; pyrevm cannot: a clear -39004."""
+    answer = await evm.raw("eth_call", [{"from": chain.erc20, "to": A0}, "latest"])
+    assert answer["error"]["code"] == -39004
+    assert "EIP-3607" in answer["error"]["message"]
+
+
 async def test_return_size_limit(evm: Client, chain: Chain) -> None:
     with pytest.raises(JsonRpcError) as exc:
         await evm.call("eth_call", [{"to": chain.bigret}, "latest"])

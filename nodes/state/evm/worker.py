@@ -123,6 +123,9 @@ def classify(exc: BaseException) -> CallFailed:
         return CallFailed(error(BALANCE_EXHAUSTED, "insufficient funds for gas * price + value"))
     if "Nonce" in text and "Transaction(" in text:
         return CallFailed(error(NONCE_ERROR, f"nonce error: {text[:200]}"))
+    if "RejectCallerWithCode" in text:
+        msg = "`from` is a contract: pyrevm 0.3.7 applies EIP-3607 to calls (geth does not)"
+        return CallFailed(error(EVM_FAILED, msg))
     if "Transaction(" in text:
         return CallFailed(error(EVM_FAILED, f"invalid transaction: {text[:200]}"))
     m = _DB_ERROR.search(text)
