@@ -41,6 +41,7 @@ _ALLOWED_NODES = (
     exp.Neg,
     *_COMPARE,
 )
+_COLUMN_PARENTS = (*_COMPARE, exp.In, exp.Between, exp.Like, exp.Is)
 _NO_LIKE = {"TOKENID", "UINT256", "DECIMAL", "INT", "BLOCKHEIGHT", "TIMESTAMP", "FLOAT", "BOOLEAN"}
 
 
@@ -134,6 +135,12 @@ def _check_where(cond: exp.Expression, table: Table, alias: set[str]) -> exp.Exp
             raise bad(f"{type(node).__name__} is not allowed in WHERE")
         if type(node) is exp.Like and not isinstance(node.expression, exp.Literal):
             raise bad("LIKE needs a string pattern")
+        if type(node) is exp.Is and not isinstance(node.expression, exp.Null):
+            raise bad("IS takes NULL (IS NULL / IS NOT NULL)")
+        if isinstance(node, exp.In | exp.Between | exp.Like) and type(node.this) is not exp.Column:
+            raise bad(f"{type(node).__name__.upper()} needs a column on its left")
+        if isinstance(node, exp.Column) and not isinstance(node.parent, _COLUMN_PARENTS):
+            raise bad(f"use column {node.name!r} in a comparison (e.g. {node.name} = …)")
     cond = cond.copy()
     columns: dict[int, dict[str, Any]] = {}
     for node in list(cond.walk()):
