@@ -328,3 +328,43 @@ async def test_start_height(ws: Workspace, space: str) -> None:
     assert e["editable"] is False and "processed" in e["reason"]
     err(a, "/v1/table/start_height/update", {"id": b, "start_height": 50}, 409, 40900)
     err(a, "/v1/table/start_height/update", {"id": n, "start_height": 1}, 409)
+
+
+def test_spec_limits(ws: Workspace, space: str) -> None:
+    a = ws.alice
+    t = create(a, space, "limits")["id"]
+    long_col = [
+        {"id": "id", "name": "id", "type": "STRING"},
+        {"id": "c" * 65, "name": "c", "type": "INT"},
+    ]
+    err(a, "/v1/table/init", {"id": t, "columns": long_col})
+    long_name = [
+        {"id": "id", "name": "id", "type": "STRING"},
+        {"id": "c", "name": "c" * 65, "type": "INT"},
+    ]
+    err(a, "/v1/table/init", {"id": t, "columns": long_name})
+    err(a, "/v1/table/init", {"id": t, "indexes": [{"id": "i" * 65, "columns": ["id"]}]})
+    ok64 = [
+        {"id": "id", "name": "id", "type": "STRING"},
+        {"id": "c" * 64, "name": "c" * 64, "type": "INT"},
+    ]
+    a.ok(
+        "POST",
+        "/v1/table/init",
+        {"id": t, "columns": ok64, "indexes": [{"id": "i" * 64, "columns": ["c" * 64]}]},
+    )
+    err(a, "/v1/table/create", {"space": space, "name": "n" * 256, "table_type": "normal"})
+    err(a, "/v1/table/create", {"space": "s" * 65, "name": "n", "table_type": "normal"})
+    status, env = a.get("/v1/table", id="x" * 256)
+    assert status == 400 and env["code"] == 40000
+    status, env = a.get("/v1/table", id="")
+    assert status == 400
+    b = create(a, space, "lim", "block_event", chain_id="1337")["id"]
+    a.ok("POST", "/v1/table/init", {"id": b})
+    err(a, "/v1/table/start_height/update", {"id": b, "start_height": 2**63})
+    err(a, "/v1/table/start_height/update", {"id": b, "start_height": "5"})
+    too_many = [{"id": "id", "name": "id", "type": "STRING"}] + [
+        {"id": f"c{i}", "name": f"c{i}", "type": "INT"} for i in range(256)
+    ]
+    t2 = create(a, space, "wide")["id"]
+    assert "at most 256 columns" in err(a, "/v1/table/init", {"id": t2, "columns": too_many})
