@@ -93,3 +93,16 @@ def test_settings_are_checked(workspace: dict[str, Any]) -> None:
 def test_settings_defaults() -> None:
     s = WorkspaceSettings.from_config({"workspace": {"forward_timeout_s": 5}})
     assert s.forward_timeout_s == 5.0 and s.query_max_rows == 10000 and s.port == 8668
+
+
+def test_unreachable_postgres_is_a_clear_config_error(tmp_path: Path) -> None:
+    from tests.conftest import free_port
+    from workspace.db import open_database
+
+    url = f"postgresql://u:hunter2@127.0.0.1:{free_port()}/db"
+    settings = WorkspaceSettings.from_config({"data_dir": str(tmp_path)}).with_overrides(
+        database=url
+    )
+    with pytest.raises(ConfigError) as info:
+        open_database(settings)
+    assert "hunter2" not in str(info.value) and "cannot connect" in str(info.value)

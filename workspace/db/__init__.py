@@ -141,6 +141,16 @@ def open_database(settings: WorkspaceSettings) -> Database:
 
         settings.workspace_dir.mkdir(parents=True, exist_ok=True)
         return SqliteDatabase(settings.sqlite_path)
+    import psycopg
+
+    from chainstate.config import ConfigError
+    from chainstate.logs import redact
     from workspace.db.postgres import PostgresDatabase
 
-    return PostgresDatabase(settings.database)
+    try:
+        return PostgresDatabase(settings.database)
+    except psycopg.OperationalError as exc:
+        reason = str(exc).strip().splitlines()[0]
+        raise ConfigError(
+            f"cannot connect to the workspace database {redact(settings.database)}: {reason}"
+        ) from None
