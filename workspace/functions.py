@@ -133,6 +133,9 @@ def setup(app: web.Application, ctx: AppCtx) -> None:
     )
     svc = ComputeService(ctx, settings)
     app[COMPUTE_KEY] = svc
+    from workspace.notebooks import table_instances
+
+    ctx.table_instances = table_instances  # table/instance/list reads compute's access records
     for table in ("ws_functions", "ws_notebooks"):
         if table not in ctx.content_tables:
             ctx.content_tables.append(table)
@@ -347,7 +350,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             params,
             args,
             arguments,
-            reader="function/run",
+            reader="",
         )
 
     async def execute(

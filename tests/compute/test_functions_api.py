@@ -13,6 +13,7 @@ import pytest
 import pytest_asyncio
 
 from tests.compute.conftest import Stack
+from workspace.compute.store import table_reader_count
 from workspace.notebooks import table_instances
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -338,6 +339,9 @@ async def test_sql_functions(stack: Stack, tables: dict[str, str], space: str) -
     assert await stack.alice.ok(
         "POST", "/v1/function/invoke", {"id": fn["id"], "arguments": []}
     ) == [{"s": 13}]
+    # a saved Function reading the tables is a dependency; ad-hoc runs are not
+    assert await stack.db.run(lambda c: table_reader_count(c, t)) == 1
+    assert await stack.db.run(lambda c: table_reader_count(c, p)) == 0
 
 
 async def test_python_sdk_reads_writes_and_calls_chain(

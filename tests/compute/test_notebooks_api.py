@@ -11,6 +11,7 @@ import pytest
 import pytest_asyncio
 
 from tests.compute.conftest import Stack
+from workspace.compute.store import table_reader_count
 from workspace.notebooks import table_instances
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -287,10 +288,21 @@ async def test_sdk_table_access_and_blockx(stack: Stack, space: str) -> None:
     logs = await a.ok("GET", "/v1/notebook/instance/logs/history", id=inst["id"])
     assert "3" in [r["message"] for r in logs["logs"]]
     for access in ("write", "read"):
-        got = await stack.db.run(lambda c, x=access: table_instances(c, t["id"], x, 10))
+        got = await a.ok("GET", "/v1/table/instance/list", id=t["id"], access=access)
         assert [i["id"] for i in got["instances"]] == [inst["id"]], access
-        assert got["instances"][0]["last_accessed_at_ms"] > 0
-        assert got["instances"][0]["display_status"] == "succeeded"
+        assert got["count"] == 1 and got["instances"][0]["last_accessed_at_ms"] > 0
+        item = got["instances"][0]
+        assert (item["display_status"], item["launched"], item["notebook_id"]) == (
+            "succeeded",
+            "manual",
+            nb["id"],
+        )
+        direct = await stack.db.run(lambda c, x=access: table_instances(c, t["id"], x, 10))
+        assert direct == got
+    # the Space's dep_count counts distinct readers (this Notebook) of its tables
+    assert (await a.ok("GET", "/v1/space", id=space))["dep_count"] == 1
+    readers = await stack.db.run(lambda c: table_reader_count(c, t["id"]))
+    assert readers == 1
     blockx = await a.ok("GET", "/v1/notebook/instance/metrics/blockx", id=inst["id"])
     calls = blockx["charts"]["calls"]["series"][0]["points"]
     assert sum(v for _, v in calls) > 0

@@ -434,6 +434,19 @@ def record_access(
         " last_accessed_at_ms) VALUES (?, ?, ?, ?, ?)",
         [table_id, instance_id, access, reader, at_ms],
     )
+    if access == "read" and reader:
+        refresh_dep_count(conn, table_id)
+
+
+def refresh_dep_count(conn: Conn, table_id: str) -> None:
+    """Keep the Space's stored `dep_count` equal to the distinct readers of its tables."""
+    conn.execute(
+        "UPDATE ws_spaces SET dep_count = (SELECT COUNT(DISTINCT a.reader) FROM ws_table_access a"
+        " JOIN ws_tables t ON t.id = a.table_id WHERE t.space = ws_spaces.id"
+        " AND a.access = 'read' AND a.reader <> '')"
+        " WHERE id = (SELECT space FROM ws_tables WHERE id = ?)",
+        [table_id],
+    )
 
 
 def table_accesses(conn: Conn, table_id: str, access: str, limit: int) -> list[dict[str, Any]]:
@@ -445,11 +458,12 @@ def table_accesses(conn: Conn, table_id: str, access: str, limit: int) -> list[d
 
 
 def table_reader_count(conn: Conn, table_id: str) -> int:
-    """A table's `deps`: distinct notebooks / Functions that read it."""
+    """A table's `deps`: distinct Notebooks / saved Functions that read it (ad-hoc
+    function/run calls record reader '' and are not dependencies)."""
     return int(
         conn.scalar(
             "SELECT COUNT(DISTINCT reader) FROM ws_table_access WHERE table_id = ?"
-            " AND access = 'read'",
+            " AND access = 'read' AND reader <> ''",
             [table_id],
         )
         or 0
@@ -464,7 +478,7 @@ def space_reader_count(conn: Conn, table_ids: Sequence[str]) -> int:
     return int(
         conn.scalar(
             f"SELECT COUNT(DISTINCT reader) FROM ws_table_access WHERE table_id IN ({marks})"
-            " AND access = 'read'",
+            " AND access = 'read' AND reader <> ''",
             list(table_ids),
         )
         or 0
