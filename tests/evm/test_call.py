@@ -340,3 +340,15 @@ async def test_multicall_response_size_limit(chain: Chain) -> None:
         assert "response exceeds 64 bytes" in results[3]["error"]["message"]
     finally:
         await methods.close()
+
+
+async def test_closed_methods_refuse_instead_of_restarting(chain: Chain) -> None:
+    from nodes.state.evm.methods import EvmMethods
+    from nodes.state.evm.settings import EvmSettings
+    from tests.evm.conftest import AnvilReader, Client
+
+    methods = EvmMethods(AnvilReader(chain.url), EvmSettings(workers=1, chain_id=1337))
+    await methods.close()
+    answer = await Client(methods).raw("eth_call", [{"to": chain.erc20}])
+    assert answer["error"]["code"] == -32005
+    assert not methods.executor.pool.started

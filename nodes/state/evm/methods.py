@@ -83,6 +83,7 @@ class EvmMethods:
         self._chain_id = chain_id
         self._start_lock = asyncio.Lock()
         self._started = False
+        self._closed = False
 
     def handlers(self) -> dict[str, Callable[[Any], Any]]:
         return {
@@ -105,6 +106,8 @@ class EvmMethods:
             self._started = True
 
     async def close(self) -> None:
+        """Stop for good: later EVM requests answer -32005 instead of starting workers."""
+        self._closed = True
         await self.executor.close()
         await self.feed.close()
         self._started = False
@@ -121,14 +124,23 @@ class EvmMethods:
         block_overrides: Any = None,
         **extra: Any,
     ) -> dict[str, Any]:
-        """Validate everything, resolve the block, build the job (one call or many)."""
+        """Validate everything, resolve the block, build the job (one call or many).
+
+        The calls are checked before the block is resolved, so a malformed request is -32602
+        on every node (never -39006, which the proxy would retry elsewhere).
+        """
+        cap = self.settings.gas_cap
+        if single:
+            calls = [parse_call(calls_raw, cap)]
+        else:
+            calls = parse_calls(calls_raw, cap, self.settings.max_calls)
         height = self._resolver(ref)
         env = apply_block_overrides(block_env(self.reader.header(height)), block_overrides)
-        limit = min(self.settings.gas_cap, env["gas_limit"])
-        if single:
-            calls = [parse_call(calls_raw, limit)]
-        else:
-            calls = parse_calls(calls_raw, limit, self.settings.max_calls)
+        limit = min(cap, env["gas_limit"])
+        for call in calls:
+            call["gas"] = min(call["gas"], limit)
+        if self._closed:
+            raise JsonRpcError(SERVER_BUSY, "the node is shutting down")
         if not self._started:
             await self.start()
         assert self.feed.url is not None
