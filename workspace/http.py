@@ -127,7 +127,7 @@ def make_handler(
     async def handle(request: web.Request) -> web.StreamResponse:
         principal = None
         if ep.auth:
-            principal = await ctx.db.run(authenticate, request.headers, ep.access_key)
+            principal = await ctx.db.read(authenticate, request.headers, ep.access_key)
         if ep.raw:
             params: dict[str, Any] = {}
         elif ep.method == "GET":

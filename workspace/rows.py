@@ -258,7 +258,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             rows = decode_rows(t, found)
             return {"columns": result_columns(t), "rows": rows, "total_count": len(rows)}
 
-        return await call.db.run(run)
+        return await call.db.read(run)
 
     async def list_rows(call: Call) -> Any:
         p = call.params
@@ -285,10 +285,10 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
                 "limit": p["limit"],
             }
 
-        return await call.db.run(run)
+        return await call.db.read(run)
 
     async def query(call: Call) -> Any:
-        t = await call.db.run(readable, call)
+        t = await call.db.read(readable, call)
         compiled = compile_query(call.params["sql"], t, call.db.dialect, s.query_max_rows)
 
         def run(conn: Conn) -> list[tuple[Any, ...]]:

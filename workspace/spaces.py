@@ -61,7 +61,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             row = visible_space(conn, call.who, call.params["id"])
             return None if row is None else space_json(conn, row, content_tables)
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def list_spaces(call: Call) -> Any:
         p = call.params
@@ -83,7 +83,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             ]
             return {"start": p["start"], "limit": p["limit"], "items": items, "total_count": total}
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def create_space(call: Call) -> Any:
         p = call.params

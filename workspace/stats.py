@@ -110,7 +110,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
                 buckets.append({"time_at": d, "rows": int(got.get(d, 0))})
             return {"buckets": buckets}
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def minute(call: Call) -> Any:
         p = call.params
@@ -132,11 +132,11 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
                 ]
             }
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def block(call: Call) -> Any:
         p = call.params
-        t = await call.db.run(load_table, call.who, p["id"])
+        t = await call.db.read(load_table, call.who, p["id"])
         if not t.is_block:
             raise invalid(f"table {t.id!r} is not a block table; stats/block needs one")
 
@@ -170,7 +170,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
                     )
             return ranges, count, blocks
 
-        ranges, count, blocks = await call.db.run(q)
+        ranges, count, blocks = await call.db.read(q)
         chain_id = t.chain_id or ""
         return {
             "start_height": t.start_height or 0,

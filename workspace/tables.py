@@ -200,7 +200,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             t = load_table(conn, call.who, call.params["id"])
             return detail(conn, t, content, call.params["is_l1"])
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def list_tables(call: Call) -> Any:
         p = call.params
@@ -247,7 +247,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
                 )
             return {"start": p["start"], "limit": p["limit"], "items": items, "total_count": total}
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def init(call: Call) -> Any:
         p = call.params
@@ -341,11 +341,11 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             reason = editable_reason(conn, t)
             return {"editable": reason is None, "reason": reason}
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def start_height_update(call: Call) -> Any:
         p = call.params
-        t0 = await call.db.run(load_table, call.who, p["id"], True)
+        t0 = await call.db.read(load_table, call.who, p["id"], True)
         if not t0.is_block:
             raise conflict("only block tables have a start height")
         height = await chain_height(ctx, t0.chain_id or "")
@@ -377,7 +377,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
                 return {"instances": [], "count": 0}
             return provider(conn, t.id, p["access"], p["limit"])
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     T = "table"
     instance_item = obj(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.workspace.conftest import Workspace, uid
@@ -208,4 +210,6 @@ async def test_database_guard(ws: Workspace, qt: Table) -> None:
     with pytest.raises(QueryTimeout):
         await ws.db.read_only(run(f"SELECT COUNT(*) FROM {phys} a, {phys} b, {phys} c"), guard)
     assert time.monotonic() - started < 5
+    with pytest.raises((sqlite3.Error, psycopg.Error)):  # plain reads cannot write either
+        await ws.db.read(run(f"DELETE FROM {phys}"))
     assert ws.alice.ok("GET", "/v1/table", id=qt.id)["table_rows"] == N_ROWS

@@ -5,8 +5,10 @@ Code that touches storage is plain synchronous functions taking a `Conn`; `Datab
 return, rollback on exception), so the event loop never blocks and every multi-statement change
 (row write + its stats counters, metadata + DDL) is atomic. SQL is written once with `?`
 placeholders and portable types (TEXT, INTEGER, BIGINT, DOUBLE PRECISION); the PostgreSQL
-connection translates placeholders. `Database.read_only(fn, guard)` runs user-shaped queries
-(row/query) on a separate read-only connection with a time limit (see `QueryGuard`).
+connection translates placeholders. `Database.read(fn, *args)` runs a read-only function in
+one snapshot on a pool of reader connections (reads never wait for a write's fsync).
+`Database.read_only(fn, guard)` runs user-shaped queries (row/query) on a separate read-only
+connection with a time limit (see `QueryGuard`).
 
 Adding schema from another module (e.g. Functions/Notebooks):
     MIGRATIONS: list[Migration] = [
@@ -22,7 +24,9 @@ with `ws_` (physical row tables are `t_<hex>`).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -87,6 +91,11 @@ class Database:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         raise NotImplementedError
 
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a read-only `fn` in one snapshot on a reader thread (reads do not queue behind
+        writes). Writing inside `fn` fails; use `run` for anything that writes."""
+        return await self.run(fn, *args)
+
     async def read_only(self, fn: Callable[..., T], guard: QueryGuard, *args: Any) -> T:
         raise NotImplementedError
 
@@ -103,6 +112,40 @@ class Database:
     def migrate(self, module: str, steps: Sequence[Migration]) -> int:
         """Apply the steps of `module` not applied yet; returns how many were applied."""
         return self.run_sync(apply_migrations, module, steps)
+
+
+class ReaderPool:
+    """`size` threads, each with its own connection (made lazily by `connect`, remade when
+    `alive(conn)` is false), for concurrent snapshot reads."""
+
+    def __init__(
+        self,
+        size: int,
+        connect: Callable[[], Any],
+        alive: Callable[[Any], bool],
+        prefix: str,
+    ) -> None:
+        self._connect, self._alive = connect, alive
+        self._local = threading.local()
+        self._conns: list[Any] = []
+        self._lock = threading.Lock()
+        self.executor = ThreadPoolExecutor(size, thread_name_prefix=prefix)
+
+    def conn(self) -> Any:
+        raw = getattr(self._local, "conn", None)
+        if raw is None or not self._alive(raw):
+            raw = self._connect()
+            self._local.conn = raw
+            with self._lock:
+                self._conns.append(raw)
+        return raw
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)
+        with self._lock:
+            for raw in self._conns:
+                raw.close()
+            self._conns.clear()
 
 
 MIGRATIONS_TABLE = """CREATE TABLE IF NOT EXISTS ws_migrations (
@@ -140,7 +183,7 @@ def open_database(settings: WorkspaceSettings) -> Database:
         from workspace.db.sqlite import SqliteDatabase
 
         settings.workspace_dir.mkdir(parents=True, exist_ok=True)
-        return SqliteDatabase(settings.sqlite_path)
+        return SqliteDatabase(settings.sqlite_path, readers=settings.db_readers)
     import psycopg
 
     from chainstate.config import ConfigError
@@ -148,7 +191,7 @@ def open_database(settings: WorkspaceSettings) -> Database:
     from workspace.db.postgres import PostgresDatabase
 
     try:
-        return PostgresDatabase(settings.database)
+        return PostgresDatabase(settings.database, readers=settings.db_readers)
     except psycopg.OperationalError as exc:
         reason = str(exc).strip().splitlines()[0]
         raise ConfigError(

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from workspace.db import Conn, Database, QueryDenied, QueryGuard, QueryTimeout
+from workspace.db import Conn, Database, QueryDenied, QueryGuard, QueryTimeout, ReaderPool
 
 T = TypeVar("T")
 
@@ -31,9 +31,12 @@ class PostgresConn(Conn):
 class PostgresDatabase(Database):
     dialect = "postgresql"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, readers: int = 4) -> None:
         self.url = url
         self._writer = self._connect()
+        self._readers = ReaderPool(
+            readers, self._connect, lambda raw: not (raw.closed or raw.broken), "ws-pg-r"
+        )
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ws-pg")
         self._ro_pool = ThreadPoolExecutor(1, thread_name_prefix="ws-pg-ro")
@@ -56,6 +59,16 @@ class PostgresDatabase(Database):
     def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         return self._tx(fn, *args)
 
+    def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        raw = self._readers.conn()
+        with raw.transaction(force_rollback=True):
+            raw.execute("SET TRANSACTION READ ONLY")
+            return fn(PostgresConn(raw), *args)
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers.executor, self._read, fn, *args)
+
     def _guarded(self, fn: Callable[..., T], guard: QueryGuard, *args: Any) -> T:
         if self._ro is None or self._ro.closed or self._ro.broken:
             self._ro = self._connect()
@@ -77,6 +90,7 @@ class PostgresDatabase(Database):
         return await loop.run_in_executor(self._ro_pool, self._guarded, fn, guard, *args)
 
     def close_sync(self) -> None:
+        self._readers.close()
         self._pool.shutdown(wait=True)
         self._ro_pool.shutdown(wait=True)
         with self._lock:

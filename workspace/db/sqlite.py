@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from workspace.db import Conn, Database, QueryDenied, QueryGuard, QueryTimeout
+from workspace.db import Conn, Database, QueryDenied, QueryGuard, QueryTimeout, ReaderPool
 
 T = TypeVar("T")
 
@@ -47,9 +47,12 @@ def _connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
 class SqliteDatabase(Database):
     dialect = "sqlite"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, readers: int = 4) -> None:
         self.path = path
         self._writer = _connect(path)
+        self._readers = ReaderPool(
+            readers, lambda: _connect(path, read_only=True), lambda raw: True, "ws-sqlite-r"
+        )
         self._lock = threading.Lock()  # run_sync (CLI/start-up) vs the writer thread
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ws-sqlite")
         self._ro_pool = ThreadPoolExecutor(1, thread_name_prefix="ws-sqlite-ro")
@@ -72,6 +75,18 @@ class SqliteDatabase(Database):
 
     def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         return self._tx(fn, *args)
+
+    def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        raw = self._readers.conn()
+        raw.execute("BEGIN")  # one snapshot for the whole function
+        try:
+            return fn(SqliteConn(raw), *args)
+        finally:
+            raw.execute("ROLLBACK")
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers.executor, self._read, fn, *args)
 
     def _guarded(self, fn: Callable[..., T], guard: QueryGuard, *args: Any) -> T:
         if self._ro is None:
@@ -111,6 +126,7 @@ class SqliteDatabase(Database):
         return await loop.run_in_executor(self._ro_pool, self._guarded, fn, guard, *args)
 
     def close_sync(self) -> None:
+        self._readers.close()
         self._pool.shutdown(wait=True)
         self._ro_pool.shutdown(wait=True)
         with self._lock:
