@@ -205,3 +205,40 @@ def test_cli_accounts_and_access_keys(ws: Workspace) -> None:
         [*cli, "account", "create", "--slug", "alice", *db_args], capture_output=True, text=True
     )
     assert dup.returncode == 1 and "already exists" in dup.stderr
+
+
+def test_tables_rows_and_stats_follow_space_visibility(ws: Workspace) -> None:
+    a, b = ws.alice, ws.bob
+    priv, pub = uid("vp"), uid("vq")
+    for sid, vis in ((priv, "private"), (pub, "public")):
+        a.ok("POST", "/v1/space/create", {"id": sid, "visibility": vis})
+        a.ok("POST", "/v1/table/create", {"space": sid, "name": "t", "table_type": "normal"})
+        a.ok("POST", "/v1/table/init", {"id": f"{sid}.t"})
+        a.ok("POST", "/v1/table/row/create", {"table_id": f"{sid}.t", "data": {"id": "r"}})
+    reads = [
+        ("GET", "/v1/table", {"id": "{t}"}),
+        ("GET", "/v1/table/row/list", {"table_id": "{t}"}),
+        ("POST", "/v1/table/row/get", {"table_id": "{t}", "pks": ["r"]}),
+        ("POST", "/v1/table/row/query", {"table_id": "{t}", "sql": "SELECT * FROM t"}),
+        ("GET", "/v1/table/stats/minute", {"id": "{t}"}),
+        ("GET", "/v1/table/stats/daily", {"id": "{t}", "year": 2026}),
+    ]
+    for method, path, params in reads:
+        for sid, want in ((priv, 404), (pub, 200)):
+            filled = {
+                k: (v.format(t=f"{sid}.t") if isinstance(v, str) else v) for k, v in params.items()
+            }
+            status, env = b.get(path, **filled) if method == "GET" else b.post(path, filled)
+            assert status == want, (path, sid, env)
+    listed = {t["id"] for t in b.ok("GET", "/v1/table/list", limit=100)["items"]}
+    assert f"{pub}.t" in listed and f"{priv}.t" not in listed
+    for path, body in (
+        ("/v1/table/row/update", {"table_id": f"{pub}.t", "id": "r", "data": {}}),
+        ("/v1/table/row/delete", {"table_id": f"{pub}.t", "id": "r"}),
+        ("/v1/table/columns/update", {"id": f"{pub}.t", "columns": []}),
+        ("/v1/table/indexes/update", {"id": f"{pub}.t", "indexes": []}),
+        ("/v1/table/view/update", {"id": f"{pub}.t", "view": None}),
+    ):
+        status, env = b.post(path, body)
+        assert status == 403 and env["code"] == 40300, path
+    assert a.ok("POST", "/v1/table/row/get", {"table_id": f"{pub}.t", "pks": ["r"]})["rows"]
