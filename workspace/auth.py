@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workspace.db import Conn
-from workspace.errors import FORBIDDEN, UNAUTHENTICATED, ApiError, invalid
+from workspace.errors import FORBIDDEN, UNAUTHENTICATED, ApiError, conflict, invalid
 
 TOKEN_PREFIX = "cspat_"
 KEY_PREFIX = "csak_"
@@ -46,7 +46,7 @@ def create_account(
     if type_ not in ACCOUNT_TYPES:
         raise invalid(f"account type must be one of {', '.join(ACCOUNT_TYPES)}")
     if slug is not None and conn.scalar("SELECT 1 FROM ws_accounts WHERE slug = ?", [slug]):
-        raise ApiError(40900, f"an account with slug {slug!r} already exists")
+        raise conflict(f"an account with slug {slug!r} already exists")
     account_id = uuid.uuid4().hex
     conn.execute(
         "INSERT INTO ws_accounts (id, type, slug, display_name, created_at) VALUES (?,?,?,?,?)",

@@ -22,6 +22,7 @@ from workspace.db import Database
 from workspace.errors import (
     INTERNAL,
     INVALID_JSON,
+    INVALID_PARAMS,
     TOO_LARGE,
     UNSUPPORTED_MEDIA,
     ApiError,
@@ -133,7 +134,7 @@ def make_handler(
         elif ep.method == "GET":
             query = dict(request.query)
             if len(query) != len(request.query):
-                raise ApiError(40000, "each query parameter may be given once")
+                raise ApiError(INVALID_PARAMS, "each query parameter may be given once")
             params = parse_fields(ep.params, query, query=True)
         else:
             body = await read_json_body(request, ctx.settings.max_body_bytes)
