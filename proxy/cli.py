@@ -60,7 +60,9 @@ def settings_from_args(args: argparse.Namespace) -> ProxySettings:
         changes["store_path"] = args.store
     if changes.get("admin_host") and "admin_port" not in changes and settings.admin_port is None:
         raise ConfigError("--admin-host needs --admin-port")
-    return dataclasses.replace(settings, **changes)
+    settings = dataclasses.replace(settings, **changes)
+    settings.validate()
+    return settings
 
 
 def open_store(location: str | None) -> ConfigStore:
@@ -146,14 +148,21 @@ async def serve(
 
     app = create_app(settings, store=store, tracer=tracer)
     async with AsyncExitStack() as stack:
-        await start_site(stack, app, settings.host, settings.port, reuse_port=reuse_port)
+        await _listen(stack, app, settings.host, settings.port, reuse_port)
         if settings.admin_port is not None:
             admin_host = settings.admin_host or settings.host
             admin = create_admin_app(app)
-            await start_site(stack, admin, admin_host, settings.admin_port, reuse_port=reuse_port)
+            await _listen(stack, admin, admin_host, settings.admin_port, reuse_port)
         if banner:
             print_banner(*_urls(settings), settings)
         await wait_for_stop()
+
+
+async def _listen(stack: AsyncExitStack, app: Any, host: str, port: int, reuse_port: bool) -> None:
+    try:
+        await start_site(stack, app, host, port, reuse_port=reuse_port)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def print_banner(url: str, admin_url: str, settings: ProxySettings, workers: int = 1) -> None:

@@ -121,6 +121,12 @@ class ProxySettings:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"[proxy] {name} must be a positive number, got {value!r}")
+        for name in ("port", "admin_port"):
+            value = getattr(self, name)
+            if value is None and name == "admin_port":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+                raise ConfigError(f"[proxy] {name} must be a TCP port (1-65535), got {value!r}")
         if not isinstance(self.state_window, int) or self.state_window < 0:
             raise ConfigError("[proxy] state_window must be an integer >= 0")
         if self.client_id_top_n < 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 
@@ -87,13 +88,29 @@ async def test_proxy_command_routes_as_debug_choose_says(proxy_process, fake_nod
     assert b"listening on" in out and b"curl" in out
 
 
-def test_proxy_command_refuses_a_bad_config(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--config", "{config}"], "max_attempts"),
+        (["--port", "99999"], "TCP port"),
+        (["--port", "{taken}", "--store", ":memory:"], "cannot listen"),
+        (["--store", "{bad_store}"], "unreadable"),
+        (["--workers", "2"], "etcd"),
+    ],
+)
+def test_proxy_command_refuses_bad_settings(tmp_path, args, says) -> None:
     config = tmp_path / "proxy.toml"
     config.write_text("[proxy]\nmax_attempts = 0\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "chainstate.cli", "proxy", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert proc.returncode == 2 and "max_attempts" in proc.stderr
+    bad_store = tmp_path / "store.json"
+    bad_store.write_text("{broken")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        values = {"config": config, "taken": taken.getsockname()[1], "bad_store": bad_store}
+        proc = subprocess.run(
+            [sys.executable, "-m", "chainstate.cli", "proxy", *(a.format(**values) for a in args)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
