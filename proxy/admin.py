@@ -43,6 +43,7 @@ from proxy.store import ConfigStore, StoreUnavailable
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_ADMIN_BODY = 64 * 1024  # admin bodies are small objects
+CAS_ATTEMPTS = 5  # compare-and-set retries of one admin change before answering 409
 
 
 class AdminError(Exception):
@@ -185,6 +186,24 @@ class AdminApi:
         self._check_store()
         return await self._applied(await self.store.delete_prefix(prefix))
 
+    async def _update(self, key: str, change: Callable[[bytes | None], Any]) -> int:
+        """Read-modify-write of one key with compare-and-set (several proxies may change it
+        at once): `change(current)` returns the new JSON value, or None to delete the key."""
+        self._check_store()
+        replace = getattr(self.store, "replace", None)
+        for _ in range(CAS_ATTEMPTS):
+            items, _rev = await self.store.snapshot(key)
+            current = items.get(key)
+            new = change(current)
+            value = None if new is None else orjson.dumps(new)
+            if replace is None:  # a store without compare-and-set: last writer wins
+                revision = await (self.store.put(key, value) if value else self.store.delete(key))
+            else:
+                revision = await replace(key, current, value)
+            if revision is not None:
+                return await self._applied(revision)
+        raise AdminError(409, f"{key} kept changing concurrently; try again")
+
     def _check_store(self) -> None:
         if not self.store.available:
             raise StoreUnavailable("the store does not answer")
@@ -262,7 +281,7 @@ class AdminApi:
         pool = self.state.pools.get(pool_id)
         if pool is not None and pool.find(entry.key) is not None:
             raise AdminError(409, f"node {entry.key} already exists in pool {pool_id}")
-        await self._put(f"pools/{pool_id}/nodes/{entry.key}", entry.to_obj())
+        await self._update(f"pools/{pool_id}/nodes/{entry.key}", _create(entry.to_obj()))
         return reply({"pool": pool_id, "node": self._node(pool_id, entry.key)}, 201)
 
     def _node(self, pool_id: str, key: str) -> dict[str, Any] | None:
@@ -380,24 +399,28 @@ class AdminApi:
         missing = [k for k in rule.nodes or () if pool.find(k) is None]
         if missing:
             raise AdminError(400, f"unknown node(s) {missing} in pool {pool.id}")
-        rules = list(pool.routes.get(rule.method, []))
-        if rule not in rules:
-            rules.append(rule)
-            await self._put(f"pools/{pool.id}/routes/{rule.method}", [r.to_obj() for r in rules])
+
+        def add(current: bytes | None) -> list[dict[str, Any]]:
+            rules = _rules(current)
+            return [r.to_obj() for r in (rules if rule in rules else [*rules, rule])]
+
+        await self._update(f"pools/{pool.id}/routes/{rule.method}", add)
+        rules = pool.routes.get(rule.method, [])
         return reply({"pool": pool.id, "method": rule.method, "rules": [r.to_obj() for r in rules]})
 
     async def remove_route(self, request: web.Request) -> web.Response:
         pool = self._pool(request)
         rule = RouteRule.from_obj(await self._body(request))
-        rules = list(pool.routes.get(rule.method, []))
-        if rule not in rules:
-            raise AdminError(404, f"no such rule for {rule.method} in pool {pool.id}")
-        rules.remove(rule)
-        key = f"pools/{pool.id}/routes/{rule.method}"
-        if rules:
-            await self._put(key, [r.to_obj() for r in rules])
-        else:
-            await self._delete(key)
+
+        def remove(current: bytes | None) -> list[dict[str, Any]] | None:
+            rules = _rules(current)
+            if rule not in rules:
+                raise AdminError(404, f"no such rule for {rule.method} in pool {pool.id}")
+            left = [r.to_obj() for r in rules if r != rule]
+            return left or None
+
+        await self._update(f"pools/{pool.id}/routes/{rule.method}", remove)
+        rules = pool.routes.get(rule.method, [])
         return reply({"pool": pool.id, "method": rule.method, "rules": [r.to_obj() for r in rules]})
 
     async def delete_method_route(self, request: web.Request) -> web.Response:
@@ -480,7 +503,7 @@ class AdminApi:
         pool = self.state.pools.get(pool_id)
         if pool is not None and writer.key in pool.writers:
             raise AdminError(409, f"writer {writer.key} already exists in pool {pool_id}")
-        await self._put(f"pools/{pool_id}/writers/{writer.key}", writer.to_obj())
+        await self._update(f"pools/{pool_id}/writers/{writer.key}", _create(writer.to_obj()))
         if leader:
             await self._put(f"pools/{pool_id}/leader", {"key": writer.key})
         pool = self.state.pools[pool_id]
@@ -530,3 +553,24 @@ def _renewed(node: Node, entry: NodeEntry) -> Node:
         node.entry = entry
         return node
     return Node(entry, local=node.local)
+
+
+def _create(obj: dict[str, Any]) -> Callable[[bytes | None], dict[str, Any]]:
+    """A change that creates a key and refuses (409) when another proxy created it first."""
+
+    def create(current: bytes | None) -> dict[str, Any]:
+        if current is not None:
+            raise AdminError(409, f"{obj['key']} already exists")
+        return obj
+
+    return create
+
+
+def _rules(current: bytes | None) -> list[RouteRule]:
+    """The stored rule list of one method (a bad stored value counts as none)."""
+    if current is None:
+        return []
+    try:
+        return [RouteRule.from_obj(r) for r in orjson.loads(current)]
+    except (EntryError, orjson.JSONDecodeError, TypeError):
+        return []

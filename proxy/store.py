@@ -59,6 +59,12 @@ class ConfigStore(Protocol):
 
     async def delete_prefix(self, prefix: str) -> int: ...
 
+    async def replace(self, key: str, expected: bytes | None, value: bytes | None) -> int | None:
+        """Compare-and-set: `key` gets `value` (None: deleted) only if it holds `expected`
+        (None: absent); the new revision, or None when the key no longer matches. Admin
+        read-modify-write changes use it so proxies changing one key at once lose nothing."""
+        ...
+
     def watch(self, prefix: str, start_revision: int) -> AsyncIterator[StoreEvent]:
         """Changes under `prefix` from `start_revision` on, resuming across outages."""
         ...

@@ -81,6 +81,14 @@ class FileStore:
                 return self._revision
             return await self._commit({}, keys)
 
+    async def replace(self, key: str, expected: bytes | None, value: bytes | None) -> int | None:
+        async with self._lock:
+            if self._data.get(key) != expected:
+                return None
+            if value is None:
+                return await self._commit({}, [key]) if key in self._data else self._revision
+            return await self._commit({key: value}, [])
+
     async def _commit(self, puts: dict[str, bytes], deletes: list[str]) -> int:
         """Persist first, then change memory and tell watchers (a failed write changes nothing)."""
         data = dict(self._data)

@@ -312,3 +312,51 @@ async def test_concurrent_changes_do_not_lose_each_other(api: Api) -> None:
     await asyncio.gather(*(api.post("/1337/addMethodRoute", r) for r in rules))
     _, body = await api.get("/1337/getMethodRoutes")
     assert sorted(r["nodes"][0] for r in body["routes"]["eth_call"]) == ["a", "b", "c", "d"]
+
+
+class SlowReads(FileStore):
+    """An in-memory store whose reads take a moment, as over the network to etcd."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    async def snapshot(self, prefix: str = "") -> tuple[dict[str, bytes], int]:
+        import asyncio
+
+        view = await super().snapshot(prefix)
+        await asyncio.sleep(0.01)
+        return view
+
+
+async def test_two_proxies_sharing_a_store_lose_no_change(aiohttp_client) -> None:
+    """Like two proxy processes on one etcd: each change is compare-and-set in the store."""
+    import asyncio
+
+    store = SlowReads()
+    one = Api(await aiohttp_client(create_app(fast_settings(), store=store)))
+    two = Api(await aiohttp_client(create_app(fast_settings(), store=store)))
+    for key in ("a", "b", "c", "d"):
+        assert (await one.post("/1337/addNode", {"key": key, "url": URL}))[0] == 201
+    rules = [{"method": "eth_call", "nodes": [k]} for k in ("a", "b", "c", "d")]
+    await asyncio.gather(
+        *(api.post("/1337/addMethodRoute", r) for api, r in zip([one, two] * 2, rules, strict=True))
+    )
+    for api in (one, two):
+        _, body = await api.get("/1337/getMethodRoutes")
+        assert sorted(r["nodes"][0] for r in body["routes"]["eth_call"]) == ["a", "b", "c", "d"]
+    answers = await asyncio.gather(
+        one.post("/1337/addNode", {"key": "same", "url": URL}),
+        two.post("/1337/addNode", {"key": "same", "url": URL}),
+    )
+    assert sorted(status for status, _ in answers) == [201, 409]
+
+
+async def test_file_store_compare_and_set() -> None:
+    store = FileStore(None)
+    await store.start()
+    rev = await store.replace("k", None, b"1")
+    assert rev == 1
+    assert await store.replace("k", None, b"2") is None  # not absent any more
+    assert await store.replace("k", b"1", b"2") == 2
+    assert await store.replace("k", b"2", None) == 3
+    assert await store.snapshot() == ({}, 3)
