@@ -381,8 +381,12 @@ class EtcdStore:
         succeeded, responses = await self._write(txn)
         if not succeeded:
             return None
-        kind = "response_delete_range" if value is None else "response_put"
-        return getattr(responses[0], kind).header.revision
+        if value is not None:
+            return responses[0].response_put.header.revision
+        deleted = responses[0].response_delete_range
+        if deleted.deleted:
+            return deleted.header.revision
+        return await self._prefix_revision()  # deleting an absent key changes nothing
 
     async def _delete_range(self, start: bytes, end: bytes) -> int:
         result = await self._write(lambda c: c.delete_range(start, end))
