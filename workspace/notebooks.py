@@ -547,12 +547,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
                 Field("name", Str(1, 255), doc="substring of the name"),
             ),
             "List visible Notebooks (without code)",
-            page_of(
-                {
-                    **NOTEBOOK,
-                    "properties": {k: v for k, v in NOTEBOOK["properties"].items() if k != "code"},
-                }
-            ),
+            page_of(obj({k: v for k, v in NOTEBOOK["properties"].items() if k != "code"})),
             tag,
         ),
         Endpoint(

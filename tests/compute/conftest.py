@@ -16,7 +16,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from tests.conftest import free_port
-from tests.workspace.conftest import backend, upstream  # noqa: F401 - shared fixtures
+from tests.workspace.conftest import backend, upstream, ws  # noqa: F401 - shared fixtures
 from workspace import auth
 from workspace.app import create_app, migrate_all
 from workspace.compute.instances import InstanceSettings
@@ -115,7 +115,7 @@ TEST_COMPUTE = dict(
     cache_dir=GO_CACHE,
     workers=2,
     max_queue=16,
-    function_limits=Limits(wall_seconds=3, cpu_seconds=3, memory_bytes=256 * 1024 * 1024),
+    function_limits=Limits(wall_seconds=3, cpu_seconds=8, memory_bytes=256 * 1024 * 1024),
     instance=InstanceSettings(
         allowed_quotas=((100, 256 * 1024 * 1024), (200, 512 * 1024 * 1024)),
         default_max_memory=256 * 1024 * 1024,

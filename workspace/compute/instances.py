@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import psutil
 from cachetools import LRUCache
@@ -106,6 +106,7 @@ class _Live:
     net_prev: tuple[float, int, int] | None = None
     points: dict[str, deque[list[float]]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    log_fh: IO[str] | None = None  # open while running: one open per instance, not per line
     # blockx counters since the last sample (fed by the SDK gateway)
     calls: int = 0
     tasks: int = 0
@@ -276,6 +277,7 @@ class InstanceManager:
                 )
                 return doc
             self._live[doc["id"]] = live
+            live.log_fh = live.log_path.open("a", encoding="utf-8")
             doc["display_status"] = "running"
             doc["updated_at"] = self.clock()
             await self.store.put_instance(doc)
@@ -397,6 +399,8 @@ class InstanceManager:
             live.partial = b""
         for line in lines:
             self._write_log(live.id, "output", line.decode("utf-8", errors="replace"))
+        if live.log_fh is not None:
+            live.log_fh.flush()  # readers of logs/history see lines as they come
 
     def _append_event(self, instance_id: str, message: str) -> None:
         self._write_log(instance_id, "event", message)
@@ -416,8 +420,10 @@ class InstanceManager:
         ts = max(now_us, self._last_ts.get(instance_id, 0) + 1)
         self._last_ts[instance_id] = ts
         line = json.dumps({"timestamp": ts, "type": kind, "message": text}) + "\n"
-        if live is not None:
+        if live is not None and live.log_fh is not None:
             live.log_bytes += len(line)
+            live.log_fh.write(line)
+            return
         with self._log_path(instance_id).open("a", encoding="utf-8") as fh:
             fh.write(line)
 
@@ -429,6 +435,9 @@ class InstanceManager:
             self._ended_points[doc["id"]] = live.points
             if live.partial:
                 self._write_log(doc["id"], "output", live.partial.decode(errors="replace"))
+            if live.log_fh is not None:
+                live.log_fh.close()
+                live.log_fh = None
             self.sandbox.cleanup(live.sp)
             if live.uid is not None:
                 self._uids.release(live.uid)

@@ -47,7 +47,7 @@ class Limits:
     """Per-run limits; every field is a documented setting (docs/compute.md)."""
 
     wall_seconds: float = 10.0  # wall clock from spawn to kill
-    cpu_seconds: int = 10  # RLIMIT_CPU (SIGXCPU, then SIGKILL one second later)
+    cpu_seconds: int = 20  # RLIMIT_CPU, all threads (SIGXCPU, then SIGKILL a second later)
     memory_bytes: int = 512 * MiB  # RLIMIT_DATA: heap/anonymous memory (Go/Node start fine)
     file_size_bytes: int = 16 * MiB  # RLIMIT_FSIZE: largest file the run may write
     open_files: int = 256  # RLIMIT_NOFILE
@@ -145,7 +145,8 @@ def _probe_cgroup() -> tuple[str | None, int | None, str]:
     for root, version, knob in candidates:
         if not root.is_dir():
             continue
-        folder = root / f"chainstate-{os.getpid()}"
+        _remove_stale_cgroups(root)
+        folder = root / f"chainstate-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # one per probe
         try:
             folder.mkdir(exist_ok=True)
             if version == 2:
@@ -160,6 +161,19 @@ def _probe_cgroup() -> tuple[str | None, int | None, str]:
             last = f"cgroup v{version} cpu not writable: {exc.strerror}"
             continue
     return None, None, locals().get("last", "no cpu cgroup controller found")
+
+
+def _remove_stale_cgroups(root: Path) -> None:
+    """Remove empty cgroup folders left by servers that died (kill -9) before cleaning up."""
+    for folder in root.glob("chainstate-*"):
+        pid = folder.name.split("-")[1]
+        if not pid.isdigit() or psutil.pid_exists(int(pid)):
+            continue
+        for child in folder.glob("run-*"):
+            with contextlib.suppress(OSError):
+                child.rmdir()
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def probe_isolation(use_cgroups: bool = True) -> Isolation:
@@ -401,7 +415,7 @@ class Sandbox:
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.STDOUT,
                     pass_fds=(w_fd,),
-                    preexec_fn=self._preexec(job.limits, uid, cgroup),
+                    preexec_fn=self._preexec(job.limits, uid, cgroup, _nproc_budget(uid, job)),
                     limit=64 * KiB,
                 )
             finally:
@@ -450,7 +464,9 @@ class Sandbox:
             (folder / "cpu.cfs_quota_us").write_text(str(quota))
         return folder
 
-    def _preexec(self, limits: Limits, uid: int | None, cgroup: Path | None) -> Callable[[], None]:
+    def _preexec(
+        self, limits: Limits, uid: int | None, cgroup: Path | None, nproc: int | None
+    ) -> Callable[[], None]:
         network = self.isolation.network
 
         def setup() -> None:  # runs in the child between fork and exec
@@ -469,14 +485,32 @@ class Sandbox:
                 _unshare(CLONE_NEWNET)
             elif network == "userns+netns":
                 _unshare(CLONE_NEWUSER | CLONE_NEWNET)
+            if nproc is not None:
+                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
             if uid is not None:
-                resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
                 os.setgroups([])
                 os.setgid(uid)
                 os.setuid(uid)
             _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the server
 
         return setup
+
+
+def _nproc_budget(uid: int | None, job: Job) -> int | None:
+    """RLIMIT_NPROC for a run. With its own uid: the run's limit. Sharing the server's
+    (non-root) uid, the limit counts every process of that user, so the budget is what the
+    user runs now plus the run's limit. Root without a uid of its own: not enforceable."""
+    if uid is not None:
+        return job.limits.processes
+    if os.geteuid() == 0:
+        return None
+    me = os.getuid()
+    mine = 0
+    for p in psutil.process_iter(["uids", "num_threads"]):
+        ids = p.info.get("uids")
+        if ids is not None and ids.real == me:
+            mine += p.info.get("num_threads") or 1
+    return mine + job.limits.processes
 
 
 def sweep_uids(uids: range) -> int:

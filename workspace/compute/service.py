@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 from aiohttp import web
 
 from chainstate.config import ConfigError
@@ -145,6 +148,7 @@ class ComputeService:
                 log.warning("killed processes left by a previous server", extra={"n": killed})
         root = s.sandbox_dir or Path(tempfile.gettempdir()) / "chainstate-sandbox"
         self.sandbox = Sandbox(iso, work_root=root)
+        await asyncio.to_thread(_remove_leftovers, root, range(base, base + UID_BLOCK))
         self.pool = WorkerPool(s.workers, s.max_queue, UidPool(base, s.workers))
         runner_settings = RunnerSettings(
             limits=s.function_limits,
@@ -162,7 +166,7 @@ class ComputeService:
             self.ctx,
             endpoints,
             self.store.record_access,
-            root / f"sdk-{uuid.uuid4().hex[:12]}.sock",
+            root / f"sdk-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock",
         )
         await self.gateway.start()
         self.manager = InstanceManager(
@@ -280,6 +284,22 @@ class ComputeService:
             launched="schedule",
         )
         return str(doc["id"])
+
+
+def _remove_leftovers(root: Path, uids: range) -> None:
+    """Run folders of this server's uids and SDK sockets of dead servers (after kill -9)."""
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        try:
+            if entry.name.startswith("run-") and entry.stat().st_uid in uids:
+                shutil.rmtree(entry, ignore_errors=True)
+            elif entry.name.startswith("sdk-") and entry.name.endswith(".sock"):
+                pid = entry.name.split("-")[1]
+                if pid.isdigit() and not psutil.pid_exists(int(pid)):
+                    entry.unlink()
+        except OSError:
+            continue
 
 
 COMPUTE_KEY = web.AppKey("workspace_compute", ComputeService)
