@@ -60,6 +60,12 @@ def load_table(conn: Conn, who: Principal, table_id: str, write: bool = False) -
     return Table.from_row(row)
 
 
+def table_deps(conn: Conn, table_id: str) -> int:
+    """Readers of the table recorded by the compute module (0 when it is not loaded)."""
+    store = sys.modules.get("workspace.compute.store")
+    return int(store.table_reader_count(conn, table_id)) if store is not None else 0
+
+
 def require_inited(table: Table) -> None:
     if not table.inited:
         raise conflict(f"table {table.id!r} is not initialized; call POST /v1/table/init first")
@@ -100,7 +106,7 @@ def detail(conn: Conn, t: Table, content_tables: list[str], is_l1: bool = False)
         "indexes": indexes,
         "view": t.view,
         "start_height": t.start_height,
-        "deps": 0,
+        "deps": table_deps(conn, t.id),
         "last_write_at_ms": t.last_write_at_ms,
         "first_write_at": t.first_write_at,
         "inited": t.inited,
@@ -241,7 +247,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
                     {
                         **summary(t),
                         "space_entity": spaces[t.space],
-                        "deps": 0,
+                        "deps": table_deps(conn, t.id),
                         "last_write_at_ms": t.last_write_at_ms if p["with_activity"] else None,
                     }
                 )

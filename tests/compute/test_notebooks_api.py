@@ -303,6 +303,9 @@ async def test_sdk_table_access_and_blockx(stack: Stack, space: str) -> None:
     assert (await a.ok("GET", "/v1/space", id=space))["dep_count"] == 1
     readers = await stack.db.run(lambda c: table_reader_count(c, t["id"]))
     assert readers == 1
+    assert (await a.ok("GET", "/v1/table", id=t["id"]))["deps"] == 1
+    listed = await a.ok("GET", "/v1/table/list", space=space)
+    assert {i["id"]: i["deps"] for i in listed["items"]}[t["id"]] == 1
     blockx = await a.ok("GET", "/v1/notebook/instance/metrics/blockx", id=inst["id"])
     calls = blockx["charts"]["calls"]["series"][0]["points"]
     assert sum(v for _, v in calls) > 0
