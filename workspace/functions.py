@@ -221,7 +221,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
         def q(conn: Conn) -> Any:
             return function_json(conn, load_function(conn, call.who, call.params["id"]), content)
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def create(call: Call) -> Any:
         p = call.params
@@ -314,10 +314,10 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             total = len(items)
             return {"start": p["start"], "limit": p["limit"], "items": out, "total_count": total}
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def invoke(call: Call) -> Any:
-        fn = await call.db.run(lambda conn: load_function(conn, call.who, call.params["id"]))
+        fn = await call.db.read(lambda conn: load_function(conn, call.who, call.params["id"]))
         arguments = [{"value": v, "name": None, "order": None} for v in call.params["arguments"]]
         args = bind(fn["parameters"], arguments)
         record = await execute(
@@ -402,7 +402,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             )
 
     async def tc_get(call: Call) -> Any:
-        return await call.db.run(lambda c: load_testcase(c, call.who, call.params["id"], False))
+        return await call.db.read(lambda c: load_testcase(c, call.who, call.params["id"], False))
 
     async def tc_create(call: Call) -> Any:
         p = call.params
@@ -453,7 +453,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             )
             return {"start": p["start"], "limit": p["limit"], "items": items, "total_count": total}
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     id_param = Field("id", ID_255, required=True, doc="full Function id <space>.<name>")
     language = Str(enum=LANGUAGES)

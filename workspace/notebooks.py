@@ -263,7 +263,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             nb = load_notebook(conn, call.who, call.params["id"])
             return notebook_json(conn, nb, content, code=True)
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def nb_create(call: Call) -> Any:
         p = call.params
@@ -317,14 +317,14 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             out = [notebook_json(conn, nb, content, code=False) for nb in items]
             return {"start": p["start"], "limit": p["limit"], "items": out, "total_count": total}
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     # instances ---------------------------------------------------------------------------
 
     async def inst_create(call: Call) -> Any:
         p = call.params
         arguments = check_arguments(p["arguments"])
-        nb = await call.db.run(lambda c: load_notebook(c, call.who, p["notebook_id"]))
+        nb = await call.db.read(lambda c: load_notebook(c, call.who, p["notebook_id"]))
         globals_ = bind_names(nb["parameters"], arguments)
         try:
             doc = await compute(call).manager.launch(
@@ -343,13 +343,13 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             )
         except InstanceError as exc:
             raise instance_error(exc) from None
-        return await call.db.run(lambda c: instance_json(c, doc, code=True))
+        return await call.db.read(lambda c: instance_json(c, doc, code=True))
 
     async def inst_get(call: Call) -> Any:
         def q(conn: Conn) -> Any:
             return instance_json(conn, load_instance(conn, call.who, call.params["id"]), True)
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def inst_list(call: Call) -> Any:
         p = call.params
@@ -360,10 +360,10 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             items = [instance_json(conn, d, False) for d in docs]
             return {"total_count": total, "instances": items}
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def owned(call: Call) -> str:
-        doc = await call.db.run(lambda c: load_instance(c, call.who, call.params["id"]))
+        doc = await call.db.read(lambda c: load_instance(c, call.who, call.params["id"]))
         return str(doc["id"])
 
     async def inst_cancel(call: Call) -> Any:
@@ -462,7 +462,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
                 out["next_run_at"] = next_due(doc["cron"], doc.get("last_due_at") or time.time())
             return out
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def sch_list(call: Call) -> Any:
         p = call.params
@@ -479,7 +479,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             out = [schedule_json(d) for d in items]
             return {"start": p["start"], "limit": p["limit"], "items": out, "total_count": total}
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     async def sch_delete(call: Call) -> Any:
         def q(conn: Conn) -> None:
@@ -498,7 +498,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             items, total = cs.list_schedule_runs(conn, doc["id"], p["start"], p["limit"])
             return {"start": p["start"], "limit": p["limit"], "items": items, "total_count": total}
 
-        return await call.db.run(q)
+        return await call.db.read(q)
 
     id_param = Field("id", ID_255, required=True)
     tag = "notebook"

@@ -239,7 +239,7 @@ class ComputeService:
         def compile_(conn: Any) -> Any:
             return compile_sql(text, own_table_lookup(conn, who.account_id), conn.dialect)
 
-        compiled = await self.ctx.db.run(compile_)
+        compiled = await self.ctx.db.read(compile_)
         rows = await self.sql.run(compiled, args)
         now_ms = int(self.clock() * 1000)
         for table in compiled.tables:

@@ -495,25 +495,25 @@ class ComputeStore:
         await self.db.run(put_instance, doc)
 
     async def get_instance(self, instance_id: str) -> dict[str, Any] | None:
-        return await self.db.run(get_instance, instance_id)
+        return await self.db.read(get_instance, instance_id)
 
     async def running_instances(self) -> list[dict[str, Any]]:
-        return await self.db.run(running_instances)
+        return await self.db.read(running_instances)
 
     async def put_schedule(self, doc: dict[str, Any]) -> None:
         await self.db.run(put_schedule, doc)
 
     async def get_schedule(self, schedule_id: str) -> dict[str, Any] | None:
-        return await self.db.run(get_schedule, schedule_id)
+        return await self.db.read(get_schedule, schedule_id)
 
     async def active_schedules(self) -> list[dict[str, Any]]:
-        return await self.db.run(active_schedules)
+        return await self.db.read(active_schedules)
 
     async def add_schedule_run(self, run: dict[str, Any]) -> None:
         await self.db.run(add_schedule_run, run)
 
     async def get_notebook(self, notebook_id: str) -> dict[str, Any] | None:
-        return await self.db.run(get_notebook, notebook_id)
+        return await self.db.read(get_notebook, notebook_id)
 
     async def record_access(
         self, table_id: str, instance_id: str, access: str, reader: str, at_ms: int
