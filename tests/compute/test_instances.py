@@ -266,3 +266,15 @@ async def test_schedule_fires_and_skips_overlaps(
     _, total = await store.db.run(list_schedule_runs, "sch1", 0, 100)
     assert total == 6
     await manager.cancel(later[-1]["instance_id"])
+
+
+async def test_max_cpu_is_enforced(manager: InstanceManager, store: ComputeStore) -> None:
+    if manager.sandbox.isolation.cpu_cgroup is None:
+        pytest.fail(f"no cpu cgroup here: {manager.sandbox.isolation.notes}")
+    busy = "while True:\n    pass\n"
+    doc = await launch(manager, busy, max_cpu=25)
+    await asyncio.sleep(2.0)
+    points = manager.container_points(doc["id"])["cpu"]
+    await manager.cancel(doc["id"])
+    steady = [v for _, v in points[1:]]
+    assert steady and sum(steady) / len(steady) < 40  # a quarter of a CPU, not a whole one

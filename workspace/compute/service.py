@@ -83,7 +83,7 @@ class ComputeSettings:
             for prefix, (target, out) in groups.items():
                 name = key[len(prefix) :] if key.startswith(prefix) else None
                 known = {f.name: f for f in fields(target)}
-                if name in known and name not in ("function_limits", "instance", "port"):
+                if name in known and name not in _NOT_SETTABLE[prefix]:
                     out[name] = _coerce(key, getattr(target, name), value)
                     break
             else:
@@ -94,6 +94,14 @@ class ComputeSettings:
             instance=replace(base.instance, **groups["instance_"][1]),
             **groups[""][1],
         )
+
+
+# nested groups and values the service derives itself (the instance uid range, the port)
+_NOT_SETTABLE = {
+    "": {"function_limits", "instance", "port"},
+    "instance_": {"uid_base"},
+    "function_": set(),
+}
 
 
 def _coerce(key: str, default: Any, value: Any) -> Any:
