@@ -438,7 +438,7 @@ class InstanceManager:
             if live.log_fh is not None:
                 live.log_fh.close()
                 live.log_fh = None
-            self.sandbox.cleanup(live.sp)
+            await self.sandbox.cleanup(live.sp)
             if live.uid is not None:
                 self._uids.release(live.uid)
             if self.on_end is not None:

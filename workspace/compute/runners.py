@@ -367,7 +367,7 @@ class CodeRunner:
                 tmp.replace(binary)
                 return binary
         finally:
-            self.sandbox.cleanup(sp)
+            await self.sandbox.cleanup(sp)
         text = result.output.decode("utf-8", errors="replace")
         if result.reason == "timeout":
             return Outcome.failed("timeout", "go build timed out", status="timeout", text=text)

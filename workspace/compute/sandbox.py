@@ -436,19 +436,19 @@ class Sandbox:
         try:
             return await sp.wait()
         finally:
-            self.cleanup(sp)
+            await self.cleanup(sp)
 
-    def cleanup(self, sp: SandboxProcess) -> None:
-        """Remove the run's temp dir and cgroup once it has ended."""
-        _sweep(sp.pid, sp.uid)
-        shutil.rmtree(sp.workdir, ignore_errors=True)
+    async def cleanup(self, sp: SandboxProcess) -> None:
+        """Remove the run's temp dir and cgroup once it has ended (off the event loop)."""
+        await asyncio.to_thread(_sweep, sp.pid, sp.uid)
+        await asyncio.to_thread(shutil.rmtree, sp.workdir, True)
         if sp.cgroup is not None:
-            for _ in range(50):
+            for _ in range(50):  # the kernel may need a moment after the last exit
                 try:
                     sp.cgroup.rmdir()
                     break
                 except OSError:
-                    time.sleep(0.01)
+                    await asyncio.sleep(0.02)
 
     def _make_cgroup(self, cpu_percent: int | None) -> Path | None:
         if cpu_percent is None or self.isolation.cpu_cgroup is None:
