@@ -322,6 +322,7 @@ async def test_sql_functions(stack: Stack, tables: dict[str, str], space: str) -
         ("SELECT * FROM ws_credentials", "not an initialized table"),
         (f"SELECT 1; SELECT * FROM {t}", "exactly one statement"),
         (f"SELECT * FROM {t} WHERE amount > ?", "placeholder"),
+        ("WITH ws_credentials AS (SELECT 1 AS x) SELECT COUNT(*) FROM ws_credentials", "reserved"),
     ]:
         rec = await run(stack, "sql", bad)
         assert rec["status"] == "failed", bad
@@ -339,6 +340,17 @@ async def test_sql_functions(stack: Stack, tables: dict[str, str], space: str) -
     assert await stack.alice.ok(
         "POST", "/v1/function/invoke", {"id": fn["id"], "arguments": []}
     ) == [{"s": 13}]
+    endless = (
+        f"WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+        f"SELECT COUNT(*) AS n FROM c, {t}"
+    )
+    stack.svc.sql.timeout_ms = 300
+    try:
+        slow = await run(stack, "sql", endless)
+    finally:
+        stack.svc.sql.timeout_ms = stack.svc.settings.sql_timeout_ms
+    assert slow["status"] == "timeout", slow["output"]
+    assert slow["output"]["failure"]["message"] == "the query ran longer than 300 ms"
     # a saved Function reading the tables is a dependency; ad-hoc runs are not
     assert await stack.db.run(lambda c: table_reader_count(c, t)) == 1
     assert await stack.db.run(lambda c: table_reader_count(c, p)) == 0

@@ -126,6 +126,12 @@ async def test_file_size_limit(sandbox: Sandbox) -> None:
     assert res.exit_code == 1 and b"File too large" in res.output
 
 
+async def test_open_files_limit(sandbox: Sandbox) -> None:
+    code = "fs = [open('/dev/null') for _ in range(100)]"
+    res = await sandbox.run(job(code, open_files=50))
+    assert res.exit_code == 1 and b"Too many open files" in res.output
+
+
 async def test_cpu_seconds_limit(sandbox: Sandbox) -> None:
     res = await sandbox.run(job("while True: pass", cpu_seconds=1, wall_seconds=10))
     assert res.reason is None and res.signal is not None  # SIGXCPU, then SIGKILL

@@ -64,6 +64,10 @@ class SqlError(Exception):
     """A SQL Function that the guard rejected or the database failed; shown in the record."""
 
 
+class SqlTimeout(SqlError):
+    """A SQL Function that ran past its time limit (a `timeout` record)."""
+
+
 SqlExecutor = Callable[[str, list[Any]], Awaitable[Any]]
 """(sql, positional args) -> JSON value; bound to the caller's account by the endpoint."""
 
@@ -299,6 +303,15 @@ class CodeRunner:
             msg = f"wall-clock limit of {limits.wall_seconds:g} s exceeded"
             return Outcome.failed(
                 "timeout", msg, status="timeout", started_at=started, finished_at=time.time()
+            )
+        except SqlTimeout as exc:
+            return Outcome.failed(
+                "timeout",
+                str(exc),
+                status="timeout",
+                started_at=started,
+                finished_at=time.time(),
+                execution_duration_ms=int((time.monotonic() - t0) * 1000),
             )
         except SqlError as exc:
             return Outcome.failed(

@@ -26,7 +26,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from workspace.coltypes import TYPES
-from workspace.compute.runners import SqlError
+from workspace.compute.runners import SqlError, SqlTimeout
 from workspace.db import Conn, Database, QueryDenied, QueryGuard, QueryTimeout
 from workspace.tabledefs import Table
 
@@ -46,6 +46,7 @@ _FORBIDDEN = (
     exp.Use,
     exp.Transaction,
 )
+_RESERVED_PREFIXES = ("ws_", "t_", "ix_", "sqlite_", "pg_")
 _SQLITE_OK_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 
 TableLookup = Callable[[str], Table | None]  # full table id -> the caller's own inited table
@@ -57,6 +58,7 @@ class CompiledSql:
     placeholders: int
     tables: list[Table]
     decoders: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+    ctes: set[str] = field(default_factory=set)
 
 
 def _names(t: exp.Table) -> list[str]:
@@ -78,6 +80,9 @@ def compile_sql(text: str, lookup: TableLookup, dialect: str) -> CompiledSql:
         if isinstance(node, _FORBIDDEN):
             raise SqlError(f"{type(node).__name__.upper()} is not allowed in a SQL Function")
     ctes = {c.alias_or_name for c in stmt.find_all(exp.CTE)}
+    for name in ctes:  # a CTE must not shadow the database's own tables (see the authorizer)
+        if name.lower().startswith(_RESERVED_PREFIXES):
+            raise SqlError(f"CTE name {name!r} is reserved; choose another name")
     by_alias: dict[str, Table] = {}
     used: dict[str, Table] = {}
     for t in list(stmt.find_all(exp.Table)):
@@ -109,7 +114,9 @@ def compile_sql(text: str, lookup: TableLookup, dialect: str) -> CompiledSql:
     placeholders = len(list(stmt.find_all(exp.Placeholder)))
     out = "postgres" if dialect == "postgresql" else "sqlite"
     sql = stmt.sql(dialect=out, comments=False)
-    return CompiledSql(sql, placeholders, list(used.values()), _decoders(stmt, by_alias))
+    compiled = CompiledSql(sql, placeholders, list(used.values()), _decoders(stmt, by_alias))
+    compiled.ctes = ctes
+    return compiled
 
 
 def _decoders(stmt: exp.Expression, by_alias: dict[str, Table]) -> dict[str, Callable]:
@@ -172,7 +179,7 @@ class SqlFunctionRunner:
                 )
                 names, rows = await self.db.read_only(_fetch, guard, wrapped, args)
         except QueryTimeout:
-            raise SqlError(f"the query ran longer than {self.timeout_ms} ms") from None
+            raise SqlTimeout(f"the query ran longer than {self.timeout_ms} ms") from None
         except QueryDenied as exc:
             raise SqlError(f"the database rejected the query: {exc}") from None
         if len(rows) > self.max_rows:
@@ -190,7 +197,9 @@ class SqlFunctionRunner:
                 f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
             )
         raw = self._ro
-        allowed = {t.physical for t in compiled.tables}
+        # CTE names appear as read "tables" (count(*) over a CTE); they cannot shadow real
+        # tables: names with the database's prefixes are refused by compile_sql
+        allowed = {t.physical for t in compiled.tables} | compiled.ctes
         deadline = time.monotonic() + self.timeout_ms / 1000
         timed_out = False
 
