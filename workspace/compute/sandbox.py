@@ -112,12 +112,12 @@ class RunResult:
     queue_wait_ms: int = 0
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# Loaded once here: find_library may spawn a process, which a forked child must not do.
+LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
 def _unshare(flags: int) -> None:
-    if _libc().unshare(flags) != 0:
+    if LIBC.unshare(flags) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
@@ -474,6 +474,16 @@ class Sandbox:
             if cgroup is not None:
                 with open(cgroup / "cgroup.procs", "w") as fh:
                     fh.write(str(os.getpid()))
+            if network == "netns":
+                _unshare(CLONE_NEWNET)
+            elif network == "userns+netns":
+                _unshare(CLONE_NEWUSER | CLONE_NEWNET)
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+            LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the server
+            # limits last: nothing above may need a new fd or process once they apply
             cpu = max(1, int(limits.cpu_seconds))
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
             resource.setrlimit(resource.RLIMIT_DATA, (limits.memory_bytes, limits.memory_bytes))
@@ -481,17 +491,8 @@ class Sandbox:
             resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
             resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            if network == "netns":
-                _unshare(CLONE_NEWNET)
-            elif network == "userns+netns":
-                _unshare(CLONE_NEWUSER | CLONE_NEWNET)
             if nproc is not None:
                 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-            if uid is not None:
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-            _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the server
 
         return setup
 
