@@ -24,7 +24,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -142,25 +142,26 @@ def _probe_cgroup() -> tuple[str | None, int | None, str]:
     if (v2 / "cgroup.controllers").exists() and "cpu" in (v2 / "cgroup.controllers").read_text():
         candidates.append((v2, 2, "cpu.max"))
     candidates.append((v2 / "cpu", 1, "cpu.cfs_quota_us"))
+    why = "no cpu cgroup controller found"
     for root, version, knob in candidates:
         if not root.is_dir():
             continue
         _remove_stale_cgroups(root)
         folder = root / f"chainstate-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # one per probe
         try:
-            folder.mkdir(exist_ok=True)
+            folder.mkdir()
             if version == 2:
                 with contextlib.suppress(OSError):
                     (v2 / "cgroup.subtree_control").write_text("+cpu")
                     (folder / "cgroup.subtree_control").write_text("+cpu")
-            if (folder / knob).exists() or version == 2:
+            if (folder / knob).exists():
                 return str(folder), version, f"cpu quota through cgroup v{version} at {folder}"
+            why = f"cgroup v{version} at {root} has no {knob}"
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-            last = f"cgroup v{version} cpu not writable: {exc.strerror}"
-            continue
-    return None, None, locals().get("last", "no cpu cgroup controller found")
+            why = f"cgroup v{version} cpu not writable: {exc.strerror}"
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    return None, None, why
 
 
 def _remove_stale_cgroups(root: Path) -> None:
@@ -561,8 +562,3 @@ class WorkerPool:
             self.running -= 1
             self._uids.release(uid)
             self._sem.release()
-
-
-def with_limits(limits: Limits, **changes: Any) -> Limits:
-    """A copy of `limits` with some fields changed (None values are ignored)."""
-    return replace(limits, **{k: v for k, v in changes.items() if v is not None})
