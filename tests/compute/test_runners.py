@@ -199,3 +199,12 @@ def test_run_record_shape() -> None:
         "queue_wait_ms",
         "call_id",
     }
+
+
+async def test_python_sees_the_venv_toolchain(runner: CodeRunner) -> None:
+    code = (
+        "import orjson, pyrevm\n\n"
+        "def main():\n    return orjson.loads(orjson.dumps([pyrevm.__name__]))\n"
+    )
+    out = await runner.run("python", code, None, [])
+    assert (out.status, out.return_value) == ("succeeded", ["pyrevm"]), out.error_stack
