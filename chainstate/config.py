@@ -43,4 +43,4 @@ def resolve_path(config: dict[str, Any], value: str | Path) -> Path:
     p = Path(value)
     if p.is_absolute():
         return p
-    return Path(config.get("__dir__", ".")) / p
+    return (Path(config.get("__dir__", ".")) / p).resolve()
