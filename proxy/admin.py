@@ -20,6 +20,7 @@ from aiohttp import web
 from chainstate.blockref import parse_block_ctx
 from chainstate.jsonrpc import JsonRpcError
 from proxy.engine import Engine
+from proxy.health import HeadTracker
 from proxy.model import (
     EntryError,
     MirrorEntry,
@@ -64,11 +65,13 @@ class AdminApi:
         state: RoutingState,
         store: ConfigStore,
         engine: Engine,
+        tracker: HeadTracker | None = None,
     ) -> None:
         self.settings = settings
         self.state = state
         self.store = store
         self.engine = engine
+        self.tracker = tracker  # polls a writer on the spot before it becomes the Leader
         self.token = settings.admin_token
         self._write_lock = asyncio.Lock()
 
@@ -469,7 +472,16 @@ class AdminApi:
 
     @staticmethod
     def _writer(pool: Pool, node: Node) -> dict[str, Any]:
-        return {"key": node.key, "url": node.entry.url, "leader": pool.leader == node.key}
+        """A writer as the admin API shows it: its entry and what the health poll saw."""
+        return {
+            "key": node.key,
+            "url": node.entry.url,
+            "leader": pool.leader == node.key,
+            "head": node.head,
+            "healthy": node.healthy,
+            "latency_ms": None if node.latency_ms is None else round(node.latency_ms, 3),
+            "last_error": node.last_error,
+        }
 
     async def get_writers(self, request: web.Request) -> web.Response:
         pool = self._pool(request)
@@ -485,29 +497,60 @@ class AdminApi:
 
     async def switch_leader(self, request: web.Request) -> web.Response:
         pool = self._pool(request)
-        key = check_key((await self._body(request)).get("key"), "key")
-        if key not in pool.writers:
+        body = await self._body(request)
+        if set(body) - {"key", "force"}:
+            raise AdminError(400, 'switchLeader takes {"key": "<writer>", "force": false} only')
+        key = check_key(body.get("key"), "key")
+        force = body.get("force", False)
+        if not isinstance(force, bool):
+            raise AdminError(400, "force must be true or false")
+        node = pool.writers.get(key)
+        if node is None:
             raise AdminError(404, f"unknown writer {key} in pool {pool.id}")
+        problem = await self._writer_problem(node)
+        if problem is not None and not force:
+            raise AdminError(
+                409,
+                f"writer {key} is unhealthy ({problem}); the Leader stays {pool.leader}. "
+                f'Send {{"key": "{key}", "force": true}} to switch anyway',
+            )
         previous = pool.leader
         await self._put(f"pools/{pool.id}/leader", {"key": key})
         leader = self._writer(pool, pool.writers[key])
-        return reply({"pool": pool.id, "previous": previous, "leader": leader})
+        return reply({"pool": pool.id, "previous": previous, "leader": leader, "forced": force})
+
+    async def _writer_problem(self, node: Node) -> str | None:
+        """Why `node` should not lead, from a poll made now (None: it answers)."""
+        if self.tracker is None:
+            return None if node.healthy else (node.last_error or "marked unhealthy")
+        return await self.tracker.poll_writer(node)
 
     async def add_writer(self, request: web.Request) -> web.Response:
         pool_id = self._pool_id(request)
         body = await self._body(request)
-        leader = body.pop("leader", False)
-        if not isinstance(leader, bool):
-            raise AdminError(400, "leader must be true or false")
+        leader, force = body.pop("leader", False), body.pop("force", False)
+        if not isinstance(leader, bool) or not isinstance(force, bool):
+            raise AdminError(400, "leader and force must be true or false")
         writer = WriterEntry.from_obj(body)
         pool = self.state.pools.get(pool_id)
         if pool is not None and writer.key in pool.writers:
             raise AdminError(409, f"writer {writer.key} already exists in pool {pool_id}")
+        if leader and not force:
+            probe = Node(NodeEntry(key=writer.key, url=writer.url, kind="writer"))
+            problem = await self._writer_problem(probe)
+            if problem is not None:
+                raise AdminError(
+                    409,
+                    f"writer {writer.key} does not answer ({problem}), so it cannot lead; "
+                    'add it without "leader", or with "force": true',
+                )
         await self._update(f"pools/{pool_id}/writers/{writer.key}", _create(writer.to_obj()))
         if leader:
             await self._put(f"pools/{pool_id}/leader", {"key": writer.key})
         pool = self.state.pools[pool_id]
-        return reply({"pool": pool_id, "writer": self._writer(pool, pool.writers[writer.key])}, 201)
+        node = pool.writers[writer.key]
+        await self._writer_problem(node)  # the answer shows its health at once
+        return reply({"pool": pool_id, "writer": self._writer(pool, node)}, 201)
 
     async def delete_writer(self, request: web.Request) -> web.Response:
         pool = self._pool(request)

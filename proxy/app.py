@@ -82,7 +82,7 @@ class Proxy:
             s.unhealthy_after,
         )
         sync = StoreSync(store, state, s)
-        admin = AdminApi(s, state, store, engine)
+        admin = AdminApi(s, state, store, engine, tracker)
         return cls(
             s, state, store, upstream, selector, metrics, mirrors, engine, tracker, sync, admin
         )

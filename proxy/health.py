@@ -1,9 +1,11 @@
-"""Head tracking and health: every node is polled each `head_poll_interval` seconds.
+"""Head tracking and health: every node and write node is polled each `head_poll_interval` s.
 
 One batch per node: `eth_blockNumber` (the head), `blockx_range` (earliest held height, when
 the node has it) and the latest block header (its hash, so a later request naming that hash
-is routed by height). `unhealthy_after` consecutive failures (here or on the data path) take
-a node out of rotation; the next successful poll brings it back.
+is routed by height). Write nodes get `eth_blockNumber` alone: their head is the last block
+they emitted. `unhealthy_after` consecutive failures (here or on the data path) mark a node
+unhealthy (readers leave rotation; the admin API shows it and refuses to make an unhealthy
+writer the Leader); the next successful poll brings it back.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ POLL_BODY = orjson.dumps(
         {"jsonrpc": "2.0", "id": 1, "method": "blockx_range", "params": []},
         {"jsonrpc": "2.0", "id": 2, "method": "eth_getBlockByNumber", "params": ["latest", False]},
     ]
+)
+WRITER_POLL_BODY = orjson.dumps(
+    [{"jsonrpc": "2.0", "id": 0, "method": "eth_blockNumber", "params": []}]
 )
 
 
@@ -74,27 +79,16 @@ class HeadTracker:
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
     async def poll_all(self) -> None:
-        nodes = [n for pool in self._pools().values() for n in pool.readers]
-        if nodes:
-            await asyncio.gather(*(self.poll(n) for n in nodes))
+        pools = list(self._pools().values())
+        readers = [self.poll(n) for pool in pools for n in pool.readers]
+        writers = [self.poll_writer(n) for pool in pools for n in pool.writers.values()]
+        if readers or writers:
+            await asyncio.gather(*readers, *writers)
 
     async def poll(self, node: Node) -> None:
-        started = time.perf_counter()
-        try:
-            raw = await self.upstream.send(node.entry.url, POLL_BODY, self.timeout)
-            answers = _by_id(raw)
-            head = _quantity(answers.get(0))
-        except (UpstreamError, PollError) as exc:
-            was = node.healthy
-            node.failed(self.unhealthy_after)
-            if was and not node.healthy:
-                log.warning("node %s taken out of rotation: %s", node.key, exc)
+        answers = await self._probe(node, POLL_BODY)
+        if answers is None:
             return
-        if not node.healthy:
-            log.warning("node %s back in rotation (head %s)", node.key, head)
-        node.succeeded()
-        node.observe_latency((time.perf_counter() - started) * 1000)
-        node.head = head
         rng = answers.get(1, {}).get("result")
         if isinstance(rng, dict) and isinstance(rng.get("earliest"), int):
             node.earliest = rng["earliest"]
@@ -102,6 +96,37 @@ class HeadTracker:
         if isinstance(block, dict) and isinstance(block.get("hash"), str):
             with contextlib.suppress(TypeError, ValueError):
                 self.selector.remember_hash(block["hash"], int(block["number"], 16))
+
+    async def poll_writer(self, node: Node) -> str | None:
+        """Poll one write node now; the reason it failed, or None when it answered."""
+        answers = await self._probe(node, WRITER_POLL_BODY)
+        return node.last_error if answers is None else None
+
+    async def _probe(self, node: Node, body: bytes) -> dict[Any, dict[str, Any]] | None:
+        """Send one poll batch and do the health bookkeeping; the answers by id, or None."""
+        started = time.perf_counter()
+        try:
+            raw = await self.upstream.send(node.entry.url, body, self.timeout)
+            answers = _by_id(raw)
+            head = _quantity(answers.get(0))
+        except (UpstreamError, PollError) as exc:
+            was = node.healthy
+            node.failed(self.unhealthy_after)
+            node.last_error = str(exc)[:300]
+            if was and not node.healthy:
+                log.warning("%s %s marked unhealthy: %s", _what(node), node.key, exc)
+            return None
+        if not node.healthy:
+            log.warning("%s %s healthy again (head %s)", _what(node), node.key, head)
+        node.succeeded()
+        node.last_error = None
+        node.observe_latency((time.perf_counter() - started) * 1000)
+        node.head = head
+        return answers
+
+
+def _what(node: Node) -> str:
+    return "write node" if node.entry.kind == "writer" else "node"
 
 
 def _by_id(raw: bytes) -> dict[Any, dict[str, Any]]:

@@ -224,6 +224,7 @@ class Node:
     latency_ms: float | None = None
     inflight: int = 0
     weight_override: int | None = None
+    last_error: str | None = None  # why the last health poll failed (None after a success)
 
     @property
     def key(self) -> str:

@@ -13,7 +13,7 @@ from proxy.settings import ProxySettings, SeedNode, SeedWriter
 from proxy.store import StoreUnavailable
 from proxy.store_file import FileStore
 from tests.conftest import free_port
-from tests.proxy.conftest import FAST, Api, fast_settings
+from tests.proxy.conftest import FAST, Api, fast_settings, wait_until
 
 URL = "http://127.0.0.1:9"
 
@@ -43,7 +43,9 @@ async def api(make_api) -> Api:
     api = await make_api()
     status, _ = await api.post("/1337/addNode", {"key": "s1", "url": URL, "kind": "state"})
     assert status == 201
-    status, _ = await api.post("/1337/writers/addWriter", {"key": "w1", "url": URL, "leader": True})
+    # URL does not answer: a Leader that is down has to be forced in.
+    w1 = {"key": "w1", "url": URL, "leader": True, "force": True}
+    status, _ = await api.post("/1337/writers/addWriter", w1)
     assert status == 201
     return api
 
@@ -139,6 +141,11 @@ async def test_adding_a_node_to_an_unknown_chain_creates_its_pool(api: Api) -> N
         ("/1337/deleteMirror", {"url": URL}, 404),
         ("/1337/writers/switchLeader", {"key": "zz"}, 404),
         ("/1337/writers/switchLeader", {}, 400),
+        ("/1337/writers/switchLeader", {"key": "w1", "force": "yes"}, 400),
+        ("/1337/writers/switchLeader", {"key": "w1", "why": "x"}, 400),
+        ("/1337/writers/switchLeader", {"key": "w1"}, 409),  # it does not answer
+        ("/1337/writers/addWriter", {"key": "w2", "url": URL, "leader": True}, 409),
+        ("/1337/writers/addWriter", {"key": "w2", "url": URL, "force": 1}, 400),
         ("/1337/writers/addWriter", {"key": "w1", "url": URL}, 409),
         ("/1337/writers/addWriter", {"key": "w2", "url": URL, "leader": "yes"}, 400),
         ("/1337/writers/deleteWriter/w1", None, 409),
@@ -181,12 +188,67 @@ async def test_routes_listing(api: Api) -> None:
 
 async def test_writers_listing(api: Api) -> None:
     _, body = await api.get("/1337/writers")
-    assert body["writers"] == [{"key": "w1", "url": URL, "leader": True}]
+    (w1,) = body["writers"]
+    assert w1 | {"last_error": None, "healthy": None} == {
+        "key": "w1",
+        "url": URL,
+        "leader": True,
+        "head": None,
+        "healthy": None,
+        "latency_ms": None,
+        "last_error": None,
+    }
+    assert "127.0.0.1:9" in w1["last_error"]  # polled: nothing listens there
     _, body = await api.get("/1337/writers/leader")
     assert body["leader"]["key"] == "w1"
     await api.post("/1337/writers/addWriter", {"key": "w2", "url": URL})
     assert (await api.post("/1337/writers/deleteWriter/w2"))[0] == 200
     assert (await api.get("/9/writers/leader"))[0] == 404
+
+
+async def test_writer_health_guards_the_leader_switch(make_api, fake_nodes) -> None:
+    """Writers are polled like nodes; only a writer that answers becomes the Leader, unless
+    the operator forces it; requests for a Leader that is down get a clear error."""
+    live = await fake_nodes("live", "state", head=42)
+    gone = await fake_nodes("gone", "state", head=40)
+    api = await make_api()
+    status, body = await api.post(
+        "/1337/writers/addWriter", {"key": "live", "url": live.url, "leader": True}
+    )
+    assert status == 201 and body["writer"]["head"] == 42 and body["writer"]["healthy"]
+    assert (await api.post("/1337/writers/addWriter", {"key": "gone", "url": gone.url}))[0] == 201
+    await gone.stop()
+
+    def writer(body: dict, key: str) -> dict:
+        return next(w for w in body["writers"] if w["key"] == key)
+
+    async def listed(key: str) -> dict:
+        return writer((await api.get("/1337/writers"))[1], key)
+
+    pool = api.proxy.state.pools["1337"]
+    await wait_until(lambda: not pool.writers["gone"].healthy)
+    gone_now = await listed("gone")
+    assert gone_now["healthy"] is False and gone_now["head"] == 40
+    assert "cannot connect" in gone_now["last_error"]
+    live_now = await listed("live")
+    assert live_now["healthy"] is True and live_now["last_error"] is None
+    assert live_now["latency_ms"] > 0
+
+    status, body = await api.post("/1337/writers/switchLeader", {"key": "gone"})
+    assert status == 409 and "gone is unhealthy" in body["error"]
+    assert '"force": true' in body["error"]
+    assert (await api.get("/1337/writers/leader"))[1]["leader"]["key"] == "live"
+
+    status, body = await api.post("/1337/writers/switchLeader", {"key": "gone", "force": True})
+    assert status == 200 and body["forced"] is True and body["previous"] == "live"
+    assert body["leader"]["key"] == "gone" and body["leader"]["healthy"] is False
+    error = (await api.call("1337", "eth_sendRawTransaction", ["0x02f8"]))["error"]
+    assert error["code"] == -32603 and gone.url.split("//")[1] in error["message"]
+
+    status, body = await api.post("/1337/writers/switchLeader", {"key": "live"})
+    assert status == 200 and body["forced"] is False and body["leader"]["key"] == "live"
+    answer = await api.call("1337", "eth_sendRawTransaction", ["0x02f8"])
+    assert answer["result"]["node"] == "live"
 
 
 async def test_local_nodes_live_in_memory_only(make_api, tmp_path) -> None:
@@ -223,7 +285,7 @@ async def test_persistence_across_restart_and_config_seeding(aiohttp_client, tmp
     await first.post("/1337/addMethodRoute", {"method": "eth_call", "kind": "archive"})
     await first.post("/1337/addMirror", {"url": URL})
     await first.post("/1337/writers/addWriter", {"key": "w2", "url": URL})
-    await first.post("/1337/writers/switchLeader", {"key": "w2"})
+    await first.post("/1337/writers/switchLeader", {"key": "w2", "force": True})
     await first.post("/1337/addLocalNode", {"key": "mem", "url": URL})
     await first.client.close()
 
