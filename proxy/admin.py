@@ -45,6 +45,9 @@ from proxy.store import ConfigStore, StoreUnavailable
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_ADMIN_BODY = 64 * 1024  # admin bodies are small objects
 CAS_ATTEMPTS = 5  # compare-and-set retries of one admin change before answering 409
+# A writer further behind the Leader than this is refused by switchLeader (unless forced):
+# state nodes would stop ingesting until it caught up, or for good if it is stuck.
+LEADER_MAX_LAG = 8
 
 
 class AdminError(Exception):
@@ -473,11 +476,13 @@ class AdminApi:
     @staticmethod
     def _writer(pool: Pool, node: Node) -> dict[str, Any]:
         """A writer as the admin API shows it: its entry and what the health poll saw."""
+        heads = [w.head for w in pool.writers.values() if w.head is not None]
         return {
             "key": node.key,
             "url": node.entry.url,
             "leader": pool.leader == node.key,
             "head": node.head,
+            "behind": None if node.head is None else max(heads) - node.head,
             "healthy": node.healthy,
             "latency_ms": None if node.latency_ms is None else round(node.latency_ms, 3),
             "last_error": node.last_error,
@@ -508,10 +513,14 @@ class AdminApi:
         if node is None:
             raise AdminError(404, f"unknown writer {key} in pool {pool.id}")
         problem = await self._writer_problem(node)
+        if problem is not None:
+            problem = f"writer {key} is unhealthy ({problem})"
+        else:
+            problem = _lagging(pool, node)
         if problem is not None and not force:
             raise AdminError(
                 409,
-                f"writer {key} is unhealthy ({problem}); the Leader stays {pool.leader}. "
+                f"{problem}; the Leader stays {pool.leader}. "
                 f'Send {{"key": "{key}", "force": true}} to switch anyway',
             )
         previous = pool.leader
@@ -588,6 +597,20 @@ class AdminApi:
             version = check_version(body["version"])
             await self._put(f"{chain}/version", version)
         return await self.get_version(request)
+
+
+def _lagging(pool: Pool, node: Node) -> str | None:
+    """Why `node` is too far behind the current Leader to take over, or None."""
+    leader = pool.leader_node()
+    if leader is None or leader is node or leader.head is None or node.head is None:
+        return None
+    lag = leader.head - node.head
+    if lag <= LEADER_MAX_LAG:
+        return None
+    return (
+        f"writer {node.key} is {lag} blocks behind the Leader {leader.key} (head {node.head} "
+        f"vs {leader.head}, at most {LEADER_MAX_LAG} allowed): state nodes would wait for it"
+    )
 
 
 def _renewed(node: Node, entry: NodeEntry) -> Node:

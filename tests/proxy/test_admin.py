@@ -8,6 +8,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from proxy.admin import LEADER_MAX_LAG
 from proxy.app import create_admin_app, create_app
 from proxy.settings import ProxySettings, SeedNode, SeedWriter
 from proxy.store import StoreUnavailable
@@ -194,6 +195,7 @@ async def test_writers_listing(api: Api) -> None:
         "url": URL,
         "leader": True,
         "head": None,
+        "behind": None,
         "healthy": None,
         "latency_ms": None,
         "last_error": None,
@@ -247,6 +249,19 @@ async def test_writer_health_guards_the_leader_switch(make_api, fake_nodes) -> N
 
     status, body = await api.post("/1337/writers/switchLeader", {"key": "live"})
     assert status == 200 and body["forced"] is False and body["leader"]["key"] == "live"
+    assert body["leader"]["behind"] == 0
+
+    # A writer that answers but lags far behind (stuck, or still catching up) would stall
+    # every state node following the Leader: refused unless forced.
+    slow = await fake_nodes("slow", "state", head=42 - LEADER_MAX_LAG - 1)
+    assert (await api.post("/1337/writers/addWriter", {"key": "slow", "url": slow.url}))[0] == 201
+    assert (await listed("slow"))["behind"] == LEADER_MAX_LAG + 1
+    status, body = await api.post("/1337/writers/switchLeader", {"key": "slow"})
+    assert status == 409 and f"{LEADER_MAX_LAG + 1} blocks behind the Leader live" in body["error"]
+    slow.head = 42 - LEADER_MAX_LAG
+    status, body = await api.post("/1337/writers/switchLeader", {"key": "slow"})
+    assert status == 200 and body["leader"]["key"] == "slow"
+    assert (await api.post("/1337/writers/switchLeader", {"key": "live"}))[0] == 200
     answer = await api.call("1337", "eth_sendRawTransaction", ["0x02f8"])
     assert answer["result"]["node"] == "live"
 
