@@ -95,11 +95,17 @@ def build_tracer(config: dict[str, Any], exporter: str | None) -> Any:
 
 
 def _check_tracing(config: dict[str, Any], exporter: str | None) -> None:
-    from proxy.tracing import EXPORTERS
+    """Refuse tracing settings that cannot work before anything starts: with --workers a
+    bad exporter would otherwise only fail inside each forked worker, in a crash loop."""
+    from proxy.tracing import check_settings
 
-    chosen = exporter or section(section(config, "proxy"), "tracing").get("exporter", "none")
-    if chosen not in EXPORTERS:
-        raise ConfigError(f"[proxy.tracing] exporter must be one of {', '.join(EXPORTERS)}")
+    sect = dict(section(section(config, "proxy"), "tracing"))
+    if exporter is not None:
+        sect["exporter"] = exporter
+    try:
+        check_settings(**sect)
+    except TypeError as exc:
+        raise ConfigError(f"[proxy.tracing] {exc}") from None
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:

@@ -127,6 +127,7 @@ class ProxySettings:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
                 raise ConfigError(f"[proxy] {name} must be a TCP port (1-65535), got {value!r}")
+        _check_token(self.admin_token)
         if not isinstance(self.state_window, int) or self.state_window < 0:
             raise ConfigError("[proxy] state_window must be an integer >= 0")
         if self.client_id_top_n < 0:
@@ -134,6 +135,20 @@ class ProxySettings:
 
     def default_store_path(self) -> Path:
         return Path(".chainstate") / "proxy-store.json"
+
+
+def _check_token(token: Any) -> None:
+    """An empty token (`--admin-token "$TOKEN"` with TOKEN unset) would lock the admin API
+    for good; spaces or control characters cannot travel in an Authorization header."""
+    if token is None:
+        return
+    if not isinstance(token, str) or not token:
+        raise ConfigError("[proxy] admin_token is empty (is the variable that should hold it set?)")
+    if not all("!" <= ch <= "~" for ch in token):
+        raise ConfigError(
+            "[proxy] admin_token must be printable ASCII without spaces (it travels as "
+            "'Authorization: Bearer <token>')"
+        )
 
 
 def _items(value: Any, what: str) -> list[dict[str, Any]]:

@@ -3,13 +3,16 @@
 For a single proxy process (and `chainstate up`); many processes sharing configuration use
 the etcd store. `FileStore(None)` keeps everything in memory (tests, throwaway runs).
 `watch` yields this process's own changes, so the proxy applies configuration through the
-same snapshot + watch path as with etcd.
+same snapshot + watch path as with etcd. Because no other process sees those changes, the
+file is locked (`flock` on `<file>.lock`) while a store has it open: a second proxy on the
+same file would silently overwrite the first one's admin changes, so it is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import tempfile
 from collections import deque
@@ -33,6 +36,7 @@ class FileStore:
         self._watchers: list[tuple[str, asyncio.Queue[StoreEvent | None]]] = []
         self._lock = asyncio.Lock()
         self._started = False
+        self._lock_fd: int | None = None  # holds the file's flock while started
 
     @property
     def available(self) -> bool:
@@ -41,21 +45,31 @@ class FileStore:
     async def start(self) -> None:
         if self._started:
             return
-        self._started = True
-        if self.path is None or not self.path.exists():
+        if self.path is None:
+            self._started = True
             return
+        self._lock_fd = _lock(self.path)
         try:
-            doc = orjson.loads(self.path.read_bytes())
-            self._revision = int(doc["revision"])
-            self._data = {k: v.encode() for k, v in doc["data"].items()}
+            if self.path.exists():
+                doc = orjson.loads(self.path.read_bytes())
+                self._revision = int(doc["revision"])
+                self._data = {k: v.encode() for k, v in doc["data"].items()}
         except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            self._unlock()
             raise ConfigError(f"proxy store {self.path} is unreadable: {exc}") from None
+        self._started = True
 
     async def close(self) -> None:
         for _, queue in self._watchers:
             queue.put_nowait(None)
         self._watchers = []
         self._started = False
+        self._unlock()
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing the descriptor releases the flock
 
     async def snapshot(self, prefix: str = "") -> tuple[dict[str, bytes], int]:
         return {k: v for k, v in self._data.items() if k.startswith(prefix)}, self._revision
@@ -124,6 +138,30 @@ class FileStore:
         finally:
             with contextlib.suppress(ValueError):
                 self._watchers.remove(entry)
+
+
+def _lock(path: Path) -> int:
+    """An open descriptor holding an exclusive flock on `<path>.lock` (released when it is
+    closed, also when the process dies); ConfigError when another process holds it."""
+    lock_path = path.with_name(path.name + ".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise ConfigError(f"proxy store {path}: cannot open {lock_path}: {exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ConfigError(
+            f"proxy store {path} is in use by another process (pid {holder}): a file store "
+            "serves one proxy; give each proxy its own --store, or share one configuration "
+            "with --store etcd://host:port/prefix/"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 def _write_atomic(path: Path, data: dict[str, bytes], revision: int) -> None:

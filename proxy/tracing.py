@@ -67,6 +67,32 @@ def check_exporter(exporter: str) -> None:
         _otlp_module()
 
 
+def check_settings(
+    exporter: str = "none",
+    service_name: str = DEFAULT_SERVICE_NAME,
+    *,
+    otlp_endpoint: str | None = None,
+    sample_ratio: float = DEFAULT_SAMPLE_RATIO,
+) -> None:
+    """Raise ConfigError (TypeError for unknown names) for `[proxy.tracing]` settings that
+    `build_tracer` would refuse, without building a provider or its export thread."""
+    check_exporter(exporter)
+    if not isinstance(service_name, str) or not service_name:
+        raise ConfigError("tracing service_name must be a non-empty string")
+    if otlp_endpoint is not None and not isinstance(otlp_endpoint, str):
+        raise ConfigError("tracing otlp_endpoint must be a URL string")
+    _check_ratio(sample_ratio)
+
+
+def _check_ratio(sample_ratio: Any) -> None:
+    if (
+        not isinstance(sample_ratio, int | float)
+        or isinstance(sample_ratio, bool)
+        or not 0.0 <= sample_ratio <= 1.0
+    ):
+        raise ConfigError(f"tracing sample_ratio must be between 0 and 1, got {sample_ratio!r}")
+
+
 def _console_exporter(out: IO[str] | None) -> SpanExporter:
     return ConsoleSpanExporter(
         out=out or sys.stdout,
@@ -93,8 +119,7 @@ def build_tracer_provider(
         raise ConfigError(
             f"tracing exporter must be one of {', '.join(EXPORTERS)}, got {exporter!r}"
         )
-    if not 0.0 <= sample_ratio <= 1.0:
-        raise ConfigError(f"tracing sample_ratio must be between 0 and 1, got {sample_ratio}")
+    _check_ratio(sample_ratio)
     if span_exporter is None and exporter == "none":
         return None
     provider = TracerProvider(

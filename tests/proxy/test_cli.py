@@ -96,6 +96,9 @@ async def test_proxy_command_routes_as_debug_choose_says(proxy_process, fake_nod
         (["--port", "{taken}", "--store", ":memory:"], "cannot listen"),
         (["--store", "{bad_store}"], "unreadable"),
         (["--workers", "2"], "etcd"),
+        # `--admin-token "$TOKEN"` with TOKEN unset: a locked admin API, or worse, an open one
+        (["--port", "{free}", "--store", ":memory:", "--admin-token", ""], "admin_token"),
+        (["--port", "{free}", "--store", ":memory:", "--admin-token", "tw o"], "admin_token"),
     ],
 )
 def test_proxy_command_refuses_bad_settings(tmp_path, args, says) -> None:
@@ -106,7 +109,12 @@ def test_proxy_command_refuses_bad_settings(tmp_path, args, says) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        values = {"config": config, "taken": taken.getsockname()[1], "bad_store": bad_store}
+        values = {
+            "config": config,
+            "taken": taken.getsockname()[1],
+            "bad_store": bad_store,
+            "free": free_port(),
+        }
         proc = subprocess.run(
             [sys.executable, "-m", "chainstate.cli", "proxy", *(a.format(**values) for a in args)],
             capture_output=True,
@@ -114,3 +122,43 @@ def test_proxy_command_refuses_bad_settings(tmp_path, args, says) -> None:
             timeout=30,
         )
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+
+
+def test_workers_refuse_an_unusable_trace_exporter_before_forking() -> None:
+    """Without the OTLP package, `--workers` must fail at once like one process does, not
+    fork workers that crash-loop until the supervisor gives up."""
+    import importlib
+
+    try:
+        importlib.import_module("opentelemetry.exporter.otlp")
+        pytest.skip("the OTLP exporter package is installed here")
+    except ImportError:
+        pass
+    args = ["--workers", "2", "--trace", "otlp", "--store", "etcd://127.0.0.1:1/x/"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "chainstate.cli", "proxy", "--port", str(free_port()), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2 and "OTLP exporter package" in proc.stderr, proc.stderr
+    assert "worker" not in proc.stderr
+
+
+async def test_a_second_proxy_on_the_same_store_file_is_refused(proxy_process, tmp_path) -> None:
+    """Two processes on one file store would overwrite each other's admin changes."""
+    store = tmp_path / "store.json"
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "chainstate.cli", "proxy", "--port", str(free_port())],
+        *["--store", str(store)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:  # it started: the defect; do not leave it running
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 2, err.decode()
+    assert "in use by another process" in err.decode() and "etcd://" in err.decode()
