@@ -1,6 +1,7 @@
 """`chainstate up`: the whole stack in one event loop on the embedded devnet config.
 
-anvil (the execution client) runs as a child process; the write node, the state nodes, the
+anvil (the execution client) runs as a child process; the write nodes (`[[writers]]`, all
+following the same anvil; the proxy's writers list names the Leader), the state nodes, the
 consistency checker, the routing proxy and the workspace API share one uvloop event loop and
 reach each other in process (`inproc://name`). Each also listens on its own port, so it can
 be called directly for debugging.
@@ -22,7 +23,7 @@ from chainstate.runner import run, start_site, wait_for_stop
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "up",
-        help="start the whole stack: devnet, write node, state nodes, checker, proxy, workspace",
+        help="start the whole stack: devnet, write nodes, state nodes, checker, proxy, workspace",
         description=__doc__,
     )
     p.add_argument("--config", default=str(DEVNET_CONFIG), help="TOML config (default: devnet)")
@@ -66,7 +67,7 @@ class Stack:
 
     async def start_all(self, stack: AsyncExitStack) -> None:
         await self.start_devnet(stack)
-        await self.start_writer(stack)
+        await self.start_writers(stack)
         await self.start_state_nodes(stack)
         await self.start_checker(stack)
         await self.start_proxy(stack)
@@ -100,16 +101,19 @@ class Stack:
         stack.push_async_callback(anvil.stop)
         self.endpoints.append(("anvil (execution client)", anvil.url))
 
-    async def start_writer(self, stack: AsyncExitStack) -> None:
+    async def start_writers(self, stack: AsyncExitStack) -> None:
         from nodes.writer.service import WriterNode
+        from nodes.writer.settings import writer_data_dir, writer_sections
 
-        sect = section(self.config, "writer")
-        writer = WriterNode.from_config(
-            sect, data_dir=self.data_dir / "writer", registry=self.registry
-        )
-        await writer.start()
-        stack.push_async_callback(writer.close)
-        await self.serve(stack, f"write node {sect.get('key')}", writer.make_app(), sect)
+        sections = writer_sections(self.config)
+        for index, sect in enumerate(sections):
+            data_dir = writer_data_dir(self.data_dir, sections, index)
+            writer = WriterNode.from_config(sect, data_dir=data_dir, registry=self.registry)
+            await writer.start()
+            stack.push_async_callback(writer.close)
+            s = writer.settings
+            listen = {"host": s.host, "port": s.port}
+            await self.serve(stack, f"write node {s.key}", writer.make_app(), listen)
 
     async def start_state_nodes(self, stack: AsyncExitStack) -> None:
         from nodes.state.service import StateNode

@@ -7,7 +7,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from chainstate.config import ConfigError, load_config, resolve_path, section
+from chainstate.config import ConfigError, load_config, resolve_path
 from chainstate.runner import run, start_site, wait_for_stop
 
 
@@ -18,7 +18,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Follow an execution client (anvil, geth…) and serve each block as "
         "trace_vendorBlock over JSON-RPC. Use --config, or --execution-url and friends.",
     )
-    p.add_argument("--config", help="TOML config; its [writer] section is used")
+    p.add_argument(
+        "--config", help="TOML config; its [[writers]] entry (see --key) or [writer] is used"
+    )
+    p.add_argument("--key", help="which [[writers]] entry of --config to run (default: first)")
     p.add_argument("--execution-url", help="JSON-RPC URL of the execution client")
     p.add_argument("--host", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default 8664)")
@@ -29,11 +32,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def writer_section(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
-    """The [writer] section with command-line overrides, and the data dir."""
+    """The chosen writer's config section with command-line overrides, and its data dir."""
+    from nodes.writer.settings import pick_writer, writer_data_dir, writer_sections
+
     config = load_config(args.config) if args.config else {}
-    sect = dict(section(config, "writer"))
-    if args.config:
-        sect["__dir__"] = config["__dir__"]
+    sections = writer_sections(config)
+    if args.key is not None and not args.config:
+        raise ConfigError("--key picks a write node of --config; give --config too")
+    index, chosen = pick_writer(sections, args.key) if sections else (0, {})
+    sect = dict(chosen)
     overrides = {
         "execution_url": args.execution_url,
         "host": args.host,
@@ -44,11 +51,12 @@ def writer_section(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
     if args.genesis:
         sect["genesis"] = str(Path(args.genesis).resolve())
     if "execution_url" not in sect:
-        raise ConfigError("write-node needs --execution-url or a --config with [writer]")
+        raise ConfigError("write-node needs --execution-url or a --config with [[writers]]")
     if args.data_dir:
         data_dir = Path(args.data_dir).resolve()
     elif args.config:
-        data_dir = resolve_path(config, config.get("data_dir", ".chainstate")) / "writer"
+        root = resolve_path(config, config.get("data_dir", ".chainstate"))
+        data_dir = writer_data_dir(root, sections, index)
     else:
         raise ConfigError("write-node needs --data-dir (or a --config with data_dir)")
     return sect, data_dir

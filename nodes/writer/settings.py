@@ -1,4 +1,5 @@
-"""Write node settings: the `[writer]` section of the config, each with a documented default."""
+"""Write node settings: one `[[writers]]` entry (or the single `[writer]` section of older
+configs), each setting with a documented default."""
 
 from __future__ import annotations
 
@@ -68,6 +69,61 @@ class WriterSettings:
         if not settings.genesis.is_file():
             raise ConfigError(f"[writer] genesis file not found: {settings.genesis}")
         return settings
+
+
+def writer_sections(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The write nodes a config declares, in order: `[[writers]]`, or the one `[writer]` of
+    configs written before a chain had several. Each gets the config's `__dir__`, so relative
+    paths in it resolve against the config file's folder."""
+    many, one = config.get("writers"), config.get("writer")
+    if many is not None and one is not None:
+        raise ConfigError("use [[writers]] (a list) or [writer] (one write node), not both")
+    if one is not None:
+        if not isinstance(one, dict):
+            raise ConfigError("[writer] must be a table")
+        many = [one]
+    if many is None:
+        return []
+    if not isinstance(many, list) or not all(isinstance(w, dict) for w in many):
+        raise ConfigError("[[writers]] must be a list of tables")
+    sections = [{"__dir__": config.get("__dir__", str(REPO_CONFIGS)), **w} for w in many]
+    _unique(sections, "key", DEFAULT_KEY)
+    _unique(sections, "port", DEFAULT_PORT)
+    return sections
+
+
+def pick_writer(sections: list[dict[str, Any]], key: str | None) -> tuple[int, dict[str, Any]]:
+    """The position and section of the writer named `key` (None: the first one)."""
+    if not sections:
+        raise ConfigError("the config declares no write node ([[writers]] or [writer])")
+    if key is None:
+        return 0, sections[0]
+    for index, sect in enumerate(sections):
+        if sect.get("key", DEFAULT_KEY) == key:
+            return index, sect
+    known = ", ".join(str(s.get("key", DEFAULT_KEY)) for s in sections)
+    raise ConfigError(f"no write node {key!r} in the config (it has: {known})")
+
+
+def writer_data_dir(root: Path, sections: list[dict[str, Any]], index: int) -> Path:
+    """Where a writer of a shared data dir keeps its blocks: `<root>/<key>`. The first writer
+    keeps using `<root>/writer` when that exists (data dirs of the single-writer layout), so
+    an existing chain is not traced again."""
+    legacy = root / "writer"
+    key = str(sections[index].get("key", DEFAULT_KEY))
+    own = root / key
+    if index == 0 and (len(sections) == 1 or legacy.exists()) and not own.exists():
+        return legacy
+    return own
+
+
+def _unique(sections: list[dict[str, Any]], name: str, default: Any) -> None:
+    seen: set[Any] = set()
+    for sect in sections:
+        value = sect.get(name, default)
+        if value in seen:
+            raise ConfigError(f"[[writers]]: two write nodes have {name} = {value!r}")
+        seen.add(value)
 
 
 def _number(section: dict[str, Any], name: str, default: Any, kind: type) -> Any:

@@ -19,14 +19,14 @@ from tests.conftest import free_port
 
 DEV = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266"
 BEEF = "0x000000000000000000000000000000000000beef"
-DEFAULT_PORTS = ("8545", "8663", "8664", "8665", "8666", "8667", "8668")
+DEFAULT_PORTS = ("8545", "8663", "8664", "8665", "8666", "8667", "8668", "8669")
 
 
 def write_config(tmp_path: Path) -> tuple[Path, dict[str, int]]:
     """devnet.toml with free ports and a temporary data dir."""
     ports = {p: free_port() for p in DEFAULT_PORTS}
     text = DEVNET_CONFIG.read_text()
-    text = re.sub(r"\b(8545|866[3-8])\b", lambda m: str(ports[m.group(1)]), text)
+    text = re.sub(r"\b(8545|866[3-9])\b", lambda m: str(ports[m.group(1)]), text)
     text = re.sub(r"^data_dir = .*$", f'data_dir = "{tmp_path / "data"}"', text, flags=re.M)
     text = text.replace(
         'genesis = "genesis.json"', f'genesis = "{DEVNET_CONFIG.parent}/genesis.json"'
@@ -87,6 +87,12 @@ def post(url: str, body: Any) -> Any:
         url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def get(url: str) -> Any:
+    """GET a JSON document (admin API, /health)."""
+    with urllib.request.urlopen(url, timeout=30) as resp:
         return json.loads(resp.read())
 
 
