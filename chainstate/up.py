@@ -10,6 +10,9 @@ be called directly for debugging.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import sqlite3
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -18,6 +21,8 @@ from typing import Any
 from chainstate.config import DEVNET_CONFIG, ConfigError, load_config, resolve_path, section
 from chainstate.inproc import InprocRegistry
 from chainstate.runner import run, start_site, wait_for_stop
+
+ANVIL_STATE = "anvil-state.json"  # the devnet's chain, kept across restarts
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -94,7 +99,7 @@ class Stack:
             genesis=resolve_path(self.config, genesis) if genesis else None,
             hardfork=sect.get("hardfork", "cancun"),
             host=sect.get("host", "127.0.0.1"),
-            state_path=self.data_dir / "anvil-state.json",
+            state_path=self.data_dir / ANVIL_STATE,
         )
         say(f"• devnet: starting anvil (chain id {sect.get('chain_id', 1337)})…")
         await anvil.start()
@@ -106,14 +111,39 @@ class Stack:
         from nodes.writer.settings import writer_data_dir, writer_sections
 
         sections = writer_sections(self.config)
-        for index, sect in enumerate(sections):
-            data_dir = writer_data_dir(self.data_dir, sections, index)
+        dirs = [writer_data_dir(self.data_dir, sections, i) for i in range(len(sections))]
+        await asyncio.to_thread(self.seed_new_writers, sections, dirs)
+        for sect, data_dir in zip(sections, dirs, strict=True):
             writer = WriterNode.from_config(sect, data_dir=data_dir, registry=self.registry)
             await writer.start()
             stack.push_async_callback(writer.close)
             s = writer.settings
             listen = {"host": s.host, "port": s.port}
             await self.serve(stack, f"write node {s.key}", writer.make_app(), listen)
+
+    def seed_new_writers(self, sections: list[dict[str, Any]], dirs: list[Path]) -> None:
+        """A write node added to a devnet that already has a chain starts from a copy of
+        another writer's blocks: anvil restored from its state file cannot replay the old
+        blocks, so the new writer could not build them itself (docs/write-node.md)."""
+        from nodes.writer.service import STORE_FILE
+
+        if not (self.data_dir / ANVIL_STATE).exists():
+            return
+        stores = [d / STORE_FILE for d in dirs]
+        source = next((i for i, store in enumerate(stores) if store.exists()), None)
+        if source is None:
+            return
+        for index, store in enumerate(stores):
+            if store.exists():
+                continue
+            key, origin = sections[index].get("key"), sections[source].get("key")
+            say(f"• write node {key}: new on an existing chain, starting from {origin}'s blocks")
+            store.parent.mkdir(parents=True, exist_ok=True)
+            with (
+                contextlib.closing(sqlite3.connect(stores[source])) as src,
+                contextlib.closing(sqlite3.connect(store)) as dst,
+            ):
+                src.backup(dst)
 
     async def start_state_nodes(self, stack: AsyncExitStack) -> None:
         from nodes.state.service import StateNode

@@ -6,6 +6,7 @@ which write nodes a config declares and where each keeps its blocks."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 import urllib.request
@@ -187,6 +188,48 @@ def test_confirmations_and_a_leader_switch_under_traffic(tmp_path):
         ]
     finally:
         sender.stop.set()
+        assert stack.stop() == 0, "".join(stack.output)
+
+
+@pytest.mark.timeout(300)
+def test_a_writer_added_to_an_existing_chain_can_lead(tmp_path):
+    """anvil restored from its state file cannot replay old blocks, so a write node new to a
+    chain with transactions starts from a copy of another writer's blocks and can lead."""
+    config, ports = write_config(tmp_path)
+    stack = Stack(config, ports)
+    stack.start()
+    try:
+        tx = stack.rpc("eth_sendTransaction", {"from": DEV, "to": BEEF, "value": hex(10**18)})
+        receipt = wait_for(
+            lambda: stack.rpc("eth_getTransactionReceipt", tx, url=stack.url("8545")),
+            what="the transaction to be mined",
+        )
+        mined = int(receipt["blockNumber"], 16)
+        wait_for(lambda: ingested(stack, mined), what="the state nodes to ingest it")
+    finally:
+        assert stack.stop() == 0, "".join(stack.output)
+    shutil.rmtree(tmp_path / "data" / "writer-2")  # as if writer-2 was added to the config now
+
+    stack = Stack(config, ports)
+    stack.start()
+    try:
+        admin = stack.url("8663") + "/1337"
+        wait_for(
+            lambda: all(w["behind"] == 0 for w in get(admin + "/writers")["writers"]),
+            what="writer-2 to reach writer-1",
+        )
+        emitted = [
+            stack.rpc("trace_vendorBlock", hex(mined), url=stack.url(port))
+            for port in WRITERS.values()
+        ]
+        assert emitted[0] == emitted[1] and BEEF in emitted[0]["StateDiff"]["post"]
+        answer = post(admin + "/writers/switchLeader", {"key": "writer-2"})
+        assert answer["leader"]["key"] == "writer-2" and answer["forced"] is False
+        head = int(stack.rpc("eth_blockNumber"), 16)
+        wait_for(lambda: ingested(stack, head + 3), what="ingest from writer-2")
+        assert get(stack.url("8666") + "/health")["source"] == "inproc://writer-2"
+        assert "write node writer-2: new on an existing chain" in "".join(stack.output)
+    finally:
         assert stack.stop() == 0, "".join(stack.output)
 
 
