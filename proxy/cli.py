@@ -150,9 +150,10 @@ async def serve(
     reuse_port: bool = False,
     banner: bool = True,
 ) -> None:
-    from proxy.app import create_admin_app, create_app
+    from proxy.app import create_admin_app, create_app, get_proxy
 
     app = create_app(settings, store=store, tracer=tracer)
+    get_proxy(app).metrics.watch_store(lambda: store.available)
     async with AsyncExitStack() as stack:
         await _listen(stack, app, settings.host, settings.port, reuse_port)
         if settings.admin_port is not None:

@@ -52,6 +52,21 @@ class _NodeCollector(Collector):
         )
 
 
+class _StoreCollector(Collector):
+    """`chainstate_proxy_config_store_available`: 0 while the config store is unreachable
+    and the proxy serves its last known configuration (read at scrape time)."""
+
+    def __init__(self, available: Callable[[], bool]) -> None:
+        self._available = available
+
+    def collect(self) -> Iterator[Any]:
+        yield GaugeMetricFamily(
+            "chainstate_proxy_config_store_available",
+            "1 while the config store answers; 0: serving the last known configuration",
+            value=1 if self._available() else 0,
+        )
+
+
 class ProxyMetrics:
     def __init__(self, client_id_top_n: int = 100) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -114,6 +129,10 @@ class ProxyMetrics:
         self, pools: Callable[[], dict[str, Pool]], client_inflight: Callable[[], int]
     ) -> None:
         self.registry.register(_NodeCollector(pools, client_inflight))
+
+    def watch_store(self, available: Callable[[], bool]) -> None:
+        """Export the config store's reachability, e.g. `lambda: store.available`."""
+        self.registry.register(_StoreCollector(available))
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)

@@ -150,6 +150,14 @@ def _is_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, rpc.AioRpcError) and exc.code() in _UNREACHABLE_CODES
 
 
+def describe(exc: BaseException) -> str:
+    """One line saying why an etcd call failed (gRPC's own text spans several lines)."""
+    if isinstance(exc, rpc.AioRpcError):
+        return f"{exc.code().name}: {exc.details() or 'no details'}"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _diff(old: dict[str, bytes], new: dict[str, bytes], revision: int) -> list[StoreEvent]:
     """Events that turn `old` into `new`, all stamped with `revision`."""
     events = [StoreEvent(k, None, revision) for k in sorted(old.keys() - new.keys())]
@@ -221,7 +229,7 @@ class EtcdStore:
 
     def _set_available(self, ok: bool, error: BaseException | None = None) -> None:
         if error is not None:
-            self._last_error = f"{type(error).__name__}: {error}".strip()
+            self._last_error = describe(error)
         if ok == self._available:
             return
         self._available = ok

@@ -88,16 +88,26 @@ class StoreSync:
         return True
 
     async def _follow(self, revision: int | None) -> None:
+        # An outage is said once (start() already said it when the store was down at start),
+        # then retried quietly every RETRY_DELAY until the store answers again.
+        quiet = revision is None
         while True:
             try:
                 if revision is None:
                     revision = await self._load()
+                    if quiet:
+                        log.warning("config store reachable; configuration loaded")
+                quiet = False
                 async for event in self.store.watch("", revision + 1):
                     self.state.apply(event)
                     revision = max(revision, event.revision)
                 return  # the store closed its watch
             except StoreUnavailable as exc:
-                log.warning("config store watch interrupted (%s); retrying", exc)
+                if quiet:
+                    log.debug("config store still unavailable: %s", exc)
+                else:
+                    log.warning("config store watch interrupted (%s); retrying", exc)
+                    quiet = True
             except Exception:
                 log.exception("config store watch failed; retrying")
             await asyncio.sleep(RETRY_DELAY)

@@ -345,6 +345,12 @@ async def test_proxy_starts_while_etcd_is_down_and_catches_up(
         assert r.status == 404  # no configuration yet: unknown chain
     status, body = await admin(http, p.url, "/1004/addNode", node.entry())
     assert status == 503 and "unavailable" in body["error"]
+    assert "\n" not in body["error"]  # gRPC's multi-line error text is condensed
+    assert await store_gauge(http, p.url) == 0.0
+    await asyncio.sleep(2.5)  # the store keeps being retried: said once, not every second
+    warnings = [line for line in p.stderr().splitlines() if '"warning"' in line]
+    assert len(warnings) == 1 and "unavailable at start" in warnings[0], warnings
+    assert "\\n" not in warnings[0]
 
     server.start()
 
@@ -354,6 +360,17 @@ async def test_proxy_starts_while_etcd_is_down_and_catches_up(
     await eventually(added, within=10)
     await wait_heads(http, [p.url], "1004", 1)
     assert (await balance(http, p.url, "1004"))["result"]["node"] == "s-1004"
+    assert await store_gauge(http, p.url) == 1.0
+
+
+async def store_gauge(http: aiohttp.ClientSession, base: str) -> float:
+    """The proxy's `chainstate_proxy_config_store_available` gauge."""
+    async with http.get(f"{base}/metrics") as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith("chainstate_proxy_config_store_available "):
+            return float(line.split()[1])
+    raise AssertionError("no chainstate_proxy_config_store_available metric")
 
 
 # -- etcd outage (last: kills the module's etcd) ------------------------------------------------
@@ -374,6 +391,8 @@ async def test_etcd_outage_keeps_serving_refuses_writes_and_loses_nothing(
     status, body = await admin(http, a.url, "/1003/addNode", second.entry())
     assert status == 503 and "unavailable" in body["error"]
     assert "n2-1003" not in await node_keys(http, b.url, "1003")  # reads still answer
+    for base in (a.url, b.url):  # metrics say so (within the probe interval)
+        await eventually(lambda base=base: gauge_is(http, base, 0.0), within=5)
 
     etcd_server.start()
     # A change written straight into etcd right after the restart, before the proxies have
@@ -393,9 +412,15 @@ async def test_etcd_outage_keeps_serving_refuses_writes_and_loses_nothing(
 
     await eventually(added, within=10)
     assert await eventually(lambda: has(http, b.url, "1003", "n2-1003")) < 1.0
+    for base in (a.url, b.url):
+        await eventually(lambda base=base: gauge_is(http, base, 1.0), within=5)
     for proxy in (a, b):
         assert "etcd store unreachable" in proxy.stderr()
         assert "etcd store reachable again" in proxy.stderr()
+
+
+async def gauge_is(http: aiohttp.ClientSession, base: str, value: float) -> bool:
+    return await store_gauge(http, base) == value
 
 
 async def put_ok(store: EtcdStore, key: str, obj: Any) -> bool:
