@@ -126,3 +126,48 @@ async def test_timeout_cancels_and_closes_the_connection(server) -> None:
     assert await pool.post(b"ok") == (200, b"ok")  # the slot was released
     assert stats["connections"] == 2  # the timed-out connection was not reused
     pool.close()
+
+
+async def test_an_answer_ended_by_closing_the_connection() -> None:
+    """HTTP/1.0 style: no Content-Length, no chunking; the body ends when the node closes.
+    A node that closes inside a length-framed body is still an error."""
+    answers = {
+        b"eof": b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{"ok":1}',
+        b"cut": b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}",
+    }
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await read_request(reader)
+        writer.write(answers[request.rsplit(b"\r\n", 1)[-1]])
+        await writer.drain()
+        writer.close()
+
+    port = free_port()
+    srv = await asyncio.start_server(handle, "127.0.0.1", port)
+    pool = HostPool(f"http://127.0.0.1:{port}/", limit=1)
+    try:
+        async with asyncio.timeout(5):
+            assert await pool.post(b"eof") == (200, b'{"ok":1}')
+            assert await pool.post(b"eof") == (200, b'{"ok":1}')  # a new connection each time
+            with pytest.raises(HttpError):
+                await pool.post(b"cut")
+    finally:
+        pool.close()
+        srv.close()
+        await srv.wait_closed()
+
+
+async def test_credentials_in_the_url_are_sent_as_basic_auth(server) -> None:
+    seen: list[bytes] = []
+
+    def respond(req: bytes) -> bytes:
+        seen.append(req)
+        return fixed(b"{}")
+
+    url, _ = await server(respond)
+    pool = HostPool(url.replace("http://", "http://us%40er:p%3Ass@"), limit=1)
+    assert await pool.post(b"{}") == (200, b"{}")
+    # base64("us@er:p:ss"); the Host header carries no credentials
+    assert b"\r\nAuthorization: Basic dXNAZXI6cDpzcw==\r\n" in seen[0]
+    assert b"Host: 127.0.0.1:" in seen[0] and b"@" not in seen[0].split(b"\r\n")[1]
+    pool.close()
