@@ -33,10 +33,24 @@ class CheckerMetrics:
         )
         self.replica_diverged = Gauge(
             "checker_replica_diverged",
-            "1 when the replica's validation hash disagreed with the quorum",
+            "1 when the replica held another block or validation hash than the quorum at a "
+            "height confirmed in the latest round that confirmed any",
             ["replica"],
             registry=registry,
         )
+        self.replica_disagreements = Counter(
+            "checker_replica_disagreements",
+            "Confirmed heights at which the replica held another block or validation hash",
+            ["replica"],
+            registry=registry,
+        )
+        self.disputed_height = Gauge(
+            "checker_disputed_height",
+            "Height where replicas disagree and no quorum agrees (-1: none); confirmation "
+            "waits there",
+            registry=registry,
+        )
+        self.disputed_height.set(-1)
         self.confirmed_height = Gauge(
             "checker_confirmed_height", "Latest confirmed height", registry=registry
         )
@@ -68,6 +82,10 @@ class Poller:
         self.clients = clients
         self.metrics = metrics
         self._counted: dict[int, set[str]] = {}
+        # The height confirmation waits at because replicas disagree, and what each holds:
+        # shown by GET /health and the checker_disputed_height gauge.
+        self.dispute: dict[str, Any] | None = None
+        self._round = asyncio.Lock()  # one round at a time (the loop, and callers of poll_once)
 
     async def run(self) -> None:
         while True:
@@ -79,6 +97,10 @@ class Poller:
 
     async def poll_once(self) -> int:
         """One round; returns how many heights were confirmed."""
+        async with self._round:
+            return await self._round_once()
+
+    async def _round_once(self) -> int:
         ranges = await self._ranges()
         quorum = self.settings.effective_quorum
         if len(ranges) < quorum:
@@ -96,30 +118,54 @@ class Poller:
     def _confirm_range(
         self, start: int, count: int, views: list[dict[int, Vote]], quorum: int
     ) -> int:
+        odd: set[str] = set()  # replicas that disagreed with a height confirmed this round
+        done = count
         for height in range(start, start + count):
             votes = [view[height] for view in views if height in view]
             decision = decide(votes, quorum, len(self.clients))
-            self._report_disagreement(height, votes, decision.diverged)
+            self._report_disagreement(height, votes)
             if decision.winner is None:
-                return height - start
+                self._set_dispute(height, votes if disagreement(votes) else None)
+                done = height - start
+                break
             prev = self.ledger.at_height(height - 1)
             if prev is not None and decision.winner.parent_id != prev.id:
                 log.warning("checker: reorg below %d, demoting confirmed block %s", height, prev.id)
                 self.ledger.demote(height - 1)
                 self.metrics.reorgs.inc()
-                return height - start
+                done = height - start
+                break
             forks = [self._record(v, fork=True) for v in decision.losers]
             self.ledger.confirm(self._record(decision.winner, fork=False), forks)
             self.metrics.confirmed_height.set(height)
-        return count
+            self._set_dispute(height, None)
+            against = {*decision.diverged, *(v.replica for v in decision.losers)}
+            for replica in against:
+                self.metrics.replica_disagreements.labels(replica).inc()
+            odd |= against
+        if done:
+            for replica in self.clients:
+                self.metrics.replica_diverged.labels(replica).set(1 if replica in odd else 0)
+        return done
+
+    def _set_dispute(self, height: int, votes: list[Vote] | None) -> None:
+        """Record (or clear, with None) the disagreement confirmation waits at."""
+        if votes is None:
+            if self.dispute is not None and self.dispute["height"] <= height:
+                self.dispute = None
+                self.metrics.disputed_height.set(-1)
+            return
+        held = [
+            {"replica": v.replica, "id": v.id, "validation_hash": v.validation_hash} for v in votes
+        ]
+        self.dispute = {"height": height, "votes": held}
+        self.metrics.disputed_height.set(height)
 
     @staticmethod
     def _record(vote: Vote, fork: bool) -> BlockRecord:
         return BlockRecord(vote.id, vote.height, vote.validation_hash, fork)
 
-    def _report_disagreement(self, height: int, votes: list[Vote], diverged: list[str]) -> None:
-        for replica in self.clients:
-            self.metrics.replica_diverged.labels(replica).set(1 if replica in diverged else 0)
+    def _report_disagreement(self, height: int, votes: list[Vote]) -> None:
         if not disagreement(votes):
             return
         seen = self._counted.setdefault(height, set())

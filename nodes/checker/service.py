@@ -77,6 +77,16 @@ class CheckerNode:
         body = generate_latest(self.metrics_registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def _health(self, request: web.Request) -> web.Response:
+    def health(self) -> dict[str, Any]:
+        """The confirmed height, and the replicas' disagreement confirmation waits at."""
         latest = self.ledger.latest() if self.ledger else None
-        return web.json_response({"status": "ok", "confirmed": latest.num if latest else None})
+        dispute = self.poller.dispute if self.poller else None
+        return {
+            "status": "ok" if dispute is None else "disagreement",
+            "confirmed": latest.num if latest else None,
+            "disagreement": dispute,
+        }
+
+    async def _health(self, request: web.Request) -> web.Response:
+        # 200 even with a disagreement: restarting the checker would not resolve it.
+        return web.json_response(self.health())

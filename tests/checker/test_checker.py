@@ -127,6 +127,18 @@ async def test_corrupted_replica_is_reported_not_confirmed(registry, tmp_path):
         assert err.value.code == -39005
         assert metric(node, "checker_disagreements_total") == 1  # counted once, not per round
         assert metric(node, "checker_confirmation_lag_blocks") == 4
+        # Reported, with what each replica holds: GET /health and a gauge.
+        assert metric(node, "checker_disputed_height") == 5
+        health = node.health()
+        assert health["status"] == "disagreement" and health["confirmed"] == 4
+        assert health["disagreement"]["height"] == 5
+        held = {v["replica"]: v["validation_hash"] for v in health["disagreement"]["votes"]}
+        assert held == {good.url: vhash("a", 5), bad.url: vhash("bad", 5)}
+        bad.extend("a", 0, 8)  # the replica is repaired (re-synced)
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["num"] == 8
+        assert node.health() == {"status": "ok", "confirmed": 8, "disagreement": None}
+        assert metric(node, "checker_disputed_height") == -1
     finally:
         await node.close()
 
@@ -156,6 +168,28 @@ async def test_diverged_replica_flagged(registry, tmp_path):
         await node.poller.poll_once()
         assert metric(node, "checker_replica_diverged", replica=reps[2].url) == 1
         assert (await rpc(node, "getLatestBlock"))["num"] == 3
+    finally:
+        await node.close()
+
+
+async def test_divergence_below_the_head_stays_visible(registry, tmp_path):
+    """A replica that disagrees at one height of a round is still flagged after the round
+    confirmed the later heights it agrees on."""
+    reps = [Replica(registry, f"r{i}", head=10) for i in range(3)]
+    reps[2].corrupt(5)
+    node = await make_checker(registry, reps, tmp_path)
+    try:
+        await node.poller.poll_once()
+        assert (await rpc(node, "getLatestBlock"))["num"] == 10
+        assert metric(node, "checker_replica_diverged", replica=reps[2].url) == 1
+        assert metric(node, "checker_replica_diverged", replica=reps[0].url) == 0
+        assert metric(node, "checker_replica_disagreements_total", replica=reps[2].url) == 1
+        assert metric(node, "checker_replica_disagreements_total", replica=reps[0].url) is None
+        for r in reps:
+            r.extend("a", 11, 12)
+        await node.poller.poll_once()  # a round where every replica agrees clears the flag
+        assert metric(node, "checker_replica_diverged", replica=reps[2].url) == 0
+        assert node.health()["status"] == "ok"
     finally:
         await node.close()
 
