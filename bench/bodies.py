@@ -134,6 +134,10 @@ class BodyPlan:
     addresses: list[str] = field(default_factory=list)
     slots: int = DEFAULT_SLOTS
     pool_size: int | None = None  # None: DEFAULT_POOL_SIZE bodies, fewer for large batches
+    # eth_call items of a mix call this contract (else the drawn account itself) with
+    # `call_data` (else ERC20 balanceOf(drawn account)).
+    call_to: str | None = None
+    call_data: str | None = None
     _built: dict[int, list[bytes]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -150,6 +154,17 @@ class BodyPlan:
             self.pool_size = min(DEFAULT_POOL_SIZE, by_items)
         if self.pool_size < 1:
             raise BodyError("--pool must be >= 1")
+        self._check_call()
+
+    def _check_call(self) -> None:
+        if self.call_to is None and self.call_data is None:
+            return
+        if not any(m == "eth_call" for m, _ in self.mix):
+            raise BodyError("--call-to/--call-data need eth_call in --mix")
+        if self.call_to is not None and not _is_hex(self.call_to, 20):
+            raise BodyError(f"--call-to {self.call_to!r}: expected a 20-byte 0x address")
+        if self.call_data is not None and not _is_hex(self.call_data, None):
+            raise BodyError(f"--call-data {self.call_data!r}: expected 0x-prefixed hex bytes")
 
     @property
     def items_per_body(self) -> int:
@@ -177,11 +192,18 @@ class BodyPlan:
                 draw = Draw(
                     rng.choice(self.addresses), self.blocks.pick(rng), rng.randrange(self.slots)
                 )
-                params = TEMPLATES[method](draw)
+                params = self._params(method, draw)
                 return {"jsonrpc": "2.0", "id": i, "method": method, "params": params}
 
             pool.append(orjson.dumps(self._batched(item)))
         return pool
+
+    def _params(self, method: str, draw: Draw) -> list[Any]:
+        if method == "eth_call" and (self.call_to or self.call_data):
+            to = self.call_to or draw.address
+            data = self.call_data if self.call_data is not None else _balance_of(draw.address)
+            return [{"to": to, "data": data}, draw.block]
+        return TEMPLATES[method](draw)
 
     def _batched(self, make: Callable[[int], Any]) -> Any:
         if isinstance(self.fixed, list):
@@ -189,6 +211,17 @@ class BodyPlan:
         if self.batch == 1:
             return make(1)
         return [make(i) for i in range(self.batch)]
+
+
+def _is_hex(text: str, size: int | None) -> bool:
+    """0x-prefixed hex of whole bytes (exactly `size` bytes when given)."""
+    if not isinstance(text, str) or not text.startswith("0x") or len(text) % 2:
+        return False
+    try:
+        bytes.fromhex(text[2:])
+    except ValueError:
+        return False
+    return size is None or len(text) == 2 + 2 * size
 
 
 def fixed_request(method: str, params_json: str | None) -> dict[str, Any]:

@@ -145,6 +145,15 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "--batch", type=_positive_int, default=1, help="items per HTTP request (default 1)"
     )
     body.add_argument("--seed", type=int, default=0, help="random seed for --mix (default 0)")
+    body.add_argument(
+        "--call-to",
+        help="eth_call of --mix calls this contract (default: ERC20 balanceOf of the drawn "
+        "account, sent to that account itself)",
+    )
+    body.add_argument(
+        "--call-data",
+        help="calldata of eth_call in --mix (default: balanceOf(drawn account))",
+    )
     p.add_argument(
         "-H",
         "--header",
@@ -170,7 +179,11 @@ def plan_from_args(args: argparse.Namespace) -> BodyPlan:
             addresses=addresses,
             slots=args.slots,
             pool_size=args.pool,
+            call_to=args.call_to,
+            call_data=args.call_data,
         )
+    if args.call_to or args.call_data:
+        raise BodyError("--call-to/--call-data need --mix with eth_call")
     if args.body_file:
         if args.method or args.params:
             raise BodyError("--body-file cannot be combined with --method/--params")

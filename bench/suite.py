@@ -8,7 +8,9 @@ generator and fake node share another, as in TRIED.md's anchors.
 
 `suite state` starts anvil (with the devnet workload), a write node, an archive state node
 and the proxy, and compares eth_getBalance/eth_getStorageAt at random heights on the state
-node, through the proxy and on anvil.
+node, through the proxy and on anvil. `suite call` does the same set-up plus a storage-heavy
+view contract and compares eth_call (ERC20 balanceOf, the view) at latest and old heights,
+single and batched, against anvil.
 
 A suite is a class with `name`, `start(services, opts)` → {label: url} (the first label is
 the baseline) and `cases()`; adding one is a new class in SUITES. Everything started is
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from bench.bodies import BlockRange, BodyPlan, fake_addresses
+from bench.contracts import view_init_code, write_data
 from bench.loadgen import BenchResult, LoadSettings, run_bench
 
 READY_TIMEOUT = 30.0  # seconds a started service has to answer its first request
@@ -45,6 +48,9 @@ SUITE_CHAIN_ID = 1337
 STATE_EXTRA_BLOCKS = 200  # blocks mined after the devnet workload for `suite state`
 STATE_SLOTS = 17  # storage slots 0..16 of the workload's storage contract
 SYNC_TIMEOUT = 180.0  # seconds for the state node to ingest up to anvil's head
+VIEW_WRITES = 64  # blocks after the view's deployment that each rewrite one of its slots
+CALL_BATCH = 10  # eth_calls per batched request in `suite call`
+PROXY_STATE_WINDOW = 128  # the proxy's default state_window: older heights are "old"
 PROBE = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
 
 
@@ -371,8 +377,12 @@ class StateSuite:
         (workdir / "workload.json").write_text(done.stdout)
         self.accounts = [a for a in record["accounts"] if int(a, 16) != 0]
         self.storage_contract = record["contracts"]["storage"]
+        self._before_mining(anvil, record)
         rpc_call(anvil, "anvil_mine", [hex(STATE_EXTRA_BLOCKS)])
         self.head = int(rpc_call(anvil, "eth_blockNumber", []), 16)
+
+    def _before_mining(self, anvil: str, record: dict[str, Any]) -> None:
+        """More set-up on anvil after the workload (a subclass hook)."""
 
     def _wait_synced(self, state: str) -> None:
         deadline = time.monotonic() + SYNC_TIMEOUT
@@ -398,10 +408,75 @@ class StateSuite:
             Case("balance", self._plan("eth_getBalance", 1, self.accounts)),
             Case("storage", self._plan("eth_getStorageAt", 1, [self.storage_contract])),
             Case("balance10", self._plan("eth_getBalance", 10, self.accounts)),
+            Case("storage10", self._plan("eth_getStorageAt", 10, [self.storage_contract])),
         ]
 
 
-SUITES: dict[str, type[Suite]] = {"proxy": ProxySuite, "state": StateSuite}
+def send_tx(anvil: str, tx: dict[str, Any]) -> dict[str, Any]:
+    """Send from an unlocked dev account (anvil automines) and return the receipt."""
+    tx_hash = rpc_call(anvil, "eth_sendTransaction", [tx])
+    deadline = time.monotonic() + 30
+    receipt = None
+    while receipt is None and time.monotonic() < deadline:
+        receipt = rpc_call(anvil, "eth_getTransactionReceipt", [tx_hash])
+        if receipt is None:
+            time.sleep(0.01)
+    if not receipt or receipt.get("status") != "0x1":
+        raise RuntimeError(f"set-up transaction {tx_hash} failed: {receipt}")
+    return receipt
+
+
+class CallSuite(StateSuite):
+    """eth_call on a real state node, through the proxy and on anvil (the baseline): the
+    workload's ERC20 `balanceOf` and a storage-heavy view (bench/contracts.py: 64 SLOADs),
+    at latest and at random old heights (older than the proxy's state window), single and
+    in batches of 10. The view's slots are rewritten block after block, so old heights
+    differ."""
+
+    name: ClassVar[str] = "call"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.erc20 = ""
+        self.holders: list[str] = []
+        self.view = ""
+        self.view_block = 0
+
+    def _before_mining(self, anvil: str, record: dict[str, Any]) -> None:
+        self.erc20 = record["erc20"]
+        self.holders = record["erc20_holders"]
+        sender = rpc_call(anvil, "eth_accounts", [])[0]
+        receipt = send_tx(anvil, {"from": sender, "data": "0x" + view_init_code().hex()})
+        self.view = receipt["contractAddress"]
+        self.view_block = int(receipt["blockNumber"], 16)
+        for i in range(VIEW_WRITES):  # one block each: the view's sum changes with the height
+            send_tx(anvil, {"from": sender, "to": self.view, "data": write_data(i, 1000 + i)})
+
+    def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
+        targets = super().start(services, opts)
+        return {"anvil": targets.pop("anvil"), **targets}  # anvil first: the baseline
+
+    def _call_plan(self, to: str, data: str | None, batch: int, old: bool) -> BodyPlan:
+        blocks = BlockRange(self.view_block + 1, self.head - PROXY_STATE_WINDOW - 1)
+        return BodyPlan(
+            mix=[("eth_call", 1.0)],
+            batch=batch,
+            blocks=blocks if old else BlockRange(),
+            addresses=self.holders,
+            call_to=to,
+            call_data=data,
+        )
+
+    def cases(self) -> list[Case]:
+        out = []
+        for name, to, data in (("erc20", self.erc20, None), ("view", self.view, "0x")):
+            for batch, tag in ((1, ""), (CALL_BATCH, f"x{CALL_BATCH}")):
+                out.append(Case(f"{name}{tag}", self._call_plan(to, data, batch, old=False)))
+                out.append(Case(f"{name}{tag}-old", self._call_plan(to, data, batch, old=True)))
+        return out
+
+
+SUITES: dict[str, type[Suite]] = {"proxy": ProxySuite, "state": StateSuite, "call": CallSuite}
 
 
 def run_suite(suite: Suite, opts: SuiteOptions) -> dict[str, Any]:
@@ -456,7 +531,7 @@ def render(report: dict[str, Any]) -> str:
         f"suite {report['suite']}  {report['date']}  cpus={report['cpus']} "
         f"pinned={report['pinned']}  c={report['concurrency']}  {report['duration_s']:g}s/case  "
         f"load avg {report['load_avg_start']} → {report.get('load_avg_end', '?')}",
-        f"{'case':<10} {'target':<10} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
+        f"{'case':<13} {'target':<10} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
         f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7}",
     ]
     for case in report["cases"]:
@@ -464,7 +539,7 @@ def render(report: dict[str, Any]) -> str:
             lat = t["latency_ms"]
             errors = sum(t["errors"].values())
             lines.append(
-                f"{case['case']:<10} {label:<10} {t['req_per_s']:>10,.0f} "
+                f"{case['case']:<13} {label:<10} {t['req_per_s']:>10,.0f} "
                 f"{t['items_per_s']:>11,.0f} "
                 f"{t['ratio_req_per_s']:>6.3f} {lat['p50']:>8.3f} {lat['p90']:>8.3f} "
                 f"{lat['p99']:>8.3f} {lat['max']:>8.3f} {errors:>7}"

@@ -63,11 +63,24 @@ def test_fixed_body_options(tmp_path) -> None:
         ["--params", "[1,"],
         ["--params", "5"],
         ["--body-file", "/nonexistent/body.json"],
+        ["--mix", "eth_getBalance", "--call-to", "0x" + "11" * 20],
+        ["--mix", "eth_call", "--call-to", "0x1234"],
+        ["--mix", "eth_call", "--call-data", "0xabc"],
+        ["--method", "eth_call", "--call-to", "0x" + "11" * 20],
     ],
 )
 def test_bad_body_options(argv: list[str]) -> None:
     with pytest.raises(BodyError):
         plan_from_args(parse("run", "http://x/", *argv))
+
+
+def test_eth_call_of_a_mix_can_target_a_contract() -> None:
+    token, holder = "0x" + "ee" * 20, "0x" + "ab" * 20
+    args = parse("run", "http://x/", "--mix", "eth_call", "--call-to", token, "--address", holder)
+    body = json.loads(plan_from_args(args).build()[0])
+    assert body["params"] == [{"to": token, "data": "0x70a08231" + "00" * 12 + "ab" * 20}, "latest"]
+    args = parse("run", "http://x/", "--mix", "eth_call", "--call-to", token, "--call-data", "0x")
+    assert json.loads(plan_from_args(args).build()[0])["params"][0] == {"to": token, "data": "0x"}
 
 
 def test_bad_numbers_exit(capsys) -> None:

@@ -7,11 +7,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from bench.suite import ProxySuite, StateSuite, SuiteOptions, proxy_available, run_suite
+from bench.suite import (
+    CallSuite,
+    ProxySuite,
+    StateSuite,
+    SuiteOptions,
+    proxy_available,
+    run_suite,
+    running,
+)
 
 pytestmark = pytest.mark.skipif(not proxy_available(), reason="the proxy is not in this tree")
 
@@ -40,6 +49,38 @@ def test_state_suite_compares_state_node_proxy_and_anvil(tmp_path: Path) -> None
     for label, target in case["targets"].items():
         assert target["requests"] > 0, label
         assert not target["errors"], (label, target["errors"])
+
+
+def test_call_suite_bodies_get_the_same_answers_everywhere(tmp_path: Path) -> None:
+    """Every case of `suite call` asks something real: anvil, the state node and the proxy
+    give the same non-trivial results (old heights differ from latest for the view)."""
+    from nodes.devnet.anvil import ensure_anvil
+
+    ensure_anvil()
+    suite = CallSuite()
+    with running(str(tmp_path)) as services:
+        targets = suite.start(services, SuiteOptions(pin=False))
+        assert list(targets) == ["anvil", "state-node", "proxy"]
+        answers: dict[str, list] = {}
+        for case in suite.cases():
+            body = case.plan.build()[0]
+            got = [_post(url, body) for url in targets.values()]
+            assert got[0] == got[1] == got[2], case.name
+            items = got[0] if isinstance(got[0], list) else [got[0]]
+            values = [int(i["result"], 16) for i in items]  # a drained ERC20 holder reads 0
+            assert any(values) and len(values) == case.plan.items_per_body, (case.name, items)
+            answers[case.name] = items
+    assert answers["view"][0]["result"] != answers["view-old"][0]["result"]
+    assert len(answers["erc20x10-old"]) == 10
+
+
+def _post(url: str, body: bytes) -> Any:
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
