@@ -247,3 +247,55 @@ async def test_follows_the_leader_named_by_the_proxy_admin(make_node: Any) -> No
             assert_matches(node, chain, addrs)
     finally:
         await proxy.close()
+
+
+async def test_a_leader_inside_another_process_is_reported_not_followed(make_node: Any) -> None:
+    """A node in its own process (HTTP mode) cannot reach a Leader the proxy knows by an
+    in-process name: it keeps its source and says why; an http:// Leader is followed."""
+    chain, addrs = random_chain(seed=49, blocks=30)
+    theirs = InprocRegistry()  # the proxy's process: its writers are in-process there
+    theirs.register("writer-1", ChainSource(chain, visible=20).handle_body)
+    proxy = TestServer(create_app(ProxySettings(), store=FileStore(None), registry=theirs))
+    await proxy.start_server()
+    http_writer = ChainSource(chain)
+    app = web.Application()
+    app.router.add_post("/", rpc_handler(http_writer.handle_body))
+    writer_2 = TestServer(app)
+    await writer_2.start_server()
+    try:
+        ours = InprocRegistry()
+        ours.register("direct", ChainSource(chain, visible=15).handle_body)
+        node = await make_node(
+            "inproc://direct",
+            ours,
+            kind="archive",
+            leader_from=str(proxy.make_url("/1337/writers/leader")),
+            leader_poll_interval=0.02,
+        )
+        async with aiohttp.ClientSession() as admin:
+            one = {"key": "writer-1", "url": "inproc://writer-1", "leader": True}
+            async with admin.post(proxy.make_url("/1337/writers/addWriter"), json=one) as resp:
+                assert resp.status == 201, await resp.text()
+
+            def leader_error() -> str:
+                return node.health()[1]["leader_error"] or ""
+
+            await wait_until(lambda: "inproc://writer-1" in leader_error())
+            assert "http:// URLs" in leader_error()
+            assert node.ingest.source == "inproc://direct"
+            await node.ingest.wait_for_height(15, within=10)  # still ingesting
+
+            two = {"key": "writer-2", "url": str(writer_2.make_url("/"))}
+            async with admin.post(proxy.make_url("/1337/writers/addWriter"), json=two) as resp:
+                assert resp.status == 201, await resp.text()
+            switch = {"key": "writer-2"}
+            url = proxy.make_url("/1337/writers/switchLeader")
+            async with admin.post(url, json=switch) as resp:
+                assert resp.status == 200, await resp.text()
+        await node.ingest.wait_for_height(29, within=10)
+        assert node.ingest.source == str(writer_2.make_url("/"))
+        assert node.health()[1]["leader_error"] is None
+        assert_matches(node, chain, addrs)
+    finally:
+        await writer_2.close()
+        await proxy.close()
