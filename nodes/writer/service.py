@@ -1,5 +1,10 @@
 """The write node: follows an execution client and serves `trace_vendorBlock`.
 
+It is also the chain's door to its execution client: the transaction lifecycle (send, fees,
+gas estimate, receipt and transaction lookup, accounts) and state reads at the `pending`
+block are passed through unchanged (docs/write-node.md), since only the execution client
+knows the mempool. The proxy sends them to the pool's Leader write node.
+
 Lifecycle: `start()` opens the store, registers the JSON-RPC handler in the in-process
 registry (`inproc://<key>`) and starts following; `close()` undoes it. `make_app()` gives the
 same JSON-RPC on HTTP `POST /`, plus `GET /health` and `GET /metrics`.
@@ -26,6 +31,7 @@ from chainstate.jsonrpc import (
     BLOCK_NOT_FOUND,
     INTERNAL_ERROR,
     INVALID_BLOCK_ID,
+    INVALID_PARAMS,
     Dispatcher,
     Handler,
     JsonRpcError,
@@ -42,7 +48,28 @@ from nodes.writer.store import BlockStore
 log = logging.getLogger(__name__)
 
 STORE_FILE = "writer.sqlite3"
-PASS_THROUGH = ("eth_sendRawTransaction", "eth_sendTransaction")
+# Passed to the execution client as they are; the names map object params to a list.
+PASS_THROUGH: dict[str, tuple[str, ...]] = {
+    "eth_sendRawTransaction": ("data",),
+    "eth_sendTransaction": ("transaction",),
+    "eth_estimateGas": ("transaction", "blockNumber", "stateOverride"),
+    "eth_gasPrice": (),
+    "eth_maxPriorityFeePerGas": (),
+    "eth_feeHistory": ("blockCount", "newestBlock", "rewardPercentiles"),
+    "eth_getTransactionReceipt": ("transactionHash",),
+    "eth_getTransactionByHash": ("transactionHash",),
+    "eth_accounts": (),
+}
+# State reads passed through only at the `pending` block: every other block is a state
+# node's job, and this node's own head (eth_blockNumber) lags the execution client's.
+PENDING_READS: dict[str, tuple[str, ...]] = {
+    "eth_getBalance": ("address", "blockNumber"),
+    "eth_getTransactionCount": ("address", "blockNumber"),
+    "eth_getCode": ("address", "blockNumber"),
+    "eth_getStorageAt": ("address", "position", "blockNumber"),
+    "eth_call": ("request", "blockNumber", "stateOverride", "blockOverrides"),
+    "eth_getBlockByNumber": ("blockNumber", "full"),
+}
 
 
 class WriterNode:
@@ -66,8 +93,10 @@ class WriterNode:
                 "eth_chainId": self.rpc_chain_id,
             }
         )
-        for method in PASS_THROUGH:
-            self.dispatcher.register(method, self._pass_through(method))
+        for method, names in PASS_THROUGH.items():
+            self.dispatcher.register(method, self._pass_through(method, names))
+        for method, names in PENDING_READS.items():
+            self.dispatcher.register(method, self._pending_read(method, names))
         self.store: BlockStore | None = None
         self.client: EthClient | None = None
         self.follower: ChainFollower | None = None
@@ -199,12 +228,30 @@ class WriterNode:
             return await self._forward("eth_chainId", [])
         return hex(chain_id)
 
-    def _pass_through(self, method: str) -> Handler:
+    def _pass_through(self, method: str, names: tuple[str, ...]) -> Handler:
         """A handler forwarding `method` to the execution client unchanged."""
 
         async def handler(params: Any) -> Any:
             self._requests.labels(method).inc()
-            return await self._forward(method, params)
+            return await self._forward(method, _positional(params, names))
+
+        return handler
+
+    def _pending_read(self, method: str, names: tuple[str, ...]) -> Handler:
+        """A handler forwarding a state read at `pending`; other blocks are refused."""
+        at = names.index("blockNumber")
+
+        async def handler(params: Any) -> Any:
+            self._requests.labels(method).inc()
+            values = _positional(params, names)
+            block = values[at] if at < len(values) else None
+            if block != "pending":
+                msg = (
+                    f"{method}: the write node answers state reads only at the pending block "
+                    f"(got {block!r:.80}); ask a state node or the proxy for other blocks"
+                )
+                raise JsonRpcError(INVALID_PARAMS, msg)
+            return await self._forward(method, values)
 
         return handler
 
@@ -243,6 +290,16 @@ class WriterNode:
 
     async def http_metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics), content_type="text/plain")
+
+
+def _positional(params: Any, names: tuple[str, ...]) -> list[Any]:
+    """Params as the list execution clients take (object params mapped through `names`)."""
+    if params is None:
+        return []
+    values = params_list(params, list(names))
+    while values and values[-1] is None:
+        values.pop()
+    return values
 
 
 class _FollowerCollector:

@@ -334,6 +334,59 @@ async def test_send_passes_through_and_the_block_is_emitted(
     assert (err.value.code, err.value.message) == (direct.value.code, direct.value.message)
 
 
+async def test_lifecycle_and_pending_reads_pass_through(rpc: RpcClient, eth: EthClient) -> None:
+    """What a wallet asks around a send comes from the execution client, mempool included."""
+    accounts = await eth.call("eth_accounts")
+    assert await rpc.call("eth_accounts") == accounts
+    sender = accounts[6]
+    await eth.call("evm_setAutomine", [False])  # keep the transaction in the mempool
+    try:
+        tx_hash = await rpc.call("eth_sendTransaction", [{"from": sender, "to": fresh_address(88)}])
+        latest = int(await eth.call("eth_getTransactionCount", [sender, "latest"]), 16)
+        pending = await rpc.call("eth_getTransactionCount", [sender, "pending"])
+        assert int(pending, 16) == latest + 1
+        named = {"address": sender, "blockNumber": "pending"}  # object params work too
+        assert await rpc.call("eth_getTransactionCount", named) == pending
+        assert await rpc.call("eth_getTransactionReceipt", [tx_hash]) is None
+        assert (await rpc.call("eth_getTransactionByHash", [tx_hash]))["blockNumber"] is None
+        block = await rpc.call("eth_getBlockByNumber", ["pending", False])
+        assert tx_hash in block["transactions"]
+        for method, params in [
+            ("eth_gasPrice", []),
+            ("eth_maxPriorityFeePerGas", []),
+            ("eth_feeHistory", ["0x2", "latest", [50]]),
+            ("eth_estimateGas", [{"from": sender, "to": fresh_address(87), "value": "0x1"}]),
+            ("eth_getBalance", [sender, "pending"]),
+            ("eth_call", [{"to": fresh_address(87)}, "pending"]),
+        ]:
+            assert await rpc.call(method, params) == await eth.call(method, params), method
+        # Other blocks are a state node's job; the write node says so.
+        for method, params in [
+            ("eth_getTransactionCount", [sender, "latest"]),
+            ("eth_getBalance", [sender]),
+            ("eth_getStorageAt", [sender, "0x0", "0x1"]),
+        ]:
+            with pytest.raises(JsonRpcError) as err:
+                await rpc.call(method, params)
+            assert err.value.code == INVALID_PARAMS and "pending" in err.value.message
+        await eth.call("evm_mine")
+        receipt = await rpc.call("eth_getTransactionReceipt", [tx_hash])
+        assert receipt == await eth.call("eth_getTransactionReceipt", [tx_hash])
+        assert receipt["status"] == "0x1"
+    finally:
+        await eth.call("evm_setAutomine", [True])
+    # A revert in a gas estimate keeps the execution client's code, message and data.
+    with pytest.raises(JsonRpcError) as direct:
+        await eth.call("eth_estimateGas", [{"from": sender, "data": "0xfe"}])
+    with pytest.raises(JsonRpcError) as err:
+        await rpc.call("eth_estimateGas", [{"from": sender, "data": "0xfe"}])
+    assert (err.value.code, err.value.message, err.value.data) == (
+        direct.value.code,
+        direct.value.message,
+        direct.value.data,
+    )
+
+
 async def test_http_app_health_and_metrics(writer: WriterNode) -> None:
     runner = web.AppRunner(writer.make_app())
     await runner.setup()
