@@ -7,6 +7,8 @@ JSON numbers carry safely), nonces are integers, code is 0x bytes, storage a 32-
 
 from __future__ import annotations
 
+import platform
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +32,7 @@ from chainstate.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_BLOCK_ID,
     INVALID_PARAMS,
+    METHOD_NOT_FOUND,
     Handler,
     JsonRpcError,
     params_list,
@@ -37,6 +40,38 @@ from chainstate.jsonrpc import (
 from nodes.state.store import StateStore, out_of_range
 
 NODE_NAME = "chainstate-state-node"
+# geth's web3_clientVersion layout: Name/identity/vVersion/os-arch/runtime.
+_RUNTIME = f"{sys.platform}-{platform.machine()}/python{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+# Methods a state node does not have (the spec: no eth_estimateGas; no transactions at
+# all), answered -32601 with where to go instead: clients often try them here first.
+_VIA_PROXY = "send it to the proxy, which routes it to the chain's Leader write node"
+ELSEWHERE = {
+    "eth_estimateGas": f"a state node has no eth_estimateGas: use estimateGas, or {_VIA_PROXY}",
+    **dict.fromkeys(
+        (
+            "eth_sendRawTransaction",
+            "eth_sendTransaction",
+            "eth_gasPrice",
+            "eth_maxPriorityFeePerGas",
+            "eth_feeHistory",
+            "eth_getTransactionReceipt",
+            "eth_getTransactionByHash",
+            "eth_accounts",
+        ),
+        f"a state node holds state, not transactions or fees: {_VIA_PROXY}",
+    ),
+}
+
+
+def _elsewhere(method: str) -> Handler:
+    message = f"Method not found: {method} ({ELSEWHERE[method]})"
+
+    async def handler(params: Any) -> Any:
+        raise JsonRpcError(METHOD_NOT_FOUND, message)
+
+    return handler
 
 
 def _require(value: Any, name: str) -> Any:
@@ -105,6 +140,7 @@ class StateMethods:
 
     def handlers(self) -> dict[str, Handler]:
         return {
+            **{method: _elsewhere(method) for method in ELSEWHERE},
             "eth_blockNumber": self.eth_block_number,
             "eth_chainId": self.eth_chain_id,
             "eth_getBalance": self.eth_get_balance,
@@ -114,6 +150,9 @@ class StateMethods:
             "eth_getBlockByNumber": self.eth_get_block_by_number,
             "eth_getBlockByHash": self.eth_get_block_by_hash,
             "eth_baseFee": self.eth_base_fee,
+            "web3_clientVersion": self.web3_client_version,
+            "net_version": self.net_version,
+            "net_listening": self.net_listening,
             "version": self.version,
             "getAddressBalance": self.get_address_balance,
             "getAddressNonce": self.get_address_nonce,
@@ -164,13 +203,32 @@ class StateMethods:
         params_list(params, [])
         return to_hex(self.store.range()[1])
 
-    async def eth_chain_id(self, params: Any) -> str:
-        params_list(params, [])
+    def _known_chain_id(self) -> int:
         chain_id = self._chain_id()
         if chain_id is None:
             msg = "chain id not known yet: set chain_id or let the node reach its source"
             raise JsonRpcError(INTERNAL_ERROR, msg)
-        return to_hex(chain_id)
+        return chain_id
+
+    async def eth_chain_id(self, params: Any) -> str:
+        params_list(params, [])
+        return to_hex(self._known_chain_id())
+
+    # web3 and net namespaces: what clients ask first (web3.py's is_connected) ----------
+
+    async def web3_client_version(self, params: Any) -> str:
+        params_list(params, [])
+        return f"{NODE_NAME}/{self.key}/v{__version__}/{_RUNTIME}"
+
+    async def net_version(self, params: Any) -> str:
+        """The network id; as in geth on a dev chain, the chain id in decimal."""
+        params_list(params, [])
+        return str(self._known_chain_id())
+
+    async def net_listening(self, params: Any) -> bool:
+        """True: the node is answering. It has no peer-to-peer side to report on."""
+        params_list(params, [])
+        return True
 
     async def eth_get_balance(self, params: Any) -> str:
         addr, block = params_list(params, ["address", "blockNumber"])

@@ -282,10 +282,29 @@ async def test_version(node: StateNode) -> None:
     }
 
 
+async def test_client_version_and_net(node: StateNode) -> None:
+    """What web3.py's is_connected() and net.version ask: real answers from this node."""
+    version = await result(node, "web3_clientVersion")
+    name, key, release, _os_arch, runtime = version.split("/")
+    assert (name, key, release) == ("chainstate-state-node", "s1", "v0.1.0")
+    assert runtime.startswith("python3.")
+    assert await result(node, "net_version") == str(CHAIN_ID)
+    assert await result(node, "net_listening") is True
+    assert await error_code(node, "net_version", [1]) == -32602
+
+
 async def test_unknown_and_evm_methods_without_the_evm_are_method_not_found(
     node: StateNode,
 ) -> None:
     assert await error_code(node, "eth_sendRawTransaction", ["0x00"]) == -32601
+    # The spec: a state node has no eth_estimateGas (nor transactions); the error says
+    # where to go instead.
+    answer = await call(node, "eth_estimateGas", [{"to": ADDRS[0]}])
+    assert answer["error"]["code"] == -32601
+    assert "estimateGas" in answer["error"]["message"] and "proxy" in answer["error"]["message"]
+    answer = await call(node, "eth_getTransactionReceipt", ["0x" + "00" * 32])
+    assert answer["error"]["code"] == -32601 and "Leader" in answer["error"]["message"]
+    assert await error_code(node, "eth_getLogs", [{}]) == -32601
     if "eth_call" not in node.dispatcher.methods:
         assert await error_code(node, "eth_call", [{"to": ADDRS[0]}, "latest"]) == -32601
 
