@@ -49,6 +49,33 @@ UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
 MAX_HEADER_VALUE = 256  # longer client header values are cut in logs and spans
 
 
+# Answers that show the block a transaction was mined in. The Leader's execution client knows
+# a block before the state nodes have ingested it; until a `latest` read can be answered at
+# that block, the transaction is shown as not mined yet, so a client that saw its receipt
+# can read the state it produced (read-your-writes; docs/proxy.md).
+UNMINED_FIELDS = {
+    "eth_getTransactionReceipt": None,  # the whole receipt: null, as for a pending transaction
+    "eth_getTransactionByHash": ("blockHash", "blockNumber", "transactionIndex"),
+}
+
+
+def hide_unreadable(method: str, answer: dict[str, Any], readable: int | None) -> bool:
+    """Show the transaction of `answer` as pending when its block is above `readable`
+    (None: no reader to wait for). Returns whether `answer` was changed."""
+    result = answer.get("result")
+    if readable is None or not isinstance(result, dict):
+        return False
+    try:
+        number = int(result.get("blockNumber"), 16)
+    except (TypeError, ValueError):
+        return False  # pending already, or not a transaction object
+    if number <= readable:
+        return False
+    fields = UNMINED_FIELDS[method]
+    answer["result"] = None if fields is None else {**result, **dict.fromkeys(fields)}
+    return True
+
+
 def _cut(value: str | None) -> str | None:
     return None if value is None else value[:MAX_HEADER_VALUE]
 
@@ -268,7 +295,7 @@ class Engine:
             if code is None:
                 outcome = "error" if b'"error"' in raw else "ok"
                 self.metrics.request(ctx.chain, method, node.key, outcome)
-                return raw
+                return self._readable_view(ctx.pool, method, raw) if spec.writer else raw
             last, reason = raw, RETRY_REASONS.get(code, "retryable")
             prefer_archive = code == BLOCK_NOT_FOUND
         node_key = tried[-1].key if tried else NO_NODE_KEY
@@ -277,6 +304,19 @@ class Engine:
             return last
         self.metrics.request(ctx.chain, method, node_key, "upstream_failed")
         return _dumps_error(rid, self._failed(method, len(tried), failure))
+
+    def _readable_view(self, pool: Pool, method: str, raw: bytes) -> bytes:
+        """`raw` with a transaction whose block the pool cannot read yet shown as pending."""
+        if method not in UNMINED_FIELDS:
+            return raw
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return raw
+        readable = self.selector.readable_head(pool)
+        if isinstance(answer, dict) and hide_unreadable(method, answer, readable):
+            return orjson.dumps(answer)
+        return raw
 
     @staticmethod
     def _failed(method: str, attempts: int, failure: UpstreamError | None) -> JsonRpcError:
@@ -462,6 +502,8 @@ class Engine:
                 continue
             outcome = "error" if "error" in answer else "ok"
             self.metrics.request(ctx.chain, it.method, node.key, outcome)
+            if it.method in UNMINED_FIELDS:
+                hide_unreadable(it.method, answer, self.selector.readable_head(ctx.pool))
             answers[it.pos] = answer
         return retry
 

@@ -1,10 +1,14 @@
 """Step 1 of routing: which methods the proxy serves and which block each request targets.
 
 The method set is the spec's: the state node's eth_* table, the vendor names, pre_*,
-blockx_stateReadBatch, plus trace_vendorBlock and the transaction senders (which go to the
-chain's Leader write node). `extra_methods` (a setting) allows more, routed like latest reads.
-Params are checked only as far as routing needs and as the spec makes obvious (missing
-address, malformed hash, bad block id); the node checks the rest.
+blockx_stateReadBatch, plus what every Ethereum client needs around it: `web3_clientVersion`,
+`net_version`, `net_listening` (answered by a state node), trace_vendorBlock and the
+transaction lifecycle (send, fees, gas estimate, receipt and transaction lookup, accounts),
+which go to the chain's Leader write node and on to its execution client. A state read at the
+`pending` block goes there too: pending state lives only in the execution client.
+`extra_methods` (a setting) allows more, routed like latest reads. Params are checked only as
+far as routing needs and as the spec makes obvious (missing address, malformed hash, bad block
+id); the node checks the rest.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ def _list(value: Any, what: str) -> Any:
     if not isinstance(value, list):
         raise JsonRpcError(INVALID_PARAMS, f"invalid {what}: expected an array")
     return value
+
+
+def _optional_list(value: Any, what: str) -> Any:
+    return value if value is None else _list(value, what)
 
 
 def _block_height(value: Any) -> BlockRef:
@@ -62,6 +70,7 @@ class MethodSpec:
     block_at: int = -1
     checks: tuple[tuple[int, Check], ...] = ()
     writer: bool = False  # goes to the chain's Leader write node
+    pending: bool = False  # at the `pending` block it goes to the Leader write node
 
 
 def _m(
@@ -70,33 +79,43 @@ def _m(
     block: str | None = None,
     checks: tuple[tuple[int, Check], ...] = (),
     writer: bool = False,
+    pending: bool = False,
 ) -> MethodSpec:
     names = tuple(params.split()) if params else ()
     block_at = -1
     if block is not None:
         block_name = {"number": "blockNumber", "ctx": "blockCtx", "id": "blockId"}.get(block)
         block_at = names.index(block_name) if block_name in names else 0
-    return MethodSpec(names, required, block, block_at, checks, writer)
+    return MethodSpec(names, required, block, block_at, checks, writer, pending)
 
 
 _ADDR = ((0, parse_address),)
+_HASH = ((0, parse_hash),)
 METHODS: dict[str, MethodSpec] = {
-    # state node: eth namespace
+    # state node: eth namespace (a `pending` read goes to the Leader: see `pending`)
     "eth_call": _m(
-        "request blockNumber stateOverride blockOverrides", 1, "number", ((0, _object),)
+        "request blockNumber stateOverride blockOverrides",
+        1,
+        "number",
+        ((0, _object),),
+        pending=True,
     ),
     "eth_multiCall": _m(
         "requests blockNumber fastFail useParallel disableCache", 1, "number", ((0, _list),)
     ),
     "eth_blockNumber": _m(),
-    "eth_getBalance": _m("address blockNumber", 1, "number", _ADDR),
-    "eth_getCode": _m("address blockNumber", 1, "number", _ADDR),
-    "eth_getStorageAt": _m("address position blockNumber", 2, "number", _ADDR),
-    "eth_getTransactionCount": _m("address blockNumber", 1, "number", _ADDR),
-    "eth_getBlockByNumber": _m("blockNumber full", 1, "number"),
+    "eth_getBalance": _m("address blockNumber", 1, "number", _ADDR, pending=True),
+    "eth_getCode": _m("address blockNumber", 1, "number", _ADDR, pending=True),
+    "eth_getStorageAt": _m("address position blockNumber", 2, "number", _ADDR, pending=True),
+    "eth_getTransactionCount": _m("address blockNumber", 1, "number", _ADDR, pending=True),
+    "eth_getBlockByNumber": _m("blockNumber full", 1, "number", pending=True),
     "eth_getBlockByHash": _m("blockHash full", 1, "hash"),
     "eth_chainId": _m(),
     "eth_baseFee": _m("blockNumber", 0, "number"),
+    # state node: what clients ask to identify the node and network
+    "web3_clientVersion": _m(),
+    "net_version": _m(),
+    "net_listening": _m(),
     # state node: vendor namespace
     "version": _m(),
     "getAddressBalance": _m("address blockCtx", 1, "ctx", _ADDR),
@@ -119,10 +138,21 @@ METHODS: dict[str, MethodSpec] = {
     "pre_traceCall": _m("request blockId", 1, "id", ((0, _object),)),
     "pre_traceMany": _m("requests blockId", 1, "id", ((0, _list),)),
     "blockx_stateReadBatch": _m("payload", 1, checks=((0, parse_data),)),
-    # write node and transaction senders: the chain's Leader
+    # write node and the transaction lifecycle: the chain's Leader (its execution client)
     "trace_vendorBlock": _m("block", 1, writer=True),
     "eth_sendRawTransaction": _m("data", 1, checks=((0, parse_data),), writer=True),
     "eth_sendTransaction": _m("transaction", 1, checks=((0, _object),), writer=True),
+    "eth_estimateGas": _m(
+        "transaction blockNumber stateOverride", 1, "number", ((0, _object),), writer=True
+    ),
+    "eth_gasPrice": _m(writer=True),
+    "eth_maxPriorityFeePerGas": _m(writer=True),
+    "eth_feeHistory": _m(
+        "blockCount newestBlock rewardPercentiles", 2, checks=((2, _optional_list),), writer=True
+    ),
+    "eth_getTransactionReceipt": _m("transactionHash", 1, checks=_HASH, writer=True),
+    "eth_getTransactionByHash": _m("transactionHash", 1, checks=_HASH, writer=True),
+    "eth_accounts": _m(writer=True),
 }
 EXTRA = MethodSpec(params=())
 

@@ -10,6 +10,11 @@ lacks the block, which is retried). Method routes override the kind. Among eligi
 is weighted "power of two choices" on in-flight requests per unit of weight. When no node is
 known to hold the height (heads are polled, so they lag), the choice is made again without
 that condition rather than refusing the item.
+
+Writer methods go to the pool's Leader write node. So does a state read at the `pending`
+block (`MethodSpec.pending`) when the pool has a Leader: pending state (the next nonce once a
+transaction is in the mempool) exists only in the Leader's execution client. Without a Leader
+the state node answers `pending` as `latest`, as before.
 """
 
 from __future__ import annotations
@@ -107,7 +112,7 @@ class Selector:
         prefer_archive: bool = False,
     ) -> Choice:
         """Step 3: the node for one item, or NoEligibleNode saying why none fits."""
-        if spec.writer:
+        if self.to_leader(pool, spec, ref):
             return self._leader(pool, method, exclude)
         need = self.need(pool, ref, prefer_archive)
         rules = pool.routes.get(method)
@@ -164,6 +169,24 @@ class Selector:
         if a is b:
             return a
         return a if (a.inflight + 1) / a.weight <= (b.inflight + 1) / b.weight else b
+
+    def readable_head(self, pool: Pool) -> int | None:
+        """The highest block a `latest` read can be answered at: the highest polled head among
+        the usable state nodes (all usable readers when there is none); -1 while no head is
+        known yet; None when the pool has no usable reader at all (nothing to wait for)."""
+        usable = [n for n in pool.readers if self._usable(n, None, ())]
+        if not usable:
+            return None
+        nodes = [n for n in usable if n.entry.kind == "state"] or usable
+        return max((n.head for n in nodes if n.head is not None), default=-1)
+
+    @staticmethod
+    def to_leader(pool: Pool, spec: MethodSpec, ref: BlockRef | None) -> bool:
+        """Whether the item goes to the Leader write node rather than a state/archive node."""
+        if spec.writer:
+            return True
+        pending = spec.pending and ref is not None and ref.tag == "pending"
+        return pending and pool.leader_node() is not None
 
     @staticmethod
     def _leader(pool: Pool, method: str, exclude: Collection[Node]) -> Choice:

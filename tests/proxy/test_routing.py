@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from proxy.store_file import FileStore
 from tests.proxy.conftest import fast_settings, wait_until
-from tests.proxy.fakes import block_hash
+from tests.proxy.fakes import FakeNode, block_hash
 
 ADDR = "0x" + "11" * 20
 
@@ -295,6 +295,118 @@ async def test_writer_methods_go_to_the_leader(make_api, fake_nodes) -> None:
     answer = await api.call("1337", "eth_sendRawTransaction", [raw_tx])
     assert answer["error"]["code"] == -32603  # no retry on another writer
     assert len(w1.data_items("eth_sendRawTransaction")) == 1
+
+
+TX_HASH = "0x" + "ee" * 32
+LIFECYCLE_CALLS = {
+    "eth_sendRawTransaction": ["0x02f8"],
+    "eth_sendTransaction": [{"to": ADDR}],
+    "eth_estimateGas": [{"to": ADDR, "data": "0x"}],
+    "eth_gasPrice": [],
+    "eth_maxPriorityFeePerGas": [],
+    "eth_feeHistory": ["0x4", "latest", [25, 75]],
+    "eth_getTransactionReceipt": [TX_HASH],
+    "eth_getTransactionByHash": [TX_HASH],
+    "eth_accounts": [],
+}
+PENDING_CALLS = {
+    "eth_getTransactionCount": [ADDR, "pending"],
+    "eth_getBalance": [ADDR, "pending"],
+    "eth_getCode": [ADDR, "pending"],
+    "eth_getStorageAt": [ADDR, "0x0", "pending"],
+    "eth_call": [{"to": ADDR, "data": "0x"}, "pending"],
+    "eth_getBlockByNumber": ["pending", False],
+}
+
+
+async def with_leader(make_api, fake_nodes, writer: FakeNode | None = None):
+    """A proxy with one state node and a Leader write node `w1`."""
+    state = await fake_nodes("state-1", "state")
+    w1 = writer or await fake_nodes("w1", "state")
+    api = await make_api()
+    await api.add("1337", state)
+    writer_entry = {"key": "w1", "url": w1.url, "leader": True}
+    status, _ = await api.post("/1337/writers/addWriter", writer_entry)
+    assert status == 201
+    await api.heads_known("1337")
+    return api, state, w1
+
+
+async def test_transaction_lifecycle_and_pending_reads_go_to_the_leader(
+    make_api, fake_nodes
+) -> None:
+    api, state, w1 = await with_leader(make_api, fake_nodes)
+    for method, params in {**LIFECYCLE_CALLS, **PENDING_CALLS}.items():
+        assert served_by(await api.call("1337", method, params)) == "w1", method
+    for method, params in PENDING_CALLS.items():  # any other block: a state node
+        latest = [p if p != "pending" else "latest" for p in params]
+        assert served_by(await api.call("1337", method, latest)) == "state-1", method
+    for method in ("web3_clientVersion", "net_version", "net_listening", "eth_chainId"):
+        assert served_by(await api.call("1337", method)) == "state-1", method
+    assert not [i for i in state.received if i["method"] in LIFECYCLE_CALLS]
+    # A batch is split between the Leader and the state node, answered in order.
+    status, answers = await api.rpc(
+        "1337",
+        [
+            req("eth_getTransactionCount", [ADDR, "pending"], "a"),
+            req("eth_getTransactionCount", [ADDR, "latest"], "b"),
+            req("eth_getTransactionReceipt", [TX_HASH], "c"),
+        ],
+    )
+    assert status == 200
+    assert [(a["id"], served_by(a)) for a in answers] == [
+        ("a", "w1"),
+        ("b", "state-1"),
+        ("c", "w1"),
+    ]
+    # Params are checked before anything is sent: a bad hash never reaches the Leader.
+    sent = len(w1.received)
+    for method in ("eth_getTransactionReceipt", "eth_getTransactionByHash"):
+        answer = await api.call("1337", method, ["0x1234"])
+        assert answer["error"]["code"] == -32602 and "hash" in answer["error"]["message"]
+    assert (await api.call("1337", "eth_estimateGas", ["0x00"]))["error"]["code"] == -32602
+    assert len(w1.received) == sent
+
+
+class MiningWriter(FakeNode):
+    """A write node whose execution client has mined transaction TX_HASH in block `mined`."""
+
+    mined = 1001
+
+    def _result(self, item, polling):
+        tx = {"hash": TX_HASH, "blockNumber": hex(self.mined), "blockHash": block_hash(1)}
+        if item["method"] == "eth_getTransactionReceipt":
+            return {"transactionHash": TX_HASH, "blockNumber": hex(self.mined), "status": "0x1"}
+        if item["method"] == "eth_getTransactionByHash":
+            return {**tx, "transactionIndex": "0x0"}
+        return super()._result(item, polling)
+
+
+async def test_a_transaction_shows_as_mined_once_state_nodes_hold_its_block(
+    make_api, fake_nodes
+) -> None:
+    writer = await MiningWriter("w1").start()
+    try:
+        api, state, _ = await with_leader(make_api, fake_nodes, writer)
+        assert state.head == 1000
+        # Mined in block 1001, which no state node holds yet: a client polling for the
+        # receipt keeps waiting instead of reading state that does not show its transaction.
+        assert (await api.call("1337", "eth_getTransactionReceipt", [TX_HASH]))["result"] is None
+        tx = (await api.call("1337", "eth_getTransactionByHash", [TX_HASH]))["result"]
+        assert tx["hash"] == TX_HASH and tx["blockNumber"] is None and tx["blockHash"] is None
+        _, answers = await api.rpc("1337", [req("eth_getTransactionReceipt", [TX_HASH], 7)])
+        assert answers == [{"jsonrpc": "2.0", "id": 7, "result": None}]
+        state.head = 1001
+        pool = api.proxy.state.pools["1337"]
+        await wait_until(lambda: pool.readers[0].head == 1001)
+        receipt = (await api.call("1337", "eth_getTransactionReceipt", [TX_HASH]))["result"]
+        assert receipt["blockNumber"] == hex(1001)
+        tx = (await api.call("1337", "eth_getTransactionByHash", [TX_HASH]))["result"]
+        assert tx["blockNumber"] == hex(1001) and tx["transactionIndex"] == "0x0"
+        answer = await api.call("1337", "eth_getBalance", [ADDR, receipt["blockNumber"]])
+        assert served_by(answer) == "state-1"
+    finally:
+        await writer.stop()
 
 
 async def test_mirrors_get_copies_and_never_affect_clients(two, fake_nodes) -> None:

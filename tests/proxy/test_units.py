@@ -9,7 +9,7 @@ import pytest
 
 from chainstate.blockref import BlockRef
 from chainstate.jsonrpc import JsonRpcError
-from proxy.engine import retry_code
+from proxy.engine import hide_unreadable, retry_code
 from proxy.methods import MethodTable
 from proxy.model import (
     EntryError,
@@ -78,6 +78,15 @@ def test_target_block_of_every_way_to_name_a_block(method, params, expected) -> 
         ("eth_getBlockByHash", ["0x12", False], -32602),
         ("eth_call", ["notanobject"], -32602),
         ("eth_sendRawTransaction", ["nothex"], -32602),
+        ("eth_getTransactionReceipt", ["0x12"], -32602),  # not a 32-byte hash
+        ("eth_getTransactionReceipt", [], -32602),
+        ("eth_getTransactionByHash", [HASH[:-2]], -32602),
+        ("eth_estimateGas", ["notanobject"], -32602),
+        ("eth_estimateGas", [{"to": ADDR}, "0xzz"], -39007),
+        ("eth_feeHistory", ["0x5"], -32602),  # newestBlock is required
+        ("eth_feeHistory", ["0x5", "latest", 50], -32602),  # percentiles are a list
+        ("eth_gasPrice", [1], -32602),
+        ("web3_clientVersion", ["x"], -32602),
         ("eth_getLogs", [], -32601),  # not in the spec's set
         ("debug_traceTransaction", [], -32601),
     ],
@@ -94,9 +103,36 @@ def test_extra_methods_setting_allows_more() -> None:
     assert ref is None and not spec.writer
 
 
+LIFECYCLE = (
+    "eth_sendRawTransaction",
+    "eth_sendTransaction",
+    "eth_estimateGas",
+    "eth_gasPrice",
+    "eth_maxPriorityFeePerGas",
+    "eth_feeHistory",
+    "eth_getTransactionReceipt",
+    "eth_getTransactionByHash",
+    "eth_accounts",
+)
+PENDING_READS = (
+    "eth_getBalance",
+    "eth_getTransactionCount",
+    "eth_getCode",
+    "eth_getStorageAt",
+    "eth_call",
+    "eth_getBlockByNumber",
+)
+
+
 def test_writer_methods() -> None:
-    for method in ("eth_sendRawTransaction", "eth_sendTransaction", "trace_vendorBlock"):
-        assert TABLE.spec(method).writer
+    for method in (*LIFECYCLE, "trace_vendorBlock"):
+        assert TABLE.spec(method).writer, method
+    for method in PENDING_READS:
+        assert TABLE.spec(method).pending and not TABLE.spec(method).writer, method
+    for method in ("eth_multiCall", "eth_baseFee", "getAddressNonce", "web3_clientVersion"):
+        assert not TABLE.spec(method).pending and not TABLE.spec(method).writer, method
+    TABLE.target("eth_feeHistory", ["0x4", "latest", [25, 75]])
+    TABLE.target("eth_estimateGas", {"transaction": {"to": ADDR}})
 
 
 @pytest.mark.parametrize(
@@ -234,6 +270,60 @@ def test_writer_methods_go_to_the_leader(selector: Selector) -> None:
     pool.writers = {"w1": w1, "w2": w2}
     pool.leader = "w2"
     assert selector.choose(pool, "eth_sendRawTransaction", spec, None).node is w2
+
+
+def test_pending_reads_go_to_the_leader_when_there_is_one(selector: Selector) -> None:
+    pool = pool_with(node("s", "state"))
+    pending, latest = BlockRef(tag="pending"), BlockRef(tag="latest")
+    nonce = TABLE.spec("eth_getTransactionCount")
+    # Without a Leader the state node answers `pending` as `latest`.
+    assert selector.choose(pool, "eth_getTransactionCount", nonce, pending).node.key == "s"
+    writer = node("w", "writer")
+    pool.writers = {"w": writer}
+    pool.leader = "w"
+    choice = selector.choose(pool, "eth_getTransactionCount", nonce, pending)
+    assert choice.node.key == "w" and "Leader" in choice.reason
+    assert selector.choose(pool, "eth_getTransactionCount", nonce, latest).node.key == "s"
+    multi = TABLE.spec("eth_multiCall")  # a state node method only: never to the Leader
+    assert selector.choose(pool, "eth_multiCall", multi, pending).node.key == "s"
+    with pytest.raises(NoEligibleNode, match="did not answer"):  # no retry elsewhere
+        selector.choose(pool, "eth_getTransactionCount", nonce, pending, exclude=[writer])
+
+
+def test_readable_head_is_what_latest_reads_can_see(selector: Selector) -> None:
+    s1, s2, a = node("s1", "state", head=10), node("s2", "state", head=12), node("a", "archive")
+    assert selector.readable_head(pool_with(s1, s2, a)) == 12  # archive heads do not count
+    assert selector.readable_head(pool_with(a)) == 1000  # no state node: the archive's
+    assert selector.readable_head(pool_with(node("new", "state", head=None))) == -1
+    s2.healthy = False
+    assert selector.readable_head(pool_with(s1, s2)) == 10
+    s1.healthy = False
+    assert selector.readable_head(pool_with(s1, s2)) is None  # nobody to wait for
+    assert selector.readable_head(pool_with()) is None
+
+
+def test_a_transaction_is_shown_mined_once_its_block_is_readable() -> None:
+    receipt = {"transactionHash": HASH, "blockNumber": "0xb", "status": "0x1"}
+    answer = {"jsonrpc": "2.0", "id": 1, "result": dict(receipt)}
+    assert not hide_unreadable("eth_getTransactionReceipt", answer, 11)
+    assert not hide_unreadable("eth_getTransactionReceipt", answer, None)
+    assert answer["result"] == receipt
+    assert hide_unreadable("eth_getTransactionReceipt", answer, 10)
+    assert answer["result"] is None
+    tx = {"hash": HASH, "blockHash": HASH, "blockNumber": "0xb", "transactionIndex": "0x0"}
+    answer = {"jsonrpc": "2.0", "id": 1, "result": dict(tx)}
+    assert hide_unreadable("eth_getTransactionByHash", answer, -1)
+    assert answer["result"] == {
+        "hash": HASH,
+        "blockHash": None,
+        "blockNumber": None,
+        "transactionIndex": None,
+    }
+    for result in (None, {**tx, "blockNumber": None}, "0x"):  # unknown, pending, odd
+        answer = {"jsonrpc": "2.0", "id": 1, "result": result}
+        assert not hide_unreadable("eth_getTransactionByHash", answer, 0)
+    error = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32000, "message": "x"}}
+    assert not hide_unreadable("eth_getTransactionReceipt", error, 0)
 
 
 # ---- entries -----------------------------------------------------------------------------
