@@ -10,13 +10,16 @@ import time
 import orjson
 
 _SECRET = re.compile(
-    r"(?i)(bearer\s+|accesskey[\"':=\s]+|token[\"':=\s]+|password[\"':=\s]+|://[^:/@\s]+:)([^\s\"',&@]+)"
+    r"(?i)(bearer\s+|accesskey[\"':=\s]+|token[\"':=\s]+|password[\"':=\s]+)([^\s\"',&@]+)"
 )
+# The password of a URL's userinfo (`scheme://user:password@host`); `host:port` is left alone.
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]+:)[^\s\"'/@]+(?=@)")
 
 
 def redact(text: str) -> str:
     """Mask credentials that may appear in a log message (tokens, keys, URL passwords)."""
-    return _SECRET.sub(lambda m: m.group(1) + "***", text)
+    text = _SECRET.sub(lambda m: m.group(1) + "***", text)
+    return _URL_PASSWORD.sub(lambda m: m.group(1) + "***", text)
 
 
 class JsonFormatter(logging.Formatter):
