@@ -273,7 +273,7 @@ class AdminApi:
             "method": method,
             "block": None if ref is None else ref.describe(),
             "type": None if ref is None else ("Contains" if ref.contains else "Equals"),
-            "kind": "writer" if spec.writer else need.kind,
+            "kind": "writer" if self.engine.selector.to_leader(pool, spec, ref) else need.kind,
         }
         try:
             choice = self.engine.selector.choose(pool, method, spec, ref)

@@ -303,7 +303,7 @@ class Engine:
             self.metrics.request(ctx.chain, method, node_key, "error")
             return last
         self.metrics.request(ctx.chain, method, node_key, "upstream_failed")
-        return _dumps_error(rid, self._failed(method, len(tried), failure))
+        return _dumps_error(rid, self._failed(ctx.pool, method, tried, failure))
 
     def _readable_view(self, pool: Pool, method: str, raw: bytes) -> bytes:
         """`raw` with a transaction whose block the pool cannot read yet shown as pending."""
@@ -319,8 +319,18 @@ class Engine:
         return raw
 
     @staticmethod
-    def _failed(method: str, attempts: int, failure: UpstreamError | None) -> JsonRpcError:
-        msg = f"{method}: no node answered after {attempts} attempt(s); last error: {failure}"
+    def _failed(
+        pool: Pool, method: str, tried: list[Node], failure: UpstreamError | None
+    ) -> JsonRpcError:
+        last = tried[-1] if tried else None
+        if last is not None and last.entry.kind == "writer":
+            msg = (
+                f"{method}: the Leader write node {last.key} ({last.entry.url}) did not answer: "
+                f"{failure}; if it stays down, switch the Leader: "
+                f"POST /{pool.id}/writers/switchLeader"
+            )
+        else:
+            msg = f"{method}: no node answered after {len(tried)} attempt(s); last error: {failure}"
         return JsonRpcError(INTERNAL_ERROR, msg)
 
     # ---- upstream attempt ----------------------------------------------------------------
@@ -444,7 +454,7 @@ class Engine:
             answer, outcome = it.last, "error"
         elif it.err is not None or exc is None:
             answer = error_response(it.obj.get("id"), INTERNAL_ERROR, "")
-            answer["error"] = self._failed(it.method, len(it.tried), it.err).to_obj()
+            answer["error"] = self._failed(ctx.pool, it.method, it.tried, it.err).to_obj()
             outcome = "upstream_failed"
         else:
             answer, outcome = error_response(it.obj.get("id"), exc.code, exc.message), "no_node"

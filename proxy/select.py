@@ -195,6 +195,12 @@ class Selector:
             raise NoEligibleNode(f"{method}: pool {pool.id} has no Leader write node")
         if leader in exclude:
             raise NoEligibleNode(f"{method}: the Leader write node {leader.key} did not answer")
+        if not leader.healthy:
+            why = f": {leader.last_error}" if leader.last_error else ""
+            raise NoEligibleNode(
+                f"{method}: the Leader write node {leader.key} ({leader.entry.url}) is "
+                f"unhealthy{why}; switch the Leader: POST /{pool.id}/writers/switchLeader"
+            )
         return Choice(leader, f"{method} goes to the Leader write node {leader.key}")
 
     @staticmethod

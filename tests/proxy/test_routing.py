@@ -294,7 +294,21 @@ async def test_writer_methods_go_to_the_leader(make_api, fake_nodes) -> None:
     await w2.stop()
     answer = await api.call("1337", "eth_sendRawTransaction", [raw_tx])
     assert answer["error"]["code"] == -32603  # no retry on another writer
+    message = answer["error"]["message"]
+    assert "Leader write node w2" in message and "/1337/writers/switchLeader" in message
     assert len(w1.data_items("eth_sendRawTransaction")) == 1
+    # Once the health poll has taken it out, the Leader is named as unhealthy, at once.
+    leader = api.proxy.state.pools["1337"].writers["w2"]
+    await wait_until(lambda: not leader.healthy)
+    answer = await api.call("1337", "trace_vendorBlock", ["latest"])
+    assert "Leader write node w2" in answer["error"]["message"]
+    assert "is unhealthy" in answer["error"]["message"]
+    batch = [
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_sendRawTransaction", "params": [raw_tx]},
+        {"jsonrpc": "2.0", "id": 2, "method": "eth_blockNumber", "params": []},
+    ]
+    _, answers = await api.rpc("1337", batch)
+    assert "Leader write node w2" in answers[0]["error"]["message"] and "result" in answers[1]
 
 
 TX_HASH = "0x" + "ee" * 32
@@ -366,6 +380,10 @@ async def test_transaction_lifecycle_and_pending_reads_go_to_the_leader(
         assert answer["error"]["code"] == -32602 and "hash" in answer["error"]["message"]
     assert (await api.call("1337", "eth_estimateGas", ["0x00"]))["error"]["code"] == -32602
     assert len(w1.received) == sent
+    # debug_chooseOneNode says so too.
+    params = {"method": "eth_getTransactionCount", "block": "pending"}
+    status, chosen = await api.get("/1337/debug_chooseOneNode", params=params)
+    assert status == 200 and chosen["kind"] == "writer" and chosen["node"]["key"] == "w1"
 
 
 class MiningWriter(FakeNode):
