@@ -127,6 +127,11 @@ class ProxySettings:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
                 raise ConfigError(f"[proxy] {name} must be a TCP port (1-65535), got {value!r}")
+        if self.admin_port == self.port and (self.admin_host or self.host) == self.host:
+            raise ConfigError(
+                "[proxy] admin_port is the data port; leave it unset to serve the admin API "
+                "on the data port, or give it a port of its own"
+            )
         _check_token(self.admin_token)
         if not isinstance(self.state_window, int) or self.state_window < 0:
             raise ConfigError("[proxy] state_window must be an integer >= 0")

@@ -99,6 +99,7 @@ async def test_proxy_command_routes_as_debug_choose_says(proxy_process, fake_nod
         # `--admin-token "$TOKEN"` with TOKEN unset: a locked admin API, or worse, an open one
         (["--port", "{free}", "--store", ":memory:", "--admin-token", ""], "admin_token"),
         (["--port", "{free}", "--store", ":memory:", "--admin-token", "tw o"], "admin_token"),
+        (["--port", "{free}", "--admin-port", "{free}", "--store", ":memory:"], "data port"),
     ],
 )
 def test_proxy_command_refuses_bad_settings(tmp_path, args, says) -> None:
