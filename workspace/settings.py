@@ -27,6 +27,7 @@ class WorkspaceSettings:
     max_body_bytes: int = 8 * 1024 * 1024  # request bodies larger than this get HTTP 413
     query_timeout_ms: int = 2000  # row/query wall-clock limit
     query_max_rows: int = 10000  # row/query: at most this many rows (spec: 10000)
+    query_max_sql_bytes: int = 65536  # row/query: longer statements are refused (parse cost)
     row_list_max_limit: int = 10000  # row/list `limit` upper bound (spec: 10000)
     row_get_max_pks: int = 10000  # row/get `pks` upper bound (spec: 10000)
     max_columns: int = 256  # columns per table

@@ -18,7 +18,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from workspace.coltypes import TYPES, BadValue
+from workspace.coltypes import INT64_MAX, TYPES, BadValue
 from workspace.errors import INVALID_SQL, ApiError
 from workspace.tabledefs import Table, q
 
@@ -42,6 +42,7 @@ _ALLOWED_NODES = (
     *_COMPARE,
 )
 _COLUMN_PARENTS = (*_COMPARE, exp.In, exp.Between, exp.Like, exp.Is)
+_WHERE_HELP = "WHERE takes columns, literals, comparisons, AND/OR/NOT, IS NULL, IN, BETWEEN, LIKE"
 _NO_LIKE = {"TOKENID", "UINT256", "DECIMAL", "INT", "BLOCKHEIGHT", "TIMESTAMP", "FLOAT", "BOOLEAN"}
 
 
@@ -57,6 +58,14 @@ class CompiledQuery:
 
 
 def compile_query(text: str, table: Table, dialect: str, max_rows: int) -> CompiledQuery:
+    """Check `text` and build the SQL to run; raises ApiError(INVALID_SQL) with the reason."""
+    try:
+        return _compile(text, table, dialect, max_rows)
+    except RecursionError:  # sqlglot parses and prints recursively
+        raise bad("the statement is nested too deeply") from None
+
+
+def _compile(text: str, table: Table, dialect: str, max_rows: int) -> CompiledQuery:
     try:
         statements = [s for s in sqlglot.parse(text, read="postgres") if s is not None]
     except (ParseError, TokenError) as exc:
@@ -132,7 +141,7 @@ def _column(node: exp.Column, table: Table, alias: set[str]) -> dict[str, Any]:
 def _check_where(cond: exp.Expression, table: Table, alias: set[str]) -> exp.Expression:
     for node in cond.walk():
         if not isinstance(node, _ALLOWED_NODES):
-            raise bad(f"{type(node).__name__} is not allowed in WHERE")
+            raise bad(f"{describe(node)} is not allowed in WHERE; {_WHERE_HELP}")
         if type(node) is exp.Like and not isinstance(node.expression, exp.Literal):
             raise bad("LIKE needs a string pattern")
         if type(node) is exp.Is and not isinstance(node.expression, exp.Null):
@@ -153,9 +162,8 @@ def _check_where(cond: exp.Expression, table: Table, alias: set[str]) -> exp.Exp
             col = _col_of(node.this, columns)
             if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
                 raise bad("IN takes a list of literals")
-            for item in node.expressions:
-                if col is not None:
-                    item.replace(_encode_literal(item, col))
+            if col is not None:  # one set(), not a replace() per item (quadratic)
+                node.set("expressions", [_encode_literal(i, col) for i in node.expressions])
         elif isinstance(node, exp.Between):
             col = _col_of(node.this, columns)
             if col is not None:
@@ -169,6 +177,19 @@ def _check_where(cond: exp.Expression, table: Table, alias: set[str]) -> exp.Exp
         if isinstance(node, exp.Column):
             node.replace(exp.column(exp.to_identifier(columns[id(node)]["name"], quoted=True)))
     return cond
+
+
+def describe(node: exp.Expression) -> str:
+    """What the user wrote, in words (not sqlglot's class names)."""
+    if isinstance(node, exp.Subquery | exp.Select | exp.Exists):
+        return "a subquery"
+    if isinstance(node, exp.Placeholder):
+        return "a placeholder"
+    if isinstance(node, exp.Func):
+        name = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
+        return f"function {name.lower()}()"
+    text = node.sql(dialect="postgres")
+    return repr(text if len(text) <= 40 else text[:40] + "…")
 
 
 def _col_of(node: exp.Expression, columns: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
@@ -204,7 +225,7 @@ def _literal_value(node: exp.Expression) -> Any:
             return int(text)
         except ValueError:
             return float(text) if "e" in text.lower() else _decimal_text(text)
-    raise bad(f"compare columns with literal values, not {type(node).__name__}")
+    raise bad(f"compare columns with literal values, not {describe(node)}")
 
 
 def _decimal_text(text: str) -> Any:
@@ -242,4 +263,7 @@ def _int_clause(node: Any, what: str) -> int | None:
     value = node.args.get("expression") or node.this
     if type(value) is not exp.Literal or value.is_string or not value.this.isdigit():
         raise bad(f"{what} takes a non-negative integer")
-    return int(value.this)
+    n = int(value.this)
+    if n > INT64_MAX:
+        raise bad(f"{what} must be at most {INT64_MAX}")
+    return n
