@@ -17,6 +17,7 @@ from typing import Any
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 UINT256_MAX = 2**256 - 1
+FLOAT_EXACT = 2**53  # floats are exact integers only up to here (1e30 is 1000…19884624838656)
 _DEC_INT_DIGITS, _DEC_FRAC_DIGITS = 40, 38
 _HEX40 = re.compile(r"0x[0-9a-fA-F]{40}")
 _HEX64 = re.compile(r"0x[0-9a-fA-F]{64}")
@@ -58,6 +59,11 @@ def _integer(v: Any, lo: int, hi: int, what: str) -> int:
     if isinstance(v, str) and _SIGNED.fullmatch(v.strip()):
         v = int(v.strip())
     elif isinstance(v, float) and v.is_integer():
+        if abs(v) > FLOAT_EXACT:
+            raise BadValue(
+                f"must be {what}; a JSON number above 2^53 is not exact, "
+                "send it as a JSON integer or a decimal string"
+            )
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int):
         raise BadValue(f"must be {what} (a JSON integer or a decimal string)")

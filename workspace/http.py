@@ -9,6 +9,7 @@ envelope. The same declarations produce /v1/openapi.json.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import orjson
 from aiohttp import ClientSession, web
 
 from workspace.auth import Principal, authenticate
+from workspace.coltypes import FLOAT_EXACT
 from workspace.db import Database
 from workspace.errors import (
     INTERNAL,
@@ -98,6 +100,41 @@ def json_response(payload: Any, status: int = 200) -> web.Response:
     )
 
 
+def loads_exact(raw: bytes | str) -> Any:
+    """Parse JSON with orjson, but keep integers beyond 64 bits exact.
+
+    orjson reads such integers as floats (123456789012345678901234567890 becomes
+    1.2345678901234568e+29), which would silently change a UINT256 value; when the result holds
+    an integral float too large to be exact, the text is parsed again with the standard library.
+    Raises ValueError (orjson.JSONDecodeError is one) with the reason.
+    """
+    doc = orjson.loads(raw)
+    if not _has_big_float(doc):
+        return doc
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _has_big_float(doc: Any) -> bool:
+    stack = [doc]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, float):
+            if v.is_integer() and abs(v) > FLOAT_EXACT:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 async def read_json_body(request: web.Request, max_bytes: int) -> dict[str, Any]:
     if request.content_length is not None and request.content_length > max_bytes:
         raise ApiError(TOO_LARGE, f"request body larger than {max_bytes} bytes")
@@ -112,8 +149,8 @@ async def read_json_body(request: web.Request, max_bytes: int) -> dict[str, Any]
             UNSUPPORTED_MEDIA, "POST bodies must be JSON (Content-Type: application/json)"
         )
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        body = loads_exact(raw)
+    except ValueError as exc:
         raise ApiError(INVALID_JSON, f"body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise ApiError(INVALID_JSON, "body must be a JSON object")

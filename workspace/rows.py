@@ -11,8 +11,6 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import orjson
-
 from workspace import stats
 from workspace.coltypes import TYPES, BadValue
 from workspace.db import Conn, Database, QueryDenied, QueryGuard, QueryTimeout
@@ -26,7 +24,7 @@ from workspace.errors import (
     invalid,
     not_found,
 )
-from workspace.http import AppCtx, Call, Endpoint
+from workspace.http import AppCtx, Call, Endpoint, loads_exact
 from workspace.openapi_shapes import NULL, ROW_GET, ROW_LIST, ROW_QUERY
 from workspace.sqlquery import compile_query, order_sql
 from workspace.tabledefs import Table, q
@@ -131,8 +129,8 @@ def parse_filter(t: Table, text: str | None, max_conditions: int) -> tuple[str, 
     if text is None or text.strip() == "":
         return "", []
     try:
-        conds = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
+        conds = loads_exact(text)
+    except ValueError as exc:
         raise ApiError(INVALID_FILTER, f"filter is not valid JSON: {exc}") from None
     if not isinstance(conds, list):
         raise ApiError(INVALID_FILTER, "filter must be a JSON array of conditions")
