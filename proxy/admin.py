@@ -44,6 +44,7 @@ from proxy.store import ConfigStore, StoreUnavailable
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_ADMIN_BODY = 64 * 1024  # admin bodies are small objects
+STORE_HEADER = "X-Config-Store"  # "available" | "unavailable" on every admin answer
 CAS_ATTEMPTS = 5  # compare-and-set retries of one admin change before answering 409
 # A writer further behind the Leader than this is refused by switchLeader (unless forced):
 # state nodes would stop ingesting until it caught up, or for good if it is stuck.
@@ -129,17 +130,26 @@ class AdminApi:
             if self.token is not None and not self._authorized(request):
                 return reply({"error": "admin token required: Authorization: Bearer <token>"}, 401)
             try:
-                return await handler(request)
+                response = await handler(request)
             except AdminError as exc:
-                return reply({"error": exc.reason}, exc.status)
+                response = reply({"error": exc.reason}, exc.status)
             except EntryError as exc:
-                return reply({"error": str(exc)}, 400)
+                response = reply({"error": str(exc)}, 400)
             except StoreUnavailable as exc:
-                return reply({"error": f"config store unavailable, nothing changed: {exc}"}, 503)
+                msg = f"config store unavailable, nothing changed: {exc}"
+                response = reply({"error": msg}, 503)
             except OSError as exc:  # the file store could not write (disk full, permissions)
-                return reply({"error": f"config store write failed, nothing changed: {exc}"}, 503)
+                msg = f"config store write failed, nothing changed: {exc}"
+                response = reply({"error": msg}, 503)
+            # Reads keep answering from the last known configuration during a store outage;
+            # every answer says whether that configuration may be stale.
+            response.headers[STORE_HEADER] = self._store_state()
+            return response
 
         return guarded
+
+    def _store_state(self) -> str:
+        return "available" if self.store.available else "unavailable"
 
     def _authorized(self, request: web.Request) -> bool:
         header = request.headers.get("Authorization", "")
@@ -240,7 +250,7 @@ class AdminApi:
                     "nodes": len(active.readers) if active else 0,
                 }
             )
-        return reply({"chains": chains})
+        return reply({"chains": chains, "config_store": self._store_state()})
 
     async def get_all_nodes(self, request: web.Request) -> web.Response:
         pool = self._pool(request)
@@ -446,6 +456,9 @@ class AdminApi:
     async def add_mirror(self, request: web.Request) -> web.Response:
         pool = self._pool(request)
         mirror = MirrorEntry.from_obj(await self._body(request))
+        unserved = sorted((mirror.methods or set()) - set(self.engine.methods.specs))
+        if unserved:
+            raise AdminError(400, f"method(s) {unserved} are not served by the proxy")
         existed = mirror.id in pool.mirrors
         await self._put(f"pools/{pool.id}/mirrors/{mirror.id}", mirror.to_obj())
         return reply({"pool": pool.id, "mirror": mirror.to_obj()}, 200 if existed else 201)

@@ -41,6 +41,7 @@ from proxy.settings import ProxySettings
 from proxy.state import RoutingState
 from proxy.upstream import Upstream, UpstreamError
 
+log = logging.getLogger(__name__)
 access_log = logging.getLogger("chainstate.proxy.access")
 SOURCE_HEADERS = ("x-vendor-biz", "x-vendor-source", "x-vendor-source-host", "x-vendor-env")
 RETRY_REASONS = {BLOCK_NOT_FOUND: "block_not_found", -39008: "unsupported_precompile"}
@@ -362,7 +363,13 @@ class Engine:
         try:
             raw = await self.upstream.send(node.entry.url, body, self._timeout)
         except UpstreamError as exc:
-            node.failed(self._unhealthy_after)
+            if node.failed(self._unhealthy_after):
+                log.warning(
+                    "node %s taken out of rotation after %d failed requests: %s",
+                    node.key,
+                    node.fails,
+                    exc,
+                )
             self.metrics.attempt(ctx.chain, node.key, exc.kind, time.perf_counter() - started)
             self.metrics.upstream_error(node.key, exc.kind)
             if span is not None:
@@ -371,7 +378,8 @@ class Engine:
         finally:
             node.inflight -= 1
         elapsed = time.perf_counter() - started
-        node.succeeded()
+        if node.succeeded():
+            log.warning("node %s back in rotation (answered a request)", node.key)
         node.observe_latency(elapsed * 1000)
         outcome = classify(raw)
         self.metrics.attempt(ctx.chain, node.key, outcome, elapsed)

@@ -110,15 +110,12 @@ class HeadTracker:
             answers = _by_id(raw)
             head = _quantity(answers.get(0))
         except (UpstreamError, PollError) as exc:
-            was = node.healthy
-            node.failed(self.unhealthy_after)
             node.last_error = str(exc)[:300]
-            if was and not node.healthy:
+            if node.failed(self.unhealthy_after):
                 log.warning("%s %s marked unhealthy: %s", _what(node), node.key, exc)
             return None
-        if not node.healthy:
+        if node.succeeded():
             log.warning("%s %s healthy again (head %s)", _what(node), node.key, head)
-        node.succeeded()
         node.last_error = None
         node.observe_latency((time.perf_counter() - started) * 1000)
         node.head = head

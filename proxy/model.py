@@ -10,6 +10,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 KINDS = ("state", "archive")
 URL_SCHEMES = ("http://", "https://", "inproc://")
@@ -67,8 +68,18 @@ def check_method(value: Any) -> str:
 def check_url(value: Any) -> str:
     if not isinstance(value, str) or not value.startswith(URL_SCHEMES) or len(value) > 2048:
         raise EntryError("url must start with http://, https:// or inproc://")
-    if len(value.split("://", 1)[1]) == 0:
+    if any(c.isspace() for c in value):
+        raise EntryError("url must not contain whitespace")
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # ValueError when out of range or not a number
+        host = parts.hostname
+    except ValueError as exc:
+        raise EntryError(f"invalid url {value!r}: {exc}") from None
+    if not host:
         raise EntryError("url has no host or name")
+    if parts.scheme == "inproc" and port is not None:
+        raise EntryError("an inproc:// url names a node, not a host and port")
     return value
 
 
@@ -238,14 +249,20 @@ class Node:
         prev = self.latency_ms
         self.latency_ms = ms if prev is None else prev + EWMA * (ms - prev)
 
-    def succeeded(self) -> None:
+    def succeeded(self) -> bool:
+        """Record an answer; True when this brought the node back into rotation."""
+        came_back = not self.healthy
         self.fails = 0
         self.healthy = True
+        return came_back
 
-    def failed(self, unhealthy_after: int) -> None:
+    def failed(self, unhealthy_after: int) -> bool:
+        """Record a failure; True when this one took the node out of rotation."""
         self.fails += 1
-        if self.fails >= unhealthy_after:
+        taken_out = self.healthy and self.fails >= unhealthy_after
+        if taken_out:
             self.healthy = False
+        return taken_out
 
     def serves(self, height: int) -> bool:
         """False only when what we observed says the node does not hold `height`."""

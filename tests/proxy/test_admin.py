@@ -108,6 +108,12 @@ async def test_adding_a_node_to_an_unknown_chain_creates_its_pool(api: Api) -> N
         ("/1337/addNode", [], 400),
         ("/1337/addNode", {"key": "x"}, 400),
         ("/1337/addNode", {"key": "x", "url": "gopher://x"}, 400),
+        ("/1337/addNode", {"key": "x", "url": "http://a:99999"}, 400),
+        ("/1337/addNode", {"key": "x", "url": "http://a:port"}, 400),
+        ("/1337/addNode", {"key": "x", "url": "http://a b:1"}, 400),
+        ("/1337/addNode", {"key": "x", "url": "http://[::1:1"}, 400),
+        ("/1337/addNode", {"key": "x", "url": "http://:8545"}, 400),
+        ("/1337/addNode", {"key": "x", "url": "inproc://s:1"}, 400),
         ("/1337/addNode", {"key": "x y", "url": URL}, 400),
         ("/1337/addNode", {"key": "x", "url": URL, "kind": "full"}, 400),
         ("/1337/addNode", {"key": "x", "url": URL, "weight": -2}, 400),
@@ -138,6 +144,7 @@ async def test_adding_a_node_to_an_unknown_chain_creates_its_pool(api: Api) -> N
         ("/1337/deleteMethodRoute/eth_call", None, 404),
         ("/1337/addMirror", {"url": "nope"}, 400),
         ("/1337/addMirror", {"url": URL, "methods": "eth_call"}, 400),
+        ("/1337/addMirror", {"url": URL, "methods": ["eth_nope"]}, 400),
         ("/1337/deleteMirror", {}, 400),
         ("/1337/deleteMirror", {"url": URL}, 404),
         ("/1337/writers/switchLeader", {"key": "zz"}, 404),
@@ -347,8 +354,14 @@ async def test_store_unavailable_refuses_writes_and_keeps_serving(make_api, fake
     assert snapshot(api) == before
     answer = await api.call("1337", "eth_getBalance", ["0x" + "11" * 20])
     assert answer["result"]["node"] == "s1"
+    resp = await api.client.get("/getChains")  # reads answer, and say the config may be stale
+    assert resp.headers["X-Config-Store"] == "unavailable"
+    assert (await resp.json())["config_store"] == "unavailable"
     status, _ = await api.post("/1337/addLocalNode", {"key": "l", "url": URL})
     assert status == 201  # memory-only entries need no store
+    store.up = True
+    resp = await api.client.get("/1337/getAllNodes")
+    assert resp.headers["X-Config-Store"] == "available"
 
 
 async def test_admin_token(make_api) -> None:

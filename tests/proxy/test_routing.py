@@ -146,7 +146,10 @@ async def test_retry_on_unsupported_precompile_and_last_answer_when_all_fail(
         assert "result" in await api.call("1337", "eth_call", [{"to": ADDR}, "latest"])
 
 
-async def test_dead_node_is_retried_then_taken_out_and_brought_back(make_api, fake_nodes) -> None:
+async def test_dead_node_is_retried_then_taken_out_and_brought_back(
+    make_api, fake_nodes, caplog
+) -> None:
+    caplog.set_level(logging.WARNING, logger="proxy")
     a = await fake_nodes("a", "state")
     b = await fake_nodes("b", "state")
     api = await make_api()
@@ -160,8 +163,12 @@ async def test_dead_node_is_retried_then_taken_out_and_brought_back(make_api, fa
     await wait_until(lambda: not pool.find("b").healthy)
     _, nodes = await api.get("/1337/getAllNodes")
     assert [n["healthy"] for n in nodes["nodes"]] == [True, False]
+    out = [r.getMessage() for r in caplog.records if " b " in r.getMessage()]
+    assert len(out) == 1 and ("taken out" in out[0] or "unhealthy" in out[0]), out
     await b.start()
     await wait_until(lambda: pool.find("b").healthy)
+    back = [r.getMessage() for r in caplog.records if " b " in r.getMessage()][1:]
+    assert len(back) == 1 and ("again" in back[0] or "back in rotation" in back[0]), back
     await a.stop()  # all traffic now needs b
     assert served_by(await api.call("1337", "eth_getBalance", [ADDR])) == "b"
 
