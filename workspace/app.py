@@ -125,7 +125,7 @@ def ensure_local_account(settings: WorkspaceSettings) -> tuple[str, str]:
             return row["id"], token
 
         account_id, token = db.run_sync(make)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        settings.ensure_workspace_dir()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as fh:
             json.dump({"account_id": account_id, "token": token}, fh)

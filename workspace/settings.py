@@ -81,6 +81,10 @@ class WorkspaceSettings:
     def workspace_dir(self) -> Path:
         return self.data_dir / "workspace"
 
+    def ensure_workspace_dir(self) -> Path:
+        """The workspace's folder, private to the server's user (see `private_dir`)."""
+        return private_dir(self.workspace_dir)
+
     @property
     def sqlite_path(self) -> Path:
         return self.workspace_dir / "workspace.db"
@@ -88,3 +92,14 @@ class WorkspaceSettings:
     @property
     def local_token_file(self) -> Path:
         return self.workspace_dir / "local-token.json"
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (mode 0700) or tighten it to 0700.
+
+    Functions and Notebooks run under other uids on the same machine: the database, instance
+    logs and build cache kept here must not be readable by them (they hold every account's data).
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path

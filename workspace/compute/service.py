@@ -37,6 +37,7 @@ from workspace.compute.sdk import SdkGateway
 from workspace.compute.sqlfunc import SqlFunctionRunner, compile_sql, own_table_lookup
 from workspace.compute.store import ComputeStore
 from workspace.http import AppCtx, Endpoint
+from workspace.settings import private_dir
 
 log = logging.getLogger("workspace.compute")
 
@@ -141,6 +142,10 @@ class ComputeService:
 
     async def start(self) -> None:
         s = self.settings
+        # runs use other uids: logs and the build cache must stay unreadable to them
+        for folder in (s.data_dir, s.cache_dir):
+            if folder is not None:
+                await asyncio.to_thread(private_dir, folder)
         iso = await asyncio.to_thread(probe_isolation, s.use_cgroups)
         if s.require_network_isolation and not iso.network_isolated:
             release_isolation(iso)

@@ -182,7 +182,7 @@ def open_database(settings: WorkspaceSettings) -> Database:
     if settings.database == SQLITE:
         from workspace.db.sqlite import SqliteDatabase
 
-        settings.workspace_dir.mkdir(parents=True, exist_ok=True)
+        settings.ensure_workspace_dir()
         return SqliteDatabase(settings.sqlite_path, readers=settings.db_readers)
     import psycopg
 
