@@ -356,6 +356,41 @@ async def test_sql_functions(stack: Stack, tables: dict[str, str], space: str) -
     assert await stack.db.run(lambda c: table_reader_count(c, p)) == 0
 
 
+async def test_sql_functions_call_only_plain_functions(
+    stack: Stack, tables: dict[str, str]
+) -> None:
+    """Functions that run SQL of their own, read files or settings, or allocate without bound
+    are refused before the query runs (on PostgreSQL query_to_xml read every account's table)."""
+    t = tables["transfers"]
+    for bad in [
+        f"SELECT query_to_xml('SELECT * FROM ws_credentials', true, true, '') AS x FROM {t}",
+        f"SELECT * FROM {t}, LATERAL query_to_xml('SELECT 1', true, true, '') AS x",
+        "SELECT pg_read_file('/etc/hostname') AS x",
+        "SELECT current_setting('data_directory') AS x",
+        "SELECT set_config('statement_timeout', '0', true) AS x",
+        f"SELECT pg_catalog.lower(owner) AS x FROM {t}",
+        "SELECT length(zeroblob(1000000000)) AS x",
+        "SELECT load_extension('x') AS x",
+    ]:
+        rec = await run(stack, "sql", bad)
+        assert rec["status"] == "failed", (bad, rec["return_value"])
+        assert "is not allowed in a SQL Function" in rec["output"]["failure"]["message"], (
+            bad,
+            rec["output"]["failure"],
+        )
+    # printf exists on SQLite only; there it may not build a value beyond the length limit
+    # (SQLite answers NULL), PostgreSQL has no such function (failed)
+    rec = await run(stack, "sql", "SELECT length(printf('%.*c', 200000000, 'x')) AS n")
+    assert rec["return_value"] in (None, [{"n": None}]), rec["return_value"]
+    fine = (
+        f"SELECT lower(owner) AS o, abs(amount) AS a, coalesce(owner, 'x') AS c, "
+        f"round(amount * 1.5) AS r, length(owner) AS l FROM {t} WHERE id = 't0'"
+    )
+    rec = await run(stack, "sql", fine)
+    assert rec["status"] == "succeeded", rec["output"]
+    assert rec["return_value"] == [{"o": "ann", "a": 5, "c": "ann", "r": 8, "l": 3}]
+
+
 async def test_python_sdk_reads_writes_and_calls_chain(
     stack: Stack, tables: dict[str, str]
 ) -> None:

@@ -47,7 +47,36 @@ _FORBIDDEN = (
     exp.Transaction,
 )
 _RESERVED_PREFIXES = ("ws_", "t_", "ix_", "sqlite_", "pg_")
+MAX_VALUE_BYTES = 64 * 1024 * 1024  # largest string or row a SQLite SQL Function may build
 _SQLITE_OK_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
+
+# Functions sqlglot does not model itself (it parses them as "anonymous") that a SQL Function
+# may call: plain scalar, aggregate and window functions of SQLite and PostgreSQL. Left out on
+# purpose: anything that runs SQL from a string, reads files or settings, or allocates at will
+# (zeroblob, randomblob, repeat).
+ALLOWED_FUNCTIONS = frozenset(
+    """
+    acos asin atan atan2 cbrt ceiling cos cot degrees div exp gcd lcm ln log log10 log2 mod
+    pi power radians sign sin sqrt tan trunc width_bucket
+    ascii btrim char chr character_length bit_length concat_ws format initcap lpad ltrim
+    octet_length printf quote quote_ident quote_literal quote_nullable regexp_like
+    regexp_match regexp_matches regexp_split_to_array reverse right rpad rtrim soundex
+    starts_with strpos translate unhex unicode glob like
+    age clock_timestamp date_part julianday make_date make_interval make_time make_timestamp
+    statement_timestamp strftime time to_date to_number unixepoch
+    array_length array_to_string cardinality string_to_array row
+    json_agg jsonb_agg json_build_array jsonb_build_array json_build_object jsonb_build_object
+    json_object_agg jsonb_object_agg json_array_length jsonb_array_length json_extract_path
+    json_extract_path_text jsonb_extract_path jsonb_extract_path_text json_typeof jsonb_typeof
+    to_json to_jsonb json_object json_array json_group_array json_group_object json_type
+    json_valid json_quote json_remove json_set json_insert json_replace json_patch
+    bool_and bool_or every bit_and bit_or bit_xor total median mode percentile_cont
+    percentile_disc stddev stddev_pop stddev_samp variance var_pop var_samp corr covar_pop
+    covar_samp regr_slope regr_intercept regr_count regr_r2
+    cume_dist dense_rank percent_rank rank ntile nth_value first_value last_value
+    likelihood likely unlikely
+    """.split()
+)
 
 TableLookup = Callable[[str], Table | None]  # full table id -> the caller's own inited table
 
@@ -65,8 +94,30 @@ def _names(t: exp.Table) -> list[str]:
     return [t.args[k].name for k in ("catalog", "db", "this") if t.args.get(k) is not None]
 
 
+def _check_function(node: exp.Expression) -> None:
+    """Functions sqlglot knows (standard SQL) pass; any other name must be on the allow-list.
+
+    PostgreSQL has no authorizer: functions such as query_to_xml (runs SQL given as a string),
+    pg_read_file or set_config would step around the table check, so only plain scalar and
+    aggregate functions are callable, the same list on both backends.
+    """
+    if isinstance(node, exp.Dot) and isinstance(node.expression, exp.Func):
+        raise SqlError(f"function {node.sql()!r} is not allowed in a SQL Function (no schemas)")
+    if isinstance(node, exp.Anonymous | exp.AnonymousAggFunc):
+        name = node.name.lower()
+        if name not in ALLOWED_FUNCTIONS:
+            raise SqlError(f"function {name}() is not allowed in a SQL Function")
+
+
 def compile_sql(text: str, lookup: TableLookup, dialect: str) -> CompiledSql:
     """Check and rewrite one statement; raises SqlError with a clear reason."""
+    try:
+        return _compile_sql(text, lookup, dialect)
+    except RecursionError:
+        raise SqlError("the statement is nested too deeply") from None
+
+
+def _compile_sql(text: str, lookup: TableLookup, dialect: str) -> CompiledSql:
     try:
         statements = [s for s in sqlglot.parse(text, read="postgres") if s is not None]
     except (ParseError, TokenError) as exc:
@@ -79,6 +130,7 @@ def compile_sql(text: str, lookup: TableLookup, dialect: str) -> CompiledSql:
     for node in stmt.walk():
         if isinstance(node, _FORBIDDEN):
             raise SqlError(f"{type(node).__name__.upper()} is not allowed in a SQL Function")
+        _check_function(node)
     ctes = {c.alias_or_name for c in stmt.find_all(exp.CTE)}
     for name in ctes:  # a CTE must not shadow the database's own tables (see the authorizer)
         if name.lower().startswith(_RESERVED_PREFIXES):
@@ -196,6 +248,8 @@ class SqlFunctionRunner:
             self._ro = sqlite3.connect(
                 f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
             )
+            # the query runs inside the server: printf('%.*c', 1e9, 'x') must not take 1 GB
+            self._ro.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
         raw = self._ro
         # CTE names appear as read "tables" (count(*) over a CTE); they cannot shadow real
         # tables: names with the database's prefixes are refused by compile_sql
