@@ -54,29 +54,33 @@ _SQLITE_OK_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_FUNCTION, sqlite3.SQ
 # may call: plain scalar, aggregate and window functions of SQLite and PostgreSQL. Left out on
 # purpose: anything that runs SQL from a string, reads files or settings, or allocates at will
 # (zeroblob, randomblob, repeat).
-ALLOWED_FUNCTIONS = frozenset(
-    """
-    acos asin atan atan2 cbrt ceiling cos cot degrees div exp gcd lcm ln log log10 log2 mod
-    pi power radians sign sin sqrt tan trunc width_bucket
-    ascii btrim char chr character_length bit_length concat_ws format initcap lpad ltrim
-    octet_length printf quote quote_ident quote_literal quote_nullable regexp_like
-    regexp_match regexp_matches regexp_split_to_array reverse right rpad rtrim soundex
-    starts_with strpos translate unhex unicode glob like
-    age clock_timestamp date_part julianday make_date make_interval make_time make_timestamp
-    statement_timestamp strftime time to_date to_number unixepoch
-    array_length array_to_string cardinality string_to_array row
-    json_agg jsonb_agg json_build_array jsonb_build_array json_build_object jsonb_build_object
-    json_object_agg jsonb_object_agg json_array_length jsonb_array_length json_extract_path
-    json_extract_path_text jsonb_extract_path jsonb_extract_path_text json_typeof jsonb_typeof
-    to_json to_jsonb json_object json_array json_group_array json_group_object json_type
-    json_valid json_quote json_remove json_set json_insert json_replace json_patch
-    bool_and bool_or every bit_and bit_or bit_xor total median mode percentile_cont
-    percentile_disc stddev stddev_pop stddev_samp variance var_pop var_samp corr covar_pop
-    covar_samp regr_slope regr_intercept regr_count regr_r2
-    cume_dist dense_rank percent_rank rank ntile nth_value first_value last_value
-    likelihood likely unlikely
-    """.split()
-)
+# fmt: off
+ALLOWED_FUNCTIONS = frozenset({
+    "acos", "asin", "atan", "atan2", "cbrt", "ceiling", "cos", "cot", "degrees", "div",
+    "exp", "gcd", "lcm", "ln", "log", "log10", "log2", "mod", "pi", "power", "radians",
+    "sign", "sin", "sqrt", "tan", "trunc", "width_bucket", "ascii", "btrim", "char", "chr",
+    "character_length", "bit_length", "concat_ws", "format", "initcap", "lpad", "ltrim",
+    "octet_length", "printf", "quote", "quote_ident", "quote_literal", "quote_nullable",
+    "regexp_like", "regexp_match", "regexp_matches", "regexp_split_to_array", "reverse",
+    "right", "rpad", "rtrim", "soundex", "starts_with", "strpos", "translate", "unhex",
+    "unicode", "glob", "like", "age", "clock_timestamp", "date_part", "julianday",
+    "make_date", "make_interval", "make_time", "make_timestamp", "statement_timestamp",
+    "strftime", "time", "to_date", "to_number", "unixepoch", "array_length",
+    "array_to_string", "cardinality", "string_to_array", "row", "json_agg", "jsonb_agg",
+    "json_build_array", "jsonb_build_array", "json_build_object", "jsonb_build_object",
+    "json_object_agg", "jsonb_object_agg", "json_array_length", "jsonb_array_length",
+    "json_extract_path", "json_extract_path_text", "jsonb_extract_path",
+    "jsonb_extract_path_text", "json_typeof", "jsonb_typeof", "to_json", "to_jsonb",
+    "json_object", "json_array", "json_group_array", "json_group_object", "json_type",
+    "json_valid", "json_quote", "json_remove", "json_set", "json_insert", "json_replace",
+    "json_patch", "bool_and", "bool_or", "every", "bit_and", "bit_or", "bit_xor", "total",
+    "median", "mode", "percentile_cont", "percentile_disc", "stddev", "stddev_pop",
+    "stddev_samp", "variance", "var_pop", "var_samp", "corr", "covar_pop", "covar_samp",
+    "regr_slope", "regr_intercept", "regr_count", "regr_r2", "cume_dist", "dense_rank",
+    "percent_rank", "rank", "ntile", "nth_value", "first_value", "last_value", "likelihood",
+    "likely", "unlikely",
+})
+# fmt: on
 
 TableLookup = Callable[[str], Table | None]  # full table id -> the caller's own inited table
 
