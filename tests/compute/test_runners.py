@@ -66,6 +66,24 @@ async def test_python_locals_are_captured_and_redacted(runner: CodeRunner) -> No
     out = await runner.run("python", EXCEPTION["python"], None, [7])
     assert out.local_vars == {"x": 7, "api_key": "***", "depth": 14}
     assert "ValueError: bad 7" in out.error_stack and "main.py" in out.error_stack
+    # the stack starts at the user's code: no frames (or server paths) of the harness
+    assert "python_harness" not in out.error_stack, out.error_stack
+    assert out.error_stack.startswith('Traceback (most recent call last):\n  File "main.py"')
+
+
+async def test_python_forked_child_does_not_answer_for_the_run(runner: CodeRunner) -> None:
+    """A child made by os.fork() shares the result pipe: only the run's own process answers."""
+    code = (
+        "import os\n"
+        "def main():\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        return 'child'\n"
+        "    os.waitpid(pid, 0)\n"
+        "    return 'parent'\n"
+    )
+    out = await runner.run("python", code, None, [])
+    assert (out.status, out.return_value) == ("succeeded", "parent"), out
 
 
 async def test_python_long_local_values_are_truncated(runner: CodeRunner) -> None:
@@ -116,6 +134,7 @@ async def test_compile_errors(runner: CodeRunner) -> None:
     for out in (py, js, go):
         assert out.status == "failed" and out.failure["code"] == "compile_error", out
     assert "undefinedName" in go.failure["message"]
+    assert py.error_stack.startswith('  File "main.py", line 1'), py.error_stack
 
 
 async def test_go_argument_type_mismatch(runner: CodeRunner) -> None:

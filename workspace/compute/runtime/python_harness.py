@@ -23,9 +23,13 @@ SECRET_VALUE = re.compile(r"^(0x)?[0-9a-fA-F]{64}$|^(sk|pk|ghp|xox[bp])[-_][A-Za
 MAX_VALUE_CHARS = int(os.environ.get("CHAINSTATE_LOCALS_VALUE_CHARS", "256"))
 MAX_LOCALS = 64
 USER_FILE = os.path.abspath("main.py")
+RUN_PID = os.getpid()  # children the user's code forks share the result fd
 
 
 def _emit(fd, doc):
+    if os.getpid() != RUN_PID:  # a forked child returning: only the run's process answers
+        os.close(fd)
+        return
     data = json.dumps(doc, allow_nan=False, default=str).encode()
     view = memoryview(data)
     while view:
@@ -70,8 +74,21 @@ def _failing_locals(exc):
     return out
 
 
+def _user_traceback(exc):
+    """Skip the harness's own frames: the stack starts where the user's code was entered
+    (none for a syntax error, whose message already points into main.py)."""
+    start = exc.__traceback__
+    while start is not None and start.tb_frame.f_code.co_filename != USER_FILE:
+        start = start.tb_next
+    if start is None and not isinstance(exc, SyntaxError):
+        return exc.__traceback__
+    return start
+
+
 def _failure(code, exc, with_locals=True):
-    stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    tb = _user_traceback(exc)
+    stack = "".join(traceback.format_exception(type(exc), exc, tb))
+    stack = stack.replace(f'File "{USER_FILE}"', 'File "main.py"')
     return {
         "ok": False,
         "code": code,
