@@ -163,12 +163,12 @@ def _check_where(cond: exp.Expression, table: Table, alias: set[str]) -> exp.Exp
             if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
                 raise bad("IN takes a list of literals")
             if col is not None:  # one set(), not a replace() per item (quadratic)
-                node.set("expressions", [_encode_literal(i, col) for i in node.expressions])
+                node.set("expressions", [encode_literal(i, col) for i in node.expressions])
         elif isinstance(node, exp.Between):
             col = _col_of(node.this, columns)
             if col is not None:
                 for key in ("low", "high"):
-                    node.args[key].replace(_encode_literal(node.args[key], col))
+                    node.args[key].replace(encode_literal(node.args[key], col))
         elif isinstance(node, exp.Like):
             col = _col_of(node.this, columns)
             if col is not None and col["type"] in _NO_LIKE:
@@ -205,9 +205,9 @@ def _typed_pair(node: exp.Expression, a: str, b: str, columns: dict[int, dict]) 
                 f"cannot compare {lc['name']} ({lc['type']}) with {rc['name']} ({rc['type']})"
             )
     elif lc:
-        right.replace(_encode_literal(right, lc))
+        right.replace(encode_literal(right, lc))
     elif rc:
-        left.replace(_encode_literal(left, rc))
+        left.replace(encode_literal(left, rc))
 
 
 def _literal_value(node: exp.Expression) -> Any:
@@ -232,7 +232,8 @@ def _decimal_text(text: str) -> Any:
     return float(text) if text.count(".") == 1 else text
 
 
-def _encode_literal(node: exp.Expression, col: dict[str, Any]) -> exp.Expression:
+def encode_literal(node: exp.Expression, col: dict[str, Any]) -> exp.Expression:
+    """The literal `node` in `col`'s stored form; ApiError(INVALID_SQL) when it does not fit."""
     value = _literal_value(node)
     if col["type"] == "DECIMAL" and isinstance(node, exp.Literal) and not node.is_string:
         value = node.this  # keep the exact digits

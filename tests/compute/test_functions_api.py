@@ -356,6 +356,44 @@ async def test_sql_functions(stack: Stack, tables: dict[str, str], space: str) -
     assert await stack.db.run(lambda c: table_reader_count(c, p)) == 0
 
 
+async def test_sql_functions_compare_typed_columns_by_value(stack: Stack, space: str) -> None:
+    """UINT256/DECIMAL/ADDRESS/BOOLEAN columns are stored encoded (zero-padded text, 0/1, …):
+    literals and ? arguments compared with them are encoded the same way, and MIN/MAX of such
+    a column read back in its logical form, on both backends."""
+    a = stack.alice
+    t = (
+        await a.ok(
+            "POST", "/v1/table/create", {"space": space, "name": "bal", "table_type": "normal"}
+        )
+    )["id"]
+    cols = [
+        {"id": "id", "name": "id", "type": "ADDRESS"},
+        {"id": "amount", "name": "amount", "type": "UINT256"},
+        {"id": "price", "name": "price", "type": "DECIMAL"},
+        {"id": "ok", "name": "ok", "type": "BOOLEAN"},
+    ]
+    await a.ok("POST", "/v1/table/init", {"id": t, "columns": cols})
+    ids = [f"0x{'ab' * 19}{i:02x}" for i in range(2)]
+    for i, (amount, price, ok) in enumerate([(5, "0.5", True), (10**21, "12.25", False)]):
+        row = {"id": ids[i], "amount": amount, "price": price, "ok": ok}
+        await a.ok("POST", "/v1/table/row/create", {"table_id": t, "data": row})
+    cases = [
+        (f"SELECT id FROM {t} WHERE amount > 100", [], [ids[1]]),
+        (f"SELECT id FROM {t} WHERE amount > ? AND ok = ?", [100, False], [ids[1]]),
+        (f"SELECT id FROM {t} b WHERE b.price BETWEEN 0.1 AND 1", [], [ids[0]]),
+        (f"SELECT id FROM {t} WHERE id IN ('{ids[1].upper().replace('0X', '0x')}')", [], [ids[1]]),
+        (f"SELECT id FROM {t} WHERE ok = TRUE", [], [ids[0]]),
+    ]
+    for sql, args, want in cases:
+        rec = await run(stack, "sql", sql, arguments=[{"value": v} for v in args])
+        assert rec["status"] == "succeeded", (sql, rec["output"])
+        assert [r["id"] for r in rec["return_value"]] == want, (sql, rec["return_value"])
+    rec = await run(stack, "sql", f"SELECT max(amount) AS m, min(price) AS p FROM {t}")
+    assert rec["return_value"] == [{"m": str(10**21), "p": "0.5"}], rec["output"]
+    rec = await run(stack, "sql", f"SELECT id FROM {t} WHERE amount > ?", arguments=[{"value": -1}])
+    assert rec["status"] == "failed" and "UINT256" in rec["output"]["failure"]["message"]
+
+
 async def test_sql_functions_call_only_plain_functions(
     stack: Stack, tables: dict[str, str]
 ) -> None:

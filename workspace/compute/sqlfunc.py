@@ -25,9 +25,11 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from workspace.coltypes import TYPES
+from workspace.coltypes import TYPES, BadValue
 from workspace.compute.runners import SqlError, SqlTimeout
 from workspace.db import Conn, Database, QueryDenied, QueryGuard, QueryTimeout
+from workspace.errors import ApiError
+from workspace.sqlquery import encode_literal
 from workspace.tabledefs import Table
 
 _QUERY_ROOTS = (exp.Select, exp.Union, exp.Intersect, exp.Except)
@@ -46,6 +48,9 @@ _FORBIDDEN = (
     exp.Use,
     exp.Transaction,
 )
+_COMPARE = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+# logical types whose stored form is not the value itself (zero-padded text, 0/1, lowercase)
+_ENCODED_TYPES = {"UINT256", "TOKENID", "DECIMAL", "BOOLEAN", "ADDRESS", "HASH", "BLOCKID", "TXID"}
 _RESERVED_PREFIXES = ("ws_", "t_", "ix_", "sqlite_", "pg_")
 MAX_VALUE_BYTES = 64 * 1024 * 1024  # largest string or row a SQLite SQL Function may build
 _SQLITE_OK_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
@@ -92,6 +97,8 @@ class CompiledSql:
     tables: list[Table]
     decoders: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
     ctes: set[str] = field(default_factory=set)
+    # ? position -> the column its argument is compared with (encoded before binding)
+    encoders: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def _names(t: exp.Table) -> list[str]:
@@ -168,11 +175,68 @@ def _compile_sql(text: str, lookup: TableLookup, dialect: str) -> CompiledSql:
             col.set("catalog", None)
             col.set("table", exp.to_identifier(parts[-1], quoted=True))
     placeholders = len(list(stmt.find_all(exp.Placeholder)))
+    single = _single_table(stmt, by_alias, ctes)
+    encoders = _encode_comparisons(stmt, by_alias, single)
     out = "postgres" if dialect == "postgresql" else "sqlite"
     sql = stmt.sql(dialect=out, comments=False)
     compiled = CompiledSql(sql, placeholders, list(used.values()), _decoders(stmt, by_alias))
     compiled.ctes = ctes
+    compiled.encoders = encoders
     return compiled
+
+
+def _single_table(stmt: exp.Expression, by_alias: dict[str, Table], ctes: set[str]) -> Table | None:
+    """The table unqualified columns belong to, when the statement reads exactly one."""
+    if ctes or len(by_alias) != 1 or len(list(stmt.find_all(exp.Table))) != 1:
+        return None
+    return next(iter(by_alias.values()))
+
+
+def _typed_column(
+    node: exp.Expression, by_alias: dict[str, Table], single: Table | None
+) -> dict[str, Any] | None:
+    """The table column `node` names when its stored form differs from its value."""
+    if not isinstance(node, exp.Column):
+        return None
+    table = by_alias.get(node.table) if node.table else single
+    col = table.column(node.name) if table is not None else None
+    return col if col is not None and col["type"] in _ENCODED_TYPES else None
+
+
+def _encode_comparisons(
+    stmt: exp.Expression, by_alias: dict[str, Table], single: Table | None
+) -> dict[int, dict[str, Any]]:
+    """Rewrite literals compared with encoded columns (amount > 5 on a UINT256 column, as in
+    row/query) and return, per ? position, the column its argument is compared with."""
+    position = {id(p): i for i, p in enumerate(stmt.find_all(exp.Placeholder, bfs=False))}
+    encoders: dict[int, dict[str, Any]] = {}
+
+    def encode(node: exp.Expression, col: dict[str, Any]) -> exp.Expression:
+        if isinstance(node, exp.Placeholder):
+            encoders[position[id(node)]] = col
+            return node
+        if isinstance(node, exp.Literal | exp.Boolean | exp.Neg | exp.Paren):
+            try:
+                return encode_literal(node, col)
+            except ApiError as exc:
+                raise SqlError(exc.message) from None
+        return node
+
+    for node in list(stmt.find_all(*_COMPARE, exp.In, exp.Between)):
+        if isinstance(node, _COMPARE):
+            left, right = node.this, node.expression
+            if col := _typed_column(left, by_alias, single):
+                node.set("expression", encode(right, col))
+            elif col := _typed_column(right, by_alias, single):
+                node.set("this", encode(left, col))
+        elif (col := _typed_column(node.this, by_alias, single)) is None:
+            continue
+        elif isinstance(node, exp.In) and not node.args.get("query"):
+            node.set("expressions", [encode(i, col) for i in node.expressions])
+        elif isinstance(node, exp.Between):
+            node.set("low", encode(node.args["low"], col))
+            node.set("high", encode(node.args["high"], col))
+    return encoders
 
 
 def _decoders(stmt: exp.Expression, by_alias: dict[str, Table]) -> dict[str, Callable]:
@@ -187,6 +251,8 @@ def _decoders(stmt: exp.Expression, by_alias: dict[str, Table]) -> dict[str, Cal
                     out.setdefault(c["name"], TYPES[c["type"]].decode)
             continue
         inner = proj.this if isinstance(proj, exp.Alias) else proj
+        if isinstance(inner, exp.Min | exp.Max):  # order-preserving storage: same form
+            inner = inner.this
         if not isinstance(inner, exp.Column) or isinstance(inner.this, exp.Star):
             continue
         candidates = [by_alias[inner.table]] if inner.table in by_alias else by_alias.values()
@@ -222,6 +288,7 @@ class SqlFunctionRunner:
         for i, a in enumerate(args):
             if isinstance(a, dict | list):
                 raise SqlError(f"argument {i} must be a string, number, boolean or null")
+        args = [_encode_arg(i, a, compiled.encoders.get(i)) for i, a in enumerate(args)]
         wrapped = f"SELECT * FROM ({compiled.sql}) AS fn_result LIMIT {self.max_rows + 1}"
         try:
             if self.db.dialect == "sqlite":
@@ -288,6 +355,15 @@ class SqlFunctionRunner:
             raw.set_authorizer(None)
             raw.set_progress_handler(None, 0)
             raw.execute("ROLLBACK")
+
+
+def _encode_arg(i: int, value: Any, col: dict[str, Any] | None) -> Any:
+    if col is None or value is None:
+        return value
+    try:
+        return TYPES[col["type"]].encode(value)
+    except BadValue as exc:
+        raise SqlError(f"argument {i} for column {col['name']!r} ({col['type']}) {exc}") from None
 
 
 def _decode(
