@@ -416,6 +416,11 @@ async def test_sql_functions_call_only_plain_functions(
             bad,
             rec["output"]["failure"],
         )
+    # a huge statement is refused before parsing (parsing holds a database reader thread)
+    items = ",".join(str(i) for i in range(20_000))
+    rec = await run(stack, "sql", f"SELECT * FROM {t} WHERE amount IN ({items})")
+    assert rec["status"] == "failed", rec["output"]
+    assert "longer than 65536 bytes" in rec["output"]["failure"]["message"]
     # printf exists on SQLite only; there it may not build a value beyond the length limit
     # (SQLite answers NULL), PostgreSQL has no such function (failed)
     rec = await run(stack, "sql", "SELECT length(printf('%.*c', 200000000, 'x')) AS n")

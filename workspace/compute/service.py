@@ -21,7 +21,7 @@ from aiohttp import web
 from chainstate.config import ConfigError
 from workspace.auth import Principal
 from workspace.compute.instances import InstanceManager, InstanceSettings
-from workspace.compute.runners import CodeRunner, Outcome, RunnerSettings
+from workspace.compute.runners import CodeRunner, Outcome, RunnerSettings, SqlError
 from workspace.compute.sandbox import (
     Isolation,
     Limits,
@@ -63,6 +63,7 @@ class ComputeSettings:
     go_build_seconds: float = 120.0
     sql_timeout_ms: int = 5000  # SQL Function wall-clock limit
     sql_max_rows: int = 10000  # SQL Function rows; more is a failed run
+    sql_max_code_bytes: int = 65536  # longer SQL is refused before parsing (a failed run)
     scheduler_tick_seconds: float = 1.0
     use_cgroups: bool = True  # max_cpu through a cpu cgroup when the machine allows it
     require_network_isolation: bool = False  # refuse to start without a network namespace
@@ -249,6 +250,10 @@ class ComputeService:
     async def _sql(
         self, who: Principal, text: str, args: list[Any], run_id: str, reader: str
     ) -> Any:
+        limit = self.settings.sql_max_code_bytes
+        if len(text.encode()) > limit:  # parsing is slow and holds a database reader
+            raise SqlError(f"the SQL is longer than {limit} bytes")
+
         def compile_(conn: Any) -> Any:
             return compile_sql(text, own_table_lookup(conn, who.account_id), conn.dialect)
 
