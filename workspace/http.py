@@ -93,11 +93,18 @@ class Endpoint:
 
 
 def json_response(payload: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        body=orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS),
-        status=status,
-        content_type="application/json",
-    )
+    return web.Response(body=dumps_exact(payload), status=status, content_type="application/json")
+
+
+def dumps_exact(payload: Any) -> bytes:
+    """orjson, or the standard library when a value holds an integer beyond 64 bits (a
+    Function may return 10**30; orjson refuses it and JSON allows it)."""
+    try:
+        return orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS)
+    except TypeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def loads_exact(raw: bytes | str) -> Any:

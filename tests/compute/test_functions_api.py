@@ -304,6 +304,16 @@ async def test_abuse_runs_end_cleanly_while_serving(stack: Stack) -> None:
     assert max(waits) > 0  # 4 runs on 2 workers: some waited
 
 
+async def test_integers_beyond_64_bits_round_trip(stack: Stack) -> None:
+    """Arguments and return values are JSON: a 100-bit integer is neither rounded nor a 500."""
+    n = 123456789012345678901234567890
+    rec = await run(
+        stack, "python", "def main(x):\n    return [x, x * 10]\n", arguments=[{"value": n}]
+    )
+    assert rec["status"] == "succeeded", rec["output"]
+    assert rec["args"] == [n] and rec["return_value"] == [n, n * 10]
+
+
 async def test_sql_functions(stack: Stack, tables: dict[str, str], space: str) -> None:
     t, p = tables["transfers"], tables["people"]
     sql = (

@@ -169,6 +169,15 @@ async def test_fork_bomb_and_big_print_records(runner: CodeRunner) -> None:
     assert out.truncated and out.original_size_bytes > len(out.text)
 
 
+async def test_oversized_result_is_result_too_large(runner: CodeRunner) -> None:
+    """A return value over result_bytes ends the run at once (not at the wall clock)."""
+    code = "def main():\n    return 'x' * (2 * 1024 * 1024)\n"
+    out = await runner.run("python", code, None, [], limits=Limits(result_bytes=1024 * 1024))
+    assert out.status == "failed" and out.failure is not None, out
+    assert out.failure["code"] == "result_too_large", out.failure
+    assert out.execution_duration_ms < 4000
+
+
 async def test_unsupported_language_and_sql_without_store(runner: CodeRunner) -> None:
     out = await runner.run("cobol", "x", None, [])
     assert out.failure is not None and out.failure["code"] == "unsupported"

@@ -268,6 +268,8 @@ class SandboxProcess:
         data = bytearray()
         while chunk := await self._result_reader.read(64 * KiB):
             if len(data) + len(chunk) > cap:
+                # the writer would block on the full pipe until the wall clock: end it now
+                self.kill("result_too_large")
                 return None, True
             data += chunk
         return (bytes(data) if data else None), False
