@@ -37,6 +37,7 @@ from chainstate.jsonrpc import (
     JsonRpcError,
     params_list,
 )
+from chainstate.txmethods import TX_LIFECYCLE
 from nodes.state.store import StateStore, out_of_range
 
 NODE_NAME = "chainstate-state-node"
@@ -50,16 +51,7 @@ _VIA_PROXY = "send it to the proxy, which routes it to the chain's Leader write 
 ELSEWHERE = {
     "eth_estimateGas": f"a state node has no eth_estimateGas: use estimateGas, or {_VIA_PROXY}",
     **dict.fromkeys(
-        (
-            "eth_sendRawTransaction",
-            "eth_sendTransaction",
-            "eth_gasPrice",
-            "eth_maxPriorityFeePerGas",
-            "eth_feeHistory",
-            "eth_getTransactionReceipt",
-            "eth_getTransactionByHash",
-            "eth_accounts",
-        ),
+        (m for m in TX_LIFECYCLE if m != "eth_estimateGas"),
         f"a state node holds state, not transactions or fees: {_VIA_PROXY}",
     ),
 }

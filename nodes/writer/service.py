@@ -39,6 +39,7 @@ from chainstate.jsonrpc import (
 )
 from chainstate.rpcclient import RpcUnavailable
 from chainstate.rpcserver import rpc_handler
+from chainstate.txmethods import PENDING_READS, TX_LIFECYCLE
 from nodes.devnet.rpc import EthClient
 from nodes.writer import blockdiff as bd
 from nodes.writer.follower import ChainFollower
@@ -48,28 +49,6 @@ from nodes.writer.store import BlockStore
 log = logging.getLogger(__name__)
 
 STORE_FILE = "writer.sqlite3"
-# Passed to the execution client as they are; the names map object params to a list.
-PASS_THROUGH: dict[str, tuple[str, ...]] = {
-    "eth_sendRawTransaction": ("data",),
-    "eth_sendTransaction": ("transaction",),
-    "eth_estimateGas": ("transaction", "blockNumber", "stateOverride"),
-    "eth_gasPrice": (),
-    "eth_maxPriorityFeePerGas": (),
-    "eth_feeHistory": ("blockCount", "newestBlock", "rewardPercentiles"),
-    "eth_getTransactionReceipt": ("transactionHash",),
-    "eth_getTransactionByHash": ("transactionHash",),
-    "eth_accounts": (),
-}
-# State reads passed through only at the `pending` block: every other block is a state
-# node's job, and this node's own head (eth_blockNumber) lags the execution client's.
-PENDING_READS: dict[str, tuple[str, ...]] = {
-    "eth_getBalance": ("address", "blockNumber"),
-    "eth_getTransactionCount": ("address", "blockNumber"),
-    "eth_getCode": ("address", "blockNumber"),
-    "eth_getStorageAt": ("address", "position", "blockNumber"),
-    "eth_call": ("request", "blockNumber", "stateOverride", "blockOverrides"),
-    "eth_getBlockByNumber": ("blockNumber", "full"),
-}
 
 
 class WriterNode:
@@ -93,7 +72,7 @@ class WriterNode:
                 "eth_chainId": self.rpc_chain_id,
             }
         )
-        for method, names in PASS_THROUGH.items():
+        for method, names in TX_LIFECYCLE.items():
             self.dispatcher.register(method, self._pass_through(method, names))
         for method, names in PENDING_READS.items():
             self.dispatcher.register(method, self._pending_read(method, names))

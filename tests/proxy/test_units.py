@@ -9,6 +9,7 @@ import pytest
 
 from chainstate.blockref import BlockRef
 from chainstate.jsonrpc import JsonRpcError
+from chainstate.txmethods import PENDING_READS, TX_LIFECYCLE
 from proxy.engine import hide_unreadable, retry_code
 from proxy.methods import MethodTable
 from proxy.model import (
@@ -103,32 +104,14 @@ def test_extra_methods_setting_allows_more() -> None:
     assert ref is None and not spec.writer
 
 
-LIFECYCLE = (
-    "eth_sendRawTransaction",
-    "eth_sendTransaction",
-    "eth_estimateGas",
-    "eth_gasPrice",
-    "eth_maxPriorityFeePerGas",
-    "eth_feeHistory",
-    "eth_getTransactionReceipt",
-    "eth_getTransactionByHash",
-    "eth_accounts",
-)
-PENDING_READS = (
-    "eth_getBalance",
-    "eth_getTransactionCount",
-    "eth_getCode",
-    "eth_getStorageAt",
-    "eth_call",
-    "eth_getBlockByNumber",
-)
-
-
 def test_writer_methods() -> None:
-    for method in (*LIFECYCLE, "trace_vendorBlock"):
+    for method in (*TX_LIFECYCLE, "trace_vendorBlock"):
         assert TABLE.spec(method).writer, method
     for method in PENDING_READS:
         assert TABLE.spec(method).pending and not TABLE.spec(method).writer, method
+    # The proxy reads params by the same names the write node passes on.
+    for method, names in {**TX_LIFECYCLE, **PENDING_READS}.items():
+        assert TABLE.spec(method).params == names, method
     for method in ("eth_multiCall", "eth_baseFee", "getAddressNonce", "web3_clientVersion"):
         assert not TABLE.spec(method).pending and not TABLE.spec(method).writer, method
     TABLE.target("eth_feeHistory", ["0x4", "latest", [25, 75]])
