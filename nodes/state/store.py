@@ -184,6 +184,24 @@ class StateStore:
             txn.put(META_KIND, self.kind.encode(), db=self._meta)
         self._env = env
 
+    def open_readonly(self) -> None:
+        """Open an existing store for reading only, beside the process that writes it (LMDB
+        serves many reader processes): the EVM feed process reads through this. Never
+        writes, so it neither creates the store nor frees stale reader slots."""
+        env = lmdb.open(
+            str(self.path), map_size=self.map_size, max_dbs=8, readonly=True, readahead=False
+        )
+        try:
+            self._meta = env.open_db(b"meta", create=False)
+            self._ver = env.open_db(b"versions", create=False)
+            self._hdr = env.open_db(b"headers", create=False)
+            self._hashes = env.open_db(b"hashes", create=False)
+            self._undo = env.open_db(b"undo", create=False)
+        except lmdb.Error:
+            env.close()
+            raise
+        self._env = env
+
     def close(self) -> None:
         with self._write_lock:
             if self._env is not None:

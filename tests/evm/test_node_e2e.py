@@ -75,3 +75,19 @@ def test_contract_multicall_100_through_the_proxy(stack: dict[str, Any]) -> None
     for call, r in zip(calls, results, strict=True):
         assert r["success"]
         assert r["returnData"] == rpc(stack["anvil"], "eth_call", [call, "latest"])
+
+
+def test_old_block_results_and_gas_equal_anvil(stack: dict[str, Any]) -> None:
+    """The node's workers read old blocks through the feed process, with the accounts each
+    call touches preloaded: return data and gas stay anvil's, every call cold."""
+    erc20 = stack["record"]["erc20"]
+    holders = [*stack["record"]["erc20_holders"], A0]
+    first = stack["record"]["first_block"]
+    for block in {hex(first + 8), hex(stack["record"]["last_block"])}:
+        calls = [{"from": A1, "to": erc20, "data": balance_of(h)} for h in holders]
+        ctx = {"block_id": block, "type": "Equals"}
+        params = {"requests": calls, "blockCtx": ctx, "disableCache": True}
+        results = rpc(stack["state-node"], "contractMultiCall", params)
+        for call, r in zip(calls, results, strict=True):
+            assert r["returnData"] == rpc(stack["anvil"], "eth_call", [call, block])
+            assert r["gasUsed"] == rpc(stack["anvil"], "eth_estimateGas", [call, block])

@@ -2,9 +2,22 @@
 
 pyrevm fetches state with eth_getTransactionCount / eth_getBalance / eth_getCode /
 eth_getStorageAt at a block number, and eth_getBlockByNumber for BLOCKHASH. It blocks its
-process while it waits, so it runs in worker processes and reads from this feed, which runs
-in the node's event loop. The feed answers only at heights inside the reader's range
-(-39006 otherwise), so a call never mixes states of two blocks.
+process while it waits, so it runs in worker processes and reads from this feed. The feed
+answers only at heights inside the reader's range (-39006 otherwise), so a call never mixes
+states of two blocks.
+
+Why a hand-rolled server (llhttp through httptools) and not aiohttp: pyrevm 0.3.7 builds a
+new tokio runtime and opens a new TCP connection for every single read (measured: one
+`connect` per account field or slot), so a cold call at an old block costs one whole HTTP
+exchange per slot. aiohttp's per-request machinery cost more than the read itself; this
+protocol does only what the feed needs (POST, Content-Length, keep-alive for the workers'
+own batched reads). `FeedCore` holds the answers and is shared by the feed in the node's
+event loop (overlays, readers other than the LMDB store) and by the feed process
+(`feedproc.py`, the LMDB store opened read-only, away from the node's event loop).
+
+`feed_accounts` (not a standard method) answers balance, nonce and code of several accounts
+in one request: workers use it to load the accounts every call touches (caller, callee,
+coinbase) into a new EVM's cache before it runs, instead of pyrevm's three reads each.
 
 eth_getBlockByNumber answers the header fields the reader knows; the roots and bloom that
 ethers (inside pyrevm) insists on parsing but the EVM never reads are zero. The feed binds
@@ -13,40 +26,40 @@ ethers (inside pyrevm) insists on parsing but the EVM never reads are zero. The 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httptools
 import orjson
-from aiohttp import web
 
 from chainstate.hexcodec import parse_address, parse_quantity, to_hash32
 from chainstate.jsonrpc import (
+    DATABASE_FAILED,
     INVALID_PARAMS,
-    Dispatcher,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
     JsonRpcError,
-    dumps,
     error_response,
     params_list,
     result_response,
 )
-from chainstate.rpcserver import rpc_handler
 from nodes.state.reader import StateReader
 
 log = logging.getLogger(__name__)
 
 ZERO_HASH = "0x" + "00" * 32
 EMPTY_BLOOM = "0x" + "00" * 256
-_ACCOUNT_FIELDS = {
-    "eth_getBalance": "balance",
-    "eth_getTransactionCount": "nonce",
-    "eth_getCode": "code",
-}
 EMPTY_UNCLES = "0x1dcc4de8dec75d7aab85b567b6ccd41ad312451b948a7413f0a142fd40d49347"
+MAX_BODY = 1024 * 1024  # bytes of one request body
+MAX_ACCOUNTS = 1024  # accounts per feed_accounts request
+TAGS = ("latest", "pending", "safe", "finalized")
 
 
 @dataclass
@@ -66,131 +79,131 @@ class Overlay:
             self.storage.setdefault(address, {}).update(slots)
 
 
-class StateFeed:
-    """An aiohttp site on 127.0.0.1:<free port>; `url` is valid after `start()`."""
+Handler = Callable[[Any, Overlay | None], Any]
+
+
+class FeedCore:
+    """The feed's answers: JSON-RPC request bytes in, response bytes out (synchronous)."""
 
     def __init__(self, reader: StateReader, chain_id: int) -> None:
         self.reader = reader
         self.chain_id = chain_id
-        self.dispatcher = Dispatcher("evm-feed", max_batch=10_000)
-        self.dispatcher.update(
-            {
-                "eth_getBalance": self._balance,
-                "eth_getTransactionCount": self._nonce,
-                "eth_getCode": self._code,
-                "eth_getStorageAt": self._storage,
-                "eth_getBlockByNumber": self._block,
-                "eth_blockNumber": self._block_number,
-                "eth_chainId": self._chain_id,
-            }
-        )
-        self._runner: web.AppRunner | None = None
-        self._overlays: dict[str, Overlay] = {}
-        self.url: str | None = None
+        self.overlays: dict[str, Overlay] = {}
+        self._methods: dict[str, Handler] = {
+            "eth_getBalance": self._balance,
+            "eth_getTransactionCount": self._nonce,
+            "eth_getCode": self._code,
+            "eth_getStorageAt": self._storage,
+            "eth_getBlockByNumber": self._block,
+            "eth_blockNumber": self._block_number,
+            "eth_chainId": self._chain_id,
+            "feed_accounts": self._accounts,
+        }
 
-    @contextlib.contextmanager
-    def overlay(self, overlay: Overlay) -> Iterator[str]:
-        """A state URL serving `overlay` over the block's state, valid inside the block."""
-        assert self.url is not None, "start() the feed first"
-        token = secrets.token_hex(12)
-        self._overlays[token] = overlay
+    def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """(HTTP status, body) for a POST to `/` (the block's state) or `/o/<token>`."""
+        overlay = None
+        if path.startswith("/o/"):
+            overlay = self.overlays.get(path[3:])
+            if overlay is None:
+                return 404, b"no such overlay"
+        elif path != "/":
+            return 404, b"not found"
         try:
-            yield f"{self.url}/o/{token}"
-        finally:
-            del self._overlays[token]
+            request = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            return 200, orjson.dumps(error_response(None, PARSE_ERROR, f"Parse error: {exc}"))
+        if isinstance(request, list):
+            if not request:
+                return 200, orjson.dumps(error_response(None, INVALID_REQUEST, "empty batch"))
+            return 200, orjson.dumps([self._one(item, overlay) for item in request])
+        return 200, orjson.dumps(self._one(request, overlay))
 
-    async def _overlay_handler(self, request: web.Request) -> web.Response:
-        overlay = self._overlays.get(request.match_info["token"])
-        body = await request.read()
-        if overlay is None:
-            return web.Response(status=404, text="no such overlay")
+    def _one(self, item: Any, overlay: Overlay | None) -> dict[str, Any]:
+        if not isinstance(item, dict):
+            return error_response(None, INVALID_REQUEST, "a request must be an object")
+        rid = item.get("id")
+        handler = self._methods.get(item.get("method"))  # type: ignore[arg-type]
+        if handler is None:
+            return error_response(rid, METHOD_NOT_FOUND, f"no method {item.get('method')!r}")
         try:
-            item = orjson.loads(body)
-            answer = self._from_overlay(overlay, item) if isinstance(item, dict) else None
+            return result_response(rid, handler(item.get("params") or [], overlay))
         except JsonRpcError as exc:
-            answer = error_response(item.get("id"), exc.code, exc.message)
-        except orjson.JSONDecodeError:
-            answer = None
-        out = dumps(answer) if answer is not None else await self.dispatcher.handle_body(body)
-        return web.Response(body=out, content_type="application/json")
+            return error_response(rid, exc.code, exc.message, exc.data)
+        except Exception:  # a reader bug must not kill the connection: answer it
+            log.exception("state feed read failed")
+            return error_response(rid, DATABASE_FAILED, "state read failed")
 
-    def _from_overlay(self, overlay: Overlay, item: dict[str, Any]) -> dict[str, Any] | None:
-        """The overlay's answer to one request, or None to read the block's state."""
-        method, params, rid = item.get("method"), item.get("params") or [], item.get("id")
-        if method == "eth_getStorageAt" and len(params) == 3:
-            address = parse_address(params[0])
-            slot = parse_quantity(params[1], "slot", lenient=True)
-            self._height(params[2])
-            slots = overlay.storage.get(address, {})
-            if slot in slots or address in overlay.replaced:
-                return result_response(rid, to_hash32(slots.get(slot, 0)))
-            return None
-        if method in _ACCOUNT_FIELDS and len(params) == 2:
-            address = parse_address(params[0])
-            self._height(params[1])
-            value = overlay.accounts.get(address, {}).get(_ACCOUNT_FIELDS[method])
-            if value is None:
-                return None
-            shown = "0x" + value.hex() if isinstance(value, bytes) else hex(value)
-            return result_response(rid, shown)
-        return None
-
-    async def start(self) -> str:
-        if self.url is not None:
-            return self.url
-        app = web.Application(client_max_size=1024 * 1024)
-        app.router.add_post("/", rpc_handler(self.dispatcher.handle_body))
-        app.router.add_post("/o/{token}", self._overlay_handler)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        site = web.SockSite(self._runner, sock)
-        await site.start()
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        log.info("evm state feed started", extra={"url": self.url})
-        return self.url
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        self._runner = None
-        self.url = None
+    # -- methods ----------------------------------------------------------------------
 
     def _height(self, value: Any) -> int:
         lo, hi = self.reader.range()
-        if value in ("latest", "pending", "safe", "finalized"):
+        if value in TAGS:
             return hi
         height = parse_quantity(value, "block number")
         if not lo <= height <= hi:
             raise JsonRpcError(-39006, f"block {height} is out of this node's range {lo}..{hi}")
         return height
 
-    async def _balance(self, params: Any) -> str:
-        addr, block = params_list(params, ["address", "block"])
-        return hex(self.reader.balance(parse_address(addr), self._height(block)))
+    def _field(self, name: str, address: str, height: int, overlay: Overlay | None) -> Any:
+        """balance / nonce (int) or code (bytes) of an account, through the overlay."""
+        if overlay is not None:
+            value = overlay.accounts.get(address, {}).get(name)
+            if value is not None:
+                return value
+        if name == "balance":
+            return self.reader.balance(address, height)
+        if name == "nonce":
+            return self.reader.nonce(address, height)
+        return self.reader.code(address, height)
 
-    async def _nonce(self, params: Any) -> str:
+    def _account_field(self, name: str, params: Any, overlay: Overlay | None) -> Any:
         addr, block = params_list(params, ["address", "block"])
-        return hex(self.reader.nonce(parse_address(addr), self._height(block)))
+        return self._field(name, parse_address(addr), self._height(block), overlay)
 
-    async def _code(self, params: Any) -> str:
-        addr, block = params_list(params, ["address", "block"])
-        return "0x" + self.reader.code(parse_address(addr), self._height(block)).hex()
+    def _balance(self, params: Any, overlay: Overlay | None) -> str:
+        return hex(self._account_field("balance", params, overlay))
 
-    async def _storage(self, params: Any) -> str:
+    def _nonce(self, params: Any, overlay: Overlay | None) -> str:
+        return hex(self._account_field("nonce", params, overlay))
+
+    def _code(self, params: Any, overlay: Overlay | None) -> str:
+        return "0x" + self._account_field("code", params, overlay).hex()
+
+    def _storage(self, params: Any, overlay: Overlay | None) -> str:
         addr, slot, block = params_list(params, ["address", "slot", "block"])
+        address = parse_address(addr)
         position = parse_quantity(slot, "slot", lenient=True)
-        return to_hash32(self.reader.storage(parse_address(addr), position, self._height(block)))
+        height = self._height(block)
+        if overlay is not None:
+            slots = overlay.storage.get(address, {})
+            if position in slots or address in overlay.replaced:
+                return to_hash32(slots.get(position, 0))
+        return to_hash32(self.reader.storage(address, position, height))
 
-    async def _block_number(self, params: Any) -> str:
+    def _accounts(self, params: Any, overlay: Overlay | None) -> list[list[str]]:
+        """[[balance, nonce, code], …] of the addresses, exactly the values the single
+        methods answer (same overlay rules)."""
+        addrs, block = params_list(params, ["addresses", "block"])
+        if not isinstance(addrs, list) or len(addrs) > MAX_ACCOUNTS:
+            raise JsonRpcError(INVALID_PARAMS, f"addresses: a list of at most {MAX_ACCOUNTS}")
+        height = self._height(block)
+        out = []
+        for raw in addrs:
+            address = parse_address(raw)
+            balance = self._field("balance", address, height, overlay)
+            nonce = self._field("nonce", address, height, overlay)
+            code = self._field("code", address, height, overlay)
+            out.append([hex(balance), hex(nonce), "0x" + code.hex()])
+        return out
+
+    def _block_number(self, params: Any, overlay: Overlay | None) -> str:
         return hex(self.reader.range()[1])
 
-    async def _chain_id(self, params: Any) -> str:
+    def _chain_id(self, params: Any, overlay: Overlay | None) -> str:
         return hex(self.chain_id)
 
-    async def _block(self, params: Any) -> dict[str, Any] | None:
+    def _block(self, params: Any, overlay: Overlay | None) -> dict[str, Any] | None:
         block, _full = params_list(params, ["block", "full"])
         height = parse_quantity(block, "block number")
         try:
@@ -226,3 +239,134 @@ class StateFeed:
             "transactions": [],
             "size": "0x0",
         }
+
+
+_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed"}
+_REASONS[413] = b"Payload Too Large"
+
+
+class FeedProtocol(asyncio.Protocol):
+    """One HTTP/1.1 connection to the feed: POST bodies in, FeedCore answers out.
+
+    Requests on a connection are answered in order (the answer is computed synchronously
+    as soon as the request is complete). Keep-alive follows the client's wishes; anything
+    but a POST with a body of at most MAX_BODY bytes is refused.
+    """
+
+    def __init__(self, core: FeedCore) -> None:
+        self.core = core
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self._url = b""
+        self._body: list[bytes] = []
+        self._size = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self._reply(400, b"malformed HTTP request", keep_alive=False)
+
+    # httptools callbacks
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size <= MAX_BODY:
+            self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        keep_alive = self.parser.should_keep_alive()
+        if self.parser.get_method() != b"POST":
+            status, out = 405, b"POST only"
+        elif self._size > MAX_BODY:
+            status, out, keep_alive = 413, b"request body too large", False
+        else:
+            path = self._url.split(b"?", 1)[0].decode("latin-1")
+            status, out = self.core.answer(path, b"".join(self._body))
+        self._url, self._body, self._size = b"", [], 0
+        self._reply(status, out, keep_alive)
+
+    def _reply(self, status: int, body: bytes, keep_alive: bool) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        kind = b"application/json" if status == 200 else b"text/plain"
+        head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n" % (
+            status,
+            _REASONS.get(status, b"Error"),
+            kind,
+            len(body),
+        )
+        head += b"\r\n" if keep_alive else b"connection: close\r\n\r\n"
+        self.transport.write(head + body)
+        if not keep_alive:
+            self.transport.close()
+
+
+async def serve(core: FeedCore) -> tuple[asyncio.Server, str]:
+    """Serve `core` on 127.0.0.1:<free port> in the running loop; (server, url)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: FeedProtocol(core), sock=sock, backlog=1024)
+    return server, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+class StateFeed:
+    """The feed in the node's event loop: overlays, and any StateReader.
+
+    `url` is valid after `start()`. `state_url()` is where workers read a block's plain
+    state: the feed process (`feedproc.FeedProcess`) when one is attached and running,
+    else this feed.
+    """
+
+    def __init__(self, reader: StateReader, chain_id: int) -> None:
+        self.core = FeedCore(reader, chain_id)
+        self.process: Any = None  # a feedproc.FeedProcess, attached by EvmMethods
+        self._server: asyncio.Server | None = None
+        self.url: str | None = None
+
+    @property
+    def reader(self) -> StateReader:
+        return self.core.reader
+
+    @contextlib.contextmanager
+    def overlay(self, overlay: Overlay) -> Iterator[str]:
+        """A state URL serving `overlay` over the block's state, valid inside the block."""
+        assert self.url is not None, "start() the feed first"
+        token = secrets.token_hex(12)
+        self.core.overlays[token] = overlay
+        try:
+            yield f"{self.url}/o/{token}"
+        finally:
+            del self.core.overlays[token]
+
+    def state_url(self) -> str:
+        assert self.url is not None, "start() the feed first"
+        if self.process is not None:
+            url = self.process.url_if_running()
+            if url is not None:
+                return url
+        return self.url
+
+    async def start(self) -> str:
+        if self.url is not None:
+            return self.url
+        self._server, self.url = await serve(self.core)
+        log.info("evm state feed started", extra={"url": self.url})
+        if self.process is not None:
+            await self.process.start()
+        return self.url
+
+    async def close(self) -> None:
+        if self.process is not None:
+            await self.process.stop()
+        if self._server is not None:
+            self._server.close()  # stops listening; workers' open connections end with them
+        self._server = None
+        self.url = None

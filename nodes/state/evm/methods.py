@@ -34,8 +34,10 @@ from nodes.state.evm.codec import (
 )
 from nodes.state.evm.executor import Executor
 from nodes.state.evm.feed import Overlay, StateFeed
+from nodes.state.evm.feedproc import FeedProcess
 from nodes.state.evm.settings import EvmSettings
 from nodes.state.reader import StateReader
+from nodes.state.store import StateStore
 
 
 def nonce_error(message: str) -> dict[str, Any]:
@@ -79,6 +81,9 @@ class EvmMethods:
         self.settings = settings
         self.executor = Executor(settings)
         self.feed = StateFeed(reader, settings.chain_id)
+        if settings.feed == "process" and isinstance(reader, StateStore):
+            mb = reader.map_size // (1024 * 1024)
+            self.feed.process = FeedProcess(reader.path, mb, settings.chain_id)
         self._resolver = resolver or (lambda ref: resolve_height(reader, ref))
         self._chain_id = chain_id
         self._start_lock = asyncio.Lock()
@@ -143,8 +148,7 @@ class EvmMethods:
             raise JsonRpcError(SERVER_BUSY, "the node is shutting down")
         if not self._started:
             await self.start()
-        assert self.feed.url is not None
-        job = self.executor.job(kind, self.feed.url, height, env, calls, **extra)
+        job = self.executor.job(kind, self.feed.state_url(), height, env, calls, **extra)
         chain_id = self._chain_id() if self._chain_id else None
         if chain_id is not None:
             job["chain_id"] = chain_id

@@ -43,6 +43,7 @@ class EvmSettings:
     workers: int = 0  # 0 = one per CPU core
     chain_id: int = 1337
     spec_id: str = "Cancun"  # pyrevm spec names are CamelCase; others silently mean latest
+    feed: str = "process"  # where workers read block state: "process" (LMDB store) or "loop"
 
     @property
     def worker_count(self) -> int:
@@ -68,6 +69,8 @@ class EvmSettings:
                 raise ConfigError(f"[evm].{name}: must be positive")
         if cfg.get("spec_id", "Cancun") not in SPEC_IDS:
             raise ConfigError(f"[evm].spec_id: one of {sorted(SPEC_IDS)}")
+        if cfg.get("feed", "process") not in FEEDS:
+            raise ConfigError(f"[evm].feed: one of {sorted(FEEDS)}")
         return cls(**cfg)
 
 
@@ -86,4 +89,5 @@ POSITIVE = (
     "queue_limit",
     "coalesce_max",
 )
+FEEDS = frozenset({"process", "loop"})
 SPEC_IDS = frozenset({"Berlin", "London", "Merge", "Shanghai", "Cancun", "Prague"})

@@ -14,13 +14,17 @@ main process turns them into JsonRpcError. Nothing here imports the event loop.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import io
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
-from pyrevm import EVM, BlockEnv, CfgEnv, Env
+import orjson
+from Crypto.Hash import keccak
+from pyrevm import EVM, AccountInfo, BlockEnv, CfgEnv, Env
 
 from chainstate.jsonrpc import (
     BALANCE_EXHAUSTED,
@@ -33,6 +37,7 @@ from chainstate.jsonrpc import (
     NONCE_ERROR,
 )
 
+MAX_ACCOUNTS = 1024  # accounts preloaded into a new EVM (the feed's feed_accounts limit)
 _REVERT = re.compile(r"^Revert \{ gas_used: (\d+), output: 0x([0-9a-fA-F]*) \}")
 _HALT = re.compile(r"^Halt \{ reason: (\w+)(?:\((\w+)\))?, gas_used: (\d+) \}")
 READY = "ready"  # a worker's first message: imports done, jobs welcome
@@ -176,6 +181,80 @@ def new_evm(job: dict[str, Any], tracing: bool = False) -> EVM:
     )
 
 
+class FeedClient:
+    """Keep-alive HTTP connections from a worker to the state feed, for `feed_accounts`."""
+
+    def __init__(self) -> None:
+        self._conns: dict[tuple[str, int], http.client.HTTPConnection] = {}
+
+    def accounts(self, url: str, addresses: list[str], height: int) -> list[list[str]]:
+        """[[balance, nonce, code], …] (hex) as the feed at `url` serves them at `height`;
+        a failed read raises CallFailed with the code pyrevm's own read would get."""
+        parts = urlsplit(url)
+        key = (parts.hostname or "127.0.0.1", parts.port or 80)
+        request = {"jsonrpc": "2.0", "id": 1, "method": "feed_accounts"}
+        body = orjson.dumps({**request, "params": [addresses, hex(height)]})
+        status, data = self._post(key, parts.path or "/", body)
+        if status != 200:
+            raise CallFailed(error(DATABASE_FAILED, f"state read failed: HTTP {status}"))
+        answer = orjson.loads(data)
+        if "error" in answer:
+            code = answer["error"].get("code")
+            code = BLOCK_NOT_FOUND if code == BLOCK_NOT_FOUND else DATABASE_FAILED
+            raise CallFailed(error(code, f"state read failed: {answer['error'].get('message')}"))
+        return answer["result"]
+
+    def _post(self, key: tuple[str, int], path: str, body: bytes) -> tuple[int, bytes]:
+        headers = {"content-type": "application/json"}
+        for attempt in (1, 2):  # a kept-alive connection the feed closed is retried once
+            conn = self._conns.pop(key, None) or http.client.HTTPConnection(*key, timeout=60)
+            try:
+                conn.request("POST", path, body, headers)
+                resp = conn.getresponse()
+                data = resp.read()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                if attempt == 2:
+                    raise CallFailed(error(DATABASE_FAILED, f"state read failed: {exc}")) from None
+                continue
+            if not resp.will_close:
+                self._conns[key] = conn
+            return resp.status, data
+        raise AssertionError("unreachable")
+
+
+def touched_accounts(job: dict[str, Any]) -> list[str]:
+    """Accounts every call of the job loads whatever its code does: coinbase (loaded before
+    execution since Shanghai), each caller and each callee; at most MAX_ACCOUNTS."""
+    seen = dict.fromkeys([job["block"]["coinbase"].lower()])
+    for call in job["calls"]:
+        seen[call["from"].lower()] = None
+        if call["to"] is not None:
+            seen[call["to"].lower()] = None
+    return list(seen)[:MAX_ACCOUNTS]
+
+
+def preload_accounts(evm: EVM, job: dict[str, Any], feed: FeedClient) -> None:
+    """Put the accounts the job touches into a new EVM's database cache.
+
+    pyrevm's `insert_account_info` on an account not yet in the journal writes to the
+    CacheDB under the journal, exactly where fork mode would keep the account after reading
+    it: the values are the feed's (same height, same overlay) and the AccountInfo is the one
+    revm's EthersDB builds (raw code, keccak code hash), so the account is still cold to the
+    EVM and results and gas are unchanged (tested against anvil); only the three reads per
+    account are saved.
+    """
+    addresses = touched_accounts(job)
+    infos = feed.accounts(job["fork_url"], addresses, job["height"])
+    for address, (balance, nonce, code_hex) in zip(addresses, infos, strict=True):
+        code = bytes.fromhex(code_hex[2:])
+        # no hash for empty code: pyrevm then uses KECCAK_EMPTY, as EthersDB does
+        code_hash = keccak.new(digest_bits=256, data=code).digest() if code else None
+        evm.insert_account_info(
+            address, AccountInfo(int(balance, 16), int(nonce, 16), code_hash, code)
+        )
+
+
 _ACCOUNT_STORAGE = re.compile(
     r"0x([0-9a-f]{40}): Account \{ info: .*?, storage: \{((?:[^{}]|\{[^{}]*\})*)\}, status"
 )
@@ -241,21 +320,23 @@ class Runner:
         self.warm_blocks = max(1, warm_blocks)
         self._warm: OrderedDict[tuple[str, int, str, int], EVM] = OrderedDict()
         self._uses: dict[tuple[str, int, str, int], int] = {}
+        self.feed = FeedClient()
 
     def evm_for(self, job: dict[str, Any]) -> EVM:
         """A warm EVM for the job's block, or a fresh one when the job must not share.
 
         A warm EVM is rebuilt after `warm_max_calls` calls, which bounds what its cache of
-        fetched accounts and slots can grow to.
+        fetched accounts and slots can grow to. A new EVM gets the accounts the job's calls
+        touch preloaded (one feed request instead of three pyrevm reads per account).
         """
         if job.get("fresh") or job["kind"] == "trace" or job.get("disable_cache"):
-            return new_evm(job)
+            return self._new(job)
         # GASLIMIT reads the constructor's gas limit, so a gasLimit override needs its own EVM
         key = (job["fork_url"], job["height"], job["block"]["hash"], job["block"]["gas_limit"])
         evm = self._warm.get(key)
         used = self._uses.get(key, 0) + len(job["calls"])
         if evm is None or used > self.limits.warm_max_calls:
-            evm = new_evm(job)
+            evm = self._new(job)
             used = len(job["calls"])
         self._warm[key] = evm
         self._warm.move_to_end(key)
@@ -263,6 +344,11 @@ class Runner:
         while len(self._warm) > self.warm_blocks:
             old, _ = self._warm.popitem(last=False)
             self._uses.pop(old, None)
+        return evm
+
+    def _new(self, job: dict[str, Any]) -> EVM:
+        evm = new_evm(job)
+        preload_accounts(evm, job, self.feed)
         return evm
 
     def run(self, job: dict[str, Any]) -> dict[str, Any]:

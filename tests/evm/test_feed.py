@@ -1,0 +1,299 @@
+"""The state feed: its answers, its HTTP handling, the feed process over a real LMDB store, and
+EVM calls over that store giving the same results through the feed process and the in-loop
+feed (the differential tests against anvil run on the in-loop feed; tests/evm/test_node_e2e
+runs a real node, whose workers read through the feed process)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import pytest_asyncio
+
+from nodes.state.evm.feed import FeedCore, Overlay, serve
+from nodes.state.evm.feedproc import FeedProcess
+from nodes.state.evm.methods import EvmMethods
+from nodes.state.evm.settings import EvmSettings
+from nodes.state.store import StateStore
+from nodes.state.vendor import parse_vendor_block
+from tests.evm.conftest import Client
+from tests.nodes.test_state_chain import SyntheticChain, make_addresses
+
+module_loop = pytest.mark.asyncio(loop_scope="module")
+
+# SUM: returns SLOAD(0) + … + SLOAD(5) (six cold SLOADs)
+SUM_RUNTIME = "600054" + "".join(f"60{i:02x}5401" for i in range(1, 6)) + "60005260206000f3"
+HEIGHTS = 12
+
+
+def make_chain() -> tuple[SyntheticChain, str, list[str]]:
+    """A contract whose six slots change block after block, and funded accounts."""
+    people = make_addresses(3, "feed-test")
+    contract = make_addresses(1, "feed-sum")[0]
+    chain = SyntheticChain("feed")
+    chain.add_block(
+        {
+            contract: {"code": bytes.fromhex(SUM_RUNTIME), "storage": {0: 1}},
+            **{p: {"balance": 10**18 * (i + 1), "nonce": i} for i, p in enumerate(people)},
+        }
+    )
+    for h in range(1, HEIGHTS):
+        chain.add_block(
+            {
+                contract: {"storage": {h % 6: h * 1000 + 7}},
+                people[h % 3]: {"balance": 10**18 + h},
+            }
+        )
+    return chain, contract, people
+
+
+def post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, body, {"content-type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def rpc(url: str, method: str, params: list[Any]) -> Any:
+    body = orjson.dumps({"jsonrpc": "2.0", "id": 7, "method": method, "params": params})
+    return orjson.loads(post(url, body)[1])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    chain, contract, people = make_chain()
+    path = tmp_path_factory.mktemp("feed") / "lmdb"
+    st = StateStore(path, kind="archive", map_size_mb=64)
+    st.open()
+    for raw in chain.blocks:
+        st.apply(parse_vendor_block(raw))
+    st.chain, st.contract, st.people = chain, contract, people  # type: ignore[attr-defined]
+    yield st
+    st.close()
+
+
+# -- FeedCore ---------------------------------------------------------------------------
+
+
+def test_core_answers_equal_the_store(store: Any) -> None:
+    core = FeedCore(store, 1337)
+    for h in (0, 5, HEIGHTS - 1):
+        model = store.chain.state(h)
+        items = [
+            {"id": 1, "method": "eth_getBalance", "params": [store.people[0], hex(h)]},
+            {"id": 2, "method": "eth_getTransactionCount", "params": [store.people[1], hex(h)]},
+            {"id": 3, "method": "eth_getCode", "params": [store.contract, hex(h)]},
+            {"id": 4, "method": "eth_getStorageAt", "params": [store.contract, "0x1", hex(h)]},
+            {"id": 5, "method": "feed_accounts", "params": [store.people, hex(h)]},
+        ]
+        status, body = core.answer("/", orjson.dumps(items))
+        assert status == 200
+        got = [r["result"] for r in orjson.loads(body)]
+        assert int(got[0], 16) == model[store.people[0]].balance
+        assert int(got[1], 16) == model[store.people[1]].nonce
+        assert got[2] == "0x" + SUM_RUNTIME
+        assert int(got[3], 16) == model[store.contract].storage.get(1, 0)
+        assert got[4] == [[hex(model[p].balance), hex(model[p].nonce), "0x"] for p in store.people]
+
+
+def test_core_errors(store: Any) -> None:
+    core = FeedCore(store, 1337)
+
+    def one(method: str, params: list[Any]) -> dict[str, Any]:
+        body = orjson.dumps({"id": 1, "method": method, "params": params})
+        return orjson.loads(core.answer("/", body)[1])
+
+    assert one("eth_getBalance", [store.people[0], hex(HEIGHTS)])["error"]["code"] == -39006
+    assert one("feed_accounts", [store.people, hex(HEIGHTS + 5)])["error"]["code"] == -39006
+    assert one("eth_getBalance", ["0x12", "0x1"])["error"]["code"] == -32602
+    assert one("feed_accounts", ["0x12", "0x1"])["error"]["code"] == -32602
+    assert one("eth_sendTransaction", [])["error"]["code"] == -32601
+    assert orjson.loads(core.answer("/", b"{nope")[1])["error"]["code"] == -32700
+    assert core.answer("/o/unknown", b"{}")[0] == 404
+    assert core.answer("/elsewhere", b"{}")[0] == 404
+
+
+def test_core_overlay_applies_to_single_reads_and_feed_accounts(store: Any) -> None:
+    core = FeedCore(store, 1337)
+    who = store.people[2]
+    core.overlays["t"] = Overlay(
+        accounts={who: {"balance": 5, "code": b"\x60\x00"}},
+        storage={store.contract: {3: 99}},
+        replaced={store.contract},
+    )
+    h = hex(HEIGHTS - 1)
+    items = [
+        {"id": 1, "method": "eth_getBalance", "params": [who, h]},
+        {"id": 2, "method": "feed_accounts", "params": [[who], h]},
+        {"id": 3, "method": "eth_getStorageAt", "params": [store.contract, "0x3", h]},
+        {"id": 4, "method": "eth_getStorageAt", "params": [store.contract, "0x1", h]},
+    ]
+    got = [r["result"] for r in orjson.loads(core.answer("/o/t", orjson.dumps(items))[1])]
+    nonce = hex(store.chain.state(HEIGHTS - 1)[who].nonce)
+    assert got[0] == "0x5"
+    assert got[1] == [["0x5", nonce, "0x6000"]]
+    assert int(got[2], 16) == 99
+    assert int(got[3], 16) == 0  # replaced storage: unnamed slots read zero
+
+
+# -- HTTP -------------------------------------------------------------------------------
+
+
+async def _exchange(url: str, raw: bytes, reads: int = 1) -> list[bytes]:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(raw)
+    answers = []
+    for _ in range(reads):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        answers.append(head + await reader.readexactly(length))
+    closed = await reader.read() == b"" if b"connection: close" in answers[-1].lower() else None
+    writer.close()
+    answers.append(b"closed" if closed else b"open")
+    return answers
+
+
+def _request(body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n%s\r\n%s" % (
+        len(body),
+        extra,
+        body,
+    )
+
+
+@module_loop
+async def test_http_keep_alive_close_and_refusals(store: Any) -> None:
+    server, url = await serve(FeedCore(store, 1337))
+    try:
+        body = orjson.dumps({"id": 1, "method": "eth_chainId", "params": []})
+        two = await _exchange(url, _request(body) + _request(body), reads=2)
+        assert all(b"200 OK" in a and b'"result":"0x539"' in a for a in two[:2])
+        assert two[2] == b"open"  # keep-alive: both answered on one connection
+        closing = await _exchange(url, _request(body, b"connection: close\r\n"))
+        assert closing[1] == b"closed"
+        got = await _exchange(url, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert b"405" in got[0]
+        big = b"x" * (1024 * 1024 + 1)
+        assert b"413" in (await _exchange(url, _request(big)))[0]
+        assert b"400" in (await _exchange(url, b"NOT HTTP AT ALL\r\n\r\n"))[0]
+    finally:
+        server.close()
+
+
+# -- the feed process -------------------------------------------------------------------
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def process(store: Any) -> AsyncIterator[FeedProcess]:
+    feed = FeedProcess(store.path, 64, 1337)
+    await feed.start()
+    try:
+        yield feed
+    finally:
+        await feed.stop()
+
+
+@module_loop
+async def test_process_serves_the_store_and_sees_new_blocks(
+    store: Any, process: FeedProcess
+) -> None:
+    url = process.url_if_running()
+    assert url is not None
+    for h in range(HEIGHTS):
+        got = await asyncio.to_thread(rpc, url, "feed_accounts", [store.people, hex(h)])
+        model = store.chain.state(h)
+        assert got["result"] == [
+            [hex(model[p].balance), hex(model[p].nonce), "0x"] for p in store.people
+        ]
+        params = [store.contract, "0x2", hex(h)]
+        slot = await asyncio.to_thread(rpc, url, "eth_getStorageAt", params)
+        assert int(slot["result"], 16) == model[store.contract].storage.get(2, 0)
+    # a block the node commits after the process opened the store is readable at once
+    chain = store.chain
+    chain.add_block({store.people[0]: {"balance": 424242}})
+    store.apply(parse_vendor_block(chain.blocks[-1]))
+    got = await asyncio.to_thread(rpc, url, "eth_getBalance", [store.people[0], hex(chain.head)])
+    assert got["result"] == hex(424242)
+
+
+@module_loop
+async def test_process_restarts_after_it_dies(process: FeedProcess) -> None:
+    first = process.url_if_running()
+    assert first is not None and process._proc is not None
+    os.kill(process._proc.pid, signal.SIGKILL)
+    await asyncio.to_thread(process._proc.join, 5)
+    assert process.url_if_running() is None  # the node falls back to the in-loop feed
+    assert process._starting is not None
+    await process._starting
+    second = process.url_if_running()
+    assert second is not None and second != first
+    got = await asyncio.to_thread(rpc, second, "eth_chainId", [])
+    assert got["result"] == "0x539"
+
+
+@module_loop
+async def test_process_ends_when_stopped(store: Any) -> None:
+    feed = FeedProcess(store.path, 64, 1337)
+    await feed.start()
+    proc = feed._proc
+    assert proc is not None and proc.is_alive()
+    await feed.stop()
+    assert not proc.is_alive()
+    assert feed.url_if_running() is None  # stopped for good: no restart
+
+
+@module_loop
+async def test_process_reports_a_store_it_cannot_open(tmp_path: Path) -> None:
+    feed = FeedProcess(tmp_path / "missing", 64, 1337)
+    await feed.start()  # logged, not raised: the node keeps the in-loop feed
+    assert feed._proc is None
+    await feed.stop()
+
+
+# -- EVM calls through both feeds -------------------------------------------------------
+
+
+@module_loop
+async def test_calls_equal_through_the_feed_process_and_the_loop(store: Any) -> None:
+    """Every height: the sum of six slots as the model says, and the same gas on both."""
+    answers = {}
+    for feed in ("process", "loop"):
+        methods = EvmMethods(store, EvmSettings(workers=1, feed=feed, call_timeout=10.0))
+        await methods.start()
+        try:
+            if feed == "process":
+                assert methods.feed.state_url() != methods.feed.url
+            client = Client(methods)
+            got = []
+            for h in range(HEIGHTS):
+                req = {"from": store.people[h % 3], "to": store.contract}
+                out = await client.call("eth_multiCall", [[req], hex(h)])
+                got.append(out[0])
+            answers[feed] = got
+        finally:
+            await methods.close()
+    assert answers["process"] == answers["loop"]
+    for h, r in enumerate(answers["process"]):
+        slots = store.chain.state(h)[store.contract].storage
+        assert r["success"] and int(r["returnData"], 16) == sum(slots.values())
+        assert int(r["gasUsed"], 16) > 6 * 2100  # six cold SLOADs
+
+
+def test_settings_feed_choice() -> None:
+    from chainstate.config import ConfigError
+
+    assert EvmSettings.from_config({"feed": "loop"}).feed == "loop"
+    with pytest.raises(ConfigError):
+        EvmSettings.from_config({"feed": "thread"})
+    assert EvmSettings().feed == "process"
