@@ -297,3 +297,56 @@ def test_settings_feed_choice() -> None:
     with pytest.raises(ConfigError):
         EvmSettings.from_config({"feed": "thread"})
     assert EvmSettings().feed == "process"
+
+
+# -- warm EVMs ----------------------------------------------------------------------------
+
+
+@module_loop
+async def test_a_block_stays_warm_on_one_worker(store: Any) -> None:
+    """Calls at one block go to the worker that has it warm, not round-robin: a block's
+    state is read from the feed once, not once per worker."""
+    methods = EvmMethods(store, EvmSettings(workers=2))
+    await methods.start()
+    try:
+        client = Client(methods)
+        for h in (3, 3, 7, 3, 7, 7, 3, 3, 3, 7, 7, 7):
+            await client.call("eth_call", [{"to": store.contract}, hex(h)])
+        workers = methods.executor.pool.workers()
+        for h in (3, 7):
+            holding = [w for w in workers if any(k[1] == h for k in w.warm)]
+            assert len(holding) == 1, h
+    finally:
+        await methods.close()
+
+
+@module_loop
+async def test_warm_evms_are_dropped_past_the_memory_limit(
+    store: Any, process: FeedProcess
+) -> None:
+    from nodes.state.evm.codec import block_env
+    from nodes.state.evm.worker import Limits, Runner
+
+    url = process.url_if_running()
+    assert url is not None
+    job = {
+        "kind": "calls",
+        "fork_url": url,
+        "height": 4,
+        "block": block_env(store.header(4)),
+        "chain_id": 1337,
+        "spec_id": "Cancun",
+        "calls": [
+            {"from": store.people[0], "to": store.contract, "data": b"", "value": 0,
+             "gas": 1_000_000, "gas_price": 0, "nonce": None}
+        ],
+    }  # fmt: skip
+    results = []
+    for memory in (0, 1):  # no limit; a limit every process is above
+        runner = Runner(Limits(100, 10**6, 10**6, 10**6, 1000, warm_memory_bytes=memory), 8)
+        results.append(await asyncio.to_thread(runner.run, job))
+        assert len(runner._warm) == (1 if memory == 0 else 0)
+    assert results[0] == results[1]
+    assert int(results[0]["results"][0]["output"], 16) == sum(
+        store.chain.state(4)[store.contract].storage.values()
+    )

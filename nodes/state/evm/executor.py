@@ -16,8 +16,10 @@ from typing import Any
 from chainstate.jsonrpc import JsonRpcError
 from nodes.state.evm.pool import WorkerPool
 from nodes.state.evm.settings import EvmSettings
+from nodes.state.evm.worker import WarmKey, warm_key
 
 Pending = tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]
+AFFINITY_WAIT = 0.25  # seconds a block's calls may wait while a worker runs blocks it has warm
 
 
 def raise_error(err: dict[str, Any]) -> None:
@@ -37,6 +39,8 @@ class Executor:
         self.settings = settings
         self.pool = WorkerPool(settings)
         self._pending: OrderedDict[tuple[Any, ...], list[Pending]] = OrderedDict()
+        self._since: dict[tuple[Any, ...], float] = {}  # when a block's first call came
+        self._warm_keys: dict[tuple[Any, ...], WarmKey | None] = {}
         self._pending_count = 0
         self._drainers = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -110,8 +114,13 @@ class Executor:
     async def _coalesced(self, job: dict[str, Any]) -> dict[str, Any]:
         if self._pending_count >= self.settings.queue_limit:
             raise JsonRpcError(-32005, "EVM executor busy: too many queued calls")
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending.setdefault(_coalesce_key(job), []).append((job, future))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        key = _coalesce_key(job)
+        if key not in self._pending:
+            self._since[key] = loop.time()
+            self._warm_keys[key] = warm_key(job)
+        self._pending.setdefault(key, []).append((job, future))
         self._pending_count += 1
         if self._drainers < self.pool.size:
             self._drainers += 1
@@ -120,17 +129,39 @@ class Executor:
             task.add_done_callback(self._tasks.discard)
         return await future
 
-    def _take(self) -> list[Pending]:
-        """The oldest block's waiting calls, at most `coalesce_max` of them."""
+    def _pick(self, worker: Any) -> tuple[Any, ...]:
+        """The pending block to run next on `worker`. A cold block costs one feed read per
+        account and slot, a warm one runs in memory, so: a block warm on this worker first,
+        else one warm on no worker (so each block warms on one worker only, and the workers'
+        caches add up), else the oldest; the oldest always once it has waited AFFINITY_WAIT
+        (no block starves)."""
+        oldest = next(iter(self._pending))
+        if worker is None or self._age(oldest) >= AFFINITY_WAIT:
+            return oldest
+        others = [w.warm for w in self.pool.workers() if w is not worker]
+        unclaimed = None
+        for key in self._pending:
+            wanted = self._warm_keys[key]
+            if wanted in worker.warm:
+                return key
+            if unclaimed is None and not any(wanted in o for o in others):
+                unclaimed = key
+        return oldest if unclaimed is None else unclaimed
+
+    def _age(self, key: tuple[Any, ...]) -> float:
+        return asyncio.get_running_loop().time() - self._since[key]
+
+    def _take(self, worker: Any = None) -> list[Pending]:
+        """One block's waiting calls (see `_pick`), at most `coalesce_max` of them."""
         if not self._pending:
             return []
-        key = next(iter(self._pending))
+        key = self._pick(worker)
         items = self._pending[key]
         taken, rest = items[: self.settings.coalesce_max], items[self.settings.coalesce_max :]
         if rest:
             self._pending[key] = rest
         else:
-            del self._pending[key]
+            del self._pending[key], self._since[key], self._warm_keys[key]
         self._pending_count -= len(taken)
         return [(j, f) for j, f in taken if not f.done()]
 
@@ -138,8 +169,9 @@ class Executor:
         """Hand waiting calls to free workers until none wait."""
         try:
             while self._pending:
-                worker = await self.pool.acquire()
-                items = self._take()
+                oldest = self._warm_keys[next(iter(self._pending))]
+                worker = await self.pool.acquire(prefer=oldest)
+                items = self._take(worker)
                 if not items:
                     self.pool.release(worker)
                     continue

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -20,7 +21,7 @@ from typing import Any
 
 from chainstate.jsonrpc import EVM_FAILED, SERVER_BUSY, JsonRpcError
 from nodes.state.evm.settings import EvmSettings
-from nodes.state.evm.worker import READY, Limits, worker_main
+from nodes.state.evm.worker import READY, Limits, WarmKey, warm_key, worker_main
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,10 @@ class _Worker:
     """One worker process and the parent's end of its pipe."""
 
     def __init__(self, ctx: Any, limits: Limits, warm_blocks: int) -> None:
+        # The parent's view of the worker's warm EVMs (same keys, same LRU rule); it only
+        # steers work to a worker that has the block warm, so a stale entry costs time only.
+        self.warm: OrderedDict[WarmKey, None] = OrderedDict()
+        self.warm_blocks = max(1, warm_blocks)
         parent, child = ctx.Pipe(duplex=True)
         self.conn: Connection = parent
         self.proc: BaseProcess = ctx.Process(
@@ -43,6 +48,16 @@ class _Worker:
         if not self.conn.poll(WORKER_START_TIMEOUT) or self.conn.recv() != READY:
             self.kill()
             raise RuntimeError(f"EVM worker did not start within {WORKER_START_TIMEOUT:g}s")
+
+    def note(self, job: dict[str, Any]) -> None:
+        """Record that `job` is about to run here (mirrors Runner.evm_for's LRU)."""
+        key = warm_key(job)
+        if key is None:
+            return
+        self.warm[key] = None
+        self.warm.move_to_end(key)
+        while len(self.warm) > self.warm_blocks:
+            self.warm.popitem(last=False)
 
     def roundtrip(self, job: dict[str, Any]) -> dict[str, Any]:
         """Blocking: send a job and wait for its answer (runs in a pool thread)."""
@@ -83,6 +98,7 @@ class WorkerPool:
             max_return_bytes=settings.max_return_bytes,
             max_response_bytes=settings.max_response_bytes,
             warm_max_calls=settings.warm_max_calls,
+            warm_memory_bytes=settings.warm_memory_mb * 1024 * 1024,
         )
         self._idle: asyncio.Queue[_Worker] | None = None
         self._all: set[_Worker] = set()
@@ -90,6 +106,10 @@ class WorkerPool:
         self._waiting = 0
         self._closed = False
         self._background: set[asyncio.Task[None]] = set()
+
+    def workers(self) -> list[_Worker]:
+        """Every live worker (idle or busy)."""
+        return list(self._all)
 
     @property
     def started(self) -> bool:
@@ -117,8 +137,9 @@ class WorkerPool:
             self._threads.shutdown(wait=False, cancel_futures=True)
         self._idle = None
 
-    async def acquire(self) -> _Worker:
-        """An idle worker (waits); -32005 when too many callers already wait."""
+    async def acquire(self, prefer: WarmKey | None = None) -> _Worker:
+        """An idle worker (waits), one that has the `prefer` block warm when one of the idle
+        ones has; -32005 when too many callers already wait."""
         if self._idle is None:
             await self.start()
         assert self._idle is not None
@@ -126,9 +147,19 @@ class WorkerPool:
             raise JsonRpcError(SERVER_BUSY, "EVM executor busy: too many queued executions")
         self._waiting += 1
         try:
-            return await self._idle.get()
+            worker = await self._idle.get()
         finally:
             self._waiting -= 1
+        if prefer is None or prefer in worker.warm or self._idle.empty():
+            return worker
+        others = [self._idle.get_nowait() for _ in range(self._idle.qsize())]
+        for i, other in enumerate(others):
+            if prefer in other.warm:
+                others[i], worker = worker, other
+                break
+        for other in others:
+            self._idle.put_nowait(other)
+        return worker
 
     def release(self, worker: _Worker) -> None:
         if self._idle is not None and worker in self._all:
@@ -136,7 +167,7 @@ class WorkerPool:
 
     async def run(self, job: dict[str, Any], time_limit: float) -> dict[str, Any]:
         """The worker's answer dict; -32005 when too many jobs wait, -39004 on overrun."""
-        return await self.run_on(await self.acquire(), job, time_limit)
+        return await self.run_on(await self.acquire(warm_key(job)), job, time_limit)
 
     async def run_on(
         self, worker: _Worker, job: dict[str, Any], time_limit: float
@@ -144,6 +175,7 @@ class WorkerPool:
         """Run on an acquired worker, which goes back to the pool (or is replaced)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + time_limit
+        worker.note(job)
         future = loop.run_in_executor(self._threads, worker.roundtrip, job)
         future.add_done_callback(_consume)
         try:

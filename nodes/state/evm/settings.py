@@ -18,7 +18,8 @@ DEFAULT_MAX_RETURN_BYTES = 1024 * 1024  # return data per call
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # return data of all calls of one request
 DEFAULT_WARM_MAX_CALLS = 200_000  # calls a warm EVM serves before it is rebuilt (memory)
 DEFAULT_MAX_BSRB_READS = 10_000  # reads per blockx_stateReadBatch payload
-DEFAULT_WARM_BLOCKS = 4  # per worker: blocks whose fetched state stays cached
+DEFAULT_WARM_BLOCKS = 256  # per worker: blocks whose fetched state stays cached (~150 KB each)
+DEFAULT_WARM_MEMORY_MB = 1024  # per worker: resident memory above which warm EVMs are dropped
 DEFAULT_QUEUE_LIMIT = 1024  # jobs (or single calls) waiting for a worker before -32005 "busy"
 DEFAULT_COALESCE_MAX = 256  # single calls at one block run together as one job
 
@@ -38,6 +39,7 @@ class EvmSettings:
     warm_max_calls: int = DEFAULT_WARM_MAX_CALLS
     max_bsrb_reads: int = DEFAULT_MAX_BSRB_READS
     warm_blocks: int = DEFAULT_WARM_BLOCKS
+    warm_memory_mb: int = DEFAULT_WARM_MEMORY_MB
     queue_limit: int = DEFAULT_QUEUE_LIMIT
     coalesce_max: int = DEFAULT_COALESCE_MAX
     workers: int = 0  # 0 = one per CPU core
@@ -86,6 +88,7 @@ POSITIVE = (
     "warm_max_calls",
     "max_bsrb_reads",
     "warm_blocks",
+    "warm_memory_mb",
     "queue_limit",
     "coalesce_max",
 )

@@ -14,8 +14,10 @@ main process turns them into JsonRpcError. Nothing here imports the event loop.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import http.client
 import io
+import os
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -149,6 +151,7 @@ class Limits:
     max_return_bytes: int
     max_response_bytes: int  # return data of all calls of one job together
     warm_max_calls: int  # calls a warm EVM serves before it is dropped (bounds its cache)
+    warm_memory_bytes: int = 0  # worker RSS above which every warm EVM is dropped (0: never)
 
 
 def _block_env(block: dict[str, Any]) -> BlockEnv:
@@ -312,14 +315,44 @@ def _log(entry: Any) -> dict[str, Any]:
     }
 
 
+WarmKey = tuple[str, int, str, int]
+
+
+def warm_key(job: dict[str, Any]) -> WarmKey | None:
+    """The warm EVM a job may run on, or None when it needs a fresh one: overlays (`fresh`),
+    traces (an aborted trace may leave the journal inconsistent) and `disable_cache`.
+
+    One EVM is exactly one block's state: state URL, height and hash. GASLIMIT reads the
+    constructor's gas limit, so a gasLimit override needs its own EVM too.
+    """
+    if job.get("fresh") or job["kind"] == "trace" or job.get("disable_cache"):
+        return None
+    return (job["fork_url"], job["height"], job["block"]["hash"], job["block"]["gas_limit"])
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux /proc; 0 where unknown)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _trim_heap() -> None:
+    """Give freed heap memory back to the system (glibc; a no-op elsewhere)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 class Runner:
     """Runs jobs inside one worker process; keeps the warm EVMs between jobs."""
 
     def __init__(self, limits: Limits, warm_blocks: int) -> None:
         self.limits = limits
         self.warm_blocks = max(1, warm_blocks)
-        self._warm: OrderedDict[tuple[str, int, str, int], EVM] = OrderedDict()
-        self._uses: dict[tuple[str, int, str, int], int] = {}
+        self._warm: OrderedDict[WarmKey, EVM] = OrderedDict()
+        self._uses: dict[WarmKey, int] = {}
         self.feed = FeedClient()
 
     def evm_for(self, job: dict[str, Any]) -> EVM:
@@ -329,10 +362,9 @@ class Runner:
         fetched accounts and slots can grow to. A new EVM gets the accounts the job's calls
         touch preloaded (one feed request instead of three pyrevm reads per account).
         """
-        if job.get("fresh") or job["kind"] == "trace" or job.get("disable_cache"):
+        key = warm_key(job)
+        if key is None:
             return self._new(job)
-        # GASLIMIT reads the constructor's gas limit, so a gasLimit override needs its own EVM
-        key = (job["fork_url"], job["height"], job["block"]["hash"], job["block"]["gas_limit"])
         evm = self._warm.get(key)
         used = self._uses.get(key, 0) + len(job["calls"])
         if evm is None or used > self.limits.warm_max_calls:
@@ -352,6 +384,21 @@ class Runner:
         return evm
 
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self._run(job)
+        finally:
+            self._bound_memory()
+
+    def _bound_memory(self) -> None:
+        """Drop every warm EVM when the process has grown past `warm_memory_bytes`: what
+        warm EVMs cache is only bounded per EVM by calls (`warm_max_calls`), not by size."""
+        limit = self.limits.warm_memory_bytes
+        if limit and self._warm and resident_bytes() > limit:
+            self._warm.clear()
+            self._uses.clear()
+            _trim_heap()
+
+    def _run(self, job: dict[str, Any]) -> dict[str, Any]:
         kind = job["kind"]
         try:
             evm = self.evm_for(job)
