@@ -159,6 +159,7 @@ async def test_quotas_specs_and_oom(stack: Stack, space: str) -> None:
     specs = await stack.alice.ok("GET", "/v1/notebook/instance/specs")
     assert {"max_cpu": 100, "max_memory": 256 * 1024 * 1024} in specs["allowed_quota_spec"]
     assert specs["sandbox"]["network_isolated"] is True
+    assert specs["sandbox"]["processes_isolated"] is True
     nb = await notebook(stack, space, "hog", "x = bytearray(10 * 1024 ** 3)\n")
     assert (
         await stack.alice.fail(

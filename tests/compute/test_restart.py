@@ -4,6 +4,7 @@ exit_message; new instances run normally."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from tests.workspace.conftest import Workspace, make_workspace
 
-CODE = "import os, time\nprint('pid', os.getpid(), flush=True)\nwhile True:\n    time.sleep(0.1)\n"
+CODE = "import time\nprint('started', flush=True)\nwhile True:\n    time.sleep(0.1)\n"
 
 
 @pytest.fixture
@@ -26,24 +27,37 @@ def server(tmp_path: Path, upstream: str) -> Iterator[Workspace]:
         ws.db.close_sync()
 
 
-def start_instance(ws: Workspace, nb_id: str) -> tuple[str, int]:
+def harness_pids(ws: Workspace) -> set[int]:
+    """Host pids of the server's instance processes (bwrap and the program; inside its PID
+    namespace the program sees itself as pid 1, so it cannot tell its host pid)."""
+    found = set()
+    for p in psutil.Process(ws.proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "python_harness" in " ".join(p.cmdline()):
+                found.add(p.pid)
+    return found
+
+
+def start_instance(ws: Workspace, nb_id: str) -> tuple[str, set[int]]:
+    before = harness_pids(ws)
     inst = ws.alice.ok("POST", "/v1/notebook/instance/create", {"notebook_id": nb_id})
     for _ in range(100):
         logs = ws.alice.ok("GET", "/v1/notebook/instance/logs/history", id=inst["id"])["logs"]
-        pids = [r["message"].split()[1] for r in logs if r["message"].startswith("pid ")]
-        if pids:
-            return inst["id"], int(pids[0])
+        pids = harness_pids(ws) - before
+        if pids and any(r["message"] == "started" for r in logs):
+            return inst["id"], pids
         time.sleep(0.05)
-    raise AssertionError("the instance printed no pid")
+    raise AssertionError("the instance did not start")
 
 
-def gone(pid: int, seconds: float = 5) -> bool:
+def gone(pids: set[int], seconds: float = 5) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
+        alive = 0
+        for pid in pids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                alive += psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        if not alive:
             return True
         time.sleep(0.05)
     return False

@@ -5,8 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from dataclasses import replace
 
 import psutil
 import pytest
@@ -20,6 +25,7 @@ from workspace.compute.sandbox import (
     Sandbox,
     UidPool,
     WorkerPool,
+    probe_isolation,
 )
 
 PY = "/usr/bin/python3"
@@ -29,11 +35,110 @@ def job(code: str, **limits: object) -> Job:
     return Job([PY, "-I", "-c", code], limits=Limits(**{"wall_seconds": 5, **limits}))
 
 
+# Every process a run can see: pid -> command line (or the error reading it).
+LIST_PROCESSES = """import json, os
+seen = {}
+for pid in os.listdir('/proc'):
+    if pid.isdigit():
+        try:
+            with open(f'/proc/{pid}/cmdline', 'rb') as fh:
+                seen[pid] = fh.read().replace(b'\\0', b' ').decode()
+        except OSError as exc:
+            seen[pid] = type(exc).__name__
+print(json.dumps(seen))
+"""
+SECRET_ARGV = "postgresql://chainstate:pr0cess-s3cret@db.internal/chainstate"
+
+
 def test_isolation_is_probed_and_reported(isolation: Isolation) -> None:
     info = isolation.as_dict()
-    assert set(info) >= {"network", "network_isolated", "per_run_uid", "cpu_quota", "notes"}
+    assert set(info) >= {
+        "network",
+        "network_isolated",
+        "processes",
+        "processes_isolated",
+        "per_run_uid",
+        "cpu_quota",
+        "notes",
+    }
     if not isolation.network_isolated:  # never silently: the gap is in the notes
         assert any("network" in n for n in info["notes"])
+    if isolation.processes != "pidns":
+        assert any("PID namespace" in n or "process isolation" in n for n in info["notes"])
+
+
+def test_without_bwrap_the_fallback_is_reported() -> None:
+    iso = probe_isolation(use_cgroups=False, bwrap="/nonexistent/bwrap")
+    note = next(n for n in iso.notes if "/nonexistent/bwrap" in n)
+    if os.geteuid() == 0:  # root: a private /proc with hidepid=2 instead
+        assert iso.processes == "hidepid" and iso.processes_isolated
+        assert "hidepid=2" in note
+    else:
+        assert iso.processes == "none" and not iso.processes_isolated
+        assert "can list every process" in note
+
+
+@pytest.fixture
+def secret_process() -> Iterator[subprocess.Popen[bytes]]:
+    """A long-running process of the server's machine with a secret on its command line."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "--database", SECRET_ARGV]
+    )
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture(params=["probed", "hidepid"])
+def private_sandbox(request: pytest.FixtureRequest, sandbox: Sandbox) -> Sandbox:
+    """The machine's best process isolation, and the root fallback without bwrap."""
+    iso = sandbox.isolation
+    if request.param == "hidepid":
+        if not iso.drop_uid:
+            pytest.skip("hidepid=2 needs root and a uid per run")
+        iso = replace(iso, processes="hidepid", bwrap=None)
+    if not iso.processes_isolated:
+        pytest.fail(f"process isolation unavailable here: {iso.notes}")
+    return Sandbox(iso, work_root=sandbox.work_root)
+
+
+async def test_a_run_sees_neither_the_server_nor_other_processes(
+    private_sandbox: Sandbox, secret_process: subprocess.Popen[bytes]
+) -> None:
+    res = await private_sandbox.run(job(LIST_PROCESSES), uid=2_100_012)
+    assert res.exit_code == 0, res.output
+    seen = json.loads(res.output)
+    assert SECRET_ARGV not in res.output.decode()
+    assert str(os.getpid()) not in seen and str(secret_process.pid) not in seen
+    assert not any("pytest" in cmdline for cmdline in seen.values())
+    assert [c for c in seen.values() if LIST_PROCESSES.splitlines()[0] in c] != []  # itself
+    assert len(seen) == 1, seen
+
+
+async def test_a_concurrent_run_is_invisible(private_sandbox: Sandbox) -> None:
+    marker = "other-run-marker-7f3a"
+    other = await private_sandbox.start(
+        Job([PY, "-I", "-c", "import time; time.sleep(30)", marker], limits=Limits()),
+        uid=2_100_013,
+    )
+    try:
+        for _ in range(250):  # until the other run's program is up
+            if any(marker in " ".join(p.cmdline()) for p in other.processes()):
+                break
+            await asyncio.sleep(0.02)
+        res = await private_sandbox.run(job(LIST_PROCESSES), uid=2_100_014)
+        assert res.exit_code == 0, res.output
+        assert marker not in res.output.decode()
+        assert len(json.loads(res.output)) == 1
+    finally:
+        other.kill("canceled")
+        await other.wait()
+        await private_sandbox.cleanup(other)
+
+
+async def test_a_signal_death_is_reported_as_the_signal(sandbox: Sandbox) -> None:
+    res = await sandbox.run(job("import ctypes; ctypes.string_at(0)"))
+    assert res.signal == signal.SIGSEGV and res.exit_code is None
 
 
 async def test_clean_env_own_uid_and_temp_dir_removed(sandbox: Sandbox) -> None:
@@ -47,10 +152,11 @@ async def test_clean_env_own_uid_and_temp_dir_removed(sandbox: Sandbox) -> None:
         del os.environ["CHAINSTATE_TEST_SECRET"]
     env, uid, cwd = json.loads(res.output)
     assert "CHAINSTATE_TEST_SECRET" not in env
-    assert set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "CHAINSTATE_RESULT_FD"}
+    # PWD: bubblewrap sets it to the run's own folder
+    assert set(env) <= {"PATH", "HOME", "TMPDIR", "LANG", "CHAINSTATE_RESULT_FD", "PWD"}
     if sandbox.isolation.drop_uid:
         assert uid == 2_100_010
-    assert env["HOME"] == cwd
+    assert env["HOME"] == cwd and env.get("PWD", cwd) == cwd
     assert not await asyncio.to_thread(os.path.exists, cwd)
 
 

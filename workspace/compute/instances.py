@@ -539,7 +539,8 @@ class InstanceManager:
             self._point(live, "cpu", now, round(pct, 2))
         live.cpu_prev = (mono, cpu_total)
         self._point(live, "memory", now, rss)
-        rx, tx = _net_bytes(live.sp.pid)
+        # the user's program: bwrap's first process may sit outside the run's network namespace
+        rx, tx = _net_bytes(procs[0].pid if procs else live.sp.pid)
         if live.net_prev is not None and mono > live.net_prev[0]:
             dt = mono - live.net_prev[0]
             self._point(live, "net_rx", now, round((rx - live.net_prev[1]) / dt, 2))

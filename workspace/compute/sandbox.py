@@ -2,8 +2,10 @@
 
 Every run is a subprocess with a clean environment, its own temp dir (removed afterwards),
 rlimits (CPU seconds, data memory, file size, open files, processes), a wall-clock limit,
-output captured while streaming with a cap, and the network off through a new network
-namespace. What the machine allows is probed once at start (`probe_isolation`) and reported;
+output captured while streaming with a cap, the network off through a new network
+namespace, and the machine's other processes out of sight: a new PID namespace with its own
+/proc through bubblewrap, or (root without a working bwrap) a private /proc mounted with
+hidepid=2. What the machine allows is probed once at start (`probe_isolation`) and reported;
 a missing isolation feature is logged as a warning and shown in `Isolation.as_dict()`, never
 skipped silently. When running as root each concurrent run gets its own unprivileged uid, so
 `RLIMIT_NPROC` bounds a fork bomb and every leftover process of a run can be swept by uid.
@@ -15,11 +17,13 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import resource
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -36,10 +40,20 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
+CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
 PR_SET_PDEATHSIG = 1
 RESULT_FD_ENV = "CHAINSTATE_RESULT_FD"
+PROBE_UID = 65534  # nobody: the probe runs bwrap the way a run does, under a non-root uid
+# bwrap's own process (it waits for the run's program) counts against the run's RLIMIT_NPROC;
+# it is added so the run keeps its documented budget
+WRAPPER_PROCESSES = 1
 
 
 @dataclass(frozen=True)
@@ -67,15 +81,26 @@ class Isolation:
     cpu_cgroup: str | None  # parent cgroup folder used for max_cpu, or None
     cgroup_version: int | None
     notes: tuple[str, ...] = ()
+    # "pidns" (bubblewrap: own PID namespace and /proc), "hidepid" (root: a private /proc
+    # with hidepid=2, each run's own uid hides the rest) or "none"
+    processes: str = "none"
+    bwrap: str | None = None  # the bwrap binary when processes == "pidns"
 
     @property
     def network_isolated(self) -> bool:
         return self.network != "none"
 
+    @property
+    def processes_isolated(self) -> bool:
+        # hidepid hides only other uids: without a uid per run it hides nothing of ours
+        return self.processes == "pidns" or (self.processes == "hidepid" and self.drop_uid)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "network": self.network,
             "network_isolated": self.network_isolated,
+            "processes": self.processes,
+            "processes_isolated": self.processes_isolated,
             "per_run_uid": self.drop_uid,
             "cpu_quota": self.cpu_cgroup is not None,
             "notes": list(self.notes),
@@ -122,17 +147,111 @@ def _unshare(flags: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def _probe_child(flags: int) -> bool:
-    """Fork a throwaway child that tries unshare(flags); True when it worked."""
+def _mount(
+    source: str | None, target: str, fstype: str | None, flags: int, data: str | None
+) -> None:
+    def enc(value: str | None) -> bytes | None:
+        return None if value is None else value.encode()
+
+    if LIBC.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _private_proc() -> None:
+    """A private mount namespace whose /proc lists only the processes of the caller's uid
+    (needs root; each run's own uid then hides every other process of the machine)."""
+    _unshare(CLONE_NEWNS)
+    _mount(None, "/", None, MS_REC | MS_PRIVATE, None)  # nothing leaks back to the host
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+
+
+def _bwrap_argv(bwrap: str, own_network: bool) -> list[str]:
+    """bwrap's options for a run: its own user, PID and mount namespaces with a fresh /proc
+    (only the run's processes) and a minimal /dev; the host's files otherwise as they are
+    (the run's uid and folder modes guard them). `own_network`: bwrap makes the network
+    namespace too (when the server is not root and cannot make one before bwrap's).
+
+    `--as-pid-1`: the program is the namespace's PID 1 and bwrap waits for it itself. With
+    bwrap's own init instead, bwrap exits without reaping that init, which is left a zombie
+    for the machine's PID 1: slow to go on some hosts, never in a container whose PID 1 is
+    this server, and counted against the run uid's RLIMIT_NPROC until then."""
+    argv = [bwrap, "--unshare-user", "--unshare-pid", "--as-pid-1", "--disable-userns"]
+    argv.append("--die-with-parent")
+    argv += ["--bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    if own_network:
+        argv.append("--unshare-net")
+    return [*argv, "--"]
+
+
+def _probe_child(setup: Callable[[], None]) -> bool:
+    """Fork a throwaway child that runs `setup` (e.g. an unshare); True when it worked."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         try:
-            _unshare(flags)
+            setup()
             os._exit(0)
         except BaseException:
             os._exit(1)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
+
+
+def _probe_bwrap(bwrap: str, root: bool, network: str) -> str | None:
+    """Start `sh` through bwrap the way runs start (network namespace first, then the probe
+    uid); None when it saw only its own PID namespace, otherwise why not."""
+    path = shutil.which(bwrap)
+    if path is None:
+        return f"bubblewrap ({bwrap}) is not installed"
+
+    def setup() -> None:
+        if network == "netns":
+            _unshare(CLONE_NEWNET)
+        if root:
+            os.setgroups([])
+            os.setgid(PROBE_UID)
+            os.setuid(PROBE_UID)
+
+    argv = [*_bwrap_argv(path, network == "userns+netns"), "/bin/sh", "-c", "echo /proc/[0-9]*"]
+    try:
+        out = subprocess.run(
+            argv, preexec_fn=setup, capture_output=True, timeout=10, cwd="/", env={}, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bwrap could not start: {exc}"
+    if out.returncode != 0:
+        return f"bwrap failed: {out.stderr.decode(errors='replace').strip()[:200]}"
+    seen = out.stdout.split()
+    if len(seen) > 1:  # the shell is PID 1 and alone
+        return f"bwrap's PID namespace listed {len(seen)} processes"
+    return None
+
+
+def _hidepid_works() -> None:
+    """In a throwaway child: mount the private /proc, drop to the probe uid, and check that
+    the parent (root) is no longer listed."""
+    parent = str(os.getppid())
+    _private_proc()
+    os.setgroups([])
+    os.setgid(PROBE_UID)
+    os.setuid(PROBE_UID)
+    if parent in os.listdir("/proc"):
+        raise OSError(errno.EPERM, "hidepid=2 did not hide the server")
+
+
+def _probe_processes(
+    bwrap: str | None, root: bool, network: str
+) -> tuple[str, str | None, str | None]:
+    """(mode, bwrap path, note): a PID namespace through bwrap when it works here; as root
+    otherwise a private /proc with hidepid=2; else nothing, with the reason."""
+    why = _probe_bwrap(bwrap, root, network) if bwrap else "bwrap disabled by configuration"
+    if why is None:
+        return "pidns", shutil.which(bwrap or ""), None
+    if root and _probe_child(_hidepid_works):
+        note = f"no PID namespace ({why}): runs get a private /proc with hidepid=2 instead"
+        return "hidepid", None, note
+    note = f"process isolation unavailable ({why}): runs can list every process and command line"
+    return "none", None, note
 
 
 def _probe_cgroup() -> tuple[str | None, int | None, str]:
@@ -177,23 +296,27 @@ def _remove_stale_cgroups(root: Path) -> None:
             folder.rmdir()
 
 
-def probe_isolation(use_cgroups: bool = True) -> Isolation:
-    """Detect network namespaces, uid dropping and the cpu cgroup once; log the outcome."""
+def probe_isolation(use_cgroups: bool = True, bwrap: str | None = "bwrap") -> Isolation:
+    """Detect network and PID namespaces, uid dropping and the cpu cgroup once; log the
+    outcome. `bwrap`: the bubblewrap binary (None: do not use it)."""
     notes: list[str] = []
     root = os.geteuid() == 0
-    if root and _probe_child(CLONE_NEWNET):
+    if root and _probe_child(lambda: _unshare(CLONE_NEWNET)):
         network = "netns"
-    elif _probe_child(CLONE_NEWUSER | CLONE_NEWNET):
+    elif _probe_child(lambda: _unshare(CLONE_NEWUSER | CLONE_NEWNET)):
         network = "userns+netns"
     else:
         network = "none"
         notes.append("network namespaces unavailable: user code can reach the network")
     if not root:
         notes.append("not root: runs share this user's uid and RLIMIT_NPROC budget")
+    processes, bwrap_path, note = _probe_processes(bwrap, root, network)
+    if note:
+        notes.append(note)
     cgroup, version, note = _probe_cgroup() if use_cgroups else (None, None, "cgroups disabled")
     if cgroup is None:
         notes.append(f"max_cpu not enforced: {note}")
-    iso = Isolation(network, root, cgroup, version, tuple(notes))
+    iso = Isolation(network, root, cgroup, version, tuple(notes), processes, bwrap_path)
     level = logging.WARNING if notes else logging.INFO
     log.log(level, "sandbox isolation probed", extra={"isolation": iso.as_dict()})
     return iso
@@ -233,6 +356,7 @@ class SandboxProcess:
         cgroup: Path | None,
         result_reader: asyncio.StreamReader,
         on_output: Callable[[bytes], None] | None,
+        wrappers: int = 0,
     ) -> None:
         self.proc = proc
         self.pid = proc.pid
@@ -240,6 +364,7 @@ class SandboxProcess:
         self.workdir = workdir
         self.uid = uid
         self.cgroup = cgroup
+        self.wrappers = wrappers  # bwrap's processes in front of the user's program
         self.started_at = time.time()
         self._t0 = time.monotonic()
         self._result_reader = result_reader
@@ -275,10 +400,11 @@ class SandboxProcess:
         return (bytes(data) if data else None), False
 
     def processes(self) -> list[psutil.Process]:
-        """The run's live processes (the main one and every descendant)."""
+        """The run's live processes: the user's program and every descendant (bwrap's own
+        process, the first one, left out)."""
         try:
             main = psutil.Process(self.pid)
-            return [main, *main.children(recursive=True)]
+            return [main, *main.children(recursive=True)][self.wrappers :]
         except psutil.Error:
             return []
 
@@ -312,6 +438,8 @@ class SandboxProcess:
         self._out_task.cancel()
         self._res_task.cancel()
         code = self.proc.returncode
+        if self.wrappers and code is not None and code - 128 in _SIGNALS:
+            code = 128 - code  # bwrap exits 128 + n when the program died of signal n
         return RunResult(
             exit_code=code if code is not None and code >= 0 else None,
             signal=-code if code is not None and code < 0 else None,
@@ -325,6 +453,9 @@ class SandboxProcess:
             finished_at=finished,
             duration_ms=duration_ms,
         )
+
+
+_SIGNALS = frozenset(int(s) for s in signal.valid_signals())
 
 
 def _sweep(pid: int, uid: int | None) -> None:
@@ -397,6 +528,8 @@ class Sandbox:
             self.work_root.mkdir(parents=True, exist_ok=True)
             self.work_root.chmod(0o711)  # each run's uid must reach its own folder
         workdir = Path(tempfile.mkdtemp(prefix="run-", dir=self.work_root))
+        cwd = workdir / job.subdir if job.subdir else workdir
+        argv, wrappers = list(job.argv), 0
         try:
             _prepare_workdir(workdir, job.files, uid, job.executables)
             cgroup = self._make_cgroup(job.limits.cpu_percent)
@@ -409,16 +542,24 @@ class Sandbox:
                 RESULT_FD_ENV: str(w_fd),
                 **job.env,
             }
+            iso = self.isolation
+            if iso.processes == "pidns" and iso.bwrap:
+                _require_program(argv[0], cwd, env.get("PATH", os.defpath))
+                argv = [*_bwrap_argv(iso.bwrap, iso.network == "userns+netns"), *argv]
+                wrappers = WRAPPER_PROCESSES
+            nproc = _nproc_budget(uid, job)
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *job.argv,
-                    cwd=workdir / job.subdir if job.subdir else workdir,
+                    *argv,
+                    cwd=cwd,
                     env=env,
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.STDOUT,
                     pass_fds=(w_fd,),
-                    preexec_fn=self._preexec(job.limits, uid, cgroup, _nproc_budget(uid, job)),
+                    preexec_fn=self._preexec(
+                        job.limits, uid, cgroup, None if nproc is None else nproc + wrappers
+                    ),
                     limit=64 * KiB,
                 )
             finally:
@@ -431,7 +572,7 @@ class Sandbox:
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
-        return SandboxProcess(proc, job, workdir, uid, cgroup, reader, on_output)
+        return SandboxProcess(proc, job, workdir, uid, cgroup, reader, on_output, wrappers)
 
     async def run(self, job: Job, uid: int | None = None) -> RunResult:
         """Start, wait (wall clock enforced) and clean up one run."""
@@ -471,6 +612,9 @@ class Sandbox:
         self, limits: Limits, uid: int | None, cgroup: Path | None, nproc: int | None
     ) -> Callable[[], None]:
         network = self.isolation.network
+        processes = self.isolation.processes
+        if processes == "pidns" and network == "userns+netns":
+            network = "bwrap"  # bwrap makes the user and network namespaces itself
 
         def setup() -> None:  # runs in the child between fork and exec
             os.setsid()
@@ -481,6 +625,8 @@ class Sandbox:
                 _unshare(CLONE_NEWNET)
             elif network == "userns+netns":
                 _unshare(CLONE_NEWUSER | CLONE_NEWNET)
+            if processes == "hidepid":
+                _private_proc()  # as root, before the uid it hides the rest from
             if uid is not None:
                 os.setgroups([])
                 os.setgid(uid)
@@ -498,6 +644,13 @@ class Sandbox:
                 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
         return setup
+
+
+def _require_program(name: str, cwd: Path, path: str) -> None:
+    """bwrap reports a missing program only through its exit status: fail as exec would."""
+    found = (cwd / name).is_file() if "/" in name else shutil.which(name, path=path) is not None
+    if not found:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
 
 
 def _nproc_budget(uid: int | None, job: Job) -> int | None:

@@ -67,6 +67,8 @@ class ComputeSettings:
     scheduler_tick_seconds: float = 1.0
     use_cgroups: bool = True  # max_cpu through a cpu cgroup when the machine allows it
     require_network_isolation: bool = False  # refuse to start without a network namespace
+    bwrap: str = "bwrap"  # bubblewrap, for each run's own PID namespace ("": do not use it)
+    require_process_isolation: bool = False  # refuse to start when runs could see processes
     sandbox_dir: Path | None = None  # run folders (default: <tmp>/chainstate-sandbox)
     data_dir: Path = Path(".chainstate/workspace")  # instance logs live here
     cache_dir: Path | None = None  # Go build cache (default: <data_dir>/compute-cache)
@@ -147,10 +149,13 @@ class ComputeService:
         for folder in (s.data_dir, s.cache_dir):
             if folder is not None:
                 await asyncio.to_thread(private_dir, folder)
-        iso = await asyncio.to_thread(probe_isolation, s.use_cgroups)
+        iso = await asyncio.to_thread(probe_isolation, s.use_cgroups, s.bwrap or None)
         if s.require_network_isolation and not iso.network_isolated:
             release_isolation(iso)
             raise RuntimeError(f"network isolation required but unavailable: {iso.notes}")
+        if s.require_process_isolation and not iso.processes_isolated:
+            release_isolation(iso)
+            raise RuntimeError(f"process isolation required but unavailable: {iso.notes}")
         self.isolation = iso
         if s.workers > UID_HALF or s.instance.max_running > UID_HALF:
             raise ValueError(f"workers and instance max_running are limited to {UID_HALF}")
