@@ -208,10 +208,30 @@ async def test_invoke_and_access_key(stack: Stack, space: str) -> None:
         await stack.key.ok("POST", "/v1/function/invoke", {"id": fn["id"], "arguments": [5]}) == 15
     )
     assert await stack.key.fail("GET", "/v1/function", id=fn["id"]) == 403
+    # "5" is a valid INT (a decimal string, as in a row) but reaches the code as a string
+    status, env = await stack.alice.post(
+        "/v1/function/invoke", {"id": fn["id"], "arguments": ["5", 1]}
+    )
+    assert status == 422 and "exception" in env["message"] and "TypeError" in env["message"]
+    # a value its declared type refuses is a request error, before any code runs
     status, env = await stack.alice.post(
         "/v1/function/invoke", {"id": fn["id"], "arguments": ["x", 1]}
     )
-    assert status == 422 and "exception" in env["message"] and "TypeError" in env["message"]
+    assert (status, env["code"]) == (400, 40000)
+    assert env["message"] == (
+        "argument 'a' (INT) must be a 64-bit integer (a JSON integer or a decimal string); "
+        'got "x"'
+    )
+    body = {
+        "language": "python",
+        "code": "def main(n):\n    return n\n",
+        "parameters": [{"name": "n", "type": "uint256"}],  # type names in any letter case
+        "arguments": [{"value": -1}],
+    }
+    status, env = await stack.alice.post("/v1/function/run", body)
+    assert (status, env["code"]) == (400, 40000) and "'n' (UINT256)" in env["message"]
+    body["arguments"] = [{"value": "0x10"}]
+    assert (await run_body(stack, body))["return_value"] == "0x10"  # checked, passed as given
     assert await stack.alice.fail("POST", "/v1/function/invoke", {"id": fn["id"]}) == 400
     assert (
         await stack.alice.fail(
@@ -219,6 +239,10 @@ async def test_invoke_and_access_key(stack: Stack, space: str) -> None:
         )
         == 400
     )
+
+
+async def run_body(stack: Stack, body: dict[str, Any]) -> dict[str, Any]:
+    return await stack.alice.ok("POST", "/v1/function/run", body)
 
 
 async def run(stack: Stack, language: str, code: str, **kw: Any) -> dict[str, Any]:

@@ -124,6 +124,43 @@ async def test_instance_success_logs_cursor_and_metrics(stack: Stack, space: str
     assert await stack.bob.fail("GET", "/v1/notebook/instance", id=inst["id"]) == 404
 
 
+async def test_arguments_are_checked_against_parameter_types(stack: Stack, space: str) -> None:
+    a = stack.alice
+    params = [
+        {"name": "n", "type": "INT", "default": {"value": 1}},
+        {"name": "who", "type": "ADDRESS", "default": {"value": None}},
+        {"name": "extra", "type": "JSON", "default": {"value": None}},
+    ]
+    nb = await notebook(stack, space, "typed", "print(n, who, extra)\n", parameters=params)
+    before = (await a.ok("GET", "/v1/notebook/instance/list"))["total_count"]
+    for args, what in (
+        ([{"name": "n", "value": "abc"}], "argument 'n' (INT) must be a 64-bit integer"),
+        ([{"name": "n", "value": 1.5}], "argument 'n' (INT) must be a 64-bit integer"),
+        ([{"name": "who", "value": "0x12"}], "argument 'who' (ADDRESS) must be a 0x-prefixed"),
+    ):
+        status, env = await a.post(
+            "/v1/notebook/instance/create", {"notebook_id": nb["id"], "arguments": args}
+        )
+        assert (status, env["code"]) == (400, 40000) and env["message"].startswith(what), env
+        status, env = await a.post(
+            "/v1/notebook/schedule/create",
+            {"notebook_id": nb["id"], "cron": "* * * * *", "arguments": args},
+        )
+        assert (status, env["code"]) == (400, 40000) and env["message"].startswith(what), env
+    assert (await a.ok("GET", "/v1/notebook/instance/list"))["total_count"] == before
+    assert (await a.ok("GET", "/v1/notebook/schedule/list", notebook_id=nb["id"]))["items"] == []
+    good = [{"name": "n", "value": 2}, {"name": "extra", "value": {"any": ["json"]}}]
+    doc = await ended(stack, (await start(stack, nb, arguments=good))["id"])
+    assert doc["display_status"] == "succeeded"
+    bad_default = [{"name": "n", "type": "INT", "default": {"value": "x"}}]
+    status, env = await a.post(
+        "/v1/notebook/create",
+        {"space": space, "name": "typed2", "code": "", "parameters": bad_default},
+    )
+    assert (status, env["code"]) == (400, 40000)
+    assert env["message"].startswith("parameters[0].default.value (INT) must be")
+
+
 async def test_failure_cancel_keepalive_background(stack: Stack, space: str) -> None:
     a = stack.alice
     bad = await notebook(stack, space, "bad", "raise ValueError('broken notebook')\n")

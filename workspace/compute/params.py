@@ -4,13 +4,20 @@ Validation follows the spec's order rules: Function parameters either all omit `
 consecutive values from 0; Notebook parameters only need `order` >= 0; arguments either all
 omit `order` or use consecutive values from 0. Resolution turns arguments into positional args
 (Functions) or named globals (Notebooks), filling declared defaults.
+
+A parameter whose `type` names a workspace column type (INT, STRING, ADDRESS, UINT256, …; any
+letter case) takes only values that type accepts in a row, so a bad argument is a 400 when the
+run or instance is requested rather than a failure inside the user's code. Values reach the
+code as given; null and parameters of other types (JSON, ANY, …) take any JSON value.
 """
 
 from __future__ import annotations
 
+import json
 import keyword
 from typing import Any
 
+from workspace.coltypes import TYPES
 from workspace.errors import invalid
 
 MAX_PARAMETERS = 64
@@ -61,6 +68,10 @@ def check_parameters(raw: Any, *, consecutive: bool, identifiers: bool) -> list[
             raise invalid(f"{where}.default must be null or an object holding `value`")
         if default is not None and options is not None and default["value"] not in options:
             raise invalid(f"{where}.default.value is not one of its options")
+        for j, option in enumerate(options or []):
+            _check_type(f"{where}.options[{j}]", ptype, option)
+        if default is not None:
+            _check_type(f"{where}.default.value", ptype, default["value"])
         out.append(
             {
                 "name": name,
@@ -100,6 +111,30 @@ def check_arguments(raw: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _check_type(what: str, ptype: str, value: Any) -> None:
+    """`value` must pass the input check of the column type `ptype` names (if it names one)."""
+    col = TYPES.get(ptype.upper())
+    if col is None or value is None:
+        return
+    try:
+        col.encode(value)
+    except ValueError as exc:  # BadValue, or int() refusing a string of over 4300 digits
+        raise invalid(f"{what} ({col.name}) {_reason(exc)}; got {_shown(value)}") from None
+
+
+def _shown(value: Any) -> str:
+    try:
+        text = json.dumps(value, default=str)
+    except ValueError:  # an integer beyond Python's 4300-digit str() limit
+        return "a number with too many digits"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _reason(exc: ValueError) -> str:
+    text = str(exc)
+    return text if text.startswith("must") else "is not a valid number: too many digits"
+
+
 def _check_option(param: dict[str, Any], value: Any) -> None:
     if param.get("options") is not None and value not in param["options"]:
         raise invalid(f"argument {param['name']!r} must be one of its options")
@@ -125,6 +160,7 @@ def bind(parameters: list[dict[str, Any]], arguments: list[dict[str, Any]]) -> l
             pos = index[arg["name"]]
         if slots[pos] is not _UNSET:
             raise invalid(f"parameter {parameters[pos]['name']!r} is given twice")
+        _check_type(f"argument {parameters[pos]['name']!r}", parameters[pos]["type"], arg["value"])
         slots[pos] = arg["value"]
     out: list[Any] = []
     for param, value in zip(parameters, slots, strict=True):
