@@ -209,6 +209,7 @@ class SuiteOptions:
     pin: bool = True
     cases: list[str] | None = None  # names to run; None = all
     keep_dir: str | None = None
+    evm: dict[str, Any] = field(default_factory=dict)  # the state node's [evm] settings
 
 
 class Suite(Protocol):
@@ -350,6 +351,7 @@ class StateSuite:
                 "-m", "chainstate.cli", "state-node", "--key", "bench-state", "--kind", "archive",
                 "--source", writer, "--port", str(state_port), "--chain-id", str(SUITE_CHAIN_ID),
                 "--data-dir", str(services.workdir / "state"),
+                *evm_config_args(services.workdir, opts.evm),
             ),
             state,
             svc_cpus,
@@ -410,6 +412,30 @@ class StateSuite:
             Case("balance10", self._plan("eth_getBalance", 10, self.accounts)),
             Case("storage10", self._plan("eth_getStorageAt", 10, [self.storage_contract])),
         ]
+
+
+def evm_config_args(workdir: Path, evm: dict[str, Any]) -> list[str]:
+    """`--config FILE` giving the state node these [evm] settings, or nothing without any."""
+    if not evm:
+        return []
+    lines = ["[[state_nodes]]", 'key = "bench-state"', "", "[state_nodes.evm]"]
+    lines += [f"{name} = {json.dumps(value)}" for name, value in evm.items()]
+    path = workdir / "state-node.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return ["--config", str(path)]
+
+
+def parse_setting(text: str) -> tuple[str, Any]:
+    """`name=value` of --evm: an int, a float, else a string."""
+    name, sep, raw = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    for kind in (int, float):
+        try:
+            return name, kind(raw)
+        except ValueError:
+            pass
+    return name, raw
 
 
 def send_tx(anvil: str, tx: dict[str, Any]) -> dict[str, Any]:
@@ -490,6 +516,7 @@ def run_suite(suite: Suite, opts: SuiteOptions) -> dict[str, Any]:
         "pinned": bool(load_cpus),
         "concurrency": opts.concurrency,
         "duration_s": opts.duration,
+        "evm": opts.evm,
         "cases": [],
     }
     with running(opts.keep_dir) as services:
@@ -530,7 +557,8 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         f"suite {report['suite']}  {report['date']}  cpus={report['cpus']} "
         f"pinned={report['pinned']}  c={report['concurrency']}  {report['duration_s']:g}s/case  "
-        f"load avg {report['load_avg_start']} → {report.get('load_avg_end', '?')}",
+        f"load avg {report['load_avg_start']} → {report.get('load_avg_end', '?')}"
+        + "".join(f"  evm.{k}={v}" for k, v in report.get("evm", {}).items()),
         f"{'case':<13} {'target':<10} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
         f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7}",
     ]
@@ -555,6 +583,13 @@ def add_suite_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--case", action="append", help="run only this case (repeatable)")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
     p.add_argument("--keep-dir", help="keep configs and service logs in this folder")
+    p.add_argument(
+        "--evm",
+        action="append",
+        type=parse_setting,
+        metavar="NAME=VALUE",
+        help="an [evm] setting of the state node (state and call suites), e.g. warm_blocks=4",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -569,6 +604,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
         pin=not args.no_pin,
         cases=args.case,
         keep_dir=args.keep_dir,
+        evm=dict(args.evm or []),
     )
     try:
         report = run_suite(SUITES[args.suite](), opts)

@@ -202,6 +202,12 @@ class StateStore:
             raise
         self._env = env
 
+    def free_stale_readers(self) -> int:
+        """Free the LMDB reader slots of dead processes (a killed read-only reader leaves
+        its slot behind, which keeps old pages from being reused); how many were freed."""
+        env = self._env
+        return 0 if env is None else env.reader_check()
+
     def close(self) -> None:
         with self._write_lock:
             if self._env is not None:

@@ -187,6 +187,8 @@ async def test_http_keep_alive_close_and_refusals(store: Any) -> None:
         big = b"x" * (1024 * 1024 + 1)
         assert b"413" in (await _exchange(url, _request(big)))[0]
         assert b"400" in (await _exchange(url, b"NOT HTTP AT ALL\r\n\r\n"))[0]
+        upgrade = b"GET / HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
+        assert b"405" in (await _exchange(url, upgrade))[0]  # no protocol switch either
     finally:
         server.close()
 
@@ -196,7 +198,10 @@ async def test_http_keep_alive_close_and_refusals(store: Any) -> None:
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def process(store: Any) -> AsyncIterator[FeedProcess]:
-    feed = FeedProcess(store.path, 64, 1337)
+    exits: list[int] = []
+    freed = lambda: exits.append(store.free_stale_readers())  # noqa: E731
+    feed = FeedProcess(store.path, 64, 1337, on_exit=freed)
+    feed.exits = exits  # type: ignore[attr-defined]
     await feed.start()
     try:
         yield feed
@@ -234,6 +239,7 @@ async def test_process_restarts_after_it_dies(process: FeedProcess) -> None:
     os.kill(process._proc.pid, signal.SIGKILL)
     await asyncio.to_thread(process._proc.join, 5)
     assert process.url_if_running() is None  # the node falls back to the in-loop feed
+    assert len(process.exits) == 1  # type: ignore[attr-defined]  # its reader slots freed
     assert process._starting is not None
     await process._starting
     second = process.url_if_running()
@@ -350,3 +356,26 @@ async def test_warm_evms_are_dropped_past_the_memory_limit(
     assert int(results[0]["results"][0]["output"], 16) == sum(
         store.chain.state(4)[store.contract].storage.values()
     )
+
+
+def test_bench_evm_settings_reach_the_state_node(tmp_path: Path) -> None:
+    """`chainstate bench suite call --evm warm_blocks=4` (how the cold path is measured
+    alone) gives the benchmarked state node those [evm] settings."""
+    import argparse
+
+    from bench.suite import evm_config_args, parse_setting
+    from nodes.state.cli import section_from_args
+    from nodes.state.settings import StateSettings
+
+    settings = dict(parse_setting(t) for t in ("warm_blocks=4", "feed=loop", "call_timeout=2.5"))
+    args = evm_config_args(tmp_path, settings)
+    ns = argparse.Namespace(
+        config=args[1], key="bench-state", source="http://127.0.0.1:1", kind="archive",
+        window=None, host=None, port=None, chain_id=None,
+    )  # fmt: skip
+    section = StateSettings.from_section(section_from_args(ns))
+    evm = EvmSettings.from_config(section.evm)
+    assert (evm.warm_blocks, evm.feed, evm.call_timeout) == (4, "loop", 2.5)
+    assert evm_config_args(tmp_path, {}) == []
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_setting("warm_blocks")

@@ -267,7 +267,7 @@ class FeedProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
             self._reply(400, b"malformed HTTP request", keep_alive=False)
 
     # httptools callbacks

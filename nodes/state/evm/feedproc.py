@@ -19,6 +19,7 @@ import asyncio
 import logging
 import multiprocessing
 import signal
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -64,8 +65,15 @@ async def _serve(conn: Connection, core: Any) -> None:
 class FeedProcess:
     """Owns one feed process over the LMDB store at `path` (in the node process)."""
 
-    def __init__(self, path: Path, map_size_mb: int, chain_id: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        map_size_mb: int,
+        chain_id: int,
+        on_exit: Callable[[], Any] | None = None,
+    ) -> None:
         self.path = Path(path)
+        self.on_exit = on_exit  # called when the process is found dead (free its LMDB slot)
         self.map_size_mb = map_size_mb
         self.chain_id = chain_id
         self._ctx = multiprocessing.get_context("spawn")
@@ -82,6 +90,8 @@ class FeedProcess:
         if self._proc is not None:
             log.warning("evm feed process ended; restarting", extra={"pid": self._proc.pid})
             self._discard()
+            if self.on_exit is not None:
+                self.on_exit()
         if not self._closed and (self._starting is None or self._starting.done()):
             self._starting = asyncio.get_running_loop().create_task(self.start())
         return None

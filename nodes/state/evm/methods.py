@@ -83,7 +83,9 @@ class EvmMethods:
         self.feed = StateFeed(reader, settings.chain_id)
         if settings.feed == "process" and isinstance(reader, StateStore):
             mb = reader.map_size // (1024 * 1024)
-            self.feed.process = FeedProcess(reader.path, mb, settings.chain_id)
+            self.feed.process = FeedProcess(
+                reader.path, mb, settings.chain_id, on_exit=reader.free_stale_readers
+            )
         self._resolver = resolver or (lambda ref: resolve_height(reader, ref))
         self._chain_id = chain_id
         self._start_lock = asyncio.Lock()
