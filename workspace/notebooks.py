@@ -4,6 +4,7 @@ list, delete, runs). Execution is the compute service's (set up by workspace.fun
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -383,7 +384,8 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
 
     async def inst_logs(call: Call) -> Any:
         instance_id = await owned(call)
-        logs, cursor = compute(call).manager.logs(instance_id, call.params["timestamp"])
+        manager = compute(call).manager  # a file read: off the event loop
+        logs, cursor = await asyncio.to_thread(manager.logs, instance_id, call.params["timestamp"])
         return {"logs": logs, "timestamp": cursor}
 
     async def inst_container(call: Call) -> Any:

@@ -4,17 +4,23 @@ schedules firing and skipping. Real SQLite store, real sandboxed processes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from workspace.compute import instances
 from workspace.compute.instances import (
     EXIT_KILLED,
     InstanceError,
     InstanceManager,
     InstanceSettings,
+    LogFile,
 )
 from workspace.compute.runners import CodeRunner
 from workspace.compute.sandbox import MiB, Sandbox
@@ -117,6 +123,68 @@ async def test_success_logs_and_cursor(manager: InstanceManager, store: ComputeS
     assert again == [] and cursor2 == cursor
     middle, _ = manager.logs(doc["id"], stamps[1])
     assert [r["timestamp"] for r in middle] == stamps[2:]
+
+
+def parsable(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for raw in path.read_bytes().splitlines():
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(raw))
+    return out
+
+
+def reference_read(
+    records: list[dict[str, Any]], cursor: int | None, limit: int
+) -> list[dict[str, Any]]:
+    """The cursor rule stated plainly: every parsable line after the cursor, in file order."""
+    return [r for r in records if cursor is None or r["timestamp"] > cursor][:limit]
+
+
+def test_log_cursor_reads_from_its_position(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rnd = random.Random(7)
+    path = tmp_path / "big.jsonl"
+    stamps = []
+    with path.open("w") as fh:
+        ts = 1_700_000_000_000_000
+        for i in range(50_000):  # about 3 MB; line lengths vary from 1 to 3000 characters
+            ts += rnd.randint(1, 5)
+            stamps.append(ts)
+            text = "x" * (3000 if i % 997 == 0 else rnd.randint(1, 40))
+            fh.write(json.dumps({"timestamp": ts, "type": "output", "message": text}) + "\n")
+            if i == 25_000:
+                fh.write('{"timestamp": 17000000\n')  # a line cut by a crash
+        fh.write('{"timestamp": 99999999999999999, "type": "out')  # still being written
+    log = LogFile(path)
+    records = parsable(path)
+    cursors = [None, 0, stamps[0] - 1, stamps[0], stamps[-1], stamps[-1] + 10]
+    cursors += [stamps[24_999], stamps[25_000], stamps[25_001] - 1]  # around the cut line
+    cursors += [stamps[i] + d for i in rnd.sample(range(len(stamps)), 12) for d in (0, 1)]
+    for cursor in cursors:
+        for limit in (1, 1000):
+            got, new = log.read_after(cursor, limit)
+            want = reference_read(records, cursor, limit)
+            assert got == want, cursor
+            assert new == (want[-1]["timestamp"] if want else cursor or 0)
+    # passing the cursor back pages through every line exactly once
+    seen, cursor = [], None
+    while True:
+        page, cursor = log.read_after(cursor, 1000)
+        if not page:
+            break
+        seen += [r["timestamp"] for r in page]
+    assert seen == stamps
+    # a page near the end parses a few dozen lines, not the 50 000 before it
+    parsed = []
+
+    def loads(raw: bytes) -> Any:
+        parsed.append(raw)
+        return json.loads(raw)
+
+    monkeypatch.setattr(instances, "json", SimpleNamespace(loads=loads, dumps=json.dumps))
+    page, _ = log.read_after(stamps[-11], 1000)
+    assert len(page) == 10 and len(parsed) < 100
 
 
 async def test_exception_fails_with_message(manager: InstanceManager, store: ComputeStore) -> None:

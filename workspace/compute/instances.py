@@ -121,17 +121,24 @@ class LogFile:
         self.path = path
 
     def read_after(self, cursor: int | None, limit: int) -> tuple[list[dict[str, Any]], int]:
-        """Lines with timestamp > cursor (all when None), at most `limit`; and the new cursor."""
+        """Lines with timestamp > cursor (all when None), at most `limit`; and the new cursor.
+
+        The timestamps increase through the file, so the first line after the cursor is found
+        by bisecting byte offsets: a page costs a few seeks plus its own lines, not a parse
+        of the whole (up to 16 MiB) file."""
         out: list[dict[str, Any]] = []
         last = cursor or 0
-        if not self.path.exists():
+        try:
+            fh = self.path.open("rb")
+        except FileNotFoundError:
             return out, last
-        with self.path.open("rb") as fh:
+        with fh:
+            if cursor is not None:
+                fh.seek(_offset_after(fh, cursor))
             for raw in fh:
-                try:
-                    rec = json.loads(raw)
-                except ValueError:
-                    continue  # a line cut by a crash
+                rec = _record(raw)
+                if rec is None:
+                    continue  # a line cut by a crash, or still being written
                 ts = int(rec.get("timestamp", 0))
                 if cursor is not None and ts <= cursor:
                     continue
@@ -140,6 +147,41 @@ class LogFile:
                 if len(out) >= limit:
                     break
         return out, last
+
+
+def _record(raw: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(raw)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _timestamp(raw: bytes) -> int | None:
+    rec = _record(raw)
+    return None if rec is None else int(rec.get("timestamp", 0))
+
+
+def _offset_after(fh: IO[bytes], cursor: int) -> int:
+    """A line start such that every complete line before it has timestamp <= cursor."""
+    lo = 0  # a line start; every line before it is <= cursor
+    hi = fh.seek(0, 2)  # a line start or the end; no line from it on is <= cursor
+    while lo < hi:
+        mid = (lo + hi) // 2
+        fh.seek(mid - 1 if mid > 0 else 0)
+        if mid > 0:
+            fh.readline()  # to the first line starting at or after mid
+        start = fh.tell()
+        if start >= hi:
+            break  # no line starts in [mid, hi): the scan from lo is short
+        ts = _timestamp(fh.readline())
+        if ts is None:
+            break  # a damaged line: let the scan from lo sort it out
+        if ts <= cursor:
+            lo = fh.tell()
+        else:
+            hi = start
+    return lo
 
 
 class InstanceManager:
