@@ -125,13 +125,18 @@ def write_block(
 
 
 def parse_filter(t: Table, text: str | None, max_conditions: int) -> tuple[str, list[Any]]:
-    """row/list `filter` -> (SQL condition, params); conditions combine with AND."""
+    """row/list `filter` -> (SQL condition, params); conditions combine with AND.
+
+    Absent, empty, `[]` and JSON `null` all mean no filter: `null` is what a client
+    serializing an unset filter sends (as PostgREST and Datasette treat a missing filter)."""
     if text is None or text.strip() == "":
         return "", []
     try:
         conds = loads_exact(text)
     except ValueError as exc:
         raise ApiError(INVALID_FILTER, f"filter is not valid JSON: {exc}") from None
+    if conds is None:
+        return "", []
     if not isinstance(conds, list):
         raise ApiError(INVALID_FILTER, "filter must be a JSON array of conditions")
     if len(conds) > max_conditions:

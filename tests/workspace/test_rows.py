@@ -149,6 +149,13 @@ def test_filter_operators(ws: Workspace, table: str, flt: list, expected: list[s
     assert listed(ws.alice, table, filter=flt, direction="asc") == expected
 
 
+def test_null_filter_means_no_filter(ws: Workspace, table: str) -> None:
+    everything = ["a", "b", "c", "d"]
+    for flt in ("null", " null ", "[]", ""):
+        assert listed(ws.alice, table, filter=flt, direction="asc") == everything, flt
+    assert listed(ws.alice, table, direction="asc") == everything  # no filter parameter at all
+
+
 def test_order_and_paging(ws: Workspace, table: str) -> None:
     a = ws.alice
     assert listed(a, table) == ["d", "c", "b", "a"]  # default: id desc
