@@ -23,6 +23,7 @@ _HEX40 = re.compile(r"0x[0-9a-fA-F]{40}")
 _HEX64 = re.compile(r"0x[0-9a-fA-F]{64}")
 _DIGITS = re.compile(r"[0-9]+")
 _SIGNED = re.compile(r"-?[0-9]+")
+MAX_INT_DIGITS = 78  # 2^256 - 1 has 78 digits: no integer column holds a longer one
 
 
 class BadValue(ValueError):
@@ -57,7 +58,11 @@ def _chain_id(v: Any) -> str:
 
 def _integer(v: Any, lo: int, hi: int, what: str) -> int:
     if isinstance(v, str) and _SIGNED.fullmatch(v.strip()):
-        v = int(v.strip())
+        text = v.strip()
+        digits = text.lstrip("-").lstrip("0") or "0"
+        if len(digits) > MAX_INT_DIGITS:  # beyond every column's range (and Python's int limit)
+            raise BadValue(f"must be {what} between {lo} and {hi}")
+        v = -int(digits) if text.startswith("-") else int(digits)
     elif isinstance(v, float) and v.is_integer():
         if abs(v) > FLOAT_EXACT:
             raise BadValue(
