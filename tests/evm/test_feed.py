@@ -200,7 +200,7 @@ async def test_http_keep_alive_close_and_refusals(store: Any) -> None:
 async def process(store: Any) -> AsyncIterator[FeedProcess]:
     exits: list[int] = []
     freed = lambda: exits.append(store.free_stale_readers())  # noqa: E731
-    feed = FeedProcess(store.path, 64, 1337, on_exit=freed)
+    feed = FeedProcess(store.path, 64, 1337, on_exit=freed, retry_after=0.0)
     feed.exits = exits  # type: ignore[attr-defined]
     await feed.start()
     try:
@@ -264,6 +264,8 @@ async def test_process_reports_a_store_it_cannot_open(tmp_path: Path) -> None:
     feed = FeedProcess(tmp_path / "missing", 64, 1337)
     await feed.start()  # logged, not raised: the node keeps the in-loop feed
     assert feed._proc is None
+    # requests meanwhile use the in-loop feed and do not try again at once (no spawn storm)
+    assert feed.url_if_running() is None and feed._starting is None
     await feed.stop()
 
 

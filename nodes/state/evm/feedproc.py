@@ -10,7 +10,7 @@ own uvloop, on its own core when one is free.
 It serves only the block's committed state: overlays (state overrides, simulations) live in
 the node's memory and stay on the in-loop feed. It exits when the node closes its end of the
 pipe or dies. The node falls back to the in-loop feed while this process is not running and
-starts a new one (`FeedProcess.url_if_running`).
+starts a new one, at most one attempt every RETRY_AFTER seconds (`url_if_running`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import asyncio
 import logging
 import multiprocessing
 import signal
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 60.0  # seconds for a spawned feed process to open the store and listen
+RETRY_AFTER = 5.0  # seconds between two attempts to start it (a crash loop stays cheap)
 
 
 def feed_main(conn: Connection, path: str, map_size_mb: int, chain_id: int) -> None:
@@ -71,9 +73,12 @@ class FeedProcess:
         map_size_mb: int,
         chain_id: int,
         on_exit: Callable[[], Any] | None = None,
+        retry_after: float = RETRY_AFTER,
     ) -> None:
         self.path = Path(path)
         self.on_exit = on_exit  # called when the process is found dead (free its LMDB slot)
+        self.retry_after = retry_after
+        self._next_try = 0.0  # time.monotonic() before which no new start is tried
         self.map_size_mb = map_size_mb
         self.chain_id = chain_id
         self._ctx = multiprocessing.get_context("spawn")
@@ -92,13 +97,15 @@ class FeedProcess:
             self._discard()
             if self.on_exit is not None:
                 self.on_exit()
-        if not self._closed and (self._starting is None or self._starting.done()):
+        idle = self._starting is None or self._starting.done()
+        if not self._closed and idle and time.monotonic() >= self._next_try:
             self._starting = asyncio.get_running_loop().create_task(self.start())
         return None
 
     async def start(self) -> None:
         if self._closed or (self._proc is not None and self._proc.is_alive()):
             return
+        self._next_try = time.monotonic() + self.retry_after
         try:
             await asyncio.to_thread(self._spawn)
         except Exception as exc:  # the node keeps answering through the in-loop feed
