@@ -135,3 +135,16 @@ def test_trace_sink_limits() -> None:
         sink.write(step)
         sink.write(step)
     assert sink.overflow
+
+
+def test_touched_accounts_are_coinbase_callers_and_callees_once_and_bounded() -> None:
+    from nodes.state.evm.worker import PRELOAD_ACCOUNTS, touched_accounts
+
+    coinbase, a, b = "0x" + "0C" * 20, "0x" + "aa" * 20, "0x" + "bb" * 20
+    calls = [{"from": a, "to": b}, {"from": b, "to": None}, {"from": "0x" + "AA" * 20, "to": a}]
+    job = {"block": {"coinbase": coinbase}, "calls": calls}
+    assert touched_accounts(job) == [coinbase.lower(), a, b]
+    many = [{"from": f"0x{i:040x}", "to": None} for i in range(200)]
+    assert len(touched_accounts({"block": {"coinbase": coinbase}, "calls": many})) == (
+        PRELOAD_ACCOUNTS
+    )

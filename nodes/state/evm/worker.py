@@ -39,7 +39,10 @@ from chainstate.jsonrpc import (
     NONCE_ERROR,
 )
 
-MAX_ACCOUNTS = 1024  # accounts preloaded into a new EVM (the feed's feed_accounts limit)
+# Accounts preloaded into a new EVM: one feed request reads them all at once, which on the
+# in-loop feed (overlays) holds the node's event loop for ~10 µs per account; the rest of a
+# large multi-call's accounts are read lazily by pyrevm as before.
+PRELOAD_ACCOUNTS = 64
 _REVERT = re.compile(r"^Revert \{ gas_used: (\d+), output: 0x([0-9a-fA-F]*) \}")
 _HALT = re.compile(r"^Halt \{ reason: (\w+)(?:\((\w+)\))?, gas_used: (\d+) \}")
 READY = "ready"  # a worker's first message: imports done, jobs welcome
@@ -228,13 +231,13 @@ class FeedClient:
 
 def touched_accounts(job: dict[str, Any]) -> list[str]:
     """Accounts every call of the job loads whatever its code does: coinbase (loaded before
-    execution since Shanghai), each caller and each callee; at most MAX_ACCOUNTS."""
+    execution since Shanghai), each caller and each callee; at most PRELOAD_ACCOUNTS."""
     seen = dict.fromkeys([job["block"]["coinbase"].lower()])
     for call in job["calls"]:
         seen[call["from"].lower()] = None
         if call["to"] is not None:
             seen[call["to"].lower()] = None
-    return list(seen)[:MAX_ACCOUNTS]
+    return list(seen)[:PRELOAD_ACCOUNTS]
 
 
 def preload_accounts(evm: EVM, job: dict[str, Any], feed: FeedClient) -> None:
