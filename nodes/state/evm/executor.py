@@ -10,6 +10,7 @@ per-job cost (pipe, pickling, thread hop) over many calls.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import OrderedDict
 from typing import Any
 
@@ -20,6 +21,7 @@ from nodes.state.evm.worker import WarmKey, warm_key
 
 Pending = tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]
 AFFINITY_WAIT = 0.25  # seconds a block's calls may wait while a worker runs blocks it has warm
+AFFINITY_SCAN = 64  # pending blocks looked at when choosing what a free worker runs
 
 
 def raise_error(err: dict[str, Any]) -> None:
@@ -134,13 +136,14 @@ class Executor:
         account and slot, a warm one runs in memory, so: a block warm on this worker first,
         else one warm on no worker (so each block warms on one worker only, and the workers'
         caches add up), else the oldest; the oldest always once it has waited AFFINITY_WAIT
-        (no block starves)."""
+        (no block starves). Only the AFFINITY_SCAN oldest blocks are looked at (bounded cost
+        per job in the event loop)."""
         oldest = next(iter(self._pending))
         if worker is None or self._age(oldest) >= AFFINITY_WAIT:
             return oldest
         others = [w.warm for w in self.pool.workers() if w is not worker]
         unclaimed = None
-        for key in self._pending:
+        for key in itertools.islice(self._pending, AFFINITY_SCAN):
             wanted = self._warm_keys[key]
             if wanted in worker.warm:
                 return key
