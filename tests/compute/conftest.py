@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -181,3 +183,18 @@ async def stack(
     """The app on each backend: SQLite, and a fresh PostgreSQL schema (CHAINSTATE_TEST_PG)."""
     async with running_stack(tmp_path_factory.mktemp("ws"), upstream, backend) as s:
         yield s
+
+
+SECRET_ARGV = "postgresql://chainstate:pr0cess-s3cret@db.internal/chainstate"
+
+
+@pytest.fixture
+def secret_process() -> Iterator[subprocess.Popen[bytes]]:
+    """A long-running process of the server's machine with a secret on its command line
+    (like the workspace's own `--database ...`): no run may see it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "--database", SECRET_ARGV]
+    )
+    yield proc
+    proc.kill()
+    proc.wait()

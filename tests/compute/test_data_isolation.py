@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.compute.conftest import running_stack
+from tests.compute.conftest import SECRET_ARGV, running_stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
@@ -75,22 +74,8 @@ def main():
 """
 
 
-SECRET = "postgresql://chainstate:api-s3cret@db.internal/chainstate"
-
-
-@pytest.fixture
-def server_like() -> Iterator[subprocess.Popen[bytes]]:
-    """A process of the machine with a secret on its command line (like `--database ...`)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "--database", SECRET]
-    )
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
 async def test_runs_see_only_their_own_processes(
-    upstream: str, data_dir: Path, server_like: subprocess.Popen[bytes]
+    upstream: str, data_dir: Path, secret_process: subprocess.Popen[bytes]
 ) -> None:
     async with running_stack(data_dir, upstream) as stack:
         assert stack.svc.isolation is not None
@@ -119,4 +104,4 @@ async def test_runs_see_only_their_own_processes(
         assert rec["status"] == "succeeded", rec["output"]
         seen = rec["return_value"]
         assert len(seen) == 1, seen  # bob's run alone: no server, no alice, no secret
-        assert SECRET not in str(seen) and "python_harness" in next(iter(seen.values()))
+        assert SECRET_ARGV not in str(seen) and "python_harness" in next(iter(seen.values()))

@@ -8,14 +8,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 
 import psutil
 import pytest
 
+from tests.compute.conftest import SECRET_ARGV
 from tests.conftest import free_port
 from workspace.compute.sandbox import (
     Isolation,
@@ -47,7 +46,6 @@ for pid in os.listdir('/proc'):
             seen[pid] = type(exc).__name__
 print(json.dumps(seen))
 """
-SECRET_ARGV = "postgresql://chainstate:pr0cess-s3cret@db.internal/chainstate"
 
 
 def test_isolation_is_probed_and_reported(isolation: Isolation) -> None:
@@ -76,17 +74,6 @@ def test_without_bwrap_the_fallback_is_reported() -> None:
     else:
         assert iso.processes == "none" and not iso.processes_isolated
         assert "can list every process" in note
-
-
-@pytest.fixture
-def secret_process() -> Iterator[subprocess.Popen[bytes]]:
-    """A long-running process of the server's machine with a secret on its command line."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)", "--database", SECRET_ARGV]
-    )
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 @pytest.fixture(params=["probed", "hidepid"])
