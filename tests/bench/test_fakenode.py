@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from bench.fakenode import FakeNodeSettings, FakeRpc, block_hash
+from tests.conftest import raw_post
 
 ADDR = "0x00000000000000000000000000000000000000aa"
 OTHER = "0x00000000000000000000000000000000000000bb"
@@ -155,20 +156,12 @@ async def http(port: int, raw: bytes, responses: int = 1) -> list[tuple[int, byt
     return out
 
 
-def post(body: bytes, extra: bytes = b"") -> bytes:
-    return b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n%s\r\n%s" % (
-        len(body),
-        extra,
-        body,
-    )
-
-
 async def test_http_pipelining_status_and_close(fake_node) -> None:
     node = await fake_node(head=77)
     one = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}'
-    answers = await http(node.port, post(one) + post(one), responses=2)
+    answers = await http(node.port, raw_post(one) + raw_post(one), responses=2)
     assert [(s, orjson.loads(b)["result"]) for s, _, b in answers] == [(200, "0x4d"), (200, "0x4d")]
-    [(status, head, body)] = await http(node.port, post(one, b"Connection: close\r\n"))
+    [(status, head, body)] = await http(node.port, raw_post(one, b"Connection: close\r\n"))
     assert b"connection: close" in head.lower()
     [(status, _, body)] = await http(node.port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     assert status == 200 and orjson.loads(body)["head"] == 77
@@ -183,7 +176,7 @@ async def test_http_latency_and_injected_failures(fake_node) -> None:
     node = await fake_node(latency_ms=60, fail_every=2)
     one = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}'
     started = time.perf_counter()
-    answers = await http(node.port, post(one) + post(one), responses=2)
+    answers = await http(node.port, raw_post(one) + raw_post(one), responses=2)
     assert time.perf_counter() - started >= 0.06
     assert [s for s, _, _ in answers] == [200, 503]
     assert orjson.loads(answers[1][2])["error"]["message"] == "fake node: injected failure"

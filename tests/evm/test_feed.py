@@ -24,6 +24,7 @@ from nodes.state.evm.methods import EvmMethods
 from nodes.state.evm.settings import EvmSettings
 from nodes.state.store import StateStore
 from nodes.state.vendor import parse_vendor_block
+from tests.conftest import raw_post
 from tests.evm.conftest import Client
 from tests.nodes.test_state_chain import SyntheticChain, make_addresses
 
@@ -164,28 +165,20 @@ async def _exchange(url: str, raw: bytes, reads: int = 1) -> list[bytes]:
     return answers
 
 
-def _request(body: bytes, extra: bytes = b"") -> bytes:
-    return b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n%s\r\n%s" % (
-        len(body),
-        extra,
-        body,
-    )
-
-
 @module_loop
 async def test_http_keep_alive_close_and_refusals(store: Any) -> None:
     server, url = await serve(FeedCore(store, 1337))
     try:
         body = orjson.dumps({"id": 1, "method": "eth_chainId", "params": []})
-        two = await _exchange(url, _request(body) + _request(body), reads=2)
+        two = await _exchange(url, raw_post(body) + raw_post(body), reads=2)
         assert all(b"200 OK" in a and b'"result":"0x539"' in a for a in two[:2])
         assert two[2] == b"open"  # keep-alive: both answered on one connection
-        closing = await _exchange(url, _request(body, b"connection: close\r\n"))
+        closing = await _exchange(url, raw_post(body, b"connection: close\r\n"))
         assert closing[1] == b"closed"
         got = await _exchange(url, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
         assert b"405" in got[0]
         big = b"x" * (1024 * 1024 + 1)
-        assert b"413" in (await _exchange(url, _request(big)))[0]
+        assert b"413" in (await _exchange(url, raw_post(big)))[0]
         assert b"400" in (await _exchange(url, b"NOT HTTP AT ALL\r\n\r\n"))[0]
         upgrade = b"GET / HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
         assert b"405" in (await _exchange(url, upgrade))[0]  # no protocol switch either
