@@ -7,6 +7,7 @@ one place that knows how a body is parsed, how an error looks and how a batch is
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -63,8 +64,52 @@ def result_response(req_id: Any, result: Any) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": req_id, "result": result}
 
 
+MAX_ECHO = 120  # characters of client input quoted in an error message
+
+
+def cut(text: str, limit: int = MAX_ECHO) -> str:
+    """Client input quoted in an error message: at most `limit` characters of it."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
 def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj)
+
+
+def _number_text(text: str) -> orjson.Fragment:
+    return orjson.Fragment(text)
+
+
+def _int_or_text(text: str) -> int | orjson.Fragment:
+    if len(text) < 19 or -(2**63) <= int(text) < 2**64:  # what orjson keeps as an int
+        return int(text)
+    return orjson.Fragment(text)
+
+
+def _inexact(item: Any) -> bool:
+    return type(item) is dict and type(item.get("id")) is float
+
+
+def has_inexact_id(payload: Any) -> bool:
+    """Whether an id of `payload` (an object or a batch) was changed by orjson's parse: it
+    reads a number with a fraction or exponent, or beyond 64 bits, as a float."""
+    if isinstance(payload, list):
+        return any(_inexact(it) for it in payload)
+    return _inexact(payload)
+
+
+def exact_ids(body: bytes) -> Any:
+    """The id of a request object, or the ids of a batch (None where an item is not an
+    object), exactly as `body` writes them: numbers orjson cannot hold as written
+    (18446744073709551616, 1e-400, 1.50) come back as `orjson.Fragment`s of their text, which
+    `orjson.dumps` writes unchanged. Only called when `has_inexact_id` says so."""
+    try:
+        doc = json.loads(body, parse_float=_number_text, parse_int=_int_or_text)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(doc, list):
+        return [it.get("id") if isinstance(it, dict) else None for it in doc]
+    return doc.get("id") if isinstance(doc, dict) else None
 
 
 def parse_body(body: bytes) -> Any:
@@ -141,7 +186,7 @@ class Dispatcher:
     async def call(self, method: str, params: Any) -> Any:
         handler = self._methods.get(method)
         if handler is None:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {cut(method)}")
         return await handler(params)
 
     def error(self, rid: Any, exc: JsonRpcError) -> dict[str, Any]:
@@ -179,9 +224,15 @@ class Dispatcher:
                 msg = f"batch too large: {len(payload)} items, at most {self.max_batch}"
                 return dumps(self.error(None, JsonRpcError(INVALID_REQUEST, msg)))
             answers = await asyncio.gather(*(self.handle_item(it) for it in payload))
+            if has_inexact_id(payload):
+                for item, answer, rid in zip(payload, answers, exact_ids(body), strict=True):
+                    if answer is not None and _inexact(item):
+                        answer["id"] = rid
             out = [a for a in answers if a is not None]
             return dumps(out) if out else b""
         answer = await self.handle_item(payload)
+        if answer is not None and _inexact(payload):
+            answer["id"] = exact_ids(body)
         return dumps(answer) if answer is not None else b""
 
 

@@ -1,29 +1,109 @@
-"""aiohttp glue shared by the JSON-RPC servers (state node, writer, checker)."""
+"""Serving a JSON-RPC data port: `POST /` on the lean server, the rest on aiohttp.
+
+The state node, the write nodes and the checker each answer raw JSON-RPC bodies with a
+`handle_body(bytes) -> bytes` coroutine. `RpcServer` serves it on `chainstate.httpserver`
+(`POST /`) and hands every other request (`/health`, `/metrics`, …) to the component's aiohttp
+application, which also keeps a `POST /` route of its own (`rpc_handler`) for connections
+already handed to it. Both paths answer an oversize body the same way: HTTP 413 with a
+JSON-RPC -32600 error naming the limit, for Content-Length and chunked bodies alike.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from typing import Any
 
 from aiohttp import web
 
-from chainstate.jsonrpc import PARSE_ERROR, dumps, error_response
+from chainstate.httpserver import (
+    INVALID_REQUEST,
+    HttpServer,
+    Request,
+    Response,
+    Router,
+    ServerLimits,
+    error_body,
+)
+from chainstate.runner import start_server
+
+log = logging.getLogger(__name__)
 
 JSON = "application/json"
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
+BodyHandler = Callable[[bytes], Awaitable[bytes]]
+
+
+def too_large(limits: ServerLimits) -> bytes:
+    """The body of the 413 answer (the lean server's own words, for aiohttp's path too)."""
+    return error_body(
+        INVALID_REQUEST,
+        f"request body larger than {limits.body_limit_name}={limits.max_body} bytes",
+    )
+
+
+async def read_body(request: web.Request, limit: int) -> bytes | None:
+    """The body of an aiohttp request, or None when it is larger than `limit` bytes (checked
+    before reading for Content-Length, while reading for chunked bodies)."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    chunks = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def rpc_handler(
-    handle_body: Callable[[bytes], Awaitable[bytes]], max_body: int = DEFAULT_MAX_BODY
+    handle_body: BodyHandler, max_body: int = DEFAULT_MAX_BODY
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """An aiohttp handler answering POST bodies with `handle_body` (raw bytes in and out)."""
+    limits = ServerLimits(max_body=max_body)
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        if request.content_length is not None and request.content_length > max_body:
-            body = dumps(error_response(None, PARSE_ERROR, f"body larger than {max_body} bytes"))
-            return web.Response(status=413, body=body, content_type=JSON)
-        answer = await handle_body(await request.read())
+        try:
+            body = await read_body(request, max_body)
+        except ConnectionError as exc:  # the client went away mid-upload: one quiet line
+            log.info("client closed the connection during a request body: %s", exc)
+            return web.Response(status=400)
+        if body is None:
+            return web.Response(status=413, body=too_large(limits), content_type=JSON)
+        answer = await handle_body(body)
         if not answer:
             return web.Response(status=204)
         return web.Response(body=answer, content_type=JSON)
 
     return handler
+
+
+def rpc_route(handle_body: BodyHandler) -> Router:
+    """`POST /` answered by `handle_body` on the lean server; everything else goes on."""
+
+    async def handler(request: Request) -> Response:
+        answer = await handle_body(request.body)
+        return (200, answer) if answer else (204, b"")
+
+    def route(method: bytes, path: bytes) -> Any:
+        return handler if method == b"POST" and path == b"/" else None
+
+    return route
+
+
+async def serve_rpc(
+    stack: AsyncExitStack,
+    handle_body: BodyHandler,
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    name: str,
+    limits: ServerLimits | None = None,
+) -> HttpServer:
+    """Serve `handle_body` on `POST /` and `app` for every other request on host:port;
+    stopped (gracefully) when `stack` closes."""
+    server = HttpServer(rpc_route(handle_body), limits=limits, fallback=app, name=name)
+    return await start_server(stack, server, host, port)

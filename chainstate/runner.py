@@ -1,4 +1,5 @@
-"""Run one or more aiohttp applications in one uvloop event loop until Ctrl-C / SIGTERM."""
+"""Run servers (lean JSON-RPC servers and aiohttp applications) in one uvloop event loop until
+Ctrl-C / SIGTERM."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from contextlib import AsyncExitStack
 
 import uvloop
 from aiohttp import web
+
+from chainstate.httpserver import HttpServer
 
 
 async def start_site(
@@ -21,6 +24,15 @@ async def start_site(
     site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None, backlog=1024)
     await site.start()
     return runner
+
+
+async def start_server(
+    stack: AsyncExitStack, server: HttpServer, host: str, port: int, reuse_port: bool = False
+) -> HttpServer:
+    """Start a lean server on host:port and register its graceful close on `stack`."""
+    await server.start(host, port, reuse_port=reuse_port)
+    stack.push_async_callback(server.close)
+    return server
 
 
 async def wait_for_stop() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 from collections import deque
 from urllib.parse import unquote, urlsplit
 
@@ -136,14 +137,19 @@ class HostPool:
             "Content-Type: application/json\r\nContent-Length: "
         ).encode("latin-1")
         self._idle: deque[_Connection] = deque()
-        self._slots = asyncio.Semaphore(limit)
         self._limit = limit
+        self._busy = 0  # exchanges in flight (a counter: no semaphore on the hot path)
+        self._waiters: deque[asyncio.Future[None]] = deque()  # for a slot, first come first
 
     async def post(self, body: bytes) -> tuple[int, bytes]:
-        """(status, body) of one POST; raises HttpError, TimeoutError (from the caller's
-        timeout) or OSError."""
-        data = b"".join((self._head, str(len(body)).encode(), b"\r\n\r\n", body))
-        async with self._slots:
+        """(status, body) of one POST; raises HttpError or OSError (and CancelledError from
+        the caller's deadline)."""
+        data = b"%b%d\r\n\r\n%b" % (self._head, len(body), body)
+        if self._busy < self._limit and not self._waiters:
+            self._busy += 1
+        else:
+            await self._wait_for_slot()
+        try:
             conn = self._take_idle()
             if conn is not None:
                 try:
@@ -154,6 +160,31 @@ class HostPool:
                     # the node closed an idle connection just before we used it: one fresh try
             conn = await self._connect()
             return await self._exchange(conn, data)
+        finally:
+            self._release()
+
+    async def _wait_for_slot(self) -> None:
+        """Wait until a finishing exchange hands its slot over (`_busy` stays counted)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # the slot was handed over just as we were cancelled
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            raise
+
+    def _release(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes on
+                return
+        self._busy -= 1
 
     def _take_idle(self) -> _Connection | None:
         while self._idle:
