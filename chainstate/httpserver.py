@@ -42,6 +42,8 @@ from typing import Any
 import httptools
 import orjson
 
+from chainstate.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, cut
+
 log = logging.getLogger(__name__)
 
 # A handler answers (status, body) with a JSON body (b"" with 204). It may be a plain function
@@ -51,11 +53,8 @@ Handler = Callable[["Request"], Awaitable[Response] | Response]
 # (method, path without the query) → the handler, or None for the fallback application.
 Router = Callable[[bytes, bytes], Handler | None]
 
-INVALID_REQUEST = -32600  # the JSON-RPC code of every request the server itself refuses
-INTERNAL_ERROR = -32603
 MAX_PIPELINE = 64  # requests of one connection in flight before its reading pauses
 LINGER_SECONDS = 2.0  # after refusing a request: reading (and dropping) input, then closing
-MAX_ECHO = 120  # characters of client input quoted in an error message
 _REASONS = {
     200: "OK",
     204: "No Content",
@@ -79,11 +78,6 @@ _JSON_HEAD = {status: _status_line(status) + _JSON for status in _REASONS}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _KEEP_ALIVE = b"Connection: keep-alive\r\n"
 _CLOSE = b"Connection: close\r\n"
-
-
-def cut(text: str, limit: int = MAX_ECHO) -> str:
-    """Client input quoted in an error message: at most `limit` characters of it."""
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
 
 
 def error_body(code: int, message: str) -> bytes:
@@ -204,7 +198,7 @@ class _Connection(asyncio.Protocol):
         self.in_message = False
         self.chunked = False
         self.started = 0.0
-        self.idle_since = server.now
+        self.idle_since = time.monotonic()
         self.closing = False  # no further requests are read; close once the answers are out
         self.eof = False  # the client shut down its sending side
         self.lingering = 0.0  # > 0: a request was refused; input is dropped until then
@@ -257,11 +251,6 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.lingering or self.closing:
             return  # a refused request's body, or bytes after a request that closes
-        if self.in_head:
-            self.head_size += len(data)
-            if self.head_size > self.server.limits.max_head and not self.forwarding:
-                self._refuse(431, f"request head larger than {self.server.limits.max_head} bytes")
-                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -275,7 +264,12 @@ class _Connection(asyncio.Protocol):
             else:
                 self._refuse(400, f"malformed HTTP request: {cut(str(exc))}")
         else:
-            if self.forwarding:
+            if self.in_head:  # llhttp keeps a partial head: bound what a client can make it hold
+                self.head_size += len(data)
+                if self.head_size > self.server.limits.max_head and not self.forwarding:
+                    limit = self.server.limits.max_head
+                    self._refuse(431, f"request head larger than {limit} bytes")
+            elif self.forwarding:
                 self._detach()
 
     # ---- httptools callbacks -------------------------------------------------------------
@@ -316,6 +310,9 @@ class _Connection(asyncio.Protocol):
         if self.forwarding:
             self._forward_head()
             return
+        if b"host" not in headers and parser.get_http_version() == "1.1":
+            self._refuse(400, "an HTTP/1.1 request needs a Host header")
+            raise _Refused
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.server.limits.max_body:
             self._refuse_too_large()
@@ -378,6 +375,9 @@ class _Connection(asyncio.Protocol):
 
     def _answer(self, slot: _Slot, result: Response, keep_alive: bool, http10: bool) -> None:
         status, body = result
+        if keep_alive and self.closing and self.pending and slot is self.pending[-1]:
+            keep_alive = False  # the last answer of a connection being shut down
+            slot.close = True
         conn = (_KEEP_ALIVE if http10 else b"") if keep_alive else _CLOSE
         if status == 204:
             slot.data = b"%b%b%b\r\n" % (_status_line(204), self.server.date, conn)
@@ -422,7 +422,7 @@ class _Connection(asyncio.Protocol):
 
     def _drained(self) -> None:
         """Every answer owed has been written."""
-        self.idle_since = self.server.now
+        self.idle_since = time.monotonic()
         if self.forward:
             self._flush_forward()
             self._set_reading()

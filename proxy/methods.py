@@ -19,7 +19,7 @@ from typing import Any
 
 from chainstate.blockref import BlockRef, parse_block_ctx, parse_block_id, parse_block_number_param
 from chainstate.hexcodec import parse_address, parse_data, parse_hash
-from chainstate.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError
+from chainstate.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, cut
 
 Check = Callable[[Any, str], Any]
 
@@ -168,7 +168,7 @@ class MethodTable:
     def spec(self, method: str) -> MethodSpec:
         spec = self.specs.get(method)
         if spec is None:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {cut(method)}")
         return spec
 
     def target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None]:
@@ -192,7 +192,7 @@ def _positional(params: Any, spec: MethodSpec) -> list[Any]:
     if isinstance(params, dict):
         unknown = set(params) - set(names)
         if unknown:
-            msg = f"unknown param(s) {sorted(unknown)}; expected {list(names)}"
+            msg = f"unknown param(s) {cut(str(sorted(unknown)))}; expected {list(names)}"
             raise JsonRpcError(INVALID_PARAMS, msg)
         values = [params.get(n) for n in names]
     elif isinstance(params, list):

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from chainstate.config import ConfigError, load_config
-from chainstate.runner import run, start_site, wait_for_stop
+from chainstate.rpcserver import serve_rpc
+from chainstate.runner import run, wait_for_stop
 from nodes.state.service import StateNode
 from nodes.state.settings import StateSettings
 
@@ -67,7 +68,14 @@ async def serve(settings: StateSettings, data_dir: Path) -> None:
         url = f"http://{settings.host}:{settings.port}"
         node.http_url = url
         # Listen first: the EVM workers read state through the node's HTTP endpoint.
-        await start_site(stack, node.make_app(), settings.host, settings.port)
+        await serve_rpc(
+            stack,
+            node.handle_body,
+            node.make_app(),
+            settings.host,
+            settings.port,
+            name=f"{settings.kind} node {settings.key}",
+        )
         await node.start()
         stack.push_async_callback(node.close)
         print(
