@@ -171,10 +171,12 @@ class _Connection(asyncio.Protocol):
         "in_head",
         "in_message",
         "lingering",
+        "method",
         "parser",
+        "path",
         "paused",
         "pending",
-        "raw_headers",
+        "query",
         "server",
         "started",
         "transport",
@@ -188,8 +190,10 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.pending: deque[_Slot] = deque()
         self.url = b""
+        self.method = b""
+        self.path = b""
+        self.query = b""
         self.headers: dict[bytes, bytes] = {}
-        self.raw_headers: list[tuple[bytes, bytes]] = []
         self.handler: Handler | None = None
         self.body: list[bytes] = []
         self.body_size = 0
@@ -275,39 +279,39 @@ class _Connection(asyncio.Protocol):
     # ---- httptools callbacks -------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self.in_message = True
-        self.in_head = True
+        self.in_message = self.in_head = True
         self.started = self.server.now
         self.head_size = 0
         self.url = b""
         self.headers = {}
-        self.raw_headers = []
         self.body = []
         self.body_size = 0
-        self.chunked = False
 
     def on_url(self, url: bytes) -> None:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.raw_headers.append((name, value))
-        self.headers[name.lower()] = value
+        key = name.lower()
+        headers = self.headers
+        if key in headers:  # a repeated header: one comma-separated value (RFC 9110 5.3)
+            headers[key] += b", " + value
+        else:
+            headers[key] = value
 
     def on_headers_complete(self) -> None:
         self.in_head = False
         parser = self.parser
         headers = self.headers
-        self.chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+        self.method = method = parser.get_method()
+        self.path, _, self.query = self.url.partition(b"?")
         if not self.forwarding:
-            method = parser.get_method()
-            handler = None
-            if not parser.should_upgrade():
-                handler = self.server.route(method, self.url.partition(b"?")[0])
+            handler = None if parser.should_upgrade() else self.server.route(method, self.path)
             if handler is None and self.server.fallback is not None:
                 self._start_forwarding()
             else:
                 self.handler = handler or self.server.not_found
         if self.forwarding:
+            self.chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
             self._forward_head()
             return
         if b"host" not in headers and parser.get_http_version() == "1.1":
@@ -316,10 +320,16 @@ class _Connection(asyncio.Protocol):
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.server.limits.max_body:
             self._refuse_too_large()
+        if b"expect" in headers:
+            self._expect(headers[b"expect"], length is not None and length != b"0")
+
+    def _expect(self, expect: bytes, has_body: bool) -> None:
+        """`Expect: 100-continue`: the client waits for this before it sends the body."""
+        has_body = has_body or b"transfer-encoding" in self.headers
         if (
-            headers.get(b"expect", b"").lower() == b"100-continue"
-            and (self.chunked or (length is not None and length != b"0"))
-            and parser.get_http_version() == "1.1"
+            has_body
+            and expect.lower() == b"100-continue"
+            and self.parser.get_http_version() == "1.1"
         ):
             self._queue(_Slot(_CONTINUE))
 
@@ -340,26 +350,38 @@ class _Connection(asyncio.Protocol):
             return
         if self.transport is None:
             return
-        parser = self.parser
-        keep_alive = parser.should_keep_alive() and not self.server.closing
-        http10 = parser.get_http_version() == "1.0"
+        headers = self.headers
+        keep_alive = self.parser.should_keep_alive() and not self.server.closing
+        if not keep_alive:
+            self.closing = True  # nothing after this request is read
+        # An HTTP/1.0 client keeps the connection only with `Connection: keep-alive`.
+        http10 = keep_alive and b"connection" in headers and self.parser.get_http_version() == "1.0"
         body = self.body
         raw = body[0] if len(body) == 1 else b"".join(body)
-        path, _, query = self.url.partition(b"?")
-        request = Request(parser.get_method(), path, query, Headers(self.headers), raw)
-        slot = _Slot(None, not keep_alive)
-        self._queue(slot)
-        if not keep_alive:
-            self.closing = True
+        request = Request(self.method, self.path, self.query, Headers(headers), raw)
         try:
             result = self.handler(request)  # type: ignore[misc]
         except Exception:
             log.exception("%s: request handler failed", self.server.name)
             result = (500, error_body(INTERNAL_ERROR, "internal error"))
+        pending = self.pending
+        if type(result) is tuple and not pending:  # answered at once, nothing before it
+            if self.closing:
+                keep_alive = False
+            self.transport.write(self._render(result, keep_alive, http10))  # type: ignore[arg-type]
+            if keep_alive:
+                self._drained()
+            else:
+                self._close()
+            return
+        slot = _Slot(None, not keep_alive)
+        pending.append(slot)
         if type(result) is tuple:
-            self._answer(slot, result, keep_alive, http10)
-        else:
-            self.server.loop.create_task(self._run(result, slot, keep_alive, http10))  # type: ignore[arg-type]
+            self._answer(slot, result, keep_alive, http10)  # type: ignore[arg-type]
+            return
+        if len(pending) >= MAX_PIPELINE:
+            self._set_reading()
+        self.server.loop.create_task(self._run(result, slot, keep_alive, http10))  # type: ignore[arg-type]
 
     # ---- answers -------------------------------------------------------------------------
 
@@ -373,24 +395,26 @@ class _Connection(asyncio.Protocol):
             result = (500, error_body(INTERNAL_ERROR, "internal error"))
         self._answer(slot, result, keep_alive, http10)
 
-    def _answer(self, slot: _Slot, result: Response, keep_alive: bool, http10: bool) -> None:
+    def _render(self, result: Response, keep_alive: bool, http10: bool) -> bytes:
         status, body = result
-        if keep_alive and self.closing and self.pending and slot is self.pending[-1]:
-            keep_alive = False  # the last answer of a connection being shut down
-            slot.close = True
         conn = (_KEEP_ALIVE if http10 else b"") if keep_alive else _CLOSE
         if status == 204:
-            slot.data = b"%b%b%b\r\n" % (_status_line(204), self.server.date, conn)
-        else:
-            head = _JSON_HEAD.get(status) or _status_line(status) + _JSON
-            slot.data = b"%b%bContent-Length: %d\r\n%b\r\n%b" % (
-                head,
-                self.server.date,
-                len(body),
-                conn,
-                body,
-            )
+            return b"%b%b%b\r\n" % (_status_line(204), self.server.date, conn)
+        head = _JSON_HEAD.get(status) or _status_line(status) + _JSON
+        return b"%b%bContent-Length: %d\r\n%b\r\n%b" % (
+            head,
+            self.server.date,
+            len(body),
+            conn,
+            body,
+        )
+
+    def _answer(self, slot: _Slot, result: Response, keep_alive: bool, http10: bool) -> None:
         pending = self.pending
+        if keep_alive and self.closing and pending and slot is pending[-1]:
+            keep_alive = False  # the last answer of a connection being shut down
+            slot.close = True
+        slot.data = self._render(result, keep_alive, http10)
         if pending and pending[0] is slot:
             self._write_ready()
 
@@ -515,8 +539,8 @@ class _Connection(asyncio.Protocol):
     def _forward_head(self) -> None:
         parser = self.parser
         version = parser.get_http_version().encode()
-        lines = [b"%b %b HTTP/%b\r\n" % (parser.get_method(), self.url, version)]
-        lines.extend(b"%b: %b\r\n" % pair for pair in self.raw_headers)
+        lines = [b"%b %b HTTP/%b\r\n" % (self.method, self.url, version)]
+        lines.extend(b"%b: %b\r\n" % pair for pair in self.headers.items())
         lines.append(b"\r\n")
         self._forward_bytes(b"".join(lines))
 
