@@ -14,7 +14,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -133,22 +132,46 @@ class Ctx:
         self.nodes: list[str] = []  # every node tried (access log)
 
 
-@dataclass(eq=False, slots=True)
 class Item:
     """One request object of a batch and its retry bookkeeping."""
 
-    pos: int
-    obj: dict[str, Any]
-    rid: Any  # the client's id exactly as sent (orjson.Fragment where a float would change it)
-    method: str
-    spec: MethodSpec
-    ref: BlockRef | None
-    notif: bool
-    tried: list[Node] = field(default_factory=list)
-    prefer_archive: bool = False
-    last: dict[str, Any] | None = None  # last (retryable) answer
-    err: UpstreamError | None = None  # last transport failure
-    reason: str = ""
+    __slots__ = (
+        "err",
+        "last",
+        "method",
+        "notif",
+        "obj",
+        "pos",
+        "prefer_archive",
+        "reason",
+        "ref",
+        "rid",
+        "spec",
+        "tried",
+    )
+
+    def __init__(
+        self,
+        pos: int,
+        obj: dict[str, Any],
+        rid: Any,
+        method: str,
+        spec: MethodSpec,
+        ref: BlockRef | None,
+        notif: bool,
+    ) -> None:
+        self.pos = pos
+        self.obj = obj
+        self.rid = rid  # the client's id as sent (orjson.Fragment where a float would change it)
+        self.method = method
+        self.spec = spec
+        self.ref = ref
+        self.notif = notif
+        self.tried: list[Node] = []
+        self.prefer_archive = False
+        self.last: dict[str, Any] | None = None  # last (retryable) answer
+        self.err: UpstreamError | None = None  # last transport failure
+        self.reason = ""
 
 
 class Engine:
@@ -509,7 +532,10 @@ class Engine:
                         pool, it.method, it.spec, it.ref, it.tried, it.prefer_archive
                     ).node
                 else:
-                    key = (it.method if it.method in pool.routes else None, it.spec, it.ref)
+                    # Specs are shared and block refs of the same text too (blockref's
+                    # cache), and every ref is alive while the batch is: ids are keys here.
+                    routed = it.method if it.method in pool.routes else None
+                    key = (routed, id(it.spec), id(it.ref))
                     nodes = eligible.get(key)
                     if nodes is None:
                         nodes = eligible[key] = self._eligible(pool, it)

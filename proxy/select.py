@@ -142,8 +142,9 @@ class Selector:
         if head is None:
             return Need("state", height, "head_unknown")
         window = self.state_window
-        kind, rule = ("state", "window") if head - height < window else ("archive", "old")
-        return Need(kind, height, rule, head=head, window=window)
+        if head - height < window:
+            return Need("state", height, "window", None, head, window)
+        return Need("archive", height, "old", None, head, window)
 
     def _height(self, ref: BlockRef) -> int | None:
         if ref.number is not None:
@@ -206,17 +207,25 @@ class Selector:
         height: int | None,
     ) -> tuple[list[Node], Reason] | None:
         """The candidates and the reason, or None."""
-        usable = [n for n in pool.readers if self._usable(n, height, exclude)]
         if rules:
+            usable = [n for n in pool.readers if self._usable(n, height, exclude)]
             picked = [n for n in usable if any(r.matches(n) for r in rules)]
             return (picked, Reason(need, "", rules)) if picked else None
         kind = need.kind
-        picked = [n for n in usable if n.entry.kind == kind]
-        if picked:
-            return picked, Reason(need)
-        picked = [n for n in usable if n.entry.kind != kind]
-        if picked:
-            return picked, Reason(need, "fallback")
+        same: list[Node] = []
+        other: list[Node] = []
+        for node in pool.readers:  # one pass: this runs for every item of every request
+            entry = node.entry
+            if not (entry.enabled and node.healthy) or node in exclude:
+                continue
+            weight = entry.weight if node.weight_override is None else node.weight_override
+            if weight <= 0 or (height is not None and not node.serves(height)):
+                continue
+            (same if entry.kind == kind else other).append(node)
+        if same:
+            return same, Reason(need)
+        if other:
+            return other, Reason(need, "fallback")
         return None
 
     @staticmethod
