@@ -98,6 +98,31 @@ class ServerLimits:
     max_connections: int = 0  # open client connections; 0: 3/4 of the descriptor limit
     shutdown_timeout: float = 10.0  # seconds a graceful close waits for requests in flight
 
+    @classmethod
+    def from_section(cls, sect: dict[str, Any], what: str = "http") -> ServerLimits:
+        """Limits from a config table (`[http]` for the nodes' data ports): max_body_bytes,
+        max_head_bytes, idle_timeout, read_timeout, max_connections, shutdown_timeout."""
+        from chainstate.config import ConfigError
+
+        names = {
+            "max_body_bytes": "max_body",
+            "max_head_bytes": "max_head",
+            "idle_timeout": "idle_timeout",
+            "read_timeout": "read_timeout",
+            "max_connections": "max_connections",
+            "shutdown_timeout": "shutdown_timeout",
+        }
+        values: dict[str, Any] = {}
+        for name, value in sect.items():
+            field = names.get(name)
+            if field is None:
+                raise ConfigError(f"[{what}] unknown setting {name!r}; known: {sorted(names)}")
+            least = 0 if name == "max_connections" else 1e-9
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"[{what}] {name} must be a positive number, got {value!r}")
+            values[field] = value
+        return cls(**values)
+
     def connection_cap(self) -> int:
         if self.max_connections > 0:
             return self.max_connections

@@ -17,8 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
+from chainstate.config import section
 from chainstate.httpserver import (
-    INVALID_REQUEST,
     HttpServer,
     Request,
     Response,
@@ -26,6 +26,7 @@ from chainstate.httpserver import (
     ServerLimits,
     error_body,
 )
+from chainstate.jsonrpc import INVALID_REQUEST
 from chainstate.runner import start_server
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,11 @@ def rpc_handler(
         return web.Response(body=answer, content_type=JSON)
 
     return handler
+
+
+def node_limits(config: dict[str, Any]) -> ServerLimits:
+    """The limits of a node's data port: the config's `[http]` table (docs/http-server.md)."""
+    return ServerLimits.from_section(section(config, "http"))
 
 
 def rpc_route(handle_body: BodyHandler) -> Router:

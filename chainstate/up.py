@@ -21,7 +21,7 @@ from typing import Any
 from chainstate.config import DEVNET_CONFIG, ConfigError, load_config, resolve_path, section
 from chainstate.httpserver import HttpServer
 from chainstate.inproc import InprocRegistry
-from chainstate.rpcserver import serve_rpc
+from chainstate.rpcserver import node_limits, serve_rpc
 from chainstate.runner import run, start_server, start_site, wait_for_stop
 
 ANVIL_STATE = "anvil-state.json"  # the devnet's chain, kept across restarts
@@ -59,6 +59,7 @@ class Stack:
         self.data_dir = resolve_path(config, config.get("data_dir", ".chainstate"))
         self.endpoints: list[tuple[str, str]] = []
         self.proxy_app: Any = None
+        self.limits = node_limits(config)  # the nodes' data ports: [http]
 
     async def run(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -89,7 +90,7 @@ class Stack:
         if isinstance(rpc, HttpServer):
             await start_server(stack, rpc, host, port)
         elif rpc is not None:
-            await serve_rpc(stack, rpc, app, host, port, name=name)
+            await serve_rpc(stack, rpc, app, host, port, name=name, limits=self.limits)
         else:
             await start_site(stack, app, host, port)
         url = f"http://{host}:{port}"

@@ -11,9 +11,10 @@ import orjson
 import pytest
 from aiohttp import web
 
+from chainstate.config import ConfigError
 from chainstate.httpserver import HttpServer, ServerLimits
 from chainstate.jsonrpc import Dispatcher
-from chainstate.rpcserver import rpc_handler, serve_rpc
+from chainstate.rpcserver import node_limits, rpc_handler, serve_rpc
 
 ODD_IDS = (b"18446744073709551616", b"1e-400", b"1.50", b"-9223372036854775809", b'"x"', b"7")
 
@@ -96,3 +97,12 @@ async def test_oversize_bodies_are_413_with_the_same_error_on_both_paths(node: s
     assert all(a == answers[0] for a in answers)
     assert answers[0]["error"]["code"] == -32600 and answers[0]["id"] is None
     assert "max_body_bytes=1000" in answers[0]["error"]["message"]
+
+
+def test_node_limits_come_from_the_http_table() -> None:
+    limits = node_limits({"http": {"max_body_bytes": 5000, "idle_timeout": 2.5}})
+    assert (limits.max_body, limits.idle_timeout) == (5000, 2.5)
+    assert node_limits({}) == ServerLimits()
+    for bad in ({"max_body_bytes": 0}, {"idle_timeout": "x"}, {"nope": 1}):
+        with pytest.raises(ConfigError, match=r"\[http\]"):
+            node_limits({"http": bad})
