@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from asyncio import current_task
 
 MIN_GAP = 0.005  # seconds: the timer is never armed closer than this to its last run
 
@@ -40,23 +41,29 @@ class Deadlines:
     """Deadlines of the attempts in flight, by time limit; one timer for all of them."""
 
     def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._lanes: dict[float, dict[Deadline, float]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
 
     def start(self, seconds: float) -> Deadline:
         """Register the current task for `seconds`; `stop()` it when the attempt ends."""
-        task = asyncio.current_task()
+        loop = self._loop or self._bind()
+        task = current_task(loop)
         assert task is not None, "deadlines need a task"
         lane = self._lanes.get(seconds)
         if lane is None:
             lane = self._lanes[seconds] = {}
         token = Deadline(task, lane)
-        due = task.get_loop().time() + seconds
+        due = loop.time() + seconds
         lane[token] = due
         if due < self._timer_at:
             self._arm(due)
         return token
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        self._loop = asyncio.get_running_loop()
+        return self._loop
 
     @staticmethod
     def stop(token: Deadline) -> None:
@@ -65,15 +72,14 @@ class Deadlines:
     def _arm(self, when: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        loop = asyncio.get_running_loop()
+        loop = self._loop or self._bind()
         self._timer_at = when
         self._timer = loop.call_at(when, self._expire)
 
     def _expire(self) -> None:
         self._timer = None
         self._timer_at = math.inf
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = (self._loop or self._bind()).time()
         earliest = math.inf
         for lane in self._lanes.values():
             while lane:

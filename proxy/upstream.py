@@ -85,7 +85,12 @@ class Upstream:
         deadline = self._deadlines.start(limit)
         try:
             if url.startswith("http://"):
-                return await self._send_plain(url, body)
+                pool = self._pools.get(url) or self._pool(url)
+                try:
+                    status, data = await pool.post(body)
+                except (HttpError, OSError) as exc:
+                    raise UpstreamError("connect", f"{url}: {exc}") from None
+                return _answer(url, status, data)
             if is_inproc(url):
                 return await self._send_inproc(url, body)
             return await self._send_session(url, body, limit)
@@ -127,14 +132,6 @@ class Upstream:
             except ValueError as exc:
                 raise UpstreamError("connect", str(exc)) from None
         return pool
-
-    async def _send_plain(self, url: str, body: bytes) -> bytes:
-        pool = self._pools.get(url) or self._pool(url)
-        try:
-            status, data = await pool.post(body)
-        except (HttpError, OSError) as exc:
-            raise UpstreamError("connect", f"{url}: {exc}") from None
-        return _answer(url, status, data)
 
     async def _send_inproc(self, url: str, body: bytes) -> bytes:
         handler = self.registry.resolve(url) if self.registry is not None else None
