@@ -46,9 +46,10 @@ from chainstate.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, cut
 
 log = logging.getLogger(__name__)
 
-# A handler answers (status, body) with a JSON body (b"" with 204). It may be a plain function
-# (answered at once, no task) or a coroutine function.
-Response = tuple[int, bytes]
+# A handler answers (status, body) with a JSON body (b"" with 204), or just the body (200, or
+# 204 when empty). It may be a plain function (answered at once, no task) or a coroutine
+# function.
+Response = tuple[int, bytes] | bytes
 Handler = Callable[["Request"], Awaitable[Response] | Response]
 # (method, path without the query) → the handler, or None for the fallback application.
 Router = Callable[[bytes, bytes], Handler | None]
@@ -390,7 +391,8 @@ class _Connection(asyncio.Protocol):
             log.exception("%s: request handler failed", self.server.name)
             result = (500, error_body(INTERNAL_ERROR, "internal error"))
         pending = self.pending
-        if type(result) is tuple and not pending:  # answered at once, nothing before it
+        answered = type(result) is tuple or type(result) is bytes
+        if answered and not pending:  # answered at once, nothing before it
             if self.closing:
                 keep_alive = False
             self.transport.write(self._render(result, keep_alive, http10))  # type: ignore[arg-type]
@@ -401,7 +403,7 @@ class _Connection(asyncio.Protocol):
             return
         slot = _Slot(None, not keep_alive)
         pending.append(slot)
-        if type(result) is tuple:
+        if answered:
             self._answer(slot, result, keep_alive, http10)  # type: ignore[arg-type]
             return
         if len(pending) >= MAX_PIPELINE:
@@ -421,7 +423,10 @@ class _Connection(asyncio.Protocol):
         self._answer(slot, result, keep_alive, http10)
 
     def _render(self, result: Response, keep_alive: bool, http10: bool) -> bytes:
-        status, body = result
+        if type(result) is bytes:
+            status, body = (200, result) if result else (204, b"")
+        else:
+            status, body = result  # type: ignore[misc]
         conn = (_KEEP_ALIVE if http10 else b"") if keep_alive else _CLOSE
         if status == 204:
             return b"%b%b%b\r\n" % (_status_line(204), self.server.date, conn)

@@ -89,9 +89,8 @@ def node_limits(config: dict[str, Any]) -> ServerLimits:
 def rpc_route(handle_body: BodyHandler) -> Router:
     """`POST /` answered by `handle_body` on the lean server; everything else goes on."""
 
-    async def handler(request: Request) -> Response:
-        answer = await handle_body(request.body)
-        return (200, answer) if answer else (204, b"")
+    def handler(request: Request) -> Awaitable[Response]:
+        return handle_body(request.body)  # bytes: 200, or 204 when empty
 
     def route(method: bytes, path: bytes) -> Any:
         return handler if method == b"POST" and path == b"/" else None
