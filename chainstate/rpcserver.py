@@ -44,18 +44,23 @@ def too_large(limits: ServerLimits) -> bytes:
     )
 
 
-async def read_body(request: web.Request, limit: int) -> bytes | None:
-    """The body of an aiohttp request, or None when it is larger than `limit` bytes (checked
-    before reading for Content-Length, while reading for chunked bodies)."""
-    if request.content_length is not None and request.content_length > limit:
-        return None
+async def read_body(request: web.Request, limits: ServerLimits) -> bytes | web.Response:
+    """The body of an aiohttp request, or the answer to give instead: 413 when it is larger
+    than the limit (checked before reading for Content-Length, while reading for chunked
+    bodies), 400 (and one quiet log line) when the client went away during the upload."""
+    if request.content_length is not None and request.content_length > limits.max_body:
+        return web.Response(status=413, body=too_large(limits), content_type=JSON)
     chunks = []
     size = 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
+    try:
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limits.max_body:
+                return web.Response(status=413, body=too_large(limits), content_type=JSON)
+            chunks.append(chunk)
+    except ConnectionError as exc:
+        log.info("client closed the connection during a request body: %s", exc)
+        return web.Response(status=400)
     return b"".join(chunks)
 
 
@@ -66,13 +71,9 @@ def rpc_handler(
     limits = ServerLimits(max_body=max_body)
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        try:
-            body = await read_body(request, max_body)
-        except ConnectionError as exc:  # the client went away mid-upload: one quiet line
-            log.info("client closed the connection during a request body: %s", exc)
-            return web.Response(status=400)
-        if body is None:
-            return web.Response(status=413, body=too_large(limits), content_type=JSON)
+        body = await read_body(request, limits)
+        if isinstance(body, web.Response):
+            return body
         answer = await handle_body(body)
         if not answer:
             return web.Response(status=204)

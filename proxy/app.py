@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from chainstate.config import ConfigError
 from chainstate.httpserver import HttpServer, Request, Response, ServerLimits
 from chainstate.inproc import InprocRegistry
-from chainstate.rpcserver import read_body, too_large
+from chainstate.rpcserver import read_body
 from proxy.admin import AdminApi
 from proxy.engine import Engine
 from proxy.health import HeadTracker
@@ -139,9 +139,9 @@ def _data_handler(proxy: Proxy):
     limits = server_limits(proxy.settings)
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        body = await read_body(request, limits.max_body)
-        if body is None:
-            return web.Response(status=413, body=too_large(limits), content_type=JSON)
+        body = await read_body(request, limits)
+        if isinstance(body, web.Response):
+            return body
         status, out = await engine.handle(request.match_info["chain"], body, request.headers)
         if status == 204:
             return web.Response(status=204)

@@ -3,6 +3,8 @@ same answers on both paths (413 with -32600 for oversize bodies, ids byte-exact)
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
@@ -106,3 +108,21 @@ def test_node_limits_come_from_the_http_table() -> None:
     for bad in ({"max_body_bytes": 0}, {"idle_timeout": "x"}, {"nope": 1}):
         with pytest.raises(ConfigError, match=r"\[http\]"):
             node_limits({"http": bad})
+
+
+async def test_aborted_uploads_log_one_quiet_line_on_both_paths(node: str, caplog) -> None:
+    caplog.set_level(logging.INFO)
+    port = int(node.rsplit(":", 1)[1])
+    for handed in (False, True):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        if handed:  # aiohttp serves this connection from here on
+            writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            await reader.readuntil(b'"ok"}')
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\npartial")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.transport.abort()
+        await asyncio.sleep(0.2)
+    lines = [r for r in caplog.records if r.levelno >= logging.INFO and r.name.startswith("c")]
+    assert len(lines) == 2 and all("during a request" in r.getMessage() for r in lines)
+    assert not any(r.exc_info for r in caplog.records)
