@@ -279,15 +279,15 @@ class _Connection(asyncio.Protocol):
             self.fallback.resume_writing()
 
     def data_received(self, data: bytes) -> None:
-        if self.lingering or self.closing:
-            return  # a refused request's body, or bytes after a request that closes
+        if self.lingering or (self.closing and not self.in_message):
+            return  # a refused request's body, or bytes after the last request read
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
             self._upgrade(data[exc.args[0] :])
         except httptools.HttpParserError as exc:
-            if self.lingering:
-                return  # stopped by _Refused
+            if self.lingering or self.closing:
+                return  # stopped on purpose (_Refused, or no more requests are read)
             if self.forwarding:
                 self._flush_forward()
                 self._close()
@@ -305,6 +305,8 @@ class _Connection(asyncio.Protocol):
     # ---- httptools callbacks -------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        if self.closing:
+            raise _Refused  # after `Connection: close` (or while stopping): not read
         self.in_message = self.in_head = True
         self.started = self.server.now
         self.head_size = 0
@@ -331,8 +333,13 @@ class _Connection(asyncio.Protocol):
         self.method = method = parser.get_method()
         self.path, _, self.query = self.url.partition(b"?")
         if not self.forwarding:
-            handler = None if parser.should_upgrade() else self.server.route(method, self.path)
-            if handler is None and self.server.fallback is not None:
+            fallback = self.server.fallback
+            upgrade = parser.should_upgrade()  # WebSocket, h2c: the fallback's (raw bytes)
+            if upgrade and fallback is None:
+                self._refuse(400, "protocol upgrades are not served here")
+                raise _Refused
+            handler = None if upgrade else self.server.route(method, self.path)
+            if handler is None and fallback is not None:
                 self._start_forwarding()
             else:
                 self.handler = handler or self.server.not_found
@@ -587,10 +594,9 @@ class _Connection(asyncio.Protocol):
             self.fallback.data_received(data)
 
     def _upgrade(self, rest: bytes) -> None:
-        """After an Upgrade request (WebSocket) the fallback reads the raw connection."""
-        if not self.forwarding:
-            self._refuse(400, "protocol upgrade not supported here")
-            return
+        """After an Upgrade request (WebSocket, h2c) the fallback reads the raw connection:
+        the rest of the bytes, and the request's body if it has one (llhttp stops at the
+        head of an Upgrade request)."""
         if rest:
             self._forward_bytes(rest)
         self.in_message = False

@@ -349,3 +349,41 @@ async def test_websocket_upgrade_is_handed_to_the_fallback(serve) -> None:
         await ws.send_str("ping")
         assert (await ws.receive(timeout=5)).data == "echo:ping"
     assert not server.conns and not server.shims  # the connection went to aiohttp for good
+
+
+async def test_nothing_after_a_connection_close_request_is_read(serve) -> None:
+    server = await serve()
+    client = await Client.open(server.port)
+    await client.send(raw_post(b"last", b"Connection: close\r\n") + raw_post(b"ignored"))
+    _, headers, body = await client.answer()
+    assert (body, headers["connection"]) == (b"last", "close")
+    assert await client.closed()
+
+
+async def test_graceful_close_lets_a_request_being_sent_finish(serve) -> None:
+    server = await serve(shutdown_timeout=5)
+    client = await Client.open(server.port)
+    await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhal")
+    await asyncio.sleep(0.05)
+    closing = asyncio.create_task(server.close())
+    await asyncio.sleep(0.05)
+    await client.send(b"f.")
+    status, headers, body = await client.answer()
+    assert (status, body, headers["connection"]) == (200, b"half.", "close")
+    await closing
+
+
+H2C = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQ\r\n"
+
+
+async def test_upgrades_are_the_fallbacks_or_refused(serve) -> None:
+    server = await serve()
+    client = await Client.open(server.port)
+    await client.send(raw_post(b"one", H2C))
+    status, _, body = await client.answer()
+    assert status == 400 and b"upgrade" in body
+    # With a fallback, aiohttp answers it in HTTP/1.1, body included.
+    server = await serve(fallback=fallback_app())
+    client = await Client.open(server.port)
+    await client.send(raw_post(b"[1]", H2C))
+    assert (await client.answer())[2] == b"[1]"
