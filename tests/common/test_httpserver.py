@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -387,3 +388,42 @@ async def test_upgrades_are_the_fallbacks_or_refused(serve) -> None:
     client = await Client.open(server.port)
     await client.send(raw_post(b"[1]", H2C))
     assert (await client.answer())[2] == b"[1]"
+
+
+SERVE_WITH_FEW_FDS = """
+import asyncio, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+from chainstate.httpserver import HttpServer
+
+async def main():
+    server = HttpServer(lambda method, path: lambda request: (200, b"ok"))
+    await server.start("127.0.0.1", 0)
+    print(server.port, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_idle_connections_past_the_fd_limit_do_not_lock_new_clients_out() -> None:
+    """The report: with 1024 descriptors, 1,500 idle connections left 0 of 29 new clients
+    answered. Here 256 descriptors (default cap: 192 connections) and 300 idle ones."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SERVE_WITH_FEW_FDS, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        port = int(await asyncio.wait_for(proc.stdout.readline(), 15))  # type: ignore[union-attr]
+        idle = [await Client.open(port) for _ in range(300)]
+        for client in idle[-50:]:  # the newest had a request (the oldest were closed to make room)
+            await client.send(raw_post(b"x"))
+            await client.answer()
+        for _ in range(29):
+            client = await Client.open(port)
+            await client.send(raw_post(b"new"))
+            assert (await client.answer())[:1] == (200,)
+            client.close()
+        for client in idle:
+            client.close()
+    finally:
+        proc.kill()
+        await proc.wait()
