@@ -471,6 +471,7 @@ class Engine:
             if whole and len(groups) == 1:
                 # Every item goes to one node and the ids tell the answers apart: the client's
                 # bytes go as they are, and come back as they are when nothing needs changing.
+                whole = False  # a retry sends only the items it retries
                 ((node, group),) = groups.items()
                 pending, out = await self._send_whole(ctx, node, group, body, answers)
                 if out is not None:
@@ -531,9 +532,10 @@ class Engine:
             try:
                 if attempt > 1:
                     self.metrics.retry(ctx.chain, it.reason)
-                    node = selector.choose(
+                    nodes, _ = selector.candidates(
                         pool, it.method, it.spec, it.ref, it.tried, it.prefer_archive
-                    ).node
+                    )
+                    node = selector.pick(nodes)
                 else:
                     # Specs are shared and block refs of the same text too (blockref's
                     # cache), and every ref is alive while the batch is: ids are keys here.

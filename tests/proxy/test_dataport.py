@@ -3,11 +3,13 @@ aiohttp behind it, and what the fast paths must keep exact (ids, bytes, limits).
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 from chainstate.inproc import InprocRegistry
-from chainstate.jsonrpc import Dispatcher
-from tests.proxy.conftest import ADDR, balance, fast_settings
+from chainstate.jsonrpc import BLOCK_NOT_FOUND, Dispatcher, JsonRpcError
+from tests.proxy.conftest import ADDR, balance, fast_settings, req
 
 ODD_IDS = (b"18446744073709551616", b"1e-400", b"1.50", b"-9223372036854775809")
 
@@ -106,3 +108,47 @@ async def test_oversize_and_echoed_input_are_bounded(make_api, fake_nodes) -> No
     status, raw = await raw_rpc(api, call(b"1", b"m" * 1500))
     message = orjson.loads(raw)["error"]["message"]
     assert status == 200 and len(message) < 300
+
+
+async def test_a_retry_after_a_whole_batch_sends_only_the_retried_items(make_api) -> None:
+    registry = InprocRegistry()
+    received: dict[str, list[Any]] = {"s": [], "a": []}
+
+    def node(name: str, missing: str | None) -> str:
+        d = Dispatcher(name)
+
+        async def head(_params):
+            return "0x3e8"
+
+        async def balance_of(params):
+            if params[0] == missing:
+                raise JsonRpcError(BLOCK_NOT_FOUND, "not here")
+            return name
+
+        async def range_(_params):
+            return {"earliest": 0, "latest": 1000}
+
+        async def block(_params):
+            return None
+
+        methods = {"eth_blockNumber": head, "blockx_range": range_, "eth_getBlockByNumber": block}
+        d.update({**methods, "eth_getBalance": balance_of})
+
+        async def handle(body: bytes) -> bytes:
+            if b"eth_getBalance" in body:
+                received[name].append(orjson.loads(body))
+            return await d.handle_body(body)
+
+        return registry.register(name, handle)
+
+    other = "0x" + "22" * 20
+    api = await make_api(registry=registry)
+    await api.post("/1337/addNode", {"key": "s", "url": node("s", other), "kind": "state"})
+    await api.post("/1337/addNode", {"key": "a", "url": node("a", None), "kind": "archive"})
+    await api.heads_known("1337")
+    batch = [balance(rid=1), req("eth_getBalance", [other, "latest"], 2), balance(rid=3)]
+    status, raw = await raw_rpc(api, orjson.dumps(batch))
+    assert status == 200
+    assert [(a["id"], a["result"]) for a in orjson.loads(raw)] == [(1, "s"), (2, "a"), (3, "s")]
+    assert [len(body) for body in received["s"]] == [3]  # the client's batch, whole
+    assert [[i["params"][0] for i in body] for body in received["a"]] == [[other]]
