@@ -7,7 +7,7 @@ Background work starts and stops through `cleanup_ctx`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,10 +157,8 @@ def create_server(app: web.Application) -> HttpServer:
     proxy = app[PROXY]
     engine = proxy.engine
 
-    async def data(request: Request) -> Response:
-        return await engine.handle(
-            request.path[1:].decode("latin-1"), request.body, request.headers
-        )
+    def data(request: Request) -> Awaitable[Response]:  # the engine's coroutine, unwrapped
+        return engine.handle(request.path[1:].decode("latin-1"), request.body, request.headers)
 
     def route(method: bytes, path: bytes) -> Any:
         # One path segment: `/1337`, `/0x539`, `/1337-blue`; %-escapes go to aiohttp, which
