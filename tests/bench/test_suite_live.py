@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import subprocess
@@ -104,9 +105,9 @@ def test_interrupted_suite_stops_its_services(tmp_path: Path, sig: signal.Signal
     cmd = [sys.executable, "-m", "bench.suite", "proxy", "-d", "30", "--warmup", "0"]
     cmd += ["-c", "2", "--no-reference", "--keep-dir", str(tmp_path)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    children: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 30
-        children: list[psutil.Process] = []
         while time.monotonic() < deadline and proc.poll() is None:
             children = psutil.Process(proc.pid).children()
             if len(children) == 2 and "listening" in _read(tmp_path / "proxy.log"):
@@ -122,6 +123,9 @@ def test_interrupted_suite_stops_its_services(tmp_path: Path, sig: signal.Signal
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for child in children:  # a failed assertion above must not leave services running
+            with contextlib.suppress(psutil.Error):
+                child.kill()
 
 
 def _read(path: Path) -> str:
