@@ -40,6 +40,7 @@ from chainstate.jsonrpc import (
     PARSE_ERROR,
     JsonRpcError,
     check_request,
+    cut,
     params_list,
     request_id,
 )
@@ -348,7 +349,7 @@ class FakeRpc:
         handler = self.methods.table.get(item["method"])
         try:
             if handler is None:
-                raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {item['method']}")
+                raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {cut(item['method'])}")
             answer = {"jsonrpc": "2.0", "id": rid, "result": handler(item.get("params", []), head)}
         except JsonRpcError as exc:
             answer = _error(rid, exc.code, exc.message)
