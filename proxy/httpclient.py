@@ -151,15 +151,24 @@ class HostPool:
             await self._wait_for_slot()
         try:
             conn = self._take_idle()
-            if conn is not None:
+            fresh = conn is None
+            while True:
+                if conn is None:
+                    conn = await self._connect()
                 try:
-                    return await self._exchange(conn, data)
-                except HttpError:
-                    if conn.got_bytes:
+                    answer = await conn.send(data)
+                except BaseException as exc:
+                    conn.close()  # cancelled or failed mid-answer: its state is unknown
+                    if not isinstance(exc, HttpError) or fresh or conn.got_bytes:
                         raise
                     # the node closed an idle connection just before we used it: one fresh try
-            conn = await self._connect()
-            return await self._exchange(conn, data)
+                    conn, fresh = None, True
+                    continue
+                if conn.reusable and len(self._idle) < self._limit:
+                    self._idle.append(conn)
+                else:
+                    conn.close()
+                return answer
         finally:
             self._release()
 
@@ -200,18 +209,6 @@ class HostPool:
         except OSError as exc:
             raise HttpError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
         return conn
-
-    async def _exchange(self, conn: _Connection, data: bytes) -> tuple[int, bytes]:
-        try:
-            answer = await conn.send(data)
-        except BaseException:
-            conn.close()  # cancelled or failed mid-answer: the connection's state is unknown
-            raise
-        if conn.reusable and len(self._idle) < self._limit:
-            self._idle.append(conn)
-        else:
-            conn.close()
-        return answer
 
     def close(self) -> None:
         while self._idle:
