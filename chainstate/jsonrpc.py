@@ -121,7 +121,9 @@ def parse_body(body: bytes) -> Any:
 
 
 _ID_TYPES = (str, int, float)  # tuples, not `str | int | float`: built once, checked faster
-_PARAMS_TYPES = (list, dict)
+# Exact types as JSON parsers make them (bool is not int here): one set lookup per check.
+_ID_EXACT = frozenset({str, int, float, type(None)})
+_PARAMS_EXACT = frozenset({list, dict})
 
 
 def request_id(item: Any) -> Any:
@@ -138,20 +140,19 @@ def is_notification(item: dict[str, Any]) -> bool:
 
 
 def check_request(item: Any) -> JsonRpcError | None:
-    """Validate the envelope of one request object (not its params)."""
-    if not isinstance(item, dict):
+    """Validate the envelope of one request object (not its params), as a JSON parser made
+    it (exact types: a bool is not a number here)."""
+    if type(item) is not dict:
         return JsonRpcError(INVALID_REQUEST, "Invalid Request: expected a JSON object")
     if item.get("jsonrpc") != "2.0":
         return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"')
     method = item.get("method")
-    if not isinstance(method, str) or not method:
+    if type(method) is not str or not method:
         return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "method" must be a non-empty string')
-    if "id" in item:
-        rid = item["id"]
-        if isinstance(rid, bool) or not (rid is None or isinstance(rid, _ID_TYPES)):
-            msg = 'Invalid Request: "id" must be a string, number or null'
-            return JsonRpcError(INVALID_REQUEST, msg)
-    if "params" in item and not isinstance(item["params"], _PARAMS_TYPES):
+    if "id" in item and type(item["id"]) not in _ID_EXACT:
+        msg = 'Invalid Request: "id" must be a string, number or null'
+        return JsonRpcError(INVALID_REQUEST, msg)
+    if "params" in item and type(item["params"]) not in _PARAMS_EXACT:
         return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "params" must be an array or object')
     return None
 

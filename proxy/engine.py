@@ -31,7 +31,6 @@ from chainstate.jsonrpc import (
     cut,
     error_response,
     exact_ids,
-    has_inexact_id,
     request_id,
 )
 from proxy.methods import MethodSpec, MethodTable
@@ -458,11 +457,10 @@ class Engine:
             msg = f"batch has {len(payload)} items, more than max_batch_items={self._max_batch}"
             return 200, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
         answers: list[Any] = [None] * len(payload)
-        rids = exact_ids(body) if has_inexact_id(payload) else None
-        items = self._parse_items(ctx, payload, answers, rids)
+        items, exact = self._parse_items(ctx, payload, answers, body)
         if items and ctx.pool.mirrors:
             self.mirrors.offer_batch(ctx.pool, [(it.method, it.obj) for it in items])
-        whole = len(items) == len(payload) and rids is None and _unique_ids(items)
+        whole = len(items) == len(payload) and exact and _unique_ids(items)
         pending = items
         for attempt in range(1, self._attempts + 1):
             if not pending:
@@ -488,20 +486,25 @@ class Engine:
         return (200, orjson.dumps(out)) if out else (204, b"")
 
     def _parse_items(
-        self, ctx: Ctx, payload: list[Any], answers: list[Any], rids: list[Any] | None
-    ) -> list[Item]:
+        self, ctx: Ctx, payload: list[Any], answers: list[Any], body: bytes
+    ) -> tuple[list[Item], bool]:
+        """Step 1 for every item: valid items to route (invalid ones answered at once), and
+        whether every id is as orjson read it (else the ids are read again from `body`)."""
         items = []
         target = self.methods.target
+        rids: list[Any] | None = None
         for pos, obj in enumerate(payload):
-            rid = rids[pos] if rids is not None else None
             bad = check_request(obj)
+            rid = obj.get("id") if type(obj) is dict else None
+            if type(rid) is float:  # as written in the body, not as a float
+                rids = rids or exact_ids(body)
+                rid = rids[pos]
             if bad is not None:
                 self.metrics.request(ctx.chain, UNKNOWN_METHOD, NO_NODE_KEY, "invalid")
-                rid = rid if _inexact(obj) else request_id(obj)
+                if type(rid) is not orjson.Fragment:
+                    rid = request_id(obj)
                 answers[pos] = error_response(rid, bad.code, bad.message)
                 continue
-            if rids is None or type(obj.get("id")) is not float:
-                rid = obj.get("id")
             method = obj["method"]
             notif = "id" not in obj
             try:
@@ -514,7 +517,7 @@ class Engine:
                 continue
             ctx.methods.append(method)
             items.append(Item(pos, obj, rid, method, spec, ref, notif))
-        return items
+        return items, rids is None
 
     def _group(
         self, ctx: Ctx, pending: list[Item], attempt: int, answers: list[Any]
@@ -526,40 +529,57 @@ class Engine:
         groups: dict[Node, list[Item]] = {}
         pool = ctx.pool
         selector = self.selector
-        eligible: dict[Any, list[Node] | NoEligibleNode] = {}
-        picked: dict[tuple[Node, ...], Node] = {}
+        chosen: dict[Any, Node | NoEligibleNode] = {}  # first attempt: per (route, spec, block)
+        picked: dict[tuple[Node, ...], Node] = {}  # per set of eligible nodes
+        head = pool.head()
+        routes = pool.routes
         for it in pending:
-            try:
-                if attempt > 1:
-                    self.metrics.retry(ctx.chain, it.reason)
+            if attempt > 1:
+                self.metrics.retry(ctx.chain, it.reason)
+                try:
                     nodes, _ = selector.candidates(
                         pool, it.method, it.spec, it.ref, it.tried, it.prefer_archive
                     )
-                    node = selector.pick(nodes)
-                else:
-                    # Specs are shared and block refs of the same text too (blockref's
-                    # cache), and every ref is alive while the batch is: ids are keys here.
-                    routed = it.method if it.method in pool.routes else None
-                    key = (routed, id(it.spec), id(it.ref))
-                    nodes = eligible.get(key)
-                    if nodes is None:
-                        nodes = eligible[key] = self._eligible(pool, it)
-                    if isinstance(nodes, NoEligibleNode):
-                        raise nodes
-                    ids = tuple(nodes)
-                    node = picked.get(ids) or picked.setdefault(ids, selector.pick(nodes))
-            except NoEligibleNode as exc:
-                self._give_up(ctx, it, answers, exc)
-                continue
+                except NoEligibleNode as exc:
+                    self._give_up(ctx, it, answers, exc)
+                    continue
+                node = selector.pick(nodes)
+            else:
+                # Specs are shared and block refs of the same text too (blockref's cache),
+                # and every ref is alive while the batch is: their ids are keys here.
+                key = (
+                    it.method if routes and it.method in routes else None,
+                    id(it.spec),
+                    id(it.ref),
+                )
+                found = chosen.get(key)
+                if found is None:
+                    found = chosen[key] = self._first_choice(pool, it, head, picked)
+                if type(found) is NoEligibleNode:
+                    self._give_up(ctx, it, answers, found)
+                    continue
+                node = found  # type: ignore[assignment]
             it.tried.append(node)
-            groups.setdefault(node, []).append(it)
+            group = groups.get(node)
+            if group is None:
+                groups[node] = [it]
+            else:
+                group.append(it)
         return groups
 
-    def _eligible(self, pool: Pool, it: Item) -> list[Node] | NoEligibleNode:
+    def _first_choice(
+        self, pool: Pool, it: Item, head: int | None, picked: dict[tuple[Node, ...], Node]
+    ) -> Node | NoEligibleNode:
+        """The node for an item on its first attempt: one pick per set of eligible nodes."""
         try:
-            return self.selector.candidates(pool, it.method, it.spec, it.ref)[0]
+            nodes, _ = self.selector.candidates(pool, it.method, it.spec, it.ref, head=head)
         except NoEligibleNode as exc:
             return exc
+        ids = tuple(nodes)
+        node = picked.get(ids)
+        if node is None:
+            node = picked[ids] = self.selector.pick(nodes)
+        return node
 
     def _give_up(self, ctx: Ctx, it: Item, answers: list[Any], exc: JsonRpcError | None) -> None:
         """Final answer of an item no further attempt will serve."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from cachetools import LRUCache
 
@@ -32,6 +32,7 @@ from proxy.methods import MethodSpec
 from proxy.model import Node, Pool, RouteRule
 
 NO_NODE = INTERNAL_ERROR  # JSON-RPC code answered when no node can take an item
+POOL_HEAD: Any = object()  # `head` argument default: ask the pool (its head may be None)
 
 
 class NoEligibleNode(JsonRpcError):
@@ -122,8 +123,15 @@ class Selector:
     def remember_hash(self, block_hash: str, height: int) -> None:
         self.hashes[block_hash.lower()] = height
 
-    def need(self, pool: Pool, ref: BlockRef | None, prefer_archive: bool = False) -> Need:
-        """Step 2: the kind and height an item targets."""
+    def need(
+        self,
+        pool: Pool,
+        ref: BlockRef | None,
+        prefer_archive: bool = False,
+        head: Any = POOL_HEAD,
+    ) -> Need:
+        """Step 2: the kind and height an item targets (`head`: the pool's head when the
+        caller has it already, e.g. once per batch)."""
         if prefer_archive:
             height = None if ref is None else self._height(ref)
             return Need("archive", height, "retry")
@@ -138,7 +146,8 @@ class Selector:
         height = self._height(ref)
         if height is None:
             return Need("archive", None, "hash")
-        head = pool.head()
+        if head is POOL_HEAD:
+            head = pool.head()
         if head is None:
             return Need("state", height, "head_unknown")
         window = self.state_window
@@ -176,13 +185,14 @@ class Selector:
         ref: BlockRef | None,
         exclude: Collection[Node] = (),
         prefer_archive: bool = False,
+        head: Any = POOL_HEAD,
     ) -> tuple[list[Node], Reason | str]:
         """The nodes eligible for one item and why (`pick` chooses among them), or
         NoEligibleNode saying why none fits."""
         if self.to_leader(pool, spec, ref):
             choice = self._leader(pool, method, exclude)
             return [choice.node], choice.reason
-        need = self.need(pool, ref, prefer_archive)
+        need = self.need(pool, ref, prefer_archive, head)
         rules = pool.routes.get(method)
         found = self._among(pool, need, rules, exclude, need.height)
         if found is None and need.height is not None:
