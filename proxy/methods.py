@@ -173,7 +173,9 @@ class MethodTable:
 
     def target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None]:
         """The spec of `method` and the block its params target (None: no block named)."""
-        spec = self.spec(method)
+        spec = self.specs.get(method)
+        if spec is None:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {cut(method)}")
         if spec is EXTRA:
             return spec, None
         values = _positional(params, spec)
@@ -187,9 +189,11 @@ class MethodTable:
 
 def _positional(params: Any, spec: MethodSpec) -> list[Any]:
     names = spec.params
-    if params is None:
-        params = []
-    if isinstance(params, dict):
+    if type(params) is list and len(params) == len(names):
+        values = params  # the common case: every param given (only read, never changed)
+    elif params is None:
+        values = [None] * len(names)
+    elif isinstance(params, dict):
         unknown = set(params) - set(names)
         if unknown:
             msg = f"unknown param(s) {cut(str(sorted(unknown)))}; expected {list(names)}"
