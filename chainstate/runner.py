@@ -4,6 +4,7 @@ Ctrl-C / SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -44,6 +45,16 @@ async def wait_for_stop() -> None:
     await stop.wait()
 
 
+# Young-generation collections: a server parses JSON into thousands of short-lived objects
+# per second, and Python's default (a collection every 700 allocations) ran one every few
+# requests; measured on the proxy with 100-item batches: 15-20 % of its CPU (700 → 20000:
+# ~775 → ~630 µs per batch). Each pass stays
+# short (the young objects of a few requests).
+GC_YOUNG_THRESHOLD = 20_000
+
+
 def run(main: Callable[[], Awaitable[None]]) -> None:
-    """Run `main` on uvloop."""
+    """Run `main` on uvloop (with the collector tuned for servers, see above)."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
     uvloop.run(main())
