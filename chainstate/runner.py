@@ -47,9 +47,8 @@ async def wait_for_stop() -> None:
 
 # Young-generation collections: a server parses JSON into thousands of short-lived objects
 # per second, and Python's default (a collection every 700 allocations) ran one every few
-# requests; measured on the proxy with 100-item batches: 15-20 % of its CPU (700 → 20000:
-# ~775 → ~630 µs per batch). Each pass stays
-# short (the young objects of a few requests).
+# requests; measured on the proxy with 100-item batches it cost 15-20 % of its CPU
+# (700 → 20000: ~775 → ~630 µs per batch). Each pass stays short (a few requests' objects).
 GC_YOUNG_THRESHOLD = 20_000
 
 
