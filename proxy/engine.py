@@ -458,6 +458,8 @@ class Engine:
             return 200, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
         answers: list[Any] = [None] * len(payload)
         items, exact = self._parse_items(ctx, payload, answers, body)
+        if self.tracer is not None or access_log.isEnabledFor(logging.INFO):
+            ctx.methods.extend(it.method for it in items)  # for the span and the access log
         if items and ctx.pool.mirrors:
             self.mirrors.offer_batch(ctx.pool, [(it.method, it.obj) for it in items])
         whole = len(items) == len(payload) and exact and _unique_ids(items)
@@ -515,7 +517,6 @@ class Engine:
                 if not notif:
                     answers[pos] = error_response(rid, exc.code, exc.message, exc.data)
                 continue
-            ctx.methods.append(method)
             items.append(Item(pos, obj, rid, method, spec, ref, notif))
         return items, rids is None
 
@@ -632,20 +633,25 @@ class Engine:
             == [k for k in keys if k is not None]
             and not any(it.method in UNMINED_FIELDS for it in group)
         ):
-            self._count_answers(ctx, node, group, parsed)
+            self._count_answers(ctx, node, group, parsed, raw)
             return [], raw
         return self._take_answers(ctx, node, group, keys, parsed, answers), None
 
     def _count_answers(
-        self, ctx: Ctx, node: Node, group: list[Item], parsed: list[dict[str, Any]]
+        self, ctx: Ctx, node: Node, group: list[Item], parsed: list[dict[str, Any]], raw: bytes
     ) -> None:
         """Metrics of a batch answered as it is (one increment per method and outcome)."""
         counts: dict[tuple[str, str], int] = {}
-        answered = iter(parsed)
-        for it in group:
-            outcome = "ok" if it.notif or "error" not in next(answered) else "error"
-            key = (it.method, outcome)
-            counts[key] = counts.get(key, 0) + 1
+        if b'"error"' not in raw:  # every item ok: count by method alone
+            for it in group:
+                key = (it.method, "ok")
+                counts[key] = counts.get(key, 0) + 1
+        else:
+            answered = iter(parsed)
+            for it in group:
+                outcome = "ok" if it.notif or "error" not in next(answered) else "error"
+                key = (it.method, outcome)
+                counts[key] = counts.get(key, 0) + 1
         for (method, outcome), n in counts.items():
             self.metrics.request(ctx.chain, method, node.key, outcome, n)
 
