@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -534,6 +535,7 @@ class Engine:
         picked: dict[tuple[Node, ...], Node] = {}  # per set of eligible nodes
         head = pool.head()
         routes = pool.routes
+        points = selector.breakpoints(pool, head) if attempt == 1 else []
         for it in pending:
             if attempt > 1:
                 self.metrics.retry(ctx.chain, it.reason)
@@ -546,13 +548,15 @@ class Engine:
                     continue
                 node = selector.pick(nodes)
             else:
-                # Specs are shared and block refs of the same text too (blockref's cache),
-                # and every ref is alive while the batch is: their ids are keys here.
-                key = (
-                    it.method if routes and it.method in routes else None,
-                    id(it.spec),
-                    id(it.ref),
-                )
+                # A height is chosen for by its range between breakpoints (same candidates);
+                # other block refs by identity (shared per text by blockref's cache, and
+                # alive while the batch is). Specs are shared: their ids are keys too.
+                routed = it.method if routes and it.method in routes else None
+                ref = it.ref
+                if ref is not None and ref.number is not None and not ref.contains:
+                    key = (routed, id(it.spec), bisect_right(points, ref.number))
+                else:
+                    key = (routed, id(it.spec), id(ref))
                 found = chosen.get(key)
                 if found is None:
                     found = chosen[key] = self._first_choice(pool, it, head, picked)
