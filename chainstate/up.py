@@ -86,7 +86,12 @@ class Stack:
         return url
 
     async def start_devnet(self, stack: AsyncExitStack) -> None:
-        from nodes.devnet.anvil import AnvilProcess, ensure_anvil
+        from nodes.devnet.anvil import (
+            DEFAULT_STATE_HISTORY,
+            DEFAULT_STATE_INTERVAL,
+            AnvilProcess,
+            ensure_anvil,
+        )
 
         sect = section(self.config, "devnet")
         say("• devnet: checking for anvil (installs it with npm on first run)…")
@@ -100,11 +105,31 @@ class Stack:
             hardfork=sect.get("hardfork", "cancun"),
             host=sect.get("host", "127.0.0.1"),
             state_path=self.data_dir / ANVIL_STATE,
+            state_interval=float(sect.get("state_interval", DEFAULT_STATE_INTERVAL)),
+            state_history=int(sect.get("state_history", DEFAULT_STATE_HISTORY)),
         )
+        for line in await asyncio.to_thread(self.recover_chain, anvil):
+            say(f"• devnet: {line}")
         say(f"• devnet: starting anvil (chain id {sect.get('chain_id', 1337)})…")
         await anvil.start()
         stack.push_async_callback(anvil.stop)
         self.endpoints.append(("anvil (execution client)", anvil.url))
+
+    def recover_chain(self, anvil: Any) -> list[str]:
+        """After a crash: let a left-over anvil finish its last dump, then make anvil's state
+        file hold the write nodes' head (nodes/devnet/recovery.py), so no block a client
+        could read before the crash is lost. Returns what was done, one line each."""
+        from nodes.devnet.recovery import restore_chain
+        from nodes.writer.service import STORE_FILE
+        from nodes.writer.settings import DEFAULT_KEY, writer_data_dir, writer_sections
+
+        lines = [anvil.settle_previous()]
+        sections = writer_sections(self.config)
+        dirs = [writer_data_dir(self.data_dir, sections, i) for i in range(len(sections))]
+        keys = [str(sect.get("key", DEFAULT_KEY)) for sect in sections]
+        stores = [(key, path / STORE_FILE) for key, path in zip(keys, dirs, strict=True)]
+        lines.append(restore_chain(anvil.state_path, stores))
+        return [line for line in lines if line]
 
     async def start_writers(self, stack: AsyncExitStack) -> None:
         from nodes.writer.service import WriterNode
