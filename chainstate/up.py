@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import sqlite3
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -116,10 +114,11 @@ class Stack:
         self.endpoints.append(("anvil (execution client)", anvil.url))
 
     def recover_chain(self, anvil: Any) -> list[str]:
-        """After a crash: let a left-over anvil finish its last dump, then make anvil's state
-        file hold the write nodes' head (nodes/devnet/recovery.py), so no block a client
-        could read before the crash is lost. Returns what was done, one line each."""
-        from nodes.devnet.recovery import restore_chain
+        """After a crash: let a left-over anvil finish its last dump, make anvil's state file
+        hold the write nodes' head, and give a write node behind the others the blocks anvil
+        can no longer replay (nodes/devnet/recovery.py), so no block a client could read
+        before the crash is lost and no write node stalls. Returns what was done."""
+        from nodes.devnet.recovery import catch_up_writers, restore_chain
         from nodes.writer.service import STORE_FILE
         from nodes.writer.settings import DEFAULT_KEY, writer_data_dir, writer_sections
 
@@ -129,6 +128,7 @@ class Stack:
         keys = [str(sect.get("key", DEFAULT_KEY)) for sect in sections]
         stores = [(key, path / STORE_FILE) for key, path in zip(keys, dirs, strict=True)]
         lines.append(restore_chain(anvil.state_path, stores))
+        lines.extend(catch_up_writers(anvil.state_path, stores))
         return [line for line in lines if line]
 
     async def start_writers(self, stack: AsyncExitStack) -> None:
@@ -137,7 +137,6 @@ class Stack:
 
         sections = writer_sections(self.config)
         dirs = [writer_data_dir(self.data_dir, sections, i) for i in range(len(sections))]
-        await asyncio.to_thread(self.seed_new_writers, sections, dirs)
         for sect, data_dir in zip(sections, dirs, strict=True):
             writer = WriterNode.from_config(sect, data_dir=data_dir, registry=self.registry)
             await writer.start()
@@ -145,30 +144,6 @@ class Stack:
             s = writer.settings
             listen = {"host": s.host, "port": s.port}
             await self.serve(stack, f"write node {s.key}", writer.make_app(), listen)
-
-    def seed_new_writers(self, sections: list[dict[str, Any]], dirs: list[Path]) -> None:
-        """A write node added to a devnet that already has a chain starts from a copy of
-        another writer's blocks: anvil restored from its state file cannot replay the old
-        blocks, so the new writer could not build them itself (docs/write-node.md)."""
-        from nodes.writer.service import STORE_FILE
-
-        if not (self.data_dir / ANVIL_STATE).exists():
-            return
-        stores = [d / STORE_FILE for d in dirs]
-        source = next((i for i, store in enumerate(stores) if store.exists()), None)
-        if source is None:
-            return
-        for index, store in enumerate(stores):
-            if store.exists():
-                continue
-            key, origin = sections[index].get("key"), sections[source].get("key")
-            say(f"• write node {key}: new on an existing chain, starting from {origin}'s blocks")
-            store.parent.mkdir(parents=True, exist_ok=True)
-            with (
-                contextlib.closing(sqlite3.connect(stores[source])) as src,
-                contextlib.closing(sqlite3.connect(store)) as dst,
-            ):
-                src.backup(dst)
 
     async def start_state_nodes(self, stack: AsyncExitStack) -> None:
         from nodes.state.service import StateNode

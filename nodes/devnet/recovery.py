@@ -158,6 +158,58 @@ def _restore(state_path: Path, chain: StoredChain, head: int) -> str:
     )
 
 
+def catch_up_writers(state_path: Path, stores: Sequence[tuple[str, Path]]) -> list[str]:
+    """A write node new on an existing devnet, or behind the highest store with blocks to
+    build that anvil can no longer replay (anvil restored from a store keeps no state of old
+    blocks; a kept file only that of its last `state_history` blocks), takes those blocks
+    from the highest store: they are the same bytes it would build itself. Without this such
+    a write node would stall. Returns one line per write node that took blocks."""
+    found = highest_chain(stores)
+    state = read_state(state_path)
+    if found is None or state is None:
+        if found is not None:
+            found[0].close()
+        return []
+    best, head = found
+    lines = []
+    try:
+        for key, path in stores:
+            if key == best.key:
+                continue
+            chain = StoredChain(key, path)  # a new write node's store is created
+            try:
+                line = _catch_up(chain, best, head, state)
+            finally:
+                chain.close()
+            if line:
+                lines.append(line)
+    finally:
+        best.close()
+    return lines
+
+
+def _catch_up(chain: StoredChain, best: StoredChain, head: int, state: dict[str, Any]) -> str:
+    own = chain.head()
+    if own is None:
+        shared, why = -1, "new on an existing chain"
+    elif own >= head:
+        return ""
+    else:
+        shared, why = own, "anvil cannot replay them any more"
+        while shared >= 0 and chain.store.hash_at(shared) != best.store.hash_at(shared):
+            shared -= 1
+        if shared < 0 or not unreplayable_above(state, shared):
+            return ""  # another chain entirely, or anvil can replay what it misses
+        chain.store.rewind(shared)
+    for number in range(shared + 1, head + 1):
+        raw = best.store.output_by_number(number)
+        if raw is None:
+            raise RecoveryError(f"{best.key}'s store has no block {number}")
+        header = orjson.loads(raw)["Header"]
+        chain.store.append(number, header["hash"], header["parentHash"], raw)
+    return f"write node {chain.key}: {why}, took blocks {shared + 1}-{head} from {best.key}'s store"
+
+
 def _set_aside(state_path: Path) -> Path:
     """Keep a damaged state file for inspection, out of anvil's way."""
     kept = damaged_state_path(state_path)

@@ -153,7 +153,6 @@ class ChainFollower:
                 "(the last: %s)",
                 self.name, stats.failures, stats.last_error,
             )  # fmt: skip
-            self._announce = True  # say where the stored head stands against the client
         stats.failures, stats.last_error = 0, None
 
     def verdict(self, head: int | None) -> Verdict:

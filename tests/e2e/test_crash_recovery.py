@@ -11,7 +11,8 @@ is cut short), which `chainstate up` repairs from the write nodes' stores; every
 restart is also killed once while it is still starting (restoring, starting anvil, …).
 
 CHAINSTATE_CRASH_KILLS sets the number of kills (20 in the suite; the 100-kill run of
-docs/write-node.md uses 100), CHAINSTATE_CRASH_SEED the random seed (printed on failure).
+docs/write-node.md uses 100), CHAINSTATE_CRASH_SEED the random seed (printed on failure),
+CHAINSTATE_CRASH_LOG a file that keeps the output of every run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -279,7 +281,12 @@ def test_sigkill_at_random_moments_loses_no_answer(tmp_path: Path) -> None:
             f"{log.count('its state file holds the write nodes')} times, "
             f"{log.count('reorg')} reorg lines"
         )
+    except BaseException:
+        print(f"seed {SEED}; the output of the last run:\n{stack.output()[-8000:]}")
+        raise
     finally:
         sender.halt.set()
         if stack.proc is not None and stack.proc.poll() is None:
             assert stack.stop() == 0, stack.output()[-3000:]
+        if os.environ.get("CHAINSTATE_CRASH_LOG"):  # keep every run's output (manual runs)
+            shutil.copyfile(stack.log, os.environ["CHAINSTATE_CRASH_LOG"])

@@ -28,10 +28,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from chainstate.inproc import InprocRegistry
 from nodes.devnet.anvil import GENESIS, AnvilProcess
-from nodes.devnet.recovery import read_state, restore_chain
+from nodes.devnet.recovery import catch_up_writers, read_state, restore_chain
 from nodes.devnet.rpc import EthClient
 from nodes.devnet.workload import WorkloadRecord, fresh_address, run_workload
 from nodes.writer.service import STORE_FILE, WriterNode
+from nodes.writer.store import BlockStore
 from proxy.app import create_app
 from proxy.settings import ProxySettings
 from proxy.store_file import FileStore
@@ -259,7 +260,8 @@ async def test_a_client_behind_on_the_same_chain_is_waited_for_then_a_fork_is_a_
             for i in range(2):
                 await send(eth, {"from": accounts[3], "to": fresh_address(731 + i), "value": "0x1"})
             await writer.wait_for_head(behind + 2)
-            lost = writer.store.hash_at(behind + 1) if writer.store else None
+            assert writer.store is not None
+            lost = writer.store.hash_at(behind + 1)
         finally:
             await eth.close()
     assert writer.follower is not None
@@ -274,10 +276,10 @@ async def test_a_client_behind_on_the_same_chain_is_waited_for_then_a_fork_is_a_
             assert health["healthy"] is True and health["execution_head"] == behind
             assert any("is behind the stored head" in r.getMessage() for r in caplog.records)
             # The client mines another block at a stored height: a reorg, in one line.
-            await send(eth, {"from": accounts[3], "to": fresh_address(739), "value": "0x5"})
-            await writer.wait_for_head(behind + 1)
+            mined = await send(eth, {"from": accounts[3], "to": fresh_address(739), "value": "0x5"})
+            assert mined["blockHash"] != lost
             async with asyncio.timeout(10):
-                while writer.store is None or writer.store.hash_at(behind + 1) == lost:  # noqa: ASYNC110
+                while writer.store.hash_at(behind + 1) != mined["blockHash"]:  # noqa: ASYNC110
                     await asyncio.sleep(0.02)
             assert writer.head == behind + 1 and writer.follower.stats.reorgs == 1
             reorg = [r.getMessage() for r in caplog.records if "reorg" in r.getMessage()]
@@ -399,3 +401,39 @@ async def test_restored_state_files_are_anvils_format(chain: Chain, tmp_path: Pa
     assert isinstance(some["nonce"], int) and some["balance"].startswith("0x")
     impersonated = [t for b in doc["blocks"] for t in b["transactions"] if t["impersonated_sender"]]
     assert [t["impersonated_sender"] for t in impersonated] == [IMPERSONATED]
+
+
+async def test_a_write_node_behind_takes_the_blocks_anvil_cannot_replay(
+    chain: Chain, tmp_path: Path
+) -> None:
+    """After a restore anvil keeps no state of old blocks: a write node that was behind the
+    others (or is new) takes the missing blocks from the highest store instead of stalling."""
+    behind, fresh = tmp_path / "behind", tmp_path / "fresh"
+    await asyncio.to_thread(shutil.copytree, chain.store_dir, behind)
+    lagging = BlockStore(behind / STORE_FILE)
+    lagging.rewind(chain.head - 3)
+    lagging.close()
+    stores = [
+        ("writer-r", chain.store_dir / STORE_FILE),
+        ("writer-b", behind / STORE_FILE),
+        ("writer-f", fresh / STORE_FILE),
+    ]
+    state = tmp_path / "anvil-state.json"
+    restore_chain(state, stores)
+    lines = catch_up_writers(state, stores)
+    assert lines == [
+        f"write node writer-b: anvil cannot replay them any more, took blocks "
+        f"{chain.head - 2}-{chain.head} from writer-r's store",
+        f"write node writer-f: new on an existing chain, took blocks 0-{chain.head} from "
+        "writer-r's store",
+    ]
+    original = BlockStore(chain.store_dir / STORE_FILE)
+    copies = [BlockStore(behind / STORE_FILE), BlockStore(fresh / STORE_FILE)]
+    try:
+        for n in range(chain.head + 1):
+            want = original.output_by_number(n)
+            assert [c.output_by_number(n) for c in copies] == [want, want]
+    finally:
+        for store in [original, *copies]:
+            store.close()
+    assert catch_up_writers(state, stores) == []  # nothing left to take
