@@ -19,7 +19,6 @@ file into anvil and compares every block and receipt with the original chain.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,8 +28,6 @@ import orjson
 
 from nodes.devnet.anvil import damaged_state_path
 from nodes.writer.store import BlockStore
-
-log = logging.getLogger(__name__)
 
 # Fields of an execution client's block object that are not header fields.
 NOT_HEADER = frozenset({"hash", "size", "totalDifficulty", "uncles", "transactions", "withdrawals"})
