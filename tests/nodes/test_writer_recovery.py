@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import logging
@@ -59,6 +60,23 @@ async def dump_state(eth: EthClient, path: Path) -> None:
     """anvil's own dump (no historical states), as its state file would hold it."""
     raw = await eth.call("anvil_dumpState")
     await asyncio.to_thread(path.write_bytes, gzip.decompress(bytes.fromhex(raw[2:])))
+
+
+@contextlib.asynccontextmanager
+async def followed(
+    tmp_path: Path, port: int | None = None
+) -> AsyncIterator[tuple[EthClient, WriterNode, list[str]]]:
+    """A fresh automine anvil, a client of it and its dev accounts, and a write node (store
+    in `tmp_path/writer`) following it. The caller closes the write node: some tests keep
+    it running across a restart of anvil."""
+    async with AnvilProcess(port=port or free_port(), genesis=GENESIS) as anvil:
+        eth = EthClient(anvil.url)
+        writer = make_writer(anvil.url, tmp_path / "writer")
+        await writer.start()
+        try:
+            yield eth, writer, await eth.call("eth_accounts")
+        finally:
+            await eth.close()
 
 
 @dataclass
@@ -153,12 +171,8 @@ async def test_a_state_file_behind_the_store_gets_the_missing_blocks(tmp_path: P
     """anvil killed with SIGKILL: its file ends before the write node's head; the blocks after
     it come back with their hashes, the file's own part is kept as it was."""
     state = tmp_path / "anvil-state.json"
-    async with AnvilProcess(port=free_port(), genesis=GENESIS) as anvil:
-        eth = EthClient(anvil.url)
-        writer = make_writer(anvil.url, tmp_path / "writer")
-        await writer.start()
+    async with followed(tmp_path) as (eth, writer, accounts):
         try:
-            accounts = await eth.call("eth_accounts")
             await send(eth, {"from": accounts[1], "to": fresh_address(710), "value": "0x1"})
             await dump_state(eth, state)
             kept = read_state(state)
@@ -171,7 +185,6 @@ async def test_a_state_file_behind_the_store_gets_the_missing_blocks(tmp_path: P
             ]
         finally:
             await writer.close()
-            await eth.close()
     said = restore_chain(state, [("writer-r", tmp_path / "writer" / STORE_FILE)])
     assert said is not None and f"ended at block {head - 3}" in said and "3 blocks" in said
     restored_file = read_state(state)
@@ -210,22 +223,16 @@ async def test_blocks_anvil_cannot_replay_above_the_store_are_dropped(tmp_path: 
     them (no kept history): building them would stall the writer, so the file is cut back
     to the writer's head (those transactions are lost, as on a crashed node)."""
     state = tmp_path / "anvil-state.json"
-    async with AnvilProcess(port=free_port(), genesis=GENESIS) as anvil:
-        eth = EthClient(anvil.url)
-        writer = make_writer(anvil.url, tmp_path / "writer")
-        await writer.start()
+    async with followed(tmp_path) as (eth, writer, accounts):
         try:
-            accounts = await eth.call("eth_accounts")
             await send(eth, {"from": accounts[1], "to": fresh_address(720), "value": "0x1"})
             head = int(await eth.call("eth_blockNumber"), 16)
             await writer.wait_for_head(head)
-            await writer.close()
-            for i in range(2):
-                await send(eth, {"from": accounts[1], "to": fresh_address(721 + i), "value": "0x1"})
-            await dump_state(eth, state)
         finally:
             await writer.close()
-            await eth.close()
+        for i in range(2):
+            await send(eth, {"from": accounts[1], "to": fresh_address(721 + i), "value": "0x1"})
+        await dump_state(eth, state)
     said = restore_chain(state, [("writer-r", tmp_path / "writer" / STORE_FILE)])
     assert said is not None and "can no longer replay (from block" in said
     async with AnvilProcess(port=free_port(), genesis=GENESIS, state_path=state) as again:
@@ -248,22 +255,15 @@ async def test_a_client_behind_on_the_same_chain_is_waited_for_then_a_fork_is_a_
     caplog.set_level(logging.WARNING, logger="nodes.writer.follower")
     state = tmp_path / "anvil-state.json"
     port = free_port()
-    async with AnvilProcess(port=port, genesis=GENESIS) as anvil:
-        eth = EthClient(anvil.url)
-        writer = make_writer(anvil.url, tmp_path / "writer")
-        await writer.start()
-        try:
-            accounts = await eth.call("eth_accounts")
-            await send(eth, {"from": accounts[3], "to": fresh_address(730), "value": "0x1"})
-            await dump_state(eth, state)  # the client will come back at this height
-            behind = int(await eth.call("eth_blockNumber"), 16)
-            for i in range(2):
-                await send(eth, {"from": accounts[3], "to": fresh_address(731 + i), "value": "0x1"})
-            await writer.wait_for_head(behind + 2)
-            assert writer.store is not None
-            lost = writer.store.hash_at(behind + 1)
-        finally:
-            await eth.close()
+    async with followed(tmp_path, port) as (eth, writer, accounts):
+        await send(eth, {"from": accounts[3], "to": fresh_address(730), "value": "0x1"})
+        await dump_state(eth, state)  # the client will come back at this height
+        behind = int(await eth.call("eth_blockNumber"), 16)
+        for i in range(2):
+            await send(eth, {"from": accounts[3], "to": fresh_address(731 + i), "value": "0x1"})
+        await writer.wait_for_head(behind + 2)
+        assert writer.store is not None
+        lost = writer.store.hash_at(behind + 1)
     assert writer.follower is not None
     async with AnvilProcess(port=port, genesis=GENESIS, state_path=state):
         eth = EthClient(f"http://127.0.0.1:{port}")
