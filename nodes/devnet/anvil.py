@@ -143,7 +143,7 @@ def damaged_state_path(state_path: Path) -> Path:
     return state_path.with_name(state_path.stem + ".damaged.json")
 
 
-def _wait_for_left_over(pid_path: Path | None, state_path: Path) -> str | None:
+def _wait_for_left_over(pid_path: Path | None, state_path: Path, within: float) -> str | None:
     """An anvil of an earlier run on `state_path` may still be alive: after its parent died
     (kill -9) it got SIGTERM and is writing its last dump. Wait for it; an orphan that does
     not exit is stopped; one whose parent still runs belongs to another stack: an error."""
@@ -156,7 +156,7 @@ def _wait_for_left_over(pid_path: Path | None, state_path: Path) -> str | None:
     except (ValueError, OSError, psutil.Error):
         pid_path.unlink(missing_ok=True)
         return None
-    if _ended(proc, LEFT_OVER_WAIT):
+    if _ended(proc, within):
         pid_path.unlink(missing_ok=True)
         return f"waited for anvil (pid {proc.pid}) of the previous run to write its state"
     parent = _parent(proc)
@@ -212,6 +212,7 @@ class AnvilProcess:
         start_timeout: float = DEFAULT_START_TIMEOUT,
         state_interval: float = DEFAULT_STATE_INTERVAL,
         state_history: int = DEFAULT_STATE_HISTORY,
+        left_over_wait: float = LEFT_OVER_WAIT,
     ) -> None:
         self.port = port
         self.chain_id = chain_id
@@ -224,6 +225,7 @@ class AnvilProcess:
         self.start_timeout = start_timeout
         self.state_interval = state_interval
         self.state_history = state_history
+        self.left_over_wait = left_over_wait
         self._proc: subprocess.Popen[bytes] | None = None
         self._output: IO[bytes] | None = None
 
@@ -271,7 +273,7 @@ class AnvilProcess:
         when there was something to say."""
         if self.state_path is None:
             return None
-        said = _wait_for_left_over(self.pid_path, self.state_path)
+        said = _wait_for_left_over(self.pid_path, self.state_path, self.left_over_wait)
         dump = self.dump_path
         assert dump is not None
         if not dump.exists():
