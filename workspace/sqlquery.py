@@ -264,6 +264,8 @@ def _int_clause(node: Any, what: str) -> int | None:
     value = node.args.get("expression") or node.this
     if type(value) is not exp.Literal or value.is_string or not value.this.isdigit():
         raise bad(f"{what} takes a non-negative integer")
+    if len(value.this.lstrip("0")) > len(str(INT64_MAX)):  # int() refuses 4300+ digits
+        raise bad(f"{what} must be at most {INT64_MAX}")
     n = int(value.this)
     if n > INT64_MAX:
         raise bad(f"{what} must be at most {INT64_MAX}")

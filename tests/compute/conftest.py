@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 GO_CACHE = REPO / ".chainstate" / "test-compute-cache"
 
 FAST = Limits(wall_seconds=5, cpu_seconds=5, memory_bytes=256 * 1024 * 1024)
+BUILD_UID = 2_100_063  # the runner fixture's Go build uid (its pool uses 2_100_000..3)
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +67,8 @@ def pool() -> WorkerPool:
 
 @pytest.fixture
 async def runner(sandbox: Sandbox, pool: WorkerPool) -> AsyncIterator[CodeRunner]:
-    r = CodeRunner(sandbox, pool, RunnerSettings(limits=FAST, cache_dir=GO_CACHE))
+    settings = RunnerSettings(limits=FAST, cache_dir=GO_CACHE, build_uid=BUILD_UID)
+    r = CodeRunner(sandbox, pool, settings)
     await r.prepare()
     yield r
 

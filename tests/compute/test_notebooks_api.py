@@ -12,7 +12,7 @@ import pytest_asyncio
 
 from tests.compute.conftest import Stack
 from workspace.compute.store import table_reader_count
-from workspace.notebooks import table_instances
+from workspace.compute_api import table_instances
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -335,7 +335,9 @@ async def test_sdk_table_access_and_blockx(stack: Stack, space: str) -> None:
             "manual",
             nb["id"],
         )
-        direct = await stack.db.run(lambda c, x=access: table_instances(c, t["id"], x, 10))
+        direct = await stack.db.run(
+            lambda c, x=access: table_instances(c, t["id"], x, 10, stack.ids["alice"])
+        )
         assert direct == got
     # the Space's dep_count counts distinct readers (this Notebook) of its tables
     assert (await a.ok("GET", "/v1/space", id=space))["dep_count"] == 1

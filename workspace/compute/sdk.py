@@ -131,7 +131,10 @@ class SdkGateway:
             elif ep.method == "GET":
                 params = parse_fields(ep.params, dict(request.query), query=True)
             else:
-                body = await read_json_body(request, self.ctx.settings.max_body_bytes)
+                settings = self.ctx.settings
+                body = await read_json_body(
+                    request, settings.max_body_bytes, settings.max_json_depth
+                )
                 params = parse_fields(ep.params, body, query=False)
             result = await ep.handler(Call(request, self.ctx, params, sess.principal))
             if access == "chain":
