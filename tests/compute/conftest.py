@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,20 @@ def sandbox(isolation: Isolation) -> Iterator[Sandbox]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(params=["probed", "hidepid"])
+def private_sandbox(request: pytest.FixtureRequest, sandbox: Sandbox) -> Sandbox:
+    """The machine's best isolation (bubblewrap), and the root fallback without it (a hidepid
+    /proc and the same file system view made with mount calls)."""
+    iso = sandbox.isolation
+    if request.param == "hidepid":
+        if not iso.drop_uid:
+            pytest.skip("hidepid=2 needs root and a uid per run")
+        iso = replace(iso, processes="hidepid", bwrap=None)
+    if not iso.processes_isolated or not iso.filesystem_private:
+        pytest.fail(f"process or file system isolation unavailable here: {iso.notes}")
+    return Sandbox(iso, work_root=sandbox.work_root)
+
+
 @pytest.fixture
 def pool() -> WorkerPool:
     return WorkerPool(workers=2, max_queue=8, uids=UidPool(2_100_000, 4))
@@ -104,6 +119,17 @@ class Client:
         return status
 
 
+async def wait_ended(client: Client, instance_id: str, seconds: float = 15) -> dict[str, Any]:
+    """The instance once it has ended (AssertionError when it is still running after
+    `seconds`)."""
+    for _ in range(int(seconds * 10)):
+        doc = await client.ok("GET", "/v1/notebook/instance", id=instance_id)
+        if doc["status"] == "ended":
+            return doc
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{instance_id} still running")
+
+
 @dataclass
 class Stack:
     app: web.Application
@@ -131,8 +157,10 @@ TEST_COMPUTE = dict(
 
 @asynccontextmanager
 async def running_stack(
-    data_dir: Path, proxy_url: str, database: str = "sqlite"
+    data_dir: Path, proxy_url: str, database: str = "sqlite", **compute: Any
 ) -> AsyncIterator[Stack]:
+    """The app with compute on a free port, accounts alice and bob (and alice's access key);
+    `compute`: ComputeSettings fields set on top of TEST_COMPUTE."""
     port = free_port()
     settings = WorkspaceSettings.from_config(
         {"data_dir": str(data_dir), "workspace": {"port": port}}
@@ -151,7 +179,7 @@ async def running_stack(
     ids = db.run_sync(accounts)
     app = create_app(settings)
     svc = app[COMPUTE_KEY]
-    svc.settings = replace(svc.settings, **TEST_COMPUTE)  # type: ignore[arg-type]
+    svc.settings = replace(svc.settings, **{**TEST_COMPUTE, **compute})  # type: ignore[arg-type]
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.compute.conftest import Stack
+from tests.compute.conftest import Stack, wait_ended
 from workspace.compute.store import table_reader_count
 from workspace.compute_api import table_instances
 
@@ -38,12 +38,7 @@ async def start(stack: Stack, nb: dict, **kw: Any) -> dict:
 
 
 async def ended(stack: Stack, instance_id: str, seconds: float = 15) -> dict:
-    for _ in range(int(seconds * 10)):
-        doc = await stack.alice.ok("GET", "/v1/notebook/instance", id=instance_id)
-        if doc["status"] == "ended":
-            return doc
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{instance_id} still running")
+    return await wait_ended(stack.alice, instance_id, seconds)
 
 
 async def test_notebook_crud_and_list(stack: Stack, space: str) -> None:

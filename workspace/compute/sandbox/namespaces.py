@@ -139,9 +139,10 @@ def bwrap_argv(
     return [*argv, "--chdir", str(cwd or view.home), "--"]
 
 
-def private_filesystem(view: FsView) -> None:
+def private_filesystem(view: FsView, cwd: Path | None = None) -> None:
     """Build `view` with mount calls (root, in the child, inside `private_mounts()`): the
-    same file system a bwrap run gets, for a root server without bubblewrap.
+    same file system a bwrap run gets, for a root server without bubblewrap. Ends in `cwd`
+    (default: the home), entered again on the new mounts.
 
     The sources are opened first: binding the run's temp folder over /tmp hides the run's
     own folders when they live under /tmp, so they are re-bound from those handles."""
@@ -155,6 +156,7 @@ def private_filesystem(view: FsView) -> None:
         if i < writable:  # a bind keeps its source's flags: read-only after read_only_tree()
             mount(None, dest, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV, None)
         os.close(fd)
+    os.chdir(cwd or view.home)  # the old working directory is on the read-only mount
 
 
 def _mount_point(dest: str, directory: bool) -> None:

@@ -172,6 +172,7 @@ class Sandbox:
             None if nproc is None else nproc + wrappers,
             binds if iso.drop_uid else (),
             view if iso.processes == "hidepid" else None,
+            cwd,
         )
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -236,6 +237,7 @@ class Sandbox:
         nproc: int | None,
         binds: tuple[tuple[Path, Path], ...],
         fallback_view: FsView | None,
+        cwd: Path,
     ) -> Callable[[], None]:
         network = self.isolation.network
         processes = self.isolation.processes
@@ -258,7 +260,7 @@ class Sandbox:
             if processes == "hidepid":
                 unshare(CLONE_NEWIPC)
                 if fallback_view is not None:
-                    private_filesystem(fallback_view)
+                    private_filesystem(fallback_view, cwd)
                 hidepid_proc()  # before the uid it hides the rest from
             if uid is not None:
                 os.setgroups([])
