@@ -130,6 +130,7 @@ def bwrap_argv(
     if view.temp_sizes is not None:  # no run tmpfs (not root): one sized tmpfs per folder
         for dest in TEMP_MOUNTS:
             argv += ["--size", str(view.temp_sizes), "--perms", "1777", "--tmpfs", dest]
+        argv += ["--dir", "/run/lock"]
     for src, dest in view.binds:
         argv += ["--bind", str(src), dest]
     for path in view.exposed:
