@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -128,6 +129,25 @@ async def wait_ended(client: Client, instance_id: str, seconds: float = 15) -> d
             return doc
         await asyncio.sleep(0.1)
     raise AssertionError(f"{instance_id} still running")
+
+
+NOTE_COLUMNS = [
+    {"id": "id", "name": "id", "type": "STRING"},
+    {"id": "n", "name": "note", "type": "STRING"},
+]
+
+
+async def note_table(client: Client, note: str, visibility: str = "private") -> str:
+    """A fresh Space of the client's account holding table `t` (id, note) with one row
+    `r1` whose note is `note`; returns the table id."""
+    space = f"s{uuid.uuid4().hex[:10]}"
+    await client.ok("POST", "/v1/space/create", {"id": space, "visibility": visibility})
+    body = {"space": space, "name": "t", "table_type": "normal"}
+    t = await client.ok("POST", "/v1/table/create", body)
+    await client.ok("POST", "/v1/table/init", {"id": t["id"], "columns": NOTE_COLUMNS})
+    row = {"table_id": t["id"], "data": {"id": "r1", "note": note}}
+    await client.ok("POST", "/v1/table/row/create", row)
+    return str(t["id"])
 
 
 @dataclass

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 import pytest
 import pytest_asyncio
 
-from tests.compute.conftest import REPO, Stack, running_stack, wait_ended
+from tests.compute.conftest import REPO, Stack, note_table, running_stack, wait_ended
 from tests.workspace.conftest import pg_schema
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -169,23 +169,6 @@ async def attacked(
             yield stack
 
 
-async def make_table(stack: Stack, who: str, visibility: str) -> str:
-    client = getattr(stack, who)
-    space = f"{who[0]}{uuid.uuid4().hex[:8]}"
-    await client.ok("POST", "/v1/space/create", {"id": space, "visibility": visibility})
-    t = await client.ok(
-        "POST", "/v1/table/create", {"space": space, "name": "t", "table_type": "normal"}
-    )
-    cols = [
-        {"id": "id", "name": "id", "type": "STRING"},
-        {"id": "n", "name": "note", "type": "STRING"},
-    ]
-    await client.ok("POST", "/v1/table/init", {"id": t["id"], "columns": cols})
-    row = {"table_id": t["id"], "data": {"id": "r1", "note": f"{who}'s {visibility} row"}}
-    await client.ok("POST", "/v1/table/row/create", row)
-    return str(t["id"])
-
-
 def context(stack: Stack, alice_home: Path, server_port: int, upstream: str) -> dict[str, Any]:
     svc = stack.svc
     data = svc.settings.data_dir
@@ -253,8 +236,8 @@ async def test_an_attacker_finds_nothing(
     attacked: Stack, upstream: str, abstract_socket: str
 ) -> None:
     stack = attacked
-    alice_private = await make_table(stack, "alice", "private")
-    alice_public = await make_table(stack, "alice", "public")
+    alice_private = await note_table(stack.alice, "alice's private row")
+    alice_public = await note_table(stack.alice, "alice's public row", "public")
     victim, alice_home = await alice_victim(stack)
     port = int(stack.alice.base.rsplit(":", 1)[1])
     ctx = context(stack, alice_home, port, upstream)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.compute.conftest import Client, Stack, wait_ended
+from tests.compute.conftest import Client, Stack, note_table, wait_ended
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -42,27 +42,14 @@ NOTEBOOK = (
 )
 
 
-async def private_table(client: Client, who: str) -> str:
-    space = f"{who[0]}{uuid.uuid4().hex[:8]}"
-    await client.ok("POST", "/v1/space/create", {"id": space})
-    t = await client.ok(
-        "POST", "/v1/table/create", {"space": space, "name": "t", "table_type": "normal"}
-    )
-    cols = [
-        {"id": "id", "name": "id", "type": "STRING"},
-        {"id": "n", "name": "note", "type": "STRING"},
-    ]
-    await client.ok("POST", "/v1/table/init", {"id": t["id"], "columns": cols})
-    row = {"id": "r1", "note": f"{who} private"}
-    await client.ok("POST", "/v1/table/row/create", {"table_id": t["id"], "data": row})
-    return str(t["id"])
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def world(stack: Stack) -> dict[str, Any]:
     """alice: a private table and public code; bob: a private table."""
     a = stack.alice
-    ids = {"alice": await private_table(a, "alice"), "bob": await private_table(stack.bob, "bob")}
+    ids = {
+        "alice": await note_table(a, "alice private"),
+        "bob": await note_table(stack.bob, "bob private"),
+    }
     space = f"p{uuid.uuid4().hex[:8]}"
     await a.ok("POST", "/v1/space/create", {"id": space, "visibility": "public"})
     for name, code in (("read", READ), ("write", WRITE), ("exfil", EXFIL)):

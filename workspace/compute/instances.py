@@ -25,6 +25,7 @@ from typing import IO, Any, Protocol
 import psutil
 from cachetools import LRUCache
 
+from workspace.compute.periodic import Periodic
 from workspace.compute.quotas import QUOTA_INSTANCES, AccountQuotas, InFlight
 from workspace.compute.runners import RUNTIME_DIR, BadResult, CodeRunner, parse_result
 from workspace.compute.sandbox import (
@@ -219,7 +220,10 @@ class InstanceManager:
         self._live: dict[str, _Live] = {}
         # called with (instance doc, run env) when an instance's process has ended
         self.on_end: Callable[[dict[str, Any], dict[str, str]], None] | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops = [
+            Periodic(self.reap, settings.reaper_interval_seconds, "instance reaper"),
+            Periodic(self._sample_all, settings.metrics_interval_seconds, "instance sampler"),
+        ]
         self._lock = asyncio.Lock()
         # recent history kept in memory only, bounded (documented: metrics of old instances)
         self._ended_points: LRUCache[str, dict[str, deque[list[float]]]] = LRUCache(256)
@@ -238,17 +242,13 @@ class InstanceManager:
                 display="failed",
                 message="server restarted while the instance was running; its process was lost",
             )
-        self._tasks.append(asyncio.create_task(self._reaper()))
-        self._tasks.append(asyncio.create_task(self._sampler()))
+        for loop in self._loops:
+            loop.start()
 
     async def close(self) -> None:
         """Stop background loops and end every running instance (as failed, with a reason)."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        for loop in self._loops:
+            await loop.close()
         for live in list(self._live.values()):
             live.sp.kill("shutdown")
         for live in list(self._live.values()):
@@ -570,19 +570,9 @@ class InstanceManager:
         await self.store.put_instance(doc)
         self._append_event(doc["id"], f"instance ended: {display}: {message}")
 
-    async def _reaper(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.reaper_interval_seconds)
-            try:
-                await self.reap()
-            except Exception:  # the loop must survive a store hiccup
-                log.exception("instance reaper failed")
-
-    async def _sampler(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.metrics_interval_seconds)
-            for live in list(self._live.values()):
-                self.sample(live)
+    async def _sample_all(self) -> None:
+        for live in list(self._live.values()):
+            self.sample(live)
 
     def sample(self, live: _Live) -> None:
         """Record cpu %, memory bytes and network rates; kill past max_memory (OOM)."""

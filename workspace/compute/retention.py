@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workspace.compute import store as cs
+from workspace.compute.periodic import Periodic
 from workspace.db import Conn, Database
 
 log = logging.getLogger("workspace.compute.retention")
@@ -62,26 +63,15 @@ class Retention:
         self.settings = settings
         self.max_log_bytes = max_log_bytes
         self.clock = clock
-        self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        interval = settings.retention_interval_seconds
+        self._loop = Periodic(self.sweep, interval, "retention sweep", first=True)
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
+        self._loop.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.sweep()
-            except Exception:  # keep going after a store hiccup
-                log.exception("retention sweep failed")
-            await asyncio.sleep(self.settings.retention_interval_seconds)
+        await self._loop.close()
 
     async def sweep(self) -> dict[str, int]:
         """One pass over every rule; returns how many items each rule removed."""
