@@ -278,9 +278,11 @@ class ComputeService:
         _remove_dead_sockets(root)
 
     def _clean_uid(self, uid: int) -> None:
-        """Before a sandbox uid is handed out again: nothing of its last run may remain."""
-        kill_uid_processes(uid)
+        """Before a sandbox uid is handed out again: nothing of its last run may remain. Its
+        processes were killed when the run was cleaned up; without a private file system,
+        what it left in the shared temp folders goes now."""
         if self.isolation is not None and not self.isolation.filesystem_private:
+            kill_uid_processes(uid)
             remove_uid_files(range(uid, uid + 1))
 
     async def close(self) -> None:

@@ -14,6 +14,18 @@ from typing import Any
 
 from workspace.db import Conn, Database, Migration
 
+
+def _copy_from_doc(table: str, column: str) -> Migration:
+    """A migration step filling a new `column` from each row's `doc_json` field of that name."""
+
+    def step(conn: Conn) -> None:
+        for row_id, raw in conn.tuples(f"SELECT id, doc_json FROM {table}"):
+            value = json.loads(raw).get(column)
+            conn.execute(f"UPDATE {table} SET {column} = ? WHERE id = ?", [value, row_id])
+
+    return step
+
+
 MIGRATIONS: list[Migration] = [
     """CREATE TABLE ws_functions (
         id TEXT PRIMARY KEY, space TEXT NOT NULL, account_id TEXT NOT NULL, name TEXT NOT NULL,
@@ -56,21 +68,16 @@ MIGRATIONS: list[Migration] = [
     "CREATE INDEX ws_table_access_reader ON ws_table_access (table_id, access, reader)",
     # retention (workspace.compute.retention) and bounded lists
     "ALTER TABLE ws_nb_instances ADD COLUMN exited_at DOUBLE PRECISION",
-    lambda conn: _backfill_exited_at(conn),
+    _copy_from_doc("ws_nb_instances", "exited_at"),
     "CREATE INDEX ws_nb_instances_ended ON ws_nb_instances (status, exited_at)",
     "CREATE INDEX ws_table_access_recent"
     " ON ws_table_access (table_id, access, last_accessed_at_ms)",
     "CREATE INDEX ws_table_access_time ON ws_table_access (last_accessed_at_ms)",
     "CREATE INDEX ws_nb_schedule_runs_created ON ws_nb_schedule_runs (created_at)",
+    "ALTER TABLE ws_nb_schedules ADD COLUMN content_id TEXT",
+    _copy_from_doc("ws_nb_schedules", "content_id"),
+    "CREATE INDEX ws_nb_schedules_account ON ws_nb_schedules (account_id, created_at)",
 ]
-
-
-def _backfill_exited_at(conn: Conn) -> None:
-    for instance_id, raw in conn.tuples(
-        "SELECT id, doc_json FROM ws_nb_instances WHERE status = 'ended'"
-    ):
-        exited = json.loads(raw).get("exited_at")
-        conn.execute("UPDATE ws_nb_instances SET exited_at = ? WHERE id = ?", [exited, instance_id])
 
 
 def _dump(value: Any) -> str:
@@ -417,14 +424,15 @@ def list_instances(
 def put_schedule(conn: Conn, doc: dict[str, Any]) -> None:
     conn.execute("DELETE FROM ws_nb_schedules WHERE id = ?", [doc["id"]])
     conn.execute(
-        "INSERT INTO ws_nb_schedules (id, account_id, space, deleted_at, created_at, doc_json)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
+        "INSERT INTO ws_nb_schedules (id, account_id, space, deleted_at, created_at,"
+        " content_id, doc_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
         [
             doc["id"],
             doc["account_id"],
             doc["space"],
             doc.get("deleted_at"),
             doc["created_at"],
+            doc.get("content_id"),
             _dump(doc),
         ],
     )
@@ -448,20 +456,21 @@ def list_schedules(
     start: int,
     limit: int,
 ) -> tuple[list[dict[str, Any]], int]:
+    """A page of an account's schedules, newest first (only the page is read)."""
     where = "account_id = ?"
     params: list[Any] = [account_id]
     if not include_deleted:
         where += " AND deleted_at IS NULL"
-    rows = [
-        json.loads(r[0])
-        for r in conn.tuples(
-            f"SELECT doc_json FROM ws_nb_schedules WHERE {where} ORDER BY created_at DESC, id ASC",
-            params,
-        )
-    ]
     if content_id is not None:
-        rows = [r for r in rows if r.get("content_id") == content_id]
-    return rows[start : start + limit], len(rows)
+        where += " AND content_id = ?"
+        params.append(content_id)
+    total = conn.scalar(f"SELECT COUNT(*) FROM ws_nb_schedules WHERE {where}", params)
+    rows = conn.tuples(
+        f"SELECT doc_json FROM ws_nb_schedules WHERE {where} ORDER BY created_at DESC, id ASC"
+        " LIMIT ? OFFSET ?",
+        [*params, limit, start],
+    )
+    return [json.loads(r[0]) for r in rows], int(total or 0)
 
 
 def add_schedule_run(conn: Conn, run: dict[str, Any]) -> None:
