@@ -8,18 +8,21 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from chainstate.config import ConfigError
 from tests.compute.conftest import Client, Stack, running_stack, wait_ended
 from tests.workspace.conftest import pg_schema
 from workspace.compute.quotas import AccountQuotas
 from workspace.compute.retention import DAY, Retention, RetentionSettings
+from workspace.compute.service import ComputeSettings
 from workspace.compute.store import table_reader_count
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+ON_STACK = pytest.mark.asyncio(loop_scope="module")  # the module's server and its loop
 
 SLEEPER = "import time\nwhile True:\n    time.sleep(0.05)\n"
 QUOTAS = AccountQuotas(max_running_instances=1, max_function_runs=2, max_log_bytes=150_000)
@@ -44,6 +47,7 @@ async def notebook(client: Client, code: str, **kw: Any) -> dict[str, Any]:
     return await client.ok("POST", "/v1/notebook/create", body)
 
 
+@ON_STACK
 async def test_running_instances_per_account(quota_stack: Stack) -> None:
     a, b = quota_stack.alice, quota_stack.bob
     nb = await notebook(a, SLEEPER)
@@ -73,6 +77,7 @@ async def test_running_instances_per_account(quota_stack: Stack) -> None:
     await a.ok("POST", "/v1/notebook/instance/cancel", {"id": second["id"]})
 
 
+@ON_STACK
 async def test_function_runs_per_account(quota_stack: Stack) -> None:
     a, b = quota_stack.alice, quota_stack.bob
     slow = {"language": "python", "code": "import time\ndef main():\n    time.sleep(1.5)\n"}
@@ -95,6 +100,7 @@ async def logs_of(client: Client, instance_id: str) -> list[str]:
     return [r["message"] for r in logs["logs"]]
 
 
+@ON_STACK
 async def test_log_bytes_kept_per_account(quota_stack: Stack) -> None:
     """Each instance prints about 60 kB; with 150 kB kept per account, the oldest ended
     instances' logs are replaced by a notice as newer ones end."""
@@ -112,6 +118,7 @@ async def test_log_bytes_kept_per_account(quota_stack: Stack) -> None:
     assert len(kept[3]) > 600 and kept[3][-1] == "instance ended: succeeded: completed"
 
 
+@ON_STACK
 async def test_retention_of_logs_and_records(quota_stack: Stack) -> None:
     stack = quota_stack
     a = stack.alice
@@ -147,3 +154,26 @@ async def test_retention_of_logs_and_records(quota_stack: Stack) -> None:
     assert not await asyncio.to_thread(log.exists)
     assert await stack.db.read(table_reader_count, t["id"]) == 0
     assert (await a.ok("GET", "/v1/space", id=space))["dep_count"] == 0
+
+
+def test_quotas_retention_and_write_budgets_are_named_settings() -> None:
+    values = {
+        "account_max_running_instances": 2,
+        "account_max_function_runs": 3,
+        "account_max_log_bytes": 1000,
+        "log_retention_seconds": 60,
+        "record_retention_seconds": 120,
+        "function_write_bytes": 4096,
+        "instance_write_files": 5,
+        "sql_max_value_bytes": 10,
+    }
+    s = ComputeSettings.from_mapping(values, Path("/nonexistent"), 1)
+    assert s.account == AccountQuotas(2, 3, 1000)
+    assert (s.retention.log_retention_seconds, s.retention.record_retention_seconds) == (60, 120)
+    assert (s.function_limits.write_bytes, s.instance.write_files) == (4096, 5)
+    assert s.sql_max_value_bytes == 10
+    for bad in ({"account_nope": 1}, {"instance_uid_base": 5}, {"retention": 1}, {"port": 2}):
+        with pytest.raises(ConfigError, match="unknown setting"):
+            ComputeSettings.from_mapping(bad, Path("/nonexistent"), 1)
+    with pytest.raises(ConfigError, match="must be a int"):
+        ComputeSettings.from_mapping({"account_max_function_runs": "8"}, Path("/x"), 1)

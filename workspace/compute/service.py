@@ -86,42 +86,38 @@ class ComputeSettings:
     @classmethod
     def from_mapping(cls, values: dict[str, Any], data_dir: Path, port: int) -> ComputeSettings:
         """From the `[compute]` TOML table: flat keys; Limits fields prefixed `function_`,
-        InstanceSettings fields prefixed `instance_`. Unknown keys or bad types: ConfigError."""
+        InstanceSettings fields `instance_`, AccountQuotas fields `account_`, the rest
+        (RetentionSettings' and this class's own) unprefixed. Unknown keys or bad types:
+        ConfigError."""
         base = cls(data_dir=data_dir, port=port)
-        groups: dict[str, tuple[Any, dict[str, Any]]] = {
-            "function_": (base.function_limits, {}),
-            "instance_": (base.instance, {}),
-            "account_": (base.account, {}),
-            "": (base.retention, {}),
-            " ": (base, {}),
-        }
+        found: dict[str | None, dict[str, Any]] = {group: {} for _, group in _GROUPS}
         for key, value in values.items():
-            for prefix, (target, out) in groups.items():
-                name = key[len(prefix.strip()) :] if key.startswith(prefix.strip()) else None
-                known = {f.name: f for f in fields(target)}
-                if name in known and name not in _NOT_SETTABLE[prefix]:
-                    out[name] = _coerce(key, getattr(target, name), value)
+            for prefix, group in _GROUPS:
+                target = base if group is None else getattr(base, group)
+                name = key.removeprefix(prefix) if key.startswith(prefix) else None
+                settable = {f.name for f in fields(target)} - _NOT_SETTABLE.get(group, set())
+                if name in settable:
+                    found[group][name] = _coerce(key, getattr(target, name), value)
                     break
             else:
                 raise ConfigError(f"[compute] unknown setting {key!r}")
-        return replace(
-            base,
-            function_limits=replace(base.function_limits, **groups["function_"][1]),
-            instance=replace(base.instance, **groups["instance_"][1]),
-            account=replace(base.account, **groups["account_"][1]),
-            retention=replace(base.retention, **groups[""][1]),
-            **groups[" "][1],
-        )
+        nested = {g: replace(getattr(base, g), **found[g]) for _, g in _GROUPS if g is not None}
+        return replace(base, **nested, **found[None])
 
 
-# nested groups and values the service derives itself (the instance uid range, the port);
-# keys: the groups of `from_mapping` (" " is ComputeSettings' own flat fields)
-_NOT_SETTABLE = {
-    " ": {"function_limits", "instance", "account", "retention", "port"},
-    "instance_": {"uid_base"},
-    "function_": set(),
-    "account_": set(),
-    "": set(),
+# (key prefix, nested settings field of ComputeSettings or None for its own fields), in the
+# order keys are matched
+_GROUPS: list[tuple[str, str | None]] = [
+    ("function_", "function_limits"),
+    ("instance_", "instance"),
+    ("account_", "account"),
+    ("", "retention"),
+    ("", None),
+]
+# values the service derives itself (the instance uid range, the port) and the nested groups
+_NOT_SETTABLE: dict[str | None, set[str]] = {
+    None: {"function_limits", "instance", "account", "retention", "port"},
+    "instance": {"uid_base"},
 }
 
 
