@@ -58,7 +58,7 @@ class SdkSession:
 
     token: str
     principal: Principal
-    run_id: str  # instance id, or the Function run id
+    run_id: str  # instance id, or the saved Function's id (access is recorded per Function)
     reader: str  # notebook id or Function id (counted in `deps`)
     on_metric: Metric | None
 
@@ -151,6 +151,8 @@ class SdkGateway:
         return handle
 
     async def _record(self, sess: SdkSession, table_id: str, access: str) -> None:
+        if not sess.reader:
+            return  # an ad-hoc run: no table's dependency, nothing to record
         key = (table_id, sess.run_id, access)
         if key in self._recent:
             return

@@ -313,7 +313,12 @@ class ComputeService:
     ) -> Outcome:
         """Execute Function code for `caller` (whose quota it counts against) with `rights`
         (whose tables its SDK calls and SQL may use: see workspace.compute_api.run_rights).
-        Failures are Outcomes; only a quota refusal raises (QuotaExceeded, an HTTP 429)."""
+        Failures are Outcomes; only a quota refusal raises (QuotaExceeded, an HTTP 429).
+
+        Table access is recorded per saved Function (`reader`, its id), not per run, so the
+        records grow with Functions and tables, not with calls; an ad-hoc run (`reader` "")
+        is no table's dependency and records nothing."""
+        run_id = reader or run_id
         with self.function_runs.hold(caller.account_id):
             if language == "sql":
 
@@ -343,7 +348,7 @@ class ComputeService:
         compiled = await self.ctx.db.read(compile_)
         rows = await self.sql.run(compiled, args)
         now_ms = int(self.clock() * 1000)
-        for table in compiled.tables:
+        for table in compiled.tables if reader else ():
             await self.store.record_access(table.id, run_id, "read", reader, now_ms)
         return rows
 
