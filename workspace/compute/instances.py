@@ -210,13 +210,13 @@ class InstanceManager:
         self.log_dir = log_dir
         self.clock = clock
         self.env_for = env_for
-        self._uids = UidPool(settings.uid_base, settings.max_running)
-        self.uid_pool = self._uids  # the service adds leftover clean-up on release
+        # the service sets `uid_base` per server (tests construct managers directly) and adds
+        # the clean-up of a uid's leftovers to the pool's on_release
+        self.uid_pool = UidPool(settings.uid_base, settings.max_running)
         limit = (quotas or AccountQuotas()).max_running_instances
         self.account_running = InFlight(
             QUOTA_INSTANCES, "max_running_instances", limit, "instances running"
         )
-        # the service sets `uid_base` per server; tests construct managers directly
         self._live: dict[str, _Live] = {}
         # called with (instance doc, run env) when an instance's process has ended
         self.on_end: Callable[[dict[str, Any], dict[str, str]], None] | None = None
@@ -325,11 +325,11 @@ class InstanceManager:
                 "exit_message": None,
             }
             await self.store.put_instance(doc)
-            uid = self._uids.acquire()
+            uid = self.uid_pool.acquire()
             try:
                 live = await self._spawn(doc, globals_, uid)
             except Exception as exc:
-                self._uids.release(uid)
+                self.uid_pool.release(uid)
                 log.warning("instance start failed", extra={"instance": doc["id"]})
                 await self._finish(
                     doc, exit_code=EXIT_LOST, display="failed", message=f"could not start: {exc}"
@@ -502,7 +502,7 @@ class InstanceManager:
                 live.log_fh = None
             await self.sandbox.cleanup(live.sp)
             if live.uid is not None:
-                self._uids.release(live.uid)
+                self.uid_pool.release(live.uid)
             if self.on_end is not None:
                 self.on_end(doc, live.env)
         fresh = await self.store.get_instance(doc["id"]) or doc

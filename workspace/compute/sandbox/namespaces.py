@@ -15,7 +15,7 @@ import ctypes.util
 import errno
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 CLONE_NEWNS = 0x00020000
@@ -104,7 +104,7 @@ class FsView:
     binds: tuple[tuple[Path, str], ...]
     exposed: tuple[Path, ...] = ()
     temp_sizes: int | None = None  # bwrap without a run tmpfs: size of each temp tmpfs
-    extra: tuple[tuple[Path, Path], ...] = field(default=())  # job binds into home (non-root)
+    extra: tuple[tuple[Path, Path], ...] = ()  # job binds into the home (bwrap, not root)
 
 
 def bwrap_argv(
