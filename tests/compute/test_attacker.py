@@ -117,6 +117,9 @@ def attack(ctx):
         for name, call in calls.items():
             if attempt(call) == "ok":
                 found[f"sdk {name} {table}"] = True
+    for table in ctx.get("own_tables", []):  # the control: the SDK itself works here
+        if attempt(lambda: cs.list_rows(table)) != "ok":
+            found["sdk cannot read own table " + table] = True
     for table in ctx["public_tables"]:
         calls = {
             "upsert": lambda: cs.upsert(table, {"id": "r9", "note": "attacker"}),
@@ -270,7 +273,7 @@ async def test_an_attacker_finds_nothing(
         assert json.loads(results[0].removeprefix("RESULT ")) == {}
         # 3. and a later Function of alice's does not see what bob's runs left either (her
         # own tables are hers to use: the SDK part does not apply)
-        mine = {**ctx, "private_tables": [], "public_tables": []}
+        mine = {**ctx, "private_tables": [], "public_tables": [], "own_tables": [alice_private]}
         look = {"language": "python", "code": FUNCTION, "arguments": [{"value": mine}]}
         rec = await stack.alice.ok("POST", "/v1/function/run", look)
         assert rec["status"] == "succeeded", rec["output"]

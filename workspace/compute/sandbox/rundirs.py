@@ -80,8 +80,15 @@ def create_run_dirs(work_root: Path, uid: int | None, limits: Limits, tmpfs: boo
 
 
 def remove_run_dirs(dirs: RunDirs) -> None:
-    """Unmount (when a tmpfs) and delete a run's folders; safe to call twice."""
-    if dirs.tmpfs or os.path.ismount(dirs.root):
+    """Delete a run's folders and unmount its tmpfs; safe to call twice.
+
+    The files go first, while the tmpfs is still mounted: runs started meanwhile hold a copy
+    of every mount in their own mount namespace, so unmounting alone would keep this run's
+    files in memory until the last of them ends."""
+    mounted = dirs.tmpfs or os.path.ismount(dirs.root)
+    if mounted:
+        for entry in list(dirs.root.iterdir()) if dirs.root.is_dir() else []:
+            shutil.rmtree(entry, ignore_errors=True)
         with contextlib.suppress(OSError):
             umount(str(dirs.root))
     shutil.rmtree(dirs.root, ignore_errors=True)
