@@ -153,16 +153,13 @@ def list_functions(
 ) -> tuple[list[dict[str, Any]], int]:
     """A page of the Functions in the visible Spaces (and the total), `keyword` matching the
     name (ASCII letters in any case). Only the page's rows are read."""
-    where, params = _function_filter(spaces, name)
+    where, params = _spaces_and_name(spaces, name)
     if keyword:
         where += " AND LOWER(name) LIKE ? ESCAPE '\\'"
         params.append("%" + _like(ascii_lower(keyword)) + "%")
-    total = conn.scalar(f"SELECT COUNT(*) FROM ws_functions WHERE {where}", params)
-    rows = conn.all(
-        f"SELECT * FROM ws_functions WHERE {where} {_order(order_by, direction)} LIMIT ? OFFSET ?",
-        [*params, limit, start],
-    )
-    return [function_from_row(r) for r in rows], int(total or 0)
+    order = _order(order_by, direction)
+    rows, total = _page(conn, "ws_functions", where, params, order, start, limit)
+    return [function_from_row(r) for r in rows], total
 
 
 def search_function_code(
@@ -181,7 +178,7 @@ def search_function_code(
     letters in any case; PostgreSQL's LOWER folds more, so it keeps a superset); their code
     is streamed `SCAN_CHUNK` rows at a time, so memory holds one chunk and the page whatever
     the number of Functions."""
-    where, params = _function_filter(spaces, name)
+    where, params = _spaces_and_name(spaces, name)
     where += " AND LOWER(code) LIKE LOWER(?) ESCAPE '\\'"
     params.append("%" + _like(ascii_lower(keyword)) + "%")
     sql = f"SELECT id, code FROM ws_functions WHERE {where} {_order(order_by, direction)}"
@@ -202,7 +199,7 @@ def search_function_code(
     return out, total
 
 
-def _function_filter(spaces: SpaceFilter, name: str | None) -> tuple[str, list[Any]]:
+def _spaces_and_name(spaces: SpaceFilter, name: str | None) -> tuple[str, list[Any]]:
     where, params = spaces[0], list(spaces[1])
     if name:
         where += " AND name LIKE ? ESCAPE '\\'"
@@ -212,6 +209,20 @@ def _function_filter(spaces: SpaceFilter, name: str | None) -> tuple[str, list[A
 
 def _order(order_by: str, direction: str) -> str:
     return f"ORDER BY {order_by} {'ASC' if direction == 'asc' else 'DESC'}, id ASC"
+
+
+NEWEST_FIRST = "ORDER BY created_at DESC, id ASC"
+
+
+def _page(
+    conn: Conn, table: str, where: str, params: list[Any], order: str, start: int, limit: int
+) -> tuple[list[dict[str, Any]], int]:
+    """One page of `table`'s rows matching `where` (only the page is read) and the total."""
+    total = conn.scalar(f"SELECT COUNT(*) FROM {table} WHERE {where}", params)
+    rows = conn.all(
+        f"SELECT * FROM {table} WHERE {where} {order} LIMIT ? OFFSET ?", [*params, limit, start]
+    )
+    return rows, int(total or 0)
 
 
 def ascii_lower(text: str) -> str:
@@ -339,16 +350,10 @@ def list_notebooks(
     order_by: str,
     direction: str,
 ) -> tuple[list[dict[str, Any]], int]:
-    where, params = spaces[0], list(spaces[1])
-    if name:
-        where += " AND name LIKE ? ESCAPE '\\'"
-        params.append("%" + _like(name) + "%")
-    total = conn.scalar(f"SELECT COUNT(*) FROM ws_notebooks WHERE {where}", params)
-    rows = conn.all(
-        f"SELECT * FROM ws_notebooks WHERE {where} {_order(order_by, direction)} LIMIT ? OFFSET ?",
-        [*params, limit, start],
-    )
-    return [notebook_from_row(r) for r in rows], int(total or 0)
+    where, params = _spaces_and_name(spaces, name)
+    order = _order(order_by, direction)
+    rows, total = _page(conn, "ws_notebooks", where, params, order, start, limit)
+    return [notebook_from_row(r) for r in rows], total
 
 
 # Instances ------------------------------------------------------------------------------
@@ -409,13 +414,8 @@ def list_instances(
         where.append("name LIKE ? ESCAPE '\\'")
         params.append("%" + _like(filters["name"]) + "%")
     clause = " AND ".join(where)
-    total = conn.scalar(f"SELECT COUNT(*) FROM ws_nb_instances WHERE {clause}", params)
-    rows = conn.tuples(
-        f"SELECT doc_json FROM ws_nb_instances WHERE {clause} ORDER BY created_at DESC, id ASC"
-        " LIMIT ? OFFSET ?",
-        [*params, limit, start],
-    )
-    return [json.loads(r[0]) for r in rows], int(total or 0)
+    rows, total = _page(conn, "ws_nb_instances", clause, params, NEWEST_FIRST, start, limit)
+    return [json.loads(r["doc_json"]) for r in rows], total
 
 
 # Schedules ------------------------------------------------------------------------------
@@ -464,13 +464,8 @@ def list_schedules(
     if content_id is not None:
         where += " AND content_id = ?"
         params.append(content_id)
-    total = conn.scalar(f"SELECT COUNT(*) FROM ws_nb_schedules WHERE {where}", params)
-    rows = conn.tuples(
-        f"SELECT doc_json FROM ws_nb_schedules WHERE {where} ORDER BY created_at DESC, id ASC"
-        " LIMIT ? OFFSET ?",
-        [*params, limit, start],
-    )
-    return [json.loads(r[0]) for r in rows], int(total or 0)
+    rows, total = _page(conn, "ws_nb_schedules", where, params, NEWEST_FIRST, start, limit)
+    return [json.loads(r["doc_json"]) for r in rows], total
 
 
 def add_schedule_run(conn: Conn, run: dict[str, Any]) -> None:
