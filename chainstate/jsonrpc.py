@@ -139,9 +139,26 @@ def is_notification(item: dict[str, Any]) -> bool:
     return "id" not in item
 
 
+_NO_PARAMS: list[Any] = []  # the default of an absent "params" in the check (never changed)
+
+
 def check_request(item: Any) -> JsonRpcError | None:
     """Validate the envelope of one request object (not its params), as a JSON parser made
-    it (exact types: a bool is not a number here)."""
+    it (exact types: a bool is not a number here). A valid one passes one expression; the
+    error of an invalid one is worked out apart."""
+    if (
+        type(item) is dict
+        and item.get("jsonrpc") == "2.0"
+        and type(item.get("method")) is str
+        and item["method"]
+        and type(item.get("id")) in _ID_EXACT
+        and type(item.get("params", _NO_PARAMS)) in _PARAMS_EXACT
+    ):
+        return None
+    return _request_error(item)
+
+
+def _request_error(item: Any) -> JsonRpcError:
     if type(item) is not dict:
         return JsonRpcError(INVALID_REQUEST, "Invalid Request: expected a JSON object")
     if item.get("jsonrpc") != "2.0":
@@ -149,12 +166,10 @@ def check_request(item: Any) -> JsonRpcError | None:
     method = item.get("method")
     if type(method) is not str or not method:
         return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "method" must be a non-empty string')
-    if "id" in item and type(item["id"]) not in _ID_EXACT:
+    if type(item.get("id")) not in _ID_EXACT:
         msg = 'Invalid Request: "id" must be a string, number or null'
         return JsonRpcError(INVALID_REQUEST, msg)
-    if "params" in item and type(item["params"]) not in _PARAMS_EXACT:
-        return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "params" must be an array or object')
-    return None
+    return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "params" must be an array or object')
 
 
 Handler = Callable[[Any], Awaitable[Any]]

@@ -189,9 +189,13 @@ class MethodTable:
             raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {cut(method)}")
         if spec is EXTRA:
             return spec, None
-        values = _positional(params, spec)
+        names = spec.params
+        if type(params) is list and len(params) == len(names) and None not in params:
+            values = params  # every param given (the common case: nothing to fill or check)
+        else:
+            values = _positional(params, spec)
         for index, check in spec.checks:
-            check(values[index], spec.params[index])
+            check(values[index], names[index])
         parse = spec.parse_block
         if parse is None:
             return spec, None
@@ -200,9 +204,7 @@ class MethodTable:
 
 def _positional(params: Any, spec: MethodSpec) -> list[Any]:
     names = spec.params
-    if type(params) is list and len(params) == len(names):
-        values = params  # the common case: every param given (only read, never changed)
-    elif params is None:
+    if params is None:
         values = [None] * len(names)
     elif isinstance(params, dict):
         unknown = set(params) - set(names)
