@@ -85,7 +85,9 @@ class _Histogram:
 class HotMetrics(Collector):
     """Counters and histograms of the request path, keyed by label values."""
 
-    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+    def __init__(self, client_id_top_n: int = 100, buckets: tuple[float, ...] = LATENCY_BUCKETS):
+        self.top_n = client_id_top_n
+        self.clients: dict[str, int] = {}  # client-id → requests ("other" not counted in top_n)
         self.bounds = list(buckets)
         self.requests: dict[tuple[str, str, str, str], int] = {}  # chain, method, node, outcome
         self.attempts: dict[tuple[str, str, str], int] = {}  # chain, node, outcome
@@ -115,6 +117,14 @@ class HotMetrics(Collector):
         for labels, value in list(self.attempts.items()):
             attempts.add_metric(list(labels), value)
         yield attempts
+        clients = CounterMetricFamily(
+            "chainstate_proxy_client_requests",
+            f"client requests by client-id header (first {self.top_n} ids, rest 'other')",
+            labels=["client_id"],
+        )
+        for label, value in list(self.clients.items()):
+            clients.add_metric([label], value)
+        yield clients
         yield self._family(
             "chainstate_proxy_request_seconds",
             "time to answer a client request (single or batch)",
@@ -147,7 +157,7 @@ class ProxyMetrics:
     def __init__(self, client_id_top_n: int = 100) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.hot = HotMetrics()
+        self.hot = HotMetrics(client_id_top_n)
         r.register(self.hot)
         self._requests = self.hot.requests
         self._attempts = self.hot.attempts
@@ -163,21 +173,13 @@ class ProxyMetrics:
             ["node", "kind"],
             registry=r,
         )
-        self.clients = Counter(
-            "chainstate_proxy_client_requests",
-            f"client requests by client-id header (first {client_id_top_n} ids, rest 'other')",
-            ["client_id"],
-            registry=r,
-        )
         self.mirrors = Counter(
             "chainstate_proxy_mirror_copies",
             "mirror copies by outcome (sent, failed, dropped)",
             ["outcome"],
             registry=r,
         )
-        self._top_n = client_id_top_n
         self._children: dict[tuple[Any, ...], Any] = {}
-        self._clients: dict[str, Any] = {}
 
     def watch_nodes(
         self, pools: Callable[[], dict[str, Pool]], client_inflight: Callable[[], int]
@@ -227,13 +229,10 @@ class ProxyMetrics:
         if not client_id:
             return
         label = client_id[:MAX_CLIENT_ID_LEN]
-        child = self._clients.get(label)
-        if child is None:
-            if len(self._clients) >= self._top_n:
-                child = self._child(self.clients, OTHER)
-            else:
-                child = self._clients[label] = self.clients.labels(label)
-        child.inc()
+        clients = self.hot.clients
+        if label not in clients and len(clients) - (OTHER in clients) >= self.hot.top_n:
+            label = OTHER
+        clients[label] = clients.get(label, 0) + 1
 
     def mirror(self, outcome: str) -> None:
         self._child(self.mirrors, outcome).inc()

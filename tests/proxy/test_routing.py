@@ -466,7 +466,7 @@ async def test_version_key_routes_chain_to_versioned_pool(make_api, fake_nodes) 
 
 async def test_metrics_client_ids_and_access_log(two, caplog) -> None:
     api, _, _ = two
-    api.proxy.metrics._top_n = 2
+    api.proxy.metrics.hot.top_n = 2
     headers = {"x-vendor-biz": "biz", "x-vendor-source": "src", "x-vendor-env": "prod"}
     with caplog.at_level(logging.INFO, logger="chainstate.proxy.access"):
         for cid in ("alpha", "beta", "gamma", "delta"):
