@@ -92,7 +92,13 @@ class Upstream:
                     raise UpstreamError("connect", f"{url}: {exc}") from None
                 return _answer(url, status, data)
             if is_inproc(url):
-                return await self._send_inproc(url, body)
+                handler = self.registry.resolve(url) if self.registry is not None else None
+                if handler is None:
+                    raise UpstreamError("connect", f"{url}: no such in-process node")
+                try:
+                    return await handler(body)
+                except Exception as exc:  # a failing in-process node is an unusable answer
+                    raise UpstreamError("inproc", f"{url}: {type(exc).__name__}: {exc}") from None
             return await self._send_session(url, body, limit)
         except asyncio.CancelledError:
             if deadline.expired():
@@ -132,15 +138,6 @@ class Upstream:
             except ValueError as exc:
                 raise UpstreamError("connect", str(exc)) from None
         return pool
-
-    async def _send_inproc(self, url: str, body: bytes) -> bytes:
-        handler = self.registry.resolve(url) if self.registry is not None else None
-        if handler is None:
-            raise UpstreamError("connect", f"{url}: no such in-process node")
-        try:
-            return await handler(body)
-        except Exception as exc:  # a failing in-process node is an unusable answer
-            raise UpstreamError("inproc", f"{url}: {type(exc).__name__}: {exc}") from None
 
 
 def _answer(url: str, status: int, data: bytes) -> bytes:
