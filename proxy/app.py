@@ -20,11 +20,14 @@ from chainstate.httpserver import HttpServer, Request, Response, ServerLimits
 from chainstate.inproc import InprocRegistry
 from chainstate.rpcserver import read_body
 from proxy.admin import AdminApi
+from proxy.cache import ResponseCache
 from proxy.engine import Engine
+from proxy.heads import Heads
 from proxy.health import HeadTracker
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import EntryError
+from proxy.reads import Reads, ReadSettings
 from proxy.select import Selector
 from proxy.settings import ProxySettings
 from proxy.state import RoutingState
@@ -50,6 +53,7 @@ class Proxy:
     tracker: HeadTracker
     sync: StoreSync
     admin: AdminApi
+    reads: Reads
 
     @classmethod
     def build(
@@ -73,8 +77,11 @@ class Proxy:
             s.mirror_workers,
             s.mirror_timeout,
         )
-        engine = Engine(s, state, upstream, selector, metrics, mirrors, real_tracer)
+        reads = cls.build_reads(s, upstream, selector)
+        state.on_cache_flush = reads.cache.flush
+        engine = Engine(s, state, upstream, selector, metrics, mirrors, real_tracer, reads)
         metrics.watch_nodes(lambda: state.pools, lambda: engine.inflight)
+        metrics.watch_reads(reads)
         tracker = HeadTracker(
             lambda: state.pools,
             upstream,
@@ -82,12 +89,39 @@ class Proxy:
             s.head_poll_interval,
             s.poll_timeout,
             s.unhealthy_after,
+            on_block=reads.heads.observe,
         )
         sync = StoreSync(store, state, s)
-        admin = AdminApi(s, state, store, engine, tracker)
+        admin = AdminApi(s, state, store, engine, tracker, reads)
         return cls(
-            s, state, store, upstream, selector, metrics, mirrors, engine, tracker, sync, admin
+            s,
+            state,
+            store,
+            upstream,
+            selector,
+            metrics,
+            mirrors,
+            engine,
+            tracker,
+            sync,
+            admin,
+            reads,
         )
+
+    @staticmethod
+    def build_reads(s: ProxySettings, upstream: Upstream, selector: Selector) -> Reads:
+        """Heads, response cache and coalescing (docs/proxy.md: the read path)."""
+        cache = ResponseCache(s.cache_max_bytes, s.cache_pools)
+        heads = Heads(
+            upstream,
+            selector,
+            history=s.head_history,
+            timeout=s.poll_timeout,
+            interval=s.head_poll_interval,
+            checkers={c.pool: c.url for c in s.checkers},
+            on_dropped=cache.drop,
+        )
+        return Reads(heads, cache, ReadSettings(frozenset(s.cache_methods), s.coalesce))
 
     async def lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
         await self.upstream.start()
@@ -97,10 +131,12 @@ class Proxy:
             except EntryError as exc:
                 raise ConfigError(f"[proxy] {exc}") from None
             await self.mirrors.start()
+            await self.reads.heads.start()
             await self.tracker.start()
             yield
         finally:
             await self.tracker.close()
+            await self.reads.heads.close()
             await self.mirrors.close()
             await self.sync.close()
             await self.upstream.close()

@@ -38,6 +38,7 @@ from proxy.methods import MethodSpec, MethodTable
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import Node, Pool, normalize_pool
+from proxy.reads import Plan, Reads
 from proxy.select import NoEligibleNode, Selector
 from proxy.settings import ProxySettings
 from proxy.state import RoutingState
@@ -48,6 +49,7 @@ access_log = logging.getLogger("chainstate.proxy.access")
 SOURCE_HEADERS = ("x-vendor-biz", "x-vendor-source", "x-vendor-source-host", "x-vendor-env")
 RETRY_REASONS = {BLOCK_NOT_FOUND: "block_not_found", -39008: "unsupported_precompile"}
 NO_NODE_KEY = "-"  # node label of items no node answered
+COALESCED = "coalesced"  # node label of items that shared an identical read's answer
 UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
 MAX_HEADER_VALUE = 256  # longer client header values are cut in logs and spans
 MAX_CHAIN_IDS = 1024  # distinct raw chain ids whose normalized pool id is remembered
@@ -123,13 +125,14 @@ def batch_outcome(raw: bytes) -> tuple[str, Any]:
 class Ctx:
     """One client request as it goes through the steps."""
 
-    __slots__ = ("chain", "methods", "nodes", "pool")
+    __slots__ = ("chain", "heads", "methods", "nodes", "pool")
 
     def __init__(self, chain: str, pool: Pool) -> None:
         self.chain = chain
         self.pool = pool
         self.methods: list[str] = []
         self.nodes: list[str] = []  # every node tried (access log)
+        self.heads: Any = None  # the request's resolved heads (proxy/heads.RequestHeads)
 
 
 class Item:
@@ -141,6 +144,7 @@ class Item:
         "method",
         "notif",
         "obj",
+        "plan",
         "pos",
         "prefer_archive",
         "reason",
@@ -172,6 +176,7 @@ class Item:
         self.last: dict[str, Any] | None = None  # last (retryable) answer
         self.err: UpstreamError | None = None  # last transport failure
         self.reason = ""
+        self.plan: Plan | None = None  # what the read path decided (proxy/reads.py)
 
 
 class Engine:
@@ -184,8 +189,10 @@ class Engine:
         metrics: ProxyMetrics,
         mirrors: Mirrors,
         tracer: trace.Tracer | None = None,
+        reads: Reads | None = None,
     ) -> None:
         self.settings = settings
+        self.reads = reads  # heads, cache and coalescing (None: every item goes to a node)
         self.state = state
         self.upstream = upstream
         self.selector = selector
@@ -304,8 +311,58 @@ class Engine:
         ctx.methods.append(method)
         if ctx.pool.mirrors:
             self.mirrors.offer_single(ctx.pool, method, body)
-        out = await self._forward_single(ctx, method, spec, ref, payload, body)
+        plan = None
+        if self.reads is not None and not notif:
+            plan = self.reads.plan(self._heads(ctx), method, spec, ref, payload)
+        if plan is None:
+            out = await self._forward_single(ctx, method, spec, ref, payload, body)
+        else:
+            out = await self._planned_single(ctx, method, spec, plan, payload, body)
         return (204, b"") if notif or not out else (200, out)
+
+    def _heads(self, ctx: Ctx) -> Any:
+        """The request's heads, made on first use (each tag is resolved once per request)."""
+        heads = ctx.heads
+        if heads is None:
+            heads = ctx.heads = self.reads.request(ctx.pool)  # type: ignore[union-attr]
+        return heads
+
+    async def _planned_single(
+        self,
+        ctx: Ctx,
+        method: str,
+        spec: MethodSpec,
+        plan: Plan,
+        payload: dict[str, Any],
+        body: bytes,
+    ) -> bytes:
+        """A read the read path planned: answered at once (cache, pinned head), given the
+        answer of an identical read in flight, or sent with its block pinned, then stored
+        and shared."""
+        reads: Reads = self.reads  # type: ignore[assignment]
+        rid = _exact_id(payload, body, payload.get("id"))
+        if plan.answer is not None:
+            self.metrics.request(ctx.chain, method, plan.source, "ok")
+            return orjson.dumps({"jsonrpc": "2.0", "id": rid, "result": plan.answer})
+        if plan.flight is not None:
+            answer = reads.shared(ctx.pool, await plan.flight.wait(), rid)
+            if answer is not None:
+                outcome = "error" if "error" in answer else "ok"
+                self.metrics.request(ctx.chain, method, COALESCED, outcome)
+                return orjson.dumps(answer)
+        obj = plan.obj
+        if type(rid) is orjson.Fragment:  # the id as the client wrote it
+            obj = plan.obj = {**obj, "id": rid}
+            if plan.fallback is not None:
+                plan.fallback = {**plan.fallback, "id": rid}
+        sent = body if obj is payload else orjson.dumps(obj)
+        try:
+            out = await self._forward_single(ctx, method, spec, plan.ref, obj, sent, plan)
+        except BaseException:
+            reads.land(plan, None)
+            raise
+        reads.land(plan, out)
+        return out
 
     async def _forward_single(
         self,
@@ -315,6 +372,7 @@ class Engine:
         ref: BlockRef | None,
         payload: dict[str, Any],
         body: bytes,
+        plan: Plan | None = None,
     ) -> bytes:
         tried: list[Node] = []
         prefer_archive = False
@@ -349,6 +407,11 @@ class Engine:
                 return self._readable_view(ctx.pool, method, raw) if spec.writer else raw
             last, reason = raw, RETRY_REASONS.get(code, "retryable")
             prefer_archive = code == BLOCK_NOT_FOUND
+            if prefer_archive and plan is not None and plan.unpin() is not None:
+                # The node does not know the pinned block (a reorg the proxy has not seen
+                # yet, or it is behind): asked again by height, this node included.
+                body = orjson.dumps(plan.obj)
+                tried.pop()
         node_key = tried[-1].key if tried else NO_NODE_KEY
         if last is not None:
             self.metrics.request(ctx.chain, method, node_key, "error")
@@ -464,29 +527,106 @@ class Engine:
         if items and ctx.pool.mirrors:
             self.mirrors.offer_batch(ctx.pool, [(it.method, it.obj) for it in items])
         whole = len(items) == len(payload) and exact and _unique_ids(items)
-        pending = items
-        for attempt in range(1, self._attempts + 1):
-            if not pending:
-                break
-            groups = self._group(ctx, pending, attempt, answers)
-            if whole and len(groups) == 1:
-                # Every item goes to one node and the ids tell the answers apart: the client's
-                # bytes go as they are, and come back as they are when nothing needs changing.
-                whole = False  # a retry sends only the items it retries
-                ((node, group),) = groups.items()
-                pending, out = await self._send_whole(ctx, node, group, body, answers)
-                if out is not None:
-                    return (200, out) if out else (204, b"")
-                continue
-            whole = False
-            results = await _gather(
-                [self._send_group(ctx, n, group, attempt, answers) for n, group in groups.items()]
-            )
-            pending = [it for retry in results for it in retry]
-        for it in pending:
-            self._give_up(ctx, it, answers, None)
+        waiting: list[Item] = []
+        if self.reads is not None and items:
+            items, waiting, changed = self._plan_items(ctx, items, answers)
+            whole = whole and not changed
+        raw = await self._route(ctx, items, answers, whole, body)
+        if raw is not None:
+            return (200, raw) if raw else (204, b"")
+        if waiting:
+            await self._wait_items(ctx, waiting, answers, body)
         out = [a for a in answers if a is not None]
         return (200, orjson.dumps(out)) if out else (204, b"")
+
+    async def _route(
+        self, ctx: Ctx, items: list[Item], answers: list[Any], whole: bool, body: bytes
+    ) -> bytes | None:
+        """Steps 3-5 for the items of a batch, attempt after attempt; the node's bytes when
+        the whole batch went as the client's bytes and came back as the answer."""
+        pending = items
+        try:
+            for attempt in range(1, self._attempts + 1):
+                if not pending:
+                    break
+                groups = self._group(ctx, pending, attempt, answers)
+                if whole and len(groups) == 1:
+                    # Every item goes to one node and the ids tell the answers apart: the
+                    # client's bytes go as they are, and come back as they are when nothing
+                    # needs changing.
+                    whole = False  # a retry sends only the items it retries
+                    ((node, group),) = groups.items()
+                    pending, out = await self._send_whole(ctx, node, group, body, answers)
+                    if out is not None:
+                        return out
+                    continue
+                whole = False
+                results = await _gather(
+                    [
+                        self._send_group(ctx, n, group, attempt, answers)
+                        for n, group in groups.items()
+                    ]
+                )
+                pending = [it for retry in results for it in retry]
+            for it in pending:
+                self._give_up(ctx, it, answers, None)
+        finally:
+            if self.reads is not None:
+                for it in items:
+                    plan = it.plan
+                    if plan is not None and (plan.lead or plan.store):
+                        self.reads.land(plan, answers[it.pos])
+        return None
+
+    def _plan_items(
+        self, ctx: Ctx, items: list[Item], answers: list[Any]
+    ) -> tuple[list[Item], list[Item], bool]:
+        """The read path for every item (proxy/reads.py): items answered at once get their
+        answer; (items to send, items waiting for an identical read in flight, whether any
+        item changed or left, so the client's bytes can no longer go as they are)."""
+        reads: Reads = self.reads  # type: ignore[assignment]
+        heads = self._heads(ctx)
+        send: list[Item] = []
+        waiting: list[Item] = []
+        changed = False
+        for it in items:
+            plan = None if it.notif else reads.plan(heads, it.method, it.spec, it.ref, it.obj)
+            if plan is None:
+                send.append(it)
+                continue
+            it.plan = plan
+            if plan.answer is not None:
+                answers[it.pos] = {"jsonrpc": "2.0", "id": it.rid, "result": plan.answer}
+                self.metrics.request(ctx.chain, it.method, plan.source, "ok")
+                changed = True
+                continue
+            if plan.obj is not it.obj:
+                it.obj, it.ref, changed = plan.obj, plan.ref, True
+            if plan.flight is not None:
+                waiting.append(it)
+                changed = True
+            else:
+                send.append(it)
+        return send, waiting, changed
+
+    async def _wait_items(
+        self, ctx: Ctx, waiting: list[Item], answers: list[Any], body: bytes
+    ) -> None:
+        """Items that share an identical read's answer; those whose leader got none are
+        sent themselves."""
+        reads: Reads = self.reads  # type: ignore[assignment]
+        again = []
+        for it in waiting:
+            flight = it.plan.flight  # type: ignore[union-attr]
+            answer = reads.shared(ctx.pool, await flight.wait(), it.rid)  # type: ignore[union-attr]
+            if answer is None:
+                again.append(it)
+                continue
+            outcome = "error" if "error" in answer else "ok"
+            self.metrics.request(ctx.chain, it.method, COALESCED, outcome)
+            answers[it.pos] = answer
+        if again:
+            await self._route(ctx, again, answers, False, body)
 
     def _parse_items(
         self, ctx: Ctx, payload: list[Any], answers: list[Any], body: bytes
@@ -638,6 +778,11 @@ class Engine:
             and not any(it.method in UNMINED_FIELDS for it in group)
         ):
             self._count_answers(ctx, node, group, parsed, raw)
+            if self.reads is not None:  # the answers to store and share (`_route`)
+                answered = iter(parsed)
+                for it in group:
+                    if not it.notif:
+                        answers[it.pos] = next(answered)
             return [], raw
         return self._take_answers(ctx, node, group, keys, parsed, answers), None
 
@@ -696,6 +841,10 @@ class Engine:
             if code is not None:
                 it.last, it.reason = answer, RETRY_REASONS.get(code, "retryable")
                 it.prefer_archive = code == BLOCK_NOT_FOUND
+                if it.prefer_archive and it.plan is not None and it.plan.unpin() is not None:
+                    # The node does not know the pinned block: asked again by height.
+                    it.obj = it.plan.obj
+                    it.tried.pop()
                 retry.append(it)
                 continue
             outcome = "error" if "error" in answer else "ok"

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from chainstate.config import ConfigError, resolve_path, section
+from proxy.cache import DEFAULT_METHODS
+from proxy.model import normalize_pool
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8663
@@ -34,6 +36,14 @@ class SeedWriter:
     key: str
     url: str
     leader: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SeedChecker:
+    """The consistency checker of a pool: `safe`/`finalized` resolve to its confirmed head."""
+
+    pool: str
+    url: str
 
 
 @dataclass(slots=True)
@@ -70,17 +80,24 @@ class ProxySettings:
     known_hashes: int = 4096  # recent block hashes remembered for routing by hash
     admin_apply_timeout: float = 5.0  # seconds an admin write waits to see its change applied
     max_weight: int = 1_000_000  # largest node weight accepted by the admin API
+    # Read path (docs/proxy.md "One head per request, coalescing, cache"):
+    cache_max_bytes: int = 64 * 1024 * 1024  # answers kept in memory; 0: no cache
+    cache_pools: tuple[str, ...] = ("*",)  # pools whose answers are cached ("*": every pool)
+    cache_methods: tuple[str, ...] = DEFAULT_METHODS  # methods cached and coalesced
+    coalesce: bool = True  # identical reads in flight share one upstream call
+    head_history: int = 256  # recent block hashes kept per pool (pinning, reorg detection)
     nodes: tuple[SeedNode, ...] = ()
     writers: tuple[SeedWriter, ...] = ()
+    checkers: tuple[SeedChecker, ...] = ()
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ProxySettings:
         """Settings from a loaded config (`chainstate.config.load_config`); {} gives defaults."""
         sect = section(config, "proxy")
-        known = {f.name for f in fields(cls)} - {"nodes", "writers", "store_path"}
+        known = {f.name for f in fields(cls)} - {"nodes", "writers", "checkers", "store_path"}
         values: dict[str, Any] = {}
         for name, value in sect.items():
-            if name in ("nodes", "writers", "store") or isinstance(value, dict):
+            if name in ("nodes", "writers", "checkers", "store") or isinstance(value, dict):
                 continue  # sub-tables ([proxy.tracing], ...) belong to the modules they name
             if name not in known:
                 raise ConfigError(f"[proxy] unknown setting {name!r}")
@@ -90,6 +107,12 @@ class ProxySettings:
             if not isinstance(extra, list) or not all(isinstance(m, str) for m in extra):
                 raise ConfigError("[proxy] extra_methods must be a list of method names")
             values["extra_methods"] = tuple(extra)
+        for name in ("cache_pools", "cache_methods"):
+            if name in values:
+                listed = values[name]
+                if not isinstance(listed, list) or not all(isinstance(m, str) for m in listed):
+                    raise ConfigError(f"[proxy] {name} must be a list of strings")
+                values[name] = tuple(listed)
         if "store" in sect:
             values["store_path"] = str(resolve_path(config, sect["store"]))
         elif "data_dir" in config:
@@ -98,6 +121,7 @@ class ProxySettings:
             )
         values["nodes"] = tuple(_seed_nodes(sect.get("nodes", [])))
         values["writers"] = tuple(_seed_writers(sect.get("writers", [])))
+        values["checkers"] = tuple(_seed_checkers(sect.get("checkers", [])))
         try:
             settings = cls(**values)
         except TypeError as exc:
@@ -125,6 +149,7 @@ class ProxySettings:
             "known_hashes",
             "admin_apply_timeout",
             "max_weight",
+            "head_history",
         )
         for name in positive:
             value = getattr(self, name)
@@ -152,6 +177,31 @@ class ProxySettings:
             raise ConfigError("[proxy] max_client_connections must be an integer >= 0 (0: auto)")
         if self.client_id_top_n < 0:
             raise ConfigError("[proxy] client_id_top_n must be >= 0")
+        self._validate_reads()
+
+    def _validate_reads(self) -> None:
+        from proxy.methods import METHODS  # the served methods and how they name a block
+
+        size = self.cache_max_bytes
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ConfigError("[proxy] cache_max_bytes must be an integer >= 0 (0: no cache)")
+        if not isinstance(self.coalesce, bool):
+            raise ConfigError("[proxy] coalesce must be true or false")
+        for method in self.cache_methods:
+            spec = METHODS.get(method)
+            if spec is None or spec.writer or spec.block not in ("number", "ctx", "id", "hash"):
+                raise ConfigError(
+                    f"[proxy] cache_methods: {method!r} is not a read at a block the proxy "
+                    "can name by hash; allowed: " + ", ".join(sorted(_cacheable(METHODS)))
+                )
+        for pool in self.cache_pools:
+            if pool != "*" and normalize_pool(pool) != pool:
+                raise ConfigError(f"[proxy] cache_pools: {pool!r} is not a pool id (or '*')")
+        for checker in self.checkers:
+            if normalize_pool(checker.pool) != checker.pool:
+                raise ConfigError(f"[[proxy.checkers]] pool {checker.pool!r} is not a pool id")
+            if not checker.url.startswith(("http://", "https://", "inproc://")):
+                raise ConfigError(f"[[proxy.checkers]] url {checker.url!r} is not a node URL")
 
     def default_store_path(self) -> Path:
         return Path(".chainstate") / "proxy-store.json"
@@ -185,6 +235,25 @@ def _seed_nodes(value: Any) -> list[SeedNode]:
         except TypeError as exc:
             raise ConfigError(f"[[proxy.nodes]] {exc}") from None
         out.append(node)
+    return out
+
+
+def _cacheable(methods: dict[str, Any]) -> list[str]:
+    return [
+        m
+        for m, spec in methods.items()
+        if not spec.writer and spec.block in ("number", "ctx", "id", "hash")
+    ]
+
+
+def _seed_checkers(value: Any) -> list[SeedChecker]:
+    out = []
+    for item in _items(value, "checkers"):
+        try:
+            checker = SeedChecker(**{**item, "pool": str(item.get("pool", ""))})
+        except TypeError as exc:
+            raise ConfigError(f"[[proxy.checkers]] {exc}") from None
+        out.append(checker)
     return out
 
 

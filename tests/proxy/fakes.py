@@ -2,7 +2,9 @@
 
 A fake answers every served method with `{"node", "method", "height"}` so a test sees which
 node served an item at which height, keeps a window of heights like a `state` node (outside
-it → -39006), and can be made slow, failing or dead.
+it → -39006), and can be made slow, failing or dead. Block hashes carry their height (and a
+fork number, `reorg`), so a hash names a block of this node's chain or is unknown (-39006);
+`eth_getBlockByNumber` answers carry `number`, `hash` and `parentHash` too.
 """
 
 from __future__ import annotations
@@ -20,8 +22,15 @@ from tests.conftest import free_port
 TABLE = MethodTable(("trace_vendorBlock",))
 
 
-def block_hash(height: int) -> str:
-    return "0x" + height.to_bytes(32, "big").hex()
+def block_hash(height: int, fork: int = 0) -> str:
+    """The hash of block `height` of fork `fork` (0: the chain every fake starts on)."""
+    return "0x" + ((height << 64) | fork).to_bytes(32, "big").hex()
+
+
+def hash_parts(value: str) -> tuple[int, int]:
+    """(height, fork) of a fake block hash."""
+    number = int(value, 16)
+    return number >> 64, number & (2**64 - 1)
 
 
 class FakeNode:
@@ -41,6 +50,7 @@ class FakeNode:
         self.error_code: int | None = None  # answer every data item with this error
         self.received: list[dict[str, Any]] = []  # data items (polls excluded)
         self.bodies: list[bytes] = []
+        self.forks: list[tuple[int, int]] = []  # (from height, fork number), see `reorg`
         self.port = free_port()
         self._runner: web.AppRunner | None = None
 
@@ -63,6 +73,27 @@ class FakeNode:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    def reorg(self, from_height: int, fork: int) -> None:
+        """Blocks from `from_height` up are now those of fork `fork` (other hashes)."""
+        self.forks.append((from_height, fork))
+
+    def fork_at(self, height: int) -> int:
+        fork = 0
+        for start, number in self.forks:
+            if height >= start:  # a later reorg from a lower height replaces what was above
+                fork = number
+        return fork
+
+    def hash_at(self, height: int) -> str:
+        return block_hash(height, self.fork_at(height))
+
+    def header(self, height: int) -> dict[str, Any]:
+        return {
+            "number": hex(height),
+            "hash": self.hash_at(height),
+            "parentHash": self.hash_at(height - 1) if height > 0 else "0x" + "00" * 32,
+        }
 
     @property
     def earliest(self) -> int:
@@ -106,7 +137,7 @@ class FakeNode:
         if method == "blockx_range":
             return {"earliest": self.earliest, "latest": self.head}
         if polling and method == "eth_getBlockByNumber":
-            return {"number": hex(self.head), "hash": block_hash(self.head)}
+            return self.header(self.head)
         if self.error_code is not None:
             raise JsonRpcError(self.error_code, f"{self.name}: forced error")
         _, ref = TABLE.target(method, item.get("params"))
@@ -115,9 +146,14 @@ class FakeNode:
             if ref.number is not None:
                 height = ref.number
             elif ref.hash is not None:
-                height = int(ref.hash, 16)
+                height, fork = hash_parts(ref.hash)
+                if fork != self.fork_at(height):
+                    raise JsonRpcError(BLOCK_NOT_FOUND, f"{self.name}: block {ref.hash} not known")
             elif ref.tag == "earliest":
                 height = 0
         if not self.earliest <= height <= self.head:
             raise JsonRpcError(BLOCK_NOT_FOUND, f"{self.name}: block {height} not held")
-        return {"node": self.name, "method": method, "height": height}
+        answer = {"node": self.name, "method": method, "height": height}
+        if method == "eth_getBlockByNumber":
+            answer.update(self.header(height))
+        return answer

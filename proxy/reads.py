@@ -1,0 +1,256 @@
+"""The read path's shortcuts: one head per request, cached answers, coalesced reads.
+
+The engine asks `Reads.plan` about every read item of a client request before routing it:
+
+1. **resolve heads**: `latest` (also a `blockCtx` without `block_id`), `safe` and `finalized`
+   become a concrete block, the same for every item of the request (proxy/heads.py). The
+   block is named by its hash where the method takes one (EIP-1898 `{"blockHash"}`, a
+   `blockCtx` or `blockId` hash), so the node answers at exactly that block or says it does
+   not know it (-39006); the item is then asked again by height (`Plan.fallback`), which is
+   what a node answers after a reorg the proxy has not seen yet. `eth_blockNumber` is
+   answered with the resolved height, `getLatestBlock` is asked as `getBlockByHeight` of it.
+2. **cache**: an item of a cached method that names a block the proxy knows the hash of is
+   looked up (proxy/cache.py) and, when found, answered without a node.
+3. **coalesce**: an identical read already in flight (proxy/coalesce.py) is waited for.
+
+The rest goes to a node as usual; `land` stores a good answer and hands it to the waiting
+reads. Writer methods (the transaction lifecycle), `pending` reads and methods not in
+`cache_methods` are never cached or coalesced; `extra_methods` are passed through untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from chainstate.blockref import BlockRef
+from proxy.cache import Key, ResponseCache
+from proxy.coalesce import Coalescer, Flight
+from proxy.heads import Heads, RequestHeads
+from proxy.methods import MethodSpec
+from proxy.model import Pool
+
+HASH_FORMS = ("number", "ctx", "id")  # block params that can name a block by its hash
+
+
+class Plan:
+    """What the read path decided for one item."""
+
+    __slots__ = ("answer", "fallback", "flight", "key", "lead", "obj", "ref", "source", "store")
+
+    def __init__(
+        self,
+        obj: Any = None,
+        ref: BlockRef | None = None,
+        key: Key | None = None,
+        *,
+        answer: Any = None,
+        source: str = "",
+        flight: Flight | None = None,
+        store: bool = False,
+        fallback: dict[str, Any] | None = None,
+        lead: bool = False,
+    ) -> None:
+        self.obj = obj  # the request object to send (the client's, or with its block pinned)
+        self.ref = ref  # the block to route by
+        self.key = key  # cache/coalescing key (None: neither)
+        self.answer = answer  # a result to answer with at once (`source`: "cache" or "local")
+        self.source = source
+        self.flight = flight  # an identical read in flight to wait for
+        self.store = store  # a good answer may be cached (the block is named by its hash)
+        self.fallback = fallback  # the item by height, when the node does not know the hash
+        self.lead = lead  # this item leads its key's flight: `land` must be called
+
+    def unpin(self) -> dict[str, Any] | None:
+        """The request object to ask again by height after -39006 on the pinned hash (None:
+        not pinned by hash). Its answer is not the pinned block's, so it is not stored."""
+        fallback, self.fallback = self.fallback, None
+        if fallback is not None:
+            self.obj = fallback
+            self.store = False
+        return fallback
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSettings:
+    methods: frozenset[str]  # cached and coalesced
+    coalesce: bool = True
+
+
+class Reads:
+    """Heads, cache and coalescing of one proxy process."""
+
+    def __init__(
+        self,
+        heads: Heads,
+        cache: ResponseCache,
+        settings: ReadSettings,
+    ) -> None:
+        self.heads = heads
+        self.cache = cache
+        self.methods = settings.methods
+        self.coalescer = Coalescer() if settings.coalesce else None
+
+    def request(self, pool: Pool) -> RequestHeads:
+        """The heads of one client request (resolved lazily, each once)."""
+        return self.heads.request(pool)
+
+    def plan(
+        self,
+        heads: RequestHeads,
+        method: str,
+        spec: MethodSpec,
+        ref: BlockRef | None,
+        obj: dict[str, Any],
+    ) -> Plan | None:
+        """The plan for one read item; None: send it as it is."""
+        if spec.writer:
+            return None
+        if spec.block is None or ref is None:
+            return self._headless(heads, method, obj)
+        cached = method in self.methods
+        tag = ref.tag
+        if tag is not None:
+            if tag == "pending" or tag == "earliest":
+                return None
+            pin = heads.latest() if tag == "latest" else heads.safe()
+            if pin is None:
+                return None
+            height, block_hash = pin
+        elif ref.contains or not cached:
+            return None  # Contains answers at the node's head; a height is concrete already
+        elif ref.number is not None:
+            height, block_hash = ref.number, heads.hash_at(ref.number)
+        else:
+            block_hash = ref.hash
+            found = heads.height_of(block_hash or "")
+            if found is None:
+                return None  # a block the proxy does not know (or one a reorg dropped)
+            height = found
+        return self._pinned(heads.pool, method, spec, ref, obj, height, block_hash, cached)
+
+    def _headless(self, heads: RequestHeads, method: str, obj: dict[str, Any]) -> Plan | None:
+        """Methods that name no block but answer about the head."""
+        if method == "eth_blockNumber":
+            pin = heads.latest()
+            if pin is None:
+                return None
+            self.cache.stats_of(heads.pool.id).local += 1
+            return Plan(answer=hex(pin[0]), source="local")
+        if method == "getLatestBlock":
+            pin = heads.latest()
+            if pin is None:
+                return None
+            sent = {**obj, "method": "getBlockByHeight", "params": [hex(pin[0])]}
+            return Plan(sent, BlockRef(number=pin[0]))
+        return None
+
+    def _pinned(
+        self,
+        pool: Pool,
+        method: str,
+        spec: MethodSpec,
+        ref: BlockRef,
+        obj: dict[str, Any],
+        height: int,
+        block_hash: str | None,
+        cached: bool,
+    ) -> Plan | None:
+        kind = spec.block
+        tag = ref.tag is not None
+        fallback = None
+        if block_hash is not None and kind in HASH_FORMS:
+            sent = with_block(obj, spec, hash_form(kind, block_hash))
+            fallback = with_block(obj, spec, number_form(kind, height)) if tag else obj
+        elif tag:
+            sent = with_block(obj, spec, number_form(kind, height))
+        else:
+            sent = obj  # by height (hash unknown), or by hash already (kind "hash")
+        route = BlockRef(number=height) if tag else ref
+        if not cached:
+            return Plan(sent, route)
+        exact = block_hash is not None and (fallback is not None or kind == "hash")
+        params = orjson.dumps(sent.get("params"))
+        key = (pool.id, block_hash if exact else "", method, params)
+        store = exact and self.cache.enabled(pool.id)
+        if store:
+            hit = self.cache.get(key)
+            if hit is not None:
+                return Plan(answer=hit, source="cache")
+        coalescer = self.coalescer
+        if coalescer is not None:
+            flight = coalescer.join(key)
+            if flight is not None:
+                return Plan(sent, route, key, flight=flight)
+            return Plan(sent, route, key, store=store, fallback=fallback, lead=True)
+        return Plan(sent, route, key, store=store, fallback=fallback)
+
+    def land(self, plan: Plan, answer: Any) -> None:
+        """The final answer of an item sent to a node (an answer object, its JSON bytes, or
+        None when there is none): stored when good and exact, handed to its followers."""
+        if plan.store and answer is not None:
+            result = _result_json(answer)
+            if result is not None:
+                self.cache.put(plan.key, result)  # type: ignore[arg-type]
+        if plan.lead:
+            plan.lead = False
+            self.coalescer.land(plan.key, answer)  # type: ignore[union-attr,arg-type]
+
+    def shared(self, pool: Pool, answer: Any, rid: Any) -> dict[str, Any] | None:
+        """A leader's answer for a follower with id `rid` (None: the leader has none)."""
+        if type(answer) is bytes:
+            try:
+                answer = orjson.loads(answer)
+            except orjson.JSONDecodeError:
+                return None
+        if type(answer) is not dict:
+            return None
+        self.cache.stats_of(pool.id).coalesced += 1
+        return {**answer, "id": rid}
+
+
+def with_block(obj: dict[str, Any], spec: MethodSpec, value: Any) -> dict[str, Any]:
+    """`obj` with its block param set to `value` (positional or named params)."""
+    params = obj.get("params")
+    at = spec.block_at
+    if type(params) is dict:
+        named = dict(params)
+        named[spec.params[at]] = value
+        return {**obj, "params": named}
+    values = list(params) if type(params) is list else []
+    if len(values) <= at:
+        values.extend([None] * (at + 1 - len(values)))
+    values[at] = value
+    return {**obj, "params": values}
+
+
+def hash_form(kind: str, block_hash: str) -> Any:
+    """A block param naming a block by its hash."""
+    if kind == "number":
+        return {"blockHash": block_hash}
+    if kind == "ctx":
+        return {"block_id": block_hash, "type": "Equals"}
+    return block_hash  # "id"
+
+
+def number_form(kind: str, height: int) -> Any:
+    """A block param naming a block by its height."""
+    if kind == "ctx":
+        return {"block_id": hex(height), "type": "Equals"}
+    return hex(height)
+
+
+def _result_json(answer: Any) -> bytes | None:
+    """The JSON of a `result` answer (None for an error or anything else)."""
+    if type(answer) is bytes:
+        if b'"error"' in answer:
+            return None
+        try:
+            answer = orjson.loads(answer)
+        except orjson.JSONDecodeError:
+            return None
+    if type(answer) is not dict or "result" not in answer or "error" in answer:
+        return None
+    return orjson.dumps(answer["result"])
