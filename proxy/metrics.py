@@ -128,7 +128,7 @@ class _ReadCollector(Collector):
 
     def _chain(self) -> Iterator[Any]:
         head = GaugeMetricFamily(
-            "chainstate_proxy_known_head", "highest block of the chain the proxy follows", labels=["pool"]
+            "chainstate_proxy_known_head", "head of the chain the proxy follows", labels=["pool"]
         )
         confirmed = GaugeMetricFamily(
             "chainstate_proxy_confirmed_head", "the checker's confirmed head", labels=["pool"]

@@ -14,7 +14,6 @@ from proxy.store_file import FileStore
 from tests.proxy.conftest import ADDR, balance, fast_settings, req, wait_until
 from tests.proxy.fakes import FakeNode, block_hash
 
-
 OTHER = "0x" + "22" * 20
 THIRD = "0x" + "33" * 20
 
