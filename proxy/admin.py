@@ -283,7 +283,7 @@ class AdminApi:
         }
 
     async def get_cache(self, request: web.Request) -> web.Response:
-        pool_id = self._pool_id(request)
+        pool_id = self._pool(request).id
         if self.reads is None:
             raise AdminError(404, "this proxy has no read cache")
         view = self.reads.heads.views.get(pool_id)
@@ -304,7 +304,7 @@ class AdminApi:
     async def flush_cache(self, request: web.Request) -> web.Response:
         """Empty the pool's cache in every proxy process sharing the store (the write goes
         through the store; this process has flushed once it is applied)."""
-        pool_id = self._pool_id(request)
+        pool_id = self._pool(request).id
         if self.reads is None:
             raise AdminError(404, "this proxy has no read cache")
         before = self.reads.cache.stats_of(pool_id).flushed

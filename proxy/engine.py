@@ -375,6 +375,7 @@ class Engine:
         plan: Plan | None = None,
     ) -> bytes:
         tried: list[Node] = []
+        avoid = () if plan is None else plan.avoid  # nodes off the known chain
         prefer_archive = False
         last: bytes | None = None
         failure: UpstreamError | None = None
@@ -382,7 +383,12 @@ class Engine:
         for attempt in range(1, self._attempts + 1):
             try:
                 nodes, _ = self.selector.candidates(
-                    ctx.pool, method, spec, ref, tried, prefer_archive
+                    ctx.pool,
+                    method,
+                    spec,
+                    ref,
+                    [*tried, *avoid] if avoid else tried,
+                    prefer_archive,
                 )
             except NoEligibleNode as exc:
                 if last is None and failure is None:
@@ -679,9 +685,15 @@ class Engine:
         for it in pending:
             if attempt > 1:
                 self.metrics.retry(ctx.chain, it.reason)
+                avoid = () if it.plan is None else it.plan.avoid
                 try:
                     nodes, _ = selector.candidates(
-                        pool, it.method, it.spec, it.ref, it.tried, it.prefer_archive
+                        pool,
+                        it.method,
+                        it.spec,
+                        it.ref,
+                        [*it.tried, *avoid] if avoid else it.tried,
+                        it.prefer_archive,
                     )
                 except NoEligibleNode as exc:
                     self._give_up(ctx, it, answers, exc)
@@ -693,10 +705,11 @@ class Engine:
                 # alive while the batch is). Specs are shared: their ids are keys too.
                 routed = it.method if routes and it.method in routes else None
                 ref = it.ref
+                off = it.plan is not None and bool(it.plan.avoid)  # (one set per request)
                 if ref is not None and ref.number is not None and not ref.contains:
-                    key = (routed, id(it.spec), bisect_right(points, ref.number))
+                    key = (routed, id(it.spec), bisect_right(points, ref.number), off)
                 else:
-                    key = (routed, id(it.spec), id(ref))
+                    key = (routed, id(it.spec), id(ref), off)
                 found = chosen.get(key)
                 if found is None:
                     found = chosen[key] = self._first_choice(pool, it, head, picked)
@@ -716,8 +729,9 @@ class Engine:
         self, pool: Pool, it: Item, head: int | None, picked: dict[tuple[Node, ...], Node]
     ) -> Node | NoEligibleNode:
         """The node for an item on its first attempt: one pick per set of eligible nodes."""
+        avoid = () if it.plan is None else it.plan.avoid
         try:
-            nodes, _ = self.selector.candidates(pool, it.method, it.spec, it.ref, head=head)
+            nodes, _ = self.selector.candidates(pool, it.method, it.spec, it.ref, avoid, head=head)
         except NoEligibleNode as exc:
             return exc
         ids = tuple(nodes)

@@ -86,6 +86,7 @@ class ChainView:
         self.history = history
         self.hashes: dict[int, str] = {}  # height → hash
         self.heights: dict[str, int] = {}  # hash → height
+        self.parents: dict[int, str] = {}  # height → parent hash (links below the lowest)
         self.tip: int | None = None
         self.tips: dict[str, Block] = {}  # node key → the head it last reported
         self.dropped: OrderedDict[str, None] = OrderedDict()  # hashes reorgs removed
@@ -104,7 +105,7 @@ class ChainView:
         return self.hashes.get(height)
 
     def to_obj(self) -> dict[str, Any]:
-        low = min(self.hashes) if self.hashes else None
+        low = self.low
         return {
             "tip": self.tip,
             "tip_hash": None if self.tip is None else self.hashes.get(self.tip),
@@ -122,13 +123,21 @@ class ChainView:
 
     # ---- changes -------------------------------------------------------------------------
 
+    @property
+    def low(self) -> int | None:
+        """The lowest known height."""
+        return min(self.hashes) if self.hashes else None
+
     def links(self, block: Block) -> bool:
-        """Whether `block` is known, or extends the known tip by one."""
+        """Whether `block` is known, extends the known tip by one, or is the parent of the
+        lowest known block."""
         if self.tip is None:
             return True
         if self.hashes.get(block.number) == block.hash:
             return True
-        return block.number == self.tip + 1 and self.hashes.get(self.tip) == block.parent
+        if block.number == self.tip + 1 and self.hashes.get(self.tip) == block.parent:
+            return True
+        return self.parents.get(block.number + 1) == block.hash and block.number + 1 == self.low
 
     def extend(self, blocks: list[Block]) -> None:
         """Add blocks that link (lowest first)."""
@@ -138,6 +147,7 @@ class ChainView:
                 self.heights.pop(old, None)
             self.hashes[block.number] = block.hash
             self.heights[block.hash] = block.number
+            self.parents[block.number] = block.parent
             self.dropped.pop(block.hash, None)
             if self.tip is None or block.number > self.tip:
                 self.tip = block.number
@@ -149,6 +159,7 @@ class ChainView:
         for height in [h for h in self.hashes if h > fork]:
             old = self.hashes.pop(height)
             self.heights.pop(old, None)
+            self.parents.pop(height, None)
             dropped.append(old)
         self.tip = max(self.hashes) if self.hashes else None
         self.extend(blocks)
@@ -168,6 +179,7 @@ class ChainView:
         gone = list(self.hashes.values())
         self.hashes.clear()
         self.heights.clear()
+        self.parents.clear()
         self.tip = None
         return gone
 
@@ -178,12 +190,13 @@ class ChainView:
         if len(self.hashes) > self.history:
             for height in [h for h in self.hashes if h <= floor]:
                 self.heights.pop(self.hashes.pop(height), None)
+                self.parents.pop(height, None)
 
 
 class RequestHeads:
     """The tags of one client request, each resolved once: (height, hash) or None."""
 
-    __slots__ = ("_latest", "_safe", "heads", "pool", "view")
+    __slots__ = ("_avoid", "_latest", "_safe", "heads", "pool", "view")
 
     def __init__(self, heads: Heads, pool: Pool, view: ChainView | None) -> None:
         self.heads = heads
@@ -191,6 +204,7 @@ class RequestHeads:
         self.view = view
         self._latest: tuple[int, str] | bool | None = False  # False: not resolved yet
         self._safe: tuple[int, str] | bool | None = False
+        self._avoid: tuple[Node, ...] | None = None
 
     def latest(self) -> tuple[int, str] | None:
         if self._latest is False:
@@ -206,6 +220,26 @@ class RequestHeads:
 
     def hash_at(self, height: int) -> str | None:
         return None if self.view is None else self.view.hashes.get(height)
+
+    def avoid(self) -> tuple[Node, ...]:
+        """Nodes whose head is off the known chain (behind on a fork a reorg dropped): no
+        item pinned to a block of the known chain goes to them while another node is on it.
+        """
+        if self._avoid is None:
+            off: list[Node] = []
+            on = False
+            view = self.view
+            if view is not None:
+                for node in self.pool.readers:
+                    tip = view.tips.get(node.entry.key)
+                    if tip is None:
+                        continue
+                    if view.hashes.get(tip.number) == tip.hash:
+                        on = True
+                    else:
+                        off.append(node)
+            self._avoid = tuple(off) if on else ()
+        return self._avoid
 
     def height_of(self, block_hash: str) -> int | None:
         """The height of a block on the known chain (None: unknown, or dropped)."""
@@ -307,16 +341,16 @@ class Heads:
             view.queued[node.key] = (node, block)
             return
         view.busy = True
-        task = asyncio.create_task(self._reconcile(view, node, block))
+        task = asyncio.create_task(self._reconcile(pool, view, node, block))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _reconcile(self, view: ChainView, node: Node, block: Block) -> None:
+    async def _reconcile(self, pool: Pool, view: ChainView, node: Node, block: Block) -> None:
         """Settle one report, then the reports that came in meanwhile (one task per view)."""
         try:
             while True:
                 try:
-                    await self._settle(view, node, block)
+                    await self._settle(pool, view, node, block)
                 except (FetchError, UpstreamError) as exc:
                     why = f"pool {view.pool_id}: blocks of {node.key} not linked yet: {exc}"
                     log.debug(why)
@@ -337,6 +371,23 @@ class Heads:
             return False
         view.tips[node.key] = block
         view.extend([block])
+        return True
+
+    async def _extend_down(self, pool: Pool, view: ChainView, block: Block) -> bool:
+        """Known blocks below the lowest, down to `block`'s height, read from a node on the
+        known chain; whether they were added."""
+        low = view.low
+        tips = view.tips
+        source = next(
+            (n for n in pool.readers if n.healthy and n.key in tips and view.on_chain(tips[n.key])),
+            None,
+        )
+        if low is None or source is None or low - block.number > self.history:
+            return False
+        fetched = await self._fetch(source, block.number, low - 1)
+        if fetched[0].number != block.number or fetched[-1].hash != view.parents.get(low):
+            return False
+        view.extend(fetched)
         return True
 
     async def _walk(
@@ -366,9 +417,14 @@ class Heads:
                 if fetched[0].number > start:
                     return chain, None  # the node holds nothing lower
 
-    async def _settle(self, view: ChainView, node: Node, block: Block) -> None:
+    async def _settle(self, pool: Pool, view: ChainView, node: Node, block: Block) -> None:
         """Link a node's head to the known chain (fetching its blocks below it), then adopt
         its chain or leave the node off it."""
+        low = view.low
+        if low is not None and block.number < low and await self._extend_down(pool, view, block):
+            view.tips[node.key] = block
+            if view.on_chain(block):
+                return  # a node behind the first head seen: on the known chain
         chain, fork = await self._walk(view, node, block)
         previous = view.tips.get(node.key)
         view.tips[node.key] = block
@@ -386,29 +442,19 @@ class Heads:
         )
         if not (moved or block.number > view.tip):
             return  # lagging on another fork: no latest traffic until it links
-        if fork is None:  # nothing in common within the history: start again from it
-            gone = view.reset()
-            view.extend(blocks)
+        # Nothing in common within what is known: the node's blocks replace all of it.
+        gone = view.replace_above(-1 if fork is None else fork, blocks)
+        if gone:
             log.warning(
-                "pool %s: node %s's head %d has no block in common with the last %d known: "
-                "following its chain from here",
-                view.pool_id,
-                node.key,
-                block.number,
-                self.history,
-            )
-        else:
-            gone = view.replace_above(fork, blocks)
-            log.warning(
-                "pool %s: reorg seen on node %s: %d block(s) above %d replaced, new head %d",
+                "pool %s: reorg seen on node %s: %d known block(s) %s replaced, new head %d",
                 view.pool_id,
                 node.key,
                 len(gone),
-                fork,
+                "" if fork is None else f"above {fork}",
                 block.number,
             )
-        if gone and self.on_dropped is not None:
-            self.on_dropped(view.pool_id, gone)
+            if self.on_dropped is not None:
+                self.on_dropped(view.pool_id, gone)
 
     async def _fetch(self, node: Node, start: int, end: int) -> list[Block]:
         """The node's blocks from `end` down to `start` or to the lowest it holds (lowest

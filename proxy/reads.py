@@ -30,7 +30,7 @@ from proxy.cache import Key, ResponseCache
 from proxy.coalesce import Coalescer, Flight
 from proxy.heads import Heads, RequestHeads
 from proxy.methods import MethodSpec
-from proxy.model import Pool
+from proxy.model import Node, Pool
 
 HASH_FORMS = ("number", "ctx", "id")  # block params that can name a block by its hash
 
@@ -38,7 +38,18 @@ HASH_FORMS = ("number", "ctx", "id")  # block params that can name a block by it
 class Plan:
     """What the read path decided for one item."""
 
-    __slots__ = ("answer", "fallback", "flight", "key", "lead", "obj", "ref", "source", "store")
+    __slots__ = (
+        "answer",
+        "avoid",
+        "fallback",
+        "flight",
+        "key",
+        "lead",
+        "obj",
+        "ref",
+        "source",
+        "store",
+    )
 
     def __init__(
         self,
@@ -52,6 +63,7 @@ class Plan:
         store: bool = False,
         fallback: dict[str, Any] | None = None,
         lead: bool = False,
+        avoid: tuple[Node, ...] = (),
     ) -> None:
         self.obj = obj  # the request object to send (the client's, or with its block pinned)
         self.ref = ref  # the block to route by
@@ -62,6 +74,7 @@ class Plan:
         self.store = store  # a good answer may be cached (the block is named by its hash)
         self.fallback = fallback  # the item by height, when the node does not know the hash
         self.lead = lead  # this item leads its key's flight: `land` must be called
+        self.avoid = avoid  # nodes off the known chain: not sent there
 
     def unpin(self) -> dict[str, Any] | None:
         """The request object to ask again by height after -39006 on the pinned hash (None:
@@ -129,7 +142,10 @@ class Reads:
             if found is None:
                 return None  # a block the proxy does not know (or one a reorg dropped)
             height = found
-        return self._pinned(heads.pool, method, spec, ref, obj, height, block_hash, cached)
+        plan = self._pinned(heads.pool, method, spec, ref, obj, height, block_hash, cached)
+        if plan.answer is None:
+            plan.avoid = heads.avoid()
+        return plan
 
     def _headless(self, heads: RequestHeads, method: str, obj: dict[str, Any]) -> Plan | None:
         """Methods that name no block but answer about the head."""
@@ -157,7 +173,7 @@ class Reads:
         height: int,
         block_hash: str | None,
         cached: bool,
-    ) -> Plan | None:
+    ) -> Plan:
         kind = spec.block
         tag = ref.tag is not None
         fallback = None

@@ -48,6 +48,7 @@ class FakeNode:
         self.delay = 0.0  # seconds before answering data requests
         self.http_status: int | None = None  # answer everything (polls too) with this status
         self.error_code: int | None = None  # answer every data item with this error
+        self.method_errors: dict[str, int] = {}  # answer items of these methods with an error
         self.received: list[dict[str, Any]] = []  # data items (polls excluded)
         self.bodies: list[bytes] = []
         self.forks: list[tuple[int, int]] = []  # (from height, fork number), see `reorg`
@@ -140,6 +141,8 @@ class FakeNode:
             return self.header(self.head)
         if self.error_code is not None:
             raise JsonRpcError(self.error_code, f"{self.name}: forced error")
+        if method in self.method_errors:
+            raise JsonRpcError(self.method_errors[method], f"{self.name}: forced {method} error")
         _, ref = TABLE.target(method, item.get("params"))
         height = self.head
         if ref is not None and not ref.contains:  # Contains: the node's own view
