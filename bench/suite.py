@@ -44,7 +44,7 @@ from typing import Any, ClassVar, Protocol
 
 import psutil
 
-from bench.bodies import BlockRange, BodyPlan, fake_addresses
+from bench.bodies import BlockRange, BodyPlan, balance_of, fake_addresses
 from bench.contracts import view_init_code, write_data
 from bench.loadgen import BenchResult, LoadSettings, run_bench
 
@@ -350,10 +350,11 @@ def go_version(go: str) -> str:
     return parts[2].removeprefix("go") if len(parts) > 2 else "?"
 
 
-def proxy_config(node_url: str, kinds: tuple[str, ...] = ("state",)) -> str:
+def proxy_config(node_url: str, kinds: tuple[str, ...] = ("state",), extra: str = "") -> str:
     """The proxy's TOML: one chain served by one node, entered once per kind (an archive
-    state node can answer as both, so every height has a node to go to)."""
-    out = '[proxy]\nhost = "127.0.0.1"\n'
+    state node can answer as both, so every height has a node to go to); `extra`: more
+    `[proxy]` settings lines."""
+    out = '[proxy]\nhost = "127.0.0.1"\n' + extra
     for kind in kinds:
         out += (
             "\n[[proxy.nodes]]\n"
@@ -401,6 +402,22 @@ class StateSuite:
 
     def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
         svc_cpus, _ = split_cpus() if opts.pin else (None, None)
+        anvil, state = self.start_chain(services, opts, "archive")
+        targets = {"state-node": state}
+        if proxy_available():
+            proxy_port = free_port()
+            config = services.workdir / "proxy.toml"
+            config.write_text(proxy_config(state, kinds=("state", "archive")))
+            proxy = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
+            services.start("proxy", ProxySuite().proxy_command(proxy_port, config), proxy, svc_cpus)
+            targets["proxy"] = proxy
+        targets["anvil"] = anvil
+        return targets
+
+    def start_chain(self, services: Services, opts: SuiteOptions, kind: str) -> tuple[str, str]:
+        """anvil with the workload's blocks, a write node and a state node of `kind` that
+        holds anvil's head: (anvil URL, state node URL)."""
+        svc_cpus, _ = split_cpus() if opts.pin else (None, None)
         anvil_port, writer_port, state_port = free_port(), free_port(), free_port()
         anvil = f"http://127.0.0.1:{anvil_port}"
         services.start(
@@ -416,6 +433,7 @@ class StateSuite:
             python_cmd(
                 "-m", "chainstate.cli", "write-node", "--execution-url", anvil,
                 "--port", str(writer_port), "--data-dir", str(services.workdir / "writer"),
+                "--poll-interval", "0.25",
             ),
             writer + "/health",
             svc_cpus,
@@ -425,7 +443,7 @@ class StateSuite:
         services.start(
             "state-node",
             python_cmd(
-                "-m", "chainstate.cli", "state-node", "--key", "bench-state", "--kind", "archive",
+                "-m", "chainstate.cli", "state-node", "--key", "bench-state", "--kind", kind,
                 "--source", writer, "--port", str(state_port), "--chain-id", str(SUITE_CHAIN_ID),
                 "--data-dir", str(services.workdir / "state"),
                 *evm_config_args(services.workdir, opts.evm),
@@ -434,16 +452,7 @@ class StateSuite:
             svc_cpus,
         )  # fmt: skip
         self._wait_synced(state)
-        targets = {"state-node": state}
-        if proxy_available():
-            proxy_port = free_port()
-            config = services.workdir / "proxy.toml"
-            config.write_text(proxy_config(state, kinds=("state", "archive")))
-            proxy = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
-            services.start("proxy", ProxySuite().proxy_command(proxy_port, config), proxy, svc_cpus)
-            targets["proxy"] = proxy
-        targets["anvil"] = anvil
-        return targets
+        return anvil, state
 
     def _make_blocks(self, anvil: str, workdir: Path) -> None:
         cmd = python_cmd(
@@ -579,7 +588,90 @@ class CallSuite(StateSuite):
         return out
 
 
-SUITES: dict[str, type[Suite]] = {"proxy": ProxySuite, "state": StateSuite, "call": CallSuite}
+DAPP_ACCOUNTS = 200  # accounts the dapp's batches read (the workload's, then generated ones)
+DAPP_CALLS = 50  # ERC20 balanceOf eth_calls per batch
+DAPP_BALANCES = 50  # eth_getBalance per batch
+DAPP_CONCURRENCY = 256  # connections, each repeating such batches
+DAPP_BLOCK_TIME = 1  # seconds between anvil's blocks while measuring
+
+
+class DappSuite(StateSuite):
+    """A dapp's polling load at `latest` while blocks arrive every second: on `DAPP_CONCURRENCY`
+    connections, batches of `DAPP_CALLS` ERC20 balanceOf eth_calls and `DAPP_BALANCES`
+    eth_getBalance of `DAPP_ACCOUNTS` accounts. anvil (the baseline) answers it directly; a
+    real state node (`state` kind) behind the proxy with its response cache on
+    (`proxy`), off (`proxy-nocache`: pinned heads and coalescing only), and with neither cache
+    nor coalescing (`proxy-plain`)."""
+
+    name: ClassVar[str] = "dapp"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.erc20 = ""
+        self.readers: list[str] = []
+        self.notes: list[str] = []
+
+    def _before_mining(self, anvil: str, record: dict[str, Any]) -> None:
+        self.erc20 = record["erc20"]
+        known = list(dict.fromkeys(record["erc20_holders"] + self.accounts))
+        self.readers = (known + fake_addresses(DAPP_ACCOUNTS))[:DAPP_ACCOUNTS]
+
+    def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
+        svc_cpus, _ = split_cpus() if opts.pin else (None, None)
+        anvil, state = self.start_chain(services, opts, "state")
+        rpc_call(anvil, "evm_setIntervalMining", [DAPP_BLOCK_TIME])  # blocks keep coming
+        targets = {"anvil": anvil}
+        variants = {
+            "proxy": "",
+            "proxy-nocache": "cache_pools = []\n",
+            "proxy-plain": "cache_pools = []\ncoalesce = false\n",
+        }
+        for label, extra in variants.items():
+            port = free_port()
+            config = services.workdir / f"{label}.toml"
+            config.write_text(proxy_config(state, extra=extra))
+            url = f"http://127.0.0.1:{port}/{SUITE_CHAIN_ID}"
+            services.start(label, ProxySuite().proxy_command(port, config), url, svc_cpus)
+            targets[label] = url
+        self.check_answers(targets)
+        return targets
+
+    def check_answers(self, targets: dict[str, str]) -> None:
+        """Every target answers the dapp's reads as anvil does (at a block they all hold)."""
+        anvil = targets["anvil"]
+        height = hex(self.head)
+        for address in self.readers[:3]:
+            for method, params in (
+                ("eth_call", [{"to": self.erc20, "data": balance_of(address)}, height]),
+                ("eth_getBalance", [address, height]),
+            ):
+                want = rpc_call(anvil, method, params)
+                for label, url in targets.items():
+                    got = rpc_call(url, method, params)
+                    if got != want:
+                        raise RuntimeError(f"{label} answers {method} {got}, anvil {want}")
+        self.notes.append(f"dapp: every target answered as anvil at block {self.head} (checked)")
+
+    def plan(self) -> BodyPlan:
+        return BodyPlan(
+            mix=[("eth_call", DAPP_CALLS), ("eth_getBalance", DAPP_BALANCES)],
+            batch=DAPP_CALLS + DAPP_BALANCES,
+            addresses=self.readers,
+            call_to=self.erc20,
+            exact_mix=True,
+            pool_size=DAPP_CONCURRENCY,
+        )
+
+    def cases(self) -> list[Case]:
+        return [Case("dapp", self.plan(), concurrency=DAPP_CONCURRENCY)]
+
+
+SUITES: dict[str, type[Suite]] = {
+    "proxy": ProxySuite,
+    "state": StateSuite,
+    "call": CallSuite,
+    "dapp": DappSuite,
+}
 
 
 def run_suite(suite: Suite, opts: SuiteOptions) -> dict[str, Any]:
@@ -676,6 +768,9 @@ def _case_report(
             entry["cpu_s"] = round(cpu[label], 3)
             entry["cpu_us_per_req"] = round(cpu[label] * 1e6 / res.requests, 1)
         out["targets"][label] = entry
+    proxy, nocache = out["targets"].get("proxy"), out["targets"].get("proxy-nocache")
+    if proxy and nocache and nocache["items_per_s"]:
+        out["cache_on_vs_off"] = round(proxy["items_per_s"] / nocache["items_per_s"], 2)
     proxy, go = out["targets"].get("proxy"), out["targets"].get("go-proxy")
     if proxy and go:
         out["proxy_vs_go"] = {
@@ -720,6 +815,8 @@ def render(report: dict[str, Any]) -> str:
                 if label != next(iter(case["targets"]))
             ]
             lines.append(f"  {name}: p50 added over direct: {', '.join(added)}")
+        if "cache_on_vs_off" in case:
+            lines.append(f"  {name}: proxy cache on ÷ off: {case['cache_on_vs_off']:.2f}× items/s")
         versus = case.get("proxy_vs_go")
         if versus:
             per_core = versus["per_core"]

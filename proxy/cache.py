@@ -113,9 +113,10 @@ class ResponseCache:
 
     def get(self, key: Key) -> orjson.Fragment | None:
         """The cached result for `key` (as JSON to embed in an answer), counted."""
-        value = self._lru.get(key)
         stats = self.stats.get(key[0]) or self.stats_of(key[0])
-        if value is None:
+        try:
+            value = self._lru[key]
+        except KeyError:
             stats.misses += 1
             return None
         stats.hits += 1

@@ -33,13 +33,14 @@ from proxy.methods import MethodSpec
 from proxy.model import Node, Pool
 
 HASH_FORMS = ("number", "ctx", "id")  # block params that can name a block by its hash
+EXACT_FORMS = (*HASH_FORMS, "hash")  # sent by hash: the answer is that block's
+Ready = orjson.Fragment | str  # a result answered without a node
 
 
 class Plan:
     """What the read path decided for one item."""
 
     __slots__ = (
-        "answer",
         "avoid",
         "fallback",
         "flight",
@@ -47,7 +48,6 @@ class Plan:
         "lead",
         "obj",
         "ref",
-        "source",
         "store",
     )
 
@@ -57,24 +57,16 @@ class Plan:
         ref: BlockRef | None = None,
         key: Key | None = None,
         *,
-        answer: Any = None,
-        source: str = "",
-        flight: Flight | None = None,
-        store: bool = False,
         fallback: dict[str, Any] | None = None,
-        lead: bool = False,
-        avoid: tuple[Node, ...] = (),
     ) -> None:
         self.obj = obj  # the request object to send (the client's, or with its block pinned)
         self.ref = ref  # the block to route by
         self.key = key  # cache/coalescing key (None: neither)
-        self.answer = answer  # a result to answer with at once (`source`: "cache" or "local")
-        self.source = source
-        self.flight = flight  # an identical read in flight to wait for
-        self.store = store  # a good answer may be cached (the block is named by its hash)
+        self.flight: Flight | None = None  # an identical read in flight to wait for
+        self.store = False  # a good answer may be cached (the block is named by its hash)
         self.fallback = fallback  # the item by height, when the node does not know the hash
-        self.lead = lead  # this item leads its key's flight: `land` must be called
-        self.avoid = avoid  # nodes off the known chain: not sent there
+        self.lead = False  # this item leads its key's flight: `land` must be called
+        self.avoid: tuple[Node, ...] = ()  # nodes off the known chain: not sent there
 
     def unpin(self) -> dict[str, Any] | None:
         """The request object to ask again by height after -39006 on the pinned hash (None:
@@ -117,8 +109,10 @@ class Reads:
         spec: MethodSpec,
         ref: BlockRef | None,
         obj: dict[str, Any],
-    ) -> Plan | None:
-        """The plan for one read item; None: send it as it is."""
+    ) -> Plan | Ready | None:
+        """What to do with one read item: None (send it as it is), a ready result (a cached
+        answer's `orjson.Fragment`, or the pinned height as a hex string for
+        `eth_blockNumber`), or a Plan."""
         if spec.writer:
             return None
         if spec.block is None or ref is None:
@@ -142,19 +136,40 @@ class Reads:
             if found is None:
                 return None  # a block the proxy does not know (or one a reorg dropped)
             height = found
-        plan = self._pinned(heads.pool, method, spec, ref, obj, height, block_hash, cached)
-        if plan.answer is None:
-            plan.avoid = heads.avoid()
+        kind = spec.block
+        key = None
+        exact = block_hash is not None and kind in EXACT_FORMS
+        store = False
+        if cached:
+            # The block (by hash where known) and the other params determine the answer.
+            where = block_hash if exact else f"#{height}"
+            key = (heads.pool.id, where, method, orjson.dumps(without_block(obj, spec)))
+            store = exact and self.cache.enabled(heads.pool.id)
+            if store:
+                hit = self.cache.get(key)  # type: ignore[arg-type]
+                if hit is not None:
+                    return hit
+        plan = self._pinned(spec, ref, obj, height, block_hash, key)
+        plan.avoid = heads.avoid()
+        if key is None:
+            return plan
+        coalescer = self.coalescer
+        if coalescer is not None:
+            plan.flight = coalescer.join(key)  # type: ignore[arg-type]
+            plan.lead = plan.flight is None
+        plan.store = store and plan.flight is None
         return plan
 
-    def _headless(self, heads: RequestHeads, method: str, obj: dict[str, Any]) -> Plan | None:
+    def _headless(
+        self, heads: RequestHeads, method: str, obj: dict[str, Any]
+    ) -> Plan | Ready | None:
         """Methods that name no block but answer about the head."""
         if method == "eth_blockNumber":
             pin = heads.latest()
             if pin is None:
                 return None
             self.cache.stats_of(heads.pool.id).local += 1
-            return Plan(answer=hex(pin[0]), source="local")
+            return hex(pin[0])
         if method == "getLatestBlock":
             pin = heads.latest()
             if pin is None:
@@ -163,45 +178,28 @@ class Reads:
             return Plan(sent, BlockRef(number=pin[0]))
         return None
 
+    @staticmethod
     def _pinned(
-        self,
-        pool: Pool,
-        method: str,
         spec: MethodSpec,
         ref: BlockRef,
         obj: dict[str, Any],
         height: int,
         block_hash: str | None,
-        cached: bool,
+        key: Key | None,
     ) -> Plan:
+        """The item to send: its block named by hash where it can be (with the by-height
+        form to fall back to), by height for a tag otherwise."""
         kind = spec.block
         tag = ref.tag is not None
         fallback = None
         if block_hash is not None and kind in HASH_FORMS:
-            sent = with_block(obj, spec, hash_form(kind, block_hash))
-            fallback = with_block(obj, spec, number_form(kind, height)) if tag else obj
+            sent = with_block(obj, spec, hash_form(kind, block_hash))  # type: ignore[arg-type]
+            fallback = with_block(obj, spec, number_form(kind, height)) if tag else obj  # type: ignore[arg-type]
         elif tag:
-            sent = with_block(obj, spec, number_form(kind, height))
+            sent = with_block(obj, spec, number_form(kind, height))  # type: ignore[arg-type]
         else:
             sent = obj  # by height (hash unknown), or by hash already (kind "hash")
-        route = BlockRef(number=height) if tag else ref
-        if not cached:
-            return Plan(sent, route)
-        exact = block_hash is not None and (fallback is not None or kind == "hash")
-        params = orjson.dumps(sent.get("params"))
-        key = (pool.id, block_hash if exact else "", method, params)
-        store = exact and self.cache.enabled(pool.id)
-        if store:
-            hit = self.cache.get(key)
-            if hit is not None:
-                return Plan(answer=hit, source="cache")
-        coalescer = self.coalescer
-        if coalescer is not None:
-            flight = coalescer.join(key)
-            if flight is not None:
-                return Plan(sent, route, key, flight=flight)
-            return Plan(sent, route, key, store=store, fallback=fallback, lead=True)
-        return Plan(sent, route, key, store=store, fallback=fallback)
+        return Plan(sent, BlockRef(number=height) if tag else ref, key, fallback=fallback)
 
     def land(self, plan: Plan, answer: Any) -> None:
         """The final answer of an item sent to a node (an answer object, its JSON bytes, or
@@ -240,6 +238,17 @@ def with_block(obj: dict[str, Any], spec: MethodSpec, value: Any) -> dict[str, A
         values.extend([None] * (at + 1 - len(values)))
     values[at] = value
     return {**obj, "params": values}
+
+
+def without_block(obj: dict[str, Any], spec: MethodSpec) -> Any:
+    """The params of `obj` without its block param (the key names the block)."""
+    params = obj.get("params")
+    at = spec.block_at
+    if type(params) is list:
+        return params[:at] + params[at + 1 :]
+    if type(params) is dict:
+        return {k: v for k, v in params.items() if k != spec.params[at]}
+    return params
 
 
 def hash_form(kind: str, block_hash: str) -> Any:
