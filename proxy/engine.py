@@ -350,6 +350,7 @@ class Engine:
                 outcome = "error" if "error" in answer else "ok"
                 self.metrics.request(ctx.chain, method, COALESCED, outcome)
                 return orjson.dumps(answer)
+            plan = reads.unfollow(plan)
         obj = plan.obj
         if type(rid) is orjson.Fragment:  # the id as the client wrote it
             obj = plan.obj = {**obj, "id": rid}
@@ -630,6 +631,8 @@ class Engine:
             flight = it.plan.flight  # type: ignore[union-attr]
             answer = reads.shared(ctx.pool, await flight.wait(), it.rid)  # type: ignore[union-attr]
             if answer is None:
+                it.plan = plan = reads.unfollow(it.plan)  # type: ignore[arg-type]
+                it.obj, it.ref = plan.obj, plan.ref
                 again.append(it)
                 continue
             outcome = "error" if "error" in answer else "ok"

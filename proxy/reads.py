@@ -45,6 +45,7 @@ class Plan:
         "fallback",
         "flight",
         "key",
+        "later",
         "lead",
         "obj",
         "ref",
@@ -67,6 +68,7 @@ class Plan:
         self.fallback = fallback  # the item by height, when the node does not know the hash
         self.lead = False  # this item leads its key's flight: `land` must be called
         self.avoid: tuple[Node, ...] = ()  # nodes off the known chain: not sent there
+        self.later: tuple[MethodSpec, int, str | None] | None = None  # a follower's pin
 
     def unpin(self) -> dict[str, Any] | None:
         """The request object to ask again by height after -39006 on the pinned hash (None:
@@ -149,16 +151,26 @@ class Reads:
                 hit = self.cache.get(key)  # type: ignore[arg-type]
                 if hit is not None:
                     return hit
-        plan = self._pinned(spec, ref, obj, height, block_hash, key)
-        plan.avoid = heads.avoid()
-        if key is None:
-            return plan
         coalescer = self.coalescer
-        if coalescer is not None:
-            plan.flight = coalescer.join(key)  # type: ignore[arg-type]
-            plan.lead = plan.flight is None
-        plan.store = store and plan.flight is None
+        flight = None if coalescer is None or key is None else coalescer.join(key)
+        if flight is not None:  # the item is only pinned if it has to be sent after all
+            plan = Plan(obj, ref, key)
+            plan.flight, plan.later = flight, (spec, height, block_hash)
+        else:
+            plan = self._pinned(spec, ref, obj, height, block_hash, key)
+            plan.lead = coalescer is not None and key is not None
+            plan.store = store
+        plan.avoid = heads.avoid()
         return plan
+
+    def unfollow(self, plan: Plan) -> Plan:
+        """A follower whose leader got no answer: the item as it is sent by itself."""
+        if plan.later is None:
+            return plan
+        spec, height, block_hash = plan.later
+        own = self._pinned(spec, plan.ref, plan.obj, height, block_hash, plan.key)  # type: ignore[arg-type]
+        own.avoid = plan.avoid
+        return own
 
     def _headless(
         self, heads: RequestHeads, method: str, obj: dict[str, Any]
