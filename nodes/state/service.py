@@ -18,11 +18,13 @@ from chainstate.config import ConfigError
 from chainstate.inproc import InprocRegistry
 from chainstate.jsonrpc import Dispatcher, JsonRpcError, dumps
 from chainstate.rpcserver import rpc_handler
+from nodes.state.hot import HotState
 from nodes.state.ingest import Ingest
 from nodes.state.leader import LeaderWatch
 from nodes.state.methods import StateMethods
 from nodes.state.metrics import StateMetrics
 from nodes.state.reader import StateReader
+from nodes.state.reads import ReadPath
 from nodes.state.settings import StateSettings
 from nodes.state.store import StateStore, StoreError
 
@@ -78,7 +80,11 @@ class StateNode:
             chain_id=self.chain_id,
             max_validation_count=settings.max_validation_count,
         )
-        self.ingest = Ingest(self.store, settings, self.metrics, registry=registry)
+        self.hot = HotState(settings.hot_blocks, settings.hot_cache_entries)
+        self.reads = ReadPath(
+            self.store, self.hot, self.methods, self.dispatcher, max_batch=settings.max_batch
+        )
+        self.ingest = Ingest(self.store, settings, self.metrics, registry=registry, hot=self.hot)
         self._task: asyncio.Task[None] | None = None
         self.leader: LeaderWatch | None = None
         if settings.leader_from:
@@ -166,7 +172,7 @@ class StateNode:
     async def handle_body(self, body: bytes) -> bytes:
         started = time.perf_counter()
         try:
-            return await self.dispatcher.handle_body(body)
+            return await self.reads.handle_body(body)
         finally:
             self.metrics.request_seconds.observe(time.perf_counter() - started)
 

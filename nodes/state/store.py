@@ -143,6 +143,33 @@ class StateView:
         return self._store._int(self._txn, prefix, self.height)
 
 
+class Snapshot:
+    """The store as of one read transaction: its bounds and a cursor for version seeks."""
+
+    __slots__ = ("bounds", "cursor", "txn")
+
+    def __init__(
+        self, txn: lmdb.Transaction, bounds: tuple[int, int] | None, cursor: lmdb.Cursor
+    ) -> None:
+        self.txn = txn
+        self.bounds = bounds
+        self.cursor = cursor
+
+    def close(self) -> None:
+        self.txn.abort()
+
+    def value(self, prefix: bytes, height: int) -> bytes | None:
+        """The newest version of `prefix` at or below `height`, or None if never written."""
+        cur = self.cursor
+        found = cur.prev() if cur.set_range(prefix + _BE.pack(height + 1)) else cur.last()
+        if not found:
+            return None
+        key = cur.key()
+        if len(key) == len(prefix) + 8 and key.startswith(prefix):
+            return cur.value()
+        return None
+
+
 class StateStore:
     """Implements nodes.state.reader.StateReader over LMDB.
 
@@ -314,6 +341,19 @@ class StateStore:
         with self.view(height) as v:
             return v.storage(address, slot)
 
+    def snapshot(self) -> Snapshot:
+        """One read transaction for a batch of reads at any heights (bounds read once);
+        the caller must `close()` it. -39005 when the store is closed or fails."""
+        env = self._env
+        if env is None:
+            raise JsonRpcError(DATABASE_FAILED, "state store is closed")
+        try:
+            txn = env.begin()
+            return Snapshot(txn, self._bounds(txn), txn.cursor(db=self._ver))
+        except lmdb.Error as exc:
+            log.error("state store read failed: %s", exc)
+            raise JsonRpcError(DATABASE_FAILED, "state store read failed") from None
+
     @contextmanager
     def view(self, height: int) -> Iterator[StateView]:
         """A consistent view at `height` for many reads; -39006 when out of range."""
@@ -394,10 +434,9 @@ class StateStore:
                 self._verify_pre(txn, block)
         hb = _BE.pack(height)
         undo = bytearray()
-        for address, acc in block.post.items():
-            for prefix, value in _versions(_addr(address), acc):
-                txn.put(prefix + hb, value, db=self._ver)
-                undo += prefix
+        for prefix, value in block_writes(block):
+            txn.put(prefix + hb, value, db=self._ver)
+            undo += prefix
         txn.put(hb, bytes(undo), db=self._undo)
         stored = {"header": block.header, "validationHash": block.validation_hash}
         txn.put(hb, orjson.dumps(stored), db=self._hdr)
@@ -479,6 +518,12 @@ class StateStore:
         txn.delete(hb, db=self._undo)
         txn.put(META_HEAD, _BE.pack(head - 1), db=self._meta)
         return head - 1
+
+
+def block_writes(block: VendorBlock) -> Iterator[tuple[bytes, bytes]]:
+    """(prefix, raw value) of everything a block's `post` writes, as `apply` stores it."""
+    for address, acc in block.post.items():
+        yield from _versions(_addr(address), acc)
 
 
 def _versions(address: bytes, acc: AccountDiff) -> Iterator[tuple[bytes, bytes]]:
