@@ -374,3 +374,49 @@ def test_bench_evm_settings_reach_the_state_node(tmp_path: Path) -> None:
     assert evm_config_args(tmp_path, {}) == []
     with pytest.raises(argparse.ArgumentTypeError):
         parse_setting("warm_blocks")
+
+
+@module_loop
+@pytest.mark.parametrize("direct", [True, False], ids=["store", "feed"])
+async def test_preloaded_slots_give_the_results_and_gas_of_lazy_reads(
+    store: Any, process: FeedProcess, direct: bool
+) -> None:
+    """A worker learns the slots a call reads; at a new height it gives the new EVM those
+    slots before the call (read from the store directly, or in one feed request). Output
+    and gas (six cold SLOADs) equal a worker that reads every slot lazily."""
+    from nodes.state.evm.codec import block_env
+    from nodes.state.evm.worker import Limits, Runner
+
+    url = process.url_if_running()
+    assert url is not None
+
+    def job(height: int) -> dict[str, Any]:
+        out = {
+            "kind": "calls",
+            "fork_url": url,
+            "height": height,
+            "block": block_env(store.header(height)),
+            "chain_id": 1337,
+            "spec_id": "Cancun",
+            "calls": [
+                {"from": store.people[0], "to": store.contract, "data": b"", "value": 0,
+                 "gas": 1_000_000, "gas_price": 0, "nonce": None}
+            ],
+        }  # fmt: skip
+        if direct:
+            out["store"] = [str(copy), 64]
+        return out
+
+    copy = store.path.parent / "worker-copy"  # one LMDB env per path per process: a copy
+    if direct and not copy.exists():
+        copy.mkdir()
+        store._env.copy(str(copy))
+    limits = Limits(100, 10**6, 10**6, 10**6, 1000)
+    learner = Runner(limits, 64)
+    for height in range(1, HEIGHTS):
+        lazy = await asyncio.to_thread(Runner(limits, 64).run, job(height))
+        preloaded = await asyncio.to_thread(learner.run, job(height))
+        assert preloaded == lazy, height
+        want = sum(store.chain.state(height)[store.contract].storage.values())
+        assert int(preloaded["results"][0]["output"], 16) == want
+    assert len(learner._predicted(job(1))) == 6  # the six slots the call reads

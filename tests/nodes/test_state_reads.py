@@ -125,29 +125,30 @@ async def test_a_rollback_below_the_hot_blocks_empties_the_view(tmp_path: Path) 
         await node.close()
 
 
+A = "0x" + "11" * 20
 BAD_ITEMS: list[Any] = [
     {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": ["0x12", "latest"]},
     {"jsonrpc": "2.0", "id": 2, "method": "eth_getBalance", "params": []},
     {"jsonrpc": "2.0", "id": 3, "method": "eth_getBalance", "params": [None, "latest"]},
-    {"jsonrpc": "2.0", "id": 4, "method": "eth_getBalance", "params": ["0x" + "11" * 20, "bad"]},
-    {"jsonrpc": "2.0", "id": 5, "method": "eth_getBalance", "params": ["0x" + "11" * 20, "0x99"]},
-    {"jsonrpc": "2.0", "id": 6, "method": "eth_getBalance", "params": ["0x" + "11" * 20, "0x1", 3]},
+    {"jsonrpc": "2.0", "id": 4, "method": "eth_getBalance", "params": [A, "bad"]},
+    {"jsonrpc": "2.0", "id": 5, "method": "eth_getBalance", "params": [A, "0x99"]},
+    {"jsonrpc": "2.0", "id": 6, "method": "eth_getBalance", "params": [A, "0x1", 3]},
     {"jsonrpc": "2.0", "id": 7, "method": "eth_getBalance", "params": "0x11"},
     {"jsonrpc": "2.0", "id": True, "method": "eth_getBalance", "params": []},
     {"jsonrpc": "1.0", "id": 9, "method": "eth_getBalance", "params": []},
-    {"jsonrpc": "2.0", "id": 10, "method": "eth_getStorageAt", "params": ["0x" + "11" * 20, "x"]},
-    {"jsonrpc": "2.0", "id": 11, "method": "eth_getStorageAt", "params": ["0x" + "11" * 20]},
-    {"jsonrpc": "2.0", "id": 12, "method": "eth_getStorageAt", "params": ["0x" + "1" * 40, "0x" + "f" * 65]},
+    {"jsonrpc": "2.0", "id": 10, "method": "eth_getStorageAt", "params": [A, "x"]},
+    {"jsonrpc": "2.0", "id": 11, "method": "eth_getStorageAt", "params": [A]},
+    {"jsonrpc": "2.0", "id": 12, "method": "eth_getStorageAt", "params": [A, "0x" + "f" * 65]},
     {"jsonrpc": "2.0", "id": 13, "method": "eth_getCode", "params": [["0x"], "latest"]},
-    {"jsonrpc": "2.0", "id": 14, "method": "eth_getBalance", "params": ["0x" + "11" * 20, {"x": 1}]},
-    {"jsonrpc": "2.0", "id": 15, "method": "eth_getBalance", "params": ["0x" + "11" * 20, "0x" + "ab" * 32]},
-    {"jsonrpc": "2.0", "id": 16, "method": "getAddressBalance", "params": ["0x" + "11" * 20, {"block_id": 99}]},
-    {"jsonrpc": "2.0", "id": 17, "method": "getAddressBalance", "params": ["0x" + "11" * 20, "latest"]},
+    {"jsonrpc": "2.0", "id": 14, "method": "eth_getBalance", "params": [A, {"x": 1}]},
+    {"jsonrpc": "2.0", "id": 15, "method": "eth_getBalance", "params": [A, "0x" + "ab" * 32]},
+    {"jsonrpc": "2.0", "id": 16, "method": "getAddressBalance", "params": [A, {"block_id": 99}]},
+    {"jsonrpc": "2.0", "id": 17, "method": "getAddressBalance", "params": [A, "latest"]},
     {"jsonrpc": "2.0", "id": 18, "method": "eth_blockNumber", "params": [1]},
     {"jsonrpc": "2.0", "method": "eth_getBalance", "params": ["0x12"]},  # a notification
     {"jsonrpc": "2.0", "id": 20, "method": "no_such_method"},
     {"jsonrpc": "2.0", "id": 21, "method": "eth_getBlockByNumber", "params": ["0x2", False]},
-    {"jsonrpc": "2.0", "id": 22, "method": "eth_getBalance", "params": {"address": "0x" + "11" * 20}},
+    {"jsonrpc": "2.0", "id": 22, "method": "eth_getBalance", "params": {"address": A}},
     {"jsonrpc": "2.0", "id": [1], "method": "eth_getBalance", "params": []},
     "not an object",
 ]  # fmt: skip

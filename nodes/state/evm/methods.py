@@ -86,6 +86,11 @@ class EvmMethods:
             self.feed.process = FeedProcess(
                 reader.path, mb, settings.chain_id, on_exit=reader.free_stale_readers
             )
+        # Workers read what a new EVM is given straight from the store (read-only) when the
+        # node's reader is one: [path, map size in MB].
+        self._store: list[Any] | None = None
+        if settings.feed == "process" and isinstance(reader, StateStore):
+            self._store = [str(reader.path), reader.map_size // (1024 * 1024)]
         self._resolver = resolver or (lambda ref: resolve_height(reader, ref))
         self._chain_id = chain_id
         self._start_lock = asyncio.Lock()
@@ -154,6 +159,8 @@ class EvmMethods:
         chain_id = self._chain_id() if self._chain_id else None
         if chain_id is not None:
             job["chain_id"] = chain_id
+        if self._store is not None:
+            job["store"] = self._store
         return job
 
     @contextlib.contextmanager
@@ -163,7 +170,7 @@ class EvmMethods:
             yield job
             return
         with self.feed.overlay(overlay) as url:
-            yield {**job, "fork_url": url, "fresh": True}
+            yield {**job, "fork_url": url, "fresh": True, "store": None}
 
     @staticmethod
     def _call_result(r: dict[str, Any]) -> dict[str, Any]:
@@ -267,7 +274,7 @@ class EvmMethods:
                     msg = f"nonce {call['nonce']} does not match the account's nonce {nonce}"
                     out.append(self._sim_result({"ok": False, "error": nonce_error(msg)}))
                     continue
-                one = {**job, "calls": [call], "fork_url": url, "fresh": True}
+                one = {**job, "calls": [call], "fork_url": url, "fresh": True, "store": None}
                 result = (await self.executor.run({**one, "collect_writes": True}))["results"][0]
                 if result["ok"]:
                     overlay.merge_writes(result["writes"])

@@ -19,8 +19,10 @@ import http.client
 import io
 import os
 import re
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -38,11 +40,17 @@ from chainstate.jsonrpc import (
     INVALID_PARAMS,
     NONCE_ERROR,
 )
+from nodes.state.store import F_BALANCE, F_CODE, F_NONCE, F_STORAGE, StateStore
 
 # Accounts preloaded into a new EVM: one feed request reads them all at once, which on the
 # in-loop feed (overlays) holds the node's event loop for ~10 µs per account; the rest of a
 # large multi-call's accounts are read lazily by pyrevm as before.
 PRELOAD_ACCOUNTS = 64
+# Storage slots preloaded into a new EVM: those the same (callee, calldata) read before, in
+# this worker (an ERC20 balanceOf reads the same slot at every height, a view the same 64).
+PRELOAD_SLOTS = 1024
+LEARNED_CALLS = 4096  # (callee, calldata) whose slots a worker remembers
+LEARN_DATA = 260  # calldata bytes that key a learned call (selector and 8 words)
 _REVERT = re.compile(r"^Revert \{ gas_used: (\d+), output: 0x([0-9a-fA-F]*) \}")
 _HALT = re.compile(r"^Halt \{ reason: (\w+)(?:\((\w+)\))?, gas_used: (\d+) \}")
 READY = "ready"  # a worker's first message: imports done, jobs welcome
@@ -188,18 +196,22 @@ def new_evm(job: dict[str, Any], tracing: bool = False) -> EVM:
 
 
 class FeedClient:
-    """Keep-alive HTTP connections from a worker to the state feed, for `feed_accounts`."""
+    """Keep-alive HTTP connections from a worker to the state feed, for `feed_preload`."""
 
     def __init__(self) -> None:
         self._conns: dict[tuple[str, int], http.client.HTTPConnection] = {}
 
-    def accounts(self, url: str, addresses: list[str], height: int) -> list[list[str]]:
-        """[[balance, nonce, code], …] (hex) as the feed at `url` serves them at `height`;
-        a failed read raises CallFailed with the code pyrevm's own read would get."""
+    def preload(
+        self, url: str, addresses: list[str], slots: list[tuple[str, int]], height: int
+    ) -> tuple[list[tuple[int, int, bytes]], list[int]]:
+        """(balance, nonce, code) of each address and the value of each (address, slot), as
+        the feed at `url` serves them at `height`; a failed read raises CallFailed with the
+        code pyrevm's own read would get."""
         parts = urlsplit(url)
         key = (parts.hostname or "127.0.0.1", parts.port or 80)
-        request = {"jsonrpc": "2.0", "id": 1, "method": "feed_accounts"}
-        body = orjson.dumps({**request, "params": [addresses, hex(height)]})
+        request = {"jsonrpc": "2.0", "id": 1, "method": "feed_preload"}
+        wanted = [[address, hex(slot)] for address, slot in slots]
+        body = orjson.dumps({**request, "params": [addresses, wanted, hex(height)]})
         status, data = self._post(key, parts.path or "/", body)
         if status != 200:
             raise CallFailed(error(DATABASE_FAILED, f"state read failed: HTTP {status}"))
@@ -208,7 +220,9 @@ class FeedClient:
             code = answer["error"].get("code")
             code = BLOCK_NOT_FOUND if code == BLOCK_NOT_FOUND else DATABASE_FAILED
             raise CallFailed(error(code, f"state read failed: {answer['error'].get('message')}"))
-        return answer["result"]
+        result = answer["result"]
+        infos = [(int(b, 16), int(n, 16), bytes.fromhex(c[2:])) for b, n, c in result["accounts"]]
+        return infos, [int(v, 16) for v in result["slots"]]
 
     def _post(self, key: tuple[str, int], path: str, body: bytes) -> tuple[int, bytes]:
         headers = {"content-type": "application/json"}
@@ -229,6 +243,39 @@ class FeedClient:
         raise AssertionError("unreachable")
 
 
+class StoreReads:
+    """The node's LMDB store opened read-only in the worker (LMDB serves many reader
+    processes): what a new EVM is given is read here directly, with no socket and no other
+    process involved. Only for a block's plain state (jobs that name the store)."""
+
+    def __init__(self, path: str, map_size_mb: int) -> None:
+        self.store = StateStore(Path(path), map_size_mb=map_size_mb)
+        self.store.open_readonly()
+
+    def preload(
+        self, addresses: list[str], slots: list[tuple[str, int]], height: int
+    ) -> tuple[list[tuple[int, int, bytes]], list[int]]:
+        snap = self.store.snapshot()
+        try:
+            bounds = snap.bounds
+            if bounds is None or not bounds[0] <= height <= bounds[1]:
+                msg = f"state read failed: block {height} is outside this node's range"
+                raise CallFailed(error(BLOCK_NOT_FOUND, msg))
+            infos = []
+            for address in addresses:
+                a = bytes.fromhex(address[2:])
+                balance = int.from_bytes(snap.value(a + F_BALANCE, height) or b"", "big")
+                nonce = int.from_bytes(snap.value(a + F_NONCE, height) or b"", "big")
+                infos.append((balance, nonce, snap.value(a + F_CODE, height) or b""))
+            values = []
+            for address, slot in slots:
+                prefix = bytes.fromhex(address[2:]) + F_STORAGE + slot.to_bytes(32, "big")
+                values.append(int.from_bytes(snap.value(prefix, height) or b"", "big"))
+            return infos, values
+        finally:
+            snap.close()
+
+
 def touched_accounts(job: dict[str, Any]) -> list[str]:
     """Accounts every call of the job loads whatever its code does: coinbase (loaded before
     execution since Shanghai), each caller and each callee; at most PRELOAD_ACCOUNTS."""
@@ -240,25 +287,40 @@ def touched_accounts(job: dict[str, Any]) -> list[str]:
     return list(seen)[:PRELOAD_ACCOUNTS]
 
 
-def preload_accounts(evm: EVM, job: dict[str, Any], feed: FeedClient) -> None:
-    """Put the accounts the job touches into a new EVM's database cache.
+def insert_preloaded(
+    evm: EVM,
+    addresses: list[str],
+    infos: list[tuple[int, int, bytes]],
+    slots: list[tuple[str, int]],
+    values: list[int],
+) -> None:
+    """Put accounts and storage slots into a new EVM's database cache, where fork mode
+    would keep them after reading them, so they stay cold to the EVM.
 
     pyrevm's `insert_account_info` on an account not yet in the journal writes to the
-    CacheDB under the journal, exactly where fork mode would keep the account after reading
-    it: the values are the feed's (same height, same overlay) and the AccountInfo is the one
-    revm's EthersDB builds (raw code, keccak code hash), so the account is still cold to the
-    EVM and results and gas are unchanged (tested against anvil); only the three reads per
-    account are saved.
+    CacheDB under the journal, with the AccountInfo revm's EthersDB builds (raw code, keccak
+    code hash). `insert_account_storage` on such an account writes the slot to the CacheDB
+    too, but then loads the account into the journal (warm); inside a snapshot that is
+    reverted right away, only the CacheDB write remains. So results and gas are exactly
+    those of lazy reads (tested against anvil); only the reads are saved.
     """
-    addresses = touched_accounts(job)
-    infos = feed.accounts(job["fork_url"], addresses, job["height"])
-    for address, (balance, nonce, code_hex) in zip(addresses, infos, strict=True):
-        code = bytes.fromhex(code_hex[2:])
+    for address, (balance, nonce, code) in zip(addresses, infos, strict=True):
         # no hash for empty code: pyrevm then uses KECCAK_EMPTY, as EthersDB does
         code_hash = keccak.new(digest_bits=256, data=code).digest() if code else None
-        evm.insert_account_info(
-            address, AccountInfo(int(balance, 16), int(nonce, 16), code_hash, code)
-        )
+        evm.insert_account_info(address, AccountInfo(balance, nonce, code_hash, code))
+    for (address, slot), value in zip(slots, values, strict=True):
+        checkpoint = evm.snapshot()
+        evm.insert_account_storage(address, slot, value)
+        evm.revert(checkpoint)
+
+
+def storage_read(journal: str) -> list[tuple[str, int]]:
+    """(address, slot) of every storage slot in the journal (what a call read or wrote)."""
+    out = []
+    for m in _ACCOUNT_STORAGE.finditer(journal):
+        for slot, _value in _SLOT.findall(m.group(2)):
+            out.append(("0x" + m.group(1), int(slot)))
+    return out
 
 
 _ACCOUNT_STORAGE = re.compile(
@@ -357,6 +419,8 @@ class Runner:
         self._warm: OrderedDict[WarmKey, EVM] = OrderedDict()
         self._uses: dict[WarmKey, int] = {}
         self.feed = FeedClient()
+        self._stores: dict[str, StoreReads | None] = {}
+        self._learned: OrderedDict[tuple[str, bytes], list[tuple[str, int]]] = OrderedDict()
 
     def evm_for(self, job: dict[str, Any]) -> EVM:
         """A warm EVM for the job's block, or a fresh one when the job must not share.
@@ -383,8 +447,63 @@ class Runner:
 
     def _new(self, job: dict[str, Any]) -> EVM:
         evm = new_evm(job)
-        preload_accounts(evm, job, self.feed)
+        self._preload(evm, job)
         return evm
+
+    def _preload(self, evm: EVM, job: dict[str, Any]) -> None:
+        """Give a new EVM the accounts the job touches and the slots its calls read before,
+        read in one go (from the store directly, else one feed request)."""
+        addresses = touched_accounts(job)
+        slots = self._predicted(job)
+        known = set(addresses)
+        for address, _slot in slots:  # an account must be cached before its slots
+            if address not in known:
+                known.add(address)
+                addresses.append(address)
+        reads = self._store_reads(job.get("store"))
+        if reads is not None:
+            infos, values = reads.preload(addresses, slots, job["height"])
+        else:
+            infos, values = self.feed.preload(job["fork_url"], addresses, slots, job["height"])
+        insert_preloaded(evm, addresses, infos, slots, values)
+
+    def _store_reads(self, store: list[Any] | None) -> StoreReads | None:
+        """The store a job names, opened once; None (read through the feed) when the job
+        names none or it cannot be opened here."""
+        if store is None:
+            return None
+        path = store[0]
+        if path not in self._stores:
+            try:
+                self._stores[path] = StoreReads(path, store[1])
+            except Exception as exc:  # e.g. not readable from here: the feed still is
+                self._stores[path] = None
+                print(f"evm worker: reading through the feed, not {path}: {exc}", file=sys.stderr)
+        return self._stores[path]
+
+    def _predicted(self, job: dict[str, Any]) -> list[tuple[str, int]]:
+        """The slots the job's calls read the last time they ran here (at most
+        PRELOAD_SLOTS): a prediction; whatever it misses is read lazily as before."""
+        out: dict[tuple[str, int], None] = {}
+        for call in job["calls"]:
+            if call["to"] is None:
+                continue
+            for pair in self._learned.get((call["to"], bytes(call["data"][:LEARN_DATA])), ()):
+                out[pair] = None
+                if len(out) >= PRELOAD_SLOTS:
+                    return list(out)
+        return list(out)
+
+    def _learn(self, call: dict[str, Any], evm: EVM) -> None:
+        """Remember the slots a call read (from the journal, before it is reverted)."""
+        key = (call["to"], bytes(call["data"][:LEARN_DATA]))
+        self._learned[key] = storage_read(evm.journal_str)[:PRELOAD_SLOTS]
+        while len(self._learned) > LEARNED_CALLS:
+            self._learned.popitem(last=False)
+
+    def _unlearned(self, call: dict[str, Any]) -> bool:
+        to = call["to"]
+        return to is not None and (to, bytes(call["data"][:LEARN_DATA])) not in self._learned
 
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -467,6 +586,8 @@ class Runner:
         except CallFailed:
             self._revert(evm, checkpoint)
             raise
+        if self._unlearned(call):
+            self._learn(call, evm)
         self._revert(evm, checkpoint)
         return result
 
