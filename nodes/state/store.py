@@ -186,6 +186,9 @@ class StateStore:
         self.map_size = map_size_mb * 1024 * 1024
         self._env: lmdb.Environment | None = None
         self._write_lock = threading.Lock()
+        # Rollbacks committed so far: what was read at a height before a rollback may be
+        # gone (a cache of headers keys on it; read it *before* reading the store).
+        self.rollbacks = 0
 
     # lifecycle -------------------------------------------------------------------------
 
@@ -496,7 +499,10 @@ class StateStore:
 
     def rollback(self) -> int:
         """Remove the head block (one transaction); returns the new head height."""
-        return self._write(self._rollback)
+        try:
+            return self._write(self._rollback)
+        finally:
+            self.rollbacks += 1
 
     def _rollback(self, txn: lmdb.Transaction) -> int:
         bounds = self._bounds(txn)

@@ -420,3 +420,22 @@ async def test_preloaded_slots_give_the_results_and_gas_of_lazy_reads(
         want = sum(store.chain.state(height)[store.contract].storage.values())
         assert int(preloaded["results"][0]["output"], 16) == want
     assert len(learner._predicted(job(1))) == 6  # the six slots the call reads
+
+
+@module_loop
+async def test_calls_at_many_heights_at_once_answer_each_its_own_state(store: Any) -> None:
+    """Concurrent single calls at different heights are sent to a worker together (one job
+    of several blocks); each still answers its own block's state."""
+    methods = EvmMethods(store, EvmSettings(workers=1))
+    await methods.start()
+    try:
+        client = Client(methods)
+        heights = [h for _ in range(4) for h in range(1, HEIGHTS)]
+        answers = await asyncio.gather(
+            *(client.call("eth_call", [{"to": store.contract}, hex(h)]) for h in heights)
+        )
+        for h, answer in zip(heights, answers, strict=True):
+            want = sum(store.chain.state(h)[store.contract].storage.values())
+            assert int(answer, 16) == want, h
+    finally:
+        await methods.close()

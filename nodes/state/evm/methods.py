@@ -40,6 +40,9 @@ from nodes.state.reader import StateReader
 from nodes.state.store import StateStore
 
 
+ENV_CACHE = 4096  # block envs kept (by height)
+
+
 def nonce_error(message: str) -> dict[str, Any]:
     return {"code": NONCE_ERROR, "message": message}
 
@@ -93,6 +96,7 @@ class EvmMethods:
             self._store = [str(reader.path), reader.map_size // (1024 * 1024)]
         self._resolver = resolver or (lambda ref: resolve_height(reader, ref))
         self._chain_id = chain_id
+        self._envs: dict[int, tuple[int, dict[str, Any]]] = {}
         self._start_lock = asyncio.Lock()
         self._started = False
         self._closed = False
@@ -147,7 +151,7 @@ class EvmMethods:
         else:
             calls = parse_calls(calls_raw, cap, self.settings.max_calls)
         height = self._resolver(ref)
-        env = apply_block_overrides(block_env(self.reader.header(height)), block_overrides)
+        env = apply_block_overrides(self._block_env(height), block_overrides)
         limit = min(cap, env["gas_limit"])
         for call in calls:
             call["gas"] = min(call["gas"], limit)
@@ -162,6 +166,20 @@ class EvmMethods:
         if self._store is not None:
             job["store"] = self._store
         return job
+
+    def _block_env(self, height: int) -> dict[str, Any]:
+        """The block env at a height, from a small cache (a header never changes unless
+        its block is rolled back; the store counts rollbacks)."""
+        generation = getattr(self.reader, "rollbacks", None)
+        cached = self._envs.get(height)
+        if cached is not None and generation is not None and cached[0] == generation:
+            return cached[1]
+        env = block_env(self.reader.header(height))
+        if generation is not None:
+            if len(self._envs) >= ENV_CACHE:
+                self._envs.clear()
+            self._envs[height] = (generation, env)
+        return env
 
     @contextlib.contextmanager
     def _overlaid(self, job: dict[str, Any], overlay: Overlay | None) -> Iterator[dict[str, Any]]:

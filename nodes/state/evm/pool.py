@@ -51,6 +51,10 @@ class _Worker:
 
     def note(self, job: dict[str, Any]) -> None:
         """Record that `job` is about to run here (mirrors Runner.evm_for's LRU)."""
+        if job["kind"] == "groups":
+            for one in job["jobs"]:
+                self.note(one)
+            return
         key = warm_key(job)
         if key is None:
             return
