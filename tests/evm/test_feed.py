@@ -419,7 +419,7 @@ async def test_preloaded_slots_give_the_results_and_gas_of_lazy_reads(
         assert preloaded == lazy, height
         want = sum(store.chain.state(height)[store.contract].storage.values())
         assert int(preloaded["results"][0]["output"], 16) == want
-    assert len(learner._predicted(job(1))) == 6  # the six slots the call reads
+    assert len(learner._predicted(job(1)["calls"])) == 6  # the six slots the call reads
 
 
 @module_loop

@@ -39,7 +39,6 @@ from nodes.state.evm.settings import EvmSettings
 from nodes.state.reader import StateReader
 from nodes.state.store import StateStore
 
-
 ENV_CACHE = 4096  # block envs kept (by height)
 
 

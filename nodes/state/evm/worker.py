@@ -314,6 +314,14 @@ def insert_preloaded(
         evm.revert(checkpoint)
 
 
+LearnKey = tuple[str | None, bytes]
+
+
+def learn_key(call: dict[str, Any]) -> LearnKey:
+    """What a call's slots are remembered under: callee and the start of the calldata."""
+    return (call["to"], bytes(call["data"][:LEARN_DATA]))
+
+
 def storage_read(journal: str) -> list[tuple[str, int]]:
     """(address, slot) of every storage slot in the journal (what a call read or wrote)."""
     out = []
@@ -420,41 +428,54 @@ class Runner:
         self._uses: dict[WarmKey, int] = {}
         self.feed = FeedClient()
         self._stores: dict[str, StoreReads | None] = {}
-        self._learned: OrderedDict[tuple[str, bytes], list[tuple[str, int]]] = OrderedDict()
+        self._learned: OrderedDict[LearnKey, list[tuple[str, int]]] = OrderedDict()
+        self._given: dict[WarmKey, set[LearnKey]] = {}  # calls each warm EVM was prepared for
 
     def evm_for(self, job: dict[str, Any]) -> EVM:
         """A warm EVM for the job's block, or a fresh one when the job must not share.
 
         A warm EVM is rebuilt after `warm_max_calls` calls, which bounds what its cache of
-        fetched accounts and slots can grow to. A new EVM gets the accounts the job's calls
-        touch preloaded (one feed request instead of three pyrevm reads per account).
+        fetched accounts and slots can grow to. An EVM is given, before it runs a call it
+        has not run yet, the accounts that call touches and the slots it read before
+        (`_preload`), whether the EVM is new or warm from other calls at its block.
         """
         key = warm_key(job)
         if key is None:
-            return self._new(job)
+            evm = new_evm(job)
+            self._preload(evm, job, job["calls"])
+            return evm
         evm = self._warm.get(key)
         used = self._uses.get(key, 0) + len(job["calls"])
         if evm is None or used > self.limits.warm_max_calls:
-            evm = self._new(job)
+            evm = new_evm(job)
             used = len(job["calls"])
+            self._given[key] = set()
+        given = self._given.setdefault(key, set())
+        calls = [c for c in job["calls"] if learn_key(c) not in given]
+        if calls:
+            self._preload(evm, job, calls)
+            given.update(learn_key(c) for c in calls)
         self._warm[key] = evm
         self._warm.move_to_end(key)
         self._uses[key] = used
         while len(self._warm) > self.warm_blocks:
             old, _ = self._warm.popitem(last=False)
             self._uses.pop(old, None)
+            self._given.pop(old, None)
         return evm
 
-    def _new(self, job: dict[str, Any]) -> EVM:
-        evm = new_evm(job)
-        self._preload(evm, job)
-        return evm
+    def _discard(self, evm: EVM) -> None:
+        """Stop keeping an EVM warm (its journal can no longer be trusted)."""
+        for key in [k for k, v in self._warm.items() if v is evm]:
+            del self._warm[key]
+            self._uses.pop(key, None)
+            self._given.pop(key, None)
 
-    def _preload(self, evm: EVM, job: dict[str, Any]) -> None:
-        """Give a new EVM the accounts the job touches and the slots its calls read before,
-        read in one go (from the store directly, else one feed request)."""
-        addresses = touched_accounts(job)
-        slots = self._predicted(job)
+    def _preload(self, evm: EVM, job: dict[str, Any], calls: list[dict[str, Any]]) -> None:
+        """Give an EVM the accounts the calls touch and the slots they read before, read
+        in one go (from the store directly, else one feed request)."""
+        addresses = touched_accounts({**job, "calls": calls})
+        slots = self._predicted(calls)
         known = set(addresses)
         for address, _slot in slots:  # an account must be cached before its slots
             if address not in known:
@@ -481,14 +502,14 @@ class Runner:
                 print(f"evm worker: reading through the feed, not {path}: {exc}", file=sys.stderr)
         return self._stores[path]
 
-    def _predicted(self, job: dict[str, Any]) -> list[tuple[str, int]]:
-        """The slots the job's calls read the last time they ran here (at most
-        PRELOAD_SLOTS): a prediction; whatever it misses is read lazily as before."""
+    def _predicted(self, calls: list[dict[str, Any]]) -> list[tuple[str, int]]:
+        """The slots the calls read the last time they ran here (at most PRELOAD_SLOTS): a
+        prediction; whatever it misses is read lazily as before."""
         out: dict[tuple[str, int], None] = {}
-        for call in job["calls"]:
+        for call in calls:
             if call["to"] is None:
                 continue
-            for pair in self._learned.get((call["to"], bytes(call["data"][:LEARN_DATA])), ()):
+            for pair in self._learned.get(learn_key(call), ()):
                 out[pair] = None
                 if len(out) >= PRELOAD_SLOTS:
                     return list(out)
@@ -496,14 +517,12 @@ class Runner:
 
     def _learn(self, call: dict[str, Any], evm: EVM) -> None:
         """Remember the slots a call read (from the journal, before it is reverted)."""
-        key = (call["to"], bytes(call["data"][:LEARN_DATA]))
-        self._learned[key] = storage_read(evm.journal_str)[:PRELOAD_SLOTS]
+        self._learned[learn_key(call)] = storage_read(evm.journal_str)[:PRELOAD_SLOTS]
         while len(self._learned) > LEARNED_CALLS:
             self._learned.popitem(last=False)
 
     def _unlearned(self, call: dict[str, Any]) -> bool:
-        to = call["to"]
-        return to is not None and (to, bytes(call["data"][:LEARN_DATA])) not in self._learned
+        return call["to"] is not None and learn_key(call) not in self._learned
 
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
         """The answer to a job; to a `groups` job (calls at several blocks, sent together
@@ -521,6 +540,7 @@ class Runner:
         limit = self.limits.warm_memory_bytes
         if limit and self._warm and resident_bytes() > limit:
             self._warm.clear()
+            self._given.clear()
             self._uses.clear()
             _trim_heap()
 
@@ -540,9 +560,11 @@ class Runner:
             return {"error": exc.error}
         except Unusable:
             self._warm.clear()
+            self._given.clear()
             return {"error": error(EVM_FAILED, "EVM failed; the execution state was reset")}
         except Exception as exc:  # fork-mode connection failures land here
             self._warm.clear()
+            self._given.clear()
             return {"error": classify(exc).error}
 
     # -- one call ---------------------------------------------------------------------
@@ -589,6 +611,8 @@ class Runner:
             result = self._call(evm, call)
         except CallFailed:
             self._revert(evm, checkpoint)
+            if evm.journal_depth:  # a failed state read leaves a call frame open in revm
+                self._discard(evm)
             raise
         if self._unlearned(call):
             self._learn(call, evm)
