@@ -29,9 +29,18 @@ def raise_error(err: dict[str, Any]) -> None:
 
 
 def _coalesce_key(job: dict[str, Any]) -> tuple[Any, ...]:
-    block = tuple(sorted(job["block"].items()))
+    """Calls with equal keys run together as one job. The block env is compared by
+    identity: the node hands the same (cached) env object to every call at one block, and
+    a pending call keeps its env alive, so an id is never reused while it is a key."""
     flags = (job.get("fresh"), job.get("disable_cache"))
-    return (job["fork_url"], job["height"], block, job["chain_id"], job["spec_id"], flags)
+    return (
+        job["fork_url"],
+        job["height"],
+        id(job["block"]),
+        job["chain_id"],
+        job["spec_id"],
+        flags,
+    )
 
 
 class Executor:

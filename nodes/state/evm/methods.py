@@ -40,6 +40,8 @@ from nodes.state.reader import StateReader
 from nodes.state.store import StateStore
 
 ENV_CACHE = 4096  # block envs kept (by height)
+CALL_CACHE = 4096  # parsed call objects and block parameters kept
+CALL_CACHE_DATA = 2048  # calldata (hex characters) up to which a parsed call is kept
 
 
 def nonce_error(message: str) -> dict[str, Any]:
@@ -96,6 +98,9 @@ class EvmMethods:
         self._resolver = resolver or (lambda ref: resolve_height(reader, ref))
         self._chain_id = chain_id
         self._envs: dict[int, tuple[int, dict[str, Any]]] = {}
+        self._calls: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._refs: dict[str, BlockRef] = {}
+        self._known_chain_id: int | None = None
         self._start_lock = asyncio.Lock()
         self._started = False
         self._closed = False
@@ -146,7 +151,7 @@ class EvmMethods:
         """
         cap = self.settings.gas_cap
         if single:
-            calls = [parse_call(calls_raw, cap)]
+            calls = [self._parse_call(calls_raw)]
         else:
             calls = parse_calls(calls_raw, cap, self.settings.max_calls)
         height = self._resolver(ref)
@@ -159,12 +164,44 @@ class EvmMethods:
         if not self._started:
             await self.start()
         job = self.executor.job(kind, self.feed.state_url(), height, env, calls, **extra)
-        chain_id = self._chain_id() if self._chain_id else None
-        if chain_id is not None:
-            job["chain_id"] = chain_id
+        if self._known_chain_id is None and self._chain_id is not None:
+            self._known_chain_id = self._chain_id()  # kept once known: it never changes
+        if self._known_chain_id is not None:
+            job["chain_id"] = self._known_chain_id
         if self._store is not None:
             job["store"] = self._store
         return job
+
+    def _parse_call(self, obj: Any) -> dict[str, Any]:
+        """`parse_call`, remembered for call objects of plain strings (the same calls come
+        again and again: a balanceOf per holder, a view); a copy each time (gas is set per
+        job)."""
+        try:
+            key = tuple(sorted(obj.items())) if obj.__class__ is dict else None
+            cached = self._calls.get(key) if key is not None else None
+        except TypeError:  # a list or object inside (accessList): not cached
+            key = cached = None
+        if cached is None:
+            cached = parse_call(obj, self.settings.gas_cap)
+            if (
+                key is not None
+                and len(obj.get("data") or obj.get("input") or "") <= CALL_CACHE_DATA
+            ):
+                if len(self._calls) >= CALL_CACHE:
+                    self._calls.clear()
+                self._calls[key] = cached
+        return dict(cached)
+
+    def _ref(self, value: Any) -> BlockRef:
+        """`parse_block_number_param`, remembered for strings (tags, heights, hashes)."""
+        ref = self._refs.get(value) if value.__class__ is str else None
+        if ref is None:
+            ref = parse_block_number_param(value)
+            if value.__class__ is str:
+                if len(self._refs) >= CALL_CACHE:
+                    self._refs.clear()
+                self._refs[value] = ref
+        return ref
 
     def _block_env(self, height: int) -> dict[str, Any]:
         """The block env at a height, from a small cache (a header never changes unless
@@ -246,9 +283,11 @@ class EvmMethods:
         request, block, state_override, block_overrides = params_list(
             params, ["request", "blockNumber", "stateOverride", "blockOverrides"]
         )
-        ref = parse_block_number_param(block)
+        ref = self._ref(block)
         overlay = parse_state_override(state_override)
         job = await self._job("calls", ref, request, single=True, block_overrides=block_overrides)
+        if overlay is None:
+            return (await self.executor.call(job))["output"]
         with self._overlaid(job, overlay) as job:
             return (await self.executor.call(job))["output"]
 
