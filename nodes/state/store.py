@@ -118,6 +118,7 @@ def header_info(stored: dict[str, Any]) -> HeaderInfo:
         mix_hash=h.get("mixHash") or "0x" + "00" * 32,
         difficulty=q("difficulty"),
         validation_hash=stored["validationHash"],
+        excess_blob_gas=q("excessBlobGas") if "excessBlobGas" in h else None,
     )
 
 

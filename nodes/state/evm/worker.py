@@ -40,6 +40,7 @@ from chainstate.jsonrpc import (
     INVALID_PARAMS,
     NONCE_ERROR,
 )
+from nodes.state.evm.basefee import BasefeeCheck, run_on_pyevm
 from nodes.state.store import F_BALANCE, F_CODE, F_NONCE, F_STORAGE, StateStore
 
 # Accounts preloaded into a new EVM: one feed request reads them all at once, which on the
@@ -174,6 +175,7 @@ def _block_env(block: dict[str, Any]) -> BlockEnv:
         prevrandao=bytes.fromhex(block["prevrandao"][2:]),
         basefee=block["basefee"],
         gas_limit=block["gas_limit"],
+        excess_blob_gas=block.get("excess_blob_gas") or 0,
     )
 
 
@@ -224,6 +226,17 @@ class FeedClient:
         infos = [(int(b, 16), int(n, 16), bytes.fromhex(c[2:])) for b, n, c in result["accounts"]]
         return infos, [int(v, 16) for v in result["slots"]]
 
+    def block_hash(self, url: str, height: int) -> bytes:
+        """A block's hash as the feed serves it (zero for a block the node does not hold)."""
+        parts = urlsplit(url)
+        key = (parts.hostname or "127.0.0.1", parts.port or 80)
+        request = {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber"}
+        body = orjson.dumps({**request, "params": [hex(height), False]})
+        status, data = self._post(key, parts.path or "/", body)
+        answer = orjson.loads(data) if status == 200 else {}
+        block = answer.get("result") or {}
+        return bytes.fromhex(block.get("hash", "0x" + "00" * 32)[2:])
+
     def _post(self, key: tuple[str, int], path: str, body: bytes) -> tuple[int, bytes]:
         headers = {"content-type": "application/json"}
         for attempt in (1, 2):  # a kept-alive connection the feed closed is retried once
@@ -251,6 +264,11 @@ class StoreReads:
     def __init__(self, path: str, map_size_mb: int) -> None:
         self.store = StateStore(Path(path), map_size_mb=map_size_mb)
         self.store.open_readonly()
+
+    def block_hash(self, height: int) -> bytes:
+        """A block's hash (zero for a block the store does not hold)."""
+        found = self.store.hash_at(height)
+        return bytes.fromhex((found or "0x" + "00" * 32)[2:])
 
     def preload(
         self, addresses: list[str], slots: list[tuple[str, int]], height: int
@@ -430,6 +448,9 @@ class Runner:
         self._stores: dict[str, StoreReads | None] = {}
         self._learned: OrderedDict[LearnKey, list[tuple[str, int]]] = OrderedDict()
         self._given: dict[WarmKey, set[LearnKey]] = {}  # calls each warm EVM was prepared for
+        self._basefee = BasefeeCheck()
+        self._suspects: dict[WarmKey, dict[LearnKey, bool]] = {}  # verdicts per warm EVM
+        self._job: dict[str, Any] = {}  # the job being run
 
     def evm_for(self, job: dict[str, Any]) -> EVM:
         """A warm EVM for the job's block, or a fresh one when the job must not share.
@@ -450,6 +471,7 @@ class Runner:
             evm = new_evm(job)
             used = len(job["calls"])
             self._given[key] = set()
+            self._suspects[key] = {}
         given = self._given.setdefault(key, set())
         calls = [c for c in job["calls"] if learn_key(c) not in given]
         if calls:
@@ -462,6 +484,7 @@ class Runner:
             old, _ = self._warm.popitem(last=False)
             self._uses.pop(old, None)
             self._given.pop(old, None)
+            self._suspects.pop(old, None)
         return evm
 
     def _discard(self, evm: EVM) -> None:
@@ -470,6 +493,7 @@ class Runner:
             del self._warm[key]
             self._uses.pop(key, None)
             self._given.pop(key, None)
+            self._suspects.pop(key, None)
 
     def _preload(self, evm: EVM, job: dict[str, Any], calls: list[dict[str, Any]]) -> None:
         """Give an EVM the accounts the calls touch and the slots they read before, read
@@ -541,11 +565,13 @@ class Runner:
         if limit and self._warm and resident_bytes() > limit:
             self._warm.clear()
             self._given.clear()
+            self._suspects.clear()
             self._uses.clear()
             _trim_heap()
 
     def _run(self, job: dict[str, Any]) -> dict[str, Any]:
         kind = job["kind"]
+        self._job = job
         try:
             evm = self.evm_for(job)
             evm.set_block_env(_block_env(job["block"]))
@@ -561,10 +587,12 @@ class Runner:
         except Unusable:
             self._warm.clear()
             self._given.clear()
+            self._suspects.clear()
             return {"error": error(EVM_FAILED, "EVM failed; the execution state was reset")}
         except Exception as exc:  # fork-mode connection failures land here
             self._warm.clear()
             self._given.clear()
+            self._suspects.clear()
             return {"error": classify(exc).error}
 
     # -- one call ---------------------------------------------------------------------
@@ -610,14 +638,69 @@ class Runner:
         try:
             result = self._call(evm, call)
         except CallFailed:
+            seeds = self._basefee_seeds(evm, call)
             self._revert(evm, checkpoint)
             if evm.journal_depth:  # a failed state read leaves a call frame open in revm
                 self._discard(evm)
+            if seeds is not None:
+                return self._on_pyevm(call, seeds)
             raise
+        seeds = self._basefee_seeds(evm, call)
         if self._unlearned(call):
             self._learn(call, evm)
         self._revert(evm, checkpoint)
+        if seeds is not None:
+            return self._on_pyevm(call, seeds)
         return result
+
+    def _basefee_seeds(self, evm: EVM, call: dict[str, Any]) -> list[tuple[str, int]] | None:
+        """When revm's answer may be wrong because the call may read BASEFEE (pyrevm makes
+        it 0) and the block's base fee is not 0: the slots revm read (to start py-evm with);
+        else None. Verdicts are kept per warm EVM and call."""
+        job = self._job
+        if not job["block"]["basefee"]:
+            return None
+        key = warm_key(job)
+        verdicts = self._suspects.setdefault(key, {}) if key is not None else {}
+        lk = learn_key(call)
+        suspect = verdicts.get(lk)
+        if suspect is None:
+            initcode = bytes(call["data"]) if call["to"] is None else None
+            suspect = self._basefee.may_read_basefee(evm.journal_state, initcode)
+            if key is not None:
+                verdicts[lk] = suspect
+        return storage_read(evm.journal_str) if suspect else None
+
+    def _on_pyevm(self, call: dict[str, Any], seeds: list[tuple[str, int]]) -> dict[str, Any]:
+        """The call run on py-evm with the block's base fee (nodes/state/evm/basefee.py)."""
+        job = self._job
+        height = job["height"]
+        reads = self._store_reads(job.get("store"))
+        if reads is not None:
+            source = lambda a, s: reads.preload(a, s, height)  # noqa: E731
+            hash_of = reads.block_hash
+        else:
+            url = job["fork_url"]
+            source = lambda a, s: self.feed.preload(url, a, s, height)  # noqa: E731
+            hash_of = lambda h: self.feed.block_hash(url, h)  # noqa: E731
+        r = run_on_pyevm(job, call, source, seeds, hash_of)
+        gas = r["gas_used"]
+        if r["ok"]:
+            output = r["output"]
+            if len(output) > self.limits.max_return_bytes:
+                msg = f"return data of {len(output)} bytes exceeds {self.limits.max_return_bytes}"
+                raise CallFailed(error(EVM_FAILED, msg), gas)
+            return {"output": "0x" + bytes(output).hex(), "gas_used": gas, "logs": r["logs"]}
+        kind = r["kind"]
+        if kind == "revert":
+            raise CallFailed(revert_error(bytes(r["output"])), gas)
+        if kind == "out_of_gas":
+            raise CallFailed(error(GAS_EXHAUSTED, "out of gas (Basic)"), gas)
+        if kind == "intrinsic":
+            raise CallFailed(error(GAS_EXHAUSTED, "intrinsic gas too high"))
+        if kind == "too_many_reads":
+            raise CallFailed(error(EVM_FAILED, "EVM failed: the call kept reading new state"))
+        raise CallFailed(error(EVM_FAILED, f"execution halted: {r.get('reason')}"), gas)
 
     @staticmethod
     def _revert(evm: EVM, checkpoint: Any) -> None:
