@@ -164,6 +164,32 @@ class ReadPath:
         out = [answer for answer in answers if answer is not None]
         return orjson.dumps(out) if out else b""
 
+    def answer_now(self, body: bytes) -> bytes | None:
+        """The answer, computed without awaiting, when every item of the body is a plain
+        read (a server can then write it at once, with no task); None otherwise, and the
+        body goes to `handle_body`."""
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        fast = self.fast
+        if payload.__class__ is dict:
+            items = [payload]
+        elif payload.__class__ is list and payload and len(payload) <= self.max_batch:
+            items = payload
+        else:
+            return None
+        for item in items:
+            if item.__class__ is not dict or item.get("method") not in fast:
+                return None
+        answers = self._answer(items)
+        if _SLOW in answers:
+            return None
+        if payload.__class__ is dict:
+            return orjson.dumps(answers[0]) if answers[0] is not None else b""
+        out = [answer for answer in answers if answer is not None]
+        return orjson.dumps(out) if out else b""
+
     def _answer(self, items: list[Any]) -> list[Any]:
         """Answers of the fast items (None for a notification), _SLOW for the others."""
         fast = self.fast

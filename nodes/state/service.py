@@ -176,6 +176,15 @@ class StateNode:
         finally:
             self.metrics.request_seconds.observe(time.perf_counter() - started)
 
+    def answer_now(self, body: bytes) -> bytes | None:
+        """`handle_body`'s answer when it needs no await (every item a plain state read),
+        else None: a server may call this first and write the answer at once."""
+        started = time.perf_counter()
+        answer = self.reads.answer_now(body)
+        if answer is not None:
+            self.metrics.request_seconds.observe(time.perf_counter() - started)
+        return answer
+
     # HTTP ------------------------------------------------------------------------------
 
     def make_app(self) -> web.Application:

@@ -164,12 +164,25 @@ async def test_every_answer_equals_the_generic_dispatchers(tmp_path: Path) -> No
         bodies += [b"[", b"[]", b"{}", orjson.dumps([{"jsonrpc": "2.0", "method": "x"}])]
         for stage in ("empty", "with blocks"):
             for body in bodies:
-                assert await node.handle_body(body) == await node.dispatcher.handle_body(body), (
-                    stage,
-                    body,
-                )
+                generic = await node.dispatcher.handle_body(body)
+                assert await node.handle_body(body) == generic, (stage, body)
+                now = node.answer_now(body)  # None: not all plain reads, handle_body answers
+                assert now is None or now == generic, (stage, body)
             if stage == "empty":
                 await apply(node, random_chain(seed=23, blocks=40)[0], 0)
+    finally:
+        await node.close()
+
+
+async def test_plain_reads_are_answered_without_awaiting(tmp_path: Path) -> None:
+    node = await make_node(tmp_path, kind="archive")
+    try:
+        chain, addrs = random_chain(seed=24, blocks=10)
+        await apply(node, chain, 0)
+        reads = orjson.dumps(read_batch(addrs, 5))
+        assert node.answer_now(reads) == await node.dispatcher.handle_body(reads)
+        mixed = [*orjson.loads(reads), {"jsonrpc": "2.0", "id": 99, "method": "eth_chainId"}]
+        assert node.answer_now(orjson.dumps(mixed)) is None
     finally:
         await node.close()
 
