@@ -144,6 +144,18 @@ class StateView:
         return self._store._int(self._txn, prefix, self.height)
 
 
+def seek(cur: lmdb.Cursor, prefix: bytes, height: int) -> bytes | None:
+    """The newest version of `prefix` at or below `height` (a cursor on `versions`): seek
+    to the first key after `prefix | height` and step back once; None if never written."""
+    found = cur.prev() if cur.set_range(prefix + _BE.pack(height + 1)) else cur.last()
+    if not found:
+        return None
+    key = cur.key()
+    if len(key) == len(prefix) + 8 and key.startswith(prefix):
+        return cur.value()
+    return None
+
+
 class Snapshot:
     """The store as of one read transaction: its bounds and a cursor for version seeks."""
 
@@ -161,14 +173,7 @@ class Snapshot:
 
     def value(self, prefix: bytes, height: int) -> bytes | None:
         """The newest version of `prefix` at or below `height`, or None if never written."""
-        cur = self.cursor
-        found = cur.prev() if cur.set_range(prefix + _BE.pack(height + 1)) else cur.last()
-        if not found:
-            return None
-        key = cur.key()
-        if len(key) == len(prefix) + 8 and key.startswith(prefix):
-            return cur.value()
-        return None
+        return seek(self.cursor, prefix, height)
 
 
 class StateStore:
@@ -272,14 +277,7 @@ class StateStore:
 
     def _value(self, txn: lmdb.Transaction, prefix: bytes, height: int) -> bytes | None:
         """The newest version of `prefix` at or below `height`, or None if never written."""
-        cur = txn.cursor(db=self._ver)
-        found = cur.prev() if cur.set_range(prefix + _BE.pack(height + 1)) else cur.last()
-        if not found:
-            return None
-        key = cur.key()
-        if len(key) == len(prefix) + 8 and key.startswith(prefix):
-            return cur.value()
-        return None
+        return seek(txn.cursor(db=self._ver), prefix, height)
 
     def _int(self, txn: lmdb.Transaction, prefix: bytes, height: int) -> int:
         return int.from_bytes(self._value(txn, prefix, height) or b"", "big")

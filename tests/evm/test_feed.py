@@ -321,20 +321,15 @@ async def test_a_block_stays_warm_on_one_worker(store: Any) -> None:
         await methods.close()
 
 
-@module_loop
-async def test_warm_evms_are_dropped_past_the_memory_limit(
-    store: Any, process: FeedProcess
-) -> None:
+def sum_job(store: Any, url: str, height: int) -> dict[str, Any]:
+    """A worker job: one call of the SUM contract at `height`, reading through `url`."""
     from nodes.state.evm.codec import block_env
-    from nodes.state.evm.worker import Limits, Runner
 
-    url = process.url_if_running()
-    assert url is not None
-    job = {
+    return {
         "kind": "calls",
         "fork_url": url,
-        "height": 4,
-        "block": block_env(store.header(4)),
+        "height": height,
+        "block": block_env(store.header(height)),
         "chain_id": 1337,
         "spec_id": "Cancun",
         "calls": [
@@ -342,6 +337,17 @@ async def test_warm_evms_are_dropped_past_the_memory_limit(
              "gas": 1_000_000, "gas_price": 0, "nonce": None}
         ],
     }  # fmt: skip
+
+
+@module_loop
+async def test_warm_evms_are_dropped_past_the_memory_limit(
+    store: Any, process: FeedProcess
+) -> None:
+    from nodes.state.evm.worker import Limits, Runner
+
+    url = process.url_if_running()
+    assert url is not None
+    job = sum_job(store, url, 4)
     results = []
     for memory in (0, 1):  # no limit; a limit every process is above
         runner = Runner(Limits(100, 10**6, 10**6, 10**6, 1000, warm_memory_bytes=memory), 8)
@@ -384,25 +390,13 @@ async def test_preloaded_slots_give_the_results_and_gas_of_lazy_reads(
     """A worker learns the slots a call reads; at a new height it gives the new EVM those
     slots before the call (read from the store directly, or in one feed request). Output
     and gas (six cold SLOADs) equal a worker that reads every slot lazily."""
-    from nodes.state.evm.codec import block_env
     from nodes.state.evm.worker import Limits, Runner
 
     url = process.url_if_running()
     assert url is not None
 
     def job(height: int) -> dict[str, Any]:
-        out = {
-            "kind": "calls",
-            "fork_url": url,
-            "height": height,
-            "block": block_env(store.header(height)),
-            "chain_id": 1337,
-            "spec_id": "Cancun",
-            "calls": [
-                {"from": store.people[0], "to": store.contract, "data": b"", "value": 0,
-                 "gas": 1_000_000, "gas_price": 0, "nonce": None}
-            ],
-        }  # fmt: skip
+        out = sum_job(store, url, height)
         if direct:
             out["store"] = [str(copy), 64]
         return out

@@ -40,7 +40,7 @@ from chainstate.jsonrpc import (
     INVALID_PARAMS,
     NONCE_ERROR,
 )
-from nodes.state.evm.basefee import BasefeeCheck, run_on_pyevm
+from nodes.state.evm.basefee import BasefeeCheck
 from nodes.state.store import F_BALANCE, F_CODE, F_NONCE, F_STORAGE, StateStore
 
 # Accounts preloaded into a new EVM: one feed request reads them all at once, which on the
@@ -672,7 +672,7 @@ class Runner:
         return storage_read(evm.journal_str) if suspect else None
 
     def _on_pyevm(self, call: dict[str, Any], seeds: list[tuple[str, int]]) -> dict[str, Any]:
-        """The call run on py-evm with the block's base fee (nodes/state/evm/basefee.py)."""
+        """The call run on py-evm with the block's base fee (nodes/state/evm/pyevm.py)."""
         job = self._job
         height = job["height"]
         reads = self._store_reads(job.get("store"))
@@ -683,6 +683,8 @@ class Runner:
             url = job["fork_url"]
             source = lambda a, s: self.feed.preload(url, a, s, height)  # noqa: E731
             hash_of = lambda h: self.feed.block_hash(url, h)  # noqa: E731
+        from nodes.state.evm.pyevm import run_on_pyevm  # ~1.5 s the first time: only if needed
+
         r = run_on_pyevm(job, call, source, seeds, hash_of)
         gas = r["gas_used"]
         if r["ok"]:
