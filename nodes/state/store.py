@@ -18,6 +18,7 @@ Commits are durable (LMDB `sync`): kill -9 leaves either the whole block or none
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import threading
@@ -195,6 +196,11 @@ class StateStore:
         # Rollbacks committed so far: what was read at a height before a rollback may be
         # gone (a cache of headers keys on it; read it *before* reading the store).
         self.rollbacks = 0
+        # (earliest, head) as of the last commit of this process, for `range()` (None: read
+        # them). Only a writing store keeps it; every read of data re-checks its height
+        # inside its own transaction, so a stale value only delays a -39006.
+        self._known_range: tuple[int, int] | None = None
+        self._writer = False
 
     # lifecycle -------------------------------------------------------------------------
 
@@ -219,6 +225,8 @@ class StateStore:
                 )
             txn.put(META_KIND, self.kind.encode(), db=self._meta)
         self._env = env
+        self._writer = True
+        self._known_range = self.bounds()
 
     def open_readonly(self) -> None:
         """Open an existing store for reading only, beside the process that writes it (LMDB
@@ -249,6 +257,7 @@ class StateStore:
             if self._env is not None:
                 self._env.close()
                 self._env = None
+            self._known_range = None
 
     # reading ---------------------------------------------------------------------------
 
@@ -288,6 +297,9 @@ class StateStore:
             return self._bounds(txn)
 
     def range(self) -> tuple[int, int]:
+        known = self._known_range
+        if known is not None:
+            return known
         with self._reading() as txn:
             bounds = self._bounds(txn)
         if bounds is None:
@@ -405,11 +417,15 @@ class StateStore:
         with self._write_lock:
             if self._env is None:
                 raise StoreFailure("state store is closed")
+            self._known_range = None  # while it changes, `range()` reads the store
             try:
                 with self._env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.Error as exc:
                 raise StoreFailure(f"state store write failed: {exc}") from exc
+            finally:
+                with contextlib.suppress(JsonRpcError):
+                    self._known_range = self.bounds()
 
     def apply(self, block: VendorBlock, *, verify_pre: bool = True) -> None:
         """Apply the next block in one transaction; raises StoreError and changes nothing if
