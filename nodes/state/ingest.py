@@ -204,6 +204,19 @@ class Ingest:
         self.metrics.rollbacks.inc()
         self.publish_metrics()
 
+    async def fill_hot(self) -> None:
+        """Fill the hot view from the store's newest blocks (a restarted node starts with
+        them in memory, as if it had ingested them)."""
+        hot, bounds = self.hot, self.store.bounds()
+        if hot is None or bounds is None or hot.blocks == 0:
+            return
+        earliest, head = bounds
+        for height in range(max(earliest + 1, head - hot.blocks + 1), head + 1):
+            writes = await asyncio.to_thread(self.store.written_at, height)
+            if self.store.bounds() != bounds:  # ingest moved meanwhile: it fills the view
+                return
+            hot.applied(height, writes, earliest)
+
     def publish_metrics(self) -> None:
         """Update the head/earliest gauges and wake `wait_for_height` callers."""
         bounds = self.store.bounds()

@@ -140,6 +140,7 @@ class StateNode:
             self.evm_settings = EvmSettings.from_config(self.settings.evm)
             importlib.import_module(EVM_METHODS_MODULE).register(self)
         self.ingest.publish_metrics()
+        await self.ingest.fill_hot()
         self._task = asyncio.create_task(self.ingest.run(), name=f"state-ingest:{self.key}")
         if self.leader is not None:
             self._leader_task = asyncio.create_task(

@@ -375,6 +375,18 @@ class StateStore:
             self._check(txn, height)
             yield StateView(self, txn, height)
 
+    def written_at(self, height: int) -> list[tuple[bytes, bytes]]:
+        """(prefix, raw value) of everything block `height` wrote (its undo record), for
+        heights above the earliest; [] when the store has no record of it."""
+        out = []
+        hb = _BE.pack(height)
+        with self._reading() as txn:
+            for prefix in _split_prefixes(txn.get(hb, db=self._undo) or b""):
+                value = txn.get(prefix + hb, db=self._ver)
+                if value is not None:
+                    out.append((prefix, value))
+        return out
+
     def validations(self, start: int, count: int) -> list[dict[str, Any]]:
         """Checker records for heights [start, start+count) that this node holds."""
         out: list[dict[str, Any]] = []

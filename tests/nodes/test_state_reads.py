@@ -214,3 +214,21 @@ def test_hot_view_keeps_its_bounds() -> None:
     off = HotState(blocks=0, base_entries=10)
     off.applied(0, [(key[0], b"\x01")], earliest=0)
     assert off.empty and not off.versions
+
+
+@pytest.mark.parametrize("kind", ["archive", "state"])
+async def test_a_restarted_node_fills_its_hot_view_from_the_store(
+    tmp_path: Path, kind: str
+) -> None:
+    chain, addrs = random_chain(seed=25, blocks=40)
+    node = await make_node(tmp_path, kind=kind, window=16, hot_blocks=8)
+    try:
+        await apply(node, chain, 0)
+    finally:
+        await node.close()
+    node = await make_node(tmp_path, kind=kind, window=16, hot_blocks=8)
+    try:
+        assert (node.hot.lo, node.hot.hi) == (chain.head - 7, chain.head)
+        await assert_answers(node, chain, addrs)
+    finally:
+        await node.close()
