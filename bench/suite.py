@@ -345,18 +345,18 @@ class StateSuite:
         self.head = 0
         self.accounts: list[str] = []
         self.storage_contract = ""
-        self.state_pid: int | None = None
+        self.pids: dict[str, int] = {}
 
     def cpu_probe(self, label: str) -> int | None:
-        """The process whose CPU (with its children) is measured per case: the state node,
-        so its items/s per core can be printed."""
-        return self.state_pid if label == "state-node" else None
+        """The process whose CPU (with its children) is measured per case: the state node
+        and anvil, so items/s per core can be compared when the machine is busy."""
+        return self.pids.get(label)
 
     def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
         svc_cpus, _ = split_cpus() if opts.pin else (None, None)
         anvil_port, writer_port, state_port = free_port(), free_port(), free_port()
         anvil = f"http://127.0.0.1:{anvil_port}"
-        services.start(
+        anvil_svc = services.start(
             "anvil",
             python_cmd("-m", "chainstate.cli", "devnet", "anvil", "--port", str(anvil_port)),
             anvil,
@@ -386,7 +386,9 @@ class StateSuite:
             state,
             svc_cpus,
         )  # fmt: skip
-        self.state_pid = state_svc.proc.pid if state_svc.proc else None
+        for label, svc in (("state-node", state_svc), ("anvil", anvil_svc)):
+            if svc.proc is not None:
+                self.pids[label] = svc.proc.pid
         self._wait_synced(state)
         targets = {"state-node": state}
         if proxy_available():
