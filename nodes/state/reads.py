@@ -65,6 +65,12 @@ def data(raw: bytes | None) -> str:
     return "0x" + raw.hex() if raw else "0x"
 
 
+def _method(item: dict[str, Any]) -> str:
+    """The method name of a request object, "" when it is not a string (not a fast one)."""
+    method = item.get("method")
+    return method if method.__class__ is str else ""
+
+
 def _args(params: Any, names: list[str]) -> list[Any]:
     """`params_list`, without a copy when the params are already a full positional list."""
     if params.__class__ is list and len(params) == len(names):
@@ -180,7 +186,7 @@ class ReadPath:
         else:
             return None
         for item in items:
-            if item.__class__ is not dict or item.get("method") not in fast:
+            if item.__class__ is not dict or fast.get(_method(item)) is None:
                 return None
         answers = self._answer(items)
         if _SLOW in answers:
@@ -201,7 +207,7 @@ class ReadPath:
                 if item.__class__ is not dict or item.get("jsonrpc") != "2.0":
                     out.append(_SLOW)
                     continue
-                fn = fast.get(item.get("method"))  # type: ignore[arg-type]
+                fn = fast.get(_method(item))
                 rid = item.get("id")
                 params = item.get("params", [])
                 if (

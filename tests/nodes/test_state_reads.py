@@ -150,6 +150,8 @@ BAD_ITEMS: list[Any] = [
     {"jsonrpc": "2.0", "id": 21, "method": "eth_getBlockByNumber", "params": ["0x2", False]},
     {"jsonrpc": "2.0", "id": 22, "method": "eth_getBalance", "params": {"address": A}},
     {"jsonrpc": "2.0", "id": [1], "method": "eth_getBalance", "params": []},
+    {"jsonrpc": "2.0", "id": 23, "method": ["eth_getBalance"], "params": []},
+    {"jsonrpc": "2.0", "id": 24, "method": {"eth_getBalance": 1}},
     "not an object",
 ]  # fmt: skip
 
