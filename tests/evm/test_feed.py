@@ -433,3 +433,26 @@ async def test_calls_at_many_heights_at_once_answer_each_its_own_state(store: An
             assert int(answer, 16) == want, h
     finally:
         await methods.close()
+
+
+@module_loop
+async def test_a_killed_worker_frees_its_store_reader_slots(store: Any) -> None:
+    """Workers read the store directly; one killed past its time limit (perhaps inside a
+    read transaction) is followed by a check that frees dead readers' LMDB slots."""
+    settings = EvmSettings(workers=1, call_timeout=0.5, gas_cap=2**62)
+    methods = EvmMethods(store, settings)
+    assert methods.executor.pool.on_replace == store.free_stale_readers
+    freed: list[int] = []
+    methods.executor.pool.on_replace = lambda: freed.append(store.free_stale_readers())
+    await methods.start()
+    try:
+        client = Client(methods)
+        loop = "0x" + "5b600056"  # JUMPDEST PUSH1 0 JUMP: runs until killed
+        target = "0x" + "6f" * 20
+        call = [{"to": target}, "latest", {target: {"code": loop}}, {"gasLimit": hex(2**62)}]
+        answer = await client.raw("eth_call", call)
+        assert answer["error"]["code"] == -39004
+        assert "time limit" in answer["error"]["message"]
+        assert len(freed) == 1
+    finally:
+        await methods.close()

@@ -85,16 +85,16 @@ class EvmMethods:
         self.settings = settings
         self.executor = Executor(settings)
         self.feed = StateFeed(reader, settings.chain_id)
+        # Workers read what a new EVM is given straight from the store (read-only) when the
+        # node's reader is one: [path, map size in MB].
+        self._store: list[Any] | None = None
         if settings.feed == "process" and isinstance(reader, StateStore):
             mb = reader.map_size // (1024 * 1024)
             self.feed.process = FeedProcess(
                 reader.path, mb, settings.chain_id, on_exit=reader.free_stale_readers
             )
-        # Workers read what a new EVM is given straight from the store (read-only) when the
-        # node's reader is one: [path, map size in MB].
-        self._store: list[Any] | None = None
-        if settings.feed == "process" and isinstance(reader, StateStore):
-            self._store = [str(reader.path), reader.map_size // (1024 * 1024)]
+            self._store = [str(reader.path), mb]
+            self.executor.pool.on_replace = reader.free_stale_readers
         self._resolver = resolver or (lambda ref: resolve_height(reader, ref))
         self._chain_id = chain_id
         self._envs: dict[int, tuple[int, dict[str, Any]]] = {}

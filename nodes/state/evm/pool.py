@@ -110,6 +110,9 @@ class WorkerPool:
         self._waiting = 0
         self._closed = False
         self._background: set[asyncio.Task[None]] = set()
+        # Called after a worker was killed: workers read the store directly, and a worker
+        # killed inside a read transaction leaves its LMDB reader slot to be freed.
+        self.on_replace: Any = None
 
     def workers(self) -> list[_Worker]:
         """Every live worker (idle or busy)."""
@@ -213,6 +216,8 @@ class WorkerPool:
         """Kill an overrunning or dead worker and put a fresh one in its place."""
         self._all.discard(worker)
         await asyncio.to_thread(worker.kill)
+        if self.on_replace is not None:
+            self.on_replace()
         if self._closed or self._idle is None:
             return
         fresh = await asyncio.to_thread(self._spawn)
