@@ -30,7 +30,13 @@ import orjson
 
 from chainstate.blockref import TAGS, parse_block_ctx, parse_block_number_param
 from chainstate.hexcodec import parse_address
-from chainstate.jsonrpc import DATABASE_FAILED, Dispatcher, JsonRpcError, params_list
+from chainstate.jsonrpc import (
+    DATABASE_FAILED,
+    INTERNAL_ERROR,
+    Dispatcher,
+    JsonRpcError,
+    params_list,
+)
 from nodes.state.hot import HotState
 from nodes.state.methods import StateMethods, _require, _slot
 from nodes.state.store import (
@@ -48,6 +54,19 @@ log = logging.getLogger(__name__)
 PARSE_CACHE = 65_536  # parsed addresses / slots / block numbers kept (then the cache restarts)
 _HEAD = -1  # a cached block parameter meaning "the head"
 _SLOW = object()  # an item the dispatcher answers
+
+
+class _Call:
+    """An eth_call item queued on the EVM executor: its id and the future of its result."""
+
+    __slots__ = ("future", "rid", "wanted")
+
+    def __init__(self, rid: Any, future: Any, wanted: bool) -> None:
+        self.rid = rid
+        self.future = future
+        self.wanted = wanted  # not a notification
+
+
 _BLOCK_TAGS = {tag: (0 if tag == "earliest" else _HEAD) for tag in TAGS}
 
 
@@ -130,6 +149,7 @@ class ReadPath:
         self.methods = methods
         self.dispatcher = dispatcher
         self.max_batch = max_batch
+        self.evm: Any = None  # the EVM methods (`call_now`), set when the node registers them
         self._addresses: dict[str, bytes] = {}
         self._slots: dict[str, bytes] = {}
         self._heights: dict[str, int] = dict(_BLOCK_TAGS)
@@ -157,18 +177,51 @@ class ReadPath:
             answer = self._answer([payload])[0]
             if answer is _SLOW:
                 answer = await self.dispatcher.handle_item(payload)
+            elif answer.__class__ is _Call:
+                answer = (await self._finish([answer]))[0]
             return orjson.dumps(answer) if answer is not None else b""
         if payload.__class__ is not list or not payload or len(payload) > self.max_batch:
             return await self.dispatcher.handle_body(body)  # answers the envelope error
         answers = self._answer(payload)
         slow = [i for i, answer in enumerate(answers) if answer is _SLOW]
-        if slow:
+        calls = [i for i, answer in enumerate(answers) if answer.__class__ is _Call]
+        if slow or calls:
             handled = self.dispatcher.handle_item
-            done = await asyncio.gather(*(handled(payload[i]) for i in slow))
-            for i, answer in zip(slow, done, strict=True):
+            slow_done, calls_done = await asyncio.gather(
+                asyncio.gather(*(handled(payload[i]) for i in slow)),
+                self._finish([answers[i] for i in calls]),
+            )
+            for i, answer in zip([*slow, *calls], [*slow_done, *calls_done], strict=True):
                 answers[i] = answer
         out = [answer for answer in answers if answer is not None]
         return orjson.dumps(out) if out else b""
+
+    async def _finish(self, calls: list[_Call]) -> list[Any]:
+        """The answers of queued eth_calls (None for notifications): one gather over their
+        futures, no task per call."""
+        if not calls:
+            return []
+        results = await asyncio.gather(*(c.future for c in calls), return_exceptions=True)
+        out: list[Any] = []
+        for call, result in zip(calls, results, strict=True):
+            if not call.wanted:
+                out.append(None)
+            elif isinstance(result, dict):
+                if result["ok"]:
+                    out.append({"jsonrpc": "2.0", "id": call.rid, "result": result["output"]})
+                else:
+                    err = result["error"]
+                    exc = JsonRpcError(err["code"], err["message"], err.get("data"))
+                    out.append(self.dispatcher.error(call.rid, exc))
+            elif isinstance(result, JsonRpcError):
+                out.append(self.dispatcher.error(call.rid, result))
+            elif isinstance(result, asyncio.CancelledError):
+                raise result
+            else:
+                log.error("eth_call failed: %r", result)
+                failed = JsonRpcError(INTERNAL_ERROR, "Internal error")
+                out.append(self.dispatcher.error(call.rid, failed))
+        return out
 
     def answer_now(self, body: bytes) -> bytes | None:
         """The answer, computed without awaiting, when every item of the body is a plain
@@ -207,15 +260,17 @@ class ReadPath:
                 if item.__class__ is not dict or item.get("jsonrpc") != "2.0":
                     out.append(_SLOW)
                     continue
-                fn = fast.get(_method(item))
+                method = _method(item)
+                fn = fast.get(method)
                 rid = item.get("id")
                 params = item.get("params", [])
-                if (
-                    fn is None
-                    or not (rid is None or rid.__class__ in (str, int, float))
-                    or params.__class__ not in (list, dict)
+                if not (rid is None or rid.__class__ in (str, int, float)) or (
+                    params.__class__ not in (list, dict)
                 ):
                     out.append(_SLOW)
+                    continue
+                if fn is None:
+                    out.append(self._call(method, rid, params, "id" in item))
                     continue
                 try:
                     if reads is None:
@@ -237,6 +292,18 @@ class ReadPath:
             if snap is not None:
                 snap.close()
         return out
+
+    def _call(self, method: str, rid: Any, params: Any, wanted: bool) -> Any:
+        """An eth_call queued on the EVM executor (`_Call`), its error answer, or _SLOW
+        (any other method, or an eth_call the EVM methods want to take the usual way)."""
+        evm = self.evm
+        if method != "eth_call" or evm is None:
+            return _SLOW
+        try:
+            future = evm.call_now(params)
+        except JsonRpcError as exc:
+            return self.dispatcher.error(rid, exc) if wanted else None
+        return _SLOW if future is None else _Call(rid, future, wanted)
 
     # parsing with caches ---------------------------------------------------------------
 

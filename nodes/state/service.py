@@ -139,6 +139,7 @@ class StateNode:
 
             self.evm_settings = EvmSettings.from_config(self.settings.evm)
             importlib.import_module(EVM_METHODS_MODULE).register(self)
+            self.reads.evm = self.evm  # eth_calls of a batch queued at once
         self.ingest.publish_metrics()
         await self.ingest.fill_hot()
         self._task = asyncio.create_task(self.ingest.run(), name=f"state-ingest:{self.key}")
@@ -160,6 +161,7 @@ class StateNode:
         self._task = self._leader_task = None
         await self.ingest.close()
         evm = getattr(self, "evm", None)
+        self.reads.evm = None
         if evm is not None:
             await evm.close()
             self.evm = None

@@ -123,6 +123,11 @@ class Executor:
     # -- coalescing -------------------------------------------------------------------
 
     async def _coalesced(self, job: dict[str, Any]) -> dict[str, Any]:
+        return await self.enqueue(job)
+
+    def enqueue(self, job: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        """Queue one call (coalesced with others at its block): the future of its result
+        dict (`{"ok", "output" | "error", …}`); -32005 when too many wait."""
         if self._pending_count >= self.settings.queue_limit:
             raise JsonRpcError(-32005, "EVM executor busy: too many queued calls")
         loop = asyncio.get_running_loop()
@@ -138,7 +143,7 @@ class Executor:
             task = asyncio.create_task(self._drain())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return await future
+        return future
 
     def _pick(self, worker: Any) -> tuple[Any, ...]:
         """The pending block to run next on `worker`. A cold block costs one feed read per

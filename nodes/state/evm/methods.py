@@ -149,6 +149,17 @@ class EvmMethods:
         The calls are checked before the block is resolved, so a malformed request is -32602
         on every node (never -39006, which the proxy would retry elsewhere).
         """
+        height, env, calls = self._checked(ref, calls_raw, single, block_overrides)
+        if self._closed:
+            raise JsonRpcError(SERVER_BUSY, "the node is shutting down")
+        if not self._started:
+            await self.start()
+        return self._build(kind, height, env, calls, **extra)
+
+    def _checked(
+        self, ref: BlockRef, calls_raw: Any, single: bool, block_overrides: Any
+    ) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
+        """(height, block env, calls) of a request, validated, gas limited."""
         cap = self.settings.gas_cap
         if single:
             calls = [self._parse_call(calls_raw)]
@@ -159,10 +170,17 @@ class EvmMethods:
         limit = min(cap, env["gas_limit"])
         for call in calls:
             call["gas"] = min(call["gas"], limit)
-        if self._closed:
-            raise JsonRpcError(SERVER_BUSY, "the node is shutting down")
-        if not self._started:
-            await self.start()
+        return height, env, calls
+
+    def _build(
+        self,
+        kind: str,
+        height: int,
+        env: dict[str, Any],
+        calls: list[dict[str, Any]],
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """The worker job (the feed and workers started)."""
         job = self.executor.job(kind, self.feed.state_url(), height, env, calls, **extra)
         if self._known_chain_id is None and self._chain_id is not None:
             self._known_chain_id = self._chain_id()  # kept once known: it never changes
@@ -290,6 +308,20 @@ class EvmMethods:
             return (await self.executor.call(job))["output"]
         with self._overlaid(job, overlay) as job:
             return (await self.executor.call(job))["output"]
+
+    def call_now(self, params: Any) -> asyncio.Future[dict[str, Any]] | None:
+        """eth_call without a coroutine, for a read path answering many at once: the call
+        validated and queued, the future of its result dict; None when it must go the
+        usual way (EVM not started yet or closing, a state override)."""
+        if not self._started or self._closed:
+            return None
+        request, block, state_override, block_overrides = params_list(
+            params, ["request", "blockNumber", "stateOverride", "blockOverrides"]
+        )
+        if state_override is not None:
+            return None
+        height, env, calls = self._checked(self._ref(block), request, True, block_overrides)
+        return self.executor.enqueue(self._build("calls", height, env, calls))
 
     async def eth_multi_call(self, params: Any) -> list[dict[str, Any]]:
         names = ["requests", "blockNumber", "fastFail", "useParallel", "disableCache"]
