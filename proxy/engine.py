@@ -33,6 +33,7 @@ from chainstate.jsonrpc import (
     error_response,
     exact_ids,
     request_id,
+    restore_ids,
 )
 from proxy.methods import MethodSpec, MethodTable
 from proxy.metrics import ProxyMetrics
@@ -411,6 +412,8 @@ class Engine:
             if code is None:
                 outcome = "error" if b'"error"' in raw else "ok"
                 self.metrics.request(ctx.chain, method, node.key, outcome)
+                if type(payload.get("id")) is float:  # as the client wrote it, not as parsed
+                    raw = restore_ids(body, raw)
                 return self._readable_view(ctx.pool, method, raw) if spec.writer else raw
             last, reason = raw, RETRY_REASONS.get(code, "retryable")
             prefer_archive = code == BLOCK_NOT_FOUND

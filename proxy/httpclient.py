@@ -37,6 +37,7 @@ class _Connection(asyncio.Protocol):
         "closed",
         "got_bytes",
         "keep_alive",
+        "loop",
         "parser",
         "status",
         "transport",
@@ -58,6 +59,8 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # Once: asyncio.get_running_loop() checks the pid, a getpid() system call each time.
+        self.loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
@@ -104,7 +107,7 @@ class _Connection(asyncio.Protocol):
         self._body = []
         self._complete = self._headers_done = self._framed = False
         self.got_bytes = False
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        waiter = self._waiter = self.loop.create_future()
         self.transport.write(data)
         return waiter
 
