@@ -777,9 +777,11 @@ def _case_report(
             entry["cores"] = round(used / res.elapsed_s, 3)
             entry["items_per_core_s"] = round(res.items_ok / used, 1) if used > 0 else 0.0
         out["targets"][label] = entry
-    proxy, nocache = out["targets"].get("proxy"), out["targets"].get("proxy-nocache")
-    if proxy and nocache and nocache["items_per_s"]:
-        out["cache_on_vs_off"] = round(proxy["items_per_s"] / nocache["items_per_s"], 2)
+    proxy = out["targets"].get("proxy")
+    for other, name in (("proxy-nocache", "cache_on_vs_off"), ("proxy-plain", "cache_on_vs_plain")):
+        off = out["targets"].get(other)
+        if proxy and off and off["items_per_s"]:
+            out[name] = round(proxy["items_per_s"] / off["items_per_s"], 2)
     proxy, go = out["targets"].get("proxy"), out["targets"].get("go-proxy")
     if proxy and go:
         out["proxy_vs_go"] = {
@@ -829,7 +831,11 @@ def render(report: dict[str, Any]) -> str:
             ]
             lines.append(f"  {name}: p50 added over direct: {', '.join(added)}")
         if "cache_on_vs_off" in case:
-            lines.append(f"  {name}: proxy cache on ÷ off: {case['cache_on_vs_off']:.2f}× items/s")
+            lines.append(
+                f"  {name}: items/s of the proxy with its cache ÷ without: "
+                f"{case['cache_on_vs_off']:.2f}× (coalescing on), "
+                f"{case.get('cache_on_vs_plain', 0):.2f}× (coalescing off too)"
+            )
         versus = case.get("proxy_vs_go")
         if versus:
             per_core = versus["per_core"]
