@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -223,6 +224,7 @@ class SuiteOptions:
     keep_dir: str | None = None
     evm: dict[str, Any] = field(default_factory=dict)  # the state node's [evm] settings
     reference: bool = True  # `suite proxy`: also measure Go's reverse proxy (when go exists)
+    proxy: dict[str, Any] = field(default_factory=dict)  # more [proxy] settings, every proxy
 
 
 class Suite(Protocol):
@@ -281,7 +283,7 @@ class ProxySuite:
             load_cpus,
         )  # fmt: skip
         config = services.workdir / "proxy.toml"
-        config.write_text(proxy_config(fake_url))
+        config.write_text(proxy_config(fake_url, extra=setting_lines(opts.proxy)))
         proxy_url = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
         services.start("proxy", self.proxy_command(proxy_port, config), proxy_url, proxy_cpus)
         targets = {"direct": fake_url, "proxy": proxy_url}
@@ -407,7 +409,8 @@ class StateSuite:
         if proxy_available():
             proxy_port = free_port()
             config = services.workdir / "proxy.toml"
-            config.write_text(proxy_config(state, kinds=("state", "archive")))
+            extra = setting_lines(opts.proxy)
+            config.write_text(proxy_config(state, kinds=("state", "archive"), extra=extra))
             proxy = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
             services.start("proxy", ProxySuite().proxy_command(proxy_port, config), proxy, svc_cpus)
             targets["proxy"] = proxy
@@ -511,6 +514,22 @@ def evm_config_args(workdir: Path, evm: dict[str, Any]) -> list[str]:
     path = workdir / "state-node.toml"
     path.write_text("\n".join(lines) + "\n")
     return ["--config", str(path)]
+
+
+def setting_lines(settings: dict[str, Any]) -> str:
+    """TOML lines `name = value` (values as JSON: numbers, strings, true/false, lists)."""
+    return "".join(f"{name} = {json.dumps(value)}\n" for name, value in settings.items())
+
+
+def parse_toml_setting(text: str) -> tuple[str, Any]:
+    """`name=value` of --proxy: the value as TOML (`[]`, `false`, `0`), else a string."""
+    name, sep, raw = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    try:
+        return name, tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return name, raw
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
@@ -634,7 +653,7 @@ class DappSuite(StateSuite):
         for label, extra in variants.items():
             port = free_port()
             config = services.workdir / f"{label}.toml"
-            config.write_text(proxy_config(state, extra=extra))
+            config.write_text(proxy_config(state, extra=extra + setting_lines(opts.proxy)))
             url = f"http://127.0.0.1:{port}/{SUITE_CHAIN_ID}"
             services.start(label, ProxySuite().proxy_command(port, config), url, svc_cpus)
             targets[label] = url
@@ -863,6 +882,14 @@ def add_suite_options(p: argparse.ArgumentParser) -> None:
         help="an [evm] setting of the state node (state and call suites), e.g. warm_blocks=4",
     )
     p.add_argument(
+        "--proxy",
+        action="append",
+        type=parse_toml_setting,
+        metavar="NAME=VALUE",
+        help="a [proxy] setting of every proxy the suite starts, e.g. cache_pools=[] "
+        "(the value in TOML)",
+    )
+    p.add_argument(
         "--no-reference",
         action="store_true",
         help="suite proxy: do not build and measure Go's reverse proxy",
@@ -883,6 +910,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
         keep_dir=args.keep_dir,
         evm=dict(args.evm or []),
         reference=not args.no_reference,
+        proxy=dict(args.proxy or []),
     )
     try:
         report = run_suite(SUITES[args.suite](), opts)
