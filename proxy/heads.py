@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 FETCH_CHUNK = 32  # blocks asked for in one batch while looking for a fork point
 DROPPED_KEPT = 4096  # hashes of blocks dropped by reorgs, remembered to refuse their fork
+RECENT_SHOWN = 8  # newest known blocks the admin API shows
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +112,7 @@ class ChainView:
             "tip_hash": None if self.tip is None else self.hashes.get(self.tip),
             "known_blocks": len(self.hashes),
             "lowest_known": low,
+            "recent": [[h, self.hashes[h]] for h in sorted(self.hashes)[-RECENT_SHOWN:]],
             "confirmed": None if self.confirmed is None else self.confirmed[0],
             "confirmed_hash": None if self.confirmed is None else self.confirmed[1],
             "reorgs": self.reorgs,
