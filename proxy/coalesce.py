@@ -41,13 +41,18 @@ class Coalescer:
     """The flights in progress of one proxy process."""
 
     def __init__(self) -> None:
-        self.flights: dict[Key, Flight] = {}
+        # key → its flight; None while the leader is alone (most reads: no object made)
+        self.flights: dict[Key, Flight | None] = {}
 
     def join(self, key: Key) -> Flight | None:
         """The flight to follow for `key`, or None: the caller leads it and must `land`."""
-        flight = self.flights.get(key)
+        flights = self.flights
+        flight = flights.get(key, _NOT_YET)
+        if flight is _NOT_YET:
+            flights[key] = None
+            return None
         if flight is None:
-            self.flights[key] = Flight()
+            flight = flights[key] = Flight()
         return flight
 
     def land(self, key: Key, answer: Any) -> None:

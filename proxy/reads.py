@@ -132,6 +132,10 @@ class Reads:
             return None  # Contains answers at the node's head; a height is concrete already
         elif ref.number is not None:
             height, block_hash = ref.number, heads.hash_at(ref.number)
+            if block_hash is None:
+                # A height older than the known blocks: sent as it is. (Coalescing it too
+                # would cost every such read ~2 µs for the rare identical one in flight.)
+                return None
         else:
             block_hash = ref.hash
             found = heads.height_of(block_hash or "")
@@ -143,8 +147,9 @@ class Reads:
         exact = block_hash is not None and kind in EXACT_FORMS
         store = False
         if cached:
-            # The block (by hash where known) and the other params determine the answer.
-            where = block_hash if exact else f"#{height}"
+            # The block (by hash where known, else by height) and the other params
+            # determine the answer.
+            where = block_hash if exact else height
             key = (heads.pool.id, where, method, orjson.dumps(without_block(obj, spec)))
             store = exact and self.cache.enabled(heads.pool.id)
             if store:
