@@ -412,7 +412,8 @@ class Engine:
             if code is None:
                 outcome = "error" if b'"error"' in raw else "ok"
                 self.metrics.request(ctx.chain, method, node.key, outcome)
-                if type(payload.get("id")) is float:  # as the client wrote it, not as parsed
+                rid_type = type(payload.get("id"))  # a Fragment: the client's text, pinned
+                if rid_type is float or rid_type is orjson.Fragment:  # as the client wrote it
                     raw = restore_ids(body, raw)
                 return self._readable_view(ctx.pool, method, raw) if spec.writer else raw
             last, reason = raw, RETRY_REASONS.get(code, "retryable")

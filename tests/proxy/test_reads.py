@@ -404,3 +404,25 @@ def test_read_settings_from_config() -> None:
     assert settings.cache_methods == ("eth_call",) and settings.cache_pools == ("1337", "1-blue")
     assert settings.checkers[0].url == "http://127.0.0.1:8667"
     assert ProxySettings().cache_pools == ("*",) and ProxySettings().coalesce is True
+
+
+async def test_odd_ids_come_back_as_written_on_every_read_path(two) -> None:
+    """Ids orjson would change, through a pinned miss (re-encoded) and a hit."""
+    api, _, _ = two
+    await chain_known(api)
+    for rid in (b"1e-400", b"18446744073709551616", b"1.50"):
+        body = b'{"jsonrpc":"2.0","id":%s,"method":"eth_getBalance","params":["%s"]}' % (
+            rid,
+            account(int(float(rid)) % 1000 + 1).encode(),
+        )
+        for _ in range(2):  # a miss sent to the node, then a hit
+            async with api.client.data.post("/1337", data=body) as resp:
+                raw = await resp.read()
+            assert raw.startswith(b'{"jsonrpc":"2.0","id":%s,' % rid), raw
+    batch = b'[{"jsonrpc":"2.0","id":1e-400,"method":"eth_getBalance","params":["%s"]}]' % (
+        account(77).encode()
+    )
+    for _ in range(2):
+        async with api.client.data.post("/1337", data=batch) as resp:
+            raw = await resp.read()
+        assert raw.startswith(b'[{"jsonrpc":"2.0","id":1e-400,'), raw
