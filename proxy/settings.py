@@ -12,6 +12,7 @@ from typing import Any
 
 from chainstate.config import ConfigError, resolve_path, section
 from proxy.cache import DEFAULT_METHODS
+from proxy.methods import METHODS
 from proxy.model import normalize_pool
 
 DEFAULT_HOST = "127.0.0.1"
@@ -119,9 +120,11 @@ class ProxySettings:
             values["store_path"] = str(
                 resolve_path(config, config["data_dir"]) / "proxy-store.json"
             )
-        values["nodes"] = tuple(_seed_nodes(sect.get("nodes", [])))
-        values["writers"] = tuple(_seed_writers(sect.get("writers", [])))
-        values["checkers"] = tuple(_seed_checkers(sect.get("checkers", [])))
+        values["nodes"] = tuple(_seeds(sect.get("nodes", []), "nodes", SeedNode, "chain"))
+        values["writers"] = tuple(_seeds(sect.get("writers", []), "writers", SeedWriter, "chain"))
+        values["checkers"] = tuple(
+            _seeds(sect.get("checkers", []), "checkers", SeedChecker, "pool")
+        )
         try:
             settings = cls(**values)
         except TypeError as exc:
@@ -180,8 +183,6 @@ class ProxySettings:
         self._validate_reads()
 
     def _validate_reads(self) -> None:
-        from proxy.methods import METHODS  # the served methods and how they name a block
-
         size = self.cache_max_bytes
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise ConfigError("[proxy] cache_max_bytes must be an integer >= 0 (0: no cache)")
@@ -227,14 +228,14 @@ def _items(value: Any, what: str) -> list[dict[str, Any]]:
     return value
 
 
-def _seed_nodes(value: Any) -> list[SeedNode]:
+def _seeds(value: Any, what: str, cls: Any, id_field: str) -> list[Any]:
+    """`[[proxy.<what>]]` tables as `cls` entries (`id_field`, a chain or pool id, as text)."""
     out = []
-    for item in _items(value, "nodes"):
+    for item in _items(value, what):
         try:
-            node = SeedNode(**{**item, "chain": str(item.get("chain", ""))})
+            out.append(cls(**{**item, id_field: str(item.get(id_field, ""))}))
         except TypeError as exc:
-            raise ConfigError(f"[[proxy.nodes]] {exc}") from None
-        out.append(node)
+            raise ConfigError(f"[[proxy.{what}]] {exc}") from None
     return out
 
 
@@ -244,25 +245,3 @@ def _cacheable(methods: dict[str, Any]) -> list[str]:
         for m, spec in methods.items()
         if not spec.writer and spec.block in ("number", "ctx", "id", "hash")
     ]
-
-
-def _seed_checkers(value: Any) -> list[SeedChecker]:
-    out = []
-    for item in _items(value, "checkers"):
-        try:
-            checker = SeedChecker(**{**item, "pool": str(item.get("pool", ""))})
-        except TypeError as exc:
-            raise ConfigError(f"[[proxy.checkers]] {exc}") from None
-        out.append(checker)
-    return out
-
-
-def _seed_writers(value: Any) -> list[SeedWriter]:
-    out = []
-    for item in _items(value, "writers"):
-        try:
-            writer = SeedWriter(**{**item, "chain": str(item.get("chain", ""))})
-        except TypeError as exc:
-            raise ConfigError(f"[[proxy.writers]] {exc}") from None
-        out.append(writer)
-    return out
