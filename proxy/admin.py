@@ -342,7 +342,7 @@ class AdminApi:
         assert pool is not None
         if pool.find(entry.key) is not None:
             raise AdminError(409, f"node {entry.key} already exists in pool {pool_id}")
-        pool.local[entry.key] = Node(entry, local=True)
+        pool.local[entry.key] = Node(entry, local=True, breaker_settings=self.state.breaker)
         pool.rebuild()
         return reply({"pool": pool_id, "node": pool.local[entry.key].to_obj()}, 201)
 
@@ -634,8 +634,9 @@ def _renewed(node: Node, entry: NodeEntry) -> Node:
     """The node with a changed entry; observations are kept while the URL stays the same."""
     if node.entry.url == entry.url:
         node.entry = entry
+        node.update_blocked()  # ignore_checker may have changed
         return node
-    return Node(entry, local=node.local)
+    return Node(entry, local=node.local, breaker_settings=node.breaker_settings)
 
 
 def _create(obj: dict[str, Any]) -> Callable[[bytes | None], dict[str, Any]]:

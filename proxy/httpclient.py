@@ -16,6 +16,7 @@ import asyncio
 import base64
 import contextlib
 from collections import deque
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import httptools
@@ -23,6 +24,11 @@ import httptools
 
 class HttpError(ConnectionError):
     """The connection failed or the answer was not valid HTTP."""
+
+
+class SlotWaitCancelled(asyncio.CancelledError):
+    """Cancelled while waiting for a connection slot: nothing was sent to the node (a
+    deadline that expires here is the proxy's saturation, not the node's fault)."""
 
 
 class _Connection(asyncio.Protocol):
@@ -141,9 +147,10 @@ class HostPool:
         self._busy = 0  # exchanges in flight (a counter: no semaphore on the hot path)
         self._waiters: deque[asyncio.Future[None]] = deque()  # for a slot, first come first
 
-    async def post(self, body: bytes) -> tuple[int, bytes]:
+    async def post(self, body: bytes, race: Any = None) -> tuple[int, bytes]:
         """(status, body) of one POST; raises HttpError or OSError (and CancelledError from
-        the caller's deadline)."""
+        the caller's deadline: SlotWaitCancelled while no connection slot was free). `race`
+        (proxy/hedge.py) is given the answer's future once the request is sent."""
         data = b"%b%d\r\n\r\n%b" % (self._head, len(body), body)
         if self._busy < self._limit and not self._waiters:
             self._busy += 1
@@ -156,7 +163,10 @@ class HostPool:
                 if conn is None:
                     conn = await self._connect()
                 try:
-                    answer = await conn.send(data)
+                    waiter = conn.send(data)
+                    if race is not None:
+                        race.attach(waiter)
+                    answer = await waiter
                 except BaseException as exc:
                     conn.close()  # cancelled or failed mid-answer: its state is unknown
                     if not isinstance(exc, HttpError) or fresh or conn.got_bytes:
@@ -178,13 +188,13 @@ class HostPool:
         self._waiters.append(waiter)
         try:
             await waiter
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if waiter.done() and not waiter.cancelled():
                 self._release()  # the slot was handed over just as we were cancelled
             else:
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(waiter)
-            raise
+            raise SlotWaitCancelled(*exc.args) from None
 
     def _release(self) -> None:
         waiters = self._waiters

@@ -11,13 +11,14 @@ per-attempt `asyncio.timeout`).
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
 from yarl import URL
 
 from chainstate.inproc import InprocRegistry, is_inproc
 from proxy.deadlines import Deadlines
-from proxy.httpclient import HostPool, HttpError
+from proxy.httpclient import HostPool, HttpError, SlotWaitCancelled
 
 _HEADERS = {"Content-Type": "application/json"}
 # Headers aiohttp would add to every request; nodes need none of them (bodies stay raw bytes).
@@ -25,7 +26,8 @@ _SKIP_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")
 
 
 class UpstreamError(Exception):
-    """An attempt that got no usable answer: `kind` is connect, timeout, http or inproc."""
+    """An attempt that got no usable answer: `kind` is connect, timeout, http, inproc,
+    bad_response, saturated or too_large (proxy/outcome.py says what each means)."""
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")
@@ -79,15 +81,21 @@ class Upstream:
             t = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
         return t
 
-    async def send(self, url: str, body: bytes, limit: float) -> bytes:
+    @property
+    def deadlines(self) -> Deadlines:
+        """The deadline lanes every attempt uses (hedge timers share them)."""
+        return self._deadlines
+
+    async def send(self, url: str, body: bytes, limit: float, race: Any = None) -> bytes:
         """The raw response body (b"" for a 204) within `limit` seconds. Raises
-        UpstreamError."""
+        UpstreamError. `race` (proxy/hedge.py, plain-http nodes only) may end the wait
+        early with another node's answer."""
         deadline = self._deadlines.start(limit)
         try:
             if url.startswith("http://"):
                 pool = self._pools.get(url) or self._pool(url)
                 try:
-                    status, data = await pool.post(body)
+                    status, data = await pool.post(body, race)
                 except (HttpError, OSError) as exc:
                     raise UpstreamError("connect", f"{url}: {exc}") from None
                 return _answer(url, status, data)
@@ -100,6 +108,11 @@ class Upstream:
                 except Exception as exc:  # a failing in-process node is an unusable answer
                     raise UpstreamError("inproc", f"{url}: {type(exc).__name__}: {exc}") from None
             return await self._send_session(url, body, limit)
+        except SlotWaitCancelled:
+            if deadline.expired():
+                msg = f"no free connection to {url} within {limit}s (upstream_connections)"
+                raise UpstreamError("saturated", msg) from None
+            raise
         except asyncio.CancelledError:
             if deadline.expired():
                 raise UpstreamError("timeout", f"no answer from {url} within {limit}s") from None
