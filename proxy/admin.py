@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -253,9 +254,22 @@ class AdminApi:
         return reply({"chains": chains, "config_store": self._store_state()})
 
     async def get_all_nodes(self, request: web.Request) -> web.Response:
+        """Every node with what the proxy observed, including the failsafe parts (breaker,
+        checker verdict, latency cost, routable), and the pool's admission figures and the
+        checker's last report."""
         pool = self._pool(request)
+        cost = self.engine.selector.cost
+        nodes = [{**n.to_obj(), **n.failsafe_obj(cost(n))} for n in pool.readers]
+        limit = self.engine.admission.limit(pool, time.perf_counter())
         return reply(
-            {"pool": pool.id, "head": pool.head(), "nodes": [n.to_obj() for n in pool.readers]}
+            {
+                "pool": pool.id,
+                "head": pool.head(),
+                "nodes": nodes,
+                "inflight": pool.inflight,
+                "inflight_limit": limit or None,
+                "checker": pool.verdicts,
+            }
         )
 
     async def debug_choose(self, request: web.Request) -> web.Response:

@@ -195,6 +195,9 @@ class Attempts:
         elapsed = time.perf_counter() - started
         if race is not None and race.winner is not None:  # the second attempt answered first
             self._cut_short(ctx, node, elapsed, "lost", span)
+            if not race.struck:  # (a timeout was counted against it already)
+                why = f"slow: another node answered first after {elapsed:.3f}s (hedged)"
+                node.breaker.failure(node.key, why)
             return raw
         self._answered(ctx, node, lkey, elapsed, span)
         return raw

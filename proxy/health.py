@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from proxy import latency
 from proxy.model import Node, Pool
 from proxy.select import Selector
 from proxy.upstream import Upstream, UpstreamError
@@ -176,7 +177,11 @@ class HeadTracker:
             if node.failed(self.unhealthy_after):
                 log.warning("%s %s marked unhealthy: %s", _what(node), node.key, exc)
             return None
-        node.observe_latency((time.perf_counter() - started) * 1000)
+        ms = (time.perf_counter() - started) * 1000
+        node.observe_latency(ms)
+        # A poll is a sample of the node's speed too: a node that gets no requests (slow, or
+        # just back) still has a current cost for the choice.
+        latency.observe(node, ms, time.monotonic(), self.selector.tau)
         node.head = head
         problem = judge(node, answers) if judge is not None else None
         if problem is not None:

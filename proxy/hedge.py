@@ -77,6 +77,7 @@ class Race:
         "_usable",
         "lane",
         "stage",
+        "struck",
         "task",
         "trigger",
         "waiter",
@@ -103,6 +104,7 @@ class Race:
         self.task: asyncio.Task[tuple[Any, bytes]] | None = None  # the second attempt
         self.winner: Any = None  # the node of the second attempt, when it won
         self.trigger = ""
+        self.struck = False  # the first attempt was counted as a timeout already
         self._result: tuple[int, bytes] | None = None  # a win before the first was sent
         self._timeout_after: float | None = None
         if hedge_delay is not None and (attempt_timeout is None or hedge_delay < attempt_timeout):
@@ -138,6 +140,7 @@ class Race:
         elif self.stage == TIMEOUT:
             self.stage = ""
             if self.waiter is not None:  # sent (not waiting for a connection): the node's fault
+                self.struck = True
                 self._slow()
             if self.task is None:
                 self._start(TIMEOUT)
