@@ -150,13 +150,17 @@ class Attempts:
             second = self.selector.pick(others)
             for it in group.items:
                 it.tried.append(second)
-            self.metrics.hedge(ctx.chain, trigger)
-            coro = self._second(ctx, second, body, group)
+            coro = self._second(ctx, second, body, group, trigger)
             return asyncio.get_running_loop().create_task(coro, context=context)
 
         return launch
 
-    async def _second(self, ctx: Any, node: Node, body: bytes, group: Group) -> tuple[Node, bytes]:
+    async def _second(
+        self, ctx: Any, node: Node, body: bytes, group: Group, trigger: str
+    ) -> tuple[Node, bytes]:
+        # Counted once it runs: a first attempt answering in the same loop turn cancels the
+        # second before it sends anything.
+        self.metrics.hedge(ctx.chain, trigger)
         return node, await self.attempt(ctx, node, body, group)
 
     # ---- one attempt ---------------------------------------------------------------------
