@@ -67,7 +67,13 @@ class Proxy:
         real_tracer = None if tracer is None or isinstance(tracer, trace.NoOpTracer) else tracer
         breaker = BreakerSettings(s.breaker_failures, s.breaker_cooldown, s.breaker_cooldown_max)
         state = RoutingState(max_weight=s.max_weight, breaker=breaker)
-        upstream = Upstream(registry, s.upstream_connections, s.upstream_keepalive)
+        upstream = Upstream(
+            registry,
+            s.upstream_connections,
+            s.upstream_keepalive,
+            s.max_buffered_bytes,
+            s.max_answer_bytes,
+        )
         selector = Selector(s.state_window, s.known_hashes, latency_decay=s.latency_decay)
         metrics = ProxyMetrics(s.client_id_top_n)
         mirrors = Mirrors(

@@ -187,7 +187,7 @@ class Attempts:
         ctx.nodes.append(node.key)
         started = time.perf_counter()
         try:
-            raw = await self.upstream.send(node.entry.url, body, self.ceiling, race)
+            raw = await self.upstream.send(node.entry.url, body, self.ceiling, race, ctx)
         except UpstreamError as exc:
             self._failed(ctx, node, exc, time.perf_counter() - started, span)
             raise

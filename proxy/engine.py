@@ -104,13 +104,14 @@ def _usable_batch(raw: bytes) -> bool:
 class Ctx:
     """One client request as it goes through the steps."""
 
-    __slots__ = ("chain", "methods", "nodes", "pool")
+    __slots__ = ("chain", "methods", "nodes", "pool", "reserved")
 
     def __init__(self, chain: str, pool: Pool) -> None:
         self.chain = chain
         self.pool = pool
         self.methods: list[str] = []
         self.nodes: list[str] = []  # every node tried (access log)
+        self.reserved = 0  # answer bytes held for it in the buffered-bytes budget
 
 
 class Item:
@@ -269,6 +270,8 @@ class Engine:
                         status, out = await self._single(ctx, payload, body)
         finally:
             pool.inflight -= 1
+            if ctx.reserved:
+                self.upstream.budget.release(ctx)  # type: ignore[union-attr]
         elapsed = time.perf_counter() - started
         self.metrics.observe(chain, shape, elapsed)
         if span is not None:

@@ -84,6 +84,8 @@ class ProxySettings:
     admission_wait: float = 1.0  # seconds a request may wait for a node connection; beyond, 503
     max_pool_inflight: int = 0  # client requests in flight per pool; 0: derived (admission)
     checker_poll_interval: float = 0.5  # seconds between reads of each checker's verdicts
+    max_buffered_bytes: int = 64 * 1024 * 1024  # upstream answer bytes held at once
+    max_answer_bytes: int = 64 * 1024 * 1024  # one upstream answer; larger → -32603 too_large
     upstream_connections: int = 512  # pooled keep-alive upstream connections (all nodes)
     upstream_keepalive: float = 30.0  # seconds an idle upstream connection is kept
     extra_methods: tuple[str, ...] = ()  # methods allowed beyond the spec's set
@@ -160,6 +162,8 @@ class ProxySettings:
             "breaker_cooldown_max",
             "admission_wait",
             "checker_poll_interval",
+            "max_buffered_bytes",
+            "max_answer_bytes",
         )
         for name in positive:
             value = getattr(self, name)

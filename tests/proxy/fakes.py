@@ -41,6 +41,7 @@ class FakeNode:
         self.http_status: int | None = None  # answer everything (polls too) with this status
         self.error_code: int | None = None  # answer every data item with this error
         self.fail_every = 0  # answer every Nth data request with HTTP 503 (0: never)
+        self.pad = 0  # characters of padding in every data answer (large answers)
         self.received: list[dict[str, Any]] = []  # data items (polls excluded)
         self.bodies: list[bytes] = []
         self.port = free_port()
@@ -126,4 +127,7 @@ class FakeNode:
                 height = 0
         if not self.earliest <= height <= self.head:
             raise JsonRpcError(BLOCK_NOT_FOUND, f"{self.name}: block {height} not held")
-        return {"node": self.name, "method": method, "height": height}
+        result = {"node": self.name, "method": method, "height": height}
+        if self.pad:
+            result["pad"] = "x" * self.pad
+        return result

@@ -316,3 +316,30 @@ async def test_a_fixed_pool_limit(make_api, fake_nodes) -> None:
     results = await asyncio.gather(*(api.rpc("1337", balance()) for _ in range(10)))
     assert sorted(status for status, _ in results) == [200] * 3 + [503] * 7
     assert "max_pool_inflight=3" in next(a for s, a in results if s == 503)["error"]["message"]
+
+
+# ---- large answers -------------------------------------------------------------------------
+
+
+async def test_large_answers_wait_for_room_and_none_fails(make_api, fake_nodes) -> None:
+    settings = fast_settings(max_buffered_bytes=1_000_000, max_answer_bytes=1_000_000)
+    api = await make_api(settings)
+    a, b = await pool_of(api, fake_nodes, "a", "b")
+    a.pad = b.pad = 300_000  # three answers fit in the budget at once
+    a.delay = b.delay = 0.05
+    answers = await asyncio.gather(*(api.rpc("1337", balance(rid=i)) for i in range(12)))
+    assert all(status == 200 and len(x["result"]["pad"]) == 300_000 for status, x in answers)
+    budget = api.proxy.upstream.budget
+    assert budget.waits > 0 and budget.used == 0  # some waited; all released
+    assert budget.peak <= 1_000_000 + 300_000  # (at most one overshoot: a batch's overdraft)
+
+
+async def test_an_answer_over_max_answer_bytes_is_refused_not_retried(make_api, fake_nodes) -> None:
+    api = await make_api(fast_settings(max_answer_bytes=100_000))
+    a, b = await pool_of(api, fake_nodes, "a", "b")
+    a.pad = b.pad = 200_000
+    answer = await api.call("1337", "eth_getBalance", [ADDR])
+    assert answer["error"]["code"] == -32603
+    assert "max_answer_bytes" in answer["error"]["message"]
+    assert len(a.received) + len(b.received) == 1  # every node would send the same answer
+    assert node_of(api, "a").breaker.failures == node_of(api, "b").breaker.failures == 0
