@@ -15,6 +15,7 @@ the fault happens to the third state node:
 | `503` | every 2nd request answered with HTTP 503 |
 | `slow` | every answer 200 ms late |
 | `wrong` | from 2 s into the run: wrong balances and validation hashes (a lying replica) |
+| `overload` | (own set-up) one node answering after 1.5 s; 10,000 clients send a request at once |
 
 (The times are for the default 20 s run; they scale with `--duration`: the fault begins at a
 tenth of the run, a killed node is down for a quarter of it and a hung one for half.)
@@ -59,7 +60,7 @@ from bench.suite import (
     split_cpus,
 )
 
-FAULTS = ("baseline", "kill", "hang", "503", "slow", "wrong")
+FAULTS = ("baseline", "kill", "hang", "503", "slow", "wrong", "overload")
 BLOCK_TIME = 1.0  # seconds per block of the fake chain
 FAULT_AT = 0.1  # of the measured run: when the fault begins
 KILL_FOR = 0.25  # of the run: a killed node is down this long
@@ -105,6 +106,9 @@ class FaultSuite:
         for fault in faults:
             print(f"suite faults: {fault} …", file=sys.stderr, flush=True)
             with running(opts.keep_dir and os.path.join(opts.keep_dir, fault)) as services:
+                if fault == "overload":
+                    report["overload"] = overload(services, proxy_cpus, load_cpus)
+                    continue
                 case = self._one(services, fault, opts, proxy_cpus, load_cpus)
             report["cases"].append(case)
         base = report["cases"][0]
@@ -297,6 +301,190 @@ class FaultSuite:
         self.notes.append(text)
 
 
+# ---- overload ------------------------------------------------------------------------------
+
+OVERLOAD_CLIENTS = 10_000
+OVERLOAD_LATENCY_MS = 1500.0
+OVERLOAD_TIMEOUT = 10.0  # a client's patience (the load generator's default)
+
+
+def overload(
+    services: Services, proxy_cpus: list[int] | None, load_cpus: list[int] | None
+) -> dict[str, Any]:
+    """One slow node behind the proxy, 10,000 clients each sending one request at once:
+    how many were answered, refused (503 + Retry-After, how fast) or left waiting, and the
+    proxy's memory."""
+    port = free_port()
+    node = f"http://127.0.0.1:{port}"
+    cmd = python_cmd(
+        "-m", "bench", "fake-node", "--port", str(port), "--kind", "state",
+        "--head", str(FAKE_HEAD), "--chain-id", str(SUITE_CHAIN_ID),
+        "--latency-ms", str(OVERLOAD_LATENCY_MS),
+    )  # fmt: skip
+    services.start("slow-node", cmd, node, load_cpus)
+    proxy_port = free_port()
+    config = services.workdir / "proxy.toml"
+    config.write_text(
+        f'[proxy]\nhost = "127.0.0.1"\n\n[[proxy.nodes]]\nchain = "{SUITE_CHAIN_ID}"\n'
+        f'key = "slow"\nurl = "{node}"\nkind = "state"\n'
+    )
+    url = f"http://127.0.0.1:{proxy_port}"
+    cmd = python_cmd(
+        "-m", "chainstate.cli", "proxy", "--host", "127.0.0.1", "--port", str(proxy_port),
+        "--config", str(config), "--store", ":memory:",
+    )  # fmt: skip
+    proxy = services.start("proxy", cmd, f"{url}/{SUITE_CHAIN_ID}", proxy_cpus)
+    check_answer(f"{url}/{SUITE_CHAIN_ID}")
+    pid = proxy.proc.pid if proxy.proc is not None else 0
+    idle = _rss_mb(pid)
+    import uvloop
+
+    previous = os.sched_getaffinity(0)
+    if load_cpus:
+        os.sched_setaffinity(0, load_cpus)
+    try:
+        results = uvloop.run(_clients(proxy_port, OVERLOAD_CLIENTS))
+    finally:
+        os.sched_setaffinity(0, previous)
+    check_answer(f"{url}/{SUITE_CHAIN_ID}")
+    return _overload_report(results, idle, _peak_mb(pid), _rss_mb(pid))
+
+
+class _Client:
+    """One overload client: a connection that sends one request and notes its answer (a
+    bare protocol: the clients' own work must not be what is measured)."""
+
+    def __init__(self, done: Callable[[_Client], None]) -> None:
+        self.done = done
+        self.transport: Any = None
+        self.buf = b""
+        self.sent = 0.0
+        self.result: tuple[str, float, str | None] = ("timeout", OVERLOAD_TIMEOUT, None)
+        self.finished = False
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def send(self, request: bytes) -> None:
+        self.sent = time.monotonic()
+        self.transport.write(request)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        head, sep, rest = self.buf.partition(b"\r\n\r\n")
+        if not sep:
+            return
+        length = int(_header(head, b"content-length") or b"0")
+        if len(rest) < length:
+            return
+        elapsed = time.monotonic() - self.sent
+        status = head.split(b" ", 2)[1]
+        if status == b"200" and b'"result"' in rest:
+            self.result = ("answered", elapsed, None)
+        elif status == b"503" and b"-32005" in rest:
+            retry_after = _header(head, b"retry-after")
+            self.result = ("refused", elapsed, retry_after.decode() if retry_after else None)
+        else:
+            self.result = (f"http:{status.decode()}", elapsed, None)
+        self.finish()
+
+    def finish(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.transport.close()
+            self.done(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.finished:
+            self.result = ("closed", time.monotonic() - self.sent, None)
+            self.finish()
+
+    def eof_received(self) -> bool:
+        return False
+
+
+async def _clients(port: int, n: int) -> list[tuple[str, float, str | None]]:
+    """Open `n` connections (in steps, so the listen backlog is not what is measured), then
+    send one request on each at once: (outcome, seconds, Retry-After) per client; a client
+    without an answer after OVERLOAD_TIMEOUT counts as a timeout."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": [ADDRESS, "latest"]}
+    ).encode()
+    request = (
+        f"POST /{SUITE_CHAIN_ID} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    left = asyncio.Event()
+    pending = n
+
+    def done(_client: _Client) -> None:
+        nonlocal pending
+        pending -= 1
+        if pending == 0:
+            left.set()
+
+    clients: list[_Client] = []
+    for start in range(0, n, 500):
+        batch = [
+            loop.create_connection(lambda: _Client(done), "127.0.0.1", port)
+            for _ in range(min(500, n - start))
+        ]
+        clients += [proto for _, proto in await asyncio.gather(*batch)]
+    for client in clients:
+        client.send(request)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(left.wait(), OVERLOAD_TIMEOUT)
+    for client in clients:
+        if not client.finished:
+            client.finish()  # (no answer within the client's patience: a timeout)
+    return [client.result for client in clients]
+
+
+def _header(head: bytes, name: bytes) -> bytes | None:
+    for line in head.split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == name:
+            return value.strip()
+    return None
+
+
+def _overload_report(
+    results: list[tuple[str, float, str | None]], idle: float, peak: float, after: float
+) -> dict[str, Any]:
+    by: dict[str, list[float]] = {}
+    for outcome, seconds, _ in results:
+        by.setdefault(outcome, []).append(seconds)
+    refused_with_retry_after = sum(1 for o, _, ra in results if o == "refused" and ra)
+    return {
+        "clients": len(results),
+        "node_latency_ms": OVERLOAD_LATENCY_MS,
+        "outcomes": {k: len(v) for k, v in sorted(by.items())},
+        "refused_with_retry_after": refused_with_retry_after,
+        "refused_max_s": round(max(by.get("refused", [0.0])), 3),
+        "answered_max_s": round(max(by.get("answered", [0.0])), 3),
+        "rss_mb": {"idle": idle, "peak": peak, "after": after},
+    }
+
+
+def _rss_mb(pid: int) -> float:
+    return _status_kb(pid, "VmRSS") / 1024
+
+
+def _peak_mb(pid: int) -> float:
+    return _status_kb(pid, "VmHWM") / 1024
+
+
+def _status_kb(pid: int, field_name: str) -> float:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field_name + ":"):
+                return float(line.split()[1])
+    return 0.0
+
+
 # ---- helpers -------------------------------------------------------------------------------
 
 
@@ -433,4 +621,14 @@ def render(report: dict[str, Any]) -> str:
         f"  baseline: hedging added {base['extra_upstream_pct']:.2f} % upstream requests "
         f"({base['hedges']} hedges)"
     )
+    over = report.get("overload")
+    if over:
+        rss = over["rss_mb"]
+        lines.append(
+            f"overload: {over['clients']:,} clients at once, one node answering after "
+            f"{over['node_latency_ms']:g} ms: {over['outcomes']}; refused within "
+            f"{over['refused_max_s']} s ({over['refused_with_retry_after']} with Retry-After), "
+            f"answered within {over['answered_max_s']} s; proxy RSS idle {rss['idle']:.0f} MB, "
+            f"peak {rss['peak']:.0f} MB, after {rss['after']:.0f} MB"
+        )
     return "\n".join(lines)

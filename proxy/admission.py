@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import math
 
-from chainstate.jsonrpc import JsonRpcError
+from chainstate.jsonrpc import SERVER_BUSY, JsonRpcError
 from proxy.model import Pool
 
-LIMIT_EXCEEDED = -32005
+LIMIT_EXCEEDED = SERVER_BUSY  # -32005
 REFRESH_S = 0.1  # a pool's limit is recomputed at most this often
 MIN_LATENCY_S = 0.001  # latencies below count as this (the limit stays finite)
 
@@ -31,6 +31,7 @@ class Overloaded(JsonRpcError):
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(LIMIT_EXCEEDED, message)
         self.retry_after = retry_after
+        self.header = b"Retry-After: %d\r\n" % retry_after
 
 
 class Admission:

@@ -201,8 +201,14 @@ def create_server(app: web.Application) -> HttpServer:
     proxy = app[PROXY]
     engine = proxy.engine
 
-    def data(request: Request) -> Awaitable[Response]:  # the engine's coroutine, unwrapped
-        return engine.handle(request.path[1:].decode("latin-1"), request.body, request.headers)
+    def data(request: Request) -> Awaitable[Response] | Response:
+        # The engine's coroutine, unwrapped; an unknown chain or an overloaded pool is
+        # answered at once (no task for a refusal: 10,000 clients at once stay cheap).
+        chain_id = request.path[1:].decode("latin-1")
+        admitted = engine.admit(chain_id)
+        if type(admitted) is tuple:
+            return admitted
+        return engine.handle(chain_id, request.body, request.headers, admitted)  # type: ignore[arg-type]
 
     def route(method: bytes, path: bytes) -> Any:
         # One path segment: `/1337`, `/0x539`, `/1337-blue`; %-escapes go to aiohttp, which

@@ -101,6 +101,19 @@ def _usable_batch(raw: bytes) -> bool:
     return True
 
 
+Answer = tuple[int, bytes] | tuple[int, bytes, bytes]  # (status, body[, header lines])
+
+
+class Admitted:
+    """A client body's pool, with its place among the pool's requests in flight taken."""
+
+    __slots__ = ("chain", "pool")
+
+    def __init__(self, chain: str, pool: Pool) -> None:
+        self.chain = chain
+        self.pool = pool
+
+
 class Ctx:
     """One client request as it goes through the steps."""
 
@@ -214,43 +227,61 @@ class Engine:
             return f"chain {pool_id} is in version mode ({version}) but pool {pool} has no nodes"
         return f"unknown chain {chain_id[:80]!r}: no node pool is configured for it"
 
-    async def handle(
-        self, chain_id: str, body: bytes, headers: Mapping[str, str]
-    ) -> tuple[int, bytes] | tuple[int, bytes, bytes]:
-        """Answer one client body: (HTTP status, response body; b"" with 204), and extra
-        header lines when the pool refuses it (`Retry-After` with a 503)."""
-        started = time.perf_counter()
-        self.inflight += 1
-        try:
-            if self.tracer is None:
-                return await self._handle(chain_id, body, headers, None, started)
-            with self.tracer.start_as_current_span("jsonrpc.request") as span:
-                return await self._handle(chain_id, body, headers, span, started)
-        finally:
-            self.inflight -= 1
-
-    async def _handle(
-        self,
-        chain_id: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        span: Any,
-        started: float,
-    ) -> tuple[int, bytes] | tuple[int, bytes, bytes]:
+    def admit(self, chain_id: str) -> Admitted | Answer:
+        """Step 0, synchronous (the data listener answers a refusal without a task): the
+        pool a body may go to, its place among the pool's requests in flight taken; or the
+        answer at once: 404 for an unknown chain, 503 + Retry-After when the pool is over
+        its in-flight limit (proxy/admission.py)."""
         found = self.resolve(chain_id)
         if found is None:
             return 404, _dumps_error(None, JsonRpcError(INVALID_REQUEST, self._unknown(chain_id)))
         chain, pool = found
-        refused = self.admission.check(pool, started)
+        refused = self.admission.check(pool, time.perf_counter())
         if refused is not None:
             self.metrics.refused(chain)
-            retry_after = b"Retry-After: %d\r\n" % refused.retry_after
-            return 503, _dumps_error(None, refused), retry_after
+            return 503, _dumps_error(None, refused), refused.header
+        pool.inflight += 1
+        return Admitted(chain, pool)
+
+    async def handle(
+        self,
+        chain_id: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        admitted: Admitted | None = None,
+    ) -> Answer:
+        """Answer one client body: (HTTP status, response body; b"" with 204), and extra
+        header lines when the pool refuses it (`Retry-After` with a 503). `admitted`: what
+        `admit(chain_id)` gave, when the caller asked already."""
+        started = time.perf_counter()
+        if admitted is None:
+            entry = self.admit(chain_id)
+            if type(entry) is tuple:
+                return entry
+            admitted = entry  # type: ignore[assignment]
+        self.inflight += 1
+        try:
+            if self.tracer is None:
+                return await self._handle(admitted, body, headers, None, started)
+            with self.tracer.start_as_current_span("jsonrpc.request") as span:
+                return await self._handle(admitted, body, headers, span, started)
+        finally:
+            self.inflight -= 1
+            admitted.pool.inflight -= 1
+
+    async def _handle(
+        self,
+        admitted: Admitted,
+        body: bytes,
+        headers: Mapping[str, str],
+        span: Any,
+        started: float,
+    ) -> Answer:
+        chain, pool = admitted.chain, admitted.pool
         ctx = Ctx(chain, pool)
         self.metrics.client(headers.get("client-id"))
         shape = "single"
         size = 1
-        pool.inflight += 1
         try:
             if len(body) > self._max_body:
                 msg = f"request body larger than max_body_bytes={self._max_body} bytes"
@@ -269,7 +300,6 @@ class Engine:
                     else:
                         status, out = await self._single(ctx, payload, body)
         finally:
-            pool.inflight -= 1
             if ctx.reserved:
                 self.upstream.budget.release(ctx)  # type: ignore[union-attr]
         elapsed = time.perf_counter() - started
