@@ -260,8 +260,21 @@ class AdminApi:
         return reply({"chains": chains, "config_store": self._store_state()})
 
     async def get_all_nodes(self, request: web.Request) -> web.Response:
+        """Every node with what the proxy observed, including the failsafe parts (breaker,
+        checker verdict, latency cost, routable), and the pool's admission figures and the
+        checker's last report."""
         pool = self._pool(request)
-        answer = {"pool": pool.id, "head": pool.head(), "nodes": [n.to_obj() for n in pool.readers]}
+        cost = self.engine.selector.cost
+        nodes = [{**n.to_obj(), **n.failsafe_obj(cost(n))} for n in pool.readers]
+        limit = self.engine.admission.limit(pool, time.perf_counter())
+        answer = {
+            "pool": pool.id,
+            "head": pool.head(),
+            "nodes": nodes,
+            "inflight": pool.inflight,
+            "inflight_limit": limit or None,
+            "checker": pool.verdicts,
+        }
         if self.reads is not None:
             answer["cache"] = self._cache_figures(pool.id)
         return reply(answer)
@@ -397,7 +410,7 @@ class AdminApi:
         assert pool is not None
         if pool.find(entry.key) is not None:
             raise AdminError(409, f"node {entry.key} already exists in pool {pool_id}")
-        pool.local[entry.key] = Node(entry, local=True)
+        pool.local[entry.key] = Node(entry, local=True, breaker_settings=self.state.breaker)
         pool.rebuild()
         return reply({"pool": pool_id, "node": pool.local[entry.key].to_obj()}, 201)
 
@@ -689,8 +702,9 @@ def _renewed(node: Node, entry: NodeEntry) -> Node:
     """The node with a changed entry; observations are kept while the URL stays the same."""
     if node.entry.url == entry.url:
         node.entry = entry
+        node.update_blocked()  # ignore_checker may have changed
         return node
-    return Node(entry, local=node.local)
+    return Node(entry, local=node.local, breaker_settings=node.breaker_settings)
 
 
 def _create(obj: dict[str, Any]) -> Callable[[bytes | None], dict[str, Any]]:

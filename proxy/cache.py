@@ -122,6 +122,9 @@ class ResponseCache:
         self._lru = ByteLru(max_bytes, self._evicted)
         self._blocks: dict[tuple[str, str], set[Key]] = {}  # (pool, block hash) → keys
         self.stats: dict[str, CacheStats] = {}
+        # pool id → how many times it was flushed: an answer asked for before a flush is
+        # not stored after it (proxy/reads.py), nor shared with reads made after it
+        self.epochs: dict[str, int] = {}
 
     def enabled(self, pool_id: str) -> bool:
         """Whether answers of this pool are cached (`cache_pools`, `cache_max_bytes`)."""
@@ -189,7 +192,8 @@ class ResponseCache:
         return removed
 
     def flush(self, pool_id: str) -> int:
-        """Remove every entry of a pool; how many."""
+        """Remove every entry of a pool (and start its next epoch); how many."""
+        self.epochs[pool_id] = self.epochs.get(pool_id, 0) + 1
         removed = self._remove(pool_id, [b for b in self._blocks if b[0] == pool_id])
         self.stats_of(pool_id).flushed += removed
         return removed

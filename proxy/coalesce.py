@@ -1,19 +1,18 @@
 """Identical reads in flight share one upstream call.
 
-The first read of a key (pool, block, method, params as sent) is the **leader**: it goes to a
-node as usual, and `land` hands its final answer to every read of the same key that arrived
-meanwhile (the **followers**); each follower answers its own client with its own `id`. A
-leader that ends without an answer (cancelled, or it failed before asking) lands `None` and
-its followers go to a node themselves. Only reads are keyed (proxy/reads.py): writes and the
-transaction lifecycle never are.
+The first read of a key (the pool's cache epoch, then pool, block, method, params as sent) is
+the **leader**: it goes to a node as usual, and `land` hands its final answer to every read
+of the same key that arrived meanwhile (the **followers**); each follower answers its own
+client with its own `id`. A leader that ends without an answer (cancelled, or it failed
+before asking) lands `None` and its followers go to a node themselves. Only reads are keyed
+(proxy/reads.py): writes and the transaction lifecycle never are.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable
 from typing import Any
-
-from proxy.cache import Key
 
 _NOT_YET: Any = object()
 
@@ -42,9 +41,9 @@ class Coalescer:
 
     def __init__(self) -> None:
         # key → its flight; None while the leader is alone (most reads: no object made)
-        self.flights: dict[Key, Flight | None] = {}
+        self.flights: dict[Hashable, Flight | None] = {}
 
-    def join(self, key: Key) -> Flight | None:
+    def join(self, key: Hashable) -> Flight | None:
         """The flight to follow for `key`, or None: the caller leads it and must `land`."""
         flights = self.flights
         flight = flights.get(key, _NOT_YET)
@@ -55,7 +54,7 @@ class Coalescer:
             flight = flights[key] = Flight()
         return flight
 
-    def land(self, key: Key, answer: Any) -> None:
+    def land(self, key: Hashable, answer: Any) -> None:
         """The leader of `key` is done: its answer (None: followers must ask themselves)."""
         flight = self.flights.pop(key, None)
         if flight is None:

@@ -42,6 +42,7 @@ class Plan:
 
     __slots__ = (
         "avoid",
+        "epoch",
         "fallback",
         "flight",
         "key",
@@ -69,6 +70,7 @@ class Plan:
         self.lead = False  # this item leads its key's flight: `land` must be called
         self.avoid: tuple[Node, ...] = ()  # nodes off the known chain: not sent there
         self.later: tuple[MethodSpec, int, str | None] | None = None  # a follower's pin
+        self.epoch = 0  # the pool's cache epoch when planned (`ResponseCache.flush`)
 
     def unpin(self) -> dict[str, Any] | None:
         """The request object to ask again by height after -39006 on the pinned hash (None:
@@ -146,18 +148,21 @@ class Reads:
         key = None
         exact = block_hash is not None and kind in EXACT_FORMS
         store = False
+        epoch = 0
         if cached:
             # The block (by hash where known, else by height) and the other params
             # determine the answer.
             where = block_hash if exact else height
             key = (heads.pool.id, where, method, orjson.dumps(without_block(obj, spec)))
             store = exact and self.cache.enabled(heads.pool.id)
+            epoch = self.cache.epochs.get(heads.pool.id, 0)
             if store:
                 hit = self.cache.get(key)  # type: ignore[arg-type]
                 if hit is not None:
                     return hit
         coalescer = self.coalescer
-        flight = None if coalescer is None or key is None else coalescer.join(key)
+        # (A flush starts a new epoch: reads then never share a call made before it.)
+        flight = None if coalescer is None or key is None else coalescer.join((epoch, key))
         if flight is not None:  # the item is only pinned if it has to be sent after all
             plan = Plan(obj, ref, key)
             plan.flight, plan.later = flight, (spec, height, block_hash)
@@ -165,6 +170,7 @@ class Reads:
             plan = self._pinned(spec, ref, obj, height, block_hash, key)
             plan.lead = coalescer is not None and key is not None
             plan.store = store
+        plan.epoch = epoch
         plan.avoid = heads.avoid()
         return plan
 
@@ -174,7 +180,7 @@ class Reads:
             return plan
         spec, height, block_hash = plan.later
         own = self._pinned(spec, plan.ref, plan.obj, height, block_hash, plan.key)  # type: ignore[arg-type]
-        own.avoid = plan.avoid
+        own.avoid, own.epoch = plan.avoid, plan.epoch
         return own
 
     def _headless(
@@ -220,14 +226,16 @@ class Reads:
 
     def land(self, plan: Plan, answer: Any) -> None:
         """The final answer of an item sent to a node (an answer object, its JSON bytes, or
-        None when there is none): stored when good and exact, handed to its followers."""
-        if plan.store and answer is not None:
+        None when there is none): stored when good and exact, and the pool's cache was not
+        flushed meanwhile (it may come from a node flushed out), handed to its followers."""
+        key: Key = plan.key  # type: ignore[assignment]
+        if plan.store and answer is not None and self.cache.epochs.get(key[0], 0) == plan.epoch:
             result = _result_json(answer)
             if result is not None:
-                self.cache.put(plan.key, result)  # type: ignore[arg-type]
+                self.cache.put(key, result)
         if plan.lead:
             plan.lead = False
-            self.coalescer.land(plan.key, answer)  # type: ignore[union-attr,arg-type]
+            self.coalescer.land((plan.epoch, key), answer)  # type: ignore[union-attr]
 
     def shared(self, pool: Pool, answer: Any, rid: Any) -> dict[str, Any] | None:
         """A leader's answer for a follower with id `rid` (None: the leader has none)."""

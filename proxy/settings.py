@@ -1,7 +1,7 @@
 """Proxy settings: every user-facing limit is a named field with a documented default.
 
 Read from the `[proxy]` section of the TOML config (plus `[[proxy.nodes]]` and
-`[[proxy.writers]]` seed entries). docs/proxy.md lists every field.
+`[[proxy.writers]]` seed entries, `[[proxy.checkers]]`). docs/proxy.md lists every field.
 """
 
 from __future__ import annotations
@@ -40,10 +40,12 @@ class SeedWriter:
 
 
 @dataclass(frozen=True, slots=True)
-class SeedChecker:
-    """The consistency checker of a pool: `safe`/`finalized` resolve to its confirmed head."""
+class CheckerSource:
+    """A consistency checker whose verdicts on a pool's replicas the proxy follows
+    (`[[proxy.checkers]]`, proxy/verdicts.py), and whose confirmed head the pool's
+    `safe`/`finalized` resolve to (proxy/heads.py)."""
 
-    pool: str
+    chain: str  # a pool id: `1337`, or a versioned pool such as `1337-blue`
     url: str
 
 
@@ -67,10 +69,27 @@ class ProxySettings:
     max_batch_items: int = 1000  # longer batches → -32600
     state_window: int = 128  # blocks behind the head still routed to `state` nodes
     head_poll_interval: float = 1.0  # seconds between eth_blockNumber polls of each node
-    poll_timeout: float = 2.0  # seconds a poll may take before it counts as a failure
-    unhealthy_after: int = 3  # consecutive failures (errors/timeouts) that take a node out
-    upstream_timeout: float = 10.0  # seconds for one upstream attempt
-    max_attempts: int = 3  # attempts per request item (first try + retries)
+    # Seconds a poll may take before it counts as a failure: as long as a request may take
+    # (upstream_timeout), so a slow node is not taken for a dead one.
+    poll_timeout: float = 10.0
+    unhealthy_after: int = 3  # consecutive failed health polls that take a node out
+    upstream_timeout: float = 10.0  # seconds one upstream attempt may take: the ceiling
+    max_attempts: int = 3  # rounds of attempts per request item (first try + retries)
+    # Failsafe routing (docs/proxy.md "Failsafe routing").
+    latency_decay: float = 5.0  # seconds: time constant of a node's peak-EWMA latency cost
+    hedge_quantile: float = 0.95  # hedge an attempt slower than this quantile of recent ones
+    hedge_budget: float = 0.1  # hedges per first attempt at most (0: never hedge)
+    hedge_min_delay: float = 0.005  # seconds: never hedge sooner than this
+    attempt_timeout_factor: float = 4.0  # attempt timeout = this × the recent p99 ...
+    attempt_timeout_min: float = 0.5  # ... but at least this many seconds (upstream_timeout max)
+    breaker_failures: int = 5  # consecutive failures or timeouts that open a node's breaker
+    breaker_cooldown: float = 2.0  # seconds an open breaker waits before a probe (doubles)
+    breaker_cooldown_max: float = 30.0  # seconds: the longest wait between probes
+    admission_wait: float = 1.0  # seconds a request may wait for a node connection; beyond, 503
+    max_pool_inflight: int = 0  # client requests in flight per pool; 0: derived (admission)
+    checker_poll_interval: float = 0.5  # seconds between reads of each checker's verdicts
+    max_buffered_bytes: int = 64 * 1024 * 1024  # upstream answer bytes held at once
+    max_answer_bytes: int = 64 * 1024 * 1024  # one upstream answer; larger → -32603 too_large
     upstream_connections: int = 512  # pooled keep-alive upstream connections (all nodes)
     upstream_keepalive: float = 30.0  # seconds an idle upstream connection is kept
     extra_methods: tuple[str, ...] = ()  # methods allowed beyond the spec's set
@@ -89,7 +108,7 @@ class ProxySettings:
     head_history: int = 256  # recent block hashes kept per pool (pinning, reorg detection)
     nodes: tuple[SeedNode, ...] = ()
     writers: tuple[SeedWriter, ...] = ()
-    checkers: tuple[SeedChecker, ...] = ()
+    checkers: tuple[CheckerSource, ...] = ()
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ProxySettings:
@@ -122,9 +141,7 @@ class ProxySettings:
             )
         values["nodes"] = tuple(_seeds(sect.get("nodes", []), "nodes", SeedNode, "chain"))
         values["writers"] = tuple(_seeds(sect.get("writers", []), "writers", SeedWriter, "chain"))
-        values["checkers"] = tuple(
-            _seeds(sect.get("checkers", []), "checkers", SeedChecker, "pool")
-        )
+        values["checkers"] = tuple(_checkers(sect.get("checkers", [])))
         try:
             settings = cls(**values)
         except TypeError as exc:
@@ -153,6 +170,17 @@ class ProxySettings:
             "admin_apply_timeout",
             "max_weight",
             "head_history",
+            "latency_decay",
+            "hedge_min_delay",
+            "attempt_timeout_factor",
+            "attempt_timeout_min",
+            "breaker_failures",
+            "breaker_cooldown",
+            "breaker_cooldown_max",
+            "admission_wait",
+            "checker_poll_interval",
+            "max_buffered_bytes",
+            "max_answer_bytes",
         )
         for name in positive:
             value = getattr(self, name)
@@ -198,11 +226,14 @@ class ProxySettings:
         for pool in self.cache_pools:
             if pool != "*" and normalize_pool(pool) != pool:
                 raise ConfigError(f"[proxy] cache_pools: {pool!r} is not a pool id (or '*')")
-        for checker in self.checkers:
-            if normalize_pool(checker.pool) != checker.pool:
-                raise ConfigError(f"[[proxy.checkers]] pool {checker.pool!r} is not a pool id")
-            if not checker.url.startswith(("http://", "https://", "inproc://")):
-                raise ConfigError(f"[[proxy.checkers]] url {checker.url!r} is not a node URL")
+        if not 0 < self.hedge_quantile < 1:
+            raise ConfigError("[proxy] hedge_quantile must be between 0 and 1 (e.g. 0.95)")
+        if not 0 <= self.hedge_budget <= 1:
+            raise ConfigError("[proxy] hedge_budget must be between 0 (no hedging) and 1")
+        for name in ("max_pool_inflight",):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"[proxy] {name} must be an integer >= 0 (0: derived)")
 
     def default_store_path(self) -> Path:
         return Path(".chainstate") / "proxy-store.json"
@@ -245,3 +276,19 @@ def _cacheable(methods: dict[str, Any]) -> list[str]:
         for m, spec in methods.items()
         if not spec.writer and spec.block in ("number", "ctx", "id", "hash")
     ]
+
+
+def _checkers(value: Any) -> list[CheckerSource]:
+    from proxy.model import EntryError, check_url
+
+    out = []
+    for source in _seeds(value, "checkers", CheckerSource, "chain"):
+        try:
+            check_url(source.url)
+        except EntryError as exc:
+            raise ConfigError(f"[[proxy.checkers]] {exc}") from None
+        pool = normalize_pool(source.chain)
+        if pool is None:
+            raise ConfigError(f"[[proxy.checkers]] chain {source.chain!r} is not a pool id")
+        out.append(CheckerSource(pool, source.url))
+    return out
