@@ -54,6 +54,7 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     stores: int = 0
+    batches: int = 0  # of the stores: whole batches (answered as a whole on a hit)
     coalesced: int = 0  # reads that shared another's upstream call
     local: int = 0  # answered by the proxy from its pinned head (eth_blockNumber)
     evicted: int = 0  # entries evicted to stay within max_bytes
@@ -158,7 +159,10 @@ class ResponseCache:
         size = len(result) + len(key[3]) + len(key[1]) + len(key[2]) + ENTRY_OVERHEAD
         if size > self.max_bytes or key in self._lru:
             return  # larger than the whole budget, or there already
-        self._lru.put(key, result, size)
+        self._put(key, result, size)
+
+    def _put(self, key: Key, value: bytes, size: int) -> None:
+        self._lru.put(key, value, size)
         block = (key[0], key[1])
         keys = self._blocks.get(block)
         if keys is None:
@@ -169,6 +173,22 @@ class ResponseCache:
         stats.stores += 1
         stats.entries += 1
         stats.bytes += size
+
+    def get_batch(self, key: Key) -> tuple[bytes, tuple[tuple[str, int], ...]] | None:
+        """A whole batch's answer and its items per method, counted as that many hits."""
+        found = self._lru.get(key)
+        if found is not None:
+            self.stats_of(key[0]).hits += sum(n for _, n in found[1])  # type: ignore[index]
+        return found  # type: ignore[return-value]
+
+    def put_batch(self, key: Key, out: bytes, methods: tuple[tuple[str, int], ...]) -> None:
+        """Keep the answer of a whole batch every item of which was answered at the block
+        its key names (by the hash of the request's `latest`)."""
+        size = len(out) + len(key[3]) + len(key[1]) + ENTRY_OVERHEAD
+        if size > self.max_bytes or key in self._lru:
+            return
+        self._put(key, (out, methods), size)  # type: ignore[arg-type]
+        self.stats_of(key[0]).batches += 1
 
     def _evicted(self, key: Key, size: int) -> None:
         self._unindex(key)

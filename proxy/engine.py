@@ -120,7 +120,7 @@ class Admitted:
 class Ctx:
     """One client request as it goes through the steps."""
 
-    __slots__ = ("chain", "heads", "methods", "nodes", "pool", "reserved")
+    __slots__ = ("chain", "heads", "keep", "methods", "nodes", "pool", "reserved")
 
     def __init__(self, chain: str, pool: Pool) -> None:
         self.chain = chain
@@ -129,6 +129,7 @@ class Ctx:
         self.nodes: list[str] = []  # every node tried (access log)
         self.reserved = 0  # answer bytes held for it in the buffered-bytes budget
         self.heads: Any = None  # the request's resolved heads (proxy/heads.RequestHeads)
+        self.keep: tuple[tuple[str, int], ...] | None = None  # a whole batch to cache: methods
 
 
 class Item:
@@ -305,6 +306,9 @@ class Engine:
             if len(body) > self._max_body:
                 msg = f"request body larger than max_body_bytes={self._max_body} bytes"
                 status, out = 413, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
+            elif self.reads is not None and body[:1] == b"[" and self._quiet():
+                shape = "batch"
+                status, out = await self._cached_batch(ctx, body)
             else:
                 try:
                     payload = orjson.loads(body)
@@ -328,6 +332,11 @@ class Engine:
         if access_log.isEnabledFor(logging.INFO):
             self._log(ctx, size, status, elapsed, headers)
         return status, out
+
+    def _quiet(self) -> bool:
+        """Whether a whole batch may be answered from the cache without being parsed:
+        nothing to trace or log per item (nor to mirror: checked per pool)."""
+        return self.tracer is None and not access_log.isEnabledFor(logging.INFO)
 
     # ---- step 1: parse -------------------------------------------------------------------
 
@@ -486,7 +495,37 @@ class Engine:
                     reads.land(plan, out if single and out is not None else answers[it.pos])
         return out
 
-    async def _batch(self, ctx: Ctx, payload: list[Any], body: bytes) -> tuple[int, bytes]:
+    async def _cached_batch(self, ctx: Ctx, body: bytes) -> tuple[int, bytes]:
+        """A batch body answered as a whole from the cache when the same bytes were answered
+        at the request's `latest` block before (a dapp polling the same batch every block);
+        else parsed and answered item by item, and kept as a whole when every item's answer
+        was the one of the block its key names."""
+        reads: Reads = self.reads  # type: ignore[assignment]
+        key = None if ctx.pool.mirrors else reads.batch_key(self._heads(ctx), body)
+        if key is not None:
+            found = reads.cache.get_batch(key)
+            if found is not None:
+                out, methods = found
+                for method, n in methods:
+                    self.metrics.request(ctx.chain, method, "cache", "ok", n)
+                return 200, out
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            msg = f"Parse error: {cut(str(exc))}"
+            return 200, _dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
+        if not isinstance(payload, list):
+            return await self._single(ctx, payload, body)
+        epoch = reads.cache.epochs.get(ctx.pool.id, 0)
+        status, out = await self._batch(ctx, payload, body, key)
+        keep = ctx.keep
+        if keep is not None and reads.cache.epochs.get(ctx.pool.id, 0) == epoch:
+            reads.cache.put_batch(key, out, keep)  # type: ignore[arg-type]
+        return status, out
+
+    async def _batch(
+        self, ctx: Ctx, payload: list[Any], body: bytes, key: Any = None
+    ) -> tuple[int, bytes]:
         """A batch: every valid item through the loop, answers in the client's order."""
         if not payload:
             return 200, _dumps_error(
@@ -504,6 +543,7 @@ class Engine:
         whole = len(items) == len(payload) and exact and _unique_ids(items)
         waiting: list[Item] = []
         route = self._route
+        planned = items
         if self.reads is not None and items:
             items, waiting, changed = self._plan_items(ctx, items, answers)
             whole = whole and not changed
@@ -515,6 +555,8 @@ class Engine:
         if waiting:
             await self._wait_items(ctx, waiting, answers)
         out = [a for a in answers if a is not None]
+        if key is not None and len(planned) == len(payload) and ctx.heads.mixed is False:
+            ctx.keep = _kept_as_a_whole(planned, out)
         return (200, orjson.dumps(out)) if out else (204, b"")
 
     def _parse_items(
@@ -930,3 +972,22 @@ async def _gather(coros: list[Any]) -> list[Any]:
 def _source(ready: Any) -> str:
     """The node label of a result answered without a node (metrics)."""
     return "cache" if type(ready) is orjson.Fragment else "head"
+
+
+def _kept_as_a_whole(items: list[Item], out: list[Any]) -> tuple[tuple[str, int], ...] | None:
+    """The items per method of a batch whose every item was answered at a block its
+    `latest` determines (`RequestHeads.mixed`) may be cached as a whole, unless an item
+    was asked by height after all (its pinned hash unknown to the node), was a
+    notification or got an error: then None."""
+    if len(out) != len(items):
+        return None
+    methods: dict[str, int] = {}
+    for it in items:
+        plan = it.plan
+        if it.notif or (plan is not None and not plan.exact):
+            return None
+        methods[it.method] = methods.get(it.method, 0) + 1
+    for answer in out:
+        if type(answer) is not dict or "result" not in answer:
+            return None
+    return tuple(methods.items())

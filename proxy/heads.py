@@ -198,7 +198,7 @@ class ChainView:
 class RequestHeads:
     """The tags of one client request, each resolved once: (height, hash) or None."""
 
-    __slots__ = ("_avoid", "_latest", "_safe", "heads", "pool", "view")
+    __slots__ = ("_avoid", "_latest", "_safe", "heads", "mixed", "pool", "view")
 
     def __init__(self, heads: Heads, pool: Pool, view: ChainView | None) -> None:
         self.heads = heads
@@ -207,6 +207,9 @@ class RequestHeads:
         self._latest: tuple[int, str] | bool | None = False  # False: not resolved yet
         self._safe: tuple[int, str] | bool | None = False
         self._avoid: tuple[Node, ...] | None = None
+        # Whether an item of the request is answered at a block its `latest` does not
+        # determine (None: not tracked; proxy/reads.py `batch_key`)
+        self.mixed: bool | None = None
 
     def latest(self) -> tuple[int, str] | None:
         if self._latest is False:

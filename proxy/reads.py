@@ -35,6 +35,7 @@ from proxy.model import Node, Pool
 HASH_FORMS = ("number", "ctx", "id")  # block params that can name a block by its hash
 EXACT_FORMS = (*HASH_FORMS, "hash")  # sent by hash: the answer is that block's
 Ready = orjson.Fragment | str  # a result answered without a node
+BATCH = ""  # the method part of a whole batch's cache key (no method has this name)
 
 
 class Plan:
@@ -43,6 +44,7 @@ class Plan:
     __slots__ = (
         "avoid",
         "epoch",
+        "exact",
         "fallback",
         "flight",
         "key",
@@ -71,6 +73,7 @@ class Plan:
         self.avoid: tuple[Node, ...] = ()  # nodes off the known chain: not sent there
         self.later: tuple[MethodSpec, int, str | None] | None = None  # a follower's pin
         self.epoch = 0  # the pool's cache epoch when planned (`ResponseCache.flush`)
+        self.exact = False  # its answer is the block's named by the key (cacheable)
 
     def unpin(self) -> dict[str, Any] | None:
         """The request object to ask again by height after -39006 on the pinned hash (None:
@@ -78,7 +81,7 @@ class Plan:
         fallback, self.fallback = self.fallback, None
         if fallback is not None:
             self.obj = fallback
-            self.store = False
+            self.store = self.exact = False
         return fallback
 
 
@@ -117,6 +120,19 @@ class Reads:
         """What to do with one read item: None (send it as it is), a ready result (a cached
         answer's `orjson.Fragment`, or the pinned height as a hex string for
         `eth_blockNumber`), or a Plan."""
+        found = self._plan(heads, method, spec, ref, obj)
+        if heads.mixed is False and not _determined(heads, found, ref):
+            heads.mixed = True  # the batch cannot be cached as a whole
+        return found
+
+    def _plan(
+        self,
+        heads: RequestHeads,
+        method: str,
+        spec: MethodSpec,
+        ref: BlockRef | None,
+        obj: dict[str, Any],
+    ) -> Plan | Ready | None:
         if spec.writer:
             return None
         if spec.block is None or ref is None:
@@ -170,9 +186,24 @@ class Reads:
             plan = self._pinned(spec, ref, obj, height, block_hash, key)
             plan.lead = coalescer is not None and key is not None
             plan.store = store
-        plan.epoch = epoch
+        plan.epoch, plan.exact = epoch, store
         plan.avoid = heads.avoid()
         return plan
+
+    def batch_key(self, heads: RequestHeads, body: bytes) -> Key | None:
+        """The cache key of a whole batch as the client sent it, at the request's `latest`
+        (None: the pool's answers are not cached, or no head is known). The head's hash
+        determines every block such a batch may name when it is stored (`latest`, heights
+        up to the head, hashes; see `ResponseCache.put_batch`), and the ids are in the
+        body, so the answer's bytes are the same for the same key."""
+        pool_id = heads.pool.id
+        if not self.cache.enabled(pool_id):
+            return None
+        pin = heads.latest()
+        if pin is None:
+            return None
+        heads.mixed = False  # (until an item's answer is not determined by the pin: `plan`)
+        return (pool_id, pin[1], BATCH, body)
 
     def unfollow(self, plan: Plan) -> Plan:
         """A follower whose leader got no answer: the item as it is sent by itself."""
@@ -180,7 +211,7 @@ class Reads:
             return plan
         spec, height, block_hash = plan.later
         own = self._pinned(spec, plan.ref, plan.obj, height, block_hash, plan.key)  # type: ignore[arg-type]
-        own.avoid, own.epoch = plan.avoid, plan.epoch
+        own.avoid, own.epoch, own.exact = plan.avoid, plan.epoch, plan.exact
         return own
 
     def _headless(
@@ -248,6 +279,24 @@ class Reads:
             return None
         self.cache.stats_of(pool.id).coalesced += 1
         return {**answer, "id": rid}
+
+
+def _determined(heads: RequestHeads, found: Plan | Ready | None, ref: BlockRef | None) -> bool:
+    """Whether the answer of an item planned as `found` is the one of a block the request's
+    `latest` determines: that block or one of its ancestors, named by hash (so a batch of
+    such items may be cached as a whole under the hash of `latest`)."""
+    if found is None:
+        return False
+    if type(found) is str:
+        return True  # eth_blockNumber: the pinned height itself
+    if (type(found) is Plan and not found.exact) or ref is None:
+        return False
+    tag = ref.tag
+    if tag is not None:
+        return tag == "latest"  # (safe/finalized: the checker's head moves on its own)
+    height = ref.number if ref.number is not None else heads.height_of(ref.hash or "")
+    pin = heads.latest()
+    return height is not None and pin is not None and height <= pin[0]
 
 
 def with_block(obj: dict[str, Any], spec: MethodSpec, value: Any) -> dict[str, Any]:

@@ -163,10 +163,14 @@ async def test_a_cached_read_skips_the_node_and_keeps_the_clients_id(two) -> Non
     assert [x["result"]["height"] for x in answers] == [1000, 1000, 1000]
     assert len(state.received) == asked + 1
     body = await figures(api)
-    assert body["cache"]["hits"] == 5 and body["cache"]["stores"] == 2
-    assert body["cache"]["entries"] == 2 and body["cache"]["bytes"] > 0
+    assert body["cache"]["hits"] == 5 and body["cache"]["stores"] == 3  # and the whole batch
+    assert body["cache"]["entries"] == 3 and body["cache"]["bytes"] > 0
+    assert body["cache"]["batches"] == 1
+    # The same batch again: answered as a whole (its bytes as before), no node asked.
+    assert (await api.rpc("1337", batch))[1] == answers and len(state.received) == asked + 1
+    assert (await figures(api))["cache"]["hits"] == 8
     metrics = await (await api.client.get("/metrics")).text()
-    assert 'chainstate_proxy_cache_lookups_total{outcome="hit",pool="1337"} 5.0' in metrics
+    assert 'chainstate_proxy_cache_lookups_total{outcome="hit",pool="1337"} 8.0' in metrics
     assert 'method="eth_getBalance",node="cache",outcome="ok"' in metrics
 
 
@@ -243,6 +247,28 @@ async def test_the_byte_budget_evicts_least_recently_used(make_api, fake_nodes) 
     assert len(node.received) == asked
     await api.call("1337", "eth_getBalance", [account(0)])  # the oldest was evicted
     assert len(node.received) == asked + 1
+
+
+async def test_an_answer_asked_before_a_flush_is_not_kept_or_shared_after_it(
+    make_api, fake_nodes
+) -> None:
+    """A flush (an operator's, or the checker flagging a replica) also covers the reads in
+    flight: their answers are not stored, and reads made after it ask a node themselves."""
+    node = await fake_nodes("state-1", "state")
+    api = await make_api()
+    await api.add("1337", node)
+    await chain_known(api)
+    node.delay = 0.3
+    before = asyncio.ensure_future(api.call("1337", "eth_getBalance", [ADDR], rid=1))
+    await wait_until(lambda: len(node.data_items("eth_getBalance")) == 1)
+    assert (await api.post("/1337/cache/flush"))[0] == 200
+    after = asyncio.ensure_future(api.call("1337", "eth_getBalance", [ADDR], rid=2))
+    await wait_until(lambda: len(node.data_items("eth_getBalance")) == 2)  # not shared
+    assert [x["id"] for x in await asyncio.gather(before, after)] == [1, 2]
+    node.delay = 0.0
+    assert (await figures(api))["cache"]["entries"] == 1  # the one asked after the flush
+    await api.call("1337", "eth_getBalance", [ADDR], rid=3)
+    assert len(node.data_items("eth_getBalance")) == 2  # served from it
 
 
 # ---- coalescing ------------------------------------------------------------------------
@@ -325,6 +351,41 @@ async def test_a_reorg_drops_the_cached_answers_of_the_dropped_blocks(
     assert again == first and len(node.received) == asked + 1  # asked at the new block
     assert node.received[-1]["params"][1] == {"blockHash": block_hash(1000, 1)}
     assert any("reorg seen on node state-1" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_batch_is_kept_whole_only_when_its_latest_block_determines_it(
+    make_api, fake_nodes
+) -> None:
+    """A batch answered again as a whole (the same bytes at the same `latest` block) only
+    when every item was answered at that block or an ancestor named by hash; after a
+    reorg the same bytes are asked again at the new block."""
+    node = await fake_nodes("state-1", "state")
+    api = await make_api()
+    await api.add("1337", node)
+    await chain_known(api)
+    whole = [balance(rid=1), req("eth_blockNumber", [], 2), req("eth_getCode", [ADDR, "0x3e8"], 3)]
+    first = (await api.rpc("1337", whole))[1]
+    asked = len(node.received)
+    assert (await api.rpc("1337", whole))[1] == first and len(node.received) == asked
+    assert (await figures(api))["cache"]["batches"] == 1
+    not_whole = [
+        [balance(rid=1), balance("safe", 2)],  # the checker's head moves on its own
+        [balance(rid=1), balance("pending", 2)],  # the Leader's
+        [balance(rid=1), req("eth_chainId", [], 2)],  # not a cached method
+        [balance(rid=1), balance("0x3e9", 2)],  # above the head: an error
+        [balance(rid=1), req("eth_getBalance", [ADDR, "latest"])],  # ...and a notification
+    ]
+    not_whole[-1][1].pop("id")
+    for batch in not_whole:
+        await api.rpc("1337", batch)
+    assert (await figures(api))["cache"]["batches"] == 1
+    node.reorg(999, fork=1)  # the head (also the fixed height 0x3e8) is replaced
+    await wait_until(lambda: view_of(api).reorgs == 1)
+    asked = len(node.received)
+    again = (await api.rpc("1337", whole))[1]
+    assert again == first and len(node.received) == asked + 2  # both asked again
+    new_head = {"blockHash": block_hash(1000, 1)}
+    assert [i["params"][1] for i in node.received[-2:]] == [new_head, new_head]
 
 
 async def test_a_node_left_on_a_dropped_fork_gets_no_latest_reads(make_api, fake_nodes) -> None:
