@@ -135,12 +135,14 @@ def test_no_answer_from_a_dropped_block_once_the_proxy_knows(tmp_path) -> None:
             time.sleep(1.5)  # the proxy caches answers at the fixed height and at latest
             with readers.lock:
                 head = int(rpc(anvil, "eth_blockNumber"), 16)
+                # deep enough to replace the fixed height (more blocks may have come meanwhile)
+                depth = max(REORG_DEPTH, head - readers.fixed + 1)
                 old = [rpc(anvil, "eth_getBlockByNumber", hex(h), False)["hash"] for h in
-                       range(head - REORG_DEPTH + 1, head + 1)]  # fmt: skip
+                       range(head - depth + 1, head + 1)]  # fmt: skip
                 replacement = {"from": DEV, "to": TARGET, "value": hex(7_000_000 + k)}
-                rpc(anvil, "anvil_reorg", REORG_DEPTH, [[replacement, 0]])
+                rpc(anvil, "anvil_reorg", depth, [[replacement, 0]])
                 issued = time.monotonic()
-            assert readers.fixed >= head - REORG_DEPTH + 1  # the fixed height was replaced
+            assert readers.fixed >= head - depth + 1  # the fixed height was replaced
 
             def knows(old: list[str] = old) -> bool:
                 recent = {h for _, h in chain_view(stack).get("recent", [])}
