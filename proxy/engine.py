@@ -178,15 +178,15 @@ class Item:
         self.plan: Plan | None = None  # what the read path decided (proxy/reads.py)
 
     def retry_later(self, node: Node, answer: dict[str, Any] | bytes, result: Any) -> None:
-        """Keep an answer that asks for another attempt. An item pinned to a block by hash
-        that `node` does not know (a reorg the proxy has not seen yet, or the node is
-        behind) is asked again by height, `node` included."""
+        """Keep an answer that asks for another attempt (and, for an item pinned to a block
+        by hash, a node that does not know that block: `Engine._retry_choice`)."""
         self.last, self.reason, self.prefer_archive = answer, result.name, result.prefer_archive
         plan = self.plan
-        if result.prefer_archive and plan is not None and plan.unpin() is not None:
-            self.obj = plan.obj
-            if node in self.tried:
-                self.tried.remove(node)
+        if result.prefer_archive and plan is not None and plan.fallback is not None:
+            if plan.missing is None:
+                plan.missing = [node]
+            else:
+                plan.missing.append(node)
 
 
 class Engine:
@@ -611,19 +611,21 @@ class Engine:
         the node's bytes are then returned when they are the whole answer as they are.
         Otherwise (None) the answers are in `answers`."""
         pending = items
+        sent = items[0].obj  # the object `body` holds, for a single request
         for attempt in range(1, self._rounds + 1):
             groups = self._choose(ctx, pending, attempt, answers)
             if not groups:
                 return None
             if body is not None and len(groups) == 1:
                 (group,) = groups.values()
+                if single and group.items[0].obj is not sent:
+                    sent = group.items[0].obj  # asked by height after all (`_retry_choice`)
+                    body = orjson.dumps(sent)
                 pending, out = await self._send_raw(ctx, group, body, answers, single)
                 if out is not None:
                     return out
                 if not single:
                     body = None  # a batch's retry sends only the items it retries
-                elif pending and pending[0].plan is not None:
-                    body = orjson.dumps(pending[0].obj)  # (asked by height after -39006)
             else:
                 body = None
                 sent = [self._send_group(ctx, group, answers) for group in groups.values()]
@@ -707,6 +709,22 @@ class Engine:
         return found
 
     def _retry_choice(self, pool: Pool, it: Item) -> tuple[Node, list[Node]] | NoEligibleNode:
+        """The node for a retried item, away from the nodes it tried. An item pinned to a
+        block by hash goes to another node that may hold it; when none is left, it is asked
+        by height of the nodes that did not know the hash (a reorg the proxy has not seen
+        yet: the nodes' chain answers; not cached). Asking a node that is behind by height
+        first could answer from a block a reorg dropped."""
+        found = self._retry_candidates(pool, it)
+        plan = it.plan
+        if type(found) is NoEligibleNode and plan is not None and plan.missing:
+            missing = plan.missing
+            if plan.unpin() is not None:
+                it.obj = plan.obj
+                it.tried = [n for n in it.tried if n not in missing]
+                found = self._retry_candidates(pool, it)
+        return found
+
+    def _retry_candidates(self, pool: Pool, it: Item) -> tuple[Node, list[Node]] | NoEligibleNode:
         avoid = () if it.plan is None else it.plan.avoid
         try:
             nodes, _ = self.selector.candidates(

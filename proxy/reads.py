@@ -50,6 +50,7 @@ class Plan:
         "key",
         "later",
         "lead",
+        "missing",
         "obj",
         "ref",
         "store",
@@ -74,6 +75,7 @@ class Plan:
         self.later: tuple[MethodSpec, int, str | None] | None = None  # a follower's pin
         self.epoch = 0  # the pool's cache epoch when planned (`ResponseCache.flush`)
         self.exact = False  # its answer is the block's named by the key (cacheable)
+        self.missing: list[Node] | None = None  # nodes that did not know the pinned hash
 
     def unpin(self) -> dict[str, Any] | None:
         """The request object to ask again by height after -39006 on the pinned hash (None:

@@ -110,7 +110,7 @@ class FakeNode:
         body = await request.read()
         payload = orjson.loads(body)
         items = payload if isinstance(payload, list) else [payload]
-        polling = any(i.get("method") == "blockx_range" for i in items)
+        polling = any(i.get("method") in ("blockx_range", "writer_health") for i in items)
         if self.http_status is not None:
             return web.Response(status=self.http_status, text="fake failure")
         if not polling:

@@ -443,6 +443,30 @@ async def test_a_stale_pin_is_asked_again_by_height(make_api, fake_nodes) -> Non
     assert (await figures(api))["cache"]["stores"] == 0
 
 
+async def test_a_node_without_the_pinned_block_is_not_asked_by_height_first(
+    make_api, fake_nodes
+) -> None:
+    """A node that does not know the pinned hash (behind, or on another fork the proxy has
+    not polled): another node holding the block answers by hash; asking that node by
+    height could answer from a block a reorg dropped."""
+    a = await fake_nodes("a", "state")
+    b = await fake_nodes("b", "state")
+    api = await make_api()
+    await api.add("1337", a)
+    await api.add("1337", b)
+    await chain_known(api)
+    api.proxy.tracker.interval = 60.0  # no more polls after the one under way
+    await asyncio.sleep(0.2)
+    b.reorg(1000, fork=3)  # b's block 1000 is another one now
+    first = api.proxy.state.pools["1337"].find("b")
+    first.cost, first.cost_at = 0.0001, time.monotonic()  # looks the fastest: asked first
+    answer = await api.call("1337", "eth_getBalance", [account(4)])
+    assert answer["result"]["node"] == "a"
+    pinned = {"blockHash": block_hash(1000)}
+    assert [i["params"][1] for i in b.data_items("eth_getBalance")] == [pinned]
+    assert [i["params"][1] for i in a.data_items("eth_getBalance")] == [pinned]
+
+
 # ---- settings --------------------------------------------------------------------------
 
 
