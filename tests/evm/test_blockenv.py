@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.evm.conftest import A1, Chain, Client, deploy, rpc
+from tests.evm.conftest import A1, Chain, Client, deploy, rpc, rpc_raw
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -100,3 +100,64 @@ async def test_a_call_reading_basefee_through_another_contract(
     # init code: MSTORE(0, BASEFEE); RETURN(0, 32) → the "deployed code" is the base fee
     create = [{"data": "0x" + "4860005260206000f3"}, "latest"]
     assert await evm.call("eth_call", create) == rpc(chain.url, "eth_call", create)
+
+
+def call_then(target: str, end: str) -> str:
+    """Code that CALLs `target` (no calldata) and ends with its return data: `end` is
+    "f3" (RETURN) or "fd" (REVERT)."""
+    call = "6000600060006000600073" + target[2:] + "5af1" + "50"  # CALL(gas, target, 0…0); POP
+    copy = "3d600060003e"  # RETURNDATACOPY(0, 0, RETURNDATASIZE)
+    return call + copy + "3d6000" + end  # RETURN/REVERT(0, RETURNDATASIZE)
+
+
+def reverted_data(url: str, params: list[Any]) -> str:
+    answer = rpc_raw(url, "eth_call", params)
+    assert "error" in answer, answer
+    return answer["error"]["data"]
+
+
+async def our_reverted_data(evm: Client, params: list[Any]) -> str:
+    answer = await evm.raw("eth_call", params)
+    assert "error" in answer, answer
+    assert answer["error"]["code"] == -39000, answer
+    return answer["error"]["data"]
+
+
+async def test_basefee_read_in_a_frame_that_reverts(evm: Client, chain: Chain) -> None:
+    """BASEFEE read only inside frames that revert: revm's journal forgets the accounts a
+    reverted frame loaded, so the check must not rely on it. The value reaches the answer
+    through the revert data (the whole call reverts) or through return data (an inner
+    frame reverts, the outer one returns what it got)."""
+    env, reverter, outer = "0x" + "5c" * 20, "0x" + "5d" * 20, "0x" + "5e" * 20
+    inline = "0x" + "5f" * 20
+    state = {
+        env: {"code": "0x" + BLOCKENV_RUNTIME},
+        reverter: {"code": "0x" + call_then(env, "fd")},  # calls env, reverts with its answer
+        outer: {"code": "0x" + call_then(reverter, "f3")},  # returns what reverter reverted
+        inline: {"code": "0x486000526020" + "6000fd"},  # REVERT(BASEFEE) in the top frame
+    }
+    for height in heights(chain):
+        for target in (reverter, inline):
+            params = [{"to": target, "data": "0x"}, height, state]
+            theirs = reverted_data(chain.url, params)
+            assert await our_reverted_data(evm, params) == theirs, (height, target)
+            basefee = words(theirs)["BASEFEE"] if target == reverter else int(theirs, 16)
+            assert basefee != 0
+        params = [{"to": outer, "data": "0x"}, height, state]
+        theirs = rpc(chain.url, "eth_call", params)
+        assert await evm.call("eth_call", params) == theirs, height
+        assert words(theirs)["BASEFEE"] != 0
+
+
+async def test_basefee_in_a_reverting_frame_on_warm_state(
+    evm: Client, chain: Chain, blockenv: str
+) -> None:
+    """The same without overrides: contracts on chain, calls on a warm EVM of the block (the
+    second call at a block is answered from the verdict kept for it)."""
+    reverter = deploy(chain.url, call_then(blockenv, "fd"))
+    outer = deploy(chain.url, call_then(reverter, "f3"))
+    for _ in range(2):
+        params = [{"to": reverter, "data": "0x"}, "latest"]
+        assert await our_reverted_data(evm, params) == reverted_data(chain.url, params)
+        params = [{"to": outer, "data": "0x"}, "latest"]
+        assert await evm.call("eth_call", params) == rpc(chain.url, "eth_call", params)

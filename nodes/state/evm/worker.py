@@ -40,7 +40,7 @@ from chainstate.jsonrpc import (
     INVALID_PARAMS,
     NONCE_ERROR,
 )
-from nodes.state.evm.basefee import BasefeeCheck
+from nodes.state.evm.basefee import SUSPECT, UNSURE, BasefeeCheck
 from nodes.state.store import F_BALANCE, F_CODE, F_NONCE, F_STORAGE, StateStore
 
 # Accounts preloaded into a new EVM: one feed request reads them all at once, which on the
@@ -665,11 +665,27 @@ class Runner:
         lk = learn_key(call)
         suspect = verdicts.get(lk)
         if suspect is None:
-            initcode = bytes(call["data"]) if call["to"] is None else None
-            suspect = self._basefee.may_read_basefee(evm.journal_state, initcode)
+            suspect = self._may_read_basefee(evm, call)
             if key is not None:
                 verdicts[lk] = suspect
         return storage_read(evm.journal_str) if suspect else None
+
+    def _may_read_basefee(self, evm: EVM, call: dict[str, Any], fresh: bool = False) -> bool:
+        """basefee.py's verdict on a call revm just ran on `evm`; an unsure one (a suspect
+        code in the EVM's cache, not in the call's journal) is settled by running the call
+        on a fresh EVM, whose cache holds only what the call loads (`fresh`: this is it)."""
+        initcode = bytes(call["data"]) if call["to"] is None else None
+        verdict = self._basefee.verdict(evm.db_accounts, evm.journal_state, initcode)
+        if verdict != UNSURE:
+            return verdict == SUSPECT
+        if fresh:
+            return True
+        alone = new_evm(self._job)
+        self._preload(alone, self._job, [call])
+        alone.set_block_env(_block_env(self._job["block"]))
+        with contextlib.suppress(CallFailed):
+            self._call(alone, call)
+        return self._may_read_basefee(alone, call, fresh=True)
 
     def _on_pyevm(self, call: dict[str, Any], seeds: list[tuple[str, int]]) -> dict[str, Any]:
         """The call run on py-evm with the block's base fee (nodes/state/evm/pyevm.py)."""
