@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.evm.conftest import A1, Chain, Client, deploy, rpc, rpc_raw
+from tests.evm.conftest import A1, A2, Chain, Client, deploy, rpc, rpc_raw, send
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -161,3 +161,42 @@ async def test_basefee_in_a_reverting_frame_on_warm_state(
         assert await our_reverted_data(evm, params) == reverted_data(chain.url, params)
         params = [{"to": outer, "data": "0x"}, "latest"]
         assert await evm.call("eth_call", params) == rpc(chain.url, "eth_call", params)
+
+
+# Gas and output depend on BASEFEE: SSTORE(0, 1) only when it is not 0, then LOG0 and
+# RETURN of BASEFEE. pyrevm alone would skip the store, log and return 0.
+BASEFEE_BRANCH = "4815600a5760016000555b48600052" + "60206000a0" + "60206000f3"
+
+
+async def test_estimate_gas_of_a_call_reading_basefee_equals_anvil(
+    evm: Client, chain: Chain
+) -> None:
+    target = deploy(chain.url, BASEFEE_BRANCH)
+    req = {"from": A1, "to": target}
+    ours = await evm.call("estimateGas", [req])
+    assert ours == rpc(chain.url, "eth_estimateGas", [req, "latest"])
+    assert int(ours, 16) > 40_000  # the store ran
+
+
+async def test_simulate_transactions_reading_basefee_equal_anvil(evm: Client, chain: Chain) -> None:
+    """Gas used, logs and return data as executing the transactions on anvil (whose blocks
+    carry their own base fee: the values read are compared with the simulated block's), and
+    the second transaction sees the first one's write (its store costs less)."""
+    target = deploy(chain.url, BASEFEE_BRANCH)
+    txs = [{"from": A1, "to": target}, {"from": A2, "to": target}]
+    ours = await evm.call("simulateTransactions", [txs, {"block_id": "latest"}])
+    base_fee = rpc(chain.url, "eth_getBlockByNumber", ["latest", False])["baseFeePerGas"]
+    snapshot = rpc(chain.url, "evm_snapshot", [])
+    try:
+        receipts = [send(chain.url, {**tx, "gas": "0x100000"}) for tx in txs]
+    finally:
+        rpc(chain.url, "evm_revert", [snapshot])
+    assert [r["status"] for r in ours] == [r["status"] for r in receipts] == ["0x1", "0x1"]
+    assert [r["gasUsed"] for r in ours] == [r["gasUsed"] for r in receipts]
+    assert ours[0]["gasUsed"] != ours[1]["gasUsed"]
+    for mine, receipt in zip(ours, receipts, strict=True):
+        assert int(mine["returnData"], 16) == int(base_fee, 16)
+        assert [(x["address"], x["topics"]) for x in mine["logs"]] == [
+            (x["address"], x["topics"]) for x in receipt["logs"]
+        ]
+        assert [int(x["data"], 16) for x in mine["logs"]] == [int(base_fee, 16)]

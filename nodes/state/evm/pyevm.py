@@ -41,7 +41,8 @@ class _Recording(CancunState):
     filled_slots: set[tuple[bytes, int]]
     missed_accounts: set[bytes]
     missed_slots: set[tuple[bytes, int]]
-    call_gas_price = 0
+    written_accounts: set[bytes]
+    written_slots: set[tuple[bytes, int]]
 
     def _account(self, address: bytes) -> None:
         if self.recording and address not in self.filled_accounts:
@@ -82,7 +83,50 @@ class _Recording(CancunState):
         return super().get_storage(address, slot, from_journal)
 
     def get_gas_price(self, transaction: Any) -> int:
-        return self.call_gas_price  # GASPRICE reads the call's price (0 without one)
+        return 0  # what the sender is charged up front: nothing, as revm's message calls
+
+    # writes, for simulated transactions (the next one reads them)
+    def _wrote(self, address: bytes) -> None:
+        if self.recording:
+            self.written_accounts.add(address)
+
+    def set_balance(self, address: Any, balance: int) -> None:
+        self._wrote(address)
+        super().set_balance(address, balance)
+
+    def set_nonce(self, address: Any, nonce: int) -> None:
+        self._wrote(address)
+        super().set_nonce(address, nonce)
+
+    def increment_nonce(self, address: Any) -> None:
+        self._wrote(address)
+        super().increment_nonce(address)
+
+    def set_code(self, address: Any, code: bytes) -> None:
+        self._wrote(address)
+        super().set_code(address, code)
+
+    def delete_account(self, address: Any) -> None:
+        self._wrote(address)
+        super().delete_account(address)
+
+    def set_storage(self, address: Any, slot: int, value: int) -> None:
+        if self.recording:
+            self.written_slots.add((address, slot))
+        super().set_storage(address, slot, value)
+
+    def writes(self) -> dict[str, Any]:
+        """What the call wrote, in the shape of the revm path's `writes_of`: accounts as
+        (balance, nonce, code) and slots' present values."""
+        self.recording = False
+        accounts = {
+            _hex(a): (self.get_balance(a), self.get_nonce(a), self.get_code(a))
+            for a in self.written_accounts | {a for a, _ in self.written_slots}
+        }
+        slots: dict[str, dict[int, int]] = {}
+        for address, slot in self.written_slots:
+            slots.setdefault(_hex(address), {})[slot] = self.get_storage(address, slot)
+        return {"accounts": accounts, "slots": slots}
 
 
 class _Hashes:
@@ -113,7 +157,7 @@ def run_on_pyevm(
     seed_slots: list[tuple[str, int]],
     hash_of: Callable[[int], bytes],
 ) -> dict[str, Any]:
-    """The call on py-evm at the job's block: `{"ok", "output", "gas_used", "logs"}` or,
+    """The call on py-evm at the job's block: `{"ok", "output", "gas_used", "logs", "writes"}` or,
     failed, `{"ok": False, "kind", "output", "gas_used"}` (kind: revert, out_of_gas, halt
     with `reason`, too_many_reads)."""
     block = job["block"]
@@ -175,7 +219,7 @@ def _state(
     state.filled_accounts = set(accounts)
     state.filled_slots = set(slots)
     state.missed_accounts, state.missed_slots = set(), set()
-    state.call_gas_price = call["gas_price"] or 0
+    state.written_accounts, state.written_slots = set(), set()
     state.recording = True
     return state
 
@@ -186,7 +230,7 @@ def _execute(state: _Recording, job: dict[str, Any], call: dict[str, Any]) -> di
     unsigned = CancunTransactionBuilder.new_unsigned_dynamic_fee_transaction(
         chain_id=job["chain_id"],
         nonce=state.get_nonce(_addr(call["from"])),
-        max_priority_fee_per_gas=0,
+        max_priority_fee_per_gas=price,  # GASPRICE reads min(price + base fee, price)
         max_fee_per_gas=price,
         gas=call["gas"],
         to=CREATE_CONTRACT_ADDRESS if create else _addr(call["to"]),
@@ -225,4 +269,4 @@ def _execute(state: _Recording, job: dict[str, Any], call: dict[str, Any]) -> di
     output = computation.output
     if create:  # eth_call of a creation answers the deployed code
         output = state.get_code(message.storage_address)
-    return {"ok": True, "output": output, "gas_used": used, "logs": logs}
+    return {"ok": True, "output": output, "gas_used": used, "logs": logs, "writes": state.writes()}

@@ -637,8 +637,8 @@ class Runner:
         checkpoint = evm.snapshot()
         try:
             result = self._call(evm, call)
-        except CallFailed:
-            seeds = self._basefee_seeds(evm, call)
+        except CallFailed as exc:  # executed (gas used) or refused before running
+            seeds = self._basefee_seeds(evm, call) if exc.gas_used else None
             self._revert(evm, checkpoint)
             if evm.journal_depth:  # a failed state read leaves a call frame open in revm
                 self._discard(evm)
@@ -653,6 +653,21 @@ class Runner:
             return self._on_pyevm(call, seeds)
         return result
 
+    def _collected(self, evm: EVM, call: dict[str, Any]) -> dict[str, Any]:
+        """A simulated transaction on its own fresh EVM, with what it wrote (`writes`), for
+        the next one to read; on py-evm when it may read BASEFEE."""
+        try:
+            result = self._call(evm, call)
+        except CallFailed as exc:
+            seeds = self._basefee_seeds(evm, call) if exc.gas_used else None
+            if seeds is not None:
+                return self._on_pyevm(call, seeds, collect=True)
+            raise
+        seeds = self._basefee_seeds(evm, call)
+        if seeds is not None:
+            return self._on_pyevm(call, seeds, collect=True)
+        return {**result, "writes": writes_of(evm)}
+
     def _basefee_seeds(self, evm: EVM, call: dict[str, Any]) -> list[tuple[str, int]] | None:
         """When revm's answer may be wrong because the call may read BASEFEE (pyrevm makes
         it 0) and the block's base fee is not 0: the slots revm read (to start py-evm with);
@@ -664,8 +679,9 @@ class Runner:
         verdicts = self._suspects.setdefault(key, {}) if key is not None else {}
         lk = learn_key(call)
         suspect = verdicts.get(lk)
-        if suspect is None:
-            suspect = self._may_read_basefee(evm, call)
+        if suspect is None:  # a fresh EVM of one call holds only what that call loaded
+            alone = key is None and len(job["calls"]) == 1
+            suspect = self._may_read_basefee(evm, call, fresh=alone)
             if key is not None:
                 verdicts[lk] = suspect
         return storage_read(evm.journal_str) if suspect else None
@@ -687,8 +703,11 @@ class Runner:
             self._call(alone, call)
         return self._may_read_basefee(alone, call, fresh=True)
 
-    def _on_pyevm(self, call: dict[str, Any], seeds: list[tuple[str, int]]) -> dict[str, Any]:
-        """The call run on py-evm with the block's base fee (nodes/state/evm/pyevm.py)."""
+    def _on_pyevm(
+        self, call: dict[str, Any], seeds: list[tuple[str, int]], collect: bool = False
+    ) -> dict[str, Any]:
+        """The call run on py-evm with the block's base fee (nodes/state/evm/pyevm.py);
+        `collect`: with what it wrote (a simulated transaction)."""
         job = self._job
         height = job["height"]
         reads = self._store_reads(job.get("store"))
@@ -708,7 +727,8 @@ class Runner:
             if len(output) > self.limits.max_return_bytes:
                 msg = f"return data of {len(output)} bytes exceeds {self.limits.max_return_bytes}"
                 raise CallFailed(error(EVM_FAILED, msg), gas)
-            return {"output": "0x" + bytes(output).hex(), "gas_used": gas, "logs": r["logs"]}
+            answer = {"output": "0x" + bytes(output).hex(), "gas_used": gas, "logs": r["logs"]}
+            return {**answer, "writes": r["writes"]} if collect else answer
         kind = r["kind"]
         if kind == "revert":
             raise CallFailed(revert_error(bytes(r["output"])), gas)
@@ -741,7 +761,7 @@ class Runner:
                     limit = self.limits.max_response_bytes
                     raise CallFailed(error(EVM_FAILED, f"response exceeds {limit} bytes"))
                 if collect:  # a fresh EVM: nothing to revert, the journal holds the writes
-                    out.append({"ok": True, **self._call(evm, call), "writes": writes_of(evm)})
+                    out.append({"ok": True, **self._collected(evm, call)})
                 else:
                     out.append({"ok": True, **self._isolated(evm, call)})
                 size += (len(out[-1]["output"]) - 2) // 2
