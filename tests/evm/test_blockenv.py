@@ -176,6 +176,22 @@ async def test_estimate_gas_of_a_call_reading_basefee_equals_anvil(
     ours = await evm.call("estimateGas", [req])
     assert ours == rpc(chain.url, "eth_estimateGas", [req, "latest"])
     assert int(ours, 16) > 40_000  # the store ran
+    create = {"from": A1, "data": BASEFEE_CODE}  # init code reading BASEFEE (EIP-3860 words)
+    assert await evm.call("estimateGas", [create]) == rpc(
+        chain.url, "eth_estimateGas", [create, "latest"]
+    )
+
+
+async def test_gasprice_and_basefee_with_a_gas_price_equal_anvil(evm: Client, chain: Chain) -> None:
+    """A call with a gas price reading GASPRICE and BASEFEE (run on py-evm): both as anvil's."""
+    target = "0x" + "59" * 20
+    code = "0x" + "3a600052" + "48602052" + "60406000f3"  # returns GASPRICE, BASEFEE
+    block = rpc(chain.url, "eth_getBlockByNumber", ["latest", False])
+    price = hex(2 * int(block["baseFeePerGas"], 16) + 7)
+    params = [{"from": A1, "to": target, "gasPrice": price}, "latest", {target: {"code": code}}]
+    theirs = rpc(chain.url, "eth_call", params)
+    assert await evm.call("eth_call", params) == theirs
+    assert int(theirs[2:66], 16) == int(price, 16)
 
 
 async def test_simulate_transactions_reading_basefee_equal_anvil(evm: Client, chain: Chain) -> None:
@@ -200,3 +216,36 @@ async def test_simulate_transactions_reading_basefee_equal_anvil(evm: Client, ch
             (x["address"], x["topics"]) for x in receipt["logs"]
         ]
         assert [int(x["data"], 16) for x in mine["logs"]] == [int(base_fee, 16)]
+
+
+def steps(trace: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return [
+        (s["pc"], s["op"], s["gas"], s["gasCost"], s["depth"], s["stack"])
+        for s in trace["structLogs"]
+    ]
+
+
+async def test_traces_of_calls_reading_basefee_equal_anvil(
+    evm: Client, chain: Chain, blockenv: str
+) -> None:
+    """pre_traceCall/pre_traceMany of calls reading BASEFEE (pyrevm would trace a run with a
+    base fee of 0): the steps (pc, op, gas, cost, depth, stack), gas and failure equal
+    anvil's debug_traceCall, through a CALL, a frame that reverts and a creation."""
+    branch = deploy(chain.url, BASEFEE_BRANCH)
+    reverter = deploy(chain.url, call_then(blockenv, "fd"))
+    outer = deploy(chain.url, call_then(reverter, "f3"))
+    reqs = [
+        {"from": A1, "to": branch},
+        {"from": A1, "to": blockenv},
+        {"from": A1, "to": reverter},
+        {"from": A1, "to": outer},
+        {"from": A1, "data": "0x" + BASEFEE_CODE[2:]},  # a creation whose init code reads it
+    ]
+    height = rpc(chain.url, "eth_blockNumber", [])
+    many = await evm.call("pre_traceMany", [reqs, height])
+    for req, traced in zip(reqs, many, strict=True):
+        ours = await evm.call("pre_traceCall", [req, height])
+        theirs = rpc(chain.url, "debug_traceCall", [req, height, {}])
+        assert steps(ours) == steps(theirs) == steps(traced), req
+        assert (ours["gas"], ours["failed"]) == (theirs["gas"], theirs["failed"]), req
+        assert any(s["op"] == "BASEFEE" for s in ours["structLogs"])

@@ -6,12 +6,13 @@ Imported by a worker the first time a call needs it (py-evm takes ~1.5 s to impo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from eth.constants import BLANK_ROOT_HASH, CREATE_CONTRACT_ADDRESS
 from eth.db.atomic import AtomicDB
 from eth.exceptions import OutOfGas, Revert
 from eth.vm.execution_context import ExecutionContext
+from eth.vm.forks.cancun.computation import CancunComputation
 from eth.vm.forks.cancun.state import CancunState
 from eth.vm.forks.cancun.transactions import CancunTransactionBuilder
 from eth.vm.spoof import SpoofTransaction
@@ -33,10 +34,92 @@ def _hex(address: bytes) -> str:
     return "0x" + address.hex()
 
 
+class TraceLimit(Exception):
+    """A traced call took more steps than it may."""
+
+
+class _Tracer:
+    """geth's struct-log steps of one run (the revm path's shape: pc, op, gas before the
+    step, its cost, depth from 1, stack bottom first, the frame's refund counter)."""
+
+    def __init__(self, max_steps: int) -> None:
+        self.max_steps = max_steps
+        self.steps: list[dict[str, Any]] = []
+        self.open: list[dict[str, Any]] = []  # steps running (a CALL's runs its frame)
+        self.next_pc: dict[int, int] = {}  # per frame: the pc after its last step
+
+
+# py-evm mnemonics that revm (and so anvil, and the revm path of traces) names otherwise
+GETH_NAMES = {"SHA3": "KECCAK256", "PREVRANDAO": "DIFFICULTY"}
+
+
+def _traced(opcode: int, fn: Any) -> Callable[..., None]:
+    """The opcode, recording a struct-log step when its computation's state has a tracer."""
+    inner = getattr(fn, "__wrapped__", fn)
+    name = getattr(fn, "mnemonic", None) or getattr(inner, "mnemonic", f"0x{opcode:02x}")
+    name = GETH_NAMES.get(name, name)
+
+    def step(computation: Any) -> None:
+        tracer = computation.state.tracer
+        if tracer is None:
+            return fn(computation=computation)
+        code = computation.code
+        pc = code.program_counter - 1
+        frame = id(computation)
+        if opcode == 0 and tracer.next_pc.get(frame, 0) == code.program_counter:
+            pc = code.program_counter  # the STOP past the end of the code: nothing was read
+            if pc == 0:
+                return fn(computation=computation)  # empty code: revm runs no frame
+        if len(tracer.steps) >= tracer.max_steps:
+            raise TraceLimit(f"more than {tracer.max_steps} steps")
+        gas = computation.get_gas_remaining()
+        entry = {
+            "pc": pc,
+            "op": name,
+            "gas": gas,
+            "gasCost": None,
+            "depth": computation.msg.depth + 1,
+            "stack": [
+                hex(v if v.__class__ is int else int.from_bytes(v, "big"))
+                for v in computation._stack.values
+            ],
+            "refund": computation._gas_meter.gas_refunded,
+        }
+        tracer.steps.append(entry)
+        tracer.open.append(entry)
+        try:
+            fn(computation=computation)
+        finally:
+            tracer.open.pop()
+            if entry["gasCost"] is None:
+                entry["gasCost"] = gas - computation.get_gas_remaining()
+            tracer.next_pc[frame] = code.program_counter
+
+    return step
+
+
+class _TracedComputation(CancunComputation):
+    """Cancun's computation whose opcodes record struct-log steps; a CALL or CREATE step
+    costs what it took before its frame runs (with the gas it gives), as geth reports."""
+
+    opcodes: ClassVar[dict[int, Any]] = {
+        op: _traced(op, fn) for op, fn in CancunComputation.opcodes.items()
+    }
+
+    def apply_child_computation(self, child_msg: Any) -> Any:
+        tracer = self.state.tracer
+        if tracer is not None and tracer.open:
+            entry = tracer.open[-1]
+            entry["gasCost"] = entry["gas"] - self.get_gas_remaining()
+        return super().apply_child_computation(child_msg)
+
+
 class _Recording(CancunState):
     """py-evm's Cancun state that notes reads of accounts and slots not filled in."""
 
     recording = False  # set once the block's state is filled in
+    computation_class = _TracedComputation  # records steps only with a tracer
+    tracer: _Tracer | None = None
     filled_accounts: set[bytes]
     filled_slots: set[tuple[bytes, int]]
     missed_accounts: set[bytes]
@@ -142,12 +225,18 @@ class _Hashes:
 
 
 def intrinsic_gas(data: bytes, create: bool) -> int:
-    """revm's initial gas of a Cancun transaction without an access list."""
+    """revm's initial gas of a Cancun transaction without an access list (a creation's
+    includes EIP-3860's init code words, which py-evm charges when the creation starts)."""
     zeros = data.count(0)
     gas = 21_000 + 4 * zeros + 16 * (len(data) - zeros)
     if create:
-        gas += 32_000 + 2 * ((len(data) + 31) // 32)
+        gas += 32_000 + initcode_gas(data)
     return gas
+
+
+def initcode_gas(data: bytes) -> int:
+    """EIP-3860: 2 gas per 32-byte word of init code."""
+    return 2 * ((len(data) + 31) // 32)
 
 
 def run_on_pyevm(
@@ -156,10 +245,12 @@ def run_on_pyevm(
     source: Source,
     seed_slots: list[tuple[str, int]],
     hash_of: Callable[[int], bytes],
+    trace_steps: int | None = None,
 ) -> dict[str, Any]:
     """The call on py-evm at the job's block: `{"ok", "output", "gas_used", "logs", "writes"}` or,
     failed, `{"ok": False, "kind", "output", "gas_used"}` (kind: revert, out_of_gas, halt
-    with `reason`, too_many_reads)."""
+    with `reason`, too_many_reads); with `trace_steps`, also its `struct_logs` (TraceLimit
+    past that many steps)."""
     block = job["block"]
     accounts: dict[bytes, tuple[int, int, bytes]] = {}
     slots: dict[tuple[bytes, int], int] = {}
@@ -178,8 +269,12 @@ def run_on_pyevm(
             accounts.update(zip(new_accounts, infos, strict=True))
             slots.update(zip(new_slots, values, strict=True))
         state = _state(job, call, accounts, slots, hash_of)
+        if trace_steps is not None:
+            state.tracer = _Tracer(trace_steps)
         result = _execute(state, job, call)
         if not state.missed_accounts and not state.missed_slots:
+            if state.tracer is not None:
+                result["struct_logs"] = state.tracer.steps
             return result
         want_accounts |= state.missed_accounts
         want_slots |= state.missed_slots
@@ -227,6 +322,7 @@ def _state(
 def _execute(state: _Recording, job: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
     create = call["to"] is None
     price = call["gas_price"] or 0
+    intrinsic = intrinsic_gas(call["data"], create)
     unsigned = CancunTransactionBuilder.new_unsigned_dynamic_fee_transaction(
         chain_id=job["chain_id"],
         nonce=state.get_nonce(_addr(call["from"])),
@@ -241,10 +337,11 @@ def _execute(state: _Recording, job: dict[str, Any], call: dict[str, Any]) -> di
     tx = SpoofTransaction(
         unsigned,
         sender=_addr(call["from"]),
-        intrinsic_gas=intrinsic_gas(call["data"], create),
+        # py-evm charges the init code words itself when the creation starts
+        intrinsic_gas=intrinsic - (initcode_gas(call["data"]) if create else 0),
         type_id=DYNAMIC_FEE_TX,
     )
-    if tx.intrinsic_gas > call["gas"]:
+    if intrinsic > call["gas"]:
         return {"ok": False, "kind": "intrinsic", "output": b"", "gas_used": 0}
     executor = state.get_transaction_executor()
     message = executor.build_evm_message(tx)

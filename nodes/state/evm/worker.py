@@ -708,6 +708,13 @@ class Runner:
     ) -> dict[str, Any]:
         """The call run on py-evm with the block's base fee (nodes/state/evm/pyevm.py);
         `collect`: with what it wrote (a simulated transaction)."""
+        return self._pyevm_answer(self._run_pyevm(call, seeds), collect)
+
+    def _run_pyevm(
+        self, call: dict[str, Any], seeds: list[tuple[str, int]], trace_steps: int | None = None
+    ) -> dict[str, Any]:
+        """pyevm.run_on_pyevm's raw result, reading the job's block (from the store or the
+        feed); with `trace_steps`, with its struct logs (at most that many)."""
         job = self._job
         height = job["height"]
         reads = self._store_reads(job.get("store"))
@@ -718,9 +725,16 @@ class Runner:
             url = job["fork_url"]
             source = lambda a, s: self.feed.preload(url, a, s, height)  # noqa: E731
             hash_of = lambda h: self.feed.block_hash(url, h)  # noqa: E731
-        from nodes.state.evm.pyevm import run_on_pyevm  # ~1.5 s the first time: only if needed
+        from nodes.state.evm import pyevm  # ~1.5 s the first time: only if needed
 
-        r = run_on_pyevm(job, call, source, seeds, hash_of)
+        try:
+            return pyevm.run_on_pyevm(job, call, source, seeds, hash_of, trace_steps)
+        except pyevm.TraceLimit:
+            limit = f"{self.limits.max_trace_steps} steps"
+            raise CallFailed(error(EVM_FAILED, f"trace exceeds {limit}")) from None
+
+    def _pyevm_answer(self, r: dict[str, Any], collect: bool = False) -> dict[str, Any]:
+        """A py-evm result as `_call` answers (or raises CallFailed)."""
         gas = r["gas_used"]
         if r["ok"]:
             output = r["output"]
@@ -831,7 +845,8 @@ class Runner:
     # -- tracing ----------------------------------------------------------------------
 
     def trace(self, evm: EVM, job: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
-        """geth's struct-log shape built from pyrevm's EIP-3155 lines."""
+        """geth's struct-log shape built from pyrevm's EIP-3155 lines, or from py-evm's
+        steps when the call may read BASEFEE (pyrevm runs it with a base fee of 0)."""
         sink = TraceSink(self.limits.max_trace_steps, self.limits.max_trace_bytes)
         checkpoint = evm.snapshot()
         evm.tracing = True
@@ -853,8 +868,19 @@ class Runner:
             # The EVM was aborted mid-call; do not reuse it (it is never a warm one).
             limit = f"{self.limits.max_trace_steps} steps or {self.limits.max_trace_bytes} bytes"
             raise CallFailed(error(EVM_FAILED, f"trace exceeds {limit}"))
+        ran = failed is None or failed.gas_used > 0
+        seeds = self._basefee_seeds(evm, call) if ran else None
         evm.revert(checkpoint)
-        logs = sink.struct_logs()
+        if seeds is not None:
+            r = self._run_pyevm(call, seeds, trace_steps=self.limits.max_trace_steps)
+            logs = r.get("struct_logs", [])
+            result, failed = None, None
+            try:
+                result = self._pyevm_answer(r)
+            except CallFailed as exc:
+                failed = exc
+        else:
+            logs = sink.struct_logs()
         if failed is not None:
             data = failed.error.get("data")
             ret = data if isinstance(data, str) else "0x"
