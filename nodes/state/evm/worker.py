@@ -699,7 +699,7 @@ class Runner:
         alone = new_evm(self._job)
         self._preload(alone, self._job, [call])
         alone.set_block_env(_block_env(self._job["block"]))
-        with contextlib.suppress(CallFailed):
+        with contextlib.suppress(CallFailed, Unusable):  # what it loaded is what counts
             self._call(alone, call)
         return self._may_read_basefee(alone, call, fresh=True)
 
