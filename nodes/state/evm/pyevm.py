@@ -46,7 +46,9 @@ class _Tracer:
         self.max_steps = max_steps
         self.steps: list[dict[str, Any]] = []
         self.open: list[dict[str, Any]] = []  # steps running (a CALL's runs its frame)
-        self.next_pc: dict[int, int] = {}  # per frame: the pc after its last step
+        # per frame (its computation, kept alive so that no id is reused): the pc after its
+        # last step, which tells the STOP past the end of the code from a STOP in it
+        self.next_pc: dict[Any, int] = {}
 
 
 # py-evm mnemonics that revm (and so anvil, and the revm path of traces) names otherwise
@@ -65,7 +67,7 @@ def _traced(opcode: int, fn: Any) -> Callable[..., None]:
             return fn(computation=computation)
         code = computation.code
         pc = code.program_counter - 1
-        frame = id(computation)
+        frame = computation
         if opcode == 0 and tracer.next_pc.get(frame, 0) == code.program_counter:
             pc = code.program_counter  # the STOP past the end of the code: nothing was read
             if pc == 0:
