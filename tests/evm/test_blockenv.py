@@ -249,3 +249,15 @@ async def test_traces_of_calls_reading_basefee_equal_anvil(
         assert steps(ours) == steps(theirs) == steps(traced), req
         assert (ours["gas"], ours["failed"]) == (theirs["gas"], theirs["failed"]), req
         assert any(s["op"] == "BASEFEE" for s in ours["structLogs"])
+
+
+async def test_basefee_read_only_for_one_caller_on_warm_state(evm: Client, chain: Chain) -> None:
+    """The same callee and calldata read BASEFEE for one caller and not for another: the
+    verdict kept on a warm EVM is per whole call, so the second caller still gets it."""
+    reader = deploy(chain.url, BASEFEE_CODE[2:])
+    # if CALLER == A2: return what `reader` returns (BASEFEE), else stop
+    target = deploy(chain.url, "3373" + A2[2:] + "14601b5700" + "5b" + call_then(reader, "f3"))
+    for sender in (A1, A2):
+        params = [{"from": sender, "to": target, "data": "0x"}, "latest"]
+        assert await evm.call("eth_call", params) == rpc(chain.url, "eth_call", params), sender
+    assert int(rpc(chain.url, "eth_call", [{"from": A2, "to": target}, "latest"]), 16) != 0

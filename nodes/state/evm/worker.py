@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import http.client
 import io
 import os
@@ -340,6 +341,19 @@ def learn_key(call: dict[str, Any]) -> LearnKey:
     return (call["to"], bytes(call["data"][:LEARN_DATA]))
 
 
+VerdictKey = tuple[Any, ...]
+
+
+def verdict_key(job: dict[str, Any], call: dict[str, Any]) -> VerdictKey:
+    """What a BASEFEE verdict is kept under on a warm EVM: the whole call and the block env
+    (blockOverrides), since any of them can change the path and so the code run; calldata
+    longer than LEARN_DATA bytes by its digest."""
+    data = bytes(call["data"])
+    digest: Any = data if len(data) <= LEARN_DATA else hashlib.blake2b(data).digest()
+    env = tuple(job["block"].values())
+    return (call["from"], call["to"], digest, call["value"], call["gas"], call["gas_price"], env)
+
+
 def storage_read(journal: str) -> list[tuple[str, int]]:
     """(address, slot) of every storage slot in the journal (what a call read or wrote)."""
     out = []
@@ -449,7 +463,7 @@ class Runner:
         self._learned: OrderedDict[LearnKey, list[tuple[str, int]]] = OrderedDict()
         self._given: dict[WarmKey, set[LearnKey]] = {}  # calls each warm EVM was prepared for
         self._basefee = BasefeeCheck()
-        self._suspects: dict[WarmKey, dict[LearnKey, bool]] = {}  # verdicts per warm EVM
+        self._suspects: dict[WarmKey, dict[VerdictKey, bool]] = {}  # verdicts per warm EVM
         self._job: dict[str, Any] = {}  # the job being run
 
     def evm_for(self, job: dict[str, Any]) -> EVM:
@@ -677,13 +691,13 @@ class Runner:
             return None
         key = warm_key(job)
         verdicts = self._suspects.setdefault(key, {}) if key is not None else {}
-        lk = learn_key(call)
-        suspect = verdicts.get(lk)
+        ck = verdict_key(job, call)
+        suspect = verdicts.get(ck)
         if suspect is None:  # a fresh EVM of one call holds only what that call loaded
             alone = key is None and len(job["calls"]) == 1
             suspect = self._may_read_basefee(evm, call, fresh=alone)
             if key is not None:
-                verdicts[lk] = suspect
+                verdicts[ck] = suspect
         return storage_read(evm.journal_str) if suspect else None
 
     def _may_read_basefee(self, evm: EVM, call: dict[str, Any], fresh: bool = False) -> bool:
