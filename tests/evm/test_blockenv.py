@@ -261,3 +261,27 @@ async def test_basefee_read_only_for_one_caller_on_warm_state(evm: Client, chain
         params = [{"from": sender, "to": target, "data": "0x"}, "latest"]
         assert await evm.call("eth_call", params) == rpc(chain.url, "eth_call", params), sender
     assert int(rpc(chain.url, "eth_call", [{"from": A2, "to": target}, "latest"]), 16) != 0
+
+
+async def test_simulated_creation_reading_basefee_then_a_call_to_it(
+    evm: Client, chain: Chain
+) -> None:
+    """A creation whose init code stores BASEFEE (run on py-evm) deploys code returning the
+    stored value, which the next simulated transaction calls: the deployed code and the slot
+    come from py-evm's writes."""
+    runtime = "60005460005260206000f3"  # returns SLOAD(0)
+    # SSTORE(0, BASEFEE), then CODECOPY the runtime (at 0x10) and RETURN it
+    create = {"from": A2, "data": "0x48600055" + "61000b8060106000396000f3" + runtime}
+    snapshot = rpc(chain.url, "evm_snapshot", [])
+    try:
+        receipt = send(chain.url, {**create, "gas": "0x100000"})
+    finally:
+        rpc(chain.url, "evm_revert", [snapshot])
+    created = receipt["contractAddress"]
+    txs = [create, {"from": A1, "to": created}]
+    ours = await evm.call("simulateTransactions", [txs, {"block_id": "latest"}])
+    base_fee = rpc(chain.url, "eth_getBlockByNumber", ["latest", False])["baseFeePerGas"]
+    assert [r["status"] for r in ours] == ["0x1", "0x1"]
+    assert ours[0]["gasUsed"] == receipt["gasUsed"]
+    assert ours[0]["returnData"] == "0x" + runtime
+    assert int(ours[1]["returnData"], 16) == int(base_fee, 16)
