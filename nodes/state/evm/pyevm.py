@@ -120,8 +120,7 @@ class _Recording(CancunState):
     """py-evm's Cancun state that notes reads of accounts and slots not filled in."""
 
     recording = False  # set once the block's state is filled in
-    computation_class = _TracedComputation  # records steps only with a tracer
-    tracer: _Tracer | None = None
+    tracer: _Tracer | None = None  # with one, `computation_class` is _TracedComputation
     filled_accounts: set[bytes]
     filled_slots: set[tuple[bytes, int]]
     missed_accounts: set[bytes]
@@ -271,8 +270,9 @@ def run_on_pyevm(
             accounts.update(zip(new_accounts, infos, strict=True))
             slots.update(zip(new_slots, values, strict=True))
         state = _state(job, call, accounts, slots, hash_of)
-        if trace_steps is not None:
+        if trace_steps is not None:  # the traced computation only then: it costs a call a step
             state.tracer = _Tracer(trace_steps)
+            state.computation_class = _TracedComputation
         result = _execute(state, job, call)
         if not state.missed_accounts and not state.missed_slots:
             if state.tracer is not None:
