@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -76,40 +78,77 @@ def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj)
 
 
-def _number_text(text: str) -> orjson.Fragment:
-    return orjson.Fragment(text)
+class _Written(str):
+    """A number id as the body writes it (the stdlib parser's hooks keep its text)."""
 
 
-def _int_or_text(text: str) -> int | orjson.Fragment:
+def _number_text(text: str) -> _Written:
+    return _Written(text)
+
+
+def _int_or_text(text: str) -> int | _Written:
     if len(text) < 19 or -(2**63) <= int(text) < 2**64:  # what orjson keeps as an int
         return int(text)
-    return orjson.Fragment(text)
+    return _Written(text)
 
 
-def _inexact(item: Any) -> bool:
-    return type(item) is dict and type(item.get("id")) is float
-
-
-def has_inexact_id(payload: Any) -> bool:
-    """Whether an id of `payload` (an object or a batch) was changed by orjson's parse: it
-    reads a number with a fraction or exponent, or beyond 64 bits, as a float."""
-    if isinstance(payload, list):
-        return any(_inexact(it) for it in payload)
-    return _inexact(payload)
-
-
-def exact_ids(body: bytes) -> Any:
-    """The id of a request object, or the ids of a batch (None where an item is not an
-    object), exactly as `body` writes them: numbers orjson cannot hold as written
-    (18446744073709551616, 1e-400, 1.50) come back as `orjson.Fragment`s of their text, which
-    `orjson.dumps` writes unchanged. Only called when `has_inexact_id` says so."""
+def _written_ids(body: bytes) -> list[Any] | None:
+    """The ids of a request object or batch (None where an item is not an object), the
+    numbers orjson cannot hold as written kept as their text (`_Written`)."""
     try:
         doc = json.loads(body, parse_float=_number_text, parse_int=_int_or_text)
     except (ValueError, RecursionError):
         return None
     if isinstance(doc, list):
         return [it.get("id") if isinstance(it, dict) else None for it in doc]
-    return doc.get("id") if isinstance(doc, dict) else None
+    return [doc.get("id") if isinstance(doc, dict) else None]
+
+
+def exact_ids(body: bytes) -> Any:
+    """The id of a request object, or the ids of a batch (None where an item is not an
+    object), exactly as `body` writes them: numbers orjson cannot hold as written
+    (18446744073709551616, 1e-400, 1.50) come back as `orjson.Fragment`s of their text, which
+    `orjson.dumps` writes unchanged. For when orjson read an id as a float."""
+    ids = _written_ids(body)
+    if ids is None:
+        return None
+    exact = [orjson.Fragment(i.encode()) if type(i) is _Written else i for i in ids]
+    return exact if body.lstrip()[:1] == b"[" else exact[0]
+
+
+# An id that may be a number orjson changes: a fraction, an exponent, or 19+ digits (past
+# 64 bits: -9223372036854775809 has 19).
+_INEXACT_ID = re.compile(rb'"id"\s*:\s*-?(?:[0-9]{19}|[0-9]+[.eE])')
+
+
+def may_change_ids(body: bytes) -> bool:
+    """Whether an id of `body` may be a number orjson changes (see `restore_ids`)."""
+    return _INEXACT_ID.search(body) is not None
+
+
+def restore_ids(body: bytes, answer: bytes) -> bytes:
+    """`answer` (a JSON-RPC server's answer to `body`) with every id its JSON parser changed
+    (orjson reads 18446744073709551616 or 1e-400 as a float) written back as `body` has it.
+    Answers are in the order of their requests, so equal floats are given back in order.
+    Cheap when no id needs it: one scan of `body`."""
+    if not may_change_ids(body):
+        return answer
+    ids = _written_ids(body)
+    waiting: dict[float, deque[_Written]] = {}
+    for rid in ids or ():
+        if type(rid) is _Written:
+            waiting.setdefault(float(rid), deque()).append(rid)
+    if not waiting:
+        return answer
+    try:
+        parsed = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return answer
+    for item in parsed if isinstance(parsed, list) else [parsed]:
+        rid = item.get("id") if isinstance(item, dict) else None
+        if type(rid) is float and waiting.get(rid):
+            item["id"] = orjson.Fragment(waiting[rid].popleft().encode())
+    return orjson.dumps(parsed)
 
 
 def parse_body(body: bytes) -> Any:
@@ -243,15 +282,9 @@ class Dispatcher:
                 msg = f"batch too large: {len(payload)} items, at most {self.max_batch}"
                 return dumps(self.error(None, JsonRpcError(INVALID_REQUEST, msg)))
             answers = await asyncio.gather(*(self.handle_item(it) for it in payload))
-            if has_inexact_id(payload):
-                for item, answer, rid in zip(payload, answers, exact_ids(body), strict=True):
-                    if answer is not None and _inexact(item):
-                        answer["id"] = rid
             out = [a for a in answers if a is not None]
             return dumps(out) if out else b""
         answer = await self.handle_item(payload)
-        if answer is not None and _inexact(payload):
-            answer["id"] = exact_ids(body)
         return dumps(answer) if answer is not None else b""
 
 

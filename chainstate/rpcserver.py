@@ -26,7 +26,7 @@ from chainstate.httpserver import (
     ServerLimits,
     error_body,
 )
-from chainstate.jsonrpc import INVALID_REQUEST
+from chainstate.jsonrpc import INVALID_REQUEST, may_change_ids, restore_ids
 from chainstate.runner import start_server
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
 BodyHandler = Callable[[bytes], Awaitable[bytes]]
+# A node's answer computed without awaiting, or None when it needs `handle_body` (the state
+# node's plain reads: the server then writes it at once, no task).
+AnswerNow = Callable[[bytes], bytes | None]
 
 
 def too_large(limits: ServerLimits) -> bytes:
@@ -74,7 +77,7 @@ def rpc_handler(
         body = await read_body(request, limits)
         if isinstance(body, web.Response):
             return body
-        answer = await handle_body(body)
+        answer = restore_ids(body, await handle_body(body))
         if not answer:
             return web.Response(status=204)
         return web.Response(body=answer, content_type=JSON)
@@ -87,11 +90,21 @@ def node_limits(config: dict[str, Any]) -> ServerLimits:
     return ServerLimits.from_section(section(config, "http"))
 
 
-def rpc_route(handle_body: BodyHandler) -> Router:
-    """`POST /` answered by `handle_body` on the lean server; everything else goes on."""
+def rpc_route(handle_body: BodyHandler, answer_now: AnswerNow | None = None) -> Router:
+    """`POST /` answered on the lean server, at once by `answer_now` when it can, else by
+    `handle_body`; ids come back as the client wrote them (`restore_ids`). Everything else
+    goes on to the fallback."""
 
-    def handler(request: Request) -> Awaitable[Response]:
-        return handle_body(request.body)  # bytes: 200, or 204 when empty
+    async def restored(body: bytes) -> bytes:
+        return restore_ids(body, await handle_body(body))
+
+    def handler(request: Request) -> Response | Awaitable[Response]:  # bytes: 200 (204 empty)
+        body = request.body
+        if answer_now is not None:
+            answer = answer_now(body)
+            if answer is not None:
+                return restore_ids(body, answer)
+        return restored(body) if may_change_ids(body) else handle_body(body)
 
     def route(method: bytes, path: bytes) -> Any:
         return handler if method == b"POST" and path == b"/" else None
@@ -108,8 +121,10 @@ async def serve_rpc(
     *,
     name: str,
     limits: ServerLimits | None = None,
+    answer_now: AnswerNow | None = None,
 ) -> HttpServer:
-    """Serve `handle_body` on `POST /` and `app` for every other request on host:port;
-    stopped (gracefully) when `stack` closes."""
-    server = HttpServer(rpc_route(handle_body), limits=limits, fallback=app, name=name)
+    """Serve `handle_body` (and `answer_now`) on `POST /` and `app` for every other request
+    on host:port; stopped (gracefully) when `stack` closes."""
+    route = rpc_route(handle_body, answer_now)
+    server = HttpServer(route, limits=limits, fallback=app, name=name)
     return await start_server(stack, server, host, port)

@@ -80,15 +80,25 @@ class Stack:
         await self.start_workspace(stack)
 
     async def serve(
-        self, stack: AsyncExitStack, name: str, app: Any, sect: dict, rpc: Any = None
+        self,
+        stack: AsyncExitStack,
+        name: str,
+        app: Any,
+        sect: dict,
+        rpc: Any = None,
+        answer_now: Any = None,
     ) -> str:
         """Listen on the section's host:port: a JSON-RPC data port (`rpc`: its handle_body,
-        or an HttpServer) on the lean server with `app` for the rest, or `app` alone."""
+        and `answer_now` when it has one; or an HttpServer) on the lean server with `app` for
+        the rest, or `app` alone."""
         host, port = sect.get("host", "127.0.0.1"), int(sect["port"])
         if isinstance(rpc, HttpServer):
             await start_server(stack, rpc, host, port)
         elif rpc is not None:
-            await serve_rpc(stack, rpc, app, host, port, name=name, limits=self.limits)
+            limits = self.limits
+            await serve_rpc(
+                stack, rpc, app, host, port, name=name, limits=limits, answer_now=answer_now
+            )
         else:
             await start_site(stack, app, host, port)
         url = f"http://{host}:{port}"
@@ -168,7 +178,7 @@ class Stack:
             node.http_url = f"http://{sect.get('host', '127.0.0.1')}:{sect['port']}"
             # Listen first: the EVM workers read state through the node's HTTP endpoint.
             name = f"{sect['kind']} node {sect['key']}"
-            await self.serve(stack, name, node.make_app(), sect, node.handle_body)
+            await self.serve(stack, name, node.make_app(), sect, node.handle_body, node.answer_now)
             await node.start()
             stack.push_async_callback(node.close)
 

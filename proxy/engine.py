@@ -35,6 +35,7 @@ from chainstate.jsonrpc import (
     error_response,
     exact_ids,
     request_id,
+    restore_ids,
 )
 from proxy import outcome
 from proxy.admission import Admission
@@ -341,8 +342,11 @@ class Engine:
             if answer is None:  # a notification
                 return 204, b""
             out = answer if type(answer) is bytes else orjson.dumps(answer)
-        elif spec.writer:
-            out = self._readable_view(ctx.pool, method, out)
+        else:
+            if type(payload.get("id")) is float:  # as the client wrote it, not as parsed
+                out = restore_ids(body, out)
+            if spec.writer:
+                out = self._readable_view(ctx.pool, method, out)
         return (204, b"") if notif or not out else (200, out)
 
     async def _batch(self, ctx: Ctx, payload: list[Any], body: bytes) -> tuple[int, bytes]:

@@ -54,6 +54,7 @@ class _Connection(asyncio.Protocol):
         "holder",
         "keep_alive",
         "length",
+        "loop",
         "max_answer",
         "parser",
         "status",
@@ -83,6 +84,8 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # Once: asyncio.get_running_loop() checks the pid, a getpid() system call each time.
+        self.loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
@@ -165,7 +168,7 @@ class _Connection(asyncio.Protocol):
         self._complete = self._headers_done = self._framed = False
         self.got_bytes = False
         self.holder, self.length, self._received = holder, None, 0
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        waiter = self._waiter = self.loop.create_future()
         self.transport.write(data)
         return waiter
 

@@ -111,11 +111,14 @@ class Upstream:
                     raise UpstreamError("connect", f"{url}: {exc}") from None
                 return _answer(url, status, data)
             if is_inproc(url):
-                handler = self.registry.resolve(url) if self.registry is not None else None
+                registry = self.registry
+                handler = registry.resolve(url) if registry is not None else None
                 if handler is None:
                     raise UpstreamError("connect", f"{url}: no such in-process node")
                 try:
-                    data = await handler(body)
+                    now = registry.resolve_now(url)  # type: ignore[union-attr]
+                    answer = None if now is None else now(body)  # plain reads: no await
+                    data = answer if answer is not None else await handler(body)
                 except Exception as exc:  # a failing in-process node is an unusable answer
                     raise UpstreamError("inproc", f"{url}: {type(exc).__name__}: {exc}") from None
             else:

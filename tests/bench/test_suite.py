@@ -94,3 +94,14 @@ def test_proxy_config_names_the_node() -> None:
         ("bench-state", "state"),
         ("bench-archive", "archive"),
     ]
+
+
+def test_without_go_the_reference_is_skipped_and_said(tmp_path: Path, monkeypatch) -> None:
+    import bench.suite as suite_module
+
+    monkeypatch.setattr(suite_module.shutil, "which", lambda name: None)
+    suite = ProxySuite()
+    with suite_module.running(str(tmp_path)) as services:
+        assert suite.start_go_proxy(services, "http://127.0.0.1:1", None) is None
+        assert not services.started
+    assert suite.notes and "go not found" in suite.notes[0]

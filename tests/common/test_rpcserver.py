@@ -126,3 +126,26 @@ async def test_aborted_uploads_log_one_quiet_line_on_both_paths(node: str, caplo
     lines = [r for r in caplog.records if r.levelno >= logging.INFO and r.name.startswith("c")]
     assert len(lines) == 2 and all("during a request" in r.getMessage() for r in lines)
     assert not any(r.exc_info for r in caplog.records)
+
+
+async def test_an_answer_given_at_once_gets_exact_ids_too() -> None:
+    """`answer_now` (the state node's plain reads, no task) answers what orjson made of the
+    ids; the data port writes them back as the client sent them."""
+    dispatcher = Dispatcher("test")
+
+    def now(body: bytes) -> bytes | None:
+        payload = orjson.loads(body)
+        if isinstance(payload, dict) and payload.get("method") == "fast":
+            return orjson.dumps({"jsonrpc": "2.0", "id": payload.get("id"), "result": "now"})
+        return None
+
+    async with AsyncExitStack() as stack, aiohttp.ClientSession() as session:
+        server = await serve_rpc(
+            stack, dispatcher.handle_body, web.Application(), "127.0.0.1", 0, name="t",
+            answer_now=now,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{server.port}"
+        for rid in ODD_IDS:
+            body = b'{"jsonrpc":"2.0","id":%s,"method":"fast","params":[]}' % rid
+            status, raw = await post(session, url, body)
+            assert status == 200 and raw == b'{"jsonrpc":"2.0","id":%s,"result":"now"}' % rid

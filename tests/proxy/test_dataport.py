@@ -152,3 +152,36 @@ async def test_a_retry_after_a_whole_batch_sends_only_the_retried_items(make_api
     assert [(a["id"], a["result"]) for a in orjson.loads(raw)] == [(1, "s"), (2, "a"), (3, "s")]
     assert [len(body) for body in received["s"]] == [3]  # the client's batch, whole
     assert [[i["params"][0] for i in body] for body in received["a"]] == [[other]]
+
+
+async def test_an_in_process_node_answers_plain_reads_at_once(make_api) -> None:
+    """A node registered with a synchronous fast path (the state node's `answer_now`) is
+    called without awaiting for the bodies it can answer; others go to its handler."""
+    registry = InprocRegistry()
+    d = Dispatcher("node")
+    calls = {"now": 0, "handler": 0}
+
+    async def head(_params):
+        return "0x3e8"
+
+    d.update({"eth_blockNumber": head})
+
+    async def handler(body: bytes) -> bytes:
+        calls["handler"] += 1
+        return await d.handle_body(body)
+
+    def now(body: bytes) -> bytes | None:
+        if b"eth_getBalance" not in body:
+            return None
+        calls["now"] += 1
+        rid = orjson.loads(body)["id"]
+        return orjson.dumps({"jsonrpc": "2.0", "id": rid, "result": "0x5"})
+
+    url = registry.register("fast", handler, now)
+    api = await make_api(registry=registry)
+    await api.post("/1337/addNode", {"key": "fast", "url": url})
+    status, raw = await raw_rpc(api, call(b"1e-400"))
+    assert status == 200 and raw == b'{"jsonrpc":"2.0","id":1e-400,"result":"0x5"}'
+    assert calls["now"] == 1
+    assert (await api.call("1337", "eth_blockNumber"))["result"] == "0x3e8"
+    assert calls["handler"] >= 1
