@@ -17,8 +17,9 @@ the fault happens to the third state node:
 | `wrong` | from 2 s into the run: wrong balances and validation hashes (a lying replica) |
 | `overload` | (own set-up) one node answering after 1.5 s; 10,000 clients send a request at once |
 
-(The times are for the default 20 s run; they scale with `--duration`: the fault begins at a
-tenth of the run, a killed node is down for a quarter of it and a hung one for half.)
+(The times are for a 20 s run, `-d 20`, as the issue measured them; they scale with
+`--duration`, default 5 s: the fault begins at a tenth of the run, a killed node is down for
+a quarter of it and a hung one for half.)
 
 Each row shows the failed client requests, p50/p99/max latency and throughput, as ratios to
 the baseline, and what the proxy did: upstream attempts per client request (hedges included),

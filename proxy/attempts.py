@@ -209,10 +209,12 @@ class Attempts:
                 why = f"slow: another node answered first after {elapsed:.3f}s (hedged)"
                 node.breaker.failure(node.key, why)
             return raw
-        self._answered(ctx, node, lkey, elapsed, span)
+        self._answered(ctx, node, lkey, elapsed, span, raw)
         return raw
 
-    def _answered(self, ctx: Any, node: Node, lkey: str, elapsed: float, span: Any) -> None:
+    def _answered(
+        self, ctx: Any, node: Node, lkey: str, elapsed: float, span: Any, raw: bytes
+    ) -> None:
         """The node answered (whatever the answer says, it works)."""
         if (node.fails or not node.healthy) and node.succeeded():
             log.warning("node %s back in rotation (answered a request)", node.key)
@@ -227,9 +229,10 @@ class Attempts:
         if window is None:
             window = pool.latency[lkey] = LatencyWindow(self.hedge_quantile)
         window.add(elapsed)
-        self.metrics.attempt(ctx.chain, node.key, "ok", elapsed)
+        label = outcome.answered(raw)
+        self.metrics.attempt(ctx.chain, node.key, label, elapsed)
         if span is not None:
-            span.set_attribute("outcome", "ok")
+            span.set_attribute("outcome", label)
 
     def _failed(self, ctx: Any, node: Node, exc: UpstreamError, elapsed: float, span: Any) -> None:
         result = outcome.of_failure(exc.kind)

@@ -108,7 +108,7 @@ class _Connection(asyncio.Protocol):
         lower = name.lower()
         if lower == b"content-length":
             self._framed = True
-            with contextlib.suppress(ValueError):
+            if value.isdigit():  # (no contextlib.suppress: this runs for every answer)
                 self.length = int(value)
         elif lower == b"transfer-encoding":
             self._framed = True

@@ -92,3 +92,18 @@ def of_raw(raw: bytes) -> Outcome:
     except orjson.JSONDecodeError:
         return ERROR
     return of_answer(obj) if isinstance(obj, dict) else ERROR
+
+
+_RETRY_MARKS = tuple(b"%d" % code for code in RETRYABLE_CODES)
+
+
+def answered(raw: bytes) -> str:
+    """The label of an attempt the node answered (metrics and spans): `ok`, or the outcome
+    of a single answer asking for a retry, or `retryable` for a batch answer with such an
+    item (the engine classifies each item; this only names the attempt)."""
+    if b"-3900" not in raw:
+        return OK.name
+    if raw.lstrip()[:1] == b"[":
+        return RETRYABLE.name if any(mark in raw for mark in _RETRY_MARKS) else OK.name
+    result = of_raw(raw)
+    return result.name if result.retry else OK.name

@@ -14,7 +14,9 @@ import time
 from typing import Any
 
 import orjson
+import pytest
 
+from chainstate.config import ConfigError
 from proxy.breaker import OPEN
 from proxy.hedge import BURST, HedgeBudget
 from proxy.methods import MethodTable
@@ -35,6 +37,11 @@ def read(i: int, block: str = "latest") -> dict[str, Any]:
     """eth_getBalance of an account of its own: no two reads alike (the proxy would answer
     a repeated one from its response cache, or share one upstream call)."""
     return req("eth_getBalance", [f"0x{i + 1:040x}", block], i)
+
+
+def fresh(rid: Any) -> dict[str, Any]:
+    """`read` of an account no request read before, with id `rid`."""
+    return req("eth_getBalance", [f"0x{next(ACCOUNTS) + 1:040x}", "latest"], rid)
 
 
 async def load(api: Any, n: int, concurrency: int, block: str = "latest") -> list[dict[str, Any]]:
@@ -352,3 +359,123 @@ async def test_an_answer_over_max_answer_bytes_is_refused_not_retried(make_api, 
     assert "max_answer_bytes" in answer["error"]["message"]
     assert len(a.received) + len(b.received) == 1  # every node would send the same answer
     assert node_of(api, "a").breaker.failures == node_of(api, "b").breaker.failures == 0
+
+
+async def test_batches_wait_for_room_in_the_budget_too(make_api, fake_nodes) -> None:
+    settings = fast_settings(max_buffered_bytes=1_000_000, max_answer_bytes=1_000_000)
+    api = await make_api(settings)
+    a, b = await pool_of(api, fake_nodes, "a", "b")
+    a.pad = b.pad = 150_000  # a batch of two: a 300 kB answer, three fit at once
+    a.delay = b.delay = 0.05
+
+    async def batch(i: int) -> tuple[int, Any]:
+        return await api.rpc("1337", [fresh(2 * i), fresh(2 * i + 1)])
+
+    results = await asyncio.gather(*(batch(i) for i in range(10)))
+    items = [x for status, answer in results if status == 200 for x in answer]
+    assert len(items) == 20 and all(len(x["result"]["pad"]) == 150_000 for x in items)
+    assert sorted(x["id"] for x in items) == list(range(20))
+    budget = api.proxy.upstream.budget
+    assert budget.waits > 0 and budget.used == 0
+
+
+async def test_a_batch_answer_over_max_answer_bytes_fails_every_item_once(
+    make_api, fake_nodes
+) -> None:
+    api = await make_api(fast_settings(max_answer_bytes=100_000))
+    a, b = await pool_of(api, fake_nodes, "a", "b")
+    a.pad = b.pad = 60_000  # one item fits, the batch's answer does not
+    assert "result" in await api.call("1337", "eth_getBalance", [ADDR])
+    sent = len(a.received) + len(b.received)
+    status, answer = await api.rpc("1337", [fresh(i) for i in range(3)])
+    assert status == 200 and [x["id"] for x in answer] == [0, 1, 2]
+    for item in answer:
+        assert item["error"]["code"] == -32603 and "max_answer_bytes" in item["error"]["message"]
+    assert len(a.received) + len(b.received) == sent + 3  # sent once, not retried elsewhere
+    assert node_of(api, "a").breaker.failures == node_of(api, "b").breaker.failures == 0
+    assert "result" in (await api.rpc("1337", fresh(9)))[1]  # the pool still works
+
+
+# ---- batches go through the same loop ------------------------------------------------------
+
+
+async def test_a_hung_node_costs_no_batch_item(make_api, fake_nodes) -> None:
+    settings = fast_settings(upstream_timeout=5.0, attempt_timeout_min=0.2, breaker_cooldown=60)
+    api = await make_api(settings)
+    a, _, _ = await pool_of(api, fake_nodes, "a", "b", "c")
+    for i in range(30):  # latency samples of batches: hedge delay and attempt timeout known
+        await api.rpc("1337", [fresh(10 * i + j) for j in range(10)])
+    a.delay = 30.0  # hung
+    hung = node_of(api, "a")
+    items: list[Any] = []
+    for _ in range(20):  # each batch sent to it first is one failure (5 open the breaker)
+        prefer(api, "a")
+        status, answer = await api.rpc("1337", [fresh(j) for j in range(10)])
+        assert status == 200
+        items += answer
+        if hung.breaker.state is OPEN:
+            break
+    assert hung.breaker.state is OPEN
+    before = len(a.received)
+    for _ in range(10):
+        prefer(api, "a")  # however fast it looks, an open breaker gets no traffic
+        items += (await api.rpc("1337", [fresh(j) for j in range(10)]))[1]
+    assert len(a.received) == before
+    assert len(items) >= 150 and [x for x in items if "result" not in x] == []
+    assert {x["result"]["node"] for x in items} <= {"b", "c"}  # every item from a working node
+    assert hung.breaker.state is OPEN
+
+
+async def test_batch_items_of_a_503_node_are_retried_elsewhere(make_api, fake_nodes) -> None:
+    api = await make_api(fast_settings(hedge_budget=0))
+    a, _ = await pool_of(api, fake_nodes, "a", "b")
+    a.http_status = 503
+    prefer(api, "a")
+    status, answer = await api.rpc("1337", [fresh(i) for i in range(5)])
+    assert status == 200 and [x["result"]["node"] for x in answer] == ["b"] * 5
+    assert [x["id"] for x in answer] == [0, 1, 2, 3, 4]
+    text = await metrics_text(api)
+    assert 'chainstate_proxy_retries_total{chain="1337",reason="http"} 5.0' in text
+
+
+# ---- hedging costs little without faults ---------------------------------------------------
+
+
+async def test_hedging_adds_at_most_its_budget_without_faults(make_api, fake_nodes) -> None:
+    api = await make_api(fast_settings(hedge_budget=0.1))
+    nodes = await pool_of(api, fake_nodes, "a", "b", "c")
+    answers = await load(api, 600, concurrency=6)
+    assert all("result" in x for x in answers)
+    sent = sum(len(n.received) for n in nodes)
+    assert sent <= 600 * 1.1 + BURST, sent  # the budget, plus the burst it starts with
+
+
+# ---- settings ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("hedge_quantile", 1.5, "between 0 and 1"),
+        ("hedge_quantile", 0, "between 0 and 1"),
+        ("hedge_budget", -0.1, "between 0"),
+        ("hedge_budget", 2, "between 0"),
+        ("max_pool_inflight", -1, "integer >= 0"),
+        ("max_pool_inflight", 2.5, "integer >= 0"),
+        ("breaker_failures", 0, "breaker_failures"),
+        ("breaker_cooldown", -1, "breaker_cooldown"),
+        ("attempt_timeout_min", 0, "attempt_timeout_min"),
+        ("admission_wait", 0, "admission_wait"),
+        ("max_buffered_bytes", 0, "max_buffered_bytes"),
+        ("max_answer_bytes", -5, "max_answer_bytes"),
+        ("latency_decay", "fast", "latency_decay"),
+    ],
+)
+def test_bad_failsafe_settings_are_refused(name: str, value: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ProxySettings.from_config({"proxy": {name: value}})
+
+
+def test_failsafe_settings_defaults_load() -> None:
+    settings = ProxySettings.from_config({"proxy": {"hedge_budget": 0, "max_pool_inflight": 50}})
+    assert settings.hedge_budget == 0 and settings.max_pool_inflight == 50

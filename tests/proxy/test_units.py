@@ -360,6 +360,14 @@ def test_one_classification_of_answers_and_failures() -> None:
     saturated = outcome.of_failure("saturated")  # the proxy's own queue: not the node's fault
     assert saturated.retry and not saturated.penalise
     assert outcome.of_failure("too_large").final
+    # the label of an answered attempt (metrics, spans): what a retryable answer asked
+    assert outcome.answered(b'{"jsonrpc":"2.0","id":1,"result":"0x1"}') == "ok"
+    assert outcome.answered(b'{"id":1,"error":{"code":-39006,"message":"x"}}') == "block_not_found"
+    assert outcome.answered(b'{"id":1,"error":{"code":-39000,"message":"revert"}}') == "ok"
+    assert outcome.answered(b'[{"id":0,"result":1},{"id":1,"error":{"code":-39008}}]') == (
+        "retryable"
+    )
+    assert outcome.answered(b'[{"id":0,"error":{"code":-39000,"message":"x"}}]') == "ok"
 
 
 # ---- state applied from store events -----------------------------------------------------
