@@ -204,6 +204,8 @@ class ChainFollower:
         stored = self.store.head()
         if stored is None:
             await self._build_genesis()
+            # A chain this run began: nothing to recover, nothing to say.
+            self.stats.state, self._announce = "following", False
             return True
         height = min(stored.number, client_head)
         if await self._hash_at(height) != self.store.hash_at(height):
