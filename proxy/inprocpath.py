@@ -32,7 +32,9 @@ import orjson
 from chainstate.blockref import BlockRef
 from chainstate.inproc import AnswerItems, InprocRegistry
 from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError, check_request
-from proxy.engine import Engine, access_log
+from proxy.attempts import BATCH
+from proxy.breaker import CLOSED
+from proxy.engine import Admitted, Engine, access_log
 from proxy.methods import MethodSpec
 from proxy.model import Node, Pool
 from proxy.select import POOL_HEAD, NoEligibleNode
@@ -49,18 +51,17 @@ class InprocPath:
         self.registry = registry
         self.max_body = engine.settings.max_body_bytes
         self.max_batch = engine.settings.max_batch_items
+        self.max_answer = engine.settings.max_answer_bytes  # 0: no limit
         self._inproc: dict[str, tuple[list[Node], bool]] = {}  # pool id → (its readers, any?)
 
     def answer(
-        self, chain_id: str, body: bytes, headers: Mapping[str, str]
+        self, admitted: Admitted, body: bytes, headers: Mapping[str, str]
     ) -> tuple[int, bytes] | None:
+        """`admitted`: the body's pool, as `Engine.admit` gave it (its place taken)."""
         engine = self.engine
         if engine.tracer is not None or len(body) > self.max_body:
             return None
-        found = engine.resolve(chain_id)
-        if found is None:
-            return None
-        chain, pool = found
+        chain, pool = admitted.chain, admitted.pool
         if pool.mirrors or not self._has_inproc(pool) or access_log.isEnabledFor(logging.INFO):
             return None
         started = time.perf_counter()
@@ -69,17 +70,20 @@ class InprocPath:
         except orjson.JSONDecodeError:
             return None
         if type(payload) is dict:
-            shape, answered = "single", self._single(chain, pool, payload)
+            shape, answered = "single", self._single(admitted, payload)
         elif type(payload) is list and 0 < len(payload) <= self.max_batch:
-            shape, answered = "batch", self._batch(chain, pool, payload)
+            shape, answered = "batch", self._batch(admitted, payload)
         else:
             return None
         if answered is None:
             return None
+        out = orjson.dumps(answered)
+        if self.max_answer and len(out) > self.max_answer:
+            return None  # the engine answers it as too large, counted once
         metrics = engine.metrics
         metrics.client(headers.get("client-id"))
         metrics.observe(chain, shape, time.perf_counter() - started)
-        return 200, orjson.dumps(answered)
+        return 200, out
 
     def _has_inproc(self, pool: Pool) -> bool:
         """Whether a reader of `pool` is in process with a synchronous path (worked out once
@@ -92,13 +96,13 @@ class InprocPath:
             known = self._inproc[pool.id] = (readers, found)
         return known[1]
 
-    def _single(self, chain: str, pool: Pool, item: Any) -> Any:
+    def _single(self, admitted: Admitted, item: Any) -> Any:
         """The answer of one request object, or None."""
         target = self._target(item)
         if target is None:
             return None
         method, spec, ref = target
-        node = self._choose(pool, method, spec, ref, POOL_HEAD, None)
+        node = self._choose(admitted.pool, method, spec, ref, POOL_HEAD, None)
         answer_items = None if node is None else self._path(node)
         if answer_items is None:
             return None
@@ -111,14 +115,15 @@ class InprocPath:
         if got is None or not _final(got):
             return None
         answer = got[0]
-        self._attempt(chain, node, elapsed)  # type: ignore[arg-type]
+        self._attempt(admitted, node, method, elapsed)  # type: ignore[arg-type]
         outcome = "error" if "error" in answer else "ok"
-        self.engine.metrics.request(chain, method, node.key, outcome)  # type: ignore[union-attr]
+        metrics = self.engine.metrics
+        metrics.request(admitted.chain, method, node.key, outcome)  # type: ignore[union-attr]
         return answer
 
-    def _batch(self, chain: str, pool: Pool, items: list[Any]) -> list[Any] | None:
+    def _batch(self, admitted: Admitted, items: list[Any]) -> list[Any] | None:
         """The answers of a batch in its order, or None."""
-        groups = self._route(pool, items)
+        groups = self._route(admitted.pool, items)
         if groups is None:
             return None
         answers: list[Any] = [None] * len(items)
@@ -139,8 +144,9 @@ class InprocPath:
                 for i, answer in zip(positions, got, strict=True):
                     answers[i] = answer
         metrics = self.engine.metrics
+        chain = admitted.chain
         for (node, _, positions), elapsed in zip(groups, timings, strict=True):
-            self._attempt(chain, node, elapsed)
+            self._attempt(admitted, node, BATCH, elapsed)
             counts: dict[tuple[str, str], int] = {}
             for i in positions:
                 key = (items[i]["method"], "error" if "error" in answers[i] else "ok")
@@ -224,15 +230,17 @@ class InprocPath:
         return node
 
     def _path(self, node: Node) -> AnswerItems | None:
-        """The node's synchronous path, when it has one and has not failed lately."""
-        if node.fails or not node.healthy:
+        """The node's synchronous path, when it has one and nothing about it needs the
+        engine's books: not failed lately, its breaker closed with no failure counted."""
+        breaker = node.breaker
+        if node.fails or not node.healthy or breaker.failures or breaker.state is not CLOSED:
             return None
         return self.registry.resolve_items(node.entry.url)
 
-    def _attempt(self, chain: str, node: Node, elapsed: float) -> None:
-        """The node latency and attempt metrics the engine records for an answer."""
-        node.observe_latency(elapsed * 1000)
-        self.engine.metrics.attempt(chain, node.key, "ok", elapsed)
+    def _attempt(self, admitted: Admitted, node: Node, lkey: str, elapsed: float) -> None:
+        """The node's books (latency cost, latency window, breaker) and the attempt's
+        metrics, as the engine keeps them for an answer (`Attempts.answered`)."""
+        self.engine.attempts.answered(admitted, node, lkey, elapsed, "ok")
 
 
 def _final(answers: list[Any]) -> bool:
