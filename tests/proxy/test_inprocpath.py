@@ -141,6 +141,10 @@ async def test_answers_are_counted_as_the_engine_counts_them(proxied) -> None:
     assert attempts >= 6
     shapes = {shape: sum(h.counts) for (_, shape), h in metrics.latency.items()}
     assert shapes.get("single", 0) >= 5 and shapes.get("batch", 0) >= 1
+    pool = api.proxy.state.pools[CHAIN]
+    assert pool.inflight == 0  # every admitted place given back
+    assert {"eth_getBalance", "batch"} <= set(pool.latency)  # the hedge/timeout windows
+    assert any(node.cost is not None for node in pool.readers)  # the choice's latency cost
 
 
 async def test_a_node_that_failed_lately_or_has_no_weight_is_left_to_the_engine(proxied) -> None:
@@ -153,6 +157,9 @@ async def test_a_node_that_failed_lately_or_has_no_weight_is_left_to_the_engine(
     assert calls["items"] == 0
     for node in pool.readers:
         node.fails = 0
+        node.breaker.failure(node.key, "a failed attempt")  # counted by the breaker
+    await both(api, body)
+    assert calls["items"] == 0
     for key in ("state", "archive"):
         status, answer = await api.post(f"/{CHAIN}/setWeight", {"key": key, "weight": 0})
         assert status == 200, answer
