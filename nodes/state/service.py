@@ -20,6 +20,8 @@ from chainstate.jsonrpc import Dispatcher, JsonRpcError, dumps
 from chainstate.rpcserver import rpc_handler
 from nodes.state.ingest import Ingest
 from nodes.state.leader import LeaderWatch
+from nodes.state.logs import LogService
+from nodes.state.logs import register as register_logs
 from nodes.state.methods import StateMethods
 from nodes.state.metrics import StateMetrics
 from nodes.state.reader import StateReader
@@ -92,6 +94,7 @@ class StateNode:
         self._leader_task: asyncio.Task[None] | None = None
         self._started = False
         self.evm: Any = None  # set by nodes.state.evm.methods.register when present
+        self.logs: LogService | None = None  # eth_getLogs and its index, set at start
         self.evm_settings: Any = None
 
     @classmethod
@@ -133,6 +136,7 @@ class StateNode:
 
             self.evm_settings = EvmSettings.from_config(self.settings.evm)
             importlib.import_module(EVM_METHODS_MODULE).register(self)
+        self.logs = register_logs(self)
         self.ingest.publish_metrics()
         self._task = asyncio.create_task(self.ingest.run(), name=f"state-ingest:{self.key}")
         if self.leader is not None:
@@ -151,6 +155,9 @@ class StateNode:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._task = self._leader_task = None
+        if self.logs is not None:
+            await self.logs.close()
+            self.logs = None
         await self.ingest.close()
         evm = getattr(self, "evm", None)
         if evm is not None:
