@@ -20,6 +20,7 @@ from typing import Any
 from chainstate.blockref import BlockRef, parse_block_ctx, parse_block_id, parse_block_number_param
 from chainstate.hexcodec import parse_address, parse_data, parse_hash
 from chainstate.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError
+from chainstate.logfilter import parse_filter
 
 Check = Callable[[Any, str], Any]
 
@@ -53,12 +54,22 @@ def _block_id(value: Any) -> BlockRef:
     return parse_block_id("latest" if value is None else value)
 
 
+# The proxy checks a filter's shape; its list limits are the node's (max_log_query_list).
+_UNLIMITED = 2**62
+
+
+def _log_range(value: Any) -> BlockRef:
+    """eth_getLogs: the oldest block of the range (or the named block) decides the node."""
+    return parse_filter(value, max_list=_UNLIMITED).oldest
+
+
 BLOCK_PARSERS: dict[str, Callable[[Any], BlockRef]] = {
     "number": parse_block_number_param,  # eth_* blockNumber (tags, hex, EIP-1898, hash)
     "ctx": parse_block_ctx,  # vendor blockCtx (Equals/Contains)
     "height": _block_height,  # getBlockByHeight
     "hash": _block_hash,  # getBlockById, eth_getBlockByHash
     "id": _block_id,  # pre_* blockId
+    "logs": _log_range,  # eth_getLogs filter
 }
 
 
@@ -84,7 +95,8 @@ def _m(
     names = tuple(params.split()) if params else ()
     block_at = -1
     if block is not None:
-        block_name = {"number": "blockNumber", "ctx": "blockCtx", "id": "blockId"}.get(block)
+        names_of = {"number": "blockNumber", "ctx": "blockCtx", "id": "blockId", "logs": "filter"}
+        block_name = names_of.get(block)
         block_at = names.index(block_name) if block_name in names else 0
     return MethodSpec(names, required, block, block_at, checks, writer, pending)
 
@@ -112,6 +124,7 @@ METHODS: dict[str, MethodSpec] = {
     "eth_getBlockByHash": _m("blockHash full", 1, "hash"),
     "eth_chainId": _m(),
     "eth_baseFee": _m("blockNumber", 0, "number"),
+    "eth_getLogs": _m("filter", 1, "logs"),
     # state node: what clients ask to identify the node and network
     "web3_clientVersion": _m(),
     "net_version": _m(),
