@@ -1,0 +1,157 @@
+"""A small chain behind a real proxy, for the filter and WebSocket tests.
+
+A synthetic chain with logs (tests/nodes/test_state_logs.py) is served as a write node
+would serve it; a real state node ingests it in process; the proxy routes to that node and
+has its events part (filters, WebSocket) attached the way the proxy app attaches it. Tests
+grow the chain (`add_blocks`) or reorganise it (`reorg`) and wait for the proxy's feed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from chainstate.inproc import InprocRegistry
+from nodes.state.service import StateNode
+from proxy.app import PROXY, create_app
+from proxy.events import Events
+from proxy.eventsettings import EventSettings
+from proxy.settings import ProxySettings, SeedNode
+from proxy.store_file import FileStore
+from tests.nodes.test_state_chain import ChainSource
+from tests.nodes.test_state_logs import EMITTERS, TOPIC_POOL, LogChain, log_chain
+
+FAST_NODE = {"poll_interval": 0.01, "backoff_initial": 0.02, "backoff_max": 0.1}
+FAST_EVENTS = {"poll_interval": 0.01, "feed_timeout": 5.0}
+
+
+def attach_events(
+    app: web.Application, settings: EventSettings, registry: InprocRegistry
+) -> Events:
+    """What the proxy app does with its events part: answer the filter methods on the data
+    path, serve WebSocket upgrades on `GET /:chainId`, start and stop with the app."""
+    proxy = app[PROXY]
+    engine = proxy.engine
+    events = Events(
+        settings,
+        engine.handle,
+        engine.resolve,
+        lambda: proxy.state.pools,
+        registry=registry,
+        metrics=proxy.metrics.registry,
+        max_batch=proxy.settings.max_batch_items,
+        max_message_bytes=proxy.settings.max_body_bytes,
+    )
+    engine.handle = events.handle  # type: ignore[method-assign]
+    app.router.add_get("/{chain}", events.websocket)
+
+    async def lifecycle(_app: web.Application) -> Any:
+        await events.start()
+        yield
+        await events.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    return events
+
+
+@dataclass
+class EventsStack:
+    chain: LogChain
+    accounts: list[str]
+    source: ChainSource
+    node: StateNode
+    server: TestServer
+    events: Events
+    rng: random.Random
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("/1337"))
+
+    @property
+    def ws_url(self) -> str:
+        return self.url.replace("http://", "ws://")
+
+    async def rpc(self, method: str, *params: Any) -> Any:
+        answer = await self.post(
+            {"jsonrpc": "2.0", "id": 1, "method": method, "params": list(params)}
+        )
+        assert "error" not in answer, answer
+        return answer["result"]
+
+    async def post(self, body: Any) -> Any:
+        async with aiohttp.ClientSession() as http, http.post(self.url, json=body) as resp:
+            return orjson.loads(await resp.read()) if resp.status != 204 else None
+
+    async def add_blocks(self, count: int) -> None:
+        for _ in range(count):
+            self.chain.add_logs_block(self.rng, self.accounts)
+        await self.readable(self.chain.head)
+
+    async def reorg(self, keep: int, count: int, tag: str) -> list[dict[str, Any]]:
+        """Replace the blocks above `keep` with `count` new ones; the dropped blocks."""
+        dropped = self.chain.blocks[keep + 1 :]
+        fork = self.chain.fork(keep, tag)
+        for _ in range(count):
+            fork.add_logs_block(self.rng, self.accounts)
+        self.chain = fork
+        self.source.chain = fork
+        await self.readable(fork.head, fork.blocks[-1]["Header"]["hash"])
+        return dropped
+
+    async def readable(self, height: int, block_hash: str | None = None) -> None:
+        """Wait until block `height` (that hash) is readable: announced by the proxy's chain
+        feed while it runs, else held by the state node."""
+        want = block_hash or self.chain.blocks[height]["Header"]["hash"]
+        async with asyncio.timeout(20):
+            while True:
+                feed = self.events.feeds.get("1337")
+                if feed is not None and feed.listeners:
+                    if any(b.number == height and b.hash == want for b in feed.blocks):
+                        return
+                elif self.node.store.hash_at(height) == want:
+                    return
+                await asyncio.sleep(0.01)
+
+    def logs(self, start: int = 0) -> list[dict[str, Any]]:
+        return [log for h, log in self.chain.logs() if h >= start]
+
+
+async def start_stack(
+    tmp_path: Path, blocks: int = 10, seed: int = 1, **events: Any
+) -> EventsStack:
+    chain, accounts = log_chain(seed=seed, blocks=blocks)
+    registry = InprocRegistry()
+    source = ChainSource(chain)
+    registry.register("writer", source.handle_body)
+    node = StateNode.from_config(
+        {"key": "state-1", "kind": "archive", "source": "inproc://writer", **FAST_NODE},
+        data_dir=tmp_path / "state-1",
+        registry=registry,
+    )
+    await node.start()
+    await node.ingest.wait_for_height(chain.head, within=20)
+    settings = ProxySettings(
+        head_poll_interval=0.05, nodes=(SeedNode("1337", "state-1", "inproc://state-1", "state"),)
+    )
+    app = create_app(settings, store=FileStore(None), registry=registry)
+    stack_events = attach_events(app, EventSettings.from_table({**FAST_EVENTS, **events}), registry)
+    server = TestServer(app)
+    await server.start_server()
+    return EventsStack(chain, accounts, source, node, server, stack_events, random.Random(seed))
+
+
+async def stop_stack(stack: EventsStack) -> None:
+    await stack.server.close()
+    await stack.node.close()
+
+
+__all__ = ["EMITTERS", "TOPIC_POOL", "EventsStack", "attach_events", "start_stack", "stop_stack"]

@@ -1,0 +1,160 @@
+"""Polling filters through the proxy: what geth's eth_newFilter / eth_newBlockFilter /
+eth_getFilterChanges / eth_getFilterLogs / eth_uninstallFilter give, over a real state node,
+including a reorg, expiry, the limits and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chainstate.logfilter import parse_filter
+from tests.proxy.events_stack import EMITTERS, TOPIC_POOL, EventsStack, start_stack, stop_stack
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[EventsStack]:
+    running = await start_stack(tmp_path, filter_timeout=0.5, max_filters=5, max_filter_changes=50)
+    yield running
+    await stop_stack(running)
+
+
+def block_hashes(stack: EventsStack, start: int) -> list[str]:
+    return [b["Header"]["hash"] for b in stack.chain.blocks[start:]]
+
+
+async def error(stack: EventsStack, method: str, *params: Any) -> dict[str, Any]:
+    answer = await stack.post({"jsonrpc": "2.0", "id": 7, "method": method, "params": list(params)})
+    assert "error" in answer, answer
+    return answer["error"]
+
+
+async def test_a_block_filter_gets_each_new_block_once_in_order(stack: EventsStack) -> None:
+    fid = await stack.rpc("eth_newBlockFilter")
+    assert fid.startswith("0x") and len(fid) == 34
+    start = stack.chain.head + 1
+    assert await stack.rpc("eth_getFilterChanges", fid) == []
+    await stack.add_blocks(3)
+    first = await stack.rpc("eth_getFilterChanges", fid)
+    await stack.add_blocks(2)
+    second = await stack.rpc("eth_getFilterChanges", fid)
+    assert first + second == block_hashes(stack, start)
+    assert await stack.rpc("eth_getFilterChanges", fid) == []
+
+
+async def test_a_log_filter_gets_matching_logs_and_the_removed_ones_after_a_reorg(
+    stack: EventsStack,
+) -> None:
+    criteria = {"address": EMITTERS[:2], "topics": [TOPIC_POOL[0][:3]]}
+    fid = await stack.rpc("eth_newFilter", criteria)
+    everything = await stack.rpc("eth_newFilter", {})
+    start = stack.chain.head + 1
+    await stack.add_blocks(6)
+    flt = parse_filter(criteria)
+    new_logs = [lg for lg in stack.logs(start) if flt.matches(lg)]
+    assert len(new_logs) >= 2
+    assert await stack.rpc("eth_getFilterChanges", fid) == new_logs
+    assert await stack.rpc("eth_getFilterChanges", everything) == stack.logs(start)
+    # A reorg: the dropped blocks' logs come back with removed: true (newest first), then
+    # the new chain's logs.
+    keep = stack.chain.head - 3
+    dropped = await stack.reorg(keep, 4, "side")
+    removed = [
+        {**lg, "removed": True}
+        for block in reversed(dropped)
+        for lg in reversed([lg for r in block["BlockFile"]["receipts"] for lg in r["logs"]])
+    ]
+    assert removed, "the reorg must drop logs for this test to mean something"
+    added = stack.logs(keep + 1)
+    assert await stack.rpc("eth_getFilterChanges", everything) == removed + added
+    assert await stack.rpc("eth_getFilterChanges", fid) == [
+        lg for lg in removed + added if flt.matches(lg)
+    ]
+
+
+async def test_get_filter_logs_equals_get_logs_and_uninstall_removes(stack: EventsStack) -> None:
+    criteria = {"fromBlock": "0x1", "toBlock": "latest", "address": EMITTERS[1]}
+    fid = await stack.rpc("eth_newFilter", criteria)
+    await stack.add_blocks(2)
+    assert await stack.rpc("eth_getFilterLogs", fid) == await stack.rpc("eth_getLogs", criteria)
+    assert await stack.rpc("eth_uninstallFilter", fid) is True
+    assert await stack.rpc("eth_uninstallFilter", fid) is False
+    err = await error(stack, "eth_getFilterChanges", fid)
+    assert err["code"] == -32000 and err["message"] == "filter not found: removed, uninstalled"
+    block_filter = await stack.rpc("eth_newBlockFilter")
+    err = await error(stack, "eth_getFilterLogs", block_filter)
+    assert err["code"] == -32000 and "not a log filter" in err["message"]
+
+
+async def test_an_unpolled_filter_expires(stack: EventsStack) -> None:
+    polled = await stack.rpc("eth_newBlockFilter")
+    idle = await stack.rpc("eth_newBlockFilter")
+    for _ in range(8):  # 0.8 s, filter_timeout is 0.5 s
+        await asyncio.sleep(0.1)
+        await stack.rpc("eth_getFilterChanges", polled)
+    err = await error(stack, "eth_getFilterChanges", idle)
+    assert "not polled for 0.5 s (filter_timeout)" in err["message"]
+    assert await stack.rpc("eth_getFilterChanges", polled) == []
+
+
+async def test_limits_on_filters(stack: EventsStack) -> None:
+    ids = [await stack.rpc("eth_newBlockFilter") for _ in range(5)]
+    err = await error(stack, "eth_newBlockFilter")
+    assert err["code"] == -32005 and "max_filters" in err["message"]
+    for fid in ids:
+        await stack.rpc("eth_uninstallFilter", fid)
+    # More unpolled changes than max_filter_changes: the filter is removed and says why.
+    flooded = await stack.rpc("eth_newFilter", {})
+    start = stack.chain.head + 1
+    while len(stack.logs(start)) <= 50:
+        await stack.add_blocks(5)
+    err = await error(stack, "eth_getFilterChanges", flooded)
+    assert "more than 50 changes were not polled (max_filter_changes)" in err["message"]
+    err = await error(stack, "eth_newFilter", {"address": ["0x" + "11" * 20] * 1001})
+    assert err["code"] == -32005 and "max_log_query_list" in err["message"]
+
+
+@pytest.mark.parametrize(
+    ("method", "params", "code", "text"),
+    [
+        ("eth_newFilter", [{"topics": [None] * 5}], -32602, "exceed max topics"),
+        ("eth_newFilter", [{"address": "0x12"}], -32602, "invalid address"),
+        ("eth_newFilter", [{"fromBlock": "0x5", "toBlock": "0x1"}], -32602, "invalid block range"),
+        ("eth_newFilter", ["latest"], -32602, "invalid filter"),
+        ("eth_newBlockFilter", [1], -32602, "too many params"),
+        ("eth_getFilterChanges", [], -32602, "invalid filter id"),
+        ("eth_getFilterChanges", [5], -32602, "invalid filter id"),
+        ("eth_getFilterChanges", ["0x1234"], -32000, "filter not found"),
+        ("eth_getFilterLogs", ["0x1234"], -32000, "filter not found"),
+        ("eth_newPendingTransactionFilter", [], -32601, "Leader's execution client"),
+        ("eth_subscribe", ["newHeads"], -32601, "notifications not supported"),
+        ("eth_unsubscribe", ["0x12"], -32601, "WebSocket"),
+    ],
+)
+async def test_bad_filter_requests(stack: EventsStack, method, params, code, text) -> None:
+    err = await error(stack, method, *params)
+    assert err["code"] == code and text in err["message"], err
+
+
+async def test_filter_methods_in_a_batch_with_routed_reads(stack: EventsStack) -> None:
+    fid = await stack.rpc("eth_newBlockFilter")
+    await stack.add_blocks(1)
+    head = hex(stack.chain.head)
+    batch = [
+        {"jsonrpc": "2.0", "id": "a", "method": "eth_blockNumber", "params": []},
+        {"jsonrpc": "2.0", "id": "a", "method": "eth_getFilterChanges", "params": [fid]},
+        {"jsonrpc": "2.0", "method": "eth_getFilterChanges", "params": [fid]},  # notification
+        5,
+        {"jsonrpc": "2.0", "id": 3, "method": "eth_uninstallFilter", "params": [fid]},
+        {"jsonrpc": "2.0", "id": 4, "method": "eth_chainId"},
+    ]
+    answers = await stack.post(batch)
+    assert [a["id"] for a in answers] == ["a", "a", None, 3, 4]
+    assert answers[0]["result"] == head
+    assert answers[1]["result"] == block_hashes(stack, stack.chain.head)
+    assert answers[2]["error"]["code"] == -32600
+    assert answers[3]["result"] is True
+    assert answers[4]["result"] == "0x539"
