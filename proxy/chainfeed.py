@@ -202,18 +202,22 @@ class ChainFeed:
                 listener.since = latest.number
             self._ready.set()
             return
-        if latest.hash == tip.hash or latest.number < tip.number:
+        if latest.hash == tip.hash:
             return
-        end = min(latest.number, tip.number + self.settings.max_blocks_per_round)
-        added = await self._headers(client, tip.number + 1, end)
-        if latest.number == tip.number:
-            added = [latest]  # the same height, another block: a reorg
-        fork = tip.number
-        if added[0].parent_hash != tip.hash:
-            fork, replaced = await self._fork_point(client)
-            added = replaced + [b for b in added if b.number > tip.number]
+        if latest.number <= tip.number:
+            ours = self._announced(latest.number)
+            if ours is None or ours.hash == latest.hash:
+                return  # the node is behind what was announced (it was switched): wait
+            fork, added = await self._fork_point(client, latest.number)  # a reorg
+        else:
+            end = min(latest.number, tip.number + self.settings.max_blocks_per_round)
+            added = await self._headers(client, tip.number + 1, end)
+            fork = tip.number
+            if added[0].parent_hash != tip.hash:
+                fork, replaced = await self._fork_point(client, tip.number)
+                added = replaced + added
         _check_links(added, self._hash_at(fork))
-        if self.wants_logs:
+        if self.wants_logs and added:
             await self._fill_logs(client, added)
         removed = []
         while self.blocks and self.blocks[-1].number > fork:
@@ -236,10 +240,10 @@ class ChainFeed:
         calls = [("eth_getBlockByNumber", [hex(n), False]) for n in range(start, end + 1)]
         return [feed_block(b) for b in await _batch(client, calls)]
 
-    async def _fork_point(self, client: RpcClient) -> tuple[int, list[FeedBlock]]:
-        """The highest announced block the node still has, and the node's blocks above it
-        up to the announced tip."""
-        announced = list(self.blocks)
+    async def _fork_point(self, client: RpcClient, top: int) -> tuple[int, list[FeedBlock]]:
+        """The highest announced block at or below `top` the node still has, and the node's
+        blocks above it up to `top`."""
+        announced = [b for b in self.blocks if b.number <= top]
         theirs: list[FeedBlock] = []
         for i in range(len(announced) - 1, -1, -8):
             chunk = announced[max(0, i - 7) : i + 1]
@@ -249,14 +253,20 @@ class ChainFeed:
                     return ours.number, theirs
                 theirs.insert(0, block)
         raise FeedError(
-            f"reorg deeper than the {len(announced)} announced blocks kept (history_blocks)"
+            f"reorg deeper than the {len(self.blocks)} announced blocks kept (history_blocks)"
         )
 
-    def _hash_at(self, number: int) -> str:
+    def _announced(self, number: int) -> FeedBlock | None:
         for block in reversed(self.blocks):
             if block.number == number:
-                return block.hash
-        raise FeedError(f"block {number} is no longer among the announced blocks")
+                return block
+        return None
+
+    def _hash_at(self, number: int) -> str:
+        block = self._announced(number)
+        if block is None:
+            raise FeedError(f"block {number} is no longer among the announced blocks")
+        return block.hash
 
     async def _fill_logs(self, client: RpcClient, blocks: list[FeedBlock]) -> None:
         flt = {"fromBlock": hex(blocks[0].number), "toBlock": hex(blocks[-1].number)}
