@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class FeedBlock:
     head: bytes  # the newHeads notification result, JSON
     logs: list[dict[str, Any]] | None = None  # None: fetched while no listener wanted logs
     removed_logs: list[dict[str, Any]] = field(default_factory=list)  # set when removed
+    announced_at: float = 0.0  # unix time it was handed to the listeners
 
 
 def feed_block(block: dict[str, Any]) -> FeedBlock:
@@ -226,6 +228,9 @@ class ChainFeed:
         self._announce(removed, added)
 
     def _announce(self, removed: list[FeedBlock], added: list[FeedBlock]) -> None:
+        now = time.time()
+        for block in added:
+            block.announced_at = now
         for block in removed:
             block.removed_logs = [{**lg, "removed": True} for lg in reversed(block.logs or [])]
         for listener in list(self.listeners):

@@ -14,7 +14,7 @@ address and in total, each against a named limit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -327,6 +327,39 @@ class Events:
             self.per_client.pop(client, None)
 
 
+def attach(
+    app: web.Application, settings: EventSettings, registry: InprocRegistry | None
+) -> Events:
+    """Give a proxy app (proxy/app.py `create_app`) its events part: the filter methods on
+    the data path, WebSocket upgrades on `GET /:chainId`, started and stopped with the app.
+    The engine's `handle` is replaced on the instance, so every caller of it (the data
+    handler, in-process users) gets the filter methods too."""
+    from proxy.app import PROXY
+
+    proxy = app[PROXY]
+    engine = proxy.engine
+    events = Events(
+        settings,
+        engine.handle,
+        engine.resolve,
+        lambda: proxy.state.pools,
+        registry=registry,
+        metrics=proxy.metrics.registry,
+        max_batch=proxy.settings.max_batch_items,
+        max_message_bytes=proxy.settings.max_body_bytes,
+    )
+    engine.handle = events.handle  # type: ignore[method-assign]
+    app.router.add_get("/{chain}", events.websocket)
+
+    async def lifecycle(_app: web.Application) -> AsyncIterator[None]:
+        await events.start()
+        yield
+        await events.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    return events
+
+
 class _AiohttpTransport:
     """A Session's transport over aiohttp: text frames from bytes, without re-encoding."""
 
@@ -365,10 +398,17 @@ class _Gauges:
             "last block announced by a pool's chain feed",
             labels=["pool"],
         )
+        announced = GaugeMetricFamily(
+            "chainstate_proxy_feed_announced_unixtime",
+            "when the chain feed handed that block to its listeners",
+            labels=["pool"],
+        )
         for pool_id, feed in events.feeds.items():
             if feed.tip is not None:
                 head.add_metric([pool_id], feed.tip.number)
+                announced.add_metric([pool_id], feed.tip.announced_at)
         yield head
+        yield announced
 
 
 def _is_local(item: Any) -> bool:

@@ -14,10 +14,10 @@ from chainstate.config import load_config, section
 from chainstate.runner import run
 from chainstate.up import Stack
 from proxy.app import create_app
+from proxy.events import attach
 from proxy.eventsettings import EventSettings
 from proxy.settings import ProxySettings
 from proxy.store_file import FileStore
-from tests.proxy.events_stack import attach_events
 
 
 class EventsStack(Stack):
@@ -25,7 +25,7 @@ class EventsStack(Stack):
         settings = ProxySettings.from_config(self.config)
         store = FileStore(self.data_dir / "proxy-store.json")
         app = create_app(settings, store=store, registry=self.registry)
-        attach_events(app, EventSettings.from_config(self.config), self.registry)
+        attach(app, EventSettings.from_config(self.config), self.registry)
         self.proxy_app = app
         await self.serve(stack, "routing proxy", app, section(self.config, "proxy"))
 

@@ -16,13 +16,12 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from chainstate.inproc import InprocRegistry
 from nodes.state.service import StateNode
-from proxy.app import PROXY, create_app
-from proxy.events import Events
+from proxy.app import create_app
+from proxy.events import Events, attach
 from proxy.eventsettings import EventSettings
 from proxy.settings import ProxySettings, SeedNode
 from proxy.store_file import FileStore
@@ -31,35 +30,6 @@ from tests.nodes.test_state_logs import EMITTERS, TOPIC_POOL, LogChain, log_chai
 
 FAST_NODE = {"poll_interval": 0.01, "backoff_initial": 0.02, "backoff_max": 0.1}
 FAST_EVENTS = {"poll_interval": 0.01, "feed_timeout": 5.0}
-
-
-def attach_events(
-    app: web.Application, settings: EventSettings, registry: InprocRegistry
-) -> Events:
-    """What the proxy app does with its events part: answer the filter methods on the data
-    path, serve WebSocket upgrades on `GET /:chainId`, start and stop with the app."""
-    proxy = app[PROXY]
-    engine = proxy.engine
-    events = Events(
-        settings,
-        engine.handle,
-        engine.resolve,
-        lambda: proxy.state.pools,
-        registry=registry,
-        metrics=proxy.metrics.registry,
-        max_batch=proxy.settings.max_batch_items,
-        max_message_bytes=proxy.settings.max_body_bytes,
-    )
-    engine.handle = events.handle  # type: ignore[method-assign]
-    app.router.add_get("/{chain}", events.websocket)
-
-    async def lifecycle(_app: web.Application) -> Any:
-        await events.start()
-        yield
-        await events.close()
-
-    app.cleanup_ctx.append(lifecycle)
-    return events
 
 
 @dataclass
@@ -143,7 +113,7 @@ async def start_stack(
         head_poll_interval=0.05, nodes=(SeedNode("1337", "state-1", "inproc://state-1", "state"),)
     )
     app = create_app(settings, store=FileStore(None), registry=registry)
-    stack_events = attach_events(app, EventSettings.from_table({**FAST_EVENTS, **events}), registry)
+    stack_events = attach(app, EventSettings.from_table({**FAST_EVENTS, **events}), registry)
     server = TestServer(app)
     await server.start_server()
     return EventsStack(chain, accounts, source, node, server, stack_events, random.Random(seed))
@@ -154,4 +124,4 @@ async def stop_stack(stack: EventsStack) -> None:
     await stack.node.close()
 
 
-__all__ = ["EMITTERS", "TOPIC_POOL", "EventsStack", "attach_events", "start_stack", "stop_stack"]
+__all__ = ["EMITTERS", "TOPIC_POOL", "EventsStack", "start_stack", "stop_stack"]
