@@ -263,7 +263,9 @@ class Events:
         if refused is not None:
             return _refuse(429, refused)
         ws = web.WebSocketResponse(
-            heartbeat=self.settings.ws_heartbeat, max_msg_size=self.max_message_bytes
+            heartbeat=self.settings.ws_heartbeat,
+            max_msg_size=self.max_message_bytes,
+            compress=False,  # a deflate context per connection would cost more than the bytes
         )
         if not ws.can_prepare(request).ok:
             self._leave(client)
@@ -271,13 +273,12 @@ class Events:
         await ws.prepare(request)
         headers = dict(request.headers)
         session = Session(
-            _AiohttpTransport(ws),
+            _AiohttpTransport(ws, request.transport),
             self.feed(found[1].id),
             lambda data, s: self._ws_answer(chain, data, headers, s),
             self.settings,
         )
         self.sessions.add(session)
-        session.start()
         reason = "client closed"
         try:
             async for msg in ws:
@@ -361,13 +362,30 @@ def attach(
 
 
 class _AiohttpTransport:
-    """A Session's transport over aiohttp: text frames from bytes, without re-encoding."""
+    """A Session's transport over an aiohttp WebSocket: each message is written to the
+    socket as one unmasked text frame, at once (aiohttp writes its control frames, pings and
+    close, to the same transport, also whole)."""
 
-    def __init__(self, ws: web.WebSocketResponse) -> None:
+    def __init__(self, ws: web.WebSocketResponse, transport: Any) -> None:
         self.ws = ws
+        self.transport = transport
 
-    async def send(self, data: bytes) -> None:
-        await self.ws.send_frame(data, WSMsgType.TEXT)
+    def write(self, message: bytes) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        size = len(message)
+        if size < 126:
+            head = bytes((0x81, size))
+        elif size < 65536:
+            head = b"\x81\x7e" + size.to_bytes(2, "big")
+        else:
+            head = b"\x81\x7f" + size.to_bytes(8, "big")
+        transport.write(head + message)
+
+    def buffered(self) -> int:
+        transport = self.transport
+        return 0 if transport is None else transport.get_write_buffer_size()
 
     async def close(self, code: int, reason: str) -> None:
         await self.ws.close(code=code, message=reason.encode())

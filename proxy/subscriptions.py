@@ -12,9 +12,10 @@ proxy/events.py; anything with `send` and `close` in tests).
   logs of the dropped blocks again with `removed: true` (newest first), then the new ones.
   Only new blocks: a concrete `fromBlock`/`toBlock` (history) is refused, as geth refuses it.
 - `newPendingTransactions` (and `syncing`) are refused: the proxy has no mempool.
-- Everything sent waits in one queue of at most `ws_queue_messages` messages and
-  `ws_queue_bytes` bytes; a client that does not read fast enough to stay under both is
-  disconnected (close code 1008 with the reason), so it can never make the proxy's memory grow.
+- Everything sent is written to the connection at once; what the client has not read yet
+  waits in the connection's buffer, at most `ws_queue_bytes`. A client that does not read
+  fast enough to stay under it is disconnected (close code 1008 with the reason), so it can
+  never make the proxy's memory grow.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -54,9 +54,13 @@ PENDING_REFUSED = (
 
 
 class Transport(Protocol):
-    """The connection under a session (aiohttp: send_frame/close of a WebSocketResponse)."""
+    """The connection under a session: whole text messages written at once (no task, no
+    await: the fan-out of a block to many connections stays one pass), the bytes still
+    waiting in its buffer, and a close."""
 
-    async def send(self, data: bytes) -> None: ...
+    def write(self, message: bytes) -> None: ...
+
+    def buffered(self) -> int: ...
 
     async def close(self, code: int, reason: str) -> None: ...
 
@@ -109,34 +113,28 @@ class Session:
         self.settings = settings
         self.subscriptions: dict[str, Subscription] = {}
         self.closed: str | None = None  # why, once closing
-        self._queue: deque[bytes] = deque()
-        self._queued_bytes = 0
-        self._wake = asyncio.Event()
         self._slots = asyncio.Semaphore(settings.max_requests_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._writer: asyncio.Task[None] | None = None
 
     # lifecycle -------------------------------------------------------------------------
 
-    def start(self) -> None:
-        self._writer = asyncio.create_task(self._write_loop(), name="ws-writer")
-
     async def close(self, why: str = "closed") -> None:
-        """Forget every subscription, stop the requests in flight and the writer."""
+        """Forget every subscription and stop the requests in flight."""
         if self.closed is None:
             self.closed = why
-        for sub in self.subscriptions.values():
-            self.feed.remove(sub)
-        self.subscriptions.clear()
-        for task in [*self._tasks, *([self._writer] if self._writer else [])]:
+        self._unsubscribe_all()
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in [*self._tasks, *([self._writer] if self._writer else [])]:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
-        self._writer = None
-        self._queue.clear()
-        self._queued_bytes = 0
+
+    def _unsubscribe_all(self) -> None:
+        for sub in self.subscriptions.values():
+            self.feed.remove(sub)
+        self.subscriptions.clear()
 
     # incoming --------------------------------------------------------------------------
 
@@ -164,44 +162,23 @@ class Session:
     # outgoing --------------------------------------------------------------------------
 
     def push(self, message: bytes) -> bool:
-        """Queue a message; False (and the connection is being closed) when the client is
-        too slow to stay within the queue limits."""
+        """Send a message; False (and the connection is being closed) when the client is
+        too slow: more than `ws_queue_bytes` would wait in the connection's buffer."""
         if self.closed is not None:
             return False
-        settings = self.settings
-        if (
-            len(self._queue) >= settings.ws_queue_messages
-            or self._queued_bytes + len(message) > settings.ws_queue_bytes
-        ):
-            self._drop_slow_consumer()
+        limit = self.settings.ws_queue_bytes
+        if self.transport.buffered() + len(message) > limit:
+            self._drop_slow_consumer(limit)
             return False
-        self._queue.append(message)
-        self._queued_bytes += len(message)
-        self._wake.set()
+        self.transport.write(message)
         return True
 
-    def _drop_slow_consumer(self) -> None:
-        s = self.settings
-        why = (
-            f"slow consumer: more than {s.ws_queue_messages} messages or {s.ws_queue_bytes} "
-            "bytes waiting"
-        )
-        self.closed = why
-        for sub in self.subscriptions.values():
-            self.feed.remove(sub)
-        task = asyncio.create_task(self.transport.close(CLOSE_POLICY, why[:120]))
+    def _drop_slow_consumer(self, limit: int) -> None:
+        self.closed = f"slow consumer: more than {limit} bytes waiting to be read (ws_queue_bytes)"
+        self._unsubscribe_all()
+        task = asyncio.create_task(self.transport.close(CLOSE_POLICY, self.closed[:120]))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _write_loop(self) -> None:
-        queue = self._queue
-        while True:
-            while not queue:
-                self._wake.clear()
-                await self._wake.wait()
-            message = queue.popleft()
-            self._queued_bytes -= len(message)
-            await self.transport.send(message)
 
     # eth_subscribe / eth_unsubscribe -----------------------------------------------------
 

@@ -216,7 +216,7 @@ async def test_subscription_and_connection_limits(
 async def test_a_slow_consumer_is_disconnected_with_the_reason(tmp_path: Path) -> None:
     """A client that never reads: the kernel buffers fill, then the proxy's queue, then the
     proxy closes the connection (1008, with why) instead of growing its memory."""
-    stack = await start_stack(tmp_path, ws_queue_messages=50, max_subscriptions_per_connection=100)
+    stack = await start_stack(tmp_path, ws_queue_bytes=50_000, max_subscriptions_per_connection=100)
     try:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -242,8 +242,8 @@ async def test_a_slow_consumer_is_disconnected_with_the_reason(tmp_path: Path) -
                 await asyncio.sleep(0.01)
             while session.closed is None:
                 await stack.add_blocks(20)
-        assert session.closed.startswith("slow consumer")
-        assert len(session._queue) <= 50
+        assert session.closed.startswith("slow consumer") and "ws_queue_bytes" in session.closed
+        assert session.transport.buffered() <= 50_000 + 1000
         for _ in range(200):
             if not stack.events.sessions:
                 break
@@ -265,22 +265,24 @@ def _client_frame(payload: bytes) -> bytes:
 
 
 class StuckTransport:
-    """A connection whose peer stopped reading: sends never complete."""
+    """A connection whose peer stopped reading: everything written stays buffered."""
 
     def __init__(self) -> None:
         self.closed: tuple[int, str] | None = None
-        self.sent = 0
+        self.waiting: list[bytes] = []
 
-    async def send(self, data: bytes) -> None:
-        self.sent += 1
-        await asyncio.Event().wait()
+    def write(self, message: bytes) -> None:
+        self.waiting.append(message)
+
+    def buffered(self) -> int:
+        return sum(len(m) for m in self.waiting)
 
     async def close(self, code: int, reason: str) -> None:
         self.closed = (code, reason)
 
 
-async def test_the_outbound_queue_is_bounded_in_messages_and_bytes() -> None:
-    settings = EventSettings(ws_queue_messages=10, ws_queue_bytes=1000)
+async def test_the_unread_bytes_of_a_connection_are_bounded() -> None:
+    settings = EventSettings(ws_queue_bytes=1000)
     feed = ChainFeed("1", lambda: None, lambda url: None, FeedSettings())  # type: ignore[arg-type,return-value]
 
     async def answer(data: bytes, session: Session) -> bytes:
@@ -288,18 +290,10 @@ async def test_the_outbound_queue_is_bounded_in_messages_and_bytes() -> None:
 
     transport = StuckTransport()
     session = Session(transport, feed, answer, settings)
-    session.start()
-    assert all(session.push(b"x" * 10) for _ in range(10))
-    await asyncio.sleep(0)  # the writer takes one and is stuck sending it
-    assert session.push(b"y")
-    assert not session.push(b"z")  # 11 waiting > 10
+    assert all(session.push(b"x" * 100) for _ in range(10))  # 1000 bytes: at the limit
+    assert not session.push(b"y")  # one more byte would pass it
     await asyncio.sleep(0.01)
     assert transport.closed == (CLOSE_POLICY, session.closed)
-    assert "slow consumer" in transport.closed[1]
-    assert not session.push(b"after")
-    await session.close()
-
-    transport = StuckTransport()
-    session = Session(transport, feed, answer, settings)
-    assert session.push(b"a" * 600) and not session.push(b"b" * 600)  # 1200 bytes > 1000
+    assert "slow consumer" in transport.closed[1] and "ws_queue_bytes" in transport.closed[1]
+    assert not session.push(b"after") and transport.buffered() == 1000
     await session.close()
