@@ -29,7 +29,7 @@ class EventSettings:
     max_connections_per_client: int = 256  # from one client address
     max_subscriptions_per_connection: int = 1024  # as reth's default
     max_requests_in_flight: int = 64  # requests of one connection answered at once
-    ws_queue_bytes: int = 4 * 1024 * 1024  # unread bytes per connection before it is dropped
+    ws_queue_bytes: int = 1024 * 1024  # unread bytes per connection before it is dropped
     ws_heartbeat: float = 30.0  # seconds between pings (a dead client is closed)
 
     @classmethod

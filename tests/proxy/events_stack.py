@@ -96,8 +96,13 @@ class EventsStack:
 
 
 async def start_stack(
-    tmp_path: Path, blocks: int = 10, seed: int = 1, **events: Any
+    tmp_path: Path,
+    blocks: int = 10,
+    seed: int = 1,
+    proxy: dict[str, Any] | None = None,
+    **events: Any,
 ) -> EventsStack:
+    """The stack with these [proxy.events] settings (and `proxy` ProxySettings fields)."""
     chain, accounts = log_chain(seed=seed, blocks=blocks)
     registry = InprocRegistry()
     source = ChainSource(chain)
@@ -110,7 +115,9 @@ async def start_stack(
     await node.start()
     await node.ingest.wait_for_height(chain.head, within=20)
     settings = ProxySettings(
-        head_poll_interval=0.05, nodes=(SeedNode("1337", "state-1", "inproc://state-1", "state"),)
+        head_poll_interval=0.05,
+        nodes=(SeedNode("1337", "state-1", "inproc://state-1", "state"),),
+        **(proxy or {}),
     )
     app = create_app(settings, store=FileStore(None), registry=registry)
     stack_events = attach(app, EventSettings.from_table({**FAST_EVENTS, **events}), registry)

@@ -264,6 +264,20 @@ def _client_frame(payload: bytes) -> bytes:
     return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
+async def test_a_message_larger_than_max_body_bytes_closes_the_connection(tmp_path: Path) -> None:
+    stack = await start_stack(tmp_path, proxy={"max_body_bytes": 10_000})
+    try:
+        async with aiohttp.ClientSession() as http:
+            client = await connect(http, stack)
+            assert await client.result("eth_chainId") == "0x539"
+            big = {"jsonrpc": "2.0", "id": 2, "method": "eth_chainId", "params": ["x" * 20_000]}
+            await client.ws.send_bytes(orjson.dumps(big))
+            msg = await client.ws.receive(timeout=10)
+            assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1009, msg
+    finally:
+        await stop_stack(stack)
+
+
 class StuckTransport:
     """A connection whose peer stopped reading: everything written stays buffered."""
 
