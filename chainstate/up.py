@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import sqlite3
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -86,7 +84,12 @@ class Stack:
         return url
 
     async def start_devnet(self, stack: AsyncExitStack) -> None:
-        from nodes.devnet.anvil import AnvilProcess, ensure_anvil
+        from nodes.devnet.anvil import (
+            DEFAULT_STATE_HISTORY,
+            DEFAULT_STATE_INTERVAL,
+            AnvilProcess,
+            ensure_anvil,
+        )
 
         sect = section(self.config, "devnet")
         say("• devnet: checking for anvil (installs it with npm on first run)…")
@@ -100,11 +103,33 @@ class Stack:
             hardfork=sect.get("hardfork", "cancun"),
             host=sect.get("host", "127.0.0.1"),
             state_path=self.data_dir / ANVIL_STATE,
+            state_interval=float(sect.get("state_interval", DEFAULT_STATE_INTERVAL)),
+            state_history=int(sect.get("state_history", DEFAULT_STATE_HISTORY)),
         )
+        for line in await asyncio.to_thread(self.recover_chain, anvil):
+            say(f"• devnet: {line}")
         say(f"• devnet: starting anvil (chain id {sect.get('chain_id', 1337)})…")
         await anvil.start()
         stack.push_async_callback(anvil.stop)
         self.endpoints.append(("anvil (execution client)", anvil.url))
+
+    def recover_chain(self, anvil: Any) -> list[str]:
+        """After a crash: let a left-over anvil finish its last dump, make anvil's state file
+        hold the write nodes' head, and give a write node behind the others the blocks anvil
+        can no longer replay (nodes/devnet/recovery.py), so no block a client could read
+        before the crash is lost and no write node stalls. Returns what was done."""
+        from nodes.devnet.recovery import catch_up_writers, restore_chain
+        from nodes.writer.service import STORE_FILE
+        from nodes.writer.settings import DEFAULT_KEY, writer_data_dir, writer_sections
+
+        lines = [anvil.settle_previous()]
+        sections = writer_sections(self.config)
+        dirs = [writer_data_dir(self.data_dir, sections, i) for i in range(len(sections))]
+        keys = [str(sect.get("key", DEFAULT_KEY)) for sect in sections]
+        stores = [(key, path / STORE_FILE) for key, path in zip(keys, dirs, strict=True)]
+        lines.append(restore_chain(anvil.state_path, stores))
+        lines.extend(catch_up_writers(anvil.state_path, stores))
+        return [line for line in lines if line]
 
     async def start_writers(self, stack: AsyncExitStack) -> None:
         from nodes.writer.service import WriterNode
@@ -112,7 +137,6 @@ class Stack:
 
         sections = writer_sections(self.config)
         dirs = [writer_data_dir(self.data_dir, sections, i) for i in range(len(sections))]
-        await asyncio.to_thread(self.seed_new_writers, sections, dirs)
         for sect, data_dir in zip(sections, dirs, strict=True):
             writer = WriterNode.from_config(sect, data_dir=data_dir, registry=self.registry)
             await writer.start()
@@ -120,30 +144,6 @@ class Stack:
             s = writer.settings
             listen = {"host": s.host, "port": s.port}
             await self.serve(stack, f"write node {s.key}", writer.make_app(), listen)
-
-    def seed_new_writers(self, sections: list[dict[str, Any]], dirs: list[Path]) -> None:
-        """A write node added to a devnet that already has a chain starts from a copy of
-        another writer's blocks: anvil restored from its state file cannot replay the old
-        blocks, so the new writer could not build them itself (docs/write-node.md)."""
-        from nodes.writer.service import STORE_FILE
-
-        if not (self.data_dir / ANVIL_STATE).exists():
-            return
-        stores = [d / STORE_FILE for d in dirs]
-        source = next((i for i, store in enumerate(stores) if store.exists()), None)
-        if source is None:
-            return
-        for index, store in enumerate(stores):
-            if store.exists():
-                continue
-            key, origin = sections[index].get("key"), sections[source].get("key")
-            say(f"• write node {key}: new on an existing chain, starting from {origin}'s blocks")
-            store.parent.mkdir(parents=True, exist_ok=True)
-            with (
-                contextlib.closing(sqlite3.connect(stores[source])) as src,
-                contextlib.closing(sqlite3.connect(store)) as dst,
-            ):
-                src.backup(dst)
 
     async def start_state_nodes(self, stack: AsyncExitStack) -> None:
         from nodes.state.service import StateNode

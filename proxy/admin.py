@@ -486,16 +486,20 @@ class AdminApi:
 
     # ---- writers -------------------------------------------------------------------------
 
-    @staticmethod
-    def _writer(pool: Pool, node: Node) -> dict[str, Any]:
-        """A writer as the admin API shows it: its entry and what the health poll saw."""
+    def _writer(self, pool: Pool, node: Node) -> dict[str, Any]:
+        """A writer as the admin API shows it: its entry, what the health poll saw, and the
+        writer's own report (its execution client's head and its lag behind it)."""
         heads = [w.head for w in pool.writers.values() if w.head is not None]
+        report = self.tracker.writer_report(node) if self.tracker is not None else {}
         return {
             "key": node.key,
             "url": node.entry.url,
             "leader": pool.leader == node.key,
             "head": node.head,
             "behind": None if node.head is None else max(heads) - node.head,
+            "execution_head": report.get("execution_head"),
+            "lag": report.get("lag"),
+            "state": report.get("state"),
             "healthy": node.healthy,
             "latency_ms": None if node.latency_ms is None else round(node.latency_ms, 3),
             "last_error": node.last_error,

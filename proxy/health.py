@@ -2,10 +2,13 @@
 
 One batch per node: `eth_blockNumber` (the head), `blockx_range` (earliest held height, when
 the node has it) and the latest block header (its hash, so a later request naming that hash
-is routed by height). Write nodes get `eth_blockNumber` alone: their head is the last block
-they emitted. `unhealthy_after` consecutive failures (here or on the data path) mark a node
-unhealthy (readers leave rotation; the admin API shows it and refuses to make an unhealthy
-writer the Leader); the next successful poll brings it back.
+is routed by height). Write nodes get `eth_blockNumber` (their head is the last block they
+emitted) and `writer_health`: their execution client's head, their lag behind it, and whether
+they are healthy by their own account (a writer stalled on errors, or left behind by its
+client, says so with the reason). `unhealthy_after` consecutive failures (here or on the data
+path) mark a node unhealthy, and so does a writer that reports itself unhealthy (readers leave
+rotation; the admin API shows it and refuses to make an unhealthy writer the Leader); the next
+successful poll brings it back.
 """
 
 from __future__ import annotations
@@ -33,8 +36,12 @@ POLL_BODY = orjson.dumps(
     ]
 )
 WRITER_POLL_BODY = orjson.dumps(
-    [{"jsonrpc": "2.0", "id": 0, "method": "eth_blockNumber", "params": []}]
+    [
+        {"jsonrpc": "2.0", "id": 0, "method": "eth_blockNumber", "params": []},
+        {"jsonrpc": "2.0", "id": 1, "method": "writer_health", "params": []},
+    ]
 )
+WRITER_REPORT = ("execution_head", "lag", "state")  # what the writers list shows of the report
 
 
 class PollError(Exception):
@@ -58,6 +65,7 @@ class HeadTracker:
         self.timeout = timeout
         self.unhealthy_after = unhealthy_after
         self._task: asyncio.Task[None] | None = None
+        self._writer_reports: dict[str, dict[str, Any]] = {}  # by writer URL
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -98,12 +106,35 @@ class HeadTracker:
                 self.selector.remember_hash(block["hash"], int(block["number"], 16))
 
     async def poll_writer(self, node: Node) -> str | None:
-        """Poll one write node now; the reason it failed, or None when it answered."""
-        answers = await self._probe(node, WRITER_POLL_BODY)
-        return node.last_error if answers is None else None
+        """Poll one write node now; why it is unhealthy, or None when it is healthy."""
+        answers = await self._probe(node, WRITER_POLL_BODY, self._judge_writer)
+        return node.last_error if answers is None or not node.healthy else None
 
-    async def _probe(self, node: Node, body: bytes) -> dict[Any, dict[str, Any]] | None:
-        """Send one poll batch and do the health bookkeeping; the answers by id, or None."""
+    def writer_report(self, node: Node) -> dict[str, Any]:
+        """The writer's last own report: its execution client's head, lag and state."""
+        report = self._writer_reports.get(node.entry.url) or {}
+        return {name: report.get(name) for name in WRITER_REPORT}
+
+    def _judge_writer(self, node: Node, answers: dict[Any, dict[str, Any]]) -> str | None:
+        """Keep the writer's own report; its reason when it says it is unhealthy. A writer
+        without `writer_health` (-32601) is judged by its answers alone."""
+        report = answers.get(1, {}).get("result")
+        if not isinstance(report, dict):
+            self._writer_reports.pop(node.entry.url, None)
+            return None
+        self._writer_reports[node.entry.url] = report
+        if report.get("healthy") is False:
+            return str(report.get("last_error") or "the write node reports itself unhealthy")
+        return None
+
+    async def _probe(
+        self,
+        node: Node,
+        body: bytes,
+        judge: Callable[[Node, dict[Any, dict[str, Any]]], str | None] | None = None,
+    ) -> dict[Any, dict[str, Any]] | None:
+        """Send one poll batch and do the health bookkeeping; the answers by id, or None.
+        `judge` may find a node that answers unhealthy all the same (a stalled writer)."""
         started = time.perf_counter()
         try:
             raw = await self.upstream.send(node.entry.url, body, self.timeout)
@@ -114,11 +145,17 @@ class HeadTracker:
             if node.failed(self.unhealthy_after):
                 log.warning("%s %s marked unhealthy: %s", _what(node), node.key, exc)
             return None
+        node.observe_latency((time.perf_counter() - started) * 1000)
+        node.head = head
+        problem = judge(node, answers) if judge is not None else None
+        if problem is not None:
+            if node.healthy or problem != node.last_error:
+                log.warning("%s %s unhealthy: %s", _what(node), node.key, problem)
+            node.healthy, node.last_error = False, problem[:300]
+            return answers
         if node.succeeded():
             log.warning("%s %s healthy again (head %s)", _what(node), node.key, head)
         node.last_error = None
-        node.observe_latency((time.perf_counter() - started) * 1000)
-        node.head = head
         return answers
 
 

@@ -86,6 +86,15 @@ class Ledger:
                     (fork.id, fork.num, fork.validation_hash),
                 )
 
+    def demote_above(self, num: int) -> int:
+        """Confirmed blocks above `num` that the replicas no longer hold: mark them fork;
+        returns how many."""
+        with self._db:
+            cur = self._db.execute(
+                "UPDATE blocks SET is_fork = 1 WHERE num > ? AND is_fork = 0", (num,)
+            )
+            return cur.rowcount
+
     def demote(self, num: int) -> None:
         """A confirmed block that the replicas no longer hold (a reorg below): mark it fork."""
         with self._db:

@@ -105,8 +105,9 @@ class Poller:
         quorum = self.settings.effective_quorum
         if len(ranges) < quorum:
             return 0
-        start = self._next_height(ranges, quorum)
         top = sorted((latest for _, latest in ranges.values()), reverse=True)[quorum - 1]
+        await self._unwind(ranges, top, quorum)
+        start = self._next_height(ranges, quorum)
         confirmed = 0
         if start <= top:
             count = min(self.settings.batch, top - start + 1)
@@ -114,6 +115,36 @@ class Poller:
             confirmed = self._confirm_range(start, count, views, quorum)
         self._update_lag(ranges)
         return confirmed
+
+    async def _unwind(self, ranges: dict[str, tuple[int, int]], top: int, quorum: int) -> None:
+        """A reorg below the confirmed head (a write node rolled back and the replicas with
+        it): when a quorum holds another block at the highest confirmed height they have,
+        walk down to the block they still share and mark every confirmed block above it
+        `is_fork` in one go. Replicas that are only behind hold the same blocks: no change."""
+        latest = self.ledger.latest()
+        if latest is None:
+            return
+        height = min(latest.num, top)
+        while height >= 0:
+            record = self.ledger.at_height(height)
+            if record is None:
+                break
+            views = await asyncio.gather(*(self._votes(r, height, 1) for r in ranges))
+            votes = [view[height] for view in views if height in view]
+            winner = decide(votes, quorum, len(self.clients)).winner
+            if winner is None or winner.id == record.id:
+                break
+            height -= 1
+        if height >= min(latest.num, top):
+            return
+        demoted = self.ledger.demote_above(height)
+        self.metrics.reorgs.inc(demoted)
+        log.warning(
+            "checker: reorg: the replicas no longer hold the confirmed blocks above %d; "
+            "%d blocks marked is_fork",
+            height,
+            demoted,
+        )
 
     def _confirm_range(
         self, start: int, count: int, views: list[dict[int, Vote]], quorum: int

@@ -4,8 +4,13 @@
 installs the pinned `@foundry-rs/anvil` there with npm when it is absent. `AnvilProcess`
 starts anvil from the genesis file in `configs/` (so the allocation is known), waits until it
 answers JSON-RPC, and stops it (terminate, then kill). With `state_path` the chain survives a
-restart: anvil loads that file at start and writes it every `state_interval` seconds and on
-exit (after a kill -9 at most that many seconds of chain are lost; followers see a reorg).
+restart: anvil loads that file at start and writes its state (with the state of its last
+`state_history` blocks, so blocks nobody traced yet can still be replayed) to a separate dump
+file every `state_interval` seconds and on exit. anvil does not write that file atomically,
+so the next start takes the dump only when it is complete, else keeps the previous file; an
+anvil left over from a crashed run (still writing its last dump) is waited for first. After a
+kill -9 of anvil itself the file misses its last seconds of chain; `chainstate up` puts them
+back from the write nodes' stores (`nodes/devnet/recovery.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+import orjson
+import psutil
+
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +49,8 @@ OPENZEPPELIN_VERSION = "4.9.6"
 DEFAULT_START_TIMEOUT = 30.0  # seconds to wait for anvil to answer eth_chainId
 DEFAULT_STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL
 DEFAULT_STATE_INTERVAL = 10.0  # seconds between anvil's dumps of its state file
+DEFAULT_STATE_HISTORY = 64  # recent blocks whose state anvil keeps (and dumps with its state)
+LEFT_OVER_WAIT = 10.0  # seconds to wait for an anvil of a crashed run to finish its last dump
 
 
 class DevnetError(RuntimeError):
@@ -128,6 +138,61 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
 
 
+def damaged_state_path(state_path: Path) -> Path:
+    """Where a damaged state file (or dump) is kept for inspection, out of anvil's way."""
+    return state_path.with_name(state_path.stem + ".damaged.json")
+
+
+def _wait_for_left_over(pid_path: Path | None, state_path: Path, within: float) -> str | None:
+    """An anvil of an earlier run on `state_path` may still be alive: after its parent died
+    (kill -9) it got SIGTERM and is writing its last dump. Wait for it; an orphan that does
+    not exit is stopped; one whose parent still runs belongs to another stack: an error."""
+    if pid_path is None or not pid_path.exists():
+        return None
+    try:
+        proc = psutil.Process(int(pid_path.read_text().strip()))
+        if str(state_path) not in " ".join(proc.cmdline()):
+            raise psutil.NoSuchProcess(proc.pid)  # the pid was reused by something else
+    except (ValueError, OSError, psutil.Error):
+        pid_path.unlink(missing_ok=True)
+        return None
+    if _ended(proc, within):
+        pid_path.unlink(missing_ok=True)
+        return f"waited for anvil (pid {proc.pid}) of the previous run to write its state"
+    parent = _parent(proc)
+    if parent is not None and parent.pid != 1:
+        raise DevnetError(
+            f"anvil pid {proc.pid} (started by pid {parent.pid}) still runs on {state_path}: "
+            "another chainstate is using this data dir; stop it first"
+        )
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    _ended(proc, DEFAULT_STOP_TIMEOUT)
+    pid_path.unlink(missing_ok=True)
+    return f"stopped anvil (pid {proc.pid}) left over from the previous run"
+
+
+def _ended(proc: psutil.Process, within: float) -> bool:
+    """Wait until `proc` (not our child) has exited; a zombie counts as exited."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def _parent(proc: psutil.Process) -> psutil.Process | None:
+    try:
+        return proc.parent()
+    except psutil.Error:
+        return None
+
+
 class AnvilProcess:
     """One anvil child process with an explicit lifecycle (`start`/`stop`, or `async with`).
 
@@ -146,6 +211,8 @@ class AnvilProcess:
         binary: Path | None = None,
         start_timeout: float = DEFAULT_START_TIMEOUT,
         state_interval: float = DEFAULT_STATE_INTERVAL,
+        state_history: int = DEFAULT_STATE_HISTORY,
+        left_over_wait: float = LEFT_OVER_WAIT,
     ) -> None:
         self.port = port
         self.chain_id = chain_id
@@ -157,6 +224,8 @@ class AnvilProcess:
         self.binary = binary
         self.start_timeout = start_timeout
         self.state_interval = state_interval
+        self.state_history = state_history
+        self.left_over_wait = left_over_wait
         self._proc: subprocess.Popen[bytes] | None = None
         self._output: IO[bytes] | None = None
 
@@ -168,22 +237,60 @@ class AnvilProcess:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    @property
+    def dump_path(self) -> Path | None:
+        """Where anvil writes its state (the next start loads it once it is complete)."""
+        return self._beside_state(".dump.json")
+
+    @property
+    def pid_path(self) -> Path | None:
+        """The running anvil's pid, so the next start can wait for a left-over one."""
+        return self._beside_state(".pid")
+
+    def _beside_state(self, suffix: str) -> Path | None:
+        if self.state_path is None:
+            return None
+        return self.state_path.with_name(self.state_path.stem + suffix)
+
     def command(self, binary: Path) -> list[str]:
         cmd = [str(binary), "--host", self.host, "--port", str(self.port)]
         cmd += ["--chain-id", str(self.chain_id), "--hardfork", self.hardfork]
         if self.block_time:
             cmd += ["--block-time", str(self.block_time)]
         if self.state_path is not None and self.state_path.exists():
-            # anvil loads the file, dumps into it every state_interval seconds and on exit.
-            cmd += ["--state", str(self.state_path)]
+            # anvil loads the file, and dumps into another one every state_interval seconds
+            # and on exit, with the state of its recent blocks (bounded by --prune-history).
+            cmd += ["--load-state", str(self.state_path), "--dump-state", str(self.dump_path)]
             cmd += ["--state-interval", str(max(1, round(self.state_interval)))]
+            cmd += ["--preserve-historical-states", "--prune-history", str(self.state_history)]
         elif self.genesis is not None:
             cmd += ["--init", str(self.genesis)]
         return cmd
 
+    def settle_previous(self) -> str | None:
+        """Before a start on `state_path`: wait for an anvil of an earlier run that is still
+        writing its last dump, then take that dump if it is complete. Returns a line to show
+        when there was something to say."""
+        if self.state_path is None:
+            return None
+        said = _wait_for_left_over(self.pid_path, self.state_path, self.left_over_wait)
+        dump = self.dump_path
+        assert dump is not None
+        if not dump.exists():
+            return said
+        try:
+            orjson.loads(dump.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            damaged = damaged_state_path(self.state_path)
+            dump.replace(damaged)  # the previous (complete) state file stays
+            return f"anvil's last dump was cut short (kept as {damaged.name}); using the one before"
+        dump.replace(self.state_path)
+        return said
+
     def start_blocking(self) -> None:
         """Start and wait without an event loop (session/module test fixtures use this)."""
         binary = self.binary or ensure_anvil()
+        self.settle_previous()
         if self.state_path is not None and not self.state_path.exists():
             # anvil refuses --init together with --state: the first start runs from the
             # genesis file once, dumps it as the state file, then runs on that file.
@@ -192,6 +299,8 @@ class AnvilProcess:
             self.stop_blocking()
         self._spawn(binary)
         assert self._proc is not None
+        if self.pid_path is not None:
+            self.pid_path.write_text(str(self._proc.pid))
         log.info("anvil started", extra={"url": self.url, "pid": self._proc.pid})
 
     def _spawn(self, binary: Path) -> None:
@@ -270,6 +379,8 @@ class AnvilProcess:
                 proc.wait()
             # A wrapper may exit before its child: make sure nothing of the group is left.
             _signal_group(proc, signal.SIGKILL)
+        if proc is not None and self.pid_path is not None:
+            self.pid_path.unlink(missing_ok=True)
         if self._output is not None:
             self._output.close()
             self._output = None

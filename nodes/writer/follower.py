@@ -1,5 +1,15 @@
 """Following the execution client: poll its head, build each new block, store it, and
-rewind to the fork point when the chain the store holds is no longer canonical."""
+rewind to the fork point when the chain the store holds is no longer canonical.
+
+Whatever the client shows after a restart of either side, each poll places the stored head
+against it first: the same chain (continue), the same chain but shorter (wait for the client,
+drop nothing), or another block at a stored height (a reorg: roll back to the common
+ancestor). Each change of that situation is one log line. Failed polls are retried with a
+doubling backoff up to `max_retries` attempts in a row; then the node reports itself stalled
+(unhealthy, with the reason) and checks the client every `max_backoff` seconds until it
+recovers. A node whose client moves on by more than `stall_blocks` blocks without the node
+storing one is unhealthy too (docs/write-node.md, "Restarts, retries and health").
+"""
 
 from __future__ import annotations
 
@@ -27,6 +37,10 @@ class FatalFollowError(RuntimeError):
     """Following cannot continue without an operator (another chain, bad genesis file)."""
 
 
+class BlockReplaced(Exception):
+    """The client replaced a block while it was being built (a reorg under way): poll again."""
+
+
 @dataclass
 class FollowStats:
     blocks_built: int = 0
@@ -39,6 +53,22 @@ class FollowStats:
     fatal: bool = False
     last_build_seconds: float = 0.0
     tracer: str | None = None  # the tracer last used: "parity" or "prestate"
+    failures: int = 0  # failed polls in a row (0 once a poll succeeds)
+    # "starting", "following", "waiting" (the client is behind on the same chain),
+    # "retrying", "stalled" (max_retries failed in a row) or "stopped" (fatal)
+    state: str = "starting"
+    # The client's head when the stored head last moved (or following began): how far the
+    # client got since then is the node's lack of progress.
+    progress_mark: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The node's own health: what `/health`, `writer_health` and the proxy report."""
+
+    healthy: bool
+    reason: str | None  # why not healthy; else the error being retried, if any
+    lag: int | None  # blocks the stored head is behind the client's head (0 when ahead)
 
 
 class ChainFollower:
@@ -55,35 +85,29 @@ class ChainFollower:
         self.store = store
         self.settings = settings
         self.alloc = alloc
+        self.name = settings.key
         self.stats = FollowStats()
         self.chain_id: int | None = None
         self.head_changed = asyncio.Event()
         self._parity: bool | None = None  # does the client serve trace_replayBlockTransactions?
+        self._announce = True  # the next poll logs where the stored head stands
+        self._failing_since = 0.0
 
     async def run(self) -> None:
-        """Poll until cancelled. Transient errors back off; fatal ones stop following."""
-        backoff = self.settings.poll_interval
+        """Poll until cancelled. Failed polls back off and are retried; after `max_retries`
+        in a row the node is stalled and checks every `max_backoff` s; fatal errors stop it."""
         while True:
             try:
                 progressed = await self.sync_once()
-                self.stats.last_error = None
-                backoff = self.settings.poll_interval
             except FatalFollowError as exc:
                 self.stats.fatal, self.stats.last_error = True, str(exc)
-                log.error("write node stopped following: %s", exc)
+                self.stats.state = "stopped"
+                log.error("write node %s stopped following: %s", self.name, exc)
                 return
-            except (RpcUnavailable, JsonRpcError, bd.BlockDataError, StoreError) as exc:
-                self._note_error(exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.settings.max_backoff)
-                continue
             except Exception as exc:  # an answer of unexpected shape must not end following
-                if f"{type(exc).__name__}: {exc}" != self.stats.last_error:
-                    log.exception("write node: unexpected error while following (will retry)")
-                self._note_error(exc, logged=True)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.settings.max_backoff)
+                await asyncio.sleep(self._failed(exc))
                 continue
+            self._recovered()
             if not progressed:
                 await asyncio.sleep(self.settings.poll_interval)
 
@@ -93,26 +117,110 @@ class ChainFollower:
         with contextlib.suppress(Exception):
             await self.sync_once()
 
-    def _note_error(self, exc: Exception, logged: bool = False) -> None:
-        """Count an error; log it once while it repeats."""
+    def _failed(self, exc: Exception) -> float:
+        """Count a failed poll, log it when it says something new; the pause before the next."""
+        stats, limit = self.stats, self.settings.max_retries
         message = f"{type(exc).__name__}: {exc}"
-        self.stats.errors += 1
-        if message != self.stats.last_error and not logged:
-            log.warning("write node: execution client error (will retry): %s", message)
-        self.stats.last_error = message
+        expected = isinstance(exc, RpcUnavailable | JsonRpcError | bd.BlockDataError | StoreError)
+        stats.errors += 1
+        stats.failures += 1
+        if stats.failures == 1:
+            self._failing_since = time.monotonic()
+        changed = message != stats.last_error
+        stats.last_error = message
+        if stats.failures == limit:
+            took = time.monotonic() - self._failing_since
+            log.error(
+                "write node %s stalled: %d attempts in a row failed over %.0f s, the last with "
+                "%s; it reports healthy: false and checks the execution client every %g s",
+                self.name, limit, took, message, self.settings.max_backoff,
+            )  # fmt: skip
+        elif changed and stats.failures < limit:
+            log.warning(
+                "write node %s: %s (attempt %d of %d, retrying)",
+                self.name, message, stats.failures, limit,
+                exc_info=not expected,
+            )  # fmt: skip
+        stats.state = "stalled" if stats.failures >= limit else "retrying"
+        backoff = self.settings.poll_interval * 2 ** (stats.failures - 1)
+        return min(backoff, self.settings.max_backoff)
+
+    def _recovered(self) -> None:
+        stats = self.stats
+        if stats.failures:
+            log.warning(
+                "write node %s: the execution client answers again after %d failed attempts "
+                "(the last: %s)",
+                self.name, stats.failures, stats.last_error,
+            )  # fmt: skip
+        stats.failures, stats.last_error = 0, None
+
+    def verdict(self, head: int | None) -> Verdict:
+        """Healthy unless stopped, stalled by failures, or left behind by the client."""
+        stats = self.stats
+        lag = None
+        if stats.execution_head is not None:
+            lag = max(0, stats.execution_head - (head if head is not None else -1))
+        if stats.fatal:
+            return Verdict(False, stats.last_error, lag)
+        if stats.failures >= self.settings.max_retries:
+            reason = f"stalled after {stats.failures} failed attempts in a row: {stats.last_error}"
+            return Verdict(False, reason, lag)
+        idle = self.blocks_without_progress()
+        if idle is not None and idle > self.settings.stall_blocks:
+            reason = (
+                f"no block stored while the execution client advanced {idle} blocks "
+                f"(stored head {head}, client head {stats.execution_head}; "
+                f"stall_blocks = {self.settings.stall_blocks})"
+            )
+            if stats.last_error:
+                reason += f"; last error: {stats.last_error}"
+            return Verdict(False, reason, lag)
+        return Verdict(True, stats.last_error, lag)
+
+    def blocks_without_progress(self) -> int | None:
+        """How far the client's head moved since the stored head last moved."""
+        stats = self.stats
+        if stats.execution_head is None or stats.progress_mark is None:
+            return None
+        return max(0, stats.execution_head - stats.progress_mark)
+
+    def _mark_progress(self) -> None:
+        self.stats.progress_mark = self.stats.execution_head
+
+    def _situation(self, state: str, line: str) -> None:
+        """Enter `state`; say so in one log line when it is news."""
+        if state != self.stats.state or self._announce:
+            log.warning("write node %s: %s", self.name, line)
+        self.stats.state, self._announce = state, False
 
     async def sync_once(self) -> bool:
         """One poll: returns True when it stored or rewound anything."""
         await self._check_chain_id()
         client_head = int(await self.client.call("eth_blockNumber"), 16)
         self.stats.execution_head = client_head
+        if self.stats.progress_mark is None:
+            self._mark_progress()
         stored = self.store.head()
         if stored is None:
             await self._build_genesis()
             return True
-        if stored.number > client_head or await self._hash_at(stored.number) != stored.hash:
-            await self._rewind(min(stored.number, client_head))
+        height = min(stored.number, client_head)
+        if await self._hash_at(height) != self.store.hash_at(height):
+            await self._rewind(height)
             return True
+        if client_head < stored.number:
+            self._situation(
+                "waiting",
+                f"the execution client's head {client_head} is behind the stored head "
+                f"{stored.number} on the same chain: waiting for it (no block is dropped)",
+            )
+            return False
+        self._situation(
+            "following",
+            f"stored head {stored.number}, execution client head {client_head}, same chain: "
+            "continuing",
+        )
         progressed = False
         for number in range(stored.number + 1, client_head + 1)[
             : self.settings.max_blocks_per_poll
@@ -164,7 +272,13 @@ class ChainFollower:
         dropped = await asyncio.to_thread(self.store.rewind, number)
         self.stats.reorgs += 1
         self.stats.rewound_blocks += dropped
-        log.warning("write node: reorg, rewound %d blocks to %d", dropped, number)
+        self._mark_progress()
+        self.stats.state, self._announce = "following", False
+        log.warning(
+            "write node %s: reorg: the execution client's block %d is not the stored one; "
+            "rolled back %d blocks to the common ancestor %d (client head %s)",
+            self.name, start, dropped, number, self.stats.execution_head,
+        )  # fmt: skip
         self.head_changed.set()
 
     async def _build_genesis(self) -> None:
@@ -215,7 +329,12 @@ class ChainFollower:
         txs = block.get("transactions") or []
         withdrawals = [w["address"] for w in block.get("withdrawals") or []]
         receipts = await self._receipts(block_hash, txs) if txs else []
-        state_diff = await self._parity_diff(number, txs) if txs and not withdrawals else None
+        state_diff = None
+        if txs and not withdrawals:
+            try:
+                state_diff = await self._parity_diff(number, block_hash, txs)
+            except BlockReplaced:
+                return False  # the next poll finds the new block and rewinds
         if state_diff is None:
             touched = await self._prestate_touched(block_hash) if txs else bd.Touched()
             for withdrawal in withdrawals:
@@ -230,7 +349,9 @@ class ChainFollower:
         self.stats.last_build_seconds = time.monotonic() - started
         return True
 
-    async def _parity_diff(self, number: int, txs: list[Any]) -> dict[str, Any] | None:
+    async def _parity_diff(
+        self, number: int, block_hash: str, txs: list[Any]
+    ) -> dict[str, Any] | None:
         """The StateDiff from Parity `trace_replayBlockTransactions` stateDiff replays, or
         None when the client lacks them (or the prestate tracer is configured). On anvil
         this is the fast path: ~0.4 s for 300 transactions, where the prestateTracer takes
@@ -248,12 +369,27 @@ class ChainFollower:
             self._parity = False
             log.info("write node: no trace_replayBlockTransactions, using the prestateTracer")
             return None
-        # Traced by number: make sure it is this block, not one that replaced it meanwhile.
         traced = [str(item.get("transactionHash")).lower() for item in items or []]
         if traced != [str(tx["hash"]).lower() for tx in txs]:
-            raise bd.BlockDataError(f"block {number} changed while it was traced")
+            await self._explain_trace_mismatch(number, block_hash, len(traced), len(txs))
         self._parity, self.stats.tracer = True, "parity"
         return bd.state_diff_from_parity(items)
+
+    async def _explain_trace_mismatch(
+        self, number: int, block_hash: str, traced: int, expected: int
+    ) -> None:
+        """Traced by number, the replay did not list the block's transactions: either the
+        block was replaced meanwhile (a reorg: poll again), or the client cannot replay it
+        (it lacks the state before it) — an error that repeats until the client changes."""
+        current = await self.client.call("eth_getBlockByNumber", [hex(number), False])
+        if current is None or bd.data(current["hash"]) != block_hash:
+            raise BlockReplaced(number)
+        raise bd.BlockDataError(
+            f"the execution client cannot replay block {number}: "
+            f"trace_replayBlockTransactions lists {traced} of its {expected} transactions "
+            f"(it lacks the state before that block, e.g. anvil restarted from a state file "
+            f"without its recent history)"
+        )
 
     async def _prestate_touched(self, block_hash: str) -> bd.Touched:
         """Accounts and slots named by the prestateTracer in diffMode; its values have
@@ -304,4 +440,5 @@ class ChainFollower:
         await asyncio.to_thread(
             self.store.append, number, header["hash"], header["parentHash"], encoded
         )
+        self._mark_progress()
         self.head_changed.set()

@@ -70,6 +70,7 @@ class WriterNode:
                 "trace_vendorBlock": self.rpc_trace_vendor_block,
                 "eth_blockNumber": self.rpc_block_number,
                 "eth_chainId": self.rpc_chain_id,
+                "writer_health": self.rpc_writer_health,
             }
         )
         for method, names in TX_LIFECYCLE.items():
@@ -252,16 +253,36 @@ class WriterNode:
         return app
 
     def health(self) -> dict[str, Any]:
-        stats = self.follower.stats if self.follower else None
+        """The node's health as `/health`, `writer_health` and the proxy's writers list show
+        it: healthy unless following stopped, stalled on failures, or fell `stall_blocks`
+        behind its client without storing a block; `last_error` says why."""
+        head = self.head
         following = self._task is not None and not self._task.done()
+        if self.follower is None:
+            healthy, reason, lag, state, client_head = False, "not started", None, "stopped", None
+        else:
+            verdict = self.follower.verdict(head)
+            stats = self.follower.stats
+            healthy, reason, lag = verdict.healthy and following, verdict.reason, verdict.lag
+            state = stats.state if following else "stopped"
+            client_head = stats.execution_head
         return {
-            "status": "ok" if following else "error",
+            "status": "ok" if healthy else "error",
+            "healthy": healthy,
+            "state": state,
             "key": self.settings.key,
-            "head": self.head,
+            "head": head,
             "execution_url": self.settings.execution_url,
-            "execution_head": stats.execution_head if stats else None,
-            "last_error": stats.last_error if stats else None,
+            "execution_head": client_head,
+            "lag": lag,
+            "stall_blocks": self.settings.stall_blocks,
+            "last_error": reason,
         }
+
+    async def rpc_writer_health(self, params: Any) -> dict[str, Any]:
+        self._requests.labels("writer_health").inc()
+        params_list(params, [])
+        return self.health()
 
     async def http_health(self, request: web.Request) -> web.Response:
         doc = self.health()
@@ -291,10 +312,16 @@ class _FollowerCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        stats = self.node.follower.stats if self.node.follower else None
+        follower = self.node.follower
+        stats = follower.stats if follower else None
+        head = self.node.head
+        verdict = follower.verdict(head) if follower else None
         values = {
-            "chainstate_writer_head": self.node.head,
+            "chainstate_writer_head": head,
             "chainstate_writer_execution_head": stats and stats.execution_head,
+            "chainstate_writer_lag_blocks": verdict and verdict.lag,
+            "chainstate_writer_healthy": self.node.health()["healthy"],
+            "chainstate_writer_failed_attempts": stats and stats.failures,
             "chainstate_writer_blocks_built": stats and stats.blocks_built,
             "chainstate_writer_trace_calls": stats and stats.traces,
             "chainstate_writer_reorgs": stats and stats.reorgs,

@@ -18,6 +18,8 @@ DEFAULT_REQUEST_TIMEOUT = 30.0  # seconds per JSON-RPC request to the execution 
 DEFAULT_READ_BATCH = 500  # state reads per batch request to the execution client
 DEFAULT_MAX_BACKOFF = 5.0  # seconds, longest wait after repeated execution client errors
 DEFAULT_MAX_REORG_DEPTH = 1024  # deeper forks stop the node: its store is another chain
+DEFAULT_MAX_RETRIES = 8  # failed polls in a row before the node reports itself stalled
+DEFAULT_STALL_BLOCKS = 16  # client blocks without one stored before the node is unhealthy
 DEFAULT_GENESIS = REPO_CONFIGS / "genesis.json"
 DEFAULT_TRACER = "auto"  # Parity stateDiff replays when the client has them, else prestateTracer
 TRACERS = ("auto", "parity", "prestate")
@@ -36,6 +38,8 @@ class WriterSettings:
     read_batch: int = DEFAULT_READ_BATCH
     max_backoff: float = DEFAULT_MAX_BACKOFF
     max_reorg_depth: int = DEFAULT_MAX_REORG_DEPTH
+    max_retries: int = DEFAULT_MAX_RETRIES
+    stall_blocks: int = DEFAULT_STALL_BLOCKS
     tracer: str = DEFAULT_TRACER
 
     @classmethod
@@ -62,6 +66,8 @@ class WriterSettings:
             read_batch=_number(section, "read_batch", DEFAULT_READ_BATCH, int),
             max_backoff=_number(section, "max_backoff", DEFAULT_MAX_BACKOFF, float),
             max_reorg_depth=_number(section, "max_reorg_depth", DEFAULT_MAX_REORG_DEPTH, int),
+            max_retries=_number(section, "max_retries", DEFAULT_MAX_RETRIES, int),
+            stall_blocks=_number(section, "stall_blocks", DEFAULT_STALL_BLOCKS, int),
             tracer=section.get("tracer", DEFAULT_TRACER),
         )
         if settings.tracer not in TRACERS:

@@ -313,3 +313,41 @@ def test_settings_validation():
         CheckerSettings.from_section({"replicas": ["http://x"], "bogus": 1})
     s = CheckerSettings.from_section({"replicas": ["a", "b", "c"], "listen": ":9000"})
     assert (s.host, s.port, s.effective_quorum) == ("", 9000, 2)
+
+
+async def test_reorg_to_a_shorter_chain_marks_the_lost_blocks_at_once(registry, tmp_path):
+    """A write node rolled back after its execution client restarted on a shorter chain:
+    the replicas follow it below the confirmed head. The lost blocks are marked is_fork in
+    the next round, without waiting for the new chain to grow past the old head."""
+    reps = [Replica(registry, f"r{i}", head=10) for i in range(2)]
+    node = await make_checker(registry, reps, tmp_path)
+    try:
+        await settle(node)
+        for r in reps:
+            r.extend("z", 8, 8)  # the chain is now a0..a7, z8: shorter, with another 8
+        await node.poller.poll_once()
+        assert (await rpc(node, "getLatestBlock"))["id"] == bhash("z", 8)
+        for h in (8, 9, 10):
+            lost = await rpc(node, "getBlockById", bhash("a", h))
+            assert lost["is_fork"] is True and lost["num"] == h
+            assert await rpc(node, "blockIsValid", bhash("a", h)) is False
+        assert await rpc(node, "blockIsValid", bhash("a", 7)) is True
+        assert metric(node, "checker_reorgs_total") == 3
+    finally:
+        await node.close()
+
+
+async def test_replicas_only_behind_keep_the_confirmed_blocks(registry, tmp_path):
+    """Replicas restarted behind the confirmed head on the same chain are not a reorg."""
+    reps = [Replica(registry, f"r{i}", head=10) for i in range(2)]
+    node = await make_checker(registry, reps, tmp_path)
+    try:
+        await settle(node)
+        for r in reps:
+            r.extend("a", 0, 6)  # same blocks, fewer of them
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["id"] == bhash("a", 10)
+        assert await rpc(node, "blockIsValid", bhash("a", 9)) is True
+        assert metric(node, "checker_reorgs_total") in (None, 0.0)
+    finally:
+        await node.close()

@@ -175,3 +175,70 @@ async def test_damaged_state_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DevnetError, match="remove it"):
         await proc.start()
     assert proc.pid is None
+
+
+def test_anvil_of_a_killed_run_is_waited_for_and_its_last_dump_taken(tmp_path: Path) -> None:
+    """The process that ran anvil dies with SIGKILL: anvil gets SIGTERM, writes its state and
+    exits. A start right away on the same state file waits for it (the port and the dump are
+    its until then) and loads what it wrote: no block is lost."""
+    state, port = tmp_path / "anvil-state.json", free_port()
+    code = (
+        "import json, os, signal, sys, urllib.request\n"
+        "from pathlib import Path\n"
+        "from nodes.devnet.anvil import AnvilProcess, GENESIS\n"
+        f"a = AnvilProcess(port={port}, genesis=GENESIS, state_path=Path({str(state)!r}))\n"
+        "a.start_blocking()\n"
+        "for _ in range(3):\n"
+        "    body = json.dumps({'jsonrpc': '2.0', 'id': 1, 'method': 'evm_mine', 'params': []})\n"
+        "    head = {'content-type': 'application/json'}\n"
+        "    req = urllib.request.Request(a.url, body.encode(), head)\n"
+        "    urllib.request.urlopen(req).read()\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], cwd=repo, timeout=60, check=False)
+    again = AnvilProcess(port=port, genesis=GENESIS, state_path=state)
+    again.start_blocking()
+    try:
+        head = asyncio.run(rpc(again.url, "eth_blockNumber"))
+        assert int(head, 16) == 3
+    finally:
+        again.stop_blocking()
+    assert not again.pid_path.exists()  # type: ignore[union-attr]
+
+
+def test_a_left_over_anvil_whose_parent_runs_is_refused(tmp_path: Path) -> None:
+    """A live process still runs anvil on this state file (another stack): a clear error,
+    and it is left alone."""
+    state = tmp_path / "anvil-state.json"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(state)])
+    try:
+        (tmp_path / "anvil-state.pid").write_text(str(other.pid))
+        proc = AnvilProcess(port=free_port(), genesis=GENESIS, state_path=state, left_over_wait=0.2)
+        with pytest.raises(DevnetError, match="another chainstate is using this data dir"):
+            proc.start_blocking()
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_cut_dump_is_set_aside_and_the_previous_state_loaded(tmp_path: Path) -> None:
+    state = tmp_path / "anvil-state.json"
+    port = free_port()
+    first = AnvilProcess(port=port, genesis=GENESIS, state_path=state)
+    first.start_blocking()
+    asyncio.run(rpc(first.url, "evm_mine"))
+    first.stop_blocking()  # SIGTERM: anvil dumps into the dump file; the next start takes it
+    again = AnvilProcess(port=port, genesis=GENESIS, state_path=state)
+    assert again.settle_previous() is None
+    assert again.dump_path is not None and not again.dump_path.exists()
+    again.dump_path.write_text('{"block": {"number": "0x7"}, "accou')  # killed mid-dump
+    said = again.settle_previous()
+    assert said is not None and "cut short" in said
+    assert (tmp_path / "anvil-state.damaged.json").exists()
+    again.start_blocking()
+    try:
+        assert asyncio.run(rpc(again.url, "eth_blockNumber")) == "0x1"
+    finally:
+        again.stop_blocking()

@@ -203,6 +203,9 @@ async def test_writers_listing(api: Api) -> None:
         "leader": True,
         "head": None,
         "behind": None,
+        "execution_head": None,  # the writer's own report (writer_health), when it answers
+        "lag": None,
+        "state": None,
         "healthy": None,
         "latency_ms": None,
         "last_error": None,
