@@ -1,4 +1,5 @@
-"""Differential: eth_getLogs through the proxy equals anvil's, on the devnet workload.
+"""Differential: eth_getLogs through the proxy equals anvil's, on the devnet workload; then a
+reorg made by anvil reaches WebSocket subscribers as geth delivers one.
 
 anvil (automine) runs the workload (transfers, an OpenZeppelin ERC20 with Transfer events, a
 one-block and a two-block reorg) and then more ERC20 transfers; a write node follows it; a
@@ -30,6 +31,8 @@ from nodes.devnet.workload import WorkloadRecord, erc20_transfer_data, run_workl
 from nodes.state.service import StateNode
 from nodes.writer.service import WriterNode
 from proxy.app import create_app
+from proxy.events import attach
+from proxy.eventsettings import EventSettings
 from proxy.settings import ProxySettings, SeedNode, SeedWriter
 from proxy.store_file import FileStore
 from tests.conftest import free_port
@@ -109,7 +112,9 @@ async def chain(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Chain
             ),
             writers=(SeedWriter("1337", "w", "inproc://w", leader=True),),
         )
-        server = TestServer(create_app(settings, store=FileStore(None), registry=registry))
+        app = create_app(settings, store=FileStore(None), registry=registry)
+        attach(app, EventSettings(poll_interval=0.02), registry)
+        server = TestServer(app)
         eth = EthClient(anvil.url)
         await writer.start()
         for node in nodes:
@@ -274,3 +279,46 @@ async def test_bad_filters_get_anvil_s_error_code(chain: Chain) -> None:
         "message": "invalid block range params: fromBlock 0x5 is after toBlock 0x2",
     }
     assert (await raw(chain, {"fromBlock": "foo"}))["error"]["code"] == -39007
+
+
+async def test_an_anvil_reorg_reaches_subscribers_as_geth_delivers_it(chain: Chain) -> None:
+    """Last in the module: it reorganises the chain. Logs of the orphaned blocks come again
+    with removed: true (newest first), then the new chain's logs and heads. (anvil's own
+    subscriptions send no removed logs, so the expectation is built from its blocks.)"""
+    token, holders = chain.record.erc20, chain.record.erc20_holders
+    async with aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(chain.proxy_url.replace("http://", "ws://") + "/1337")
+        subs = {}
+        for i, params in enumerate((["logs", {"address": token}], ["newHeads"])):
+            await ws.send_json(
+                {"jsonrpc": "2.0", "id": i, "method": "eth_subscribe", "params": params}
+            )
+            subs[(await ws.receive_json())["result"]] = params[0]
+        got: dict[str, list[Any]] = {"logs": [], "newHeads": []}
+
+        async def receive(logs: int, heads: int) -> None:
+            async with asyncio.timeout(30):
+                while len(got["logs"]) < logs or len(got["newHeads"]) < heads:
+                    msg = await ws.receive_json()
+                    got[subs[msg["params"]["subscription"]]].append(msg["params"]["result"])
+
+        await more_transfers(chain.anvil, chain.record, 3)
+        await receive(3, 3)
+        before = list(got["logs"])
+        assert [lg["removed"] for lg in before] == [False] * 3
+        replacement = {"from": holders[0], "to": token, "data": erc20_transfer_data(holders[3], 77)}
+        await chain.anvil.call("anvil_reorg", [2, [[replacement, 0]]])
+        head = int(await chain.anvil.call("eth_blockNumber"), 16)
+        new_blocks = [
+            await chain.anvil.call("eth_getBlockByNumber", [hex(n), False])
+            for n in (head - 1, head)
+        ]
+        new_logs = await chain.anvil.call(
+            "eth_getLogs", [{"fromBlock": hex(head - 1), "toBlock": hex(head), "address": token}]
+        )
+        assert len(new_logs) == 1
+        await receive(3 + 2 + len(new_logs), 3 + 2)
+        await ws.close()
+    removed = [{**lg, "removed": True} for lg in reversed(before[1:])]
+    assert got["logs"][3:] == removed + new_logs
+    assert [h["hash"] for h in got["newHeads"][3:]] == [b["hash"] for b in new_blocks]
