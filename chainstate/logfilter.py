@@ -149,17 +149,7 @@ def _block(value: Any, name: str) -> BlockRef:
 def _addresses(value: Any, max_list: int) -> frozenset[str] | None:
     if value is None:
         return None
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list):
-        raise _invalid("invalid address: expected an address or a list of addresses")
-    if len(items) > max_list:
-        raise too_many("addresses", len(items), max_list)
-    out = set()
-    for item in items:
-        if not isinstance(item, str) or not _ADDRESS.match(item):
-            raise _invalid(f"invalid address {item!r:.60}: expected a 20-byte 0x address")
-        out.add(item.lower())
-    return frozenset(out) if out else None
+    return _alternatives(value, _ADDRESS, "address", max_list, null_is_any=False)
 
 
 def _topics(value: Any, max_list: int) -> tuple[frozenset[str] | None, ...]:
@@ -169,27 +159,37 @@ def _topics(value: Any, max_list: int) -> tuple[frozenset[str] | None, ...]:
         raise _invalid("invalid topics: expected an array")
     if len(value) > MAX_TOPICS:
         raise _invalid(f"exceed max topics: {len(value)} positions, a log has at most {MAX_TOPICS}")
-    positions = [_position(item, max_list) for item in value]
+    positions = [
+        None if item is None else _alternatives(item, _HASH, "topic(s)", max_list, null_is_any=True)
+        for item in value
+    ]
     while positions and positions[-1] is None:
         positions.pop()
     return tuple(positions)
 
 
-def _position(item: Any, max_list: int) -> frozenset[str] | None:
-    if item is None:
-        return None
-    options = [item] if isinstance(item, str) else item
-    if not isinstance(options, list):
-        raise _invalid("invalid topic(s): a position is null, a topic or a list of topics")
-    if len(options) > max_list:
-        raise too_many("topics in one position", len(options), max_list)
+_SHAPES = {"address": ("a 20-byte 0x address", "addresses"),
+           "topic(s)": ("a 32-byte 0x hash", "topics in one position")}  # fmt: skip
+
+
+def _alternatives(
+    value: Any, pattern: re.Pattern[str], what: str, max_list: int, *, null_is_any: bool
+) -> frozenset[str] | None:
+    """One value or a list of them (any of them matches), lowercased. None (any): an empty
+    list, or a null inside the list where geth allows it (topics)."""
+    shape, plural = _SHAPES[what]
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list):
+        raise _invalid(f"invalid {what}: expected one value or a list of them")
+    if len(items) > max_list:
+        raise too_many(plural, len(items), max_list)
     out = set()
-    for topic in options:
-        if topic is None:
-            return None  # geth: a null inside the list matches anything
-        if not isinstance(topic, str) or not _HASH.match(topic):
-            raise _invalid(f"invalid topic(s): {topic!r:.80} is not a 32-byte 0x hash")
-        out.add(topic.lower())
+    for item in items:
+        if item is None and null_is_any:
+            return None
+        if not isinstance(item, str) or not pattern.match(item):
+            raise _invalid(f"invalid {what}: {item!r:.80} is not {shape}")
+        out.add(item.lower())
     return frozenset(out) if out else None
 
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from chainstate.jsonrpc import JsonRpcError
+from chainstate.jsonrpc import SERVER_BUSY, JsonRpcError
 from chainstate.rpcclient import RpcClient, RpcUnavailable
 from proxy.model import Node, Pool
 
@@ -284,6 +284,14 @@ class ChainFeed:
             if block is None or entry.get("blockHash") != block.hash:
                 raise FeedError("logs of another chain than the headers (the node reorged)")
             block.logs.append(entry)
+
+
+async def follow(feed: ChainFeed, listener: Listener) -> int:
+    """`feed.add(listener)` for a JSON-RPC method: no readable head is -32005."""
+    try:
+        return await feed.add(listener)
+    except FeedError as exc:
+        raise JsonRpcError(SERVER_BUSY, f"cannot follow the chain: {exc}") from None
 
 
 def _head(node: Node) -> int:

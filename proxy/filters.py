@@ -27,7 +27,7 @@ from cachetools import LRUCache
 
 from chainstate.jsonrpc import INVALID_PARAMS, SERVER_BUSY, JsonRpcError, params_list
 from chainstate.logfilter import LogFilter, parse_filter
-from proxy.chainfeed import ChainFeed, FeedBlock, FeedError
+from proxy.chainfeed import ChainFeed, FeedBlock, follow
 from proxy.eventsettings import EventSettings
 
 log = logging.getLogger(__name__)
@@ -199,10 +199,7 @@ class Filters:
                 f"too many filters on this proxy ({limit}, max_filters): uninstall unused ones "
                 "with eth_uninstallFilter",
             )
-        try:
-            await self._feed(entry.pool_id).add(entry)
-        except FeedError as exc:
-            raise JsonRpcError(SERVER_BUSY, f"cannot follow the chain: {exc}") from None
+        await follow(self._feed(entry.pool_id), entry)
         self.installed[entry.id] = entry
         return entry.id
 

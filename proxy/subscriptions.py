@@ -36,7 +36,7 @@ from chainstate.jsonrpc import (
     params_list,
 )
 from chainstate.logfilter import LogFilter, parse_filter
-from proxy.chainfeed import ChainFeed, FeedBlock, FeedError
+from proxy.chainfeed import ChainFeed, FeedBlock, follow
 from proxy.eventsettings import EventSettings
 from proxy.filters import matching, new_id
 
@@ -207,10 +207,7 @@ class Session:
                 "max_subscriptions_per_connection)",
             )
         sub = Subscription(self, name, flt)
-        try:
-            await self.feed.add(sub)
-        except FeedError as exc:
-            raise JsonRpcError(SERVER_BUSY, f"cannot follow the chain: {exc}") from None
+        await follow(self.feed, sub)
         self.subscriptions[sub.id] = sub
         return sub.id
 
