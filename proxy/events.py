@@ -151,7 +151,7 @@ class Events:
     ) -> tuple[int, bytes]:
         """`Engine.handle`, with the filter methods (and on a WebSocket the subscription
         methods) answered here."""
-        if not any(marker in body for marker in MARKERS):
+        if b"Filter" not in body and b"ubscribe" not in body:  # MARKERS, without a loop
             return await self._engine_handle(chain, body, headers)
         try:
             payload = orjson.loads(body)
