@@ -179,14 +179,13 @@ class Events:
         session: Session | None,
     ) -> tuple[int, bytes]:
         answers: list[Any] = [None] * len(payload)
-        routed = [
-            i for i, item in enumerate(payload) if isinstance(item, dict) and not _is_local(item)
-        ]
+        routed = []
         for i, item in enumerate(payload):
-            if not isinstance(item, dict):
-                answers[i] = error_response(
-                    None, INVALID_REQUEST, "Invalid Request: expected a JSON object"
-                )
+            bad = check_request(item)
+            if bad is not None:  # answered here: its id may be what is wrong with it
+                answers[i] = error_response(request_id(item), bad.code, bad.message)
+            elif not _is_local(item):
+                routed.append(i)
         if routed:  # first, so a subscription starts after everything else is answered
             sub = [_with_id(payload[i], j) for j, i in enumerate(routed)]
             _, out = await self._engine_handle(chain, orjson.dumps(sub), headers)
@@ -197,7 +196,7 @@ class Events:
                 answer = by_id.get(j) or error_response(None, INTERNAL_ERROR, "no answer")
                 answers[i] = {**answer, "id": payload[i]["id"]}
         for i, item in enumerate(payload):
-            if _is_local(item):
+            if answers[i] is None and _is_local(item):
                 answers[i] = await self._local(pool, item, session)
         out_items = [a for a in answers if a is not None]
         return (200, orjson.dumps(out_items)) if out_items else (204, b"")

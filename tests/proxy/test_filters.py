@@ -150,11 +150,13 @@ async def test_filter_methods_in_a_batch_with_routed_reads(stack: EventsStack) -
         5,
         {"jsonrpc": "2.0", "id": 3, "method": "eth_uninstallFilter", "params": [fid]},
         {"jsonrpc": "2.0", "id": 4, "method": "eth_chainId"},
+        {"jsonrpc": "2.0", "id": [5], "method": "eth_chainId"},
     ]
     answers = await stack.post(batch)
-    assert [a["id"] for a in answers] == ["a", "a", None, 3, 4]
+    assert [a["id"] for a in answers] == ["a", "a", None, 3, 4, None]
     assert answers[0]["result"] == head
     assert answers[1]["result"] == block_hashes(stack, stack.chain.head)
     assert answers[2]["error"]["code"] == -32600
     assert answers[3]["result"] is True
     assert answers[4]["result"] == "0x539"
+    assert answers[5]["error"]["code"] == -32600  # a bad id, as the engine answers it
