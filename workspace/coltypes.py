@@ -19,6 +19,8 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 UINT256_MAX = 2**256 - 1
 FLOAT_EXACT = 2**53  # floats are exact integers only up to here (1e30 is 1000…19884624838656)
 _DEC_INT_DIGITS, _DEC_FRAC_DIGITS = 40, 38
+_DEC_RANGE = f"must have at most {_DEC_INT_DIGITS} integer and {_DEC_FRAC_DIGITS} fraction digits"
+_DEC_MAX_CHARS = 1000  # a longer text is no decimal these columns can hold
 _HEX40 = re.compile(r"0x[0-9a-fA-F]{40}")
 _HEX64 = re.compile(r"0x[0-9a-fA-F]{64}")
 _DIGITS = re.compile(r"[0-9]+")
@@ -120,24 +122,42 @@ def decimal_encode(v: Any) -> str:
     values >= 0; 'n' + nines' complement + '~' for negatives (so text order = numeric order)."""
     if isinstance(v, bool) or not isinstance(v, int | float | str):
         raise BadValue("must be a decimal number or a decimal string")
+    if isinstance(v, int) and abs(v) >= 10**_DEC_INT_DIGITS:
+        raise BadValue(_DEC_RANGE)
+    text = v.strip() if isinstance(v, str) else repr(v)
+    if len(text) > _DEC_MAX_CHARS:
+        raise BadValue(f"must be a decimal of at most {_DEC_MAX_CHARS} characters")
     try:
-        d = decimal.Decimal(str(v).strip())
+        d = decimal.Decimal(text)
     except decimal.InvalidOperation:
         raise BadValue("must be a decimal number or a decimal string") from None
     if not d.is_finite():
         raise BadValue("must be a finite decimal")
-    text = format(abs(d), "f")
+    if not d:
+        return f"p{'0' * _DEC_INT_DIGITS}."  # zero, whatever its sign or exponent
+    _check_decimal_digits(d)  # before any formatting: 1e1000000 must not be expanded
+    text = format(d.copy_abs(), "f")
     whole, _, frac = text.partition(".")
     frac = frac.rstrip("0")
     whole = whole.lstrip("0")
     if len(whole) > _DEC_INT_DIGITS or len(frac) > _DEC_FRAC_DIGITS:
-        raise BadValue(
-            f"must have at most {_DEC_INT_DIGITS} integer and {_DEC_FRAC_DIGITS} fraction digits"
-        )
+        raise BadValue(_DEC_RANGE)
     whole = whole.zfill(_DEC_INT_DIGITS)
     if d >= 0 or (not whole.strip("0") and not frac):
         return f"p{whole}.{frac}"
     return f"n{_complement(whole)}.{_complement(frac)}~"
+
+
+def _check_decimal_digits(d: decimal.Decimal) -> None:
+    """Refuse a decimal with too many integer or fraction digits from its exponent alone."""
+    _, digits, exponent = d.as_tuple()
+    assert isinstance(exponent, int)  # finite
+    significant = len(digits)
+    while significant > 1 and digits[significant - 1] == 0:
+        significant -= 1
+        exponent += 1
+    if significant + exponent > _DEC_INT_DIGITS or -exponent > _DEC_FRAC_DIGITS:
+        raise BadValue(_DEC_RANGE)
 
 
 def decimal_decode(s: Any) -> Any:

@@ -1,22 +1,28 @@
 """Function endpoints: get, create, update, delete, list (name/code keyword search), invoke,
-run (run record), and test cases. Also owns the compute service's set-up for the app
-(`setup`) and the schema of everything compute stores (`MIGRATIONS`)."""
+run (run record), and test cases. Also sets the compute service up for the app (`setup`, from
+workspace.compute_api) and holds the schema of everything compute stores (`MIGRATIONS`)."""
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from typing import Any
 
-from aiohttp import web
-
-from workspace.auth import VISIBLE_SQL, Principal, visible_params
+from workspace.auth import Principal
 from workspace.compute import store as cs
 from workspace.compute.params import bind, check_arguments, check_parameters
 from workspace.compute.records import build_run_record, new_run_id
 from workspace.compute.runners import DEFAULT_ENTRY, IDENTIFIER, LANGUAGES
-from workspace.compute.service import COMPUTE_KEY, ComputeService, ComputeSettings
+from workspace.compute_api import (
+    ARGUMENT,
+    PARAMETER,
+    PARAMS_IN,
+    check_name,
+    compute,
+    run_rights,
+    setup,
+    visible_spaces,
+)
 from workspace.db import Conn
 from workspace.errors import ApiError, conflict, forbidden, invalid, not_found
 from workspace.http import AppCtx, Call, Endpoint
@@ -49,21 +55,10 @@ from workspace.validate import (
 )
 
 MIGRATIONS = cs.MIGRATIONS
+__all__ = ["MIGRATIONS", "routes", "setup"]
 FUNCTION_FAILED = 42200  # function/invoke: the Function failed or timed out (message says how)
 MAX_MATCHED_LINES = 10  # spec: at most 10 matched_lines per list item
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 
-PARAMETER = obj(
-    {
-        "name": STR_NULL,
-        "type": STR,
-        "options": nullable(arr({})),
-        "default": nullable(obj({"value": {}})),
-        "id": {},
-        "order": {"type": ["integer", "null"]},
-    }
-)
-ARGUMENT = obj({"value": {}, "name": STR_NULL, "order": {"type": ["integer", "null"]}})
 FUNCTION = obj(
     {
         "id": STR,
@@ -118,39 +113,8 @@ RUN_RECORD = obj(
         "finished_at": NUM_NULL,
     }
 )
-PARAMS_IN = Arr(Obj(free=True))
 
-
-def compute(call: Call) -> ComputeService:
-    return call.request.app[COMPUTE_KEY]
-
-
-def setup(app: web.Application, ctx: AppCtx) -> None:
-    """One compute service per app: started after the app's migrations, stopped before the
-    database closes. Tests may replace `app[COMPUTE_KEY].settings` / `.clock` before start."""
-    settings = ComputeSettings.from_mapping(
-        ctx.settings.compute, ctx.settings.workspace_dir, ctx.settings.port
-    )
-    svc = ComputeService(ctx, settings)
-    app[COMPUTE_KEY] = svc
-    from workspace.notebooks import table_instances
-
-    ctx.table_instances = table_instances  # table/instance/list reads compute's access records
-    for table in ("ws_functions", "ws_notebooks"):
-        if table not in ctx.content_tables:
-            ctx.content_tables.append(table)
-
-    async def start(_: web.Application) -> None:
-        await svc.start()
-
-    async def stop(_: web.Application) -> None:
-        await svc.close()
-
-    app.on_startup.append(start)
-    app.on_shutdown.append(stop)
-
-
-# shared helpers ---------------------------------------------------------------------------
+# helpers ---------------------------------------------------------------------------
 
 
 def function_json(conn: Conn, fn: dict[str, Any], content: list[str]) -> dict[str, Any]:
@@ -179,30 +143,16 @@ def load_function(conn: Conn, who: Principal, function_id: str, write: bool = Fa
     return fn
 
 
-def check_name(name: str, space: str) -> None:
-    if not NAME_RE.match(name):
-        raise invalid("name must use A-Z, a-z, 0-9, '_' or '-' (not starting with '-')")
-    if len(space) + 1 + len(name) > 255:
-        raise invalid("the Function id <space>.<name> must be at most 255 characters")
-
-
 def code_matches(code: str, keyword: str) -> tuple[list[dict[str, Any]], int]:
-    needle = keyword.lower()
+    """Lines of `code` containing `keyword` (ASCII letters in any case): the first
+    MAX_MATCHED_LINES and how many there are."""
+    needle = cs.ascii_lower(keyword)
     hits = [
         {"line": i, "text": line}
         for i, line in enumerate(code.splitlines(), start=1)
-        if needle in line.lower()
+        if needle in cs.ascii_lower(line)
     ]
     return hits[:MAX_MATCHED_LINES], len(hits)
-
-
-def visible_space_ids(conn: Conn, who: Principal, space: str | None) -> list[str]:
-    sql = f"SELECT s.id FROM ws_spaces s WHERE {VISIBLE_SQL}"
-    params: list[Any] = visible_params(who)
-    if space is not None:
-        sql += " AND s.id = ?"
-        params.append(space)
-    return [r[0] for r in conn.tuples(sql, params)]
 
 
 def outcome_error(record: dict[str, Any]) -> ApiError:
@@ -294,24 +244,18 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
         p = call.params
 
         def q(conn: Conn) -> Any:
-            spaces = visible_space_ids(conn, call.who, p["space"])
-            fns = cs.list_functions(conn, spaces, p["name"], p["order_by"], p["direction"])
+            spaces = visible_spaces(call.who, p["space"])
+            order = (p["order_by"], p["direction"], p["start"], p["limit"])
             keyword = p["keyword"]
-            items: list[tuple[dict[str, Any], dict[str, Any]]] = []
-            for fn in fns:
-                extra: dict[str, Any] = {}
-                if keyword:
-                    if p["match_type"] == "code":
-                        lines, count = code_matches(fn["code"], keyword)
-                        if count == 0:
-                            continue
-                        extra = {"matched_lines": lines, "matched_line_count": count}
-                    elif keyword.lower() not in fn["name"].lower():
-                        continue
-                items.append((fn, extra))
-            page = items[p["start"] : p["start"] + p["limit"]]
+            page: list[tuple[dict[str, Any], dict[str, Any]]]
+            if keyword and p["match_type"] == "code":
+                page, total = cs.search_function_code(
+                    conn, spaces, p["name"], *order, keyword, lambda c: code_matches(c, keyword)
+                )
+            else:
+                fns, total = cs.list_functions(conn, spaces, p["name"], *order, keyword)
+                page = [(fn, {}) for fn in fns]
             out = [{**function_json(conn, fn, content), **extra} for fn, extra in page]
-            total = len(items)
             return {"start": p["start"], "limit": p["limit"], "items": out, "total_count": total}
 
         return await call.db.read(q)
@@ -329,6 +273,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             args,
             arguments,
             reader=fn["id"],
+            rights=run_rights(call.who, fn["account_id"]),
         )
         if record["status"] != "succeeded":
             raise outcome_error(record)
@@ -351,6 +296,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             args,
             arguments,
             reader="",
+            rights=call.who,
         )
 
     async def execute(
@@ -362,11 +308,12 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
         args: list[Any],
         arguments: list[dict[str, Any]],
         reader: str,
+        rights: Principal,
     ) -> dict[str, Any]:
         run_id = new_run_id()
         created = time.time()
         outcome = await compute(call).run_function(
-            call.who, language, code, func_name, args, reader, run_id
+            call.who, rights, language, code, func_name, args, reader, run_id
         )
         return build_run_record(
             run_id=run_id,

@@ -35,6 +35,7 @@ from workspace.validate import Field, parse_fields
 
 log = logging.getLogger("workspace")
 
+DEFAULT_JSON_DEPTH = WorkspaceSettings.max_json_depth
 # chainstate_forward(chain_id, body, headers) -> (HTTP status, body)
 Forward = Callable[[str, bytes, Mapping[str, str]], Awaitable[tuple[int, bytes]]]
 
@@ -49,7 +50,8 @@ class AppCtx:
     http: ClientSession | None = None
     # Tables with a `space` column counted in a Space's `content_count` (modules append).
     content_tables: list[str] = field(default_factory=lambda: ["ws_tables"])
-    # table/instance/list provider: fn(conn, table_id, access, limit) -> data (notebooks).
+    # table/instance/list provider: fn(conn, table_id, access, limit, account_id) -> data,
+    # only that account's instances (set by workspace.compute_api).
     table_instances: Callable[..., Any] | None = None
 
 
@@ -107,8 +109,10 @@ def dumps_exact(payload: Any) -> bytes:
         return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def loads_exact(raw: bytes | str) -> Any:
-    """Parse JSON with orjson, but keep integers beyond 64 bits exact.
+def loads_exact(raw: bytes | str, max_depth: int = DEFAULT_JSON_DEPTH) -> Any:
+    """Parse JSON with orjson, but keep integers beyond 64 bits exact, and refuse documents
+    nested deeper than `max_depth` (the `max_json_depth` setting): later steps (storing,
+    handing to a run, answering) recurse over values, and Python's recursion limit is ~1000.
 
     orjson reads such integers as floats (123456789012345678901234567890 becomes
     1.2345678901234568e+29), which would silently change a UINT256 value; when the result holds
@@ -116,7 +120,10 @@ def loads_exact(raw: bytes | str) -> Any:
     Raises ValueError (orjson.JSONDecodeError is one) with the reason.
     """
     doc = orjson.loads(raw)
-    if not _has_big_float(doc):
+    depth, big_float = json_shape(doc)
+    if depth > max_depth:
+        raise ValueError(f"nested deeper than {max_depth} levels (max_json_depth)")
+    if not big_float:
         return doc
     try:
         return json.loads(raw, parse_constant=_no_constant)
@@ -124,25 +131,32 @@ def loads_exact(raw: bytes | str) -> Any:
         raise ValueError("nested too deeply") from None
 
 
-def _has_big_float(doc: Any) -> bool:
-    stack = [doc]
+def json_shape(doc: Any) -> tuple[int, bool]:
+    """(nesting depth, whether an integral float is too large to be exact) of a JSON value;
+    iterative, so any depth is measured without recursion."""
+    stack = [(doc, 1)]
+    deepest = 0
+    big_float = False
     while stack:
-        v = stack.pop()
+        v, depth = stack.pop()
         if isinstance(v, float):
-            if v.is_integer() and abs(v) > FLOAT_EXACT:
-                return True
+            big_float = big_float or (v.is_integer() and abs(v) > FLOAT_EXACT)
         elif isinstance(v, dict):
-            stack.extend(v.values())
+            deepest = max(deepest, depth)
+            stack.extend((x, depth + 1) for x in v.values())
         elif isinstance(v, list):
-            stack.extend(v)
-    return False
+            deepest = max(deepest, depth)
+            stack.extend((x, depth + 1) for x in v)
+    return deepest, big_float
 
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def read_json_body(request: web.Request, max_bytes: int) -> dict[str, Any]:
+async def read_json_body(
+    request: web.Request, max_bytes: int, max_depth: int = DEFAULT_JSON_DEPTH
+) -> dict[str, Any]:
     if request.content_length is not None and request.content_length > max_bytes:
         raise ApiError(TOO_LARGE, f"request body larger than {max_bytes} bytes")
     raw = await request.read()  # aiohttp enforces client_max_size (413) while reading
@@ -156,7 +170,7 @@ async def read_json_body(request: web.Request, max_bytes: int) -> dict[str, Any]
             UNSUPPORTED_MEDIA, "POST bodies must be JSON (Content-Type: application/json)"
         )
     try:
-        body = loads_exact(raw)
+        body = loads_exact(raw, max_depth)
     except ValueError as exc:
         raise ApiError(INVALID_JSON, f"body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -181,7 +195,8 @@ def make_handler(
                 raise ApiError(INVALID_PARAMS, "each query parameter may be given once")
             params = parse_fields(ep.params, query, query=True)
         else:
-            body = await read_json_body(request, ctx.settings.max_body_bytes)
+            settings = ctx.settings
+            body = await read_json_body(request, settings.max_body_bytes, settings.max_json_depth)
             params = parse_fields(ep.params, body, query=False)
         result = await ep.handler(Call(request, ctx, params, principal))
         if isinstance(result, web.StreamResponse):

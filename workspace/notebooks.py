@@ -1,6 +1,6 @@
 """Notebook endpoints: notebooks (create, get, delete, list), instances (create, get, list,
 cancel, keepalive, set_background, logs/history, metrics, specs) and schedules (create, get,
-list, delete, runs). Execution is the compute service's (set up by workspace.functions)."""
+list, delete, runs). Execution is the compute service's (set up by workspace.compute_api)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,17 @@ from workspace.compute import store as cs
 from workspace.compute.instances import InstanceError
 from workspace.compute.params import bind_names, check_arguments, check_parameters
 from workspace.compute.scheduler import MODES, next_due, valid_cron
-from workspace.db import Conn
-from workspace.errors import ApiError, conflict, forbidden, invalid, not_found
-from workspace.functions import (
+from workspace.compute_api import (
     ARGUMENT,
     PARAMETER,
     PARAMS_IN,
     check_name,
     compute,
-    visible_space_ids,
+    run_rights,
+    visible_spaces,
 )
+from workspace.db import Conn
+from workspace.errors import ApiError, conflict, forbidden, invalid, not_found
 from workspace.http import AppCtx, Call, Endpoint
 from workspace.openapi_shapes import (
     ACCOUNT,
@@ -311,7 +312,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
         p = call.params
 
         def q(conn: Conn) -> Any:
-            spaces = visible_space_ids(conn, call.who, p["space"])
+            spaces = visible_spaces(call.who, p["space"])
             items, total = cs.list_notebooks(
                 conn, spaces, p["name"], p["start"], p["limit"], p["order_by"], p["direction"]
             )
@@ -336,6 +337,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
                 globals_=globals_,
                 account_id=call.who.account_id,
                 user_id=call.who.user_id,
+                rights_account_id=run_rights(call.who, nb["account_id"]).account_id,
                 name=p["name"],
                 background=p["background"],
                 max_cpu=p["max_cpu"],
@@ -733,27 +735,3 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             tag,
         ),
     ]
-
-
-def table_instances(conn: Conn, table_id: str, access: str, limit: int) -> dict[str, Any]:
-    """table/instance/list data: the instances that read or wrote `table_id`, newest first."""
-    items = []
-    for row in cs.table_accesses(conn, table_id, access, limit * 4):
-        doc = cs.get_instance(conn, row["instance_id"])
-        if doc is None:
-            continue  # a Function run, not an instance
-        items.append(
-            {
-                "id": doc["id"],
-                "last_accessed_at_ms": int(row["last_accessed_at_ms"]),
-                "name": doc["name"],
-                "display_status": doc["display_status"],
-                "launched": doc["launched"],
-                "notebook_id": doc["notebook_id"],
-                "schedule_id": doc["schedule_id"],
-                "exit_message": doc["exit_message"],
-            }
-        )
-        if len(items) >= limit:
-            break
-    return {"instances": items, "count": len(items)}

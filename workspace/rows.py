@@ -124,7 +124,9 @@ def write_block(
     return len(rows)
 
 
-def parse_filter(t: Table, text: str | None, max_conditions: int) -> tuple[str, list[Any]]:
+def parse_filter(
+    t: Table, text: str | None, max_conditions: int, max_depth: int = 64
+) -> tuple[str, list[Any]]:
     """row/list `filter` -> (SQL condition, params); conditions combine with AND.
 
     Absent, empty, `[]` and JSON `null` all mean no filter: `null` is what a client
@@ -132,7 +134,7 @@ def parse_filter(t: Table, text: str | None, max_conditions: int) -> tuple[str, 
     if text is None or text.strip() == "":
         return "", []
     try:
-        conds = loads_exact(text)
+        conds = loads_exact(text, max_depth)
     except ValueError as exc:
         raise ApiError(INVALID_FILTER, f"filter is not valid JSON: {exc}") from None
     if conds is None:
@@ -269,7 +271,7 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
 
         def run(conn: Conn) -> Any:
             t = readable(conn, call)
-            where, params = parse_filter(t, p["filter"], s.max_filter_conditions)
+            where, params = parse_filter(t, p["filter"], s.max_filter_conditions, s.max_json_depth)
             order_col = p["order_by"] or "id"
             if t.column(order_col) is None:
                 raise invalid(f"order_by {order_col!r} is not a column of {t.id!r}")

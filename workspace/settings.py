@@ -25,6 +25,7 @@ class WorkspaceSettings:
     proxy_url: str = "http://127.0.0.1:8663"
     db_readers: int = 4  # reader connections (threads) serving reads beside the one writer
     max_body_bytes: int = 8 * 1024 * 1024  # request bodies larger than this get HTTP 413
+    max_json_depth: int = 64  # JSON nested deeper (bodies, filters, return values): a 400
     query_timeout_ms: int = 2000  # row/query wall-clock limit
     query_max_rows: int = 10000  # row/query: at most this many rows (spec: 10000)
     query_max_sql_bytes: int = 65536  # row/query: longer statements are refused (parse cost)

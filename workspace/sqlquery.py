@@ -235,8 +235,8 @@ def _decimal_text(text: str) -> Any:
 def encode_literal(node: exp.Expression, col: dict[str, Any]) -> exp.Expression:
     """The literal `node` in `col`'s stored form; ApiError(INVALID_SQL) when it does not fit."""
     value = _literal_value(node)
-    if col["type"] == "DECIMAL" and isinstance(node, exp.Literal) and not node.is_string:
-        value = node.this  # keep the exact digits
+    if col["type"] == "DECIMAL":
+        value = _decimal_digits(node, value)
     try:
         stored = TYPES[col["type"]].encode(value)
     except BadValue as exc:
@@ -244,6 +244,17 @@ def encode_literal(node: exp.Expression, col: dict[str, Any]) -> exp.Expression:
     if isinstance(stored, str):
         return exp.Literal.string(stored)
     return exp.Literal.number(stored)
+
+
+def _decimal_digits(node: exp.Expression, value: Any) -> Any:
+    """A number literal compared with a DECIMAL column, as the digits written (not a float:
+    -1.00000000000000000001 stays exact, -1e1000000 is refused for its digits)."""
+    sign = ""
+    if isinstance(node, exp.Neg):
+        sign, node = "-", node.this
+    if isinstance(node, exp.Literal) and not node.is_string:
+        return sign + node.this
+    return value
 
 
 def _order_item(node: exp.Expression, table: Table, alias: set[str]) -> str:
@@ -264,6 +275,8 @@ def _int_clause(node: Any, what: str) -> int | None:
     value = node.args.get("expression") or node.this
     if type(value) is not exp.Literal or value.is_string or not value.this.isdigit():
         raise bad(f"{what} takes a non-negative integer")
+    if len(value.this.lstrip("0")) > len(str(INT64_MAX)):  # int() refuses 4300+ digits
+        raise bad(f"{what} must be at most {INT64_MAX}")
     n = int(value.this)
     if n > INT64_MAX:
         raise bad(f"{what} must be at most {INT64_MAX}")

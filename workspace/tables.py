@@ -373,15 +373,13 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
 
     async def instance_list(call: Call) -> Any:
         p = call.params
-        provider = ctx.table_instances or getattr(
-            sys.modules.get("workspace.notebooks"), "table_instances", None
-        )
+        provider = ctx.table_instances
 
         def q(conn: Conn) -> Any:
             t = load_table(conn, call.who, p["id"])
-            if provider is None:  # no notebook module: no instance can touch a table
+            if provider is None:  # no compute module: no instance can touch a table
                 return {"instances": [], "count": 0}
-            return provider(conn, t.id, p["access"], p["limit"])
+            return provider(conn, t.id, p["access"], p["limit"], call.who.account_id)
 
         return await call.db.read(q)
 
@@ -528,9 +526,9 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             (
                 ID_PARAM,
                 Field("access", Str(enum=("read", "write")), required=True),
-                Field("limit", Int(1), default=100),
+                Field("limit", Int(1), default=100, doc="effective maximum 1000"),
             ),
-            "Notebook instances reading or writing the table",
+            "The calling account's Notebook instances that read or wrote the table",
             obj({"instances": arr(instance_item), "count": INT}),
             T,
         ),

@@ -16,6 +16,12 @@ from workspace.errors import invalid
 
 MISSING: Any = object()
 _INT_RE = re.compile(r"-?[0-9]+")
+MAX_INT_DIGITS = 30  # no integer parameter needs more (int64 has 19 digits)
+
+
+def _shown_int(value: int) -> str:
+    text = str(value) if value.bit_length() < 128 else f"a {value.bit_length()}-bit integer"
+    return text
 
 
 class Kind:
@@ -74,16 +80,25 @@ class Int(Kind):
         if query and isinstance(value, str):
             if not _INT_RE.fullmatch(value):
                 raise invalid(f"{name} must be an integer; got {value!r}")
+            if len(value.lstrip("-").lstrip("0")) > MAX_INT_DIGITS:
+                raise invalid(self._out_of_range(name, value.startswith("-")))
             value = int(value)
         if isinstance(value, float) and value.is_integer() and not query:
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise invalid(f"{name} must be an integer")
         if self.minimum is not None and value < self.minimum:
-            raise invalid(f"{name} must be at least {self.minimum}; got {value}")
+            raise invalid(f"{name} must be at least {self.minimum}; got {_shown_int(value)}")
         if self.maximum is not None and value > self.maximum:
-            raise invalid(f"{name} must be at most {self.maximum}; got {value}")
+            raise invalid(f"{name} must be at most {self.maximum}; got {_shown_int(value)}")
         return value
+
+    def _out_of_range(self, name: str, negative: bool) -> str:
+        if negative and self.minimum is not None:
+            return f"{name} must be at least {self.minimum}"
+        if not negative and self.maximum is not None:
+            return f"{name} must be at most {self.maximum}"
+        return f"{name} is out of range (more than {MAX_INT_DIGITS} digits)"
 
     def schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "integer"}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -41,6 +43,7 @@ REPO = Path(__file__).resolve().parents[2]
 GO_CACHE = REPO / ".chainstate" / "test-compute-cache"
 
 FAST = Limits(wall_seconds=5, cpu_seconds=5, memory_bytes=256 * 1024 * 1024)
+BUILD_UID = 2_100_063  # the runner fixture's Go build uid (its pool uses 2_100_000..3)
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +62,20 @@ def sandbox(isolation: Isolation) -> Iterator[Sandbox]:
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(params=["probed", "hidepid"])
+def private_sandbox(request: pytest.FixtureRequest, sandbox: Sandbox) -> Sandbox:
+    """The machine's best isolation (bubblewrap), and the root fallback without it (a hidepid
+    /proc and the same file system view made with mount calls)."""
+    iso = sandbox.isolation
+    if request.param == "hidepid":
+        if not iso.drop_uid:
+            pytest.skip("hidepid=2 needs root and a uid per run")
+        iso = replace(iso, processes="hidepid", bwrap=None)
+    if not iso.processes_isolated or not iso.filesystem_private:
+        pytest.fail(f"process or file system isolation unavailable here: {iso.notes}")
+    return Sandbox(iso, work_root=sandbox.work_root)
+
+
 @pytest.fixture
 def pool() -> WorkerPool:
     return WorkerPool(workers=2, max_queue=8, uids=UidPool(2_100_000, 4))
@@ -66,7 +83,8 @@ def pool() -> WorkerPool:
 
 @pytest.fixture
 async def runner(sandbox: Sandbox, pool: WorkerPool) -> AsyncIterator[CodeRunner]:
-    r = CodeRunner(sandbox, pool, RunnerSettings(limits=FAST, cache_dir=GO_CACHE))
+    settings = RunnerSettings(limits=FAST, cache_dir=GO_CACHE, build_uid=BUILD_UID)
+    r = CodeRunner(sandbox, pool, settings)
     await r.prepare()
     yield r
 
@@ -102,6 +120,36 @@ class Client:
         return status
 
 
+async def wait_ended(client: Client, instance_id: str, seconds: float = 15) -> dict[str, Any]:
+    """The instance once it has ended (AssertionError when it is still running after
+    `seconds`)."""
+    for _ in range(int(seconds * 10)):
+        doc = await client.ok("GET", "/v1/notebook/instance", id=instance_id)
+        if doc["status"] == "ended":
+            return doc
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{instance_id} still running")
+
+
+NOTE_COLUMNS = [
+    {"id": "id", "name": "id", "type": "STRING"},
+    {"id": "n", "name": "note", "type": "STRING"},
+]
+
+
+async def note_table(client: Client, note: str, visibility: str = "private") -> str:
+    """A fresh Space of the client's account holding table `t` (id, note) with one row
+    `r1` whose note is `note`; returns the table id."""
+    space = f"s{uuid.uuid4().hex[:10]}"
+    await client.ok("POST", "/v1/space/create", {"id": space, "visibility": visibility})
+    body = {"space": space, "name": "t", "table_type": "normal"}
+    t = await client.ok("POST", "/v1/table/create", body)
+    await client.ok("POST", "/v1/table/init", {"id": t["id"], "columns": NOTE_COLUMNS})
+    row = {"table_id": t["id"], "data": {"id": "r1", "note": note}}
+    await client.ok("POST", "/v1/table/row/create", row)
+    return str(t["id"])
+
+
 @dataclass
 class Stack:
     app: web.Application
@@ -129,8 +177,10 @@ TEST_COMPUTE = dict(
 
 @asynccontextmanager
 async def running_stack(
-    data_dir: Path, proxy_url: str, database: str = "sqlite"
+    data_dir: Path, proxy_url: str, database: str = "sqlite", **compute: Any
 ) -> AsyncIterator[Stack]:
+    """The app with compute on a free port, accounts alice and bob (and alice's access key);
+    `compute`: ComputeSettings fields set on top of TEST_COMPUTE."""
     port = free_port()
     settings = WorkspaceSettings.from_config(
         {"data_dir": str(data_dir), "workspace": {"port": port}}
@@ -149,7 +199,7 @@ async def running_stack(
     ids = db.run_sync(accounts)
     app = create_app(settings)
     svc = app[COMPUTE_KEY]
-    svc.settings = replace(svc.settings, **TEST_COMPUTE)  # type: ignore[arg-type]
+    svc.settings = replace(svc.settings, **{**TEST_COMPUTE, **compute})  # type: ignore[arg-type]
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.compute.conftest import SECRET_ARGV, running_stack
+from tests.compute.conftest import REPO, SECRET_ARGV, running_stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
@@ -38,8 +38,11 @@ def main(paths):
 
 @pytest.fixture
 def data_dir() -> Iterator[Path]:
-    """Like a checkout's .chainstate/: readable by others (not pytest's 0700 tmp folders)."""
-    path = Path(tempfile.mkdtemp(prefix="cs-data-"))
+    """Like a checkout's .chainstate/: readable by others (not pytest's 0700 tmp folders), and
+    outside /tmp, which runs do not see at all: here only the folder's mode protects it."""
+    parent = REPO / ".chainstate"
+    parent.mkdir(exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix="cs-data-", dir=parent))
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)

@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from tests.compute.conftest import Stack
 from workspace.compute.store import table_reader_count
-from workspace.notebooks import table_instances
+from workspace.compute_api import table_instances
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -503,6 +503,6 @@ async def test_python_sdk_reads_writes_and_calls_chain(
     assert outside["status"] == "failed"  # no network inside the sandbox
 
     def accesses(conn: Any) -> Any:
-        return table_instances(conn, t, "write", 10)
+        return table_instances(conn, t, "write", 10, stack.ids["alice"])
 
     assert (await stack.db.run(accesses))["count"] == 0  # Function runs are not instances

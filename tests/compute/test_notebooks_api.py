@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from tests.compute.conftest import Stack
+from tests.compute.conftest import Stack, wait_ended
 from workspace.compute.store import table_reader_count
-from workspace.notebooks import table_instances
+from workspace.compute_api import table_instances
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -38,12 +38,7 @@ async def start(stack: Stack, nb: dict, **kw: Any) -> dict:
 
 
 async def ended(stack: Stack, instance_id: str, seconds: float = 15) -> dict:
-    for _ in range(int(seconds * 10)):
-        doc = await stack.alice.ok("GET", "/v1/notebook/instance", id=instance_id)
-        if doc["status"] == "ended":
-            return doc
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{instance_id} still running")
+    return await wait_ended(stack.alice, instance_id, seconds)
 
 
 async def test_notebook_crud_and_list(stack: Stack, space: str) -> None:
@@ -335,7 +330,9 @@ async def test_sdk_table_access_and_blockx(stack: Stack, space: str) -> None:
             "manual",
             nb["id"],
         )
-        direct = await stack.db.run(lambda c, x=access: table_instances(c, t["id"], x, 10))
+        direct = await stack.db.run(
+            lambda c, x=access: table_instances(c, t["id"], x, 10, stack.ids["alice"])
+        )
         assert direct == got
     # the Space's dep_count counts distinct readers (this Notebook) of its tables
     assert (await a.ok("GET", "/v1/space", id=space))["dep_count"] == 1

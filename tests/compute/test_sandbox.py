@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import replace
 
 import psutil
 import pytest
@@ -57,36 +56,29 @@ def test_isolation_is_probed_and_reported(isolation: Isolation) -> None:
         "processes_isolated",
         "per_run_uid",
         "cpu_quota",
+        "filesystem",
+        "filesystem_private",
+        "write_quota",
         "notes",
     }
     if not isolation.network_isolated:  # never silently: the gap is in the notes
         assert any("network" in n for n in info["notes"])
     if isolation.processes != "pidns":
         assert any("PID namespace" in n or "process isolation" in n for n in info["notes"])
+    if not isolation.filesystem_private:
+        assert any("file system not private" in n for n in info["notes"])
 
 
 def test_without_bwrap_the_fallback_is_reported() -> None:
     iso = probe_isolation(use_cgroups=False, bwrap="/nonexistent/bwrap")
     note = next(n for n in iso.notes if "/nonexistent/bwrap" in n)
-    if os.geteuid() == 0:  # root: a private /proc with hidepid=2 instead
+    if os.geteuid() == 0:  # root: a private /proc with hidepid=2, the same private files
         assert iso.processes == "hidepid" and iso.processes_isolated
         assert "hidepid=2" in note
+        assert iso.filesystem_private
     else:
         assert iso.processes == "none" and not iso.processes_isolated
         assert "can list every process" in note
-
-
-@pytest.fixture(params=["probed", "hidepid"])
-def private_sandbox(request: pytest.FixtureRequest, sandbox: Sandbox) -> Sandbox:
-    """The machine's best process isolation, and the root fallback without bwrap."""
-    iso = sandbox.isolation
-    if request.param == "hidepid":
-        if not iso.drop_uid:
-            pytest.skip("hidepid=2 needs root and a uid per run")
-        iso = replace(iso, processes="hidepid", bwrap=None)
-    if not iso.processes_isolated:
-        pytest.fail(f"process isolation unavailable here: {iso.notes}")
-    return Sandbox(iso, work_root=sandbox.work_root)
 
 
 async def test_a_run_sees_neither_the_server_nor_other_processes(

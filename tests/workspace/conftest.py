@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,13 @@ def backend(
     if request.param == "sqlite":
         yield "sqlite"
         return
+    with pg_schema() as url:
+        yield url
+
+
+@contextmanager
+def pg_schema() -> Iterator[str]:
+    """A URL to a fresh PostgreSQL schema of the test database, dropped afterwards."""
     base = pg_base_url()
     assert base is not None
     schema = "ws_" + uuid.uuid4().hex[:12]

@@ -25,7 +25,9 @@ from typing import IO, Any, Protocol
 import psutil
 from cachetools import LRUCache
 
-from workspace.compute.runners import RUNTIME_DIR, CodeRunner
+from workspace.compute.periodic import Periodic
+from workspace.compute.quotas import QUOTA_INSTANCES, AccountQuotas, InFlight
+from workspace.compute.runners import RUNTIME_DIR, BadResult, CodeRunner, parse_result
 from workspace.compute.sandbox import (
     GiB,
     Job,
@@ -81,6 +83,8 @@ class InstanceSettings:
     log_line_max_chars: int = 16 * 1024  # a longer output line is cut
     logs_page_lines: int = 1000  # lines per logs/history response
     reaper_interval_seconds: float = 1.0  # deadline checks
+    write_bytes: int = 256 * MiB  # everything an instance writes (its folders' tmpfs)
+    write_files: int = 100_000  # files and folders an instance may create
     uid_base: int = 2_200_000  # instances use uids [uid_base, uid_base + max_running)
 
     def quota_allowed(self, max_cpu: int, max_memory: int) -> bool:
@@ -92,6 +96,7 @@ class _Live:
     """In-memory side of a running instance."""
 
     id: str
+    account_id: str
     sp: SandboxProcess
     uid: int | None
     max_memory: int
@@ -196,6 +201,7 @@ class InstanceManager:
         log_dir: Path,
         clock: Clock = time.time,
         env_for: Callable[[dict[str, Any]], Awaitable[dict[str, str]]] | None = None,
+        quotas: AccountQuotas | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.runner = runner
@@ -204,12 +210,20 @@ class InstanceManager:
         self.log_dir = log_dir
         self.clock = clock
         self.env_for = env_for
-        self._uids = UidPool(settings.uid_base, settings.max_running)
-        # the service sets `uid_base` per server; tests construct managers directly
+        # the service sets `uid_base` per server (tests construct managers directly) and adds
+        # the clean-up of a uid's leftovers to the pool's on_release
+        self.uid_pool = UidPool(settings.uid_base, settings.max_running)
+        limit = (quotas or AccountQuotas()).max_running_instances
+        self.account_running = InFlight(
+            QUOTA_INSTANCES, "max_running_instances", limit, "instances running"
+        )
         self._live: dict[str, _Live] = {}
         # called with (instance doc, run env) when an instance's process has ended
         self.on_end: Callable[[dict[str, Any], dict[str, str]], None] | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops = [
+            Periodic(self.reap, settings.reaper_interval_seconds, "instance reaper"),
+            Periodic(self._sample_all, settings.metrics_interval_seconds, "instance sampler"),
+        ]
         self._lock = asyncio.Lock()
         # recent history kept in memory only, bounded (documented: metrics of old instances)
         self._ended_points: LRUCache[str, dict[str, deque[list[float]]]] = LRUCache(256)
@@ -228,17 +242,13 @@ class InstanceManager:
                 display="failed",
                 message="server restarted while the instance was running; its process was lost",
             )
-        self._tasks.append(asyncio.create_task(self._reaper()))
-        self._tasks.append(asyncio.create_task(self._sampler()))
+        for loop in self._loops:
+            loop.start()
 
     async def close(self) -> None:
         """Stop background loops and end every running instance (as failed, with a reason)."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        for loop in self._loops:
+            await loop.close()
         for live in list(self._live.values()):
             live.sp.kill("shutdown")
         for live in list(self._live.values()):
@@ -265,8 +275,12 @@ class InstanceManager:
         debug: bool = False,
         schedule_id: str | None = None,
         launched: str = "manual",
+        rights_account_id: str | None = None,
     ) -> dict[str, Any]:
-        """Record and start one instance; returns the stored instance document."""
+        """Record and start one instance; returns the stored instance document.
+
+        `rights_account_id`: whose rights its SDK calls get (the Notebook's owner; the
+        launching account by default). Raises QuotaExceeded past the account's quota."""
         cpu = max_cpu if max_cpu is not None else self.settings.default_max_cpu
         mem = max_memory if max_memory is not None else self.settings.default_max_memory
         if cpu <= 0 or mem <= 0 or not self.settings.quota_allowed(cpu, mem):
@@ -278,6 +292,8 @@ class InstanceManager:
                 raise InstanceError(
                     f"{self.settings.max_running} instances are already running", kind="busy"
                 )
+            mine = sum(1 for live in self._live.values() if live.account_id == account_id)
+            self.account_running.check(account_id, mine)
             now = self.clock()
             doc: dict[str, Any] = {
                 "id": uuid.uuid4().hex,
@@ -293,6 +309,7 @@ class InstanceManager:
                 "max_network_tx": 0,
                 "account_id": account_id,
                 "user_id": user_id,
+                "rights_account_id": rights_account_id or account_id,
                 "schedule_id": schedule_id,
                 "background": background,
                 "debug": debug,
@@ -308,11 +325,11 @@ class InstanceManager:
                 "exit_message": None,
             }
             await self.store.put_instance(doc)
-            uid = self._uids.acquire()
+            uid = self.uid_pool.acquire()
             try:
                 live = await self._spawn(doc, globals_, uid)
             except Exception as exc:
-                self._uids.release(uid)
+                self.uid_pool.release(uid)
                 log.warning("instance start failed", extra={"instance": doc["id"]})
                 await self._finish(
                     doc, exit_code=EXIT_LOST, display="failed", message=f"could not start: {exc}"
@@ -410,6 +427,8 @@ class InstanceManager:
             file_size_bytes=256 * MiB,
             open_files=1024,
             processes=128,
+            write_bytes=self.settings.write_bytes,
+            write_files=self.settings.write_files,
         )
         job_doc = {"entry": None, "args": [], "mode": "script", "globals": globals_}
         harness = str(RUNTIME_DIR / "python_harness.py")
@@ -426,7 +445,8 @@ class InstanceManager:
         sp = await self.sandbox.start(
             job, uid, on_output=lambda chunk: self._on_output(holder["live"], chunk)
         )
-        live = _Live(doc["id"], sp, uid, doc["max_memory"], self._log_path(doc["id"]), 0.0)
+        log_path = self._log_path(doc["id"])
+        live = _Live(doc["id"], doc["account_id"], sp, uid, doc["max_memory"], log_path, 0.0)
         live.started_mono = time.monotonic()
         live.env = env
         holder["live"] = live
@@ -482,7 +502,7 @@ class InstanceManager:
                 live.log_fh = None
             await self.sandbox.cleanup(live.sp)
             if live.uid is not None:
-                self._uids.release(live.uid)
+                self.uid_pool.release(live.uid)
             if self.on_end is not None:
                 self.on_end(doc, live.env)
         fresh = await self.store.get_instance(doc["id"]) or doc
@@ -550,19 +570,9 @@ class InstanceManager:
         await self.store.put_instance(doc)
         self._append_event(doc["id"], f"instance ended: {display}: {message}")
 
-    async def _reaper(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.reaper_interval_seconds)
-            try:
-                await self.reap()
-            except Exception:  # the loop must survive a store hiccup
-                log.exception("instance reaper failed")
-
-    async def _sampler(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.metrics_interval_seconds)
-            for live in list(self._live.values()):
-                self.sample(live)
+    async def _sample_all(self) -> None:
+        for live in list(self._live.values()):
+            self.sample(live)
 
     def sample(self, live: _Live) -> None:
         """Record cpu %, memory bytes and network rates; kill past max_memory (OOM)."""
@@ -635,10 +645,7 @@ def _net_bytes(pid: int) -> tuple[int, int]:
 
 
 def _parse(raw: bytes | None) -> dict[str, Any] | None:
-    if not raw:
-        return None
     try:
-        doc = json.loads(raw)
-    except ValueError:
+        return parse_result(raw, max_depth=64)  # a script's value is None: depth is a forgery
+    except BadResult:
         return None
-    return doc if isinstance(doc, dict) else None

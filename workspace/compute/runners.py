@@ -28,11 +28,14 @@ from workspace.compute.sandbox import (
     GiB,
     Job,
     Limits,
+    MiB,
     QueueFull,
     RunResult,
     Sandbox,
     WorkerPool,
 )
+from workspace.compute.sandbox.uids import ensure_owner
+from workspace.http import json_shape
 
 log = logging.getLogger("workspace.compute.runners")
 
@@ -40,6 +43,20 @@ RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 LANGUAGES = ("python", "go", "javascript", "sql")
 DEFAULT_ENTRY = {"python": "main", "javascript": "main", "go": "Main", "sql": ""}
 IDENTIFIER = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$]{0,127}$")
+
+GO_CACHE_IN_HOME = ".cache/go-build"
+# The whole Go environment of a build: no go.work (GOWORK=off), no env file (GOENV=off), no
+# network, no cgo, this machine's toolchain; the run's clean environment adds nothing else.
+GO_BUILD_ENV = {
+    "GOWORK": "off",
+    "GOENV": "off",
+    "GOFLAGS": "-mod=mod",
+    "GOPROXY": "off",
+    "GOSUMDB": "off",
+    "GOTOOLCHAIN": "local",
+    "GOTELEMETRY": "off",
+    "CGO_ENABLED": "0",
+}
 
 # failure code -> retryable
 FAILURE_CODES: dict[str, bool] = {
@@ -66,6 +83,10 @@ class SqlError(Exception):
 
 class SqlTimeout(SqlError):
     """A SQL Function that ran past its time limit (a `timeout` record)."""
+
+
+class SqlResultTooLarge(SqlError):
+    """A SQL Function whose result passed `function_result_bytes` while it was fetched."""
 
 
 SqlExecutor = Callable[[str, list[Any]], Awaitable[Any]]
@@ -106,6 +127,9 @@ class RunnerSettings:
     go_build_seconds: float = 120.0
     go_build_memory_bytes: int = 2 * GiB
     cache_dir: Path = Path(".chainstate/compute")
+    # the uid `go build` runs as on a root server (never a run's uid; builds take turns)
+    build_uid: int | None = None
+    max_json_depth: int = 64  # deepest return value accepted (the max_json_depth setting)
 
 
 def entry_name(language: str, func_name: str | None) -> str:
@@ -116,8 +140,9 @@ def entry_name(language: str, func_name: str | None) -> str:
     return name
 
 
-def outcome_from_run(result: RunResult, limits: Limits) -> Outcome:
-    """Map a sandbox run plus the harness's JSON document to an Outcome."""
+def outcome_from_run(result: RunResult, limits: Limits, max_depth: int = 64) -> Outcome:
+    """Map a sandbox run plus the harness's JSON document to an Outcome (`max_depth`: the
+    deepest return value accepted, the `max_json_depth` setting)."""
     text = result.output.decode("utf-8", errors="replace")
     common = {
         "text": text,
@@ -142,7 +167,10 @@ def outcome_from_run(result: RunResult, limits: Limits) -> Outcome:
     if result.result_too_large:
         msg = f"return value larger than {limits.result_bytes} bytes"
         return Outcome.failed("result_too_large", msg, **common)
-    doc = _parse_doc(result.result)
+    try:
+        doc = parse_result(result.result, max_depth)
+    except BadResult as exc:
+        return Outcome.failed("bad_return", str(exc), **common)
     if doc is None:
         return _crash(result, text, common)
     if doc.get("ok") is True:
@@ -159,14 +187,27 @@ def outcome_from_run(result: RunResult, limits: Limits) -> Outcome:
     )
 
 
-def _parse_doc(raw: bytes | None) -> dict[str, Any] | None:
+class BadResult(ValueError):
+    """A result document nested deeper than the server accepts."""
+
+
+def parse_result(raw: bytes | None, max_depth: int) -> dict[str, Any] | None:
+    """The JSON document a run wrote to its result fd: None when absent or not an object.
+    Code can write anything there, so depth is bounded (BadResult) before the value is
+    stored or answered (both recurse over it)."""
     if not raw:
         return None
     try:
         doc = json.loads(raw)
+    except RecursionError:
+        raise BadResult(f"return value nested deeper than {max_depth} levels") from None
     except ValueError:
         return None
-    return doc if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        return None
+    if json_shape(doc.get("value"))[0] > max_depth:
+        raise BadResult(f"return value nested deeper than {max_depth} levels")
+    return doc
 
 
 _OOM_MARKERS = ("out of memory", "MemoryError", "Cannot allocate memory", "heap limit")
@@ -199,6 +240,9 @@ class CodeRunner:
         self.pool = pool
         self.settings = settings
         self._go_locks: dict[str, asyncio.Lock] = {}
+        self._build_lock = asyncio.Lock()  # one build at a time: they share the build uid
+        if sandbox.isolation.drop_uid and settings.build_uid is None:
+            raise ValueError("a root server needs a build uid: go build never runs as root")
         self.python = settings.python
         self.python_env: dict[str, str] = {}
         self.notes: list[str] = []
@@ -260,7 +304,7 @@ class CodeRunner:
                 job.env = {**job.env, **(env or {})}
                 result = await self.sandbox.run(job, uid)
                 result.queue_wait_ms = wait_ms
-                return outcome_from_run(result, limits)
+                return outcome_from_run(result, limits, self.settings.max_json_depth)
         except QueueFull as exc:
             return Outcome.failed("queue_full", str(exc))
         except OSError as exc:  # the toolchain cannot be started (missing binary, no access)
@@ -315,7 +359,7 @@ class CodeRunner:
             )
         except SqlError as exc:
             return Outcome.failed(
-                "exception",
+                "result_too_large" if isinstance(exc, SqlResultTooLarge) else "exception",
                 str(exc),
                 started_at=started,
                 finished_at=time.time(),
@@ -343,9 +387,21 @@ class CodeRunner:
             return await self._go_build(code, entry, binary)
 
     async def _go_build(self, code: str, entry: str, binary: Path) -> Path | Outcome:
+        async with self._build_lock:
+            return await self._go_build_locked(code, entry, binary)
+
+    async def _go_build_locked(self, code: str, entry: str, binary: Path) -> Path | Outcome:
+        """`go build` as the build uid in the sandbox: the module, the Go environment and the
+        build cache are the server's own, so nothing a run left (a go.work, GOFLAGS, an env
+        file) can steer it, and it can read nothing the build uid may not."""
         cache = self.settings.cache_dir.resolve()
-        for sub in ("gocache", "gopath", "go-bin"):
-            (cache / sub).mkdir(parents=True, exist_ok=True)
+        gocache = cache / "gocache"
+        (cache / "go-bin").mkdir(parents=True, exist_ok=True)
+        uid = self.settings.build_uid if self.sandbox.isolation.drop_uid else None
+        if uid is not None:
+            await asyncio.to_thread(ensure_owner, gocache, uid)
+        else:
+            gocache.mkdir(parents=True, exist_ok=True)
         wrapper = (RUNTIME_DIR / "go_main.go").read_text().replace("__ENTRY__", entry)
         files = {
             "src/go.mod": "module userfn\n\ngo 1.19\n",
@@ -356,20 +412,21 @@ class CodeRunner:
             wall_seconds=self.settings.go_build_seconds,
             cpu_seconds=int(self.settings.go_build_seconds) * 2,
             memory_bytes=self.settings.go_build_memory_bytes,
-            file_size_bytes=256 * 1024 * 1024,
+            file_size_bytes=256 * MiB,
             open_files=1024,
+            processes=512,
+            write_bytes=512 * MiB,
+            write_files=100_000,
         )
-        env = {
-            "GOCACHE": str(cache / "gocache"),
-            "GOPATH": str(cache / "gopath"),
-            "GOPROXY": "off",
-            "GOFLAGS": "-mod=mod",
-            "GOTOOLCHAIN": "local",
-            "CGO_ENABLED": "0",
-        }
-        argv = [self.settings.go, "build", "-trimpath", "-o", "../fn.bin", "."]
-        job = Job(argv, files, env, limits, subdir="src")
-        sp = await self.sandbox.start(job, uid=None)  # the compiler runs no user code
+        job = Job(
+            [self.settings.go, "build", "-trimpath", "-o", "../fn.bin", "."],
+            files,
+            GO_BUILD_ENV,
+            limits,
+            subdir="src",
+            binds={GO_CACHE_IN_HOME: gocache},  # $HOME/.cache/go-build: Go's default GOCACHE
+        )
+        sp = await self.sandbox.start(job, uid=uid)
         try:
             result = await sp.wait()
             built = sp.workdir / "fn.bin"

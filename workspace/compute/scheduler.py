@@ -8,7 +8,6 @@ while the server was down), `failed` when the launch was refused. Nothing due is
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -18,6 +17,7 @@ from typing import Any
 
 from croniter import croniter
 
+from workspace.compute.periodic import Periodic
 from workspace.compute.store import ComputeStore
 
 log = logging.getLogger("workspace.compute.scheduler")
@@ -53,26 +53,14 @@ class Scheduler:
         self.clock = clock
         self.tick_seconds = tick_seconds
         self.max_missed_recorded = max_missed_recorded
-        self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._loop = Periodic(self.tick, tick_seconds, "scheduler tick")
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop())
+        self._loop.start()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.tick_seconds)
-            try:
-                await self.tick()
-            except Exception:  # keep scheduling after a store or launch hiccup
-                log.exception("scheduler tick failed")
+        await self._loop.close()
 
     async def tick(self, now: float | None = None) -> list[dict[str, Any]]:
         """Handle every due time up to `now`; returns the run entries recorded."""

@@ -58,7 +58,7 @@ class SdkSession:
 
     token: str
     principal: Principal
-    run_id: str  # instance id, or the Function run id
+    run_id: str  # instance id, or the saved Function's id (access is recorded per Function)
     reader: str  # notebook id or Function id (counted in `deps`)
     on_metric: Metric | None
 
@@ -131,7 +131,10 @@ class SdkGateway:
             elif ep.method == "GET":
                 params = parse_fields(ep.params, dict(request.query), query=True)
             else:
-                body = await read_json_body(request, self.ctx.settings.max_body_bytes)
+                settings = self.ctx.settings
+                body = await read_json_body(
+                    request, settings.max_body_bytes, settings.max_json_depth
+                )
                 params = parse_fields(ep.params, body, query=False)
             result = await ep.handler(Call(request, self.ctx, params, sess.principal))
             if access == "chain":
@@ -148,6 +151,8 @@ class SdkGateway:
         return handle
 
     async def _record(self, sess: SdkSession, table_id: str, access: str) -> None:
+        if not sess.reader:
+            return  # an ad-hoc run: no table's dependency, nothing to record
         key = (table_id, sess.run_id, access)
         if key in self._recent:
             return

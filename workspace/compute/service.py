@@ -4,11 +4,10 @@ manager, scheduler, SQL runner and SDK gateway, with an explicit start/close lif
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import os
-import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field, fields, replace
@@ -21,6 +20,8 @@ from aiohttp import web
 from chainstate.config import ConfigError
 from workspace.auth import Principal
 from workspace.compute.instances import InstanceManager, InstanceSettings
+from workspace.compute.quotas import QUOTA_FUNCTION_RUNS, AccountQuotas, InFlight
+from workspace.compute.retention import Retention, RetentionSettings
 from workspace.compute.runners import CodeRunner, Outcome, RunnerSettings, SqlError
 from workspace.compute.sandbox import (
     Isolation,
@@ -32,6 +33,9 @@ from workspace.compute.sandbox import (
     release_isolation,
     sweep_uids,
 )
+from workspace.compute.sandbox.probe import default_work_root
+from workspace.compute.sandbox.rundirs import remove_leftover_run_dirs
+from workspace.compute.sandbox.uids import kill_uid_processes, remove_uid_files
 from workspace.compute.scheduler import Scheduler
 from workspace.compute.sdk import SdkGateway
 from workspace.compute.sqlfunc import SqlFunctionRunner, compile_sql, own_table_lookup
@@ -45,6 +49,7 @@ SDK_MODULES = ("workspace.tables", "workspace.rows", "workspace.chaincall")
 UID_ROOT = 2_000_000
 UID_BLOCK = 64
 UID_HALF = 32
+MAX_INSTANCES = UID_HALF - 1  # the block's last uid is the Go build's
 
 
 @dataclass(frozen=True)
@@ -55,20 +60,25 @@ class ComputeSettings:
     max_queue: int = 64  # Function runs waiting for a worker; more get `queue_full`
     function_limits: Limits = field(default_factory=Limits)
     instance: InstanceSettings = field(default_factory=InstanceSettings)
+    account: AccountQuotas = field(default_factory=AccountQuotas)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
     # Each server owns 64 sandbox uids: [uid_base, +64), by default 2_000_000 + 64 * port, so
     # servers on one machine never share uids and a restarted server sweeps its predecessor's
-    # leftovers. Function runs use the first `workers`, instances the 32 from uid_base + 32.
+    # leftovers. Function runs use the first `workers`, instances up to 31 from uid_base + 32,
+    # and the last one, uid_base + 63, is the Go build's.
     uid_base: int | None = None
     port: int = 0
     go_build_seconds: float = 120.0
     sql_timeout_ms: int = 5000  # SQL Function wall-clock limit
     sql_max_rows: int = 10000  # SQL Function rows; more is a failed run
     sql_max_code_bytes: int = 65536  # longer SQL is refused before parsing (a failed run)
+    sql_max_value_bytes: int = 1024 * 1024  # one value (SQLite) / one row (PostgreSQL)
     scheduler_tick_seconds: float = 1.0
     use_cgroups: bool = True  # max_cpu through a cpu cgroup when the machine allows it
     require_network_isolation: bool = False  # refuse to start without a network namespace
     bwrap: str = "bwrap"  # bubblewrap, for each run's own PID namespace ("": do not use it)
     require_process_isolation: bool = False  # refuse to start when runs could see processes
+    require_filesystem_isolation: bool = False  # refuse to start when runs could share files
     sandbox_dir: Path | None = None  # run folders (default: <tmp>/chainstate-sandbox)
     data_dir: Path = Path(".chainstate/workspace")  # instance logs live here
     cache_dir: Path | None = None  # Go build cache (default: <data_dir>/compute-cache)
@@ -76,35 +86,38 @@ class ComputeSettings:
     @classmethod
     def from_mapping(cls, values: dict[str, Any], data_dir: Path, port: int) -> ComputeSettings:
         """From the `[compute]` TOML table: flat keys; Limits fields prefixed `function_`,
-        InstanceSettings fields prefixed `instance_`. Unknown keys or bad types: ConfigError."""
+        InstanceSettings fields `instance_`, AccountQuotas fields `account_`, the rest
+        (RetentionSettings' and this class's own) unprefixed. Unknown keys or bad types:
+        ConfigError."""
         base = cls(data_dir=data_dir, port=port)
-        groups: dict[str, tuple[Any, dict[str, Any]]] = {
-            "function_": (base.function_limits, {}),
-            "instance_": (base.instance, {}),
-            "": (base, {}),
-        }
+        found: dict[str | None, dict[str, Any]] = {group: {} for _, group in _GROUPS}
         for key, value in values.items():
-            for prefix, (target, out) in groups.items():
-                name = key[len(prefix) :] if key.startswith(prefix) else None
-                known = {f.name: f for f in fields(target)}
-                if name in known and name not in _NOT_SETTABLE[prefix]:
-                    out[name] = _coerce(key, getattr(target, name), value)
+            for prefix, group in _GROUPS:
+                target = base if group is None else getattr(base, group)
+                name = key.removeprefix(prefix) if key.startswith(prefix) else None
+                settable = {f.name for f in fields(target)} - _NOT_SETTABLE.get(group, set())
+                if name in settable:
+                    found[group][name] = _coerce(key, getattr(target, name), value)
                     break
             else:
                 raise ConfigError(f"[compute] unknown setting {key!r}")
-        return replace(
-            base,
-            function_limits=replace(base.function_limits, **groups["function_"][1]),
-            instance=replace(base.instance, **groups["instance_"][1]),
-            **groups[""][1],
-        )
+        nested = {g: replace(getattr(base, g), **found[g]) for _, g in _GROUPS if g is not None}
+        return replace(base, **nested, **found[None])
 
 
-# nested groups and values the service derives itself (the instance uid range, the port)
-_NOT_SETTABLE = {
-    "": {"function_limits", "instance", "port"},
-    "instance_": {"uid_base"},
-    "function_": set(),
+# (key prefix, nested settings field of ComputeSettings or None for its own fields), in the
+# order keys are matched
+_GROUPS: list[tuple[str, str | None]] = [
+    ("function_", "function_limits"),
+    ("instance_", "instance"),
+    ("account_", "account"),
+    ("", "retention"),
+    ("", None),
+]
+# values the service derives itself (the instance uid range, the port) and the nested groups
+_NOT_SETTABLE: dict[str | None, set[str]] = {
+    None: {"function_limits", "instance", "account", "retention", "port"},
+    "instance": {"uid_base"},
 }
 
 
@@ -140,6 +153,7 @@ class ComputeService:
         self.isolation: Isolation | None = None
         self.notes: list[str] = []
         self._started = False
+        self._background: set[asyncio.Task[Any]] = set()
 
     # lifecycle -------------------------------------------------------------------------
 
@@ -149,35 +163,46 @@ class ComputeService:
         for folder in (s.data_dir, s.cache_dir):
             if folder is not None:
                 await asyncio.to_thread(private_dir, folder)
-        iso = await asyncio.to_thread(probe_isolation, s.use_cgroups, s.bwrap or None)
-        if s.require_network_isolation and not iso.network_isolated:
-            release_isolation(iso)
-            raise RuntimeError(f"network isolation required but unavailable: {iso.notes}")
-        if s.require_process_isolation and not iso.processes_isolated:
-            release_isolation(iso)
-            raise RuntimeError(f"process isolation required but unavailable: {iso.notes}")
+        root = s.sandbox_dir or default_work_root()
+        iso = await asyncio.to_thread(probe_isolation, s.use_cgroups, s.bwrap or None, root)
+        self._require(iso)
         self.isolation = iso
-        if s.workers > UID_HALF or s.instance.max_running > UID_HALF:
-            raise ValueError(f"workers and instance max_running are limited to {UID_HALF}")
+        if s.workers > UID_HALF or s.instance.max_running > MAX_INSTANCES:
+            raise ValueError(
+                f"workers are limited to {UID_HALF}, instance max_running to {MAX_INSTANCES}"
+            )
         base = s.uid_base if s.uid_base is not None else UID_ROOT + UID_BLOCK * s.port
+        uids = range(base, base + UID_BLOCK)
         self.instance_settings = replace(s.instance, uid_base=base + UID_HALF)
-        if iso.drop_uid:
-            killed = sweep_uids(range(base, base + UID_BLOCK))
-            if killed:
-                log.warning("killed processes left by a previous server", extra={"n": killed})
-        root = s.sandbox_dir or Path(tempfile.gettempdir()) / "chainstate-sandbox"
+        await asyncio.to_thread(self._remove_leftovers, iso, root, uids)
         self.sandbox = Sandbox(iso, work_root=root)
-        await asyncio.to_thread(_remove_leftovers, root, range(base, base + UID_BLOCK))
-        self.pool = WorkerPool(s.workers, s.max_queue, UidPool(base, s.workers))
+        function_uids = UidPool(base, s.workers)
+        function_uids.on_release.append(self._clean_uid)
+        self.pool = WorkerPool(s.workers, s.max_queue, function_uids)
+        self.function_runs = InFlight(
+            QUOTA_FUNCTION_RUNS,
+            "max_function_runs",
+            s.account.max_function_runs,
+            "Function runs queued or running",
+        )
         runner_settings = RunnerSettings(
             limits=s.function_limits,
             go_build_seconds=s.go_build_seconds,
             cache_dir=s.cache_dir or s.data_dir / "compute-cache",
+            build_uid=uids[-1],
+            max_json_depth=self.ctx.settings.max_json_depth,
         )
         self.runner = CodeRunner(self.sandbox, self.pool, runner_settings)
         await self.runner.prepare()
         self.notes = [*iso.notes, *self.runner.notes]
-        self.sql = SqlFunctionRunner(self.ctx.db, s.sql_timeout_ms, s.sql_max_rows)
+        self.sql = SqlFunctionRunner(
+            self.ctx.db,
+            s.sql_timeout_ms,
+            s.sql_max_rows,
+            result_bytes=s.function_limits.result_bytes,
+            max_value_bytes=s.sql_max_value_bytes,
+            max_columns=self.ctx.settings.max_columns,
+        )
         endpoints: list[Endpoint] = []
         for name in SDK_MODULES:
             endpoints += importlib.import_module(name).routes(self.ctx)
@@ -188,17 +213,25 @@ class ComputeService:
             root / f"sdk-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock",
         )
         await self.gateway.start()
+        self.sandbox.expose(self.gateway.socket_path)
+        log_dir = s.data_dir / "instance-logs"
         self.manager = InstanceManager(
             self.sandbox,
             self.runner,
             self.store,
             self.instance_settings,
-            s.data_dir / "instance-logs",
+            log_dir,
             clock=self.clock,
             env_for=self._instance_env,
+            quotas=s.account,
         )
+        self.manager.uid_pool.on_release.append(self._clean_uid)
         self.manager.on_end = self._instance_ended
         await self.manager.start()
+        self.retention = Retention(
+            self.ctx.db, log_dir, s.retention, s.account.max_log_bytes, clock=self.clock
+        )
+        await self.retention.start()
         self.scheduler = Scheduler(
             self.store,
             self._launch_scheduled,
@@ -210,11 +243,50 @@ class ComputeService:
         self._started = True
         log.info("compute started", extra={"isolation": iso.as_dict(), "notes": self.notes})
 
+    def _require(self, iso: Isolation) -> None:
+        """Refuse to start when an isolation the settings require is missing here."""
+        s = self.settings
+        missing = [
+            what
+            for what, required, present in (
+                ("network", s.require_network_isolation, iso.network_isolated),
+                ("process", s.require_process_isolation, iso.processes_isolated),
+                ("file system", s.require_filesystem_isolation, iso.filesystem_private),
+            )
+            if required and not present
+        ]
+        if missing:
+            release_isolation(iso)
+            raise RuntimeError(f"{missing[0]} isolation required but unavailable: {iso.notes}")
+
+    def _remove_leftovers(self, iso: Isolation, root: Path, uids: range) -> None:
+        """What a crashed predecessor on the same port left: processes of its uids, run
+        folders (tmpfs mounts included), files its uids left in shared temp folders, and
+        SDK sockets of dead servers."""
+        if not iso.drop_uid:
+            return
+        killed = sweep_uids(uids)
+        if killed:
+            log.warning("killed processes left by a previous server", extra={"n": killed})
+        remove_leftover_run_dirs(root, uids)
+        if not iso.filesystem_private:
+            remove_uid_files(uids)
+        _remove_dead_sockets(root)
+
+    def _clean_uid(self, uid: int) -> None:
+        """Before a sandbox uid is handed out again: nothing of its last run may remain. Its
+        processes were killed when the run was cleaned up; without a private file system,
+        what it left in the shared temp folders goes now."""
+        if self.isolation is not None and not self.isolation.filesystem_private:
+            kill_uid_processes(uid)
+            remove_uid_files(range(uid, uid + 1))
+
     async def close(self) -> None:
         if not self._started:
             return
         self._started = False
         await self.scheduler.close()
+        await self.retention.close()
         await self.manager.close()
         await self.gateway.close()
         await self.sql.close()
@@ -230,7 +302,8 @@ class ComputeService:
 
     async def run_function(
         self,
-        who: Principal,
+        caller: Principal,
+        rights: Principal,
         language: str,
         code: str,
         func_name: str | None,
@@ -238,41 +311,57 @@ class ComputeService:
         reader: str,
         run_id: str,
     ) -> Outcome:
-        """Execute Function code as `who`; failures are Outcomes, never exceptions."""
-        if language == "sql":
-            return await self.runner.run(
-                "sql", code, None, args, sql=lambda text, a: self._sql(who, text, a, run_id, reader)
-            )
-        env: dict[str, str] = {}
-        if language == "python":
-            env = self.gateway.open_session(who, run_id, reader)
-        try:
-            return await self.runner.run(language, code, func_name, args, env=env)
-        finally:
-            if env:
-                self.gateway.close_session(env)
+        """Execute Function code for `caller` (whose quota it counts against) with `rights`
+        (whose tables its SDK calls and SQL may use: see workspace.compute_api.run_rights).
+        Failures are Outcomes; only a quota refusal raises (QuotaExceeded, an HTTP 429).
+
+        Table access is recorded per saved Function (`reader`, its id), not per run, so the
+        records grow with Functions and tables, not with calls; an ad-hoc run (`reader` "")
+        is no table's dependency and records nothing."""
+        run_id = reader or run_id
+        with self.function_runs.hold(caller.account_id):
+            if language == "sql":
+
+                def sql(text: str, a: list[Any]) -> Any:
+                    return self._sql(rights, text, a, run_id, reader)
+
+                return await self.runner.run("sql", code, None, args, sql=sql)
+            env: dict[str, str] = {}
+            if language == "python":
+                env = self.gateway.open_session(rights, run_id, reader)
+            try:
+                return await self.runner.run(language, code, func_name, args, env=env)
+            finally:
+                if env:
+                    self.gateway.close_session(env)
 
     async def _sql(
-        self, who: Principal, text: str, args: list[Any], run_id: str, reader: str
+        self, rights: Principal, text: str, args: list[Any], run_id: str, reader: str
     ) -> Any:
         limit = self.settings.sql_max_code_bytes
         if len(text.encode()) > limit:  # parsing is slow and holds a database reader
             raise SqlError(f"the SQL is longer than {limit} bytes")
 
         def compile_(conn: Any) -> Any:
-            return compile_sql(text, own_table_lookup(conn, who.account_id), conn.dialect)
+            return compile_sql(text, own_table_lookup(conn, rights.account_id), conn.dialect)
 
         compiled = await self.ctx.db.read(compile_)
         rows = await self.sql.run(compiled, args)
         now_ms = int(self.clock() * 1000)
-        for table in compiled.tables:
+        for table in compiled.tables if reader else ():
             await self.store.record_access(table.id, run_id, "read", reader, now_ms)
         return rows
 
     # Notebooks -------------------------------------------------------------------------
 
     async def _instance_env(self, doc: dict[str, Any]) -> dict[str, str]:
-        who = Principal(doc["account_id"], doc["user_id"] or doc["account_id"], "token")
+        """The SDK session of an instance: the rights chosen at launch (the Notebook owner's
+        when another account launched it; see workspace.compute_api.run_rights)."""
+        rights = doc.get("rights_account_id") or doc["account_id"]
+        if rights == doc["account_id"]:
+            who = Principal(doc["account_id"], doc["user_id"] or doc["account_id"], "token")
+        else:
+            who = Principal(rights, rights, "owner")
         reader = doc["notebook_id"] or doc["id"]
         instance_id = doc["id"]
 
@@ -283,6 +372,9 @@ class ComputeService:
 
     def _instance_ended(self, doc: dict[str, Any], env: dict[str, str]) -> None:
         self.gateway.close_session(env)
+        task = asyncio.create_task(self.retention.enforce_account(doc["account_id"]))
+        self._background.add(task)  # the account's log quota, checked as each log completes
+        task.add_done_callback(self._background.discard)
 
     async def _launch_scheduled(self, sched: dict[str, Any]) -> str:
         from workspace.compute.params import bind_names
@@ -305,24 +397,20 @@ class ComputeService:
             max_memory=sched.get("max_memory"),
             schedule_id=sched["id"],
             launched="schedule",
+            rights_account_id=notebook["account_id"],
         )
         return str(doc["id"])
 
 
-def _remove_leftovers(root: Path, uids: range) -> None:
-    """Run folders of this server's uids and SDK sockets of dead servers (after kill -9)."""
+def _remove_dead_sockets(root: Path) -> None:
+    """SDK sockets of servers that died (kill -9)."""
     if not root.is_dir():
         return
-    for entry in root.iterdir():
-        try:
-            if entry.name.startswith("run-") and entry.stat().st_uid in uids:
-                shutil.rmtree(entry, ignore_errors=True)
-            elif entry.name.startswith("sdk-") and entry.name.endswith(".sock"):
-                pid = entry.name.split("-")[1]
-                if pid.isdigit() and not psutil.pid_exists(int(pid)):
-                    entry.unlink()
-        except OSError:
-            continue
+    for entry in root.glob("sdk-*.sock"):
+        pid = entry.name.split("-")[1]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            with contextlib.suppress(OSError):
+                entry.unlink()
 
 
 COMPUTE_KEY = web.AppKey("workspace_compute", ComputeService)

@@ -16,7 +16,7 @@ import datetime
 import decimal
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +26,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
 from workspace.coltypes import TYPES, BadValue
-from workspace.compute.runners import SqlError, SqlTimeout
+from workspace.compute.runners import SqlError, SqlResultTooLarge, SqlTimeout
 from workspace.db import Conn, Database, QueryDenied, QueryGuard, QueryTimeout
 from workspace.errors import ApiError
 from workspace.sqlquery import encode_literal
@@ -52,7 +52,6 @@ _COMPARE = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
 # logical types whose stored form is not the value itself (zero-padded text, 0/1, lowercase)
 _ENCODED_TYPES = {"UINT256", "TOKENID", "DECIMAL", "BOOLEAN", "ADDRESS", "HASH", "BLOCKID", "TXID"}
 _RESERVED_PREFIXES = ("ws_", "t_", "ix_", "sqlite_", "pg_")
-MAX_VALUE_BYTES = 64 * 1024 * 1024  # largest string or row a SQLite SQL Function may build
 _SQLITE_OK_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 
 # Functions sqlglot does not model itself (it parses them as "anonymous") that a SQL Function
@@ -105,6 +104,43 @@ def _names(t: exp.Table) -> list[str]:
     return [t.args[k].name for k in ("catalog", "db", "this") if t.args.get(k) is not None]
 
 
+def _ident_key(ident: exp.Expression) -> str:
+    """An identifier as PostgreSQL resolves it: unquoted folds to lower case."""
+    name = ident.name
+    return name if isinstance(ident, exp.Identifier) and ident.quoted else name.lower()
+
+
+def _with_of(node: exp.Expression) -> exp.With | None:
+    found = node.args.get("with_") or node.args.get("with")
+    return found if isinstance(found, exp.With) else None
+
+
+def is_cte_reference(table: exp.Table) -> bool:
+    """Whether this table reference names a CTE in scope where it stands (PostgreSQL's rules),
+    rather than a table. A CTE is visible in the body of the query its WITH belongs to and in
+    the subqueries below it; inside a WITH list, an item sees the items before it, and with
+    RECURSIVE every item of the list. A name equal to a CTE elsewhere in the statement is a
+    table reference (and must then be one of the caller's tables)."""
+    if table.args.get("db") is not None or table.args.get("catalog") is not None:
+        return False
+    key = _ident_key(table.this)
+    path: list[exp.Expression] = [table]
+    node = table.parent
+    while node is not None:
+        with_ = _with_of(node)
+        if with_ is not None:
+            ctes = [c for c in with_.expressions if isinstance(c, exp.CTE)]
+            visible = ctes
+            if len(path) >= 2 and path[-1] is with_ and not with_.args.get("recursive"):
+                inside = path[-2]  # the WITH item this reference stands in
+                visible = ctes[: next(i for i, c in enumerate(ctes) if c is inside)]
+            if any(_ident_key(c.args["alias"].this) == key for c in visible):
+                return True
+        path.append(node)
+        node = node.parent
+    return False
+
+
 def _check_function(node: exp.Expression) -> None:
     """Functions sqlglot knows (standard SQL) pass; any other name must be on the allow-list.
 
@@ -152,7 +188,7 @@ def _compile_sql(text: str, lookup: TableLookup, dialect: str) -> CompiledSql:
         if not isinstance(t.this, exp.Identifier):
             raise SqlError("table functions are not allowed")
         names = _names(t)
-        if len(names) == 1 and names[0] in ctes:
+        if is_cte_reference(t):
             continue
         ref = ".".join(names)
         table = lookup(ref)
@@ -265,12 +301,32 @@ def _decoders(stmt: exp.Expression, by_alias: dict[str, Table]) -> dict[str, Cal
 
 
 class SqlFunctionRunner:
-    """Executes compiled SQL Functions against the workspace database under a guard."""
+    """Executes compiled SQL Functions against the workspace database under a guard.
 
-    def __init__(self, db: Database, timeout_ms: int, max_rows: int) -> None:
+    The result is bounded while it is fetched: at most `max_rows` rows and `result_bytes`
+    (the same budget as other languages' return values, counted as JSON), so a large result
+    fails after that much was read, not after all of it. One value is bounded too, before it
+    leaves the database: SQLite refuses to build a string or blob over `max_value_bytes`
+    (SQLITE_LIMIT_LENGTH, intermediate values included); on PostgreSQL a row holding a value
+    over `max_value_bytes` (as text) fails the query in the database."""
+
+    def __init__(
+        self,
+        db: Database,
+        timeout_ms: int,
+        max_rows: int,
+        result_bytes: int = 8 * 1024 * 1024,
+        max_value_bytes: int = 1024 * 1024,
+        max_columns: int = 256,
+    ) -> None:
         self.db = db
         self.timeout_ms = timeout_ms
         self.max_rows = max_rows
+        self.result_bytes = result_bytes
+        self.max_value_bytes = max_value_bytes
+        # SQLite builds a whole row before it is fetched: this many columns of at most
+        # max_value_bytes each (room for SELECT * over a join of two of the widest tables)
+        self.max_columns = 2 * max_columns + 64
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ws-sqlfn")
         self._ro: sqlite3.Connection | None = None
 
@@ -289,30 +345,33 @@ class SqlFunctionRunner:
             if isinstance(a, dict | list):
                 raise SqlError(f"argument {i} must be a string, number, boolean or null")
         args = [_encode_arg(i, a, compiled.encoders.get(i)) for i, a in enumerate(args)]
-        wrapped = f"SELECT * FROM ({compiled.sql}) AS fn_result LIMIT {self.max_rows + 1}"
+        budget = _Budget(self.max_rows, self.result_bytes)
         try:
             if self.db.dialect == "sqlite":
                 loop = asyncio.get_running_loop()
+                wrapped = f"SELECT * FROM ({compiled.sql}) AS fn_result"
                 names, rows = await loop.run_in_executor(
-                    self._pool, self._sqlite, wrapped, args, compiled
+                    self._pool, self._sqlite, wrapped, args, compiled, budget
                 )
             else:
                 guard = QueryGuard(
                     compiled.tables[0].physical if compiled.tables else "", self.timeout_ms
                 )
-                names, rows = await self.db.read_only(_fetch, guard, wrapped, args)
+                names, rows = await self.db.read_only(
+                    _pg_fetch, guard, compiled.sql, args, budget, self.max_value_bytes
+                )
         except QueryTimeout:
             raise SqlTimeout(f"the query ran longer than {self.timeout_ms} ms") from None
         except QueryDenied as exc:
+            if VALUE_TOO_LARGE in str(exc) or "too big" in str(exc):
+                raise SqlError(
+                    f"a value is larger than {self.max_value_bytes} bytes (sql_max_value_bytes)"
+                ) from None
             raise SqlError(f"the database rejected the query: {exc}") from None
-        if len(rows) > self.max_rows:
-            raise SqlError(
-                f"the query returned more than {self.max_rows} rows; add a LIMIT or aggregate"
-            )
         return [_decode(names, r, compiled.decoders) for r in rows]
 
     def _sqlite(
-        self, sql: str, args: list[Any], compiled: CompiledSql
+        self, sql: str, args: list[Any], compiled: CompiledSql, budget: _Budget
     ) -> tuple[list[str], list[tuple[Any, ...]]]:
         if self._ro is None:
             path = getattr(self.db, "path")  # noqa: B009 - SqliteDatabase only
@@ -320,7 +379,8 @@ class SqlFunctionRunner:
                 f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
             )
             # the query runs inside the server: printf('%.*c', 1e9, 'x') must not take 1 GB
-            self._ro.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
+            self._ro.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.max_value_bytes)
+            self._ro.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, self.max_columns)
         raw = self._ro
         # CTE names appear as read "tables" (count(*) over a CTE); they cannot shadow real
         # tables: names with the database's prefixes are refused by compile_sql
@@ -346,7 +406,7 @@ class SqlFunctionRunner:
         try:
             cur = raw.execute(sql, [int(a) if isinstance(a, bool) else a for a in args])
             names = [d[0] for d in cur.description]
-            return names, cur.fetchall()
+            return names, budget.collect(names, cur)
         except sqlite3.DatabaseError as exc:
             if timed_out:
                 raise QueryTimeout("timeout") from None
@@ -355,6 +415,71 @@ class SqlFunctionRunner:
             raw.set_authorizer(None)
             raw.set_progress_handler(None, 0)
             raw.execute("ROLLBACK")
+
+
+class _Budget:
+    """Rows and JSON bytes a result may take, counted as rows arrive."""
+
+    def __init__(self, max_rows: int, max_bytes: int) -> None:
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+
+    def collect(self, names: list[str], rows: Iterable[Sequence[Any]]) -> list[tuple[Any, ...]]:
+        out: list[tuple[Any, ...]] = []
+        size = 2  # []
+        keys = sum(len(n.encode()) + 4 for n in names) + 2  # {"name": , …}
+        for row in rows:
+            if len(out) >= self.max_rows:
+                raise SqlError(
+                    f"the query returned more than {self.max_rows} rows; add a LIMIT or aggregate"
+                )
+            size += keys + sum(_json_size(v) for v in row)
+            if size > self.max_bytes:
+                raise SqlResultTooLarge(f"return value larger than {self.max_bytes} bytes")
+            out.append(tuple(row))
+        return out
+
+
+def _json_size(v: Any) -> int:
+    """About how many bytes `v` takes in the JSON answer (strings counted exactly)."""
+    if isinstance(v, str):
+        return len(v.encode()) + 2
+    if isinstance(v, bytes | bytearray | memoryview):
+        return 2 * len(v) + 4
+    if v is None:
+        return 4
+    return len(str(v))
+
+
+VALUE_TOO_LARGE = "chainstate: value larger than sql_max_value_bytes"
+
+
+def _pg_fetch(
+    conn: Conn, sql: str, args: list[Any], budget: _Budget, max_value: int
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run on PostgreSQL through a server-side cursor (rows arrive in chunks and are counted
+    as they come). The columns are learnt first (LIMIT 0), then the query runs renamed
+    positionally (duplicate names allowed) with every row's values checked in the database:
+    one over `max_value` bytes (as text) fails the query there, before it is sent."""
+    cur = conn.execute(f"SELECT * FROM ({sql}) AS fn_result LIMIT 0", args)
+    names = [d[0] for d in cur.description]
+    if not names:
+        return names, budget.collect(names, conn.stream(sql, args))
+    cols = [f"c{i}" for i in range(len(names))]
+    sizes = [f"octet_length(CAST({c} AS text))" for c in cols]
+    widest = f"GREATEST({', '.join(sizes)})"
+    # the error must depend on the row: PostgreSQL folds a constant CAST while planning
+    fail = f"CAST('{VALUE_TOO_LARGE}: ' || {widest} AS integer)"
+    select = ", ".join(f"{c} AS {_quote(n)}" for c, n in zip(cols, names, strict=True))
+    checked = (
+        f"SELECT {select} FROM ({sql}) AS fn_result({', '.join(cols)})"
+        f" WHERE CASE WHEN {widest} > {int(max_value)} THEN {fail} ELSE 1 END = 1"
+    )
+    return names, budget.collect(names, conn.stream(checked, args))
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _encode_arg(i: int, value: Any, col: dict[str, Any] | None) -> Any:
@@ -384,11 +509,6 @@ def _json_safe(v: Any) -> Any:
     if isinstance(v, bytes | bytearray | memoryview):
         return "0x" + bytes(v).hex()
     return v
-
-
-def _fetch(conn: Conn, sql: str, args: list[Any]) -> tuple[list[str], list[tuple[Any, ...]]]:
-    cur = conn.execute(sql, args)
-    return [d[0] for d in cur.description], [tuple(r) for r in cur.fetchall()]
 
 
 def own_table_lookup(conn: Conn, account_id: str) -> TableLookup:

@@ -9,10 +9,22 @@ instance manager, the scheduler and the endpoints use.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from workspace.db import Conn, Database, Migration
+
+
+def _copy_from_doc(table: str, column: str) -> Migration:
+    """A migration step filling a new `column` from each row's `doc_json` field of that name."""
+
+    def step(conn: Conn) -> None:
+        for row_id, raw in conn.tuples(f"SELECT id, doc_json FROM {table}"):
+            value = json.loads(raw).get(column)
+            conn.execute(f"UPDATE {table} SET {column} = ? WHERE id = ?", [value, row_id])
+
+    return step
+
 
 MIGRATIONS: list[Migration] = [
     """CREATE TABLE ws_functions (
@@ -54,6 +66,17 @@ MIGRATIONS: list[Migration] = [
         reader TEXT NOT NULL, last_accessed_at_ms BIGINT NOT NULL,
         PRIMARY KEY (table_id, instance_id, access))""",
     "CREATE INDEX ws_table_access_reader ON ws_table_access (table_id, access, reader)",
+    # retention (workspace.compute.retention) and bounded lists
+    "ALTER TABLE ws_nb_instances ADD COLUMN exited_at DOUBLE PRECISION",
+    _copy_from_doc("ws_nb_instances", "exited_at"),
+    "CREATE INDEX ws_nb_instances_ended ON ws_nb_instances (status, exited_at)",
+    "CREATE INDEX ws_table_access_recent"
+    " ON ws_table_access (table_id, access, last_accessed_at_ms)",
+    "CREATE INDEX ws_table_access_time ON ws_table_access (last_accessed_at_ms)",
+    "CREATE INDEX ws_nb_schedule_runs_created ON ws_nb_schedule_runs (created_at)",
+    "ALTER TABLE ws_nb_schedules ADD COLUMN content_id TEXT",
+    _copy_from_doc("ws_nb_schedules", "content_id"),
+    "CREATE INDEX ws_nb_schedules_account ON ws_nb_schedules (account_id, created_at)",
 ]
 
 
@@ -114,24 +137,100 @@ def delete_function(conn: Conn, function_id: str) -> None:
     conn.execute("DELETE FROM ws_functions WHERE id = ?", [function_id])
 
 
+SpaceFilter = tuple[str, list[Any]]  # ("space IN (SELECT …)", params): the visible Spaces
+SCAN_CHUNK = 200  # rows fetched at a time by a code search
+
+
 def list_functions(
     conn: Conn,
-    spaces: Sequence[str],
+    spaces: SpaceFilter,
     name: str | None,
     order_by: str,
     direction: str,
-) -> list[dict[str, Any]]:
-    """All matching Functions of the given Spaces, ordered (keyword filtering is the caller's)."""
-    if not spaces:
-        return []
-    marks = ", ".join("?" for _ in spaces)
-    sql = f"SELECT * FROM ws_functions WHERE space IN ({marks})"
-    params: list[Any] = list(spaces)
+    start: int,
+    limit: int,
+    keyword: str | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of the Functions in the visible Spaces (and the total), `keyword` matching the
+    name (ASCII letters in any case). Only the page's rows are read."""
+    where, params = _spaces_and_name(spaces, name)
+    if keyword:
+        where += " AND LOWER(name) LIKE ? ESCAPE '\\'"
+        params.append("%" + _like(ascii_lower(keyword)) + "%")
+    order = _order(order_by, direction)
+    rows, total = _page(conn, "ws_functions", where, params, order, start, limit)
+    return [function_from_row(r) for r in rows], total
+
+
+def search_function_code(
+    conn: Conn,
+    spaces: SpaceFilter,
+    name: str | None,
+    order_by: str,
+    direction: str,
+    start: int,
+    limit: int,
+    keyword: str,
+    matches: Callable[[str], tuple[list[dict[str, Any]], int]],
+) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], int]:
+    """A page of (Function, its matched lines) among those whose code has a line `matches`
+    (and the total). The database narrows the candidates to code containing `keyword` (ASCII
+    letters in any case; PostgreSQL's LOWER folds more, so it keeps a superset); their code
+    is streamed `SCAN_CHUNK` rows at a time, so memory holds one chunk and the page whatever
+    the number of Functions."""
+    where, params = _spaces_and_name(spaces, name)
+    where += " AND LOWER(code) LIKE LOWER(?) ESCAPE '\\'"
+    params.append("%" + _like(ascii_lower(keyword)) + "%")
+    sql = f"SELECT id, code FROM ws_functions WHERE {where} {_order(order_by, direction)}"
+    page: list[tuple[str, dict[str, Any]]] = []
+    total = 0
+    for function_id, code in conn.stream(sql, params, SCAN_CHUNK):
+        lines, count = matches(code)
+        if count == 0:
+            continue
+        if start <= total < start + limit:
+            page.append((function_id, {"matched_lines": lines, "matched_line_count": count}))
+        total += 1
+    out = []
+    for function_id, extra in page:
+        fn = get_function(conn, function_id)
+        if fn is not None:
+            out.append((fn, extra))
+    return out, total
+
+
+def _spaces_and_name(spaces: SpaceFilter, name: str | None) -> tuple[str, list[Any]]:
+    where, params = spaces[0], list(spaces[1])
     if name:
-        sql += " AND name LIKE ? ESCAPE '\\'"
+        where += " AND name LIKE ? ESCAPE '\\'"
         params.append("%" + _like(name) + "%")
-    sql += f" ORDER BY {order_by} {'ASC' if direction == 'asc' else 'DESC'}, id ASC"
-    return [function_from_row(r) for r in conn.all(sql, params)]
+    return where, params
+
+
+def _order(order_by: str, direction: str) -> str:
+    return f"ORDER BY {order_by} {'ASC' if direction == 'asc' else 'DESC'}, id ASC"
+
+
+NEWEST_FIRST = "ORDER BY created_at DESC, id ASC"
+
+
+def _page(
+    conn: Conn, table: str, where: str, params: list[Any], order: str, start: int, limit: int
+) -> tuple[list[dict[str, Any]], int]:
+    """One page of `table`'s rows matching `where` (only the page is read) and the total."""
+    total = conn.scalar(f"SELECT COUNT(*) FROM {table} WHERE {where}", params)
+    rows = conn.all(
+        f"SELECT * FROM {table} WHERE {where} {order} LIMIT ? OFFSET ?", [*params, limit, start]
+    )
+    return rows, int(total or 0)
+
+
+def ascii_lower(text: str) -> str:
+    """Lower-case A-Z only: the same on SQLite (whose LOWER() is ASCII) and in Python."""
+    return text.translate(_ASCII_LOWER)
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
 def _like(text: str) -> str:
@@ -244,28 +343,17 @@ def delete_notebook(conn: Conn, notebook_id: str) -> None:
 
 def list_notebooks(
     conn: Conn,
-    spaces: Sequence[str],
+    spaces: SpaceFilter,
     name: str | None,
     start: int,
     limit: int,
     order_by: str,
     direction: str,
 ) -> tuple[list[dict[str, Any]], int]:
-    if not spaces:
-        return [], 0
-    marks = ", ".join("?" for _ in spaces)
-    where = f"space IN ({marks})"
-    params: list[Any] = list(spaces)
-    if name:
-        where += " AND name LIKE ? ESCAPE '\\'"
-        params.append("%" + _like(name) + "%")
-    total = conn.scalar(f"SELECT COUNT(*) FROM ws_notebooks WHERE {where}", params)
-    rows = conn.all(
-        f"SELECT * FROM ws_notebooks WHERE {where} ORDER BY {order_by} "
-        f"{'ASC' if direction == 'asc' else 'DESC'}, id ASC LIMIT ? OFFSET ?",
-        [*params, limit, start],
-    )
-    return [notebook_from_row(r) for r in rows], int(total or 0)
+    where, params = _spaces_and_name(spaces, name)
+    order = _order(order_by, direction)
+    rows, total = _page(conn, "ws_notebooks", where, params, order, start, limit)
+    return [notebook_from_row(r) for r in rows], total
 
 
 # Instances ------------------------------------------------------------------------------
@@ -275,8 +363,8 @@ def put_instance(conn: Conn, doc: dict[str, Any]) -> None:
     conn.execute("DELETE FROM ws_nb_instances WHERE id = ?", [doc["id"]])
     conn.execute(
         "INSERT INTO ws_nb_instances (id, account_id, user_id, notebook_id, schedule_id, status,"
-        " display_status, launched, name, created_at, doc_json)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " display_status, launched, name, created_at, exited_at, doc_json)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [
             doc["id"],
             doc["account_id"],
@@ -288,6 +376,7 @@ def put_instance(conn: Conn, doc: dict[str, Any]) -> None:
             doc["launched"],
             doc["name"],
             doc["created_at"],
+            doc.get("exited_at"),
             _dump(doc),
         ],
     )
@@ -325,13 +414,8 @@ def list_instances(
         where.append("name LIKE ? ESCAPE '\\'")
         params.append("%" + _like(filters["name"]) + "%")
     clause = " AND ".join(where)
-    total = conn.scalar(f"SELECT COUNT(*) FROM ws_nb_instances WHERE {clause}", params)
-    rows = conn.tuples(
-        f"SELECT doc_json FROM ws_nb_instances WHERE {clause} ORDER BY created_at DESC, id ASC"
-        " LIMIT ? OFFSET ?",
-        [*params, limit, start],
-    )
-    return [json.loads(r[0]) for r in rows], int(total or 0)
+    rows, total = _page(conn, "ws_nb_instances", clause, params, NEWEST_FIRST, start, limit)
+    return [json.loads(r["doc_json"]) for r in rows], total
 
 
 # Schedules ------------------------------------------------------------------------------
@@ -340,14 +424,15 @@ def list_instances(
 def put_schedule(conn: Conn, doc: dict[str, Any]) -> None:
     conn.execute("DELETE FROM ws_nb_schedules WHERE id = ?", [doc["id"]])
     conn.execute(
-        "INSERT INTO ws_nb_schedules (id, account_id, space, deleted_at, created_at, doc_json)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
+        "INSERT INTO ws_nb_schedules (id, account_id, space, deleted_at, created_at,"
+        " content_id, doc_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
         [
             doc["id"],
             doc["account_id"],
             doc["space"],
             doc.get("deleted_at"),
             doc["created_at"],
+            doc.get("content_id"),
             _dump(doc),
         ],
     )
@@ -371,20 +456,16 @@ def list_schedules(
     start: int,
     limit: int,
 ) -> tuple[list[dict[str, Any]], int]:
+    """A page of an account's schedules, newest first (only the page is read)."""
     where = "account_id = ?"
     params: list[Any] = [account_id]
     if not include_deleted:
         where += " AND deleted_at IS NULL"
-    rows = [
-        json.loads(r[0])
-        for r in conn.tuples(
-            f"SELECT doc_json FROM ws_nb_schedules WHERE {where} ORDER BY created_at DESC, id ASC",
-            params,
-        )
-    ]
     if content_id is not None:
-        rows = [r for r in rows if r.get("content_id") == content_id]
-    return rows[start : start + limit], len(rows)
+        where += " AND content_id = ?"
+        params.append(content_id)
+    rows, total = _page(conn, "ws_nb_schedules", where, params, NEWEST_FIRST, start, limit)
+    return [json.loads(r["doc_json"]) for r in rows], total
 
 
 def add_schedule_run(conn: Conn, run: dict[str, Any]) -> None:
@@ -438,23 +519,33 @@ def record_access(
         refresh_dep_count(conn, table_id)
 
 
+_SET_DEP_COUNT = (
+    "UPDATE ws_spaces SET dep_count = (SELECT COUNT(DISTINCT a.reader) FROM ws_table_access a"
+    " JOIN ws_tables t ON t.id = a.table_id WHERE t.space = ws_spaces.id"
+    " AND a.access = 'read' AND a.reader <> '')"
+)
+
+
 def refresh_dep_count(conn: Conn, table_id: str) -> None:
     """Keep the Space's stored `dep_count` equal to the distinct readers of its tables."""
     conn.execute(
-        "UPDATE ws_spaces SET dep_count = (SELECT COUNT(DISTINCT a.reader) FROM ws_table_access a"
-        " JOIN ws_tables t ON t.id = a.table_id WHERE t.space = ws_spaces.id"
-        " AND a.access = 'read' AND a.reader <> '')"
-        " WHERE id = (SELECT space FROM ws_tables WHERE id = ?)",
-        [table_id],
+        _SET_DEP_COUNT + " WHERE id = (SELECT space FROM ws_tables WHERE id = ?)", [table_id]
     )
 
 
-def table_accesses(conn: Conn, table_id: str, access: str, limit: int) -> list[dict[str, Any]]:
-    return conn.all(
-        "SELECT instance_id, last_accessed_at_ms FROM ws_table_access"
-        " WHERE table_id = ? AND access = ? ORDER BY last_accessed_at_ms DESC LIMIT ?",
-        [table_id, access, limit],
+def table_accesses(
+    conn: Conn, table_id: str, access: str, account_id: str, limit: int
+) -> list[tuple[int, dict[str, Any]]]:
+    """(last_accessed_at_ms, instance doc) of `account_id`'s instances that read or wrote
+    `table_id`, newest access first; one indexed query, at most `limit` rows read."""
+    rows = conn.tuples(
+        "SELECT a.last_accessed_at_ms, i.doc_json FROM ws_table_access a"
+        " JOIN ws_nb_instances i ON i.id = a.instance_id"
+        " WHERE a.table_id = ? AND a.access = ? AND i.account_id = ?"
+        " ORDER BY a.last_accessed_at_ms DESC, a.instance_id ASC LIMIT ?",
+        [table_id, access, account_id, limit],
     )
+    return [(int(ms), json.loads(raw)) for ms, raw in rows]
 
 
 def table_reader_count(conn: Conn, table_id: str) -> int:
@@ -483,6 +574,62 @@ def space_reader_count(conn: Conn, table_ids: Sequence[str]) -> int:
         )
         or 0
     )
+
+
+# Retention -------------------------------------------------------------------------------
+
+
+def ended_instance_ids(conn: Conn, before: float) -> list[str]:
+    """Instances that ended before `before` (Unix seconds)."""
+    rows = conn.tuples(
+        "SELECT id FROM ws_nb_instances WHERE status = 'ended'"
+        " AND COALESCE(exited_at, created_at) < ?",
+        [before],
+    )
+    return [r[0] for r in rows]
+
+
+def delete_instances(conn: Conn, ids: Sequence[str]) -> None:
+    for i in range(0, len(ids), 500):
+        chunk = list(ids[i : i + 500])
+        marks = ", ".join("?" for _ in chunk)
+        conn.execute(f"DELETE FROM ws_nb_instances WHERE id IN ({marks})", chunk)
+
+
+def delete_schedule_runs_before(conn: Conn, before: float) -> int:
+    return int(
+        conn.execute("DELETE FROM ws_nb_schedule_runs WHERE created_at < ?", [before]).rowcount
+    )
+
+
+def delete_schedules_deleted_before(conn: Conn, before: float) -> int:
+    cur = conn.execute(
+        "DELETE FROM ws_nb_schedules WHERE deleted_at IS NOT NULL AND deleted_at < ?", [before]
+    )
+    return int(cur.rowcount)
+
+
+def delete_table_access_before(conn: Conn, before_ms: int) -> int:
+    cur = conn.execute("DELETE FROM ws_table_access WHERE last_accessed_at_ms < ?", [before_ms])
+    return int(cur.rowcount)
+
+
+def refresh_all_dep_counts(conn: Conn) -> None:
+    conn.execute(_SET_DEP_COUNT)
+
+
+def accounts_with_instances(conn: Conn) -> list[str]:
+    return [r[0] for r in conn.tuples("SELECT DISTINCT account_id FROM ws_nb_instances")]
+
+
+def account_instances_newest_first(conn: Conn, account_id: str) -> list[tuple[str, str]]:
+    """(id, status) of every instance of an account, newest first (its logs' owners)."""
+    rows = conn.tuples(
+        "SELECT id, status FROM ws_nb_instances WHERE account_id = ?"
+        " ORDER BY created_at DESC, id ASC",
+        [account_id],
+    )
+    return [(r[0], r[1]) for r in rows]
 
 
 class ComputeStore:

@@ -25,7 +25,7 @@ with `ws_` (physical row tables are `t_<hex>`).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -58,6 +58,16 @@ class Conn:
     def scalar(self, sql: str, params: Sequence[Any] | None = None) -> Any:
         row = self.execute(sql, params).fetchone()
         return None if row is None else row[0]
+
+    def stream(
+        self, sql: str, params: Sequence[Any] | None = None, chunk: int = 256
+    ) -> Iterator[tuple[Any, ...]]:
+        """Rows one at a time, fetched `chunk` at a time: memory holds one chunk, whatever
+        the size of the result (SQLite steps lazily; PostgreSQL overrides this with a
+        server-side cursor, its default cursor reads the whole result at once)."""
+        cur = self.execute(sql, params)
+        while rows := cur.fetchmany(chunk):
+            yield from (tuple(r) for r in rows)
 
 
 Migration = str | Callable[[Conn], None]

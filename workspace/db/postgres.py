@@ -4,8 +4,9 @@ guarded user queries run in READ ONLY transactions with a `statement_timeout`.""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -25,7 +26,26 @@ class PostgresConn(Conn):
     def execute(self, sql: str, params: Sequence[Any] | None = None) -> Any:
         if params is None:
             return self.raw.execute(sql.encode())  # no placeholder processing at all
-        return self.raw.execute(sql.replace("%", "%%").replace("?", "%s"), list(params))
+        return self.raw.execute(_placeholders(sql), list(params))
+
+    def stream(
+        self, sql: str, params: Sequence[Any] | None = None, chunk: int = 256
+    ) -> Iterator[tuple[Any, ...]]:
+        """Through a server-side cursor (inside the caller's transaction): PostgreSQL sends
+        `chunk` rows per round trip instead of the whole result at once."""
+        name = f"ws_stream_{next(_CURSOR_IDS)}"
+        with self.raw.cursor(name=name) as cur:
+            cur.itersize = chunk
+            cur.execute(_placeholders(sql), list(params or []))
+            while rows := cur.fetchmany(chunk):
+                yield from (tuple(r) for r in rows)
+
+
+_CURSOR_IDS = itertools.count()
+
+
+def _placeholders(sql: str) -> str:
+    return sql.replace("%", "%%").replace("?", "%s")
 
 
 class PostgresDatabase(Database):
