@@ -274,16 +274,27 @@ class ChainFeed:
         return block.hash
 
     async def _fill_logs(self, client: RpcClient, blocks: list[FeedBlock]) -> None:
-        flt = {"fromBlock": hex(blocks[0].number), "toBlock": hex(blocks[-1].number)}
-        logs = await client.call("eth_getLogs", [flt])
         by_number = {b.number: b for b in blocks}
         for block in blocks:
             block.logs = []
-        for entry in logs:
+        for entry in await self._logs(client, blocks[0].number, blocks[-1].number):
             block = by_number.get(int(entry["blockNumber"], 16))
             if block is None or entry.get("blockHash") != block.hash:
                 raise FeedError("logs of another chain than the headers (the node reorged)")
+            assert block.logs is not None
             block.logs.append(entry)
+
+    async def _logs(self, client: RpcClient, start: int, end: int) -> list[dict[str, Any]]:
+        """Every log of blocks [start, end]; a range over the node's limits (-32005) is
+        asked for in halves."""
+        flt = {"fromBlock": hex(start), "toBlock": hex(end)}
+        try:
+            return await client.call("eth_getLogs", [flt])
+        except JsonRpcError as exc:
+            if exc.code != SERVER_BUSY or start == end:
+                raise
+        middle = (start + end) // 2
+        return await self._logs(client, start, middle) + await self._logs(client, middle + 1, end)
 
 
 async def follow(feed: ChainFeed, listener: Listener) -> int:

@@ -100,15 +100,23 @@ async def start_stack(
     blocks: int = 10,
     seed: int = 1,
     proxy: dict[str, Any] | None = None,
+    node: dict[str, Any] | None = None,
     **events: Any,
 ) -> EventsStack:
-    """The stack with these [proxy.events] settings (and `proxy` ProxySettings fields)."""
+    """The stack with these [proxy.events] settings (`proxy`: ProxySettings fields, `node`:
+    the state node's settings)."""
     chain, accounts = log_chain(seed=seed, blocks=blocks)
     registry = InprocRegistry()
     source = ChainSource(chain)
     registry.register("writer", source.handle_body)
     node = StateNode.from_config(
-        {"key": "state-1", "kind": "archive", "source": "inproc://writer", **FAST_NODE},
+        {
+            "key": "state-1",
+            "kind": "archive",
+            "source": "inproc://writer",
+            **FAST_NODE,
+            **(node or {}),
+        },
         data_dir=tmp_path / "state-1",
         registry=registry,
     )

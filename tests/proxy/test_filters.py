@@ -160,3 +160,19 @@ async def test_filter_methods_in_a_batch_with_routed_reads(stack: EventsStack) -
     assert answers[3]["result"] is True
     assert answers[4]["result"] == "0x539"
     assert answers[5]["error"]["code"] == -32600  # a bad id, as the engine answers it
+
+
+async def test_the_feed_asks_for_fewer_blocks_when_the_node_limits_logs(tmp_path: Path) -> None:
+    """Blocks arriving together whose logs exceed the node's max_logs_per_response: the feed
+    asks for the range in halves and every log still arrives once, in order."""
+    stack = await start_stack(tmp_path, node={"logs": {"max_logs_per_response": 12}})
+    try:
+        fid = await stack.rpc("eth_newFilter", {})
+        start = stack.chain.head + 1
+        for _ in range(12):  # all at once: one feed round sees them together
+            stack.chain.add_logs_block(stack.rng, stack.accounts)
+        assert len(stack.logs(start)) > 12
+        await stack.readable(stack.chain.head)
+        assert await stack.rpc("eth_getFilterChanges", fid) == stack.logs(start)
+    finally:
+        await stop_stack(stack)
