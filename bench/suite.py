@@ -52,6 +52,7 @@ VIEW_WRITES = 64  # blocks after the view's deployment that each rewrite one of 
 CALL_BATCH = 10  # eth_calls per batched request in `suite call`
 PROXY_STATE_WINDOW = 128  # the proxy's default state_window: older heights are "old"
 PROBE = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def free_port() -> int:
@@ -191,6 +192,29 @@ def python_cmd(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of a process and all its descendants (Linux /proc): the
+    state node with its EVM workers and feed process. 0 where /proc is not there."""
+    children: dict[int, list[int]] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))  # field 4: ppid
+        times[int(entry)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += times.get(current, 0.0)
+        todo += children.get(current, [])
+    return total
+
+
 @dataclass(frozen=True)
 class Case:
     """One measured load: a body plan sent to every target of the suite."""
@@ -321,12 +345,18 @@ class StateSuite:
         self.head = 0
         self.accounts: list[str] = []
         self.storage_contract = ""
+        self.pids: dict[str, int] = {}
+
+    def cpu_probe(self, label: str) -> int | None:
+        """The process whose CPU (with its children) is measured per case: the state node
+        and anvil, so items/s per core can be compared when the machine is busy."""
+        return self.pids.get(label)
 
     def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
         svc_cpus, _ = split_cpus() if opts.pin else (None, None)
         anvil_port, writer_port, state_port = free_port(), free_port(), free_port()
         anvil = f"http://127.0.0.1:{anvil_port}"
-        services.start(
+        anvil_svc = services.start(
             "anvil",
             python_cmd("-m", "chainstate.cli", "devnet", "anvil", "--port", str(anvil_port)),
             anvil,
@@ -345,7 +375,7 @@ class StateSuite:
             probe=None,
         )  # fmt: skip
         state = f"http://127.0.0.1:{state_port}"
-        services.start(
+        state_svc = services.start(
             "state-node",
             python_cmd(
                 "-m", "chainstate.cli", "state-node", "--key", "bench-state", "--kind", "archive",
@@ -356,6 +386,9 @@ class StateSuite:
             state,
             svc_cpus,
         )  # fmt: skip
+        for label, svc in (("state-node", state_svc), ("anvil", anvil_svc)):
+            if svc.proc is not None:
+                self.pids[label] = svc.proc.pid
         self._wait_synced(state)
         targets = {"state-node": state}
         if proxy_available():
@@ -411,6 +444,8 @@ class StateSuite:
             Case("storage", self._plan("eth_getStorageAt", 1, [self.storage_contract])),
             Case("balance10", self._plan("eth_getBalance", 10, self.accounts)),
             Case("storage10", self._plan("eth_getStorageAt", 10, [self.storage_contract])),
+            Case("balance100", self._plan("eth_getBalance", 100, self.accounts)),
+            Case("storage100", self._plan("eth_getStorageAt", 100, [self.storage_contract])),
         ]
 
 
@@ -480,6 +515,9 @@ class CallSuite(StateSuite):
 
     def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
         targets = super().start(services, opts)
+        # The state node starts its EVM workers on the first eth_call: not in a measurement.
+        call = {"to": self.erc20, "data": "0x70a08231" + self.holders[0][2:].rjust(64, "0")}
+        rpc_call(targets["state-node"], "eth_call", [call, "latest"], timeout=120)
         return {"anvil": targets.pop("anvil"), **targets}  # anvil first: the baseline
 
     def _call_plan(self, to: str, data: str | None, batch: int, old: bool) -> BodyPlan:
@@ -526,6 +564,7 @@ def run_suite(suite: Suite, opts: SuiteOptions) -> dict[str, Any]:
             if opts.cases and case.name not in opts.cases:
                 continue
             results: dict[str, BenchResult] = {}
+            cores: dict[str, float] = {}
             for label, url in targets.items():
                 settings = LoadSettings(
                     url=url,
@@ -534,13 +573,20 @@ def run_suite(suite: Suite, opts: SuiteOptions) -> dict[str, Any]:
                     warmup=opts.warmup,
                     cpus=load_cpus,
                 )
+                pid = getattr(suite, "cpu_probe", lambda _label: None)(label)
+                cpu = tree_cpu_seconds(pid) if pid else 0.0
                 results[label] = run_bench(settings, case.plan)
-            report["cases"].append(_case_report(case, results, baseline))
+                if pid:  # the CPU of warm-up and measurement over their wall time
+                    wall = opts.warmup + results[label].elapsed_s
+                    cores[label] = (tree_cpu_seconds(pid) - cpu) / wall if wall else 0.0
+            report["cases"].append(_case_report(case, results, baseline, cores))
     report["load_avg_end"] = round(os.getloadavg()[0], 2)
     return report
 
 
-def _case_report(case: Case, results: dict[str, BenchResult], baseline: str) -> dict[str, Any]:
+def _case_report(
+    case: Case, results: dict[str, BenchResult], baseline: str, cores: dict[str, float]
+) -> dict[str, Any]:
     base = results[baseline]
     out: dict[str, Any] = {"case": case.name, "batch": case.plan.items_per_body, "targets": {}}
     for label, res in results.items():
@@ -548,6 +594,10 @@ def _case_report(case: Case, results: dict[str, BenchResult], baseline: str) -> 
         entry["ratio_req_per_s"] = round(res.req_per_s / base.req_per_s, 3) if base.req_per_s else 0
         p50 = base.latency_ns["p50"]
         entry["ratio_p50"] = round(res.latency_ns["p50"] / p50, 3) if p50 else 0
+        if label in cores:  # cores the process tree used; items/s for one whole core
+            entry["cores"] = round(cores[label], 3)
+            per_core = res.items_per_s / cores[label] if cores[label] > 0 else 0.0
+            entry["items_per_core_s"] = round(per_core, 1)
         out["targets"][label] = entry
     return out
 
@@ -560,7 +610,8 @@ def render(report: dict[str, Any]) -> str:
         f"load avg {report['load_avg_start']} → {report.get('load_avg_end', '?')}"
         + "".join(f"  evm.{k}={v}" for k, v in report.get("evm", {}).items()),
         f"{'case':<13} {'target':<10} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
-        f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7}",
+        f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7} "
+        f"{'cores':>5} {'items/s/core':>12}",
     ]
     for case in report["cases"]:
         for label, t in case["targets"].items():
@@ -571,6 +622,7 @@ def render(report: dict[str, Any]) -> str:
                 f"{t['items_per_s']:>11,.0f} "
                 f"{t['ratio_req_per_s']:>6.3f} {lat['p50']:>8.3f} {lat['p90']:>8.3f} "
                 f"{lat['p99']:>8.3f} {lat['max']:>8.3f} {errors:>7}"
+                + (f" {t['cores']:>5.2f} {t['items_per_core_s']:>12,.0f}" if "cores" in t else "")
             )
     return "\n".join(lines)
 

@@ -18,9 +18,16 @@ from chainstate.hexcodec import parse_quantity
 from chainstate.inproc import InprocRegistry
 from chainstate.jsonrpc import METHOD_NOT_FOUND, JsonRpcError
 from chainstate.rpcclient import RpcClient, RpcUnavailable
+from nodes.state.hot import HotState
 from nodes.state.metrics import StateMetrics
 from nodes.state.settings import StateSettings
-from nodes.state.store import ParentMismatch, ReorgTooDeep, StateStore, StoreError
+from nodes.state.store import (
+    ParentMismatch,
+    ReorgTooDeep,
+    StateStore,
+    StoreError,
+    block_writes,
+)
 from nodes.state.vendor import VendorBlock, VendorBlockError, parse_vendor_block
 
 log = logging.getLogger(__name__)
@@ -36,8 +43,10 @@ class Ingest:
         metrics: StateMetrics,
         *,
         registry: InprocRegistry | None = None,
+        hot: HotState | None = None,
     ) -> None:
         self.store = store
+        self.hot = hot
         self.settings = settings
         self.metrics = metrics
         self.registry = registry
@@ -181,14 +190,32 @@ class Ingest:
     async def _apply(self, block: VendorBlock) -> None:
         started = time.perf_counter()
         await asyncio.to_thread(self.store.apply, block, verify_pre=self.settings.verify_pre)
+        if self.hot is not None:  # after the commit, in the loop: reads see whole blocks
+            bounds = self.store.bounds()
+            self.hot.applied(block.number, block_writes(block), bounds[0] if bounds else 0)
         self.metrics.apply_seconds.observe(time.perf_counter() - started)
         self.metrics.applied.inc()
         self.publish_metrics()
 
     async def _rollback(self) -> None:
-        await asyncio.to_thread(self.store.rollback)
+        new_head = await asyncio.to_thread(self.store.rollback)
+        if self.hot is not None:
+            self.hot.rolled_back(new_head + 1)
         self.metrics.rollbacks.inc()
         self.publish_metrics()
+
+    async def fill_hot(self) -> None:
+        """Fill the hot view from the store's newest blocks (a restarted node starts with
+        them in memory, as if it had ingested them)."""
+        hot, bounds = self.hot, self.store.bounds()
+        if hot is None or bounds is None or hot.blocks == 0:
+            return
+        earliest, head = bounds
+        for height in range(max(earliest + 1, head - hot.blocks + 1), head + 1):
+            writes = await asyncio.to_thread(self.store.written_at, height)
+            if self.store.bounds() != bounds:  # ingest moved meanwhile: it fills the view
+                return
+            hot.applied(height, writes, earliest)
 
     def publish_metrics(self) -> None:
         """Update the head/earliest gauges and wake `wait_for_height` callers."""

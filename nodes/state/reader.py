@@ -26,6 +26,7 @@ class HeaderInfo:
     mix_hash: str  # prevrandao after the merge
     difficulty: int
     validation_hash: str
+    excess_blob_gas: int | None = None  # Cancun headers: what BLOBBASEFEE is computed from
 
 
 class StateReader(Protocol):

@@ -23,6 +23,8 @@ DEFAULT_BACKOFF_MAX = 5.0  # seconds, longest wait after repeated source errors
 DEFAULT_MAP_SIZE_MB = 65536  # LMDB map size (address space reserved, not disk used)
 DEFAULT_MAX_VALIDATION_COUNT = 1000  # blockx_getValidation `count` limit
 DEFAULT_MAX_BATCH = 1000  # JSON-RPC batch length limit
+DEFAULT_HOT_BLOCKS = 128  # newest blocks whose written values the hot view keeps in memory
+DEFAULT_HOT_CACHE_ENTRIES = 262_144  # values as of just below the hot blocks, cached by reads
 DEFAULT_LEADER_POLL_INTERVAL = 1.0  # seconds between Leader lookups (when leader_from is set)
 
 
@@ -45,6 +47,8 @@ class StateSettings:
     verify_hash: bool = True  # reject a block whose ValidationHash does not match its content
     max_validation_count: int = DEFAULT_MAX_VALIDATION_COUNT
     max_batch: int = DEFAULT_MAX_BATCH
+    hot_blocks: int = DEFAULT_HOT_BLOCKS  # 0 turns the hot view off
+    hot_cache_entries: int = DEFAULT_HOT_CACHE_ENTRIES
     # The proxy admin's `GET /{chain}/writers/leader` URL: follow whichever write node is
     # the Leader. The admin token, when needed, is read from the env var named here.
     leader_from: str | None = None
@@ -94,6 +98,9 @@ class StateSettings:
         for name in ("fetch_concurrency", "map_size_mb", "max_validation_count", "max_batch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{where}: {name} must be at least 1")
+        for name in ("hot_blocks", "hot_cache_entries"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{where}: {name} must not be negative")
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:

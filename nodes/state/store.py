@@ -18,6 +18,7 @@ Commits are durable (LMDB `sync`): kill -9 leaves either the whole block or none
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import struct
 import threading
@@ -132,6 +133,7 @@ def header_info(stored: dict[str, Any]) -> HeaderInfo:
         mix_hash=h.get("mixHash") or "0x" + "00" * 32,
         difficulty=q("difficulty"),
         validation_hash=stored["validationHash"],
+        excess_blob_gas=q("excessBlobGas") if "excessBlobGas" in h else None,
     )
 
 
@@ -157,6 +159,38 @@ class StateView:
         return self._store._int(self._txn, prefix, self.height)
 
 
+def seek(cur: lmdb.Cursor, prefix: bytes, height: int) -> bytes | None:
+    """The newest version of `prefix` at or below `height` (a cursor on `versions`): seek
+    to the first key after `prefix | height` and step back once; None if never written."""
+    found = cur.prev() if cur.set_range(prefix + _BE.pack(height + 1)) else cur.last()
+    if not found:
+        return None
+    key = cur.key()
+    if len(key) == len(prefix) + 8 and key.startswith(prefix):
+        return cur.value()
+    return None
+
+
+class Snapshot:
+    """The store as of one read transaction: its bounds and a cursor for version seeks."""
+
+    __slots__ = ("bounds", "cursor", "txn")
+
+    def __init__(
+        self, txn: lmdb.Transaction, bounds: tuple[int, int] | None, cursor: lmdb.Cursor
+    ) -> None:
+        self.txn = txn
+        self.bounds = bounds
+        self.cursor = cursor
+
+    def close(self) -> None:
+        self.txn.abort()
+
+    def value(self, prefix: bytes, height: int) -> bytes | None:
+        """The newest version of `prefix` at or below `height`, or None if never written."""
+        return seek(self.cursor, prefix, height)
+
+
 class StateStore:
     """Implements nodes.state.reader.StateReader over LMDB.
 
@@ -174,6 +208,14 @@ class StateStore:
         self._env: lmdb.Environment | None = None
         self._write_lock = threading.Lock()
         self.extensions: list[StoreExtension] = []
+        # Rollbacks committed so far: what was read at a height before a rollback may be
+        # gone (a cache of headers keys on it; read it *before* reading the store).
+        self.rollbacks = 0
+        # (earliest, head) as of the last commit of this process, for `range()` (None: read
+        # them). Only a writing store keeps it; every read of data re-checks its height
+        # inside its own transaction, so a stale value only delays a -39006.
+        self._known_range: tuple[int, int] | None = None
+        self._writer = False
 
     # lifecycle -------------------------------------------------------------------------
 
@@ -198,6 +240,8 @@ class StateStore:
                 )
             txn.put(META_KIND, self.kind.encode(), db=self._meta)
         self._env = env
+        self._writer = True
+        self._known_range = self.bounds()
 
     def open_readonly(self) -> None:
         """Open an existing store for reading only, beside the process that writes it (LMDB
@@ -239,6 +283,7 @@ class StateStore:
             if self._env is not None:
                 self._env.close()
                 self._env = None
+            self._known_range = None
 
     # reading ---------------------------------------------------------------------------
 
@@ -267,14 +312,7 @@ class StateStore:
 
     def _value(self, txn: lmdb.Transaction, prefix: bytes, height: int) -> bytes | None:
         """The newest version of `prefix` at or below `height`, or None if never written."""
-        cur = txn.cursor(db=self._ver)
-        found = cur.prev() if cur.set_range(prefix + _BE.pack(height + 1)) else cur.last()
-        if not found:
-            return None
-        key = cur.key()
-        if len(key) == len(prefix) + 8 and key.startswith(prefix):
-            return cur.value()
-        return None
+        return seek(txn.cursor(db=self._ver), prefix, height)
 
     def _int(self, txn: lmdb.Transaction, prefix: bytes, height: int) -> int:
         return int.from_bytes(self._value(txn, prefix, height) or b"", "big")
@@ -285,6 +323,9 @@ class StateStore:
             return self._bounds(txn)
 
     def range(self) -> tuple[int, int]:
+        known = self._known_range
+        if known is not None:
+            return known
         with self._reading() as txn:
             bounds = self._bounds(txn)
         if bounds is None:
@@ -340,12 +381,37 @@ class StateStore:
         with self.view(height) as v:
             return v.storage(address, slot)
 
+    def snapshot(self) -> Snapshot:
+        """One read transaction for a batch of reads at any heights (bounds read once);
+        the caller must `close()` it. -39005 when the store is closed or fails."""
+        env = self._env
+        if env is None:
+            raise JsonRpcError(DATABASE_FAILED, "state store is closed")
+        try:
+            txn = env.begin()
+            return Snapshot(txn, self._bounds(txn), txn.cursor(db=self._ver))
+        except lmdb.Error as exc:
+            log.error("state store read failed: %s", exc)
+            raise JsonRpcError(DATABASE_FAILED, "state store read failed") from None
+
     @contextmanager
     def view(self, height: int) -> Iterator[StateView]:
         """A consistent view at `height` for many reads; -39006 when out of range."""
         with self._reading() as txn:
             self._check(txn, height)
             yield StateView(self, txn, height)
+
+    def written_at(self, height: int) -> list[tuple[bytes, bytes]]:
+        """(prefix, raw value) of everything block `height` wrote (its undo record), for
+        heights above the earliest; [] when the store has no record of it."""
+        out = []
+        hb = _BE.pack(height)
+        with self._reading() as txn:
+            for prefix in _split_prefixes(txn.get(hb, db=self._undo) or b""):
+                value = txn.get(prefix + hb, db=self._ver)
+                if value is not None:
+                    out.append((prefix, value))
+        return out
 
     def validations(self, start: int, count: int) -> list[dict[str, Any]]:
         """Checker records for heights [start, start+count) that this node holds."""
@@ -394,11 +460,15 @@ class StateStore:
         with self._write_lock:
             if self._env is None:
                 raise StoreFailure("state store is closed")
+            self._known_range = None  # while it changes, `range()` reads the store
             try:
                 with self._env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.Error as exc:
                 raise StoreFailure(f"state store write failed: {exc}") from exc
+            finally:
+                with contextlib.suppress(JsonRpcError):
+                    self._known_range = self.bounds()
 
     def apply(self, block: VendorBlock, *, verify_pre: bool = True) -> None:
         """Apply the next block in one transaction; raises StoreError and changes nothing if
@@ -425,10 +495,9 @@ class StateStore:
                 self._verify_pre(txn, block)
         hb = _BE.pack(height)
         undo = bytearray()
-        for address, acc in block.post.items():
-            for prefix, value in _versions(_addr(address), acc):
-                txn.put(prefix + hb, value, db=self._ver)
-                undo += prefix
+        for prefix, value in block_writes(block):
+            txn.put(prefix + hb, value, db=self._ver)
+            undo += prefix
         txn.put(hb, bytes(undo), db=self._undo)
         stored = {"header": block.header, "validationHash": block.validation_hash}
         txn.put(hb, orjson.dumps(stored), db=self._hdr)
@@ -492,7 +561,10 @@ class StateStore:
 
     def rollback(self) -> int:
         """Remove the head block (one transaction); returns the new head height."""
-        return self._write(self._rollback)
+        try:
+            return self._write(self._rollback)
+        finally:
+            self.rollbacks += 1
 
     def _rollback(self, txn: lmdb.Transaction) -> int:
         bounds = self._bounds(txn)
@@ -516,6 +588,12 @@ class StateStore:
         for extension in self.extensions:
             extension.rolled_back(txn, head)
         return head - 1
+
+
+def block_writes(block: VendorBlock) -> Iterator[tuple[bytes, bytes]]:
+    """(prefix, raw value) of everything a block's `post` writes, as `apply` stores it."""
+    for address, acc in block.post.items():
+        yield from _versions(_addr(address), acc)
 
 
 def _versions(address: bytes, acc: AccountDiff) -> Iterator[tuple[bytes, bytes]]:

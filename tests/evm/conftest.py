@@ -124,6 +124,7 @@ class AnvilReader:
             mix_hash=b["mixHash"],
             difficulty=int(b["difficulty"], 16),
             validation_hash="",
+            excess_blob_gas=int(b["excessBlobGas"], 16) if "excessBlobGas" in b else None,
         )
 
     def height_of(self, block_hash: str) -> int | None:

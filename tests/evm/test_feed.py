@@ -321,20 +321,15 @@ async def test_a_block_stays_warm_on_one_worker(store: Any) -> None:
         await methods.close()
 
 
-@module_loop
-async def test_warm_evms_are_dropped_past_the_memory_limit(
-    store: Any, process: FeedProcess
-) -> None:
+def sum_job(store: Any, url: str, height: int) -> dict[str, Any]:
+    """A worker job: one call of the SUM contract at `height`, reading through `url`."""
     from nodes.state.evm.codec import block_env
-    from nodes.state.evm.worker import Limits, Runner
 
-    url = process.url_if_running()
-    assert url is not None
-    job = {
+    return {
         "kind": "calls",
         "fork_url": url,
-        "height": 4,
-        "block": block_env(store.header(4)),
+        "height": height,
+        "block": block_env(store.header(height)),
         "chain_id": 1337,
         "spec_id": "Cancun",
         "calls": [
@@ -342,6 +337,17 @@ async def test_warm_evms_are_dropped_past_the_memory_limit(
              "gas": 1_000_000, "gas_price": 0, "nonce": None}
         ],
     }  # fmt: skip
+
+
+@module_loop
+async def test_warm_evms_are_dropped_past_the_memory_limit(
+    store: Any, process: FeedProcess
+) -> None:
+    from nodes.state.evm.worker import Limits, Runner
+
+    url = process.url_if_running()
+    assert url is not None
+    job = sum_job(store, url, 4)
     results = []
     for memory in (0, 1):  # no limit; a limit every process is above
         runner = Runner(Limits(100, 10**6, 10**6, 10**6, 1000, warm_memory_bytes=memory), 8)
@@ -374,3 +380,79 @@ def test_bench_evm_settings_reach_the_state_node(tmp_path: Path) -> None:
     assert evm_config_args(tmp_path, {}) == []
     with pytest.raises(argparse.ArgumentTypeError):
         parse_setting("warm_blocks")
+
+
+@module_loop
+@pytest.mark.parametrize("direct", [True, False], ids=["store", "feed"])
+async def test_preloaded_slots_give_the_results_and_gas_of_lazy_reads(
+    store: Any, process: FeedProcess, direct: bool
+) -> None:
+    """A worker learns the slots a call reads; at a new height it gives the new EVM those
+    slots before the call (read from the store directly, or in one feed request). Output
+    and gas (six cold SLOADs) equal a worker that reads every slot lazily."""
+    from nodes.state.evm.worker import Limits, Runner
+
+    url = process.url_if_running()
+    assert url is not None
+
+    def job(height: int) -> dict[str, Any]:
+        out = sum_job(store, url, height)
+        if direct:
+            out["store"] = [str(copy), 64]
+        return out
+
+    copy = store.path.parent / "worker-copy"  # one LMDB env per path per process: a copy
+    if direct and not copy.exists():
+        copy.mkdir()
+        store._env.copy(str(copy))
+    limits = Limits(100, 10**6, 10**6, 10**6, 1000)
+    learner = Runner(limits, 64)
+    for height in range(1, HEIGHTS):
+        lazy = await asyncio.to_thread(Runner(limits, 64).run, job(height))
+        preloaded = await asyncio.to_thread(learner.run, job(height))
+        assert preloaded == lazy, height
+        want = sum(store.chain.state(height)[store.contract].storage.values())
+        assert int(preloaded["results"][0]["output"], 16) == want
+    assert len(learner._predicted(job(1)["calls"])) == 6  # the six slots the call reads
+
+
+@module_loop
+async def test_calls_at_many_heights_at_once_answer_each_its_own_state(store: Any) -> None:
+    """Concurrent single calls at different heights are sent to a worker together (one job
+    of several blocks); each still answers its own block's state."""
+    methods = EvmMethods(store, EvmSettings(workers=1))
+    await methods.start()
+    try:
+        client = Client(methods)
+        heights = [h for _ in range(4) for h in range(1, HEIGHTS)]
+        answers = await asyncio.gather(
+            *(client.call("eth_call", [{"to": store.contract}, hex(h)]) for h in heights)
+        )
+        for h, answer in zip(heights, answers, strict=True):
+            want = sum(store.chain.state(h)[store.contract].storage.values())
+            assert int(answer, 16) == want, h
+    finally:
+        await methods.close()
+
+
+@module_loop
+async def test_a_killed_worker_frees_its_store_reader_slots(store: Any) -> None:
+    """Workers read the store directly; one killed past its time limit (perhaps inside a
+    read transaction) is followed by a check that frees dead readers' LMDB slots."""
+    settings = EvmSettings(workers=1, call_timeout=0.5, gas_cap=2**62)
+    methods = EvmMethods(store, settings)
+    assert methods.executor.pool.on_replace == store.free_stale_readers
+    freed: list[int] = []
+    methods.executor.pool.on_replace = lambda: freed.append(store.free_stale_readers())
+    await methods.start()
+    try:
+        client = Client(methods)
+        loop = "0x" + "5b600056"  # JUMPDEST PUSH1 0 JUMP: runs until killed
+        target = "0x" + "6f" * 20
+        call = [{"to": target}, "latest", {target: {"code": loop}}, {"gasLimit": hex(2**62)}]
+        answer = await client.raw("eth_call", call)
+        assert answer["error"]["code"] == -39004
+        assert "time limit" in answer["error"]["message"]
+        assert len(freed) == 1
+    finally:
+        await methods.close()

@@ -91,3 +91,41 @@ def test_old_block_results_and_gas_equal_anvil(stack: dict[str, Any]) -> None:
         for call, r in zip(calls, results, strict=True):
             assert r["returnData"] == rpc(stack["anvil"], "eth_call", [call, block])
             assert r["gasUsed"] == rpc(stack["anvil"], "eth_estimateGas", [call, block])
+
+
+def test_a_batch_of_eth_calls_answers_each_item(stack: dict[str, Any]) -> None:
+    """A batch mixing eth_calls (latest, old blocks, a revert, bad params, a block out of
+    range, a notification) with another method: each answer in place, results equal to
+    anvil's, errors with our codes and anvil's revert message."""
+    import urllib.request
+
+    erc20 = stack["record"]["erc20"]
+    old = hex(stack["record"]["last_block"])
+    holders = [*stack["record"]["erc20_holders"], A0]
+    calls = [({"to": erc20, "data": balance_of(h)}, b) for h in holders for b in ("latest", old)]
+    batch: list[dict[str, Any]] = [
+        {"jsonrpc": "2.0", "id": i, "method": "eth_call", "params": [req, block]}
+        for i, (req, block) in enumerate(calls)
+    ]
+    transfer = "0xa9059cbb" + A0[2:].rjust(64, "0") + f"{10**30:064x}"
+    revert = {"from": A1, "to": erc20, "data": transfer}
+    batch += [
+        {"jsonrpc": "2.0", "id": "revert", "method": "eth_call", "params": [revert, "latest"]},
+        {"jsonrpc": "2.0", "id": "bad", "method": "eth_call", "params": [{"to": "0x12"}]},
+        {"jsonrpc": "2.0", "id": "far", "method": "eth_call", "params": [calls[0][0], "0xffffff"]},
+        {"jsonrpc": "2.0", "method": "eth_call", "params": [calls[0][0], "latest"]},
+        {"jsonrpc": "2.0", "id": "head", "method": "eth_blockNumber", "params": []},
+    ]
+    body = json.dumps(batch).encode()
+    req = urllib.request.Request(stack["state-node"], body, {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        answers = {a["id"]: a for a in json.loads(resp.read())}
+    assert len(answers) == len(batch) - 1  # the notification gets none
+    for i, (req_, block) in enumerate(calls):
+        assert answers[i]["result"] == rpc(stack["anvil"], "eth_call", [req_, block]), i
+    theirs = rpc_raw(stack["anvil"], "eth_call", [revert, "latest"])["error"]
+    assert answers["revert"]["error"]["code"] == -39000
+    assert answers["revert"]["error"]["message"] == theirs["message"]
+    assert answers["bad"]["error"]["code"] == -32602
+    assert answers["far"]["error"]["code"] == -39006
+    assert int(answers["head"]["result"], 16) >= stack["head"]

@@ -76,6 +76,7 @@ def block_env(header: HeaderInfo) -> dict[str, Any]:
         "gas_limit": header.gas_limit,
         "prevrandao": header.mix_hash,
         "difficulty": header.difficulty,
+        "excess_blob_gas": header.excess_blob_gas,
     }
 
 

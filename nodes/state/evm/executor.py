@@ -29,9 +29,18 @@ def raise_error(err: dict[str, Any]) -> None:
 
 
 def _coalesce_key(job: dict[str, Any]) -> tuple[Any, ...]:
-    block = tuple(sorted(job["block"].items()))
+    """Calls with equal keys run together as one job. The block env is compared by
+    identity: the node hands the same (cached) env object to every call at one block, and
+    a pending call keeps its env alive, so an id is never reused while it is a key."""
     flags = (job.get("fresh"), job.get("disable_cache"))
-    return (job["fork_url"], job["height"], block, job["chain_id"], job["spec_id"], flags)
+    return (
+        job["fork_url"],
+        job["height"],
+        id(job["block"]),
+        job["chain_id"],
+        job["spec_id"],
+        flags,
+    )
 
 
 class Executor:
@@ -114,6 +123,11 @@ class Executor:
     # -- coalescing -------------------------------------------------------------------
 
     async def _coalesced(self, job: dict[str, Any]) -> dict[str, Any]:
+        return await self.enqueue(job)
+
+    def enqueue(self, job: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        """Queue one call (coalesced with others at its block): the future of its result
+        dict (`{"ok", "output" | "error", …}`); -32005 when too many wait."""
         if self._pending_count >= self.settings.queue_limit:
             raise JsonRpcError(-32005, "EVM executor busy: too many queued calls")
         loop = asyncio.get_running_loop()
@@ -129,7 +143,7 @@ class Executor:
             task = asyncio.create_task(self._drain())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return await future
+        return future
 
     def _pick(self, worker: Any) -> tuple[Any, ...]:
         """The pending block to run next on `worker`. A cold block costs one feed read per
@@ -154,11 +168,12 @@ class Executor:
     def _age(self, key: tuple[Any, ...]) -> float:
         return asyncio.get_running_loop().time() - self._since[key]
 
-    def _take(self, worker: Any = None) -> list[Pending]:
+    def _take(self, worker: Any = None, key: tuple[Any, ...] | None = None) -> list[Pending]:
         """One block's waiting calls (see `_pick`), at most `coalesce_max` of them."""
         if not self._pending:
             return []
-        key = self._pick(worker)
+        if key is None:
+            key = self._pick(worker)
         items = self._pending[key]
         taken, rest = items[: self.settings.coalesce_max], items[self.settings.coalesce_max :]
         if rest:
@@ -168,23 +183,58 @@ class Executor:
         self._pending_count -= len(taken)
         return [(j, f) for j, f in taken if not f.done()]
 
+    def _take_more(self, worker: Any, room: int) -> list[Pending] | None:
+        """Calls of one more block for the same job: a block warm on `worker` or on no other
+        worker (so blocks keep their worker), at most `room` calls; None when none fits."""
+        if not self._pending or room <= 0:
+            return None
+        others = [w.warm for w in self.pool.workers() if w is not worker]
+        for key in itertools.islice(self._pending, AFFINITY_SCAN):
+            wanted = self._warm_keys[key]
+            if wanted in worker.warm or not any(wanted in o for o in others):
+                if len(self._pending[key]) > room:
+                    return None
+                return self._take(worker, key)
+        return None
+
+    def _take_groups(self, worker: Any) -> list[list[Pending]]:
+        """What a free worker runs next as one job: the calls of one block (`_take`), then
+        of more blocks while they fit in `coalesce_max` calls. Calls at many heights (old
+        blocks read at random) then share one pipe round trip instead of one each."""
+        share = -(-len(self._pending) // self.pool.size)  # leave the other workers theirs
+        groups = []
+        first = self._take(worker)
+        if first:
+            groups.append(first)
+        room = self.settings.coalesce_max - len(first)
+        while len(groups) < share and (more := self._take_more(worker, room)) is not None:
+            if more:
+                groups.append(more)
+                room -= len(more)
+        return groups
+
     async def _drain(self) -> None:
         """Hand waiting calls to free workers until none wait."""
         try:
             while self._pending:
                 oldest = self._warm_keys[next(iter(self._pending))]
                 worker = await self.pool.acquire(prefer=oldest)
-                items = self._take(worker)
-                if not items:
+                groups = self._take_groups(worker)
+                if not groups:
                     self.pool.release(worker)
                     continue
-                combined = {**items[0][0], "calls": [j["calls"][0] for j, _ in items]}
+                jobs = [{**g[0][0], "calls": [j["calls"][0] for j, _ in g]} for g in groups]
+                job = jobs[0] if len(jobs) == 1 else {"kind": "groups", "jobs": jobs}
                 try:
-                    answer = await self.pool.run_on(worker, combined, self._limit(combined))
+                    answer = await self.pool.run_on(worker, job, self._limit(jobs[0]))
                 except JsonRpcError as exc:
-                    self._after_failure(items, exc)
+                    self._after_failure([item for g in groups for item in g], exc)
                     continue
-                self._deliver(items, answer)
+                answers = [answer] if len(jobs) == 1 else answer.get("answers")
+                if answers is None:  # the worker failed the whole job
+                    answers = [answer] * len(groups)
+                for items, one in zip(groups, answers, strict=True):
+                    self._deliver(items, one)
         except JsonRpcError as exc:  # acquire refused: fail what waits
             while self._pending:
                 for _, future in self._take():

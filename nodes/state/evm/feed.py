@@ -16,8 +16,9 @@ event loop (overlays, readers other than the LMDB store) and by the feed process
 (`feedproc.py`, the LMDB store opened read-only, away from the node's event loop).
 
 `feed_accounts` (not a standard method) answers balance, nonce and code of several accounts
-in one request: workers use it to load the accounts every call touches (caller, callee,
-coinbase) into a new EVM's cache before it runs, instead of pyrevm's three reads each.
+in one request, and `feed_preload` those plus storage slots: workers use them to load what
+calls touch (caller, callee, coinbase, the slots calls read before) into a new EVM's cache
+before it runs, instead of one pyrevm read per field and per slot.
 
 eth_getBlockByNumber answers the header fields the reader knows; the roots and bloom that
 ethers (inside pyrevm) insists on parsing but the EVM never reads are zero. The feed binds
@@ -59,6 +60,7 @@ EMPTY_BLOOM = "0x" + "00" * 256
 EMPTY_UNCLES = "0x1dcc4de8dec75d7aab85b567b6ccd41ad312451b948a7413f0a142fd40d49347"
 MAX_BODY = 1024 * 1024  # bytes of one request body
 MAX_ACCOUNTS = 1024  # accounts per feed_accounts request
+MAX_SLOTS = 4096  # storage slots per feed_preload request
 TAGS = ("latest", "pending", "safe", "finalized")
 
 
@@ -98,6 +100,7 @@ class FeedCore:
             "eth_blockNumber": self._block_number,
             "eth_chainId": self._chain_id,
             "feed_accounts": self._accounts,
+            "feed_preload": self._preload,
         }
 
     def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
@@ -196,6 +199,20 @@ class FeedCore:
             code = self._field("code", address, height, overlay)
             out.append([hex(balance), hex(nonce), "0x" + code.hex()])
         return out
+
+    def _preload(self, params: Any, overlay: Overlay | None) -> dict[str, Any]:
+        """What a new EVM is given before it runs: `{"accounts": feed_accounts' answer,
+        "slots": [32-byte word, …]}` for `slots` = [[address, slot], …], exactly the values
+        eth_getStorageAt answers (same overlay rules)."""
+        addrs, slots, block = params_list(params, ["addresses", "slots", "block"])
+        if not isinstance(slots, list) or len(slots) > MAX_SLOTS:
+            raise JsonRpcError(INVALID_PARAMS, f"slots: a list of at most {MAX_SLOTS}")
+        for pair in slots:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise JsonRpcError(INVALID_PARAMS, "slots: [[address, slot], …]")
+        accounts = self._accounts([addrs, block], overlay)
+        values = [self._storage([a, slot, block], overlay) for a, slot in slots]
+        return {"accounts": accounts, "slots": values}
 
     def _block_number(self, params: Any, overlay: Overlay | None) -> str:
         return hex(self.reader.range()[1])

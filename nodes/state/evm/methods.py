@@ -39,6 +39,10 @@ from nodes.state.evm.settings import EvmSettings
 from nodes.state.reader import StateReader
 from nodes.state.store import StateStore
 
+ENV_CACHE = 4096  # block envs kept (by height)
+CALL_CACHE = 4096  # parsed call objects and block parameters kept
+CALL_CACHE_DATA = 2048  # calldata (hex characters) up to which a parsed call is kept
+
 
 def nonce_error(message: str) -> dict[str, Any]:
     return {"code": NONCE_ERROR, "message": message}
@@ -81,13 +85,22 @@ class EvmMethods:
         self.settings = settings
         self.executor = Executor(settings)
         self.feed = StateFeed(reader, settings.chain_id)
+        # Workers read what a new EVM is given straight from the store (read-only) when the
+        # node's reader is one: [path, map size in MB].
+        self._store: list[Any] | None = None
         if settings.feed == "process" and isinstance(reader, StateStore):
             mb = reader.map_size // (1024 * 1024)
             self.feed.process = FeedProcess(
                 reader.path, mb, settings.chain_id, on_exit=reader.free_stale_readers
             )
+            self._store = [str(reader.path), mb]
+            self.executor.pool.on_replace = reader.free_stale_readers
         self._resolver = resolver or (lambda ref: resolve_height(reader, ref))
         self._chain_id = chain_id
+        self._envs: dict[int, tuple[int, dict[str, Any]]] = {}
+        self._calls: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._refs: dict[str, BlockRef] = {}
+        self._known_chain_id: int | None = None
         self._start_lock = asyncio.Lock()
         self._started = False
         self._closed = False
@@ -136,25 +149,91 @@ class EvmMethods:
         The calls are checked before the block is resolved, so a malformed request is -32602
         on every node (never -39006, which the proxy would retry elsewhere).
         """
-        cap = self.settings.gas_cap
-        if single:
-            calls = [parse_call(calls_raw, cap)]
-        else:
-            calls = parse_calls(calls_raw, cap, self.settings.max_calls)
-        height = self._resolver(ref)
-        env = apply_block_overrides(block_env(self.reader.header(height)), block_overrides)
-        limit = min(cap, env["gas_limit"])
-        for call in calls:
-            call["gas"] = min(call["gas"], limit)
+        height, env, calls = self._checked(ref, calls_raw, single, block_overrides)
         if self._closed:
             raise JsonRpcError(SERVER_BUSY, "the node is shutting down")
         if not self._started:
             await self.start()
+        return self._build(kind, height, env, calls, **extra)
+
+    def _checked(
+        self, ref: BlockRef, calls_raw: Any, single: bool, block_overrides: Any
+    ) -> tuple[int, dict[str, Any], list[dict[str, Any]]]:
+        """(height, block env, calls) of a request, validated, gas limited."""
+        cap = self.settings.gas_cap
+        if single:
+            calls = [self._parse_call(calls_raw)]
+        else:
+            calls = parse_calls(calls_raw, cap, self.settings.max_calls)
+        height = self._resolver(ref)
+        env = apply_block_overrides(self._block_env(height), block_overrides)
+        limit = min(cap, env["gas_limit"])
+        for call in calls:
+            call["gas"] = min(call["gas"], limit)
+        return height, env, calls
+
+    def _build(
+        self,
+        kind: str,
+        height: int,
+        env: dict[str, Any],
+        calls: list[dict[str, Any]],
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """The worker job (the feed and workers started)."""
         job = self.executor.job(kind, self.feed.state_url(), height, env, calls, **extra)
-        chain_id = self._chain_id() if self._chain_id else None
-        if chain_id is not None:
-            job["chain_id"] = chain_id
+        if self._known_chain_id is None and self._chain_id is not None:
+            self._known_chain_id = self._chain_id()  # kept once known: it never changes
+        if self._known_chain_id is not None:
+            job["chain_id"] = self._known_chain_id
+        if self._store is not None:
+            job["store"] = self._store
         return job
+
+    def _parse_call(self, obj: Any) -> dict[str, Any]:
+        """`parse_call`, remembered for call objects of plain strings (the same calls come
+        again and again: a balanceOf per holder, a view); a copy each time (gas is set per
+        job)."""
+        try:
+            key = tuple(sorted(obj.items())) if obj.__class__ is dict else None
+            cached = self._calls.get(key) if key is not None else None
+        except TypeError:  # a list or object inside (accessList): not cached
+            key = cached = None
+        if cached is None:
+            cached = parse_call(obj, self.settings.gas_cap)
+            if (
+                key is not None
+                and len(obj.get("data") or obj.get("input") or "") <= CALL_CACHE_DATA
+            ):
+                if len(self._calls) >= CALL_CACHE:
+                    self._calls.clear()
+                self._calls[key] = cached
+        return dict(cached)
+
+    def _ref(self, value: Any) -> BlockRef:
+        """`parse_block_number_param`, remembered for strings (tags, heights, hashes)."""
+        ref = self._refs.get(value) if value.__class__ is str else None
+        if ref is None:
+            ref = parse_block_number_param(value)
+            if value.__class__ is str:
+                if len(self._refs) >= CALL_CACHE:
+                    self._refs.clear()
+                self._refs[value] = ref
+        return ref
+
+    def _block_env(self, height: int) -> dict[str, Any]:
+        """The block env at a height, from a small cache (a header never changes unless
+        its block is rolled back; the store counts rollbacks)."""
+        generation = getattr(self.reader, "rollbacks", None)
+        cached = self._envs.get(height)
+        if cached is not None and generation is not None and cached[0] == generation:
+            return cached[1]
+        env = block_env(self.reader.header(height))
+        if generation is not None:
+            if len(self._envs) >= ENV_CACHE:
+                self._envs.clear()
+            self._envs[height] = (generation, env)
+        return env
 
     @contextlib.contextmanager
     def _overlaid(self, job: dict[str, Any], overlay: Overlay | None) -> Iterator[dict[str, Any]]:
@@ -163,7 +242,7 @@ class EvmMethods:
             yield job
             return
         with self.feed.overlay(overlay) as url:
-            yield {**job, "fork_url": url, "fresh": True}
+            yield {**job, "fork_url": url, "fresh": True, "store": None}
 
     @staticmethod
     def _call_result(r: dict[str, Any]) -> dict[str, Any]:
@@ -222,11 +301,27 @@ class EvmMethods:
         request, block, state_override, block_overrides = params_list(
             params, ["request", "blockNumber", "stateOverride", "blockOverrides"]
         )
-        ref = parse_block_number_param(block)
+        ref = self._ref(block)
         overlay = parse_state_override(state_override)
         job = await self._job("calls", ref, request, single=True, block_overrides=block_overrides)
+        if overlay is None:
+            return (await self.executor.call(job))["output"]
         with self._overlaid(job, overlay) as job:
             return (await self.executor.call(job))["output"]
+
+    def call_now(self, params: Any) -> asyncio.Future[dict[str, Any]] | None:
+        """eth_call without a coroutine, for a read path answering many at once: the call
+        validated and queued, the future of its result dict; None when it must go the
+        usual way (EVM not started yet or closing, a state override)."""
+        if not self._started or self._closed:
+            return None
+        request, block, state_override, block_overrides = params_list(
+            params, ["request", "blockNumber", "stateOverride", "blockOverrides"]
+        )
+        if state_override is not None:
+            return None
+        height, env, calls = self._checked(self._ref(block), request, True, block_overrides)
+        return self.executor.enqueue(self._build("calls", height, env, calls))
 
     async def eth_multi_call(self, params: Any) -> list[dict[str, Any]]:
         names = ["requests", "blockNumber", "fastFail", "useParallel", "disableCache"]
@@ -267,7 +362,7 @@ class EvmMethods:
                     msg = f"nonce {call['nonce']} does not match the account's nonce {nonce}"
                     out.append(self._sim_result({"ok": False, "error": nonce_error(msg)}))
                     continue
-                one = {**job, "calls": [call], "fork_url": url, "fresh": True}
+                one = {**job, "calls": [call], "fork_url": url, "fresh": True, "store": None}
                 result = (await self.executor.run({**one, "collect_writes": True}))["results"][0]
                 if result["ok"]:
                     overlay.merge_writes(result["writes"])

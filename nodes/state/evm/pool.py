@@ -51,6 +51,10 @@ class _Worker:
 
     def note(self, job: dict[str, Any]) -> None:
         """Record that `job` is about to run here (mirrors Runner.evm_for's LRU)."""
+        if job["kind"] == "groups":
+            for one in job["jobs"]:
+                self.note(one)
+            return
         key = warm_key(job)
         if key is None:
             return
@@ -106,6 +110,9 @@ class WorkerPool:
         self._waiting = 0
         self._closed = False
         self._background: set[asyncio.Task[None]] = set()
+        # Called after a worker was killed: workers read the store directly, and a worker
+        # killed inside a read transaction leaves its LMDB reader slot to be freed.
+        self.on_replace: Any = None
 
     def workers(self) -> list[_Worker]:
         """Every live worker (idle or busy)."""
@@ -209,6 +216,8 @@ class WorkerPool:
         """Kill an overrunning or dead worker and put a fresh one in its place."""
         self._all.discard(worker)
         await asyncio.to_thread(worker.kill)
+        if self.on_replace is not None:
+            self.on_replace()
         if self._closed or self._idle is None:
             return
         fresh = await asyncio.to_thread(self._spawn)

@@ -21,7 +21,7 @@ DEFAULT_MAX_BSRB_READS = 10_000  # reads per blockx_stateReadBatch payload
 DEFAULT_WARM_BLOCKS = 256  # per worker: blocks whose fetched state stays cached (~150 KB each)
 DEFAULT_WARM_MEMORY_MB = 1024  # per worker: resident memory above which warm EVMs are dropped
 DEFAULT_QUEUE_LIMIT = 1024  # jobs (or single calls) waiting for a worker before -32005 "busy"
-DEFAULT_COALESCE_MAX = 256  # single calls at one block run together as one job
+DEFAULT_COALESCE_MAX = 256  # single calls run together as one worker job (one or more blocks)
 
 
 @dataclass(frozen=True, slots=True)

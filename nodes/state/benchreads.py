@@ -1,0 +1,111 @@
+"""The state node's read handler alone, in process: `python -m nodes.state.benchreads`.
+
+Builds a store of synthetic blocks (accounts with balances and storage, every block writing
+a few of them), then times `StateNode.handle_body` on the same bodies as
+`chainstate bench suite state` sends (eth_getBalance / eth_getStorageAt at random heights,
+single and batches of 10 and 100), with no HTTP server in between: what the read path costs
+per item, whatever server carries it. `--dispatcher` times the generic dispatcher path for
+the same bodies (every method through `Dispatcher.handle_body`), the way every read went
+before the read path existed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from nodes.state.service import StateNode
+from nodes.state.vendor import AccountDiff, VendorBlock
+
+
+def synthetic_block(
+    height: int, parent: str, rng: random.Random, accounts: list[str]
+) -> VendorBlock:
+    """A block writing a balance and a storage slot of a few accounts."""
+    post = {}
+    for address in rng.sample(accounts, 8):
+        post[address] = AccountDiff(
+            balance=rng.randrange(1, 10**21), storage={rng.randrange(17): rng.randrange(1, 10**9)}
+        )
+    block_hash = "0x" + height.to_bytes(32, "big").hex()
+    header = {"hash": block_hash, "parentHash": parent, "number": hex(height)}
+    return VendorBlock(height, block_hash, parent, header, "0x" + "00" * 32, {}, post)
+
+
+def bodies(method: str, batch: int, head: int, accounts: list[str], n: int) -> list[bytes]:
+    rng = random.Random(1)
+    out = []
+    for _ in range(n):
+        items = []
+        for i in range(batch):
+            block = hex(rng.randint(1, head))
+            address = rng.choice(accounts)
+            params: list[Any] = [address, block]
+            if method == "eth_getStorageAt":
+                params = [address, hex(rng.randrange(17)), block]
+            items.append({"jsonrpc": "2.0", "id": i, "method": method, "params": params})
+        out.append(orjson.dumps(items if batch > 1 else items[0]))
+    return out
+
+
+async def measure(node: StateNode, payloads: list[bytes], seconds: float, generic: bool) -> float:
+    handle = node.dispatcher.handle_body if generic else node.handle_body
+    for body in payloads[:200]:  # warm caches
+        assert b'"error"' not in await handle(body)
+    done = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for body in payloads:
+            await handle(body)
+        done += len(payloads)
+    return done / (time.perf_counter() - started)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    rng = random.Random(0)
+    accounts = ["0x" + rng.randbytes(20).hex() for _ in range(200)]
+    with tempfile.TemporaryDirectory() as tmp:
+        section = {"kind": "archive", "chain_id": 1337, "map_size_mb": 1024}
+        section["hot_blocks"] = args.hot_blocks
+        node = StateNode.from_config(section, data_dir=Path(tmp))
+        await node.start()
+        try:
+            parent = "0x" + "00" * 32
+            for height in range(args.blocks):
+                block = synthetic_block(height, parent, rng, accounts)
+                await node.ingest._apply(block)
+                parent = block.hash
+            head = args.blocks - 1
+            print(f"{args.blocks} blocks, hot view {args.hot_blocks} blocks; items/s in process")
+            for method in ("eth_getBalance", "eth_getStorageAt"):
+                for batch in (1, 10, 100):
+                    payloads = bodies(method, batch, head, accounts, max(20, 2000 // batch))
+                    rates = {}
+                    for label, generic in (("read path", False), ("dispatcher", True)):
+                        if generic and not args.dispatcher:
+                            continue
+                        rates[label] = await measure(node, payloads, args.duration, generic)
+                    shown = "  ".join(f"{k} {v * batch:>10,.0f}" for k, v in rates.items())
+                    print(f"{method:<18} batch {batch:>3}  {shown}")
+        finally:
+            await node.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m nodes.state.benchreads", description=__doc__)
+    p.add_argument("--blocks", type=int, default=400, help="chain length (default 400)")
+    p.add_argument("--hot-blocks", type=int, default=128, help="hot view blocks (default 128)")
+    p.add_argument("-d", "--duration", type=float, default=2.0, help="seconds per row")
+    p.add_argument("--dispatcher", action="store_true", help="also time the generic dispatcher")
+    asyncio.run(main_async(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

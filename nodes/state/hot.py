@@ -1,0 +1,130 @@
+"""The hot view: the newest blocks' state in memory, so near-head reads need no LMDB seek.
+
+Ingest keeps it: after a block is committed to the store, `applied(height, writes)` records
+the versions that block wrote; after a rollback is committed, `rolled_back(height)` drops
+them. Reads and updates all run in the node's event loop, so a read never sees half a block.
+
+It holds, for the covered heights `[lo, hi]` (at most `blocks` of them):
+
+- `versions`: store key prefix → `[(height, raw value), …]` in height order, the values the
+  covered blocks wrote (raw = the store's encoding: minimal big-endian integers, raw code);
+- `base`: store key prefix → raw value as of height `lo - 1`, filled by reads (one LMDB
+  read per key, then memory) and moved forward exactly when the oldest block leaves: the
+  values that block wrote become the new base values, every other base value stays true.
+  At most `base_entries` entries (cleared when full: a cache, not the truth).
+
+A read at `h` in `[lo, hi]` takes the newest version at or below `h`; without one the key
+was not written in `[lo, h]`, so its value is the base value. A rollback of the newest
+covered block drops its versions; one the view cannot undo (below what it covers) empties
+it, and it fills again from the next blocks. The store stays the truth: the view never
+answers for a height it does not cover.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+MISSING = None  # what `value` answers when the view cannot answer (the caller reads LMDB)
+
+
+class HotState:
+    """The newest `blocks` blocks' written values plus a read cache of the values below."""
+
+    def __init__(self, blocks: int, base_entries: int) -> None:
+        self.blocks = max(0, blocks)
+        self.base_entries = max(0, base_entries)
+        self.lo = 0
+        self.hi = -1  # empty: hi < lo
+        self.versions: dict[bytes, list[tuple[int, bytes]]] = {}
+        self.base: dict[bytes, bytes] = {}
+        self._written: deque[list[bytes]] = deque()  # per covered height, oldest first
+
+    @property
+    def empty(self) -> bool:
+        return self.hi < self.lo
+
+    def covers(self, height: int) -> bool:
+        return self.lo <= height <= self.hi
+
+    def reset(self, head: int) -> None:
+        """Forget everything; the next block applied after `head` starts the view again."""
+        self.versions.clear()
+        self.base.clear()
+        self._written.clear()
+        self.lo, self.hi = head + 1, head
+
+    # ingest side ---------------------------------------------------------------------
+
+    def applied(self, height: int, writes: Iterable[tuple[bytes, bytes]], earliest: int) -> None:
+        """Block `height` was committed with these (prefix, raw value) writes.
+
+        `earliest` is the store's earliest height after the commit: the view never covers
+        it (its base would be the value just below, which a `state` node has pruned).
+        """
+        if self.blocks == 0:
+            return
+        if height != self.hi + 1:  # not the next block (first block, or after a gap)
+            self.reset(height - 1)
+        prefixes = []
+        for prefix, value in writes:
+            versions = self.versions.get(prefix)
+            if versions is None:
+                self.versions[prefix] = [(height, value)]
+            elif versions[-1][0] == height:  # the same field twice in one block: last wins
+                versions[-1] = (height, value)
+                continue
+            else:
+                versions.append((height, value))
+            prefixes.append(prefix)
+        self._written.append(prefixes)
+        self.hi = height
+        while self._written and (self.hi - self.lo + 1 > self.blocks or self.lo <= earliest):
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        """The oldest covered block leaves: its values become the base values."""
+        for prefix in self._written.popleft():
+            versions = self.versions[prefix]
+            _, value = versions.pop(0)
+            if not versions:
+                del self.versions[prefix]
+            if prefix in self.base or len(self.base) < self.base_entries:
+                self.base[prefix] = value
+        self.lo += 1
+
+    def rolled_back(self, height: int) -> None:
+        """Block `height` (the store's old head) was rolled back."""
+        if self.blocks == 0:
+            return
+        if self.empty or height != self.hi:
+            self.reset(height - 1)
+            return
+        for prefix in self._written.pop():
+            versions = self.versions[prefix]
+            versions.pop()
+            if not versions:
+                del self.versions[prefix]
+        self.hi -= 1
+        if self.empty:  # nothing covered: the base (values at lo - 1 = hi) is still true
+            self.lo = self.hi + 1
+
+    # read side -----------------------------------------------------------------------
+
+    def value(self, prefix: bytes, height: int) -> bytes | None:
+        """The raw value of `prefix` at a covered `height` (b"" when never written), or
+        MISSING when the view does not know it (not covered, or no base value cached)."""
+        versions = self.versions.get(prefix)
+        if versions is not None:
+            for h, value in reversed(versions):
+                if h <= height:
+                    return value
+        return self.base.get(prefix)
+
+    def remember_base(self, prefix: bytes, value: bytes) -> None:
+        """Cache the value at `lo - 1` read from the store (bounded by `base_entries`)."""
+        if len(self.base) >= self.base_entries:
+            if self.base_entries == 0:
+                return
+            self.base.clear()
+        self.base[prefix] = value

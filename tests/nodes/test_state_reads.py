@@ -1,0 +1,236 @@
+"""The read path (nodes/state/reads.py) and the hot view (nodes/state/hot.py).
+
+Answers through `StateNode.handle_body` are compared with the model state of a synthetic
+chain at every height the node holds, while blocks are applied, rolled back (reorgs) and
+pruned, with hot views smaller and larger than the window; and every malformed request
+answers exactly what the generic dispatcher answers.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from nodes.state.hot import HotState
+from nodes.state.service import StateNode
+from nodes.state.vendor import parse_vendor_block
+from tests.nodes.test_state_chain import Account, SyntheticChain, random_chain
+
+SLOTS = 6
+
+
+async def make_node(tmp_path: Path, **settings: Any) -> StateNode:
+    section = {"key": "reads", "chain_id": 1337, "map_size_mb": 64, **settings}
+    node = StateNode.from_config(section, data_dir=tmp_path / "node")
+    await node.start()
+    return node
+
+
+def read_batch(addrs: list[str], height: int | str) -> list[dict[str, Any]]:
+    block = height if isinstance(height, str) else hex(height)
+    items: list[dict[str, Any]] = []
+    for addr in addrs:
+        items.append({"method": "eth_getBalance", "params": [addr, block]})
+        items.append({"method": "eth_getTransactionCount", "params": [addr, block]})
+        items.append({"method": "eth_getCode", "params": [addr, block]})
+        items.append({"method": "getAddressNonce", "params": {"address": addr}})
+        for slot in range(SLOTS):
+            items.append({"method": "eth_getStorageAt", "params": [addr, hex(slot), block]})
+    return [{"jsonrpc": "2.0", "id": i, **item} for i, item in enumerate(items)]
+
+
+def expected(chain: SyntheticChain, addrs: list[str], height: int) -> list[Any]:
+    model, head = chain.state(height), chain.state(chain.head)
+    out: list[Any] = []
+    for addr in addrs:
+        acct = model.get(addr, Account())
+        out += [hex(acct.balance), hex(acct.nonce), "0x" + acct.code.hex()]
+        out.append(head.get(addr, Account()).nonce)
+        out += ["0x" + acct.storage.get(s, 0).to_bytes(32, "big").hex() for s in range(SLOTS)]
+    return out
+
+
+async def assert_answers(node: StateNode, chain: SyntheticChain, addrs: list[str]) -> None:
+    """Every field at every height the node holds, read through handle_body, equals the
+    model; also once with "latest"."""
+    earliest, head = node.store.range()
+    assert head == chain.head
+    for height in [*range(earliest, head + 1), "latest"]:
+        at = head if height == "latest" else height
+        answer = orjson.loads(await node.handle_body(orjson.dumps(read_batch(addrs, height))))
+        assert [a["result"] for a in answer] == expected(chain, addrs, at), (height, node.hot.lo)
+
+
+async def apply(node: StateNode, chain: SyntheticChain, start: int) -> None:
+    for raw in chain.blocks[start:]:
+        await node.ingest._apply(parse_vendor_block(raw))
+
+
+@pytest.mark.parametrize(
+    ("kind", "window", "hot_blocks", "cache"),
+    [
+        ("archive", 128, 8, 1000),
+        ("archive", 128, 0, 0),  # hot view off
+        ("state", 16, 8, 1000),
+        ("state", 16, 64, 1000),  # more hot blocks than the window holds
+        ("state", 16, 8, 3),  # a base cache smaller than the state: cleared and refilled
+    ],
+)
+async def test_answers_equal_the_model_through_reorgs_and_pruning(
+    tmp_path: Path, kind: str, window: int, hot_blocks: int, cache: int
+) -> None:
+    node = await make_node(
+        tmp_path, kind=kind, window=window, hot_blocks=hot_blocks, hot_cache_entries=cache
+    )
+    try:
+        chain, addrs = random_chain(seed=21, blocks=40)
+        await apply(node, chain, 0)
+        await assert_answers(node, chain, addrs)
+        rng = random.Random(5)
+        for round_ in range(6):
+            # a reorg of 1..5 blocks onto a fork that is then extended
+            depth = rng.randint(1, 5)
+            for _ in range(depth):
+                await node.ingest._rollback()
+            fork = chain.fork(chain.head - depth, f"fork{round_}")
+            for _ in range(depth + rng.randint(0, 6)):
+                fork.add_random_block(rng, addrs)
+            await apply(node, fork, chain.head - depth + 1)
+            chain = fork
+            await assert_answers(node, chain, addrs)
+    finally:
+        await node.close()
+
+
+async def test_a_rollback_below_the_hot_blocks_empties_the_view(tmp_path: Path) -> None:
+    node = await make_node(tmp_path, kind="archive", hot_blocks=4)
+    try:
+        chain, addrs = random_chain(seed=22, blocks=30)
+        await apply(node, chain, 0)
+        await assert_answers(node, chain, addrs)  # fills the base cache
+        for _ in range(7):  # deeper than the 4 hot blocks
+            await node.ingest._rollback()
+        assert node.hot.empty
+        fork = chain.fork(22, "deep")
+        for _ in range(9):
+            fork.add_random_block(random.Random(9), addrs)
+        await apply(node, fork, 23)
+        assert not node.hot.empty
+        await assert_answers(node, fork, addrs)
+    finally:
+        await node.close()
+
+
+A = "0x" + "11" * 20
+BAD_ITEMS: list[Any] = [
+    {"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance", "params": ["0x12", "latest"]},
+    {"jsonrpc": "2.0", "id": 2, "method": "eth_getBalance", "params": []},
+    {"jsonrpc": "2.0", "id": 3, "method": "eth_getBalance", "params": [None, "latest"]},
+    {"jsonrpc": "2.0", "id": 4, "method": "eth_getBalance", "params": [A, "bad"]},
+    {"jsonrpc": "2.0", "id": 5, "method": "eth_getBalance", "params": [A, "0x99"]},
+    {"jsonrpc": "2.0", "id": 6, "method": "eth_getBalance", "params": [A, "0x1", 3]},
+    {"jsonrpc": "2.0", "id": 7, "method": "eth_getBalance", "params": "0x11"},
+    {"jsonrpc": "2.0", "id": True, "method": "eth_getBalance", "params": []},
+    {"jsonrpc": "1.0", "id": 9, "method": "eth_getBalance", "params": []},
+    {"jsonrpc": "2.0", "id": 10, "method": "eth_getStorageAt", "params": [A, "x"]},
+    {"jsonrpc": "2.0", "id": 11, "method": "eth_getStorageAt", "params": [A]},
+    {"jsonrpc": "2.0", "id": 12, "method": "eth_getStorageAt", "params": [A, "0x" + "f" * 65]},
+    {"jsonrpc": "2.0", "id": 13, "method": "eth_getCode", "params": [["0x"], "latest"]},
+    {"jsonrpc": "2.0", "id": 14, "method": "eth_getBalance", "params": [A, {"x": 1}]},
+    {"jsonrpc": "2.0", "id": 15, "method": "eth_getBalance", "params": [A, "0x" + "ab" * 32]},
+    {"jsonrpc": "2.0", "id": 16, "method": "getAddressBalance", "params": [A, {"block_id": 99}]},
+    {"jsonrpc": "2.0", "id": 17, "method": "getAddressBalance", "params": [A, "latest"]},
+    {"jsonrpc": "2.0", "id": 18, "method": "eth_blockNumber", "params": [1]},
+    {"jsonrpc": "2.0", "method": "eth_getBalance", "params": ["0x12"]},  # a notification
+    {"jsonrpc": "2.0", "id": 20, "method": "no_such_method"},
+    {"jsonrpc": "2.0", "id": 21, "method": "eth_getBlockByNumber", "params": ["0x2", False]},
+    {"jsonrpc": "2.0", "id": 22, "method": "eth_getBalance", "params": {"address": A}},
+    {"jsonrpc": "2.0", "id": [1], "method": "eth_getBalance", "params": []},
+    {"jsonrpc": "2.0", "id": 23, "method": ["eth_getBalance"], "params": []},
+    {"jsonrpc": "2.0", "id": 24, "method": {"eth_getBalance": 1}},
+    "not an object",
+]  # fmt: skip
+
+
+async def test_every_answer_equals_the_generic_dispatchers(tmp_path: Path) -> None:
+    """Singles and one mixed batch: the read path answers byte for byte what the generic
+    dispatcher answers (codes, messages, ids, order, notifications), before and after the
+    node holds blocks."""
+    node = await make_node(tmp_path, kind="state", window=16, hot_blocks=4)
+    try:
+        bodies = [orjson.dumps(item) for item in BAD_ITEMS] + [orjson.dumps(BAD_ITEMS)]
+        bodies += [b"[", b"[]", b"{}", orjson.dumps([{"jsonrpc": "2.0", "method": "x"}])]
+        for stage in ("empty", "with blocks"):
+            for body in bodies:
+                generic = await node.dispatcher.handle_body(body)
+                assert await node.handle_body(body) == generic, (stage, body)
+                now = node.answer_now(body)  # None: not all plain reads, handle_body answers
+                assert now is None or now == generic, (stage, body)
+            if stage == "empty":
+                await apply(node, random_chain(seed=23, blocks=40)[0], 0)
+    finally:
+        await node.close()
+
+
+async def test_plain_reads_are_answered_without_awaiting(tmp_path: Path) -> None:
+    node = await make_node(tmp_path, kind="archive")
+    try:
+        chain, addrs = random_chain(seed=24, blocks=10)
+        await apply(node, chain, 0)
+        reads = orjson.dumps(read_batch(addrs, 5))
+        assert node.answer_now(reads) == await node.dispatcher.handle_body(reads)
+        mixed = [*orjson.loads(reads), {"jsonrpc": "2.0", "id": 99, "method": "eth_chainId"}]
+        assert node.answer_now(orjson.dumps(mixed)) is None
+    finally:
+        await node.close()
+
+
+async def test_batch_longer_than_max_batch_is_refused(tmp_path: Path) -> None:
+    node = await make_node(tmp_path, max_batch=3)
+    try:
+        item = {"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber"}
+        answer = orjson.loads(await node.handle_body(orjson.dumps([item] * 4)))
+        assert answer["error"]["code"] == -32600
+        assert "at most 3" in answer["error"]["message"]
+    finally:
+        await node.close()
+
+
+def test_hot_view_keeps_its_bounds() -> None:
+    """At most `blocks` blocks and `base_entries` cached values; never the earliest block."""
+    hot = HotState(blocks=3, base_entries=2)
+    key = [bytes([i]) * 21 for i in range(4)]
+    for height in range(10):
+        hot.applied(height, [(key[height % 4], bytes([height]))], earliest=0)
+    assert (hot.lo, hot.hi) == (7, 9)
+    assert len(hot.base) <= 2
+    assert hot.value(key[1], 9) == bytes([9])  # written at 9
+    assert hot.value(key[3], 7) == bytes([7])
+    assert hot.value(key[3], 8) == bytes([7])  # not written at 8: the version of 7
+    hot.applied(10, [], earliest=9)  # a state node pruned up to 9: only 10 stays covered
+    assert (hot.lo, hot.hi) == (10, 10)
+    off = HotState(blocks=0, base_entries=10)
+    off.applied(0, [(key[0], b"\x01")], earliest=0)
+    assert off.empty and not off.versions
+
+
+@pytest.mark.parametrize("kind", ["archive", "state"])
+async def test_a_restarted_node_fills_its_hot_view_from_the_store(
+    tmp_path: Path, kind: str
+) -> None:
+    chain, addrs = random_chain(seed=25, blocks=40)
+    node = await make_node(tmp_path, kind=kind, window=16, hot_blocks=8)
+    try:
+        await apply(node, chain, 0)
+    finally:
+        await node.close()
+    node = await make_node(tmp_path, kind=kind, window=16, hot_blocks=8)
+    try:
+        assert (node.hot.lo, node.hot.hi) == (chain.head - 7, chain.head)
+        await assert_answers(node, chain, addrs)
+    finally:
+        await node.close()
