@@ -58,7 +58,11 @@ async def test_runs_cannot_read_the_workspace_files(upstream: str, data_dir: Pat
         body = {"language": "python", "code": PEEK, "arguments": [{"value": paths}]}
         rec = await stack.bob.ok("POST", "/v1/function/run", body)
         assert rec["status"] == "succeeded", rec["output"]
-        assert rec["return_value"] == {p: "PermissionError" for p in paths}
+        # In a checkout under /tmp the folder is not even there for runs (their /tmp is their
+        # own); elsewhere its mode is what keeps them out.
+        hidden = str(data_dir).startswith(("/tmp/", "/var/tmp/"))
+        refused = "FileNotFoundError" if hidden else "PermissionError"
+        assert rec["return_value"] == {p: refused for p in paths}
         assert (ws.stat().st_mode & 0o777) == 0o700
 
 

@@ -56,13 +56,16 @@ async def test_the_machine_is_read_only_and_temp_folders_private(
 ) -> None:
     marker = uuid.uuid4().hex
     work_root = private_sandbox.work_root
-    host = ["/", "/etc", "/usr/local", "/var", "/root", "/var/lib", str(Path.cwd())]
+    host = ["/", "/etc", "/usr/local", "/var", "/root", "/var/lib"]
+    checkout = str(Path.cwd())
+    if not checkout.startswith(("/tmp/", "/var/tmp/")):  # else it lies in the run's own /tmp
+        host.append(checkout)
     got = await try_writes(private_sandbox, [*host, *PRIVATE, str(work_root)], marker)
     # read-only file system (OSError EROFS) or no permission: never written
     assert all(got[f] in ("OSError", "PermissionError") for f in host), got
     assert {f: got[f] for f in PRIVATE} == dict.fromkeys(PRIVATE, "ok")
     # what the run wrote in its temp folders and home went with it, and so did its folder
-    folders = ["/tmp", "/var/tmp", "/run/lock", "/dev/shm", str(work_root)]
+    folders = ["/tmp", "/var/tmp", "/run/lock", "/dev/shm", str(work_root), checkout]
     assert await asyncio.to_thread(host_files, folders, f"cs-probe-{marker}") == []
     assert await asyncio.to_thread(os.listdir, work_root) == []
 

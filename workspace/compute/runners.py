@@ -239,6 +239,9 @@ class CodeRunner:
         self.sandbox = sandbox
         self.pool = pool
         self.settings = settings
+        # The harnesses live in the project's tree, which may sit under a folder runs see
+        # as their own empty one (a clone in /tmp): every run gets them read-only.
+        sandbox.expose(RUNTIME_DIR)
         self._go_locks: dict[str, asyncio.Lock] = {}
         self._build_lock = asyncio.Lock()  # one build at a time: they share the build uid
         if sandbox.isolation.drop_uid and settings.build_uid is None:
@@ -269,7 +272,10 @@ class CodeRunner:
             if res.exit_code == 0 and res.output.decode().strip() == want:
                 self.python = exe
                 if exe != self.settings.python:
-                    self.python_env = {"CHAINSTATE_SITE_PACKAGES": _site_packages()}
+                    site = _site_packages()
+                    for path in site.split(os.pathsep):
+                        self.sandbox.expose(Path(path))
+                    self.python_env = {"CHAINSTATE_SITE_PACKAGES": site}
                     note = f"sandbox python: {exe} with the venv's site-packages"
                     self.notes.append(note)
                     log.info(note)

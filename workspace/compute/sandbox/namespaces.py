@@ -14,6 +14,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +153,7 @@ def private_filesystem(view: FsView, cwd: Path | None = None) -> None:
     read_only_tree()
     writable = len(view.binds)
     for i, (fd, dest) in enumerate(handles):
-        _mount_point(dest, directory=i < writable)
+        _mount_point(dest, directory=stat.S_ISDIR(os.fstat(fd).st_mode))
         mount(f"/proc/self/fd/{fd}", dest, None, MS_BIND | MS_REC, None)
         if i < writable:  # a bind keeps its source's flags: read-only after read_only_tree()
             mount(None, dest, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV, None)

@@ -107,7 +107,8 @@ class Sandbox:
 
     def expose(self, path: Path) -> None:
         """Let every later run reach `path` (read-only, at the same path)."""
-        self.exposed.append(path)
+        if path not in self.exposed:
+            self.exposed.append(path)
 
     async def start(
         self,
