@@ -12,8 +12,9 @@ What it does model faithfully, because routing depends on it:
 - strict params (bad address/block → -32602/-39007), single and batch bodies, notifications;
 - optional added latency per response and injected HTTP failures (every Nth request).
 
-It is a raw asyncio protocol speaking HTTP/1.1 keep-alive with Content-Length bodies (no
-chunked requests: 411), so one core answers tens of thousands of requests per second.
+It is served by the project's lean HTTP/1.1 server (`chainstate.httpserver`, keep-alive,
+pipelining, chunked bodies) with a plain function as handler (no task per request), so one
+core answers tens of thousands of requests per second.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +30,7 @@ import orjson
 
 from chainstate.blockref import BlockRef, parse_block_ctx, parse_block_id, parse_block_number_param
 from chainstate.hexcodec import parse_address, parse_data, parse_quantity
+from chainstate.httpserver import HttpServer, Request, Response, ServerLimits
 from chainstate.jsonrpc import (
     BLOCK_NOT_FOUND,
     INTERNAL_ERROR,
@@ -39,6 +40,7 @@ from chainstate.jsonrpc import (
     PARSE_ERROR,
     JsonRpcError,
     check_request,
+    cut,
     params_list,
     request_id,
 )
@@ -47,7 +49,6 @@ DEFAULT_WINDOW = 128  # blocks a `state` kind fake node keeps (like the real sta
 DEFAULT_CHAIN_ID = 1337
 DEFAULT_MAX_BODY = 10 * 1024 * 1024  # bytes; larger requests get HTTP 413
 DEFAULT_MAX_BATCH = 10_000  # items; larger batches get -32600
-MAX_HEADER_BYTES = 64 * 1024  # request head larger than this → HTTP 431
 GENESIS_TIMESTAMP = 1_700_000_000  # fake header timestamps: genesis + 12 s per block
 FAKE_MINER = "0x" + "fa" * 20
 ZERO_HASH = "0x" + "00" * 32
@@ -348,7 +349,7 @@ class FakeRpc:
         handler = self.methods.table.get(item["method"])
         try:
             if handler is None:
-                raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {item['method']}")
+                raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {cut(item['method'])}")
             answer = {"jsonrpc": "2.0", "id": rid, "result": handler(item.get("params", []), head)}
         except JsonRpcError as exc:
             answer = _error(rid, exc.code, exc.message)
@@ -375,132 +376,6 @@ class FakeRpc:
         return orjson.dumps(answer) if answer is not None else b""
 
 
-_REASONS = {
-    200: b"OK",
-    204: b"No Content",
-    400: b"Bad Request",
-    405: b"Method Not Allowed",
-    411: b"Length Required",
-    413: b"Payload Too Large",
-    431: b"Request Header Fields Too Large",
-    500: b"Internal Server Error",
-    503: b"Service Unavailable",
-}
-
-
-def http_response(status: int, body: bytes, keep_alive: bool = True) -> bytes:
-    reason = _REASONS.get(status, b"Status")
-    head = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
-        status,
-        reason,
-        len(body),
-    )
-    if not keep_alive:
-        head += b"Connection: close\r\n"
-    return head + b"\r\n" + body
-
-
-def _header_value(head_lower: bytes, name: bytes) -> bytes | None:
-    """The value of header `name` (lower-case, with the colon) in a lower-cased head."""
-    at = head_lower.find(b"\r\n" + name)
-    if at < 0:
-        return None
-    start = at + 2 + len(name)
-    end = head_lower.find(b"\r\n", start)
-    return head_lower[start : end if end >= 0 else None].strip()
-
-
-class FakeNodeProtocol(asyncio.Protocol):
-    """One HTTP/1.1 connection: parses pipelined requests, answers in order."""
-
-    def __init__(self, node: FakeNode) -> None:
-        self.node = node
-        self.buf = bytearray()
-        self.transport: asyncio.Transport | None = None
-        self.delayed: deque[tuple[float, bytes, bool]] = deque()
-        self.timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.node.connections.add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.node.connections.discard(self)
-        if self.timer is not None:
-            self.timer.cancel()
-        self.transport = None
-
-    def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        while self.transport is not None:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEADER_BYTES:
-                    self.reply(431, b'{"error":"request head too large"}', False)
-                return
-            head_lower = bytes(buf[:end]).lower()
-            first = head_lower.split(b"\r\n", 1)[0].split(b" ")
-            if len(first) != 3 or not first[2].startswith(b"http/1."):
-                self.reply(400, b'{"error":"malformed request line"}', False)
-                return
-            conn = _header_value(head_lower, b"connection:")
-            http10 = first[2] == b"http/1.0"
-            keep_alive = conn == b"keep-alive" if http10 else conn != b"close"
-            if _header_value(head_lower, b"transfer-encoding:") is not None:
-                self.reply(411, b'{"error":"send a Content-Length body"}', False)
-                return
-            raw_len = _header_value(head_lower, b"content-length:")
-            try:
-                length = int(raw_len) if raw_len is not None else 0
-            except ValueError:
-                self.reply(400, b'{"error":"bad Content-Length"}', False)
-                return
-            if length < 0 or length > self.node.settings.max_body:
-                self.reply(413, b'{"error":"body too large"}', False)
-                return
-            total = end + 4 + length
-            if len(buf) < total:
-                return
-            body = bytes(buf[end + 4 : total])
-            del buf[:total]
-            status, answer = self.node.handle(first[0], body)
-            self.reply(status, answer, keep_alive)
-            if not keep_alive:
-                return
-
-    def reply(self, status: int, body: bytes, keep_alive: bool) -> None:
-        data = http_response(status, body, keep_alive)
-        delay = self.node.settings.latency_ms / 1000.0
-        if delay <= 0 and not self.delayed:
-            self._write(data, keep_alive)
-            return
-        loop = asyncio.get_running_loop()
-        due = loop.time() + delay
-        self.delayed.append((due, data, keep_alive))
-        if self.timer is None:
-            self.timer = loop.call_at(due, self._flush)
-
-    def _flush(self) -> None:
-        """Write every delayed response that is due, in request order."""
-        self.timer = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        while self.delayed and self.delayed[0][0] <= now:
-            _, data, keep_alive = self.delayed.popleft()
-            self._write(data, keep_alive)
-        if self.delayed and self.transport is not None:
-            self.timer = loop.call_at(self.delayed[0][0], self._flush)
-
-    def _write(self, data: bytes, keep_alive: bool) -> None:
-        if self.transport is None:
-            return
-        self.transport.write(data)
-        if not keep_alive:
-            self.transport.close()
-            self.transport = None
-
-
 @dataclass
 class FakeNodeStats:
     """What the fake node has seen (tests compare it with what the load generator counted)."""
@@ -516,59 +391,64 @@ class FakeNode:
         self.settings = settings
         self.rpc = FakeRpc(settings)
         self.stats = FakeNodeStats()
-        self.connections: set[FakeNodeProtocol] = set()
-        self.server: asyncio.base_events.Server | None = None
+        self.server: HttpServer | None = None
 
     @property
     def port(self) -> int:
         if self.server is None:
             raise RuntimeError("fake node not started")
-        return self.server.sockets[0].getsockname()[1]
+        return self.server.port
 
     @property
     def url(self) -> str:
         return f"http://{self.settings.host}:{self.port}"
 
-    def handle(self, method: bytes, body: bytes) -> tuple[int, bytes]:
-        """HTTP status and body for one request."""
-        if method == b"get":
-            head = self.rpc.chain.head()
-            status = {
-                "fake": True,
-                "kind": self.settings.kind,
-                "head": head,
-                "earliest": self.rpc.chain.earliest(head),
-            }
-            return 200, orjson.dumps(status)
-        if method != b"post":
-            return 405, b'{"error":"use POST for JSON-RPC"}'
+    def route(self, method: bytes, path: bytes) -> Any:
+        if method == b"POST":
+            return self.answer if self.settings.latency_ms <= 0 else self.answer_later
+        if method == b"GET":
+            return self.status
+        return self.not_allowed
+
+    def answer(self, request: Request) -> Response:
+        """HTTP status and body of one JSON-RPC POST."""
         self.stats.requests += 1
         every = self.settings.fail_every
         if every and self.stats.requests % every == 0:
             self.stats.failed += 1
             err = _error(None, INTERNAL_ERROR, "fake node: injected failure")
             return self.settings.fail_status, orjson.dumps(err)
-        answer = self.rpc.answer_body(body)
+        answer = self.rpc.answer_body(request.body)
         return (200, answer) if answer else (204, b"")
 
+    async def answer_later(self, request: Request) -> Response:
+        """`answer` after `latency_ms` (answers still go out in request order)."""
+        await asyncio.sleep(self.settings.latency_ms / 1000.0)
+        return self.answer(request)
+
+    def status(self, request: Request) -> Response:
+        head = self.rpc.chain.head()
+        status = {
+            "fake": True,
+            "kind": self.settings.kind,
+            "head": head,
+            "earliest": self.rpc.chain.earliest(head),
+        }
+        return 200, orjson.dumps(status)
+
+    @staticmethod
+    def not_allowed(request: Request) -> Response:
+        return 405, b'{"error":"use POST for JSON-RPC"}'
+
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(
-            lambda: FakeNodeProtocol(self),
-            self.settings.host,
-            self.settings.port,
-            backlog=1024,
-            reuse_address=True,
-        )
+        limits = ServerLimits(max_body=self.settings.max_body, body_limit_name="max_body")
+        self.server = HttpServer(self.route, limits=limits, name="fake node")
+        await self.server.start(self.settings.host, self.settings.port)
 
     async def stop(self) -> None:
         if self.server is None:
             return
-        self.server.close()
-        for conn in list(self.connections):
-            if conn.transport is not None:
-                conn.transport.close()
-        await self.server.wait_closed()
+        await self.server.close()
         self.server = None
 
 

@@ -1,10 +1,14 @@
 """Benchmark suites: start the services under test, load them, print each figure as a ratio.
 
-`suite proxy` starts a fake node and `chainstate proxy` in front of it as subprocesses on
-free loopback ports, then measures the same requests against the fake node directly and
-through the proxy (single requests, batches of 10 and of 100), so the ratio is the cost of
-the proxy. On a machine with two or more cores the proxy is pinned to one core and the load
-generator and fake node share another, as in TRIED.md's anchors.
+`suite proxy` starts a fake node, `chainstate proxy` in front of it and, as a compiled
+reference, Go's standard-library reverse proxy (bench/goproxy, built with the machine's `go`;
+skipped, and said so, without it) as subprocesses on free loopback ports, then measures the
+same requests against the fake node directly and through each proxy (single requests,
+batches of 10 and of 100, and single requests on one connection for the added latency), so
+the ratios are the cost of a proxy. On a machine with two or more cores both proxies are
+pinned to one core and the load generator and fake node share another, as in TRIED.md's
+anchors; each proxy's CPU time per request is measured too, since the load core can cap
+the throughput of the faster one.
 
 `suite state` starts anvil (with the devnet workload), a write node, an archive state node
 and the proxy, and compares eth_getBalance/eth_getStorageAt at random heights on the state
@@ -23,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,11 +35,14 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
+
+import psutil
 
 from bench.bodies import BlockRange, BodyPlan, fake_addresses
 from bench.contracts import view_init_code, write_data
@@ -52,7 +60,8 @@ VIEW_WRITES = 64  # blocks after the view's deployment that each rewrite one of 
 CALL_BATCH = 10  # eth_calls per batched request in `suite call`
 PROXY_STATE_WINDOW = 128  # the proxy's default state_window: older heights are "old"
 PROBE = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+GO_PROXY_SOURCE = Path(__file__).parent / "goproxy" / "main.go"
+GO_BUILD_TIMEOUT = 300.0  # seconds for `go build` of the reference proxy (first build: slow)
 
 
 def free_port() -> int:
@@ -192,35 +201,14 @@ def python_cmd(*args: str) -> list[str]:
     return [sys.executable, *args]
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) of a process and all its descendants (Linux /proc): the
-    state node with its EVM workers and feed process. 0 where /proc is not there."""
-    children: dict[int, list[int]] = {}
-    times: dict[int, float] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))  # field 4: ppid
-        times[int(entry)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        total += times.get(current, 0.0)
-        todo += children.get(current, [])
-    return total
-
-
 @dataclass(frozen=True)
 class Case:
-    """One measured load: a body plan sent to every target of the suite."""
+    """One measured load: a body plan sent to every target of the suite (on `concurrency`
+    connections when set, else the suite's)."""
 
     name: str
     plan: BodyPlan
+    concurrency: int | None = None
 
 
 @dataclass
@@ -234,6 +222,7 @@ class SuiteOptions:
     cases: list[str] | None = None  # names to run; None = all
     keep_dir: str | None = None
     evm: dict[str, Any] = field(default_factory=dict)  # the state node's [evm] settings
+    reference: bool = True  # `suite proxy`: also measure Go's reverse proxy (when go exists)
 
 
 class Suite(Protocol):
@@ -244,6 +233,18 @@ class Suite(Protocol):
         ...
 
     def cases(self) -> list[Case]: ...
+
+
+def serving_pids(services: Services, targets: dict[str, str]) -> dict[str, int]:
+    """{target label: pid} of the started service listening where each target points (its
+    CPU time per request is measured)."""
+    out = {}
+    for label, url in targets.items():
+        where = urllib.parse.urlsplit(url).netloc
+        for svc in services.started:
+            if svc.proc is not None and urllib.parse.urlsplit(svc.ready_url).netloc == where:
+                out[label] = svc.proc.pid
+    return out
 
 
 def balance_mix(batch: int) -> BodyPlan:
@@ -257,9 +258,13 @@ def balance_mix(batch: int) -> BodyPlan:
 
 
 class ProxySuite:
-    """The proxy in front of a fake node vs the fake node directly."""
+    """The proxy in front of a fake node vs the fake node directly, and vs Go's reverse proxy
+    on the same core (the compiled reference of what one core can do)."""
 
     name: ClassVar[str] = "proxy"
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
 
     def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
         proxy_cpus, load_cpus = split_cpus() if opts.pin else (None, None)
@@ -279,7 +284,48 @@ class ProxySuite:
         config.write_text(proxy_config(fake_url))
         proxy_url = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
         services.start("proxy", self.proxy_command(proxy_port, config), proxy_url, proxy_cpus)
-        return {"direct": fake_url, "proxy": proxy_url}
+        targets = {"direct": fake_url, "proxy": proxy_url}
+        if opts.reference:
+            go_url = self.start_go_proxy(services, fake_url, proxy_cpus)
+            if go_url is not None:
+                targets["go-proxy"] = go_url
+        return targets
+
+    def start_go_proxy(
+        self, services: Services, node_url: str, cpus: list[int] | None
+    ) -> str | None:
+        """Build and start bench/goproxy (GOMAXPROCS=1, on the proxy's core); None, with a
+        note saying why, when `go` is missing or the build fails."""
+        go = shutil.which("go")
+        if go is None:
+            self.note("go not found: Go's reverse proxy is not measured (./dev test installs go)")
+            return None
+        binary = services.workdir / "goproxy"
+        env = {**os.environ, "GOMAXPROCS": "1", "CGO_ENABLED": "0", "GO111MODULE": "off"}
+        built = subprocess.run(
+            [go, "build", "-o", str(binary), str(GO_PROXY_SOURCE)],
+            capture_output=True,
+            text=True,
+            timeout=GO_BUILD_TIMEOUT,
+            env=env,
+            check=False,
+        )
+        if built.returncode != 0:
+            self.note(f"go build of bench/goproxy failed, not measured: {built.stderr[-500:]}")
+            return None
+        port = free_port()
+        cmd = ["env", "GOMAXPROCS=1", str(binary), "-listen", f"127.0.0.1:{port}"]
+        url = f"http://127.0.0.1:{port}/{SUITE_CHAIN_ID}"
+        services.start("go-proxy", [*cmd, "-upstream", node_url], url, cpus)
+        self.note(
+            f"go-proxy: Go {go_version(go)} net/http/httputil.ReverseProxy, GOMAXPROCS=1, "
+            "MaxIdleConnsPerHost 256, on the proxy's core"
+        )
+        return url
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        print(f"suite proxy: {text}", file=sys.stderr, flush=True)
 
     def proxy_command(self, port: int, config: Path) -> list[str]:
         """How the proxy under test is started (a test may swap in another server)."""
@@ -294,7 +340,14 @@ class ProxySuite:
             Case("single", balance_mix(1)),
             Case("batch10", balance_mix(10)),
             Case("batch100", balance_mix(100)),
+            Case("single-c1", balance_mix(1), concurrency=1),  # the latency a proxy adds
         ]
+
+
+def go_version(go: str) -> str:
+    done = subprocess.run([go, "version"], capture_output=True, text=True, check=False)
+    parts = done.stdout.split()
+    return parts[2].removeprefix("go") if len(parts) > 2 else "?"
 
 
 def proxy_config(node_url: str, kinds: tuple[str, ...] = ("state",)) -> str:
@@ -345,18 +398,12 @@ class StateSuite:
         self.head = 0
         self.accounts: list[str] = []
         self.storage_contract = ""
-        self.pids: dict[str, int] = {}
-
-    def cpu_probe(self, label: str) -> int | None:
-        """The process whose CPU (with its children) is measured per case: the state node
-        and anvil, so items/s per core can be compared when the machine is busy."""
-        return self.pids.get(label)
 
     def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
         svc_cpus, _ = split_cpus() if opts.pin else (None, None)
         anvil_port, writer_port, state_port = free_port(), free_port(), free_port()
         anvil = f"http://127.0.0.1:{anvil_port}"
-        anvil_svc = services.start(
+        services.start(
             "anvil",
             python_cmd("-m", "chainstate.cli", "devnet", "anvil", "--port", str(anvil_port)),
             anvil,
@@ -375,7 +422,7 @@ class StateSuite:
             probe=None,
         )  # fmt: skip
         state = f"http://127.0.0.1:{state_port}"
-        state_svc = services.start(
+        services.start(
             "state-node",
             python_cmd(
                 "-m", "chainstate.cli", "state-node", "--key", "bench-state", "--kind", "archive",
@@ -386,9 +433,6 @@ class StateSuite:
             state,
             svc_cpus,
         )  # fmt: skip
-        for label, svc in (("state-node", state_svc), ("anvil", anvil_svc)):
-            if svc.proc is not None:
-                self.pids[label] = svc.proc.pid
         self._wait_synced(state)
         targets = {"state-node": state}
         if proxy_available():
@@ -559,46 +603,98 @@ def run_suite(suite: Suite, opts: SuiteOptions) -> dict[str, Any]:
     }
     with running(opts.keep_dir) as services:
         targets = suite.start(services, opts)
+        pids = serving_pids(services, targets)
         baseline = next(iter(targets))
         for case in suite.cases():
             if opts.cases and case.name not in opts.cases:
                 continue
             results: dict[str, BenchResult] = {}
-            cores: dict[str, float] = {}
+            cpu: dict[str, float] = {}
             for label, url in targets.items():
                 settings = LoadSettings(
                     url=url,
-                    concurrency=opts.concurrency,
+                    concurrency=case.concurrency or opts.concurrency,
                     duration=opts.duration,
                     warmup=opts.warmup,
                     cpus=load_cpus,
                 )
-                pid = getattr(suite, "cpu_probe", lambda _label: None)(label)
-                cpu = tree_cpu_seconds(pid) if pid else 0.0
-                results[label] = run_bench(settings, case.plan)
-                if pid:  # the CPU of warm-up and measurement over their wall time
-                    wall = opts.warmup + results[label].elapsed_s
-                    cores[label] = (tree_cpu_seconds(pid) - cpu) / wall if wall else 0.0
-            report["cases"].append(_case_report(case, results, baseline, cores))
+                results[label], used = measure(settings, case.plan, pids.get(label))
+                if used is not None:
+                    cpu[label] = used
+            report["cases"].append(_case_report(case, results, baseline, cpu))
     report["load_avg_end"] = round(os.getloadavg()[0], 2)
+    report["notes"] = list(getattr(suite, "notes", []))
     return report
 
 
+def measure(
+    settings: LoadSettings, plan: BodyPlan, pid: int | None
+) -> tuple[BenchResult, float | None]:
+    """One target: the warm-up as a run of its own, then the measured run, with the CPU
+    seconds the serving process (when known) used during the measured run alone."""
+    if settings.warmup > 0:
+        run_bench(replace(settings, duration=settings.warmup, warmup=0), plan)
+    proc = None
+    if pid is not None:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+    before = _cpu_seconds(proc)
+    result = run_bench(replace(settings, warmup=0), plan)
+    after = _cpu_seconds(proc)
+    used = None if before is None or after is None else after - before
+    return result, used
+
+
+def _cpu_seconds(proc: psutil.Process | None) -> float | None:
+    """CPU seconds of a service: its process and the processes it started (anvil runs
+    under a wrapper)."""
+    if proc is None:
+        return None
+    total = 0.0
+    try:
+        for each in (proc, *proc.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                times = each.cpu_times()
+                total += times.user + times.system
+    except psutil.Error:
+        return None
+    return total
+
+
 def _case_report(
-    case: Case, results: dict[str, BenchResult], baseline: str, cores: dict[str, float]
+    case: Case, results: dict[str, BenchResult], baseline: str, cpu: dict[str, float]
 ) -> dict[str, Any]:
     base = results[baseline]
-    out: dict[str, Any] = {"case": case.name, "batch": case.plan.items_per_body, "targets": {}}
+    out: dict[str, Any] = {
+        "case": case.name,
+        "batch": case.plan.items_per_body,
+        "concurrency": case.concurrency,
+        "targets": {},
+    }
     for label, res in results.items():
         entry = res.to_json()
         entry["ratio_req_per_s"] = round(res.req_per_s / base.req_per_s, 3) if base.req_per_s else 0
         p50 = base.latency_ns["p50"]
         entry["ratio_p50"] = round(res.latency_ns["p50"] / p50, 3) if p50 else 0
-        if label in cores:  # cores the process tree used; items/s for one whole core
-            entry["cores"] = round(cores[label], 3)
-            per_core = res.items_per_s / cores[label] if cores[label] > 0 else 0.0
-            entry["items_per_core_s"] = round(per_core, 1)
+        entry["added_p50_us"] = round((res.latency_ns["p50"] - p50) / 1000, 1)
+        used = cpu.get(label)
+        if used is not None and res.requests and res.elapsed_s:
+            # CPU of the serving process tree during the measured run: per request, as
+            # cores in use, and the items/s one whole core would give at that cost
+            entry["cpu_us_per_req"] = round(used * 1e6 / res.requests, 1)
+            entry["cores"] = round(used / res.elapsed_s, 3)
+            entry["items_per_core_s"] = round(res.items_ok / used, 1) if used > 0 else 0.0
         out["targets"][label] = entry
+    proxy, go = out["targets"].get("proxy"), out["targets"].get("go-proxy")
+    if proxy and go:
+        out["proxy_vs_go"] = {
+            "req_per_s": round(proxy["req_per_s"] / go["req_per_s"], 3) if go["req_per_s"] else 0,
+            "per_core": (
+                round(go["cpu_us_per_req"] / proxy["cpu_us_per_req"], 3)
+                if "cpu_us_per_req" in go and proxy.get("cpu_us_per_req")
+                else None
+            ),
+        }
     return out
 
 
@@ -609,20 +705,41 @@ def render(report: dict[str, Any]) -> str:
         f"pinned={report['pinned']}  c={report['concurrency']}  {report['duration_s']:g}s/case  "
         f"load avg {report['load_avg_start']} → {report.get('load_avg_end', '?')}"
         + "".join(f"  evm.{k}={v}" for k, v in report.get("evm", {}).items()),
+        *(f"note: {n}" for n in report.get("notes", [])),
         f"{'case':<13} {'target':<10} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
         f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7} "
-        f"{'cores':>5} {'items/s/core':>12}",
+        f"{'cores':>5} {'items/s/core':>12} {'cpu µs/req':>10}",
     ]
     for case in report["cases"]:
+        name = case["case"] + (f" c={case['concurrency']}" if case.get("concurrency") else "")
         for label, t in case["targets"].items():
             lat = t["latency_ms"]
             errors = sum(t["errors"].values())
+            cpu = (
+                f"{t['cores']:>5.2f} {t['items_per_core_s']:>12,.0f} {t['cpu_us_per_req']:>10.1f}"
+                if "cpu_us_per_req" in t
+                else f"{'-':>5} {'-':>12} {'-':>10}"
+            )
             lines.append(
                 f"{case['case']:<13} {label:<10} {t['req_per_s']:>10,.0f} "
                 f"{t['items_per_s']:>11,.0f} "
                 f"{t['ratio_req_per_s']:>6.3f} {lat['p50']:>8.3f} {lat['p90']:>8.3f} "
-                f"{lat['p99']:>8.3f} {lat['max']:>8.3f} {errors:>7}"
-                + (f" {t['cores']:>5.2f} {t['items_per_core_s']:>12,.0f}" if "cores" in t else "")
+                f"{lat['p99']:>8.3f} {lat['max']:>8.3f} {errors:>7} {cpu}"
+            )
+        if case.get("concurrency") == 1:
+            added = [
+                f"{label} +{t['added_p50_us']:.0f} µs"
+                for label, t in case["targets"].items()
+                if label != next(iter(case["targets"]))
+            ]
+            lines.append(f"  {name}: p50 added over direct: {', '.join(added)}")
+        versus = case.get("proxy_vs_go")
+        if versus:
+            per_core = versus["per_core"]
+            shown = "?" if per_core is None else f"{per_core:.2f}"
+            lines.append(
+                f"  {name}: proxy ÷ go-proxy: {versus['req_per_s']:.2f}× req/s, "
+                f"{shown}× per core (go's CPU per request ÷ ours)"
             )
     return "\n".join(lines)
 
@@ -642,6 +759,11 @@ def add_suite_options(p: argparse.ArgumentParser) -> None:
         metavar="NAME=VALUE",
         help="an [evm] setting of the state node (state and call suites), e.g. warm_blocks=4",
     )
+    p.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="suite proxy: do not build and measure Go's reverse proxy",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -657,6 +779,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
         cases=args.case,
         keep_dir=args.keep_dir,
         evm=dict(args.evm or []),
+        reference=not args.no_reference,
     )
     try:
         report = run_suite(SUITES[args.suite](), opts)

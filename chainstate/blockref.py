@@ -7,6 +7,7 @@ eth_* `blockNumber` params (tags, hex heights, EIP-1898 objects, bare hashes), t
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,13 @@ def parse_block_id(value: Any, *, contains: bool = False) -> BlockRef:
         raise _bad(value)
     if not isinstance(value, str):
         raise _bad(value)
+    return _text_block_id(value, contains)
+
+
+# Requests name the same few blocks again and again (tags, the recent heights): a string is
+# parsed once and its (immutable) BlockRef shared. Bounded; failures are not kept.
+@functools.lru_cache(maxsize=4096)
+def _text_block_id(value: str, contains: bool) -> BlockRef:
     if value in TAGS:
         return BlockRef(tag=value, contains=contains)
     if _HASH.match(value):
@@ -70,6 +78,13 @@ def parse_block_id(value: Any, *, contains: bool = False) -> BlockRef:
         return BlockRef(number=int(value, 16), contains=contains)
     if _DEC_HEIGHT.match(value) and int(value) <= MAX_HEIGHT:
         return BlockRef(number=int(value), contains=contains)
+    raise _bad(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_block_number(value: str) -> BlockRef:
+    if value in TAGS or _HASH.match(value) or _HEX_HEIGHT.match(value):
+        return _text_block_id(value, False)
     raise _bad(value)
 
 
@@ -88,8 +103,8 @@ def parse_block_number_param(value: Any, default: BlockRef | None = LATEST) -> B
         if "blockNumber" in value and "blockHash" not in value:
             return parse_block_number_param(value["blockNumber"], default=None)
         raise _bad(value)
-    if isinstance(value, str) and (value in TAGS or _HASH.match(value) or _HEX_HEIGHT.match(value)):
-        return parse_block_id(value)
+    if isinstance(value, str):
+        return _text_block_number(value)
     raise _bad(value)
 
 

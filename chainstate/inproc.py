@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable
 
 # Takes a raw JSON-RPC body, returns the raw response body (b"" when nothing to answer).
 BodyHandler = Callable[[bytes], Awaitable[bytes]]
+# The same answer computed without awaiting, or None when the body needs the BodyHandler.
+AnswerNow = Callable[[bytes], bytes | None]
 
 SCHEME = "inproc://"
 
@@ -18,19 +20,30 @@ SCHEME = "inproc://"
 class InprocRegistry:
     def __init__(self) -> None:
         self._handlers: dict[str, BodyHandler] = {}
+        self._now: dict[str, AnswerNow] = {}
 
-    def register(self, name: str, handler: BodyHandler) -> str:
-        """Register a handler under `name`; returns its URL."""
+    def register(self, name: str, handler: BodyHandler, answer_now: AnswerNow | None = None) -> str:
+        """Register a handler under `name` (and its synchronous fast path, if it has one);
+        returns its URL."""
         self._handlers[name] = handler
+        if answer_now is not None:
+            self._now[name] = answer_now
+        else:
+            self._now.pop(name, None)
         return SCHEME + name
 
     def unregister(self, name: str) -> None:
         self._handlers.pop(name, None)
+        self._now.pop(name, None)
 
     def resolve(self, url: str) -> BodyHandler | None:
         if not url.startswith(SCHEME):
             return None
         return self._handlers.get(url[len(SCHEME) :])
+
+    def resolve_now(self, url: str) -> AnswerNow | None:
+        """The synchronous fast path registered for `url`, if any."""
+        return self._now.get(url[len(SCHEME) :]) if url.startswith(SCHEME) else None
 
     def names(self) -> list[str]:
         return sorted(self._handlers)

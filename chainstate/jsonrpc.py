@@ -7,7 +7,10 @@ one place that knows how a body is parsed, how an error looks and how a batch is
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -63,8 +66,89 @@ def result_response(req_id: Any, result: Any) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": req_id, "result": result}
 
 
+MAX_ECHO = 120  # characters of client input quoted in an error message
+
+
+def cut(text: str, limit: int = MAX_ECHO) -> str:
+    """Client input quoted in an error message: at most `limit` characters of it."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
 def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj)
+
+
+class _Written(str):
+    """A number id as the body writes it (the stdlib parser's hooks keep its text)."""
+
+
+def _number_text(text: str) -> _Written:
+    return _Written(text)
+
+
+def _int_or_text(text: str) -> int | _Written:
+    if len(text) < 19 or -(2**63) <= int(text) < 2**64:  # what orjson keeps as an int
+        return int(text)
+    return _Written(text)
+
+
+def _written_ids(body: bytes) -> list[Any] | None:
+    """The ids of a request object or batch (None where an item is not an object), the
+    numbers orjson cannot hold as written kept as their text (`_Written`)."""
+    try:
+        doc = json.loads(body, parse_float=_number_text, parse_int=_int_or_text)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(doc, list):
+        return [it.get("id") if isinstance(it, dict) else None for it in doc]
+    return [doc.get("id") if isinstance(doc, dict) else None]
+
+
+def exact_ids(body: bytes) -> Any:
+    """The id of a request object, or the ids of a batch (None where an item is not an
+    object), exactly as `body` writes them: numbers orjson cannot hold as written
+    (18446744073709551616, 1e-400, 1.50) come back as `orjson.Fragment`s of their text, which
+    `orjson.dumps` writes unchanged. For when orjson read an id as a float."""
+    ids = _written_ids(body)
+    if ids is None:
+        return None
+    exact = [orjson.Fragment(i.encode()) if type(i) is _Written else i for i in ids]
+    return exact if body.lstrip()[:1] == b"[" else exact[0]
+
+
+# An id that may be a number orjson changes: a fraction, an exponent, or 19+ digits (past
+# 64 bits: -9223372036854775809 has 19).
+_INEXACT_ID = re.compile(rb'"id"\s*:\s*-?(?:[0-9]{19}|[0-9]+[.eE])')
+
+
+def may_change_ids(body: bytes) -> bool:
+    """Whether an id of `body` may be a number orjson changes (see `restore_ids`)."""
+    return _INEXACT_ID.search(body) is not None
+
+
+def restore_ids(body: bytes, answer: bytes) -> bytes:
+    """`answer` (a JSON-RPC server's answer to `body`) with every id its JSON parser changed
+    (orjson reads 18446744073709551616 or 1e-400 as a float) written back as `body` has it.
+    Answers are in the order of their requests, so equal floats are given back in order.
+    Cheap when no id needs it: one scan of `body`."""
+    if not may_change_ids(body):
+        return answer
+    ids = _written_ids(body)
+    waiting: dict[float, deque[_Written]] = {}
+    for rid in ids or ():
+        if type(rid) is _Written:
+            waiting.setdefault(float(rid), deque()).append(rid)
+    if not waiting:
+        return answer
+    try:
+        parsed = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return answer
+    for item in parsed if isinstance(parsed, list) else [parsed]:
+        rid = item.get("id") if isinstance(item, dict) else None
+        if type(rid) is float and waiting.get(rid):
+            item["id"] = orjson.Fragment(waiting[rid].popleft().encode())
+    return orjson.dumps(parsed)
 
 
 def parse_body(body: bytes) -> Any:
@@ -75,11 +159,17 @@ def parse_body(body: bytes) -> Any:
         raise JsonRpcError(PARSE_ERROR, f"Parse error: {exc}") from None
 
 
+_ID_TYPES = (str, int, float)  # tuples, not `str | int | float`: built once, checked faster
+# Exact types as JSON parsers make them (bool is not int here): one set lookup per check.
+_ID_EXACT = frozenset({str, int, float, type(None)})
+_PARAMS_EXACT = frozenset({list, dict})
+
+
 def request_id(item: Any) -> Any:
     """The id to echo for an item, or None when it has no usable id."""
     if isinstance(item, dict):
         rid = item.get("id")
-        if rid is None or (isinstance(rid, str | int | float) and not isinstance(rid, bool)):
+        if rid is None or (isinstance(rid, _ID_TYPES) and not isinstance(rid, bool)):
             return rid
     return None
 
@@ -88,24 +178,37 @@ def is_notification(item: dict[str, Any]) -> bool:
     return "id" not in item
 
 
+_NO_PARAMS: list[Any] = []  # the default of an absent "params" in the check (never changed)
+
+
 def check_request(item: Any) -> JsonRpcError | None:
-    """Validate the envelope of one request object (not its params)."""
-    if not isinstance(item, dict):
+    """Validate the envelope of one request object (not its params), as a JSON parser made
+    it (exact types: a bool is not a number here). A valid one passes one expression; the
+    error of an invalid one is worked out apart."""
+    if (
+        type(item) is dict
+        and item.get("jsonrpc") == "2.0"
+        and type(item.get("method")) is str
+        and item["method"]
+        and type(item.get("id")) in _ID_EXACT
+        and type(item.get("params", _NO_PARAMS)) in _PARAMS_EXACT
+    ):
+        return None
+    return _request_error(item)
+
+
+def _request_error(item: Any) -> JsonRpcError:
+    if type(item) is not dict:
         return JsonRpcError(INVALID_REQUEST, "Invalid Request: expected a JSON object")
     if item.get("jsonrpc") != "2.0":
         return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "jsonrpc" must be "2.0"')
     method = item.get("method")
-    if not isinstance(method, str) or not method:
+    if type(method) is not str or not method:
         return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "method" must be a non-empty string')
-    if "id" in item:
-        rid = item["id"]
-        if isinstance(rid, bool) or not (rid is None or isinstance(rid, str | int | float)):
-            msg = 'Invalid Request: "id" must be a string, number or null'
-            return JsonRpcError(INVALID_REQUEST, msg)
-    params = item.get("params", [])
-    if not isinstance(params, list | dict):
-        return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "params" must be an array or object')
-    return None
+    if type(item.get("id")) not in _ID_EXACT:
+        msg = 'Invalid Request: "id" must be a string, number or null'
+        return JsonRpcError(INVALID_REQUEST, msg)
+    return JsonRpcError(INVALID_REQUEST, 'Invalid Request: "params" must be an array or object')
 
 
 Handler = Callable[[Any], Awaitable[Any]]
@@ -141,7 +244,7 @@ class Dispatcher:
     async def call(self, method: str, params: Any) -> Any:
         handler = self._methods.get(method)
         if handler is None:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {cut(method)}")
         return await handler(params)
 
     def error(self, rid: Any, exc: JsonRpcError) -> dict[str, Any]:

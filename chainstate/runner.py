@@ -1,14 +1,18 @@
-"""Run one or more aiohttp applications in one uvloop event loop until Ctrl-C / SIGTERM."""
+"""Run servers (lean JSON-RPC servers and aiohttp applications) in one uvloop event loop until
+Ctrl-C / SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 
 import uvloop
 from aiohttp import web
+
+from chainstate.httpserver import HttpServer
 
 
 async def start_site(
@@ -23,6 +27,15 @@ async def start_site(
     return runner
 
 
+async def start_server(
+    stack: AsyncExitStack, server: HttpServer, host: str, port: int, reuse_port: bool = False
+) -> HttpServer:
+    """Start a lean server on host:port and register its graceful close on `stack`."""
+    await server.start(host, port, reuse_port=reuse_port)
+    stack.push_async_callback(server.close)
+    return server
+
+
 async def wait_for_stop() -> None:
     """Block until SIGINT or SIGTERM."""
     stop = asyncio.Event()
@@ -32,6 +45,15 @@ async def wait_for_stop() -> None:
     await stop.wait()
 
 
+# Young-generation collections: a server parses JSON into thousands of short-lived objects
+# per second, and Python's default (a collection every 700 allocations) ran one every few
+# requests; measured on the proxy with 100-item batches it cost 15-20 % of its CPU
+# (700 → 20000: ~775 → ~630 µs per batch). Each pass stays short (a few requests' objects).
+GC_YOUNG_THRESHOLD = 20_000
+
+
 def run(main: Callable[[], Awaitable[None]]) -> None:
-    """Run `main` on uvloop."""
+    """Run `main` on uvloop (with the collector tuned for servers, see above)."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
     uvloop.run(main())

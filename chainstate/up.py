@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from chainstate.config import DEVNET_CONFIG, ConfigError, load_config, resolve_path, section
+from chainstate.httpserver import HttpServer
 from chainstate.inproc import InprocRegistry
-from chainstate.runner import run, start_site, wait_for_stop
+from chainstate.rpcserver import node_limits, serve_rpc
+from chainstate.runner import run, start_server, start_site, wait_for_stop
 
 ANVIL_STATE = "anvil-state.json"  # the devnet's chain, kept across restarts
 
@@ -55,6 +57,7 @@ class Stack:
         self.data_dir = resolve_path(config, config.get("data_dir", ".chainstate"))
         self.endpoints: list[tuple[str, str]] = []
         self.proxy_app: Any = None
+        self.limits = node_limits(config)  # the nodes' data ports: [http]
 
     async def run(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -76,9 +79,28 @@ class Stack:
         await self.start_proxy(stack)
         await self.start_workspace(stack)
 
-    async def serve(self, stack: AsyncExitStack, name: str, app: Any, sect: dict) -> str:
+    async def serve(
+        self,
+        stack: AsyncExitStack,
+        name: str,
+        app: Any,
+        sect: dict,
+        rpc: Any = None,
+        answer_now: Any = None,
+    ) -> str:
+        """Listen on the section's host:port: a JSON-RPC data port (`rpc`: its handle_body,
+        and `answer_now` when it has one; or an HttpServer) on the lean server with `app` for
+        the rest, or `app` alone."""
         host, port = sect.get("host", "127.0.0.1"), int(sect["port"])
-        await start_site(stack, app, host, port)
+        if isinstance(rpc, HttpServer):
+            await start_server(stack, rpc, host, port)
+        elif rpc is not None:
+            limits = self.limits
+            await serve_rpc(
+                stack, rpc, app, host, port, name=name, limits=limits, answer_now=answer_now
+            )
+        else:
+            await start_site(stack, app, host, port)
         url = f"http://{host}:{port}"
         self.endpoints.append((name, url))
         return url
@@ -143,7 +165,8 @@ class Stack:
             stack.push_async_callback(writer.close)
             s = writer.settings
             listen = {"host": s.host, "port": s.port}
-            await self.serve(stack, f"write node {s.key}", writer.make_app(), listen)
+            name = f"write node {s.key}"
+            await self.serve(stack, name, writer.make_app(), listen, writer.handle_body)
 
     async def start_state_nodes(self, stack: AsyncExitStack) -> None:
         from nodes.state.service import StateNode
@@ -154,7 +177,8 @@ class Stack:
             )
             node.http_url = f"http://{sect.get('host', '127.0.0.1')}:{sect['port']}"
             # Listen first: the EVM workers read state through the node's HTTP endpoint.
-            await self.serve(stack, f"{sect['kind']} node {sect['key']}", node.make_app(), sect)
+            name = f"{sect['kind']} node {sect['key']}"
+            await self.serve(stack, name, node.make_app(), sect, node.handle_body, node.answer_now)
             await node.start()
             stack.push_async_callback(node.close)
 
@@ -169,10 +193,12 @@ class Stack:
         )
         await checker.start()
         stack.push_async_callback(checker.close)
-        await self.serve(stack, "consistency checker", checker.make_app(), sect)
+        await self.serve(
+            stack, "consistency checker", checker.make_app(), sect, checker.handle_body
+        )
 
     async def start_proxy(self, stack: AsyncExitStack) -> None:
-        from proxy.app import create_app
+        from proxy.app import create_app, create_server
         from proxy.settings import ProxySettings
         from proxy.store_file import FileStore
 
@@ -180,7 +206,8 @@ class Stack:
         store = FileStore(self.data_dir / "proxy-store.json")
         app = create_app(settings, store=store, registry=self.registry)
         self.proxy_app = app
-        await self.serve(stack, "routing proxy", app, section(self.config, "proxy"))
+        proxy = section(self.config, "proxy")
+        await self.serve(stack, "routing proxy", app, proxy, create_server(app))
 
     async def start_workspace(self, stack: AsyncExitStack) -> None:
         if "workspace" not in self.config:

@@ -7,16 +7,18 @@ Background work starts and stops through `cleanup_ctx`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from chainstate.config import ConfigError
+from chainstate.httpserver import HttpServer, Request, Response, ServerLimits
 from chainstate.inproc import InprocRegistry
-from chainstate.jsonrpc import INVALID_REQUEST, dumps, error_response
+from chainstate.rpcserver import read_body
 from proxy.admin import AdminApi
 from proxy.engine import Engine
 from proxy.health import HeadTracker
@@ -117,24 +119,55 @@ def get_engine(app: web.Application) -> Engine:
     return app[PROXY].engine
 
 
+def server_limits(settings: ProxySettings) -> ServerLimits:
+    """The client-facing limits of the proxy's data listener (docs/proxy.md)."""
+    return ServerLimits(
+        max_body=settings.max_body_bytes,
+        body_limit_name="max_body_bytes",
+        max_head=settings.max_head_bytes,
+        idle_timeout=settings.client_idle_timeout,
+        read_timeout=settings.client_read_timeout,
+        max_connections=settings.max_client_connections,
+        shutdown_timeout=settings.shutdown_timeout,
+    )
+
+
 def _data_handler(proxy: Proxy):
+    """`POST /:chainId` for connections aiohttp already serves (after an admin call on the
+    same connection); the lean server answers it otherwise (`create_server`)."""
     engine = proxy.engine
-    max_body = proxy.settings.max_body_bytes
+    limits = server_limits(proxy.settings)
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        length = request.content_length
-        if length is not None and length > max_body:
-            msg = f"request body is {length} bytes, larger than max_body_bytes={max_body}"
-            body = dumps(error_response(None, INVALID_REQUEST, msg))
-            return web.Response(status=413, body=body, content_type=JSON)
-        status, out = await engine.handle(
-            request.match_info["chain"], await request.read(), request.headers
-        )
+        body = await read_body(request, limits)
+        if isinstance(body, web.Response):
+            return body
+        status, out = await engine.handle(request.match_info["chain"], body, request.headers)
         if status == 204:
             return web.Response(status=204)
         return web.Response(status=status, body=out, content_type=JSON)
 
     return handle
+
+
+def create_server(app: web.Application) -> HttpServer:
+    """The proxy's data listener: the lean server answers `POST /:chainId` itself and hands
+    every other request (admin API, /metrics) to `app`, which owns the lifecycle (it starts
+    with the server and stops after it)."""
+    proxy = app[PROXY]
+    engine = proxy.engine
+
+    def data(request: Request) -> Awaitable[Response]:  # the engine's coroutine, unwrapped
+        return engine.handle(request.path[1:].decode("latin-1"), request.body, request.headers)
+
+    def route(method: bytes, path: bytes) -> Any:
+        # One path segment: `/1337`, `/0x539`, `/1337-blue`; %-escapes go to aiohttp, which
+        # decodes them.
+        if method == b"POST" and path.count(b"/") == 1 and b"%" not in path:
+            return data
+        return None
+
+    return HttpServer(route, limits=server_limits(proxy.settings), fallback=app, name="proxy")
 
 
 def _metrics_handler(proxy: Proxy):

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from chainstate.config import ConfigError, load_config, section
-from chainstate.runner import run, start_site, wait_for_stop
+from chainstate.httpserver import HttpServer
+from chainstate.runner import run, start_server, start_site, wait_for_stop
 from proxy.settings import ProxySettings
 from proxy.store import ConfigStore
 
@@ -150,12 +151,12 @@ async def serve(
     reuse_port: bool = False,
     banner: bool = True,
 ) -> None:
-    from proxy.app import create_admin_app, create_app, get_proxy
+    from proxy.app import create_admin_app, create_app, create_server, get_proxy
 
     app = create_app(settings, store=store, tracer=tracer)
     get_proxy(app).metrics.watch_store(lambda: store.available)
     async with AsyncExitStack() as stack:
-        await _listen(stack, app, settings.host, settings.port, reuse_port)
+        await _listen(stack, create_server(app), settings.host, settings.port, reuse_port)
         if settings.admin_port is not None:
             admin_host = settings.admin_host or settings.host
             admin = create_admin_app(app)
@@ -165,9 +166,15 @@ async def serve(
         await wait_for_stop()
 
 
-async def _listen(stack: AsyncExitStack, app: Any, host: str, port: int, reuse_port: bool) -> None:
+async def _listen(
+    stack: AsyncExitStack, target: Any, host: str, port: int, reuse_port: bool
+) -> None:
+    """Start the data server (lean, `HttpServer`) or the admin app (aiohttp) on host:port."""
     try:
-        await start_site(stack, app, host, port, reuse_port=reuse_port)
+        if isinstance(target, HttpServer):
+            await start_server(stack, target, host, port, reuse_port=reuse_port)
+        else:
+            await start_site(stack, target, host, port, reuse_port=reuse_port)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 

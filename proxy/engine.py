@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -29,8 +29,11 @@ from chainstate.jsonrpc import (
     RETRYABLE_CODES,
     JsonRpcError,
     check_request,
+    cut,
     error_response,
+    exact_ids,
     request_id,
+    restore_ids,
 )
 from proxy.methods import MethodSpec, MethodTable
 from proxy.metrics import ProxyMetrics
@@ -48,6 +51,7 @@ RETRY_REASONS = {BLOCK_NOT_FOUND: "block_not_found", -39008: "unsupported_precom
 NO_NODE_KEY = "-"  # node label of items no node answered
 UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
 MAX_HEADER_VALUE = 256  # longer client header values are cut in logs and spans
+MAX_CHAIN_IDS = 1024  # distinct raw chain ids whose normalized pool id is remembered
 
 
 # Answers that show the block a transaction was mined in. The Leader's execution client knows
@@ -103,31 +107,72 @@ def _error_code(obj: dict[str, Any]) -> int | None:
     return None
 
 
-@dataclass(slots=True)
+def single_outcome(raw: bytes) -> tuple[str, int | None]:
+    """Step 5 for one answer: (attempt outcome, the retryable code or None)."""
+    code = retry_code(raw)
+    return ("ok", None) if code is None else ("retryable", code)
+
+
+def batch_outcome(raw: bytes) -> tuple[str, Any]:
+    """Step 5 for a sub-batch answer: (attempt outcome, the decoded answer or None)."""
+    try:
+        return "ok", (orjson.loads(raw) if raw else [])
+    except orjson.JSONDecodeError:
+        return "bad_response", None
+
+
 class Ctx:
     """One client request as it goes through the steps."""
 
-    chain: str
-    pool: Pool
-    methods: list[str] = field(default_factory=list)
-    nodes: list[str] = field(default_factory=list)  # every node tried (access log)
+    __slots__ = ("chain", "methods", "nodes", "pool")
+
+    def __init__(self, chain: str, pool: Pool) -> None:
+        self.chain = chain
+        self.pool = pool
+        self.methods: list[str] = []
+        self.nodes: list[str] = []  # every node tried (access log)
 
 
-@dataclass(eq=False, slots=True)
 class Item:
     """One request object of a batch and its retry bookkeeping."""
 
-    pos: int
-    obj: dict[str, Any]
-    method: str
-    spec: MethodSpec
-    ref: BlockRef | None
-    notif: bool
-    tried: list[Node] = field(default_factory=list)
-    prefer_archive: bool = False
-    last: dict[str, Any] | None = None  # last (retryable) answer
-    err: UpstreamError | None = None  # last transport failure
-    reason: str = ""
+    __slots__ = (
+        "err",
+        "last",
+        "method",
+        "notif",
+        "obj",
+        "pos",
+        "prefer_archive",
+        "reason",
+        "ref",
+        "rid",
+        "spec",
+        "tried",
+    )
+
+    def __init__(
+        self,
+        pos: int,
+        obj: dict[str, Any],
+        rid: Any,
+        method: str,
+        spec: MethodSpec,
+        ref: BlockRef | None,
+        notif: bool,
+    ) -> None:
+        self.pos = pos
+        self.obj = obj
+        self.rid = rid  # the client's id as sent (orjson.Fragment where a float would change it)
+        self.method = method
+        self.spec = spec
+        self.ref = ref
+        self.notif = notif
+        self.tried: list[Node] = []
+        self.prefer_archive = False
+        self.last: dict[str, Any] | None = None  # last (retryable) answer
+        self.err: UpstreamError | None = None  # last transport failure
+        self.reason = ""
 
 
 class Engine:
@@ -155,12 +200,18 @@ class Engine:
         self._max_body = settings.max_body_bytes
         self._max_batch = settings.max_batch_items
         self._unhealthy_after = settings.unhealthy_after
+        self._pool_ids: dict[str, str | None] = {}  # raw /:chainId → pool id (a pure function)
 
     # ---- entry ---------------------------------------------------------------------------
 
     def resolve(self, chain_id: str) -> tuple[str, Pool] | None:
         """The (normalized chain, pool) a data path `/:chainId` addresses, or None."""
-        pool_id = normalize_pool(chain_id)
+        pool_id = self._pool_ids.get(chain_id, "")
+        if pool_id == "":
+            pool_id = normalize_pool(chain_id)
+            if len(self._pool_ids) >= MAX_CHAIN_IDS:
+                self._pool_ids.clear()
+            self._pool_ids[chain_id] = pool_id
         if pool_id is None:
             return None
         chain = pool_id.partition("-")[0]
@@ -209,21 +260,19 @@ class Engine:
         shape = "single"
         size = 1
         if len(body) > self._max_body:
-            msg = f"request body is {len(body)} bytes, larger than max_body_bytes={self._max_body}"
+            msg = f"request body larger than max_body_bytes={self._max_body} bytes"
             status, out = 413, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
         else:
             try:
                 payload = orjson.loads(body)
             except orjson.JSONDecodeError as exc:
                 payload = None
-                status, out = (
-                    200,
-                    _dumps_error(None, JsonRpcError(PARSE_ERROR, f"Parse error: {exc}")),
-                )
+                msg = f"Parse error: {cut(str(exc))}"
+                status, out = 200, _dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
             else:
                 if isinstance(payload, list):
                     shape, size = "batch", len(payload)
-                    status, out = await self._batch(ctx, payload)
+                    status, out = await self._batch(ctx, payload, body)
                 else:
                     status, out = await self._single(ctx, payload, body)
         elapsed = time.perf_counter() - started
@@ -237,23 +286,26 @@ class Engine:
     # ---- single --------------------------------------------------------------------------
 
     async def _single(self, ctx: Ctx, payload: Any, body: bytes) -> tuple[int, bytes]:
+        """Steps 1-5 for one request object: forwarded as the client's bytes, answered with
+        the node's bytes unless a retry or the read-your-writes view needs otherwise."""
         bad = check_request(payload)
         if bad is not None:
             self.metrics.request(ctx.chain, UNKNOWN_METHOD, NO_NODE_KEY, "invalid")
-            return 200, _dumps_error(request_id(payload), bad)
+            return 200, _dumps_error(_exact_id(payload, body, request_id(payload)), bad)
         method = payload["method"]
         notif = "id" not in payload
-        rid = payload.get("id")
         try:
             spec, ref = self.methods.target(method, payload.get("params"))
         except JsonRpcError as exc:
             label = method if method in self.methods.specs else UNKNOWN_METHOD
             self.metrics.request(ctx.chain, label, NO_NODE_KEY, "invalid")
-            return (204, b"") if notif else (200, _dumps_error(rid, exc))
+            if notif:
+                return 204, b""
+            return 200, _dumps_error(_exact_id(payload, body, payload.get("id")), exc)
         ctx.methods.append(method)
         if ctx.pool.mirrors:
             self.mirrors.offer_single(ctx.pool, method, body)
-        out = await self._forward_single(ctx, method, spec, ref, rid, body)
+        out = await self._forward_single(ctx, method, spec, ref, payload, body)
         return (204, b"") if notif or not out else (200, out)
 
     async def _forward_single(
@@ -262,7 +314,7 @@ class Engine:
         method: str,
         spec: MethodSpec,
         ref: BlockRef | None,
-        rid: Any,
+        payload: dict[str, Any],
         body: bytes,
     ) -> bytes:
         tried: list[Node] = []
@@ -272,30 +324,31 @@ class Engine:
         reason = ""
         for attempt in range(1, self._attempts + 1):
             try:
-                node = self.selector.choose(ctx.pool, method, spec, ref, tried, prefer_archive).node
+                nodes, _ = self.selector.candidates(
+                    ctx.pool, method, spec, ref, tried, prefer_archive
+                )
             except NoEligibleNode as exc:
                 if last is None and failure is None:
                     self.metrics.request(ctx.chain, method, NO_NODE_KEY, "no_node")
-                    return _dumps_error(rid, exc)
+                    return _dumps_error(_exact_id(payload, body, payload.get("id")), exc)
                 break
+            node = self.selector.pick(nodes)
             if attempt > 1:
                 self.metrics.retry(ctx.chain, reason)
             tried.append(node)
-            code: int | None = None
-
-            def classify(raw: bytes) -> str:
-                nonlocal code
-                code = retry_code(raw)
-                return "ok" if code is None else "retryable"
-
             try:
-                raw = await self._attempt(ctx, node, body, 1, attempt, classify)
+                if self.tracer is None:  # (one coroutine less on the common path)
+                    raw, code = await self._exchange(ctx, node, body, single_outcome, None)
+                else:
+                    raw, code = await self._attempt(ctx, node, body, 1, attempt, single_outcome)
             except UpstreamError as exc:
                 failure, reason = exc, exc.kind
                 continue
             if code is None:
                 outcome = "error" if b'"error"' in raw else "ok"
                 self.metrics.request(ctx.chain, method, node.key, outcome)
+                if type(payload.get("id")) is float:  # as the client wrote it, not as parsed
+                    raw = restore_ids(body, raw)
                 return self._readable_view(ctx.pool, method, raw) if spec.writer else raw
             last, reason = raw, RETRY_REASONS.get(code, "retryable")
             prefer_archive = code == BLOCK_NOT_FOUND
@@ -304,6 +357,7 @@ class Engine:
             self.metrics.request(ctx.chain, method, node_key, "error")
             return last
         self.metrics.request(ctx.chain, method, node_key, "upstream_failed")
+        rid = _exact_id(payload, body, payload.get("id"))
         return _dumps_error(rid, self._failed(ctx.pool, method, tried, failure))
 
     def _readable_view(self, pool: Pool, method: str, raw: bytes) -> bytes:
@@ -343,20 +397,27 @@ class Engine:
         body: bytes,
         items: int,
         attempt: int,
-        classify: Callable[[bytes], str],
-    ) -> bytes:
-        """One upstream try: in-flight and health bookkeeping, metrics, span."""
+        classify: Callable[[bytes], tuple[str, Any]],
+    ) -> tuple[bytes, Any]:
+        """Step 4, one upstream try: (the raw answer, what `classify` made of it)."""
         if self.tracer is None:
-            return await self._attempt_inner(ctx, node, body, classify, None)
+            return await self._exchange(ctx, node, body, classify, None)
         with self.tracer.start_as_current_span("upstream.attempt") as span:
             span.set_attribute("node", node.key)
             span.set_attribute("attempt", attempt)
             span.set_attribute("items", items)
-            return await self._attempt_inner(ctx, node, body, classify, span)
+            return await self._exchange(ctx, node, body, classify, span)
 
-    async def _attempt_inner(
-        self, ctx: Ctx, node: Node, body: bytes, classify: Callable[[bytes], str], span: Any
-    ) -> bytes:
+    async def _exchange(
+        self,
+        ctx: Ctx,
+        node: Node,
+        body: bytes,
+        classify: Callable[[bytes], tuple[str, Any]],
+        span: Any,
+    ) -> tuple[bytes, Any]:
+        """Send and receive, with the node's in-flight count, health and latency, and the
+        attempt's metrics; nothing is formatted or logged on success."""
         node.inflight += 1
         ctx.nodes.append(node.key)
         started = time.perf_counter()
@@ -378,18 +439,20 @@ class Engine:
         finally:
             node.inflight -= 1
         elapsed = time.perf_counter() - started
-        if node.succeeded():
+        if (node.fails or not node.healthy) and node.succeeded():
             log.warning("node %s back in rotation (answered a request)", node.key)
         node.observe_latency(elapsed * 1000)
-        outcome = classify(raw)
+        outcome, info = classify(raw)
         self.metrics.attempt(ctx.chain, node.key, outcome, elapsed)
         if span is not None:
             span.set_attribute("outcome", outcome)
-        return raw
+        return raw, info
 
     # ---- batch ---------------------------------------------------------------------------
 
-    async def _batch(self, ctx: Ctx, payload: list[Any]) -> tuple[int, bytes]:
+    async def _batch(self, ctx: Ctx, payload: list[Any], body: bytes) -> tuple[int, bytes]:
+        """Steps 1-5 for a batch: items grouped by chosen node, one sub-batch per node,
+        retried items regrouped, answers put back in the client's order."""
         if not payload:
             return 200, _dumps_error(
                 None, JsonRpcError(INVALID_REQUEST, "Invalid Request: empty batch")
@@ -398,14 +461,27 @@ class Engine:
             msg = f"batch has {len(payload)} items, more than max_batch_items={self._max_batch}"
             return 200, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
         answers: list[Any] = [None] * len(payload)
-        items = self._parse_items(ctx, payload, answers)
+        items, exact = self._parse_items(ctx, payload, answers, body)
+        if self.tracer is not None or access_log.isEnabledFor(logging.INFO):
+            ctx.methods.extend(it.method for it in items)  # for the span and the access log
         if items and ctx.pool.mirrors:
             self.mirrors.offer_batch(ctx.pool, [(it.method, it.obj) for it in items])
+        whole = len(items) == len(payload) and exact and _unique_ids(items)
         pending = items
         for attempt in range(1, self._attempts + 1):
             if not pending:
                 break
             groups = self._group(ctx, pending, attempt, answers)
+            if whole and len(groups) == 1:
+                # Every item goes to one node and the ids tell the answers apart: the client's
+                # bytes go as they are, and come back as they are when nothing needs changing.
+                whole = False  # a retry sends only the items it retries
+                ((node, group),) = groups.items()
+                pending, out = await self._send_whole(ctx, node, group, body, answers)
+                if out is not None:
+                    return (200, out) if out else (204, b"")
+                continue
+            whole = False
             results = await _gather(
                 [self._send_group(ctx, n, group, attempt, answers) for n, group in groups.items()]
             )
@@ -415,45 +491,103 @@ class Engine:
         out = [a for a in answers if a is not None]
         return (200, orjson.dumps(out)) if out else (204, b"")
 
-    def _parse_items(self, ctx: Ctx, payload: list[Any], answers: list[Any]) -> list[Item]:
+    def _parse_items(
+        self, ctx: Ctx, payload: list[Any], answers: list[Any], body: bytes
+    ) -> tuple[list[Item], bool]:
+        """Step 1 for every item: valid items to route (invalid ones answered at once), and
+        whether every id is as orjson read it (else the ids are read again from `body`)."""
         items = []
+        target = self.methods.target
+        rids: list[Any] | None = None
         for pos, obj in enumerate(payload):
             bad = check_request(obj)
+            rid = obj.get("id") if type(obj) is dict else None
+            if type(rid) is float:  # as written in the body, not as a float
+                rids = rids or exact_ids(body)
+                rid = rids[pos]
             if bad is not None:
                 self.metrics.request(ctx.chain, UNKNOWN_METHOD, NO_NODE_KEY, "invalid")
-                answers[pos] = error_response(request_id(obj), bad.code, bad.message)
+                if type(rid) is not orjson.Fragment:
+                    rid = request_id(obj)
+                answers[pos] = error_response(rid, bad.code, bad.message)
                 continue
             method = obj["method"]
             notif = "id" not in obj
             try:
-                spec, ref = self.methods.target(method, obj.get("params"))
+                spec, ref = target(method, obj.get("params"))
             except JsonRpcError as exc:
                 label = method if method in self.methods.specs else UNKNOWN_METHOD
                 self.metrics.request(ctx.chain, label, NO_NODE_KEY, "invalid")
                 if not notif:
-                    answers[pos] = error_response(obj.get("id"), exc.code, exc.message, exc.data)
+                    answers[pos] = error_response(rid, exc.code, exc.message, exc.data)
                 continue
-            ctx.methods.append(method)
-            items.append(Item(pos, obj, method, spec, ref, notif))
-        return items
+            items.append(Item(pos, obj, rid, method, spec, ref, notif))
+        return items, rids is None
 
     def _group(
         self, ctx: Ctx, pending: list[Item], attempt: int, answers: list[Any]
     ) -> dict[Node, list[Item]]:
+        """Step 3 for every pending item. On the first attempt, items that name the same
+        block the same way have the same eligible nodes, and items with the same eligible
+        nodes go to one node picked once: a batch becomes as few sub-batches as the rules
+        allow (a retried item is chosen alone, away from the nodes it tried)."""
         groups: dict[Node, list[Item]] = {}
+        pool = ctx.pool
+        selector = self.selector
+        chosen: dict[Any, Node | NoEligibleNode] = {}  # first attempt: per (route, spec, block)
+        picked: dict[tuple[Node, ...], Node] = {}  # per set of eligible nodes
+        head = pool.head()
+        routes = pool.routes
+        points = selector.breakpoints(pool, head) if attempt == 1 else []
         for it in pending:
-            try:
-                choice = self.selector.choose(
-                    ctx.pool, it.method, it.spec, it.ref, it.tried, it.prefer_archive
-                )
-            except NoEligibleNode as exc:
-                self._give_up(ctx, it, answers, exc)
-                continue
             if attempt > 1:
                 self.metrics.retry(ctx.chain, it.reason)
-            it.tried.append(choice.node)
-            groups.setdefault(choice.node, []).append(it)
+                try:
+                    nodes, _ = selector.candidates(
+                        pool, it.method, it.spec, it.ref, it.tried, it.prefer_archive
+                    )
+                except NoEligibleNode as exc:
+                    self._give_up(ctx, it, answers, exc)
+                    continue
+                node = selector.pick(nodes)
+            else:
+                # A height is chosen for by its range between breakpoints (same candidates);
+                # other block refs by identity (shared per text by blockref's cache, and
+                # alive while the batch is). Specs are shared: their ids are keys too.
+                routed = it.method if routes and it.method in routes else None
+                ref = it.ref
+                if ref is not None and ref.number is not None and not ref.contains:
+                    key = (routed, id(it.spec), bisect_right(points, ref.number))
+                else:
+                    key = (routed, id(it.spec), id(ref))
+                found = chosen.get(key)
+                if found is None:
+                    found = chosen[key] = self._first_choice(pool, it, head, picked)
+                if type(found) is NoEligibleNode:
+                    self._give_up(ctx, it, answers, found)
+                    continue
+                node = found  # type: ignore[assignment]
+            it.tried.append(node)
+            group = groups.get(node)
+            if group is None:
+                groups[node] = [it]
+            else:
+                group.append(it)
         return groups
+
+    def _first_choice(
+        self, pool: Pool, it: Item, head: int | None, picked: dict[tuple[Node, ...], Node]
+    ) -> Node | NoEligibleNode:
+        """The node for an item on its first attempt: one pick per set of eligible nodes."""
+        try:
+            nodes, _ = self.selector.candidates(pool, it.method, it.spec, it.ref, head=head)
+        except NoEligibleNode as exc:
+            return exc
+        ids = tuple(nodes)
+        node = picked.get(ids)
+        if node is None:
+            node = picked[ids] = self.selector.pick(nodes)
+        return node
 
     def _give_up(self, ctx: Ctx, it: Item, answers: list[Any], exc: JsonRpcError | None) -> None:
         """Final answer of an item no further attempt will serve."""
@@ -461,11 +595,11 @@ class Engine:
         if it.last is not None:
             answer, outcome = it.last, "error"
         elif it.err is not None or exc is None:
-            answer = error_response(it.obj.get("id"), INTERNAL_ERROR, "")
+            answer = error_response(it.rid, INTERNAL_ERROR, "")
             answer["error"] = self._failed(ctx.pool, it.method, it.tried, it.err).to_obj()
             outcome = "upstream_failed"
         else:
-            answer, outcome = error_response(it.obj.get("id"), exc.code, exc.message), "no_node"
+            answer, outcome = error_response(it.rid, exc.code, exc.message), "no_node"
         self.metrics.request(ctx.chain, it.method, node_key, outcome)
         if not it.notif:
             answers[it.pos] = answer
@@ -473,45 +607,94 @@ class Engine:
     async def _send_group(
         self, ctx: Ctx, node: Node, group: list[Item], attempt: int, answers: list[Any]
     ) -> list[Item]:
-        """Send one sub-batch; returns the items to try again."""
+        """Send one sub-batch with ids rewritten to positions; returns the items to retry."""
         sub = [it.obj if it.notif else {**it.obj, "id": j} for j, it in enumerate(group)]
-        parsed: Any = None
-
-        def classify(raw: bytes) -> str:
-            nonlocal parsed
-            try:
-                parsed = orjson.loads(raw) if raw else []
-            except orjson.JSONDecodeError:
-                return "bad_response"
-            return "ok"
-
         try:
-            await self._attempt(ctx, node, orjson.dumps(sub), len(group), attempt, classify)
+            _, parsed = await self._attempt(
+                ctx, node, orjson.dumps(sub), len(group), attempt, batch_outcome
+            )
         except UpstreamError as exc:
             for it in group:
                 it.err, it.reason = exc, exc.kind
             return group
+        keys = [None if it.notif else j for j, it in enumerate(group)]
+        return self._take_answers(ctx, node, group, keys, parsed, answers)
+
+    async def _send_whole(
+        self, ctx: Ctx, node: Node, group: list[Item], body: bytes, answers: list[Any]
+    ) -> tuple[list[Item], bytes | None]:
+        """Send the client's batch unchanged to one node: (items to retry, and the node's
+        bytes when they are the answer as they are: every item answered, in order, no
+        retryable error, nothing to hide)."""
+        try:
+            raw, parsed = await self._attempt(ctx, node, body, len(group), 1, batch_outcome)
+        except UpstreamError as exc:
+            for it in group:
+                it.err, it.reason = exc, exc.kind
+            return group, None
+        keys = [None if it.notif else it.rid for it in group]
+        if (
+            isinstance(parsed, list)
+            and b"-3900" not in raw
+            and [a.get("id") if type(a) is dict else a for a in parsed]
+            == [k for k in keys if k is not None]
+            and not any(it.method in UNMINED_FIELDS for it in group)
+        ):
+            self._count_answers(ctx, node, group, parsed, raw)
+            return [], raw
+        return self._take_answers(ctx, node, group, keys, parsed, answers), None
+
+    def _count_answers(
+        self, ctx: Ctx, node: Node, group: list[Item], parsed: list[dict[str, Any]], raw: bytes
+    ) -> None:
+        """Metrics of a batch answered as it is (one increment per method and outcome)."""
+        counts: dict[tuple[str, str], int] = {}
+        if b'"error"' not in raw:  # every item ok: count by method alone
+            for it in group:
+                key = (it.method, "ok")
+                counts[key] = counts.get(key, 0) + 1
+        else:
+            answered = iter(parsed)
+            for it in group:
+                outcome = "ok" if it.notif or "error" not in next(answered) else "error"
+                key = (it.method, outcome)
+                counts[key] = counts.get(key, 0) + 1
+        for (method, outcome), n in counts.items():
+            self.metrics.request(ctx.chain, method, node.key, outcome, n)
+
+    def _take_answers(
+        self,
+        ctx: Ctx,
+        node: Node,
+        group: list[Item],
+        keys: list[Any],
+        parsed: Any,
+        answers: list[Any],
+    ) -> list[Item]:
+        """Step 5 for a sub-batch: each item's answer (found by its key: its position in the
+        sub-batch, or its own id), retryable ones kept for the next attempt."""
         if isinstance(parsed, dict):  # the node rejected the whole sub-batch with one error
-            by_pos = {j: dict(parsed) for j in range(len(group))}
+            by_key = {k: dict(parsed) for k in keys if k is not None}
         elif isinstance(parsed, list):
-            by_pos = {a.get("id"): a for a in parsed if isinstance(a, dict)}
+            by_key = {a.get("id"): a for a in parsed if isinstance(a, dict)}
         else:
             bad = UpstreamError("bad_response", f"{node.key} answered a batch with non-JSON-RPC")
             for it in group:
                 it.err, it.reason = bad, bad.kind
             return [it for it in group if not it.notif]
         retry = []
-        for j, it in enumerate(group):
+        readable: int | bool | None = False  # looked up once, when an answer needs it
+        for it, key in zip(group, keys, strict=True):
             if it.notif:
                 self.metrics.request(ctx.chain, it.method, node.key, "ok")
                 continue
-            answer = by_pos.get(j)
+            answer = by_key.get(key)
             if answer is None:
                 it.err = UpstreamError("bad_response", f"{node.key} gave no answer for the item")
                 it.reason = "missing_answer"
                 retry.append(it)
                 continue
-            answer["id"] = it.obj.get("id")
+            answer["id"] = it.rid
             code = _error_code(answer)
             if code is not None:
                 it.last, it.reason = answer, RETRY_REASONS.get(code, "retryable")
@@ -521,7 +704,9 @@ class Engine:
             outcome = "error" if "error" in answer else "ok"
             self.metrics.request(ctx.chain, it.method, node.key, outcome)
             if it.method in UNMINED_FIELDS:
-                hide_unreadable(it.method, answer, self.selector.readable_head(ctx.pool))
+                if readable is False:
+                    readable = self.selector.readable_head(ctx.pool)
+                hide_unreadable(it.method, answer, readable)  # type: ignore[arg-type]
             answers[it.pos] = answer
         return retry
 
@@ -556,6 +741,22 @@ class Engine:
         for name in SOURCE_HEADERS:
             extra[name.replace("-", "_")] = _cut(headers.get(name))
         access_log.info("request", extra=extra)
+
+
+def _inexact(obj: Any) -> bool:
+    return type(obj) is dict and type(obj.get("id")) is float
+
+
+def _exact_id(payload: Any, body: bytes, rid: Any) -> Any:
+    """`rid`, or the id as the client wrote it when orjson's float would change it."""
+    return exact_ids(body) if _inexact(payload) else rid
+
+
+def _unique_ids(items: list[Item]) -> bool:
+    """Whether the answers of `items` can be told apart by their ids: every id a string or
+    an integer, no two the same (notifications have none and get no answer)."""
+    ids = [it.rid for it in items if not it.notif]
+    return all(type(rid) is str or type(rid) is int for rid in ids) and len(set(ids)) == len(ids)
 
 
 async def _gather(coros: list[Any]) -> list[Any]:

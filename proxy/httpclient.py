@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 from collections import deque
 from urllib.parse import unquote, urlsplit
 
@@ -36,6 +37,7 @@ class _Connection(asyncio.Protocol):
         "closed",
         "got_bytes",
         "keep_alive",
+        "loop",
         "parser",
         "status",
         "transport",
@@ -57,6 +59,8 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # Once: asyncio.get_running_loop() checks the pid, a getpid() system call each time.
+        self.loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
@@ -103,7 +107,7 @@ class _Connection(asyncio.Protocol):
         self._body = []
         self._complete = self._headers_done = self._framed = False
         self.got_bytes = False
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        waiter = self._waiter = self.loop.create_future()
         self.transport.write(data)
         return waiter
 
@@ -136,24 +140,63 @@ class HostPool:
             "Content-Type: application/json\r\nContent-Length: "
         ).encode("latin-1")
         self._idle: deque[_Connection] = deque()
-        self._slots = asyncio.Semaphore(limit)
         self._limit = limit
+        self._busy = 0  # exchanges in flight (a counter: no semaphore on the hot path)
+        self._waiters: deque[asyncio.Future[None]] = deque()  # for a slot, first come first
 
     async def post(self, body: bytes) -> tuple[int, bytes]:
-        """(status, body) of one POST; raises HttpError, TimeoutError (from the caller's
-        timeout) or OSError."""
-        data = b"".join((self._head, str(len(body)).encode(), b"\r\n\r\n", body))
-        async with self._slots:
+        """(status, body) of one POST; raises HttpError or OSError (and CancelledError from
+        the caller's deadline)."""
+        data = b"%b%d\r\n\r\n%b" % (self._head, len(body), body)
+        if self._busy < self._limit and not self._waiters:
+            self._busy += 1
+        else:
+            await self._wait_for_slot()
+        try:
             conn = self._take_idle()
-            if conn is not None:
+            fresh = conn is None
+            while True:
+                if conn is None:
+                    conn = await self._connect()
                 try:
-                    return await self._exchange(conn, data)
-                except HttpError:
-                    if conn.got_bytes:
+                    answer = await conn.send(data)
+                except BaseException as exc:
+                    conn.close()  # cancelled or failed mid-answer: its state is unknown
+                    if not isinstance(exc, HttpError) or fresh or conn.got_bytes:
                         raise
                     # the node closed an idle connection just before we used it: one fresh try
-            conn = await self._connect()
-            return await self._exchange(conn, data)
+                    conn, fresh = None, True
+                    continue
+                if conn.reusable and len(self._idle) < self._limit:
+                    self._idle.append(conn)
+                else:
+                    conn.close()
+                return answer
+        finally:
+            self._release()
+
+    async def _wait_for_slot(self) -> None:
+        """Wait until a finishing exchange hands its slot over (`_busy` stays counted)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # the slot was handed over just as we were cancelled
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            raise
+
+    def _release(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes on
+                return
+        self._busy -= 1
 
     def _take_idle(self) -> _Connection | None:
         while self._idle:
@@ -169,18 +212,6 @@ class HostPool:
         except OSError as exc:
             raise HttpError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
         return conn
-
-    async def _exchange(self, conn: _Connection, data: bytes) -> tuple[int, bytes]:
-        try:
-            answer = await conn.send(data)
-        except BaseException:
-            conn.close()  # cancelled or failed mid-answer: the connection's state is unknown
-            raise
-        if conn.reusable and len(self._idle) < self._limit:
-            self._idle.append(conn)
-        else:
-            conn.close()
-        return answer
 
     def close(self) -> None:
         while self._idle:

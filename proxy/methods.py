@@ -13,13 +13,14 @@ id); the node checks the rest.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from chainstate.blockref import BlockRef, parse_block_ctx, parse_block_id, parse_block_number_param
 from chainstate.hexcodec import parse_address, parse_data, parse_hash
-from chainstate.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError
+from chainstate.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, cut
 from chainstate.logfilter import parse_filter
 
 Check = Callable[[Any, str], Any]
@@ -82,6 +83,7 @@ class MethodSpec:
     checks: tuple[tuple[int, Check], ...] = ()
     writer: bool = False  # goes to the chain's Leader write node
     pending: bool = False  # at the `pending` block it goes to the Leader write node
+    parse_block: Callable[[Any], BlockRef] | None = None  # BLOCK_PARSERS[block]
 
 
 def _m(
@@ -98,10 +100,19 @@ def _m(
         names_of = {"number": "blockNumber", "ctx": "blockCtx", "id": "blockId", "logs": "filter"}
         block_name = names_of.get(block)
         block_at = names.index(block_name) if block_name in names else 0
-    return MethodSpec(names, required, block, block_at, checks, writer, pending)
+    parse = None if block is None else BLOCK_PARSERS[block]
+    return MethodSpec(names, required, block, block_at, checks, writer, pending, parse)
 
 
-_ADDR = ((0, parse_address),)
+def _address(value: Any, what: str) -> None:
+    """Checks a 20-byte 0x address (parse_address's rule, without making the lowercase copy
+    routing does not need)."""
+    if type(value) is not str or len(value) != 42 or not _ADDRESS.match(value):
+        parse_address(value, what)  # raises the error
+
+
+_ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
+_ADDR = ((0, _address),)
 _HASH = ((0, parse_hash),)
 METHODS: dict[str, MethodSpec] = {
     # state node: eth namespace (a `pending` read goes to the Leader: see `pending`)
@@ -181,31 +192,37 @@ class MethodTable:
     def spec(self, method: str) -> MethodSpec:
         spec = self.specs.get(method)
         if spec is None:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {cut(method)}")
         return spec
 
     def target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None]:
         """The spec of `method` and the block its params target (None: no block named)."""
-        spec = self.spec(method)
+        spec = self.specs.get(method)
+        if spec is None:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {cut(method)}")
         if spec is EXTRA:
             return spec, None
-        values = _positional(params, spec)
+        names = spec.params
+        if type(params) is list and len(params) == len(names) and None not in params:
+            values = params  # every param given (the common case: nothing to fill or check)
+        else:
+            values = _positional(params, spec)
         for index, check in spec.checks:
-            check(values[index], spec.params[index])
-        if spec.block is None:
+            check(values[index], names[index])
+        parse = spec.parse_block
+        if parse is None:
             return spec, None
-        value = values[spec.block_at] if spec.block_at < len(values) else None
-        return spec, BLOCK_PARSERS[spec.block](value)
+        return spec, parse(values[spec.block_at] if spec.block_at < len(values) else None)
 
 
 def _positional(params: Any, spec: MethodSpec) -> list[Any]:
     names = spec.params
     if params is None:
-        params = []
-    if isinstance(params, dict):
+        values = [None] * len(names)
+    elif isinstance(params, dict):
         unknown = set(params) - set(names)
         if unknown:
-            msg = f"unknown param(s) {sorted(unknown)}; expected {list(names)}"
+            msg = f"unknown param(s) {cut(str(sorted(unknown)))}; expected {list(names)}"
             raise JsonRpcError(INVALID_PARAMS, msg)
         values = [params.get(n) for n in names]
     elif isinstance(params, list):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from cachetools import LRUCache
 
@@ -31,6 +32,7 @@ from proxy.methods import MethodSpec
 from proxy.model import Node, Pool, RouteRule
 
 NO_NODE = INTERNAL_ERROR  # JSON-RPC code answered when no node can take an item
+POOL_HEAD: Any = object()  # `head` argument default: ask the pool (its head may be None)
 
 
 class NoEligibleNode(JsonRpcError):
@@ -38,13 +40,72 @@ class NoEligibleNode(JsonRpcError):
         super().__init__(NO_NODE, message)
 
 
-@dataclass(frozen=True, slots=True)
-class Need:
-    """What an item needs: a node kind, and the height it must hold (None: any)."""
+class Need(NamedTuple):
+    """What an item needs: a node kind, and the height it must hold (None: any). `rule`
+    names the rule that decided; `reason` says it in words (formatted only when asked for:
+    nothing is formatted on the request path)."""
 
     kind: str
     height: int | None
-    reason: str
+    rule: str
+    tag: str | None = None
+    head: int | None = None
+    window: int = 0
+
+    @property
+    def reason(self) -> str:
+        rule = self.rule
+        if rule == "window":
+            return (
+                f"block {self.height} among the last {self.window} up to head {self.head} → state"
+            )
+        if rule == "old":
+            return (
+                f"block {self.height} older than the last {self.window} up to head {self.head} "
+                "→ archive"
+            )
+        if rule == "tag":
+            return f"tag {self.tag} → state"
+        if rule == "head_unknown":
+            return f"block {self.height}, head unknown yet → state"
+        return _RULES[rule]
+
+
+_RULES = {
+    "retry": "retry after BlockNotFound prefers archive",
+    "none": "no block named → state",
+    "contains": "blockCtx Contains → state",
+    "earliest": "earliest → archive",
+    "hash": "unknown block hash → archive",
+}
+
+
+class Reason:
+    """Why candidates were chosen, formatted when shown (`str()`)."""
+
+    __slots__ = ("need", "note", "rules")
+
+    def __init__(self, need: Need, note: str = "", rules: list[RouteRule] | None = None) -> None:
+        self.need = need
+        self.note = note  # "fallback" or "anyway"
+        self.rules = rules
+
+    def __str__(self) -> str:
+        need = self.need
+        text = need.reason
+        if self.rules:
+            shown = ", ".join(str(r.to_obj()) for r in self.rules)
+            text = f"method route {shown}; {text}"
+        elif self.note in ("fallback", "fallback+anyway"):
+            other = "state" if need.kind == "archive" else "archive"
+            text = f"{text}; no eligible {need.kind} node, falling back to {other}"
+        if self.note.endswith("anyway"):
+            text = f"{text}; no node is known to hold block {need.height} yet, trying anyway"
+        return text
+
+
+_NO_BLOCK = Need("state", None, "none")
+_CONTAINS = Need("state", None, "contains")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,36 +123,52 @@ class Selector:
     def remember_hash(self, block_hash: str, height: int) -> None:
         self.hashes[block_hash.lower()] = height
 
-    def need(self, pool: Pool, ref: BlockRef | None, prefer_archive: bool = False) -> Need:
-        """Step 2: the kind and height an item targets."""
+    def need(
+        self,
+        pool: Pool,
+        ref: BlockRef | None,
+        prefer_archive: bool = False,
+        head: Any = POOL_HEAD,
+    ) -> Need:
+        """Step 2: the kind and height an item targets (`head`: the pool's head when the
+        caller has it already, e.g. once per batch)."""
         if prefer_archive:
             height = None if ref is None else self._height(ref)
-            return Need("archive", height, "retry after BlockNotFound prefers archive")
+            return Need("archive", height, "retry")
         if ref is None:
-            return Need("state", None, "no block named → state")
+            return _NO_BLOCK
         if ref.contains:
-            return Need("state", None, "blockCtx Contains → state")
+            return _CONTAINS
         if ref.tag == "earliest":
-            return Need("archive", 0, "earliest → archive")
+            return Need("archive", 0, "earliest")
         if ref.tag is not None:
-            return Need("state", None, f"tag {ref.tag} → state")
+            return Need("state", None, "tag", tag=ref.tag)
         height = self._height(ref)
         if height is None:
-            return Need("archive", None, "unknown block hash → archive")
-        head = pool.head()
+            return Need("archive", None, "hash")
+        if head is POOL_HEAD:
+            head = pool.head()
         if head is None:
-            return Need("state", height, f"block {height}, head unknown yet → state")
-        if head - height < self.state_window:
-            return Need(
-                "state",
-                height,
-                f"block {height} among the last {self.state_window} up to head {head} → state",
-            )
-        return Need(
-            "archive",
-            height,
-            f"block {height} older than the last {self.state_window} up to head {head} → archive",
-        )
+            return Need("state", height, "head_unknown")
+        window = self.state_window
+        if head - height < window:
+            return Need("state", height, "window", None, head, window)
+        return Need("archive", height, "old", None, head, window)
+
+    def breakpoints(self, pool: Pool, head: int | None) -> list[int]:
+        """The heights at which the nodes eligible for a height can change (the state window's
+        lower end, each node's first held height and the one past its head), sorted: between
+        two of them every height has the same candidates. Lets a batch choose once per range
+        of heights instead of once per height."""
+        points = set()
+        if head is not None:
+            points.add(head - self.state_window + 1)
+        for node in pool.readers:
+            if node.earliest is not None:
+                points.add(node.earliest)
+            if node.head is not None:
+                points.add(node.head + 1)
+        return sorted(points)
 
     def _height(self, ref: BlockRef) -> int | None:
         if ref.number is not None:
@@ -112,9 +189,25 @@ class Selector:
         prefer_archive: bool = False,
     ) -> Choice:
         """Step 3: the node for one item, or NoEligibleNode saying why none fits."""
+        nodes, reason = self.candidates(pool, method, spec, ref, exclude, prefer_archive)
+        return Choice(self.pick(nodes), str(reason))
+
+    def candidates(
+        self,
+        pool: Pool,
+        method: str,
+        spec: MethodSpec,
+        ref: BlockRef | None,
+        exclude: Collection[Node] = (),
+        prefer_archive: bool = False,
+        head: Any = POOL_HEAD,
+    ) -> tuple[list[Node], Reason | str]:
+        """The nodes eligible for one item and why (`pick` chooses among them), or
+        NoEligibleNode saying why none fits."""
         if self.to_leader(pool, spec, ref):
-            return self._leader(pool, method, exclude)
-        need = self.need(pool, ref, prefer_archive)
+            choice = self._leader(pool, method, exclude)
+            return [choice.node], choice.reason
+        need = self.need(pool, ref, prefer_archive, head)
         rules = pool.routes.get(method)
         found = self._among(pool, need, rules, exclude, need.height)
         if found is None and need.height is not None:
@@ -122,16 +215,13 @@ class Selector:
             # a node that really lacks it answers -39006 and the item moves on.
             found = self._among(pool, need, rules, exclude, None)
             if found is not None:
-                found = (
-                    found[0],
-                    f"{found[1]}; no node is known to hold block {need.height} yet, trying anyway",
-                )
+                found[1].note += "anyway" if not found[1].note else "+anyway"
         if found is None:
             why = need.reason
             if rules:
                 why = "method route " + ", ".join(str(r.to_obj()) for r in rules)
             raise NoEligibleNode(self._none_msg(pool, method, need, why))
-        return Choice(self._pick(found[0]), found[1])
+        return found
 
     def _among(
         self,
@@ -140,20 +230,27 @@ class Selector:
         rules: list[RouteRule] | None,
         exclude: Collection[Node],
         height: int | None,
-    ) -> tuple[list[Node], str] | None:
+    ) -> tuple[list[Node], Reason] | None:
         """The candidates and the reason, or None."""
-        usable = [n for n in pool.readers if self._usable(n, height, exclude)]
         if rules:
+            usable = [n for n in pool.readers if self._usable(n, height, exclude)]
             picked = [n for n in usable if any(r.matches(n) for r in rules)]
-            shown = ", ".join(str(r.to_obj()) for r in rules)
-            return (picked, f"method route {shown}; {need.reason}") if picked else None
-        picked = [n for n in usable if n.entry.kind == need.kind]
-        if picked:
-            return picked, need.reason
-        other = "state" if need.kind == "archive" else "archive"
-        picked = [n for n in usable if n.entry.kind == other]
-        if picked:
-            return picked, f"{need.reason}; no eligible {need.kind} node, falling back to {other}"
+            return (picked, Reason(need, "", rules)) if picked else None
+        kind = need.kind
+        same: list[Node] = []
+        other: list[Node] = []
+        for node in pool.readers:  # one pass: this runs for every item of every request
+            entry = node.entry
+            if not (entry.enabled and node.healthy) or node in exclude:
+                continue
+            weight = entry.weight if node.weight_override is None else node.weight_override
+            if weight <= 0 or (height is not None and not node.serves(height)):
+                continue
+            (same if entry.kind == kind else other).append(node)
+        if same:
+            return same, Reason(need)
+        if other:
+            return other, Reason(need, "fallback")
         return None
 
     @staticmethod
@@ -162,7 +259,8 @@ class Selector:
             return False
         return height is None or node.serves(height)
 
-    def _pick(self, nodes: list[Node]) -> Node:
+    def pick(self, nodes: list[Node]) -> Node:
+        """Weighted power of two choices on in-flight requests per unit of weight."""
         if len(nodes) == 1:
             return nodes[0]
         a, b = self.rng.choices(nodes, weights=[n.weight for n in nodes], k=2)

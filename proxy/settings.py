@@ -48,6 +48,11 @@ class ProxySettings:
     # File store path (None: in memory). `chainstate proxy --store` overrides it.
     store_path: str | None = None
     max_body_bytes: int = 10 * 1024 * 1024  # larger request bodies → HTTP 413
+    max_head_bytes: int = 64 * 1024  # larger request line + headers → HTTP 431
+    client_idle_timeout: float = 60.0  # seconds a keep-alive client connection may sit idle
+    client_read_timeout: float = 30.0  # seconds to send a whole request once begun, else 408
+    max_client_connections: int = 0  # open client connections; 0: 3/4 of the fd limit
+    shutdown_timeout: float = 10.0  # seconds a stop waits for requests in flight
     max_batch_items: int = 1000  # longer batches → -32600
     state_window: int = 128  # blocks behind the head still routed to `state` nodes
     head_poll_interval: float = 1.0  # seconds between eth_blockNumber polls of each node
@@ -103,6 +108,10 @@ class ProxySettings:
     def validate(self) -> None:
         positive = (
             "max_body_bytes",
+            "max_head_bytes",
+            "client_idle_timeout",
+            "client_read_timeout",
+            "shutdown_timeout",
             "max_batch_items",
             "head_poll_interval",
             "poll_timeout",
@@ -135,6 +144,12 @@ class ProxySettings:
         _check_token(self.admin_token)
         if not isinstance(self.state_window, int) or self.state_window < 0:
             raise ConfigError("[proxy] state_window must be an integer >= 0")
+        if (
+            isinstance(self.max_client_connections, bool)
+            or not isinstance(self.max_client_connections, int)
+            or self.max_client_connections < 0
+        ):
+            raise ConfigError("[proxy] max_client_connections must be an integer >= 0 (0: auto)")
         if self.client_id_top_n < 0:
             raise ConfigError("[proxy] client_id_top_n must be >= 0")
 

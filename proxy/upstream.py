@@ -4,7 +4,8 @@ Plain `http://` nodes go through `proxy.httpclient` (pooled keep-alive connectio
 third of aiohttp's client cost per request, see that module); `https://` nodes through one
 aiohttp ClientSession with a tuned TCPConnector per app; `inproc://name` URLs call the
 node's handler in this process (no HTTP hop). Bodies go out and come back as raw bytes:
-nothing is decoded here.
+nothing is decoded here. Every attempt's time limit is kept by one `Deadlines` timer (no
+per-attempt `asyncio.timeout`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import aiohttp
 from yarl import URL
 
 from chainstate.inproc import InprocRegistry, is_inproc
+from proxy.deadlines import Deadlines
 from proxy.httpclient import HostPool, HttpError
 
 _HEADERS = {"Content-Type": "application/json"}
@@ -44,6 +46,7 @@ class Upstream:
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._urls: dict[str, URL] = {}  # parsed once: yarl parsing costs per request
         self._pools: dict[str, HostPool] = {}
+        self._deadlines = Deadlines()
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -62,6 +65,7 @@ class Upstream:
         )
 
     async def close(self) -> None:
+        self._deadlines.close()
         for pool in self._pools.values():
             pool.close()
         self._pools = {}
@@ -76,11 +80,37 @@ class Upstream:
         return t
 
     async def send(self, url: str, body: bytes, limit: float) -> bytes:
-        """The raw response body (b"" for a 204). Raises UpstreamError."""
-        if url.startswith("http://"):
-            return await self._send_plain(url, body, limit)
-        if is_inproc(url):
-            return await self._send_inproc(url, body, limit)
+        """The raw response body (b"" for a 204) within `limit` seconds. Raises
+        UpstreamError."""
+        deadline = self._deadlines.start(limit)
+        try:
+            if url.startswith("http://"):
+                pool = self._pools.get(url) or self._pool(url)
+                try:
+                    status, data = await pool.post(body)
+                except (HttpError, OSError) as exc:
+                    raise UpstreamError("connect", f"{url}: {exc}") from None
+                return _answer(url, status, data)
+            if is_inproc(url):
+                registry = self.registry
+                handler = registry.resolve(url) if registry is not None else None
+                if handler is None:
+                    raise UpstreamError("connect", f"{url}: no such in-process node")
+                try:
+                    now = registry.resolve_now(url)  # type: ignore[union-attr]
+                    answer = None if now is None else now(body)  # plain reads: no await
+                    return answer if answer is not None else await handler(body)
+                except Exception as exc:  # a failing in-process node is an unusable answer
+                    raise UpstreamError("inproc", f"{url}: {type(exc).__name__}: {exc}") from None
+            return await self._send_session(url, body, limit)
+        except asyncio.CancelledError:
+            if deadline.expired():
+                raise UpstreamError("timeout", f"no answer from {url} within {limit}s") from None
+            raise
+        finally:
+            self._deadlines.stop(deadline)
+
+    async def _send_session(self, url: str, body: bytes, limit: float) -> bytes:
         session = self._session
         if session is None:
             raise UpstreamError("connect", "upstream session is closed")
@@ -111,29 +141,6 @@ class Upstream:
             except ValueError as exc:
                 raise UpstreamError("connect", str(exc)) from None
         return pool
-
-    async def _send_plain(self, url: str, body: bytes, limit: float) -> bytes:
-        pool = self._pool(url)
-        try:
-            async with asyncio.timeout(limit):
-                status, data = await pool.post(body)
-        except TimeoutError:
-            raise UpstreamError("timeout", f"no answer from {url} within {limit}s") from None
-        except (HttpError, OSError) as exc:
-            raise UpstreamError("connect", f"{url}: {exc}") from None
-        return _answer(url, status, data)
-
-    async def _send_inproc(self, url: str, body: bytes, limit: float) -> bytes:
-        handler = self.registry.resolve(url) if self.registry is not None else None
-        if handler is None:
-            raise UpstreamError("connect", f"{url}: no such in-process node")
-        try:
-            async with asyncio.timeout(limit):
-                return await handler(body)
-        except TimeoutError:
-            raise UpstreamError("timeout", f"no answer from {url} within {limit}s") from None
-        except Exception as exc:  # a failing in-process node is an unusable answer
-            raise UpstreamError("inproc", f"{url}: {type(exc).__name__}: {exc}") from None
 
 
 def _answer(url: str, status: int, data: bytes) -> bytes:

@@ -7,7 +7,9 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 from chainstate.config import load_config, section
-from chainstate.runner import run, start_site, wait_for_stop
+from chainstate.httpserver import ServerLimits
+from chainstate.rpcserver import node_limits, serve_rpc
+from chainstate.runner import run, wait_for_stop
 from nodes.checker.service import CheckerNode
 from nodes.checker.settings import CheckerSettings
 
@@ -37,16 +39,28 @@ def settings_from_args(args: argparse.Namespace) -> CheckerSettings:
 
 def cmd_checker(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    run(lambda: serve(settings, Path(args.data_dir)))
+    limits = node_limits(load_config(args.config))
+    run(lambda: serve(settings, Path(args.data_dir), limits))
     return 0
 
 
-async def serve(settings: CheckerSettings, data_dir: Path) -> None:
+async def serve(
+    settings: CheckerSettings, data_dir: Path, limits: ServerLimits | None = None
+) -> None:
     async with AsyncExitStack() as stack:
         node = CheckerNode(settings, data_dir=data_dir, registry=None)
         await node.start()
         stack.push_async_callback(node.close)
-        await start_site(stack, node.make_app(), settings.host or "0.0.0.0", settings.port)
+        host = settings.host or "0.0.0.0"
+        await serve_rpc(
+            stack,
+            node.handle_body,
+            node.make_app(),
+            host,
+            settings.port,
+            name="checker",
+            limits=limits,
+        )
         shown = settings.host or "0.0.0.0"
         print(f"checker listening on http://{shown}:{settings.port}  (metrics: /metrics)")
         print(f"  replicas: {', '.join(settings.replicas)}  quorum: {settings.effective_quorum}")

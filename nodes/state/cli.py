@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from chainstate.config import ConfigError, load_config
-from chainstate.runner import run, start_site, wait_for_stop
+from chainstate.httpserver import ServerLimits
+from chainstate.rpcserver import node_limits, serve_rpc
+from chainstate.runner import run, wait_for_stop
 from nodes.state.service import StateNode
 from nodes.state.settings import StateSettings
 
@@ -57,17 +59,29 @@ def section_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_state_node(args: argparse.Namespace) -> int:
     settings = StateSettings.from_section(section_from_args(args))
-    run(lambda: serve(settings, Path(args.data_dir)))
+    limits = node_limits(load_config(args.config))
+    run(lambda: serve(settings, Path(args.data_dir), limits))
     return 0
 
 
-async def serve(settings: StateSettings, data_dir: Path) -> None:
+async def serve(
+    settings: StateSettings, data_dir: Path, limits: ServerLimits | None = None
+) -> None:
     async with AsyncExitStack() as stack:
         node = StateNode(settings, data_dir=data_dir)
         url = f"http://{settings.host}:{settings.port}"
         node.http_url = url
         # Listen first: the EVM workers read state through the node's HTTP endpoint.
-        await start_site(stack, node.make_app(), settings.host, settings.port)
+        await serve_rpc(
+            stack,
+            node.handle_body,
+            node.make_app(),
+            settings.host,
+            settings.port,
+            name=f"{settings.kind} node {settings.key}",
+            limits=limits,
+            answer_now=node.answer_now,
+        )
         await node.start()
         stack.push_async_callback(node.close)
         print(

@@ -152,7 +152,7 @@ class StateNode:
                 self.leader.run(), name=f"state-leader:{self.key}"
             )
         if self.registry is not None:
-            self.registry.register(self.key, self.handle_body)
+            self.registry.register(self.key, self.handle_body, self.answer_now)
 
     async def close(self) -> None:
         if self.registry is not None:

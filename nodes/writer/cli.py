@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from chainstate.config import ConfigError, load_config, resolve_path
-from chainstate.runner import run, start_site, wait_for_stop
+from chainstate.rpcserver import node_limits, serve_rpc
+from chainstate.runner import run, wait_for_stop
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -66,6 +67,7 @@ def cmd_write_node(args: argparse.Namespace) -> int:
     from nodes.writer.service import WriterNode
 
     sect, data_dir = writer_section(args)
+    limits = node_limits(load_config(args.config))
     node = WriterNode.from_config(sect, data_dir=data_dir)
 
     async def main() -> None:
@@ -73,7 +75,15 @@ def cmd_write_node(args: argparse.Namespace) -> int:
             await node.start()
             stack.push_async_callback(node.close)
             s = node.settings
-            await start_site(stack, node.make_app(), s.host, s.port)
+            await serve_rpc(
+                stack,
+                node.handle_body,
+                node.make_app(),
+                s.host,
+                s.port,
+                name=f"write node {s.key}",
+                limits=limits,
+            )
             url = f"http://{s.host}:{s.port}"
             print(f"write node {s.key} listening on {url} (JSON-RPC on POST /)", flush=True)
             print(f"  following {s.execution_url}; blocks stored in {data_dir}")

@@ -33,7 +33,9 @@ def alive(pid: int) -> bool:
 
 def test_suite_measures_every_case_and_stops_everything(tmp_path: Path) -> None:
     suite = StandInSuite()
-    opts = SuiteOptions(duration=0.1, warmup=0, concurrency=4, keep_dir=str(tmp_path))
+    opts = SuiteOptions(
+        duration=0.1, warmup=0, concurrency=4, keep_dir=str(tmp_path), reference=False
+    )
     seen: list[int] = []
     original = suite.start
 
@@ -44,7 +46,7 @@ def test_suite_measures_every_case_and_stops_everything(tmp_path: Path) -> None:
 
     suite.start = start  # type: ignore[method-assign]
     report = run_suite(suite, opts)
-    assert [c["case"] for c in report["cases"]] == ["single", "batch10", "batch100"]
+    assert [c["case"] for c in report["cases"]] == ["single", "batch10", "batch100", "single-c1"]
     for case in report["cases"]:
         direct, proxy = case["targets"]["direct"], case["targets"]["proxy"]
         assert direct["ratio_req_per_s"] == 1.0
@@ -53,6 +55,7 @@ def test_suite_measures_every_case_and_stops_everything(tmp_path: Path) -> None:
         )
         assert direct["requests"] > 0 and not direct["errors"] and not proxy["errors"]
         assert direct["items_ok"] == direct["requests"] * case["batch"]
+        assert direct["cpu_us_per_req"] > 0 and proxy["cpu_us_per_req"] > 0  # pids known
     assert "batch100" in render(report)
     assert len(seen) == 2 and not any(alive(pid) for pid in seen)
     assert (tmp_path / "fake-node.log").read_text().startswith("fake node (FAKE DATA")
@@ -75,7 +78,8 @@ def test_suite_stops_what_it_started_when_a_service_fails(tmp_path: Path) -> Non
 
     suite.start = start  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="proxy refused to start"):
-        run_suite(suite, SuiteOptions(duration=0.1, warmup=0, keep_dir=str(tmp_path)))
+        opts = SuiteOptions(duration=0.1, warmup=0, keep_dir=str(tmp_path), reference=False)
+        run_suite(suite, opts)
     assert len(seen) == 2 and not any(alive(pid) for pid in seen)
 
 
@@ -90,3 +94,14 @@ def test_proxy_config_names_the_node() -> None:
         ("bench-state", "state"),
         ("bench-archive", "archive"),
     ]
+
+
+def test_without_go_the_reference_is_skipped_and_said(tmp_path: Path, monkeypatch) -> None:
+    import bench.suite as suite_module
+
+    monkeypatch.setattr(suite_module.shutil, "which", lambda name: None)
+    suite = ProxySuite()
+    with suite_module.running(str(tmp_path)) as services:
+        assert suite.start_go_proxy(services, "http://127.0.0.1:1", None) is None
+        assert not services.started
+    assert suite.notes and "go not found" in suite.notes[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from bench.suite import (
     StateSuite,
     SuiteOptions,
     proxy_available,
+    render,
     run_suite,
     running,
 )
@@ -37,6 +40,20 @@ def test_proxy_suite_through_the_real_proxy(tmp_path: Path) -> None:
     assert not direct["errors"] and not proxy["errors"]
     assert proxy["items_ok"] == proxy["requests"] * 10
     assert proxy["ratio_req_per_s"] > 0
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="go is not installed")
+def test_proxy_suite_measures_go_reverse_proxy_and_added_latency(tmp_path: Path) -> None:
+    opts = quick(tmp_path, "single")
+    opts.cases = ["single", "single-c1"]
+    report = run_suite(ProxySuite(), opts)
+    single, c1 = report["cases"]
+    go = single["targets"]["go-proxy"]
+    assert go["requests"] > 0 and not go["errors"] and go["cpu_us_per_req"] > 0
+    assert single["proxy_vs_go"]["req_per_s"] > 0 and single["proxy_vs_go"]["per_core"] > 0
+    assert c1["concurrency"] == 1 and "added_p50_us" in c1["targets"]["proxy"]
+    assert any("GOMAXPROCS=1" in note for note in report["notes"])
+    assert "proxy ÷ go-proxy" in render(report) and "p50 added over direct" in render(report)
 
 
 def test_state_suite_compares_state_node_proxy_and_anvil(tmp_path: Path) -> None:
@@ -86,11 +103,11 @@ def _post(url: str, body: bytes) -> Any:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_suite_stops_its_services(tmp_path: Path, sig: signal.Signals) -> None:
     cmd = [sys.executable, "-m", "bench.suite", "proxy", "-d", "30", "--warmup", "0"]
-    cmd += ["-c", "2", "--keep-dir", str(tmp_path)]
+    cmd += ["-c", "2", "--no-reference", "--keep-dir", str(tmp_path)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    children: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 30
-        children: list[psutil.Process] = []
         while time.monotonic() < deadline and proc.poll() is None:
             children = psutil.Process(proc.pid).children()
             if len(children) == 2 and "listening" in _read(tmp_path / "proxy.log"):
@@ -106,6 +123,9 @@ def test_interrupted_suite_stops_its_services(tmp_path: Path, sig: signal.Signal
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for child in children:  # a failed assertion above must not leave services running
+            with contextlib.suppress(psutil.Error):
+                child.kill()
 
 
 def _read(path: Path) -> str:

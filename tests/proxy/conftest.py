@@ -1,4 +1,11 @@
-"""Proxy test fixtures: fake nodes on loopback and a proxy app in front of them."""
+"""Proxy test fixtures: fake nodes on loopback and a proxy in front of them.
+
+`make_api` serves the proxy as `chainstate proxy` does: its data listener (the lean server,
+`proxy.app.create_server`) on a real loopback socket, admin calls and /metrics handed from it
+to the aiohttp app. JSON-RPC goes over one client session and admin calls over another, so
+data requests take the lean path (a connection that carried an admin call stays with
+aiohttp).
+"""
 
 from __future__ import annotations
 
@@ -7,21 +14,33 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from proxy.app import create_app, get_proxy
+from chainstate.httpserver import HttpServer
+from proxy.app import create_app, create_server, get_proxy
 from proxy.settings import ProxySettings
 from proxy.store_file import FileStore
 from tests.proxy.fakes import FakeNode
 
+ADDR = "0x" + "11" * 20
 FAST = {
     "head_poll_interval": 0.05,
     "poll_timeout": 0.5,
     "upstream_timeout": 1.0,
     "unhealthy_after": 2,
 }
+
+
+def req(method: str, params=None, rid=1) -> dict:
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params or []}
+
+
+def balance(block: str = "latest", rid=1) -> dict:
+    return req("eth_getBalance", [ADDR, block], rid)
 
 
 def fast_settings(**overrides: Any) -> ProxySettings:
@@ -36,16 +55,40 @@ async def wait_until(check: Callable[[], bool], within: float = 3.0) -> None:
         await asyncio.sleep(0.01)
 
 
+class LeanClient:
+    """The proxy's real data listener on a free loopback port, called like aiohttp's
+    TestClient (`get`, `post`, `app`, `close`)."""
+
+    def __init__(self, app: web.Application, server: HttpServer) -> None:
+        self.app = app
+        self.server = server
+        base = f"http://127.0.0.1:{server.port}"
+        self.session = aiohttp.ClientSession(base_url=base)
+        self.data = aiohttp.ClientSession(base_url=base)  # JSON-RPC only: the lean path
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.session.get(path, **kw)
+
+    def post(self, path: str, **kw: Any) -> Any:
+        return self.session.post(path, **kw)
+
+    async def close(self) -> None:
+        await self.session.close()
+        await self.data.close()
+        await self.server.close()
+
+
 class Api:
     """A test client for one proxy app with helpers for JSON-RPC and admin calls."""
 
-    def __init__(self, client: TestClient) -> None:
+    def __init__(self, client: TestClient | LeanClient) -> None:
         self.client = client
         self.proxy = get_proxy(client.app)
 
     async def rpc(self, chain: str, payload: Any, headers: dict[str, str] | None = None):
         body = payload if isinstance(payload, bytes) else orjson.dumps(payload)
-        resp = await self.client.post(f"/{chain}", data=body, headers=headers or {})
+        data = getattr(self.client, "data", self.client)
+        resp = await data.post(f"/{chain}", data=body, headers=headers or {})
         raw = await resp.read()
         return resp.status, (orjson.loads(raw) if raw else None)
 
@@ -86,11 +129,31 @@ async def fake_nodes() -> AsyncIterator[Callable[..., Awaitable[FakeNode]]]:
 
 
 @pytest.fixture
-def make_api(aiohttp_client) -> Callable[..., Awaitable[Api]]:
+async def make_api() -> AsyncIterator[Callable[..., Awaitable[Api]]]:
+    clients: list[LeanClient] = []
+
     async def make(settings: ProxySettings | None = None, store: Any = None, **kw: Any) -> Api:
         app = create_app(
             settings or fast_settings(), store=store if store is not None else FileStore(None), **kw
         )
-        return Api(await aiohttp_client(app))
+        server = create_server(app)
+        await server.start("127.0.0.1", 0)
+        client = LeanClient(app, server)
+        clients.append(client)
+        return Api(client)
 
-    return make
+    yield make
+    for client in clients:
+        await client.close()
+
+
+@pytest.fixture
+async def two(make_api, fake_nodes):
+    """A proxy with one state node (window 128) and one archive node, heads at 1000."""
+    state = await fake_nodes("state-1", "state")
+    archive = await fake_nodes("archive-1", "archive")
+    api = await make_api()
+    await api.add("1337", state)
+    await api.add("1337", archive)
+    await api.heads_known("1337")
+    return api, state, archive

@@ -171,3 +171,22 @@ async def test_credentials_in_the_url_are_sent_as_basic_auth(server) -> None:
     assert b"\r\nAuthorization: Basic dXNAZXI6cDpzcw==\r\n" in seen[0]
     assert b"Host: 127.0.0.1:" in seen[0] and b"@" not in seen[0].split(b"\r\n")[1]
     pool.close()
+
+
+async def test_slots_are_handed_over_and_a_cancelled_waiter_does_not_keep_one(server) -> None:
+    url, _ = await server(lambda req: b"" if b"hold" in req else fixed(b"ok"))
+    pool = HostPool(url, limit=1)
+    holder = asyncio.create_task(pool.post(b"hold"))  # takes the only slot, never answered
+    await asyncio.sleep(0.05)
+    waiter = asyncio.create_task(pool.post(b"x"))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()  # waits for the slot
+    waiter.cancel()
+    holder.cancel()
+    for task in (waiter, holder):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert await asyncio.wait_for(pool.post(b"x"), 2) == (200, b"ok")  # the slot is free
+    queued = [asyncio.create_task(pool.post(b"x")) for _ in range(5)]
+    assert await asyncio.gather(*queued) == [(200, b"ok")] * 5  # one at a time, all served
+    pool.close()

@@ -11,30 +11,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from proxy.store_file import FileStore
-from tests.proxy.conftest import fast_settings, wait_until
+from tests.proxy.conftest import ADDR, balance, fast_settings, req, wait_until
 from tests.proxy.fakes import FakeNode, block_hash
-
-ADDR = "0x" + "11" * 20
-
-
-def req(method: str, params=None, rid=1) -> dict:
-    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params or []}
-
-
-def balance(block: str = "latest", rid=1) -> dict:
-    return req("eth_getBalance", [ADDR, block], rid)
-
-
-@pytest.fixture
-async def two(make_api, fake_nodes):
-    """A proxy with one state node (window 128) and one archive node, heads at 1000."""
-    state = await fake_nodes("state-1", "state")
-    archive = await fake_nodes("archive-1", "archive")
-    api = await make_api()
-    await api.add("1337", state)
-    await api.add("1337", archive)
-    await api.heads_known("1337")
-    return api, state, archive
 
 
 def served_by(answer: dict) -> str:
@@ -488,7 +466,7 @@ async def test_version_key_routes_chain_to_versioned_pool(make_api, fake_nodes) 
 
 async def test_metrics_client_ids_and_access_log(two, caplog) -> None:
     api, _, _ = two
-    api.proxy.metrics._top_n = 2
+    api.proxy.metrics.hot.top_n = 2
     headers = {"x-vendor-biz": "biz", "x-vendor-source": "src", "x-vendor-env": "prod"}
     with caplog.at_level(logging.INFO, logger="chainstate.proxy.access"):
         for cid in ("alpha", "beta", "gamma", "delta"):

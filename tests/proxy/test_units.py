@@ -422,3 +422,21 @@ def test_lagging_heads_do_not_refuse_an_item(selector: Selector) -> None:
     behind.entry = NodeEntry(key="behind", url="http://behind", kind="state", enabled=False)
     with pytest.raises(NoEligibleNode):
         selector.choose(pool, "eth_getBalance", SPEC, BlockRef(number=950))
+
+
+def test_candidates_change_only_at_the_breakpoints(selector: Selector) -> None:
+    """A batch chooses once per range of heights between breakpoints: check that every height
+    of a range really has the same candidates as its first height."""
+    state = node("s", "state", head=1000)
+    state.earliest = 900
+    lagging = node("l", "state", head=990)
+    archive = node("a", "archive", head=1000)
+    archive.earliest = 0
+    pool = pool_with(state, lagging, archive)
+    points = selector.breakpoints(pool, pool.head())
+    assert points == [0, 873, 900, 991, 1001]  # 873: the state window, up to head 1000
+    for lo, hi in zip([0, *points], [*points, 1010], strict=True):
+        first = selector.candidates(pool, "eth_getBalance", SPEC, BlockRef(number=lo))[0]
+        for height in range(lo, hi):
+            ref = BlockRef(number=height)
+            assert selector.candidates(pool, "eth_getBalance", SPEC, ref)[0] == first, height

@@ -1,0 +1,767 @@
+"""The lean HTTP/1.1 server of every JSON-RPC data port: proxy, state node, write node, checker.
+
+Why our own server: on this project's machines aiohttp's server layer (request objects, URL
+dispatch, header multidicts, response writers) cost more CPU per request than the proxy's whole
+routing engine (docs/http-server.md has the side-by-side figures with uvicorn and granian).
+Here llhttp (through httptools) parses on a raw `asyncio.Protocol`; a route handler gets the
+method, path, headers and body of a request and returns `(status, body)`; the answer is one
+prebuilt head and one write.
+
+Everything a data port does not answer itself (admin API, `/metrics`, `/health`, later
+WebSocket upgrades) goes to an aiohttp application on the same loop: at that request's
+boundary the connection is handed to aiohttp's own server protocol (the request head is
+rebuilt from the parsed parts and the body streamed after it, until the connection can be
+given to aiohttp as it is), so those paths keep every aiohttp behaviour. The connection then
+stays with aiohttp.
+
+HTTP done here (tests/common/test_httpserver.py drives each case on a real socket):
+keep-alive; pipelined requests answered in order; Content-Length and chunked bodies;
+`Expect: 100-continue`; HTTP/1.0 (closed unless keep-alive); a body limit (413 with a
+JSON-RPC error, for chunked bodies too, without reading the rest) and a head limit (431); a
+read timeout for a started request (a slowloris client gets 408) and an idle timeout for
+keep-alive connections, both checked by one sweep per second instead of a timer per request;
+a connection cap (the longest-idle connections are closed to make room, so new clients are
+still served); a client that half-closes after a full request still gets its answer; a
+graceful close that stops accepting, closes idle connections and finishes requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import resource
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from email.utils import formatdate
+from typing import Any
+
+import httptools
+import orjson
+
+from chainstate.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, cut
+
+log = logging.getLogger(__name__)
+
+# A handler answers (status, body) with a JSON body (b"" with 204), or just the body (200, or
+# 204 when empty). It may be a plain function (answered at once, no task) or a coroutine
+# function.
+Response = tuple[int, bytes] | bytes
+Handler = Callable[["Request"], Awaitable[Response] | Response]
+# (method, path without the query) → the handler, or None for the fallback application.
+Router = Callable[[bytes, bytes], Handler | None]
+
+MAX_PIPELINE = 64  # requests of one connection in flight before its reading pauses
+LINGER_SECONDS = 2.0  # after refusing a request: reading (and dropping) input, then closing
+_REASONS = {
+    200: "OK",
+    204: "No Content",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    413: "Payload Too Large",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+def _status_line(status: int) -> bytes:
+    return f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n".encode()
+
+
+_JSON = b"Content-Type: application/json\r\n"
+_JSON_HEAD = {status: _status_line(status) + _JSON for status in _REASONS}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_KEEP_ALIVE = b"Connection: keep-alive\r\n"
+_CLOSE = b"Connection: close\r\n"
+
+
+def error_body(code: int, message: str) -> bytes:
+    """A JSON-RPC error answer without an id (the request itself could not be read)."""
+    return orjson.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """The limits of one listener. Each is a named setting of the component that serves it;
+    docs/http-server.md lists them with these defaults."""
+
+    max_body: int = 10 * 1024 * 1024  # bytes of one request body; larger → 413
+    body_limit_name: str = "max_body_bytes"  # the setting the 413 message names
+    max_head: int = 64 * 1024  # bytes of request line and headers; larger → 431
+    idle_timeout: float = 60.0  # seconds a keep-alive connection may wait for its next request
+    read_timeout: float = 30.0  # seconds from a request's first byte to its last, else 408
+    max_connections: int = 0  # open client connections; 0: 3/4 of the descriptor limit
+    shutdown_timeout: float = 10.0  # seconds a graceful close waits for requests in flight
+
+    @classmethod
+    def from_section(cls, sect: dict[str, Any], what: str = "http") -> ServerLimits:
+        """Limits from a config table (`[http]` for the nodes' data ports): max_body_bytes,
+        max_head_bytes, idle_timeout, read_timeout, max_connections, shutdown_timeout."""
+        from chainstate.config import ConfigError
+
+        names = {
+            "max_body_bytes": "max_body",
+            "max_head_bytes": "max_head",
+            "idle_timeout": "idle_timeout",
+            "read_timeout": "read_timeout",
+            "max_connections": "max_connections",
+            "shutdown_timeout": "shutdown_timeout",
+        }
+        values: dict[str, Any] = {}
+        for name, value in sect.items():
+            field = names.get(name)
+            if field is None:
+                raise ConfigError(f"[{what}] unknown setting {name!r}; known: {sorted(names)}")
+            least = 0 if name == "max_connections" else 1e-9
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"[{what}] {name} must be a positive number, got {value!r}")
+            values[field] = value
+        return cls(**values)
+
+    def connection_cap(self) -> int:
+        if self.max_connections > 0:
+            return self.max_connections
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return 65536
+        return max(16, soft * 3 // 4)
+
+
+class Headers:
+    """The headers of a request: `get(name)`, case-insensitive (the last one of a name wins)."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: dict[bytes, bytes]) -> None:
+        self._raw = raw
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        value = self._raw.get(name.lower().encode("latin-1"))
+        return default if value is None else value.decode("latin-1")
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower().encode("latin-1") in self._raw
+
+
+class Request:
+    """One complete request as a handler sees it."""
+
+    __slots__ = ("body", "headers", "method", "path", "query")
+
+    def __init__(
+        self, method: bytes, path: bytes, query: bytes, headers: Headers, body: bytes
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+
+
+class _Slot:
+    """One answer in a connection's ordered queue (`data` is None until it is ready)."""
+
+    __slots__ = ("close", "data")
+
+    def __init__(self, data: bytes | None = None, close: bool = False) -> None:
+        self.data = data
+        self.close = close
+
+
+class _Refused(Exception):
+    """Raised inside a parser callback to stop parsing a refused request."""
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: parses requests, runs their handlers, writes answers in order."""
+
+    __slots__ = (
+        "body",
+        "body_size",
+        "chunked",
+        "closing",
+        "eof",
+        "fallback",
+        "forward",
+        "forwarding",
+        "handler",
+        "head_size",
+        "headers",
+        "idle_since",
+        "in_head",
+        "in_message",
+        "lingering",
+        "method",
+        "parser",
+        "path",
+        "paused",
+        "pending",
+        "query",
+        "server",
+        "started",
+        "transport",
+        "url",
+        "write_paused",
+    )
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.pending: deque[_Slot] = deque()
+        self.url = b""
+        self.method = b""
+        self.path = b""
+        self.query = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.handler: Handler | None = None
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.head_size = 0
+        self.in_head = False
+        self.in_message = False
+        self.chunked = False
+        self.started = 0.0
+        self.idle_since = time.monotonic()
+        self.closing = False  # no further requests are read; close once the answers are out
+        self.eof = False  # the client shut down its sending side
+        self.lingering = 0.0  # > 0: a request was refused; input is dropped until then
+        self.paused = False
+        self.write_paused = False
+        self.fallback: asyncio.Protocol | None = None  # aiohttp's protocol after a hand-off
+        self.forwarding = False  # requests from here on go to the fallback
+        self.forward: list[bytes] = []  # forwarded bytes held until earlier answers are out
+
+    # ---- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.connection_made(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connection_lost(self)
+        if self.in_message and not self.lingering and not self.forwarding:
+            log.info(
+                "%s: client %s closed the connection during a request (%d body bytes read)",
+                self.server.name,
+                self._peer(),
+                self.body_size,
+            )
+        self.transport = None
+        self.pending.clear()
+        if self.fallback is not None:
+            self.fallback.connection_lost(exc)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        if self.forwarding:
+            return True  # the fallback answers, then closes on its keep-alive timeout
+        # Keep the write side open while answers are owed: a client that shut down its
+        # sending side after a whole request still gets the answer.
+        return bool(self.pending) and not self.in_message
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._set_reading()
+        if self.fallback is not None:
+            self.fallback.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._set_reading()
+        if self.fallback is not None:
+            self.fallback.resume_writing()
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering or (self.closing and not self.in_message):
+            return  # a refused request's body, or bytes after the last request read
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as exc:
+            self._upgrade(data[exc.args[0] :])
+        except httptools.HttpParserError as exc:
+            if self.lingering or self.closing:
+                return  # stopped on purpose (_Refused, or no more requests are read)
+            if self.forwarding:
+                self._flush_forward()
+                self._close()
+            else:
+                self._refuse(400, f"malformed HTTP request: {cut(str(exc))}")
+        else:
+            if self.in_head:  # llhttp keeps a partial head: bound what a client can make it hold
+                self.head_size += len(data)
+                if self.head_size > self.server.limits.max_head and not self.forwarding:
+                    limit = self.server.limits.max_head
+                    self._refuse(431, f"request head larger than {limit} bytes")
+            elif self.forwarding:
+                self._detach()
+
+    # ---- httptools callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self.closing:
+            raise _Refused  # after `Connection: close` (or while stopping): not read
+        self.in_message = self.in_head = True
+        self.started = self.server.now
+        self.head_size = 0
+        self.url = b""
+        self.headers = {}
+        self.body = []
+        self.body_size = 0
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.lower()
+        headers = self.headers
+        if key in headers:  # a repeated header: one comma-separated value (RFC 9110 5.3)
+            headers[key] += b", " + value
+        else:
+            headers[key] = value
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        parser = self.parser
+        headers = self.headers
+        self.method = method = parser.get_method()
+        self.path, _, self.query = self.url.partition(b"?")
+        if not self.forwarding:
+            fallback = self.server.fallback
+            upgrade = parser.should_upgrade()  # WebSocket, h2c: the fallback's (raw bytes)
+            if upgrade and fallback is None:
+                self._refuse(400, "protocol upgrades are not served here")
+                raise _Refused
+            handler = None if upgrade else self.server.route(method, self.path)
+            if handler is None and fallback is not None:
+                self._start_forwarding()
+            else:
+                self.handler = handler or self.server.not_found
+        if self.forwarding:
+            self.chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+            self._forward_head()
+            return
+        if b"host" not in headers and parser.get_http_version() == "1.1":
+            self._refuse(400, "an HTTP/1.1 request needs a Host header")
+            raise _Refused
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.server.limits.max_body:
+            self._refuse_too_large()
+        if b"expect" in headers:
+            self._expect(headers[b"expect"], length is not None and length != b"0")
+
+    def _expect(self, expect: bytes, has_body: bool) -> None:
+        """`Expect: 100-continue`: the client waits for this before it sends the body."""
+        has_body = has_body or b"transfer-encoding" in self.headers
+        if (
+            has_body
+            and expect.lower() == b"100-continue"
+            and self.parser.get_http_version() == "1.1"
+        ):
+            self._queue(_Slot(_CONTINUE))
+
+    def on_body(self, body: bytes) -> None:
+        if self.forwarding:
+            self._forward_bytes(b"%x\r\n%b\r\n" % (len(body), body) if self.chunked else body)
+            return
+        self.body_size += len(body)
+        if self.body_size > self.server.limits.max_body:
+            self._refuse_too_large()
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.in_message = False
+        if self.forwarding:
+            if self.chunked:
+                self._forward_bytes(b"0\r\n\r\n")
+            return
+        if self.transport is None:
+            return
+        headers = self.headers
+        keep_alive = self.parser.should_keep_alive() and not self.server.closing
+        if not keep_alive:
+            self.closing = True  # nothing after this request is read
+        # An HTTP/1.0 client keeps the connection only with `Connection: keep-alive`.
+        http10 = keep_alive and b"connection" in headers and self.parser.get_http_version() == "1.0"
+        body = self.body
+        raw = body[0] if len(body) == 1 else b"".join(body)
+        request = Request(self.method, self.path, self.query, Headers(headers), raw)
+        try:
+            result = self.handler(request)  # type: ignore[misc]
+        except Exception:
+            log.exception("%s: request handler failed", self.server.name)
+            result = (500, error_body(INTERNAL_ERROR, "internal error"))
+        pending = self.pending
+        answered = type(result) is tuple or type(result) is bytes
+        if answered and not pending:  # answered at once, nothing before it
+            if self.closing:
+                keep_alive = False
+            self.transport.write(self._render(result, keep_alive, http10))  # type: ignore[arg-type]
+            if keep_alive:
+                self._drained()
+            else:
+                self._close()
+            return
+        slot = _Slot(None, not keep_alive)
+        pending.append(slot)
+        if answered:
+            self._answer(slot, result, keep_alive, http10)  # type: ignore[arg-type]
+            return
+        if len(pending) >= MAX_PIPELINE:
+            self._set_reading()
+        self.server.loop.create_task(self._run(result, slot, keep_alive, http10))  # type: ignore[arg-type]
+
+    # ---- answers -------------------------------------------------------------------------
+
+    async def _run(
+        self, answer: Awaitable[Response], slot: _Slot, keep_alive: bool, http10: bool
+    ) -> None:
+        try:
+            result = await answer
+        except Exception:
+            log.exception("%s: request handler failed", self.server.name)
+            result = (500, error_body(INTERNAL_ERROR, "internal error"))
+        self._answer(slot, result, keep_alive, http10)
+
+    def _render(self, result: Response, keep_alive: bool, http10: bool) -> bytes:
+        if type(result) is bytes:
+            status, body = (200, result) if result else (204, b"")
+        else:
+            status, body = result  # type: ignore[misc]
+        conn = (_KEEP_ALIVE if http10 else b"") if keep_alive else _CLOSE
+        if status == 204:
+            return b"%b%b%b\r\n" % (_status_line(204), self.server.date, conn)
+        head = _JSON_HEAD.get(status) or _status_line(status) + _JSON
+        return b"%b%bContent-Length: %d\r\n%b\r\n%b" % (
+            head,
+            self.server.date,
+            len(body),
+            conn,
+            body,
+        )
+
+    def _answer(self, slot: _Slot, result: Response, keep_alive: bool, http10: bool) -> None:
+        pending = self.pending
+        if keep_alive and self.closing and pending and slot is pending[-1]:
+            keep_alive = False  # the last answer of a connection being shut down
+            slot.close = True
+        slot.data = self._render(result, keep_alive, http10)
+        if pending and pending[0] is slot:
+            self._write_ready()
+
+    def _queue(self, slot: _Slot) -> None:
+        pending = self.pending
+        pending.append(slot)
+        if slot.data is not None and pending[0] is slot:
+            self._write_ready()
+        elif len(pending) >= MAX_PIPELINE:
+            self._set_reading()
+
+    def _write_ready(self) -> None:
+        """Write the answers at the head of the queue that are ready, in request order."""
+        pending = self.pending
+        transport = self.transport
+        while pending and pending[0].data is not None:
+            slot = pending.popleft()
+            if transport is None:
+                continue
+            transport.write(slot.data)  # type: ignore[arg-type]
+            if slot.close:
+                pending.clear()
+                self._close()
+                return
+        if not pending:
+            self._drained()
+        elif self.paused:
+            self._set_reading()
+
+    def _drained(self) -> None:
+        """Every answer owed has been written."""
+        self.idle_since = time.monotonic()
+        if self.forward:
+            self._flush_forward()
+            self._set_reading()
+            self._detach()
+        elif (self.eof or self.server.closing) and not self.in_message:
+            self._close()
+        elif self.paused:
+            self._set_reading()
+
+    def _set_reading(self) -> None:
+        """Pause reading while the client does not read its answers, while too many of its
+        requests are in flight, or while forwarded bytes wait; resume when none holds."""
+        transport = self.transport
+        if transport is None or (self.fallback is not None and not self.forward):
+            return
+        pause = self.write_paused or len(self.pending) >= MAX_PIPELINE or bool(self.forward)
+        if pause != self.paused:
+            self.paused = pause
+            if pause:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer an error after the answers owed and close; until then input is dropped."""
+        slot = _Slot(None, True)
+        self.pending.append(slot)
+        self.lingering = self.server.now + LINGER_SECONDS
+        self.closing = True
+        self._answer(slot, (status, error_body(INVALID_REQUEST, message)), False, False)
+
+    def _refuse_too_large(self) -> None:
+        limits = self.server.limits
+        self._refuse(
+            413, f"request body larger than {limits.body_limit_name}={limits.max_body} bytes"
+        )
+        raise _Refused
+
+    def _close(self) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        if self.lingering and not self.eof and transport.can_write_eof():
+            # Stop writing but keep reading (and dropping) for a moment: closing with unread
+            # input makes the kernel reset the connection, which can destroy the answer.
+            with contextlib.suppress(OSError, RuntimeError):
+                transport.write_eof()
+                return
+        transport.close()
+
+    def _peer(self) -> str:
+        transport = self.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"
+
+    # ---- once a second, from the server's sweep ------------------------------------------
+
+    def is_idle(self) -> bool:
+        return not self.pending and not self.in_message and not self.forwarding
+
+    def sweep(self, now: float) -> None:
+        limits = self.server.limits
+        if self.lingering:
+            if now >= self.lingering and self.transport is not None:
+                self.transport.close()
+        elif self.forwarding:
+            return  # aiohttp keeps its own timeouts
+        elif self.in_message and now - self.started > limits.read_timeout:
+            self._refuse(408, f"request not complete within read_timeout={limits.read_timeout}s")
+        elif self.is_idle() and now - self.idle_since > limits.idle_timeout:
+            self._close()
+
+    def shut_down(self) -> None:
+        """Graceful close: an idle connection closes now, a busy one after its answers."""
+        if self.forwarding:
+            return  # the fallback's runner shuts its connections down
+        self.closing = True
+        if not self.pending and not self.in_message:
+            self._close()
+
+    # ---- hand-off to the fallback application ---------------------------------------------
+
+    def _start_forwarding(self) -> None:
+        """From this request on, the connection's requests go to the fallback application."""
+        self.forwarding = True
+        self.server.forwarding(self)
+        fallback = self.fallback = self.server.fallback_protocol()
+        fallback.connection_made(self.transport)  # type: ignore[arg-type]
+
+    def _forward_head(self) -> None:
+        parser = self.parser
+        version = parser.get_http_version().encode()
+        lines = [b"%b %b HTTP/%b\r\n" % (self.method, self.url, version)]
+        lines.extend(b"%b: %b\r\n" % pair for pair in self.headers.items())
+        lines.append(b"\r\n")
+        self._forward_bytes(b"".join(lines))
+
+    def _forward_bytes(self, data: bytes) -> None:
+        if self.pending or self.forward:
+            self.forward.append(data)  # earlier requests are not answered yet
+            self._set_reading()
+        elif self.fallback is not None:
+            self.fallback.data_received(data)
+
+    def _flush_forward(self) -> None:
+        data, self.forward = b"".join(self.forward), []
+        if data and self.fallback is not None:
+            self.fallback.data_received(data)
+
+    def _upgrade(self, rest: bytes) -> None:
+        """After an Upgrade request (WebSocket, h2c) the fallback reads the raw connection:
+        the rest of the bytes, and the request's body if it has one (llhttp stops at the
+        head of an Upgrade request)."""
+        if rest:
+            self._forward_bytes(rest)
+        self.in_message = False
+        self._detach()
+
+    def _detach(self) -> None:
+        """Give the transport to the fallback's protocol once nothing is held back here: no
+        answer owed, no forwarded bytes waiting, and no request half parsed."""
+        transport = self.transport
+        if self.forward or self.pending or self.in_message or transport is None:
+            return
+        if self.paused:
+            self.paused = False
+            transport.resume_reading()
+        transport.set_protocol(self.fallback)  # type: ignore[arg-type]
+        self.server.connection_lost(self)
+        self.transport = None
+        self.fallback = None
+
+
+class HttpServer:
+    """One listener: `await start(host, port)`, then `port`; `await close()` stops gracefully.
+
+    `route(method, path)` picks the handler of a request; None hands it to the `fallback`
+    aiohttp application (404 without one). Handlers answer `(status, body)`."""
+
+    def __init__(
+        self,
+        route: Router,
+        *,
+        limits: ServerLimits | None = None,
+        fallback: Any = None,
+        name: str = "http",
+    ) -> None:
+        self.route = route
+        self.limits = limits or ServerLimits()
+        self.fallback = fallback  # an aiohttp web.Application, or None
+        self.name = name
+        self.conns: set[_Connection] = set()  # served here (timeouts, cap, graceful close)
+        self.shims: set[_Connection] = set()  # forwarding to the fallback, not detached yet
+        self._all_closed: asyncio.Event | None = None
+        self.closing = False
+        self.now = time.monotonic()
+        self.date = b""
+        self._cap = self.limits.connection_cap()
+        self._server: asyncio.base_events.Server | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._runner: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    async def start(
+        self, host: str, port: int, *, reuse_port: bool = False, backlog: int = 1024
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        if self.fallback is not None:
+            from aiohttp import web
+
+            runner = web.AppRunner(
+                self.fallback,
+                access_log=None,
+                handle_signals=False,
+                shutdown_timeout=self.limits.shutdown_timeout,
+                keepalive_timeout=self.limits.idle_timeout,
+            )
+            await runner.setup()
+            self._runner = runner
+        self._tick()
+        try:
+            self._server = await self.loop.create_server(
+                lambda: _Connection(self),
+                host,
+                port,
+                backlog=backlog,
+                reuse_address=True,
+                reuse_port=reuse_port or None,
+            )
+        except BaseException:
+            await self.close()
+            raise
+
+    @property
+    def port(self) -> int:
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("server not started")
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        """Stop accepting, close idle connections, let requests in flight finish (at most
+        `shutdown_timeout` seconds), then close what is left."""
+        self.closing = True
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.conns):
+            conn.shut_down()
+        if self.conns:
+            self._all_closed = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._all_closed.wait(), self.limits.shutdown_timeout)
+        if self._runner is not None:
+            await self._runner.cleanup()  # aiohttp's connections (and its lifecycle)
+            self._runner = None
+        for conn in [*self.conns, *self.shims]:
+            if conn.transport is not None:
+                conn.transport.abort()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+            self._server = None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+    # ---- connections ----------------------------------------------------------------------
+
+    def connection_made(self, conn: _Connection) -> None:
+        transport = conn.transport
+        assert transport is not None
+        if len(self.conns) >= self._cap and not self._make_room():
+            transport.write(
+                b"%b%bContent-Length: 0\r\n%b\r\n" % (_status_line(503), self.date, _CLOSE)
+            )
+            transport.close()
+            return
+        self.conns.add(conn)
+
+    def connection_lost(self, conn: _Connection) -> None:
+        self.conns.discard(conn)
+        self.shims.discard(conn)
+        if self._all_closed is not None and not self.conns:
+            self._all_closed.set()
+
+    def forwarding(self, conn: _Connection) -> None:
+        """`conn` now carries the fallback's requests: aiohttp's timeouts and shutdown apply."""
+        self.conns.discard(conn)
+        self.shims.add(conn)
+        if self._all_closed is not None and not self.conns:
+            self._all_closed.set()
+
+    def _make_room(self) -> bool:
+        """At the connection cap: close the longest-idle connections (1/64 of them at once, so
+        a flood of new clients does not rescan every time). False when none is idle."""
+        idle = [c for c in self.conns if c.is_idle()]
+        if not idle:
+            return False
+        count = max(1, len(self.conns) // 64)
+        for conn in heapq.nsmallest(count, idle, key=lambda c: c.idle_since):
+            self.conns.discard(conn)
+            if conn.transport is not None:
+                conn.transport.close()
+        return True
+
+    def fallback_protocol(self) -> asyncio.Protocol:
+        return self._runner.server()
+
+    def not_found(self, request: Request) -> Response:
+        path = request.path.decode("latin-1")
+        return 404, error_body(INVALID_REQUEST, f"no such path: {cut(path)}")
+
+    def _tick(self) -> None:
+        """Once a second: the clock and the Date header every answer carries, and timeouts."""
+        self.now = now = time.monotonic()
+        self.date = b"Date: %b\r\n" % formatdate(usegmt=True).encode()
+        for conn in list(self.conns):
+            conn.sweep(now)
+        assert self.loop is not None
+        self._sweeper = self.loop.call_later(1.0, self._tick)

@@ -1,0 +1,429 @@
+"""The lean HTTP/1.1 server on a real socket: every edge case its docstring promises."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from chainstate.httpserver import HttpServer, Request, Response, ServerLimits
+from tests.conftest import raw_post
+
+CHUNKED = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+class Client:
+    """A raw connection: write bytes, read whole HTTP answers (Content-Length framed)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, port: int) -> Client:
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def answer(self, within: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers with lower-case names, body) of the next answer."""
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), within)
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        headers = {}
+        for line in lines[1:]:
+            if line:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))
+        body = await asyncio.wait_for(self.reader.readexactly(length), within) if length else b""
+        return status, headers, body
+
+    async def closed(self, within: float = 5.0) -> bool:
+        """True when the server closed the connection (EOF) within `timeout`."""
+        try:
+            return await asyncio.wait_for(self.reader.read(1), within) == b""
+        except (ConnectionError, TimeoutError):
+            return False
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def echo(request: Request) -> Response:
+    """Answers the request body (and a `delay` query makes it wait first)."""
+    if request.query.startswith(b"delay="):
+        await asyncio.sleep(float(request.query[6:]))
+    if request.body == b"boom":
+        raise RuntimeError("handler bug")
+    return 200, request.body
+
+
+def sync_echo(request: Request) -> Response:
+    return 200, request.body
+
+
+def route(method: bytes, path: bytes) -> Any:
+    if method == b"POST" and path == b"/":
+        return echo
+    if method == b"POST" and path == b"/sync":
+        return sync_echo
+    return None
+
+
+def fallback_app() -> web.Application:
+    async def hello(request: web.Request) -> web.Response:
+        return web.json_response({"from": "aiohttp", "path": request.path})
+
+    async def post_echo(request: web.Request) -> web.Response:
+        return web.Response(body=await request.read(), content_type="application/json")
+
+    async def ws(request: web.Request) -> web.WebSocketResponse:
+        sock = web.WebSocketResponse()
+        await sock.prepare(request)
+        async for msg in sock:
+            await sock.send_str("echo:" + msg.data)
+        return sock
+
+    app = web.Application()
+    app.router.add_get("/hello", hello)
+    app.router.add_get("/ws", ws)
+    app.router.add_post("/", post_echo)
+    return app
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[..., Any]]:
+    servers: list[HttpServer] = []
+
+    async def start(fallback: web.Application | None = None, **limits: Any) -> HttpServer:
+        server = HttpServer(route, limits=ServerLimits(**limits), fallback=fallback)
+        await server.start("127.0.0.1", 0)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.close()
+
+
+async def test_keep_alive_and_pipelining_answer_in_order(serve) -> None:
+    server = await serve()
+    client = await Client.open(server.port)
+    # The first request is the slowest: answers still come back in request order.
+    slow = b"POST /?delay=0.2 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\none"
+    await client.send(
+        slow
+        + raw_post(b"two")
+        + b"POST /sync HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nthree"
+    )
+    bodies = [(await client.answer())[2] for _ in range(3)]
+    assert bodies == [b"one", b"two", b"three"]
+    await client.send(raw_post(b"four"))  # still open: keep-alive
+    status, headers, body = await client.answer()
+    assert (status, body) == (200, b"four")
+    assert headers["content-type"] == "application/json" and "date" in headers
+    client.close()
+
+
+async def test_chunked_body_and_expect_continue(serve) -> None:
+    server = await serve()
+    client = await Client.open(server.port)
+    await client.send(CHUNKED + b"4\r\n[1,2\r\n3\r\n,3]\r\n0\r\n\r\n")
+    assert (await client.answer())[2] == b"[1,2,3]"
+    # Expect: 100-continue: the body is sent only after the interim answer.
+    await client.send(
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n"
+    )
+    interim = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 5)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    await client.send(b"{}")
+    assert (await client.answer())[:1] == (200,)
+    client.close()
+
+
+async def test_http10_closes_unless_keep_alive(serve) -> None:
+    server = await serve()
+    client = await Client.open(server.port)
+    await client.send(b"POST / HTTP/1.0\r\nContent-Length: 2\r\n\r\nok")
+    status, headers, body = await client.answer()
+    assert (status, body, headers["connection"]) == (200, b"ok", "close")
+    assert await client.closed()
+    client = await Client.open(server.port)
+    await client.send(b"POST / HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\na")
+    status, headers, body = await client.answer()
+    assert headers["connection"] == "keep-alive"
+    await client.send(b"POST / HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\nb")
+    assert (await client.answer())[2] == b"b"
+    client.close()
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_oversize_body_is_413_with_a_jsonrpc_error(serve, chunked: bool) -> None:
+    server = await serve(max_body=100, body_limit_name="max_body_bytes")
+    client = await Client.open(server.port)
+    if chunked:
+        await client.send(CHUNKED + b"64\r\n" + b"x" * 100 + b"\r\n" + b"1\r\nx\r\n")
+    else:  # refused on the declared length, before any of the body is read
+        await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+    status, headers, body = await client.answer()
+    answer = orjson.loads(body)
+    assert status == 413 and headers["connection"] == "close"
+    assert answer["error"]["code"] == -32600 and answer["id"] is None
+    assert "max_body_bytes=100" in answer["error"]["message"]
+    assert await client.closed()
+    client.close()
+
+
+async def test_oversize_head_is_431(serve) -> None:
+    server = await serve(max_head=1024)
+    client = await Client.open(server.port)
+    await client.send(b"POST / HTTP/1.1\r\nHost: x\r\n")
+    for _ in range(10):
+        await client.send(b"X-Filler: " + b"y" * 200 + b"\r\n")
+    status, _, body = await client.answer()
+    assert status == 431 and b"-32600" in body
+    client.close()
+
+
+async def test_http11_without_host_is_400(serve) -> None:
+    server = await serve()
+    client = await Client.open(server.port)
+    await client.send(b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+    status, _, body = await client.answer()
+    assert status == 400 and b"Host" in body
+
+
+async def test_malformed_request_is_400_and_a_handler_bug_500(serve) -> None:
+    server = await serve()
+    client = await Client.open(server.port)
+    await client.send(raw_post(b"boom"))
+    status, _, body = await client.answer()
+    assert status == 500 and orjson.loads(body)["error"]["code"] == -32603
+    await client.send(raw_post(b"after"))  # the connection survives a handler bug
+    assert (await client.answer())[2] == b"after"
+    await client.send(b"NOT HTTP AT ALL\r\n\r\n")
+    status, _, body = await client.answer()
+    assert status == 400 and orjson.loads(body)["error"]["code"] == -32600
+    assert await client.closed()
+
+
+async def test_unknown_path_without_fallback_is_404(serve) -> None:
+    server = await serve()
+    client = await Client.open(server.port)
+    await client.send(b"GET /" + b"z" * 5000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, _, body = await client.answer()
+    message = orjson.loads(body)["error"]["message"]
+    assert status == 404 and len(message) < 300  # the echoed path is cut
+
+
+async def test_slow_client_gets_408_and_others_are_served(serve) -> None:
+    server = await serve(read_timeout=0.3)
+    slow = await Client.open(server.port)
+    await slow.send(
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc"
+    )  # 7 bytes missing
+    fast = await Client.open(server.port)
+    await fast.send(raw_post(b"hi"))
+    assert (await fast.answer())[2] == b"hi"
+    status, _, body = await slow.answer(within=5)  # the sweep runs once a second
+    assert status == 408 and b"read_timeout" in body
+    assert await slow.closed()
+
+
+async def test_idle_connections_are_closed(serve) -> None:
+    server = await serve(idle_timeout=0.3)
+    client = await Client.open(server.port)
+    await client.send(raw_post(b"x"))
+    await client.answer()
+    assert await client.closed(within=5)
+
+
+async def test_connection_cap_closes_idle_ones_for_new_clients(serve) -> None:
+    server = await serve(max_connections=4)
+    idle = [await Client.open(server.port) for _ in range(4)]
+    for client in idle:  # each has had a request, and now waits
+        await client.send(raw_post(b"x"))
+        await client.answer()
+    late = [await Client.open(server.port) for _ in range(3)]
+    for client in late:
+        await client.send(raw_post(b"new"))
+        assert (await client.answer())[2] == b"new"
+    closed = [await c.closed(within=0.5) for c in idle]
+    assert sum(closed) == 3  # the three longest idle made room
+    assert len(server.conns) <= 4
+
+
+async def test_connection_cap_with_every_connection_busy_is_503(serve) -> None:
+    server = await serve(max_connections=2)
+    busy = [await Client.open(server.port) for _ in range(2)]
+    for client in busy:
+        await client.send(b"POST /?delay=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nb")
+    await asyncio.sleep(0.1)
+    extra = await Client.open(server.port)
+    status, headers, _ = await extra.answer()
+    assert status == 503 and headers["connection"] == "close"
+    for client in busy:  # the busy ones are still answered
+        assert (await client.answer())[2] == b"b"
+
+
+async def test_half_closed_client_still_gets_its_answers(serve) -> None:
+    server = await serve()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(
+        b"POST /?delay=0.1 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na" + raw_post(b"b")
+    )
+    sock.shutdown(socket.SHUT_WR)
+    sock.settimeout(5)
+    received = b""
+    while chunk := await asyncio.to_thread(sock.recv, 65536):
+        received += chunk
+    sock.close()
+    assert received.count(b"HTTP/1.1 200 OK") == 2 and received.endswith(b"b")
+
+
+async def test_graceful_close_finishes_requests_in_flight(serve) -> None:
+    server = await serve(shutdown_timeout=5)
+    port = server.port
+    idle = await Client.open(port)
+    await idle.send(raw_post(b"x"))
+    await idle.answer()
+    busy = await Client.open(server.port)
+    await busy.send(b"POST /?delay=0.3 HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nlast")
+    await asyncio.sleep(0.05)
+    closing = asyncio.create_task(server.close())
+    status, headers, body = await busy.answer()
+    assert (status, body, headers["connection"]) == (200, b"last", "close")
+    assert await idle.closed()
+    await closing
+    with pytest.raises(OSError):  # no longer accepting
+        await Client.open(port)
+
+
+async def test_aborted_upload_logs_one_quiet_line(serve, caplog) -> None:
+    server = await serve()
+    caplog.set_level(logging.INFO, logger="chainstate.httpserver")
+    client = await Client.open(server.port)
+    await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\npartial")
+    client.writer.transport.abort()
+    await asyncio.sleep(0.2)
+    lines = [r for r in caplog.records if r.name == "chainstate.httpserver"]
+    assert len(lines) == 1 and "during a request" in lines[0].getMessage()
+    assert lines[0].levelno == logging.INFO and lines[0].exc_info is None
+
+
+async def test_other_requests_go_to_the_fallback_app_in_order(serve) -> None:
+    server = await serve(fallback=fallback_app())
+    client = await Client.open(server.port)
+    # A lean request still in flight, then one for aiohttp, then a data request (which
+    # aiohttp answers too, once it owns the connection): answers keep the request order.
+    await client.send(
+        b"POST /?delay=0.2 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nfirst"
+        b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n" + raw_post(b"[3]")
+    )
+    assert (await client.answer())[2] == b"first"
+    status, _, body = await client.answer()
+    assert status == 200 and orjson.loads(body) == {"from": "aiohttp", "path": "/hello"}
+    assert (await client.answer())[2] == b"[3]"
+    # A chunked upload to aiohttp is passed on whole.
+    await client.send(CHUNKED + b"2\r\n[4\r\n1\r\n]\r\n0\r\n\r\n")
+    assert (await client.answer())[2] == b"[4]"
+    client.close()
+
+
+async def test_websocket_upgrade_is_handed_to_the_fallback(serve) -> None:
+    server = await serve(fallback=fallback_app())
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(f"http://127.0.0.1:{server.port}/ws") as ws,
+    ):
+        await ws.send_str("ping")
+        assert (await ws.receive(timeout=5)).data == "echo:ping"
+    assert not server.conns and not server.shims  # the connection went to aiohttp for good
+
+
+async def test_nothing_after_a_connection_close_request_is_read(serve) -> None:
+    server = await serve()
+    client = await Client.open(server.port)
+    await client.send(raw_post(b"last", b"Connection: close\r\n") + raw_post(b"ignored"))
+    _, headers, body = await client.answer()
+    assert (body, headers["connection"]) == (b"last", "close")
+    assert await client.closed()
+
+
+async def test_graceful_close_lets_a_request_being_sent_finish(serve) -> None:
+    server = await serve(shutdown_timeout=5)
+    client = await Client.open(server.port)
+    await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhal")
+    await asyncio.sleep(0.05)
+    closing = asyncio.create_task(server.close())
+    await asyncio.sleep(0.05)
+    await client.send(b"f.")
+    status, headers, body = await client.answer()
+    assert (status, body, headers["connection"]) == (200, b"half.", "close")
+    await closing
+
+
+H2C = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQ\r\n"
+
+
+async def test_upgrades_are_the_fallbacks_or_refused(serve) -> None:
+    server = await serve()
+    client = await Client.open(server.port)
+    await client.send(raw_post(b"one", H2C))
+    status, _, body = await client.answer()
+    assert status == 400 and b"upgrade" in body
+    # With a fallback, aiohttp answers it in HTTP/1.1, body included.
+    server = await serve(fallback=fallback_app())
+    client = await Client.open(server.port)
+    await client.send(raw_post(b"[1]", H2C))
+    assert (await client.answer())[2] == b"[1]"
+
+
+SERVE_WITH_FEW_FDS = """
+import asyncio, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+from chainstate.httpserver import HttpServer
+
+async def main():
+    server = HttpServer(lambda method, path: lambda request: (200, b"ok"))
+    await server.start("127.0.0.1", 0)
+    print(server.port, flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_idle_connections_past_the_fd_limit_do_not_lock_new_clients_out() -> None:
+    """The report: with 1024 descriptors, 1,500 idle connections left 0 of 29 new clients
+    answered. Here 256 descriptors (default cap: 192 connections) and 300 idle ones."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SERVE_WITH_FEW_FDS, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        port = int(await asyncio.wait_for(proc.stdout.readline(), 15))  # type: ignore[union-attr]
+        idle = [await Client.open(port) for _ in range(300)]
+        for client in idle[-50:]:  # the newest had a request (the oldest were closed to make room)
+            await client.send(raw_post(b"x"))
+            await client.answer()
+        for _ in range(29):
+            client = await Client.open(port)
+            await client.send(raw_post(b"new"))
+            assert (await client.answer())[:1] == (200,)
+            client.close()
+        for client in idle:
+            client.close()
+    finally:
+        proc.kill()
+        await proc.wait()
