@@ -298,7 +298,8 @@ async def run_proxy_target(settings: Settings, workdir: Path, log: Any) -> dict[
     await fake.start()
     port = free_port()
     config = await asyncio.to_thread(proxy_config, workdir, port, fake.url, settings)
-    cmd = [sys.executable, "-m", "bench.wsheads", "--serve-proxy", str(config)]
+    cmd = [sys.executable, "-m", "chainstate.cli", "proxy", "--config", str(config)]
+    cmd += ["--store", ":memory:"]
     if shutil.which("taskset"):
         cmd = ["taskset", "-c", settings.proxy_cpus, *cmd]
     proc = await asyncio.create_subprocess_exec(*cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -452,35 +453,6 @@ def report(results: dict[str, Any]) -> str:
         ratio = proxy["spread_ms_p99"] / results["anvil"]["spread_ms_p99"]
         rows.append(f"spread p99 ratio proxy/anvil: {ratio:.2f}")
     return "\n".join(rows)
-
-
-def serve_proxy(config_path: str) -> None:
-    """The proxy process of the benchmark: `chainstate proxy` with its events part."""
-    from chainstate.config import load_config
-    from chainstate.runner import run as run_loop
-    from chainstate.runner import start_site, wait_for_stop
-    from proxy.app import create_app
-    from proxy.events import attach
-    from proxy.eventsettings import EventSettings
-    from proxy.settings import ProxySettings
-    from proxy.store_file import FileStore
-
-    config = load_config(config_path)
-
-    async def main() -> None:
-        settings = ProxySettings.from_config(config)
-        app = create_app(settings, store=FileStore(None))
-        attach(app, EventSettings.from_config(config), None)
-        async with contextlib.AsyncExitStack() as stack:
-            await start_site(stack, app, settings.host, settings.port)
-            await wait_for_stop()
-
-    run_loop(main)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--serve-proxy":
-        serve_proxy(sys.argv[2])
 
 
 def add_ws_heads_parser(sub: Any) -> None:

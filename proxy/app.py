@@ -1,7 +1,8 @@
 """The proxy's aiohttp application: data path, metrics, admin API and their lifecycle.
 
 `create_app` builds every part once per app (no globals): the routing state fed by the store,
-the upstream session, the selector, the engine, the head tracker and the mirror workers.
+the upstream session, the selector, the engine, the head tracker, the mirror workers and the
+events part (filters, WebSocket subscriptions: proxy/events.py, docs/events.md).
 Background work starts and stops through `cleanup_ctx`.
 """
 
@@ -21,6 +22,8 @@ from chainstate.inproc import InprocRegistry
 from chainstate.rpcserver import read_body
 from proxy.admin import AdminApi
 from proxy.engine import Engine
+from proxy.events import Events
+from proxy.eventsettings import EventSettings
 from proxy.health import HeadTracker
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
@@ -50,6 +53,7 @@ class Proxy:
     tracker: HeadTracker
     sync: StoreSync
     admin: AdminApi
+    events: Events  # the data path's entry: filter/subscription methods, else the engine
 
     @classmethod
     def build(
@@ -58,6 +62,7 @@ class Proxy:
         store: ConfigStore,
         registry: InprocRegistry | None,
         tracer: trace.Tracer | None,
+        event_settings: EventSettings,
     ) -> Proxy:
         s = settings
         real_tracer = None if tracer is None or isinstance(tracer, trace.NoOpTracer) else tracer
@@ -85,8 +90,22 @@ class Proxy:
         )
         sync = StoreSync(store, state, s)
         admin = AdminApi(s, state, store, engine, tracker)
+        events = Events.for_engine(
+            event_settings, s, engine, lambda: state.pools, registry, metrics.registry
+        )
         return cls(
-            s, state, store, upstream, selector, metrics, mirrors, engine, tracker, sync, admin
+            s,
+            state,
+            store,
+            upstream,
+            selector,
+            metrics,
+            mirrors,
+            engine,
+            tracker,
+            sync,
+            admin,
+            events,
         )
 
     async def lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
@@ -98,8 +117,10 @@ class Proxy:
                 raise ConfigError(f"[proxy] {exc}") from None
             await self.mirrors.start()
             await self.tracker.start()
+            await self.events.start()
             yield
         finally:
+            await self.events.close()
             await self.tracker.close()
             await self.mirrors.close()
             await self.sync.close()
@@ -135,14 +156,14 @@ def server_limits(settings: ProxySettings) -> ServerLimits:
 def _data_handler(proxy: Proxy):
     """`POST /:chainId` for connections aiohttp already serves (after an admin call on the
     same connection); the lean server answers it otherwise (`create_server`)."""
-    engine = proxy.engine
+    events = proxy.events
     limits = server_limits(proxy.settings)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await read_body(request, limits)
         if isinstance(body, web.Response):
             return body
-        status, out = await engine.handle(request.match_info["chain"], body, request.headers)
+        status, out = await events.handle(request.match_info["chain"], body, request.headers)
         if status == 204:
             return web.Response(status=204)
         return web.Response(status=status, body=out, content_type=JSON)
@@ -152,13 +173,13 @@ def _data_handler(proxy: Proxy):
 
 def create_server(app: web.Application) -> HttpServer:
     """The proxy's data listener: the lean server answers `POST /:chainId` itself and hands
-    every other request (admin API, /metrics) to `app`, which owns the lifecycle (it starts
-    with the server and stops after it)."""
+    every other request (admin API, /metrics, WebSocket upgrades) to `app`, which owns the
+    lifecycle (it starts with the server and stops after it)."""
     proxy = app[PROXY]
-    engine = proxy.engine
+    events = proxy.events
 
     def data(request: Request) -> Awaitable[Response]:  # the engine's coroutine, unwrapped
-        return engine.handle(request.path[1:].decode("latin-1"), request.body, request.headers)
+        return events.handle(request.path[1:].decode("latin-1"), request.body, request.headers)
 
     def route(method: bytes, path: bytes) -> Any:
         # One path segment: `/1337`, `/0x539`, `/1337-blue`; %-escapes go to aiohttp, which
@@ -187,10 +208,14 @@ def create_app(
     store: ConfigStore,
     registry: InprocRegistry | None = None,
     tracer: trace.Tracer | None = None,
+    events: EventSettings | None = None,
 ) -> web.Application:
-    """The proxy app: `POST /:chainId`, `GET /metrics`, and the admin API unless
-    `settings.admin_port` puts it on its own listener (then use `create_admin_app`)."""
-    proxy = Proxy.build(settings, store, registry, tracer)
+    """The proxy app: `POST /:chainId`, `GET /metrics`, the admin API unless
+    `settings.admin_port` puts it on its own listener (then use `create_admin_app`), and
+    `GET /:chainId` with an Upgrade: the WebSocket endpoint (`events`: `[proxy.events]`,
+    `EventSettings.from_config`; defaults when None)."""
+    events = events if events is not None else EventSettings()
+    proxy = Proxy.build(settings, store, registry, tracer, events)
     # Bodies over the limit are refused by the handler with a JSON-RPC error, not by aiohttp.
     app = web.Application(client_max_size=settings.max_body_bytes + 1024)
     app[PROXY] = proxy
@@ -199,6 +224,9 @@ def create_app(
     app.router.add_get("/metrics", _metrics_handler(proxy))
     if settings.admin_port is None:
         app.router.add_routes(proxy.admin.routes())
+    # After the admin API's one-segment GETs (`/getChains`): the lean server hands every
+    # Upgrade request to this app, whatever its path.
+    app.router.add_get("/{chain}", proxy.events.websocket)
     app.cleanup_ctx.append(proxy.lifecycle)
     return app
 

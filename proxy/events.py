@@ -7,15 +7,16 @@ A body without them goes to the engine untouched (one substring test decides). I
 the other items go to the engine as one sub-batch and the answers are put back in order.
 
 `Events.websocket(request)` is the aiohttp handler of `GET /:chainId` with an Upgrade: the
-same path as `POST /:chainId` (ws://127.0.0.1:8663/1337). Connections are counted per client
-address and in total, each against a named limit.
+same port and path as `POST /:chainId` (ws://127.0.0.1:8663/1337); the lean data server hands
+every Upgrade request to the aiohttp app on the same loop (docs/http-server.md). Connections
+are counted per client address and in total, each against a named limit.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -39,6 +40,10 @@ from proxy.eventsettings import EventSettings
 from proxy.filters import Filters
 from proxy.model import Pool
 from proxy.subscriptions import Session
+
+if TYPE_CHECKING:
+    from proxy.engine import Engine
+    from proxy.settings import ProxySettings
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +105,29 @@ class Events:
             registry=metrics,
         )
         metrics.register(_Gauges(self))
+
+    @classmethod
+    def for_engine(
+        cls,
+        settings: EventSettings,
+        proxy: ProxySettings,
+        engine: Engine,
+        pools: Callable[[], dict[str, Pool]],
+        registry: InprocRegistry | None,
+        metrics: CollectorRegistry,
+    ) -> Events:
+        """The events part of a proxy app (proxy/app.py): in front of `engine`, with the
+        proxy's batch and message limits."""
+        return cls(
+            settings,
+            engine.handle,
+            engine.resolve,
+            pools,
+            registry=registry,
+            metrics=metrics,
+            max_batch=proxy.max_batch_items,
+            max_message_bytes=proxy.max_body_bytes,
+        )
 
     # lifecycle -------------------------------------------------------------------------
 
@@ -335,39 +363,6 @@ class Events:
             self.per_client[client] = left
         else:
             self.per_client.pop(client, None)
-
-
-def attach(
-    app: web.Application, settings: EventSettings, registry: InprocRegistry | None
-) -> Events:
-    """Give a proxy app (proxy/app.py `create_app`) its events part: the filter methods on
-    the data path, WebSocket upgrades on `GET /:chainId`, started and stopped with the app.
-    The engine's `handle` is replaced on the instance, so every caller of it (the data
-    handler, in-process users) gets the filter methods too."""
-    from proxy.app import PROXY
-
-    proxy = app[PROXY]
-    engine = proxy.engine
-    events = Events(
-        settings,
-        engine.handle,
-        engine.resolve,
-        lambda: proxy.state.pools,
-        registry=registry,
-        metrics=proxy.metrics.registry,
-        max_batch=proxy.settings.max_batch_items,
-        max_message_bytes=proxy.settings.max_body_bytes,
-    )
-    engine.handle = events.handle  # type: ignore[method-assign]
-    app.router.add_get("/{chain}", events.websocket)
-
-    async def lifecycle(_app: web.Application) -> AsyncIterator[None]:
-        await events.start()
-        yield
-        await events.close()
-
-    app.cleanup_ctx.append(lifecycle)
-    return events
 
 
 class _AiohttpTransport:

@@ -1,7 +1,7 @@
 """Real client libraries watch events through the proxy, as dapps do, during a 30-block run.
 
 The whole stack runs as a user runs it (anvil with a 0.25 s block time, write nodes, state
-nodes, the proxy; tests/e2e/events_up.py). An OpenZeppelin ERC20 is deployed, then every
+nodes, the proxy: `chainstate up`). An OpenZeppelin ERC20 is deployed, then every
 watcher starts, then 30 transfers are sent one per block. Each watcher must report every
 Transfer exactly once, in chain order, as anvil lists them:
 
@@ -51,10 +51,6 @@ HOLDERS = [
 pytestmark = pytest.mark.timeout(300)
 
 
-class EventsUp(Stack):
-    COMMAND = ("-m", "tests.e2e.events_up")
-
-
 @pytest.fixture(scope="module")
 def node_modules() -> Path:
     ensure_npm_package("ethers", ETHERS_VERSION)
@@ -67,7 +63,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     config, ports = write_config(tmp_path_factory.mktemp("events-clients"))
     text = re.sub(r"^block_time = .*$", "block_time = 0.25", config.read_text(), flags=re.M)
     config.write_text(text + "\n[proxy.events]\npoll_interval = 0.02\n")
-    running = EventsUp(config, ports)
+    running = Stack(config, ports)
     running.start()
     yield running
     assert running.stop() == 0, "".join(running.output)

@@ -21,7 +21,6 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from chainstate.inproc import InprocRegistry
@@ -30,8 +29,7 @@ from nodes.devnet.rpc import EthClient
 from nodes.devnet.workload import WorkloadRecord, erc20_transfer_data, run_workload
 from nodes.state.service import StateNode
 from nodes.writer.service import WriterNode
-from proxy.app import create_app
-from proxy.events import attach
+from proxy.app import create_app, create_server
 from proxy.eventsettings import EventSettings
 from proxy.settings import ProxySettings, SeedNode, SeedWriter
 from proxy.store_file import FileStore
@@ -112,15 +110,19 @@ async def chain(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Chain
             ),
             writers=(SeedWriter("1337", "w", "inproc://w", leader=True),),
         )
-        app = create_app(settings, store=FileStore(None), registry=registry)
-        attach(app, EventSettings(poll_interval=0.02), registry)
-        server = TestServer(app)
+        app = create_app(
+            settings,
+            store=FileStore(None),
+            registry=registry,
+            events=EventSettings(poll_interval=0.02),
+        )
+        server = create_server(app)  # the data port as `chainstate proxy` serves it
         eth = EthClient(anvil.url)
         await writer.start()
         for node in nodes:
             await node.start()
-        await server.start_server()
-        url = str(server.make_url("")).rstrip("/")
+        await server.start("127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.port}"
         proxy = EthClient(url + "/1337")
         try:
             record = await run_workload(anvil.url)

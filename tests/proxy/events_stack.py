@@ -2,7 +2,8 @@
 
 A synthetic chain with logs (tests/nodes/test_state_logs.py) is served as a write node
 would serve it; a real state node ingests it in process; the proxy routes to that node and
-has its events part (filters, WebSocket) attached the way the proxy app attaches it. Tests
+is served as `chainstate proxy` serves it: the lean data server on a loopback port, which
+answers `POST /1337` and hands WebSocket upgrades to the aiohttp app on the same port. Tests
 grow the chain (`add_blocks`) or reorganise it (`reorg`) and wait for the proxy's feed.
 """
 
@@ -16,12 +17,12 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp.test_utils import TestServer
 
+from chainstate.httpserver import HttpServer
 from chainstate.inproc import InprocRegistry
 from nodes.state.service import StateNode
-from proxy.app import create_app
-from proxy.events import Events, attach
+from proxy.app import create_app, create_server, get_proxy
+from proxy.events import Events
 from proxy.eventsettings import EventSettings
 from proxy.settings import ProxySettings, SeedNode
 from proxy.store_file import FileStore
@@ -38,13 +39,13 @@ class EventsStack:
     accounts: list[str]
     source: ChainSource
     node: StateNode
-    server: TestServer
+    server: HttpServer
     events: Events
     rng: random.Random
 
     @property
     def url(self) -> str:
-        return str(self.server.make_url("/1337"))
+        return f"http://127.0.0.1:{self.server.port}/1337"
 
     @property
     def ws_url(self) -> str:
@@ -127,10 +128,15 @@ async def start_stack(
         nodes=(SeedNode("1337", "state-1", "inproc://state-1", "state"),),
         **(proxy or {}),
     )
-    app = create_app(settings, store=FileStore(None), registry=registry)
-    stack_events = attach(app, EventSettings.from_table({**FAST_EVENTS, **events}), registry)
-    server = TestServer(app)
-    await server.start_server()
+    app = create_app(
+        settings,
+        store=FileStore(None),
+        registry=registry,
+        events=EventSettings.from_table({**FAST_EVENTS, **events}),
+    )
+    server = create_server(app)
+    await server.start("127.0.0.1", 0)
+    stack_events = get_proxy(app).events
     return EventsStack(chain, accounts, source, node, server, stack_events, random.Random(seed))
 
 

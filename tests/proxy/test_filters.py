@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from chainstate.logfilter import parse_filter
@@ -160,6 +161,29 @@ async def test_filter_methods_in_a_batch_with_routed_reads(stack: EventsStack) -
     assert answers[3]["result"] is True
     assert answers[4]["result"] == "0x539"
     assert answers[5]["error"]["code"] == -32600  # a bad id, as the engine answers it
+
+
+async def test_filter_methods_on_a_connection_aiohttp_serves(stack: EventsStack) -> None:
+    """A connection that carried an admin call is served by the aiohttp app from then on
+    (docs/http-server.md): the filter methods answer there as on the lean data path."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as http:
+        base = stack.url.rsplit("/", 1)[0]
+        async with http.get(base + "/getChains") as resp:
+            assert resp.status == 200
+        new = {"jsonrpc": "2.0", "id": 1, "method": "eth_newBlockFilter", "params": []}
+        async with http.post(stack.url, json=new) as resp:
+            fid = (await resp.json())["result"]
+        body = {"jsonrpc": "2.0", "id": 1, "method": "eth_getFilterChanges", "params": [fid]}
+        async with http.post(stack.url, json=body) as resp:
+            assert (await resp.json())["result"] == []
+        start = stack.chain.head + 1
+        await stack.add_blocks(2)
+        batch = [body, {"jsonrpc": "2.0", "id": 2, "method": "eth_chainId", "params": []}]
+        async with http.post(stack.url, json=batch) as resp:
+            answers = await resp.json()
+        assert answers[0]["result"] == block_hashes(stack, start)
+        assert answers[1]["result"] == "0x539"
+        assert len(stack.server.conns) == 0  # the one connection was aiohttp's
 
 
 async def test_the_feed_asks_for_fewer_blocks_when_the_node_limits_logs(tmp_path: Path) -> None:

@@ -221,7 +221,7 @@ async def test_a_slow_consumer_is_disconnected_with_the_reason(tmp_path: Path) -
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, (stack.server.host, stack.server.port))
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", stack.server.port))
         reader, writer = await asyncio.open_connection(sock=sock, limit=4096)
         key = base64.b64encode(os.urandom(16)).decode()
         writer.write(
