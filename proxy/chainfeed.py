@@ -25,7 +25,6 @@ across nodes (one node's consistent view per round).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -37,6 +36,7 @@ import orjson
 
 from chainstate.jsonrpc import SERVER_BUSY, JsonRpcError
 from chainstate.rpcclient import RpcClient, RpcUnavailable
+from chainstate.tasks import stop_task
 from proxy.model import Node, Pool
 
 log = logging.getLogger(__name__)
@@ -149,11 +149,8 @@ class ChainFeed:
 
     async def close(self) -> None:
         self.listeners.clear()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     # the loop --------------------------------------------------------------------------
 

@@ -16,7 +16,6 @@ answers geth's "filter not found", with why when this process knows.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -27,6 +26,7 @@ from cachetools import LRUCache
 
 from chainstate.jsonrpc import INVALID_PARAMS, SERVER_BUSY, JsonRpcError, params_list
 from chainstate.logfilter import LogFilter, parse_filter
+from chainstate.tasks import stop_task
 from proxy.chainfeed import ChainFeed, FeedBlock, follow
 from proxy.eventsettings import EventSettings
 
@@ -136,11 +136,8 @@ class Filters:
         self._task = asyncio.create_task(self._expire_loop(), name="filters-expiry")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         for entry in list(self.installed.values()):
             self.drop(entry, "the proxy stopped")
 

@@ -15,7 +15,6 @@ blocks per query, logs per answer, addresses or topics per position; exceeding o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, fields
@@ -36,6 +35,7 @@ from chainstate.jsonrpc import (
 )
 from chainstate.logfilter import DEFAULT_MAX_LIST, LogFilter, invalid_range, parse_filter
 from chainstate.rpcclient import RpcClient, RpcUnavailable
+from chainstate.tasks import stop_task
 from nodes.state.logindex import LogIndex
 from nodes.state.store import StateStore, StoreError
 from nodes.state.vendor import VendorBlockError, parse_vendor_block
@@ -273,11 +273,8 @@ class LogService:
             self._task = asyncio.create_task(self.backfill.run(), name=f"logs-backfill:{node.key}")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         await self.backfill.close()
 
 
