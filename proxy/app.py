@@ -53,7 +53,7 @@ class Proxy:
     tracker: HeadTracker
     sync: StoreSync
     admin: AdminApi
-    events: Events  # the data path's entry: filter/subscription methods, else the engine
+    events: Events  # filters and WebSocket subscriptions (the engine diverts their bodies)
 
     @classmethod
     def build(
@@ -93,20 +93,8 @@ class Proxy:
         events = Events.for_engine(
             event_settings, s, engine, lambda: state.pools, registry, metrics.registry
         )
-        return cls(
-            s,
-            state,
-            store,
-            upstream,
-            selector,
-            metrics,
-            mirrors,
-            engine,
-            tracker,
-            sync,
-            admin,
-            events,
-        )
+        parts = (upstream, selector, metrics, mirrors, engine, tracker, sync, admin, events)
+        return cls(s, state, store, *parts)
 
     async def lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
         await self.upstream.start()
@@ -156,14 +144,14 @@ def server_limits(settings: ProxySettings) -> ServerLimits:
 def _data_handler(proxy: Proxy):
     """`POST /:chainId` for connections aiohttp already serves (after an admin call on the
     same connection); the lean server answers it otherwise (`create_server`)."""
-    events = proxy.events
+    engine = proxy.engine
     limits = server_limits(proxy.settings)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await read_body(request, limits)
         if isinstance(body, web.Response):
             return body
-        status, out = await events.handle(request.match_info["chain"], body, request.headers)
+        status, out = await engine.handle(request.match_info["chain"], body, request.headers)
         if status == 204:
             return web.Response(status=204)
         return web.Response(status=status, body=out, content_type=JSON)
@@ -176,10 +164,10 @@ def create_server(app: web.Application) -> HttpServer:
     every other request (admin API, /metrics, WebSocket upgrades) to `app`, which owns the
     lifecycle (it starts with the server and stops after it)."""
     proxy = app[PROXY]
-    events = proxy.events
+    engine = proxy.engine
 
     def data(request: Request) -> Awaitable[Response]:  # the engine's coroutine, unwrapped
-        return events.handle(request.path[1:].decode("latin-1"), request.body, request.headers)
+        return engine.handle(request.path[1:].decode("latin-1"), request.body, request.headers)
 
     def route(method: bytes, path: bytes) -> Any:
         # One path segment: `/1337`, `/0x539`, `/1337-blue`; %-escapes go to aiohttp, which

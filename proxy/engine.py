@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -35,7 +35,7 @@ from chainstate.jsonrpc import (
     request_id,
     restore_ids,
 )
-from proxy.methods import MethodSpec, MethodTable
+from proxy.methods import LocalMethod, MethodSpec, MethodTable
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import Node, Pool, normalize_pool
@@ -52,6 +52,8 @@ NO_NODE_KEY = "-"  # node label of items no node answered
 UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
 MAX_HEADER_VALUE = 256  # longer client header values are cut in logs and spans
 MAX_CHAIN_IDS = 1024  # distinct raw chain ids whose normalized pool id is remembered
+# Answers a whole client body the engine hands over: (chain id, body, headers) -> (status, body).
+Divert = Callable[[str, bytes, Mapping[str, str]], Awaitable[tuple[int, bytes]]]
 
 
 # Answers that show the block a transaction was mined in. The Leader's execution client knows
@@ -201,6 +203,15 @@ class Engine:
         self._max_batch = settings.max_batch_items
         self._unhealthy_after = settings.unhealthy_after
         self._pool_ids: dict[str, str | None] = {}  # raw /:chainId → pool id (a pure function)
+        self._divert: Divert | None = None
+
+    def divert(self, methods: frozenset[str], handle: Divert) -> None:
+        """Bodies naming one of `methods` (not served by the method table) are answered by
+        `handle` instead (the proxy's filters and subscriptions, proxy/events.py). Free for
+        other bodies: the table raises LocalMethod only where it would answer "Method not
+        found", and the whole body is handed over before anything was forwarded."""
+        self.methods.local = methods
+        self._divert = handle
 
     # ---- entry ---------------------------------------------------------------------------
 
@@ -270,11 +281,15 @@ class Engine:
                 msg = f"Parse error: {cut(str(exc))}"
                 status, out = 200, _dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
             else:
-                if isinstance(payload, list):
-                    shape, size = "batch", len(payload)
-                    status, out = await self._batch(ctx, payload, body)
-                else:
-                    status, out = await self._single(ctx, payload, body)
+                try:
+                    if isinstance(payload, list):
+                        shape, size = "batch", len(payload)
+                        status, out = await self._batch(ctx, payload, body)
+                    else:
+                        status, out = await self._single(ctx, payload, body)
+                except LocalMethod:  # raised only once divert() has set the handler
+                    assert self._divert is not None
+                    return await self._divert(chain_id, body, headers)
         elapsed = time.perf_counter() - started
         self.metrics.observe(chain, shape, elapsed)
         if span is not None:

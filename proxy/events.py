@@ -1,10 +1,11 @@
 """The proxy's events: filters and WebSocket subscriptions on top of the routing engine.
 
-`Events.handle(chain, body, headers)` answers a client body as `Engine.handle` does, except
-that the methods the proxy keeps state for are answered here: the filter methods
+The methods the proxy keeps state for are answered here: the filter methods
 (proxy/filters.py) and, on a WebSocket, eth_subscribe/eth_unsubscribe (proxy/subscriptions.py).
-A body without them goes to the engine untouched (one substring test decides). In a batch,
-the other items go to the engine as one sub-batch and the answers are put back in order.
+The engine hands over a body that names one of them (`Engine.divert`: it finds out where it
+would answer "Method not found", so other bodies pay nothing); `Events.divert` answers it as
+`Engine.handle` would, the local items here and the other items sent back to the engine as
+one sub-batch, the answers put back in order.
 
 `Events.websocket(request)` is the aiohttp handler of `GET /:chainId` with an Upgrade: the
 same port and path as `POST /:chainId` (ws://127.0.0.1:8663/1337); the lean data server hands
@@ -57,8 +58,6 @@ FILTER_METHODS = (
 )
 SUBSCRIPTION_METHODS = ("eth_subscribe", "eth_unsubscribe")
 LOCAL_METHODS = frozenset(FILTER_METHODS + SUBSCRIPTION_METHODS)
-# Every local method's name holds one of these: a body without them skips all of this.
-MARKERS = (b"Filter", b"ubscribe")
 PENDING_FILTER_REFUSED = (
     "eth_newPendingTransactionFilter is not served by the chainstate proxy: pending "
     "transactions live in the Leader's execution client; use eth_newBlockFilter or eth_newFilter"
@@ -116,9 +115,9 @@ class Events:
         registry: InprocRegistry | None,
         metrics: CollectorRegistry,
     ) -> Events:
-        """The events part of a proxy app (proxy/app.py): in front of `engine`, with the
-        proxy's batch and message limits."""
-        return cls(
+        """The events part of a proxy app (proxy/app.py): the engine hands it the bodies
+        with filter or subscription methods; the proxy's batch and message limits."""
+        events = cls(
             settings,
             engine.handle,
             engine.resolve,
@@ -128,6 +127,8 @@ class Events:
             max_batch=proxy.max_batch_items,
             max_message_bytes=proxy.max_body_bytes,
         )
+        engine.divert(LOCAL_METHODS, events.divert)
+        return events
 
     # lifecycle -------------------------------------------------------------------------
 
@@ -170,19 +171,12 @@ class Events:
 
     # HTTP and WebSocket bodies ---------------------------------------------------------
 
-    def handle(
-        self,
-        chain: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        session: Session | None = None,
+    def divert(
+        self, chain: str, body: bytes, headers: Mapping[str, str]
     ) -> Awaitable[tuple[int, bytes]]:
-        """`Engine.handle`, with the filter methods (and on a WebSocket the subscription
-        methods) answered here. A body without their names is the engine's own coroutine,
-        unwrapped (no extra coroutine on the data path)."""
-        if b"Filter" not in body and b"ubscribe" not in body:  # MARKERS, without a loop
-            return self._engine_handle(chain, body, headers)
-        return self._handle_local(chain, body, headers, session)
+        """A body the engine handed over (it names a filter or subscription method), from
+        HTTP or from an in-process caller: no WebSocket, so no subscriptions."""
+        return self._handle_local(chain, body, headers, None)
 
     async def _handle_local(
         self,
@@ -341,7 +335,10 @@ class Events:
     async def _ws_answer(
         self, chain: str, data: bytes, headers: Mapping[str, str], session: Session
     ) -> bytes:
-        _, out = await self.handle(chain, data, headers, session)
+        if b"ubscribe" in data:  # eth_subscribe/eth_unsubscribe need this connection
+            _, out = await self._handle_local(chain, data, headers, session)
+        else:  # the engine hands filter methods to divert()
+            _, out = await self._engine_handle(chain, data, headers)
         return out  # b"" when there is nothing to answer (notifications)
 
     def _admit(self, client: str) -> str | None:

@@ -181,6 +181,12 @@ METHODS: dict[str, MethodSpec] = {
 EXTRA = MethodSpec(params=())
 
 
+class LocalMethod(Exception):
+    """Raised by `MethodTable.target` for a method the proxy answers itself (filters and
+    subscriptions, proxy/events.py) instead of "Method not found": the engine hands the whole
+    body over (`Engine.divert`). Not a JsonRpcError, so no item's handler answers it."""
+
+
 class MethodTable:
     """The allowed methods (spec + `extra_methods`) and how to read their target block."""
 
@@ -188,6 +194,7 @@ class MethodTable:
         self.specs = dict(METHODS)
         for name in extra_methods:
             self.specs.setdefault(name, EXTRA)
+        self.local: frozenset[str] = frozenset()  # LocalMethod names (Engine.divert)
 
     def spec(self, method: str) -> MethodSpec:
         spec = self.specs.get(method)
@@ -199,6 +206,8 @@ class MethodTable:
         """The spec of `method` and the block its params target (None: no block named)."""
         spec = self.specs.get(method)
         if spec is None:
+            if method in self.local:
+                raise LocalMethod(method)
             raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {cut(method)}")
         if spec is EXTRA:
             return spec, None

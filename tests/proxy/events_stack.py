@@ -22,6 +22,7 @@ from chainstate.httpserver import HttpServer
 from chainstate.inproc import InprocRegistry
 from nodes.state.service import StateNode
 from proxy.app import create_app, create_server, get_proxy
+from proxy.engine import Engine
 from proxy.events import Events
 from proxy.eventsettings import EventSettings
 from proxy.settings import ProxySettings, SeedNode
@@ -41,6 +42,7 @@ class EventsStack:
     node: StateNode
     server: HttpServer
     events: Events
+    events_engine: Engine  # the proxy's engine (in-process callers use it)
     rng: random.Random
 
     @property
@@ -136,8 +138,17 @@ async def start_stack(
     )
     server = create_server(app)
     await server.start("127.0.0.1", 0)
-    stack_events = get_proxy(app).events
-    return EventsStack(chain, accounts, source, node, server, stack_events, random.Random(seed))
+    proxy_parts = get_proxy(app)
+    return EventsStack(
+        chain,
+        accounts,
+        source,
+        node,
+        server,
+        proxy_parts.events,
+        proxy_parts.engine,
+        random.Random(seed),
+    )
 
 
 async def stop_stack(stack: EventsStack) -> None:

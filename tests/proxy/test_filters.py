@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from chainstate.logfilter import parse_filter
@@ -184,6 +185,27 @@ async def test_filter_methods_on_a_connection_aiohttp_serves(stack: EventsStack)
         assert answers[0]["result"] == block_hashes(stack, start)
         assert answers[1]["result"] == "0x539"
         assert len(stack.server.conns) == 0  # the one connection was aiohttp's
+
+
+async def test_in_process_callers_get_the_filter_methods(stack: EventsStack) -> None:
+    """The engine hands a body with a filter method to the events part whoever calls it:
+    the workspace's in-process forwarding gets filters as HTTP clients do; a subscription
+    needs a WebSocket there too."""
+    engine = stack.events_engine
+
+    async def call(method: str, *params: Any) -> Any:
+        body = orjson.dumps({"jsonrpc": "2.0", "id": 9, "method": method, "params": list(params)})
+        status, out = await engine.handle("0x539", body, {"client-id": "workspace"})
+        assert status == 200
+        return orjson.loads(out)
+
+    fid = (await call("eth_newBlockFilter"))["result"]
+    start = stack.chain.head + 1
+    await stack.add_blocks(2)
+    assert (await call("eth_getFilterChanges", fid))["result"] == block_hashes(stack, start)
+    refused = await call("eth_subscribe", "newHeads")
+    assert refused["error"]["code"] == -32601 and "WebSocket" in refused["error"]["message"]
+    assert (await call("eth_chainId"))["result"] == "0x539"  # the engine's own, not diverted
 
 
 async def test_the_feed_asks_for_fewer_blocks_when_the_node_limits_logs(tmp_path: Path) -> None:
