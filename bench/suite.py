@@ -605,9 +605,9 @@ class LogsSuite(StateSuite):
     def _before_mining(self, anvil: str, record: dict[str, Any]) -> None:
         self.erc20 = record["erc20"]
         self.holders = record["erc20_holders"][:4]
-        for i in range(LOG_TRANSFERS):
+        for i in range(LOG_TRANSFERS):  # 1 token around the ring: every sender holds it
             sender, to = self.holders[i % 4], self.holders[(i + 1) % 4]
-            data = erc20_transfer_data(to, i + 1)
+            data = erc20_transfer_data(to, 1)
             send_tx(anvil, {"from": sender, "to": self.erc20, "data": data})
 
     def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
