@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BLOCKS_PER_QUERY = 100_000  # reth's --rpc.max-blocks-per-filter
 DEFAULT_MAX_LOGS_PER_RESPONSE = 20_000  # reth's --rpc.max-logs-per-response
 BACKFILL_PROGRESS_EVERY = 10.0  # seconds between backfill progress lines
+# A query over at most INLINE_BLOCKS blocks is first tried on the event loop and given up
+# after INLINE_LOGS logs (then it runs again in a thread): a small answer costs microseconds,
+# less than the hop to a thread and back, and a large one never blocks the loop for long.
+INLINE_BLOCKS = 128
+INLINE_LOGS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,17 +90,23 @@ class LogMethods:
         if value is None:
             raise JsonRpcError(INVALID_PARAMS, "missing required parameter: filter")
         flt = parse_filter(value, max_list=self.settings.max_log_query_list)
-        return orjson.Fragment(await asyncio.to_thread(self.query, flt))
+        small = self.query(flt, inline=True)
+        if small is None:
+            small = await asyncio.to_thread(self.query, flt)
+        return orjson.Fragment(small)
 
-    def query(self, flt: LogFilter) -> bytes:
-        """The JSON array of matching logs (raises JsonRpcError)."""
+    def query(self, flt: LogFilter, inline: bool = False) -> bytes | None:
+        """The JSON array of matching logs (raises JsonRpcError); `inline`: None instead
+        when the range or the answer is larger than the loop should read (INLINE_*)."""
         env = self.index.env
         if env is None:
             raise JsonRpcError(DATABASE_FAILED, "state store is closed")
         try:
             with env.begin() as txn:
                 start, end = self._range(txn, flt)
-                return self._collect(txn, flt, start, end)
+                if inline and end - start >= INLINE_BLOCKS:
+                    return None
+                return self._collect(txn, flt, start, end, INLINE_LOGS if inline else None)
         except lmdb.Error as exc:
             log.error("log index read failed: %s", exc)
             raise JsonRpcError(DATABASE_FAILED, "log index read failed") from None
@@ -121,7 +132,9 @@ class LogMethods:
             )
         return start, end
 
-    def _collect(self, txn: lmdb.Transaction, flt: LogFilter, start: int, end: int) -> bytes:
+    def _collect(
+        self, txn: lmdb.Transaction, flt: LogFilter, start: int, end: int, budget: int | None
+    ) -> bytes | None:
         addresses = [bytes.fromhex(a[2:]) for a in sorted(flt.addresses or ())]
         topics = [
             None if t is None else [bytes.fromhex(x[2:]) for x in sorted(t)] for t in flt.topics
@@ -131,6 +144,8 @@ class LogMethods:
         for height, raw in self.index.scan(txn, start, end, addresses, topics):
             if len(out) == limit:
                 raise _too_many_logs(limit, start, height)
+            if len(out) == budget:
+                return None
             out.append(raw)
         return b"[" + b",".join(out) + b"]"
 

@@ -20,6 +20,7 @@ import pytest
 
 from chainstate.inproc import InprocRegistry
 from chainstate.logfilter import parse_filter
+from nodes.state import logs as logs_module
 from nodes.state.blocklogs import _bloom_bits
 from nodes.state.service import StateNode
 from nodes.state.store import StateStore
@@ -164,7 +165,14 @@ async def make_node(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
             await node.close()
 
 
-async def test_answers_equal_the_model_for_a_grid_of_filters(make_node: Any) -> None:
+@pytest.mark.parametrize("inline", [(128, 256), (8, 3)], ids=["defaults", "small-inline-limits"])
+async def test_answers_equal_the_model_for_a_grid_of_filters(
+    make_node: Any, monkeypatch: pytest.MonkeyPatch, inline: tuple[int, int]
+) -> None:
+    """Small queries are answered on the loop, larger ones (by range or by logs) in a
+    thread: the same answers either way."""
+    monkeypatch.setattr(logs_module, "INLINE_BLOCKS", inline[0])
+    monkeypatch.setattr(logs_module, "INLINE_LOGS", inline[1])
     chain, _ = log_chain(seed=1, blocks=60)
     assert len(chain.logs()) > 100
     node = await make_node(chain, kind="archive")
