@@ -177,6 +177,8 @@ def _alternatives(
 ) -> frozenset[str] | None:
     """One value or a list of them (any of them matches), lowercased. None (any): an empty
     list, or a null inside the list where geth allows it (topics)."""
+    if type(value) is str and pattern.match(value):  # the common case: one value
+        return frozenset((value.lower(),))
     shape, plural = _SHAPES[what]
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list):
