@@ -216,11 +216,14 @@ class ChainFollower:
                 f"{stored.number} on the same chain: waiting for it (no block is dropped)",
             )
             return False
-        self._situation(
-            "following",
-            f"stored head {stored.number}, execution client head {client_head}, same chain: "
-            "continuing",
-        )
+        if stored.number == 0 and self.stats.state != "waiting":
+            self.stats.state, self._announce = "following", False  # a new chain: nothing to say
+        else:
+            self._situation(
+                "following",
+                f"stored head {stored.number}, execution client head {client_head}, "
+                "same chain: continuing",
+            )
         progressed = False
         for number in range(stored.number + 1, client_head + 1)[
             : self.settings.max_blocks_per_poll

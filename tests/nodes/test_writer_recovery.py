@@ -249,6 +249,28 @@ async def test_blocks_anvil_cannot_replay_above_the_store_are_dropped(tmp_path: 
             await eth.close()
 
 
+async def test_a_new_chain_starts_quietly_and_a_restart_says_where_it_continues(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="nodes.writer.follower")
+    async with followed(tmp_path) as (eth, writer, accounts):
+        await asyncio.sleep(0.2)  # several polls of an empty chain
+        assert [r.getMessage() for r in caplog.records] == []
+        await send(eth, {"from": accounts[3], "to": fresh_address(720), "value": "0x1"})
+        await writer.wait_for_head(1)
+        await writer.close()
+        again = make_writer(eth.url, tmp_path / "writer")
+        await again.start()
+        try:
+            async with asyncio.timeout(10):
+                while not caplog.records:  # noqa: ASYNC110
+                    await asyncio.sleep(0.02)
+            lines = [r.getMessage() for r in caplog.records]
+            assert len(lines) == 1 and "stored head 1, execution client head 1" in lines[0]
+        finally:
+            await again.close()
+
+
 async def test_a_client_behind_on_the_same_chain_is_waited_for_then_a_fork_is_a_reorg(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
