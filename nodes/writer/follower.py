@@ -204,6 +204,8 @@ class ChainFollower:
         stored = self.store.head()
         if stored is None:
             await self._build_genesis()
+            # A chain this run began: nothing to recover, nothing to say.
+            self.stats.state, self._announce = "following", False
             return True
         height = min(stored.number, client_head)
         if await self._hash_at(height) != self.store.hash_at(height):
@@ -216,14 +218,11 @@ class ChainFollower:
                 f"{stored.number} on the same chain: waiting for it (no block is dropped)",
             )
             return False
-        if stored.number == 0 and self.stats.state != "waiting":
-            self.stats.state, self._announce = "following", False  # a new chain: nothing to say
-        else:
-            self._situation(
-                "following",
-                f"stored head {stored.number}, execution client head {client_head}, "
-                "same chain: continuing",
-            )
+        self._situation(
+            "following",
+            f"stored head {stored.number}, execution client head {client_head}, same chain: "
+            "continuing",
+        )
         progressed = False
         for number in range(stored.number + 1, client_head + 1)[
             : self.settings.max_blocks_per_poll

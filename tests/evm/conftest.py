@@ -240,7 +240,8 @@ class Client:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def evm(chain: Chain) -> AsyncIterator[Client]:
-    settings = EvmSettings(workers=2, call_timeout=3.0, chain_id=1337, max_trace_steps=1000)
+    # the first call a worker runs on py-evm imports it (~1.5 s, more on a busy machine)
+    settings = EvmSettings(workers=2, call_timeout=10.0, chain_id=1337, max_trace_steps=1000)
     methods = EvmMethods(AnvilReader(chain.url), settings)
     await methods.start()
     try:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.evm.conftest import A1, Chain, Client, deploy, rpc
+from tests.evm.conftest import A1, A2, Chain, Client, deploy, rpc, rpc_raw, send
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -100,3 +100,188 @@ async def test_a_call_reading_basefee_through_another_contract(
     # init code: MSTORE(0, BASEFEE); RETURN(0, 32) → the "deployed code" is the base fee
     create = [{"data": "0x" + "4860005260206000f3"}, "latest"]
     assert await evm.call("eth_call", create) == rpc(chain.url, "eth_call", create)
+
+
+def call_then(target: str, end: str) -> str:
+    """Code that CALLs `target` (no calldata) and ends with its return data: `end` is
+    "f3" (RETURN) or "fd" (REVERT)."""
+    call = "6000600060006000600073" + target[2:] + "5af1" + "50"  # CALL(gas, target, 0…0); POP
+    copy = "3d600060003e"  # RETURNDATACOPY(0, 0, RETURNDATASIZE)
+    return call + copy + "3d6000" + end  # RETURN/REVERT(0, RETURNDATASIZE)
+
+
+def reverted_data(url: str, params: list[Any]) -> str:
+    answer = rpc_raw(url, "eth_call", params)
+    assert "error" in answer, answer
+    return answer["error"]["data"]
+
+
+async def our_reverted_data(evm: Client, params: list[Any]) -> str:
+    answer = await evm.raw("eth_call", params)
+    assert "error" in answer, answer
+    assert answer["error"]["code"] == -39000, answer
+    return answer["error"]["data"]
+
+
+async def test_basefee_read_in_a_frame_that_reverts(evm: Client, chain: Chain) -> None:
+    """BASEFEE read only inside frames that revert: revm's journal forgets the accounts a
+    reverted frame loaded, so the check must not rely on it. The value reaches the answer
+    through the revert data (the whole call reverts) or through return data (an inner
+    frame reverts, the outer one returns what it got)."""
+    env, reverter, outer = "0x" + "5c" * 20, "0x" + "5d" * 20, "0x" + "5e" * 20
+    inline = "0x" + "5f" * 20
+    state = {
+        env: {"code": "0x" + BLOCKENV_RUNTIME},
+        reverter: {"code": "0x" + call_then(env, "fd")},  # calls env, reverts with its answer
+        outer: {"code": "0x" + call_then(reverter, "f3")},  # returns what reverter reverted
+        inline: {"code": "0x486000526020" + "6000fd"},  # REVERT(BASEFEE) in the top frame
+    }
+    for height in heights(chain):
+        for target in (reverter, inline):
+            params = [{"to": target, "data": "0x"}, height, state]
+            theirs = reverted_data(chain.url, params)
+            assert await our_reverted_data(evm, params) == theirs, (height, target)
+            basefee = words(theirs)["BASEFEE"] if target == reverter else int(theirs, 16)
+            assert basefee != 0
+        params = [{"to": outer, "data": "0x"}, height, state]
+        theirs = rpc(chain.url, "eth_call", params)
+        assert await evm.call("eth_call", params) == theirs, height
+        assert words(theirs)["BASEFEE"] != 0
+
+
+async def test_basefee_in_a_reverting_frame_on_warm_state(
+    evm: Client, chain: Chain, blockenv: str
+) -> None:
+    """The same without overrides: contracts on chain, calls on a warm EVM of the block (the
+    second call at a block is answered from the verdict kept for it)."""
+    reverter = deploy(chain.url, call_then(blockenv, "fd"))
+    outer = deploy(chain.url, call_then(reverter, "f3"))
+    for _ in range(2):
+        params = [{"to": reverter, "data": "0x"}, "latest"]
+        assert await our_reverted_data(evm, params) == reverted_data(chain.url, params)
+        params = [{"to": outer, "data": "0x"}, "latest"]
+        assert await evm.call("eth_call", params) == rpc(chain.url, "eth_call", params)
+
+
+# Gas and output depend on BASEFEE: SSTORE(0, 1) only when it is not 0, then LOG0 and
+# RETURN of BASEFEE. pyrevm alone would skip the store, log and return 0.
+BASEFEE_BRANCH = "4815600a5760016000555b48600052" + "60206000a0" + "60206000f3"
+
+
+async def test_estimate_gas_of_a_call_reading_basefee_equals_anvil(
+    evm: Client, chain: Chain
+) -> None:
+    target = deploy(chain.url, BASEFEE_BRANCH)
+    req = {"from": A1, "to": target}
+    ours = await evm.call("estimateGas", [req])
+    assert ours == rpc(chain.url, "eth_estimateGas", [req, "latest"])
+    assert int(ours, 16) > 40_000  # the store ran
+    create = {"from": A1, "data": BASEFEE_CODE}  # init code reading BASEFEE (EIP-3860 words)
+    assert await evm.call("estimateGas", [create]) == rpc(
+        chain.url, "eth_estimateGas", [create, "latest"]
+    )
+
+
+async def test_gasprice_and_basefee_with_a_gas_price_equal_anvil(evm: Client, chain: Chain) -> None:
+    """A call with a gas price reading GASPRICE and BASEFEE (run on py-evm): both as anvil's."""
+    target = "0x" + "59" * 20
+    code = "0x" + "3a600052" + "48602052" + "60406000f3"  # returns GASPRICE, BASEFEE
+    block = rpc(chain.url, "eth_getBlockByNumber", ["latest", False])
+    price = hex(2 * int(block["baseFeePerGas"], 16) + 7)
+    params = [{"from": A1, "to": target, "gasPrice": price}, "latest", {target: {"code": code}}]
+    theirs = rpc(chain.url, "eth_call", params)
+    assert await evm.call("eth_call", params) == theirs
+    assert int(theirs[2:66], 16) == int(price, 16)
+
+
+async def test_simulate_transactions_reading_basefee_equal_anvil(evm: Client, chain: Chain) -> None:
+    """Gas used, logs and return data as executing the transactions on anvil (whose blocks
+    carry their own base fee: the values read are compared with the simulated block's), and
+    the second transaction sees the first one's write (its store costs less)."""
+    target = deploy(chain.url, BASEFEE_BRANCH)
+    txs = [{"from": A1, "to": target}, {"from": A2, "to": target}]
+    ours = await evm.call("simulateTransactions", [txs, {"block_id": "latest"}])
+    base_fee = rpc(chain.url, "eth_getBlockByNumber", ["latest", False])["baseFeePerGas"]
+    snapshot = rpc(chain.url, "evm_snapshot", [])
+    try:
+        receipts = [send(chain.url, {**tx, "gas": "0x100000"}) for tx in txs]
+    finally:
+        rpc(chain.url, "evm_revert", [snapshot])
+    assert [r["status"] for r in ours] == [r["status"] for r in receipts] == ["0x1", "0x1"]
+    assert [r["gasUsed"] for r in ours] == [r["gasUsed"] for r in receipts]
+    assert ours[0]["gasUsed"] != ours[1]["gasUsed"]
+    for mine, receipt in zip(ours, receipts, strict=True):
+        assert int(mine["returnData"], 16) == int(base_fee, 16)
+        assert [(x["address"], x["topics"]) for x in mine["logs"]] == [
+            (x["address"], x["topics"]) for x in receipt["logs"]
+        ]
+        assert [int(x["data"], 16) for x in mine["logs"]] == [int(base_fee, 16)]
+
+
+def steps(trace: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return [
+        (s["pc"], s["op"], s["gas"], s["gasCost"], s["depth"], s["stack"])
+        for s in trace["structLogs"]
+    ]
+
+
+async def test_traces_of_calls_reading_basefee_equal_anvil(
+    evm: Client, chain: Chain, blockenv: str
+) -> None:
+    """pre_traceCall/pre_traceMany of calls reading BASEFEE (pyrevm would trace a run with a
+    base fee of 0): the steps (pc, op, gas, cost, depth, stack), gas and failure equal
+    anvil's debug_traceCall, through a CALL, a frame that reverts and a creation."""
+    branch = deploy(chain.url, BASEFEE_BRANCH)
+    reverter = deploy(chain.url, call_then(blockenv, "fd"))
+    outer = deploy(chain.url, call_then(reverter, "f3"))
+    reqs = [
+        {"from": A1, "to": branch},
+        {"from": A1, "to": blockenv},
+        {"from": A1, "to": reverter},
+        {"from": A1, "to": outer},
+        {"from": A1, "data": "0x" + BASEFEE_CODE[2:]},  # a creation whose init code reads it
+    ]
+    height = rpc(chain.url, "eth_blockNumber", [])
+    many = await evm.call("pre_traceMany", [reqs, height])
+    for req, traced in zip(reqs, many, strict=True):
+        ours = await evm.call("pre_traceCall", [req, height])
+        theirs = rpc(chain.url, "debug_traceCall", [req, height, {}])
+        assert steps(ours) == steps(theirs) == steps(traced), req
+        assert (ours["gas"], ours["failed"]) == (theirs["gas"], theirs["failed"]), req
+        assert any(s["op"] == "BASEFEE" for s in ours["structLogs"])
+
+
+async def test_basefee_read_only_for_one_caller_on_warm_state(evm: Client, chain: Chain) -> None:
+    """The same callee and calldata read BASEFEE for one caller and not for another: the
+    verdict kept on a warm EVM is per whole call, so the second caller still gets it."""
+    reader = deploy(chain.url, BASEFEE_CODE[2:])
+    # if CALLER == A2: return what `reader` returns (BASEFEE), else stop
+    target = deploy(chain.url, "3373" + A2[2:] + "14601b5700" + "5b" + call_then(reader, "f3"))
+    for sender in (A1, A2):
+        params = [{"from": sender, "to": target, "data": "0x"}, "latest"]
+        assert await evm.call("eth_call", params) == rpc(chain.url, "eth_call", params), sender
+    assert int(rpc(chain.url, "eth_call", [{"from": A2, "to": target}, "latest"]), 16) != 0
+
+
+async def test_simulated_creation_reading_basefee_then_a_call_to_it(
+    evm: Client, chain: Chain
+) -> None:
+    """A creation whose init code stores BASEFEE (run on py-evm) deploys code returning the
+    stored value, which the next simulated transaction calls: the deployed code and the slot
+    come from py-evm's writes."""
+    runtime = "60005460005260206000f3"  # returns SLOAD(0)
+    # SSTORE(0, BASEFEE), then CODECOPY the runtime (at 0x10) and RETURN it
+    create = {"from": A2, "data": "0x48600055" + "61000b8060106000396000f3" + runtime}
+    snapshot = rpc(chain.url, "evm_snapshot", [])
+    try:
+        receipt = send(chain.url, {**create, "gas": "0x100000"})
+    finally:
+        rpc(chain.url, "evm_revert", [snapshot])
+    created = receipt["contractAddress"]
+    txs = [create, {"from": A1, "to": created}]
+    ours = await evm.call("simulateTransactions", [txs, {"block_id": "latest"}])
+    base_fee = rpc(chain.url, "eth_getBlockByNumber", ["latest", False])["baseFeePerGas"]
+    assert [r["status"] for r in ours] == ["0x1", "0x1"]
+    assert ours[0]["gasUsed"] == receipt["gasUsed"]
+    assert ours[0]["returnData"] == "0x" + runtime
+    assert int(ours[1]["returnData"], 16) == int(base_fee, 16)

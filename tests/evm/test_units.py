@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from Crypto.Hash import keccak
+from pyrevm import AccountInfo
 
 from chainstate.config import ConfigError
 from nodes.state.evm import bsrb
+from nodes.state.evm.basefee import CLEAN, SUSPECT, UNSURE, BasefeeCheck, code_may_read_basefee
 from nodes.state.evm.codec import apply_block_overrides, parse_call, parse_state_override
 from nodes.state.evm.settings import EvmSettings
 from nodes.state.evm.worker import TraceSink, classify, decode_revert
@@ -148,3 +151,24 @@ def test_touched_accounts_are_coinbase_callers_and_callees_once_and_bounded() ->
     assert len(touched_accounts({"block": {"coinbase": coinbase}, "calls": many})) == (
         PRELOAD_ACCOUNTS
     )
+
+
+def _info(code: bytes) -> AccountInfo:
+    return AccountInfo(0, 0, keccak.new(digest_bits=256, data=code).digest(), code)
+
+
+def test_basefee_verdicts() -> None:
+    """BASEFEE/CREATE/CREATE2 as instructions make a code suspect, not as PUSH data; a
+    suspect code only in the database cache (not in the call's journal) is unsure."""
+    reads = bytes.fromhex("4860005260206000f3")  # BASEFEE, MSTORE, RETURN
+    in_push = bytes.fromhex("6048" + "7f" + "f5" * 32 + "00")  # PUSH1 0x48, PUSH32 f5…
+    assert code_may_read_basefee(reads)
+    assert not code_may_read_basefee(in_push)
+    assert code_may_read_basefee(bytes.fromhex("600060006000f0"))  # CREATE
+    check = BasefeeCheck()
+    clean, suspect = {"0x01": _info(in_push)}, {"0x02": _info(reads)}
+    assert check.verdict(clean, clean, None) == CLEAN
+    assert check.verdict({**clean, **suspect}, suspect, None) == SUSPECT
+    assert check.verdict({**clean, **suspect}, clean, None) == UNSURE
+    assert check.verdict({}, {}, reads) == SUSPECT  # a creation whose init code reads it
+    assert check.verdict(clean, clean, in_push) == CLEAN

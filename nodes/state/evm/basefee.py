@@ -7,11 +7,18 @@ would answer 0 where anvil answers the block's base fee. Such calls are found an
 py-evm (the Ethereum Foundation's EVM, pure Python, slow but exact); every other call stays
 on revm.
 
-Finding them (`may_read_basefee`): after revm ran a call, every account whose code it
-loaded is in its journal; if none of those codes holds BASEFEE (0x48) as an instruction,
-nor CREATE/CREATE2 (whose init code comes from memory and could), and the call is not a
-creation whose init code holds one, revm's answer is exact. Verdicts are kept per code
-hash, and per warm EVM and call, so a warm call pays a dictionary look-up.
+Finding them (`BasefeeCheck.verdict`): every account whose code revm ran is in its database
+cache (`db_accounts`): fork mode keeps there what it read, also for frames that reverted,
+whose accounts revm's journal forgets (a call into B reading BASEFEE, then a revert carrying
+the value). The journal adds the accounts the call created. If none of those codes holds
+BASEFEE (0x48) as an instruction, nor CREATE/CREATE2 (whose init code comes from memory and
+could), and the call is not a creation whose init code holds one, revm's answer is exact.
+A warm EVM's cache also holds what earlier calls at its block read: a suspect code there
+that this call's journal does not show is ambiguous (loaded by this call in a frame that
+reverted, or by another call), and the worker settles it by running the call once on a
+fresh EVM, whose cache holds only what this call loads. Verdicts are kept per code hash,
+and per warm EVM and whole call (`worker.verdict_key`), so a warm call pays a dictionary
+look-up.
 
 Running them (`nodes/state/evm/pyevm.py`, imported only when a call needs it: py-evm takes
 1.5 s to import): py-evm's Cancun state in memory, filled with the accounts and
@@ -41,25 +48,37 @@ def code_may_read_basefee(code: bytes) -> bool:
     return False
 
 
+CLEAN, SUSPECT, UNSURE = "clean", "suspect", "unsure"
+
+
 class BasefeeCheck:
     """Verdicts per code hash (bounded)."""
 
     def __init__(self) -> None:
         self._codes: dict[bytes, bool] = {}
 
-    def may_read_basefee(self, journal_accounts: dict[str, Any], initcode: bytes | None) -> bool:
-        """True when a call whose journal holds these accounts (pyrevm `journal_state`)
-        may have executed BASEFEE; `initcode` is the call's own init code (a creation)."""
+    def _suspect_code(self, info: Any) -> bool:
+        code_hash = bytes(info.code_hash)
+        verdict = self._codes.get(code_hash)
+        if verdict is None:
+            verdict = code_may_read_basefee(bytes(info.code or b""))
+            if len(self._codes) >= CODE_VERDICTS:
+                self._codes.clear()
+            self._codes[code_hash] = verdict
+        return verdict
+
+    def verdict(
+        self, db_accounts: dict[str, Any], journal: dict[str, Any], initcode: bytes | None
+    ) -> str:
+        """After revm ran a call: SUSPECT when it may have executed BASEFEE (a suspect code in
+        its journal, or its own init code), UNSURE when a suspect code is only in the
+        database cache (pyrevm `db_accounts`: this call may have run it in a frame that
+        reverted, or an earlier call at the block loaded it), else CLEAN. `initcode` is the
+        call's own init code (a creation)."""
         if initcode is not None and code_may_read_basefee(initcode):
-            return True
-        for info in journal_accounts.values():
-            code_hash = bytes(info.code_hash)
-            verdict = self._codes.get(code_hash)
-            if verdict is None:
-                verdict = code_may_read_basefee(bytes(info.code or b""))
-                if len(self._codes) >= CODE_VERDICTS:
-                    self._codes.clear()
-                self._codes[code_hash] = verdict
-            if verdict:
-                return True
-        return False
+            return SUSPECT
+        if any(self._suspect_code(info) for info in journal.values()):
+            return SUSPECT
+        if any(self._suspect_code(info) for info in db_accounts.values()):
+            return UNSURE
+        return CLEAN

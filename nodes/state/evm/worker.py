@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import http.client
 import io
 import os
@@ -40,7 +41,7 @@ from chainstate.jsonrpc import (
     INVALID_PARAMS,
     NONCE_ERROR,
 )
-from nodes.state.evm.basefee import BasefeeCheck
+from nodes.state.evm.basefee import SUSPECT, UNSURE, BasefeeCheck
 from nodes.state.store import F_BALANCE, F_CODE, F_NONCE, F_STORAGE, StateStore
 
 # Accounts preloaded into a new EVM: one feed request reads them all at once, which on the
@@ -340,6 +341,19 @@ def learn_key(call: dict[str, Any]) -> LearnKey:
     return (call["to"], bytes(call["data"][:LEARN_DATA]))
 
 
+VerdictKey = tuple[Any, ...]
+
+
+def verdict_key(job: dict[str, Any], call: dict[str, Any]) -> VerdictKey:
+    """What a BASEFEE verdict is kept under on a warm EVM: the whole call and the block env
+    (blockOverrides), since any of them can change the path and so the code run; calldata
+    longer than LEARN_DATA bytes by its digest."""
+    data = bytes(call["data"])
+    digest: Any = data if len(data) <= LEARN_DATA else hashlib.blake2b(data).digest()
+    env = tuple(job["block"].values())
+    return (call["from"], call["to"], digest, call["value"], call["gas"], call["gas_price"], env)
+
+
 def storage_read(journal: str) -> list[tuple[str, int]]:
     """(address, slot) of every storage slot in the journal (what a call read or wrote)."""
     out = []
@@ -449,7 +463,7 @@ class Runner:
         self._learned: OrderedDict[LearnKey, list[tuple[str, int]]] = OrderedDict()
         self._given: dict[WarmKey, set[LearnKey]] = {}  # calls each warm EVM was prepared for
         self._basefee = BasefeeCheck()
-        self._suspects: dict[WarmKey, dict[LearnKey, bool]] = {}  # verdicts per warm EVM
+        self._suspects: dict[WarmKey, dict[VerdictKey, bool]] = {}  # verdicts per warm EVM
         self._job: dict[str, Any] = {}  # the job being run
 
     def evm_for(self, job: dict[str, Any]) -> EVM:
@@ -637,8 +651,8 @@ class Runner:
         checkpoint = evm.snapshot()
         try:
             result = self._call(evm, call)
-        except CallFailed:
-            seeds = self._basefee_seeds(evm, call)
+        except CallFailed as exc:  # executed (gas used) or refused before running
+            seeds = self._basefee_seeds(evm, call) if exc.gas_used else None
             self._revert(evm, checkpoint)
             if evm.journal_depth:  # a failed state read leaves a call frame open in revm
                 self._discard(evm)
@@ -653,6 +667,21 @@ class Runner:
             return self._on_pyevm(call, seeds)
         return result
 
+    def _collected(self, evm: EVM, call: dict[str, Any]) -> dict[str, Any]:
+        """A simulated transaction on its own fresh EVM, with what it wrote (`writes`), for
+        the next one to read; on py-evm when it may read BASEFEE."""
+        try:
+            result = self._call(evm, call)
+        except CallFailed as exc:
+            seeds = self._basefee_seeds(evm, call) if exc.gas_used else None
+            if seeds is not None:
+                return self._on_pyevm(call, seeds, collect=True)
+            raise
+        seeds = self._basefee_seeds(evm, call)
+        if seeds is not None:
+            return self._on_pyevm(call, seeds, collect=True)
+        return {**result, "writes": writes_of(evm)}
+
     def _basefee_seeds(self, evm: EVM, call: dict[str, Any]) -> list[tuple[str, int]] | None:
         """When revm's answer may be wrong because the call may read BASEFEE (pyrevm makes
         it 0) and the block's base fee is not 0: the slots revm read (to start py-evm with);
@@ -662,17 +691,44 @@ class Runner:
             return None
         key = warm_key(job)
         verdicts = self._suspects.setdefault(key, {}) if key is not None else {}
-        lk = learn_key(call)
-        suspect = verdicts.get(lk)
-        if suspect is None:
-            initcode = bytes(call["data"]) if call["to"] is None else None
-            suspect = self._basefee.may_read_basefee(evm.journal_state, initcode)
+        ck = verdict_key(job, call)
+        suspect = verdicts.get(ck)
+        if suspect is None:  # a fresh EVM of one call holds only what that call loaded
+            alone = key is None and len(job["calls"]) == 1
+            suspect = self._may_read_basefee(evm, call, fresh=alone)
             if key is not None:
-                verdicts[lk] = suspect
+                verdicts[ck] = suspect
         return storage_read(evm.journal_str) if suspect else None
 
-    def _on_pyevm(self, call: dict[str, Any], seeds: list[tuple[str, int]]) -> dict[str, Any]:
-        """The call run on py-evm with the block's base fee (nodes/state/evm/pyevm.py)."""
+    def _may_read_basefee(self, evm: EVM, call: dict[str, Any], fresh: bool = False) -> bool:
+        """basefee.py's verdict on a call revm just ran on `evm`; an unsure one (a suspect
+        code in the EVM's cache, not in the call's journal) is settled by running the call
+        on a fresh EVM, whose cache holds only what the call loads (`fresh`: this is it)."""
+        initcode = bytes(call["data"]) if call["to"] is None else None
+        verdict = self._basefee.verdict(evm.db_accounts, evm.journal_state, initcode)
+        if verdict != UNSURE:
+            return verdict == SUSPECT
+        if fresh:
+            return True
+        alone = new_evm(self._job)
+        self._preload(alone, self._job, [call])
+        alone.set_block_env(_block_env(self._job["block"]))
+        with contextlib.suppress(CallFailed, Unusable):  # what it loaded is what counts
+            self._call(alone, call)
+        return self._may_read_basefee(alone, call, fresh=True)
+
+    def _on_pyevm(
+        self, call: dict[str, Any], seeds: list[tuple[str, int]], collect: bool = False
+    ) -> dict[str, Any]:
+        """The call run on py-evm with the block's base fee (nodes/state/evm/pyevm.py);
+        `collect`: with what it wrote (a simulated transaction)."""
+        return self._pyevm_answer(self._run_pyevm(call, seeds), collect)
+
+    def _run_pyevm(
+        self, call: dict[str, Any], seeds: list[tuple[str, int]], trace_steps: int | None = None
+    ) -> dict[str, Any]:
+        """pyevm.run_on_pyevm's raw result, reading the job's block (from the store or the
+        feed); with `trace_steps`, with its struct logs (at most that many)."""
         job = self._job
         height = job["height"]
         reads = self._store_reads(job.get("store"))
@@ -683,16 +739,24 @@ class Runner:
             url = job["fork_url"]
             source = lambda a, s: self.feed.preload(url, a, s, height)  # noqa: E731
             hash_of = lambda h: self.feed.block_hash(url, h)  # noqa: E731
-        from nodes.state.evm.pyevm import run_on_pyevm  # ~1.5 s the first time: only if needed
+        from nodes.state.evm import pyevm  # ~1.5 s the first time: only if needed
 
-        r = run_on_pyevm(job, call, source, seeds, hash_of)
+        try:
+            return pyevm.run_on_pyevm(job, call, source, seeds, hash_of, trace_steps)
+        except pyevm.TraceLimit:
+            limit = f"{self.limits.max_trace_steps} steps"
+            raise CallFailed(error(EVM_FAILED, f"trace exceeds {limit}")) from None
+
+    def _pyevm_answer(self, r: dict[str, Any], collect: bool = False) -> dict[str, Any]:
+        """A py-evm result as `_call` answers (or raises CallFailed)."""
         gas = r["gas_used"]
         if r["ok"]:
             output = r["output"]
             if len(output) > self.limits.max_return_bytes:
                 msg = f"return data of {len(output)} bytes exceeds {self.limits.max_return_bytes}"
                 raise CallFailed(error(EVM_FAILED, msg), gas)
-            return {"output": "0x" + bytes(output).hex(), "gas_used": gas, "logs": r["logs"]}
+            answer = {"output": "0x" + bytes(output).hex(), "gas_used": gas, "logs": r["logs"]}
+            return {**answer, "writes": r["writes"]} if collect else answer
         kind = r["kind"]
         if kind == "revert":
             raise CallFailed(revert_error(bytes(r["output"])), gas)
@@ -725,7 +789,7 @@ class Runner:
                     limit = self.limits.max_response_bytes
                     raise CallFailed(error(EVM_FAILED, f"response exceeds {limit} bytes"))
                 if collect:  # a fresh EVM: nothing to revert, the journal holds the writes
-                    out.append({"ok": True, **self._call(evm, call), "writes": writes_of(evm)})
+                    out.append({"ok": True, **self._collected(evm, call)})
                 else:
                     out.append({"ok": True, **self._isolated(evm, call)})
                 size += (len(out[-1]["output"]) - 2) // 2
@@ -795,7 +859,8 @@ class Runner:
     # -- tracing ----------------------------------------------------------------------
 
     def trace(self, evm: EVM, job: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
-        """geth's struct-log shape built from pyrevm's EIP-3155 lines."""
+        """geth's struct-log shape built from pyrevm's EIP-3155 lines, or from py-evm's
+        steps when the call may read BASEFEE (pyrevm runs it with a base fee of 0)."""
         sink = TraceSink(self.limits.max_trace_steps, self.limits.max_trace_bytes)
         checkpoint = evm.snapshot()
         evm.tracing = True
@@ -817,8 +882,19 @@ class Runner:
             # The EVM was aborted mid-call; do not reuse it (it is never a warm one).
             limit = f"{self.limits.max_trace_steps} steps or {self.limits.max_trace_bytes} bytes"
             raise CallFailed(error(EVM_FAILED, f"trace exceeds {limit}"))
+        ran = failed is None or failed.gas_used > 0
+        seeds = self._basefee_seeds(evm, call) if ran else None
         evm.revert(checkpoint)
-        logs = sink.struct_logs()
+        if seeds is not None:
+            r = self._run_pyevm(call, seeds, trace_steps=self.limits.max_trace_steps)
+            logs = r.get("struct_logs", [])
+            result, failed = None, None
+            try:
+                result = self._pyevm_answer(r)
+            except CallFailed as exc:
+                failed = exc
+        else:
+            logs = sink.struct_logs()
         if failed is not None:
             data = failed.error.get("data")
             ret = data if isinstance(data, str) else "0x"
