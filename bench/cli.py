@@ -258,6 +258,21 @@ def add_fake_node_options(p: argparse.ArgumentParser) -> None:
         help="answer every Nth HTTP request with --fail-status (default 0 = never)",
     )
     p.add_argument("--fail-status", type=int, default=503, help="status of injected failures")
+    p.add_argument(
+        "--start-time",
+        type=float,
+        help="unix time at which the head was --head (fake nodes given the same one share "
+        "their head as it advances); default: when the node starts",
+    )
+    p.add_argument(
+        "--lie-from",
+        type=int,
+        help="from this height on, answer wrong state values and validation hashes (a lying "
+        "replica, for the fault suite)",
+    )
+    p.add_argument(
+        "--call-bytes", type=_positive_int, default=32, help="bytes of an eth_call result"
+    )
     p.add_argument("--cpus", type=parse_cpus, help="pin the fake node to these CPUs")
 
 
@@ -278,6 +293,9 @@ def cmd_fake_node(args: argparse.Namespace) -> int:
             latency_ms=args.latency_ms,
             fail_every=args.fail_every,
             fail_status=args.fail_status,
+            start_time=args.start_time,
+            lie_from=args.lie_from,
+            call_bytes=args.call_bytes,
         )
     except ValueError as exc:
         print(f"chainstate bench fake-node: {exc}", file=sys.stderr)

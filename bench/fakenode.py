@@ -7,10 +7,16 @@ requests get different answers. It holds no state and runs no EVM; it exists so 
 test measures the proxy, not the node behind it. Never point a user at it.
 
 What it does model faithfully, because routing depends on it:
-- a head that can advance (`block_time`), a `state` kind that keeps only the last `window`
-  blocks and an `archive` kind that keeps all; a block outside the range → -39006;
+- a head that can advance (`block_time`; several fake nodes given the same `start_time` share
+  one head), a `state` kind that keeps only the last `window` blocks and an `archive` kind that
+  keeps all; a block outside the range → -39006;
 - strict params (bad address/block → -32602/-39007), single and batch bodies, notifications;
-- optional added latency per response and injected HTTP failures (every Nth request).
+- `blockx_getValidation` (fake validation hashes), so a consistency checker can compare fake
+  nodes;
+- faults for the failsafe suite (bench/faults.py): added latency per response, injected HTTP
+  failures (every Nth request), **lying** from a height on (`lie_from`: other state values and
+  other validation hashes, counted as `wrong_answers` in `GET /`), and large `eth_call`
+  answers (`call_bytes`).
 
 It is served by the project's lean HTTP/1.1 server (`chainstate.httpserver`, keep-alive,
 pipelining, chunked bodies) with a plain function as handler (no task per request), so one
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -92,6 +99,9 @@ class FakeNodeSettings:
     fail_status: int = 503
     max_body: int = DEFAULT_MAX_BODY
     max_batch: int = DEFAULT_MAX_BATCH
+    start_time: float | None = None  # unix time at which the head was `head` (None: at start)
+    lie_from: int | None = None  # from this height on, state values and hashes are wrong
+    call_bytes: int = 32  # bytes of an eth_call result
 
     def __post_init__(self) -> None:
         if self.kind not in ("state", "archive"):
@@ -100,6 +110,8 @@ class FakeNodeSettings:
             raise ValueError("head must be >= 0 and window >= 1")
         if self.block_time < 0 or self.latency_ms < 0 or self.fail_every < 0:
             raise ValueError("block_time, latency_ms and fail_every must be >= 0")
+        if self.call_bytes < 1 or (self.lie_from is not None and self.lie_from < 0):
+            raise ValueError("call_bytes must be >= 1 and lie_from >= 0")
 
 
 @dataclass
@@ -113,6 +125,8 @@ class FakeChain:
         s = self.settings
         if s.block_time <= 0:
             return s.head
+        if s.start_time is not None:  # wall clock: fake nodes started apart share one head
+            return s.head + max(0, int((time.time() - s.start_time) / s.block_time))
         return s.head + int((time.monotonic() - self.started) / s.block_time)
 
     def earliest(self, head: int) -> int:
@@ -146,6 +160,9 @@ class FakeMethods:
     def __init__(self, chain: FakeChain, chain_id: int) -> None:
         self.chain = chain
         self.chain_id = chain_id
+        self.lie_from = chain.settings.lie_from
+        self.call_bytes = chain.settings.call_bytes
+        self.wrong_answers = 0  # state values answered wrong (lie_from)
         self.table: dict[str, Callable[[Any, int], Any]] = {
             "eth_blockNumber": self.eth_block_number,
             "eth_chainId": self.eth_chain_id,
@@ -166,6 +183,7 @@ class FakeMethods:
             "getBlockById": self.get_block_by_id,
             "blockIsValid": self.block_is_valid,
             "blockx_range": self.blockx_range,
+            "blockx_getValidation": self.blockx_get_validation,
             "version": self.version,
         }
 
@@ -220,6 +238,20 @@ class FakeMethods:
             "gas_used": int(h["gasUsed"], 16),
         }
 
+    def validation_hash(self, height: int) -> str:
+        salt = b"lie" if self.lying(height) else b"val"
+        return "0x" + _digest(salt, _h8(height)).hex()
+
+    def lying(self, height: int) -> bool:
+        return self.lie_from is not None and height >= self.lie_from
+
+    def _told(self, value: int, height: int) -> int:
+        """A state value as this node tells it: one more from `lie_from` on (counted)."""
+        if self.lie_from is None or height < self.lie_from:
+            return value
+        self.wrong_answers += 1
+        return value + 1
+
     # --- eth namespace --------------------------------------------------------------------
     def _at(self, value: Any, head: int) -> int:
         return self.chain.resolve(parse_block_number_param(value), head)
@@ -233,12 +265,14 @@ class FakeMethods:
     def eth_get_balance(self, params: Any, head: int) -> str:
         addr, block = params_list(params, ["address", "blockNumber"])
         address = parse_address(addr)
-        return hex(self.balance(address, self._at(block, head)))
+        height = self._at(block, head)
+        return hex(self._told(self.balance(address, height), height))
 
     def eth_get_transaction_count(self, params: Any, head: int) -> str:
         addr, block = params_list(params, ["address", "blockNumber"])
         address = parse_address(addr)
-        return hex(self.nonce(address, self._at(block, head)))
+        height = self._at(block, head)
+        return hex(self._told(self.nonce(address, height), height))
 
     def eth_get_code(self, params: Any, head: int) -> str:
         addr, block = params_list(params, ["address", "blockNumber"])
@@ -250,7 +284,14 @@ class FakeMethods:
         addr, pos, block = params_list(params, ["address", "position", "blockNumber"])
         address = parse_address(addr)
         slot = parse_quantity(pos, "position", lenient=True)
-        return "0x" + self.storage(address, slot, self._at(block, head)).hex()
+        return self._slot(address, slot, self._at(block, head))
+
+    def _slot(self, address: str, slot: int, height: int) -> str:
+        value = self.storage(address, slot, height)
+        if self.lying(height):
+            self._told(0, height)
+            value = bytes([value[0] ^ 1]) + value[1:]
+        return "0x" + value.hex()
 
     def eth_call(self, params: Any, head: int) -> str:
         names = ["request", "blockNumber", "stateOverride", "blockOverrides"]
@@ -260,7 +301,13 @@ class FakeMethods:
         to = parse_address(request.get("to"), "to")
         data = parse_data(request.get("data", request.get("input", "0x")), "data")
         height = self._at(block, head)
-        return "0x" + _digest(b"call", to.encode(), data, _h8(height)).hex()
+        out = _digest(b"call", to.encode(), data, _h8(height))
+        if self.call_bytes != len(out):  # large answers (memory tests): the digest repeated
+            out = (out * (self.call_bytes // len(out) + 1))[: self.call_bytes]
+        if self.lying(height):
+            self._told(0, height)
+            out = bytes([out[0] ^ 1]) + out[1:]
+        return "0x" + out.hex()
 
     def eth_get_block_by_number(self, params: Any, head: int) -> dict[str, Any] | None:
         block, _full = params_list(params, ["blockNumber", "full"])
@@ -284,12 +331,14 @@ class FakeMethods:
     def get_address_balance(self, params: Any, head: int) -> str:
         addr, ctx = params_list(params, ["address", "blockCtx"])
         address = parse_address(addr)
-        return hex(self.balance(address, self._ctx(ctx, head)))
+        height = self._ctx(ctx, head)
+        return hex(self._told(self.balance(address, height), height))
 
     def get_address_nonce(self, params: Any, head: int) -> str:
         addr, ctx = params_list(params, ["address", "blockCtx"])
         address = parse_address(addr)
-        return hex(self.nonce(address, self._ctx(ctx, head)))
+        height = self._ctx(ctx, head)
+        return hex(self._told(self.nonce(address, height), height))
 
     def get_address_code(self, params: Any, head: int) -> str:
         addr, ctx = params_list(params, ["address", "blockCtx"])
@@ -301,7 +350,7 @@ class FakeMethods:
         addr, pos, ctx = params_list(params, ["address", "position", "blockCtx"])
         address = parse_address(addr)
         slot = parse_quantity(pos, "position", lenient=True)
-        return "0x" + self.storage(address, slot, self._ctx(ctx, head)).hex()
+        return self._slot(address, slot, self._ctx(ctx, head))
 
     def get_latest_block(self, params: Any, head: int) -> dict[str, Any]:
         return self.vendor_block(head)
@@ -324,6 +373,23 @@ class FakeMethods:
 
     def blockx_range(self, params: Any, head: int) -> dict[str, int]:
         return {"earliest": self.chain.earliest(head), "latest": head}
+
+    def blockx_get_validation(self, params: Any, head: int) -> list[dict[str, Any]]:
+        """What a consistency checker compares (docs/checker.md), for the held heights of
+        [from, from + count)."""
+        start, count = params_list(params, ["fromHeight", "count"])
+        if not isinstance(start, int) or not isinstance(count, int) or not 0 < count <= 1000:
+            raise JsonRpcError(INVALID_PARAMS, "fromHeight and count (1..1000) must be integers")
+        low = max(start, self.chain.earliest(head))
+        return [
+            {
+                "height": h,
+                "id": block_hash(h),
+                "parent_id": block_hash(h - 1) if h else ZERO_HASH,
+                "validation_hash": self.validation_hash(h),
+            }
+            for h in range(low, min(start + count, head + 1))
+        ]
 
     def version(self, params: Any, head: int) -> dict[str, Any]:
         return {"version": VERSION, "kind": self.chain.settings.kind, "fake": True}
@@ -426,6 +492,12 @@ class FakeNode:
         await asyncio.sleep(self.settings.latency_ms / 1000.0)
         return self.answer(request)
 
+    def start_lying(self) -> None:
+        """Answer wrong state values and validation hashes from the next block on."""
+        methods = self.rpc.methods
+        if methods.lie_from is None:
+            methods.lie_from = self.settings.lie_from = self.rpc.chain.head() + 1
+
     def status(self, request: Request) -> Response:
         head = self.rpc.chain.head()
         status = {
@@ -433,6 +505,9 @@ class FakeNode:
             "kind": self.settings.kind,
             "head": head,
             "earliest": self.rpc.chain.earliest(head),
+            "requests": self.stats.requests,
+            "lie_from": self.settings.lie_from,
+            "wrong_answers": self.rpc.methods.wrong_answers,
         }
         return 200, orjson.dumps(status)
 
@@ -453,11 +528,13 @@ class FakeNode:
 
 
 async def serve_forever(settings: FakeNodeSettings, announce: Callable[[str], None]) -> None:
-    """Run a fake node until SIGINT/SIGTERM (the `chainstate bench fake-node` command)."""
+    """Run a fake node until SIGINT/SIGTERM (the `chainstate bench fake-node` command).
+    SIGUSR1 makes it start lying from the next block (the fault suite's "wrong answers")."""
     from chainstate.runner import wait_for_stop
 
     node = FakeNode(settings)
     await node.start()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, node.start_lying)
     try:
         announce(node.url)
         await wait_for_stop()

@@ -814,7 +814,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def add_suite_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("suite", choices=sorted(SUITES), help="which suite to run")
+    p.add_argument("suite", choices=sorted([*SUITES, "faults"]), help="which suite to run")
     p.add_argument("-d", "--duration", type=float, default=5.0, help="seconds per measurement")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per measurement")
     p.add_argument("-c", "--concurrency", type=int, default=64, help="connections (default 64)")
@@ -850,12 +850,18 @@ def cmd_suite(args: argparse.Namespace) -> int:
         evm=dict(args.evm or []),
         reference=not args.no_reference,
     )
+    shown = render
     try:
-        report = run_suite(SUITES[args.suite](), opts)
+        if args.suite == "faults":  # a suite of its own shape (bench/faults.py)
+            from bench import faults
+
+            report, shown = faults.FaultSuite().run(opts), faults.render
+        else:
+            report = run_suite(SUITES[args.suite](), opts)
     except RuntimeError as exc:
         print(f"chainstate bench suite: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(report, indent=2) if args.json else render(report), flush=True)
+    print(json.dumps(report, indent=2) if args.json else shown(report), flush=True)
     return 0
 
 

@@ -47,9 +47,9 @@ from chainstate.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, cut
 log = logging.getLogger(__name__)
 
 # A handler answers (status, body) with a JSON body (b"" with 204), or just the body (200, or
-# 204 when empty). It may be a plain function (answered at once, no task) or a coroutine
-# function.
-Response = tuple[int, bytes] | bytes
+# 204 when empty), or (status, body, extra header lines such as b"Retry-After: 1\r\n"). It
+# may be a plain function (answered at once, no task) or a coroutine function.
+Response = tuple[int, bytes] | tuple[int, bytes, bytes] | bytes
 Handler = Callable[["Request"], Awaitable[Response] | Response]
 # (method, path without the query) → the handler, or None for the fallback application.
 Router = Callable[[bytes, bytes], Handler | None]
@@ -430,16 +430,20 @@ class _Connection(asyncio.Protocol):
         self._answer(slot, result, keep_alive, http10)
 
     def _render(self, result: Response, keep_alive: bool, http10: bool) -> bytes:
+        extra = b""
         if type(result) is bytes:
             status, body = (200, result) if result else (204, b"")
-        else:
+        elif len(result) == 2:
             status, body = result  # type: ignore[misc]
+        else:
+            status, body, extra = result  # type: ignore[misc]
         conn = (_KEEP_ALIVE if http10 else b"") if keep_alive else _CLOSE
         if status == 204:
             return b"%b%b%b\r\n" % (_status_line(204), self.server.date, conn)
         head = _JSON_HEAD.get(status) or _status_line(status) + _JSON
-        return b"%b%bContent-Length: %d\r\n%b\r\n%b" % (
+        return b"%b%b%bContent-Length: %d\r\n%b\r\n%b" % (
             head,
+            extra,
             self.server.date,
             len(body),
             conn,

@@ -193,6 +193,7 @@ class Stack:
         )
         await checker.start()
         stack.push_async_callback(checker.close)
+        self.registry.register("checker", checker.handle_body)  # the proxy's [[proxy.checkers]]
         await self.serve(
             stack, "consistency checker", checker.make_app(), sect, checker.handle_body
         )

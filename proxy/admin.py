@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -253,9 +254,22 @@ class AdminApi:
         return reply({"chains": chains, "config_store": self._store_state()})
 
     async def get_all_nodes(self, request: web.Request) -> web.Response:
+        """Every node with what the proxy observed, including the failsafe parts (breaker,
+        checker verdict, latency cost, routable), and the pool's admission figures and the
+        checker's last report."""
         pool = self._pool(request)
+        cost = self.engine.selector.cost
+        nodes = [{**n.to_obj(), **n.failsafe_obj(cost(n))} for n in pool.readers]
+        limit = self.engine.admission.limit(pool, time.perf_counter())
         return reply(
-            {"pool": pool.id, "head": pool.head(), "nodes": [n.to_obj() for n in pool.readers]}
+            {
+                "pool": pool.id,
+                "head": pool.head(),
+                "nodes": nodes,
+                "inflight": pool.inflight,
+                "inflight_limit": limit or None,
+                "checker": pool.verdicts,
+            }
         )
 
     async def debug_choose(self, request: web.Request) -> web.Response:
@@ -342,7 +356,7 @@ class AdminApi:
         assert pool is not None
         if pool.find(entry.key) is not None:
             raise AdminError(409, f"node {entry.key} already exists in pool {pool_id}")
-        pool.local[entry.key] = Node(entry, local=True)
+        pool.local[entry.key] = Node(entry, local=True, breaker_settings=self.state.breaker)
         pool.rebuild()
         return reply({"pool": pool_id, "node": pool.local[entry.key].to_obj()}, 201)
 
@@ -634,8 +648,9 @@ def _renewed(node: Node, entry: NodeEntry) -> Node:
     """The node with a changed entry; observations are kept while the URL stays the same."""
     if node.entry.url == entry.url:
         node.entry = entry
+        node.update_blocked()  # ignore_checker may have changed
         return node
-    return Node(entry, local=node.local)
+    return Node(entry, local=node.local, breaker_settings=node.breaker_settings)
 
 
 def _create(obj: dict[str, Any]) -> Callable[[bytes | None], dict[str, Any]]:

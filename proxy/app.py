@@ -8,6 +8,7 @@ Background work starts and stops through `cleanup_ctx`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from chainstate.httpserver import HttpServer, Request, Response, ServerLimits
 from chainstate.inproc import InprocRegistry
 from chainstate.rpcserver import read_body
 from proxy.admin import AdminApi
+from proxy.breaker import BreakerSettings
 from proxy.engine import Engine
 from proxy.events import Events
 from proxy.eventsettings import EventSettings
@@ -34,6 +36,7 @@ from proxy.state import RoutingState
 from proxy.store import ConfigStore
 from proxy.sync import StoreSync
 from proxy.upstream import Upstream
+from proxy.verdicts import CheckerVerdicts
 
 JSON = "application/json"
 
@@ -51,6 +54,7 @@ class Proxy:
     mirrors: Mirrors
     engine: Engine
     tracker: HeadTracker
+    verdicts: CheckerVerdicts
     sync: StoreSync
     admin: AdminApi
     events: Events  # filters and WebSocket subscriptions (the engine diverts their bodies)
@@ -66,9 +70,16 @@ class Proxy:
     ) -> Proxy:
         s = settings
         real_tracer = None if tracer is None or isinstance(tracer, trace.NoOpTracer) else tracer
-        state = RoutingState(max_weight=s.max_weight)
-        upstream = Upstream(registry, s.upstream_connections, s.upstream_keepalive)
-        selector = Selector(s.state_window, s.known_hashes)
+        breaker = BreakerSettings(s.breaker_failures, s.breaker_cooldown, s.breaker_cooldown_max)
+        state = RoutingState(max_weight=s.max_weight, breaker=breaker)
+        upstream = Upstream(
+            registry,
+            s.upstream_connections,
+            s.upstream_keepalive,
+            s.max_buffered_bytes,
+            s.max_answer_bytes,
+        )
+        selector = Selector(s.state_window, s.known_hashes, latency_decay=s.latency_decay)
         metrics = ProxyMetrics(s.client_id_top_n)
         mirrors = Mirrors(
             upstream,
@@ -79,7 +90,12 @@ class Proxy:
             s.mirror_timeout,
         )
         engine = Engine(s, state, upstream, selector, metrics, mirrors, real_tracer)
-        metrics.watch_nodes(lambda: state.pools, lambda: engine.inflight)
+        admission = engine.admission
+        metrics.watch_nodes(
+            lambda: state.pools,
+            lambda: engine.inflight,
+            lambda pool: admission.limit(pool, time.perf_counter()),
+        )
         tracker = HeadTracker(
             lambda: state.pools,
             upstream,
@@ -88,13 +104,29 @@ class Proxy:
             s.poll_timeout,
             s.unhealthy_after,
         )
+        verdicts = CheckerVerdicts(
+            s.checkers, lambda: state.pools, upstream, s.checker_poll_interval, s.poll_timeout
+        )
         sync = StoreSync(store, state, s)
         admin = AdminApi(s, state, store, engine, tracker)
         events = Events.for_engine(
             event_settings, s, engine, lambda: state.pools, registry, metrics.registry
         )
-        parts = (upstream, selector, metrics, mirrors, engine, tracker, sync, admin, events)
-        return cls(s, state, store, *parts)
+        return cls(
+            s,
+            state,
+            store,
+            upstream,
+            selector,
+            metrics,
+            mirrors,
+            engine,
+            tracker,
+            verdicts,
+            sync,
+            admin,
+            events,
+        )
 
     async def lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
         await self.upstream.start()
@@ -105,10 +137,12 @@ class Proxy:
                 raise ConfigError(f"[proxy] {exc}") from None
             await self.mirrors.start()
             await self.tracker.start()
+            await self.verdicts.start()
             await self.events.start()
             yield
         finally:
             await self.events.close()
+            await self.verdicts.close()
             await self.tracker.close()
             await self.mirrors.close()
             await self.sync.close()
@@ -151,12 +185,24 @@ def _data_handler(proxy: Proxy):
         body = await read_body(request, limits)
         if isinstance(body, web.Response):
             return body
-        status, out = await engine.handle(request.match_info["chain"], body, request.headers)
+        answer = await engine.handle(request.match_info["chain"], body, request.headers)
+        status, out = answer[0], answer[1]
         if status == 204:
             return web.Response(status=204)
-        return web.Response(status=status, body=out, content_type=JSON)
+        headers = _header_lines(answer[2]) if len(answer) > 2 else None
+        return web.Response(status=status, body=out, content_type=JSON, headers=headers)
 
     return handle
+
+
+def _header_lines(raw: bytes) -> dict[str, str]:
+    """`Name: value\r\n` lines (the engine's extra headers) as a dict for aiohttp."""
+    out = {}
+    for line in raw.decode("latin-1").split("\r\n"):
+        name, sep, value = line.partition(":")
+        if sep:
+            out[name.strip()] = value.strip()
+    return out
 
 
 def create_server(app: web.Application) -> HttpServer:
@@ -166,8 +212,14 @@ def create_server(app: web.Application) -> HttpServer:
     proxy = app[PROXY]
     engine = proxy.engine
 
-    def data(request: Request) -> Awaitable[Response]:  # the engine's coroutine, unwrapped
-        return engine.handle(request.path[1:].decode("latin-1"), request.body, request.headers)
+    def data(request: Request) -> Awaitable[Response] | Response:
+        # The engine's coroutine, unwrapped; an unknown chain or an overloaded pool is
+        # answered at once (no task for a refusal: 10,000 clients at once stay cheap).
+        chain_id = request.path[1:].decode("latin-1")
+        admitted = engine.admit(chain_id)
+        if type(admitted) is tuple:
+            return admitted
+        return engine.handle(chain_id, request.body, request.headers, admitted)  # type: ignore[arg-type]
 
     def route(method: bytes, path: bytes) -> Any:
         # One path segment: `/1337`, `/0x539`, `/1337-blue`; %-escapes go to aiohttp, which

@@ -7,6 +7,10 @@ deadline order (same limit, later start → later deadline), so one timer, armed
 deadline of all lanes, finds what expired by looking at the oldest entries only. An expired
 attempt's task is cancelled, and the attempt turns that cancellation into a timeout
 (`Deadline.expired`), as `asyncio.timeout` does; a cancellation from anyone else passes on.
+
+The same lanes hold soft timers (`schedule`): any entry with an `expire()` method and a
+`lane` slot, called when due without cancelling anything (the hedge and attempt-timeout
+timers of proxy/hedge.py).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 from asyncio import current_task
+from typing import Any
 
 MIN_GAP = 0.005  # seconds: the timer is never armed closer than this to its last run
 
@@ -35,6 +40,10 @@ class Deadline:
         if not self._fired:
             return False
         return self.task.uncancel() <= self._cancelling
+
+    def expire(self) -> None:
+        self._fired = True
+        self.task.cancel()
 
 
 class Deadlines:
@@ -61,12 +70,25 @@ class Deadlines:
             self._arm(due)
         return token
 
+    def schedule(self, seconds: float, entry: Any) -> None:
+        """Call `entry.expire()` in `seconds` unless `stop(entry)` comes first. `entry` needs a
+        `lane` attribute (set here)."""
+        loop = self._loop or self._bind()
+        lane = self._lanes.get(seconds)
+        if lane is None:
+            lane = self._lanes[seconds] = {}
+        entry.lane = lane
+        due = loop.time() + seconds
+        lane[entry] = due
+        if due < self._timer_at:
+            self._arm(due)
+
     def _bind(self) -> asyncio.AbstractEventLoop:
         self._loop = asyncio.get_running_loop()
         return self._loop
 
     @staticmethod
-    def stop(token: Deadline) -> None:
+    def stop(token: Any) -> None:
         token.lane.pop(token, None)
 
     def _arm(self, when: float) -> None:
@@ -81,16 +103,15 @@ class Deadlines:
         self._timer_at = math.inf
         now = (self._loop or self._bind()).time()
         earliest = math.inf
-        for lane in self._lanes.values():
+        for lane in list(self._lanes.values()):  # an expire() may schedule into a new lane
             while lane:
                 token, due = next(iter(lane.items()))
                 if due > now:
                     earliest = min(earliest, due)
                     break
                 del lane[token]
-                token._fired = True
-                token.task.cancel()
-        if earliest < math.inf:
+                token.expire()
+        if earliest < self._timer_at:  # (an expire() may have armed the timer already)
             self._arm(max(earliest, now + MIN_GAP))
 
     def close(self) -> None:

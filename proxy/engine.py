@@ -1,11 +1,15 @@
-"""The JSON-RPC engine: parse → target block → choose node → forward → classify → retry.
+"""The JSON-RPC engine: admit → parse → target block → choose → send → classify → retry.
 
 `Engine.handle(chain_id, body, headers)` answers one client body and is the in-process entry
-point (the workspace calls it). A single request going to one node is forwarded as the
-client's raw bytes and the node's raw answer is returned without re-encoding; the answer is
-only peeked at for the retryable codes (-39006, -39008). Batches are split by chosen node,
-sent as concurrent sub-batches with ids rewritten to positions (client ids may repeat, be
-strings or null), and reassembled in the client's order.
+point (the workspace calls it). A pool over its in-flight limit refuses the body at once
+(proxy/admission.py). Every request item then goes through one loop (`_route`), for single
+requests and batches alike: each round chooses a node per pending item (items that the same
+nodes can serve share one pick), sends one body per chosen node (proxy/attempts.py: the
+client's bytes when they can go as they are, else a sub-batch with ids rewritten to
+positions), classifies every answer (proxy/outcome.py) and keeps what the outcome says to
+retry for the next round, up to `max_attempts` rounds. A single request is forwarded as the
+client's bytes and the node's bytes returned without re-encoding; they are only peeked at for
+the retryable codes (-39006, -39008).
 """
 
 from __future__ import annotations
@@ -22,11 +26,9 @@ from opentelemetry import trace
 
 from chainstate.blockref import BlockRef
 from chainstate.jsonrpc import (
-    BLOCK_NOT_FOUND,
     INTERNAL_ERROR,
     INVALID_REQUEST,
     PARSE_ERROR,
-    RETRYABLE_CODES,
     JsonRpcError,
     check_request,
     cut,
@@ -35,11 +37,14 @@ from chainstate.jsonrpc import (
     request_id,
     restore_ids,
 )
+from proxy import outcome
+from proxy.admission import Admission
+from proxy.attempts import BATCH, Attempts, Group
 from proxy.methods import LocalMethod, MethodSpec, MethodTable
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import Node, Pool, normalize_pool
-from proxy.select import NoEligibleNode, Selector
+from proxy.select import POOL_HEAD, NoEligibleNode, Selector
 from proxy.settings import ProxySettings
 from proxy.state import RoutingState
 from proxy.upstream import Upstream, UpstreamError
@@ -47,13 +52,10 @@ from proxy.upstream import Upstream, UpstreamError
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("chainstate.proxy.access")
 SOURCE_HEADERS = ("x-vendor-biz", "x-vendor-source", "x-vendor-source-host", "x-vendor-env")
-RETRY_REASONS = {BLOCK_NOT_FOUND: "block_not_found", -39008: "unsupported_precompile"}
 NO_NODE_KEY = "-"  # node label of items no node answered
 UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
 MAX_HEADER_VALUE = 256  # longer client header values are cut in logs and spans
 MAX_CHAIN_IDS = 1024  # distinct raw chain ids whose normalized pool id is remembered
-# Answers a whole client body the engine hands over: (chain id, body, headers) -> (status, body).
-Divert = Callable[[str, bytes, Mapping[str, str]], Awaitable[tuple[int, bytes]]]
 
 
 # Answers that show the block a transaction was mined in. The Leader's execution client knows
@@ -91,52 +93,45 @@ def _dumps_error(rid: Any, exc: JsonRpcError) -> bytes:
     return orjson.dumps(error_response(rid, exc.code, exc.message, exc.data))
 
 
-def retry_code(raw: bytes) -> int | None:
-    """The retryable error code of a single response, peeking before decoding anything."""
-    if b"-3900" not in raw:
-        return None
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    return _error_code(obj) if isinstance(obj, dict) else None
+def _usable_single(raw: bytes) -> bool:
+    """A second attempt's answer to a single request may win unless it asks for a retry."""
+    return not outcome.of_raw(raw).retry
 
 
-def _error_code(obj: dict[str, Any]) -> int | None:
-    err = obj.get("error")
-    if isinstance(err, dict) and err.get("code") in RETRYABLE_CODES:
-        return err["code"]
-    return None
+def _usable_batch(raw: bytes) -> bool:
+    return True
 
 
-def single_outcome(raw: bytes) -> tuple[str, int | None]:
-    """Step 5 for one answer: (attempt outcome, the retryable code or None)."""
-    code = retry_code(raw)
-    return ("ok", None) if code is None else ("retryable", code)
+Answer = tuple[int, bytes] | tuple[int, bytes, bytes]  # (status, body[, header lines])
+# Answers a whole client body the engine hands over: (pool id, body, headers) -> Answer.
+Divert = Callable[[str, bytes, Mapping[str, str]], Awaitable[Answer]]
 
 
-def batch_outcome(raw: bytes) -> tuple[str, Any]:
-    """Step 5 for a sub-batch answer: (attempt outcome, the decoded answer or None)."""
-    try:
-        return "ok", (orjson.loads(raw) if raw else [])
-    except orjson.JSONDecodeError:
-        return "bad_response", None
+class Admitted:
+    """A client body's pool, with its place among the pool's requests in flight taken."""
+
+    __slots__ = ("chain", "pool")
+
+    def __init__(self, chain: str, pool: Pool) -> None:
+        self.chain = chain
+        self.pool = pool
 
 
 class Ctx:
     """One client request as it goes through the steps."""
 
-    __slots__ = ("chain", "methods", "nodes", "pool")
+    __slots__ = ("chain", "methods", "nodes", "pool", "reserved")
 
     def __init__(self, chain: str, pool: Pool) -> None:
         self.chain = chain
         self.pool = pool
         self.methods: list[str] = []
         self.nodes: list[str] = []  # every node tried (access log)
+        self.reserved = 0  # answer bytes held for it in the buffered-bytes budget
 
 
 class Item:
-    """One request object of a batch and its retry bookkeeping."""
+    """One request object (of a batch, or the single one) and its retry bookkeeping."""
 
     __slots__ = (
         "err",
@@ -172,9 +167,11 @@ class Item:
         self.notif = notif
         self.tried: list[Node] = []
         self.prefer_archive = False
-        self.last: dict[str, Any] | None = None  # last (retryable) answer
+        # The last answer that asked for a retry: a dict, or the node's bytes for a single
+        # request (answered as they are when the attempts run out).
+        self.last: dict[str, Any] | bytes | None = None
         self.err: UpstreamError | None = None  # last transport failure
-        self.reason = ""
+        self.reason = ""  # the outcome that asked for the next attempt (retry metric label)
 
 
 class Engine:
@@ -196,12 +193,14 @@ class Engine:
         self.mirrors = mirrors
         self.methods = MethodTable(settings.extra_methods)
         self.tracer = None if tracer is None or isinstance(tracer, trace.NoOpTracer) else tracer
+        self.attempts = Attempts(settings, upstream, selector, metrics, self.tracer)
+        self.admission = Admission(
+            settings.admission_wait, settings.max_pool_inflight, settings.upstream_connections
+        )
         self.inflight = 0
-        self._timeout = settings.upstream_timeout
-        self._attempts = settings.max_attempts
+        self._rounds = settings.max_attempts
         self._max_body = settings.max_body_bytes
         self._max_batch = settings.max_batch_items
-        self._unhealthy_after = settings.unhealthy_after
         self._pool_ids: dict[str, str | None] = {}  # raw /:chainId → pool id (a pure function)
         self._divert: Divert | None = None
 
@@ -240,56 +239,84 @@ class Engine:
             return f"chain {pool_id} is in version mode ({version}) but pool {pool} has no nodes"
         return f"unknown chain {chain_id[:80]!r}: no node pool is configured for it"
 
-    async def handle(
-        self, chain_id: str, body: bytes, headers: Mapping[str, str]
-    ) -> tuple[int, bytes]:
-        """Answer one client body: (HTTP status, response body; b"" with 204)."""
-        started = time.perf_counter()
-        self.inflight += 1
-        try:
-            if self.tracer is None:
-                return await self._handle(chain_id, body, headers, None, started)
-            with self.tracer.start_as_current_span("jsonrpc.request") as span:
-                return await self._handle(chain_id, body, headers, span, started)
-        finally:
-            self.inflight -= 1
-
-    async def _handle(
-        self,
-        chain_id: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        span: Any,
-        started: float,
-    ) -> tuple[int, bytes]:
+    def admit(self, chain_id: str) -> Admitted | Answer:
+        """Step 0, synchronous (the data listener answers a refusal without a task): the
+        pool a body may go to, its place among the pool's requests in flight taken; or the
+        answer at once: 404 for an unknown chain, 503 + Retry-After when the pool is over
+        its in-flight limit (proxy/admission.py)."""
         found = self.resolve(chain_id)
         if found is None:
             return 404, _dumps_error(None, JsonRpcError(INVALID_REQUEST, self._unknown(chain_id)))
         chain, pool = found
+        refused = self.admission.check(pool, time.perf_counter())
+        if refused is not None:
+            self.metrics.refused(chain)
+            return 503, _dumps_error(None, refused), refused.header
+        pool.inflight += 1
+        return Admitted(chain, pool)
+
+    async def handle(
+        self,
+        chain_id: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        admitted: Admitted | None = None,
+    ) -> Answer:
+        """Answer one client body: (HTTP status, response body; b"" with 204), and extra
+        header lines when the pool refuses it (`Retry-After` with a 503). `admitted`: what
+        `admit(chain_id)` gave, when the caller asked already."""
+        started = time.perf_counter()
+        if admitted is None:
+            entry = self.admit(chain_id)
+            if type(entry) is tuple:
+                return entry
+            admitted = entry  # type: ignore[assignment]
+        self.inflight += 1
+        try:
+            if self.tracer is None:
+                return await self._handle(admitted, body, headers, None, started)
+            with self.tracer.start_as_current_span("jsonrpc.request") as span:
+                return await self._handle(admitted, body, headers, span, started)
+        finally:
+            self.inflight -= 1
+            admitted.pool.inflight -= 1
+
+    async def _handle(
+        self,
+        admitted: Admitted,
+        body: bytes,
+        headers: Mapping[str, str],
+        span: Any,
+        started: float,
+    ) -> Answer:
+        chain, pool = admitted.chain, admitted.pool
         ctx = Ctx(chain, pool)
         self.metrics.client(headers.get("client-id"))
         shape = "single"
         size = 1
-        if len(body) > self._max_body:
-            msg = f"request body larger than max_body_bytes={self._max_body} bytes"
-            status, out = 413, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
-        else:
-            try:
-                payload = orjson.loads(body)
-            except orjson.JSONDecodeError as exc:
-                payload = None
-                msg = f"Parse error: {cut(str(exc))}"
-                status, out = 200, _dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
+        try:
+            if len(body) > self._max_body:
+                msg = f"request body larger than max_body_bytes={self._max_body} bytes"
+                status, out = 413, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
             else:
                 try:
+                    payload = orjson.loads(body)
+                except orjson.JSONDecodeError as exc:
+                    payload = None
+                    msg = f"Parse error: {cut(str(exc))}"
+                    status, out = 200, _dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
+                else:
                     if isinstance(payload, list):
                         shape, size = "batch", len(payload)
                         status, out = await self._batch(ctx, payload, body)
                     else:
                         status, out = await self._single(ctx, payload, body)
-                except LocalMethod:  # raised only once divert() has set the handler
-                    assert self._divert is not None
-                    return await self._divert(chain_id, body, headers)
+        except LocalMethod:  # raised only once divert() has set the handler
+            assert self._divert is not None
+            return await self._divert(pool.id, body, headers)
+        finally:
+            if ctx.reserved:
+                self.upstream.budget.release(ctx)  # type: ignore[union-attr]
         elapsed = time.perf_counter() - started
         self.metrics.observe(chain, shape, elapsed)
         if span is not None:
@@ -298,11 +325,11 @@ class Engine:
             self._log(ctx, size, status, elapsed, headers)
         return status, out
 
-    # ---- single --------------------------------------------------------------------------
+    # ---- step 1: parse -------------------------------------------------------------------
 
     async def _single(self, ctx: Ctx, payload: Any, body: bytes) -> tuple[int, bytes]:
-        """Steps 1-5 for one request object: forwarded as the client's bytes, answered with
-        the node's bytes unless a retry or the read-your-writes view needs otherwise."""
+        """One request object: forwarded as the client's bytes, answered with the node's
+        bytes unless the attempts ran out or the read-your-writes view needs otherwise."""
         bad = check_request(payload)
         if bad is not None:
             self.metrics.request(ctx.chain, UNKNOWN_METHOD, NO_NODE_KEY, "invalid")
@@ -320,154 +347,24 @@ class Engine:
         ctx.methods.append(method)
         if ctx.pool.mirrors:
             self.mirrors.offer_single(ctx.pool, method, body)
-        out = await self._forward_single(ctx, method, spec, ref, payload, body)
+        rid = _exact_id(payload, body, payload.get("id"))
+        item = Item(0, payload, rid, method, spec, ref, notif)
+        answers: list[Any] = [None]
+        out = await self._route(ctx, [item], body, answers, single=True)
+        if out is None:
+            answer = answers[0]
+            if answer is None:  # a notification
+                return 204, b""
+            out = answer if type(answer) is bytes else orjson.dumps(answer)
+        else:
+            if type(payload.get("id")) is float:  # as the client wrote it, not as parsed
+                out = restore_ids(body, out)
+            if spec.writer:
+                out = self._readable_view(ctx.pool, method, out)
         return (204, b"") if notif or not out else (200, out)
 
-    async def _forward_single(
-        self,
-        ctx: Ctx,
-        method: str,
-        spec: MethodSpec,
-        ref: BlockRef | None,
-        payload: dict[str, Any],
-        body: bytes,
-    ) -> bytes:
-        tried: list[Node] = []
-        prefer_archive = False
-        last: bytes | None = None
-        failure: UpstreamError | None = None
-        reason = ""
-        for attempt in range(1, self._attempts + 1):
-            try:
-                nodes, _ = self.selector.candidates(
-                    ctx.pool, method, spec, ref, tried, prefer_archive
-                )
-            except NoEligibleNode as exc:
-                if last is None and failure is None:
-                    self.metrics.request(ctx.chain, method, NO_NODE_KEY, "no_node")
-                    return _dumps_error(_exact_id(payload, body, payload.get("id")), exc)
-                break
-            node = self.selector.pick(nodes)
-            if attempt > 1:
-                self.metrics.retry(ctx.chain, reason)
-            tried.append(node)
-            try:
-                if self.tracer is None:  # (one coroutine less on the common path)
-                    raw, code = await self._exchange(ctx, node, body, single_outcome, None)
-                else:
-                    raw, code = await self._attempt(ctx, node, body, 1, attempt, single_outcome)
-            except UpstreamError as exc:
-                failure, reason = exc, exc.kind
-                continue
-            if code is None:
-                outcome = "error" if b'"error"' in raw else "ok"
-                self.metrics.request(ctx.chain, method, node.key, outcome)
-                if type(payload.get("id")) is float:  # as the client wrote it, not as parsed
-                    raw = restore_ids(body, raw)
-                return self._readable_view(ctx.pool, method, raw) if spec.writer else raw
-            last, reason = raw, RETRY_REASONS.get(code, "retryable")
-            prefer_archive = code == BLOCK_NOT_FOUND
-        node_key = tried[-1].key if tried else NO_NODE_KEY
-        if last is not None:
-            self.metrics.request(ctx.chain, method, node_key, "error")
-            return last
-        self.metrics.request(ctx.chain, method, node_key, "upstream_failed")
-        rid = _exact_id(payload, body, payload.get("id"))
-        return _dumps_error(rid, self._failed(ctx.pool, method, tried, failure))
-
-    def _readable_view(self, pool: Pool, method: str, raw: bytes) -> bytes:
-        """`raw` with a transaction whose block the pool cannot read yet shown as pending."""
-        if method not in UNMINED_FIELDS:
-            return raw
-        try:
-            answer = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return raw
-        readable = self.selector.readable_head(pool)
-        if isinstance(answer, dict) and hide_unreadable(method, answer, readable):
-            return orjson.dumps(answer)
-        return raw
-
-    @staticmethod
-    def _failed(
-        pool: Pool, method: str, tried: list[Node], failure: UpstreamError | None
-    ) -> JsonRpcError:
-        last = tried[-1] if tried else None
-        if last is not None and last.entry.kind == "writer":
-            msg = (
-                f"{method}: the Leader write node {last.key} ({last.entry.url}) did not answer: "
-                f"{failure}; if it stays down, switch the Leader: "
-                f"POST /{pool.id}/writers/switchLeader"
-            )
-        else:
-            msg = f"{method}: no node answered after {len(tried)} attempt(s); last error: {failure}"
-        return JsonRpcError(INTERNAL_ERROR, msg)
-
-    # ---- upstream attempt ----------------------------------------------------------------
-
-    async def _attempt(
-        self,
-        ctx: Ctx,
-        node: Node,
-        body: bytes,
-        items: int,
-        attempt: int,
-        classify: Callable[[bytes], tuple[str, Any]],
-    ) -> tuple[bytes, Any]:
-        """Step 4, one upstream try: (the raw answer, what `classify` made of it)."""
-        if self.tracer is None:
-            return await self._exchange(ctx, node, body, classify, None)
-        with self.tracer.start_as_current_span("upstream.attempt") as span:
-            span.set_attribute("node", node.key)
-            span.set_attribute("attempt", attempt)
-            span.set_attribute("items", items)
-            return await self._exchange(ctx, node, body, classify, span)
-
-    async def _exchange(
-        self,
-        ctx: Ctx,
-        node: Node,
-        body: bytes,
-        classify: Callable[[bytes], tuple[str, Any]],
-        span: Any,
-    ) -> tuple[bytes, Any]:
-        """Send and receive, with the node's in-flight count, health and latency, and the
-        attempt's metrics; nothing is formatted or logged on success."""
-        node.inflight += 1
-        ctx.nodes.append(node.key)
-        started = time.perf_counter()
-        try:
-            raw = await self.upstream.send(node.entry.url, body, self._timeout)
-        except UpstreamError as exc:
-            if node.failed(self._unhealthy_after):
-                log.warning(
-                    "node %s taken out of rotation after %d failed requests: %s",
-                    node.key,
-                    node.fails,
-                    exc,
-                )
-            self.metrics.attempt(ctx.chain, node.key, exc.kind, time.perf_counter() - started)
-            self.metrics.upstream_error(node.key, exc.kind)
-            if span is not None:
-                span.set_attribute("outcome", exc.kind)
-            raise
-        finally:
-            node.inflight -= 1
-        elapsed = time.perf_counter() - started
-        if (node.fails or not node.healthy) and node.succeeded():
-            log.warning("node %s back in rotation (answered a request)", node.key)
-        node.observe_latency(elapsed * 1000)
-        outcome, info = classify(raw)
-        self.metrics.attempt(ctx.chain, node.key, outcome, elapsed)
-        if span is not None:
-            span.set_attribute("outcome", outcome)
-        return raw, info
-
-    # ---- batch ---------------------------------------------------------------------------
-
     async def _batch(self, ctx: Ctx, payload: list[Any], body: bytes) -> tuple[int, bytes]:
-        """Steps 1-5 for a batch: items grouped by chosen node, one sub-batch per node,
-        retried items regrouped, answers put back in the client's order."""
+        """A batch: every valid item through the loop, answers in the client's order."""
         if not payload:
             return 200, _dumps_error(
                 None, JsonRpcError(INVALID_REQUEST, "Invalid Request: empty batch")
@@ -482,27 +379,10 @@ class Engine:
         if items and ctx.pool.mirrors:
             self.mirrors.offer_batch(ctx.pool, [(it.method, it.obj) for it in items])
         whole = len(items) == len(payload) and exact and _unique_ids(items)
-        pending = items
-        for attempt in range(1, self._attempts + 1):
-            if not pending:
-                break
-            groups = self._group(ctx, pending, attempt, answers)
-            if whole and len(groups) == 1:
-                # Every item goes to one node and the ids tell the answers apart: the client's
-                # bytes go as they are, and come back as they are when nothing needs changing.
-                whole = False  # a retry sends only the items it retries
-                ((node, group),) = groups.items()
-                pending, out = await self._send_whole(ctx, node, group, body, answers)
-                if out is not None:
-                    return (200, out) if out else (204, b"")
-                continue
-            whole = False
-            results = await _gather(
-                [self._send_group(ctx, n, group, attempt, answers) for n, group in groups.items()]
-            )
-            pending = [it for retry in results for it in retry]
-        for it in pending:
-            self._give_up(ctx, it, answers, None)
+        if items:
+            out = await self._route(ctx, items, body if whole else None, answers, single=False)
+            if out is not None:
+                return (200, out) if out else (204, b"")
         out = [a for a in answers if a is not None]
         return (200, orjson.dumps(out)) if out else (204, b"")
 
@@ -539,32 +419,69 @@ class Engine:
             items.append(Item(pos, obj, rid, method, spec, ref, notif))
         return items, rids is None
 
-    def _group(
+    # ---- the one loop: choose, send, classify, retry -------------------------------------
+
+    async def _route(
+        self,
+        ctx: Ctx,
+        items: list[Item],
+        body: bytes | None,
+        answers: list[Any],
+        single: bool,
+    ) -> bytes | None:
+        """Steps 3-5 for the items of one client request, in rounds: choose a node per
+        pending item, send one body per chosen node, classify each answer, and retry what
+        the outcomes say, for at most `max_attempts` rounds.
+
+        `body` is the client's bytes when they may go as they are (a single request, or a
+        batch whose ids tell the answers apart) to a round whose items all go to one node;
+        the node's bytes are then returned when they are the whole answer as they are.
+        Otherwise (None) the answers are in `answers`."""
+        pending = items
+        for attempt in range(1, self._rounds + 1):
+            groups = self._choose(ctx, pending, attempt, answers)
+            if not groups:
+                return None
+            if body is not None and len(groups) == 1:
+                (group,) = groups.values()
+                pending, out = await self._send_raw(ctx, group, body, answers, single)
+                if out is not None:
+                    return out
+                if not single:
+                    body = None  # a batch's retry sends only the items it retries
+            else:
+                body = None
+                sent = [self._send_group(ctx, group, answers) for group in groups.values()]
+                pending = [it for retry in await _gather(sent) for it in retry]
+            if not pending:
+                return None
+        for it in pending:
+            self._give_up(ctx, it, answers, None)
+        return None
+
+    # ---- step 3: choose ------------------------------------------------------------------
+
+    def _choose(
         self, ctx: Ctx, pending: list[Item], attempt: int, answers: list[Any]
-    ) -> dict[Node, list[Item]]:
-        """Step 3 for every pending item. On the first attempt, items that name the same
-        block the same way have the same eligible nodes, and items with the same eligible
-        nodes go to one node picked once: a batch becomes as few sub-batches as the rules
-        allow (a retried item is chosen alone, away from the nodes it tried)."""
-        groups: dict[Node, list[Item]] = {}
+    ) -> dict[Node, Group]:
+        """A node for every pending item, grouped by node. On the first attempt, items that
+        name the same block the same way have the same eligible nodes, and items with the
+        same eligible nodes go to one node picked once: a batch becomes as few sub-batches as
+        the rules allow. A retried item is chosen alone, away from the nodes it tried."""
+        groups: dict[Node, Group] = {}
         pool = ctx.pool
-        selector = self.selector
-        chosen: dict[Any, Node | NoEligibleNode] = {}  # first attempt: per (route, spec, block)
-        picked: dict[tuple[Node, ...], Node] = {}  # per set of eligible nodes
-        head = pool.head()
+        chosen: dict[Any, tuple[Node, list[Node]] | NoEligibleNode] = {}
+        picked: dict[tuple[Node, ...], tuple[Node, list[Node]]] = {}
+        batch = len(pending) > 1
+        head = pool.head() if batch else POOL_HEAD
         routes = pool.routes
-        points = selector.breakpoints(pool, head) if attempt == 1 else []
+        points = self.selector.breakpoints(pool, head) if attempt == 1 and batch else []
         for it in pending:
             if attempt > 1:
                 self.metrics.retry(ctx.chain, it.reason)
-                try:
-                    nodes, _ = selector.candidates(
-                        pool, it.method, it.spec, it.ref, it.tried, it.prefer_archive
-                    )
-                except NoEligibleNode as exc:
-                    self._give_up(ctx, it, answers, exc)
-                    continue
-                node = selector.pick(nodes)
+                found = self._retry_choice(pool, it)
+            elif not batch:
+                found = self._first_choice(pool, it, POOL_HEAD, picked)
             else:
                 # A height is chosen for by its range between breakpoints (same candidates);
                 # other block refs by identity (shared per text by blockref's cache, and
@@ -578,86 +495,171 @@ class Engine:
                 found = chosen.get(key)
                 if found is None:
                     found = chosen[key] = self._first_choice(pool, it, head, picked)
-                if type(found) is NoEligibleNode:
-                    self._give_up(ctx, it, answers, found)
-                    continue
-                node = found  # type: ignore[assignment]
+            if type(found) is NoEligibleNode:
+                self._give_up(ctx, it, answers, found)
+                continue
+            node, cands = found  # type: ignore[misc]
             it.tried.append(node)
             group = groups.get(node)
             if group is None:
-                groups[node] = [it]
+                lkey = BATCH if batch else it.method
+                groups[node] = Group(node, [it], cands, lkey, attempt)
             else:
-                group.append(it)
+                group.add(it, cands)
         return groups
 
     def _first_choice(
-        self, pool: Pool, it: Item, head: int | None, picked: dict[tuple[Node, ...], Node]
-    ) -> Node | NoEligibleNode:
-        """The node for an item on its first attempt: one pick per set of eligible nodes."""
+        self,
+        pool: Pool,
+        it: Item,
+        head: Any,
+        picked: dict[tuple[Node, ...], tuple[Node, list[Node]]],
+    ) -> tuple[Node, list[Node]] | NoEligibleNode:
+        """The node for an item on its first attempt (one pick per set of eligible nodes),
+        with the eligible nodes."""
         try:
             nodes, _ = self.selector.candidates(pool, it.method, it.spec, it.ref, head=head)
         except NoEligibleNode as exc:
             return exc
+        if len(nodes) == 1:
+            return nodes[0], nodes
         ids = tuple(nodes)
-        node = picked.get(ids)
-        if node is None:
-            node = picked[ids] = self.selector.pick(nodes)
-        return node
+        found = picked.get(ids)
+        if found is None:
+            found = picked[ids] = (self.selector.pick(nodes), nodes)
+        return found
 
-    def _give_up(self, ctx: Ctx, it: Item, answers: list[Any], exc: JsonRpcError | None) -> None:
-        """Final answer of an item no further attempt will serve."""
-        node_key = it.tried[-1].key if it.tried else NO_NODE_KEY
-        if it.last is not None:
-            answer, outcome = it.last, "error"
-        elif it.err is not None or exc is None:
-            answer = error_response(it.rid, INTERNAL_ERROR, "")
-            answer["error"] = self._failed(ctx.pool, it.method, it.tried, it.err).to_obj()
-            outcome = "upstream_failed"
-        else:
-            answer, outcome = error_response(it.rid, exc.code, exc.message), "no_node"
-        self.metrics.request(ctx.chain, it.method, node_key, outcome)
-        if not it.notif:
-            answers[it.pos] = answer
-
-    async def _send_group(
-        self, ctx: Ctx, node: Node, group: list[Item], attempt: int, answers: list[Any]
-    ) -> list[Item]:
-        """Send one sub-batch with ids rewritten to positions; returns the items to retry."""
-        sub = [it.obj if it.notif else {**it.obj, "id": j} for j, it in enumerate(group)]
+    def _retry_choice(self, pool: Pool, it: Item) -> tuple[Node, list[Node]] | NoEligibleNode:
         try:
-            _, parsed = await self._attempt(
-                ctx, node, orjson.dumps(sub), len(group), attempt, batch_outcome
+            nodes, _ = self.selector.candidates(
+                pool, it.method, it.spec, it.ref, it.tried, it.prefer_archive
+            )
+        except NoEligibleNode as exc:
+            return exc
+        return self.selector.pick(nodes), nodes
+
+    # ---- steps 4 and 5: send and classify -------------------------------------------------
+
+    async def _send_raw(
+        self, ctx: Ctx, group: Group, body: bytes, answers: list[Any], single: bool
+    ) -> tuple[list[Item], bytes | None]:
+        """Send the client's bytes unchanged to one node: (items to retry, and the node's
+        bytes when they are the answer as they are: for a batch, every item answered, in
+        order, no retryable error, no transaction to show as pending)."""
+        items = group.items
+        try:
+            node, raw = await self.attempts.exchange(
+                ctx, group, body, _usable_single if single else _usable_batch
             )
         except UpstreamError as exc:
-            for it in group:
-                it.err, it.reason = exc, exc.kind
-            return group
-        keys = [None if it.notif else j for j, it in enumerate(group)]
-        return self._take_answers(ctx, node, group, keys, parsed, answers)
-
-    async def _send_whole(
-        self, ctx: Ctx, node: Node, group: list[Item], body: bytes, answers: list[Any]
-    ) -> tuple[list[Item], bytes | None]:
-        """Send the client's batch unchanged to one node: (items to retry, and the node's
-        bytes when they are the answer as they are: every item answered, in order, no
-        retryable error, nothing to hide)."""
-        try:
-            raw, parsed = await self._attempt(ctx, node, body, len(group), 1, batch_outcome)
-        except UpstreamError as exc:
-            for it in group:
-                it.err, it.reason = exc, exc.kind
-            return group, None
-        keys = [None if it.notif else it.rid for it in group]
+            return self._transport_failed(ctx, items, exc, answers), None
+        if single:
+            it = items[0]
+            result = outcome.of_raw(raw)
+            if not result.retry:
+                self.metrics.request(ctx.chain, it.method, node.key, result.name)
+                return [], raw
+            it.last, it.reason, it.prefer_archive = raw, result.name, result.prefer_archive
+            return [it], None
+        parsed = self._decode(ctx, node, items, raw)
+        if parsed is None:
+            return [it for it in items if not it.notif], None
+        keys = [None if it.notif else it.rid for it in items]
         if (
             isinstance(parsed, list)
             and b"-3900" not in raw
             and [a.get("id") if type(a) is dict else a for a in parsed]
             == [k for k in keys if k is not None]
-            and not any(it.method in UNMINED_FIELDS for it in group)
+            and not any(it.method in UNMINED_FIELDS for it in items)
         ):
-            self._count_answers(ctx, node, group, parsed, raw)
+            self._count_answers(ctx, node, items, parsed, raw)
             return [], raw
-        return self._take_answers(ctx, node, group, keys, parsed, answers), None
+        return self._take_answers(ctx, node, items, keys, parsed, answers), None
+
+    async def _send_group(self, ctx: Ctx, group: Group, answers: list[Any]) -> list[Item]:
+        """Send one sub-batch with ids rewritten to positions; returns the items to retry."""
+        items = group.items
+        sub = [it.obj if it.notif else {**it.obj, "id": j} for j, it in enumerate(items)]
+        try:
+            node, raw = await self.attempts.exchange(ctx, group, orjson.dumps(sub), _usable_batch)
+        except UpstreamError as exc:
+            return self._transport_failed(ctx, items, exc, answers)
+        parsed = self._decode(ctx, node, items, raw)
+        if parsed is None:
+            return [it for it in items if not it.notif]
+        keys = [None if it.notif else j for j, it in enumerate(items)]
+        return self._take_answers(ctx, node, items, keys, parsed, answers)
+
+    def _transport_failed(
+        self, ctx: Ctx, items: list[Item], exc: UpstreamError, answers: list[Any]
+    ) -> list[Item]:
+        """Step 5 for a group whose attempt got no answer: the items to retry (all of them,
+        unless the outcome is final: then each is answered with the error now)."""
+        result = outcome.of_failure(exc.kind)
+        for it in items:
+            it.err, it.reason = exc, result.name
+        if result.retry:
+            return items
+        for it in items:
+            self._give_up(ctx, it, answers, None)
+        return []
+
+    def _decode(self, ctx: Ctx, node: Node, items: list[Item], raw: bytes) -> Any:
+        """A batch answer decoded, or None when it is not JSON-RPC (the node is penalised
+        and every item retried)."""
+        try:
+            parsed = orjson.loads(raw) if raw else []
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, list | dict):
+            return parsed
+        why = f"{node.key} answered a batch with non-JSON-RPC"
+        self.attempts.penalise(ctx, node, outcome.BAD_RESPONSE, why)
+        bad = UpstreamError("bad_response", why)
+        for it in items:
+            it.err, it.reason = bad, outcome.BAD_RESPONSE.name
+        return None
+
+    def _take_answers(
+        self,
+        ctx: Ctx,
+        node: Node,
+        group: list[Item],
+        keys: list[Any],
+        parsed: Any,
+        answers: list[Any],
+    ) -> list[Item]:
+        """Step 5 for a sub-batch: each item's answer (found by its key: its position in the
+        sub-batch, or its own id) classified; the ones to retry are returned."""
+        if isinstance(parsed, dict):  # the node rejected the whole sub-batch with one error
+            by_key = {k: dict(parsed) for k in keys if k is not None}
+        else:
+            by_key = {a.get("id"): a for a in parsed if isinstance(a, dict)}
+        retry = []
+        readable: int | bool | None = False  # looked up once, when an answer needs it
+        for it, key in zip(group, keys, strict=True):
+            if it.notif:
+                self.metrics.request(ctx.chain, it.method, node.key, "ok")
+                continue
+            answer = by_key.get(key)
+            if answer is None:
+                it.err = UpstreamError("bad_response", f"{node.key} gave no answer for the item")
+                it.reason = outcome.MISSING.name
+                retry.append(it)
+                continue
+            answer["id"] = it.rid
+            result = outcome.of_answer(answer)
+            if result.retry:
+                it.last, it.reason, it.prefer_archive = answer, result.name, result.prefer_archive
+                retry.append(it)
+                continue
+            self.metrics.request(ctx.chain, it.method, node.key, result.name)
+            if it.method in UNMINED_FIELDS:
+                if readable is False:
+                    readable = self.selector.readable_head(ctx.pool)
+                hide_unreadable(it.method, answer, readable)  # type: ignore[arg-type]
+            answers[it.pos] = answer
+        return retry
 
     def _count_answers(
         self, ctx: Ctx, node: Node, group: list[Item], parsed: list[dict[str, Any]], raw: bytes
@@ -671,59 +673,57 @@ class Engine:
         else:
             answered = iter(parsed)
             for it in group:
-                outcome = "ok" if it.notif or "error" not in next(answered) else "error"
-                key = (it.method, outcome)
+                outcome_ = "ok" if it.notif or "error" not in next(answered) else "error"
+                key = (it.method, outcome_)
                 counts[key] = counts.get(key, 0) + 1
-        for (method, outcome), n in counts.items():
-            self.metrics.request(ctx.chain, method, node.key, outcome, n)
+        for (method, result), n in counts.items():
+            self.metrics.request(ctx.chain, method, node.key, result, n)
 
-    def _take_answers(
-        self,
-        ctx: Ctx,
-        node: Node,
-        group: list[Item],
-        keys: list[Any],
-        parsed: Any,
-        answers: list[Any],
-    ) -> list[Item]:
-        """Step 5 for a sub-batch: each item's answer (found by its key: its position in the
-        sub-batch, or its own id), retryable ones kept for the next attempt."""
-        if isinstance(parsed, dict):  # the node rejected the whole sub-batch with one error
-            by_key = {k: dict(parsed) for k in keys if k is not None}
-        elif isinstance(parsed, list):
-            by_key = {a.get("id"): a for a in parsed if isinstance(a, dict)}
+    # ---- giving up -----------------------------------------------------------------------
+
+    def _give_up(self, ctx: Ctx, it: Item, answers: list[Any], exc: JsonRpcError | None) -> None:
+        """Final answer of an item no further attempt will serve: the last answer a node
+        gave, else an error saying why no node answered (or why none was eligible)."""
+        node_key = it.tried[-1].key if it.tried else NO_NODE_KEY
+        if it.last is not None:
+            answer, result = it.last, "error"
+        elif it.err is not None or exc is None:
+            answer = error_response(it.rid, INTERNAL_ERROR, "")
+            answer["error"] = self._failed(ctx.pool, it.method, it.tried, it.err).to_obj()
+            result = "upstream_failed"
         else:
-            bad = UpstreamError("bad_response", f"{node.key} answered a batch with non-JSON-RPC")
-            for it in group:
-                it.err, it.reason = bad, bad.kind
-            return [it for it in group if not it.notif]
-        retry = []
-        readable: int | bool | None = False  # looked up once, when an answer needs it
-        for it, key in zip(group, keys, strict=True):
-            if it.notif:
-                self.metrics.request(ctx.chain, it.method, node.key, "ok")
-                continue
-            answer = by_key.get(key)
-            if answer is None:
-                it.err = UpstreamError("bad_response", f"{node.key} gave no answer for the item")
-                it.reason = "missing_answer"
-                retry.append(it)
-                continue
-            answer["id"] = it.rid
-            code = _error_code(answer)
-            if code is not None:
-                it.last, it.reason = answer, RETRY_REASONS.get(code, "retryable")
-                it.prefer_archive = code == BLOCK_NOT_FOUND
-                retry.append(it)
-                continue
-            outcome = "error" if "error" in answer else "ok"
-            self.metrics.request(ctx.chain, it.method, node.key, outcome)
-            if it.method in UNMINED_FIELDS:
-                if readable is False:
-                    readable = self.selector.readable_head(ctx.pool)
-                hide_unreadable(it.method, answer, readable)  # type: ignore[arg-type]
+            answer, result = error_response(it.rid, exc.code, exc.message), "no_node"
+        self.metrics.request(ctx.chain, it.method, node_key, result)
+        if not it.notif:
             answers[it.pos] = answer
-        return retry
+
+    @staticmethod
+    def _failed(
+        pool: Pool, method: str, tried: list[Node], failure: UpstreamError | None
+    ) -> JsonRpcError:
+        last = tried[-1] if tried else None
+        if last is not None and last.entry.kind == "writer":
+            msg = (
+                f"{method}: the Leader write node {last.key} ({last.entry.url}) did not answer: "
+                f"{failure}; if it stays down, switch the Leader: "
+                f"POST /{pool.id}/writers/switchLeader"
+            )
+        else:
+            msg = f"{method}: no node answered after {len(tried)} attempt(s); last error: {failure}"
+        return JsonRpcError(INTERNAL_ERROR, msg)
+
+    def _readable_view(self, pool: Pool, method: str, raw: bytes) -> bytes:
+        """`raw` with a transaction whose block the pool cannot read yet shown as pending."""
+        if method not in UNMINED_FIELDS:
+            return raw
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return raw
+        readable = self.selector.readable_head(pool)
+        if isinstance(answer, dict) and hide_unreadable(method, answer, readable):
+            return orjson.dumps(answer)
+        return raw
 
     # ---- observability -------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ from proxy.model import Pool
 from proxy.subscriptions import Session
 
 if TYPE_CHECKING:
-    from proxy.engine import Engine
+    from proxy.engine import Answer, Engine
     from proxy.settings import ProxySettings
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ PENDING_FILTER_REFUSED = (
 )
 
 # The engine's entry point: (chain id, body, headers) -> (HTTP status, body).
-Handle = Callable[[str, bytes, Mapping[str, str]], Awaitable[tuple[int, bytes]]]
+Handle = Callable[[str, bytes, Mapping[str, str]], Awaitable["Answer"]]
 Resolve = Callable[[str], "tuple[str, Pool] | None"]
 
 
@@ -171,9 +171,7 @@ class Events:
 
     # HTTP and WebSocket bodies ---------------------------------------------------------
 
-    def divert(
-        self, chain: str, body: bytes, headers: Mapping[str, str]
-    ) -> Awaitable[tuple[int, bytes]]:
+    def divert(self, chain: str, body: bytes, headers: Mapping[str, str]) -> Awaitable[Answer]:
         """A body the engine handed over (it names a filter or subscription method), from
         HTTP or from an in-process caller: no WebSocket, so no subscriptions."""
         return self._handle_local(chain, body, headers, None)
@@ -184,7 +182,7 @@ class Events:
         body: bytes,
         headers: Mapping[str, str],
         session: Session | None,
-    ) -> tuple[int, bytes]:
+    ) -> Answer:
         try:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -220,7 +218,7 @@ class Events:
                 routed.append(i)
         if routed:  # first, so a subscription starts after everything else is answered
             sub = [_with_id(payload[i], j) for j, i in enumerate(routed)]
-            _, out = await self._engine_handle(chain, orjson.dumps(sub), headers)
+            out = (await self._engine_handle(chain, orjson.dumps(sub), headers))[1]
             by_id = _answers_by_id(out)
             for j, i in enumerate(routed):
                 if "id" not in payload[i]:
@@ -274,7 +272,7 @@ class Events:
     async def _filter_logs(self, pool_id: str, raw: dict[str, Any]) -> orjson.Fragment:
         """eth_getFilterLogs: eth_getLogs with the filter's criteria, routed as usual."""
         body = orjson.dumps({"jsonrpc": "2.0", "id": 0, "method": "eth_getLogs", "params": [raw]})
-        _, out = await self._engine_handle(pool_id, body, {"client-id": "proxy-filters"})
+        out = (await self._engine_handle(pool_id, body, {"client-id": "proxy-filters"}))[1]
         answer = orjson.loads(out)
         if "error" in answer:
             err = answer["error"]
@@ -336,9 +334,9 @@ class Events:
         self, chain: str, data: bytes, headers: Mapping[str, str], session: Session
     ) -> bytes:
         if b"ubscribe" in data:  # eth_subscribe/eth_unsubscribe need this connection
-            _, out = await self._handle_local(chain, data, headers, session)
+            out = (await self._handle_local(chain, data, headers, session))[1]
         else:  # the engine hands filter methods to divert()
-            _, out = await self._engine_handle(chain, data, headers)
+            out = (await self._engine_handle(chain, data, headers))[1]
         return out  # b"" when there is nothing to answer (notifications)
 
     def _admit(self, client: str) -> str | None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from proxy import latency
 from proxy.model import Node, Pool
 from proxy.select import Selector
 from proxy.upstream import Upstream, UpstreamError
@@ -66,6 +67,7 @@ class HeadTracker:
         self.unhealthy_after = unhealthy_after
         self._task: asyncio.Task[None] | None = None
         self._writer_reports: dict[str, dict[str, Any]] = {}  # by writer URL
+        self._polling: dict[int, asyncio.Task[Any]] = {}  # id(node) → its poll in flight
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -76,15 +78,45 @@ class HeadTracker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        polls = list(self._polling.values())
+        for task in polls:
+            task.cancel()
+        if polls:
+            await asyncio.gather(*polls, return_exceptions=True)
+        self._polling.clear()
 
     async def _run(self) -> None:
         while True:
             started = time.monotonic()
             try:
-                await self.poll_all()
+                self.start_round()
             except Exception:
                 log.exception("head poll round failed")
             await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def start_round(self) -> None:
+        """Start a poll of every node whose previous poll has ended (a node that takes long
+        to answer is polled again once it has)."""
+        for pool in list(self._pools().values()):
+            for node in pool.readers:
+                self._start(node, self.poll(node))
+            for node in pool.writers.values():
+                self._start(node, self.poll_writer(node))
+
+    def _start(self, node: Node, coro: Any) -> None:
+        key = id(node)
+        if key in self._polling:
+            coro.close()
+            return
+        task = asyncio.create_task(coro)
+        self._polling[key] = task
+
+        def done(task: asyncio.Task[Any]) -> None:
+            self._polling.pop(key, None)
+            if not task.cancelled() and task.exception() is not None:
+                log.error("poll of %s failed", node.key, exc_info=task.exception())
+
+        task.add_done_callback(done)
 
     async def poll_all(self) -> None:
         pools = list(self._pools().values())
@@ -145,7 +177,11 @@ class HeadTracker:
             if node.failed(self.unhealthy_after):
                 log.warning("%s %s marked unhealthy: %s", _what(node), node.key, exc)
             return None
-        node.observe_latency((time.perf_counter() - started) * 1000)
+        ms = (time.perf_counter() - started) * 1000
+        node.observe_latency(ms)
+        # A poll is a sample of the node's speed too: a node that gets no requests (slow, or
+        # just back) still has a current cost for the choice.
+        latency.observe(node, ms, time.monotonic(), self.selector.tau)
         node.head = head
         problem = judge(node, answers) if judge is not None else None
         if problem is not None:

@@ -16,13 +16,26 @@ import asyncio
 import base64
 import contextlib
 from collections import deque
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import httptools
 
+from proxy.buffers import ByteBudget
+
 
 class HttpError(ConnectionError):
     """The connection failed or the answer was not valid HTTP."""
+
+
+class AnswerTooLarge(HttpError):
+    """The node's answer is larger than `max_answer_bytes` (the connection is dropped)."""
+
+
+class SlotWaitCancelled(asyncio.CancelledError):
+    """Cancelled while the proxy itself was the bottleneck — waiting for a connection slot,
+    or for room in the buffered-bytes budget: a deadline that expires here is the proxy's
+    saturation, not the node's fault."""
 
 
 class _Connection(asyncio.Protocol):
@@ -33,17 +46,23 @@ class _Connection(asyncio.Protocol):
         "_complete",
         "_framed",
         "_headers_done",
+        "_received",
         "_waiter",
+        "budget",
         "closed",
         "got_bytes",
+        "holder",
         "keep_alive",
+        "length",
         "loop",
+        "max_answer",
         "parser",
         "status",
         "transport",
+        "waiting",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, budget: ByteBudget | None = None, max_answer: int = 0) -> None:
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[tuple[int, bytes]] | None = None
@@ -51,10 +70,16 @@ class _Connection(asyncio.Protocol):
         self._complete = False
         self._headers_done = False
         self._framed = False  # Content-Length or Transfer-Encoding seen
+        self._received = 0  # body bytes of the current answer
         self.closed = False
         self.got_bytes = False
         self.keep_alive = True
         self.status = 0
+        self.budget = budget  # proxy/buffers.py; None: answers are not counted
+        self.max_answer = max_answer  # bytes; 0: no limit
+        self.holder: Any = None  # who the current answer's bytes are reserved for
+        self.length: int | None = None  # the current answer's Content-Length
+        self.waiting: list[Any] | None = None  # the budget entry while reading is paused
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -80,33 +105,69 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() in (b"content-length", b"transfer-encoding"):
+        lower = name.lower()
+        if lower == b"content-length":
+            self._framed = True
+            if value.isdigit():  # (no contextlib.suppress: this runs for every answer)
+                self.length = int(value)
+        elif lower == b"transfer-encoding":
             self._framed = True
 
     def on_headers_complete(self) -> None:
         self._headers_done = True
+        length = self.length
+        if length is None:
+            return
+        if self.max_answer and length > self.max_answer:
+            self._too_large(length)
+            return
+        budget, holder = self.budget, self.holder
+        if budget is not None and holder is not None and not budget.reserve(length, holder):
+            # No room for this answer now: leave it with the node until there is.
+            assert self.transport is not None
+            self.transport.pause_reading()
+            self.waiting = budget.wait(length, holder, self._granted)
+
+    def _granted(self) -> None:
+        self.waiting = None
+        if not self.closed and self.transport is not None:
+            self.transport.resume_reading()
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
+        if self.length is None:  # no length announced: counted as it comes
+            self._received += len(body)
+            if self.max_answer and self._received > self.max_answer:
+                self._too_large(self._received)
+            elif self.budget is not None and self.holder is not None:
+                self.budget.add(len(body), self.holder)
+
+    def _too_large(self, size: int) -> None:
+        self._fail(AnswerTooLarge(f"answer of {size} bytes, more than max_answer_bytes"))
+        self.close()
 
     def on_message_complete(self) -> None:
         self.status = self.parser.get_status_code()
         self.keep_alive = self.keep_alive and self.parser.should_keep_alive()
         self._complete = True
-        waiter = self._waiter
+        # An idle connection keeps no answer alive: neither the chunks nor the future that
+        # holds the joined answer (8 MB answers stayed in memory per idle connection).
+        waiter, self._waiter = self._waiter, None
+        body, self._body = self._body, []
         if waiter is not None and not waiter.done():
-            waiter.set_result((self.status, b"".join(self._body)))
+            waiter.set_result((self.status, body[0] if len(body) == 1 else b"".join(body)))
 
     def _fail(self, exc: Exception) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
-    def send(self, data: bytes) -> asyncio.Future[tuple[int, bytes]]:
+    def send(self, data: bytes, holder: Any = None) -> asyncio.Future[tuple[int, bytes]]:
         assert self.transport is not None
         self._body = []
         self._complete = self._headers_done = self._framed = False
         self.got_bytes = False
+        self.holder, self.length, self._received = holder, None, 0
         waiter = self._waiter = self.loop.create_future()
         self.transport.write(data)
         return waiter
@@ -117,6 +178,9 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        if self.waiting is not None and self.budget is not None:
+            self.budget.cancel(self.waiting)
+            self.waiting = None
         if self.transport is not None:
             self.transport.close()
 
@@ -124,7 +188,9 @@ class _Connection(asyncio.Protocol):
 class HostPool:
     """Open connections to one node (host, port), at most `limit` at a time."""
 
-    def __init__(self, url: str, limit: int) -> None:
+    def __init__(
+        self, url: str, limit: int, budget: ByteBudget | None = None, max_answer: int = 0
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"not a plain http URL: {url}")
@@ -141,12 +207,16 @@ class HostPool:
         ).encode("latin-1")
         self._idle: deque[_Connection] = deque()
         self._limit = limit
+        self._budget = budget
+        self._max_answer = max_answer
         self._busy = 0  # exchanges in flight (a counter: no semaphore on the hot path)
         self._waiters: deque[asyncio.Future[None]] = deque()  # for a slot, first come first
 
-    async def post(self, body: bytes) -> tuple[int, bytes]:
+    async def post(self, body: bytes, race: Any = None, holder: Any = None) -> tuple[int, bytes]:
         """(status, body) of one POST; raises HttpError or OSError (and CancelledError from
-        the caller's deadline)."""
+        the caller's deadline: SlotWaitCancelled while the proxy itself held it up). `race`
+        (proxy/hedge.py) is given the answer's future once the request is sent; the answer's
+        bytes are reserved for `holder` in the buffered-bytes budget (proxy/buffers.py)."""
         data = b"%b%d\r\n\r\n%b" % (self._head, len(body), body)
         if self._busy < self._limit and not self._waiters:
             self._busy += 1
@@ -159,9 +229,15 @@ class HostPool:
                 if conn is None:
                     conn = await self._connect()
                 try:
-                    answer = await conn.send(data)
+                    waiter = conn.send(data, holder)
+                    if race is not None:
+                        race.attach(waiter)
+                    answer = await waiter
                 except BaseException as exc:
+                    budget_wait = conn.waiting is not None
                     conn.close()  # cancelled or failed mid-answer: its state is unknown
+                    if budget_wait and isinstance(exc, asyncio.CancelledError):
+                        raise SlotWaitCancelled(*exc.args) from None
                     if not isinstance(exc, HttpError) or fresh or conn.got_bytes:
                         raise
                     # the node closed an idle connection just before we used it: one fresh try
@@ -181,13 +257,13 @@ class HostPool:
         self._waiters.append(waiter)
         try:
             await waiter
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if waiter.done() and not waiter.cancelled():
                 self._release()  # the slot was handed over just as we were cancelled
             else:
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(waiter)
-            raise
+            raise SlotWaitCancelled(*exc.args) from None
 
     def _release(self) -> None:
         waiters = self._waiters
@@ -207,8 +283,11 @@ class HostPool:
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
+        budget, max_answer = self._budget, self._max_answer
         try:
-            _, conn = await loop.create_connection(_Connection, self.host, self.port)
+            _, conn = await loop.create_connection(
+                lambda: _Connection(budget, max_answer), self.host, self.port
+            )
         except OSError as exc:
             raise HttpError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
         return conn

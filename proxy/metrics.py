@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from proxy.breaker import STATE_VALUE
 from proxy.model import Pool
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -27,9 +28,15 @@ MAX_CLIENT_ID_LEN = 64
 
 
 class _NodeCollector(Collector):
-    def __init__(self, pools: Callable[[], dict[str, Pool]], client_inflight: Callable[[], int]):
+    def __init__(
+        self,
+        pools: Callable[[], dict[str, Pool]],
+        client_inflight: Callable[[], int],
+        pool_limit: Callable[[Pool], int] | None = None,
+    ):
         self._pools = pools
         self._client_inflight = client_inflight
+        self._pool_limit = pool_limit
 
     def collect(self) -> Iterator[Any]:
         labels = ["pool", "node", "kind"]
@@ -38,18 +45,65 @@ class _NodeCollector(Collector):
         )
         head = GaugeMetricFamily("chainstate_proxy_node_head", "observed node head", labels=labels)
         healthy = GaugeMetricFamily(
-            "chainstate_proxy_node_healthy", "1 when the node is in rotation", labels=labels
+            "chainstate_proxy_node_healthy",
+            "1 when the health poll finds the node alive",
+            labels=labels,
+        )
+        routable = GaugeMetricFamily(
+            "chainstate_proxy_node_routable",
+            "1 when the node gets traffic (enabled, healthy, breaker and checker allow it)",
+            labels=labels,
+        )
+        breaker = GaugeMetricFamily(
+            "chainstate_proxy_node_breaker_state",
+            "the node's breaker: 0 closed, 1 half-open, 2 open",
+            labels=labels,
+        )
+        transitions = CounterMetricFamily(
+            "chainstate_proxy_node_breaker_transitions",
+            "breaker transitions of the node, by the state entered",
+            labels=[*labels, "state"],
+        )
+        diverged = GaugeMetricFamily(
+            "chainstate_proxy_node_diverged",
+            "1 while the consistency checker says the node diverged (no traffic unless the "
+            "entry sets ignore_checker)",
+            labels=labels,
+        )
+        pool_inflight = GaugeMetricFamily(
+            "chainstate_proxy_pool_inflight", "client requests in flight per pool", labels=["pool"]
+        )
+        pool_limit = GaugeMetricFamily(
+            "chainstate_proxy_pool_inflight_limit",
+            "admission limit of client requests in flight per pool (0: none)",
+            labels=["pool"],
         )
         for pool in self._pools().values():
+            pool_inflight.add_metric([pool.id], pool.inflight)
+            if self._pool_limit is not None:
+                pool_limit.add_metric([pool.id], self._pool_limit(pool))
             for node in (*pool.readers, *pool.writers.values()):
                 lv = [pool.id, node.key, node.entry.kind]
                 inflight.add_metric(lv, node.inflight)
                 healthy.add_metric(lv, 1 if node.healthy else 0)
                 if node.head is not None:
                     head.add_metric(lv, node.head)
+                routable.add_metric(
+                    lv, 1 if node.entry.enabled and node.healthy and not node.blocked else 0
+                )
+                breaker.add_metric(lv, STATE_VALUE[node.breaker.state])
+                for state, count in node.breaker.transitions.items():
+                    transitions.add_metric([*lv, state], count)
+                diverged.add_metric(lv, 1 if node.diverged is not None else 0)
         yield inflight
         yield head
         yield healthy
+        yield routable
+        yield breaker
+        yield transitions
+        yield diverged
+        yield pool_inflight
+        yield pool_limit
         yield GaugeMetricFamily(
             "chainstate_proxy_inflight",
             "client requests being answered",
@@ -179,12 +233,28 @@ class ProxyMetrics:
             ["outcome"],
             registry=r,
         )
+        self.hedges = Counter(
+            "chainstate_proxy_hedges",
+            "second attempts joining a slow first one, by trigger: hedge (past the hedge "
+            "quantile, within the hedge budget) or timeout (past the attempt timeout)",
+            ["chain", "trigger"],
+            registry=r,
+        )
+        self.refusals = Counter(
+            "chainstate_proxy_refused",
+            "client requests refused with 503 because their pool was over its in-flight limit",
+            ["chain"],
+            registry=r,
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
 
     def watch_nodes(
-        self, pools: Callable[[], dict[str, Pool]], client_inflight: Callable[[], int]
+        self,
+        pools: Callable[[], dict[str, Pool]],
+        client_inflight: Callable[[], int],
+        pool_limit: Callable[[Pool], int] | None = None,
     ) -> None:
-        self.registry.register(_NodeCollector(pools, client_inflight))
+        self.registry.register(_NodeCollector(pools, client_inflight, pool_limit))
 
     def watch_store(self, available: Callable[[], bool]) -> None:
         """Export the config store's reachability, e.g. `lambda: store.available`."""
@@ -223,6 +293,12 @@ class ProxyMetrics:
 
     def upstream_error(self, node: str, kind: str) -> None:
         self._child(self.upstream_errors, node, kind).inc()
+
+    def hedge(self, chain: str, trigger: str) -> None:
+        self._child(self.hedges, chain, trigger).inc()
+
+    def refused(self, chain: str) -> None:
+        self._child(self.refusals, chain).inc()
 
     def client(self, client_id: str | None) -> None:
         """Count a request for `client_id`; ids past the first `client_id_top_n` → "other"."""

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from proxy.breaker import HALF_OPEN, OPEN, Breaker, BreakerSettings
+from proxy.latency import LatencyWindow
+
 KINDS = ("state", "archive")
 URL_SCHEMES = ("http://", "https://", "inproc://")
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -21,6 +24,7 @@ _HEX_CHAIN = re.compile(r"^0[xX][0-9a-fA-F]{1,16}$")
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}$")
 MAX_CHAIN_ID = 2**64 - 1
 EWMA = 0.2  # weight of the newest sample in latency_ms
+DEFAULT_BREAKER = BreakerSettings()
 
 
 class EntryError(ValueError):
@@ -105,8 +109,11 @@ class NodeEntry:
     kind: str = "state"
     weight: int = 1
     enabled: bool = True
+    # Route to the node even while the consistency checker says it diverged (the operator's
+    # override; docs/proxy.md "Lying replicas").
+    ignore_checker: bool = False
 
-    FIELDS = frozenset({"key", "url", "kind", "weight", "enabled"})
+    FIELDS = frozenset({"key", "url", "kind", "weight", "enabled", "ignore_checker"})
 
     @classmethod
     def from_obj(cls, obj: Any, max_weight: int = 1_000_000) -> NodeEntry:
@@ -117,24 +124,29 @@ class NodeEntry:
         if kind not in KINDS:
             raise EntryError(f'kind must be "state" or "archive" (got {kind!r})')
         enabled = o.get("enabled", True)
-        if not isinstance(enabled, bool):
-            raise EntryError("enabled must be true or false")
+        ignore = o.get("ignore_checker", False)
+        if not isinstance(enabled, bool) or not isinstance(ignore, bool):
+            raise EntryError("enabled and ignore_checker must be true or false")
         return cls(
             key=check_key(o["key"]),
             url=check_url(o["url"]),
             kind=kind,
             weight=check_weight(o.get("weight", 1), max_weight),
             enabled=enabled,
+            ignore_checker=ignore,
         )
 
     def to_obj(self) -> dict[str, Any]:
-        return {
+        obj = {
             "key": self.key,
             "url": self.url,
             "kind": self.kind,
             "weight": self.weight,
             "enabled": self.enabled,
         }
+        if self.ignore_checker:  # stored (and shown) only when set
+            obj["ignore_checker"] = True
+        return obj
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,18 +236,47 @@ class MirrorEntry:
 
 @dataclass(eq=False, slots=True)
 class Node:
-    """A node of a pool: its entry plus what the proxy observed about it."""
+    """A node of a pool: its entry plus what the proxy observed about it.
+
+    Whether it gets traffic: `entry.enabled`, `healthy` (the health poll: alive, head known)
+    and not `blocked` (its breaker is open or probing, or the checker says it diverged and
+    the entry does not say `ignore_checker`)."""
 
     entry: NodeEntry
     local: bool = False
     head: int | None = None
     earliest: int | None = None
     healthy: bool = True
-    fails: int = 0
-    latency_ms: float | None = None
+    fails: int = 0  # consecutive failed health polls
+    latency_ms: float | None = None  # EWMA of answers (polls and requests), shown
     inflight: int = 0
     weight_override: int | None = None
     last_error: str | None = None  # why the last health poll failed (None after a success)
+    breaker_settings: BreakerSettings = DEFAULT_BREAKER
+    cost: float | None = None  # peak-EWMA latency estimate (ms), proxy/latency.py
+    cost_at: float = 0.0  # monotonic time of its last sample
+    diverged: dict[str, Any] | None = None  # the checker's verdict, proxy/verdicts.py
+    blocked: bool = False
+    breaker: Breaker = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.breaker = Breaker(self.breaker_settings, self.update_blocked)
+
+    def update_blocked(self) -> None:
+        """Recompute `blocked` (after a breaker transition or a checker verdict)."""
+        state = self.breaker.state
+        ejected = state is OPEN or (state is HALF_OPEN and self.breaker.probing)
+        self.blocked = ejected or self.distrusted
+
+    @property
+    def ejected(self) -> bool:
+        """Out of rotation by its breaker alone (open, or half-open with a probe out)."""
+        return self.blocked and not self.distrusted
+
+    @property
+    def distrusted(self) -> bool:
+        """The checker says it diverged and the operator did not override it."""
+        return self.diverged is not None and not self.entry.ignore_checker
 
     @property
     def key(self) -> str:
@@ -283,6 +324,16 @@ class Node:
         )
         return obj
 
+    def failsafe_obj(self, cost_ms: float | None) -> dict[str, Any]:
+        """What the failsafe parts observed (getAllNodes): breaker, checker verdict, cost."""
+        return {
+            "routable": self.entry.enabled and self.healthy and not self.blocked,
+            "breaker": self.breaker.to_obj(),
+            "diverged": self.diverged,
+            "ignore_checker": self.entry.ignore_checker,
+            "cost_ms": None if cost_ms is None else round(cost_ms, 3),
+        }
+
 
 @dataclass(slots=True)
 class Pool:
@@ -297,6 +348,12 @@ class Pool:
     writers: dict[str, Node] = field(default_factory=dict)  # entries of kind "writer"
     leader: str | None = None
     readers: list[Node] = field(default_factory=list)  # nodes + local, rebuilt on change
+    # Recent attempt times by method ("batch" for sub-batches): hedge delays and derived
+    # attempt timeouts (proxy/latency.py). Bounded by the served method set.
+    latency: dict[str, LatencyWindow] = field(default_factory=dict)
+    inflight: int = 0  # client requests being answered from this pool (admission control)
+    hedge: Any = None  # the pool's hedge budget (proxy/hedge.py), made on first use
+    verdicts: dict[str, Any] | None = None  # the checker's last report (proxy/verdicts.py)
 
     def rebuild(self) -> None:
         for node in (*self.nodes.values(), *self.local.values()):

@@ -5,11 +5,16 @@ Rules (DESIGN.md): `Contains`, tags and no block → `state`; a height among the
 node with that window holds) → `state`, older → `archive`; `earliest` → `archive`; a block hash the
 proxy has not seen → `archive`. When no node of the wanted kind is eligible the other kind
 is tried (an archive node holds recent blocks too; a state node answers -39006 when it
-lacks the block, which is retried). Method routes override the kind. Among eligible nodes
-(enabled, healthy, weight > 0, head ≥ height, not already tried for this item) the choice
-is weighted "power of two choices" on in-flight requests per unit of weight. When no node is
-known to hold the height (heads are polled, so they lag), the choice is made again without
-that condition rather than refusing the item.
+lacks the block, which is retried). Method routes override the kind. Eligible nodes are
+enabled, healthy (the health poll), not blocked (an open breaker, a half-open one already
+probing, or a checker verdict the entry does not override), weight > 0, head ≥ height, and
+not already tried for this item. Among them the choice is latency-aware "power of two
+choices": two different nodes drawn by weight (without replacement), the one with the lower
+`cost × (in flight + 1) / weight` wins (cost: the node's peak-EWMA latency,
+proxy/latency.py). When no node is known to hold the height (heads are polled, so they lag),
+the choice is made again without that condition rather than refusing the item; when every
+otherwise eligible node has its breaker open, they are tried anyway (failing open beats
+refusing everything).
 
 Writer methods go to the pool's Leader write node. So does a state read at the `pending`
 block (`MethodSpec.pending`) when the pool has a Leader: pending state (the next nonce once a
@@ -20,6 +25,7 @@ the state node answers `pending` as `latest`, as before.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -28,9 +34,11 @@ from cachetools import LRUCache
 
 from chainstate.blockref import BlockRef
 from chainstate.jsonrpc import INTERNAL_ERROR, JsonRpcError
+from proxy import latency
 from proxy.methods import MethodSpec
 from proxy.model import Node, Pool, RouteRule
 
+UNKNOWN_COST_MS = 1.0  # the cost of a node without latency samples yet (it gets tried soon)
 NO_NODE = INTERNAL_ERROR  # JSON-RPC code answered when no node can take an item
 POOL_HEAD: Any = object()  # `head` argument default: ask the pool (its head may be None)
 
@@ -87,7 +95,7 @@ class Reason:
 
     def __init__(self, need: Need, note: str = "", rules: list[RouteRule] | None = None) -> None:
         self.need = need
-        self.note = note  # "fallback" or "anyway"
+        self.note = note  # "fallback", then "+anyway" / "+ejected" as the choice widened
         self.rules = rules
 
     def __str__(self) -> str:
@@ -96,11 +104,13 @@ class Reason:
         if self.rules:
             shown = ", ".join(str(r.to_obj()) for r in self.rules)
             text = f"method route {shown}; {text}"
-        elif self.note in ("fallback", "fallback+anyway"):
+        elif self.note.startswith("fallback"):
             other = "state" if need.kind == "archive" else "archive"
             text = f"{text}; no eligible {need.kind} node, falling back to {other}"
-        if self.note.endswith("anyway"):
+        if "anyway" in self.note:
             text = f"{text}; no node is known to hold block {need.height} yet, trying anyway"
+        if "ejected" in self.note:
+            text = f"{text}; every eligible node has its breaker open, trying them anyway"
         return text
 
 
@@ -115,10 +125,17 @@ class Choice:
 
 
 class Selector:
-    def __init__(self, state_window: int, known_hashes: int, rng: random.Random | None = None):
+    def __init__(
+        self,
+        state_window: int,
+        known_hashes: int,
+        rng: random.Random | None = None,
+        latency_decay: float = 5.0,
+    ):
         self.state_window = state_window
         self.hashes: LRUCache[str, int] = LRUCache(maxsize=known_hashes)
         self.rng = rng or random.Random()
+        self.tau = latency_decay
 
     def remember_hash(self, block_hash: str, height: int) -> None:
         self.hashes[block_hash.lower()] = height
@@ -210,18 +227,35 @@ class Selector:
         need = self.need(pool, ref, prefer_archive, head)
         rules = pool.routes.get(method)
         found = self._among(pool, need, rules, exclude, need.height)
-        if found is None and need.height is not None:
-            # Heads are polled, so a node may hold a block its last poll did not show yet;
-            # a node that really lacks it answers -39006 and the item moves on.
-            found = self._among(pool, need, rules, exclude, None)
-            if found is not None:
-                found[1].note += "anyway" if not found[1].note else "+anyway"
+        if found is None:
+            found = self._fallbacks(pool, need, rules, exclude)
         if found is None:
             why = need.reason
             if rules:
                 why = "method route " + ", ".join(str(r.to_obj()) for r in rules)
             raise NoEligibleNode(self._none_msg(pool, method, need, why))
         return found
+
+    def _fallbacks(
+        self, pool: Pool, need: Need, rules: list[RouteRule] | None, exclude: Collection[Node]
+    ) -> tuple[list[Node], Reason] | None:
+        """The candidates when no node passed every condition: heads are polled, so a node
+        may hold a block its last poll did not show yet (a node that really lacks it answers
+        -39006 and the item moves on); and when every node is out only by its breaker, they
+        are tried anyway."""
+        height = need.height
+        if height is not None:
+            found = self._among(pool, need, rules, exclude, None)
+            if found is not None:
+                found[1].note += "+anyway"
+                return found
+        for at in (height, None) if height is not None else (None,):
+            found = self._among(pool, need, rules, exclude, at, ejected=True)
+            if found is not None:
+                lagging = at is None and height is not None
+                found[1].note += "+ejected+anyway" if lagging else "+ejected"
+                return found
+        return None
 
     def _among(
         self,
@@ -230,10 +264,12 @@ class Selector:
         rules: list[RouteRule] | None,
         exclude: Collection[Node],
         height: int | None,
+        ejected: bool = False,
     ) -> tuple[list[Node], Reason] | None:
-        """The candidates and the reason, or None."""
+        """The candidates and the reason, or None. `ejected`: also nodes whose breaker alone
+        keeps them out."""
         if rules:
-            usable = [n for n in pool.readers if self._usable(n, height, exclude)]
+            usable = [n for n in pool.readers if self._usable(n, height, exclude, ejected)]
             picked = [n for n in usable if any(r.matches(n) for r in rules)]
             return (picked, Reason(need, "", rules)) if picked else None
         kind = need.kind
@@ -242,6 +278,8 @@ class Selector:
         for node in pool.readers:  # one pass: this runs for every item of every request
             entry = node.entry
             if not (entry.enabled and node.healthy) or node in exclude:
+                continue
+            if node.blocked and not (ejected and not node.distrusted):
                 continue
             weight = entry.weight if node.weight_override is None else node.weight_override
             if weight <= 0 or (height is not None and not node.serves(height)):
@@ -254,19 +292,45 @@ class Selector:
         return None
 
     @staticmethod
-    def _usable(node: Node, height: int | None, exclude: Collection[Node]) -> bool:
+    def _usable(
+        node: Node, height: int | None, exclude: Collection[Node], ejected: bool = False
+    ) -> bool:
         if not (node.entry.enabled and node.healthy and node.weight > 0) or node in exclude:
+            return False
+        if node.blocked and not (ejected and not node.distrusted):
             return False
         return height is None or node.serves(height)
 
     def pick(self, nodes: list[Node]) -> Node:
-        """Weighted power of two choices on in-flight requests per unit of weight."""
-        if len(nodes) == 1:
+        """Power of two choices: two different nodes drawn by weight, the cheaper wins
+        (`cost × (in flight + 1) / weight`). A node's share is at most its chance of being
+        drawn into the pair, which its weight sets."""
+        n = len(nodes)
+        if n == 1:
             return nodes[0]
-        a, b = self.rng.choices(nodes, weights=[n.weight for n in nodes], k=2)
-        if a is b:
-            return a
-        return a if (a.inflight + 1) / a.weight <= (b.inflight + 1) / b.weight else b
+        if n == 2:
+            a, b = nodes
+        else:
+            a, b = self._draw_two(nodes)
+        now = time.monotonic()
+        tau = self.tau
+        ca = latency.current(a, now, tau)
+        cb = latency.current(b, now, tau)
+        wa, wb = a.weight, b.weight
+        cost_a = (a.inflight + 1) * (UNKNOWN_COST_MS if ca is None else ca) / wa
+        cost_b = (b.inflight + 1) * (UNKNOWN_COST_MS if cb is None else cb) / wb
+        if cost_a == cost_b:  # (idle nodes with equal costs: the draw by weight decides)
+            return a if self.rng.random() * (wa + wb) < wa else b
+        return a if cost_a < cost_b else b
+
+    def _draw_two(self, nodes: list[Node]) -> tuple[Node, Node]:
+        """Two different nodes, each drawn with a probability proportional to its weight."""
+        weights = [node.weight for node in nodes]
+        total = sum(weights)
+        rnd = self.rng.random
+        first = _index(weights, rnd() * total)
+        second = _index(weights, rnd() * (total - weights[first]), skip=first)
+        return nodes[first], nodes[second]
 
     def readable_head(self, pool: Pool) -> int | None:
         """The highest block a `latest` read can be answered at: the highest polled head among
@@ -277,6 +341,10 @@ class Selector:
             return None
         nodes = [n for n in usable if n.entry.kind == "state"] or usable
         return max((n.head for n in nodes if n.head is not None), default=-1)
+
+    def cost(self, node: Node) -> float | None:
+        """The node's latency estimate now (ms; None without samples), for getAllNodes."""
+        return latency.current(node, time.monotonic(), self.tau)
 
     @staticmethod
     def to_leader(pool: Pool, spec: MethodSpec, ref: BlockRef | None) -> bool:
@@ -313,3 +381,16 @@ class Selector:
             f"no eligible node for {method}{at} in pool {pool.id} ({why}); "
             f"nodes: {states or 'none'}"
         )
+
+
+def _index(weights: list[int], point: float, skip: int = -1) -> int:
+    """The index whose weight interval holds `point` (cumulative, leaving out `skip`)."""
+    last = -1
+    for i, weight in enumerate(weights):
+        if i == skip:
+            continue
+        last = i
+        point -= weight
+        if point < 0:
+            return i
+    return last  # (rounding at the very end)

@@ -36,6 +36,15 @@ class SeedWriter:
     leader: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class CheckerSource:
+    """A consistency checker whose verdicts on a pool's replicas the proxy follows
+    (`[[proxy.checkers]]`, proxy/verdicts.py)."""
+
+    chain: str  # a pool id: `1337`, or a versioned pool such as `1337-blue`
+    url: str
+
+
 @dataclass(slots=True)
 class ProxySettings:
     host: str = DEFAULT_HOST
@@ -56,10 +65,27 @@ class ProxySettings:
     max_batch_items: int = 1000  # longer batches → -32600
     state_window: int = 128  # blocks behind the head still routed to `state` nodes
     head_poll_interval: float = 1.0  # seconds between eth_blockNumber polls of each node
-    poll_timeout: float = 2.0  # seconds a poll may take before it counts as a failure
-    unhealthy_after: int = 3  # consecutive failures (errors/timeouts) that take a node out
-    upstream_timeout: float = 10.0  # seconds for one upstream attempt
-    max_attempts: int = 3  # attempts per request item (first try + retries)
+    # Seconds a poll may take before it counts as a failure: as long as a request may take
+    # (upstream_timeout), so a slow node is not taken for a dead one.
+    poll_timeout: float = 10.0
+    unhealthy_after: int = 3  # consecutive failed health polls that take a node out
+    upstream_timeout: float = 10.0  # seconds one upstream attempt may take: the ceiling
+    max_attempts: int = 3  # rounds of attempts per request item (first try + retries)
+    # Failsafe routing (docs/proxy.md "Failsafe routing").
+    latency_decay: float = 5.0  # seconds: time constant of a node's peak-EWMA latency cost
+    hedge_quantile: float = 0.95  # hedge an attempt slower than this quantile of recent ones
+    hedge_budget: float = 0.1  # hedges per first attempt at most (0: never hedge)
+    hedge_min_delay: float = 0.005  # seconds: never hedge sooner than this
+    attempt_timeout_factor: float = 4.0  # attempt timeout = this × the recent p99 ...
+    attempt_timeout_min: float = 0.5  # ... but at least this many seconds (upstream_timeout max)
+    breaker_failures: int = 5  # consecutive failures or timeouts that open a node's breaker
+    breaker_cooldown: float = 2.0  # seconds an open breaker waits before a probe (doubles)
+    breaker_cooldown_max: float = 30.0  # seconds: the longest wait between probes
+    admission_wait: float = 1.0  # seconds a request may wait for a node connection; beyond, 503
+    max_pool_inflight: int = 0  # client requests in flight per pool; 0: derived (admission)
+    checker_poll_interval: float = 0.5  # seconds between reads of each checker's verdicts
+    max_buffered_bytes: int = 64 * 1024 * 1024  # upstream answer bytes held at once
+    max_answer_bytes: int = 64 * 1024 * 1024  # one upstream answer; larger → -32603 too_large
     upstream_connections: int = 512  # pooled keep-alive upstream connections (all nodes)
     upstream_keepalive: float = 30.0  # seconds an idle upstream connection is kept
     extra_methods: tuple[str, ...] = ()  # methods allowed beyond the spec's set
@@ -72,15 +98,16 @@ class ProxySettings:
     max_weight: int = 1_000_000  # largest node weight accepted by the admin API
     nodes: tuple[SeedNode, ...] = ()
     writers: tuple[SeedWriter, ...] = ()
+    checkers: tuple[CheckerSource, ...] = ()
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ProxySettings:
         """Settings from a loaded config (`chainstate.config.load_config`); {} gives defaults."""
         sect = section(config, "proxy")
-        known = {f.name for f in fields(cls)} - {"nodes", "writers", "store_path"}
+        known = {f.name for f in fields(cls)} - {"nodes", "writers", "checkers", "store_path"}
         values: dict[str, Any] = {}
         for name, value in sect.items():
-            if name in ("nodes", "writers", "store") or isinstance(value, dict):
+            if name in ("nodes", "writers", "checkers", "store") or isinstance(value, dict):
                 continue  # sub-tables ([proxy.tracing], ...) belong to the modules they name
             if name not in known:
                 raise ConfigError(f"[proxy] unknown setting {name!r}")
@@ -98,6 +125,7 @@ class ProxySettings:
             )
         values["nodes"] = tuple(_seed_nodes(sect.get("nodes", [])))
         values["writers"] = tuple(_seed_writers(sect.get("writers", [])))
+        values["checkers"] = tuple(_checkers(sect.get("checkers", [])))
         try:
             settings = cls(**values)
         except TypeError as exc:
@@ -125,6 +153,17 @@ class ProxySettings:
             "known_hashes",
             "admin_apply_timeout",
             "max_weight",
+            "latency_decay",
+            "hedge_min_delay",
+            "attempt_timeout_factor",
+            "attempt_timeout_min",
+            "breaker_failures",
+            "breaker_cooldown",
+            "breaker_cooldown_max",
+            "admission_wait",
+            "checker_poll_interval",
+            "max_buffered_bytes",
+            "max_answer_bytes",
         )
         for name in positive:
             value = getattr(self, name)
@@ -152,6 +191,14 @@ class ProxySettings:
             raise ConfigError("[proxy] max_client_connections must be an integer >= 0 (0: auto)")
         if self.client_id_top_n < 0:
             raise ConfigError("[proxy] client_id_top_n must be >= 0")
+        if not 0 < self.hedge_quantile < 1:
+            raise ConfigError("[proxy] hedge_quantile must be between 0 and 1 (e.g. 0.95)")
+        if not 0 <= self.hedge_budget <= 1:
+            raise ConfigError("[proxy] hedge_budget must be between 0 (no hedging) and 1")
+        for name in ("max_pool_inflight",):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"[proxy] {name} must be an integer >= 0 (0: derived)")
 
     def default_store_path(self) -> Path:
         return Path(".chainstate") / "proxy-store.json"
@@ -196,4 +243,23 @@ def _seed_writers(value: Any) -> list[SeedWriter]:
         except TypeError as exc:
             raise ConfigError(f"[[proxy.writers]] {exc}") from None
         out.append(writer)
+    return out
+
+
+def _checkers(value: Any) -> list[CheckerSource]:
+    from proxy.model import EntryError, check_url, normalize_pool
+
+    out = []
+    for item in _items(value, "checkers"):
+        try:
+            source = CheckerSource(**{**item, "chain": str(item.get("chain", ""))})
+            check_url(source.url)
+        except TypeError as exc:
+            raise ConfigError(f"[[proxy.checkers]] {exc}") from None
+        except EntryError as exc:
+            raise ConfigError(f"[[proxy.checkers]] {exc}") from None
+        pool = normalize_pool(source.chain)
+        if pool is None:
+            raise ConfigError(f"[[proxy.checkers]] chain {source.chain!r} is not a pool id")
+        out.append(CheckerSource(pool, source.url))
     return out

@@ -14,7 +14,9 @@ from typing import Any
 
 import orjson
 
+from proxy.breaker import BreakerSettings
 from proxy.model import (
+    DEFAULT_BREAKER,
     EntryError,
     MirrorEntry,
     Node,
@@ -35,11 +37,14 @@ log = logging.getLogger(__name__)
 class RoutingState:
     """Pools by id and the version of each chain in version mode."""
 
-    def __init__(self, max_weight: int = 1_000_000) -> None:
+    def __init__(
+        self, max_weight: int = 1_000_000, breaker: BreakerSettings = DEFAULT_BREAKER
+    ) -> None:
         self.pools: dict[str, Pool] = {}
         self.versions: dict[str, str] = {}  # chain id → V (chain routes to pool "C-V")
         self.revision = 0
         self.max_weight = max_weight
+        self.breaker = breaker  # every node's breaker settings
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     # ---- lookups -------------------------------------------------------------------------
@@ -176,7 +181,7 @@ class RoutingState:
                 old = pool.writers.get(writer.key)
                 if old is None or old.entry.url != writer.url:
                     entry = NodeEntry(key=writer.key, url=writer.url, kind="writer")
-                    pool.writers[writer.key] = Node(entry)
+                    pool.writers[writer.key] = Node(entry, breaker_settings=self.breaker)
         else:
             raise EntryError(f"unknown key kind {what!r}")
 
@@ -190,8 +195,9 @@ class RoutingState:
         old = pool.nodes.get(key)
         if old is not None and old.entry.url == entry.url:
             old.entry = entry  # keep what was observed about the same endpoint
+            old.update_blocked()  # ignore_checker may have changed
         else:
-            pool.nodes[key] = Node(entry)
+            pool.nodes[key] = Node(entry, breaker_settings=self.breaker)
 
 
 def parse_version(value: bytes) -> Any:

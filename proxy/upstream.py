@@ -11,13 +11,15 @@ per-attempt `asyncio.timeout`).
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
 from yarl import URL
 
 from chainstate.inproc import InprocRegistry, is_inproc
+from proxy.buffers import ByteBudget
 from proxy.deadlines import Deadlines
-from proxy.httpclient import HostPool, HttpError
+from proxy.httpclient import AnswerTooLarge, HostPool, HttpError, SlotWaitCancelled
 
 _HEADERS = {"Content-Type": "application/json"}
 # Headers aiohttp would add to every request; nodes need none of them (bodies stay raw bytes).
@@ -25,7 +27,8 @@ _SKIP_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")
 
 
 class UpstreamError(Exception):
-    """An attempt that got no usable answer: `kind` is connect, timeout, http or inproc."""
+    """An attempt that got no usable answer: `kind` is connect, timeout, http, inproc,
+    bad_response, saturated or too_large (proxy/outcome.py says what each means)."""
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")
@@ -38,10 +41,15 @@ class Upstream:
         registry: InprocRegistry | None,
         connections: int = 512,
         keepalive: float = 30.0,
+        max_buffered: int = 0,
+        max_answer: int = 0,
     ) -> None:
         self.registry = registry
         self._connections = connections
         self._keepalive = keepalive
+        # Answer bytes held at once (proxy/buffers.py); 0: not counted.
+        self.budget = ByteBudget(max_buffered) if max_buffered else None
+        self._max_answer = max_answer
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._urls: dict[str, URL] = {}  # parsed once: yarl parsing costs per request
@@ -79,15 +87,26 @@ class Upstream:
             t = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
         return t
 
-    async def send(self, url: str, body: bytes, limit: float) -> bytes:
+    @property
+    def deadlines(self) -> Deadlines:
+        """The deadline lanes every attempt uses (hedge timers share them)."""
+        return self._deadlines
+
+    async def send(
+        self, url: str, body: bytes, limit: float, race: Any = None, holder: Any = None
+    ) -> bytes:
         """The raw response body (b"" for a 204) within `limit` seconds. Raises
-        UpstreamError."""
+        UpstreamError. `race` (proxy/hedge.py, plain-http nodes only) may end the wait
+        early with another node's answer; the answer's bytes count for `holder` (an object
+        with a `reserved` int, released by the caller) in the buffered-bytes budget."""
         deadline = self._deadlines.start(limit)
         try:
             if url.startswith("http://"):
                 pool = self._pools.get(url) or self._pool(url)
                 try:
-                    status, data = await pool.post(body)
+                    status, data = await pool.post(body, race, holder)
+                except AnswerTooLarge as exc:
+                    raise UpstreamError("too_large", f"{url}: {exc}") from None
                 except (HttpError, OSError) as exc:
                     raise UpstreamError("connect", f"{url}: {exc}") from None
                 return _answer(url, status, data)
@@ -99,10 +118,18 @@ class Upstream:
                 try:
                     now = registry.resolve_now(url)  # type: ignore[union-attr]
                     answer = None if now is None else now(body)  # plain reads: no await
-                    return answer if answer is not None else await handler(body)
+                    data = answer if answer is not None else await handler(body)
                 except Exception as exc:  # a failing in-process node is an unusable answer
                     raise UpstreamError("inproc", f"{url}: {type(exc).__name__}: {exc}") from None
-            return await self._send_session(url, body, limit)
+            else:
+                data = await self._send_session(url, body, limit)
+            self._count(url, data, holder)
+            return data
+        except SlotWaitCancelled:
+            if deadline.expired():
+                msg = f"no free connection to {url} within {limit}s (upstream_connections)"
+                raise UpstreamError("saturated", msg) from None
+            raise
         except asyncio.CancelledError:
             if deadline.expired():
                 raise UpstreamError("timeout", f"no answer from {url} within {limit}s") from None
@@ -129,6 +156,15 @@ class Upstream:
             raise UpstreamError("connect", f"{url}: {type(exc).__name__}: {exc}") from None
         return _answer(url, status, data)
 
+    def _count(self, url: str, data: bytes, holder: Any) -> None:
+        """An answer that came whole (in process, or through aiohttp): checked against
+        max_answer_bytes and counted in the budget."""
+        if self._max_answer and len(data) > self._max_answer:
+            msg = f"{url}: answer of {len(data)} bytes, more than max_answer_bytes"
+            raise UpstreamError("too_large", msg)
+        if self.budget is not None and holder is not None:
+            self.budget.add(len(data), holder)
+
     def _pool(self, url: str) -> HostPool:
         pool = self._pools.get(url)
         if pool is None:
@@ -137,7 +173,9 @@ class Upstream:
                     old.close()
                 self._pools.clear()
             try:
-                pool = self._pools[url] = HostPool(url, self._connections)
+                pool = self._pools[url] = HostPool(
+                    url, self._connections, self.budget, self._max_answer
+                )
             except ValueError as exc:
                 raise UpstreamError("connect", str(exc)) from None
         return pool

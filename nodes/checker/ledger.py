@@ -1,7 +1,9 @@
 """The checker's durable record of confirmed and forked blocks (SQLite, WAL).
 
 A restarted checker continues from its last confirmed height and still answers for every
-block it confirmed before.
+block it confirmed before, and still knows which replicas diverged (and at which height):
+a replica that applied a wrong block holds wrong state until it is resynced, so the verdict
+outlives the round that found it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ CREATE TABLE IF NOT EXISTS blocks (
     is_fork INTEGER NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS canonical_by_num ON blocks(num) WHERE is_fork = 0;
+CREATE TABLE IF NOT EXISTS diverged (
+    replica TEXT PRIMARY KEY,
+    height INTEGER NOT NULL
+);
 """
 
 
@@ -99,3 +105,23 @@ class Ledger:
         """A confirmed block that the replicas no longer hold (a reorg below): mark it fork."""
         with self._db:
             self._db.execute("UPDATE blocks SET is_fork = 1 WHERE num = ? AND is_fork = 0", (num,))
+
+    def mark_diverged(self, replica: str, height: int) -> bool:
+        """Record that `replica` disagreed with the confirmed block at `height` (the lowest
+        such height is kept); True when it was not marked before."""
+        with self._db:
+            row = self._db.execute(
+                "SELECT height FROM diverged WHERE replica = ?", (replica,)
+            ).fetchone()
+            if row is not None and row[0] <= height:
+                return False
+            self._db.execute("INSERT OR REPLACE INTO diverged VALUES (?, ?)", (replica, height))
+            return row is None
+
+    def clear_diverged(self, replica: str) -> None:
+        with self._db:
+            self._db.execute("DELETE FROM diverged WHERE replica = ?", (replica,))
+
+    def diverged(self) -> dict[str, int]:
+        """Replica → the lowest confirmed height at which it held another block or hash."""
+        return dict(self._db.execute("SELECT replica, height FROM diverged").fetchall())

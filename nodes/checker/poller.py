@@ -67,6 +67,13 @@ class CheckerMetrics:
         self.reorgs = Counter(
             "checker_reorgs", "Confirmed blocks later demoted to forks", registry=registry
         )
+        self.replica_diverged_at = Gauge(
+            "checker_replica_diverged_at",
+            "The lowest confirmed height at which the replica held another block or "
+            "validation hash, until it holds the confirmed one there again (-1: none)",
+            ["replica"],
+            registry=registry,
+        )
 
 
 class Poller:
@@ -85,7 +92,15 @@ class Poller:
         # The height confirmation waits at because replicas disagree, and what each holds:
         # shown by GET /health and the checker_disputed_height gauge.
         self.dispute: dict[str, Any] | None = None
+        # What each replica reported last round: up, latest height (checker_status).
+        self.replicas: dict[str, dict[str, Any]] = {
+            r: {"up": None, "latest": None} for r in clients
+        }
         self._round = asyncio.Lock()  # one round at a time (the loop, and callers of poll_once)
+        for replica in clients:
+            metrics.replica_diverged_at.labels(replica).set(-1)
+        for replica, height in ledger.diverged().items():
+            metrics.replica_diverged_at.labels(replica).set(height)
 
     async def run(self) -> None:
         while True:
@@ -107,6 +122,7 @@ class Poller:
             return 0
         top = sorted((latest for _, latest in ranges.values()), reverse=True)[quorum - 1]
         await self._unwind(ranges, top, quorum)
+        await self._recheck_diverged(ranges)
         start = self._next_height(ranges, quorum)
         confirmed = 0
         if start <= top:
@@ -173,11 +189,57 @@ class Poller:
             against = {*decision.diverged, *(v.replica for v in decision.losers)}
             for replica in against:
                 self.metrics.replica_disagreements.labels(replica).inc()
+                self._mark_diverged(replica, height)
             odd |= against
         if done:
             for replica in self.clients:
                 self.metrics.replica_diverged.labels(replica).set(1 if replica in odd else 0)
         return done
+
+    def _mark_diverged(self, replica: str, height: int) -> None:
+        if self.ledger.mark_diverged(replica, height):
+            log.warning(
+                "checker: replica %s diverged at confirmed height %d: it holds another block "
+                "or validation hash than the quorum (flagged until it holds the confirmed one)",
+                replica,
+                height,
+            )
+        self.metrics.replica_diverged_at.labels(replica).set(self.ledger.diverged()[replica])
+
+    async def _recheck_diverged(self, ranges: dict[str, tuple[int, int]]) -> None:
+        """A flagged replica that holds the confirmed block at the height it diverged at
+        again (it was resynced, or it reorganised onto the canonical chain) is cleared."""
+        for replica, height in self.ledger.diverged().items():
+            held = ranges.get(replica)
+            if held is None or not held[0] <= height <= held[1]:
+                continue
+            record = self.ledger.at_height(height)
+            vote = (await self._votes(replica, height, 1)).get(height)
+            if record is None or vote is None:
+                continue
+            if vote.id == record.id and vote.validation_hash == record.validation_hash:
+                self.ledger.clear_diverged(replica)
+                self.metrics.replica_diverged_at.labels(replica).set(-1)
+                log.warning(
+                    "checker: replica %s holds the confirmed block at height %d again: "
+                    "no longer flagged as diverged",
+                    replica,
+                    height,
+                )
+
+    def status(self) -> dict[str, Any]:
+        """What the proxy reads (`checker_status`): the confirmed height, the dispute
+        confirmation waits at, and per replica whether it answers and where it diverged."""
+        latest = self.ledger.latest()
+        diverged = self.ledger.diverged()
+        return {
+            "confirmed": latest.num if latest else None,
+            "disputed": self.dispute,
+            "replicas": [
+                {"replica": r, **self.replicas[r], "diverged_at": diverged.get(r)}
+                for r in self.clients
+            ],
+        }
 
     def _set_dispute(self, height: int, votes: list[Vote] | None) -> None:
         """Record (or clear, with None) the disagreement confirmation waits at."""
@@ -236,10 +298,12 @@ class Poller:
             earliest, latest = int(got["earliest"]), int(got["latest"])
         except (RpcUnavailable, JsonRpcError, KeyError, TypeError, ValueError) as exc:
             self.metrics.replica_up.labels(replica).set(0)
+            self.replicas[replica]["up"] = False
             log.info("checker: replica %s unavailable: %s", replica, exc)
             return None
         self.metrics.replica_up.labels(replica).set(1)
         self.metrics.replica_height.labels(replica).set(latest)
+        self.replicas[replica].update(up=True, latest=latest)
         return earliest, latest
 
     async def _votes(self, replica: str, start: int, count: int) -> dict[int, Vote]:

@@ -11,7 +11,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from chainstate.inproc import InprocRegistry
-from chainstate.jsonrpc import DATABASE_FAILED, Dispatcher
+from chainstate.jsonrpc import DATABASE_FAILED, Dispatcher, JsonRpcError
 from chainstate.rpcclient import RpcClient
 from chainstate.rpcserver import rpc_handler
 from nodes.checker.ledger import Ledger
@@ -51,6 +51,7 @@ class CheckerNode:
             for url in self.settings.replicas
         }
         self.poller = Poller(self.settings, self.ledger, self._clients, self.metrics)
+        self.dispatcher.update({"checker_status": self._status})
         self._task = asyncio.create_task(self.poller.run(), name="checker-poller")
 
     async def close(self) -> None:
@@ -62,6 +63,13 @@ class CheckerNode:
             await client.close()
         if self.ledger is not None:
             self.ledger.close()
+
+    async def _status(self, params: Any) -> dict[str, Any]:
+        """`checker_status` (no params): what the routing proxy follows (docs/checker.md)."""
+        if params not in (None, [], {}):
+            raise JsonRpcError(DATABASE_FAILED, "checker_status takes no params")
+        assert self.poller is not None
+        return self.poller.status()
 
     async def handle_body(self, body: bytes) -> bytes:
         return await self.dispatcher.handle_body(body)
@@ -85,6 +93,7 @@ class CheckerNode:
             "status": "ok" if dispute is None else "disagreement",
             "confirmed": latest.num if latest else None,
             "disagreement": dispute,
+            "diverged": self.ledger.diverged() if self.ledger else {},
         }
 
     async def _health(self, request: web.Request) -> web.Response:

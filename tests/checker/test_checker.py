@@ -137,7 +137,12 @@ async def test_corrupted_replica_is_reported_not_confirmed(registry, tmp_path):
         bad.extend("a", 0, 8)  # the replica is repaired (re-synced)
         await settle(node)
         assert (await rpc(node, "getLatestBlock"))["num"] == 8
-        assert node.health() == {"status": "ok", "confirmed": 8, "disagreement": None}
+        assert node.health() == {
+            "status": "ok",
+            "confirmed": 8,
+            "disagreement": None,
+            "diverged": {},  # no quorum found either replica wrong: neither is flagged
+        }
         assert metric(node, "checker_disputed_height") == -1
     finally:
         await node.close()
@@ -190,6 +195,43 @@ async def test_divergence_below_the_head_stays_visible(registry, tmp_path):
         await node.poller.poll_once()  # a round where every replica agrees clears the flag
         assert metric(node, "checker_replica_diverged", replica=reps[2].url) == 0
         assert node.health()["status"] == "ok"
+        # ... but the replica still holds the wrong block 5 (and the state it produced): the
+        # verdict the proxy follows stays until it holds the confirmed block there again.
+        assert metric(node, "checker_replica_diverged_at", replica=reps[2].url) == 5
+        assert node.health()["diverged"] == {reps[2].url: 5}
+        status = await rpc(node, "checker_status")
+        by_replica = {r["replica"]: r for r in status["replicas"]}
+        assert status["confirmed"] == 12 and status["disputed"] is None
+        assert by_replica[reps[2].url] == {
+            "replica": reps[2].url,
+            "up": True,
+            "latest": 12,
+            "diverged_at": 5,
+        }
+        assert by_replica[reps[0].url]["diverged_at"] is None
+        reps[2].extend("a", 0, 12)  # resynced
+        await node.poller.poll_once()
+        assert metric(node, "checker_replica_diverged_at", replica=reps[2].url) == -1
+        assert (await rpc(node, "checker_status"))["replicas"][2]["diverged_at"] is None
+    finally:
+        await node.close()
+
+
+async def test_a_diverged_verdict_survives_a_restart(registry, tmp_path):
+    reps = [Replica(registry, f"r{i}", head=6) for i in range(3)]
+    reps[1].corrupt(4)
+    node = await make_checker(registry, reps, tmp_path)
+    try:
+        await node.poller.poll_once()
+        assert node.health()["diverged"] == {reps[1].url: 4}
+    finally:
+        await node.close()
+    node = await make_checker(registry, reps, tmp_path)
+    try:
+        assert (await rpc(node, "checker_status"))["replicas"][1]["diverged_at"] == 4
+        with pytest.raises(JsonRpcError) as err:
+            await rpc(node, "checker_status", 1)
+        assert err.value.code == -39005
     finally:
         await node.close()
 

@@ -37,8 +37,11 @@ class FakeNode:
         self.head = head
         self.window = window
         self.delay = 0.0  # seconds before answering data requests
+        self.poll_delay = 0.0  # seconds before answering health polls
         self.http_status: int | None = None  # answer everything (polls too) with this status
         self.error_code: int | None = None  # answer every data item with this error
+        self.fail_every = 0  # answer every Nth data request with HTTP 503 (0: never)
+        self.pad = 0  # characters of padding in every data answer (large answers)
         self.received: list[dict[str, Any]] = []  # data items (polls excluded)
         self.bodies: list[bytes] = []
         self.port = free_port()
@@ -80,9 +83,13 @@ class FakeNode:
             return web.Response(status=self.http_status, text="fake failure")
         if not polling:
             self.bodies.append(body)
+            if self.fail_every and len(self.bodies) % self.fail_every == 0:
+                return web.Response(status=503, text="fake: every Nth request fails")
             self.received.extend(items)
             if self.delay:
                 await asyncio.sleep(self.delay)
+        elif self.poll_delay:
+            await asyncio.sleep(self.poll_delay)
         answers = [a for a in (self._answer(i, polling) for i in items) if a is not None]
         if not answers:
             return web.Response(status=204)
@@ -120,4 +127,7 @@ class FakeNode:
                 height = 0
         if not self.earliest <= height <= self.head:
             raise JsonRpcError(BLOCK_NOT_FOUND, f"{self.name}: block {height} not held")
-        return {"node": self.name, "method": method, "height": height}
+        result = {"node": self.name, "method": method, "height": height}
+        if self.pad:
+            result["pad"] = "x" * self.pad
+        return result

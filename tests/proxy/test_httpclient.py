@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from proxy.httpclient import HostPool, HttpError
+from proxy.buffers import ByteBudget
+from proxy.httpclient import AnswerTooLarge, HostPool, HttpError
 from tests.conftest import free_port
 
 Responder = Callable[[bytes], bytes | None]  # request → raw answer (None: close, b"": none)
@@ -189,4 +190,63 @@ async def test_slots_are_handed_over_and_a_cancelled_waiter_does_not_keep_one(se
     assert await asyncio.wait_for(pool.post(b"x"), 2) == (200, b"ok")  # the slot is free
     queued = [asyncio.create_task(pool.post(b"x")) for _ in range(5)]
     assert await asyncio.gather(*queued) == [(200, b"ok")] * 5  # one at a time, all served
+    pool.close()
+
+
+async def test_an_idle_connection_keeps_no_answer_alive(server) -> None:
+    url, _ = await server(lambda req: fixed(b"x" * 100_000))
+    pool = HostPool(url, 4)
+    status, body = await pool.post(b"{}")
+    assert status == 200 and len(body) == 100_000
+    (conn,) = pool._idle
+    assert conn._waiter is None and conn._body == []  # (an 8 MB answer stayed alive per idle
+    pool.close()  # connection before: 453 MB kept after 24 concurrent 8 MB answers)
+
+
+class Holder:
+    def __init__(self) -> None:
+        self.reserved = 0
+
+
+async def test_answers_wait_for_room_in_the_buffered_bytes_budget(server) -> None:
+    url, _ = await server(lambda req: fixed(b"y" * 300_000))
+    budget = ByteBudget(700_000)  # two answers fit, the third waits for a release
+    pool = HostPool(url, 8, budget)
+    holders = [Holder() for _ in range(3)]
+    posts = [asyncio.ensure_future(pool.post(b"{}", holder=h)) for h in holders]
+    done, pending = await asyncio.wait(posts, timeout=0.5)
+    assert len(done) == 2 and len(pending) == 1 and budget.used == 600_000
+    assert budget.waits == 1
+    waiting = next(h for h, p in zip(holders, posts, strict=True) if p in pending)
+    assert waiting.reserved == 0
+    budget.release(next(h for h in holders if h.reserved))  # one client request answered
+    (status, body), *_ = await asyncio.gather(*pending)
+    assert status == 200 and len(body) == 300_000 and waiting.reserved == 300_000
+    assert budget.peak <= 700_000
+    pool.close()
+
+
+def test_a_request_holding_bytes_never_waits_for_more() -> None:
+    budget = ByteBudget(100)
+    mine, other = Holder(), Holder()
+    assert budget.reserve(80, mine)
+    assert not budget.reserve(50, other)  # does not fit: it waits
+    granted: list[str] = []
+    entry = budget.wait(50, other, lambda: granted.append("other"))
+    assert budget.reserve(60, mine)  # a second sub-batch of the same request: overdraft
+    assert budget.used == 140 and granted == []
+    budget.release(mine)
+    assert granted == ["other"] and budget.used == 50 and other.reserved == 50
+    budget.cancel(entry)  # (already granted: nothing to cancel)
+    budget.release(other)
+    assert budget.used == 0
+    alone = Holder()
+    assert budget.reserve(500, alone)  # larger than the budget, but nothing else is held
+
+
+async def test_an_answer_larger_than_max_answer_bytes_fails_at_once(server) -> None:
+    url, _ = await server(lambda req: fixed(b"z" * 50_000))
+    pool = HostPool(url, 4, None, max_answer=10_000)
+    with pytest.raises(AnswerTooLarge, match="50000 bytes"):
+        await pool.post(b"{}")
     pool.close()

@@ -103,7 +103,11 @@ async def test_retry_on_block_not_found_prefers_archive(make_api, fake_nodes) ->
     assert [served_by(a) for a in answers] == ["archive-1", "archive-1"]
     metrics = await (await api.client.get("/metrics")).text()
     assert 'chainstate_proxy_retries_total{chain="1337",reason="block_not_found"} 3.0' in metrics
-    assert 'outcome="retryable"' in metrics
+    # the stale node answered what it lacks (single, then batch): not its fault
+    labels = 'upstream_attempts_total{chain="1337",node="stale",outcome='
+    assert f'{labels}"block_not_found"}} 1.0' in metrics
+    assert f'{labels}"retryable"}} 1.0' in metrics
+    assert api.proxy.state.pools["1337"].find("stale").breaker.failures == 0
 
 
 async def test_retry_on_unsupported_precompile_and_last_answer_when_all_fail(

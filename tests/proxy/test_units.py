@@ -10,7 +10,8 @@ import pytest
 from chainstate.blockref import BlockRef
 from chainstate.jsonrpc import JsonRpcError
 from chainstate.txmethods import PENDING_READS, TX_LIFECYCLE
-from proxy.engine import hide_unreadable, retry_code
+from proxy import outcome
+from proxy.engine import hide_unreadable
 from proxy.methods import MethodTable
 from proxy.model import (
     EntryError,
@@ -343,11 +344,30 @@ def test_route_and_mirror_entries() -> None:
     assert m.wants("eth_call") and not m.wants("eth_getBalance")
 
 
-def test_retry_code_peeks_without_decoding_ok_answers() -> None:
-    assert retry_code(b'{"jsonrpc":"2.0","id":1,"result":"0x1"}') is None
-    assert retry_code(b'{"jsonrpc":"2.0","id":1,"error":{"code":-39006,"message":"x"}}') == -39006
-    assert retry_code(b'{"jsonrpc":"2.0","id":1,"error":{"code":-39008,"message":"x"}}') == -39008
-    assert retry_code(b'{"jsonrpc":"2.0","id":1,"error":{"code":-39000,"message":"x"}}') is None
+def test_one_classification_of_answers_and_failures() -> None:
+    assert outcome.of_raw(b'{"jsonrpc":"2.0","id":1,"result":"0x1"}') is outcome.OK
+    missing = outcome.of_raw(b'{"jsonrpc":"2.0","id":1,"error":{"code":-39006,"message":"x"}}')
+    assert missing is outcome.BLOCK_MISSING and missing.retry and missing.prefer_archive
+    assert not missing.penalise  # the node works; it lacks the block
+    precompile = outcome.of_raw(b'{"jsonrpc":"2.0","id":1,"error":{"code":-39008,"message":"x"}}')
+    assert precompile.retry and not precompile.prefer_archive
+    revert = outcome.of_raw(b'{"jsonrpc":"2.0","id":1,"error":{"code":-39000,"message":"x"}}')
+    assert revert is outcome.ERROR and revert.final
+    assert outcome.of_answer({"id": 1, "error": {"code": -39006}}) is outcome.BLOCK_MISSING
+    assert outcome.of_answer({"id": 1, "result": None}) is outcome.OK
+    for kind in ("connect", "timeout", "http", "inproc", "bad_response"):
+        assert outcome.of_failure(kind).retry and outcome.of_failure(kind).penalise
+    saturated = outcome.of_failure("saturated")  # the proxy's own queue: not the node's fault
+    assert saturated.retry and not saturated.penalise
+    assert outcome.of_failure("too_large").final
+    # the label of an answered attempt (metrics, spans): what a retryable answer asked
+    assert outcome.answered(b'{"jsonrpc":"2.0","id":1,"result":"0x1"}') == "ok"
+    assert outcome.answered(b'{"id":1,"error":{"code":-39006,"message":"x"}}') == "block_not_found"
+    assert outcome.answered(b'{"id":1,"error":{"code":-39000,"message":"revert"}}') == "ok"
+    assert outcome.answered(b'[{"id":0,"result":1},{"id":1,"error":{"code":-39008}}]') == (
+        "retryable"
+    )
+    assert outcome.answered(b'[{"id":0,"error":{"code":-39000,"message":"x"}}]') == "ok"
 
 
 # ---- state applied from store events -----------------------------------------------------

@@ -1,0 +1,262 @@
+"""Step 4 of routing: one exchange with a node, and what it teaches about the node.
+
+`Attempts.exchange` sends one body (a single request, a whole batch or a sub-batch) to the
+node chosen for a `Group` of items and returns the node that answered and its bytes, or
+raises `UpstreamError`. Around every attempt it keeps the node's books: in-flight count,
+latency (peak EWMA for the choice, the pool's window for hedge delays and attempt timeouts),
+breaker (success, or a penalised outcome), metrics and the `upstream.attempt` span. When the
+group may be hedged (an idempotent read on a plain-http node with another eligible node), a
+`Race` (proxy/hedge.py) lets a second node join a slow attempt.
+
+Nothing here decides whether an *answer* is retried: the engine classifies answers
+(proxy/outcome.py) and runs the one retry loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import trace
+
+from proxy import latency, outcome
+from proxy.breaker import CLOSED, HALF_OPEN
+from proxy.hedge import HedgeBudget, Race
+from proxy.latency import LatencyWindow
+from proxy.metrics import ProxyMetrics
+from proxy.model import Node, Pool
+from proxy.select import Selector
+from proxy.settings import ProxySettings
+from proxy.upstream import Upstream, UpstreamError
+
+log = logging.getLogger(__name__)
+FAILURE_COST_MS = 1000.0  # a failed attempt counts as at least this slow in the node's cost
+BATCH = "batch"  # latency window of sub-batches (single requests use their method's)
+
+
+class Group:
+    """Items of one client request sent together to one node in one round."""
+
+    __slots__ = ("cands", "items", "lkey", "node", "round")
+
+    def __init__(
+        self, node: Node, items: list[Any], cands: list[Node], lkey: str, round_: int = 1
+    ) -> None:
+        self.node = node
+        self.items = items  # objects with a `tried` list (the engine's Items)
+        self.cands = cands  # the nodes every item of the group may go to (hedging)
+        self.lkey = lkey  # the latency window: the method of a single request, or BATCH
+        self.round = round_  # the attempt round of the engine's loop (spans)
+
+    def add(self, item: Any, cands: list[Node]) -> None:
+        self.items.append(item)
+        if cands is not self.cands:  # items with other candidates: keep what all allow
+            self.cands = [n for n in self.cands if n in cands]
+
+
+class Attempts:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        upstream: Upstream,
+        selector: Selector,
+        metrics: ProxyMetrics,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
+        s = settings
+        self.upstream = upstream
+        self.selector = selector
+        self.metrics = metrics
+        self.tracer = tracer
+        self.ceiling = s.upstream_timeout
+        self.tau = s.latency_decay
+        self.hedge_ratio = s.hedge_budget
+        self.hedge_quantile = s.hedge_quantile
+        self.hedge_min = s.hedge_min_delay
+        self.timeout_factor = s.attempt_timeout_factor
+        self.timeout_min = s.attempt_timeout_min
+
+    # ---- one group -----------------------------------------------------------------------
+
+    async def exchange(
+        self, ctx: Any, group: Group, body: bytes, usable: Callable[[bytes], bool]
+    ) -> tuple[Node, bytes]:
+        """Send `body` for `group` (its node, and maybe a second one): (node, answer).
+        `usable(answer)` says whether a second attempt's answer may win the race."""
+        node = group.node
+        race = self._race(ctx, group, body, usable) if len(group.cands) > 1 else None
+        if race is None:
+            return node, await self.attempt(ctx, node, body, group)
+        try:
+            raw = await self.attempt(ctx, node, body, group, race)
+        except UpstreamError:
+            if race.task is None:
+                raise
+            return await race.second()  # the first failed while a second was running
+        finally:
+            race.close()
+        return (node, raw) if race.winner is None else (race.winner, raw)
+
+    def _race(
+        self, ctx: Any, group: Group, body: bytes, usable: Callable[[bytes], bool]
+    ) -> Race | None:
+        """A race for a hedgeable group (a plain-http node: a second attempt hands its answer
+        to the first one's connection future), or None."""
+        node = group.node
+        if not node.entry.url.startswith("http://"):
+            return None
+        pool: Pool = ctx.pool
+        budget = pool.hedge
+        if budget is None:
+            budget = pool.hedge = HedgeBudget(self.hedge_ratio)
+        budget.earn()
+        window = pool.latency.get(group.lkey)
+        if window is None or window.p99 is None:
+            return None  # too few samples yet: neither delay is known
+        hedge = None
+        if self.hedge_ratio > 0 and window.hedge_q is not None:
+            hedge = max(window.hedge_q, self.hedge_min)
+        # Rounded: a deadline lane per distinct value, keep them few. At the ceiling or
+        # above: none (the ceiling, a hard deadline, comes first anyway).
+        derived = max(self.timeout_factor * window.p99, self.timeout_min)
+        timeout = None if derived >= self.ceiling else round(derived, 3)
+        if hedge is None and timeout is None:
+            return None
+        launch = self._launcher(ctx, group, body)
+
+        def slow() -> None:
+            self._late(ctx, node, timeout)
+
+        return Race(self.upstream.deadlines, budget, launch, usable, slow, hedge, timeout)
+
+    def _launcher(
+        self, ctx: Any, group: Group, body: bytes
+    ) -> Callable[[str], asyncio.Task[tuple[Node, bytes]] | None]:
+        context = contextvars.copy_context() if self.tracer is not None else None
+
+        def launch(trigger: str) -> asyncio.Task[tuple[Node, bytes]] | None:
+            tried = {id(n) for it in group.items for n in it.tried}
+            others = [
+                n
+                for n in group.cands
+                if id(n) not in tried and n.entry.enabled and n.healthy and not n.blocked
+            ]
+            if not others:
+                return None
+            second = self.selector.pick(others)
+            for it in group.items:
+                it.tried.append(second)
+            coro = self._second(ctx, second, body, group, trigger)
+            return asyncio.get_running_loop().create_task(coro, context=context)
+
+        return launch
+
+    async def _second(
+        self, ctx: Any, node: Node, body: bytes, group: Group, trigger: str
+    ) -> tuple[Node, bytes]:
+        # Counted once it runs: a first attempt answering in the same loop turn cancels the
+        # second before it sends anything.
+        self.metrics.hedge(ctx.chain, trigger)
+        return node, await self.attempt(ctx, node, body, group)
+
+    # ---- one attempt ---------------------------------------------------------------------
+
+    async def attempt(
+        self, ctx: Any, node: Node, body: bytes, group: Group, race: Race | None = None
+    ) -> bytes:
+        """One upstream try with its bookkeeping: the raw answer, or UpstreamError."""
+        if self.tracer is None:
+            return await self._send(ctx, node, body, group.lkey, race, None)
+        with self.tracer.start_as_current_span("upstream.attempt") as span:
+            span.set_attribute("node", node.key)
+            span.set_attribute("attempt", group.round)
+            span.set_attribute("items", len(group.items))
+            return await self._send(ctx, node, body, group.lkey, race, span)
+
+    async def _send(
+        self, ctx: Any, node: Node, body: bytes, lkey: str, race: Race | None, span: Any
+    ) -> bytes:
+        breaker = node.breaker
+        if breaker.state is HALF_OPEN:
+            breaker.start_probe()
+        node.inflight += 1
+        ctx.nodes.append(node.key)
+        started = time.perf_counter()
+        try:
+            raw = await self.upstream.send(node.entry.url, body, self.ceiling, race, ctx)
+        except UpstreamError as exc:
+            self._failed(ctx, node, exc, time.perf_counter() - started, span)
+            raise
+        except asyncio.CancelledError:  # the other attempt won, or the client's task ended
+            self._cut_short(ctx, node, time.perf_counter() - started, "cancelled", span)
+            raise
+        finally:
+            node.inflight -= 1
+        elapsed = time.perf_counter() - started
+        if race is not None and race.winner is not None:  # the second attempt answered first
+            self._cut_short(ctx, node, elapsed, "lost", span)
+            if not race.struck:  # (a timeout was counted against it already)
+                why = f"slow: another node answered first after {elapsed:.3f}s (hedged)"
+                node.breaker.failure(node.key, why)
+            return raw
+        self._answered(ctx, node, lkey, elapsed, span, raw)
+        return raw
+
+    def _answered(
+        self, ctx: Any, node: Node, lkey: str, elapsed: float, span: Any, raw: bytes
+    ) -> None:
+        """The node answered (whatever the answer says, it works)."""
+        if (node.fails or not node.healthy) and node.succeeded():
+            log.warning("node %s back in rotation (answered a request)", node.key)
+        breaker = node.breaker
+        if breaker.failures or breaker.state is not CLOSED:
+            breaker.success(node.key)
+        ms = elapsed * 1000
+        latency.observe(node, ms, time.monotonic(), self.tau)
+        node.observe_latency(ms)
+        pool: Pool = ctx.pool
+        window = pool.latency.get(lkey)
+        if window is None:
+            window = pool.latency[lkey] = LatencyWindow(self.hedge_quantile)
+        window.add(elapsed)
+        label = outcome.answered(raw)
+        self.metrics.attempt(ctx.chain, node.key, label, elapsed)
+        if span is not None:
+            span.set_attribute("outcome", label)
+
+    def _failed(self, ctx: Any, node: Node, exc: UpstreamError, elapsed: float, span: Any) -> None:
+        result = outcome.of_failure(exc.kind)
+        if result.penalise:
+            node.breaker.failure(node.key, str(exc))
+            ms = max(elapsed * 1000, FAILURE_COST_MS)
+            latency.observe(node, ms, time.monotonic(), self.tau)
+        else:
+            node.breaker.end_probe()
+        self.metrics.attempt(ctx.chain, node.key, exc.kind, elapsed)
+        self.metrics.upstream_error(node.key, exc.kind)
+        if span is not None:
+            span.set_attribute("outcome", exc.kind)
+
+    def _cut_short(self, ctx: Any, node: Node, elapsed: float, why: str, span: Any) -> None:
+        """An attempt ended without its own answer: it took at least `elapsed`."""
+        node.breaker.end_probe()
+        latency.observe(node, elapsed * 1000, time.monotonic(), self.tau)
+        self.metrics.attempt(ctx.chain, node.key, why, elapsed)
+        if span is not None:
+            span.set_attribute("outcome", why)
+
+    def _late(self, ctx: Any, node: Node, timeout: float | None) -> None:
+        """A sent attempt passed its attempt timeout: a timeout against its node."""
+        node.breaker.failure(node.key, f"timeout: no answer within the attempt timeout {timeout}s")
+        latency.observe(node, (timeout or self.ceiling) * 1000, time.monotonic(), self.tau)
+        self.metrics.upstream_error(node.key, "timeout")
+
+    def penalise(self, ctx: Any, node: Node, result: outcome.Outcome, why: str) -> None:
+        """An answer the engine found unusable (e.g. a batch answer that is not JSON)."""
+        if result.penalise:
+            node.breaker.failure(node.key, why)
+        self.metrics.upstream_error(node.key, result.name)

@@ -1,0 +1,186 @@
+"""Hedged attempts: a slow first attempt is joined by a second one on another node, not cut.
+
+For an idempotent read sent to a plain-http node with another eligible node (never the
+transaction lifecycle, never a write node), one `Race` watches the first attempt with two
+soft timers on the shared deadline lanes (proxy/deadlines.py, no timer per request):
+
+1. at the **hedge delay** (the pool's recent `hedge_quantile` of this method's attempt times,
+   at least `hedge_min_delay`), if the pool's hedge budget has a token, a second attempt
+   starts on another eligible node (a *hedge*);
+2. at the **attempt timeout** (`attempt_timeout_factor` × the recent p99, between
+   `attempt_timeout_min` and the `upstream_timeout` ceiling) the first attempt counts as a
+   timeout against its node's breaker, and a second attempt starts if none has (a retry
+   that does not wait for the first to be given up).
+
+The first attempt keeps running until the ceiling: whichever answers first wins. A winning
+second attempt hands its answer to the first attempt's waiting future (the connection's
+own), so the request's task awaits exactly what it awaits without hedging — the common case
+costs one entry in a deadline lane, no task and no extra timer. The loser is cancelled.
+
+The budget is a token bucket per pool: each first attempt adds `hedge_budget` of a token
+(0.1: at most about 10 % more upstream requests), a hedge takes one; the bucket holds at
+most `BURST` tokens, so a sudden hang is covered at once. Retries after the attempt timeout
+do not take tokens (they are retries; `max_attempts` and the breaker bound them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from proxy.deadlines import Deadlines
+
+BURST = 50.0  # tokens a pool's hedge budget holds at most (and starts with)
+HEDGE = "hedge"  # trigger labels (metrics)
+TIMEOUT = "timeout"
+
+
+class HedgeBudget:
+    """Extra attempts a pool may still make: `ratio` of a token per first attempt."""
+
+    __slots__ = ("ratio", "spent", "tokens")
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+        self.tokens = BURST
+        self.spent = 0
+
+    def earn(self) -> None:
+        tokens = self.tokens + self.ratio
+        self.tokens = tokens if tokens < BURST else BURST
+
+    def take(self) -> bool:
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        self.spent += 1
+        return True
+
+
+class Race:
+    """One first attempt and the second attempt that may join it (see the module doc).
+
+    `launch(trigger)` starts the second attempt and returns its task (or None when no other
+    node is eligible now); the task returns `(node, raw)`. `usable(raw)` says whether an
+    answer may win (a retryable error does not: the first attempt may still do better).
+    `slow()` is called when the first attempt passes its attempt timeout after it was sent.
+    """
+
+    __slots__ = (
+        "_budget",
+        "_deadlines",
+        "_launch",
+        "_result",
+        "_slow",
+        "_timeout_after",
+        "_usable",
+        "lane",
+        "stage",
+        "struck",
+        "task",
+        "trigger",
+        "waiter",
+        "winner",
+    )
+
+    def __init__(
+        self,
+        deadlines: Deadlines,
+        budget: HedgeBudget,
+        launch: Callable[[str], asyncio.Task[tuple[Any, bytes]] | None],
+        usable: Callable[[bytes], bool],
+        slow: Callable[[], None],
+        hedge_delay: float | None,
+        attempt_timeout: float | None,
+    ) -> None:
+        self._deadlines = deadlines
+        self._budget = budget
+        self._launch = launch
+        self._usable = usable
+        self._slow = slow
+        self.lane: dict[Any, float] | None = None
+        self.waiter: asyncio.Future[tuple[int, bytes]] | None = None  # the first attempt's
+        self.task: asyncio.Task[tuple[Any, bytes]] | None = None  # the second attempt
+        self.winner: Any = None  # the node of the second attempt, when it won
+        self.trigger = ""
+        self.struck = False  # the first attempt was counted as a timeout already
+        self._result: tuple[int, bytes] | None = None  # a win before the first was sent
+        self._timeout_after: float | None = None
+        if hedge_delay is not None and (attempt_timeout is None or hedge_delay < attempt_timeout):
+            self.stage = HEDGE
+            if attempt_timeout is not None:
+                self._timeout_after = attempt_timeout - hedge_delay
+            deadlines.schedule(hedge_delay, self)
+        elif attempt_timeout is not None:
+            self.stage = TIMEOUT
+            deadlines.schedule(attempt_timeout, self)
+        else:
+            self.stage = ""
+
+    # ---- the first attempt ---------------------------------------------------------------
+
+    def attach(self, waiter: asyncio.Future[tuple[int, bytes]]) -> None:
+        """The first attempt was sent; `waiter` gets its (status, body)."""
+        self.waiter = waiter
+        if self._result is not None and not waiter.done():
+            waiter.set_result(self._result)
+
+    # ---- timers --------------------------------------------------------------------------
+
+    def expire(self) -> None:
+        """A soft timer is due (called by the deadline lanes)."""
+        if self.stage == HEDGE:
+            self.stage = ""
+            if self._timeout_after is not None:
+                self.stage = TIMEOUT
+                self._deadlines.schedule(self._timeout_after, self)
+            if self.task is None and self._budget.take():
+                self._start(HEDGE)
+        elif self.stage == TIMEOUT:
+            self.stage = ""
+            if self.waiter is not None:  # sent (not waiting for a connection): the node's fault
+                self.struck = True
+                self._slow()
+            if self.task is None:
+                self._start(TIMEOUT)
+
+    def _start(self, trigger: str) -> None:
+        task = self._launch(trigger)
+        if task is not None:
+            self.task = task
+            self.trigger = trigger
+            task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[tuple[Any, bytes]]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        node, raw = task.result()
+        if not self._usable(raw):
+            return
+        waiter = self.waiter
+        if waiter is None:
+            if self._result is None:
+                self.winner, self._result = node, (200, raw)
+        elif not waiter.done():
+            self.winner = node
+            waiter.set_result((200, raw))
+
+    # ---- ending --------------------------------------------------------------------------
+
+    async def second(self) -> tuple[Any, bytes]:
+        """The second attempt's (node, answer) after the first failed; raises as it did, or
+        RuntimeError when there is none."""
+        if self.task is None:
+            raise RuntimeError("no second attempt")
+        return await self.task
+
+    def close(self) -> None:
+        """Stop the timers; cancel the second attempt unless it won."""
+        if self.stage:
+            self.stage = ""
+            if self.lane is not None:
+                self._deadlines.stop(self)
+        task = self.task
+        if task is not None and not task.done() and self.winner is None:
+            task.cancel()

@@ -1,0 +1,109 @@
+"""Step 5 of routing in one place: what an attempt's result means for the item and the node.
+
+Every result of an upstream attempt — a transport failure, an HTTP status, a JSON-RPC answer
+— is turned into one `Outcome` here, and the engine's single retry loop acts on its flags
+only: `retry` (send the item again, to another node), `prefer_archive` (that next node should
+be an archive node), `penalise` (count it against the node's breaker: the node, not the
+request, is at fault). Nothing else in the proxy decides what a result means.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from chainstate.jsonrpc import BLOCK_NOT_FOUND, RETRYABLE_CODES
+
+UNSUPPORTED_PRECOMPILE = -39008
+
+
+class Outcome:
+    """What one result means; `name` is the label in metrics, traces and retry reasons."""
+
+    __slots__ = ("final", "name", "penalise", "prefer_archive", "retry")
+
+    def __init__(
+        self, name: str, retry: bool, penalise: bool, prefer_archive: bool = False
+    ) -> None:
+        self.name = name
+        self.retry = retry  # send the item again, to a node it has not tried
+        self.penalise = penalise  # the node is at fault: counts toward opening its breaker
+        self.prefer_archive = prefer_archive  # the next node should be an archive node
+        self.final = not retry
+
+    def __repr__(self) -> str:
+        return f"Outcome({self.name})"
+
+
+# Answers: the node answered the item.
+OK = Outcome("ok", retry=False, penalise=False)
+ERROR = Outcome("error", retry=False, penalise=False)  # a JSON-RPC error of the node: final
+BLOCK_MISSING = Outcome("block_not_found", retry=True, penalise=False, prefer_archive=True)
+PRECOMPILE = Outcome("unsupported_precompile", retry=True, penalise=False)
+RETRYABLE = Outcome("retryable", retry=True, penalise=False)  # another code of RETRYABLE_CODES
+MISSING = Outcome("missing_answer", retry=True, penalise=True)  # a batch answer without it
+
+# Transport: the attempt got no usable answer.
+CONNECT = Outcome("connect", retry=True, penalise=True)
+TIMEOUT = Outcome("timeout", retry=True, penalise=True)
+HTTP = Outcome("http", retry=True, penalise=True)
+INPROC = Outcome("inproc", retry=True, penalise=True)
+BAD_RESPONSE = Outcome("bad_response", retry=True, penalise=True)
+# The proxy's own limits, not the node's fault: the attempt waited for a connection slot or
+# for room in the buffered-bytes budget until its deadline. Retried, never penalised.
+SATURATED = Outcome("saturated", retry=True, penalise=False)
+# An answer larger than max_answer_bytes: every node would give the same one. Final.
+TOO_LARGE = Outcome("too_large", retry=False, penalise=False)
+
+_BY_KIND = {o.name: o for o in (CONNECT, TIMEOUT, HTTP, INPROC, BAD_RESPONSE, SATURATED, TOO_LARGE)}
+_BY_CODE = {BLOCK_NOT_FOUND: BLOCK_MISSING, UNSUPPORTED_PRECOMPILE: PRECOMPILE}
+
+
+def of_failure(kind: str) -> Outcome:
+    """The outcome of an attempt that raised `UpstreamError(kind)`."""
+    return _BY_KIND.get(kind, BAD_RESPONSE)
+
+
+def of_code(code: int) -> Outcome:
+    """The outcome of an answer carrying one of RETRYABLE_CODES."""
+    return _BY_CODE.get(code, RETRYABLE)
+
+
+def of_answer(answer: dict[str, Any]) -> Outcome:
+    """The outcome of one decoded answer object."""
+    err = answer.get("error")
+    if err is None:
+        return OK
+    if isinstance(err, dict):
+        code = err.get("code")
+        if code in RETRYABLE_CODES:
+            return of_code(code)
+    return ERROR
+
+
+def of_raw(raw: bytes) -> Outcome:
+    """The outcome of a single answer's bytes, peeking before decoding anything: an answer
+    without `-3900` in it is never retried, so it is not decoded."""
+    if b"-3900" not in raw:
+        return ERROR if b'"error"' in raw else OK
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return ERROR
+    return of_answer(obj) if isinstance(obj, dict) else ERROR
+
+
+_RETRY_MARKS = tuple(b"%d" % code for code in RETRYABLE_CODES)
+
+
+def answered(raw: bytes) -> str:
+    """The label of an attempt the node answered (metrics and spans): `ok`, or the outcome
+    of a single answer asking for a retry, or `retryable` for a batch answer with such an
+    item (the engine classifies each item; this only names the attempt)."""
+    if b"-3900" not in raw:
+        return OK.name
+    if raw.lstrip()[:1] == b"[":
+        return RETRYABLE.name if any(mark in raw for mark in _RETRY_MARKS) else OK.name
+    result = of_raw(raw)
+    return result.name if result.retry else OK.name
