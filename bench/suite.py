@@ -47,6 +47,7 @@ import psutil
 from bench.bodies import BlockRange, BodyPlan, fake_addresses
 from bench.contracts import view_init_code, write_data
 from bench.loadgen import BenchResult, LoadSettings, run_bench
+from nodes.devnet.workload import erc20_transfer_data
 
 READY_TIMEOUT = 30.0  # seconds a started service has to answer its first request
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when stopping a service
@@ -56,6 +57,9 @@ SUITE_CHAIN_ID = 1337
 STATE_EXTRA_BLOCKS = 200  # blocks mined after the devnet workload for `suite state`
 STATE_SLOTS = 17  # storage slots 0..16 of the workload's storage contract
 SYNC_TIMEOUT = 180.0  # seconds for the state node to ingest up to anvil's head
+LOG_TRANSFERS = 256  # ERC20 transfers (one block each) mined for `suite logs`
+LOG_SPAN = 100  # blocks per eth_getLogs range in `suite logs`
+TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
 VIEW_WRITES = 64  # blocks after the view's deployment that each rewrite one of its slots
 CALL_BATCH = 10  # eth_calls per batched request in `suite call`
 PROXY_STATE_WINDOW = 128  # the proxy's default state_window: older heights are "old"
@@ -630,7 +634,72 @@ class CallSuite(StateSuite):
         return out
 
 
-SUITES: dict[str, type[Suite]] = {"proxy": ProxySuite, "state": StateSuite, "call": CallSuite}
+class LogsSuite(StateSuite):
+    """eth_getLogs on a real state node (its log index), through the proxy and on anvil (the
+    baseline): the workload's ERC20 and LOG_TRANSFERS more Transfers, one block each; ranges
+    of one block and of LOG_SPAN blocks at random heights, by the ERC20's address and the
+    Transfer topic, and LOG_SPAN-block ranges for one holder's incoming Transfers (a topic in
+    position 2: an index lookup, few matches)."""
+
+    name: ClassVar[str] = "logs"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.erc20 = ""
+        self.holders: list[str] = []
+
+    def _before_mining(self, anvil: str, record: dict[str, Any]) -> None:
+        self.erc20 = record["erc20"]
+        self.holders = record["erc20_holders"][:4]
+        for i in range(LOG_TRANSFERS):  # 1 token around the ring: every sender holds it
+            sender, to = self.holders[i % 4], self.holders[(i + 1) % 4]
+            data = erc20_transfer_data(to, 1)
+            send_tx(anvil, {"from": sender, "to": self.erc20, "data": data})
+
+    def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
+        targets = super().start(services, opts)
+        self._check_answers(targets)
+        return {"anvil": targets.pop("anvil"), **targets}  # anvil first: the baseline
+
+    def _check_answers(self, targets: dict[str, str]) -> None:
+        """A fast wrong answer is worth nothing: the first bodies of every case must get
+        anvil's answer, item for item, from every target (and some logs at all)."""
+        found = 0
+        for case in self.cases():
+            for body in case.plan.build()[:5]:
+                params = json.loads(body)["params"]
+                want = rpc_call(targets["anvil"], "eth_getLogs", params)
+                found += len(want)
+                for label, url in targets.items():
+                    if rpc_call(url, "eth_getLogs", params) != want:
+                        raise RuntimeError(f"{label} differs from anvil on eth_getLogs {params}")
+        if not found:
+            raise RuntimeError("the checked eth_getLogs ranges hold no logs: nothing measured")
+
+    def _logs_plan(self, span: int, topics: list[Any]) -> BodyPlan:
+        return BodyPlan(
+            mix=[("eth_getLogs", 1.0)],
+            blocks=BlockRange(1, self.head - span + 1),
+            addresses=[self.erc20],
+            log_span=span,
+            log_topics=topics,
+        )
+
+    def cases(self) -> list[Case]:
+        holder = "0x" + self.holders[0][2:].rjust(64, "0")
+        return [
+            Case("logs1", self._logs_plan(1, [TRANSFER_TOPIC])),
+            Case(f"logs{LOG_SPAN}", self._logs_plan(LOG_SPAN, [TRANSFER_TOPIC])),
+            Case(f"logs{LOG_SPAN}-to", self._logs_plan(LOG_SPAN, [TRANSFER_TOPIC, None, holder])),
+        ]
+
+
+SUITES: dict[str, type[Suite]] = {
+    "proxy": ProxySuite,
+    "state": StateSuite,
+    "call": CallSuite,
+    "logs": LogsSuite,
+}
 
 
 def run_suite(suite: Suite, opts: SuiteOptions) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The proxy's aiohttp application: data path, metrics, admin API and their lifecycle.
 
 `create_app` builds every part once per app (no globals): the routing state fed by the store,
-the upstream session, the selector, the engine, the head tracker and the mirror workers.
+the upstream session, the selector, the engine, the head tracker, the mirror workers and the
+events part (filters, WebSocket subscriptions: proxy/events.py, docs/events.md).
 Background work starts and stops through `cleanup_ctx`.
 """
 
@@ -23,6 +24,8 @@ from chainstate.rpcserver import read_body
 from proxy.admin import AdminApi
 from proxy.breaker import BreakerSettings
 from proxy.engine import Engine
+from proxy.events import Events
+from proxy.eventsettings import EventSettings
 from proxy.health import HeadTracker
 from proxy.inprocpath import InprocPath
 from proxy.metrics import ProxyMetrics
@@ -55,6 +58,7 @@ class Proxy:
     verdicts: CheckerVerdicts
     sync: StoreSync
     admin: AdminApi
+    events: Events  # filters and WebSocket subscriptions (the engine diverts their bodies)
 
     @classmethod
     def build(
@@ -63,6 +67,7 @@ class Proxy:
         store: ConfigStore,
         registry: InprocRegistry | None,
         tracer: trace.Tracer | None,
+        event_settings: EventSettings,
     ) -> Proxy:
         s = settings
         real_tracer = None if tracer is None or isinstance(tracer, trace.NoOpTracer) else tracer
@@ -105,6 +110,9 @@ class Proxy:
         )
         sync = StoreSync(store, state, s)
         admin = AdminApi(s, state, store, engine, tracker)
+        events = Events.for_engine(
+            event_settings, s, engine, lambda: state.pools, registry, metrics.registry
+        )
         return cls(
             s,
             state,
@@ -118,6 +126,7 @@ class Proxy:
             verdicts,
             sync,
             admin,
+            events,
         )
 
     async def lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
@@ -130,8 +139,10 @@ class Proxy:
             await self.mirrors.start()
             await self.tracker.start()
             await self.verdicts.start()
+            await self.events.start()
             yield
         finally:
+            await self.events.close()
             await self.verdicts.close()
             await self.tracker.close()
             await self.mirrors.close()
@@ -197,8 +208,8 @@ def _header_lines(raw: bytes) -> dict[str, str]:
 
 def create_server(app: web.Application) -> HttpServer:
     """The proxy's data listener: the lean server answers `POST /:chainId` itself and hands
-    every other request (admin API, /metrics) to `app`, which owns the lifecycle (it starts
-    with the server and stops after it)."""
+    every other request (admin API, /metrics, WebSocket upgrades) to `app`, which owns the
+    lifecycle (it starts with the server and stops after it)."""
     proxy = app[PROXY]
     engine = proxy.engine
     registry = proxy.upstream.registry
@@ -245,10 +256,14 @@ def create_app(
     store: ConfigStore,
     registry: InprocRegistry | None = None,
     tracer: trace.Tracer | None = None,
+    events: EventSettings | None = None,
 ) -> web.Application:
-    """The proxy app: `POST /:chainId`, `GET /metrics`, and the admin API unless
-    `settings.admin_port` puts it on its own listener (then use `create_admin_app`)."""
-    proxy = Proxy.build(settings, store, registry, tracer)
+    """The proxy app: `POST /:chainId`, `GET /metrics`, the admin API unless
+    `settings.admin_port` puts it on its own listener (then use `create_admin_app`), and
+    `GET /:chainId` with an Upgrade: the WebSocket endpoint (`events`: `[proxy.events]`,
+    `EventSettings.from_config`; defaults when None)."""
+    events = events if events is not None else EventSettings()
+    proxy = Proxy.build(settings, store, registry, tracer, events)
     # Bodies over the limit are refused by the handler with a JSON-RPC error, not by aiohttp.
     app = web.Application(client_max_size=settings.max_body_bytes + 1024)
     app[PROXY] = proxy
@@ -257,6 +272,9 @@ def create_app(
     app.router.add_get("/metrics", _metrics_handler(proxy))
     if settings.admin_port is None:
         app.router.add_routes(proxy.admin.routes())
+    # After the admin API's one-segment GETs (`/getChains`): the lean server hands every
+    # Upgrade request to this app, whatever its path.
+    app.router.add_get("/{chain}", proxy.events.websocket)
     app.cleanup_ctx.append(proxy.lifecycle)
     return app
 

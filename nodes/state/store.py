@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import lmdb
 import orjson
@@ -48,6 +48,7 @@ META_HEAD = b"head"
 META_EARLIEST = b"earliest"
 META_CHAIN_ID = b"chain_id"
 META_KIND = b"kind"
+MAX_DBS = 16  # the store's five databases plus those of its extensions
 
 
 class StoreError(Exception):
@@ -72,6 +73,19 @@ class PreStateMismatch(StoreError):
 
 class StoreFailure(StoreError):
     """LMDB itself failed (disk full, map full, I/O error)."""
+
+
+class StoreExtension(Protocol):
+    """More named databases kept in step with the blocks (e.g. the log index): each hook
+    runs inside the block's own write transaction, so a crash keeps them consistent."""
+
+    def attached(self, env: lmdb.Environment, txn: lmdb.Transaction, bounds: Any) -> None: ...
+
+    def applied(self, txn: lmdb.Transaction, block: VendorBlock) -> None: ...
+
+    def rolled_back(self, txn: lmdb.Transaction, height: int) -> None: ...
+
+    def pruned(self, txn: lmdb.Transaction, earliest: int) -> None: ...
 
 
 def _int_bytes(value: int) -> bytes:
@@ -193,6 +207,7 @@ class StateStore:
         self.map_size = map_size_mb * 1024 * 1024
         self._env: lmdb.Environment | None = None
         self._write_lock = threading.Lock()
+        self.extensions: list[StoreExtension] = []
         # Rollbacks committed so far: what was read at a height before a rollback may be
         # gone (a cache of headers keys on it; read it *before* reading the store).
         self.rollbacks = 0
@@ -212,7 +227,7 @@ class StateStore:
     def open(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         env = lmdb.open(
-            str(self.path), map_size=self.map_size, max_dbs=8, sync=True, metasync=True,
+            str(self.path), map_size=self.map_size, max_dbs=MAX_DBS, sync=True, metasync=True,
             readahead=False,
         )  # fmt: skip
         env.reader_check()  # free reader slots left by a killed process
@@ -239,7 +254,7 @@ class StateStore:
         serves many reader processes): the EVM feed process reads through this. Never
         writes, so it neither creates the store nor frees stale reader slots."""
         env = lmdb.open(
-            str(self.path), map_size=self.map_size, max_dbs=8, readonly=True, readahead=False
+            str(self.path), map_size=self.map_size, max_dbs=MAX_DBS, readonly=True, readahead=False
         )
         try:
             self._meta = env.open_db(b"meta", create=False)
@@ -251,6 +266,17 @@ class StateStore:
             env.close()
             raise
         self._env = env
+
+    def attach(self, extension: StoreExtension) -> None:
+        """Open an extension's databases (one write transaction, given the store's bounds)
+        and call its hooks from now on."""
+
+        def attach(txn: lmdb.Transaction) -> None:
+            assert self._env is not None
+            extension.attached(self._env, txn, self._bounds(txn))
+
+        self._write(attach)
+        self.extensions.append(extension)
 
     def free_stale_readers(self) -> int:
         """Free the LMDB reader slots of dead processes (a killed read-only reader leaves
@@ -447,6 +473,11 @@ class StateStore:
 
     # writing ---------------------------------------------------------------------------
 
+    def write(self, fn: Any) -> Any:
+        """Run `fn(txn)` in one write transaction, serialised with block writes (for
+        extensions that fill their databases outside `apply`); raises StoreFailure."""
+        return self._write(fn)
+
     def _write(self, fn: Any) -> Any:
         with self._write_lock:
             if self._env is None:
@@ -498,6 +529,8 @@ class StateStore:
         txn.put(META_HEAD, hb, db=self._meta)
         if bounds is None:
             txn.put(META_EARLIEST, hb, db=self._meta)
+        for extension in self.extensions:
+            extension.applied(txn, block)
         self._prune(txn, earliest, height)
 
     def _verify_pre(self, txn: lmdb.Transaction, block: VendorBlock) -> None:
@@ -547,6 +580,8 @@ class StateStore:
         for height in range(old_earliest, new_earliest):
             txn.delete(_BE.pack(height), db=self._hdr)
         txn.put(META_EARLIEST, _BE.pack(new_earliest), db=self._meta)
+        for extension in self.extensions:
+            extension.pruned(txn, new_earliest)
 
     def rollback(self) -> int:
         """Remove the head block (one transaction); returns the new head height."""
@@ -574,6 +609,8 @@ class StateStore:
         txn.delete(hb, db=self._hdr)
         txn.delete(hb, db=self._undo)
         txn.put(META_HEAD, _BE.pack(head - 1), db=self._meta)
+        for extension in self.extensions:
+            extension.rolled_back(txn, head)
         return head - 1
 
 
