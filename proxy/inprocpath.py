@@ -35,7 +35,7 @@ from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError, check_request
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
 from proxy.engine import Admitted, Engine, access_log
-from proxy.methods import MethodSpec
+from proxy.methods import LocalMethod, MethodSpec
 from proxy.model import Node, Pool
 from proxy.select import POOL_HEAD, NoEligibleNode
 
@@ -202,7 +202,7 @@ class InprocPath:
         method = item["method"]
         try:
             spec, ref = self.engine.methods.target(method, item.get("params"))
-        except JsonRpcError:
+        except (JsonRpcError, LocalMethod):  # LocalMethod: filters, the engine diverts them
             return None
         return None if spec.writer else (method, spec, ref)
 
