@@ -370,6 +370,33 @@ def proxy_config(node_url: str, kinds: tuple[str, ...] = ("state",)) -> str:
     return out
 
 
+INPROC_NODE = "bench-inproc"  # the in-process state node's key (its URL: inproc://bench-inproc)
+
+
+def inproc_config(
+    data_dir: Path, writer: str, node_port: int, proxy_port: int, evm: dict[str, Any]
+) -> str:
+    """bench/inprocstack.py's TOML: one archive state node following `writer`, and the proxy
+    with that node entered as a state and an archive node, reached in process."""
+    lines = [
+        f"data_dir = {json.dumps(str(data_dir))}",
+        "",
+        "[[state_nodes]]",
+        f'key = "{INPROC_NODE}"',
+        'kind = "archive"',
+        'host = "127.0.0.1"',
+        f"port = {node_port}",
+        f'source = "{writer}"',
+        f"chain_id = {SUITE_CHAIN_ID}",
+    ]
+    if evm:
+        lines += ["", "[state_nodes.evm]"]
+        lines += [f"{name} = {json.dumps(value)}" for name, value in evm.items()]
+    proxy = proxy_config(f"inproc://{INPROC_NODE}", kinds=("state", "archive"))
+    proxy = proxy.replace("[proxy]\n", f"[proxy]\nport = {proxy_port}\n", 1)
+    return "\n".join(lines) + "\n\n" + proxy
+
+
 def rpc_call(url: str, method: str, params: list[Any], timeout: float = 10.0) -> Any:
     """One JSON-RPC call (set-up only, not measured); raises RuntimeError on an error."""
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
@@ -446,8 +473,25 @@ class StateSuite:
             proxy = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
             services.start("proxy", ProxySuite().proxy_command(proxy_port, config), proxy, svc_cpus)
             targets["proxy"] = proxy
+            targets["proxy-inproc"] = self._start_inproc(services, writer, svc_cpus, opts.evm)
         targets["anvil"] = anvil
         return targets
+
+    def _start_inproc(
+        self, services: Services, writer: str, cpus: list[int] | None, evm: dict[str, Any]
+    ) -> str:
+        """The `chainstate up` shape: a second archive state node following the same write
+        node and the proxy reaching it in process, one process (bench/inprocstack.py)."""
+        node_port, proxy_port = free_port(), free_port()
+        config = services.workdir / "inproc.toml"
+        config.write_text(
+            inproc_config(services.workdir / "inproc", writer, node_port, proxy_port, evm)
+        )
+        proxy = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
+        cmd = python_cmd("-m", "bench.inprocstack", "--config", str(config))
+        services.start("proxy-inproc", cmd, proxy, cpus)
+        self._wait_synced(f"http://127.0.0.1:{node_port}")
+        return proxy
 
     def _make_blocks(self, anvil: str, workdir: Path) -> None:
         cmd = python_cmd(
@@ -565,7 +609,9 @@ class CallSuite(StateSuite):
         targets = super().start(services, opts)
         # The state node starts its EVM workers on the first eth_call: not in a measurement.
         call = {"to": self.erc20, "data": "0x70a08231" + self.holders[0][2:].rjust(64, "0")}
-        rpc_call(targets["state-node"], "eth_call", [call, "latest"], timeout=120)
+        for label in ("state-node", "proxy-inproc"):
+            if label in targets:
+                rpc_call(targets[label], "eth_call", [call, "latest"], timeout=120)
         return {"anvil": targets.pop("anvil"), **targets}  # anvil first: the baseline
 
     def _call_plan(self, to: str, data: str | None, batch: int, old: bool) -> BodyPlan:
@@ -775,7 +821,7 @@ def render(report: dict[str, Any]) -> str:
         f"load avg {report['load_avg_start']} → {report.get('load_avg_end', '?')}"
         + "".join(f"  evm.{k}={v}" for k, v in report.get("evm", {}).items()),
         *(f"note: {n}" for n in report.get("notes", [])),
-        f"{'case':<13} {'target':<10} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
+        f"{'case':<13} {'target':<12} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
         f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7} "
         f"{'cores':>5} {'items/s/core':>12} {'cpu µs/req':>10}",
     ]
@@ -790,7 +836,7 @@ def render(report: dict[str, Any]) -> str:
                 else f"{'-':>5} {'-':>12} {'-':>10}"
             )
             lines.append(
-                f"{case['case']:<13} {label:<10} {t['req_per_s']:>10,.0f} "
+                f"{case['case']:<13} {label:<12} {t['req_per_s']:>10,.0f} "
                 f"{t['items_per_s']:>11,.0f} "
                 f"{t['ratio_req_per_s']:>6.3f} {lat['p50']:>8.3f} {lat['p90']:>8.3f} "
                 f"{lat['p99']:>8.3f} {lat['max']:>8.3f} {errors:>7} {cpu}"

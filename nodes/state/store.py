@@ -216,6 +216,11 @@ class StateStore:
         # inside its own transaction, so a stale value only delays a -39006.
         self._known_range: tuple[int, int] | None = None
         self._writer = False
+        # Write transactions begun (odd while one commits, even once it has): a snapshot
+        # begun and checked at the same even value sees exactly the bounds of that value, so
+        # they are read from the store once per commit, not twice per request (`snapshot`).
+        self._generation = 0
+        self._snapshot_bounds: tuple[int, tuple[int, int] | None] | None = None
 
     # lifecycle -------------------------------------------------------------------------
 
@@ -241,6 +246,7 @@ class StateStore:
             txn.put(META_KIND, self.kind.encode(), db=self._meta)
         self._env = env
         self._writer = True
+        self._snapshot_bounds = None  # another process may have written it while closed
         self._known_range = self.bounds()
 
     def open_readonly(self) -> None:
@@ -388,11 +394,27 @@ class StateStore:
         if env is None:
             raise JsonRpcError(DATABASE_FAILED, "state store is closed")
         try:
+            generation = self._generation
             txn = env.begin()
-            return Snapshot(txn, self._bounds(txn), txn.cursor(db=self._ver))
+            return Snapshot(txn, self._bounds_of(txn, generation), txn.cursor(db=self._ver))
         except lmdb.Error as exc:
             log.error("state store read failed: %s", exc)
             raise JsonRpcError(DATABASE_FAILED, "state store read failed") from None
+
+    def _bounds_of(self, txn: lmdb.Transaction, generation: int) -> tuple[int, int] | None:
+        """The bounds `txn` sees, `generation` read just before it began. When this process
+        is the store's only writer and no write began since (the generation is even and
+        unchanged after `begin`), no commit can lie between the two: the bounds of that
+        generation are `txn`'s, cached after the first snapshot that read them."""
+        if not self._writer or generation & 1 or self._generation != generation:
+            return self._bounds(txn)
+        cached = self._snapshot_bounds
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        bounds = self._bounds(txn)
+        if self._generation == generation:
+            self._snapshot_bounds = (generation, bounds)
+        return bounds
 
     @contextmanager
     def view(self, height: int) -> Iterator[StateView]:
@@ -461,12 +483,14 @@ class StateStore:
             if self._env is None:
                 raise StoreFailure("state store is closed")
             self._known_range = None  # while it changes, `range()` reads the store
+            self._generation += 1  # odd: a snapshot begun from here on reads the bounds
             try:
                 with self._env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.Error as exc:
                 raise StoreFailure(f"state store write failed: {exc}") from exc
             finally:
+                self._generation += 1  # even again: committed (or aborted)
                 with contextlib.suppress(JsonRpcError):
                     self._known_range = self.bounds()
 
