@@ -249,7 +249,7 @@ async def test_a_corrupted_replica_stops_getting_traffic_once_the_checker_flags_
         for height in range(BAD_AT, LAST + 1):  # a block every 0.3 s
             good_src.visible = bad_src.visible = height
             await asyncio.sleep(0.3)
-        before = counted[2].data
+        before, good_before = counted[2].data, counted[0].data + counted[1].data
         await asyncio.sleep(0.3)
         stop.set()
         await asyncio.gather(*clients)
@@ -261,7 +261,9 @@ async def test_a_corrupted_replica_stops_getting_traffic_once_the_checker_flags_
         assert flagged_at[0] <= BAD_AT + 2, flagged_at
         assert wrong_after == []
         assert counted[2].data == before  # no traffic at all once flagged
-        assert counted[0].data and counted[1].data
+        # The good replicas carried the traffic (the latency-aware choice may favour one of
+        # them for a whole run: a node slow once is tried again only as its cost decays).
+        assert counted[0].data + counted[1].data > good_before
         await api.proxy.verdicts.close()
     finally:
         for item in reversed(made):
