@@ -84,6 +84,7 @@ TEMPLATES: dict[str, Callable[[Draw], list[Any]]] = {
     "eth_getStorageAt": lambda d: [d.address, hex(d.slot), d.block],
     "eth_call": lambda d: [{"to": d.address, "data": balance_of(d.address)}, d.block],
     "eth_getBlockByNumber": lambda d: [d.block, False],
+    "eth_getLogs": lambda d: [{"fromBlock": d.block, "toBlock": d.block, "address": d.address}],
     "getAddressBalance": lambda d: [d.address, _ctx(d.block)],
     "getAddressNonce": lambda d: [d.address, _ctx(d.block)],
     "getAddressCode": lambda d: [d.address, _ctx(d.block)],
@@ -141,6 +142,10 @@ class BodyPlan:
     # The mix's weights are exact item counts per batch (they sum to `batch`), each method's
     # items drawn without repeating an account, in shuffled order.
     exact_mix: bool = False
+    # eth_getLogs items of a mix cover this many blocks from the drawn one (the drawn
+    # account's logs, with `log_topics` when given).
+    log_span: int = 1
+    log_topics: list[Any] | None = None
     _built: dict[int, list[bytes]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -233,7 +238,17 @@ class BodyPlan:
             to = self.call_to or draw.address
             data = self.call_data if self.call_data is not None else balance_of(draw.address)
             return [{"to": to, "data": data}, draw.block]
+        if method == "eth_getLogs":
+            return [self._log_filter(draw)]
         return TEMPLATES[method](draw)
+
+    def _log_filter(self, draw: Draw) -> dict[str, Any]:
+        flt = TEMPLATES["eth_getLogs"](draw)[0]
+        if self.log_span > 1 and draw.block.startswith("0x"):
+            flt["toBlock"] = hex(int(draw.block, 16) + self.log_span - 1)
+        if self.log_topics is not None:
+            flt["topics"] = self.log_topics
+        return flt
 
     def _batched(self, make: Callable[[int], Any]) -> Any:
         if isinstance(self.fixed, list):

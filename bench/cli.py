@@ -317,6 +317,7 @@ def cmd_fake_node(args: argparse.Namespace) -> int:
 def add_commands(parser: argparse.ArgumentParser) -> None:
     """The bench tools as subcommands of `parser`."""
     from bench.suite import add_suite_parsers
+    from bench.wsheads import add_ws_heads_parser
 
     sub = parser.add_subparsers(dest="bench_command", metavar="TOOL")
     run_p = sub.add_parser(
@@ -334,6 +335,7 @@ def add_commands(parser: argparse.ArgumentParser) -> None:
     add_fake_node_options(fake_p)
     fake_p.set_defaults(func=cmd_fake_node)
     add_suite_parsers(sub)
+    add_ws_heads_parser(sub)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -48,6 +48,7 @@ import psutil
 from bench.bodies import BlockRange, BodyPlan, balance_of, fake_addresses
 from bench.contracts import view_init_code, write_data
 from bench.loadgen import BenchResult, LoadSettings, run_bench
+from nodes.devnet.workload import erc20_transfer_data
 
 READY_TIMEOUT = 30.0  # seconds a started service has to answer its first request
 STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when stopping a service
@@ -57,6 +58,9 @@ SUITE_CHAIN_ID = 1337
 STATE_EXTRA_BLOCKS = 200  # blocks mined after the devnet workload for `suite state`
 STATE_SLOTS = 17  # storage slots 0..16 of the workload's storage contract
 SYNC_TIMEOUT = 180.0  # seconds for the state node to ingest up to anvil's head
+LOG_TRANSFERS = 256  # ERC20 transfers (one block each) mined for `suite logs`
+LOG_SPAN = 100  # blocks per eth_getLogs range in `suite logs`
+TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
 VIEW_WRITES = 64  # blocks after the view's deployment that each rewrite one of its slots
 CALL_BATCH = 10  # eth_calls per batched request in `suite call`
 PROXY_STATE_WINDOW = 128  # the proxy's default state_window: older heights are "old"
@@ -369,6 +373,33 @@ def proxy_config(node_url: str, kinds: tuple[str, ...] = ("state",), extra: str 
     return out
 
 
+INPROC_NODE = "bench-inproc"  # the in-process state node's key (its URL: inproc://bench-inproc)
+
+
+def inproc_config(
+    data_dir: Path, writer: str, node_port: int, proxy_port: int, evm: dict[str, Any]
+) -> str:
+    """bench/inprocstack.py's TOML: one archive state node following `writer`, and the proxy
+    with that node entered as a state and an archive node, reached in process."""
+    lines = [
+        f"data_dir = {json.dumps(str(data_dir))}",
+        "",
+        "[[state_nodes]]",
+        f'key = "{INPROC_NODE}"',
+        'kind = "archive"',
+        'host = "127.0.0.1"',
+        f"port = {node_port}",
+        f'source = "{writer}"',
+        f"chain_id = {SUITE_CHAIN_ID}",
+    ]
+    if evm:
+        lines += ["", "[state_nodes.evm]"]
+        lines += [f"{name} = {json.dumps(value)}" for name, value in evm.items()]
+    proxy = proxy_config(f"inproc://{INPROC_NODE}", kinds=("state", "archive"))
+    proxy = proxy.replace("[proxy]\n", f"[proxy]\nport = {proxy_port}\n", 1)
+    return "\n".join(lines) + "\n\n" + proxy
+
+
 def rpc_call(url: str, method: str, params: list[Any], timeout: float = 10.0) -> Any:
     """One JSON-RPC call (set-up only, not measured); raises RuntimeError on an error."""
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
@@ -399,6 +430,7 @@ class StateSuite:
 
     def __init__(self) -> None:
         self.head = 0
+        self.writer = ""  # the write node's URL (start_chain)
         self.accounts: list[str] = []
         self.storage_contract = ""
 
@@ -414,6 +446,7 @@ class StateSuite:
             proxy = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
             services.start("proxy", ProxySuite().proxy_command(proxy_port, config), proxy, svc_cpus)
             targets["proxy"] = proxy
+            targets["proxy-inproc"] = self._start_inproc(services, self.writer, svc_cpus, opts.evm)
         targets["anvil"] = anvil
         return targets
 
@@ -455,7 +488,24 @@ class StateSuite:
             svc_cpus,
         )  # fmt: skip
         self._wait_synced(state)
+        self.writer = writer
         return anvil, state
+
+    def _start_inproc(
+        self, services: Services, writer: str, cpus: list[int] | None, evm: dict[str, Any]
+    ) -> str:
+        """The `chainstate up` shape: a second archive state node following the same write
+        node and the proxy reaching it in process, one process (bench/inprocstack.py)."""
+        node_port, proxy_port = free_port(), free_port()
+        config = services.workdir / "inproc.toml"
+        config.write_text(
+            inproc_config(services.workdir / "inproc", writer, node_port, proxy_port, evm)
+        )
+        proxy = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
+        cmd = python_cmd("-m", "bench.inprocstack", "--config", str(config))
+        services.start("proxy-inproc", cmd, proxy, cpus)
+        self._wait_synced(f"http://127.0.0.1:{node_port}")
+        return proxy
 
     def _make_blocks(self, anvil: str, workdir: Path) -> None:
         cmd = python_cmd(
@@ -589,7 +639,9 @@ class CallSuite(StateSuite):
         targets = super().start(services, opts)
         # The state node starts its EVM workers on the first eth_call: not in a measurement.
         call = {"to": self.erc20, "data": "0x70a08231" + self.holders[0][2:].rjust(64, "0")}
-        rpc_call(targets["state-node"], "eth_call", [call, "latest"], timeout=120)
+        for label in ("state-node", "proxy-inproc"):
+            if label in targets:
+                rpc_call(targets[label], "eth_call", [call, "latest"], timeout=120)
         return {"anvil": targets.pop("anvil"), **targets}  # anvil first: the baseline
 
     def _call_plan(self, to: str, data: str | None, batch: int, old: bool) -> BodyPlan:
@@ -690,11 +742,72 @@ class DappSuite(StateSuite):
         return [Case("dapp", self.plan(), concurrency=DAPP_CONCURRENCY)]
 
 
+class LogsSuite(StateSuite):
+    """eth_getLogs on a real state node (its log index), through the proxy and on anvil (the
+    baseline): the workload's ERC20 and LOG_TRANSFERS more Transfers, one block each; ranges
+    of one block and of LOG_SPAN blocks at random heights, by the ERC20's address and the
+    Transfer topic, and LOG_SPAN-block ranges for one holder's incoming Transfers (a topic in
+    position 2: an index lookup, few matches)."""
+
+    name: ClassVar[str] = "logs"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.erc20 = ""
+        self.holders: list[str] = []
+
+    def _before_mining(self, anvil: str, record: dict[str, Any]) -> None:
+        self.erc20 = record["erc20"]
+        self.holders = record["erc20_holders"][:4]
+        for i in range(LOG_TRANSFERS):  # 1 token around the ring: every sender holds it
+            sender, to = self.holders[i % 4], self.holders[(i + 1) % 4]
+            data = erc20_transfer_data(to, 1)
+            send_tx(anvil, {"from": sender, "to": self.erc20, "data": data})
+
+    def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
+        targets = super().start(services, opts)
+        self._check_answers(targets)
+        return {"anvil": targets.pop("anvil"), **targets}  # anvil first: the baseline
+
+    def _check_answers(self, targets: dict[str, str]) -> None:
+        """A fast wrong answer is worth nothing: the first bodies of every case must get
+        anvil's answer, item for item, from every target (and some logs at all)."""
+        found = 0
+        for case in self.cases():
+            for body in case.plan.build()[:5]:
+                params = json.loads(body)["params"]
+                want = rpc_call(targets["anvil"], "eth_getLogs", params)
+                found += len(want)
+                for label, url in targets.items():
+                    if rpc_call(url, "eth_getLogs", params) != want:
+                        raise RuntimeError(f"{label} differs from anvil on eth_getLogs {params}")
+        if not found:
+            raise RuntimeError("the checked eth_getLogs ranges hold no logs: nothing measured")
+
+    def _logs_plan(self, span: int, topics: list[Any]) -> BodyPlan:
+        return BodyPlan(
+            mix=[("eth_getLogs", 1.0)],
+            blocks=BlockRange(1, self.head - span + 1),
+            addresses=[self.erc20],
+            log_span=span,
+            log_topics=topics,
+        )
+
+    def cases(self) -> list[Case]:
+        holder = "0x" + self.holders[0][2:].rjust(64, "0")
+        return [
+            Case("logs1", self._logs_plan(1, [TRANSFER_TOPIC])),
+            Case(f"logs{LOG_SPAN}", self._logs_plan(LOG_SPAN, [TRANSFER_TOPIC])),
+            Case(f"logs{LOG_SPAN}-to", self._logs_plan(LOG_SPAN, [TRANSFER_TOPIC, None, holder])),
+        ]
+
+
 SUITES: dict[str, type[Suite]] = {
     "proxy": ProxySuite,
     "state": StateSuite,
     "call": CallSuite,
     "dapp": DappSuite,
+    "logs": LogsSuite,
 }
 
 
@@ -822,7 +935,7 @@ def render(report: dict[str, Any]) -> str:
         f"load avg {report['load_avg_start']} → {report.get('load_avg_end', '?')}"
         + "".join(f"  evm.{k}={v}" for k, v in report.get("evm", {}).items()),
         *(f"note: {n}" for n in report.get("notes", [])),
-        f"{'case':<13} {'target':<10} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
+        f"{'case':<13} {'target':<12} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
         f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7} "
         f"{'cores':>5} {'items/s/core':>12} {'cpu µs/req':>10}",
     ]
@@ -837,7 +950,7 @@ def render(report: dict[str, Any]) -> str:
                 else f"{'-':>5} {'-':>12} {'-':>10}"
             )
             lines.append(
-                f"{case['case']:<13} {label:<10} {t['req_per_s']:>10,.0f} "
+                f"{case['case']:<13} {label:<12} {t['req_per_s']:>10,.0f} "
                 f"{t['items_per_s']:>11,.0f} "
                 f"{t['ratio_req_per_s']:>6.3f} {lat['p50']:>8.3f} {lat['p90']:>8.3f} "
                 f"{lat['p99']:>8.3f} {lat['max']:>8.3f} {errors:>7} {cpu}"

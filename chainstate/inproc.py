@@ -8,11 +8,16 @@ passed to the components that share it (no module-level state).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 # Takes a raw JSON-RPC body, returns the raw response body (b"" when nothing to answer).
 BodyHandler = Callable[[bytes], Awaitable[bytes]]
 # The same answer computed without awaiting, or None when the body needs the BodyHandler.
 AnswerNow = Callable[[bytes], bytes | None]
+# The answers of request objects already parsed, in their order (None for a notification),
+# without awaiting; None when any of them needs the BodyHandler. The proxy in the same process
+# calls it with the items it parsed and routed (no bytes in between).
+AnswerItems = Callable[[list[Any]], list[Any] | None]
 
 SCHEME = "inproc://"
 
@@ -21,20 +26,29 @@ class InprocRegistry:
     def __init__(self) -> None:
         self._handlers: dict[str, BodyHandler] = {}
         self._now: dict[str, AnswerNow] = {}
+        self._items: dict[str, AnswerItems] = {}
 
-    def register(self, name: str, handler: BodyHandler, answer_now: AnswerNow | None = None) -> str:
-        """Register a handler under `name` (and its synchronous fast path, if it has one);
-        returns its URL."""
+    def register(
+        self,
+        name: str,
+        handler: BodyHandler,
+        answer_now: AnswerNow | None = None,
+        answer_items: AnswerItems | None = None,
+    ) -> str:
+        """Register a handler under `name` (and its synchronous fast paths, if it has them:
+        for raw bodies, and for parsed items); returns its URL."""
         self._handlers[name] = handler
-        if answer_now is not None:
-            self._now[name] = answer_now
-        else:
-            self._now.pop(name, None)
+        for table, fast in ((self._now, answer_now), (self._items, answer_items)):
+            if fast is not None:
+                table[name] = fast  # type: ignore[index]
+            else:
+                table.pop(name, None)
         return SCHEME + name
 
     def unregister(self, name: str) -> None:
         self._handlers.pop(name, None)
         self._now.pop(name, None)
+        self._items.pop(name, None)
 
     def resolve(self, url: str) -> BodyHandler | None:
         if not url.startswith(SCHEME):
@@ -44,6 +58,10 @@ class InprocRegistry:
     def resolve_now(self, url: str) -> AnswerNow | None:
         """The synchronous fast path registered for `url`, if any."""
         return self._now.get(url[len(SCHEME) :]) if url.startswith(SCHEME) else None
+
+    def resolve_items(self, url: str) -> AnswerItems | None:
+        """The synchronous path for parsed items registered for `url`, if any."""
+        return self._items.get(url[len(SCHEME) :]) if url.startswith(SCHEME) else None
 
     def names(self) -> list[str]:
         return sorted(self._handlers)

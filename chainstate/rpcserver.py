@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 JSON = "application/json"
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
 BodyHandler = Callable[[bytes], Awaitable[bytes]]
-# A node's answer computed without awaiting, or None when it needs `handle_body` (the state
-# node's plain reads: the server then writes it at once, no task).
+# A node's answer computed without awaiting, with every id as the client wrote it, or None
+# when it needs `handle_body` (the state node's plain reads: the server then writes it at once,
+# no task, no scan of the body for ids orjson may have changed).
 AnswerNow = Callable[[bytes], bytes | None]
 
 
@@ -91,9 +92,9 @@ def node_limits(config: dict[str, Any]) -> ServerLimits:
 
 
 def rpc_route(handle_body: BodyHandler, answer_now: AnswerNow | None = None) -> Router:
-    """`POST /` answered on the lean server, at once by `answer_now` when it can, else by
-    `handle_body`; ids come back as the client wrote them (`restore_ids`). Everything else
-    goes on to the fallback."""
+    """`POST /` answered on the lean server, at once by `answer_now` when it can (its ids are
+    exact already), else by `handle_body`, whose ids come back as the client wrote them
+    (`restore_ids`). Everything else goes on to the fallback."""
 
     async def restored(body: bytes) -> bytes:
         return restore_ids(body, await handle_body(body))
@@ -103,7 +104,7 @@ def rpc_route(handle_body: BodyHandler, answer_now: AnswerNow | None = None) -> 
         if answer_now is not None:
             answer = answer_now(body)
             if answer is not None:
-                return restore_ids(body, answer)
+                return answer
         return restored(body) if may_change_ids(body) else handle_body(body)
 
     def route(method: bytes, path: bytes) -> Any:

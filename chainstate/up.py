@@ -200,12 +200,14 @@ class Stack:
 
     async def start_proxy(self, stack: AsyncExitStack) -> None:
         from proxy.app import create_app, create_server
+        from proxy.eventsettings import EventSettings
         from proxy.settings import ProxySettings
         from proxy.store_file import FileStore
 
         settings = ProxySettings.from_config(self.config)
+        events = EventSettings.from_config(self.config)
         store = FileStore(self.data_dir / "proxy-store.json")
-        app = create_app(settings, store=store, registry=self.registry)
+        app = create_app(settings, store=store, registry=self.registry, events=events)
         self.proxy_app = app
         proxy = section(self.config, "proxy")
         await self.serve(stack, "routing proxy", app, proxy, create_server(app))
@@ -237,6 +239,7 @@ class Stack:
         for name, url in self.endpoints:
             say(f"  {name:<{width}}  {url}")
         say(f"\nJSON-RPC for clients: POST {proxy_url}/{chain_id}")
+        say(f"WebSocket (eth_subscribe): {proxy_url.replace('http', 'ws', 1)}/{chain_id}")
         say("Try:")
         say(
             f"  curl -s {proxy_url}/{chain_id} -H 'content-type: application/json' "

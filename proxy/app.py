@@ -1,7 +1,8 @@
 """The proxy's aiohttp application: data path, metrics, admin API and their lifecycle.
 
 `create_app` builds every part once per app (no globals): the routing state fed by the store,
-the upstream session, the selector, the engine, the head tracker and the mirror workers.
+the upstream session, the selector, the engine, the head tracker, the mirror workers and the
+events part (filters, WebSocket subscriptions: proxy/events.py, docs/events.md).
 Background work starts and stops through `cleanup_ctx`.
 """
 
@@ -24,8 +25,11 @@ from proxy.admin import AdminApi
 from proxy.breaker import BreakerSettings
 from proxy.cache import ResponseCache
 from proxy.engine import Engine
+from proxy.events import Events
+from proxy.eventsettings import EventSettings
 from proxy.heads import Heads
 from proxy.health import HeadTracker
+from proxy.inprocpath import InprocPath
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import EntryError
@@ -58,6 +62,7 @@ class Proxy:
     sync: StoreSync
     admin: AdminApi
     reads: Reads
+    events: Events  # filters and WebSocket subscriptions (the engine diverts their bodies)
 
     @classmethod
     def build(
@@ -66,6 +71,7 @@ class Proxy:
         store: ConfigStore,
         registry: InprocRegistry | None,
         tracer: trace.Tracer | None,
+        event_settings: EventSettings,
     ) -> Proxy:
         s = settings
         real_tracer = None if tracer is None or isinstance(tracer, trace.NoOpTracer) else tracer
@@ -117,6 +123,9 @@ class Proxy:
         )
         sync = StoreSync(store, state, s)
         admin = AdminApi(s, state, store, engine, tracker, reads)
+        events = Events.for_engine(
+            event_settings, s, engine, lambda: state.pools, registry, metrics.registry
+        )
         return cls(
             s,
             state,
@@ -131,6 +140,7 @@ class Proxy:
             sync,
             admin,
             reads,
+            events,
         )
 
     @staticmethod
@@ -159,8 +169,10 @@ class Proxy:
             await self.reads.heads.start()
             await self.tracker.start()
             await self.verdicts.start()
+            await self.events.start()
             yield
         finally:
+            await self.events.close()
             await self.verdicts.close()
             await self.tracker.close()
             await self.reads.heads.close()
@@ -227,10 +239,12 @@ def _header_lines(raw: bytes) -> dict[str, str]:
 
 def create_server(app: web.Application) -> HttpServer:
     """The proxy's data listener: the lean server answers `POST /:chainId` itself and hands
-    every other request (admin API, /metrics) to `app`, which owns the lifecycle (it starts
-    with the server and stops after it)."""
+    every other request (admin API, /metrics, WebSocket upgrades) to `app`, which owns the
+    lifecycle (it starts with the server and stops after it)."""
     proxy = app[PROXY]
     engine = proxy.engine
+    registry = proxy.upstream.registry
+    inproc = InprocPath(engine, registry) if registry is not None else None
 
     def data(request: Request) -> Awaitable[Response] | Response:
         # The engine's coroutine, unwrapped; an unknown chain or an overloaded pool is
@@ -239,6 +253,11 @@ def create_server(app: web.Application) -> HttpServer:
         admitted = engine.admit(chain_id)
         if type(admitted) is tuple:
             return admitted
+        if inproc is not None:  # nodes in this process: plain reads answered at once
+            answered = inproc.answer(admitted, request.body, request.headers)  # type: ignore[arg-type]
+            if answered is not None:
+                admitted.pool.inflight -= 1  # type: ignore[union-attr]
+                return answered
         return engine.handle(chain_id, request.body, request.headers, admitted)  # type: ignore[arg-type]
 
     def route(method: bytes, path: bytes) -> Any:
@@ -268,10 +287,14 @@ def create_app(
     store: ConfigStore,
     registry: InprocRegistry | None = None,
     tracer: trace.Tracer | None = None,
+    events: EventSettings | None = None,
 ) -> web.Application:
-    """The proxy app: `POST /:chainId`, `GET /metrics`, and the admin API unless
-    `settings.admin_port` puts it on its own listener (then use `create_admin_app`)."""
-    proxy = Proxy.build(settings, store, registry, tracer)
+    """The proxy app: `POST /:chainId`, `GET /metrics`, the admin API unless
+    `settings.admin_port` puts it on its own listener (then use `create_admin_app`), and
+    `GET /:chainId` with an Upgrade: the WebSocket endpoint (`events`: `[proxy.events]`,
+    `EventSettings.from_config`; defaults when None)."""
+    events = events if events is not None else EventSettings()
+    proxy = Proxy.build(settings, store, registry, tracer, events)
     # Bodies over the limit are refused by the handler with a JSON-RPC error, not by aiohttp.
     app = web.Application(client_max_size=settings.max_body_bytes + 1024)
     app[PROXY] = proxy
@@ -280,6 +303,9 @@ def create_app(
     app.router.add_get("/metrics", _metrics_handler(proxy))
     if settings.admin_port is None:
         app.router.add_routes(proxy.admin.routes())
+    # After the admin API's one-segment GETs (`/getChains`): the lean server hands every
+    # Upgrade request to this app, whatever its path.
+    app.router.add_get("/{chain}", proxy.events.websocket)
     app.cleanup_ctx.append(proxy.lifecycle)
     return app
 

@@ -209,13 +209,15 @@ class Attempts:
                 why = f"slow: another node answered first after {elapsed:.3f}s (hedged)"
                 node.breaker.failure(node.key, why)
             return raw
-        self._answered(ctx, node, lkey, elapsed, span, raw)
+        self.answered(ctx, node, lkey, elapsed, outcome.answered(raw), span)
         return raw
 
-    def _answered(
-        self, ctx: Any, node: Node, lkey: str, elapsed: float, span: Any, raw: bytes
+    def answered(
+        self, ctx: Any, node: Node, lkey: str, elapsed: float, label: str, span: Any = None
     ) -> None:
-        """The node answered (whatever the answer says, it works)."""
+        """The node answered (whatever the answer says, it works): its books, and the
+        attempt counted as `label`. Also for answers got without `exchange` (the in-process
+        path, proxy/inprocpath.py)."""
         if (node.fails or not node.healthy) and node.succeeded():
             log.warning("node %s back in rotation (answered a request)", node.key)
         breaker = node.breaker
@@ -229,7 +231,6 @@ class Attempts:
         if window is None:
             window = pool.latency[lkey] = LatencyWindow(self.hedge_quantile)
         window.add(elapsed)
-        label = outcome.answered(raw)
         self.metrics.attempt(ctx.chain, node.key, label, elapsed)
         if span is not None:
             span.set_attribute("outcome", label)

@@ -11,6 +11,7 @@ from typing import Any
 from chainstate.config import ConfigError, load_config, section
 from chainstate.httpserver import HttpServer
 from chainstate.runner import run, start_server, start_site, wait_for_stop
+from proxy.eventsettings import EventSettings
 from proxy.settings import ProxySettings
 from proxy.store import ConfigStore
 
@@ -113,11 +114,12 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     config = load_config(args.config)
     _check_tracing(config, args.trace)  # before starting anything (and before forking)
+    events = EventSettings.from_config(config)
     if args.workers < 1:
         raise ConfigError("--workers must be at least 1")
     if args.workers == 1:
         store = open_store(settings.store_path)
-        run(lambda: serve(settings, store, build_tracer(config, args.trace)))
+        run(lambda: serve(settings, store, build_tracer(config, args.trace), events=events))
         return 0
     if not (settings.store_path or "").startswith("etcd://"):
         raise ConfigError(
@@ -129,7 +131,7 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     def serve_one() -> None:  # in each forked worker: its own loop, store client, tracer
         store = open_store(settings.store_path)
         tracer = build_tracer(config, args.trace)
-        run(lambda: serve(settings, store, tracer, reuse_port=True, banner=False))
+        run(lambda: serve(settings, store, tracer, events=events, reuse_port=True, banner=False))
 
     url, admin_url = _urls(settings)
     print_banner(url, admin_url, settings, workers=args.workers)
@@ -148,12 +150,13 @@ async def serve(
     store: ConfigStore,
     tracer: Any = None,
     *,
+    events: EventSettings | None = None,
     reuse_port: bool = False,
     banner: bool = True,
 ) -> None:
     from proxy.app import create_admin_app, create_app, create_server, get_proxy
 
-    app = create_app(settings, store=store, tracer=tracer)
+    app = create_app(settings, store=store, tracer=tracer, events=events)
     get_proxy(app).metrics.watch_store(lambda: store.available)
     async with AsyncExitStack() as stack:
         await _listen(stack, create_server(app), settings.host, settings.port, reuse_port)
@@ -183,7 +186,8 @@ def print_banner(url: str, admin_url: str, settings: ProxySettings, workers: int
     auth = " -H 'Authorization: Bearer <token>'" if settings.admin_token else ""
     procs = f", {workers} worker processes" if workers > 1 else ""
     lines = [
-        f"chainstate proxy listening on {url}  (JSON-RPC: POST {url}/<chainId>{procs})",
+        f"chainstate proxy listening on {url}  (JSON-RPC: POST {url}/<chainId>{procs};"
+        f" WebSocket: {url.replace('http://', 'ws://', 1)}/<chainId>)",
         f"admin API on {admin_url}{' (token required)' if settings.admin_token else ''};"
         f" metrics on {url}/metrics",
         "Try:",

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -40,7 +40,7 @@ from chainstate.jsonrpc import (
 from proxy import outcome
 from proxy.admission import Admission
 from proxy.attempts import BATCH, Attempts, Group
-from proxy.methods import MethodSpec, MethodTable
+from proxy.methods import LocalMethod, MethodSpec, MethodTable
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import Node, Pool, normalize_pool
@@ -105,6 +105,8 @@ def _usable_batch(raw: bytes) -> bool:
 
 
 Answer = tuple[int, bytes] | tuple[int, bytes, bytes]  # (status, body[, header lines])
+# Answers a whole client body the engine hands over: (pool id, body, headers) -> Answer.
+Divert = Callable[[str, bytes, Mapping[str, str]], Awaitable[Answer]]
 
 
 class Admitted:
@@ -219,6 +221,15 @@ class Engine:
         self._max_body = settings.max_body_bytes
         self._max_batch = settings.max_batch_items
         self._pool_ids: dict[str, str | None] = {}  # raw /:chainId → pool id (a pure function)
+        self._divert: Divert | None = None
+
+    def divert(self, methods: frozenset[str], handle: Divert) -> None:
+        """Bodies naming one of `methods` (not served by the method table) are answered by
+        `handle` instead (the proxy's filters and subscriptions, proxy/events.py). Free for
+        other bodies: the table raises LocalMethod only where it would answer "Method not
+        found", and the whole body is handed over before anything was forwarded."""
+        self.methods.local = methods
+        self._divert = handle
 
     # ---- entry ---------------------------------------------------------------------------
 
@@ -322,6 +333,9 @@ class Engine:
                         status, out = await self._batch(ctx, payload, body)
                     else:
                         status, out = await self._single(ctx, payload, body)
+        except LocalMethod:  # raised only once divert() has set the handler
+            assert self._divert is not None
+            return await self._divert(pool.id, body, headers)
         finally:
             if ctx.reserved:
                 self.upstream.budget.release(ctx)  # type: ignore[union-attr]

@@ -22,6 +22,7 @@ from typing import Any
 from chainstate.blockref import BlockRef, parse_block_ctx, parse_block_id, parse_block_number_param
 from chainstate.hexcodec import parse_address, parse_data, parse_hash
 from chainstate.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, cut
+from chainstate.logfilter import parse_filter
 
 Check = Callable[[Any, str], Any]
 
@@ -55,12 +56,22 @@ def _block_id(value: Any) -> BlockRef:
     return parse_block_id("latest" if value is None else value)
 
 
+# The proxy checks a filter's shape; its list limits are the node's (max_log_query_list).
+_UNLIMITED = 2**62
+
+
+def _log_range(value: Any) -> BlockRef:
+    """eth_getLogs: the oldest block of the range (or the named block) decides the node."""
+    return parse_filter(value, max_list=_UNLIMITED).oldest
+
+
 BLOCK_PARSERS: dict[str, Callable[[Any], BlockRef]] = {
     "number": parse_block_number_param,  # eth_* blockNumber (tags, hex, EIP-1898, hash)
     "ctx": parse_block_ctx,  # vendor blockCtx (Equals/Contains)
     "height": _block_height,  # getBlockByHeight
     "hash": _block_hash,  # getBlockById, eth_getBlockByHash
     "id": _block_id,  # pre_* blockId
+    "logs": _log_range,  # eth_getLogs filter
 }
 
 
@@ -87,7 +98,8 @@ def _m(
     names = tuple(params.split()) if params else ()
     block_at = -1
     if block is not None:
-        block_name = {"number": "blockNumber", "ctx": "blockCtx", "id": "blockId"}.get(block)
+        names_of = {"number": "blockNumber", "ctx": "blockCtx", "id": "blockId", "logs": "filter"}
+        block_name = names_of.get(block)
         block_at = names.index(block_name) if block_name in names else 0
     parse = None if block is None else BLOCK_PARSERS[block]
     return MethodSpec(names, required, block, block_at, checks, writer, pending, parse)
@@ -131,6 +143,7 @@ METHODS: dict[str, MethodSpec] = {
     "eth_getBlockByHash": _m("blockHash full", 1, "hash"),
     "eth_chainId": _m(),
     "eth_baseFee": _m("blockNumber", 0, "number"),
+    "eth_getLogs": _m("filter", 1, "logs"),
     # state node: what clients ask to identify the node and network
     "web3_clientVersion": _m(),
     "net_version": _m(),
@@ -176,6 +189,12 @@ METHODS: dict[str, MethodSpec] = {
 EXTRA = MethodSpec(params=())
 
 
+class LocalMethod(Exception):
+    """Raised by `MethodTable.target` for a method the proxy answers itself (filters and
+    subscriptions, proxy/events.py) instead of "Method not found": the engine hands the whole
+    body over (`Engine.divert`). Not a JsonRpcError, so no item's handler answers it."""
+
+
 class MethodTable:
     """The allowed methods (spec + `extra_methods`) and how to read their target block."""
 
@@ -183,6 +202,7 @@ class MethodTable:
         self.specs = dict(METHODS)
         for name in extra_methods:
             self.specs.setdefault(name, EXTRA)
+        self.local: frozenset[str] = frozenset()  # LocalMethod names (Engine.divert)
 
     def spec(self, method: str) -> MethodSpec:
         spec = self.specs.get(method)
@@ -194,6 +214,8 @@ class MethodTable:
         """The spec of `method` and the block its params target (None: no block named)."""
         spec = self.specs.get(method)
         if spec is None:
+            if method in self.local:
+                raise LocalMethod(method)
             raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {cut(method)}")
         if spec is EXTRA:
             return spec, None

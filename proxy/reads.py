@@ -135,8 +135,8 @@ class Reads:
         ref: BlockRef | None,
         obj: dict[str, Any],
     ) -> Plan | Ready | None:
-        if spec.writer:
-            return None
+        if spec.writer or spec.block == "logs":
+            return None  # eth_getLogs: a range, routed by its oldest block (proxy/events.py)
         if spec.block is None or ref is None:
             return self._headless(heads, method, obj)
         cached = method in self.methods

@@ -6,23 +6,33 @@ a few of them), then times `StateNode.handle_body` on the same bodies as
 single and batches of 10 and 100), with no HTTP server in between: what the read path costs
 per item, whatever server carries it. `--dispatcher` times the generic dispatcher path for
 the same bodies (every method through `Dispatcher.handle_body`), the way every read went
-before the read path existed.
+before the read path existed. `--proxy` also times the node's synchronous path as its data
+port calls it (`answer_now`) and the routing proxy's data handler in front of the node in
+the same process (node registered `inproc://`, as a state and an archive node, as in
+`chainstate up`): what the proxy adds per body, with no HTTP either side.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import random
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from chainstate.httpserver import Headers, Request
+from chainstate.inproc import InprocRegistry
 from nodes.state.service import StateNode
 from nodes.state.vendor import AccountDiff, VendorBlock
+
+KINDS = ("state", "archive")
 
 
 def synthetic_block(
@@ -55,17 +65,51 @@ def bodies(method: str, batch: int, head: int, accounts: list[str], n: int) -> l
     return out
 
 
-async def measure(node: StateNode, payloads: list[bytes], seconds: float, generic: bool) -> float:
-    handle = node.dispatcher.handle_body if generic else node.handle_body
-    for body in payloads[:200]:  # warm caches
-        assert b'"error"' not in await handle(body)
+async def measure(handle: Callable[[bytes], Any], payloads: list[bytes], seconds: float) -> float:
+    """Bodies per second through `handle` (a coroutine function, or a plain function
+    answering bytes or (status, bytes), or an awaitable when it cannot answer at once)."""
+    for body in payloads[:200]:  # warm caches; every answer checked
+        answer = handle(body)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        raw = answer[1] if type(answer) is tuple else answer
+        assert raw and b'"error"' not in raw, raw[:200]
     done = 0
     started = time.perf_counter()
     while time.perf_counter() - started < seconds:
         for body in payloads:
-            await handle(body)
+            answer = handle(body)
+            if inspect.isawaitable(answer):
+                await answer
         done += len(payloads)
     return done / (time.perf_counter() - started)
+
+
+@asynccontextmanager
+async def proxy_in_front(node: StateNode, registry: InprocRegistry) -> AsyncIterator[Any]:
+    """The proxy's data handler for chain 1337, the node entered as state and archive."""
+    from aiohttp import web
+
+    from proxy.app import create_app, create_server
+    from proxy.settings import ProxySettings
+    from proxy.store_file import FileStore
+
+    url = registry.register(node.key, node.handle_body, node.answer_now, node.answer_items)
+    nodes = [{"chain": "1337", "key": kind, "url": url, "kind": kind} for kind in KINDS]
+    settings = ProxySettings.from_config({"proxy": {"nodes": nodes}})
+    app = create_app(settings, store=FileStore(None), registry=registry)
+    runner = web.AppRunner(app)
+    await runner.setup()  # the proxy's lifecycle: store sync, head polls
+    try:
+        data = create_server(app).route(b"POST", b"/1337")
+        headers = Headers({})
+
+        def handle(body: bytes) -> Any:
+            return data(Request(b"POST", b"/1337", b"", headers, body))  # type: ignore[misc]
+
+        yield handle
+    finally:
+        await runner.cleanup()
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -84,16 +128,23 @@ async def main_async(args: argparse.Namespace) -> None:
                 parent = block.hash
             head = args.blocks - 1
             print(f"{args.blocks} blocks, hot view {args.hot_blocks} blocks; items/s in process")
-            for method in ("eth_getBalance", "eth_getStorageAt"):
-                for batch in (1, 10, 100):
-                    payloads = bodies(method, batch, head, accounts, max(20, 2000 // batch))
-                    rates = {}
-                    for label, generic in (("read path", False), ("dispatcher", True)):
-                        if generic and not args.dispatcher:
-                            continue
-                        rates[label] = await measure(node, payloads, args.duration, generic)
-                    shown = "  ".join(f"{k} {v * batch:>10,.0f}" for k, v in rates.items())
-                    print(f"{method:<18} batch {batch:>3}  {shown}")
+            async with AsyncExitStack() as stack:
+                handlers: dict[str, Callable[[bytes], Any]] = {"read path": node.handle_body}
+                if args.proxy:
+                    handlers["answer_now"] = node.answer_now
+                    proxy = proxy_in_front(node, InprocRegistry())
+                    handlers["proxy in process"] = await stack.enter_async_context(proxy)
+                if args.dispatcher:
+                    handlers["dispatcher"] = node.dispatcher.handle_body
+                for method in ("eth_getBalance", "eth_getStorageAt"):
+                    for batch in (1, 10, 100):
+                        payloads = bodies(method, batch, head, accounts, max(20, 2000 // batch))
+                        rates = {
+                            label: await measure(handle, payloads, args.duration)
+                            for label, handle in handlers.items()
+                        }
+                        shown = "  ".join(f"{k} {v * batch:>10,.0f}" for k, v in rates.items())
+                        print(f"{method:<18} batch {batch:>3}  {shown}")
         finally:
             await node.close()
 
@@ -104,6 +155,9 @@ def main() -> None:
     p.add_argument("--hot-blocks", type=int, default=128, help="hot view blocks (default 128)")
     p.add_argument("-d", "--duration", type=float, default=2.0, help="seconds per row")
     p.add_argument("--dispatcher", action="store_true", help="also time the generic dispatcher")
+    p.add_argument(
+        "--proxy", action="store_true", help="also time answer_now and the proxy in process"
+    )
     asyncio.run(main_async(p.parse_args()))
 
 

@@ -226,28 +226,44 @@ class ReadPath:
     def answer_now(self, body: bytes) -> bytes | None:
         """The answer, computed without awaiting, when every item of the body is a plain
         read (a server can then write it at once, with no task); None otherwise, and the
-        body goes to `handle_body`."""
+        body goes to `handle_body`. Ids come back as the client wrote them: a body with an
+        id orjson may have changed (a float) is left to `handle_body` and the port's
+        `restore_ids`, so the common case needs no scan of the body for such ids."""
         try:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError:
             return None
-        fast = self.fast
         if payload.__class__ is dict:
-            items = [payload]
-        elif payload.__class__ is list and payload and len(payload) <= self.max_batch:
-            items = payload
-        else:
-            return None
-        for item in items:
-            if item.__class__ is not dict or fast.get(_method(item)) is None:
+            answers = self.answer_items([payload])
+            if answers is None:
                 return None
-        answers = self._answer(items)
-        if _SLOW in answers:
-            return None
-        if payload.__class__ is dict:
             return orjson.dumps(answers[0]) if answers[0] is not None else b""
+        if payload.__class__ is not list or not payload or len(payload) > self.max_batch:
+            return None
+        answers = self.answer_items(payload)
+        if answers is None:
+            return None
         out = [answer for answer in answers if answer is not None]
         return orjson.dumps(out) if out else b""
+
+    def answer_items(self, items: list[Any]) -> list[Any] | None:
+        """The answers of parsed request objects, in their order (None for a notification),
+        computed without awaiting; None when an item needs `handle_body`: not a plain read,
+        or an id orjson may have changed (a float). For callers that parsed the body
+        already: the data port above, and the proxy in the same process."""
+        fast = self.fast
+        for item in items:
+            if (
+                item.__class__ is not dict
+                or fast.get(_method(item)) is None
+                or item.get("id").__class__ is float
+            ):
+                return None
+        answers = self._answer(items)
+        for answer in answers:
+            if answer is _SLOW:
+                return None
+        return answers
 
     def _answer(self, items: list[Any]) -> list[Any]:
         """Answers of the fast items (None for a notification), _SLOW for the others."""
@@ -269,8 +285,9 @@ class ReadPath:
                 ):
                     out.append(_SLOW)
                     continue
+                wanted = "id" in item  # else a notification: no answer
                 if fn is None:
-                    out.append(self._call(method, rid, params, "id" in item))
+                    out.append(self._call(method, rid, params, wanted))
                     continue
                 try:
                     if reads is None:
@@ -278,16 +295,14 @@ class ReadPath:
                         reads = Reads(snap, self.hot)
                     result = fn(reads, params)
                 except JsonRpcError as exc:
-                    out.append(self.dispatcher.error(rid, exc) if "id" in item else None)
+                    out.append(self.dispatcher.error(rid, exc) if wanted else None)
                     continue
                 except lmdb.Error as exc:
                     log.error("state store read failed: %s", exc)
                     failed = JsonRpcError(DATABASE_FAILED, "state store read failed")
-                    out.append(self.dispatcher.error(rid, failed) if "id" in item else None)
+                    out.append(self.dispatcher.error(rid, failed) if wanted else None)
                     continue
-                out.append(
-                    {"jsonrpc": "2.0", "id": rid, "result": result} if "id" in item else None
-                )
+                out.append({"jsonrpc": "2.0", "id": rid, "result": result} if wanted else None)
         finally:
             if snap is not None:
                 snap.close()

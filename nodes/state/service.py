@@ -21,6 +21,8 @@ from chainstate.rpcserver import rpc_handler
 from nodes.state.hot import HotState
 from nodes.state.ingest import Ingest
 from nodes.state.leader import LeaderWatch
+from nodes.state.logs import LogService
+from nodes.state.logs import register as register_logs
 from nodes.state.methods import StateMethods
 from nodes.state.metrics import StateMetrics
 from nodes.state.reader import StateReader
@@ -98,6 +100,7 @@ class StateNode:
         self._leader_task: asyncio.Task[None] | None = None
         self._started = False
         self.evm: Any = None  # set by nodes.state.evm.methods.register when present
+        self.logs: LogService | None = None  # eth_getLogs and its index, set at start
         self.evm_settings: Any = None
 
     @classmethod
@@ -140,6 +143,7 @@ class StateNode:
             self.evm_settings = EvmSettings.from_config(self.settings.evm)
             importlib.import_module(EVM_METHODS_MODULE).register(self)
             self.reads.evm = self.evm  # eth_calls of a batch queued at once
+        self.logs = register_logs(self)
         self.ingest.publish_metrics()
         await self.ingest.fill_hot()
         self._task = asyncio.create_task(self.ingest.run(), name=f"state-ingest:{self.key}")
@@ -148,7 +152,7 @@ class StateNode:
                 self.leader.run(), name=f"state-leader:{self.key}"
             )
         if self.registry is not None:
-            self.registry.register(self.key, self.handle_body, self.answer_now)
+            self.registry.register(self.key, self.handle_body, self.answer_now, self.answer_items)
 
     async def close(self) -> None:
         if self.registry is not None:
@@ -159,6 +163,9 @@ class StateNode:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._task = self._leader_task = None
+        if self.logs is not None:
+            await self.logs.close()
+            self.logs = None
         await self.ingest.close()
         evm = getattr(self, "evm", None)
         self.reads.evm = None
@@ -187,6 +194,15 @@ class StateNode:
         if answer is not None:
             self.metrics.request_seconds.observe(time.perf_counter() - started)
         return answer
+
+    def answer_items(self, items: list[Any]) -> list[Any] | None:
+        """The answers of parsed request objects when every one is a plain state read
+        (else None): for the proxy in the same process, which parsed and routed them."""
+        started = time.perf_counter()
+        answers = self.reads.answer_items(items)
+        if answers is not None:
+            self.metrics.request_seconds.observe(time.perf_counter() - started)
+        return answers
 
     # HTTP ------------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ class StateSettings:
     leader_poll_interval: float = DEFAULT_LEADER_POLL_INTERVAL
     leader_token_env: str | None = None
     evm: dict[str, Any] = field(default_factory=dict)  # the EVM helper's [evm] settings
+    logs: dict[str, Any] = field(default_factory=dict)  # eth_getLogs limits (docs/events.md)
 
     @classmethod
     def from_section(cls, section: dict[str, Any]) -> StateSettings:
@@ -104,9 +105,9 @@ class StateSettings:
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
     """Check a config value against the type of its default."""
-    if name == "evm":
+    if name in ("evm", "logs"):
         if not isinstance(value, dict):
-            raise ConfigError("state node setting evm must be a table")
+            raise ConfigError(f"state node setting {name} must be a table")
         return dict(value)
     if name in ("source", "chain_id", "leader_from", "leader_token_env"):
         if value is None:

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import lmdb
 import orjson
@@ -48,6 +48,7 @@ META_HEAD = b"head"
 META_EARLIEST = b"earliest"
 META_CHAIN_ID = b"chain_id"
 META_KIND = b"kind"
+MAX_DBS = 16  # the store's five databases plus those of its extensions
 
 
 class StoreError(Exception):
@@ -72,6 +73,19 @@ class PreStateMismatch(StoreError):
 
 class StoreFailure(StoreError):
     """LMDB itself failed (disk full, map full, I/O error)."""
+
+
+class StoreExtension(Protocol):
+    """More named databases kept in step with the blocks (e.g. the log index): each hook
+    runs inside the block's own write transaction, so a crash keeps them consistent."""
+
+    def attached(self, env: lmdb.Environment, txn: lmdb.Transaction, bounds: Any) -> None: ...
+
+    def applied(self, txn: lmdb.Transaction, block: VendorBlock) -> None: ...
+
+    def rolled_back(self, txn: lmdb.Transaction, height: int) -> None: ...
+
+    def pruned(self, txn: lmdb.Transaction, earliest: int) -> None: ...
 
 
 def _int_bytes(value: int) -> bytes:
@@ -193,6 +207,7 @@ class StateStore:
         self.map_size = map_size_mb * 1024 * 1024
         self._env: lmdb.Environment | None = None
         self._write_lock = threading.Lock()
+        self.extensions: list[StoreExtension] = []
         # Rollbacks committed so far: what was read at a height before a rollback may be
         # gone (a cache of headers keys on it; read it *before* reading the store).
         self.rollbacks = 0
@@ -201,13 +216,18 @@ class StateStore:
         # inside its own transaction, so a stale value only delays a -39006.
         self._known_range: tuple[int, int] | None = None
         self._writer = False
+        # Write transactions begun (odd while one commits, even once it has): a snapshot
+        # begun and checked at the same even value sees exactly the bounds of that value, so
+        # they are read from the store once per commit, not twice per request (`snapshot`).
+        self._generation = 0
+        self._snapshot_bounds: tuple[int, tuple[int, int] | None] | None = None
 
     # lifecycle -------------------------------------------------------------------------
 
     def open(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         env = lmdb.open(
-            str(self.path), map_size=self.map_size, max_dbs=8, sync=True, metasync=True,
+            str(self.path), map_size=self.map_size, max_dbs=MAX_DBS, sync=True, metasync=True,
             readahead=False,
         )  # fmt: skip
         env.reader_check()  # free reader slots left by a killed process
@@ -226,6 +246,7 @@ class StateStore:
             txn.put(META_KIND, self.kind.encode(), db=self._meta)
         self._env = env
         self._writer = True
+        self._snapshot_bounds = None  # another process may have written it while closed
         self._known_range = self.bounds()
 
     def open_readonly(self) -> None:
@@ -233,7 +254,7 @@ class StateStore:
         serves many reader processes): the EVM feed process reads through this. Never
         writes, so it neither creates the store nor frees stale reader slots."""
         env = lmdb.open(
-            str(self.path), map_size=self.map_size, max_dbs=8, readonly=True, readahead=False
+            str(self.path), map_size=self.map_size, max_dbs=MAX_DBS, readonly=True, readahead=False
         )
         try:
             self._meta = env.open_db(b"meta", create=False)
@@ -245,6 +266,17 @@ class StateStore:
             env.close()
             raise
         self._env = env
+
+    def attach(self, extension: StoreExtension) -> None:
+        """Open an extension's databases (one write transaction, given the store's bounds)
+        and call its hooks from now on."""
+
+        def attach(txn: lmdb.Transaction) -> None:
+            assert self._env is not None
+            extension.attached(self._env, txn, self._bounds(txn))
+
+        self._write(attach)
+        self.extensions.append(extension)
 
     def free_stale_readers(self) -> int:
         """Free the LMDB reader slots of dead processes (a killed read-only reader leaves
@@ -362,11 +394,27 @@ class StateStore:
         if env is None:
             raise JsonRpcError(DATABASE_FAILED, "state store is closed")
         try:
+            generation = self._generation
             txn = env.begin()
-            return Snapshot(txn, self._bounds(txn), txn.cursor(db=self._ver))
+            return Snapshot(txn, self._bounds_of(txn, generation), txn.cursor(db=self._ver))
         except lmdb.Error as exc:
             log.error("state store read failed: %s", exc)
             raise JsonRpcError(DATABASE_FAILED, "state store read failed") from None
+
+    def _bounds_of(self, txn: lmdb.Transaction, generation: int) -> tuple[int, int] | None:
+        """The bounds `txn` sees, `generation` read just before it began. When this process
+        is the store's only writer and no write began since (the generation is even and
+        unchanged after `begin`), no commit can lie between the two: the bounds of that
+        generation are `txn`'s, cached after the first snapshot that read them."""
+        if not self._writer or generation & 1 or self._generation != generation:
+            return self._bounds(txn)
+        cached = self._snapshot_bounds
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        bounds = self._bounds(txn)
+        if self._generation == generation:
+            self._snapshot_bounds = (generation, bounds)
+        return bounds
 
     @contextmanager
     def view(self, height: int) -> Iterator[StateView]:
@@ -425,17 +473,24 @@ class StateStore:
 
     # writing ---------------------------------------------------------------------------
 
+    def write(self, fn: Any) -> Any:
+        """Run `fn(txn)` in one write transaction, serialised with block writes (for
+        extensions that fill their databases outside `apply`); raises StoreFailure."""
+        return self._write(fn)
+
     def _write(self, fn: Any) -> Any:
         with self._write_lock:
             if self._env is None:
                 raise StoreFailure("state store is closed")
             self._known_range = None  # while it changes, `range()` reads the store
+            self._generation += 1  # odd: a snapshot begun from here on reads the bounds
             try:
                 with self._env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.Error as exc:
                 raise StoreFailure(f"state store write failed: {exc}") from exc
             finally:
+                self._generation += 1  # even again: committed (or aborted)
                 with contextlib.suppress(JsonRpcError):
                     self._known_range = self.bounds()
 
@@ -474,6 +529,8 @@ class StateStore:
         txn.put(META_HEAD, hb, db=self._meta)
         if bounds is None:
             txn.put(META_EARLIEST, hb, db=self._meta)
+        for extension in self.extensions:
+            extension.applied(txn, block)
         self._prune(txn, earliest, height)
 
     def _verify_pre(self, txn: lmdb.Transaction, block: VendorBlock) -> None:
@@ -523,6 +580,8 @@ class StateStore:
         for height in range(old_earliest, new_earliest):
             txn.delete(_BE.pack(height), db=self._hdr)
         txn.put(META_EARLIEST, _BE.pack(new_earliest), db=self._meta)
+        for extension in self.extensions:
+            extension.pruned(txn, new_earliest)
 
     def rollback(self) -> int:
         """Remove the head block (one transaction); returns the new head height."""
@@ -550,6 +609,8 @@ class StateStore:
         txn.delete(hb, db=self._hdr)
         txn.delete(hb, db=self._undo)
         txn.put(META_HEAD, _BE.pack(head - 1), db=self._meta)
+        for extension in self.extensions:
+            extension.rolled_back(txn, head)
         return head - 1
 
 

@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 from Crypto.Hash import keccak
 
+from nodes.state.blocklogs import BlockLog, BlockLogsError, parse_block_logs
+
 _QUANTITY = re.compile(r"^0x(0|[1-9a-f][0-9a-f]*)$")
 _ADDRESS = re.compile(r"^0x[0-9a-f]{40}$")
 _HASH = re.compile(r"^0x[0-9a-f]{64}$")
@@ -44,6 +46,7 @@ class VendorBlock:
     validation_hash: str
     pre: dict[str, AccountDiff]
     post: dict[str, AccountDiff]
+    logs: tuple[BlockLog, ...] = ()  # from BlockFile's receipts, checked against the Header
 
 
 def keccak256(data: bytes) -> bytes:
@@ -81,7 +84,11 @@ def parse_vendor_block(obj: Any, *, verify_hash: bool = True) -> VendorBlock:
         raise VendorBlockError(f"block {number}: ValidationHash does not match Header+StateDiff")
     pre = _diff_side(diff.get("pre", {}), "pre")
     post = _diff_side(diff.get("post", {}), "post")
-    return VendorBlock(number, block_hash, parent, header, vhash, pre, post)
+    try:
+        logs = parse_block_logs(obj.get("BlockFile"), header)
+    except BlockLogsError as exc:
+        raise VendorBlockError(str(exc)) from None
+    return VendorBlock(number, block_hash, parent, header, vhash, pre, post, logs)
 
 
 def _diff_side(side: Any, name: str) -> dict[str, AccountDiff]:

@@ -147,3 +147,23 @@ def test_processes_merge_their_counts(fake_node_process: str) -> None:
     assert res.errors == {"http:503": 80}  # the node fails every 5th request
     assert res.items_ok == 320 * 3
     assert res.latency_ns["p99"] >= res.latency_ns["p50"] > 0
+
+
+def test_log_bodies_cover_the_span_from_the_drawn_block() -> None:
+    """`suite logs` bodies: eth_getLogs over `log_span` blocks from a drawn height, by the
+    drawn address, with the plan's topics; one block when the span is 1."""
+    topics = ["0x" + "ab" * 32, None]
+    ranged = BodyPlan(
+        mix=[("eth_getLogs", 1)], blocks=BlockRange(10, 20), addresses=[ADDR], log_span=100
+    )
+    one_block = BodyPlan(
+        mix=[("eth_getLogs", 1)], blocks=BlockRange(10, 20), addresses=[ADDR], log_topics=topics
+    )
+    for body in ranged.build():
+        (flt,) = orjson.loads(body)["params"]
+        start = int(flt["fromBlock"], 16)
+        assert 10 <= start <= 20 and int(flt["toBlock"], 16) == start + 99
+        assert flt["address"] == ADDR and "topics" not in flt
+    for body in one_block.build():
+        (flt,) = orjson.loads(body)["params"]
+        assert flt["fromBlock"] == flt["toBlock"] and flt["topics"] == topics

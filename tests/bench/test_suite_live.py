@@ -62,7 +62,8 @@ def test_state_suite_compares_state_node_proxy_and_anvil(tmp_path: Path) -> None
     ensure_anvil()
     report = run_suite(StateSuite(), quick(tmp_path, "balance"))
     [case] = report["cases"]
-    assert list(case["targets"]) == ["state-node", "proxy", "anvil"]
+    # the proxy over HTTP, and in one process with its own state node (`chainstate up`)
+    assert list(case["targets"]) == ["state-node", "proxy", "proxy-inproc", "anvil"]
     for label, target in case["targets"].items():
         assert target["requests"] > 0, label
         assert not target["errors"], (label, target["errors"])
@@ -70,19 +71,20 @@ def test_state_suite_compares_state_node_proxy_and_anvil(tmp_path: Path) -> None
 
 def test_call_suite_bodies_get_the_same_answers_everywhere(tmp_path: Path) -> None:
     """Every case of `suite call` asks something real: anvil, the state node and the proxy
-    give the same non-trivial results (old heights differ from latest for the view)."""
+    (over HTTP, and in process with its own state node) give the same non-trivial results
+    (old heights differ from latest for the view)."""
     from nodes.devnet.anvil import ensure_anvil
 
     ensure_anvil()
     suite = CallSuite()
     with running(str(tmp_path)) as services:
         targets = suite.start(services, SuiteOptions(pin=False))
-        assert list(targets) == ["anvil", "state-node", "proxy"]
+        assert list(targets) == ["anvil", "state-node", "proxy", "proxy-inproc"]
         answers: dict[str, list] = {}
         for case in suite.cases():
             body = case.plan.build()[0]
             got = [_post(url, body) for url in targets.values()]
-            assert got[0] == got[1] == got[2], case.name
+            assert got[0] == got[1] == got[2] == got[3], case.name
             items = got[0] if isinstance(got[0], list) else [got[0]]
             values = [int(i["result"], 16) for i in items]  # a drained ERC20 holder reads 0
             assert any(values) and len(values) == case.plan.items_per_body, (case.name, items)

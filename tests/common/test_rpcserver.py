@@ -129,15 +129,23 @@ async def test_aborted_uploads_log_one_quiet_line_on_both_paths(node: str, caplo
 
 
 async def test_an_answer_given_at_once_gets_exact_ids_too() -> None:
-    """`answer_now` (the state node's plain reads, no task) answers what orjson made of the
-    ids; the data port writes them back as the client sent them."""
+    """`answer_now` (the state node's plain reads, no task) answers only bodies whose ids
+    orjson keeps exact; a body with an id orjson changes goes to `handle_body`, and the data
+    port writes its ids back as the client sent them. Either way the client sees its ids."""
     dispatcher = Dispatcher("test")
+    calls = {"now": 0}
+
+    async def fast(_params):
+        return "now"
+
+    dispatcher.update({"fast": fast})
 
     def now(body: bytes) -> bytes | None:
         payload = orjson.loads(body)
-        if isinstance(payload, dict) and payload.get("method") == "fast":
-            return orjson.dumps({"jsonrpc": "2.0", "id": payload.get("id"), "result": "now"})
-        return None
+        if not isinstance(payload, dict) or type(payload.get("id")) is float:
+            return None  # the contract: ids exact, or not answered now
+        calls["now"] += 1
+        return orjson.dumps({"jsonrpc": "2.0", "id": payload.get("id"), "result": "now"})
 
     async with AsyncExitStack() as stack, aiohttp.ClientSession() as session:
         server = await serve_rpc(
@@ -149,3 +157,4 @@ async def test_an_answer_given_at_once_gets_exact_ids_too() -> None:
             body = b'{"jsonrpc":"2.0","id":%s,"method":"fast","params":[]}' % rid
             status, raw = await post(session, url, body)
             assert status == 200 and raw == b'{"jsonrpc":"2.0","id":%s,"result":"now"}' % rid
+    assert calls["now"] == 2  # the int and the string ids

@@ -37,6 +37,8 @@ def write_config(tmp_path: Path) -> tuple[Path, dict[str, int]]:
 
 
 class Stack:
+    COMMAND = ("-m", "chainstate.cli", "up")  # what runs the stack (python arguments)
+
     def __init__(self, config: Path, ports: dict[str, int]) -> None:
         self.config, self.ports = config, ports
         self.proc: subprocess.Popen[str] | None = None
@@ -44,7 +46,7 @@ class Stack:
 
     def start(self, timeout: float = 90) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chainstate.cli", "up", "--config", str(self.config)],
+            [sys.executable, *self.COMMAND, "--config", str(self.config)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

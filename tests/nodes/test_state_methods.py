@@ -304,7 +304,7 @@ async def test_unknown_and_evm_methods_without_the_evm_are_method_not_found(
     assert "estimateGas" in answer["error"]["message"] and "proxy" in answer["error"]["message"]
     answer = await call(node, "eth_getTransactionReceipt", ["0x" + "00" * 32])
     assert answer["error"]["code"] == -32601 and "Leader" in answer["error"]["message"]
-    assert await error_code(node, "eth_getLogs", [{}]) == -32601
+    assert await error_code(node, "eth_newFilter", [{}]) == -32601  # filters live in the proxy
     if "eth_call" not in node.dispatcher.methods:
         assert await error_code(node, "eth_call", [{"to": ADDRS[0]}, "latest"]) == -32601
 

@@ -240,3 +240,45 @@ def test_a_failure_in_the_middle_of_a_block_leaves_no_trace(
     apply_all(store, chain, start=31)
     for height in range(32, 40):
         assert_state(store, chain, height, addrs)
+
+
+def test_snapshots_see_their_own_bounds_while_blocks_commit(tmp_path: Path) -> None:
+    """A snapshot's bounds are read from the store once per commit and cached: a snapshot
+    taken while another thread applies, prunes and rolls back blocks must still carry the
+    bounds its own read transaction sees."""
+    import threading
+
+    chain, _ = random_chain(seed=41, blocks=400)
+    store = open_store(tmp_path, kind="state", window=16)
+    store.apply(parse_vendor_block(chain.blocks[0]))
+    done = threading.Event()
+
+    def write() -> None:
+        try:
+            for i, raw in enumerate(chain.blocks[1:], start=1):
+                store.apply(parse_vendor_block(raw))
+                if i % 50 == 0:
+                    store.rollback()
+                    store.apply(parse_vendor_block(raw))
+        finally:
+            done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen = set()
+    try:
+        while not done.is_set() or len(seen) < 2:
+            snap = store.snapshot()
+            try:
+                assert snap.bounds == store._bounds(snap.txn)
+                seen.add(snap.bounds)
+            finally:
+                snap.close()
+            if done.is_set():
+                break
+    finally:
+        writer.join()
+    assert len(seen) > 10  # snapshots were taken between many different commits
+    snap = store.snapshot()
+    assert snap.bounds == store._bounds(snap.txn) == (400 - 16, 399)
+    snap.close()

@@ -138,7 +138,11 @@ async def test_adding_a_node_to_an_unknown_chain_creates_its_pool(api: Api) -> N
         ("/1337/addMethodRoute", {"method": "eth_call"}, 400),
         ("/1337/addMethodRoute", {"method": "eth_call", "kind": "light"}, 400),
         ("/1337/addMethodRoute", {"method": "eth_call", "nodes": ["zz"]}, 400),
-        ("/1337/addMethodRoute", {"method": "eth_getLogs", "kind": "state"}, 400),
+        (
+            "/1337/addMethodRoute",
+            {"method": "eth_getUncleByBlockHashAndIndex", "kind": "state"},
+            400,
+        ),
         ("/1337/addMethodRoute", {"method": "eth_sendRawTransaction", "kind": "state"}, 400),
         ("/1337/removeMethodRoute", {"method": "eth_call", "kind": "state"}, 404),
         ("/1337/deleteMethodRoute/eth_call", None, 404),

@@ -210,7 +210,7 @@ async def test_every_node_down_gives_a_clear_error(make_api, fake_nodes) -> None
         (b'{"jsonrpc":"2.0","id":1}', -32600),
         (b'{"jsonrpc":"2.0","id":[1],"method":"eth_blockNumber"}', -32600),
         (b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":5}', -32600),
-        (b'{"jsonrpc":"2.0","id":1,"method":"eth_getLogs","params":[]}', -32601),
+        (b'{"jsonrpc":"2.0","id":1,"method":"eth_getUncles","params":[]}', -32601),
         (b'{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":[]}', -32602),
         (b'{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0x1"]}', -32602),
     ],

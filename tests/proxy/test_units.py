@@ -89,7 +89,7 @@ def test_target_block_of_every_way_to_name_a_block(method, params, expected) -> 
         ("eth_feeHistory", ["0x5", "latest", 50], -32602),  # percentiles are a list
         ("eth_gasPrice", [1], -32602),
         ("web3_clientVersion", ["x"], -32602),
-        ("eth_getLogs", [], -32601),  # not in the spec's set
+        ("eth_getUncleByBlockHashAndIndex", [], -32601),  # not in the served set
         ("debug_traceTransaction", [], -32601),
     ],
 )
@@ -100,8 +100,8 @@ def test_bad_params_and_methods_are_refused(method, params, code) -> None:
 
 
 def test_extra_methods_setting_allows_more() -> None:
-    table = MethodTable(("eth_getLogs",))
-    spec, ref = table.target("eth_getLogs", [{"fromBlock": "0x1"}])
+    table = MethodTable(("eth_getUncleByBlockHashAndIndex",))
+    spec, ref = table.target("eth_getUncleByBlockHashAndIndex", ["0x" + "00" * 32, "0x0"])
     assert ref is None and not spec.writer
 
 

@@ -1,0 +1,240 @@
+"""The log index: every log of every block the node holds, kept in the block's own LMDB write
+transaction (a `StoreExtension`), so a crash, a reorg or a window move can never leave it out of
+step with the state.
+
+Databases:
+
+- `logs`: `height(8) | position(4)` → the log object as JSON (position = order in the block).
+- `logkeys`: `b"a" | address(20) | height | position` and `b"t" | i(1) | topic(32) | height |
+  position` → empty. A query reads, per criterion, only the keys of matching logs: one cursor
+  per address (or per topic alternative) seeks to the range start, and the criteria are
+  intersected by leapfrogging (each cursor seeks to the largest key another one found), so
+  a selective filter touches few keys whatever the range or the chain's other logs.
+- `logblocks`: `b"h" | height` → block hash and `b"#" | hash` → height, for the blocks
+  indexed (a `blockHash` query), and `b"lo"`/`b"hi"`: the heights the index covers.
+
+The covered heights are `[lo, hi]`, `hi` = the head. A store that held blocks before the
+index existed starts with `lo = head + 1` and is filled downwards by the backfill
+(`nodes/state/logs.py`); `lo` also moves up with a `state` node's window.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import lmdb
+import orjson
+
+from nodes.state.vendor import VendorBlock
+
+_BE = struct.Struct(">Q")
+_POS = struct.Struct(">I")
+_KEY = 12  # height(8) + position(4)
+_LO = b"lo"
+_HI = b"hi"
+_NO_BLOCK = -1  # `hi` before the first block
+
+
+class LogIndex:
+    """The log index of one store; reads open their own transaction on the store's env."""
+
+    def __init__(self) -> None:
+        self.env: lmdb.Environment | None = None
+
+    # StoreExtension --------------------------------------------------------------------
+
+    def attached(self, env: lmdb.Environment, txn: lmdb.Transaction, bounds: Any) -> None:
+        self.env = env
+        self._logs = env.open_db(b"logs", txn=txn)
+        self._keys = env.open_db(b"logkeys", txn=txn)
+        self._blocks = env.open_db(b"logblocks", txn=txn)
+        if txn.get(_LO, db=self._blocks) is None:
+            # A new store indexes from its first block; one that held blocks before the index
+            # existed covers nothing yet (the backfill fills it downwards).
+            start = 0 if bounds is None else bounds[1] + 1
+            self._set(txn, _LO, start)
+            self._set(txn, _HI, start - 1 if bounds is not None else _NO_BLOCK)
+
+    def applied(self, txn: lmdb.Transaction, block: VendorBlock) -> None:
+        self._index(txn, block.number, block.hash, block.logs)
+        self._set(txn, _HI, block.number)
+
+    def rolled_back(self, txn: lmdb.Transaction, height: int) -> None:
+        self._drop(txn, height)
+        self._set(txn, _HI, height - 1)
+        if self._get(txn, _LO) > height:
+            self._set(txn, _LO, height)  # empty coverage [height, height - 1]
+
+    def pruned(self, txn: lmdb.Transaction, earliest: int) -> None:
+        lo = self._get(txn, _LO)
+        for height in range(lo, earliest):
+            self._drop(txn, height)
+        if earliest > lo:
+            self._set(txn, _LO, earliest)
+
+    # backfill (blocks stored before the index existed) -----------------------------------
+
+    def backfilled(self, txn: lmdb.Transaction, height: int, block_hash: str, logs: Any) -> bool:
+        """Index block `height` below the covered range, in a write transaction of the store;
+        False (nothing written) when it is no longer the block just below the range."""
+        if self._get(txn, _LO) != height + 1:
+            return False
+        self._index(txn, height, block_hash, logs)
+        self._set(txn, _LO, height)
+        return True
+
+    # reading ---------------------------------------------------------------------------
+
+    def covered(self, txn: lmdb.Transaction) -> tuple[int, int]:
+        """(lo, hi): the heights indexed; hi < lo when none."""
+        return self._get(txn, _LO), self._get(txn, _HI)
+
+    def height_of(self, txn: lmdb.Transaction, block_hash: str) -> int | None:
+        raw = txn.get(b"#" + bytes.fromhex(block_hash[2:]), db=self._blocks)
+        return None if raw is None else _BE.unpack(raw)[0]
+
+    def scan(
+        self,
+        txn: lmdb.Transaction,
+        lo: int,
+        hi: int,
+        addresses: list[bytes],
+        topics: list[list[bytes] | None],
+    ) -> Iterator[tuple[int, bytes]]:
+        """(height, log JSON) of the logs in `[lo, hi]` that match, in chain order.
+        `addresses` empty = any; `topics[i]` None = any."""
+        start, end = _BE.pack(lo) + _POS.pack(0), _BE.pack(hi + 1) + _POS.pack(0)
+        criteria = []
+        if addresses:
+            criteria.append(_Union([_Prefix(txn, self._keys, b"a" + a, end) for a in addresses]))
+        for i, options in enumerate(topics):
+            if options is not None:
+                prefixes = [b"t" + bytes([i]) + t for t in options]
+                criteria.append(_Union([_Prefix(txn, self._keys, p, end) for p in prefixes]))
+        if not criteria:
+            cur = txn.cursor(db=self._logs)
+            if not cur.set_range(start):
+                return
+            for key, raw in cur:
+                if key >= end:
+                    return
+                yield _BE.unpack_from(key)[0], raw
+            return
+        for key in _intersect(criteria, start):
+            yield _BE.unpack_from(key)[0], txn.get(key, db=self._logs)
+
+    # helpers ---------------------------------------------------------------------------
+
+    def _index(self, txn: lmdb.Transaction, height: int, block_hash: str, logs: Any) -> None:
+        hb = _BE.pack(height)
+        hash_raw = bytes.fromhex(block_hash[2:])
+        txn.put(b"h" + hb, hash_raw, db=self._blocks)
+        txn.put(b"#" + hash_raw, hb, db=self._blocks)
+        for position, log in enumerate(logs):
+            key = hb + _POS.pack(position)
+            txn.put(key, log.raw, db=self._logs)
+            txn.put(b"a" + log.address + key, b"", db=self._keys)
+            for i, topic in enumerate(log.topics):
+                txn.put(b"t" + bytes([i]) + topic + key, b"", db=self._keys)
+
+    def _drop(self, txn: lmdb.Transaction, height: int) -> None:
+        """Delete block `height` from the index (nothing when it is not indexed)."""
+        hb = _BE.pack(height)
+        hash_raw = txn.pop(b"h" + hb, db=self._blocks)
+        if hash_raw is None:
+            return
+        txn.delete(b"#" + hash_raw, db=self._blocks)
+        cur = txn.cursor(db=self._logs)
+        found = cur.set_range(hb)
+        while found and cur.key()[:8] == hb:
+            key = cur.key()
+            address, topics = _keys_of(cur.value())
+            txn.delete(b"a" + address + key, db=self._keys)
+            for i, topic in enumerate(topics):
+                txn.delete(b"t" + bytes([i]) + topic + key, db=self._keys)
+            found = cur.delete()  # moves to the next entry
+
+    def _get(self, txn: lmdb.Transaction, key: bytes) -> int:
+        raw = txn.get(key, db=self._blocks)
+        return _NO_BLOCK if raw is None else struct.unpack(">q", raw)[0]
+
+    def _set(self, txn: lmdb.Transaction, key: bytes, value: int) -> None:
+        txn.put(key, struct.pack(">q", value), db=self._blocks)
+
+
+def _keys_of(raw: bytes) -> tuple[bytes, list[bytes]]:
+    """The address and topics of a stored log (to delete its index keys)."""
+    log = orjson.loads(raw)
+    return bytes.fromhex(log["address"][2:]), [bytes.fromhex(t[2:]) for t in log["topics"]]
+
+
+class _Prefix:
+    """The `height | position` suffixes of the keys under one prefix, below `end`."""
+
+    __slots__ = ("cur", "end", "prefix", "size")
+
+    def __init__(self, txn: lmdb.Transaction, db: Any, prefix: bytes, end: bytes) -> None:
+        self.cur = txn.cursor(db=db)
+        self.prefix = prefix
+        self.size = len(prefix)
+        self.end = end
+
+    def seek(self, at: bytes) -> bytes | None:
+        """The first suffix ≥ `at`, or None when there is none below the end."""
+        if not self.cur.set_range(self.prefix + at):
+            return None
+        key = self.cur.key()
+        if key[: self.size] != self.prefix:
+            return None
+        suffix = key[self.size :]
+        return suffix if suffix < self.end else None
+
+
+class _Union:
+    """Any of several prefixes (an OR-list): the smallest suffix ≥ `at` among them."""
+
+    __slots__ = ("done", "heads", "parts")
+
+    def __init__(self, parts: list[_Prefix]) -> None:
+        self.parts = parts
+        self.heads: list[bytes | None] = [b""] * len(parts)  # each part's last answer
+        self.done = [False] * len(parts)
+
+    def seek(self, at: bytes) -> bytes | None:
+        best: bytes | None = None
+        for i, part in enumerate(self.parts):
+            if self.done[i]:
+                continue
+            head = self.heads[i]
+            if head is None or head < at:  # only parts behind `at` move
+                head = part.seek(at)
+                self.heads[i] = head
+                if head is None:
+                    self.done[i] = True
+                    continue
+            if best is None or head < best:
+                best = head
+        return best
+
+
+def _intersect(criteria: list[_Union], start: bytes) -> Iterator[bytes]:
+    """Keys every criterion holds, in order (leapfrog join)."""
+    at = start
+    while True:
+        agreed = True
+        for criterion in criteria:
+            found = criterion.seek(at)
+            if found is None:
+                return
+            if found != at:
+                at, agreed = found, False
+        if agreed:
+            yield at
+            at = _next(at)
+
+
+def _next(key: bytes) -> bytes:
+    """The smallest key after `key` (same length)."""
+    return (int.from_bytes(key, "big") + 1).to_bytes(_KEY, "big")

@@ -1,0 +1,300 @@
+"""`eth_getLogs` on the state node, over the log index (nodes/state/logindex.py).
+
+`register(node)` is the integration point (the state node calls it at start): it attaches the
+index to the node's store, registers the method, and starts the backfill when the store holds
+blocks from before the index existed.
+
+Answers are geth's/anvil's: the logs exactly as the execution client gave them in the block's
+receipts, in chain order. A range or block this node does not hold (outside a `state` node's
+window, beyond the head, or not indexed yet) answers -39006, so the proxy retries elsewhere
+(an archive node for old blocks). Limits are named settings (`[[state_nodes]] logs = {…}`):
+blocks per query, logs per answer, addresses or topics per position; exceeding one answers
+-32005 saying which and, for too many logs, a range that fits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+import lmdb
+import orjson
+
+from chainstate.blockref import BlockRef
+from chainstate.config import ConfigError
+from chainstate.jsonrpc import (
+    BLOCK_NOT_FOUND,
+    DATABASE_FAILED,
+    INVALID_PARAMS,
+    SERVER_BUSY,
+    JsonRpcError,
+    params_list,
+)
+from chainstate.logfilter import DEFAULT_MAX_LIST, LogFilter, invalid_range, parse_filter
+from chainstate.rpcclient import RpcClient, RpcUnavailable
+from chainstate.tasks import stop_task
+from nodes.state.logindex import LogIndex
+from nodes.state.store import StateStore, StoreError
+from nodes.state.vendor import VendorBlockError, parse_vendor_block
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BLOCKS_PER_QUERY = 100_000  # reth's --rpc.max-blocks-per-filter
+DEFAULT_MAX_LOGS_PER_RESPONSE = 20_000  # reth's --rpc.max-logs-per-response
+BACKFILL_PROGRESS_EVERY = 10.0  # seconds between backfill progress lines
+# A query over at most INLINE_BLOCKS blocks is first tried on the event loop and given up
+# after INLINE_LOGS logs (then it runs again in a thread): a small answer costs microseconds,
+# less than the hop to a thread and back, and a large one never blocks the loop for long.
+INLINE_BLOCKS = 128
+INLINE_LOGS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class LogSettings:
+    """`[[state_nodes]] logs = {…}`; every limit with its default (docs/events.md)."""
+
+    max_blocks_per_query: int = DEFAULT_MAX_BLOCKS_PER_QUERY
+    max_logs_per_response: int = DEFAULT_MAX_LOGS_PER_RESPONSE
+    max_log_query_list: int = DEFAULT_MAX_LIST  # addresses, or topics in one position
+    backfill: bool = True  # index the blocks a store held before it had a log index
+
+    @classmethod
+    def from_config(cls, section: dict[str, Any]) -> LogSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(section) - known)
+        if unknown:
+            raise ConfigError(f"state node logs: unknown settings {unknown}")
+        for name, value in section.items():
+            default = cls.__dataclass_fields__[name].default
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"state node logs.{name} must be true or false")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"state node logs.{name} must be a positive integer")
+        return cls(**section)
+
+
+class LogMethods:
+    """eth_getLogs over one store's log index."""
+
+    def __init__(self, store: StateStore, index: LogIndex, settings: LogSettings) -> None:
+        self.store = store
+        self.index = index
+        self.settings = settings
+
+    async def eth_get_logs(self, params: Any) -> orjson.Fragment:
+        (value,) = params_list(params, ["filter"])
+        if value is None:
+            raise JsonRpcError(INVALID_PARAMS, "missing required parameter: filter")
+        flt = parse_filter(value, max_list=self.settings.max_log_query_list)
+        small = self.query(flt, inline=True)
+        if small is None:
+            small = await asyncio.to_thread(self.query, flt)
+        return orjson.Fragment(small)
+
+    def query(self, flt: LogFilter, inline: bool = False) -> bytes | None:
+        """The JSON array of matching logs (raises JsonRpcError); `inline`: None instead
+        when the range or the answer is larger than the loop should read (INLINE_*)."""
+        env = self.index.env
+        if env is None:
+            raise JsonRpcError(DATABASE_FAILED, "state store is closed")
+        try:
+            with env.begin() as txn:
+                start, end = self._range(txn, flt)
+                if inline and end - start >= INLINE_BLOCKS:
+                    return None
+                return self._collect(txn, flt, start, end, INLINE_LOGS if inline else None)
+        except lmdb.Error as exc:
+            log.error("log index read failed: %s", exc)
+            raise JsonRpcError(DATABASE_FAILED, "log index read failed") from None
+
+    def _range(self, txn: lmdb.Transaction, flt: LogFilter) -> tuple[int, int]:
+        lo, hi = self.index.covered(txn)
+        if flt.block_hash is not None:
+            height = self.index.height_of(txn, flt.block_hash)
+            if height is None:
+                raise self._unknown_block(flt.block_hash)
+            return height, height
+        start, end = _height(flt.from_ref, hi), _height(flt.to_ref, hi)
+        if start > end:
+            raise invalid_range(start, end)
+        if hi < lo or start < lo or end > hi:
+            raise self._outside(start, end, lo, hi)
+        limit = self.settings.max_blocks_per_query
+        if end - start + 1 > limit:
+            raise JsonRpcError(
+                SERVER_BUSY,
+                f"query exceeds max block range {limit}: {end - start + 1} blocks "
+                f"[{start:#x}, {end:#x}] (max_blocks_per_query)",
+            )
+        return start, end
+
+    def _collect(
+        self, txn: lmdb.Transaction, flt: LogFilter, start: int, end: int, budget: int | None
+    ) -> bytes | None:
+        addresses = [bytes.fromhex(a[2:]) for a in sorted(flt.addresses or ())]
+        topics = [
+            None if t is None else [bytes.fromhex(x[2:]) for x in sorted(t)] for t in flt.topics
+        ]
+        limit = self.settings.max_logs_per_response
+        out: list[bytes] = []
+        for height, raw in self.index.scan(txn, start, end, addresses, topics):
+            if len(out) == limit:
+                raise _too_many_logs(limit, start, height)
+            if len(out) == budget:
+                return None
+            out.append(raw)
+        return b"[" + b",".join(out) + b"]"
+
+    def _unknown_block(self, block_hash: str) -> JsonRpcError:
+        height = self.store.height_of(block_hash)
+        if height is None:
+            return JsonRpcError(
+                BLOCK_NOT_FOUND, f"unknown block {block_hash}: not known to this node"
+            )
+        return JsonRpcError(
+            BLOCK_NOT_FOUND,
+            f"block {block_hash} (height {height}) is outside this node's logs range",
+        )
+
+    def _outside(self, start: int, end: int, lo: int, hi: int) -> JsonRpcError:
+        if hi < lo:
+            return JsonRpcError(BLOCK_NOT_FOUND, "this node holds no indexed logs yet")
+        bounds = self.store.bounds()
+        pending = bounds is not None and lo > bounds[0]
+        note = f" (blocks below {lo} are being indexed)" if pending else ""
+        return JsonRpcError(
+            BLOCK_NOT_FOUND,
+            f"block range [{start}, {end}] is outside this node's logs range [{lo}, {hi}]{note}",
+        )
+
+
+def _height(ref: BlockRef | None, head: int) -> int:
+    """A filter's tag or height on this node: `earliest` is 0, every other tag the head."""
+    if ref is None or ref.tag is not None:
+        return 0 if ref is not None and ref.tag == "earliest" else head
+    assert ref.number is not None
+    return ref.number
+
+
+def _too_many_logs(limit: int, start: int, height: int) -> JsonRpcError:
+    if height > start:
+        retry = f", retry with the range {start:#x}-{height - 1:#x}"
+    else:
+        retry = f": block {height:#x} alone has more"
+    return JsonRpcError(
+        SERVER_BUSY, f"query exceeds max results {limit} (max_logs_per_response){retry}"
+    )
+
+
+class Backfill:
+    """Indexes, newest first, the blocks a store held before it had a log index: each is
+    fetched again from the node's source and must have the stored block's hash."""
+
+    def __init__(self, node: Any, index: LogIndex) -> None:
+        self.node = node
+        self.index = index
+        self.done = False
+        self._client: RpcClient | None = None
+        self._source: str | None = None
+        self._old: list[RpcClient] = []  # clients of earlier sources, closed at the end
+
+    def _todo(self) -> tuple[int, int] | None:
+        """(lowest height left, height to index next), or None when complete."""
+        bounds = self.node.store.bounds()
+        env = self.index.env
+        if bounds is None or env is None:
+            return None
+        with env.begin() as txn:
+            lo, _ = self.index.covered(txn)
+        return None if lo <= bounds[0] else (bounds[0], lo - 1)
+
+    async def run(self) -> None:
+        settings = self.node.settings
+        backoff = settings.backoff_initial
+        shown = time.monotonic()
+        while (todo := self._todo()) is not None:
+            earliest, height = todo
+            try:
+                count = min(settings.fetch_concurrency, height - earliest + 1)
+                heights = range(height, height - count, -1)
+                blocks = await asyncio.gather(*(self._fetch(h) for h in heights))
+                for block in blocks:
+                    await asyncio.to_thread(self._write, block)
+            except (RpcUnavailable, JsonRpcError, VendorBlockError, StoreError) as exc:
+                log.warning("log index backfill at block %d: %s", height, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, settings.backoff_max)
+                continue
+            backoff = settings.backoff_initial
+            if time.monotonic() - shown > BACKFILL_PROGRESS_EVERY:
+                shown = time.monotonic()
+                log.info("log index backfill: %d blocks left", height - count - earliest + 1)
+        self.done = True
+        log.info("log index backfill: complete")
+
+    async def _fetch(self, height: int) -> Any:
+        client = self._rpc()
+        raw = await client.call("trace_vendorBlock", [hex(height)])
+        block = await asyncio.to_thread(parse_vendor_block, raw)
+        stored = self.node.store.hash_at(height)
+        if block.number != height or block.hash != stored:
+            raise VendorBlockError(
+                f"the source's block {height} is {block.hash}, this node holds {stored}"
+            )
+        return block
+
+    def _write(self, block: Any) -> None:
+        def write(txn: lmdb.Transaction) -> None:
+            if not self.index.backfilled(txn, block.number, block.hash, block.logs):
+                raise StoreError(f"block {block.number} is no longer next to index (reorg)")
+
+        self.node.store.write(write)
+
+    def _rpc(self) -> RpcClient:
+        source = self.node.ingest.source
+        if source is None:
+            raise RpcUnavailable("the node has no source to fetch old blocks from")
+        if self._client is None or source != self._source:
+            if self._client is not None:
+                self._old.append(self._client)
+            self._client = RpcClient(
+                source, registry=self.node.registry, timeout=self.node.settings.request_timeout
+            )
+            self._source = source
+        return self._client
+
+    async def close(self) -> None:
+        for client in [*self._old, *([self._client] if self._client else [])]:
+            await client.close()
+        self._old.clear()
+        self._client = None
+
+
+class LogService:
+    """What `register` sets up on a node; `close()` stops the backfill."""
+
+    def __init__(self, node: Any, settings: LogSettings) -> None:
+        self.settings = settings
+        self.index = LogIndex()
+        node.store.attach(self.index)
+        self.methods = LogMethods(node.store, self.index, settings)
+        self.backfill = Backfill(node, self.index)
+        self._task: asyncio.Task[None] | None = None
+        if settings.backfill and self.backfill._todo() is not None:
+            self._task = asyncio.create_task(self.backfill.run(), name=f"logs-backfill:{node.key}")
+
+    async def close(self) -> None:
+        await stop_task(self._task)
+        self._task = None
+        await self.backfill.close()
+
+
+def register(node: Any) -> LogService:
+    """Attach the log index to `node.store` and serve eth_getLogs on `node.dispatcher`."""
+    service = LogService(node, LogSettings.from_config(node.settings.logs))
+    node.dispatcher.register("eth_getLogs", service.methods.eth_get_logs)
+    return service

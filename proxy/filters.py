@@ -1,0 +1,219 @@
+"""Polling filters, kept by the proxy: eth_newFilter, eth_newBlockFilter, eth_getFilterChanges,
+eth_getFilterLogs, eth_uninstallFilter.
+
+As in geth, a filter collects what happens after it is installed: a log filter the matching
+logs of each new block (and, after a reorg, the logs of the dropped blocks again with
+`removed: true`), a block filter the hashes of the new blocks. `eth_getFilterChanges` hands
+over what was collected since the last call. The chain comes from the pool's chain feed
+(proxy/chainfeed.py), so a filter never reports a block the pool cannot answer for yet.
+
+Filters live in the memory of the proxy process that installed them (ids are random 16-byte
+hex). A filter not polled for `filter_timeout` seconds (geth: 5 minutes) is removed; so is
+one that collected more than `max_filter_changes` unpolled entries. Polling a removed filter
+answers geth's "filter not found", with why when this process knows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from cachetools import LRUCache
+
+from chainstate.jsonrpc import INVALID_PARAMS, SERVER_BUSY, JsonRpcError, params_list
+from chainstate.logfilter import LogFilter, parse_filter
+from chainstate.tasks import stop_task
+from proxy.chainfeed import ChainFeed, FeedBlock, follow
+from proxy.eventsettings import EventSettings
+
+log = logging.getLogger(__name__)
+
+FILTER_NOT_FOUND = -32000  # geth's code for "filter not found"
+REMEMBERED_REMOVALS = 4096  # ids whose removal reason is kept for the error message
+
+
+def new_id() -> str:
+    """A filter or subscription id: 16 random bytes as 0x hex (geth's rpc.NewID)."""
+    return "0x" + secrets.token_hex(16)
+
+
+class Filter:
+    """One installed filter; fed by the chain feed, drained by eth_getFilterChanges."""
+
+    wants_logs = False
+
+    def __init__(self, registry: Filters, pool_id: str) -> None:
+        self.id = new_id()
+        self.registry = registry
+        self.pool_id = pool_id
+        self.since = -1
+        self.polled = time.monotonic()
+        self.changes: list[Any] = []
+
+    def on_blocks(self, removed: list[FeedBlock], added: list[FeedBlock]) -> None:
+        self.collect(removed, added)
+        if len(self.changes) > self.registry.settings.max_filter_changes:
+            limit = self.registry.settings.max_filter_changes
+            self.registry.drop(
+                self, f"more than {limit} changes were not polled (max_filter_changes)"
+            )
+
+    def collect(self, removed: list[FeedBlock], added: list[FeedBlock]) -> None:
+        raise NotImplementedError
+
+    def take(self) -> list[Any]:
+        self.polled = time.monotonic()
+        out, self.changes = self.changes, []
+        return out
+
+
+class BlockFilter(Filter):
+    """eth_newBlockFilter: the hashes of the new blocks (after a reorg, the new chain's)."""
+
+    def collect(self, removed: list[FeedBlock], added: list[FeedBlock]) -> None:
+        self.changes.extend(block.hash for block in added)
+
+
+class LogsFilter(Filter):
+    """eth_newFilter: matching logs of new blocks; removed ones again with removed: true."""
+
+    wants_logs = True
+
+    def __init__(self, registry: Filters, pool_id: str, raw: dict[str, Any], flt: LogFilter):
+        super().__init__(registry, pool_id)
+        self.raw = raw  # the filter as the client gave it, for eth_getFilterLogs
+        self.flt = flt
+
+    def collect(self, removed: list[FeedBlock], added: list[FeedBlock]) -> None:
+        self.changes.extend(matching(self.flt, self.since, removed, added))
+
+
+def matching(
+    flt: LogFilter, since: int, removed: list[FeedBlock], added: list[FeedBlock]
+) -> list[dict[str, Any]]:
+    """The logs a filter delivers for one feed step, in geth's order: the removed ones first
+    (of blocks delivered after `since`, newest first), then the new chain's."""
+    out: list[dict[str, Any]] = []
+    for block in removed:
+        if block.number > since and _wanted(flt, block):
+            out.extend(lg for lg in block.removed_logs if flt.matches(lg))
+    for block in added:
+        if block.logs and _wanted(flt, block):
+            out.extend(lg for lg in block.logs if flt.matches(lg))
+    return out
+
+
+def _wanted(flt: LogFilter, block: FeedBlock) -> bool:
+    if flt.block_hash is not None:
+        return block.hash == flt.block_hash
+    return flt.in_range(block.number)
+
+
+Forward = Callable[[str, dict[str, Any]], Awaitable[Any]]
+
+
+class Filters:
+    """The filters of one proxy process. `feed(pool_id)` gives a pool's chain feed;
+    `forward(pool_id, filter)` runs eth_getLogs through the proxy's routing."""
+
+    def __init__(
+        self, settings: EventSettings, feed: Callable[[str], ChainFeed], forward: Forward
+    ) -> None:
+        self.settings = settings
+        self._feed = feed
+        self._forward = forward
+        self.installed: dict[str, Filter] = {}
+        self.gone: LRUCache[str, str] = LRUCache(maxsize=REMEMBERED_REMOVALS)
+        self._task: asyncio.Task[None] | None = None
+
+    # lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._expire_loop(), name="filters-expiry")
+
+    async def close(self) -> None:
+        await stop_task(self._task)
+        self._task = None
+        for entry in list(self.installed.values()):
+            self.drop(entry, "the proxy stopped")
+
+    async def _expire_loop(self) -> None:
+        every = min(max(self.settings.filter_timeout / 10, 0.05), 30.0)
+        while True:
+            await asyncio.sleep(every)
+            self.expire(time.monotonic())
+
+    def expire(self, now: float) -> int:
+        """Remove the filters not polled for filter_timeout; how many."""
+        timeout = self.settings.filter_timeout
+        idle = [f for f in self.installed.values() if now - f.polled > timeout]
+        for entry in idle:
+            self.drop(entry, f"not polled for {timeout:g} s (filter_timeout)")
+        return len(idle)
+
+    # the methods -----------------------------------------------------------------------
+
+    async def new_filter(self, pool_id: str, params: Any) -> str:
+        (raw,) = params_list(params, ["filter"])
+        if raw is None:
+            raw = {}
+        flt = parse_filter(raw, max_list=self.settings.max_log_query_list)
+        return await self._install(LogsFilter(self, pool_id, raw, flt))
+
+    async def new_block_filter(self, pool_id: str, params: Any) -> str:
+        params_list(params, [])
+        return await self._install(BlockFilter(self, pool_id))
+
+    async def get_filter_changes(self, pool_id: str, params: Any) -> list[Any]:
+        return self._find(params).take()
+
+    async def get_filter_logs(self, pool_id: str, params: Any) -> Any:
+        entry = self._find(params)
+        if not isinstance(entry, LogsFilter):
+            raise JsonRpcError(FILTER_NOT_FOUND, "filter not found: it is not a log filter")
+        entry.polled = time.monotonic()
+        return await self._forward(entry.pool_id, entry.raw)
+
+    async def uninstall_filter(self, pool_id: str, params: Any) -> bool:
+        (fid,) = params_list(params, ["id"])
+        entry = self.installed.get(fid) if isinstance(fid, str) else None
+        if entry is None:
+            return False
+        self.drop(entry, "uninstalled")
+        return True
+
+    # helpers ---------------------------------------------------------------------------
+
+    async def _install(self, entry: Filter) -> str:
+        limit = self.settings.max_filters
+        if len(self.installed) >= limit:
+            raise JsonRpcError(
+                SERVER_BUSY,
+                f"too many filters on this proxy ({limit}, max_filters): uninstall unused ones "
+                "with eth_uninstallFilter",
+            )
+        await follow(self._feed(entry.pool_id), entry)
+        self.installed[entry.id] = entry
+        return entry.id
+
+    def _find(self, params: Any) -> Filter:
+        (fid,) = params_list(params, ["id"])
+        if not isinstance(fid, str):
+            raise JsonRpcError(INVALID_PARAMS, "invalid filter id: expected a 0x string")
+        entry = self.installed.get(fid)
+        if entry is None:
+            why = self.gone.get(fid)
+            detail = f": removed, {why}" if why else " (filters live in the proxy that made them)"
+            raise JsonRpcError(FILTER_NOT_FOUND, "filter not found" + detail)
+        return entry
+
+    def drop(self, entry: Filter, why: str) -> None:
+        if self.installed.pop(entry.id, None) is None:
+            return
+        self._feed(entry.pool_id).remove(entry)
+        self.gone[entry.id] = why
+        log.debug("filter %s removed: %s", entry.id, why)

@@ -1,0 +1,266 @@
+"""The proxy's synchronous path to state nodes in its own process (`chainstate up`).
+
+Why: in process a state node answers a plain read in a few µs without awaiting
+(`answer_items`), but the engine's path around it costs more than the read itself: a task per
+request, five coroutines, a deadline, and a second parse of the body in the node (py-spy
+under `bench run` at `chainstate up`'s proxy: the engine took twice the node's time, and the
+proxy answered half of what the node's own port did; bench/README.md "Issues 14/15: what
+remained").
+
+Here a body whose items are all valid reads (a request object or a batch, every item with an
+int or string id) is parsed once, routed by the engine's selector with its rules (the same
+candidates, one pick per set of eligible nodes as the engine's batches do), and answered from
+the parsed items by in-process nodes that have a synchronous path, counted in the same metrics
+and node latencies. Anything else returns None *before anything is counted*, and the engine
+answers the body as usual (parse, choose, forward, classify, retry unchanged): a parse error
+or an invalid item, a notification, an id orjson may change, a writer method, a pool with
+mirrors, tracing or the access log on, a node that is not in process, has failed lately or
+declines the items (not plain reads: eth_call, headers, …), a retryable answer (-39006 goes to
+another node: the engine's job), or an exception.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from bisect import bisect_right
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from chainstate.blockref import BlockRef
+from chainstate.inproc import AnswerItems, InprocRegistry
+from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError, check_request
+from proxy.attempts import BATCH
+from proxy.breaker import CLOSED
+from proxy.engine import Admitted, Engine, access_log
+from proxy.methods import LocalMethod, MethodSpec
+from proxy.model import Node, Pool
+from proxy.select import POOL_HEAD, NoEligibleNode
+
+# (node, its synchronous path, positions of the items it answers)
+Group = tuple[Node, AnswerItems, list[int]]
+
+
+class InprocPath:
+    """`answer(chain_id, body, headers)`: (200, body) at once, or None for the engine."""
+
+    def __init__(self, engine: Engine, registry: InprocRegistry) -> None:
+        self.engine = engine
+        self.registry = registry
+        self.max_body = engine.settings.max_body_bytes
+        self.max_batch = engine.settings.max_batch_items
+        self.max_answer = engine.settings.max_answer_bytes  # 0: no limit
+        self._inproc: dict[str, tuple[list[Node], bool]] = {}  # pool id → (its readers, any?)
+
+    def answer(
+        self, admitted: Admitted, body: bytes, headers: Mapping[str, str]
+    ) -> tuple[int, bytes] | None:
+        """`admitted`: the body's pool, as `Engine.admit` gave it (its place taken)."""
+        engine = self.engine
+        if engine.tracer is not None or len(body) > self.max_body:
+            return None
+        chain, pool = admitted.chain, admitted.pool
+        if pool.mirrors or not self._has_inproc(pool) or access_log.isEnabledFor(logging.INFO):
+            return None
+        started = time.perf_counter()
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        if type(payload) is dict:
+            shape, answered = "single", self._single(admitted, payload)
+        elif type(payload) is list and 0 < len(payload) <= self.max_batch:
+            shape, answered = "batch", self._batch(admitted, payload)
+        else:
+            return None
+        if answered is None:
+            return None
+        out = orjson.dumps(answered)
+        if self.max_answer and len(out) > self.max_answer:
+            return None  # the engine answers it as too large, counted once
+        metrics = engine.metrics
+        metrics.client(headers.get("client-id"))
+        metrics.observe(chain, shape, time.perf_counter() - started)
+        return 200, out
+
+    def _has_inproc(self, pool: Pool) -> bool:
+        """Whether a reader of `pool` is in process with a synchronous path (worked out once
+        per version of the pool's readers, which are rebuilt on every change)."""
+        readers = pool.readers
+        known = self._inproc.get(pool.id)
+        if known is None or known[0] is not readers:
+            resolve = self.registry.resolve_items
+            found = any(resolve(node.entry.url) is not None for node in readers)
+            known = self._inproc[pool.id] = (readers, found)
+        return known[1]
+
+    def _single(self, admitted: Admitted, item: Any) -> Any:
+        """The answer of one request object, or None."""
+        target = self._target(item)
+        if target is None:
+            return None
+        method, spec, ref = target
+        node = self._choose(admitted.pool, method, spec, ref, POOL_HEAD, None)
+        answer_items = None if node is None else self._path(node)
+        if answer_items is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            got = answer_items([item])
+        except Exception:  # the engine sends it again and counts the failure
+            return None
+        elapsed = time.perf_counter() - t0
+        if got is None or not _final(got):
+            return None
+        answer = got[0]
+        self._attempt(admitted, node, method, elapsed)  # type: ignore[arg-type]
+        outcome = "error" if "error" in answer else "ok"
+        metrics = self.engine.metrics
+        metrics.request(admitted.chain, method, node.key, outcome)  # type: ignore[union-attr]
+        return answer
+
+    def _batch(self, admitted: Admitted, items: list[Any]) -> list[Any] | None:
+        """The answers of a batch in its order, or None."""
+        groups = self._route(admitted.pool, items)
+        if groups is None or (len(groups) > 1 and self._tagged(items)):
+            return None  # `latest` on several nodes: the engine pins one head (docs/proxy.md)
+        answers: list[Any] = [None] * len(items)
+        timings = []
+        for _, answer_items, positions in groups:
+            sent = items if len(groups) == 1 else [items[i] for i in positions]
+            t0 = time.perf_counter()
+            try:
+                got = answer_items(sent)
+            except Exception:  # the engine sends it again and counts the failure
+                return None
+            timings.append(time.perf_counter() - t0)
+            if got is None or not _final(got):
+                return None
+            if len(groups) == 1:
+                answers = got
+            else:
+                for i, answer in zip(positions, got, strict=True):
+                    answers[i] = answer
+        metrics = self.engine.metrics
+        chain = admitted.chain
+        for (node, _, positions), elapsed in zip(groups, timings, strict=True):
+            self._attempt(admitted, node, BATCH, elapsed)
+            counts: dict[tuple[str, str], int] = {}
+            for i in positions:
+                key = (items[i]["method"], "error" if "error" in answers[i] else "ok")
+                counts[key] = counts.get(key, 0) + 1
+            for (method, outcome), n in counts.items():
+                metrics.request(chain, method, node.key, outcome, n)
+        return answers
+
+    def _tagged(self, items: list[Any]) -> bool:
+        """Whether the read path is on and an item reads at a tag (`latest`, or a blockCtx
+        without block_id), which one node must resolve for the whole batch."""
+        if self.engine.reads is None:
+            return False
+        target = self.engine.methods.target
+        for item in items:
+            ref = target(item["method"], item.get("params"))[1]
+            if ref is None or ref.tag is not None:
+                return True
+        return False
+
+    def _route(self, pool: Pool, items: list[Any]) -> list[Group] | None:
+        """Steps 1-3 for every item of a batch, as the engine's first attempt makes them:
+        the groups of items per chosen node, or None when the body is not for this path."""
+        routes = pool.routes
+        head = pool.head()
+        # A height is chosen for by its range between breakpoints (the same candidates), other
+        # block refs by identity (shared per text), as the engine's batches do.
+        points = self.engine.selector.breakpoints(pool, head)
+        chosen: dict[Any, Node] = {}
+        picked: dict[tuple[Node, ...], Node] = {}
+        groups: dict[Node, Group] = {}
+        for pos, item in enumerate(items):
+            target = self._target(item)
+            if target is None:
+                return None
+            method, spec, ref = target
+            routed = method if routes and method in routes else None
+            if ref is not None and ref.number is not None and not ref.contains:
+                key = (routed, id(spec), bisect_right(points, ref.number))
+            else:
+                key = (routed, id(spec), id(ref))
+            node = chosen.get(key)
+            if node is None:
+                node = self._choose(pool, method, spec, ref, head, picked)
+                if node is None:
+                    return None
+                chosen[key] = node
+            group = groups.get(node)
+            if group is None:
+                answer_items = self._path(node)
+                if answer_items is None:
+                    return None
+                groups[node] = (node, answer_items, [pos])
+            else:
+                group[2].append(pos)
+        return list(groups.values())
+
+    def _target(self, item: Any) -> tuple[str, MethodSpec, BlockRef | None] | None:
+        """Step 1 for one item: (method, spec, block ref) of a valid read with an exact id."""
+        if check_request(item) is not None or "id" not in item:
+            return None
+        rid = item["id"]
+        if type(rid) is not int and type(rid) is not str:
+            return None
+        method = item["method"]
+        try:
+            spec, ref = self.engine.methods.target(method, item.get("params"))
+        except (JsonRpcError, LocalMethod):  # LocalMethod: filters, the engine diverts them
+            return None
+        return None if spec.writer else (method, spec, ref)
+
+    def _choose(
+        self,
+        pool: Pool,
+        method: str,
+        spec: MethodSpec,
+        ref: BlockRef | None,
+        head: Any,
+        picked: dict[tuple[Node, ...], Node] | None,
+    ) -> Node | None:
+        """Steps 2-3: the node, one pick per set of eligible nodes (`picked`), or None."""
+        selector = self.engine.selector
+        try:
+            nodes, _ = selector.candidates(pool, method, spec, ref, head=head)
+        except NoEligibleNode:
+            return None
+        if picked is None:
+            return selector.pick(nodes)
+        ids = tuple(nodes)
+        node = picked.get(ids)
+        if node is None:
+            node = picked[ids] = selector.pick(nodes)
+        return node
+
+    def _path(self, node: Node) -> AnswerItems | None:
+        """The node's synchronous path, when it has one and nothing about it needs the
+        engine's books: not failed lately, its breaker closed with no failure counted."""
+        breaker = node.breaker
+        if node.fails or not node.healthy or breaker.failures or breaker.state is not CLOSED:
+            return None
+        return self.registry.resolve_items(node.entry.url)
+
+    def _attempt(self, admitted: Admitted, node: Node, lkey: str, elapsed: float) -> None:
+        """The node's books (latency cost, latency window, breaker) and the attempt's
+        metrics, as the engine keeps them for an answer (`Attempts.answered`)."""
+        self.engine.attempts.answered(admitted, node, lkey, elapsed, "ok")
+
+
+def _final(answers: list[Any]) -> bool:
+    """Every item answered, none with an error the engine retries on another node."""
+    for answer in answers:
+        if type(answer) is not dict:
+            return False
+        error = answer.get("error")
+        if error is not None and (type(error) is not dict or error.get("code") in RETRYABLE_CODES):
+            return False
+    return True

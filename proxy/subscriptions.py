@@ -1,0 +1,233 @@
+"""One WebSocket connection's JSON-RPC: requests, eth_subscribe/eth_unsubscribe, and the
+bounded queue of everything sent back. Independent of the server: a `Session` gets each text
+message with `receive()` and sends through a `Transport` (aiohttp's WebSocketResponse in
+proxy/events.py; anything with `send` and `close` in tests).
+
+- Requests (single or batch) are answered like `POST /:chainId` answers them (through
+  `answer`: the proxy's routing, filters included), each message as it comes, at most
+  `max_requests_in_flight` at once; answers go out in the order they are ready.
+- `eth_subscribe("newHeads")`: each new block's header, as the chain becomes readable
+  through the proxy (the pool's chain feed); after a reorg, the new chain's headers.
+- `eth_subscribe("logs", filter)`: the matching logs of each new block; after a reorg, the
+  logs of the dropped blocks again with `removed: true` (newest first), then the new ones.
+  Only new blocks: a concrete `fromBlock`/`toBlock` (history) is refused, as geth refuses it.
+- `newPendingTransactions` (and `syncing`) are refused: the proxy has no mempool.
+- Everything sent is written to the connection at once; what the client has not read yet
+  waits in the connection's buffer, at most `ws_queue_bytes`. A client that does not read
+  fast enough to stay under it is disconnected (close code 1008 with the reason), so it can
+  never make the proxy's memory grow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import orjson
+
+from chainstate.jsonrpc import (
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    SERVER_BUSY,
+    JsonRpcError,
+    params_list,
+)
+from chainstate.logfilter import LogFilter, parse_filter
+from proxy.chainfeed import ChainFeed, FeedBlock, follow
+from proxy.eventsettings import EventSettings
+from proxy.filters import matching, new_id
+
+log = logging.getLogger(__name__)
+
+CLOSE_POLICY = 1008  # WebSocket close code: the client broke a limit (slow consumer)
+_HEAD = b'{"jsonrpc":"2.0","method":"eth_subscription","params":{"subscription":"'
+_MID = b'","result":'
+_TAIL = b"}}"
+PENDING_REFUSED = (
+    "newPendingTransactions is not served by the chainstate proxy: pending transactions live "
+    "in the Leader's execution client, which the proxy does not expose; use eth_subscribe "
+    '("newHeads") or ("logs") for mined blocks'
+)
+
+
+class Transport(Protocol):
+    """The connection under a session: whole text messages written at once (no task, no
+    await: the fan-out of a block to many connections stays one pass), the bytes still
+    waiting in its buffer, and a close."""
+
+    def write(self, message: bytes) -> None: ...
+
+    def buffered(self) -> int: ...
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+
+def notification(sub_id: bytes, result: bytes) -> bytes:
+    """An eth_subscription message, built from pre-serialized parts (no JSON encoding)."""
+    return _HEAD + sub_id + _MID + result + _TAIL
+
+
+class Subscription:
+    """A chain feed listener that turns blocks into notifications for one session."""
+
+    def __init__(self, session: Session, kind: str, flt: LogFilter | None) -> None:
+        self.id = new_id()
+        self.raw_id = self.id.encode()
+        self.session = session
+        self.kind = kind
+        self.flt = flt
+        self.wants_logs = flt is not None
+        self.since = -1
+
+    def on_blocks(self, removed: list[FeedBlock], added: list[FeedBlock]) -> None:
+        push = self.session.push
+        if self.flt is None:
+            for block in added:
+                if not push(notification(self.raw_id, block.head)):
+                    return
+            return
+        for entry in matching(self.flt, self.since, removed, added):
+            if not push(notification(self.raw_id, orjson.dumps(entry))):
+                return
+
+
+Answer = Callable[[bytes, "Session"], Awaitable[bytes]]
+
+
+class Session:
+    """The JSON-RPC state of one WebSocket connection."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        feed: ChainFeed,
+        answer: Answer,
+        settings: EventSettings,
+    ) -> None:
+        self.transport = transport
+        self.feed = feed
+        self._answer = answer
+        self.settings = settings
+        self.subscriptions: dict[str, Subscription] = {}
+        self.closed: str | None = None  # why, once closing
+        self._slots = asyncio.Semaphore(settings.max_requests_in_flight)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # lifecycle -------------------------------------------------------------------------
+
+    async def close(self, why: str = "closed") -> None:
+        """Forget every subscription and stop the requests in flight."""
+        if self.closed is None:
+            self.closed = why
+        self._unsubscribe_all()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    def _unsubscribe_all(self) -> None:
+        for sub in self.subscriptions.values():
+            self.feed.remove(sub)
+        self.subscriptions.clear()
+
+    # incoming --------------------------------------------------------------------------
+
+    async def receive(self, data: bytes) -> None:
+        """One message from the client: answered in a task of its own, at most
+        `max_requests_in_flight` at once (the caller waits for a slot: backpressure)."""
+        await self._slots.acquire()
+        task = asyncio.create_task(self._handle(data))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _handle(self, data: bytes) -> None:
+        try:
+            out = await self._answer(data, self)
+        except Exception:
+            log.exception("websocket: a request failed")
+            return
+        if out:
+            self.push(out)
+
+    # outgoing --------------------------------------------------------------------------
+
+    def push(self, message: bytes) -> bool:
+        """Send a message; False (and the connection is being closed) when the client is
+        too slow: more than `ws_queue_bytes` would wait in the connection's buffer."""
+        if self.closed is not None:
+            return False
+        limit = self.settings.ws_queue_bytes
+        if self.transport.buffered() + len(message) > limit:
+            self._drop_slow_consumer(limit)
+            return False
+        self.transport.write(message)
+        return True
+
+    def _drop_slow_consumer(self, limit: int) -> None:
+        self.closed = f"slow consumer: more than {limit} bytes waiting to be read (ws_queue_bytes)"
+        self._unsubscribe_all()
+        task = asyncio.create_task(self.transport.close(CLOSE_POLICY, self.closed[:120]))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # eth_subscribe / eth_unsubscribe -----------------------------------------------------
+
+    async def subscribe(self, params: Any) -> str:
+        values = params if isinstance(params, list) else None
+        if not values or not isinstance(values[0], str):
+            raise JsonRpcError(INVALID_PARAMS, "eth_subscribe: expected [name, options?]")
+        if len(values) > 2:
+            raise JsonRpcError(INVALID_PARAMS, "eth_subscribe: too many params, at most 2")
+        name, options = values[0], values[1] if len(values) == 2 else None
+        if name == "newHeads":
+            if options not in (None, {}):
+                raise JsonRpcError(INVALID_PARAMS, "newHeads takes no options")
+            flt = None
+        elif name == "logs":
+            flt = self._live_filter({} if options is None else options)
+        elif name == "newPendingTransactions":
+            raise JsonRpcError(METHOD_NOT_FOUND, PENDING_REFUSED)
+        else:
+            raise JsonRpcError(METHOD_NOT_FOUND, f'no "{name[:40]}" subscription in eth namespace')
+        limit = self.settings.max_subscriptions_per_connection
+        if len(self.subscriptions) >= limit:
+            raise JsonRpcError(
+                SERVER_BUSY,
+                f"too many subscriptions on this connection ({limit}, "
+                "max_subscriptions_per_connection)",
+            )
+        sub = Subscription(self, name, flt)
+        await follow(self.feed, sub)
+        self.subscriptions[sub.id] = sub
+        return sub.id
+
+    def _live_filter(self, options: Any) -> LogFilter:
+        flt = parse_filter(options, max_list=self.settings.max_log_query_list)
+        if flt.block_hash is not None:
+            raise JsonRpcError(INVALID_PARAMS, "a logs subscription cannot name a blockHash")
+        for ref in (flt.from_ref, flt.to_ref):
+            if ref is not None and (ref.number is not None or ref.tag == "earliest"):
+                raise JsonRpcError(
+                    INVALID_PARAMS,
+                    "log subscription does not support history block range: a logs "
+                    "subscription delivers new blocks only (use eth_getLogs for past blocks)",
+                )
+        return flt
+
+    async def unsubscribe(self, params: Any) -> bool:
+        (sub_id,) = params_list(params, ["id"])
+        sub = self.subscriptions.pop(sub_id, None) if isinstance(sub_id, str) else None
+        if sub is None:
+            return False
+        self.feed.remove(sub)
+        return True

@@ -1,0 +1,378 @@
+"""eth_getLogs on the state node: answers against a model of the chain's logs, reorgs, the
+state window, limits, bad inputs, tampered receipts, and stores from before the log index.
+
+The synthetic chain's blocks carry receipts with logs (a few emitters, topics drawn from a
+small pool so filters overlap) and the matching header `logsBloom`; the model answer of a
+filter is every log of the range that `LogFilter.matches`, in chain order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from chainstate.inproc import InprocRegistry
+from chainstate.logfilter import parse_filter
+from nodes.state import logs as logs_module
+from nodes.state.blocklogs import _bloom_bits
+from nodes.state.service import StateNode
+from nodes.state.store import StateStore
+from nodes.state.vendor import compute_validation_hash, keccak256, parse_vendor_block
+from tests.nodes.test_state_chain import ChainSource, SyntheticChain, make_addresses
+
+FAST = {"poll_interval": 0.02, "backoff_initial": 0.02, "backoff_max": 0.1}
+EMITTERS = make_addresses(4, "emitter")
+TOPIC_POOL = [["0x" + keccak256(f"t{i}:{v}".encode()).hex() for v in range(4)] for i in range(4)]
+_ids = itertools.count(1)
+
+
+class LogChain(SyntheticChain):
+    """A synthetic chain whose blocks have transactions with logs."""
+
+    def add_logs_block(self, rng: random.Random, accounts: list[str]) -> None:
+        block = self.add_block({rng.choice(accounts): {"balance": rng.randrange(1, 10**20)}})
+        header = block["Header"]
+        receipts, position, bloom = [], 0, 0
+        for t in range(rng.randint(0, 3)):
+            tx_hash = "0x" + keccak256(f"{header['hash']}:{t}".encode()).hex()
+            logs = []
+            for _ in range(rng.randint(0, 3)):
+                count = rng.randint(0, 4)
+                log = {
+                    "address": rng.choice(EMITTERS),
+                    "topics": [rng.choice(TOPIC_POOL[i]) for i in range(count)],
+                    "data": "0x" + rng.randbytes(rng.choice([0, 32, 64])).hex(),
+                    "blockHash": header["hash"],
+                    "blockNumber": header["number"],
+                    "blockTimestamp": header["timestamp"],
+                    "transactionHash": tx_hash,
+                    "transactionIndex": hex(t),
+                    "logIndex": hex(position),
+                    "removed": False,
+                }
+                position += 1
+                bloom |= _bloom_bits(bytes.fromhex(log["address"][2:]))
+                for topic in log["topics"]:
+                    bloom |= _bloom_bits(bytes.fromhex(topic[2:]))
+                logs.append(log)
+            receipts.append({"transactionHash": tx_hash, "logs": logs})
+        header["logsBloom"] = "0x" + bloom.to_bytes(256, "big").hex()
+        block["BlockFile"]["receipts"] = receipts
+        block["ValidationHash"] = compute_validation_hash(header, block["StateDiff"])
+
+    def logs(self) -> list[tuple[int, dict[str, Any]]]:
+        return [
+            (height, log)
+            for height, block in enumerate(self.blocks)
+            for receipt in block["BlockFile"]["receipts"]
+            for log in receipt["logs"]
+        ]
+
+    def fork(self, height: int, tag: str) -> LogChain:
+        other = LogChain(tag)
+        other.blocks = self.blocks[: height + 1]
+        other.states = self.states[: height + 1]
+        return other
+
+
+def log_chain(seed: int, blocks: int, tag: str = "main") -> tuple[LogChain, list[str]]:
+    rng = random.Random(seed)
+    accounts = make_addresses(4, f"payer{seed}")
+    chain = LogChain(tag)
+    chain.add_block({a: {"balance": 10**18} for a in accounts})
+    for _ in range(blocks - 1):
+        chain.add_logs_block(rng, accounts)
+    return chain, accounts
+
+
+def model(chain: LogChain, flt: dict[str, Any], start: int, end: int) -> list[dict[str, Any]]:
+    parsed = parse_filter(flt)
+    return [log for h, log in chain.logs() if start <= h <= end and parsed.matches(log)]
+
+
+def random_filter(rng: random.Random) -> dict[str, Any]:
+    """Addresses: omitted, null, one, a list (maybe empty); topics: positions of null, one
+    topic, OR-lists (maybe with null inside, maybe empty), trailing nulls."""
+    flt: dict[str, Any] = {}
+    shape = rng.randrange(5)
+    if shape == 1:
+        flt["address"] = rng.choice(EMITTERS)
+    elif shape == 2:
+        flt["address"] = rng.sample(EMITTERS, rng.randint(0, 3))
+    elif shape == 3:
+        flt["address"] = None
+    if rng.random() < 0.8:
+        topics: list[Any] = []
+        for i in range(rng.randint(0, 4)):
+            kind = rng.randrange(5)
+            if kind == 0:
+                topics.append(None)
+            elif kind == 1:
+                topics.append(rng.choice(TOPIC_POOL[i]))
+            elif kind == 2:
+                topics.append(rng.sample(TOPIC_POOL[i], rng.randint(1, 3)))
+            elif kind == 3:
+                topics.append([rng.choice(TOPIC_POOL[i]), None])
+            else:
+                topics.append([])
+        flt["topics"] = topics
+    return flt
+
+
+async def call(node: StateNode, method: str, params: Any) -> dict[str, Any]:
+    body = {"jsonrpc": "2.0", "id": next(_ids), "method": method, "params": params}
+    return orjson.loads(await node.handle_body(orjson.dumps(body)))
+
+
+async def get_logs(node: StateNode, flt: dict[str, Any]) -> list[dict[str, Any]]:
+    answer = await call(node, "eth_getLogs", [flt])
+    assert "error" not in answer, (flt, answer)
+    return answer["result"]
+
+
+async def error(node: StateNode, params: Any) -> tuple[int, str]:
+    answer = await call(node, "eth_getLogs", params)
+    assert "error" in answer, (params, answer)
+    return answer["error"]["code"], answer["error"]["message"]
+
+
+@pytest.fixture
+async def make_node(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    nodes: list[StateNode] = []
+
+    async def make(chain: SyntheticChain, key: str = "n", **settings: Any) -> StateNode:
+        registry = InprocRegistry()
+        source = ChainSource(chain)
+        registry.register("writer", source.handle_body)
+        section = {"key": key, "source": "inproc://writer", **FAST, **settings}
+        node = StateNode.from_config(section, data_dir=tmp_path / key, registry=registry)
+        node.test_source = source  # type: ignore[attr-defined]
+        await node.start()
+        nodes.append(node)
+        await node.ingest.wait_for_height(chain.head, within=30)
+        return node
+
+    yield make
+    for node in nodes:
+        if node._started:  # a test may have closed (and restarted) it
+            await node.close()
+
+
+@pytest.mark.parametrize("inline", [(128, 256), (8, 3)], ids=["defaults", "small-inline-limits"])
+async def test_answers_equal_the_model_for_a_grid_of_filters(
+    make_node: Any, monkeypatch: pytest.MonkeyPatch, inline: tuple[int, int]
+) -> None:
+    """Small queries are answered on the loop, larger ones (by range or by logs) in a
+    thread: the same answers either way."""
+    monkeypatch.setattr(logs_module, "INLINE_BLOCKS", inline[0])
+    monkeypatch.setattr(logs_module, "INLINE_LOGS", inline[1])
+    chain, _ = log_chain(seed=1, blocks=60)
+    assert len(chain.logs()) > 100
+    node = await make_node(chain, kind="archive")
+    rng = random.Random(7)
+    head = chain.head
+    ranges = [(0, head), (1, 1), (5, 20), (head, head), (head - 10, head), (30, 31)]
+    checked = 0
+    for start, end in ranges:
+        for _ in range(25):
+            flt = random_filter(rng) | {"fromBlock": hex(start), "toBlock": hex(end)}
+            assert await get_logs(node, flt) == model(chain, flt, start, end), flt
+            checked += 1
+    # Tags: omitted = latest; earliest = 0; a block by hash.
+    assert await get_logs(node, {}) == model(chain, {}, head, head)
+    got = await get_logs(node, {"fromBlock": "earliest", "toBlock": "latest"})
+    assert got == model(chain, {}, 0, head) and len(got) == len(chain.logs())
+    for height in (3, 17, head):
+        block_hash = chain.blocks[height]["Header"]["hash"]
+        flt = {"blockHash": block_hash, "address": EMITTERS[:2]}
+        assert await get_logs(node, flt) == model(chain, flt, height, height)
+    # Mixed case in the request matches the lowercase logs, as in geth/anvil.
+    upper = {"address": EMITTERS[0].upper().replace("0X", "0x"), "fromBlock": "0x0"}
+    assert await get_logs(node, upper) == model(chain, {"address": EMITTERS[0]}, 0, head)
+    assert checked == 150
+
+
+async def test_a_reorg_replaces_the_logs_of_the_dropped_blocks(make_node: Any) -> None:
+    chain, accounts = log_chain(seed=2, blocks=30)
+    node = await make_node(chain, kind="archive")
+    orphan = chain.blocks[25]["Header"]["hash"]
+    fork = chain.fork(22, "side")
+    rng = random.Random(5)
+    for _ in range(10):
+        fork.add_logs_block(rng, accounts)
+    node.test_source.chain = fork
+    await node.ingest.wait_for_height(fork.head, within=30)
+    for _ in range(200):  # until the node holds the fork's head block
+        if node.store.hash_at(fork.head) == fork.blocks[-1]["Header"]["hash"]:
+            break
+        await asyncio.sleep(0.02)
+    everything = {"fromBlock": "0x0", "toBlock": hex(fork.head)}
+    assert await get_logs(node, everything) == model(fork, everything, 0, fork.head)
+    code, message = await error(node, [{"blockHash": orphan}])
+    assert code == -39006 and "unknown block" in message
+
+
+async def test_a_state_node_answers_inside_its_window_and_prunes_the_index(
+    make_node: Any,
+) -> None:
+    chain, _ = log_chain(seed=3, blocks=80)
+    node = await make_node(chain, kind="state", window=16)
+    earliest = chain.head - 15
+    inside = {"fromBlock": hex(earliest), "toBlock": "latest"}
+    assert await get_logs(node, inside) == model(chain, inside, earliest, chain.head)
+    for flt in (
+        {"fromBlock": hex(earliest - 1)},
+        {"fromBlock": "earliest", "toBlock": hex(earliest + 2)},
+        {"blockHash": chain.blocks[3]["Header"]["hash"]},  # known, below the window
+        {"fromBlock": hex(chain.head), "toBlock": hex(chain.head + 1)},  # beyond the head
+    ):
+        code, message = await error(node, [flt])
+        assert code == -39006, (flt, message)
+    # Only the window's logs are left in the index.
+    env = node.logs.index.env
+    with env.begin() as txn:
+        stored = txn.stat(env.open_db(b"logs", txn=txn))["entries"]
+        keys = txn.stat(env.open_db(b"logkeys", txn=txn))["entries"]
+    in_window = [log for h, log in chain.logs() if h >= earliest]
+    assert stored == len(in_window)
+    assert keys == sum(1 + len(log["topics"]) for log in in_window)
+
+
+async def test_limits_are_named_settings_with_a_clear_error(make_node: Any) -> None:
+    chain, _ = log_chain(seed=4, blocks=40)
+    limits = {"max_blocks_per_query": 10, "max_logs_per_response": 5, "max_log_query_list": 3}
+    node = await make_node(chain, kind="archive", logs=limits)
+    code, message = await error(node, [{"fromBlock": "0x1", "toBlock": "0xb"}])
+    assert code == -32005 and "max block range 10" in message and "max_blocks_per_query" in message
+    counts = [sum(len(r["logs"]) for r in b["BlockFile"]["receipts"]) for b in chain.blocks]
+    small = next(h for h in range(1, 40) if 0 < counts[h] <= 5)
+    assert len(await get_logs(node, {"fromBlock": hex(small), "toBlock": hex(small)})) > 0
+    # Too many logs: the error names the limit and a range that fits.
+    start = next(h for h in range(1, 30) if sum(counts[h : h + 10]) > 5 and counts[h] <= 5)
+    code, message = await error(node, [{"fromBlock": hex(start), "toBlock": hex(start + 9)}])
+    assert code == -32005 and "max results 5" in message and "max_logs_per_response" in message
+    retry = message.rsplit("range ", 1)[1].split("-")
+    fits = {"fromBlock": retry[0], "toBlock": retry[1]}
+    assert len(await get_logs(node, fits)) <= 5
+    code, message = await error(node, [{"address": EMITTERS}])
+    assert code == -32005 and "max_log_query_list" in message
+    code, _ = await error(node, [{"topics": [TOPIC_POOL[0]]}])
+    assert code == -32005
+
+
+BAD_INPUTS: list[tuple[Any, int, str]] = [
+    ([{"fromBlock": "0x5", "toBlock": "0x2"}], -32602, "invalid block range params"),
+    ([{"fromBlock": "latest", "toBlock": "0x2"}], -32602, "invalid block range params"),
+    ([{"blockHash": "0x" + "11" * 32, "fromBlock": "0x1"}], -32602, "cannot specify both"),
+    ([{"blockHash": "0x" + "11" * 32, "toBlock": "latest"}], -32602, "cannot specify both"),
+    ([{"blockHash": "0x1234"}], -32602, "invalid blockHash"),
+    ([{"topics": "0x12"}], -32602, "invalid topics"),
+    ([{"topics": [[["0x" + "11" * 32]]]}], -32602, "invalid topic(s)"),
+    ([{"topics": ["0x1234"]}], -32602, "invalid topic(s)"),
+    ([{"topics": [None] * 5}], -32602, "exceed max topics"),
+    ([{"topics": [{"a": 1}]}], -32602, "invalid topic(s)"),
+    ([{"address": "0x12"}], -32602, "invalid address"),
+    ([{"address": 5}], -32602, "invalid address"),
+    ([{"address": ["0x" + "11" * 20, None]}], -32602, "invalid address"),
+    ([{"fromBlock": "foo"}], -39007, "invalid fromBlock"),
+    ([{"toBlock": 5}], -39007, "invalid toBlock"),
+    ([{"fromBlock": {"blockNumber": "0x1"}}], -39007, "invalid fromBlock"),
+    ([{"foo": 1}], -32602, "unknown field `foo`"),
+    (["0x1"], -32602, "invalid filter"),
+    ([], -32602, "missing required parameter: filter"),
+    ([{}, {}], -32602, "too many params"),
+]
+
+
+async def test_bad_inputs_are_refused_like_geth_and_change_nothing(make_node: Any) -> None:
+    chain, _ = log_chain(seed=5, blocks=20)
+    node = await make_node(chain, kind="archive")
+    before = await get_logs(node, {"fromBlock": "0x0"})
+    for params, code, text in BAD_INPUTS:
+        got_code, message = await error(node, params)
+        assert (got_code, text in message) == (code, True), (params, got_code, message)
+    assert await get_logs(node, {"fromBlock": "0x0"}) == before
+    # What geth and anvil accept as wildcards.
+    for flt in ({"address": []}, {"topics": [[]]}, {"topics": [[None]]}, {"topics": []}):
+        assert await get_logs(node, flt | {"fromBlock": "0x0"}) == before, flt
+
+
+async def test_receipts_that_do_not_fit_the_header_are_refused(make_node: Any) -> None:
+    chain, accounts = log_chain(seed=6, blocks=10)
+    rng = random.Random(1)
+    while not chain.blocks[-1]["BlockFile"]["receipts"] or not chain.logs()[-1:]:
+        chain.add_logs_block(rng, accounts)
+    tampered = orjson.loads(orjson.dumps(chain.blocks[-1]))
+    log = next(lg for r in tampered["BlockFile"]["receipts"] for lg in r["logs"])
+    log["address"] = "0x" + "ee" * 20  # not in the header's bloom
+    with pytest.raises(ValueError, match="logsBloom"):
+        parse_vendor_block(tampered)
+    log["address"] = EMITTERS[0].upper()  # not the encoding the node answers
+    with pytest.raises(ValueError, match="lowercase"):
+        parse_vendor_block(tampered)
+    good_head = chain.head - 1
+    chain.blocks[-1] = tampered
+    node = await make_node(chain.fork(good_head, "main"), kind="archive")
+    node.test_source.chain = chain
+    for _ in range(100):
+        if node.ingest.last_error:
+            break
+        await asyncio.sleep(0.02)
+    assert "lowercase" in node.ingest.last_error
+    assert node.store.bounds()[1] == good_head
+
+
+def _apply_without_index(path: Path, chain: SyntheticChain) -> None:
+    """A store filled by a state node from before the log index."""
+    store = StateStore(path, kind="archive")
+    store.open()
+    for raw in chain.blocks:
+        store.apply(parse_vendor_block(raw))
+    store.close()
+
+
+async def test_a_store_from_before_the_index_is_backfilled(make_node: Any, tmp_path: Path) -> None:
+    chain, _ = log_chain(seed=7, blocks=50)
+    old = chain.fork(39, "main")
+    _apply_without_index(tmp_path / "old" / "lmdb", old)
+    node = await make_node(chain, key="old", kind="archive")
+    everything = {"fromBlock": "0x0", "toBlock": hex(chain.head)}
+    for _ in range(500):
+        if node.logs.backfill.done:
+            break
+        await asyncio.sleep(0.02)
+    assert node.logs.backfill.done
+    assert await get_logs(node, everything) == model(chain, everything, 0, chain.head)
+
+
+async def test_a_range_not_indexed_yet_is_sent_elsewhere(tmp_path: Path) -> None:
+    chain, _ = log_chain(seed=8, blocks=30)
+    _apply_without_index(tmp_path / "old" / "lmdb", chain)
+    registry = InprocRegistry()
+    registry.register("writer", ChainSource(chain).handle_body)
+    section = {"key": "old", "kind": "archive", "source": "inproc://writer", **FAST,
+               "logs": {"backfill": False}}  # fmt: skip
+    node = StateNode.from_config(section, data_dir=tmp_path / "old", registry=registry)
+    await node.start()
+    try:
+        code, message = await error(node, [{"fromBlock": "0x0"}])
+        assert code == -39006 and "no indexed logs yet" in message
+    finally:
+        await node.close()
+
+
+async def test_the_index_survives_a_restart(make_node: Any, tmp_path: Path) -> None:
+    chain, _ = log_chain(seed=9, blocks=25)
+    node = await make_node(chain, key="again", kind="archive")
+    await node.close()
+    node = await make_node(chain, key="again", kind="archive")
+    everything = {"fromBlock": "0x0", "toBlock": "latest"}
+    assert await get_logs(node, everything) == model(chain, everything, 0, chain.head)
+    assert node.logs.backfill._todo() is None

@@ -1,0 +1,191 @@
+"""The proxy's synchronous path to state nodes in its own process (proxy/inprocpath.py).
+
+A real state node (a synthetic chain in LMDB) registered `inproc://` as a state and an
+archive node behind the proxy's real data listener, as in `chainstate up`. Every body is
+answered twice, once through the data port (the synchronous path when it applies) and once
+by the engine itself (`Engine.handle`, which never takes it): the answers must be the same
+bytes, and the path must have served exactly the bodies it is for.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from chainstate.inproc import InprocRegistry
+from tests.nodes.test_state_chain import random_chain
+from tests.nodes.test_state_reads import apply, make_node
+from tests.proxy.conftest import fast_settings, wait_until
+from tests.proxy.test_dataport import raw_rpc
+
+CHAIN = "1337"
+
+
+@pytest.fixture
+async def proxied(tmp_path: Path, make_api):
+    """(api, node, addresses, calls): the node entered twice; `calls` counts the bodies its
+    synchronous path for parsed items answered."""
+    node = await make_node(tmp_path, kind="archive", hot_blocks=4)
+    chain, addrs = random_chain(seed=31, blocks=24)
+    await apply(node, chain, 0)
+    registry = InprocRegistry()
+    calls = {"items": 0}
+
+    def answer_items(items: list[Any]) -> list[Any] | None:
+        answers = node.answer_items(items)
+        calls["items"] += answers is not None
+        return answers
+
+    url = registry.register(node.key, node.handle_body, node.answer_now, answer_items)
+    api = await make_api(fast_settings(), registry=registry)
+    for kind in ("state", "archive"):
+        status, answer = await api.post(
+            f"/{CHAIN}/addNode", {"key": kind, "url": url, "kind": kind}
+        )
+        assert status == 201, answer
+    await api.heads_known(CHAIN)
+    try:
+        yield api, node, addrs, calls
+    finally:
+        await node.close()
+
+
+def item(rid: Any, method: str, *params: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": list(params)}
+
+
+async def both(api, body: bytes) -> tuple[int, bytes]:
+    """The data port's answer, checked equal to the engine's own answer."""
+    status, raw = await raw_rpc(api, body)
+    engine_status, engine_raw = await api.proxy.engine.handle(CHAIN, body, {})
+    assert (status, raw) == (engine_status, engine_raw), body
+    return status, raw
+
+
+async def test_plain_reads_are_answered_in_process_as_the_engine_answers(proxied) -> None:
+    api, node, addrs, calls = proxied
+    rng = random.Random(5)
+    singles = [
+        item(i, "eth_getBalance", rng.choice(addrs), hex(rng.randrange(25))) for i in range(20)
+    ]
+    singles += [
+        item("s", "eth_getStorageAt", addrs[0], "0x1", "latest"),
+        item(7, "eth_getTransactionCount", addrs[1], "earliest"),
+        item(8, "eth_getCode", addrs[2]),  # no block: latest
+        item(9, "eth_blockNumber"),
+    ]
+    for obj in singles:
+        status, raw = await both(api, orjson.dumps(obj))
+        assert status == 200 and raw == await node.handle_body(orjson.dumps(obj))
+    assert calls["items"] == len(singles)
+    batch = [
+        item(i, "eth_getBalance", rng.choice(addrs), hex(rng.randrange(25))) for i in range(50)
+    ]
+    batch += singles[:20]  # fixed heights only
+    status, raw = await both(api, orjson.dumps(batch))
+    assert status == 200 and raw == await node.handle_body(orjson.dumps(batch))
+    assert calls["items"] >= len(singles) + 1  # the batch: one call per chosen node
+    # With tags on two nodes the engine answers (one pinned head for the whole batch), the same.
+    batch += singles[20:]
+    status, raw = await both(api, orjson.dumps(batch))
+    assert status == 200 and raw == await node.handle_body(orjson.dumps(batch))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"jsonrpc":"2.0","id":1e-400,"method":"eth_getBalance","params":["%s","0x3"]}',
+        b'{"jsonrpc":"2.0","id":18446744073709551616,"method":"eth_blockNumber","params":[]}',
+        b'{"jsonrpc":"2.0","method":"eth_getBalance","params":["%s","0x3"]}',  # notification
+        b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}',  # not a plain read
+        b'{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["%s","0x999"]}',  # -39006
+        b'{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0x12","0x3"]}',  # invalid
+        b'{"jsonrpc":"2.0","id":1,"method":"eth_sendRawTransaction","params":["0x00"]}',  # writer
+        b'[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["%s","0x3"]},'
+        b'{"jsonrpc":"2.0","id":2,"method":"eth_chainId"}]',  # one item not a plain read
+        b'[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["%s","0x3"]},{"id":2}]',
+        b"[]",
+        b"[1",
+        b'{"jsonrpc":"2.0","id":1,"method":"eth_newBlockFilter","params":[]}',  # the proxy's
+        b'[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["%s","0x3"]},'
+        b'{"jsonrpc":"2.0","id":2,"method":"eth_newBlockFilter"}]',  # a filter in a batch
+        b'{"jsonrpc":"2.0","id":null,"method":"eth_blockNumber"}',
+    ],
+)
+async def test_every_other_body_goes_to_the_engine(proxied, body: bytes) -> None:
+    api, _, addrs, calls = proxied
+    if b"%s" in body:
+        body = body.replace(b"%s", addrs[0].encode())
+    if b"Filter" in body:  # a new filter per call: no twin answer to compare
+        status, raw = await raw_rpc(api, body)
+        assert status == 200 and b'"result":"0x' in raw and b"-32601" not in raw, raw
+        assert calls["items"] == 0
+        return
+    status, raw = await both(api, body)
+    # -39006: the node was asked, and its answer left to the engine (which retries it)
+    assert calls["items"] == (1 if b"0x999" in body else 0), raw
+    if b"e-400" in body:  # the id as the client wrote it, from the engine's path
+        assert raw.startswith(b'{"jsonrpc":"2.0","id":1e-400,"result":"0x')
+    if b"0x999" in body:
+        assert orjson.loads(raw)["error"]["code"] == -39006
+    del status
+
+
+async def test_answers_are_counted_as_the_engine_counts_them(proxied) -> None:
+    api, _, addrs, calls = proxied
+    metrics = api.proxy.metrics.hot
+
+    def counted(method: str) -> int:
+        return sum(n for (_, m, _, outcome), n in metrics.requests.items() if m == method)
+
+    before = counted("eth_getBalance")
+    for i in range(5):
+        await raw_rpc(api, orjson.dumps(item(i, "eth_getBalance", addrs[0], "latest")))
+    batch = [item(i, "eth_getBalance", addrs[1], hex(i)) for i in range(10)]
+    await raw_rpc(api, orjson.dumps(batch))
+    assert calls["items"] >= 6
+    assert counted("eth_getBalance") == before + 15
+    attempts = sum(n for (_, _, outcome), n in metrics.attempts.items() if outcome == "ok")
+    assert attempts >= 6
+    shapes = {shape: sum(h.counts) for (_, shape), h in metrics.latency.items()}
+    assert shapes.get("single", 0) >= 5 and shapes.get("batch", 0) >= 1
+    pool = api.proxy.state.pools[CHAIN]
+    assert pool.inflight == 0  # every admitted place given back
+    assert {"eth_getBalance", "batch"} <= set(pool.latency)  # the hedge/timeout windows
+    assert any(node.cost is not None for node in pool.readers)  # the choice's latency cost
+
+
+async def test_a_node_that_failed_lately_or_has_no_weight_is_left_to_the_engine(proxied) -> None:
+    api, _, addrs, calls = proxied
+    pool = api.proxy.state.pools[CHAIN]
+    for node in pool.readers:
+        node.fails = 1  # as after a failed attempt: the engine's retries and health apply
+    body = orjson.dumps(item(1, "eth_getBalance", addrs[0], "latest"))
+    await both(api, body)
+    assert calls["items"] == 0
+    for node in pool.readers:
+        node.fails = 0
+        node.breaker.failure(node.key, "a failed attempt")  # counted by the breaker
+    await both(api, body)
+    assert calls["items"] == 0
+    for key in ("state", "archive"):
+        status, answer = await api.post(f"/{CHAIN}/setWeight", {"key": key, "weight": 0})
+        assert status == 200, answer
+    await wait_until(lambda: all(n.weight == 0 for n in pool.readers))
+    status, raw = await both(api, body)
+    assert calls["items"] == 0 and b'"error"' in raw  # no eligible node
+
+
+async def test_nodes_over_http_are_not_affected(make_api, fake_nodes) -> None:
+    """A proxy started with a registry but nodes over HTTP: everything goes to the engine."""
+    registry = InprocRegistry()
+    fake = await fake_nodes("state-1", "state")
+    api = await make_api(fast_settings(), registry=registry)
+    await api.add(CHAIN, fake)
+    await api.heads_known(CHAIN)
+    status, raw = await both(api, orjson.dumps(item(1, "eth_getBalance", "0x" + "11" * 20)))
+    assert status == 200 and b'"result"' in raw
