@@ -45,7 +45,7 @@ from bench.fakenode import FakeNode, FakeNodeSettings
 DEFAULT_SUBSCRIBERS = 1000
 DEFAULT_BLOCKS = 20
 DEFAULT_BLOCK_TIME = 1.0
-DEFAULT_POLL_INTERVAL = 0.05  # the proxy's [proxy.events] poll_interval (its default)
+DEFAULT_POLL_INTERVAL = 0.02  # the proxy's [proxy.events] poll_interval (its default)
 CONNECT_BATCH = 100  # connections opened at once
 _NUMBER = b'"number":"0x'
 

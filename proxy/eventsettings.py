@@ -16,7 +16,7 @@ from proxy.chainfeed import FeedSettings
 @dataclass(frozen=True, slots=True)
 class EventSettings:
     # the chain feed (proxy/chainfeed.py)
-    poll_interval: float = 0.05  # seconds between checks of the followed node's head
+    poll_interval: float = 0.02  # seconds between checks of the followed node's head
     history_blocks: int = 128  # announced blocks kept: the deepest reorg delivered as removals
     feed_timeout: float = 5.0  # seconds for one read of the followed node
     # filters (eth_newFilter, eth_newBlockFilter, eth_getFilterChanges, ...)
