@@ -71,7 +71,7 @@ def _ctx(block: str) -> dict[str, str]:
     return {"block_id": block, "type": "Equals"}
 
 
-def _balance_of(address: str) -> str:
+def balance_of(address: str) -> str:
     return "0x70a08231" + address[2:].rjust(64, "0")  # ERC20 balanceOf(address)
 
 
@@ -82,7 +82,7 @@ TEMPLATES: dict[str, Callable[[Draw], list[Any]]] = {
     "eth_getTransactionCount": lambda d: [d.address, d.block],
     "eth_getCode": lambda d: [d.address, d.block],
     "eth_getStorageAt": lambda d: [d.address, hex(d.slot), d.block],
-    "eth_call": lambda d: [{"to": d.address, "data": _balance_of(d.address)}, d.block],
+    "eth_call": lambda d: [{"to": d.address, "data": balance_of(d.address)}, d.block],
     "eth_getBlockByNumber": lambda d: [d.block, False],
     "eth_getLogs": lambda d: [{"fromBlock": d.block, "toBlock": d.block, "address": d.address}],
     "getAddressBalance": lambda d: [d.address, _ctx(d.block)],
@@ -139,6 +139,9 @@ class BodyPlan:
     # `call_data` (else ERC20 balanceOf(drawn account)).
     call_to: str | None = None
     call_data: str | None = None
+    # The mix's weights are exact item counts per batch (they sum to `batch`), each method's
+    # items drawn without repeating an account, in shuffled order.
+    exact_mix: bool = False
     # eth_getLogs items of a mix cover this many blocks from the drawn one (the drawn
     # account's logs, with `log_topics` when given).
     log_span: int = 1
@@ -160,6 +163,10 @@ class BodyPlan:
         if self.pool_size < 1:
             raise BodyError("--pool must be >= 1")
         self._check_call()
+        if self.exact_mix:
+            counts = [w for _, w in self.mix]
+            if any(c != int(c) for c in counts) or sum(counts) != self.batch:
+                raise BodyError("an exact mix needs whole counts that sum to --batch")
 
     def _check_call(self) -> None:
         if self.call_to is None and self.call_data is None:
@@ -190,6 +197,8 @@ class BodyPlan:
         names = [m for m, _ in self.mix]
         weights = [w for _, w in self.mix]
         pool: list[bytes] = []
+        if self.exact_mix:
+            return [self._exact_body(rng) for _ in range(self.pool_size or DEFAULT_POOL_SIZE)]
         for _ in range(self.pool_size or DEFAULT_POOL_SIZE):
 
             def item(i: int) -> dict[str, Any]:
@@ -203,10 +212,31 @@ class BodyPlan:
             pool.append(orjson.dumps(self._batched(item)))
         return pool
 
+    def _exact_body(self, rng: random.Random) -> bytes:
+        """One batch holding each method of the mix exactly `weight` times."""
+        drawn: list[tuple[str, Draw]] = []
+        for method, count in self.mix:
+            n = int(count)
+            accounts = (
+                rng.sample(self.addresses, n)
+                if n <= len(self.addresses)
+                else [rng.choice(self.addresses) for _ in range(n)]
+            )
+            for address in accounts:
+                drawn.append(
+                    (method, Draw(address, self.blocks.pick(rng), rng.randrange(self.slots)))
+                )
+        rng.shuffle(drawn)
+        items = [
+            {"jsonrpc": "2.0", "id": i, "method": m, "params": self._params(m, d)}
+            for i, (m, d) in enumerate(drawn)
+        ]
+        return orjson.dumps(items)
+
     def _params(self, method: str, draw: Draw) -> list[Any]:
         if method == "eth_call" and (self.call_to or self.call_data):
             to = self.call_to or draw.address
-            data = self.call_data if self.call_data is not None else _balance_of(draw.address)
+            data = self.call_data if self.call_data is not None else balance_of(draw.address)
             return [{"to": to, "data": data}, draw.block]
         if method == "eth_getLogs":
             return [self._log_filter(draw)]

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -44,7 +45,7 @@ from typing import Any, ClassVar, Protocol
 
 import psutil
 
-from bench.bodies import BlockRange, BodyPlan, fake_addresses
+from bench.bodies import BlockRange, BodyPlan, balance_of, fake_addresses
 from bench.contracts import view_init_code, write_data
 from bench.loadgen import BenchResult, LoadSettings, run_bench
 from nodes.devnet.workload import erc20_transfer_data
@@ -227,6 +228,7 @@ class SuiteOptions:
     keep_dir: str | None = None
     evm: dict[str, Any] = field(default_factory=dict)  # the state node's [evm] settings
     reference: bool = True  # `suite proxy`: also measure Go's reverse proxy (when go exists)
+    proxy: dict[str, Any] = field(default_factory=dict)  # more [proxy] settings, every proxy
 
 
 class Suite(Protocol):
@@ -285,7 +287,7 @@ class ProxySuite:
             load_cpus,
         )  # fmt: skip
         config = services.workdir / "proxy.toml"
-        config.write_text(proxy_config(fake_url))
+        config.write_text(proxy_config(fake_url, extra=setting_lines(opts.proxy)))
         proxy_url = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
         services.start("proxy", self.proxy_command(proxy_port, config), proxy_url, proxy_cpus)
         targets = {"direct": fake_url, "proxy": proxy_url}
@@ -354,10 +356,11 @@ def go_version(go: str) -> str:
     return parts[2].removeprefix("go") if len(parts) > 2 else "?"
 
 
-def proxy_config(node_url: str, kinds: tuple[str, ...] = ("state",)) -> str:
+def proxy_config(node_url: str, kinds: tuple[str, ...] = ("state",), extra: str = "") -> str:
     """The proxy's TOML: one chain served by one node, entered once per kind (an archive
-    state node can answer as both, so every height has a node to go to)."""
-    out = '[proxy]\nhost = "127.0.0.1"\n'
+    state node can answer as both, so every height has a node to go to); `extra`: more
+    `[proxy]` settings lines."""
+    out = '[proxy]\nhost = "127.0.0.1"\n' + extra
     for kind in kinds:
         out += (
             "\n[[proxy.nodes]]\n"
@@ -427,10 +430,29 @@ class StateSuite:
 
     def __init__(self) -> None:
         self.head = 0
+        self.writer = ""  # the write node's URL (start_chain)
         self.accounts: list[str] = []
         self.storage_contract = ""
 
     def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
+        svc_cpus, _ = split_cpus() if opts.pin else (None, None)
+        anvil, state = self.start_chain(services, opts, "archive")
+        targets = {"state-node": state}
+        if proxy_available():
+            proxy_port = free_port()
+            config = services.workdir / "proxy.toml"
+            extra = setting_lines(opts.proxy)
+            config.write_text(proxy_config(state, kinds=("state", "archive"), extra=extra))
+            proxy = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
+            services.start("proxy", ProxySuite().proxy_command(proxy_port, config), proxy, svc_cpus)
+            targets["proxy"] = proxy
+            targets["proxy-inproc"] = self._start_inproc(services, self.writer, svc_cpus, opts.evm)
+        targets["anvil"] = anvil
+        return targets
+
+    def start_chain(self, services: Services, opts: SuiteOptions, kind: str) -> tuple[str, str]:
+        """anvil with the workload's blocks, a write node and a state node of `kind` that
+        holds anvil's head: (anvil URL, state node URL)."""
         svc_cpus, _ = split_cpus() if opts.pin else (None, None)
         anvil_port, writer_port, state_port = free_port(), free_port(), free_port()
         anvil = f"http://127.0.0.1:{anvil_port}"
@@ -447,6 +469,7 @@ class StateSuite:
             python_cmd(
                 "-m", "chainstate.cli", "write-node", "--execution-url", anvil,
                 "--port", str(writer_port), "--data-dir", str(services.workdir / "writer"),
+                "--poll-interval", "0.25",
             ),
             writer + "/health",
             svc_cpus,
@@ -456,7 +479,7 @@ class StateSuite:
         services.start(
             "state-node",
             python_cmd(
-                "-m", "chainstate.cli", "state-node", "--key", "bench-state", "--kind", "archive",
+                "-m", "chainstate.cli", "state-node", "--key", "bench-state", "--kind", kind,
                 "--source", writer, "--port", str(state_port), "--chain-id", str(SUITE_CHAIN_ID),
                 "--data-dir", str(services.workdir / "state"),
                 *evm_config_args(services.workdir, opts.evm),
@@ -465,17 +488,8 @@ class StateSuite:
             svc_cpus,
         )  # fmt: skip
         self._wait_synced(state)
-        targets = {"state-node": state}
-        if proxy_available():
-            proxy_port = free_port()
-            config = services.workdir / "proxy.toml"
-            config.write_text(proxy_config(state, kinds=("state", "archive")))
-            proxy = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
-            services.start("proxy", ProxySuite().proxy_command(proxy_port, config), proxy, svc_cpus)
-            targets["proxy"] = proxy
-            targets["proxy-inproc"] = self._start_inproc(services, writer, svc_cpus, opts.evm)
-        targets["anvil"] = anvil
-        return targets
+        self.writer = writer
+        return anvil, state
 
     def _start_inproc(
         self, services: Services, writer: str, cpus: list[int] | None, evm: dict[str, Any]
@@ -550,6 +564,22 @@ def evm_config_args(workdir: Path, evm: dict[str, Any]) -> list[str]:
     path = workdir / "state-node.toml"
     path.write_text("\n".join(lines) + "\n")
     return ["--config", str(path)]
+
+
+def setting_lines(settings: dict[str, Any]) -> str:
+    """TOML lines `name = value` (values as JSON: numbers, strings, true/false, lists)."""
+    return "".join(f"{name} = {json.dumps(value)}\n" for name, value in settings.items())
+
+
+def parse_toml_setting(text: str) -> tuple[str, Any]:
+    """`name=value` of --proxy: the value as TOML (`[]`, `false`, `0`), else a string."""
+    name, sep, raw = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    try:
+        return name, tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return name, raw
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
@@ -634,6 +664,84 @@ class CallSuite(StateSuite):
         return out
 
 
+DAPP_ACCOUNTS = 200  # accounts the dapp's batches read (the workload's, then generated ones)
+DAPP_CALLS = 50  # ERC20 balanceOf eth_calls per batch
+DAPP_BALANCES = 50  # eth_getBalance per batch
+DAPP_CONCURRENCY = 256  # connections, each repeating such batches
+DAPP_BLOCK_TIME = 1  # seconds between anvil's blocks while measuring
+
+
+class DappSuite(StateSuite):
+    """A dapp's polling load at `latest` while blocks arrive every second: on `DAPP_CONCURRENCY`
+    connections, batches of `DAPP_CALLS` ERC20 balanceOf eth_calls and `DAPP_BALANCES`
+    eth_getBalance of `DAPP_ACCOUNTS` accounts. anvil (the baseline) answers it directly; a
+    real state node (`state` kind) behind the proxy with its response cache on
+    (`proxy`), off (`proxy-nocache`: pinned heads and coalescing only), and with neither cache
+    nor coalescing (`proxy-plain`)."""
+
+    name: ClassVar[str] = "dapp"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.erc20 = ""
+        self.readers: list[str] = []
+        self.notes: list[str] = []
+
+    def _before_mining(self, anvil: str, record: dict[str, Any]) -> None:
+        self.erc20 = record["erc20"]
+        known = list(dict.fromkeys(record["erc20_holders"] + self.accounts))
+        self.readers = (known + fake_addresses(DAPP_ACCOUNTS))[:DAPP_ACCOUNTS]
+
+    def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
+        svc_cpus, _ = split_cpus() if opts.pin else (None, None)
+        anvil, state = self.start_chain(services, opts, "state")
+        rpc_call(anvil, "evm_setIntervalMining", [DAPP_BLOCK_TIME])  # blocks keep coming
+        targets = {"anvil": anvil}
+        variants = {
+            "proxy": "",
+            "proxy-nocache": "cache_pools = []\n",
+            "proxy-plain": "cache_pools = []\ncoalesce = false\n",
+        }
+        for label, extra in variants.items():
+            port = free_port()
+            config = services.workdir / f"{label}.toml"
+            config.write_text(proxy_config(state, extra=extra + setting_lines(opts.proxy)))
+            url = f"http://127.0.0.1:{port}/{SUITE_CHAIN_ID}"
+            services.start(label, ProxySuite().proxy_command(port, config), url, svc_cpus)
+            targets[label] = url
+        self.check_answers(targets)
+        return targets
+
+    def check_answers(self, targets: dict[str, str]) -> None:
+        """Every target answers the dapp's reads as anvil does (at a block they all hold)."""
+        anvil = targets["anvil"]
+        height = hex(self.head)
+        for address in self.readers[:3]:
+            for method, params in (
+                ("eth_call", [{"to": self.erc20, "data": balance_of(address)}, height]),
+                ("eth_getBalance", [address, height]),
+            ):
+                want = rpc_call(anvil, method, params)
+                for label, url in targets.items():
+                    got = rpc_call(url, method, params)
+                    if got != want:
+                        raise RuntimeError(f"{label} answers {method} {got}, anvil {want}")
+        self.notes.append(f"dapp: every target answered as anvil at block {self.head} (checked)")
+
+    def plan(self) -> BodyPlan:
+        return BodyPlan(
+            mix=[("eth_call", DAPP_CALLS), ("eth_getBalance", DAPP_BALANCES)],
+            batch=DAPP_CALLS + DAPP_BALANCES,
+            addresses=self.readers,
+            call_to=self.erc20,
+            exact_mix=True,
+            pool_size=DAPP_CONCURRENCY,
+        )
+
+    def cases(self) -> list[Case]:
+        return [Case("dapp", self.plan(), concurrency=DAPP_CONCURRENCY)]
+
+
 class LogsSuite(StateSuite):
     """eth_getLogs on a real state node (its log index), through the proxy and on anvil (the
     baseline): the workload's ERC20 and LOG_TRANSFERS more Transfers, one block each; ranges
@@ -698,6 +806,7 @@ SUITES: dict[str, type[Suite]] = {
     "proxy": ProxySuite,
     "state": StateSuite,
     "call": CallSuite,
+    "dapp": DappSuite,
     "logs": LogsSuite,
 }
 
@@ -800,6 +909,11 @@ def _case_report(
             entry["cores"] = round(used / res.elapsed_s, 3)
             entry["items_per_core_s"] = round(res.items_ok / used, 1) if used > 0 else 0.0
         out["targets"][label] = entry
+    proxy = out["targets"].get("proxy")
+    for other, name in (("proxy-nocache", "cache_on_vs_off"), ("proxy-plain", "cache_on_vs_plain")):
+        off = out["targets"].get(other)
+        if proxy and off and off["items_per_s"]:
+            out[name] = round(proxy["items_per_s"] / off["items_per_s"], 2)
     proxy, go = out["targets"].get("proxy"), out["targets"].get("go-proxy")
     if proxy and go:
         out["proxy_vs_go"] = {
@@ -848,6 +962,12 @@ def render(report: dict[str, Any]) -> str:
                 if label != next(iter(case["targets"]))
             ]
             lines.append(f"  {name}: p50 added over direct: {', '.join(added)}")
+        if "cache_on_vs_off" in case:
+            lines.append(
+                f"  {name}: items/s of the proxy with its cache ÷ without: "
+                f"{case['cache_on_vs_off']:.2f}× (coalescing on), "
+                f"{case.get('cache_on_vs_plain', 0):.2f}× (coalescing off too)"
+            )
         versus = case.get("proxy_vs_go")
         if versus:
             per_core = versus["per_core"]
@@ -875,6 +995,14 @@ def add_suite_options(p: argparse.ArgumentParser) -> None:
         help="an [evm] setting of the state node (state and call suites), e.g. warm_blocks=4",
     )
     p.add_argument(
+        "--proxy",
+        action="append",
+        type=parse_toml_setting,
+        metavar="NAME=VALUE",
+        help="a [proxy] setting of every proxy the suite starts, e.g. cache_pools=[] "
+        "(the value in TOML)",
+    )
+    p.add_argument(
         "--no-reference",
         action="store_true",
         help="suite proxy: do not build and measure Go's reverse proxy",
@@ -895,6 +1023,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
         keep_dir=args.keep_dir,
         evm=dict(args.evm or []),
         reference=not args.no_reference,
+        proxy=dict(args.proxy or []),
     )
     shown = render
     try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,6 +39,7 @@ from proxy.model import (
     normalize_chain,
     normalize_pool,
 )
+from proxy.reads import Reads
 from proxy.select import NoEligibleNode
 from proxy.settings import ProxySettings
 from proxy.state import RoutingState
@@ -71,12 +73,14 @@ class AdminApi:
         store: ConfigStore,
         engine: Engine,
         tracker: HeadTracker | None = None,
+        reads: Reads | None = None,
     ) -> None:
         self.settings = settings
         self.state = state
         self.store = store
         self.engine = engine
         self.tracker = tracker  # polls a writer on the spot before it becomes the Leader
+        self.reads = reads  # the response cache and the chain followed per pool
         self.token = settings.admin_token
         self._write_lock = asyncio.Lock()
 
@@ -109,6 +113,8 @@ class AdminApi:
             p("/{pool}/writers/switchLeader", self.switch_leader),
             p("/{pool}/writers/addWriter", self.add_writer),
             p("/{pool}/writers/deleteWriter/{key}", self.delete_writer),
+            g("/{pool}/cache", self.get_cache),
+            p("/{pool}/cache/flush", self.flush_cache),
             g("/{pool}/getVersion", self.get_version),
             p("/{pool}/setVersion", self.set_version),
         ]
@@ -261,16 +267,64 @@ class AdminApi:
         cost = self.engine.selector.cost
         nodes = [{**n.to_obj(), **n.failsafe_obj(cost(n))} for n in pool.readers]
         limit = self.engine.admission.limit(pool, time.perf_counter())
+        answer = {
+            "pool": pool.id,
+            "head": pool.head(),
+            "nodes": nodes,
+            "inflight": pool.inflight,
+            "inflight_limit": limit or None,
+            "checker": pool.verdicts,
+        }
+        if self.reads is not None:
+            answer["cache"] = self._cache_figures(pool.id)
+        return reply(answer)
+
+    # ---- the read path: cache, coalescing, the chain followed ----------------------------
+
+    def _cache_figures(self, pool_id: str) -> dict[str, Any]:
+        assert self.reads is not None
+        cache = self.reads.cache
+        stats = cache.stats_of(pool_id).to_obj()
+        looked = stats["hits"] + stats["misses"]
+        return {
+            "enabled": cache.enabled(pool_id),
+            **stats,
+            "hit_ratio": round(stats["hits"] / looked, 4) if looked else None,
+            "max_bytes": cache.max_bytes,
+            "total_bytes": cache.bytes,
+            "total_entries": len(cache),
+        }
+
+    async def get_cache(self, request: web.Request) -> web.Response:
+        pool_id = self._pool(request).id
+        if self.reads is None:
+            raise AdminError(404, "this proxy has no read cache")
+        view = self.reads.heads.views.get(pool_id)
         return reply(
             {
-                "pool": pool.id,
-                "head": pool.head(),
-                "nodes": nodes,
-                "inflight": pool.inflight,
-                "inflight_limit": limit or None,
-                "checker": pool.verdicts,
+                "pool": pool_id,
+                "cache": self._cache_figures(pool_id),
+                "coalesce": self.reads.coalescer is not None,
+                "in_flight": 0
+                if self.reads.coalescer is None
+                else len(self.reads.coalescer.flights),
+                "chain": None if view is None else view.to_obj(),
+                "checker": self.reads.heads.checkers.get(pool_id),
+                "checker_error": self.reads.heads.checker_errors.get(pool_id),
             }
         )
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """Empty the pool's cache in every proxy process sharing the store (the write goes
+        through the store; this process has flushed once it is applied)."""
+        pool_id = self._pool(request).id
+        if self.reads is None:
+            raise AdminError(404, "this proxy has no read cache")
+        before = self.reads.cache.stats_of(pool_id).flushed
+        stamp = {"at": time.time(), "id": secrets.token_hex(8)}
+        await self._put(f"pools/{pool_id}/cache/flush", stamp)
+        flushed = self.reads.cache.stats_of(pool_id).flushed - before
+        return reply({"pool": pool_id, "flushed": flushed, **self._cache_figures(pool_id)})
 
     async def debug_choose(self, request: web.Request) -> web.Response:
         q = request.query

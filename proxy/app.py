@@ -23,14 +23,17 @@ from chainstate.inproc import InprocRegistry
 from chainstate.rpcserver import read_body
 from proxy.admin import AdminApi
 from proxy.breaker import BreakerSettings
+from proxy.cache import ResponseCache
 from proxy.engine import Engine
 from proxy.events import Events
 from proxy.eventsettings import EventSettings
+from proxy.heads import Heads
 from proxy.health import HeadTracker
 from proxy.inprocpath import InprocPath
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import EntryError
+from proxy.reads import Reads, ReadSettings
 from proxy.select import Selector
 from proxy.settings import ProxySettings
 from proxy.state import RoutingState
@@ -58,6 +61,7 @@ class Proxy:
     verdicts: CheckerVerdicts
     sync: StoreSync
     admin: AdminApi
+    reads: Reads
     events: Events  # filters and WebSocket subscriptions (the engine diverts their bodies)
 
     @classmethod
@@ -90,7 +94,10 @@ class Proxy:
             s.mirror_workers,
             s.mirror_timeout,
         )
-        engine = Engine(s, state, upstream, selector, metrics, mirrors, real_tracer)
+        reads = cls.build_reads(s, upstream, selector)
+        state.on_cache_flush = reads.cache.flush
+        engine = Engine(s, state, upstream, selector, metrics, mirrors, real_tracer, reads)
+        metrics.watch_reads(reads)
         admission = engine.admission
         metrics.watch_nodes(
             lambda: state.pools,
@@ -104,12 +111,18 @@ class Proxy:
             s.head_poll_interval,
             s.poll_timeout,
             s.unhealthy_after,
+            on_block=reads.heads.observe,
         )
         verdicts = CheckerVerdicts(
-            s.checkers, lambda: state.pools, upstream, s.checker_poll_interval, s.poll_timeout
+            s.checkers,
+            lambda: state.pools,
+            upstream,
+            s.checker_poll_interval,
+            s.poll_timeout,
+            on_flagged=reads.cache.flush,
         )
         sync = StoreSync(store, state, s)
-        admin = AdminApi(s, state, store, engine, tracker)
+        admin = AdminApi(s, state, store, engine, tracker, reads)
         events = Events.for_engine(
             event_settings, s, engine, lambda: state.pools, registry, metrics.registry
         )
@@ -126,8 +139,24 @@ class Proxy:
             verdicts,
             sync,
             admin,
+            reads,
             events,
         )
+
+    @staticmethod
+    def build_reads(s: ProxySettings, upstream: Upstream, selector: Selector) -> Reads:
+        """Heads, response cache and coalescing (docs/proxy.md: the read path)."""
+        cache = ResponseCache(s.cache_max_bytes, s.cache_pools)
+        heads = Heads(
+            upstream,
+            selector,
+            history=s.head_history,
+            timeout=s.poll_timeout,
+            interval=s.head_poll_interval,
+            checkers={c.chain: c.url for c in s.checkers},
+            on_dropped=cache.drop,
+        )
+        return Reads(heads, cache, ReadSettings(frozenset(s.cache_methods), s.coalesce))
 
     async def lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
         await self.upstream.start()
@@ -137,6 +166,7 @@ class Proxy:
             except EntryError as exc:
                 raise ConfigError(f"[proxy] {exc}") from None
             await self.mirrors.start()
+            await self.reads.heads.start()
             await self.tracker.start()
             await self.verdicts.start()
             await self.events.start()
@@ -145,6 +175,7 @@ class Proxy:
             await self.events.close()
             await self.verdicts.close()
             await self.tracker.close()
+            await self.reads.heads.close()
             await self.mirrors.close()
             await self.sync.close()
             await self.upstream.close()

@@ -15,6 +15,7 @@ Nothing here decides whether an *answer* is retried: the engine classifies answe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
@@ -93,6 +94,11 @@ class Attempts:
             return node, await self.attempt(ctx, node, body, group)
         try:
             raw = await self.attempt(ctx, node, body, group, race)
+            if race.task is not None and race.winner is None and not usable(raw):
+                # The first answer asks for a retry while a second attempt runs: the second
+                # one's answer serves (its node counts as tried: a retry would skip it).
+                with contextlib.suppress(UpstreamError):
+                    return await race.second()
         except UpstreamError:
             if race.task is None:
                 raise

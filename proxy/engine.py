@@ -44,6 +44,7 @@ from proxy.methods import LocalMethod, MethodSpec, MethodTable
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import Node, Pool, normalize_pool
+from proxy.reads import Plan, Reads
 from proxy.select import POOL_HEAD, NoEligibleNode, Selector
 from proxy.settings import ProxySettings
 from proxy.state import RoutingState
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("chainstate.proxy.access")
 SOURCE_HEADERS = ("x-vendor-biz", "x-vendor-source", "x-vendor-source-host", "x-vendor-env")
 NO_NODE_KEY = "-"  # node label of items no node answered
+COALESCED = "coalesced"  # node label of items that shared an identical read's answer
 UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
 MAX_HEADER_VALUE = 256  # longer client header values are cut in logs and spans
 MAX_CHAIN_IDS = 1024  # distinct raw chain ids whose normalized pool id is remembered
@@ -120,7 +122,7 @@ class Admitted:
 class Ctx:
     """One client request as it goes through the steps."""
 
-    __slots__ = ("chain", "methods", "nodes", "pool", "reserved")
+    __slots__ = ("chain", "heads", "keep", "methods", "nodes", "pool", "reserved")
 
     def __init__(self, chain: str, pool: Pool) -> None:
         self.chain = chain
@@ -128,6 +130,8 @@ class Ctx:
         self.methods: list[str] = []
         self.nodes: list[str] = []  # every node tried (access log)
         self.reserved = 0  # answer bytes held for it in the buffered-bytes budget
+        self.heads: Any = None  # the request's resolved heads (proxy/heads.RequestHeads)
+        self.keep: tuple[tuple[str, int], ...] | None = None  # a whole batch to cache: methods
 
 
 class Item:
@@ -139,6 +143,7 @@ class Item:
         "method",
         "notif",
         "obj",
+        "plan",
         "pos",
         "prefer_archive",
         "reason",
@@ -172,6 +177,18 @@ class Item:
         self.last: dict[str, Any] | bytes | None = None
         self.err: UpstreamError | None = None  # last transport failure
         self.reason = ""  # the outcome that asked for the next attempt (retry metric label)
+        self.plan: Plan | None = None  # what the read path decided (proxy/reads.py)
+
+    def retry_later(self, node: Node, answer: dict[str, Any] | bytes, result: Any) -> None:
+        """Keep an answer that asks for another attempt (and, for an item pinned to a block
+        by hash, a node that does not know that block: `Engine._retry_choice`)."""
+        self.last, self.reason, self.prefer_archive = answer, result.name, result.prefer_archive
+        plan = self.plan
+        if result.prefer_archive and plan is not None and plan.fallback is not None:
+            if plan.missing is None:
+                plan.missing = [node]
+            else:
+                plan.missing.append(node)
 
 
 class Engine:
@@ -184,8 +201,10 @@ class Engine:
         metrics: ProxyMetrics,
         mirrors: Mirrors,
         tracer: trace.Tracer | None = None,
+        reads: Reads | None = None,
     ) -> None:
         self.settings = settings
+        self.reads = reads  # heads, cache and coalescing (None: every item goes to a node)
         self.state = state
         self.upstream = upstream
         self.selector = selector
@@ -298,6 +317,9 @@ class Engine:
             if len(body) > self._max_body:
                 msg = f"request body larger than max_body_bytes={self._max_body} bytes"
                 status, out = 413, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
+            elif self.reads is not None and body[:1] == b"[" and self._quiet():
+                shape = "batch"
+                status, out = await self._cached_batch(ctx, body)
             else:
                 try:
                     payload = orjson.loads(body)
@@ -325,6 +347,11 @@ class Engine:
             self._log(ctx, size, status, elapsed, headers)
         return status, out
 
+    def _quiet(self) -> bool:
+        """Whether a whole batch may be answered from the cache without being parsed:
+        nothing to trace or log per item (nor to mirror: checked per pool)."""
+        return self.tracer is None and not access_log.isEnabledFor(logging.INFO)
+
     # ---- step 1: parse -------------------------------------------------------------------
 
     async def _single(self, ctx: Ctx, payload: Any, body: bytes) -> tuple[int, bytes]:
@@ -350,20 +377,169 @@ class Engine:
         rid = _exact_id(payload, body, payload.get("id"))
         item = Item(0, payload, rid, method, spec, ref, notif)
         answers: list[Any] = [None]
-        out = await self._route(ctx, [item], body, answers, single=True)
+        sent = body
+        if self.reads is not None and not notif:
+            plan = self.reads.plan(self._heads(ctx), method, spec, ref, payload)
+            if plan is not None:
+                if type(plan) is not Plan:  # a ready result: cached, or the pinned head
+                    self.metrics.request(ctx.chain, method, _source(plan), "ok")
+                    return 200, orjson.dumps({"jsonrpc": "2.0", "id": rid, "result": plan})
+                shared = await self._follow(ctx, item, plan)
+                if shared is not None:
+                    return 200, shared
+                sent = body if item.obj is payload else orjson.dumps(item.obj)
+        if item.plan is None:
+            out = await self._route(ctx, [item], sent, answers, single=True)
+        else:
+            out = await self._route_planned(ctx, [item], sent, answers, single=True)
         if out is None:
             answer = answers[0]
             if answer is None:  # a notification
                 return 204, b""
             out = answer if type(answer) is bytes else orjson.dumps(answer)
         else:
-            if type(payload.get("id")) is float:  # as the client wrote it, not as parsed
+            if type(rid) is orjson.Fragment:  # as the client wrote it, not as parsed
                 out = restore_ids(body, out)
             if spec.writer:
                 out = self._readable_view(ctx.pool, method, out)
         return (204, b"") if notif or not out else (200, out)
 
-    async def _batch(self, ctx: Ctx, payload: list[Any], body: bytes) -> tuple[int, bytes]:
+    # ---- step 2: the read path (one head per request, cache, coalescing) -----------------
+
+    def _heads(self, ctx: Ctx) -> Any:
+        """The request's heads, made on first use (each tag is resolved once per request)."""
+        heads = ctx.heads
+        if heads is None:
+            heads = ctx.heads = self.reads.request(ctx.pool)  # type: ignore[union-attr]
+        return heads
+
+    async def _follow(self, ctx: Ctx, it: Item, plan: Plan) -> bytes | None:
+        """A single read the read path planned: the answer of an identical read in flight
+        (None when there is none, or its leader got none: `it` is then set up to be sent,
+        its block pinned)."""
+        reads: Reads = self.reads  # type: ignore[assignment]
+        if plan.flight is not None:
+            answer = reads.shared(ctx.pool, await plan.flight.wait(), it.rid)
+            if answer is not None:
+                result = "error" if "error" in answer else "ok"
+                self.metrics.request(ctx.chain, it.method, COALESCED, result)
+                return orjson.dumps(answer)
+            plan = reads.unfollow(plan)
+        if type(it.rid) is orjson.Fragment:  # the id as the client wrote it
+            plan.obj = {**plan.obj, "id": it.rid}
+            if plan.fallback is not None:
+                plan.fallback = {**plan.fallback, "id": it.rid}
+        it.plan, it.obj, it.ref = plan, plan.obj, plan.ref
+        return None
+
+    def _plan_items(
+        self, ctx: Ctx, items: list[Item], answers: list[Any]
+    ) -> tuple[list[Item], list[Item], bool]:
+        """The read path for every item of a batch (proxy/reads.py): items answered at once
+        get their answer; (items to send, items waiting for an identical read in flight,
+        whether any item changed or left, so the client's bytes can no longer go as they
+        are)."""
+        reads: Reads = self.reads  # type: ignore[assignment]
+        heads = self._heads(ctx)
+        send: list[Item] = []
+        waiting: list[Item] = []
+        changed = False
+        ready: dict[tuple[str, str], int] = {}  # (method, source) → items answered at once
+        for it in items:
+            plan = None if it.notif else reads.plan(heads, it.method, it.spec, it.ref, it.obj)
+            if plan is None:
+                send.append(it)
+                continue
+            if type(plan) is not Plan:  # a ready result
+                answers[it.pos] = {"jsonrpc": "2.0", "id": it.rid, "result": plan}
+                counted = (it.method, _source(plan))
+                ready[counted] = ready.get(counted, 0) + 1
+                changed = True
+                continue
+            it.plan = plan
+            if plan.obj is not it.obj:
+                it.obj, it.ref, changed = plan.obj, plan.ref, True
+            if plan.flight is not None:
+                waiting.append(it)
+                changed = True
+            else:
+                send.append(it)
+        for (method, source), n in ready.items():
+            self.metrics.request(ctx.chain, method, source, "ok", n)
+        return send, waiting, changed
+
+    async def _wait_items(self, ctx: Ctx, waiting: list[Item], answers: list[Any]) -> None:
+        """Batch items that share an identical read's answer; those whose leader got none
+        are sent themselves."""
+        reads: Reads = self.reads  # type: ignore[assignment]
+        again = []
+        for it in waiting:
+            flight = it.plan.flight  # type: ignore[union-attr]
+            answer = reads.shared(ctx.pool, await flight.wait(), it.rid)  # type: ignore[union-attr]
+            if answer is None:
+                it.plan = plan = reads.unfollow(it.plan)  # type: ignore[arg-type]
+                it.obj, it.ref = plan.obj, plan.ref
+                again.append(it)
+                continue
+            result = "error" if "error" in answer else "ok"
+            self.metrics.request(ctx.chain, it.method, COALESCED, result)
+            answers[it.pos] = answer
+        if again:
+            await self._route_planned(ctx, again, None, answers, single=False)
+
+    async def _route_planned(
+        self,
+        ctx: Ctx,
+        items: list[Item],
+        body: bytes | None,
+        answers: list[Any],
+        single: bool,
+    ) -> bytes | None:
+        """`_route` for items of a request the read path planned: whatever happens, each
+        item's final answer is stored when it may be and handed to the reads waiting for
+        it (`Reads.land`; None when there is none: they then ask a node themselves)."""
+        out = None
+        try:
+            out = await self._route(ctx, items, body, answers, single)
+        finally:
+            reads: Reads = self.reads  # type: ignore[assignment]
+            for it in items:
+                plan = it.plan
+                if plan is not None and (plan.lead or plan.store):
+                    reads.land(plan, out if single and out is not None else answers[it.pos])
+        return out
+
+    async def _cached_batch(self, ctx: Ctx, body: bytes) -> tuple[int, bytes]:
+        """A batch body answered as a whole from the cache when the same bytes were answered
+        at the request's `latest` block before (a dapp polling the same batch every block);
+        else parsed and answered item by item, and kept as a whole when every item's answer
+        was the one of the block its key names."""
+        reads: Reads = self.reads  # type: ignore[assignment]
+        key = None if ctx.pool.mirrors else reads.batch_key(self._heads(ctx), body)
+        if key is not None:
+            found = reads.cache.get_batch(key)
+            if found is not None:
+                out, methods = found
+                for method, n in methods:
+                    self.metrics.request(ctx.chain, method, "cache", "ok", n)
+                return 200, out
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            msg = f"Parse error: {cut(str(exc))}"
+            return 200, _dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
+        if not isinstance(payload, list):
+            return await self._single(ctx, payload, body)
+        epoch = reads.cache.epochs.get(ctx.pool.id, 0)
+        status, out = await self._batch(ctx, payload, body, key)
+        keep = ctx.keep
+        if keep is not None and reads.cache.epochs.get(ctx.pool.id, 0) == epoch:
+            reads.cache.put_batch(key, out, keep)  # type: ignore[arg-type]
+        return status, out
+
+    async def _batch(
+        self, ctx: Ctx, payload: list[Any], body: bytes, key: Any = None
+    ) -> tuple[int, bytes]:
         """A batch: every valid item through the loop, answers in the client's order."""
         if not payload:
             return 200, _dumps_error(
@@ -379,11 +555,22 @@ class Engine:
         if items and ctx.pool.mirrors:
             self.mirrors.offer_batch(ctx.pool, [(it.method, it.obj) for it in items])
         whole = len(items) == len(payload) and exact and _unique_ids(items)
+        waiting: list[Item] = []
+        route = self._route
+        planned = items
+        if self.reads is not None and items:
+            items, waiting, changed = self._plan_items(ctx, items, answers)
+            whole = whole and not changed
+            route = self._route_planned
         if items:
-            out = await self._route(ctx, items, body if whole else None, answers, single=False)
+            out = await route(ctx, items, body if whole else None, answers, single=False)
             if out is not None:
                 return (200, out) if out else (204, b"")
+        if waiting:
+            await self._wait_items(ctx, waiting, answers)
         out = [a for a in answers if a is not None]
+        if key is not None and len(planned) == len(payload) and ctx.heads.mixed is False:
+            ctx.keep = _kept_as_a_whole(planned, out)
         return (200, orjson.dumps(out)) if out else (204, b"")
 
     def _parse_items(
@@ -438,12 +625,16 @@ class Engine:
         the node's bytes are then returned when they are the whole answer as they are.
         Otherwise (None) the answers are in `answers`."""
         pending = items
+        sent = items[0].obj  # the object `body` holds, for a single request
         for attempt in range(1, self._rounds + 1):
             groups = self._choose(ctx, pending, attempt, answers)
             if not groups:
                 return None
             if body is not None and len(groups) == 1:
                 (group,) = groups.values()
+                if single and group.items[0].obj is not sent:
+                    sent = group.items[0].obj  # asked by height after all (`_retry_choice`)
+                    body = orjson.dumps(sent)
                 pending, out = await self._send_raw(ctx, group, body, answers, single)
                 if out is not None:
                     return out
@@ -488,10 +679,11 @@ class Engine:
                 # alive while the batch is). Specs are shared: their ids are keys too.
                 routed = it.method if routes and it.method in routes else None
                 ref = it.ref
+                off = it.plan is not None and bool(it.plan.avoid)  # (one set per request)
                 if ref is not None and ref.number is not None and not ref.contains:
-                    key = (routed, id(it.spec), bisect_right(points, ref.number))
+                    key = (routed, id(it.spec), bisect_right(points, ref.number), off)
                 else:
-                    key = (routed, id(it.spec), id(ref))
+                    key = (routed, id(it.spec), id(ref), off)
                 found = chosen.get(key)
                 if found is None:
                     found = chosen[key] = self._first_choice(pool, it, head, picked)
@@ -516,9 +708,10 @@ class Engine:
         picked: dict[tuple[Node, ...], tuple[Node, list[Node]]],
     ) -> tuple[Node, list[Node]] | NoEligibleNode:
         """The node for an item on its first attempt (one pick per set of eligible nodes),
-        with the eligible nodes."""
+        with the eligible nodes. Nodes off the chain the read path follows are avoided."""
+        avoid = () if it.plan is None else it.plan.avoid
         try:
-            nodes, _ = self.selector.candidates(pool, it.method, it.spec, it.ref, head=head)
+            nodes, _ = self.selector.candidates(pool, it.method, it.spec, it.ref, avoid, head=head)
         except NoEligibleNode as exc:
             return exc
         if len(nodes) == 1:
@@ -530,9 +723,31 @@ class Engine:
         return found
 
     def _retry_choice(self, pool: Pool, it: Item) -> tuple[Node, list[Node]] | NoEligibleNode:
+        """The node for a retried item, away from the nodes it tried. An item pinned to a
+        block by hash goes to another node that may hold it; when none is left, it is asked
+        by height of the nodes that did not know the hash (a reorg the proxy has not seen
+        yet: the nodes' chain answers; not cached). Asking a node that is behind by height
+        first could answer from a block a reorg dropped."""
+        found = self._retry_candidates(pool, it)
+        plan = it.plan
+        if type(found) is NoEligibleNode and plan is not None and plan.missing:
+            missing = plan.missing
+            if plan.unpin() is not None:
+                it.obj = plan.obj
+                it.tried = [n for n in it.tried if n not in missing]
+                found = self._retry_candidates(pool, it)
+        return found
+
+    def _retry_candidates(self, pool: Pool, it: Item) -> tuple[Node, list[Node]] | NoEligibleNode:
+        avoid = () if it.plan is None else it.plan.avoid
         try:
             nodes, _ = self.selector.candidates(
-                pool, it.method, it.spec, it.ref, it.tried, it.prefer_archive
+                pool,
+                it.method,
+                it.spec,
+                it.ref,
+                [*it.tried, *avoid] if avoid else it.tried,
+                it.prefer_archive,
             )
         except NoEligibleNode as exc:
             return exc
@@ -559,7 +774,7 @@ class Engine:
             if not result.retry:
                 self.metrics.request(ctx.chain, it.method, node.key, result.name)
                 return [], raw
-            it.last, it.reason, it.prefer_archive = raw, result.name, result.prefer_archive
+            it.retry_later(node, raw, result)
             return [it], None
         parsed = self._decode(ctx, node, items, raw)
         if parsed is None:
@@ -573,6 +788,11 @@ class Engine:
             and not any(it.method in UNMINED_FIELDS for it in items)
         ):
             self._count_answers(ctx, node, items, parsed, raw)
+            if self.reads is not None:  # the answers to store and share (`_route_planned`)
+                answered = iter(parsed)
+                for it in items:
+                    if not it.notif:
+                        answers[it.pos] = next(answered)
             return [], raw
         return self._take_answers(ctx, node, items, keys, parsed, answers), None
 
@@ -650,7 +870,7 @@ class Engine:
             answer["id"] = it.rid
             result = outcome.of_answer(answer)
             if result.retry:
-                it.last, it.reason, it.prefer_archive = answer, result.name, result.prefer_archive
+                it.retry_later(node, answer, result)
                 retry.append(it)
                 continue
             self.metrics.request(ctx.chain, it.method, node.key, result.name)
@@ -779,3 +999,27 @@ async def _gather(coros: list[Any]) -> list[Any]:
     if len(coros) == 1:
         return [await coros[0]]
     return list(await asyncio.gather(*coros))
+
+
+def _source(ready: Any) -> str:
+    """The node label of a result answered without a node (metrics)."""
+    return "cache" if type(ready) is orjson.Fragment else "head"
+
+
+def _kept_as_a_whole(items: list[Item], out: list[Any]) -> tuple[tuple[str, int], ...] | None:
+    """The items per method of a batch whose every item was answered at a block its
+    `latest` determines (`RequestHeads.mixed`) may be cached as a whole, unless an item
+    was asked by height after all (its pinned hash unknown to the node), was a
+    notification or got an error: then None."""
+    if len(out) != len(items):
+        return None
+    methods: dict[str, int] = {}
+    for it in items:
+        plan = it.plan
+        if it.notif or (plan is not None and not plan.exact):
+            return None
+        methods[it.method] = methods.get(it.method, 0) + 1
+    for answer in out:
+        if type(answer) is not dict or "result" not in answer:
+            return None
+    return tuple(methods.items())

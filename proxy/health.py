@@ -58,8 +58,10 @@ class HeadTracker:
         interval: float,
         timeout: float,
         unhealthy_after: int,
+        on_block: Callable[[Pool, Node, Any], None] | None = None,
     ) -> None:
         self._pools = pools
+        self.on_block = on_block  # each polled latest block (proxy/heads.py follows the chain)
         self.upstream = upstream
         self.selector = selector
         self.interval = interval
@@ -99,7 +101,7 @@ class HeadTracker:
         to answer is polled again once it has)."""
         for pool in list(self._pools().values()):
             for node in pool.readers:
-                self._start(node, self.poll(node))
+                self._start(node, self.poll(node, pool))
             for node in pool.writers.values():
                 self._start(node, self.poll_writer(node))
 
@@ -120,12 +122,12 @@ class HeadTracker:
 
     async def poll_all(self) -> None:
         pools = list(self._pools().values())
-        readers = [self.poll(n) for pool in pools for n in pool.readers]
+        readers = [self.poll(n, pool) for pool in pools for n in pool.readers]
         writers = [self.poll_writer(n) for pool in pools for n in pool.writers.values()]
         if readers or writers:
             await asyncio.gather(*readers, *writers)
 
-    async def poll(self, node: Node) -> None:
+    async def poll(self, node: Node, pool: Pool | None = None) -> None:
         answers = await self._probe(node, POLL_BODY)
         if answers is None:
             return
@@ -136,6 +138,8 @@ class HeadTracker:
         if isinstance(block, dict) and isinstance(block.get("hash"), str):
             with contextlib.suppress(TypeError, ValueError):
                 self.selector.remember_hash(block["hash"], int(block["number"], 16))
+            if self.on_block is not None and pool is not None:
+                self.on_block(pool, node, block)
 
     async def poll_writer(self, node: Node) -> str | None:
         """Poll one write node now; why it is unhealthy, or None when it is healthy."""

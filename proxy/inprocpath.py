@@ -124,8 +124,8 @@ class InprocPath:
     def _batch(self, admitted: Admitted, items: list[Any]) -> list[Any] | None:
         """The answers of a batch in its order, or None."""
         groups = self._route(admitted.pool, items)
-        if groups is None:
-            return None
+        if groups is None or (len(groups) > 1 and self._tagged(items)):
+            return None  # `latest` on several nodes: the engine pins one head (docs/proxy.md)
         answers: list[Any] = [None] * len(items)
         timings = []
         for _, answer_items, positions in groups:
@@ -154,6 +154,18 @@ class InprocPath:
             for (method, outcome), n in counts.items():
                 metrics.request(chain, method, node.key, outcome, n)
         return answers
+
+    def _tagged(self, items: list[Any]) -> bool:
+        """Whether the read path is on and an item reads at a tag (`latest`, or a blockCtx
+        without block_id), which one node must resolve for the whole batch."""
+        if self.engine.reads is None:
+            return False
+        target = self.engine.methods.target
+        for item in items:
+            ref = target(item["method"], item.get("params"))[1]
+            if ref is None or ref.tag is not None:
+                return True
+        return False
 
     def _route(self, pool: Pool, items: list[Any]) -> list[Group] | None:
         """Steps 1-3 for every item of a batch, as the engine's first attempt makes them:

@@ -13,6 +13,7 @@ id); the node checks the rest.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,8 +108,15 @@ def _m(
 def _address(value: Any, what: str) -> None:
     """Checks a 20-byte 0x address (parse_address's rule, without making the lowercase copy
     routing does not need)."""
-    if type(value) is not str or len(value) != 42 or not _ADDRESS.match(value):
+    if type(value) is not str or len(value) != 42 or not _is_address(value):
         parse_address(value, what)  # raises the error
+
+
+@functools.lru_cache(maxsize=8192)
+def _is_address(value: str) -> bool:
+    """Clients ask about the same accounts again and again: each text is matched once (a
+    regex over 42 characters costs several times a cached lookup)."""
+    return _ADDRESS.match(value) is not None
 
 
 _ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
@@ -212,12 +220,16 @@ class MethodTable:
         if spec is EXTRA:
             return spec, None
         names = spec.params
-        if type(params) is list and len(params) == len(names) and None not in params:
-            values = params  # every param given (the common case: nothing to fill or check)
+        if (
+            type(params) is list
+            and spec.required <= len(params) <= len(names)
+            and None not in params
+        ):
+            values = params  # no param missing (the common case: nothing to fill or check)
         else:
             values = _positional(params, spec)
         for index, check in spec.checks:
-            check(values[index], names[index])
+            check(values[index] if index < len(values) else None, names[index])
         parse = spec.parse_block
         if parse is None:
             return spec, None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -21,6 +21,9 @@ from prometheus_client.registry import Collector
 
 from proxy.breaker import STATE_VALUE
 from proxy.model import Pool
+
+if TYPE_CHECKING:
+    from proxy.reads import Reads
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 OTHER = "other"
@@ -124,6 +127,76 @@ class _StoreCollector(Collector):
             "1 while the config store answers; 0: serving the last known configuration",
             value=1 if self._available() else 0,
         )
+
+
+class _ReadCollector(Collector):
+    """The read path's figures (proxy/reads.py), read at scrape time: cache lookups, stores,
+    evictions and size, coalesced reads, answers from the pinned head, and the chain the
+    proxy follows per pool (head, confirmed head, reorgs)."""
+
+    def __init__(self, reads: Reads) -> None:
+        self._reads = reads
+
+    def collect(self) -> Iterator[Any]:
+        cache = self._reads.cache
+        pool = ["pool"]
+        lookups = CounterMetricFamily(
+            "chainstate_proxy_cache_lookups", "cache lookups by outcome", labels=["pool", "outcome"]
+        )
+        stores = CounterMetricFamily("chainstate_proxy_cache_stores", "answers cached", labels=pool)
+        evictions = CounterMetricFamily(
+            "chainstate_proxy_cache_evictions",
+            "cache entries removed: size (least recently used), reorg (block dropped), flush",
+            labels=["pool", "reason"],
+        )
+        coalesced = CounterMetricFamily(
+            "chainstate_proxy_coalesced",
+            "reads that shared an identical read's answer",
+            labels=pool,
+        )
+        local = CounterMetricFamily(
+            "chainstate_proxy_head_answers",
+            "eth_blockNumber answered from the request's pinned head",
+            labels=pool,
+        )
+        entries = GaugeMetricFamily("chainstate_proxy_cache_entries", "entries held", labels=pool)
+        size = GaugeMetricFamily(
+            "chainstate_proxy_cache_bytes", "bytes held (answers, keys, overhead)", labels=pool
+        )
+        for pool_id, st in list(cache.stats.items()):
+            lookups.add_metric([pool_id, "hit"], st.hits)
+            lookups.add_metric([pool_id, "miss"], st.misses)
+            stores.add_metric([pool_id], st.stores)
+            evictions.add_metric([pool_id, "size"], st.evicted)
+            evictions.add_metric([pool_id, "reorg"], st.dropped)
+            evictions.add_metric([pool_id, "flush"], st.flushed)
+            coalesced.add_metric([pool_id], st.coalesced)
+            local.add_metric([pool_id], st.local)
+            entries.add_metric([pool_id], st.entries)
+            size.add_metric([pool_id], st.bytes)
+        yield from (lookups, stores, evictions, coalesced, local, entries, size)
+        yield GaugeMetricFamily(
+            "chainstate_proxy_cache_max_bytes", "the cache's byte budget", value=cache.max_bytes
+        )
+        yield from self._chain()
+
+    def _chain(self) -> Iterator[Any]:
+        head = GaugeMetricFamily(
+            "chainstate_proxy_known_head", "head of the chain the proxy follows", labels=["pool"]
+        )
+        confirmed = GaugeMetricFamily(
+            "chainstate_proxy_confirmed_head", "the checker's confirmed head", labels=["pool"]
+        )
+        reorgs = CounterMetricFamily(
+            "chainstate_proxy_reorgs", "reorgs seen (known blocks replaced)", labels=["pool"]
+        )
+        for pool_id, view in list(self._reads.heads.views.items()):
+            if view.tip is not None:
+                head.add_metric([pool_id], view.tip)
+            if view.confirmed is not None:
+                confirmed.add_metric([pool_id], view.confirmed[0])
+            reorgs.add_metric([pool_id], view.reorgs)
+        yield from (head, confirmed, reorgs)
 
 
 class _Histogram:
@@ -255,6 +328,10 @@ class ProxyMetrics:
         pool_limit: Callable[[Pool], int] | None = None,
     ) -> None:
         self.registry.register(_NodeCollector(pools, client_inflight, pool_limit))
+
+    def watch_reads(self, reads: Reads) -> None:
+        """Export the read path's figures (cache, coalescing, heads)."""
+        self.registry.register(_ReadCollector(reads))
 
     def watch_store(self, available: Callable[[], bool]) -> None:
         """Export the config store's reachability, e.g. `lambda: store.available`."""

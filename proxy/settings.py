@@ -1,7 +1,7 @@
 """Proxy settings: every user-facing limit is a named field with a documented default.
 
 Read from the `[proxy]` section of the TOML config (plus `[[proxy.nodes]]` and
-`[[proxy.writers]]` seed entries). docs/proxy.md lists every field.
+`[[proxy.writers]]` seed entries, `[[proxy.checkers]]`). docs/proxy.md lists every field.
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from chainstate.config import ConfigError, resolve_path, section
+from proxy.cache import DEFAULT_METHODS
+from proxy.methods import METHODS
+from proxy.model import normalize_pool
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8663
@@ -39,7 +42,8 @@ class SeedWriter:
 @dataclass(frozen=True, slots=True)
 class CheckerSource:
     """A consistency checker whose verdicts on a pool's replicas the proxy follows
-    (`[[proxy.checkers]]`, proxy/verdicts.py)."""
+    (`[[proxy.checkers]]`, proxy/verdicts.py), and whose confirmed head the pool's
+    `safe`/`finalized` resolve to (proxy/heads.py)."""
 
     chain: str  # a pool id: `1337`, or a versioned pool such as `1337-blue`
     url: str
@@ -96,6 +100,12 @@ class ProxySettings:
     known_hashes: int = 4096  # recent block hashes remembered for routing by hash
     admin_apply_timeout: float = 5.0  # seconds an admin write waits to see its change applied
     max_weight: int = 1_000_000  # largest node weight accepted by the admin API
+    # Read path (docs/proxy.md "One head per request, coalescing, cache"):
+    cache_max_bytes: int = 64 * 1024 * 1024  # answers kept in memory; 0: no cache
+    cache_pools: tuple[str, ...] = ("*",)  # pools whose answers are cached ("*": every pool)
+    cache_methods: tuple[str, ...] = DEFAULT_METHODS  # methods cached and coalesced
+    coalesce: bool = True  # identical reads in flight share one upstream call
+    head_history: int = 256  # recent block hashes kept per pool (pinning, reorg detection)
     nodes: tuple[SeedNode, ...] = ()
     writers: tuple[SeedWriter, ...] = ()
     checkers: tuple[CheckerSource, ...] = ()
@@ -117,14 +127,20 @@ class ProxySettings:
             if not isinstance(extra, list) or not all(isinstance(m, str) for m in extra):
                 raise ConfigError("[proxy] extra_methods must be a list of method names")
             values["extra_methods"] = tuple(extra)
+        for name in ("cache_pools", "cache_methods"):
+            if name in values:
+                listed = values[name]
+                if not isinstance(listed, list) or not all(isinstance(m, str) for m in listed):
+                    raise ConfigError(f"[proxy] {name} must be a list of strings")
+                values[name] = tuple(listed)
         if "store" in sect:
             values["store_path"] = str(resolve_path(config, sect["store"]))
         elif "data_dir" in config:
             values["store_path"] = str(
                 resolve_path(config, config["data_dir"]) / "proxy-store.json"
             )
-        values["nodes"] = tuple(_seed_nodes(sect.get("nodes", [])))
-        values["writers"] = tuple(_seed_writers(sect.get("writers", [])))
+        values["nodes"] = tuple(_seeds(sect.get("nodes", []), "nodes", SeedNode, "chain"))
+        values["writers"] = tuple(_seeds(sect.get("writers", []), "writers", SeedWriter, "chain"))
         values["checkers"] = tuple(_checkers(sect.get("checkers", [])))
         try:
             settings = cls(**values)
@@ -153,6 +169,7 @@ class ProxySettings:
             "known_hashes",
             "admin_apply_timeout",
             "max_weight",
+            "head_history",
             "latency_decay",
             "hedge_min_delay",
             "attempt_timeout_factor",
@@ -191,6 +208,24 @@ class ProxySettings:
             raise ConfigError("[proxy] max_client_connections must be an integer >= 0 (0: auto)")
         if self.client_id_top_n < 0:
             raise ConfigError("[proxy] client_id_top_n must be >= 0")
+        self._validate_reads()
+
+    def _validate_reads(self) -> None:
+        size = self.cache_max_bytes
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ConfigError("[proxy] cache_max_bytes must be an integer >= 0 (0: no cache)")
+        if not isinstance(self.coalesce, bool):
+            raise ConfigError("[proxy] coalesce must be true or false")
+        for method in self.cache_methods:
+            spec = METHODS.get(method)
+            if spec is None or spec.writer or spec.block not in ("number", "ctx", "id", "hash"):
+                raise ConfigError(
+                    f"[proxy] cache_methods: {method!r} is not a read at a block the proxy "
+                    "can name by hash; allowed: " + ", ".join(sorted(_cacheable(METHODS)))
+                )
+        for pool in self.cache_pools:
+            if pool != "*" and normalize_pool(pool) != pool:
+                raise ConfigError(f"[proxy] cache_pools: {pool!r} is not a pool id (or '*')")
         if not 0 < self.hedge_quantile < 1:
             raise ConfigError("[proxy] hedge_quantile must be between 0 and 1 (e.g. 0.95)")
         if not 0 <= self.hedge_budget <= 1:
@@ -224,38 +259,32 @@ def _items(value: Any, what: str) -> list[dict[str, Any]]:
     return value
 
 
-def _seed_nodes(value: Any) -> list[SeedNode]:
+def _seeds(value: Any, what: str, cls: Any, id_field: str) -> list[Any]:
+    """`[[proxy.<what>]]` tables as `cls` entries (`id_field`, a chain or pool id, as text)."""
     out = []
-    for item in _items(value, "nodes"):
+    for item in _items(value, what):
         try:
-            node = SeedNode(**{**item, "chain": str(item.get("chain", ""))})
+            out.append(cls(**{**item, id_field: str(item.get(id_field, ""))}))
         except TypeError as exc:
-            raise ConfigError(f"[[proxy.nodes]] {exc}") from None
-        out.append(node)
+            raise ConfigError(f"[[proxy.{what}]] {exc}") from None
     return out
 
 
-def _seed_writers(value: Any) -> list[SeedWriter]:
-    out = []
-    for item in _items(value, "writers"):
-        try:
-            writer = SeedWriter(**{**item, "chain": str(item.get("chain", ""))})
-        except TypeError as exc:
-            raise ConfigError(f"[[proxy.writers]] {exc}") from None
-        out.append(writer)
-    return out
+def _cacheable(methods: dict[str, Any]) -> list[str]:
+    return [
+        m
+        for m, spec in methods.items()
+        if not spec.writer and spec.block in ("number", "ctx", "id", "hash")
+    ]
 
 
 def _checkers(value: Any) -> list[CheckerSource]:
-    from proxy.model import EntryError, check_url, normalize_pool
+    from proxy.model import EntryError, check_url
 
     out = []
-    for item in _items(value, "checkers"):
+    for source in _seeds(value, "checkers", CheckerSource, "chain"):
         try:
-            source = CheckerSource(**{**item, "chain": str(item.get("chain", ""))})
             check_url(source.url)
-        except TypeError as exc:
-            raise ConfigError(f"[[proxy.checkers]] {exc}") from None
         except EntryError as exc:
             raise ConfigError(f"[[proxy.checkers]] {exc}") from None
         pool = normalize_pool(source.chain)

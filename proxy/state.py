@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -44,6 +45,9 @@ class RoutingState:
         self.versions: dict[str, str] = {}  # chain id → V (chain routes to pool "C-V")
         self.revision = 0
         self.max_weight = max_weight
+        # Called with a pool id when `pools/{pool}/cache/flush` is written (an admin flush
+        # reaches every proxy process sharing the store).
+        self.on_cache_flush: Callable[[str], Any] | None = None
         self.breaker = breaker  # every node's breaker settings
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
@@ -122,6 +126,10 @@ class RoutingState:
             pool_id = normalize_pool(parts[1])
             if pool_id is None or pool_id != parts[1]:
                 raise EntryError(f"bad pool id {parts[1]!r}")
+            if parts[2:] == ["cache", "flush"]:  # a command, not configuration
+                if value is not None and self.on_cache_flush is not None:
+                    self.on_cache_flush(pool_id)
+                return self.pools.get(pool_id)
             pool = self.pool(pool_id, create=value is not None)
             if pool is None:
                 return None

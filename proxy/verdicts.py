@@ -47,8 +47,12 @@ class CheckerVerdicts:
         upstream: Upstream,
         interval: float,
         timeout: float,
+        on_flagged: Callable[[str], Any] | None = None,
     ) -> None:
         self.sources = sources
+        # Called with the pool id when a node of it is newly flagged: the response cache
+        # forgets the pool's answers, which may be the flagged node's (proxy/reads.py).
+        self.on_flagged = on_flagged
         self._pools = pools
         self.upstream = upstream
         self.interval = interval
@@ -125,7 +129,10 @@ class CheckerVerdicts:
         for node in pool.readers:
             url = same_url(node.entry.url)
             if url in flagged:
+                before = node.diverged
                 self._judge(node, flagged[url], checker)
+                if node.diverged is not None and node.diverged is not before and self.on_flagged:
+                    self.on_flagged(pool.id)
 
     @staticmethod
     def _judge(node: Node, height: int | None, checker: str) -> None:

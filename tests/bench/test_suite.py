@@ -105,3 +105,46 @@ def test_without_go_the_reference_is_skipped_and_said(tmp_path: Path, monkeypatc
         assert suite.start_go_proxy(services, "http://127.0.0.1:1", None) is None
         assert not services.started
     assert suite.notes and "go not found" in suite.notes[0]
+
+
+def test_proxy_settings_of_the_suites_are_toml() -> None:
+    import tomllib
+
+    from bench.suite import parse_toml_setting, setting_lines
+
+    settings = dict(
+        parse_toml_setting(t) for t in ("cache_pools=[]", "coalesce=false", "head_history=64")
+    )
+    assert settings == {"cache_pools": [], "coalesce": False, "head_history": 64}
+    cfg = tomllib.loads(proxy_config("http://127.0.0.1:9", extra=setting_lines(settings)))
+    assert cfg["proxy"]["cache_pools"] == [] and cfg["proxy"]["coalesce"] is False
+    assert parse_toml_setting("store=x.json") == ("store", "x.json")  # not TOML: a string
+    with pytest.raises(Exception, match="NAME=VALUE"):
+        parse_toml_setting("cache_pools")
+
+
+def test_an_exact_mix_holds_each_method_its_count_of_times() -> None:
+    import orjson
+
+    from bench.bodies import BodyError, BodyPlan, fake_addresses
+
+    accounts = fake_addresses(80)
+    plan = BodyPlan(
+        mix=[("eth_call", 50), ("eth_getBalance", 50)],
+        batch=100,
+        addresses=accounts,
+        call_to="0x" + "11" * 20,
+        exact_mix=True,
+        pool_size=8,
+    )
+    bodies = [orjson.loads(b) for b in plan.build()]
+    assert len(bodies) == 8
+    for body in bodies:
+        assert [i["id"] for i in body] == list(range(100))
+        calls = [i for i in body if i["method"] == "eth_call"]
+        balances = [i["params"][0] for i in body if i["method"] == "eth_getBalance"]
+        assert len(calls) == 50 and len(set(balances)) == 50  # no account twice
+        assert all(c["params"][0]["to"] == "0x" + "11" * 20 for c in calls)
+        assert all(i["params"][-1] == "latest" for i in body)
+    with pytest.raises(BodyError):
+        BodyPlan(mix=[("eth_call", 50), ("eth_getBalance", 49)], batch=100, exact_mix=True)

@@ -86,6 +86,9 @@ class EventsStack:
         want = block_hash or self.chain.blocks[height]["Header"]["hash"]
         async with asyncio.timeout(20):
             while True:
+                if not self._pinned(height, want):  # the read path's `latest` (docs/proxy.md)
+                    await asyncio.sleep(0.01)
+                    continue
                 feed = self.events.feeds.get("1337")
                 if feed is not None and feed.listeners:
                     if any(b.number == height and b.hash == want for b in feed.blocks):
@@ -93,6 +96,20 @@ class EventsStack:
                 elif self.node.store.hash_at(height) == want:
                     return
                 await asyncio.sleep(0.01)
+
+    def _pinned(self, height: int, want: str) -> bool:
+        """Whether the proxy's read path resolves `latest` to that block or a newer one (with
+        the read path on, `latest` and eth_blockNumber answer at the head it knows)."""
+        reads = self.events_engine.reads
+        if reads is None:
+            return True
+        _, pool = self.events_engine.resolve("1337")  # type: ignore[misc]
+        latest = reads.request(pool).latest()
+        return (
+            latest is not None
+            and latest[0] >= height
+            and reads.heads.view(pool.id).hash_at(height) in (want, None)
+        )
 
     def logs(self, start: int = 0) -> list[dict[str, Any]]:
         return [log for h, log in self.chain.logs() if h >= start]

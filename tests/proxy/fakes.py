@@ -2,7 +2,9 @@
 
 A fake answers every served method with `{"node", "method", "height"}` so a test sees which
 node served an item at which height, keeps a window of heights like a `state` node (outside
-it → -39006), and can be made slow, failing or dead.
+it → -39006), and can be made slow, failing or dead. Block hashes carry their height (and a
+fork number, `reorg`), so a hash names a block of this node's chain or is unknown (-39006);
+`eth_getBlockByNumber` answers carry `number`, `hash` and `parentHash` too.
 """
 
 from __future__ import annotations
@@ -20,8 +22,15 @@ from tests.conftest import free_port
 TABLE = MethodTable(("trace_vendorBlock",))
 
 
-def block_hash(height: int) -> str:
-    return "0x" + height.to_bytes(32, "big").hex()
+def block_hash(height: int, fork: int = 0) -> str:
+    """The hash of block `height` of fork `fork` (0: the chain every fake starts on)."""
+    return "0x" + ((height << 64) | fork).to_bytes(32, "big").hex()
+
+
+def hash_parts(value: str) -> tuple[int, int]:
+    """(height, fork) of a fake block hash."""
+    number = int(value, 16)
+    return number >> 64, number & (2**64 - 1)
 
 
 class FakeNode:
@@ -40,10 +49,12 @@ class FakeNode:
         self.poll_delay = 0.0  # seconds before answering health polls
         self.http_status: int | None = None  # answer everything (polls too) with this status
         self.error_code: int | None = None  # answer every data item with this error
+        self.method_errors: dict[str, int] = {}  # answer items of these methods with an error
         self.fail_every = 0  # answer every Nth data request with HTTP 503 (0: never)
         self.pad = 0  # characters of padding in every data answer (large answers)
         self.received: list[dict[str, Any]] = []  # data items (polls excluded)
         self.bodies: list[bytes] = []
+        self.forks: list[tuple[int, int]] = []  # (from height, fork number), see `reorg`
         self.port = free_port()
         self._runner: web.AppRunner | None = None
 
@@ -67,6 +78,27 @@ class FakeNode:
             await self._runner.cleanup()
             self._runner = None
 
+    def reorg(self, from_height: int, fork: int) -> None:
+        """Blocks from `from_height` up are now those of fork `fork` (other hashes)."""
+        self.forks.append((from_height, fork))
+
+    def fork_at(self, height: int) -> int:
+        fork = 0
+        for start, number in self.forks:
+            if height >= start:  # a later reorg from a lower height replaces what was above
+                fork = number
+        return fork
+
+    def hash_at(self, height: int) -> str:
+        return block_hash(height, self.fork_at(height))
+
+    def header(self, height: int) -> dict[str, Any]:
+        return {
+            "number": hex(height),
+            "hash": self.hash_at(height),
+            "parentHash": self.hash_at(height - 1) if height > 0 else "0x" + "00" * 32,
+        }
+
     @property
     def earliest(self) -> int:
         return 0 if self.kind == "archive" else max(0, self.head - self.window + 1)
@@ -78,7 +110,7 @@ class FakeNode:
         body = await request.read()
         payload = orjson.loads(body)
         items = payload if isinstance(payload, list) else [payload]
-        polling = any(i.get("method") == "blockx_range" for i in items)
+        polling = any(i.get("method") in ("blockx_range", "writer_health") for i in items)
         if self.http_status is not None:
             return web.Response(status=self.http_status, text="fake failure")
         if not polling:
@@ -113,21 +145,27 @@ class FakeNode:
         if method == "blockx_range":
             return {"earliest": self.earliest, "latest": self.head}
         if polling and method == "eth_getBlockByNumber":
-            return {"number": hex(self.head), "hash": block_hash(self.head)}
+            return self.header(self.head)
         if self.error_code is not None:
             raise JsonRpcError(self.error_code, f"{self.name}: forced error")
+        if method in self.method_errors:
+            raise JsonRpcError(self.method_errors[method], f"{self.name}: forced {method} error")
         _, ref = TABLE.target(method, item.get("params"))
         height = self.head
         if ref is not None and not ref.contains:  # Contains: the node's own view
             if ref.number is not None:
                 height = ref.number
             elif ref.hash is not None:
-                height = int(ref.hash, 16)
+                height, fork = hash_parts(ref.hash)
+                if fork != self.fork_at(height):
+                    raise JsonRpcError(BLOCK_NOT_FOUND, f"{self.name}: block {ref.hash} not known")
             elif ref.tag == "earliest":
                 height = 0
         if not self.earliest <= height <= self.head:
             raise JsonRpcError(BLOCK_NOT_FOUND, f"{self.name}: block {height} not held")
-        result = {"node": self.name, "method": method, "height": height}
+        answer = {"node": self.name, "method": method, "height": height}
+        if method == "eth_getBlockByNumber":
+            answer.update(self.header(height))
         if self.pad:
-            result["pad"] = "x" * self.pad
-        return result
+            answer["pad"] = "x" * self.pad
+        return answer

@@ -71,11 +71,13 @@ async def test_ids_come_back_byte_exact(make_api) -> None:
 
 async def test_a_batch_for_one_node_goes_as_the_client_sent_it(two) -> None:
     api, state, _ = two
-    body = orjson.dumps([balance(rid=i) for i in range(5)] + [balance(rid="s")])
+    # Heights whose hashes the proxy has not seen: nothing to pin, and no two items alike
+    # (identical items would share one read, `latest` would be pinned to the head's hash).
+    body = orjson.dumps([balance(hex(990 + i), rid=i) for i in range(5)] + [balance("0x3d0", "s")])
     status, raw = await raw_rpc(api, body)
     assert status == 200 and [a["id"] for a in orjson.loads(raw)] == [0, 1, 2, 3, 4, "s"]
     assert state.bodies[-1] == body  # unchanged: the ids are unique
-    repeated = orjson.dumps([balance(rid=1), balance(rid=1)])
+    repeated = orjson.dumps([balance("0x3c1", rid=1), balance("0x3c2", rid=1)])
     _, raw = await raw_rpc(api, repeated)
     assert [a["id"] for a in orjson.loads(raw)] == [1, 1]
     assert [i["id"] for i in orjson.loads(state.bodies[-1])] == [0, 1]  # positions instead

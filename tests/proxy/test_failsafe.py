@@ -7,6 +7,7 @@ timings. Fake nodes (tests/proxy/fakes.py) sit on real loopback sockets.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import time
@@ -22,24 +23,37 @@ from proxy.methods import MethodTable
 from proxy.model import Node, NodeEntry, Pool
 from proxy.select import Selector
 from proxy.settings import ProxySettings
-from tests.proxy.conftest import ADDR, balance, fast_settings, wait_until
+from tests.proxy.conftest import ADDR, balance, fast_settings, req, wait_until
 
 SPEC = MethodTable().spec("eth_getBalance")
+ACCOUNTS = itertools.count()  # accounts `load` has not read yet
 
 
 def served_by(answer: dict[str, Any]) -> str:
     return answer["result"]["node"]
 
 
+def read(i: int, block: str = "latest") -> dict[str, Any]:
+    """eth_getBalance of an account of its own: no two reads alike (the proxy would answer
+    a repeated one from its response cache, or share one upstream call)."""
+    return req("eth_getBalance", [f"0x{i + 1:040x}", block], i)
+
+
+def fresh(rid: Any) -> dict[str, Any]:
+    """`read` of an account no request read before, with id `rid`."""
+    return req("eth_getBalance", [f"0x{next(ACCOUNTS) + 1:040x}", "latest"], rid)
+
+
 async def load(api: Any, n: int, concurrency: int, block: str = "latest") -> list[dict[str, Any]]:
-    """`n` single eth_getBalance requests, `concurrency` at a time: the answers."""
+    """`n` single eth_getBalance requests (each of its own account), `concurrency` at a time:
+    the answers."""
     answers: list[dict[str, Any]] = []
-    queue = list(range(n))
+    queue = [next(ACCOUNTS) for _ in range(n)]  # new accounts on every call
 
     async def client() -> None:
         while queue:
             rid = queue.pop()
-            _, answer = await api.rpc("1337", balance(block, rid))
+            _, answer = await api.rpc("1337", read(rid, block))
             answers.append(answer)
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -329,7 +343,7 @@ async def test_large_answers_wait_for_room_and_none_fails(make_api, fake_nodes) 
     a, b = await pool_of(api, fake_nodes, "a", "b")
     a.pad = b.pad = 300_000  # three answers fit in the budget at once
     a.delay = b.delay = 0.05
-    answers = await asyncio.gather(*(api.rpc("1337", balance(rid=i)) for i in range(12)))
+    answers = await asyncio.gather(*(api.rpc("1337", read(i)) for i in range(12)))
     assert all(status == 200 and len(x["result"]["pad"]) == 300_000 for status, x in answers)
     budget = api.proxy.upstream.budget
     assert budget.waits > 0 and budget.used == 0  # some waited; all released
@@ -355,7 +369,7 @@ async def test_batches_wait_for_room_in_the_budget_too(make_api, fake_nodes) -> 
     a.delay = b.delay = 0.05
 
     async def batch(i: int) -> tuple[int, Any]:
-        return await api.rpc("1337", [balance(rid=2 * i), balance(rid=2 * i + 1)])
+        return await api.rpc("1337", [fresh(2 * i), fresh(2 * i + 1)])
 
     results = await asyncio.gather(*(batch(i) for i in range(10)))
     items = [x for status, answer in results if status == 200 for x in answer]
@@ -373,13 +387,13 @@ async def test_a_batch_answer_over_max_answer_bytes_fails_every_item_once(
     a.pad = b.pad = 60_000  # one item fits, the batch's answer does not
     assert "result" in await api.call("1337", "eth_getBalance", [ADDR])
     sent = len(a.received) + len(b.received)
-    status, answer = await api.rpc("1337", [balance(rid=i) for i in range(3)])
+    status, answer = await api.rpc("1337", [fresh(i) for i in range(3)])
     assert status == 200 and [x["id"] for x in answer] == [0, 1, 2]
     for item in answer:
         assert item["error"]["code"] == -32603 and "max_answer_bytes" in item["error"]["message"]
     assert len(a.received) + len(b.received) == sent + 3  # sent once, not retried elsewhere
     assert node_of(api, "a").breaker.failures == node_of(api, "b").breaker.failures == 0
-    assert "result" in await api.call("1337", "eth_getBalance", [ADDR])  # the pool still works
+    assert "result" in (await api.rpc("1337", fresh(9)))[1]  # the pool still works
 
 
 # ---- batches go through the same loop ------------------------------------------------------
@@ -390,13 +404,13 @@ async def test_a_hung_node_costs_no_batch_item(make_api, fake_nodes) -> None:
     api = await make_api(settings)
     a, _, _ = await pool_of(api, fake_nodes, "a", "b", "c")
     for i in range(30):  # latency samples of batches: hedge delay and attempt timeout known
-        await api.rpc("1337", [balance(rid=10 * i + j) for j in range(10)])
+        await api.rpc("1337", [fresh(10 * i + j) for j in range(10)])
     a.delay = 30.0  # hung
     hung = node_of(api, "a")
     items: list[Any] = []
     for _ in range(20):  # each batch sent to it first is one failure (5 open the breaker)
         prefer(api, "a")
-        status, answer = await api.rpc("1337", [balance(rid=j) for j in range(10)])
+        status, answer = await api.rpc("1337", [fresh(j) for j in range(10)])
         assert status == 200
         items += answer
         if hung.breaker.state is OPEN:
@@ -405,7 +419,7 @@ async def test_a_hung_node_costs_no_batch_item(make_api, fake_nodes) -> None:
     before = len(a.received)
     for _ in range(10):
         prefer(api, "a")  # however fast it looks, an open breaker gets no traffic
-        items += (await api.rpc("1337", [balance(rid=j) for j in range(10)]))[1]
+        items += (await api.rpc("1337", [fresh(j) for j in range(10)]))[1]
     assert len(a.received) == before
     assert len(items) >= 150 and [x for x in items if "result" not in x] == []
     assert {x["result"]["node"] for x in items} <= {"b", "c"}  # every item from a working node
@@ -417,7 +431,7 @@ async def test_batch_items_of_a_503_node_are_retried_elsewhere(make_api, fake_no
     a, _ = await pool_of(api, fake_nodes, "a", "b")
     a.http_status = 503
     prefer(api, "a")
-    status, answer = await api.rpc("1337", [balance(rid=i) for i in range(5)])
+    status, answer = await api.rpc("1337", [fresh(i) for i in range(5)])
     assert status == 200 and [x["result"]["node"] for x in answer] == ["b"] * 5
     assert [x["id"] for x in answer] == [0, 1, 2, 3, 4]
     text = await metrics_text(api)
