@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from chainstate.tasks import stop_task
 from proxy import latency
 from proxy.model import Node, Pool
 from proxy.select import Selector
@@ -75,11 +76,8 @@ class HeadTracker:
         self._task = asyncio.create_task(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         polls = list(self._polling.values())
         for task in polls:
             task.cancel()

@@ -10,11 +10,11 @@ has (nothing) and keeps retrying in the background.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import orjson
 
+from chainstate.tasks import stop_task
 from proxy.model import EntryError, NodeEntry, WriterEntry, normalize_pool
 from proxy.settings import ProxySettings
 from proxy.state import RoutingState
@@ -43,11 +43,8 @@ class StoreSync:
         self._task = asyncio.create_task(self._follow(revision))
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         await self.store.close()
 
     async def _load(self) -> int:

@@ -18,7 +18,6 @@ stand (a liar stays out; one warning per outage). Without a quorum the checker f
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from chainstate.tasks import stop_task
 from proxy.model import Node, Pool
 from proxy.settings import CheckerSource
 from proxy.upstream import Upstream, UpstreamError
@@ -65,11 +65,8 @@ class CheckerVerdicts:
             self._task = asyncio.create_task(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

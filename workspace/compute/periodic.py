@@ -4,10 +4,11 @@ explicit start/close and a loop that survives a failing step (logged, tried agai
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from chainstate.tasks import stop_task
 
 log = logging.getLogger("workspace.compute")
 
@@ -29,11 +30,8 @@ class Periodic:
         self._task = asyncio.create_task(self._loop())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def _loop(self) -> None:
         if not self.first:
