@@ -307,15 +307,19 @@ class Heads:
         hashes = view.hashes
         states: list[Node] = []
         others: list[Node] = []
+        ejected: list[Node] = []  # breaker open: only when no other node is left
         for node in pool.readers:
             entry = node.entry
-            if not (entry.enabled and node.healthy and node.weight > 0):
-                continue
+            if not (entry.enabled and node.healthy and node.weight > 0) or node.distrusted:
+                continue  # a replica the checker flags must not set the head others answer at
             tip = tips.get(entry.key)
             if tip is None or hashes.get(tip.number) != tip.hash:
                 continue
+            if node.blocked:
+                ejected.append(node)
+                continue
             (states if entry.kind == "state" else others).append(node)
-        nodes = states or others
+        nodes = states or others or ejected
         if not nodes:
             return None
         tip = tips[self.selector.pick(nodes).key]

@@ -244,7 +244,8 @@ async def test_a_corrupted_replica_stops_getting_traffic_once_the_checker_flags_
                     good_at_flag.append(counted[0].data + counted[1].data)
                 sent_after = bool(flagged_at)
                 _, answer = await api.rpc("1337", balance_of(payee))
-                if answer["result"] == hex(12346):
+                assert "result" in answer, answer
+            if answer["result"] == hex(12346):
                     (wrong_after if sent_after else wrong_before).append(good_src.visible)
 
         clients = [asyncio.create_task(client()) for _ in range(4)]
