@@ -388,6 +388,25 @@ async def test_a_batch_is_kept_whole_only_when_its_latest_block_determines_it(
     assert [i["params"][1] for i in node.received[-2:]] == [new_head, new_head]
 
 
+async def test_a_flagged_replica_never_sets_the_pinned_head(make_api, fake_nodes) -> None:
+    """A replica the checker flags, one block ahead of the others: were its head pinned, the
+    good replicas would answer -39006 (they do not hold it) and the client would get an error."""
+    liar = await fake_nodes("liar", "state", head=1001)
+    good = await fake_nodes("good", "state", head=1000)
+    api = await make_api(fast_settings(**NO_CACHE, coalesce=False))
+    await api.add("1337", liar)
+    await api.add("1337", good)
+    await chain_known(api)
+    flagged = api.proxy.state.pools["1337"].find("liar")
+    flagged.diverged = {"height": 1000, "checker": "http://checker"}
+    flagged.update_blocked()
+    for i in range(20):
+        flagged.cost, flagged.cost_at = 0.0001, time.monotonic()  # it would win every pick
+        answer = await api.call("1337", "eth_call", [{"to": ADDR}], rid=i)
+        assert answer.get("result", {}).get("height") == 1000, answer
+    assert not [i for i in liar.received if i["method"] == "eth_call"]
+
+
 async def test_a_node_left_on_a_dropped_fork_gets_no_latest_reads(make_api, fake_nodes) -> None:
     a = await fake_nodes("a", "state")
     b = await fake_nodes("b", "state")
