@@ -17,6 +17,12 @@ or an invalid item, a notification, an id orjson may change, a writer method, a 
 mirrors, tracing or the access log on, a node that is not in process, has failed lately or
 declines the items (not plain reads: eth_call, headers, …), a retryable answer (-39006 goes to
 another node: the engine's job), or an exception.
+
+The route is the costly part in Python (the selector's candidates took as long as the node's
+read), so each pool's candidates are kept per (method, block class) while nothing they depend
+on changes (`PoolRoutes`): the readers list (rebuilt on every config change: nodes, weights,
+routes, Leader) and each reader's head, earliest block, health, breaker and checker verdict.
+The pick among the candidates (latency costs, in flight) is still made per body.
 """
 
 from __future__ import annotations
@@ -37,10 +43,33 @@ from proxy.breaker import CLOSED
 from proxy.engine import Admitted, Engine, access_log
 from proxy.methods import LocalMethod, MethodSpec
 from proxy.model import Node, Pool
-from proxy.select import POOL_HEAD, NoEligibleNode
+from proxy.select import NoEligibleNode
 
 # (node, its synchronous path, positions of the items it answers)
 Group = tuple[Node, AnswerItems, list[int]]
+MAX_ROUTES = 4096  # cached candidate lists per pool (methods × block classes); then cleared
+_UNCACHED = object()  # a block class the cache does not key (a block hash, `pending`)
+
+
+class PoolRoutes:
+    """One pool's candidates per (method, block class), valid for one `signature` of its
+    readers. A block height's class is its range between the selector's breakpoints (every
+    height of a range has the same candidates); a tag, no block or `Contains` is its own."""
+
+    __slots__ = ("any_inproc", "points", "readers", "signature", "table")
+
+    def __init__(self, readers: list[Node], signature: tuple[Any, ...], points: list[int]) -> None:
+        self.readers = readers
+        self.signature = signature
+        self.points = points
+        self.table: dict[tuple[str, Any], list[Node] | None] = {}
+        self.any_inproc = False
+
+
+def signature(readers: list[Node]) -> tuple[Any, ...]:
+    """What the candidates depend on that changes without a rebuild of the readers list:
+    heads, health, breakers (`blocked`) and checker verdicts."""
+    return tuple([(n.head, n.earliest, n.healthy, n.blocked, n.diverged) for n in readers])
 
 
 class InprocPath:
@@ -52,7 +81,7 @@ class InprocPath:
         self.max_body = engine.settings.max_body_bytes
         self.max_batch = engine.settings.max_batch_items
         self.max_answer = engine.settings.max_answer_bytes  # 0: no limit
-        self._inproc: dict[str, tuple[list[Node], bool]] = {}  # pool id → (its readers, any?)
+        self._routes: dict[str, PoolRoutes] = {}  # pool id → its cached candidates
 
     def answer(
         self, admitted: Admitted, body: bytes, headers: Mapping[str, str]
@@ -61,8 +90,11 @@ class InprocPath:
         engine = self.engine
         if engine.tracer is not None or len(body) > self.max_body:
             return None
-        chain, pool = admitted.chain, admitted.pool
-        if pool.mirrors or not self._has_inproc(pool) or access_log.isEnabledFor(logging.INFO):
+        pool = admitted.pool
+        if pool.mirrors or access_log.isEnabledFor(logging.INFO):
+            return None
+        routes = self.routes(pool)
+        if not routes.any_inproc:
             return None
         started = time.perf_counter()
         try:
@@ -70,9 +102,9 @@ class InprocPath:
         except orjson.JSONDecodeError:
             return None
         if type(payload) is dict:
-            shape, answered = "single", self._single(admitted, payload)
+            shape, answered = "single", self._single(admitted, routes, payload)
         elif type(payload) is list and 0 < len(payload) <= self.max_batch:
-            shape, answered = "batch", self._batch(admitted, payload)
+            shape, answered = "batch", self._batch(admitted, routes, payload)
         else:
             return None
         if answered is None:
@@ -82,28 +114,65 @@ class InprocPath:
             return None  # the engine answers it as too large, counted once
         metrics = engine.metrics
         metrics.client(headers.get("client-id"))
-        metrics.observe(chain, shape, time.perf_counter() - started)
+        metrics.observe(admitted.chain, shape, time.perf_counter() - started)
         return 200, out
 
-    def _has_inproc(self, pool: Pool) -> bool:
-        """Whether a reader of `pool` is in process with a synchronous path (worked out once
-        per version of the pool's readers, which are rebuilt on every change)."""
+    def routes(self, pool: Pool) -> PoolRoutes:
+        """The pool's cached candidates, started afresh when its readers list was rebuilt
+        (a config change) or a reader's head, health, breaker or verdict changed."""
         readers = pool.readers
-        known = self._inproc.get(pool.id)
-        if known is None or known[0] is not readers:
-            resolve = self.registry.resolve_items
-            found = any(resolve(node.entry.url) is not None for node in readers)
-            known = self._inproc[pool.id] = (readers, found)
-        return known[1]
+        sig = signature(readers)
+        routes = self._routes.get(pool.id)
+        if routes is not None and routes.readers is readers and routes.signature == sig:
+            return routes
+        points = self.engine.selector.breakpoints(pool, pool.head())
+        routes = self._routes[pool.id] = PoolRoutes(readers, sig, points)
+        resolve = self.registry.resolve_items
+        routes.any_inproc = any(resolve(node.entry.url) is not None for node in readers)
+        return routes
 
-    def _single(self, admitted: Admitted, item: Any) -> Any:
+    def candidates(
+        self, pool: Pool, routes: PoolRoutes, method: str, spec: MethodSpec, ref: BlockRef | None
+    ) -> list[Node] | None:
+        """The selector's candidates for one item (`Selector.candidates`, no node excluded),
+        from the cache when its block class is keyed; None when no node is eligible."""
+        if ref is None:
+            cls: Any = None
+        elif ref.tag is not None:
+            cls = _UNCACHED if ref.tag == "pending" else ref.tag
+        elif ref.contains:
+            cls = True
+        elif ref.number is not None:
+            cls = bisect_right(routes.points, ref.number)
+        else:
+            cls = _UNCACHED  # a block hash: its height is looked up per item
+        table = routes.table
+        if cls is not _UNCACHED:
+            key = (method, cls)
+            if key in table:
+                return table[key]
+        try:
+            nodes: list[Node] | None = self.engine.selector.candidates(pool, method, spec, ref)[0]
+        except NoEligibleNode:
+            nodes = None
+        if cls is not _UNCACHED:
+            if len(table) >= MAX_ROUTES:
+                table.clear()
+            table[key] = nodes
+        return nodes
+
+    def _single(self, admitted: Admitted, routes: PoolRoutes, item: Any) -> Any:
         """The answer of one request object, or None."""
         target = self._target(item)
         if target is None:
             return None
         method, spec, ref = target
-        node = self._choose(admitted.pool, method, spec, ref, POOL_HEAD, None)
-        answer_items = None if node is None else self._path(node)
+        pool = admitted.pool
+        nodes = self.candidates(pool, routes, method, spec, ref)
+        if nodes is None:
+            return None
+        node = self.engine.selector.pick(nodes)
+        answer_items = self._path(node)
         if answer_items is None:
             return None
         t0 = time.perf_counter()
@@ -115,15 +184,14 @@ class InprocPath:
         if got is None or not _final(got):
             return None
         answer = got[0]
-        self._attempt(admitted, node, method, elapsed)  # type: ignore[arg-type]
+        self._attempt(admitted, node, method, elapsed)
         outcome = "error" if "error" in answer else "ok"
-        metrics = self.engine.metrics
-        metrics.request(admitted.chain, method, node.key, outcome)  # type: ignore[union-attr]
+        self.engine.metrics.request(admitted.chain, method, node.key, outcome)
         return answer
 
-    def _batch(self, admitted: Admitted, items: list[Any]) -> list[Any] | None:
+    def _batch(self, admitted: Admitted, routes: PoolRoutes, items: list[Any]) -> list[Any] | None:
         """The answers of a batch in its order, or None."""
-        groups = self._route(admitted.pool, items)
+        groups = self._route(admitted.pool, routes, items)
         if groups is None or (len(groups) > 1 and self._tagged(items)):
             return None  # `latest` on several nodes: the engine pins one head (docs/proxy.md)
         answers: list[Any] = [None] * len(items)
@@ -167,33 +235,23 @@ class InprocPath:
                 return True
         return False
 
-    def _route(self, pool: Pool, items: list[Any]) -> list[Group] | None:
+    def _route(self, pool: Pool, routes: PoolRoutes, items: list[Any]) -> list[Group] | None:
         """Steps 1-3 for every item of a batch, as the engine's first attempt makes them:
-        the groups of items per chosen node, or None when the body is not for this path."""
-        routes = pool.routes
-        head = pool.head()
-        # A height is chosen for by its range between breakpoints (the same candidates), other
-        # block refs by identity (shared per text), as the engine's batches do.
-        points = self.engine.selector.breakpoints(pool, head)
-        chosen: dict[Any, Node] = {}
-        picked: dict[tuple[Node, ...], Node] = {}
+        the groups of items per chosen node (one pick per candidate list, as the engine's
+        batches do), or None when the body is not for this path."""
+        pick = self.engine.selector.pick
+        picked: dict[int, Node] = {}  # id of a candidate list → its pick for this batch
         groups: dict[Node, Group] = {}
         for pos, item in enumerate(items):
             target = self._target(item)
             if target is None:
                 return None
-            method, spec, ref = target
-            routed = method if routes and method in routes else None
-            if ref is not None and ref.number is not None and not ref.contains:
-                key = (routed, id(spec), bisect_right(points, ref.number))
-            else:
-                key = (routed, id(spec), id(ref))
-            node = chosen.get(key)
+            nodes = self.candidates(pool, routes, *target)
+            if nodes is None:
+                return None
+            node = picked.get(id(nodes))
             if node is None:
-                node = self._choose(pool, method, spec, ref, head, picked)
-                if node is None:
-                    return None
-                chosen[key] = node
+                node = picked[id(nodes)] = pick(nodes)
             group = groups.get(node)
             if group is None:
                 answer_items = self._path(node)
@@ -217,29 +275,6 @@ class InprocPath:
         except (JsonRpcError, LocalMethod):  # LocalMethod: filters, the engine diverts them
             return None
         return None if spec.writer else (method, spec, ref)
-
-    def _choose(
-        self,
-        pool: Pool,
-        method: str,
-        spec: MethodSpec,
-        ref: BlockRef | None,
-        head: Any,
-        picked: dict[tuple[Node, ...], Node] | None,
-    ) -> Node | None:
-        """Steps 2-3: the node, one pick per set of eligible nodes (`picked`), or None."""
-        selector = self.engine.selector
-        try:
-            nodes, _ = selector.candidates(pool, method, spec, ref, head=head)
-        except NoEligibleNode:
-            return None
-        if picked is None:
-            return selector.pick(nodes)
-        ids = tuple(nodes)
-        node = picked.get(ids)
-        if node is None:
-            node = picked[ids] = selector.pick(nodes)
-        return node
 
     def _path(self, node: Node) -> AnswerItems | None:
         """The node's synchronous path, when it has one and nothing about it needs the

@@ -17,21 +17,23 @@ import orjson
 import pytest
 
 from chainstate.inproc import InprocRegistry
+from nodes.state.vendor import parse_vendor_block
+from proxy.breaker import OPEN
 from tests.nodes.test_state_chain import random_chain
-from tests.nodes.test_state_reads import apply, make_node
+from tests.nodes.test_state_reads import make_node
 from tests.proxy.conftest import fast_settings, wait_until
 from tests.proxy.test_dataport import raw_rpc
 
 CHAIN = "1337"
 
 
-@pytest.fixture
-async def proxied(tmp_path: Path, make_api):
-    """(api, node, addresses, calls): the node entered twice; `calls` counts the bodies its
-    synchronous path for parsed items answered."""
+async def start_proxied(tmp_path: Path, make_api, chain: Any, blocks: int, **settings: Any):
+    """(api, node, calls): the first `blocks` blocks of `chain` in a real state node, entered
+    twice (as a state and an archive node); `calls` counts the bodies its synchronous path
+    for parsed items answered."""
     node = await make_node(tmp_path, kind="archive", hot_blocks=4)
-    chain, addrs = random_chain(seed=31, blocks=24)
-    await apply(node, chain, 0)
+    for raw in chain.blocks[:blocks]:
+        await node.ingest._apply(parse_vendor_block(raw))
     registry = InprocRegistry()
     calls = {"items": 0}
 
@@ -41,13 +43,21 @@ async def proxied(tmp_path: Path, make_api):
         return answers
 
     url = registry.register(node.key, node.handle_body, node.answer_now, answer_items)
-    api = await make_api(fast_settings(), registry=registry)
+    api = await make_api(fast_settings(**settings), registry=registry)
     for kind in ("state", "archive"):
         status, answer = await api.post(
             f"/{CHAIN}/addNode", {"key": kind, "url": url, "kind": kind}
         )
         assert status == 201, answer
     await api.heads_known(CHAIN)
+    return api, node, calls
+
+
+@pytest.fixture
+async def proxied(tmp_path: Path, make_api):
+    """(api, node, addresses, calls), see `start_proxied`."""
+    chain, addrs = random_chain(seed=31, blocks=24)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24)
     try:
         yield api, node, addrs, calls
     finally:
@@ -189,3 +199,58 @@ async def test_nodes_over_http_are_not_affected(make_api, fake_nodes) -> None:
     await api.heads_known(CHAIN)
     status, raw = await both(api, orjson.dumps(item(1, "eth_getBalance", "0x" + "11" * 20)))
     assert status == 200 and b'"result"' in raw
+
+
+def served_by(api, method: str = "eth_getBalance") -> dict[str, int]:
+    """Requests for `method` counted per node key (chainstate_proxy_requests)."""
+    out: dict[str, int] = {}
+    for (_, m, node, _), n in api.proxy.metrics.hot.requests.items():
+        if m == method:
+            out[node] = out.get(node, 0) + n
+    return out
+
+
+async def test_cached_routes_follow_weights_heads_and_breakers(tmp_path: Path, make_api) -> None:
+    """The in-process path keeps each pool's candidates per (method, block range): a weight
+    change (a pool rebuild), a head that moved a height out of the state window, and a
+    breaker that opened each change where the same request goes, in process."""
+    chain, addrs = random_chain(seed=32, blocks=40)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, state_window=8)
+    try:
+        pool = api.proxy.state.pools[CHAIN]
+        body = orjson.dumps(item(1, "eth_getBalance", addrs[0], hex(20)))  # head 23: in window
+
+        async def ask() -> dict[str, int]:
+            before, served = served_by(api), calls["items"]
+            status, raw = await raw_rpc(api, body)
+            assert status == 200 and b'"result"' in raw, raw
+            assert raw == await node.handle_body(body)
+            assert calls["items"] == served + 1  # in process, not the engine
+            after = served_by(api)
+            return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+
+        assert await ask() == {"state": 1}
+        assert await ask() == {"state": 1}  # from the cache
+        # A weight change rebuilds the pool's readers: the state node gets nothing.
+        status, answer = await api.post(f"/{CHAIN}/setWeight", {"key": "state", "weight": 0})
+        assert status == 200, answer
+        await wait_until(lambda: pool.find("state").weight == 0)
+        assert await ask() == {"archive": 1}
+        status, answer = await api.post(f"/{CHAIN}/setWeight", {"key": "state", "weight": 1})
+        assert status == 200, answer
+        await wait_until(lambda: pool.find("state").weight == 1)
+        assert await ask() == {"state": 1}
+        # The head moves on: height 20 leaves the state window (33 - 20 >= 8).
+        for raw in chain.blocks[24:34]:
+            await node.ingest._apply(parse_vendor_block(raw))
+        await wait_until(lambda: pool.head() == 33)
+        assert await ask() == {"archive": 1}
+        # Back in the window for a newer height; then the state node's breaker opens.
+        body = orjson.dumps(item(1, "eth_getBalance", addrs[0], hex(30)))
+        assert await ask() == {"state": 1}
+        breaker = pool.find("state").breaker
+        while breaker.state is not OPEN:
+            breaker.failure("state", "a failed attempt")
+        assert await ask() == {"archive": 1}
+    finally:
+        await node.close()
