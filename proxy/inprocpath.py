@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from bisect import bisect_right
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +38,7 @@ import orjson
 
 from chainstate.blockref import BlockRef
 from chainstate.inproc import AnswerItems, InprocRegistry
-from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError, check_request
+from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
 from proxy.engine import Admitted, Engine, access_log
@@ -181,13 +182,12 @@ class InprocPath:
         except Exception:  # the engine sends it again and counts the failure
             return None
         elapsed = time.perf_counter() - t0
-        if got is None or not _final(got):
+        errors = None if got is None else _final(got)
+        if errors is None:
             return None
-        answer = got[0]
         self._attempt(admitted, node, method, elapsed)
-        outcome = "error" if "error" in answer else "ok"
-        self.engine.metrics.request(admitted.chain, method, node.key, outcome)
-        return answer
+        self.engine.metrics.request(admitted.chain, method, node.key, "error" if errors else "ok")
+        return got[0]  # type: ignore[index]
 
     def _batch(self, admitted: Admitted, routes: PoolRoutes, items: list[Any]) -> list[Any] | None:
         """The answers of a batch in its order, or None."""
@@ -195,33 +195,43 @@ class InprocPath:
         if groups is None or (len(groups) > 1 and self._tagged(items)):
             return None  # `latest` on several nodes: the engine pins one head (docs/proxy.md)
         answers: list[Any] = [None] * len(items)
-        timings = []
-        for _, answer_items, positions in groups:
+        done = []  # (node, the items it answered, positions of its error answers, time)
+        for node, answer_items, positions in groups:
             sent = items if len(groups) == 1 else [items[i] for i in positions]
             t0 = time.perf_counter()
             try:
                 got = answer_items(sent)
             except Exception:  # the engine sends it again and counts the failure
                 return None
-            timings.append(time.perf_counter() - t0)
-            if got is None or not _final(got):
+            elapsed = time.perf_counter() - t0
+            errors = None if got is None else _final(got)
+            if errors is None:
                 return None
+            done.append((node, sent, errors, elapsed))
             if len(groups) == 1:
-                answers = got
+                answers = got  # type: ignore[assignment]
             else:
-                for i, answer in zip(positions, got, strict=True):
+                for i, answer in zip(positions, got, strict=True):  # type: ignore[arg-type]
                     answers[i] = answer
-        metrics = self.engine.metrics
-        chain = admitted.chain
-        for (node, _, positions), elapsed in zip(groups, timings, strict=True):
+        for node, sent, errors, elapsed in done:
             self._attempt(admitted, node, BATCH, elapsed)
-            counts: dict[tuple[str, str], int] = {}
-            for i in positions:
-                key = (items[i]["method"], "error" if "error" in answers[i] else "ok")
-                counts[key] = counts.get(key, 0) + 1
-            for (method, outcome), n in counts.items():
-                metrics.request(chain, method, node.key, outcome, n)
+            self._count(admitted.chain, node, sent, errors)
         return answers
+
+    def _count(self, chain: str, node: Node, sent: list[Any], errors: list[int]) -> None:
+        """The requests `node` answered, per method and outcome (counted in C: a batch's
+        items mostly share their method and have no error)."""
+        ok = Counter([item["method"] for item in sent])
+        failed: Counter[str] = Counter()
+        for i in errors:
+            method = sent[i]["method"]
+            ok[method] -= 1
+            failed[method] += 1
+        request = self.engine.metrics.request
+        for outcome, counts in (("ok", ok), ("error", failed)):
+            for method, n in counts.items():
+                if n:
+                    request(chain, method, node.key, outcome, n)
 
     def _tagged(self, items: list[Any]) -> bool:
         """Whether the read path is on and an item reads at a tag (`latest`, or a blockCtx
@@ -263,13 +273,16 @@ class InprocPath:
         return list(groups.values())
 
     def _target(self, item: Any) -> tuple[str, MethodSpec, BlockRef | None] | None:
-        """Step 1 for one item: (method, spec, block ref) of a valid read with an exact id."""
-        if check_request(item) is not None or "id" not in item:
+        """Step 1 for one item: (method, spec, block ref) of a read with an int or string id
+        and valid params. The rest of the envelope (`jsonrpc`, the params' type) is checked
+        once, by the node: it declines an item that fails (`answer_items` gives None), and
+        the engine answers the body."""
+        if type(item) is not dict:
             return None
-        rid = item["id"]
-        if type(rid) is not int and type(rid) is not str:
+        method = item.get("method")
+        rid = item.get("id")  # None: a notification (or a null id), the engine's
+        if type(method) is not str or (type(rid) is not int and type(rid) is not str):
             return None
-        method = item["method"]
         try:
             spec, ref = self.engine.methods.target(method, item.get("params"))
         except (JsonRpcError, LocalMethod):  # LocalMethod: filters, the engine diverts them
@@ -290,12 +303,16 @@ class InprocPath:
         self.engine.attempts.answered(admitted, node, lkey, elapsed, "ok")
 
 
-def _final(answers: list[Any]) -> bool:
-    """Every item answered, none with an error the engine retries on another node."""
-    for answer in answers:
+def _final(answers: list[Any]) -> list[int] | None:
+    """The positions of the error answers; None when an item has no answer or one with an
+    error the engine retries on another node."""
+    errors = []
+    for i, answer in enumerate(answers):
         if type(answer) is not dict:
-            return False
+            return None
         error = answer.get("error")
-        if error is not None and (type(error) is not dict or error.get("code") in RETRYABLE_CODES):
-            return False
-    return True
+        if error is not None:
+            if type(error) is not dict or error.get("code") in RETRYABLE_CODES:
+                return None
+            errors.append(i)
+    return errors

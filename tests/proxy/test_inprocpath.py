@@ -254,3 +254,29 @@ async def test_cached_routes_follow_weights_heads_and_breakers(tmp_path: Path, m
         assert await ask() == {"archive": 1}
     finally:
         await node.close()
+
+
+async def test_error_answers_in_a_batch_are_counted_as_errors(proxied) -> None:
+    """A slot the node rejects (the proxy checks only the address) is answered in process,
+    as the engine answers it, and counted as an error of its method; the rest as ok."""
+    api, _, addrs, calls = proxied
+    before = dict(api.proxy.metrics.hot.requests)
+    batch = [item(i, "eth_getBalance", addrs[0], hex(i)) for i in range(3)]
+    batch.append(item(3, "eth_getStorageAt", addrs[0], "0xnot-a-slot", "0x2"))
+    batch.append(item(4, "eth_getStorageAt", addrs[0], "0x1", "0x2"))
+    status, raw = await raw_rpc(api, orjson.dumps(batch))
+    assert calls["items"] == 1  # in process
+    answers = orjson.loads(raw)
+    assert status == 200 and [("error" in a) for a in answers] == [False] * 3 + [True, False]
+    assert answers[3]["error"]["code"] == -32602, answers[3]
+    engine_status, engine_raw = await api.proxy.engine.handle(CHAIN, orjson.dumps(batch), {})
+    assert (engine_status, engine_raw) == (status, raw)
+    added: dict[tuple[str, str], int] = {}
+    for key, n in api.proxy.metrics.hot.requests.items():
+        if n != before.get(key, 0):
+            added[(key[1], key[3])] = added.get((key[1], key[3]), 0) + n - before.get(key, 0)
+    assert added == {
+        ("eth_getBalance", "ok"): 6,  # the data port's answer and the engine's twin
+        ("eth_getStorageAt", "ok"): 2,
+        ("eth_getStorageAt", "error"): 2,
+    }
