@@ -57,13 +57,15 @@ class PoolRoutes:
     readers. A block height's class is its range between the selector's breakpoints (every
     height of a range has the same candidates); a tag, no block or `Contains` is its own."""
 
-    __slots__ = ("any_inproc", "points", "readers", "signature", "table")
+    __slots__ = ("any_inproc", "points", "readers", "seen", "signature", "table")
 
     def __init__(self, readers: list[Node], signature: tuple[Any, ...], points: list[int]) -> None:
         self.readers = readers
         self.signature = signature
         self.points = points
         self.table: dict[tuple[str, Any], list[Node] | None] = {}
+        # (method, number of params, the block param's text) → the candidates found for it
+        self.seen: dict[tuple[str, int, str], list[Node]] = {}
         self.any_inproc = False
 
 
@@ -134,9 +136,10 @@ class InprocPath:
 
     def candidates(
         self, pool: Pool, routes: PoolRoutes, method: str, spec: MethodSpec, ref: BlockRef | None
-    ) -> list[Node] | None:
-        """The selector's candidates for one item (`Selector.candidates`, no node excluded),
-        from the cache when its block class is keyed; None when no node is eligible."""
+    ) -> tuple[list[Node] | None, Any]:
+        """The selector's candidates for one item (`Selector.candidates`, no node excluded;
+        None when no node is eligible), from the cache when its block class is keyed, and
+        the class (_UNCACHED: not keyed)."""
         if ref is None:
             cls: Any = None
         elif ref.tag is not None:
@@ -151,7 +154,7 @@ class InprocPath:
         if cls is not _UNCACHED:
             key = (method, cls)
             if key in table:
-                return table[key]
+                return table[key], cls
         try:
             nodes: list[Node] | None = self.engine.selector.candidates(pool, method, spec, ref)[0]
         except NoEligibleNode:
@@ -160,18 +163,51 @@ class InprocPath:
             if len(table) >= MAX_ROUTES:
                 table.clear()
             table[key] = nodes
-        return nodes
+        return nodes, cls
+
+    def _item(
+        self, pool: Pool, routes: PoolRoutes, item: Any
+    ) -> tuple[str, list[Node], bool] | None:
+        """Steps 1-2 for one item: (method, its candidates, whether its params were checked
+        here), or None when the item is not for this path.
+
+        Its params are checked by the method table (`_target`), except when its block param
+        (the last) is a text seen before with as many params: then the candidates found
+        for it then are taken as they are. The node checks the params anyway; an error
+        answer to such an item sends the body to the engine, which answers it as before."""
+        if type(item) is not dict:
+            return None
+        method = item.get("method")
+        rid = item.get("id")  # None: a notification (or a null id), the engine's
+        if type(method) is not str or (type(rid) is not int and type(rid) is not str):
+            return None
+        params = item.get("params")
+        key = None
+        if type(params) is list and params and type(params[-1]) is str:
+            key = (method, len(params), params[-1])
+            nodes = routes.seen.get(key)
+            if nodes is not None:
+                return method, nodes, False
+        target = self._target(method, params)
+        if target is None:
+            return None
+        spec, ref = target
+        found, cls = self.candidates(pool, routes, method, spec, ref)
+        if found is None:
+            return None
+        if key is not None and cls is not _UNCACHED and spec.block_at == key[1] - 1:
+            seen = routes.seen
+            if len(seen) >= MAX_ROUTES:
+                seen.clear()
+            seen[key] = found
+        return method, found, True
 
     def _single(self, admitted: Admitted, routes: PoolRoutes, item: Any) -> Any:
         """The answer of one request object, or None."""
-        target = self._target(item)
-        if target is None:
+        routed = self._item(admitted.pool, routes, item)
+        if routed is None:
             return None
-        method, spec, ref = target
-        pool = admitted.pool
-        nodes = self.candidates(pool, routes, method, spec, ref)
-        if nodes is None:
-            return None
+        method, nodes, checked = routed
         node = self.engine.selector.pick(nodes)
         answer_items = self._path(node)
         if answer_items is None:
@@ -183,7 +219,7 @@ class InprocPath:
             return None
         elapsed = time.perf_counter() - t0
         errors = None if got is None else _final(got)
-        if errors is None:
+        if errors is None or (errors and not checked):
             return None
         self._attempt(admitted, node, method, elapsed)
         self.engine.metrics.request(admitted.chain, method, node.key, "error" if errors else "ok")
@@ -191,8 +227,11 @@ class InprocPath:
 
     def _batch(self, admitted: Admitted, routes: PoolRoutes, items: list[Any]) -> list[Any] | None:
         """The answers of a batch in its order, or None."""
-        groups = self._route(admitted.pool, routes, items)
-        if groups is None or (len(groups) > 1 and self._tagged(items)):
+        routed = self._route(admitted.pool, routes, items)
+        if routed is None:
+            return None
+        groups, checked = routed
+        if len(groups) > 1 and self._tagged(items):
             return None  # `latest` on several nodes: the engine pins one head (docs/proxy.md)
         answers: list[Any] = [None] * len(items)
         done = []  # (node, the items it answered, positions of its error answers, time)
@@ -205,8 +244,8 @@ class InprocPath:
                 return None
             elapsed = time.perf_counter() - t0
             errors = None if got is None else _final(got)
-            if errors is None:
-                return None
+            if errors is None or (errors and not checked):
+                return None  # (an item whose params the node alone checked: the engine's)
             done.append((node, sent, errors, elapsed))
             if len(groups) == 1:
                 answers = got  # type: ignore[assignment]
@@ -235,30 +274,34 @@ class InprocPath:
 
     def _tagged(self, items: list[Any]) -> bool:
         """Whether the read path is on and an item reads at a tag (`latest`, or a blockCtx
-        without block_id), which one node must resolve for the whole batch."""
+        without block_id), which one node must resolve for the whole batch (or has params
+        the method table refuses: the engine answers those)."""
         if self.engine.reads is None:
             return False
-        target = self.engine.methods.target
         for item in items:
-            ref = target(item["method"], item.get("params"))[1]
-            if ref is None or ref.tag is not None:
+            target = self._target(item["method"], item.get("params"))
+            if target is None or target[1] is None or target[1].tag is not None:
                 return True
         return False
 
-    def _route(self, pool: Pool, routes: PoolRoutes, items: list[Any]) -> list[Group] | None:
+    def _route(
+        self, pool: Pool, routes: PoolRoutes, items: list[Any]
+    ) -> tuple[list[Group], bool] | None:
         """Steps 1-3 for every item of a batch, as the engine's first attempt makes them:
         the groups of items per chosen node (one pick per candidate list, as the engine's
-        batches do), or None when the body is not for this path."""
+        batches do) and whether every item's params were checked here; or None when the
+        body is not for this path."""
         pick = self.engine.selector.pick
+        item_route = self._item
         picked: dict[int, Node] = {}  # id of a candidate list → its pick for this batch
         groups: dict[Node, Group] = {}
+        checked = True
         for pos, item in enumerate(items):
-            target = self._target(item)
-            if target is None:
+            routed = item_route(pool, routes, item)
+            if routed is None:
                 return None
-            nodes = self.candidates(pool, routes, *target)
-            if nodes is None:
-                return None
+            nodes = routed[1]
+            checked = checked and routed[2]
             node = picked.get(id(nodes))
             if node is None:
                 node = picked[id(nodes)] = pick(nodes)
@@ -270,24 +313,17 @@ class InprocPath:
                 groups[node] = (node, answer_items, [pos])
             else:
                 group[2].append(pos)
-        return list(groups.values())
+        return list(groups.values()), checked
 
-    def _target(self, item: Any) -> tuple[str, MethodSpec, BlockRef | None] | None:
-        """Step 1 for one item: (method, spec, block ref) of a read with an int or string id
-        and valid params. The rest of the envelope (`jsonrpc`, the params' type) is checked
-        once, by the node: it declines an item that fails (`answer_items` gives None), and
-        the engine answers the body."""
-        if type(item) is not dict:
-            return None
-        method = item.get("method")
-        rid = item.get("id")  # None: a notification (or a null id), the engine's
-        if type(method) is not str or (type(rid) is not int and type(rid) is not str):
-            return None
+    def _target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None] | None:
+        """Step 1 for one item: (spec, block ref) of a read with valid params. The rest of
+        the envelope (`jsonrpc`, the params' type) is checked once, by the node: it declines
+        an item that fails (`answer_items` gives None), and the engine answers the body."""
         try:
-            spec, ref = self.engine.methods.target(method, item.get("params"))
+            spec, ref = self.engine.methods.target(method, params)
         except (JsonRpcError, LocalMethod):  # LocalMethod: filters, the engine diverts them
             return None
-        return None if spec.writer else (method, spec, ref)
+        return None if spec.writer else (spec, ref)
 
     def _path(self, node: Node) -> AnswerItems | None:
         """The node's synchronous path, when it has one and nothing about it needs the

@@ -280,3 +280,36 @@ async def test_error_answers_in_a_batch_are_counted_as_errors(proxied) -> None:
         ("eth_getStorageAt", "ok"): 2,
         ("eth_getStorageAt", "error"): 2,
     }
+
+
+async def test_params_of_a_seen_block_text_are_still_checked(tmp_path: Path, make_api) -> None:
+    """A block text seen before routes an item without the method table's param checks (the
+    node checks them): an invalid address at that block is still answered as the engine
+    answers it, alone, in a batch, and in a batch across two nodes."""
+    chain, addrs = random_chain(seed=33, blocks=24)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, state_window=8)
+    try:
+        for height in (2, 20):  # archive / state (head 23, window 8): the texts seen
+            status, raw = await both(
+                api, orjson.dumps(item(1, "eth_getBalance", addrs[0], hex(height)))
+            )
+            assert status == 200 and b'"result"' in raw, raw
+        for bad in (
+            item(2, "eth_getBalance", "0x12", hex(2)),
+            item(2, "eth_getBalance", None, hex(2)),
+        ):
+            status, raw = await both(api, orjson.dumps(bad))
+            assert status == 200 and orjson.loads(raw)["error"]["code"] == -32602, raw
+        good = item(1, "eth_getBalance", addrs[1], hex(20))
+        for batch in ([good, bad], [bad, good], [item(3, "eth_getBalance", addrs[1], hex(2)), bad]):
+            status, raw = await both(api, orjson.dumps(batch))
+            answers = {a["id"]: a for a in orjson.loads(raw)}
+            assert answers[2]["error"]["code"] == -32602, raw
+            assert all("result" in a for rid, a in answers.items() if rid != 2), raw
+        served = calls["items"]
+        status, raw = await both(
+            api, orjson.dumps([good, item(4, "eth_getBalance", addrs[2], hex(2))])
+        )
+        assert status == 200 and calls["items"] == served + 2  # valid: in process, two nodes
+    finally:
+        await node.close()
