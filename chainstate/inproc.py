@@ -27,6 +27,7 @@ class InprocRegistry:
         self._handlers: dict[str, BodyHandler] = {}
         self._now: dict[str, AnswerNow] = {}
         self._items: dict[str, AnswerItems] = {}
+        self.version = 0  # bumped on every change: callers may keep what they resolved
 
     def register(
         self,
@@ -38,6 +39,7 @@ class InprocRegistry:
         """Register a handler under `name` (and its synchronous fast paths, if it has them:
         for raw bodies, and for parsed items); returns its URL."""
         self._handlers[name] = handler
+        self.version += 1
         for table, fast in ((self._now, answer_now), (self._items, answer_items)):
             if fast is not None:
                 table[name] = fast  # type: ignore[index]
@@ -46,6 +48,7 @@ class InprocRegistry:
         return SCHEME + name
 
     def unregister(self, name: str) -> None:
+        self.version += 1
         self._handlers.pop(name, None)
         self._now.pop(name, None)
         self._items.pop(name, None)

@@ -57,16 +57,19 @@ class PoolRoutes:
     readers. A block height's class is its range between the selector's breakpoints (every
     height of a range has the same candidates); a tag, no block or `Contains` is its own."""
 
-    __slots__ = ("any_inproc", "points", "readers", "seen", "signature", "table")
+    __slots__ = ("paths", "points", "readers", "registry", "seen", "signature", "table")
 
-    def __init__(self, readers: list[Node], signature: tuple[Any, ...], points: list[int]) -> None:
+    def __init__(
+        self, readers: list[Node], signature: tuple[Any, ...], points: list[int], registry: int
+    ) -> None:
         self.readers = readers
         self.signature = signature
         self.points = points
+        self.registry = registry  # the in-process registry's version
         self.table: dict[tuple[str, Any], list[Node] | None] = {}
         # (method, number of params, the block param's text) → the candidates found for it
         self.seen: dict[tuple[str, int, str], list[Node]] = {}
-        self.any_inproc = False
+        self.paths: dict[Node, AnswerItems] = {}  # readers with a synchronous path
 
 
 def signature(readers: list[Node]) -> tuple[Any, ...]:
@@ -97,7 +100,7 @@ class InprocPath:
         if pool.mirrors or access_log.isEnabledFor(logging.INFO):
             return None
         routes = self.routes(pool)
-        if not routes.any_inproc:
+        if not routes.paths:
             return None
         started = time.perf_counter()
         try:
@@ -122,16 +125,25 @@ class InprocPath:
 
     def routes(self, pool: Pool) -> PoolRoutes:
         """The pool's cached candidates, started afresh when its readers list was rebuilt
-        (a config change) or a reader's head, health, breaker or verdict changed."""
+        (a config change), a reader's head, health, breaker or verdict changed, or a node
+        (un)registered in process."""
         readers = pool.readers
         sig = signature(readers)
         routes = self._routes.get(pool.id)
-        if routes is not None and routes.readers is readers and routes.signature == sig:
+        version = self.registry.version
+        if (
+            routes is not None
+            and routes.readers is readers
+            and routes.signature == sig
+            and routes.registry == version
+        ):
             return routes
         points = self.engine.selector.breakpoints(pool, pool.head())
-        routes = self._routes[pool.id] = PoolRoutes(readers, sig, points)
-        resolve = self.registry.resolve_items
-        routes.any_inproc = any(resolve(node.entry.url) is not None for node in readers)
+        routes = self._routes[pool.id] = PoolRoutes(readers, sig, points, version)
+        for node in readers:
+            path = self.registry.resolve_items(node.entry.url)
+            if path is not None:
+                routes.paths[node] = path
         return routes
 
     def candidates(
@@ -209,7 +221,7 @@ class InprocPath:
             return None
         method, nodes, checked = routed
         node = self.engine.selector.pick(nodes)
-        answer_items = self._path(node)
+        answer_items = self._path(routes, node)
         if answer_items is None:
             return None
         t0 = time.perf_counter()
@@ -293,7 +305,8 @@ class InprocPath:
         body is not for this path."""
         pick = self.engine.selector.pick
         item_route = self._item
-        picked: dict[int, Node] = {}  # id of a candidate list → its pick for this batch
+        # id of a candidate list → (the list, kept alive while its id is a key; its pick)
+        picked: dict[int, tuple[list[Node], Node]] = {}
         groups: dict[Node, Group] = {}
         checked = True
         for pos, item in enumerate(items):
@@ -302,12 +315,15 @@ class InprocPath:
                 return None
             nodes = routed[1]
             checked = checked and routed[2]
-            node = picked.get(id(nodes))
-            if node is None:
-                node = picked[id(nodes)] = pick(nodes)
+            known = picked.get(id(nodes))
+            if known is None:
+                node = pick(nodes)
+                picked[id(nodes)] = (nodes, node)
+            else:
+                node = known[1]
             group = groups.get(node)
             if group is None:
-                answer_items = self._path(node)
+                answer_items = self._path(routes, node)
                 if answer_items is None:
                     return None
                 groups[node] = (node, answer_items, [pos])
@@ -325,13 +341,14 @@ class InprocPath:
             return None
         return None if spec.writer else (spec, ref)
 
-    def _path(self, node: Node) -> AnswerItems | None:
+    @staticmethod
+    def _path(routes: PoolRoutes, node: Node) -> AnswerItems | None:
         """The node's synchronous path, when it has one and nothing about it needs the
         engine's books: not failed lately, its breaker closed with no failure counted."""
         breaker = node.breaker
         if node.fails or not node.healthy or breaker.failures or breaker.state is not CLOSED:
             return None
-        return self.registry.resolve_items(node.entry.url)
+        return routes.paths.get(node)
 
     def _attempt(self, admitted: Admitted, node: Node, lkey: str, elapsed: float) -> None:
         """The node's books (latency cost, latency window, breaker) and the attempt's

@@ -313,3 +313,14 @@ async def test_params_of_a_seen_block_text_are_still_checked(tmp_path: Path, mak
         assert status == 200 and calls["items"] == served + 2  # valid: in process, two nodes
     finally:
         await node.close()
+
+
+async def test_a_node_unregistered_in_process_is_no_longer_called(proxied) -> None:
+    """The routes keep each reader's synchronous path until the registry changes."""
+    api, node, addrs, calls = proxied
+    body = orjson.dumps(item(1, "eth_getBalance", addrs[0], "0x3"))
+    status, raw = await both(api, body)
+    assert status == 200 and b'"result"' in raw and calls["items"] == 1
+    api.proxy.upstream.registry.unregister(node.key)
+    status, raw = await raw_rpc(api, body)
+    assert calls["items"] == 1 and b'"result"' not in raw, raw  # the engine: no such node
