@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import time
 from bisect import bisect_right
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,7 +67,8 @@ class PoolRoutes:
         self.registry = registry  # the in-process registry's version
         self.table: dict[tuple[str, Any], list[Node] | None] = {}
         # (method, number of params, the block param's text) → the candidates found for it
-        self.seen: dict[tuple[str, int, str], list[Node]] = {}
+        # … → (the candidates found for it, whether it reads at a tag)
+        self.seen: dict[tuple[str, int, str], tuple[list[Node], bool]] = {}
         self.paths: dict[Node, AnswerItems] = {}  # readers with a synchronous path
 
 
@@ -179,9 +179,10 @@ class InprocPath:
 
     def _item(
         self, pool: Pool, routes: PoolRoutes, item: Any
-    ) -> tuple[str, list[Node], bool] | None:
+    ) -> tuple[str, list[Node], bool, bool] | None:
         """Steps 1-2 for one item: (method, its candidates, whether its params were checked
-        here), or None when the item is not for this path.
+        here, whether it reads at a tag: `latest`, or a blockCtx without block_id), or None
+        when the item is not for this path.
 
         Its params are checked by the method table (`_target`), except when its block param
         (the last) is a text seen before with as many params: then the candidates found
@@ -197,9 +198,9 @@ class InprocPath:
         key = None
         if type(params) is list and params and type(params[-1]) is str:
             key = (method, len(params), params[-1])
-            nodes = routes.seen.get(key)
-            if nodes is not None:
-                return method, nodes, False
+            seen = routes.seen.get(key)
+            if seen is not None:
+                return method, seen[0], False, seen[1]
         target = self._target(method, params)
         if target is None:
             return None
@@ -207,19 +208,20 @@ class InprocPath:
         found, cls = self.candidates(pool, routes, method, spec, ref)
         if found is None:
             return None
+        tagged = ref is None or ref.tag is not None
         if key is not None and cls is not _UNCACHED and spec.block_at == key[1] - 1:
             seen = routes.seen
             if len(seen) >= MAX_ROUTES:
                 seen.clear()
-            seen[key] = found
-        return method, found, True
+            seen[key] = (found, tagged)
+        return method, found, True, tagged
 
     def _single(self, admitted: Admitted, routes: PoolRoutes, item: Any) -> Any:
         """The answer of one request object, or None."""
         routed = self._item(admitted.pool, routes, item)
         if routed is None:
             return None
-        method, nodes, checked = routed
+        method, nodes, checked, _ = routed
         node = self.engine.selector.pick(nodes)
         answer_items = self._path(routes, node)
         if answer_items is None:
@@ -242,8 +244,8 @@ class InprocPath:
         routed = self._route(admitted.pool, routes, items)
         if routed is None:
             return None
-        groups, checked = routed
-        if len(groups) > 1 and self._tagged(items):
+        groups, checked, tagged, method = routed
+        if len(groups) > 1 and tagged and self.engine.reads is not None:
             return None  # `latest` on several nodes: the engine pins one head (docs/proxy.md)
         answers: list[Any] = [None] * len(items)
         done = []  # (node, the items it answered, positions of its error answers, time)
@@ -266,55 +268,51 @@ class InprocPath:
                     answers[i] = answer
         for node, sent, errors, elapsed in done:
             self._attempt(admitted, node, BATCH, elapsed)
-            self._count(admitted.chain, node, sent, errors)
+            self._count(admitted.chain, node, sent, errors, method)
         return answers
 
-    def _count(self, chain: str, node: Node, sent: list[Any], errors: list[int]) -> None:
-        """The requests `node` answered, per method and outcome (counted in C: a batch's
-        items mostly share their method and have no error)."""
-        ok = Counter([item["method"] for item in sent])
-        failed: Counter[str] = Counter()
-        for i in errors:
-            method = sent[i]["method"]
-            ok[method] -= 1
-            failed[method] += 1
+    def _count(
+        self, chain: str, node: Node, sent: list[Any], errors: list[int], method: str | None
+    ) -> None:
+        """The requests `node` answered, per method and outcome (`method`: the batch's
+        only method, when it has one: then one count without errors)."""
         request = self.engine.metrics.request
-        for outcome, counts in (("ok", ok), ("error", failed)):
-            for method, n in counts.items():
-                if n:
-                    request(chain, method, node.key, outcome, n)
-
-    def _tagged(self, items: list[Any]) -> bool:
-        """Whether the read path is on and an item reads at a tag (`latest`, or a blockCtx
-        without block_id), which one node must resolve for the whole batch (or has params
-        the method table refuses: the engine answers those)."""
-        if self.engine.reads is None:
-            return False
-        for item in items:
-            target = self._target(item["method"], item.get("params"))
-            if target is None or target[1] is None or target[1].tag is not None:
-                return True
-        return False
+        if method is not None and not errors:
+            request(chain, method, node.key, "ok", len(sent))
+            return
+        counts: dict[tuple[str, str], int] = {}
+        failed = set(errors)
+        for i, item in enumerate(sent):
+            key = (item["method"], "error" if i in failed else "ok")
+            counts[key] = counts.get(key, 0) + 1
+        for (name, outcome), n in counts.items():
+            request(chain, name, node.key, outcome, n)
 
     def _route(
         self, pool: Pool, routes: PoolRoutes, items: list[Any]
-    ) -> tuple[list[Group], bool] | None:
+    ) -> tuple[list[Group], bool, bool, str | None] | None:
         """Steps 1-3 for every item of a batch, as the engine's first attempt makes them:
         the groups of items per chosen node (one pick per candidate list, as the engine's
-        batches do) and whether every item's params were checked here; or None when the
-        body is not for this path."""
+        batches do), whether every item's params were checked here, whether an item reads
+        at a tag, and the method of every item (None: several); or None when the body is
+        not for this path."""
         pick = self.engine.selector.pick
         item_route = self._item
         # id of a candidate list → (the list, kept alive while its id is a key; its pick)
         picked: dict[int, tuple[list[Node], Node]] = {}
         groups: dict[Node, Group] = {}
-        checked = True
+        checked, tagged, first, mixed = True, False, None, False
         for pos, item in enumerate(items):
             routed = item_route(pool, routes, item)
             if routed is None:
                 return None
+            if first is None:
+                first = routed[0]
+            elif routed[0] != first:
+                mixed = True
             nodes = routed[1]
             checked = checked and routed[2]
+            tagged = tagged or routed[3]
             known = picked.get(id(nodes))
             if known is None:
                 node = pick(nodes)
@@ -329,7 +327,7 @@ class InprocPath:
                 groups[node] = (node, answer_items, [pos])
             else:
                 group[2].append(pos)
-        return list(groups.values()), checked
+        return list(groups.values()), checked, tagged, None if mixed else first
 
     def _target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None] | None:
         """Step 1 for one item: (spec, block ref) of a read with valid params. The rest of
