@@ -19,6 +19,10 @@ from workspace.compute.sandbox.rundirs import RunDirs
 from workspace.compute.sandbox.uids import kill_run_processes
 
 _SIGNALS = frozenset(int(s) for s in signal.valid_signals())
+# After the run's processes are gone, its output and result pipes reach EOF at once; this only
+# bounds a pipe some leftover still holds. 2 s was too short for a busy machine's event loop
+# (CI once read no result from a `print('hi')` that had exited 0).
+PIPE_DRAIN_SECONDS = 10.0
 
 
 @dataclass
@@ -129,7 +133,7 @@ class SandboxProcess:
         duration_ms = int((time.monotonic() - self._t0) * 1000)
         for task in (self._out_task, self._res_task):
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(task), timeout=2.0)
+                await asyncio.wait_for(asyncio.shield(task), timeout=PIPE_DRAIN_SECONDS)
         result, too_large = self._res_task.result() if self._res_task.done() else (None, False)
         self._out_task.cancel()
         self._res_task.cancel()
