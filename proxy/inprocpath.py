@@ -22,7 +22,10 @@ The route is the costly part in Python (the selector's candidates took as long a
 read), so each pool's candidates are kept per (method, block class) while nothing they depend
 on changes (`PoolRoutes`): the readers list (rebuilt on every config change: nodes, weights,
 routes, Leader) and each reader's head, earliest block, health, breaker and checker verdict.
-The pick among the candidates (latency costs, in flight) is still made per body.
+The pick among the candidates (latency costs, in flight) is still made per body. An item
+whose block param is a text seen before takes its candidates without the method table's
+param checks: the node checks the params itself, and an error answer to such an item sends
+the body to the engine (`_item`).
 """
 
 from __future__ import annotations
@@ -66,8 +69,8 @@ class PoolRoutes:
         self.points = points
         self.registry = registry  # the in-process registry's version
         self.table: dict[tuple[str, Any], list[Node] | None] = {}
-        # (method, number of params, the block param's text) → the candidates found for it
-        # … → (the candidates found for it, whether it reads at a tag)
+        # (method, number of params, the block param's text) → (the candidates found for
+        # it, whether it reads at a tag): `InprocPath._item`
         self.seen: dict[tuple[str, int, str], tuple[list[Node], bool]] = {}
         self.paths: dict[Node, AnswerItems] = {}  # readers with a synchronous path
 
