@@ -174,9 +174,10 @@ class Request:
 
     def answer_early(self, body: bytes) -> bool:
         """Write this request's answer (200, or 204 for b"") now, while its handler still
-        runs: the proxy writes a node's answer from the node connection's callback and keeps
-        its books afterwards, off the client's latency. False (nothing written) unless every
-        earlier answer on the connection is out; the handler's own result is then dropped."""
+        runs (after the earlier answers on the connection, as always): the proxy writes a
+        node's answer from the node connection's callback and keeps its books afterwards,
+        off the client's latency. The handler's own result is then dropped; False when the
+        connection is gone (or this was answered already)."""
         conn, slot = self._conn, self._slot
         if conn is None or slot is None:
             return False
@@ -456,9 +457,9 @@ class _Connection(asyncio.Protocol):
             self._answer(slot, result, keep_alive, http10)
 
     def answer_early(self, slot: _Slot, body: bytes) -> bool:
-        """`Request.answer_early`: the answer of `slot` written now if it is next in line."""
-        pending = self.pending
-        if slot.early or self.transport is None or not pending or pending[0] is not slot:
+        """`Request.answer_early`: the answer of `slot` written now, or as soon as every
+        earlier answer is out (pipelined requests are answered in order)."""
+        if slot.early or self.transport is None:
             return False
         slot.early = True
         self._answer(slot, body, slot.keep_alive, slot.http10)
