@@ -210,7 +210,8 @@ async def test_instance_list_filters(stack: Stack, space: str) -> None:
     nb = await notebook(stack, space, "lister", "print('hi')\n")
     ids = [(await start(stack, nb, name=f"zeta-{i}"))["id"] for i in range(3)]
     for i in ids:
-        await ended(stack, i)
+        doc = await ended(stack, i)
+        assert doc["display_status"] == "succeeded", (doc["exit_message"], doc["exit_code"])
     a = stack.alice
     res = await a.ok("GET", "/v1/notebook/instance/list", notebook_id=nb["id"])
     assert res["total_count"] == 3 and [i["id"] for i in res["instances"]] == ids[::-1]
