@@ -152,26 +152,52 @@ class Headers:
 class Request:
     """One complete request as a handler sees it."""
 
-    __slots__ = ("body", "headers", "method", "path", "query")
+    __slots__ = ("_conn", "_slot", "body", "headers", "method", "path", "query")
 
     def __init__(
-        self, method: bytes, path: bytes, query: bytes, headers: Headers, body: bytes
+        self,
+        method: bytes,
+        path: bytes,
+        query: bytes,
+        headers: Headers,
+        body: bytes,
+        conn: _Connection | None = None,
+        slot: _Slot | None = None,
     ) -> None:
         self.method = method
         self.path = path
         self.query = query
         self.headers = headers
         self.body = body
+        self._conn = conn
+        self._slot = slot
+
+    def answer_early(self, body: bytes) -> bool:
+        """Write this request's answer (200, or 204 for b"") now, while its handler still
+        runs (after the earlier answers on the connection, as always): the proxy writes a
+        node's answer from the node connection's callback and keeps its books afterwards,
+        off the client's latency. The handler's own result is then dropped; False when the
+        connection is gone (or this was answered already)."""
+        conn, slot = self._conn, self._slot
+        if conn is None or slot is None:
+            return False
+        return conn.answer_early(slot, body)
 
 
 class _Slot:
-    """One answer in a connection's ordered queue (`data` is None until it is ready)."""
+    """One answer in a connection's ordered queue (`data` is None until it is ready;
+    `early`: written before its handler finished, whose result is then dropped)."""
 
-    __slots__ = ("close", "data")
+    __slots__ = ("close", "data", "early", "http10", "keep_alive")
 
-    def __init__(self, data: bytes | None = None, close: bool = False) -> None:
+    def __init__(
+        self, data: bytes | None = None, close: bool = False, http10: bool = False
+    ) -> None:
         self.data = data
         self.close = close
+        self.keep_alive = not close
+        self.http10 = http10
+        self.early = False
 
 
 class _Refused(Exception):
@@ -391,7 +417,8 @@ class _Connection(asyncio.Protocol):
         http10 = keep_alive and b"connection" in headers and self.parser.get_http_version() == "1.0"
         body = self.body
         raw = body[0] if len(body) == 1 else b"".join(body)
-        request = Request(self.method, self.path, self.query, Headers(headers), raw)
+        slot = _Slot(None, not keep_alive, http10)
+        request = Request(self.method, self.path, self.query, Headers(headers), raw, self, slot)
         try:
             result = self.handler(request)  # type: ignore[misc]
         except Exception:
@@ -408,7 +435,6 @@ class _Connection(asyncio.Protocol):
             else:
                 self._close()
             return
-        slot = _Slot(None, not keep_alive)
         pending.append(slot)
         if answered:
             self._answer(slot, result, keep_alive, http10)  # type: ignore[arg-type]
@@ -427,7 +453,17 @@ class _Connection(asyncio.Protocol):
         except Exception:
             log.exception("%s: request handler failed", self.server.name)
             result = (500, error_body(INTERNAL_ERROR, "internal error"))
-        self._answer(slot, result, keep_alive, http10)
+        if not slot.early:
+            self._answer(slot, result, keep_alive, http10)
+
+    def answer_early(self, slot: _Slot, body: bytes) -> bool:
+        """`Request.answer_early`: the answer of `slot` written now, or as soon as every
+        earlier answer is out (pipelined requests are answered in order)."""
+        if slot.early or self.transport is None:
+            return False
+        slot.early = True
+        self._answer(slot, body, slot.keep_alive, slot.http10)
+        return True
 
     def _render(self, result: Response, keep_alive: bool, http10: bool) -> bytes:
         extra = b""

@@ -258,7 +258,13 @@ def create_server(app: web.Application) -> HttpServer:
             if answered is not None:
                 admitted.pool.inflight -= 1  # type: ignore[union-attr]
                 return answered
-        return engine.handle(chain_id, request.body, request.headers, admitted)  # type: ignore[arg-type]
+        return engine.handle(
+            chain_id,
+            request.body,
+            request.headers,  # type: ignore[arg-type]
+            admitted,  # type: ignore[arg-type]
+            request.answer_early,
+        )
 
     def route(method: bytes, path: bytes) -> Any:
         # One path segment: `/1337`, `/0x539`, `/1337-blue`; %-escapes go to aiohttp, which

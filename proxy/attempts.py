@@ -90,10 +90,15 @@ class Attempts:
         `usable(answer)` says whether a second attempt's answer may win the race."""
         node = group.node
         race = self._race(ctx, group, body, usable) if len(group.cands) > 1 else None
+        # The client may get the first attempt's answer from its connection's callback
+        # (Ctx.answer_early: only an answer step 5 would return as it is). Never a second
+        # attempt's: it reaches the engine through the first one's future, and only then
+        # is it known to have won.
+        early = ctx.answer_early if ctx.early is not None else None
         if race is None:
-            return node, await self.attempt(ctx, node, body, group)
+            return node, await self.attempt(ctx, node, body, group, None, early)
         try:
-            raw = await self.attempt(ctx, node, body, group, race)
+            raw = await self.attempt(ctx, node, body, group, race, early)
             if race.task is not None and race.winner is None and not usable(raw):
                 # The first answer asks for a retry while a second attempt runs: the second
                 # one's answer serves (its node counts as tried: a retry would skip it).
@@ -172,19 +177,33 @@ class Attempts:
     # ---- one attempt ---------------------------------------------------------------------
 
     async def attempt(
-        self, ctx: Any, node: Node, body: bytes, group: Group, race: Race | None = None
+        self,
+        ctx: Any,
+        node: Node,
+        body: bytes,
+        group: Group,
+        race: Race | None = None,
+        early: Callable[[int, bytes], Any] | None = None,
     ) -> bytes:
-        """One upstream try with its bookkeeping: the raw answer, or UpstreamError."""
+        """One upstream try with its bookkeeping: the raw answer, or UpstreamError.
+        `early(status, body)` sees the answer first (Upstream.send)."""
         if self.tracer is None:
-            return await self._send(ctx, node, body, group.lkey, race, None)
+            return await self._send(ctx, node, body, group.lkey, race, None, early)
         with self.tracer.start_as_current_span("upstream.attempt") as span:
             span.set_attribute("node", node.key)
             span.set_attribute("attempt", group.round)
             span.set_attribute("items", len(group.items))
-            return await self._send(ctx, node, body, group.lkey, race, span)
+            return await self._send(ctx, node, body, group.lkey, race, span, early)
 
     async def _send(
-        self, ctx: Any, node: Node, body: bytes, lkey: str, race: Race | None, span: Any
+        self,
+        ctx: Any,
+        node: Node,
+        body: bytes,
+        lkey: str,
+        race: Race | None,
+        span: Any,
+        early: Callable[[int, bytes], Any] | None = None,
     ) -> bytes:
         breaker = node.breaker
         if breaker.state is HALF_OPEN:
@@ -193,7 +212,7 @@ class Attempts:
         ctx.nodes.append(node.key)
         started = time.perf_counter()
         try:
-            raw = await self.upstream.send(node.entry.url, body, self.ceiling, race, ctx)
+            raw = await self.upstream.send(node.entry.url, body, self.ceiling, race, ctx, early)
         except UpstreamError as exc:
             self._failed(ctx, node, exc, time.perf_counter() - started, span)
             raise

@@ -122,16 +122,29 @@ class Admitted:
 class Ctx:
     """One client request as it goes through the steps."""
 
-    __slots__ = ("chain", "heads", "keep", "methods", "nodes", "pool", "reserved")
+    __slots__ = ("chain", "early", "heads", "keep", "methods", "nodes", "pool", "reserved")
 
-    def __init__(self, chain: str, pool: Pool) -> None:
+    def __init__(self, chain: str, pool: Pool, early: Callable[[bytes], Any] | None = None) -> None:
         self.chain = chain
         self.pool = pool
+        # Writes the client's answer now (the data listener's Request.answer_early); set
+        # while a node's bytes, when final, are the answer exactly as the node sent them.
+        self.early = early
         self.methods: list[str] = []
         self.nodes: list[str] = []  # every node tried (access log)
         self.reserved = 0  # answer bytes held for it in the buffered-bytes budget
         self.heads: Any = None  # the request's resolved heads (proxy/heads.RequestHeads)
         self.keep: tuple[tuple[str, int], ...] | None = None  # a whole batch to cache: methods
+
+    def answer_early(self, status: int, raw: bytes) -> None:
+        """A node's answer, the moment it is complete (from its connection's callback): when
+        it is final as it is (a 200 whose bytes ask for no retry, the same test as step 5
+        makes), the client gets it now, and the books, metrics and logs of the request follow
+        after the write instead of before it (the added latency at c=1, docs/proxy.md)."""
+        write = self.early
+        if write is not None and status == 200 and raw and not outcome.of_raw(raw).retry:
+            self.early = None
+            write(raw)
 
 
 class Item:
@@ -280,10 +293,14 @@ class Engine:
         body: bytes,
         headers: Mapping[str, str],
         admitted: Admitted | None = None,
+        early: Callable[[bytes], Any] | None = None,
     ) -> Answer:
         """Answer one client body: (HTTP status, response body; b"" with 204), and extra
         header lines when the pool refuses it (`Retry-After` with a 503). `admitted`: what
-        `admit(chain_id)` gave, when the caller asked already."""
+        `admit(chain_id)` gave, when the caller asked already. `early(body)`: writes a 200
+        answer to the client before this returns (a single request's node answer, final
+        as the node sent it, goes out from the node connection's callback); the returned
+        answer is then the same bytes, which the caller no longer writes."""
         started = time.perf_counter()
         if admitted is None:
             entry = self.admit(chain_id)
@@ -293,9 +310,9 @@ class Engine:
         self.inflight += 1
         try:
             if self.tracer is None:
-                return await self._handle(admitted, body, headers, None, started)
+                return await self._handle(admitted, body, headers, None, started, early)
             with self.tracer.start_as_current_span("jsonrpc.request") as span:
-                return await self._handle(admitted, body, headers, span, started)
+                return await self._handle(admitted, body, headers, span, started, early)
         finally:
             self.inflight -= 1
             admitted.pool.inflight -= 1
@@ -307,6 +324,7 @@ class Engine:
         headers: Mapping[str, str],
         span: Any,
         started: float,
+        early: Callable[[bytes], Any] | None = None,
     ) -> Answer:
         chain, pool = admitted.chain, admitted.pool
         ctx = Ctx(chain, pool)
@@ -332,6 +350,7 @@ class Engine:
                         shape, size = "batch", len(payload)
                         status, out = await self._batch(ctx, payload, body)
                     else:
+                        ctx.early = early
                         status, out = await self._single(ctx, payload, body)
         except LocalMethod:  # raised only once divert() has set the handler
             assert self._divert is not None
@@ -375,6 +394,8 @@ class Engine:
         if ctx.pool.mirrors:
             self.mirrors.offer_single(ctx.pool, method, body)
         rid = _exact_id(payload, body, payload.get("id"))
+        if notif or spec.writer or type(rid) is orjson.Fragment:
+            ctx.early = None  # the answer is not the node's bytes as they are (see below)
         item = Item(0, payload, rid, method, spec, ref, notif)
         answers: list[Any] = [None]
         sent = body

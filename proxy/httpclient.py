@@ -15,13 +15,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import httptools
 
 from proxy.buffers import ByteBudget
+
+log = logging.getLogger(__name__)
 
 
 class HttpError(ConnectionError):
@@ -44,6 +48,7 @@ class _Connection(asyncio.Protocol):
     __slots__ = (
         "_body",
         "_complete",
+        "_early",
         "_framed",
         "_headers_done",
         "_received",
@@ -66,6 +71,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self._early: Callable[[int, bytes], Any] | None = None
         self._body: list[bytes] = []
         self._complete = False
         self._headers_done = False
@@ -154,16 +160,28 @@ class _Connection(asyncio.Protocol):
         # holds the joined answer (8 MB answers stayed in memory per idle connection).
         waiter, self._waiter = self._waiter, None
         body, self._body = self._body, []
+        early, self._early = self._early, None
         if waiter is not None and not waiter.done():
-            waiter.set_result((self.status, body[0] if len(body) == 1 else b"".join(body)))
+            answer = body[0] if len(body) == 1 else b"".join(body)
+            if early is not None:  # the client may have its answer before the task wakes
+                try:
+                    early(self.status, answer)
+                except Exception:
+                    log.exception("writing an answer early failed")
+            waiter.set_result((self.status, answer))
 
     def _fail(self, exc: Exception) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
-    def send(self, data: bytes, holder: Any = None) -> asyncio.Future[tuple[int, bytes]]:
+    def send(
+        self, data: bytes, holder: Any = None, early: Callable[[int, bytes], Any] | None = None
+    ) -> asyncio.Future[tuple[int, bytes]]:
+        """Write a request; its answer comes as the future's (status, body), and is first
+        given to `early(status, body)` (called from this protocol's callback) when set."""
         assert self.transport is not None
+        self._early = early
         self._body = []
         self._complete = self._headers_done = self._framed = False
         self.got_bytes = False
@@ -212,11 +230,19 @@ class HostPool:
         self._busy = 0  # exchanges in flight (a counter: no semaphore on the hot path)
         self._waiters: deque[asyncio.Future[None]] = deque()  # for a slot, first come first
 
-    async def post(self, body: bytes, race: Any = None, holder: Any = None) -> tuple[int, bytes]:
+    async def post(
+        self,
+        body: bytes,
+        race: Any = None,
+        holder: Any = None,
+        early: Callable[[int, bytes], Any] | None = None,
+    ) -> tuple[int, bytes]:
         """(status, body) of one POST; raises HttpError or OSError (and CancelledError from
         the caller's deadline: SlotWaitCancelled while the proxy itself held it up). `race`
         (proxy/hedge.py) is given the answer's future once the request is sent; the answer's
-        bytes are reserved for `holder` in the buffered-bytes budget (proxy/buffers.py)."""
+        bytes are reserved for `holder` in the buffered-bytes budget (proxy/buffers.py);
+        `early(status, body)` sees the answer as soon as it is complete, before this
+        coroutine resumes (the engine writes a final answer to its client from there)."""
         data = b"%b%d\r\n\r\n%b" % (self._head, len(body), body)
         if self._busy < self._limit and not self._waiters:
             self._busy += 1
@@ -229,7 +255,7 @@ class HostPool:
                 if conn is None:
                     conn = await self._connect()
                 try:
-                    waiter = conn.send(data, holder)
+                    waiter = conn.send(data, holder, early)
                     if race is not None:
                         race.attach(waiter)
                     answer = await waiter

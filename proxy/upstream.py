@@ -11,6 +11,7 @@ per-attempt `asyncio.timeout`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -93,18 +94,26 @@ class Upstream:
         return self._deadlines
 
     async def send(
-        self, url: str, body: bytes, limit: float, race: Any = None, holder: Any = None
+        self,
+        url: str,
+        body: bytes,
+        limit: float,
+        race: Any = None,
+        holder: Any = None,
+        early: Callable[[int, bytes], Any] | None = None,
     ) -> bytes:
         """The raw response body (b"" for a 204) within `limit` seconds. Raises
         UpstreamError. `race` (proxy/hedge.py, plain-http nodes only) may end the wait
         early with another node's answer; the answer's bytes count for `holder` (an object
-        with a `reserved` int, released by the caller) in the buffered-bytes budget."""
+        with a `reserved` int, released by the caller) in the buffered-bytes budget.
+        `early(status, body)` (plain-http nodes) is given the answer the moment it is
+        complete, before this coroutine resumes: the engine answers its client from there."""
         deadline = self._deadlines.start(limit)
         try:
             if url.startswith("http://"):
                 pool = self._pools.get(url) or self._pool(url)
                 try:
-                    status, data = await pool.post(body, race, holder)
+                    status, data = await pool.post(body, race, holder, early)
                 except AnswerTooLarge as exc:
                     raise UpstreamError("too_large", f"{url}: {exc}") from None
                 except (HttpError, OSError) as exc:

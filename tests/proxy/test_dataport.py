@@ -3,6 +3,7 @@ aiohttp behind it, and what the fast paths must keep exact (ids, bytes, limits).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -187,3 +188,43 @@ async def test_an_in_process_node_answers_plain_reads_at_once(make_api) -> None:
     assert calls["now"] == 1
     assert (await api.call("1337", "eth_blockNumber"))["result"] == "0x3e8"
     assert calls["handler"] >= 1
+
+
+async def test_early_answers_keep_pipelined_order_and_the_books(make_api, fake_nodes) -> None:
+    """A node's final answer goes to the client from the node connection's callback, but
+    never ahead of an earlier request's answer on the same connection, and the request is
+    still counted (attempt, outcome) once the client has it."""
+    slow, fast = await fake_nodes("slow", "state"), await fake_nodes("fast", "state")
+    slow.delay = 0.3
+    api = await make_api()
+    await api.add("1337", slow)
+    await api.add("1338", fast)
+    reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
+    first, second = call(b'"a"'), call(b'"b"')
+    head = b"POST /%s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+    writer.write(head % (b"1337", len(first)) + first + head % (b"1338", len(second)) + second)
+    answers = []
+    for _ in range(2):
+        status = await reader.readline()
+        length = 0
+        while (line := await reader.readline()) != b"\r\n":
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        answers.append((status, orjson.loads(await reader.readexactly(length))))
+    writer.close()
+    assert [(s.split()[1], a["id"], "result" in a) for s, a in answers] == [
+        (b"200", "a", True),
+        (b"200", "b", True),
+    ], answers
+    # An early answer still keeps its books: a plain single read, written from the fast
+    # node's connection, counted as an ok attempt and an ok request.
+    status, raw = await raw_rpc(api, call(b"7"))
+    assert status == 200 and raw.startswith(b'{"jsonrpc":"2.0","id":7,'), raw
+    text = await (await api.client.get("/metrics")).text()
+    counted = {
+        line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("chainstate_proxy_upstream_attempts_total{")
+    }
+    assert counted.get('chain="1337",node="slow",outcome="ok"') == 2.0, counted
+    assert counted.get('chain="1338",node="fast",outcome="ok"') == 1.0, counted
