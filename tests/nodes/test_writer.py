@@ -403,10 +403,12 @@ async def test_http_app_health_and_metrics(writer: WriterNode) -> None:
             async with session.get(url + "/health") as resp:
                 assert resp.status == 200
                 health = await resp.json()
-            assert health["status"] == "ok" and health["head"] == writer.head
+            assert health["status"] == "ok" and health["head"] <= (writer.head or 0)
             async with session.get(url + "/metrics") as resp:
                 text = await resp.text()
-            assert f"chainstate_writer_head {float(writer.head or 0)}" in text
+            # the chain keeps moving: the gauge lies between the head /health saw and now's
+            (line,) = [ln for ln in text.splitlines() if ln.startswith("chainstate_writer_head ")]
+            assert health["head"] <= float(line.split()[1]) <= (writer.head or 0)
             assert "chainstate_writer_trace_calls" in text
             async with session.post(url + "/", data=b"{not json") as resp:
                 assert (await resp.json())["error"]["code"] == -32700
