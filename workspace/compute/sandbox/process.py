@@ -128,7 +128,10 @@ class SandboxProcess:
             self.kill("canceled")
             await asyncio.shield(self.proc.wait())
             raise
-        kill_run_processes(self.pid, self.uid)  # leftovers (daemonized children) die too
+        # leftovers (daemonized children) die too; off the loop: a fork bomb's kill walks every
+        # process repeatedly, and a loop blocked that long let other runs' pipe-drain
+        # windows expire before their results were read (recorded as `crashed`)
+        await asyncio.to_thread(kill_run_processes, self.pid, self.uid)
         finished = time.time()
         duration_ms = int((time.monotonic() - self._t0) * 1000)
         for task in (self._out_task, self._res_task):
