@@ -33,6 +33,7 @@ from nodes.devnet.recovery import catch_up_writers, read_state, restore_chain
 from nodes.devnet.rpc import EthClient
 from nodes.devnet.workload import WorkloadRecord, fresh_address, run_workload
 from nodes.writer.service import STORE_FILE, WriterNode
+from nodes.writer import blockdiff as bd
 from nodes.writer.store import BlockStore
 from proxy.app import create_app
 from proxy.settings import ProxySettings
@@ -459,3 +460,99 @@ async def test_a_write_node_behind_takes_the_blocks_anvil_cannot_replay(
         for store in [original, *copies]:
             store.close()
     assert catch_up_writers(state, stores) == []  # nothing left to take
+
+
+def tear(state: dict[str, Any], store: BlockStore, head: int) -> dict[str, Any]:
+    """The file anvil 1.7.1 sometimes dumps while it mines (seen in about 1 dump in 30 under
+    load): blocks, block env and historical states up to `head`, but the accounts already
+    of the block after it. Made here from a complete dump whose head is `head + 1`."""
+    torn = dict(state)
+    torn["blocks"] = [b for b in state["blocks"] if int(b["header"]["number"], 16) <= head]
+    torn["transactions"] = [t for t in state["transactions"] if t["block_number"] <= head]
+    torn["best_block_number"] = head
+    torn["block"] = dict(state["block"], number=hex(head))
+    above = {"0x" + (store.hash_at(head + 1) or "")[2:]}
+    torn["historical_states"] = [h for h in state["historical_states"] if h[0] not in above]
+    return torn
+
+
+def stored_state(store: BlockStore, head: int) -> dict[tuple[str, str], str]:
+    """Every value the write node's StateDiffs set up to `head` (what a state node holds)."""
+    values: dict[tuple[str, str], str] = {}
+    for n in range(head + 1):
+        raw = store.output_by_number(n)
+        assert raw is not None
+        for addr, change in orjson.loads(raw)["StateDiff"]["post"].items():
+            for kind in ("balance", "nonce", "code"):
+                if kind in change:
+                    values[(addr, kind)] = change[kind]
+            for slot, value in (change.get("storage") or {}).items():
+                values[(addr, slot)] = value
+    return values
+
+
+async def test_a_dump_whose_accounts_moved_past_its_head_is_not_loaded(tmp_path: Path) -> None:
+    """anvil's dump can hold the accounts of a block that its block list does not have yet
+    (written while that block was mined). Loaded as it is, anvil mines the next block on
+    those accounts and the write node's StateDiff of that block starts from values no block
+    produced: the state nodes reject it for good (PreStateMismatch, CI seed 694308062). Such
+    a file is set aside and anvil restored from the write nodes' blocks instead."""
+    state = tmp_path / "anvil-state.json"
+    store_path = tmp_path / "writer" / STORE_FILE
+    anvil = AnvilProcess(port=free_port(), genesis=GENESIS, state_path=state)
+    await anvil.start()
+    eth = EthClient(anvil.url)
+    writer = make_writer(anvil.url, tmp_path / "writer")
+    await writer.start()
+    try:
+        accounts = await eth.call("eth_accounts")
+        await send(eth, {"from": accounts[1], "to": fresh_address(730), "value": "0x1"})
+        head = int(await eth.call("eth_blockNumber"), 16)
+        await writer.wait_for_head(head)
+        await writer.close()
+        # The next block is mined but not stored: the kill comes before the writer polls.
+        await send(eth, {"from": accounts[1], "to": fresh_address(731), "value": "0x2"})
+    finally:
+        await eth.close()
+        await anvil.stop()  # SIGTERM: anvil dumps its state (with its recent history)
+    anvil.settle_previous()
+    complete = read_state(state)
+    assert complete is not None and complete["best_block_number"] == head + 1
+    store = BlockStore(store_path)
+    try:
+        await asyncio.to_thread(
+            state.write_bytes, orjson.dumps(tear(complete, store, head))
+        )
+    finally:
+        store.close()
+
+    said = restore_chain(state, [("writer-r", store_path)])
+    assert said is not None and f"restored to the write nodes' head {head}" in said, said
+    assert f"accounts are not the state of its head block {head}" in said, said
+    assert (tmp_path / "anvil-state.damaged.json").exists()
+
+    async with AnvilProcess(port=free_port(), genesis=GENESIS, state_path=state) as again:
+        eth = EthClient(again.url)
+        writer = make_writer(again.url, tmp_path / "writer")
+        await writer.start()
+        try:
+            await send(eth, {"from": accounts[1], "to": fresh_address(732), "value": "0x3"})
+            await writer.wait_for_head(head + 1, within=20)
+        finally:
+            await writer.close()
+            await eth.close()
+    store = BlockStore(store_path)
+    try:
+        before = stored_state(store, head)
+        raw = store.output_by_number(head + 1)
+        assert raw is not None
+        pre = orjson.loads(raw)["StateDiff"]["pre"]
+    finally:
+        store.close()
+    # Each value the new block changed starts from the stored state: what verify_pre checks.
+    for addr, change in pre.items():
+        for key, value in change.items():
+            items = value.items() if key == "storage" else [(key, value)]
+            for name, old in items:
+                zero = bd.zero_of("storage" if key == "storage" else key)
+                assert before.get((addr, name), zero) == old, (addr, name)
