@@ -19,6 +19,7 @@ file into anvil and compares every block and receipt with the original chain.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 import orjson
 
 from nodes.devnet.anvil import damaged_state_path
+from nodes.writer.blockdiff import keccak256
 from nodes.writer.store import BlockStore
 
 # Fields of an execution client's block object that are not header fields.
@@ -131,6 +133,11 @@ def _restore(state_path: Path, chain: StoredChain, head: int) -> str:
         if state_path.exists():
             what = f"damaged (kept as {_set_aside(state_path).name})"
         why = f"its state file was {what}"
+    elif (moved := accounts_past_head(state)) is not None:
+        why = (
+            f"its state file's accounts are not the state of its head block {moved} (anvil "
+            f"wrote it while mining the next block; kept as {_set_aside(state_path).name})"
+        )
     else:
         file_head = int(state.get("best_block_number", -1))
         if holds(state, chain.block(head)):
@@ -228,6 +235,90 @@ def holds(state: dict[str, Any], block: dict[str, Any]) -> bool:
 def header_of(block: dict[str, Any]) -> dict[str, str]:
     """The consensus header fields of an execution client's block object."""
     return {k: str(v).lower() for k, v in block.items() if k not in NOT_HEADER}
+
+
+def accounts_past_head(state: dict[str, Any]) -> int | None:
+    """The file's head height when its accounts are not that block's state, else None.
+
+    anvil 1.7.1 does not dump atomically: a dump written while a block is mined can hold
+    the blocks up to N but the accounts after N+1. Loaded, anvil would mine on state that no
+    block of its chain produced (the write nodes' next StateDiff would not start from their
+    stored state, and the state nodes would reject it for good). The file's own historical
+    state of block N tells; a file without one (anvil's first dump, a restored file) is
+    taken as consistent."""
+    head = int(state.get("best_block_number", -1))
+    kept = _historical_state(state, head)
+    if kept is None:
+        return None
+    accounts = {a.lower(): _account_of_dump(v) for a, v in (state.get("accounts") or {}).items()}
+    storage = {a.lower(): s for a, s in (kept.get("storage") or {}).items()}
+    expected = {
+        a.lower(): _account_of_history(v, storage.get(a.lower()) or {})
+        for a, v in (kept.get("accounts") or {}).items()
+    }
+    empty = _EMPTY_ACCOUNT
+    for address in accounts.keys() | expected.keys():
+        if accounts.get(address, empty) != expected.get(address, empty):
+            return head
+    return None
+
+
+_EMPTY_ACCOUNT = (0, 0, keccak256(b""), ())
+
+
+def _historical_state(state: dict[str, Any], number: int) -> dict[str, Any] | None:
+    """anvil's kept state of block `number` in a dump (`historical_states` entries are
+    `[block hash, {accounts, storage, block_hashes}]`; the latter names the hashes)."""
+    entries = [
+        (str(e[0]).lower(), e[1])
+        for e in state.get("historical_states") or []
+        if isinstance(e, list | tuple) and len(e) == 2 and isinstance(e[1], dict)
+    ]
+    hashes: dict[str, str] = {}
+    for _, kept in entries:
+        for key, value in (kept.get("block_hashes") or {}).items():
+            with contextlib.suppress(ValueError):
+                hashes[str(value).lower()] = hex(int(str(key), 16))
+    for block_hash, kept in entries:
+        if hashes.get(block_hash) == hex(number):
+            return kept
+    return None
+
+
+def _account_of_dump(account: dict[str, Any]) -> tuple[int, int, bytes, tuple]:
+    """(balance, nonce, code hash, non-zero storage) of a dump's `accounts` entry."""
+    code = bytes.fromhex(str(account.get("code") or "0x")[2:])
+    return (
+        _int(account.get("balance")),
+        _int(account.get("nonce")),
+        keccak256(code),
+        _slots(account.get("storage") or {}),
+    )
+
+
+def _account_of_history(account: dict[str, Any], storage: dict[str, Any]) -> tuple:
+    """The same of a historical state's account (revm's AccountInfo and its storage)."""
+    code_hash = account.get("code_hash")
+    return (
+        _int(account.get("balance")),
+        _int(account.get("nonce")),
+        bytes.fromhex(str(code_hash)[2:]) if code_hash else keccak256(b""),
+        _slots(storage),
+    )
+
+
+def _slots(storage: dict[str, Any]) -> tuple[tuple[int, int], ...]:
+    values = ((_int(k), _int(v)) for k, v in storage.items())
+    return tuple(sorted((k, v) for k, v in values if v))
+
+
+def _int(value: Any) -> int:
+    """anvil writes numbers as ints or as hex strings."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    return int(str(value), 16)
 
 
 def unreplayable_above(state: dict[str, Any], number: int) -> list[int]:

@@ -32,8 +32,8 @@ from nodes.devnet.anvil import GENESIS, AnvilProcess
 from nodes.devnet.recovery import catch_up_writers, read_state, restore_chain
 from nodes.devnet.rpc import EthClient
 from nodes.devnet.workload import WorkloadRecord, fresh_address, run_workload
-from nodes.writer.service import STORE_FILE, WriterNode
 from nodes.writer import blockdiff as bd
+from nodes.writer.service import STORE_FILE, WriterNode
 from nodes.writer.store import BlockStore
 from proxy.app import create_app
 from proxy.settings import ProxySettings
@@ -462,17 +462,16 @@ async def test_a_write_node_behind_takes_the_blocks_anvil_cannot_replay(
     assert catch_up_writers(state, stores) == []  # nothing left to take
 
 
-def tear(state: dict[str, Any], store: BlockStore, head: int) -> dict[str, Any]:
-    """The file anvil 1.7.1 sometimes dumps while it mines (seen in about 1 dump in 30 under
-    load): blocks, block env and historical states up to `head`, but the accounts already
-    of the block after it. Made here from a complete dump whose head is `head + 1`."""
+def tear(state: dict[str, Any], head: int) -> dict[str, Any]:
+    """The file anvil 1.7.1 sometimes dumps while it mines (3 of about 170 dumps under load
+    here): blocks, block env and best block `head`, historical states up to and including
+    `head`'s, but the accounts already of the block after it. Made from a complete dump
+    whose head is `head + 1` (its history holds `head`'s state, not its own live one)."""
     torn = dict(state)
     torn["blocks"] = [b for b in state["blocks"] if int(b["header"]["number"], 16) <= head]
     torn["transactions"] = [t for t in state["transactions"] if t["block_number"] <= head]
     torn["best_block_number"] = head
     torn["block"] = dict(state["block"], number=hex(head))
-    above = {"0x" + (store.hash_at(head + 1) or "")[2:]}
-    torn["historical_states"] = [h for h in state["historical_states"] if h[0] not in above]
     return torn
 
 
@@ -518,13 +517,7 @@ async def test_a_dump_whose_accounts_moved_past_its_head_is_not_loaded(tmp_path:
     anvil.settle_previous()
     complete = read_state(state)
     assert complete is not None and complete["best_block_number"] == head + 1
-    store = BlockStore(store_path)
-    try:
-        await asyncio.to_thread(
-            state.write_bytes, orjson.dumps(tear(complete, store, head))
-        )
-    finally:
-        store.close()
+    await asyncio.to_thread(state.write_bytes, orjson.dumps(tear(complete, head)))
 
     said = restore_chain(state, [("writer-r", store_path)])
     assert said is not None and f"restored to the write nodes' head {head}" in said, said
