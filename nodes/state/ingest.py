@@ -52,6 +52,8 @@ class Ingest:
         self.registry = registry
         self.source: str | None = settings.source
         self.last_error: str | None = None
+        self.failures = 0  # failed rounds in a row (0 after a round succeeds)
+        self._failing_since = 0.0
         self.source_head: int | None = None
         self._client: RpcClient | None = None
         self._stale: list[RpcClient] = []
@@ -103,25 +105,54 @@ class Ingest:
             try:
                 progressed = await self.step()
             except Exception as exc:  # the loop must outlive any one failure
-                if not isinstance(
-                    exc, RpcUnavailable | JsonRpcError | VendorBlockError | StoreError
-                ):
-                    log.exception("state ingest: unexpected failure")
-                kind = type(exc).__name__
-                self.metrics.error(kind)
-                error = f"{kind}: {exc}"
-                level = logging.ERROR if isinstance(exc, ReorgTooDeep) else logging.WARNING
-                if error == self.last_error:  # the same failure again: once is enough
-                    level = logging.DEBUG
-                self.last_error = error
-                log.log(level, "state ingest from %s failed: %s", self.source, error)
+                self._failed(exc)
                 await self._sleep(backoff)
                 backoff = min(backoff * 2, self.settings.backoff_max)
                 continue
             backoff = self.settings.backoff_initial
-            self.last_error = None
+            self._recovered()
             if not progressed:
                 await self._sleep(self.settings.poll_interval)
+
+    @property
+    def stalled(self) -> str | None:
+        """Why the node cannot follow its source (`stall_failures` failed rounds in a row),
+        else None: `/health` then answers 503 with this reason."""
+        if self.failures < self.settings.stall_failures:
+            return None
+        last = self.last_error
+        return f"ingest stalled: {self.failures} attempts in a row failed, the last with {last}"
+
+    def _failed(self, exc: Exception) -> None:
+        """Count a failed round; log it when it says something new, and once when the
+        failures make the node stalled (not on every retry)."""
+        if not isinstance(exc, RpcUnavailable | JsonRpcError | VendorBlockError | StoreError):
+            log.exception("state ingest %s: unexpected failure", self.settings.key)
+        kind = type(exc).__name__
+        self.metrics.error(kind)
+        error = f"{kind}: {exc}"
+        self.failures += 1
+        if self.failures == 1:
+            self._failing_since = time.monotonic()
+        level = logging.ERROR if isinstance(exc, ReorgTooDeep) else logging.WARNING
+        if error == self.last_error:  # the same failure again: once is enough
+            level = logging.DEBUG
+        self.last_error = error
+        log.log(level, "state ingest %s from %s failed: %s", self.settings.key, self.source, error)
+        if self.failures == self.settings.stall_failures:
+            log.error(
+                "state node %s stalled: %d ingest attempts in a row failed over %.0f s, the "
+                "last with %s; /health answers 503 until ingest recovers",
+                self.settings.key, self.failures, time.monotonic() - self._failing_since, error,
+            )  # fmt: skip
+
+    def _recovered(self) -> None:
+        if self.failures >= self.settings.stall_failures:
+            log.warning(
+                "state node %s: ingest recovered after %d failed attempts (the last: %s)",
+                self.settings.key, self.failures, self.last_error,
+            )  # fmt: skip
+        self.failures, self.last_error = 0, None
 
     async def _sleep(self, seconds: float) -> None:
         self._wake.clear()

@@ -214,13 +214,15 @@ class StateNode:
         return app
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """Healthy = the store answers and holds at least one block."""
+        """Healthy = the store answers, holds at least one block, and ingest is not stalled
+        (`stall_failures` failed rounds in a row: the node no longer follows its source)."""
         try:
             bounds = self.store.bounds()
         except JsonRpcError as exc:
             return False, {"status": "error", "error": exc.message}
+        stalled = self.ingest.stalled
         doc = {
-            "status": "ok" if bounds else "syncing",
+            "status": "stalled" if stalled else "ok" if bounds else "syncing",
             "key": self.key,
             "kind": self.kind,
             "earliest": bounds[0] if bounds else None,
@@ -229,9 +231,11 @@ class StateNode:
             "source_head": self.ingest.source_head,
             "last_error": self.ingest.last_error,
         }
+        if stalled:
+            doc["reason"] = stalled
         if self.leader is not None:
             doc["leader_error"] = self.leader.last_error
-        return bounds is not None, doc
+        return bounds is not None and not stalled, doc
 
     async def _health(self, request: web.Request) -> web.Response:
         ok, doc = self.health()

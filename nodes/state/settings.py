@@ -20,6 +20,9 @@ DEFAULT_FETCH_CONCURRENCY = 8  # trace_vendorBlock requests in flight while catc
 DEFAULT_REQUEST_TIMEOUT = 30.0  # seconds per request to the source
 DEFAULT_BACKOFF_INITIAL = 0.2  # seconds, first wait after a source error
 DEFAULT_BACKOFF_MAX = 5.0  # seconds, longest wait after repeated source errors
+# Failed ingest rounds in a row after which the node reports itself stalled (/health 503):
+# with the default back-off, about 6 s of failing.
+DEFAULT_STALL_FAILURES = 5
 DEFAULT_MAP_SIZE_MB = 65536  # LMDB map size (address space reserved, not disk used)
 DEFAULT_MAX_VALIDATION_COUNT = 1000  # blockx_getValidation `count` limit
 DEFAULT_MAX_BATCH = 1000  # JSON-RPC batch length limit
@@ -42,6 +45,7 @@ class StateSettings:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     backoff_initial: float = DEFAULT_BACKOFF_INITIAL
     backoff_max: float = DEFAULT_BACKOFF_MAX
+    stall_failures: int = DEFAULT_STALL_FAILURES
     map_size_mb: int = DEFAULT_MAP_SIZE_MB
     verify_pre: bool = True  # reject a block whose `pre` values differ from the stored state
     verify_hash: bool = True  # reject a block whose ValidationHash does not match its content
@@ -95,7 +99,13 @@ class StateSettings:
         for name in (*names, "leader_poll_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{where}: {name} must be positive")
-        for name in ("fetch_concurrency", "map_size_mb", "max_validation_count", "max_batch"):
+        for name in (
+            "fetch_concurrency",
+            "map_size_mb",
+            "max_validation_count",
+            "max_batch",
+            "stall_failures",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{where}: {name} must be at least 1")
         for name in ("hot_blocks", "hot_cache_entries"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -14,9 +15,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from chainstate.config import ConfigError
 from chainstate.inproc import InprocRegistry
 from chainstate.rpcserver import rpc_handler
 from nodes.state.service import StateNode
+from nodes.writer.blockdiff import validation_hash
 from proxy.app import create_app
 from proxy.settings import ProxySettings
 from proxy.store_file import FileStore
@@ -299,3 +302,58 @@ async def test_a_leader_inside_another_process_is_reported_not_followed(make_nod
     finally:
         await writer_2.close()
         await proxy.close()
+
+
+async def test_a_stalled_ingest_shows_in_health_and_is_logged_once(
+    make_node: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A block whose `pre` disagrees with the stored state (the CI case of issue 24) is
+    retried; after `stall_failures` failed rounds /health answers 503 "stalled" with the
+    reason, the stall is logged once however often it is retried, and so is the recovery."""
+    caplog.set_level(logging.DEBUG, logger="nodes.state.ingest")
+    chain, addrs = random_chain(seed=48, blocks=12)
+    real = chain.blocks[8]
+    bad = copy.deepcopy(real)
+    addr = next(a for a, acct in bad["StateDiff"]["pre"].items() if "balance" in acct)
+    bad["StateDiff"]["pre"][addr]["balance"] = hex(
+        int(real["StateDiff"]["pre"][addr]["balance"], 16) + 1
+    )
+    bad["ValidationHash"] = validation_hash(bad["Header"], bad["StateDiff"])  # well-formed
+    chain.blocks[8] = bad
+    registry = InprocRegistry()
+    source = ChainSource(chain)
+    registry.register("w", source.handle_body)
+    node = await make_node("inproc://w", registry, kind="archive", stall_failures=3)
+    server = TestServer(node.make_app())
+    await server.start_server()
+    try:
+        await wait_until(lambda: node.ingest.failures >= 6)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(server.make_url("/health")) as resp,
+        ):
+            assert resp.status == 503
+            health = await resp.json()
+        assert health["status"] == "stalled" and health["head"] == 7
+        assert "attempts in a row failed" in health["reason"]
+        assert "PreStateMismatch: block 8" in health["reason"]
+        assert node.reader.range() == (0, 7)  # nothing of the bad block applied
+        stalls = [r for r in caplog.records if "stalled" in r.getMessage()]
+        assert len(stalls) == 1 and stalls[0].levelno == logging.ERROR
+        loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(loud) == 2, [r.getMessage() for r in loud]  # the first failure, the stall
+
+        chain.blocks[8] = real  # the source serves the right block again
+        await node.ingest.wait_for_height(11, within=10)
+        ok, doc = node.health()
+        assert ok and doc["status"] == "ok" and "reason" not in doc
+        recovered = [r for r in caplog.records if "recovered" in r.getMessage()]
+        assert len(recovered) == 1
+        assert_matches(node, chain, addrs)
+    finally:
+        await server.close()
+
+
+async def test_stall_failures_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="stall_failures must be at least 1"):
+        StateNode.from_config({"stall_failures": 0}, data_dir=tmp_path)
