@@ -468,8 +468,8 @@ async def test_a_write_node_behind_takes_the_blocks_anvil_cannot_replay(
 
 
 def tear(state: dict[str, Any], head: int) -> dict[str, Any]:
-    """The file anvil 1.7.1 sometimes dumps while it mines (3 of about 170 dumps under load
-    here): blocks, block env and best block `head`, historical states up to and including
+    """The file anvil 1.7.1 sometimes dumps while it mines (4 of about 155 periodic dumps at
+    100 tx/s here): blocks, block env and best block `head`, historical states up to and including
     `head`'s, but the accounts already of the block after it. Made from a complete dump
     whose head is `head + 1` (its history holds `head`'s state, not its own live one)."""
     torn = dict(state)
