@@ -10,6 +10,11 @@ positions), classifies every answer (proxy/outcome.py) and keeps what the outcom
 retry for the next round, up to `max_attempts` rounds. A single request is forwarded as the
 client's bytes and the node's bytes returned without re-encoding; they are only peeked at for
 the retryable codes (-39006, -39008).
+
+`Engine.start` is the data listener's entry: the same steps, run synchronously from the
+server's callback for a single request until one needs to wait. A plain read's first attempt
+is written to an idle node connection there, with no task; only a retry, a timeout or the read
+path's waiting continue in a task, from the step reached (docs/proxy.md).
 """
 
 from __future__ import annotations
@@ -418,8 +423,21 @@ class Engine:
             raise
         if type(first) is tuple:  # answered at once: invalid, or a ready result
             return self._done(ctx, first, started, headers)
-        item: Item = first  # type: ignore[assignment]
-        if item.plan is not None or ctx.early is None:
+        return self._first_attempt(ctx, first, body, started, headers, later)  # type: ignore[arg-type]
+
+    def _first_attempt(
+        self,
+        ctx: Ctx,
+        item: Item,
+        body: bytes,
+        started: float,
+        headers: Mapping[str, str],
+        later: Callable[[Awaitable[Answer]], Any],
+    ) -> Answer | Awaitable[Answer] | None:
+        """Steps 3-4 of a checked request object for `start`: its node chosen and the
+        client's bytes written to it now (None), when nothing needs a task; else the rest
+        of the steps as a coroutine (or the answer, when no node is eligible)."""
+        if item.plan is not None or ctx.early is None:  # the read path, or not the node's bytes
             return self._finish(ctx, self._single_sent(ctx, item, body), started, headers)
         answers: list[Any] = [None]
         groups = self._choose(ctx, [item], 1, answers)
@@ -429,15 +447,18 @@ class Engine:
         (group,) = groups.values()
 
         def then(node: Node, raw: bytes | None, exc: UpstreamError | None) -> None:
-            step = self._first_landed(ctx, item, group, body, answers, node, raw, exc)
-            if type(step) is tuple:
-                respond = ctx.early  # None when written from the connection's callback
-                ctx.early = None
-                result = self._done(ctx, step, started, headers)
-                if respond is not None:
-                    respond(result)
-            else:
+            try:
+                step = self._first_landed(ctx, item, group, body, answers, node, raw, exc)
+            except Exception as error:  # answered as the task path answers a failed handler
+                step = _reraise(error)
+            if type(step) is not tuple:
                 later(self._finish(ctx, step, started, headers))  # type: ignore[arg-type]
+                return
+            respond = ctx.early  # None when written from the node connection's callback
+            ctx.early = None
+            result = self._done(ctx, step, started, headers)  # type: ignore[arg-type]
+            if respond is not None:
+                respond(result)
 
         if self.attempts.send_now(ctx, group, body, then):
             return None
@@ -1191,6 +1212,10 @@ def _unique_ids(items: list[Item]) -> bool:
     an integer, no two the same (notifications have none and get no answer)."""
     ids = [it.rid for it in items if not it.notif]
     return all(type(rid) is str or type(rid) is int for rid in ids) and len(set(ids)) == len(ids)
+
+
+async def _reraise(error: Exception) -> Any:
+    raise error
 
 
 async def _gather(coros: list[Any]) -> list[Any]:

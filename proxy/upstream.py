@@ -5,7 +5,8 @@ third of aiohttp's client cost per request, see that module); `https://` nodes t
 aiohttp ClientSession with a tuned TCPConnector per app; `inproc://name` URLs call the
 node's handler in this process (no HTTP hop). Bodies go out and come back as raw bytes:
 nothing is decoded here. Every attempt's time limit is kept by one `Deadlines` timer (no
-per-attempt `asyncio.timeout`).
+per-attempt `asyncio.timeout`). `send_now` writes to an idle plain-http connection without a
+task (the engine's synchronous first attempt); its answer or failure comes to a callback.
 """
 
 from __future__ import annotations
