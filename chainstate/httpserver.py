@@ -191,7 +191,7 @@ class Request:
         conn, slot = self._conn, self._slot
         if conn is not None and slot is not None:
             conn.answer_later(slot, answer)
-        elif asyncio.iscoroutine(answer):
+        elif asyncio.iscoroutine(answer):  # a request made without a connection (a harness)
             answer.close()
 
 
