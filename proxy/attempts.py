@@ -6,7 +6,8 @@ raises `UpstreamError`. Around every attempt it keeps the node's books: in-fligh
 latency (peak EWMA for the choice, the pool's window for hedge delays and attempt timeouts),
 breaker (success, or a penalised outcome), metrics and the `upstream.attempt` span. When the
 group may be hedged (an idempotent read on a plain-http node with another eligible node), a
-`Race` (proxy/hedge.py) lets a second node join a slow attempt.
+`Race` (proxy/hedge.py) lets a second node join a slow attempt. `send_now` is the same first
+attempt without a task, for the engine's synchronous start when no race is due.
 
 Nothing here decides whether an *answer* is retried: the engine classifies answers
 (proxy/outcome.py) and runs the one retry loop.
