@@ -48,9 +48,11 @@ log = logging.getLogger(__name__)
 
 # A handler answers (status, body) with a JSON body (b"" with 204), or just the body (200, or
 # 204 when empty), or (status, body, extra header lines such as b"Retry-After: 1\r\n"). It
-# may be a plain function (answered at once, no task) or a coroutine function.
+# may be a plain function (answered at once, no task) or a coroutine function; a plain
+# function may also return None: it answers later itself, through `Request.answer_early`
+# (from a callback) or `Request.answer_later` (a task), and nothing else is written for it.
 Response = tuple[int, bytes] | tuple[int, bytes, bytes] | bytes
-Handler = Callable[["Request"], Awaitable[Response] | Response]
+Handler = Callable[["Request"], Awaitable[Response] | Response | None]
 # (method, path without the query) → the handler, or None for the fallback application.
 Router = Callable[[bytes, bytes], Handler | None]
 
@@ -172,16 +174,25 @@ class Request:
         self._conn = conn
         self._slot = slot
 
-    def answer_early(self, body: bytes) -> bool:
-        """Write this request's answer (200, or 204 for b"") now, while its handler still
-        runs (after the earlier answers on the connection, as always): the proxy writes a
-        node's answer from the node connection's callback and keeps its books afterwards,
-        off the client's latency. The handler's own result is then dropped; False when the
-        connection is gone (or this was answered already)."""
+    def answer_early(self, result: Response) -> bool:
+        """Write this request's answer (a `Response`: bytes are a 200, or 204 for b"") now,
+        while its handler still runs (after the earlier answers on the connection, as
+        always): the proxy writes a node's answer from the node connection's callback and
+        keeps its books afterwards, off the client's latency. The handler's own result is
+        then dropped; False when the connection is gone (or this was answered already)."""
         conn, slot = self._conn, self._slot
         if conn is None or slot is None:
             return False
-        return conn.answer_early(slot, body)
+        return conn.answer_early(slot, result)
+
+    def answer_later(self, answer: Awaitable[Response]) -> None:
+        """Answer with what `answer` gives, in a task (a handler that returned None and
+        then needs to wait, e.g. for another attempt): as a coroutine handler's result."""
+        conn, slot = self._conn, self._slot
+        if conn is not None and slot is not None:
+            conn.answer_later(slot, answer)
+        elif asyncio.iscoroutine(answer):  # a request made without a connection (a harness)
+            answer.close()
 
 
 class _Slot:
@@ -425,6 +436,9 @@ class _Connection(asyncio.Protocol):
             log.exception("%s: request handler failed", self.server.name)
             result = (500, error_body(INTERNAL_ERROR, "internal error"))
         pending = self.pending
+        if result is None:  # the handler answers later itself (answer_early/answer_later)
+            self._queue(slot)
+            return
         answered = type(result) is tuple or type(result) is bytes
         if answered and not pending:  # answered at once, nothing before it
             if self.closing:
@@ -456,14 +470,20 @@ class _Connection(asyncio.Protocol):
         if not slot.early:
             self._answer(slot, result, keep_alive, http10)
 
-    def answer_early(self, slot: _Slot, body: bytes) -> bool:
+    def answer_early(self, slot: _Slot, result: Response) -> bool:
         """`Request.answer_early`: the answer of `slot` written now, or as soon as every
         earlier answer is out (pipelined requests are answered in order)."""
         if slot.early or self.transport is None:
             return False
         slot.early = True
-        self._answer(slot, body, slot.keep_alive, slot.http10)
+        self._answer(slot, result, slot.keep_alive, slot.http10)
         return True
+
+    def answer_later(self, slot: _Slot, answer: Awaitable[Response]) -> None:
+        """`Request.answer_later`: `slot` is answered by a task running `answer`."""
+        loop = self.server.loop
+        assert loop is not None
+        loop.create_task(self._run(answer, slot, slot.keep_alive, slot.http10))  # type: ignore[arg-type]
 
     def _render(self, result: Response, keep_alive: bool, http10: bool) -> bytes:
         extra = b""

@@ -258,12 +258,13 @@ def create_server(app: web.Application) -> HttpServer:
             if answered is not None:
                 admitted.pool.inflight -= 1  # type: ignore[union-attr]
                 return answered
-        return engine.handle(
+        return engine.start(  # None: answered from the node's callback, or in a task
             chain_id,
             request.body,
             request.headers,  # type: ignore[arg-type]
             admitted,  # type: ignore[arg-type]
             request.answer_early,
+            request.answer_later,
         )
 
     def route(method: bytes, path: bytes) -> Any:

@@ -6,7 +6,8 @@ raises `UpstreamError`. Around every attempt it keeps the node's books: in-fligh
 latency (peak EWMA for the choice, the pool's window for hedge delays and attempt timeouts),
 breaker (success, or a penalised outcome), metrics and the `upstream.attempt` span. When the
 group may be hedged (an idempotent read on a plain-http node with another eligible node), a
-`Race` (proxy/hedge.py) lets a second node join a slow attempt.
+`Race` (proxy/hedge.py) lets a second node join a slow attempt. `send_now` is the same first
+attempt without a task, for the engine's synchronous start when no race is due.
 
 Nothing here decides whether an *answer* is retried: the engine classifies answers
 (proxy/outcome.py) and runs the one retry loop.
@@ -121,11 +122,30 @@ class Attempts:
         if not node.entry.url.startswith("http://"):
             return None
         pool: Pool = ctx.pool
+        budget = self._earn(pool)
+        timers = self._timers(pool, group.lkey)
+        if timers is None:
+            return None
+        hedge, timeout = timers
+        launch = self._launcher(ctx, group, body)
+
+        def slow() -> None:
+            self._late(ctx, node, timeout)
+
+        return Race(self.upstream.deadlines, budget, launch, usable, slow, hedge, timeout)
+
+    def _earn(self, pool: Pool) -> HedgeBudget:
+        """A first attempt that may be hedged earns the pool's hedge budget its share."""
         budget = pool.hedge
         if budget is None:
             budget = pool.hedge = HedgeBudget(self.hedge_ratio)
         budget.earn()
-        window = pool.latency.get(group.lkey)
+        return budget
+
+    def _timers(self, pool: Pool, lkey: str) -> tuple[float | None, float | None] | None:
+        """(hedge delay, attempt timeout) of a hedgeable attempt, or None when neither
+        applies (too few latency samples yet, or both off)."""
+        window = pool.latency.get(lkey)
         if window is None or window.p99 is None:
             return None  # too few samples yet: neither delay is known
         hedge = None
@@ -137,12 +157,43 @@ class Attempts:
         timeout = None if derived >= self.ceiling else round(derived, 3)
         if hedge is None and timeout is None:
             return None
-        launch = self._launcher(ctx, group, body)
+        return hedge, timeout
 
-        def slow() -> None:
-            self._late(ctx, node, timeout)
+    def send_now(
+        self, ctx: Any, group: Group, body: bytes, then: Callable[[Node, Any, Any], Any]
+    ) -> bool:
+        """`exchange` without a task, when nothing needs one: a first attempt to a
+        plain-http node whose breaker is closed, with no hedge or attempt timeout due and an
+        idle connection (`Upstream.send_now`); False (nothing done) otherwise. The node's
+        books are kept as `attempt` keeps them, then `then(node, raw, error)` runs;
+        `then(node, None, None)`: not sent after all (nothing counted)."""
+        node = group.node
+        url = node.entry.url
+        if node.breaker.state is not CLOSED or not url.startswith("http://"):
+            return False
+        hedgeable = len(group.cands) > 1
+        if hedgeable and self._timers(ctx.pool, group.lkey) is not None:
+            return False  # a race is due: `exchange` runs it
+        started = time.perf_counter()
 
-        return Race(self.upstream.deadlines, budget, launch, usable, slow, hedge, timeout)
+        def landed(raw: bytes | None, exc: UpstreamError | None) -> None:
+            node.inflight -= 1
+            elapsed = time.perf_counter() - started
+            if exc is not None:
+                self._failed(ctx, node, exc, elapsed, None)
+            elif raw is not None:
+                self.answered(ctx, node, group.lkey, elapsed, outcome.answered(raw))
+            else:
+                ctx.nodes.pop()  # the idle connection was closed: no attempt was made
+            then(node, raw, exc)
+
+        if not self.upstream.send_now(url, body, self.ceiling, ctx, ctx.answer_early, landed):
+            return False
+        if hedgeable:
+            self._earn(ctx.pool)
+        node.inflight += 1
+        ctx.nodes.append(node.key)
+        return True
 
     def _launcher(
         self, ctx: Any, group: Group, body: bytes

@@ -10,6 +10,11 @@ positions), classifies every answer (proxy/outcome.py) and keeps what the outcom
 retry for the next round, up to `max_attempts` rounds. A single request is forwarded as the
 client's bytes and the node's bytes returned without re-encoding; they are only peeked at for
 the retryable codes (-39006, -39008).
+
+`Engine.start` is the data listener's entry: the same steps, run synchronously from the
+server's callback for a single request until one needs to wait. A plain read's first attempt
+is written to an idle node connection there, with no task; only a retry, a timeout or the read
+path's waiting continue in a task, from the step reached (docs/proxy.md).
 """
 
 from __future__ import annotations
@@ -358,13 +363,174 @@ class Engine:
         finally:
             if ctx.reserved:
                 self.upstream.budget.release(ctx)  # type: ignore[union-attr]
+        return self._books(ctx, shape, size, (status, out), started, headers, span)
+
+    def _books(
+        self,
+        ctx: Ctx,
+        shape: str,
+        size: int,
+        answer: tuple[int, bytes],
+        started: float,
+        headers: Mapping[str, str],
+        span: Any = None,
+    ) -> tuple[int, bytes]:
+        """The request's own books once it is answered: its latency, span and access log."""
         elapsed = time.perf_counter() - started
-        self.metrics.observe(chain, shape, elapsed)
+        self.metrics.observe(ctx.chain, shape, elapsed)
         if span is not None:
             self._annotate(span, ctx, size, headers)
         if access_log.isEnabledFor(logging.INFO):
-            self._log(ctx, size, status, elapsed, headers)
-        return status, out
+            self._log(ctx, size, answer[0], elapsed, headers)
+        return answer
+
+    # ---- the synchronous start (the data listener) ---------------------------------------
+
+    def start(
+        self,
+        chain_id: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        admitted: Admitted,
+        answer: Callable[[Answer], Any],
+        later: Callable[[Awaitable[Answer]], Any],
+    ) -> Answer | Awaitable[Answer] | None:
+        """`handle` for the data listener, without a task where none is needed: a single
+        request is parsed, checked, planned and chosen for by the same steps, synchronously,
+        and when its first attempt needs no task (`Attempts.send_now`: a plain-http node,
+        an idle connection, nothing to hedge or time out early; nothing the read path waits
+        for) the client's bytes go to the node now and None is returned. The node's answer
+        then goes to `answer` from the node connection's callback and the books run after
+        it; an answer that needs another attempt (or none in time) continues in a task
+        given to `later`. Anything else returns what `handle` does: a coroutine (a batch, a
+        trace, a read that waits for an identical one, ...) or an answer made at once."""
+        if self.tracer is not None or body[:1] != b"{" or len(body) > self._max_body:
+            return self.handle(chain_id, body, headers, admitted, answer)
+        started = time.perf_counter()
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return self.handle(chain_id, body, headers, admitted, answer)
+        self.inflight += 1
+        ctx = Ctx(admitted.chain, admitted.pool, answer)
+        self.metrics.client(headers.get("client-id"))
+        try:
+            first = self._single_item(ctx, payload, body)
+        except LocalMethod:  # raised only once divert() has set the handler
+            return self._diverted(ctx, body, headers)
+        except BaseException:
+            self._leave(ctx)
+            raise
+        if type(first) is tuple:  # answered at once: invalid, or a ready result
+            return self._done(ctx, first, started, headers)
+        return self._first_attempt(ctx, first, body, started, headers, later)  # type: ignore[arg-type]
+
+    def _first_attempt(
+        self,
+        ctx: Ctx,
+        item: Item,
+        body: bytes,
+        started: float,
+        headers: Mapping[str, str],
+        later: Callable[[Awaitable[Answer]], Any],
+    ) -> Answer | Awaitable[Answer] | None:
+        """Steps 3-4 of a checked request object for `start`: its node chosen and the
+        client's bytes written to it now (None), when nothing needs a task; else the rest
+        of the steps as a coroutine (or the answer, when no node is eligible)."""
+        if item.plan is not None or ctx.early is None:  # the read path, or not the node's bytes
+            return self._finish(ctx, self._single_sent(ctx, item, body), started, headers)
+        answers: list[Any] = [None]
+        groups = self._choose(ctx, [item], 1, answers)
+        if not groups:  # no eligible node: answered by `_give_up`
+            answer = self._single_answer(ctx, item, body, None, answers)
+            return self._done(ctx, answer, started, headers)
+        (group,) = groups.values()
+
+        def then(node: Node, raw: bytes | None, exc: UpstreamError | None) -> None:
+            try:
+                step = self._first_landed(ctx, item, group, body, answers, node, raw, exc)
+            except Exception as error:  # answered as the task path answers a failed handler
+                step = _reraise(error)
+            if type(step) is not tuple:
+                later(self._finish(ctx, step, started, headers))  # type: ignore[arg-type]
+                return
+            respond = ctx.early  # None when written from the node connection's callback
+            ctx.early = None
+            result = self._done(ctx, step, started, headers)  # type: ignore[arg-type]
+            if respond is not None:
+                respond(result)
+
+        if self.attempts.send_now(ctx, group, body, then):
+            return None
+        resumed = self._resume(ctx, item, body, answers, 1, [item], groups)
+        return self._finish(ctx, resumed, started, headers)
+
+    def _first_landed(
+        self,
+        ctx: Ctx,
+        item: Item,
+        group: Group,
+        body: bytes,
+        answers: list[Any],
+        node: Node,
+        raw: bytes | None,
+        exc: UpstreamError | None,
+    ) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]:
+        """Step 5 of a first attempt `start` sent: the answer, or the rest of the steps
+        (another attempt) as a coroutine."""
+        if exc is not None:
+            pending, out = self._transport_failed(ctx, [item], exc, answers), None
+        elif raw is not None:
+            pending, out = self._raw_answer(ctx, group, node, raw, answers, True)
+        else:  # not sent after all (a closed idle connection): the usual way, same node
+            return self._resume(ctx, item, body, answers, 1, [item], {node: group})
+        if pending:
+            return self._resume(ctx, item, body, answers, 2, pending)
+        return self._single_answer(ctx, item, body, out, answers)
+
+    async def _resume(
+        self,
+        ctx: Ctx,
+        item: Item,
+        body: bytes,
+        answers: list[Any],
+        attempt: int,
+        pending: list[Item],
+        chosen: dict[Node, Group] | None = None,
+    ) -> tuple[int, bytes]:
+        """The attempts of a single request from `attempt` on (`_route`), and its answer."""
+        out = await self._route(ctx, pending, body, answers, True, attempt, chosen)
+        return self._single_answer(ctx, item, body, out, answers)
+
+    async def _finish(
+        self, ctx: Ctx, step: Awaitable[tuple[int, bytes]], started: float, headers: Any
+    ) -> Answer:
+        """The rest of a request `start` began, in a task: its answer, then its books."""
+        try:
+            answer = await step
+        except BaseException:
+            self._leave(ctx)
+            raise
+        return self._done(ctx, answer, started, headers)
+
+    async def _diverted(self, ctx: Ctx, body: bytes, headers: Mapping[str, str]) -> Answer:
+        try:
+            return await self._divert(ctx.pool.id, body, headers)  # type: ignore[misc]
+        finally:
+            self._leave(ctx)
+
+    def _done(
+        self, ctx: Ctx, answer: tuple[int, bytes], started: float, headers: Mapping[str, str]
+    ) -> tuple[int, bytes]:
+        self._leave(ctx)
+        return self._books(ctx, "single", 1, answer, started, headers)
+
+    def _leave(self, ctx: Ctx) -> None:
+        """A request `start` took is no longer in flight (what `handle` does on its way out)."""
+        if ctx.reserved:
+            self.upstream.budget.release(ctx)  # type: ignore[union-attr]
+        self.inflight -= 1
+        ctx.pool.inflight -= 1
 
     def _quiet(self) -> bool:
         """Whether a whole batch may be answered from the cache without being parsed:
@@ -376,6 +542,14 @@ class Engine:
     async def _single(self, ctx: Ctx, payload: Any, body: bytes) -> tuple[int, bytes]:
         """One request object: forwarded as the client's bytes, answered with the node's
         bytes unless the attempts ran out or the read-your-writes view needs otherwise."""
+        first = self._single_item(ctx, payload, body)
+        if type(first) is tuple:
+            return first
+        return await self._single_sent(ctx, first, body)  # type: ignore[arg-type]
+
+    def _single_item(self, ctx: Ctx, payload: Any, body: bytes) -> Item | tuple[int, bytes]:
+        """Steps 1-2 of a request object, synchronous: its Item (with the read path's Plan,
+        if any), or its answer when it is invalid or the read path has it ready."""
         bad = check_request(payload)
         if bad is not None:
             self.metrics.request(ctx.chain, UNKNOWN_METHOD, NO_NODE_KEY, "invalid")
@@ -397,22 +571,36 @@ class Engine:
         if notif or spec.writer or type(rid) is orjson.Fragment:
             ctx.early = None  # the answer is not the node's bytes as they are (see below)
         item = Item(0, payload, rid, method, spec, ref, notif)
-        answers: list[Any] = [None]
-        sent = body
         if self.reads is not None and not notif:
             plan = self.reads.plan(self._heads(ctx), method, spec, ref, payload)
             if plan is not None:
                 if type(plan) is not Plan:  # a ready result: cached, or the pinned head
                     self.metrics.request(ctx.chain, method, _source(plan), "ok")
                     return 200, orjson.dumps({"jsonrpc": "2.0", "id": rid, "result": plan})
-                shared = await self._follow(ctx, item, plan)
-                if shared is not None:
-                    return 200, shared
-                sent = body if item.obj is payload else orjson.dumps(item.obj)
-        if item.plan is None:
-            out = await self._route(ctx, [item], sent, answers, single=True)
-        else:
+                item.plan = plan
+        return item
+
+    async def _single_sent(self, ctx: Ctx, item: Item, body: bytes) -> tuple[int, bytes]:
+        """Steps 2-5 of a checked request object: the read it waits for, or its attempts."""
+        answers: list[Any] = [None]
+        sent = body
+        plan = item.plan
+        if plan is not None:
+            payload = item.obj
+            shared = await self._follow(ctx, item, plan)
+            if shared is not None:
+                return 200, shared
+            sent = body if item.obj is payload else orjson.dumps(item.obj)
             out = await self._route_planned(ctx, [item], sent, answers, single=True)
+        else:
+            out = await self._route(ctx, [item], sent, answers, single=True)
+        return self._single_answer(ctx, item, body, out, answers)
+
+    def _single_answer(
+        self, ctx: Ctx, item: Item, body: bytes, out: bytes | None, answers: list[Any]
+    ) -> tuple[int, bytes]:
+        """A request object's answer: the node's bytes (`out`), else what `answers` holds."""
+        notif, rid, spec = item.notif, item.rid, item.spec
         if out is None:
             answer = answers[0]
             if answer is None:  # a notification
@@ -422,7 +610,7 @@ class Engine:
             if type(rid) is orjson.Fragment:  # as the client wrote it, not as parsed
                 out = restore_ids(body, out)
             if spec.writer:
-                out = self._readable_view(ctx.pool, method, out)
+                out = self._readable_view(ctx.pool, item.method, out)
         return (204, b"") if notif or not out else (200, out)
 
     # ---- step 2: the read path (one head per request, cache, coalescing) -----------------
@@ -636,6 +824,8 @@ class Engine:
         body: bytes | None,
         answers: list[Any],
         single: bool,
+        first: int = 1,
+        chosen: dict[Node, Group] | None = None,
     ) -> bytes | None:
         """Steps 3-5 for the items of one client request, in rounds: choose a node per
         pending item, send one body per chosen node, classify each answer, and retry what
@@ -644,11 +834,13 @@ class Engine:
         `body` is the client's bytes when they may go as they are (a single request, or a
         batch whose ids tell the answers apart) to a round whose items all go to one node;
         the node's bytes are then returned when they are the whole answer as they are.
-        Otherwise (None) the answers are in `answers`."""
+        Otherwise (None) the answers are in `answers`. `first`: the round to start with
+        (`start` made round 1); `chosen`: its groups, when they were chosen already."""
         pending = items
         sent = items[0].obj  # the object `body` holds, for a single request
-        for attempt in range(1, self._rounds + 1):
-            groups = self._choose(ctx, pending, attempt, answers)
+        for attempt in range(first, self._rounds + 1):
+            groups = chosen or self._choose(ctx, pending, attempt, answers)
+            chosen = None
             if not groups:
                 return None
             if body is not None and len(groups) == 1:
@@ -789,6 +981,13 @@ class Engine:
             )
         except UpstreamError as exc:
             return self._transport_failed(ctx, items, exc, answers), None
+        return self._raw_answer(ctx, group, node, raw, answers, single)
+
+    def _raw_answer(
+        self, ctx: Ctx, group: Group, node: Node, raw: bytes, answers: list[Any], single: bool
+    ) -> tuple[list[Item], bytes | None]:
+        """Step 5 for the client's bytes answered by `node`: `_send_raw`'s result."""
+        items = group.items
         if single:
             it = items[0]
             result = outcome.of_raw(raw)
@@ -1013,6 +1212,10 @@ def _unique_ids(items: list[Item]) -> bool:
     an integer, no two the same (notifications have none and get no answer)."""
     ids = [it.rid for it in items if not it.notif]
     return all(type(rid) is str or type(rid) is int for rid in ids) and len(set(ids)) == len(ids)
+
+
+async def _reraise(error: Exception) -> Any:
+    raise error
 
 
 async def _gather(coros: list[Any]) -> list[Any]:

@@ -176,17 +176,25 @@ class _Connection(asyncio.Protocol):
             waiter.set_exception(exc)
 
     def send(
-        self, data: bytes, holder: Any = None, early: Callable[[int, bytes], Any] | None = None
+        self,
+        data: bytes,
+        holder: Any = None,
+        early: Callable[[int, bytes], Any] | None = None,
+        waiter: Any = None,
     ) -> asyncio.Future[tuple[int, bytes]]:
         """Write a request; its answer comes as the future's (status, body), and is first
-        given to `early(status, body)` (called from this protocol's callback) when set."""
+        given to `early(status, body)` (called from this protocol's callback) when set.
+        `waiter`: an object with a future's `done`, `set_result` and `set_exception` to
+        hand the answer to instead (no task awaits it: `Upstream.send_now`)."""
         assert self.transport is not None
         self._early = early
         self._body = []
         self._complete = self._headers_done = self._framed = False
         self.got_bytes = False
         self.holder, self.length, self._received = holder, None, 0
-        waiter = self._waiter = self.loop.create_future()
+        if waiter is None:
+            waiter = self.loop.create_future()
+        self._waiter = waiter
         self.transport.write(data)
         return waiter
 
@@ -243,7 +251,7 @@ class HostPool:
         bytes are reserved for `holder` in the buffered-bytes budget (proxy/buffers.py);
         `early(status, body)` sees the answer as soon as it is complete, before this
         coroutine resumes (the engine writes a final answer to its client from there)."""
-        data = b"%b%d\r\n\r\n%b" % (self._head, len(body), body)
+        data = self.request(body)
         if self._busy < self._limit and not self._waiters:
             self._busy += 1
         else:
@@ -269,13 +277,35 @@ class HostPool:
                     # the node closed an idle connection just before we used it: one fresh try
                     conn, fresh = None, True
                     continue
-                if conn.reusable and len(self._idle) < self._limit:
-                    self._idle.append(conn)
-                else:
-                    conn.close()
+                self._keep(conn)
                 return answer
         finally:
             self._release()
+
+    def request(self, body: bytes) -> bytes:
+        """The bytes of one POST of `body` (head and body)."""
+        return b"%b%d\r\n\r\n%b" % (self._head, len(body), body)
+
+    def take(self) -> _Connection | None:
+        """An idle connection with its slot taken, now, or None when none is idle or every
+        slot is busy (no waiting: `Upstream.send_now`). `give_back` ends the exchange."""
+        if self._busy >= self._limit or self._waiters:
+            return None
+        conn = self._take_idle()
+        if conn is not None:
+            self._busy += 1
+        return conn
+
+    def give_back(self, conn: _Connection) -> None:
+        """The end of an exchange on a connection from `take`, answered or not."""
+        self._keep(conn)
+        self._release()
+
+    def _keep(self, conn: _Connection) -> None:
+        if conn.reusable and len(self._idle) < self._limit:
+            self._idle.append(conn)
+        else:
+            conn.close()
 
     async def _wait_for_slot(self) -> None:
         """Wait until a finishing exchange hands its slot over (`_busy` stays counted)."""

@@ -5,12 +5,14 @@ third of aiohttp's client cost per request, see that module); `https://` nodes t
 aiohttp ClientSession with a tuned TCPConnector per app; `inproc://name` URLs call the
 node's handler in this process (no HTTP hop). Bodies go out and come back as raw bytes:
 nothing is decoded here. Every attempt's time limit is kept by one `Deadlines` timer (no
-per-attempt `asyncio.timeout`).
+per-attempt `asyncio.timeout`). `send_now` writes to an idle plain-http connection without a
+task (the engine's synchronous first attempt); its answer or failure comes to a callback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,7 @@ from proxy.buffers import ByteBudget
 from proxy.deadlines import Deadlines
 from proxy.httpclient import AnswerTooLarge, HostPool, HttpError, SlotWaitCancelled
 
+log = logging.getLogger(__name__)
 _HEADERS = {"Content-Type": "application/json"}
 # Headers aiohttp would add to every request; nodes need none of them (bodies stay raw bytes).
 _SKIP_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")
@@ -136,15 +139,38 @@ class Upstream:
             return data
         except SlotWaitCancelled:
             if deadline.expired():
-                msg = f"no free connection to {url} within {limit}s (upstream_connections)"
-                raise UpstreamError("saturated", msg) from None
+                raise _timed_out(url, limit, saturated=True) from None
             raise
         except asyncio.CancelledError:
             if deadline.expired():
-                raise UpstreamError("timeout", f"no answer from {url} within {limit}s") from None
+                raise _timed_out(url, limit, saturated=False) from None
             raise
         finally:
             self._deadlines.stop(deadline)
+
+    def send_now(
+        self,
+        url: str,
+        body: bytes,
+        limit: float,
+        holder: Any,
+        early: Callable[[int, bytes], Any],
+        then: Landed,
+    ) -> bool:
+        """`send` without a task, for a plain-http node with an idle connection and a free
+        slot: `body` is written now and False returned when it cannot be (nothing done).
+        The outcome goes to `then(raw, error)` from the connection's callback or the
+        deadline timer, after `early(status, body)` saw the answer as `send` gives it;
+        `then(None, None)`: the node had closed the idle connection (nothing was answered:
+        send it again the usual way, which retries on a fresh connection)."""
+        pool = self._pools.get(url)
+        conn = None if pool is None else pool.take()
+        if conn is None:
+            return False
+        exchange = SentNow(pool, conn, url, limit, then)  # type: ignore[arg-type]
+        self._deadlines.schedule(limit, exchange)
+        conn.send(pool.request(body), holder, early, exchange)  # type: ignore[union-attr]
+        return True
 
     async def _send_session(self, url: str, body: bytes, limit: float) -> bytes:
         session = self._session
@@ -188,6 +214,77 @@ class Upstream:
             except ValueError as exc:
                 raise UpstreamError("connect", str(exc)) from None
         return pool
+
+
+# `Upstream.send_now`'s outcome: (the node's answer, or None; the failure, or None)
+Landed = Callable[[bytes | None, UpstreamError | None], Any]
+
+
+class SentNow:
+    """One exchange of `Upstream.send_now`: the connection's waiter (a future's `done`,
+    `set_result` and `set_exception`) and its deadline (`expire`), in one object."""
+
+    __slots__ = ("conn", "finished", "lane", "limit", "pool", "then", "url")
+
+    def __init__(self, pool: HostPool, conn: Any, url: str, limit: float, then: Landed) -> None:
+        self.pool = pool
+        self.conn = conn
+        self.url = url
+        self.limit = limit
+        self.then = then
+        self.finished = False
+        self.lane: Any = None  # set by Deadlines.schedule
+
+    def done(self) -> bool:
+        return self.finished
+
+    def set_result(self, result: tuple[int, bytes]) -> None:
+        self._end()
+        try:
+            raw = _answer(self.url, *result)
+        except UpstreamError as exc:
+            self._land(None, exc)
+        else:
+            self._land(raw, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        stale = not self.conn.got_bytes
+        self._end()
+        if isinstance(exc, AnswerTooLarge):
+            self._land(None, UpstreamError("too_large", f"{self.url}: {exc}"))
+        elif stale and isinstance(exc, HttpError):
+            self._land(None, None)
+        else:
+            self._land(None, UpstreamError("connect", f"{self.url}: {exc}"))
+
+    def expire(self) -> None:
+        """No answer within the limit (the lanes dropped this entry already)."""
+        if self.finished:
+            return
+        self.finished = True
+        conn = self.conn
+        saturated = conn.waiting is not None  # the answer waits for room in the budget
+        conn.close()  # cut off mid-answer: its state is unknown
+        self.pool.give_back(conn)
+        self._land(None, _timed_out(self.url, self.limit, saturated))
+
+    def _end(self) -> None:
+        self.finished = True
+        Deadlines.stop(self)
+        self.pool.give_back(self.conn)
+
+    def _land(self, raw: bytes | None, exc: UpstreamError | None) -> None:
+        try:
+            self.then(raw, exc)
+        except Exception:  # a callback: nobody above it would see the error
+            log.exception("finishing a request after its node's answer failed")
+
+
+def _timed_out(url: str, limit: float, saturated: bool) -> UpstreamError:
+    if saturated:
+        msg = f"no free connection to {url} within {limit}s (upstream_connections)"
+        return UpstreamError("saturated", msg)
+    return UpstreamError("timeout", f"no answer from {url} within {limit}s")
 
 
 def _answer(url: str, status: int, data: bytes) -> bytes:

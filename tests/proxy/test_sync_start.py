@@ -1,0 +1,231 @@
+"""The synchronous first attempt (`Engine.start`): a plain single request is written to an
+idle node connection from the data listener's callback, with no task, and answered from the
+node connection's callback. What must stay as the engine's task path keeps it: retries,
+timeouts, a connection the node closed, the books counted once, pipelined order."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from chainstate.jsonrpc import BLOCK_NOT_FOUND
+from proxy.app import get_proxy
+from tests.proxy.conftest import ADDR, fast_settings
+
+# No cache: a read at a height is then always sent to a node (the read path plans nothing).
+NO_CACHE = {"cache_pools": ()}
+HEAD = b"POST /1337 HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+
+
+def body(rid: int) -> bytes:
+    params = b'["%s","0x3e8"]' % ADDR.encode()
+    return b'{"jsonrpc":"2.0","id":%d,"method":"eth_getBalance","params":%s}' % (rid, params)
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[int, Any]:
+    async with asyncio.timeout(5):  # an answer that never comes fails the test
+        status = int((await reader.readline()).split()[1])
+        length = 0
+        while (line := await reader.readline()) != b"\r\n":
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        return status, orjson.loads(await reader.readexactly(length))
+
+
+async def metric(api, name: str, **labels: str) -> float:
+    """The value of one sample of /metrics (0 when absent)."""
+    text = await (await api.client.get("/metrics")).text()
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            got = ",".join(sorted(line.split("{", 1)[1].split("}", 1)[0].split(",")))
+            if got == want:
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+class TaskNames:
+    """Names of the proxy's own tasks created while installed (the loop's task factory)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.loop = asyncio.get_running_loop()
+        self.previous = self.loop.get_task_factory()
+
+    def __enter__(self) -> list[str]:
+        def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task:
+            name = getattr(coro, "__qualname__", "")
+            if name.startswith(("Engine.", "_Connection.")):
+                self.names.append(name)
+            return asyncio.Task(coro, loop=loop, **kw)
+
+        self.loop.set_task_factory(factory)
+        return self.names
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.set_task_factory(self.previous)
+
+
+async def test_a_plain_read_is_forwarded_and_answered_without_a_task(make_api, fake_nodes):
+    node = await fake_nodes("s", "state")
+    api = await make_api(fast_settings(**NO_CACHE))
+    await api.add("1337", node)
+    reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
+    writer.write(HEAD % len(body(0)) + body(0))  # opens the proxy's connection to the node
+    assert (await read_answer(reader))[1]["result"]
+    with TaskNames() as tasks:
+        for rid in range(1, 6):
+            writer.write(HEAD % len(body(rid)) + body(rid))
+            status, answer = await read_answer(reader)
+            assert status == 200 and answer["id"] == rid and answer["result"], answer
+    writer.close()
+    assert tasks == [], tasks
+    # The books after the answer, once per request: outcome, attempt, latency, in flight.
+    assert await metric(
+        api, "chainstate_proxy_requests_total",
+        chain="1337", method="eth_getBalance", node="s", outcome="ok",
+    ) == 6  # fmt: skip
+    attempts = await metric(
+        api, "chainstate_proxy_upstream_attempts_total", chain="1337", node="s", outcome="ok"
+    )
+    assert attempts == 6
+    seconds = await metric(
+        api, "chainstate_proxy_request_seconds_count", chain="1337", shape="single"
+    )
+    assert seconds == 6
+    engine = get_proxy(api.client.app).engine
+    pool = engine.state.pool_for_chain("1337")
+    assert engine.inflight == 0 and pool.inflight == 0
+    assert all(n.inflight == 0 for n in pool.nodes.values())
+
+
+async def test_pipelined_requests_answered_in_order_from_the_callbacks(make_api, fake_nodes):
+    node = await fake_nodes("s", "state")
+    api = await make_api(fast_settings(**NO_CACHE))
+    await api.add("1337", node)
+    reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
+    writer.write(HEAD % len(body(0)) + body(0))
+    await read_answer(reader)
+    # Ten at once: the first takes the idle connection, the others wait in the engine's
+    # task path for a connection of their own; the answers come back in request order.
+    writer.write(b"".join(HEAD % len(body(rid)) + body(rid) for rid in range(1, 11)))
+    ids = [(await read_answer(reader))[1]["id"] for _ in range(10)]
+    writer.close()
+    assert ids == list(range(1, 11))
+
+
+async def test_an_answer_that_asks_for_a_retry_is_retried_on_another_node(make_api, fake_nodes):
+    missing, good = await fake_nodes("missing", "state"), await fake_nodes("good", "state")
+    missing.method_errors["eth_getBalance"] = BLOCK_NOT_FOUND
+    api = await make_api(fast_settings(hedge_budget=0, attempt_timeout_min=1.0, **NO_CACHE))
+    await api.add("1337", missing, weight=1000)  # always the cheaper of the two: asked first
+    await api.add("1337", good)
+    await api.heads_known("1337")
+    reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
+    for rid in range(20):  # both nodes' connections open after a few: the fast path's case
+        writer.write(HEAD % len(body(rid)) + body(rid))
+        status, answer = await read_answer(reader)
+        assert status == 200 and answer["id"] == rid, answer
+        assert answer["result"]["node"] == "good", answer
+    writer.close()
+    asked = len(missing.data_items())
+    assert asked == 20 and len(good.data_items()) == 20
+    retries = await metric(
+        api, "chainstate_proxy_retries_total", chain="1337", reason="block_not_found"
+    )
+    assert retries == asked
+    ok = await metric(
+        api, "chainstate_proxy_requests_total",
+        chain="1337", method="eth_getBalance", node="good", outcome="ok",
+    )  # fmt: skip
+    assert ok == 20
+
+
+async def test_a_node_that_hangs_times_out_and_the_retry_answers(make_api, fake_nodes):
+    hangs, good = await fake_nodes("hangs", "state"), await fake_nodes("good", "state")
+    settings = fast_settings(
+        upstream_timeout=0.3, hedge_budget=0, attempt_timeout_min=0.3, **NO_CACHE
+    )
+    api = await make_api(settings)
+    await api.add("1337", hangs)
+    reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
+    writer.write(HEAD % len(body(0)) + body(0))  # an idle connection to `hangs` to take
+    assert (await read_answer(reader))[1]["result"]
+    await api.add("1337", good)
+    hangs.delay = 5.0
+    loop = asyncio.get_running_loop()
+    for rid in range(1, 30):
+        started = loop.time()
+        writer.write(HEAD % len(body(rid)) + body(rid))
+        status, answer = await read_answer(reader)
+        assert status == 200 and answer["result"]["node"] == "good", answer
+        if len(hangs.data_items()) == 2:  # this one went to `hangs` first
+            assert loop.time() - started >= 0.3
+            break
+    else:
+        raise AssertionError("`hangs` was never chosen")
+    writer.close()
+    timeouts = await metric(
+        api,
+        "chainstate_proxy_upstream_attempts_total",
+        chain="1337",
+        node="hangs",
+        outcome="timeout",
+    )
+    assert timeouts == 1
+    engine = get_proxy(api.client.app).engine
+    assert engine.inflight == 0 and engine.upstream.deadlines.__len__() == 0
+
+
+async def test_an_idle_connection_the_node_closed_is_replaced(make_api) -> None:
+    """A node that closes a kept-alive connection as the request arrives (without answering):
+    the request goes again on a fresh connection, and it is not a failed attempt."""
+    served = {"answered": 0, "dropped": 0}
+
+    async def node(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answered = 0
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                request = orjson.loads(await reader.readexactly(length))
+                if request["method"] == "eth_getBalance" and answered:
+                    served["dropped"] += 1
+                    break  # closes a connection that answered before, leaving this unanswered
+                result: Any = "0x7"
+                if request["method"] == "blockx_range":
+                    result = {"earliest": 0, "latest": 1000}
+                elif request["method"] == "eth_blockNumber":
+                    result = "0x3e8"
+                out = orjson.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result})
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(out), out))
+                if request["method"] == "eth_getBalance":
+                    answered += 1
+                    served["answered"] += 1
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(node, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        api = await make_api(fast_settings(**NO_CACHE))
+        await api.post("/1337/addNode", {"key": "n", "url": f"http://127.0.0.1:{port}"})
+        reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
+        for rid in range(3):
+            writer.write(HEAD % len(body(rid)) + body(rid))
+            status, answer = await read_answer(reader)
+            assert status == 200 and answer == {"jsonrpc": "2.0", "id": rid, "result": "0x7"}
+        writer.close()
+        assert served == {"answered": 3, "dropped": 2}
+        failed = await metric(
+            api,
+            "chainstate_proxy_upstream_attempts_total",
+            chain="1337",
+            node="n",
+            outcome="connect",
+        )
+        assert failed == 0
+    finally:
+        server.close()
