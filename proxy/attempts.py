@@ -237,11 +237,7 @@ class Attempts:
         """The node answered (whatever the answer says, it works): its books, and the
         attempt counted as `label`. Also for answers got without `exchange` (the in-process
         path, proxy/inprocpath.py)."""
-        if (node.fails or not node.healthy) and node.succeeded():
-            log.warning("node %s back in rotation (answered a request)", node.key)
-        breaker = node.breaker
-        if breaker.failures or breaker.state is not CLOSED:
-            breaker.success(node.key)
+        _in_rotation(node)
         ms = elapsed * 1000
         latency.observe(node, ms, time.monotonic(), self.tau)
         node.observe_latency(ms)
@@ -253,6 +249,21 @@ class Attempts:
         self.metrics.attempt(ctx.chain, node.key, label, elapsed)
         if span is not None:
             span.set_attribute("outcome", label)
+
+    def answered_ok(self, ctx: Any, node: Node, lkey: str, samples: list[float]) -> None:
+        """`answered(ctx, node, lkey, s, "ok")` for each of `samples` (seconds, in order),
+        folded in together at one instant (proxy/inprocbooks.py)."""
+        _in_rotation(node)
+        ms = [s * 1000 for s in samples]
+        latency.observe_many(node, ms, time.monotonic(), self.tau)
+        for each in ms:
+            node.observe_latency(each)
+        pool: Pool = ctx.pool
+        window = pool.latency.get(lkey)
+        if window is None:
+            window = pool.latency[lkey] = LatencyWindow(self.hedge_quantile)
+        window.add_many(samples)
+        self.metrics.attempts_ok(ctx.chain, node.key, samples)
 
     def _failed(self, ctx: Any, node: Node, exc: UpstreamError, elapsed: float, span: Any) -> None:
         result = outcome.of_failure(exc.kind)
@@ -286,3 +297,12 @@ class Attempts:
         if result.penalise:
             node.breaker.failure(node.key, why)
         self.metrics.upstream_error(node.key, result.name)
+
+
+def _in_rotation(node: Node) -> None:
+    """A node that answered is healthy and its breaker counts a success."""
+    if (node.fails or not node.healthy) and node.succeeded():
+        log.warning("node %s back in rotation (answered a request)", node.key)
+    breaker = node.breaker
+    if breaker.failures or breaker.state is not CLOSED:
+        breaker.success(node.key)

@@ -44,6 +44,7 @@ from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
 from proxy.engine import Admitted, Engine, access_log
+from proxy.inprocbooks import InprocBooks
 from proxy.methods import LocalMethod, MethodSpec
 from proxy.model import Node, Pool
 from proxy.select import NoEligibleNode
@@ -91,6 +92,7 @@ class InprocPath:
         self.max_batch = engine.settings.max_batch_items
         self.max_answer = engine.settings.max_answer_bytes  # 0: no limit
         self._routes: dict[str, PoolRoutes] = {}  # pool id → its cached candidates
+        self.books = InprocBooks(engine.attempts, engine.metrics)  # folded per 64 answers
 
     def answer(
         self, admitted: Admitted, body: bytes, headers: Mapping[str, str]
@@ -121,9 +123,8 @@ class InprocPath:
         out = orjson.dumps(answered)
         if self.max_answer and len(out) > self.max_answer:
             return None  # the engine answers it as too large, counted once
-        metrics = engine.metrics
-        metrics.client(headers.get("client-id"))
-        metrics.observe(admitted.chain, shape, time.perf_counter() - started)
+        engine.metrics.client(headers.get("client-id"))
+        self.books.request(admitted.chain, shape, time.perf_counter() - started)
         return 200, out
 
     def routes(self, pool: Pool) -> PoolRoutes:
@@ -238,7 +239,7 @@ class InprocPath:
         errors = None if got is None else _final(got)
         if errors is None or (errors and not checked):
             return None
-        self._attempt(admitted, node, method, elapsed)
+        self.books.attempt(admitted, node, method, elapsed)
         self.engine.metrics.request(admitted.chain, method, node.key, "error" if errors else "ok")
         return got[0]  # type: ignore[index]
 
@@ -270,7 +271,7 @@ class InprocPath:
                 for i, answer in zip(positions, got, strict=True):  # type: ignore[arg-type]
                     answers[i] = answer
         for node, sent, errors, elapsed in done:
-            self._attempt(admitted, node, BATCH, elapsed)
+            self.books.attempt(admitted, node, BATCH, elapsed)
             self._count(admitted.chain, node, sent, errors, method)
         return answers
 
@@ -350,11 +351,6 @@ class InprocPath:
         if node.fails or not node.healthy or breaker.failures or breaker.state is not CLOSED:
             return None
         return routes.paths.get(node)
-
-    def _attempt(self, admitted: Admitted, node: Node, lkey: str, elapsed: float) -> None:
-        """The node's books (latency cost, latency window, breaker) and the attempt's
-        metrics, as the engine keeps them for an answer (`Attempts.answered`)."""
-        self.engine.attempts.answered(admitted, node, lkey, elapsed, "ok")
 
 
 def _final(answers: list[Any]) -> list[int] | None:
