@@ -241,11 +241,7 @@ class Attempts:
         ms = elapsed * 1000
         latency.observe(node, ms, time.monotonic(), self.tau)
         node.observe_latency(ms)
-        pool: Pool = ctx.pool
-        window = pool.latency.get(lkey)
-        if window is None:
-            window = pool.latency[lkey] = LatencyWindow(self.hedge_quantile)
-        window.add(elapsed)
+        self._window(ctx.pool, lkey).add(elapsed)
         self.metrics.attempt(ctx.chain, node.key, label, elapsed)
         if span is not None:
             span.set_attribute("outcome", label)
@@ -258,12 +254,15 @@ class Attempts:
         latency.observe_many(node, ms, time.monotonic(), self.tau)
         for each in ms:
             node.observe_latency(each)
-        pool: Pool = ctx.pool
+        self._window(ctx.pool, lkey).add_many(samples)
+        self.metrics.attempts_ok(ctx.chain, node.key, samples)
+
+    def _window(self, pool: Pool, lkey: str) -> LatencyWindow:
+        """The pool's latency window of `lkey` (a method, or `batch`)."""
         window = pool.latency.get(lkey)
         if window is None:
             window = pool.latency[lkey] = LatencyWindow(self.hedge_quantile)
-        window.add_many(samples)
-        self.metrics.attempts_ok(ctx.chain, node.key, samples)
+        return window
 
     def _failed(self, ctx: Any, node: Node, exc: UpstreamError, elapsed: float, span: Any) -> None:
         result = outcome.of_failure(exc.kind)
