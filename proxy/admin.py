@@ -264,6 +264,7 @@ class AdminApi:
         checker verdict, latency cost, routable), and the pool's admission figures and the
         checker's last report."""
         pool = self._pool(request)
+        self.engine.metrics.settle()  # the in-process answers' books folded in first
         cost = self.engine.selector.cost
         nodes = [{**n.to_obj(), **n.failsafe_obj(cost(n))} for n in pool.readers]
         limit = self.engine.admission.limit(pool, time.perf_counter())
@@ -353,6 +354,7 @@ class AdminApi:
             "type": None if ref is None else ("Contains" if ref.contains else "Equals"),
             "kind": "writer" if self.engine.selector.to_leader(pool, spec, ref) else need.kind,
         }
+        self.engine.metrics.settle()  # the latency costs as of now
         try:
             choice = self.engine.selector.choose(pool, method, spec, ref)
         except NoEligibleNode as exc:
@@ -371,6 +373,7 @@ class AdminApi:
     def _node(self, pool_id: str, key: str) -> dict[str, Any] | None:
         pool = self.state.pools.get(pool_id)
         node = pool.find(key) if pool else None
+        self.engine.metrics.settle()
         return node.to_obj() if node else None
 
     async def update_node(self, request: web.Request) -> web.Response:

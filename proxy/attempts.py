@@ -288,22 +288,32 @@ class Attempts:
         """The node answered (whatever the answer says, it works): its books, and the
         attempt counted as `label`. Also for answers got without `exchange` (the in-process
         path, proxy/inprocpath.py)."""
-        if (node.fails or not node.healthy) and node.succeeded():
-            log.warning("node %s back in rotation (answered a request)", node.key)
-        breaker = node.breaker
-        if breaker.failures or breaker.state is not CLOSED:
-            breaker.success(node.key)
+        _in_rotation(node)
         ms = elapsed * 1000
         latency.observe(node, ms, time.monotonic(), self.tau)
         node.observe_latency(ms)
-        pool: Pool = ctx.pool
-        window = pool.latency.get(lkey)
-        if window is None:
-            window = pool.latency[lkey] = LatencyWindow(self.hedge_quantile)
-        window.add(elapsed)
+        self._window(ctx.pool, lkey).add(elapsed)
         self.metrics.attempt(ctx.chain, node.key, label, elapsed)
         if span is not None:
             span.set_attribute("outcome", label)
+
+    def answered_ok(self, ctx: Any, node: Node, lkey: str, samples: list[float]) -> None:
+        """`answered(ctx, node, lkey, s, "ok")` for each of `samples` (seconds, in order),
+        folded in together at one instant (proxy/inprocbooks.py)."""
+        _in_rotation(node)
+        ms = [s * 1000 for s in samples]
+        latency.observe_many(node, ms, time.monotonic(), self.tau)
+        for each in ms:
+            node.observe_latency(each)
+        self._window(ctx.pool, lkey).add_many(samples)
+        self.metrics.attempts_ok(ctx.chain, node.key, samples)
+
+    def _window(self, pool: Pool, lkey: str) -> LatencyWindow:
+        """The pool's latency window of `lkey` (a method, or `batch`)."""
+        window = pool.latency.get(lkey)
+        if window is None:
+            window = pool.latency[lkey] = LatencyWindow(self.hedge_quantile)
+        return window
 
     def _failed(self, ctx: Any, node: Node, exc: UpstreamError, elapsed: float, span: Any) -> None:
         result = outcome.of_failure(exc.kind)
@@ -337,3 +347,12 @@ class Attempts:
         if result.penalise:
             node.breaker.failure(node.key, why)
         self.metrics.upstream_error(node.key, result.name)
+
+
+def _in_rotation(node: Node) -> None:
+    """A node that answered is healthy and its breaker counts a success."""
+    if (node.fails or not node.healthy) and node.succeeded():
+        log.warning("node %s back in rotation (answered a request)", node.key)
+    breaker = node.breaker
+    if breaker.failures or breaker.state is not CLOSED:
+        breaker.success(node.key)

@@ -11,9 +11,10 @@ Here a body whose items are all valid reads (a request object or a batch, every 
 int or string id) is parsed once, routed by the engine's selector with its rules (the same
 candidates, one pick per set of eligible nodes as the engine's batches do), and answered from
 the parsed items by in-process nodes that have a synchronous path, counted in the same metrics
-and node latencies. Anything else returns None *before anything is counted*, and the engine
-answers the body as usual (parse, choose, forward, classify, retry unchanged): a parse error
-or an invalid item, a notification, an id orjson may change, a writer method, a pool with
+and node latencies (kept per answer in lists and folded in per 64 answers, 50 ms, or before a
+read: proxy/inprocbooks.py). Anything else returns None *before anything is counted*, and the
+engine answers the body as usual (parse, choose, forward, classify, retry unchanged): a parse
+error or an invalid item, a notification, an id orjson may change, a writer method, a pool with
 mirrors, tracing or the access log on, a node that is not in process, has failed lately or
 declines the items (not plain reads: eth_call, headers, …), a retryable answer (-39006 goes to
 another node: the engine's job), or an exception.
@@ -44,6 +45,7 @@ from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
 from proxy.engine import Admitted, Engine, access_log
+from proxy.inprocbooks import InprocBooks
 from proxy.methods import LocalMethod, MethodSpec
 from proxy.model import Node, Pool
 from proxy.select import NoEligibleNode
@@ -91,6 +93,7 @@ class InprocPath:
         self.max_batch = engine.settings.max_batch_items
         self.max_answer = engine.settings.max_answer_bytes  # 0: no limit
         self._routes: dict[str, PoolRoutes] = {}  # pool id → its cached candidates
+        self.books = InprocBooks(engine.attempts, engine.metrics)  # folded per 64 answers
 
     def answer(
         self, admitted: Admitted, body: bytes, headers: Mapping[str, str]
@@ -121,9 +124,8 @@ class InprocPath:
         out = orjson.dumps(answered)
         if self.max_answer and len(out) > self.max_answer:
             return None  # the engine answers it as too large, counted once
-        metrics = engine.metrics
-        metrics.client(headers.get("client-id"))
-        metrics.observe(admitted.chain, shape, time.perf_counter() - started)
+        engine.metrics.client(headers.get("client-id"))
+        self.books.request(admitted.chain, shape, time.perf_counter() - started)
         return 200, out
 
     def routes(self, pool: Pool) -> PoolRoutes:
@@ -238,7 +240,7 @@ class InprocPath:
         errors = None if got is None else _final(got)
         if errors is None or (errors and not checked):
             return None
-        self._attempt(admitted, node, method, elapsed)
+        self.books.attempt(admitted, node, method, elapsed)
         self.engine.metrics.request(admitted.chain, method, node.key, "error" if errors else "ok")
         return got[0]  # type: ignore[index]
 
@@ -270,7 +272,7 @@ class InprocPath:
                 for i, answer in zip(positions, got, strict=True):  # type: ignore[arg-type]
                     answers[i] = answer
         for node, sent, errors, elapsed in done:
-            self._attempt(admitted, node, BATCH, elapsed)
+            self.books.attempt(admitted, node, BATCH, elapsed)
             self._count(admitted.chain, node, sent, errors, method)
         return answers
 
@@ -301,35 +303,36 @@ class InprocPath:
         not for this path."""
         pick = self.engine.selector.pick
         item_route = self._item
-        # id of a candidate list → (the list, kept alive while its id is a key; its pick)
-        picked: dict[int, tuple[list[Node], Node]] = {}
+        # id of a candidate list → (the list, kept alive while its id is a key; the positions
+        # of the group of the node picked from it)
+        picked: dict[int, tuple[list[Node], list[int]]] = {}
         groups: dict[Node, Group] = {}
         checked, tagged, first, mixed = True, False, None, False
         for pos, item in enumerate(items):
             routed = item_route(pool, routes, item)
             if routed is None:
                 return None
-            if first is None:
-                first = routed[0]
-            elif routed[0] != first:
-                mixed = True
-            nodes = routed[1]
-            checked = checked and routed[2]
-            tagged = tagged or routed[3]
-            known = picked.get(id(nodes))
-            if known is None:
+            method, nodes, params_checked, at_tag = routed
+            if method != first:
+                if first is None:
+                    first = method
+                else:
+                    mixed = True
+            if not params_checked:
+                checked = False
+            if at_tag:
+                tagged = True
+            slot = picked.get(id(nodes))
+            if slot is None:
                 node = pick(nodes)
-                picked[id(nodes)] = (nodes, node)
-            else:
-                node = known[1]
-            group = groups.get(node)
-            if group is None:
-                answer_items = self._path(routes, node)
-                if answer_items is None:
-                    return None
-                groups[node] = (node, answer_items, [pos])
-            else:
-                group[2].append(pos)
+                group = groups.get(node)
+                if group is None:
+                    answer_items = self._path(routes, node)
+                    if answer_items is None:
+                        return None
+                    group = groups[node] = (node, answer_items, [])
+                slot = picked[id(nodes)] = (nodes, group[2])
+            slot[1].append(pos)
         return list(groups.values()), checked, tagged, None if mixed else first
 
     def _target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None] | None:
@@ -350,11 +353,6 @@ class InprocPath:
         if node.fails or not node.healthy or breaker.failures or breaker.state is not CLOSED:
             return None
         return routes.paths.get(node)
-
-    def _attempt(self, admitted: Admitted, node: Node, lkey: str, elapsed: float) -> None:
-        """The node's books (latency cost, latency window, breaker) and the attempt's
-        metrics, as the engine keeps them for an answer (`Attempts.answered`)."""
-        self.engine.attempts.answered(admitted, node, lkey, elapsed, "ok")
 
 
 def _final(answers: list[Any]) -> list[int] | None:

@@ -40,6 +40,17 @@ def observe(node: Any, ms: float, now: float, tau: float) -> None:
     node.cost_at = now
 
 
+def observe_many(node: Any, ms: list[float], now: float, tau: float) -> None:
+    """`observe` of each of `ms` in order, all at `now` (answers folded in together,
+    proxy/inprocbooks.py): after the first, a sample decays nothing (no time passed), so
+    only a slower one than the estimate counts, and it replaces it."""
+    observe(node, ms[0], now, tau)
+    if len(ms) > 1:
+        peak = max(ms[1:])
+        if peak >= node.cost:
+            node.cost = peak
+
+
 def current(node: Any, now: float, tau: float) -> float | None:
     """The node's cost estimate at `now` (ms), decayed since its last sample."""
     cost = node.cost
@@ -73,6 +84,17 @@ class LatencyWindow:
         self.counts[bucket(seconds)] += 1
         self.total += 1
         self.n += 1
+        if self.n >= REFRESH or (self.since < MIN_SAMPLES and self.since + self.n >= MIN_SAMPLES):
+            self.refresh()
+
+    def add_many(self, samples: list[float]) -> None:
+        """`add` for each of `samples`, the quantiles refreshed once after them when due."""
+        counts = self.counts
+        for seconds in samples:
+            counts[bucket(seconds)] += 1
+        n = len(samples)
+        self.total += n
+        self.n += n
         if self.n >= REFRESH or (self.since < MIN_SAMPLES and self.since + self.n >= MIN_SAMPLES):
             self.refresh()
 

@@ -212,7 +212,13 @@ class _Histogram:
 class HotMetrics(Collector):
     """Counters and histograms of the request path, keyed by label values."""
 
-    def __init__(self, client_id_top_n: int = 100, buckets: tuple[float, ...] = LATENCY_BUCKETS):
+    def __init__(
+        self,
+        client_id_top_n: int = 100,
+        buckets: tuple[float, ...] = LATENCY_BUCKETS,
+        before: Callable[[], None] | None = None,
+    ) -> None:
+        self.before = before  # called first on every scrape (ProxyMetrics.settle)
         self.top_n = client_id_top_n
         self.clients: dict[str, int] = {}  # client-id → requests ("other" not counted in top_n)
         self.bounds = list(buckets)
@@ -228,6 +234,8 @@ class HotMetrics(Collector):
         return hist
 
     def collect(self) -> Iterator[Any]:
+        if self.before is not None:
+            self.before()
         requests = CounterMetricFamily(
             "chainstate_proxy_requests",
             "request items answered, by chain, method, node and outcome",
@@ -284,7 +292,8 @@ class ProxyMetrics:
     def __init__(self, client_id_top_n: int = 100) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.hot = HotMetrics(client_id_top_n)
+        self._folds: list[Callable[[], None]] = []
+        self.hot = HotMetrics(client_id_top_n, before=self.settle)
         r.register(self.hot)
         self._requests = self.hot.requests
         self._attempts = self.hot.attempts
@@ -364,6 +373,38 @@ class ProxyMetrics:
         hist = table.get((node,)) or hot.histogram(table, (node,))
         hist.counts[bisect_left(hot.bounds, seconds)] += 1
         hist.total += seconds
+
+    def attempts_ok(self, chain: str, node: str, samples: list[float]) -> None:
+        """`attempt(chain, node, "ok", s)` for each of `samples` (folded in together)."""
+        key = (chain, node, "ok")
+        attempts = self._attempts
+        attempts[key] = attempts.get(key, 0) + len(samples)
+        hot = self.hot
+        table = hot.upstream_latency
+        self._observe_all(table.get((node,)) or hot.histogram(table, (node,)), samples)
+
+    def observe_all(self, chain: str, shape: str, samples: list[float]) -> None:
+        """`observe(chain, shape, s)` for each of `samples` (folded in together)."""
+        hot = self.hot
+        self._observe_all(
+            hot.latency.get((chain, shape)) or hot.histogram(hot.latency, (chain, shape)), samples
+        )
+
+    def _observe_all(self, hist: Any, samples: list[float]) -> None:
+        counts, bounds = hist.counts, self.hot.bounds
+        for seconds in samples:
+            counts[bisect_left(bounds, seconds)] += 1
+        hist.total += sum(samples)
+
+    def on_read(self, fold: Callable[[], None]) -> None:
+        """Call `fold` before the figures are read (a scrape, `settle`): for books kept
+        outside these tables for a while (proxy/inprocbooks.py), so what is read is exact."""
+        self._folds.append(fold)
+
+    def settle(self) -> None:
+        """Fold in what is kept aside (`on_read`): before reading metrics or node figures."""
+        for fold in self._folds:
+            fold()
 
     def retry(self, chain: str, reason: str) -> None:
         self._child(self.retries, chain, reason).inc()

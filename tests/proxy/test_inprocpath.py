@@ -15,10 +15,13 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from chainstate.inproc import InprocRegistry
 from nodes.state.vendor import parse_vendor_block
+from proxy import inprocbooks
 from proxy.breaker import OPEN
+from proxy.inprocbooks import FOLD_EVERY
 from tests.nodes.test_state_chain import random_chain
 from tests.nodes.test_state_reads import make_node
 from tests.proxy.conftest import fast_settings, wait_until
@@ -145,28 +148,90 @@ async def test_every_other_body_goes_to_the_engine(proxied, body: bytes) -> None
     del status
 
 
+def scraped(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` whose labels include `labels`, in a /metrics text."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                total += sample.value
+    return total
+
+
+async def metrics_text(api) -> str:
+    return await (await api.client.get("/metrics")).text()
+
+
 async def test_answers_are_counted_as_the_engine_counts_them(proxied) -> None:
+    """Every request, attempt and latency of an in-process answer is in /metrics and in the
+    nodes' figures when read, though its books are folded in per FOLD_EVERY answers."""
     api, _, addrs, calls = proxied
-    metrics = api.proxy.metrics.hot
+    pool = api.proxy.state.pools[CHAIN]
+    before = await metrics_text(api)
 
-    def counted(method: str) -> int:
-        return sum(n for (_, m, _, outcome), n in metrics.requests.items() if m == method)
+    def grew(after: str, name: str, **labels: str) -> float:
+        return scraped(after, name, **labels) - scraped(before, name, **labels)
 
-    before = counted("eth_getBalance")
     for i in range(5):
         await raw_rpc(api, orjson.dumps(item(i, "eth_getBalance", addrs[0], "latest")))
     batch = [item(i, "eth_getBalance", addrs[1], hex(i)) for i in range(10)]
     await raw_rpc(api, orjson.dumps(batch))
     assert calls["items"] >= 6
-    assert counted("eth_getBalance") == before + 15
-    attempts = sum(n for (_, _, outcome), n in metrics.attempts.items() if outcome == "ok")
-    assert attempts >= 6
-    shapes = {shape: sum(h.counts) for (_, shape), h in metrics.latency.items()}
-    assert shapes.get("single", 0) >= 5 and shapes.get("batch", 0) >= 1
-    pool = api.proxy.state.pools[CHAIN]
+    after = await metrics_text(api)
+    assert grew(after, "chainstate_proxy_requests_total", method="eth_getBalance") == 15
+    assert grew(after, "chainstate_proxy_request_seconds_count", shape="single") == 5
+    assert grew(after, "chainstate_proxy_request_seconds_count", shape="batch") == 1
+    attempts = grew(after, "chainstate_proxy_upstream_attempts_total", outcome="ok")
+    assert attempts == calls["items"]  # one attempt per call of the node's path
+    assert grew(after, "chainstate_proxy_upstream_seconds_count") == attempts
     assert pool.inflight == 0  # every admitted place given back
     assert {"eth_getBalance", "batch"} <= set(pool.latency)  # the hedge/timeout windows
-    assert any(node.cost is not None for node in pool.readers)  # the choice's latency cost
+    status, nodes = await api.get(f"/{CHAIN}/getAllNodes")
+    assert status == 200
+    assert any(n["latency_ms"] is not None for n in nodes["nodes"])  # the choice's figures
+
+
+async def test_folded_books_are_exact_when_read_and_never_counted_twice(
+    proxied, monkeypatch
+) -> None:
+    """More answers than one fold holds, read at any point: /metrics shows each answer once,
+    a second scrape adds nothing, and the nodes' latency windows hold every attempt."""
+    monkeypatch.setattr(inprocbooks, "FOLD_AFTER_S", 600.0)  # folds by count and by reads
+    api, _, addrs, calls = proxied
+    pool = api.proxy.state.pools[CHAIN]
+    before = await metrics_text(api)
+    windows = sum(w.since + w.n for w in pool.latency.values())
+    sent = FOLD_EVERY * 2 + 7  # two folds by count, then some pending
+    for i in range(sent):
+        await raw_rpc(api, orjson.dumps(item(i, "eth_getBalance", addrs[i % 3], hex(i % 20))))
+    assert calls["items"] == sent
+    for _ in range(2):
+        after = await metrics_text(api)
+        singles = "chainstate_proxy_request_seconds_count"
+        assert (
+            scraped(after, singles, shape="single") - scraped(before, singles, shape="single")
+            == sent
+        )
+        ok = "chainstate_proxy_upstream_attempts_total"
+        assert scraped(after, ok, outcome="ok") - scraped(before, ok, outcome="ok") == sent
+        total = "chainstate_proxy_upstream_seconds_count"
+        assert scraped(after, total) - scraped(before, total) == sent
+        assert sum(w.since + w.n for w in pool.latency.values()) == windows + sent
+
+
+async def test_folded_books_reach_the_choice_without_a_read(proxied, monkeypatch) -> None:
+    """A few answers and then nothing: within FOLD_AFTER_S the nodes' latency costs and the
+    pool's windows have them, with no scrape or admin call to fold them."""
+    api, _, addrs, calls = proxied
+    monkeypatch.setattr(inprocbooks, "FOLD_AFTER_S", 0.5)  # (3 answers take a few ms)
+    pool = api.proxy.state.pools[CHAIN]
+    stamps = {node.key: node.cost_at for node in pool.readers}
+    for i in range(3):
+        await raw_rpc(api, orjson.dumps(item(i, "eth_getBalance", addrs[0], hex(5))))
+    assert calls["items"] == 3
+    assert sum(w.since + w.n for w in pool.latency.values()) == 0  # pending: not yet folded
+    await wait_until(lambda: sum(w.since + w.n for w in pool.latency.values()) == 3)
+    assert any(node.cost_at != stamps[node.key] for node in pool.readers)  # a new cost
 
 
 async def test_a_node_that_failed_lately_or_has_no_weight_is_left_to_the_engine(proxied) -> None:

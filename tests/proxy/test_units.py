@@ -460,3 +460,28 @@ def test_candidates_change_only_at_the_breakpoints(selector: Selector) -> None:
         for height in range(lo, hi):
             ref = BlockRef(number=height)
             assert selector.candidates(pool, "eth_getBalance", SPEC, ref)[0] == first, height
+
+
+@pytest.mark.parametrize("start", [None, 0.3, 5.0])
+def test_latency_samples_folded_together_match_one_at_a_time(start: float | None) -> None:
+    """`observe_many` / `add_many` (the in-process answers' books, folded in together) give
+    what `observe` / `add` give one sample at a time at the same instant."""
+    from types import SimpleNamespace
+
+    from proxy import latency
+
+    rng = random.Random(7)
+    samples = [rng.uniform(0.0001, 0.01) for _ in range(300)]
+    one = SimpleNamespace(cost=start, cost_at=0.0)
+    many = SimpleNamespace(cost=start, cost_at=0.0)
+    for s in samples:
+        latency.observe(one, s * 1000, 2.0, 1.0)
+    latency.observe_many(many, [s * 1000 for s in samples], 2.0, 1.0)
+    assert many.cost == pytest.approx(one.cost) and many.cost_at == one.cost_at
+    a, b = latency.LatencyWindow(0.9), latency.LatencyWindow(0.9)
+    for s in samples:
+        a.add(s)
+    for chunk in (samples[:64], samples[64:200], samples[200:]):
+        b.add_many(chunk)
+    assert b.counts == a.counts and b.total == a.total and b.since + b.n == a.since + a.n
+    assert b.hedge_q is not None  # refreshed once past MIN_SAMPLES, as `add` does

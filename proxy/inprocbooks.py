@@ -1,0 +1,91 @@
+"""The books of the proxy's in-process answers, folded in per FOLD_EVERY answers.
+
+Why: an in-process read is answered in a few µs, and keeping its books one answer at a time
+(`Attempts.answered`: the node's latency cost and average, the pool's latency window, the
+attempt's counter and histogram; then the request's latency histogram) cost about as much as
+the proxy's own routing of it (py-spy, bench/README.md "Issues 14/15, session 5"). Here an
+answer only appends its time to a list; the lists are folded into the same books, sample by
+sample in order, when FOLD_EVERY answers are pending, FOLD_AFTER_S after the first pending
+one (a timer on the loop), and before anything reads them: a /metrics scrape and the admin
+API's node views call `ProxyMetrics.settle` (so their totals are exact when read).
+
+What waits up to FOLD_AFTER_S (or FOLD_EVERY answers): the selector's latency costs and the
+pool's hedge/timeout quantiles as the engine's own requests see them, and the admission
+limit's latency. Breakers and health see nothing new from these answers: the in-process path
+only answers through a node that has not failed lately and whose breaker is closed with no
+failure counted (`InprocPath._path`), where an answer changes neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from proxy.attempts import Attempts
+from proxy.metrics import ProxyMetrics
+from proxy.model import Node
+
+FOLD_EVERY = 64  # pending answers that are folded in at once
+FOLD_AFTER_S = 0.05  # the longest an answer's books wait, with fewer pending
+
+
+class InprocBooks:
+    """`attempt` and `request` per answer; `fold` folds every pending sample in."""
+
+    def __init__(self, attempts: Attempts, metrics: ProxyMetrics) -> None:
+        self.attempts = attempts
+        self.metrics = metrics
+        # (id of the pool, node, latency key) → [the request's Admitted (its chain and pool,
+        # kept alive while pending), the node, the latency key, attempt times]
+        self._attempts: dict[tuple[int, Node, str], list[Any]] = {}
+        # (chain, shape) → request times (the client's latency histogram)
+        self._requests: dict[tuple[str, str], list[float]] = {}
+        self.pending = 0  # answers pending (requests)
+        self._timer: asyncio.TimerHandle | None = None
+        metrics.on_read(self.fold)
+
+    def attempt(self, admitted: Any, node: Node, lkey: str, elapsed: float) -> None:
+        """`Attempts.answered(admitted, node, lkey, elapsed, "ok")`, folded in later."""
+        key = (id(admitted.pool), node, lkey)
+        entry = self._attempts.get(key)
+        if entry is None:
+            self._attempts[key] = [admitted, node, lkey, [elapsed]]
+        else:
+            entry[3].append(elapsed)
+
+    def request(self, chain: str, shape: str, seconds: float) -> None:
+        """`ProxyMetrics.observe(chain, shape, seconds)`, folded in later; one answer."""
+        key = (chain, shape)
+        samples = self._requests.get(key)
+        if samples is None:
+            self._requests[key] = [seconds]
+        else:
+            samples.append(seconds)
+        self.pending += 1
+        if self.pending >= FOLD_EVERY:
+            self.fold()
+        elif self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop to wait on: now
+                self.fold()
+                return
+            self._timer = loop.call_later(FOLD_AFTER_S, self._timed)
+
+    def fold(self) -> None:
+        """Every pending sample into the books, in the order they came."""
+        if not self.pending and not self._attempts:
+            return
+        attempts, self._attempts = self._attempts, {}
+        requests, self._requests = self._requests, {}
+        self.pending = 0
+        answered = self.attempts.answered_ok
+        for admitted, node, lkey, samples in attempts.values():
+            answered(admitted, node, lkey, samples)
+        observe = self.metrics.observe_all
+        for (chain, shape), samples in requests.items():
+            observe(chain, shape, samples)
+
+    def _timed(self) -> None:
+        self._timer = None
+        self.fold()
