@@ -149,7 +149,9 @@ async def test_a_node_that_hangs_times_out_and_the_retry_answers(make_api, fake_
         upstream_timeout=0.3, hedge_budget=0, attempt_timeout_min=0.3, **NO_CACHE
     )
     api = await make_api(settings)
-    await api.add("1337", hangs)
+    # `hangs` weighs 100× `good`: the pick (cost × in flight / weight) takes it while its cost
+    # is not 100× good's, even when its first answer was slow on a busy machine (CI).
+    await api.add("1337", hangs, weight=100)
     reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
     writer.write(HEAD % len(body(0)) + body(0))  # an idle connection to `hangs` to take
     assert (await read_answer(reader))[1]["result"]
