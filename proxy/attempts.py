@@ -185,12 +185,12 @@ class Attempts:
                 self.answered(ctx, node, group.lkey, elapsed, outcome.answered(raw))
             else:
                 ctx.nodes.pop()  # the idle connection was closed: no attempt was made
+            if hedgeable and (raw is not None or exc is not None):
+                self._earn(ctx.pool)  # an attempt made earns its share, as `_race`'s does
             then(node, raw, exc)
 
         if not self.upstream.send_now(url, body, self.ceiling, ctx, ctx.answer_early, landed):
             return False
-        if hedgeable:
-            self._earn(ctx.pool)
         node.inflight += 1
         ctx.nodes.append(node.key)
         return True

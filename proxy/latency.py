@@ -82,17 +82,17 @@ class LatencyWindow:
 
     def add(self, seconds: float) -> None:
         self.counts[bucket(seconds)] += 1
-        self.total += 1
-        self.n += 1
-        if self.n >= REFRESH or (self.since < MIN_SAMPLES and self.since + self.n >= MIN_SAMPLES):
-            self.refresh()
+        self._counted(1)
 
     def add_many(self, samples: list[float]) -> None:
         """`add` for each of `samples`, the quantiles refreshed once after them when due."""
         counts = self.counts
         for seconds in samples:
             counts[bucket(seconds)] += 1
-        n = len(samples)
+        self._counted(len(samples))
+
+    def _counted(self, n: int) -> None:
+        """`n` samples were added: the quantiles refreshed when due."""
         self.total += n
         self.n += n
         if self.n >= REFRESH or (self.since < MIN_SAMPLES and self.since + self.n >= MIN_SAMPLES):
