@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -50,7 +49,8 @@ from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import Node, Pool, normalize_pool
 from proxy.reads import Plan, Reads
-from proxy.select import POOL_HEAD, NoEligibleNode, Selector
+from proxy.routes import PoolRoutes, RouteCache
+from proxy.select import NoEligibleNode, Selector
 from proxy.settings import ProxySettings
 from proxy.state import RoutingState
 from proxy.upstream import Upstream, UpstreamError
@@ -231,6 +231,7 @@ class Engine:
         self.methods = MethodTable(settings.extra_methods)
         self.tracer = None if tracer is None or isinstance(tracer, trace.NoOpTracer) else tracer
         self.attempts = Attempts(settings, upstream, selector, metrics, self.tracer)
+        self.routes = RouteCache(selector)  # first attempts' candidates (proxy/routes.py)
         self.admission = Admission(
             settings.admission_wait, settings.max_pool_inflight, settings.upstream_connections
         )
@@ -874,32 +875,17 @@ class Engine:
         the rules allow. A retried item is chosen alone, away from the nodes it tried."""
         groups: dict[Node, Group] = {}
         pool = ctx.pool
-        chosen: dict[Any, tuple[Node, list[Node]] | NoEligibleNode] = {}
+        # The candidates of a first attempt per (method, block class), kept across requests
+        # (proxy/routes.py); one pick per candidate list per request.
+        routes = self.routes.routes(pool) if attempt == 1 else None
         picked: dict[tuple[Node, ...], tuple[Node, list[Node]]] = {}
         batch = len(pending) > 1
-        head = pool.head() if batch else POOL_HEAD
-        routes = pool.routes
-        points = self.selector.breakpoints(pool, head) if attempt == 1 and batch else []
         for it in pending:
-            if attempt > 1:
+            if routes is None:
                 self.metrics.retry(ctx.chain, it.reason)
                 found = self._retry_choice(pool, it)
-            elif not batch:
-                found = self._first_choice(pool, it, POOL_HEAD, picked)
             else:
-                # A height is chosen for by its range between breakpoints (same candidates);
-                # other block refs by identity (shared per text by blockref's cache, and
-                # alive while the batch is). Specs are shared: their ids are keys too.
-                routed = it.method if routes and it.method in routes else None
-                ref = it.ref
-                off = it.plan is not None and bool(it.plan.avoid)  # (one set per request)
-                if ref is not None and ref.number is not None and not ref.contains:
-                    key = (routed, id(it.spec), bisect_right(points, ref.number), off)
-                else:
-                    key = (routed, id(it.spec), id(ref), off)
-                found = chosen.get(key)
-                if found is None:
-                    found = chosen[key] = self._first_choice(pool, it, head, picked)
+                found = self._first_choice(pool, routes, it, picked)
             if type(found) is NoEligibleNode:
                 self._give_up(ctx, it, answers, found)
                 continue
@@ -916,17 +902,21 @@ class Engine:
     def _first_choice(
         self,
         pool: Pool,
+        routes: PoolRoutes,
         it: Item,
-        head: Any,
         picked: dict[tuple[Node, ...], tuple[Node, list[Node]]],
     ) -> tuple[Node, list[Node]] | NoEligibleNode:
         """The node for an item on its first attempt (one pick per set of eligible nodes),
         with the eligible nodes. Nodes off the chain the read path follows are avoided."""
         avoid = () if it.plan is None else it.plan.avoid
-        try:
-            nodes, _ = self.selector.candidates(pool, it.method, it.spec, it.ref, avoid, head=head)
-        except NoEligibleNode as exc:
-            return exc
+        nodes = None
+        if not avoid:
+            nodes = self.routes.candidates(pool, routes, it.method, it.spec, it.ref)[0]
+        if nodes is None:  # none eligible (the selector says why), or some to avoid
+            try:
+                nodes, _ = self.selector.candidates(pool, it.method, it.spec, it.ref, avoid)
+            except NoEligibleNode as exc:
+                return exc
         if len(nodes) == 1:
             return nodes[0], nodes
         ids = tuple(nodes)

@@ -21,8 +21,9 @@ another node: the engine's job), or an exception.
 
 The route is the costly part in Python (the selector's candidates took as long as the node's
 read), so each pool's candidates are kept per (method, block class) while nothing they depend
-on changes (`PoolRoutes`): the readers list (rebuilt on every config change: nodes, weights,
-routes, Leader) and each reader's head, earliest block, health, breaker and checker verdict.
+on changes (proxy/routes.py, the cache the engine's first attempts use too): the readers list
+(rebuilt on every config change: nodes, weights, routes, Leader), each reader's head,
+earliest block, health, breaker and checker verdict, and the in-process registry's version.
 The pick among the candidates (latency costs, in flight) is still made per body. An item
 whose block param is a text seen before takes its candidates without the method table's
 param checks: the node checks the params itself, and an error answer to such an item sends
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import time
-from bisect import bisect_right
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,39 +48,11 @@ from proxy.engine import Admitted, Engine, access_log
 from proxy.inprocbooks import InprocBooks
 from proxy.methods import LocalMethod, MethodSpec
 from proxy.model import Node, Pool
-from proxy.select import NoEligibleNode
+from proxy.routes import MAX_ROUTES, PoolRoutes, RouteCache
+from proxy.routes import UNCACHED as _UNCACHED
 
 # (node, its synchronous path, positions of the items it answers)
 Group = tuple[Node, AnswerItems, list[int]]
-MAX_ROUTES = 4096  # cached candidate lists per pool (methods × block classes); then cleared
-_UNCACHED = object()  # a block class the cache does not key (a block hash, `pending`)
-
-
-class PoolRoutes:
-    """One pool's candidates per (method, block class), valid for one `signature` of its
-    readers. A block height's class is its range between the selector's breakpoints (every
-    height of a range has the same candidates); a tag, no block or `Contains` is its own."""
-
-    __slots__ = ("paths", "points", "readers", "registry", "seen", "signature", "table")
-
-    def __init__(
-        self, readers: list[Node], signature: tuple[Any, ...], points: list[int], registry: int
-    ) -> None:
-        self.readers = readers
-        self.signature = signature
-        self.points = points
-        self.registry = registry  # the in-process registry's version
-        self.table: dict[tuple[str, Any], list[Node] | None] = {}
-        # (method, number of params, the block param's text) → (the candidates found for
-        # it, whether it reads at a tag): `InprocPath._item`
-        self.seen: dict[tuple[str, int, str], tuple[list[Node], bool]] = {}
-        self.paths: dict[Node, AnswerItems] = {}  # readers with a synchronous path
-
-
-def signature(readers: list[Node]) -> tuple[Any, ...]:
-    """What the candidates depend on that changes without a rebuild of the readers list:
-    heads, health, breakers (`blocked`) and checker verdicts."""
-    return tuple([(n.head, n.earliest, n.healthy, n.blocked, n.diverged) for n in readers])
 
 
 class InprocPath:
@@ -92,7 +64,7 @@ class InprocPath:
         self.max_body = engine.settings.max_body_bytes
         self.max_batch = engine.settings.max_batch_items
         self.max_answer = engine.settings.max_answer_bytes  # 0: no limit
-        self._routes: dict[str, PoolRoutes] = {}  # pool id → its cached candidates
+        self._routes = RouteCache(engine.selector)  # each pool's cached candidates
         self.books = InprocBooks(engine.attempts, engine.metrics)  # folded per 64 answers
 
     def answer(
@@ -129,58 +101,23 @@ class InprocPath:
         return 200, out
 
     def routes(self, pool: Pool) -> PoolRoutes:
-        """The pool's cached candidates, started afresh when its readers list was rebuilt
-        (a config change), a reader's head, health, breaker or verdict changed, or a node
-        (un)registered in process."""
-        readers = pool.readers
-        sig = signature(readers)
-        routes = self._routes.get(pool.id)
-        version = self.registry.version
-        if (
-            routes is not None
-            and routes.readers is readers
-            and routes.signature == sig
-            and routes.registry == version
-        ):
-            return routes
-        points = self.engine.selector.breakpoints(pool, pool.head())
-        routes = self._routes[pool.id] = PoolRoutes(readers, sig, points, version)
-        for node in readers:
-            path = self.registry.resolve_items(node.entry.url)
-            if path is not None:
-                routes.paths[node] = path
+        """The pool's cached candidates (proxy/routes.py), started afresh also when a node
+        (un)registered in process, with each reader's synchronous path."""
+        routes = self._routes.routes(pool, self.registry.version)
+        if routes.paths is None:
+            routes.paths = {}
+            for node in routes.readers:
+                path = self.registry.resolve_items(node.entry.url)
+                if path is not None:
+                    routes.paths[node] = path
         return routes
 
     def candidates(
         self, pool: Pool, routes: PoolRoutes, method: str, spec: MethodSpec, ref: BlockRef | None
     ) -> tuple[list[Node] | None, Any]:
-        """The selector's candidates for one item (`Selector.candidates`, no node excluded;
-        None when no node is eligible), from the cache when its block class is keyed, and
-        the class (_UNCACHED: not keyed)."""
-        if ref is None:
-            cls: Any = None
-        elif ref.tag is not None:
-            cls = _UNCACHED if ref.tag == "pending" else ref.tag
-        elif ref.contains:
-            cls = True
-        elif ref.number is not None:
-            cls = bisect_right(routes.points, ref.number)
-        else:
-            cls = _UNCACHED  # a block hash: its height is looked up per item
-        table = routes.table
-        if cls is not _UNCACHED:
-            key = (method, cls)
-            if key in table:
-                return table[key], cls
-        try:
-            nodes: list[Node] | None = self.engine.selector.candidates(pool, method, spec, ref)[0]
-        except NoEligibleNode:
-            nodes = None
-        if cls is not _UNCACHED:
-            if len(table) >= MAX_ROUTES:
-                table.clear()
-            table[key] = nodes
-        return nodes, cls
+        """`RouteCache.candidates`: the item's candidates (None: no node is eligible) and its
+        block class (_UNCACHED: not kept)."""
+        return self._routes.candidates(pool, routes, method, spec, ref)
 
     def _item(
         self, pool: Pool, routes: PoolRoutes, item: Any
@@ -352,7 +289,7 @@ class InprocPath:
         breaker = node.breaker
         if node.fails or not node.healthy or breaker.failures or breaker.state is not CLOSED:
             return None
-        return routes.paths.get(node)
+        return routes.paths.get(node)  # type: ignore[union-attr]
 
 
 def _final(answers: list[Any]) -> list[int] | None:
