@@ -127,7 +127,17 @@ class Admitted:
 class Ctx:
     """One client request as it goes through the steps."""
 
-    __slots__ = ("chain", "early", "heads", "keep", "methods", "nodes", "pool", "reserved")
+    __slots__ = (
+        "chain",
+        "early",
+        "heads",
+        "keep",
+        "methods",
+        "nodes",
+        "own_ids",
+        "pool",
+        "reserved",
+    )
 
     def __init__(self, chain: str, pool: Pool, early: Callable[[bytes], Any] | None = None) -> None:
         self.chain = chain
@@ -140,6 +150,9 @@ class Ctx:
         self.reserved = 0  # answer bytes held for it in the buffered-bytes budget
         self.heads: Any = None  # the request's resolved heads (proxy/heads.RequestHeads)
         self.keep: tuple[tuple[str, int], ...] | None = None  # a whole batch to cache: methods
+        # Every item of the batch has its own int or string id (no two alike): sub-batches
+        # go with the client's ids rather than positions (`_send_group`).
+        self.own_ids = False
 
     def answer_early(self, status: int, raw: bytes) -> None:
         """A node's answer, the moment it is complete (from its connection's callback): when
@@ -764,17 +777,27 @@ class Engine:
             ctx.methods.extend(it.method for it in items)  # for the span and the access log
         if items and ctx.pool.mirrors:
             self.mirrors.offer_batch(ctx.pool, [(it.method, it.obj) for it in items])
-        whole = len(items) == len(payload) and exact and _unique_ids(items)
+        ctx.own_ids = exact and _unique_ids(items)
+        whole = len(items) == len(payload) and ctx.own_ids
+        sent = body if whole else None
         waiting: list[Item] = []
         route = self._route
         planned = items
+        pinned = False
         if self.reads is not None and items:
             items, waiting, changed = self._plan_items(ctx, items, answers)
-            whole = whole and not changed
+            if whole and changed:
+                # Only blocks were pinned (every item goes, none waits): the pinned items
+                # with the client's ids, in its order, are the body, and the node's answer
+                # may still be the client's as it is (`_raw_answer`).
+                pinned = not waiting and len(items) == len(payload)
+                sent = orjson.dumps([it.obj for it in items]) if pinned else None
             route = self._route_planned
         if items:
-            out = await route(ctx, items, body if whole else None, answers, single=False)
+            out = await route(ctx, items, sent, answers, single=False)
             if out is not None:
+                if pinned and key is not None and ctx.heads.mixed is False:
+                    ctx.keep = _kept_as_a_whole(planned, [a for a in answers if a is not None])
                 return (200, out) if out else (204, b"")
         if waiting:
             await self._wait_items(ctx, waiting, answers)
@@ -1007,9 +1030,15 @@ class Engine:
         return self._take_answers(ctx, node, items, keys, parsed, answers), None
 
     async def _send_group(self, ctx: Ctx, group: Group, answers: list[Any]) -> list[Item]:
-        """Send one sub-batch with ids rewritten to positions; returns the items to retry."""
+        """Send one sub-batch with the client's ids when they tell the answers apart, else
+        with ids rewritten to positions; returns the items to retry."""
         items = group.items
-        sub = [it.obj if it.notif else {**it.obj, "id": j} for j, it in enumerate(items)]
+        if ctx.own_ids:
+            sub = [it.obj for it in items]
+            keys = [None if it.notif else it.rid for it in items]
+        else:
+            sub = [it.obj if it.notif else {**it.obj, "id": j} for j, it in enumerate(items)]
+            keys = [None if it.notif else j for j, it in enumerate(items)]
         try:
             node, raw = await self.attempts.exchange(ctx, group, orjson.dumps(sub), _usable_batch)
         except UpstreamError as exc:
@@ -1017,7 +1046,6 @@ class Engine:
         parsed = self._decode(ctx, node, items, raw)
         if parsed is None:
             return [it for it in items if not it.notif]
-        keys = [None if it.notif else j for j, it in enumerate(items)]
         return self._take_answers(ctx, node, items, keys, parsed, answers)
 
     def _transport_failed(
