@@ -1089,15 +1089,14 @@ class Engine:
     ) -> list[Item]:
         """Step 5 for a sub-batch: each item's answer (found by its key: its position in the
         sub-batch, or its own id) classified; the ones to retry are returned."""
-        if isinstance(parsed, dict):  # the node rejected the whole sub-batch with one error
-            by_key = {k: dict(parsed) for k in keys if k is not None}
-        else:
-            by_key = {a.get("id"): a for a in parsed if isinstance(a, dict)}
+        by_key = _by_key(keys, parsed)
         retry = []
+        counts: dict[tuple[str, str], int] = {}  # (method, outcome) → answers: metrics
         readable: int | bool | None = False  # looked up once, when an answer needs it
         for it, key in zip(group, keys, strict=True):
             if it.notif:
-                self.metrics.request(ctx.chain, it.method, node.key, "ok")
+                counted = (it.method, "ok")
+                counts[counted] = counts.get(counted, 0) + 1
                 continue
             answer = by_key.get(key)
             if answer is None:
@@ -1111,12 +1110,15 @@ class Engine:
                 it.retry_later(node, answer, result)
                 retry.append(it)
                 continue
-            self.metrics.request(ctx.chain, it.method, node.key, result.name)
+            counted = (it.method, result.name)
+            counts[counted] = counts.get(counted, 0) + 1
             if it.method in UNMINED_FIELDS:
                 if readable is False:
                     readable = self.selector.readable_head(ctx.pool)
                 hide_unreadable(it.method, answer, readable)  # type: ignore[arg-type]
             answers[it.pos] = answer
+        for (method, name), n in counts.items():
+            self.metrics.request(ctx.chain, method, node.key, name, n)
         return retry
 
     def _count_answers(
@@ -1223,6 +1225,13 @@ def _inexact(obj: Any) -> bool:
 def _exact_id(payload: Any, body: bytes, rid: Any) -> Any:
     """`rid`, or the id as the client wrote it when orjson's float would change it."""
     return exact_ids(body) if _inexact(payload) else rid
+
+
+def _by_key(keys: list[Any], parsed: Any) -> dict[Any, Any]:
+    """A sub-batch's answers by the key each item was sent with (None: a notification)."""
+    if isinstance(parsed, dict):  # the node rejected the whole sub-batch with one error
+        return {k: dict(parsed) for k in keys if k is not None}
+    return {a.get("id"): a for a in parsed if type(a) is dict}
 
 
 def _unique_ids(items: list[Item]) -> bool:
