@@ -902,13 +902,20 @@ class Engine:
         # (proxy/routes.py); one pick per candidate list per request.
         routes = self.routes.routes(pool) if attempt == 1 else None
         picked: dict[tuple[Node, ...], tuple[Node, list[Node]]] = {}
+        # Within the request, items naming the same block the same way (block refs are
+        # shared per text by blockref's cache, and alive while the request is) with the same
+        # method and spec have the same node: looked up once.
+        chosen: dict[tuple[str, int, bool], tuple[Node, list[Node]] | NoEligibleNode] = {}
         batch = len(pending) > 1
         for it in pending:
             if routes is None:
                 self.metrics.retry(ctx.chain, it.reason)
                 found = self._retry_choice(pool, it)
             else:
-                found = self._first_choice(pool, routes, it, picked)
+                key = (it.method, id(it.ref), it.plan is not None and bool(it.plan.avoid))
+                found = chosen.get(key)  # type: ignore[assignment]
+                if found is None:
+                    found = chosen[key] = self._first_choice(pool, routes, it, picked)
             if type(found) is NoEligibleNode:
                 self._give_up(ctx, it, answers, found)
                 continue
