@@ -159,3 +159,18 @@ async def test_a_pinned_batch_a_node_cannot_answer_is_retried_item_by_item(
     assert sorted(i["id"] for i in orjson.loads(b.bodies[-1])) == ids  # retried there
     assert served(api) == {("b", "ok"): 6 * (round_ + 1)}
     assert INTERNAL_ERROR not in [x.get("error", {}).get("code") for x in answers]
+
+
+async def test_a_pinned_batch_answered_as_one_body_is_kept_whole(make_api, fake_nodes) -> None:
+    """A pinned batch whose node answer went back as it is is still kept for the batch
+    cache: the same bytes again at the same `latest` are answered without the node."""
+    api, (node,) = await pinned_proxy(make_api, fake_nodes, "state-1")
+    batch = [req("eth_getBalance", [account(i), "0x3e8"], i) for i in range(1, 4)]
+    status, first = await api.rpc("1337", batch)
+    assert status == 200 and [a["id"] for a in first] == [1, 2, 3]
+    asked = len(node.bodies)
+    assert [i["id"] for i in orjson.loads(node.bodies[-1])] == [1, 2, 3]  # one body, as sent
+    status, figures = await api.get("/1337/cache")
+    assert status == 200 and figures["cache"]["batches"] == 1, figures  # kept at once
+    assert (await api.rpc("1337", batch))[1] == first
+    assert len(node.bodies) == asked
