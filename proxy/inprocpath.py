@@ -52,6 +52,10 @@ from proxy.select import NoEligibleNode
 
 # (node, its synchronous path, positions of the items it answers)
 Group = tuple[Node, AnswerItems, list[int]]
+# (node, latency key, the items it answered, positions of its error answers among them, the
+# time it took, the method of every item or None): booked once the answers are kept
+Attempt = tuple[Node, str, list[Any], list[int], float, str | None]
+Answered = tuple[Any, list[Attempt]]  # (the answer to send, its attempts)
 MAX_ROUTES = 4096  # cached candidate lists per pool (methods × block classes); then cleared
 _UNCACHED = object()  # a block class the cache does not key (a block hash, `pending`)
 
@@ -121,9 +125,10 @@ class InprocPath:
             return None
         if answered is None:
             return None
-        out = orjson.dumps(answered)
+        out = orjson.dumps(answered[0])
         if self.max_answer and len(out) > self.max_answer:
-            return None  # the engine answers it as too large, counted once
+            return None  # the engine answers it as too large: nothing was counted yet
+        self._book(admitted, answered[1])
         engine.metrics.client(headers.get("client-id"))
         self.books.request(admitted.chain, shape, time.perf_counter() - started)
         return 200, out
@@ -221,8 +226,8 @@ class InprocPath:
             seen[key] = (found, tagged)
         return method, found, True, tagged
 
-    def _single(self, admitted: Admitted, routes: PoolRoutes, item: Any) -> Any:
-        """The answer of one request object, or None."""
+    def _single(self, admitted: Admitted, routes: PoolRoutes, item: Any) -> Answered | None:
+        """The answer of one request object and its books, or None."""
         routed = self._item(admitted.pool, routes, item)
         if routed is None:
             return None
@@ -240,12 +245,10 @@ class InprocPath:
         errors = None if got is None else _final(got)
         if errors is None or (errors and not checked):
             return None
-        self.books.attempt(admitted, node, method, elapsed)
-        self.engine.metrics.request(admitted.chain, method, node.key, "error" if errors else "ok")
-        return got[0]  # type: ignore[index]
+        return got[0], [(node, method, [item], errors, elapsed, method)]  # type: ignore[index]
 
-    def _batch(self, admitted: Admitted, routes: PoolRoutes, items: list[Any]) -> list[Any] | None:
-        """The answers of a batch in its order, or None."""
+    def _batch(self, admitted: Admitted, routes: PoolRoutes, items: list[Any]) -> Answered | None:
+        """The answers of a batch in its order and their books, or None."""
         routed = self._route(admitted.pool, routes, items)
         if routed is None:
             return None
@@ -253,7 +256,7 @@ class InprocPath:
         if len(groups) > 1 and tagged and self.engine.reads is not None:
             return None  # `latest` on several nodes: the engine pins one head (docs/proxy.md)
         answers: list[Any] = [None] * len(items)
-        done = []  # (node, the items it answered, positions of its error answers, time)
+        done: list[Attempt] = []
         for node, answer_items, positions in groups:
             sent = items if len(groups) == 1 else [items[i] for i in positions]
             t0 = time.perf_counter()
@@ -265,16 +268,25 @@ class InprocPath:
             errors = None if got is None else _final(got)
             if errors is None or (errors and not checked):
                 return None  # (an item whose params the node alone checked: the engine's)
-            done.append((node, sent, errors, elapsed))
+            done.append((node, BATCH, sent, errors, elapsed, method))
             if len(groups) == 1:
                 answers = got  # type: ignore[assignment]
             else:
                 for i, answer in zip(positions, got, strict=True):  # type: ignore[arg-type]
                     answers[i] = answer
-        for node, sent, errors, elapsed in done:
-            self.books.attempt(admitted, node, BATCH, elapsed)
+        return answers, done
+
+    def _book(self, admitted: Admitted, done: list[Attempt]) -> None:
+        """The books of answers kept (none before: a body the engine answers after all is
+        counted by the engine alone): the attempts, the requests per method and outcome,
+        and the node's own count of what it answered."""
+        registry = self.registry
+        for node, lkey, sent, errors, elapsed, method in done:
+            self.books.attempt(admitted, node, lkey, elapsed)
             self._count(admitted.chain, node, sent, errors, method)
-        return answers
+            answered = registry.resolve_answered(node.entry.url)
+            if answered is not None:
+                answered(elapsed)
 
     def _count(
         self, chain: str, node: Node, sent: list[Any], errors: list[int], method: str | None
