@@ -40,7 +40,7 @@ from typing import Any
 import orjson
 
 from chainstate.blockref import BlockRef
-from chainstate.inproc import AnswerItems, InprocRegistry
+from chainstate.inproc import AnswerItems, InprocRegistry, ItemsAnswered
 from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
@@ -98,6 +98,8 @@ class InprocPath:
         self.max_answer = engine.settings.max_answer_bytes  # 0: no limit
         self._routes: dict[str, PoolRoutes] = {}  # pool id → its cached candidates
         self.books = InprocBooks(engine.attempts, engine.metrics)  # folded per 64 answers
+        self._observers: dict[Node, ItemsAnswered | None] = {}  # `_answered`
+        self._observers_at = -1  # the registry version they were resolved at
 
     def answer(
         self, admitted: Admitted, body: bytes, headers: Mapping[str, str]
@@ -280,23 +282,34 @@ class InprocPath:
         """The books of answers kept (none before: a body the engine answers after all is
         counted by the engine alone): the attempts, the requests per method and outcome,
         and the node's own count of what it answered."""
-        registry = self.registry
+        request = self.engine.metrics.request
+        chain = admitted.chain
         for node, lkey, sent, errors, elapsed, method in done:
             self.books.attempt(admitted, node, lkey, elapsed)
-            self._count(admitted.chain, node, sent, errors, method)
-            answered = registry.resolve_answered(node.entry.url)
+            if method is not None and not errors:  # one method, no error: one count
+                request(chain, method, node.key, "ok", len(sent))
+            else:
+                self._count(chain, node, sent, errors)
+            answered = self._answered(node)
             if answered is not None:
                 answered(elapsed)
 
-    def _count(
-        self, chain: str, node: Node, sent: list[Any], errors: list[int], method: str | None
-    ) -> None:
-        """The requests `node` answered, per method and outcome (`method`: the batch's
-        only method, when it has one: then one count without errors)."""
+    def _answered(self, node: Node) -> ItemsAnswered | None:
+        """What counts the answers of `node`'s synchronous path (kept per node until the
+        registry changes)."""
+        registry = self.registry
+        if self._observers_at != registry.version or len(self._observers) >= MAX_ROUTES:
+            self._observers.clear()
+            self._observers_at = registry.version
+        try:
+            return self._observers[node]
+        except KeyError:
+            found = self._observers[node] = registry.resolve_answered(node.entry.url)
+            return found
+
+    def _count(self, chain: str, node: Node, sent: list[Any], errors: list[int]) -> None:
+        """The requests `node` answered, per method and outcome."""
         request = self.engine.metrics.request
-        if method is not None and not errors:
-            request(chain, method, node.key, "ok", len(sent))
-            return
         counts: dict[tuple[str, str], int] = {}
         failed = set(errors)
         for i, item in enumerate(sent):
