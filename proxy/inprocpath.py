@@ -12,7 +12,8 @@ int or string id) is parsed once, routed by the engine's selector with its rules
 candidates, one pick per set of eligible nodes as the engine's batches do), and answered from
 the parsed items by in-process nodes that have a synchronous path, counted in the same metrics
 and node latencies (kept per answer in lists and folded in per 64 answers, 50 ms, or before a
-read: proxy/inprocbooks.py). Anything else returns None *before anything is counted*, and the
+read: proxy/inprocbooks.py). Anything else returns None *before anything is counted* (an answer
+is booked only once kept, the node's own count too: `items_answered`), and the
 engine answers the body as usual (parse, choose, forward, classify, retry unchanged): a parse
 error or an invalid item, a notification, an id orjson may change, a writer method, a pool with
 mirrors, tracing or the access log on, a node that is not in process, has failed lately or
