@@ -18,6 +18,9 @@ AnswerNow = Callable[[bytes], bytes | None]
 # without awaiting; None when any of them needs the BodyHandler. The proxy in the same process
 # calls it with the items it parsed and routed (no bytes in between).
 AnswerItems = Callable[[list[Any]], list[Any] | None]
+# Told the seconds an AnswerItems call took once the caller keeps its answers: the caller may
+# instead send the body again the usual way (BodyHandler), and the node must count it once.
+ItemsAnswered = Callable[[float], None]
 
 SCHEME = "inproc://"
 
@@ -27,6 +30,7 @@ class InprocRegistry:
         self._handlers: dict[str, BodyHandler] = {}
         self._now: dict[str, AnswerNow] = {}
         self._items: dict[str, AnswerItems] = {}
+        self._answered: dict[str, ItemsAnswered] = {}
         self.version = 0  # bumped on every change: callers may keep what they resolved
 
     def register(
@@ -35,12 +39,19 @@ class InprocRegistry:
         handler: BodyHandler,
         answer_now: AnswerNow | None = None,
         answer_items: AnswerItems | None = None,
+        items_answered: ItemsAnswered | None = None,
     ) -> str:
         """Register a handler under `name` (and its synchronous fast paths, if it has them:
-        for raw bodies, and for parsed items); returns its URL."""
+        for raw bodies, and for parsed items with what counts their answers); returns its
+        URL."""
         self._handlers[name] = handler
         self.version += 1
-        for table, fast in ((self._now, answer_now), (self._items, answer_items)):
+        fast_paths = (
+            (self._now, answer_now),
+            (self._items, answer_items),
+            (self._answered, items_answered),
+        )
+        for table, fast in fast_paths:
             if fast is not None:
                 table[name] = fast  # type: ignore[index]
             else:
@@ -52,6 +63,7 @@ class InprocRegistry:
         self._handlers.pop(name, None)
         self._now.pop(name, None)
         self._items.pop(name, None)
+        self._answered.pop(name, None)
 
     def resolve(self, url: str) -> BodyHandler | None:
         if not url.startswith(SCHEME):
@@ -65,6 +77,10 @@ class InprocRegistry:
     def resolve_items(self, url: str) -> AnswerItems | None:
         """The synchronous path for parsed items registered for `url`, if any."""
         return self._items.get(url[len(SCHEME) :]) if url.startswith(SCHEME) else None
+
+    def resolve_answered(self, url: str) -> ItemsAnswered | None:
+        """What counts the answers of `url`'s path for parsed items, if it counts them."""
+        return self._answered.get(url[len(SCHEME) :]) if url.startswith(SCHEME) else None
 
     def names(self) -> list[str]:
         return sorted(self._handlers)

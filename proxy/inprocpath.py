@@ -12,7 +12,8 @@ int or string id) is parsed once, routed by the engine's selector with its rules
 candidates, one pick per set of eligible nodes as the engine's batches do), and answered from
 the parsed items by in-process nodes that have a synchronous path, counted in the same metrics
 and node latencies (kept per answer in lists and folded in per 64 answers, 50 ms, or before a
-read: proxy/inprocbooks.py). Anything else returns None *before anything is counted*, and the
+read: proxy/inprocbooks.py). Anything else returns None *before anything is counted* (an answer
+is booked only once kept, the node's own count too: `items_answered`), and the
 engine answers the body as usual (parse, choose, forward, classify, retry unchanged): a parse
 error or an invalid item, a notification, an id orjson may change, a writer method, a pool with
 mirrors, tracing or the access log on, a node that is not in process, has failed lately or
@@ -40,7 +41,7 @@ from typing import Any
 import orjson
 
 from chainstate.blockref import BlockRef
-from chainstate.inproc import AnswerItems, InprocRegistry
+from chainstate.inproc import AnswerItems, InprocRegistry, ItemsAnswered
 from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
@@ -53,6 +54,10 @@ from proxy.routes import UNCACHED as _UNCACHED
 
 # (node, its synchronous path, positions of the items it answers)
 Group = tuple[Node, AnswerItems, list[int]]
+# (node, latency key, the items it answered, positions of its error answers among them, the
+# time it took, the method of every item or None): booked once the answers are kept
+Attempt = tuple[Node, str, list[Any], list[int], float, str | None]
+Answered = tuple[Any, list[Attempt]]  # (the answer to send, its attempts)
 
 
 class InprocPath:
@@ -66,6 +71,8 @@ class InprocPath:
         self.max_answer = engine.settings.max_answer_bytes  # 0: no limit
         self._routes = RouteCache(engine.selector)  # each pool's cached candidates
         self.books = InprocBooks(engine.attempts, engine.metrics)  # folded per 64 answers
+        self._observers: dict[Node, ItemsAnswered | None] = {}  # `_answered`
+        self._observers_at = -1  # the registry version they were resolved at
 
     def answer(
         self, admitted: Admitted, body: bytes, headers: Mapping[str, str]
@@ -93,9 +100,10 @@ class InprocPath:
             return None
         if answered is None:
             return None
-        out = orjson.dumps(answered)
+        out = orjson.dumps(answered[0])
         if self.max_answer and len(out) > self.max_answer:
-            return None  # the engine answers it as too large, counted once
+            return None  # the engine answers it as too large: nothing was counted yet
+        self._book(admitted, answered[1])
         engine.metrics.client(headers.get("client-id"))
         self.books.request(admitted.chain, shape, time.perf_counter() - started)
         return 200, out
@@ -158,8 +166,8 @@ class InprocPath:
             seen[key] = (found, tagged)
         return method, found, True, tagged
 
-    def _single(self, admitted: Admitted, routes: PoolRoutes, item: Any) -> Any:
-        """The answer of one request object, or None."""
+    def _single(self, admitted: Admitted, routes: PoolRoutes, item: Any) -> Answered | None:
+        """The answer of one request object and its books, or None."""
         routed = self._item(admitted.pool, routes, item)
         if routed is None:
             return None
@@ -177,12 +185,10 @@ class InprocPath:
         errors = None if got is None else _final(got)
         if errors is None or (errors and not checked):
             return None
-        self.books.attempt(admitted, node, method, elapsed)
-        self.engine.metrics.request(admitted.chain, method, node.key, "error" if errors else "ok")
-        return got[0]  # type: ignore[index]
+        return got[0], [(node, method, [item], errors, elapsed, method)]  # type: ignore[index]
 
-    def _batch(self, admitted: Admitted, routes: PoolRoutes, items: list[Any]) -> list[Any] | None:
-        """The answers of a batch in its order, or None."""
+    def _batch(self, admitted: Admitted, routes: PoolRoutes, items: list[Any]) -> Answered | None:
+        """The answers of a batch in its order and their books, or None."""
         routed = self._route(admitted.pool, routes, items)
         if routed is None:
             return None
@@ -190,7 +196,7 @@ class InprocPath:
         if len(groups) > 1 and tagged and self.engine.reads is not None:
             return None  # `latest` on several nodes: the engine pins one head (docs/proxy.md)
         answers: list[Any] = [None] * len(items)
-        done = []  # (node, the items it answered, positions of its error answers, time)
+        done: list[Attempt] = []
         for node, answer_items, positions in groups:
             sent = items if len(groups) == 1 else [items[i] for i in positions]
             t0 = time.perf_counter()
@@ -202,26 +208,46 @@ class InprocPath:
             errors = None if got is None else _final(got)
             if errors is None or (errors and not checked):
                 return None  # (an item whose params the node alone checked: the engine's)
-            done.append((node, sent, errors, elapsed))
+            done.append((node, BATCH, sent, errors, elapsed, method))
             if len(groups) == 1:
                 answers = got  # type: ignore[assignment]
             else:
                 for i, answer in zip(positions, got, strict=True):  # type: ignore[arg-type]
                     answers[i] = answer
-        for node, sent, errors, elapsed in done:
-            self.books.attempt(admitted, node, BATCH, elapsed)
-            self._count(admitted.chain, node, sent, errors, method)
-        return answers
+        return answers, done
 
-    def _count(
-        self, chain: str, node: Node, sent: list[Any], errors: list[int], method: str | None
-    ) -> None:
-        """The requests `node` answered, per method and outcome (`method`: the batch's
-        only method, when it has one: then one count without errors)."""
+    def _book(self, admitted: Admitted, done: list[Attempt]) -> None:
+        """The books of answers kept (none before: a body the engine answers after all is
+        counted by the engine alone): the attempts, the requests per method and outcome,
+        and the node's own count of what it answered."""
         request = self.engine.metrics.request
-        if method is not None and not errors:
-            request(chain, method, node.key, "ok", len(sent))
-            return
+        chain = admitted.chain
+        for node, lkey, sent, errors, elapsed, method in done:
+            self.books.attempt(admitted, node, lkey, elapsed)
+            if method is not None and not errors:  # one method, no error: one count
+                request(chain, method, node.key, "ok", len(sent))
+            else:
+                self._count(chain, node, sent, errors)
+            answered = self._answered(node)
+            if answered is not None:
+                answered(elapsed)
+
+    def _answered(self, node: Node) -> ItemsAnswered | None:
+        """What counts the answers of `node`'s synchronous path (kept per node until the
+        registry changes)."""
+        registry = self.registry
+        if self._observers_at != registry.version or len(self._observers) >= MAX_ROUTES:
+            self._observers.clear()
+            self._observers_at = registry.version
+        try:
+            return self._observers[node]
+        except KeyError:
+            found = self._observers[node] = registry.resolve_answered(node.entry.url)
+            return found
+
+    def _count(self, chain: str, node: Node, sent: list[Any], errors: list[int]) -> None:
+        """The requests `node` answered, per method and outcome."""
+        request = self.engine.metrics.request
         counts: dict[tuple[str, str], int] = {}
         failed = set(errors)
         for i, item in enumerate(sent):

@@ -94,7 +94,9 @@ async def proxy_in_front(node: StateNode, registry: InprocRegistry) -> AsyncIter
     from proxy.settings import ProxySettings
     from proxy.store_file import FileStore
 
-    url = registry.register(node.key, node.handle_body, node.answer_now, node.answer_items)
+    url = registry.register(
+        node.key, node.handle_body, node.answer_now, node.answer_items, node.items_answered
+    )
     nodes = [{"chain": "1337", "key": kind, "url": url, "kind": kind} for kind in KINDS]
     settings = ProxySettings.from_config({"proxy": {"nodes": nodes}})
     app = create_app(settings, store=FileStore(None), registry=registry)

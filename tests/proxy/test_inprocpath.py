@@ -45,7 +45,9 @@ async def start_proxied(tmp_path: Path, make_api, chain: Any, blocks: int, **set
         calls["items"] += answers is not None
         return answers
 
-    url = registry.register(node.key, node.handle_body, node.answer_now, answer_items)
+    url = registry.register(
+        node.key, node.handle_body, node.answer_now, answer_items, node.items_answered
+    )
     api = await make_api(fast_settings(**settings), registry=registry)
     for kind in ("state", "archive"):
         status, answer = await api.post(
@@ -376,6 +378,81 @@ async def test_params_of_a_seen_block_text_are_still_checked(tmp_path: Path, mak
             api, orjson.dumps([good, item(4, "eth_getBalance", addrs[2], hex(2))])
         )
         assert status == 200 and calls["items"] == served + 2  # valid: in process, two nodes
+    finally:
+        await node.close()
+
+
+def books(api, node) -> dict[Any, int]:
+    """What the proxy and the node counted so far: requests per (method, outcome), attempts
+    per outcome and latency samples (the proxy's), and bodies (the node's request_seconds)."""
+    metrics = api.proxy.metrics
+    metrics.settle()  # the in-process answers' books folded in
+    hot = metrics.hot
+    out: dict[Any, int] = {}
+    for (_, method, _, outcome), n in hot.requests.items():
+        out[("requests", method, outcome)] = out.get(("requests", method, outcome), 0) + n
+    for (_, _, outcome), n in hot.attempts.items():
+        out[("attempts", outcome)] = out.get(("attempts", outcome), 0) + n
+    out["upstream_seconds"] = sum(sum(h.counts) for h in hot.upstream_latency.values())
+    out["node_bodies"] = sum(node.metrics.request_seconds.counts)
+    return out
+
+
+def grown(before: dict[Any, int], after: dict[Any, int]) -> dict[Any, int]:
+    return {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+
+
+async def counted_as_the_engine_counts(api, node, body: bytes) -> tuple[int, bytes]:
+    """The data port's answer to `body`; its books (the proxy's and the node's) grew exactly
+    as much as the engine's own answer to it makes them grow."""
+    first = books(api, node)
+    status, raw = await raw_rpc(api, body)
+    second = books(api, node)
+    engine_status, engine_raw = await api.proxy.engine.handle(CHAIN, body, {})
+    third = books(api, node)
+    assert (status, raw) == (engine_status, engine_raw), body
+    assert grown(first, second) == grown(second, third), body
+    return status, raw
+
+
+async def test_an_answer_over_max_answer_bytes_is_counted_once(tmp_path: Path, make_api) -> None:
+    """The node answers in process, the answer is over max_answer_bytes: the engine answers
+    the body (-32603 too large) and it is counted once, as the engine alone counts it."""
+    chain, addrs = random_chain(seed=35, blocks=24)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, max_answer_bytes=3000)
+    try:
+        small = item(1, "eth_getBalance", addrs[0], hex(2))
+        status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(small))
+        assert status == 200 and b'"result"' in raw and calls["items"] == 1, raw
+        batch = [item(i, "eth_getBalance", addrs[i % 3], hex(2 + i % 3)) for i in range(100)]
+        status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(batch))
+        assert calls["items"] == 2  # answered in process, then left to the engine: too large
+        answers = orjson.loads(raw)
+        assert all(a["error"]["code"] == -32603 for a in answers), raw
+        assert "max_answer_bytes" in answers[0]["error"]["message"], raw
+    finally:
+        await node.close()
+
+
+async def test_a_body_left_to_the_engine_after_the_node_answered_is_counted_once(
+    tmp_path: Path, make_api
+) -> None:
+    """An invalid address at a block text seen before: the node answers it in process (the
+    method table was skipped), the proxy leaves the body to the engine, which refuses the
+    item itself: the node's request_seconds and the proxy's books count it as the engine
+    alone does (the node not at all for a single; once for the rest of a batch)."""
+    chain, addrs = random_chain(seed=37, blocks=24)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24)
+    try:
+        good = item(1, "eth_getBalance", addrs[0], hex(2))
+        status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(good))
+        assert status == 200 and b'"result"' in raw, raw
+        bad = item(2, "eth_getBalance", "0x12", hex(2))
+        for body in (bad, [good, bad]):
+            served = calls["items"]
+            status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(body))
+            assert status == 200 and b"-32602" in raw, raw
+            assert calls["items"] == served + 1  # the node answered, the engine had the body
     finally:
         await node.close()
 
