@@ -30,6 +30,8 @@ HEADER_QUANTITIES = (
     "baseFeePerGas",
     "difficulty",
     "size",
+    "blobGasUsed",  # Cancun (EIP-4844)
+    "excessBlobGas",
 )
 HEADER_DATA = (
     "hash",
@@ -43,6 +45,9 @@ HEADER_DATA = (
     "transactionsRoot",
     "sha3Uncles",
     "nonce",
+    "withdrawalsRoot",  # Shanghai (EIP-4895)
+    "parentBeaconBlockRoot",  # Cancun (EIP-4788)
+    "requestsHash",  # Prague (EIP-7685)
 )
 ACCOUNT_FIELDS = ("balance", "nonce", "code")
 

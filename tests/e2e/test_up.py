@@ -31,6 +31,15 @@ def test_up_send_read_trace_confirm_and_resume(tmp_path):
         assert stack.rpc("eth_getBalance", BEEF, hex(mined)) == hex(10**18)
         assert stack.rpc("eth_getBalance", BEEF, hex(mined - 1)) == "0x0"
         assert stack.rpc("eth_getBalance", BEEF, "earliest") == "0x0"  # archive node
+        # The block's header through the proxy is anvil's, field for field (the spec
+        # answers block queries with the header alone: the body's lists and the
+        # deprecated totalDifficulty aside).
+        ours = stack.rpc("eth_getBlockByNumber", hex(mined), False)
+        anvils = stack.rpc("eth_getBlockByNumber", hex(mined), False, url=stack.url("8545"))
+        body = {"transactions", "uncles", "withdrawals", "totalDifficulty"}
+        assert {k: v for k, v in ours.items() if k not in body} == {
+            k: v for k, v in anvils.items() if k not in body
+        }
 
         batch = post(
             stack.url("8663") + "/1337",
