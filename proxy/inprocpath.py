@@ -52,11 +52,13 @@ from proxy.model import Node, Pool
 from proxy.routes import MAX_ROUTES, PoolRoutes, RouteCache
 from proxy.routes import UNCACHED as _UNCACHED
 
+# a reader's synchronous path for parsed items, and what counts its answers on the node
+Path = tuple[AnswerItems, ItemsAnswered | None]
 # (node, its synchronous path, positions of the items it answers)
-Group = tuple[Node, AnswerItems, list[int]]
-# (node, latency key, the items it answered, positions of its error answers among them, the
-# time it took, the method of every item or None): booked once the answers are kept
-Attempt = tuple[Node, str, list[Any], list[int], float, str | None]
+Group = tuple[Node, Path, list[int]]
+# (node, its path, latency key, the items it answered, positions of its error answers among
+# them, the time it took, the method of every item or None): booked once the answers are kept
+Attempt = tuple[Node, Path, str, list[Any], list[int], float, str | None]
 Answered = tuple[Any, list[Attempt]]  # (the answer to send, its attempts)
 
 
@@ -71,8 +73,6 @@ class InprocPath:
         self.max_answer = engine.settings.max_answer_bytes  # 0: no limit
         self._routes = RouteCache(engine.selector)  # each pool's cached candidates
         self.books = InprocBooks(engine.attempts, engine.metrics)  # folded per 64 answers
-        self._observers: dict[Node, ItemsAnswered | None] = {}  # `_answered`
-        self._observers_at = -1  # the registry version they were resolved at
 
     def answer(
         self, admitted: Admitted, body: bytes, headers: Mapping[str, str]
@@ -110,22 +110,17 @@ class InprocPath:
 
     def routes(self, pool: Pool) -> PoolRoutes:
         """The pool's cached candidates (proxy/routes.py), started afresh also when a node
-        (un)registered in process, with each reader's synchronous path."""
-        routes = self._routes.routes(pool, self.registry.version)
+        (un)registered in process, with each reader's synchronous `Path`."""
+        registry = self.registry
+        routes = self._routes.routes(pool, registry.version)
         if routes.paths is None:
             routes.paths = {}
             for node in routes.readers:
-                path = self.registry.resolve_items(node.entry.url)
-                if path is not None:
-                    routes.paths[node] = path
+                url = node.entry.url
+                answer_items = registry.resolve_items(url)
+                if answer_items is not None:
+                    routes.paths[node] = (answer_items, registry.resolve_answered(url))
         return routes
-
-    def candidates(
-        self, pool: Pool, routes: PoolRoutes, method: str, spec: MethodSpec, ref: BlockRef | None
-    ) -> tuple[list[Node] | None, Any]:
-        """`RouteCache.candidates`: the item's candidates (None: no node is eligible) and its
-        block class (_UNCACHED: not kept)."""
-        return self._routes.candidates(pool, routes, method, spec, ref)
 
     def _item(
         self, pool: Pool, routes: PoolRoutes, item: Any
@@ -155,7 +150,7 @@ class InprocPath:
         if target is None:
             return None
         spec, ref = target
-        found, cls = self.candidates(pool, routes, method, spec, ref)
+        found, cls = self._routes.candidates(pool, routes, method, spec, ref)
         if found is None:
             return None
         tagged = ref is None or ref.tag is not None
@@ -173,19 +168,19 @@ class InprocPath:
             return None
         method, nodes, checked, _ = routed
         node = self.engine.selector.pick(nodes)
-        answer_items = self._path(routes, node)
-        if answer_items is None:
+        path = self._path(routes, node)
+        if path is None:
             return None
         t0 = time.perf_counter()
         try:
-            got = answer_items([item])
+            got = path[0]([item])
         except Exception:  # the engine sends it again and counts the failure
             return None
         elapsed = time.perf_counter() - t0
         errors = None if got is None else _final(got)
         if errors is None or (errors and not checked):
             return None
-        return got[0], [(node, method, [item], errors, elapsed, method)]  # type: ignore[index]
+        return got[0], [(node, path, method, [item], errors, elapsed, method)]  # type: ignore[index]
 
     def _batch(self, admitted: Admitted, routes: PoolRoutes, items: list[Any]) -> Answered | None:
         """The answers of a batch in its order and their books, or None."""
@@ -197,18 +192,18 @@ class InprocPath:
             return None  # `latest` on several nodes: the engine pins one head (docs/proxy.md)
         answers: list[Any] = [None] * len(items)
         done: list[Attempt] = []
-        for node, answer_items, positions in groups:
+        for node, path, positions in groups:
             sent = items if len(groups) == 1 else [items[i] for i in positions]
             t0 = time.perf_counter()
             try:
-                got = answer_items(sent)
+                got = path[0](sent)
             except Exception:  # the engine sends it again and counts the failure
                 return None
             elapsed = time.perf_counter() - t0
             errors = None if got is None else _final(got)
             if errors is None or (errors and not checked):
                 return None  # (an item whose params the node alone checked: the engine's)
-            done.append((node, BATCH, sent, errors, elapsed, method))
+            done.append((node, path, BATCH, sent, errors, elapsed, method))
             if len(groups) == 1:
                 answers = got  # type: ignore[assignment]
             else:
@@ -222,28 +217,14 @@ class InprocPath:
         and the node's own count of what it answered."""
         request = self.engine.metrics.request
         chain = admitted.chain
-        for node, lkey, sent, errors, elapsed, method in done:
+        for node, path, lkey, sent, errors, elapsed, method in done:
             self.books.attempt(admitted, node, lkey, elapsed)
             if method is not None and not errors:  # one method, no error: one count
                 request(chain, method, node.key, "ok", len(sent))
             else:
                 self._count(chain, node, sent, errors)
-            answered = self._answered(node)
-            if answered is not None:
-                answered(elapsed)
-
-    def _answered(self, node: Node) -> ItemsAnswered | None:
-        """What counts the answers of `node`'s synchronous path (kept per node until the
-        registry changes)."""
-        registry = self.registry
-        if self._observers_at != registry.version or len(self._observers) >= MAX_ROUTES:
-            self._observers.clear()
-            self._observers_at = registry.version
-        try:
-            return self._observers[node]
-        except KeyError:
-            found = self._observers[node] = registry.resolve_answered(node.entry.url)
-            return found
+            if path[1] is not None:
+                path[1](elapsed)  # the node's own count (`items_answered`)
 
     def _count(self, chain: str, node: Node, sent: list[Any], errors: list[int]) -> None:
         """The requests `node` answered, per method and outcome."""
@@ -290,10 +271,10 @@ class InprocPath:
                 node = pick(nodes)
                 group = groups.get(node)
                 if group is None:
-                    answer_items = self._path(routes, node)
-                    if answer_items is None:
+                    path = self._path(routes, node)
+                    if path is None:
                         return None
-                    group = groups[node] = (node, answer_items, [])
+                    group = groups[node] = (node, path, [])
                 slot = picked[id(nodes)] = (nodes, group[2])
             slot[1].append(pos)
         return list(groups.values()), checked, tagged, None if mixed else first
@@ -309,7 +290,7 @@ class InprocPath:
         return None if spec.writer else (spec, ref)
 
     @staticmethod
-    def _path(routes: PoolRoutes, node: Node) -> AnswerItems | None:
+    def _path(routes: PoolRoutes, node: Node) -> Path | None:
         """The node's synchronous path, when it has one and nothing about it needs the
         engine's books: not failed lately, its breaker closed with no failure counted."""
         breaker = node.breaker
