@@ -299,8 +299,9 @@ class Attempts:
 
     def answered_ok(self, ctx: Any, node: Node, lkey: str, samples: list[float]) -> None:
         """`answered(ctx, node, lkey, s, "ok")` for each of `samples` (seconds, in order),
-        folded in together at one instant (proxy/inprocbooks.py)."""
-        _in_rotation(node)
+        folded in together at one instant (proxy/inprocbooks.py). Not the breaker or health:
+        each answer came through a node with no failure and a closed breaker, where it
+        changed neither; folded in later, it must not close a breaker opened since."""
         ms = [s * 1000 for s in samples]
         latency.observe_many(node, ms, time.monotonic(), self.tau)
         for each in ms:

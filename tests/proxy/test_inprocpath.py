@@ -469,3 +469,23 @@ async def test_a_node_unregistered_in_process_is_no_longer_called(proxied) -> No
     api.proxy.upstream.registry.unregister(node.key)
     status, raw = await raw_rpc(api, body)
     assert calls["items"] == 1 and b'"result"' not in raw, raw  # the engine: no such node
+
+
+async def test_books_folded_after_a_breaker_opened_leave_it_open(proxied) -> None:
+    """An in-process answer's books wait to be folded in; a breaker that opened meanwhile
+    stays open when they are (the answer came before the failures that opened it)."""
+    api, _, addrs, calls = proxied
+    body = orjson.dumps(item(1, "eth_getBalance", addrs[0], "0x3"))
+    status, raw = await raw_rpc(api, body)
+    assert status == 200 and b'"result"' in raw and calls["items"] == 1, raw
+    pool = api.proxy.state.pools[CHAIN]
+    served = next(
+        n
+        for n in pool.readers
+        if api.proxy.metrics.hot.requests.get((CHAIN, "eth_getBalance", n.key, "ok"))
+    )
+    breaker = served.breaker
+    while breaker.state is not OPEN:
+        breaker.failure(served.key, "a failed attempt")
+    api.proxy.metrics.settle()  # the pending answer folded in
+    assert breaker.state is OPEN and served.blocked
