@@ -29,6 +29,7 @@ import orjson
 from opentelemetry import trace
 
 from chainstate.blockref import BlockRef
+from chainstate.inproc import is_inproc
 from chainstate.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -451,10 +452,14 @@ class Engine:
         """Steps 3-4 of a checked request object for `start`: its node chosen and the
         client's bytes written to it now (None), when nothing needs a task; else the rest
         of the steps as a coroutine (or the answer, when no node is eligible). An item the
-        read path planned goes the same way when it waits for no identical read: it is sent
-        pinned as planned, and its answer lands in the read path (`_landed`)."""
+        read path planned goes the same way in a pool with in-process readers when it waits
+        for no identical read: it is sent pinned as planned, and its answer lands in the read
+        path (`_landed`). (Over HTTP alone, planned items keep the task: choosing them at
+        once moved the weighted shares, tests/proxy/test_failsafe.py.)"""
         plan = item.plan
-        if ctx.early is None or (plan is not None and plan.flight is not None):
+        if ctx.early is None or (
+            plan is not None and (plan.flight is not None or not _has_inproc(ctx.pool))
+        ):
             return self._finish(ctx, self._single_sent(ctx, item, body), started, headers)
         if plan is not None:  # what `_follow` does for an item that leads its read
             sent = item.obj
@@ -1245,6 +1250,11 @@ class Engine:
         for name in SOURCE_HEADERS:
             extra[name.replace("-", "_")] = _cut(headers.get(name))
         access_log.info("request", extra=extra)
+
+
+def _has_inproc(pool: Pool) -> bool:
+    """Whether a reader of `pool` is a node in this process (`inproc://`)."""
+    return any(is_inproc(node.entry.url) for node in pool.readers)
 
 
 def _inexact(obj: Any) -> bool:
