@@ -88,37 +88,25 @@ async def start(tmp_path: Path, make_api, **settings: Any):
 
 
 @pytest.fixture
-async def called(tmp_path: Path, make_api):
-    """`start` with the response cache off (coalescing on: reads still pinned by hash)."""
-    found = await start(tmp_path, make_api, cache_pools=())
-    try:
-        yield found
-    finally:
-        await found[1].close()
+async def stack(tmp_path: Path, make_api):
+    """`start(**settings)`, the nodes closed at the end."""
+    nodes: list[Any] = []
+
+    async def make(**settings: Any):
+        found = await start(tmp_path / f"stack{len(nodes)}", make_api, **settings)
+        nodes.append(found[1])
+        return found
+
+    yield make
+    for node in nodes:
+        await node.close()
 
 
-@pytest.fixture
-async def short(tmp_path: Path, make_api):
-    """`called` with attempts of at most half a second."""
-    found = await start(tmp_path, make_api, cache_pools=(), upstream_timeout=0.5)
-    try:
-        yield found
-    finally:
-        await found[1].close()
+NO_CACHE = {"cache_pools": ()}  # coalescing on: reads the proxy knows still pinned by hash
 
 
-@pytest.fixture
-async def cached(tmp_path: Path, make_api):
-    """`start` with the default read path."""
-    found = await start(tmp_path, make_api)
-    try:
-        yield found
-    finally:
-        await found[1].close()
-
-
-async def test_calls_are_answered_from_the_nodes_future_as_the_engine_answers(called) -> None:
-    api, node, addrs, counted = called
+async def test_calls_are_answered_from_the_nodes_future_as_the_engine_answers(stack) -> None:
+    api, node, addrs, counted = await stack(**NO_CACHE)
     bodies = [eth_call(i, addrs[i % len(addrs)], hex(i)) for i in range(1, BLOCKS)]
     bodies += [eth_call("latest", addrs[0], "latest"), eth_call(99, addrs[1], "0x3", "0x1234")]
     for body in bodies:
@@ -133,8 +121,8 @@ async def test_calls_are_answered_from_the_nodes_future_as_the_engine_answers(ca
     assert status == 200 and raw.startswith(b'{"jsonrpc":"2.0","id":5,"result":"0x')
 
 
-async def test_the_read_path_still_caches_and_counts_them(cached) -> None:
-    api, _, addrs, counted = cached
+async def test_the_read_path_still_caches_and_counts_them(stack) -> None:
+    api, _, addrs, counted = await stack()
     before = await metrics_text(api)
     body = eth_call(1, addrs[2], "latest")  # pinned to the head's hash, then kept
     first = await raw_rpc(api, body)
@@ -151,8 +139,8 @@ async def test_the_read_path_still_caches_and_counts_them(cached) -> None:
     assert api.proxy.state.pools[CHAIN].inflight == 0
 
 
-async def test_a_block_the_node_lacks_is_retried_and_answered_as_before(called) -> None:
-    api, _, addrs, counted = called
+async def test_a_block_the_node_lacks_is_retried_and_answered_as_before(stack) -> None:
+    api, _, addrs, counted = await stack(**NO_CACHE)
     unknown = {"blockHash": "0x" + "ab" * 32}  # no node knows it: -39006, retried
     body = eth_call(3, addrs[0], unknown)
     status, raw = await raw_rpc(api, body)
@@ -165,8 +153,8 @@ async def test_a_block_the_node_lacks_is_retried_and_answered_as_before(called) 
     assert orjson.loads(raw)["error"]["code"] == -32602
 
 
-async def test_a_call_that_hangs_times_out_and_is_retried(short) -> None:
-    api, node, addrs, counted = short
+async def test_a_call_that_hangs_times_out_and_is_retried(stack) -> None:
+    api, node, addrs, counted = await stack(**NO_CACHE, upstream_timeout=0.5)
     counted.hang = True
     before = await metrics_text(api)
     body = eth_call(8, addrs[0], "0x4")
