@@ -631,6 +631,7 @@ class CallSuite(StateSuite):
         self.holders: list[str] = []
         self.view = ""
         self.view_block = 0
+        self.notes: list[str] = []
 
     def _before_mining(self, anvil: str, record: dict[str, Any]) -> None:
         self.erc20 = record["erc20"]
@@ -649,6 +650,10 @@ class CallSuite(StateSuite):
         for label in ("state-node", "proxy-inproc"):
             if label in targets:
                 rpc_call(targets[label], "eth_call", [call, "latest"], timeout=120)
+        old = f"{self.view_block + 1}..{self.head - PROXY_STATE_WINDOW - 1}"
+        for label in ("proxy", "proxy-inproc"):
+            if label in targets:
+                self.notes.append(f"{label}: {known_blocks(targets[label])}; old heights {old}")
         return {"anvil": targets.pop("anvil"), **targets}  # anvil first: the baseline
 
     def _call_plan(self, to: str, data: str | None, batch: int, old: bool) -> BodyPlan:
@@ -669,6 +674,17 @@ class CallSuite(StateSuite):
                 out.append(Case(f"{name}{tag}", self._call_plan(to, data, batch, old=False)))
                 out.append(Case(f"{name}{tag}-old", self._call_plan(to, data, batch, old=True)))
         return out
+
+
+def known_blocks(proxy: str) -> str:
+    """Which blocks a proxy knows the hash of (its read path pins reads at those heights to
+    the hash, caches and coalesces them; older ones go as they are): from its admin API."""
+    try:
+        with urllib.request.urlopen(proxy + "/cache", timeout=10) as resp:
+            chain = json.loads(resp.read())["chain"] or {}
+    except (OSError, ValueError, KeyError) as exc:
+        return f"known blocks not read ({exc})"
+    return f"knows the hashes of blocks {chain.get('lowest_known')}..{chain.get('tip')}"
 
 
 DAPP_ACCOUNTS = 200  # accounts the dapp's batches read (the workload's, then generated ones)
