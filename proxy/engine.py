@@ -1019,21 +1019,12 @@ class Engine:
         parsed = self._decode(ctx, node, items, raw)
         if parsed is None:
             return [it for it in items if not it.notif], None
-        keys = [None if it.notif else it.rid for it in items]
-        if (
-            isinstance(parsed, list)
-            and b"-3900" not in raw
-            and [a.get("id") if type(a) is dict else a for a in parsed]
-            == [k for k in keys if k is not None]
-            and not any(it.method in UNMINED_FIELDS for it in items)
-        ):
+        if _answered_in_order(items, parsed, raw):
             self._count_answers(ctx, node, items, parsed, raw)
             if self.reads is not None:  # the answers to store and share (`_route_planned`)
-                answered = iter(parsed)
-                for it in items:
-                    if not it.notif:
-                        answers[it.pos] = next(answered)
+                _fill(items, parsed, answers)
             return [], raw
+        keys = [None if it.notif else it.rid for it in items]
         return self._take_answers(ctx, node, items, keys, parsed, answers), None
 
     async def _send_group(self, ctx: Ctx, group: Group, answers: list[Any]) -> list[Item]:
@@ -1053,6 +1044,11 @@ class Engine:
         parsed = self._decode(ctx, node, items, raw)
         if parsed is None:
             return [it for it in items if not it.notif]
+        if ctx.own_ids and _answered_in_order(items, parsed, raw):
+            # The common case needs no item matched by its id or classified on its own.
+            self._count_answers(ctx, node, items, parsed, raw)
+            _fill(items, parsed, answers)
+            return []
         return self._take_answers(ctx, node, items, keys, parsed, answers)
 
     def _transport_failed(
@@ -1239,6 +1235,31 @@ def _by_key(keys: list[Any], parsed: Any) -> dict[Any, Any]:
     if isinstance(parsed, dict):  # the node rejected the whole sub-batch with one error
         return {k: dict(parsed) for k in keys if k is not None}
     return {a.get("id"): a for a in parsed if type(a) is dict}
+
+
+def _answered_in_order(items: list[Item], parsed: Any, raw: bytes) -> bool:
+    """Whether a node's answer to `items` sent with the client's ids is one answer per item
+    (notifications have none) in their order, none asking for another attempt (`-3900x`,
+    outcome.RETRYABLE_CODES) and none a transaction to show as pending (UNMINED_FIELDS):
+    every answer is then final as it is, with no item to match by id or classify alone."""
+    return (
+        type(parsed) is list
+        and b"-3900" not in raw
+        and [a.get("id") if type(a) is dict else a for a in parsed]
+        == [it.rid for it in items if not it.notif]
+        and not any(it.method in UNMINED_FIELDS for it in items)
+    )
+
+
+def _fill(items: list[Item], parsed: list[Any], answers: list[Any]) -> None:
+    """Each item's answer in its place (`_answered_in_order`), with the client's id as sent
+    (a node's `1.0` equals the client's `1` but would not be written the same)."""
+    answered = iter(parsed)
+    for it in items:
+        if not it.notif:
+            answer = next(answered)
+            answer["id"] = it.rid
+            answers[it.pos] = answer
 
 
 def _unique_ids(items: list[Item]) -> bool:
