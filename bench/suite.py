@@ -377,10 +377,16 @@ INPROC_NODE = "bench-inproc"  # the in-process state node's key (its URL: inproc
 
 
 def inproc_config(
-    data_dir: Path, writer: str, node_port: int, proxy_port: int, evm: dict[str, Any]
+    data_dir: Path,
+    writer: str,
+    node_port: int,
+    proxy_port: int,
+    evm: dict[str, Any],
+    extra: str = "",
 ) -> str:
     """bench/inprocstack.py's TOML: one archive state node following `writer`, and the proxy
-    with that node entered as a state and an archive node, reached in process."""
+    with that node entered as a state and an archive node, reached in process; `extra`: more
+    `[proxy]` settings lines."""
     lines = [
         f"data_dir = {json.dumps(str(data_dir))}",
         "",
@@ -395,7 +401,7 @@ def inproc_config(
     if evm:
         lines += ["", "[state_nodes.evm]"]
         lines += [f"{name} = {json.dumps(value)}" for name, value in evm.items()]
-    proxy = proxy_config(f"inproc://{INPROC_NODE}", kinds=("state", "archive"))
+    proxy = proxy_config(f"inproc://{INPROC_NODE}", kinds=("state", "archive"), extra=extra)
     proxy = proxy.replace("[proxy]\n", f"[proxy]\nport = {proxy_port}\n", 1)
     return "\n".join(lines) + "\n\n" + proxy
 
@@ -446,7 +452,7 @@ class StateSuite:
             proxy = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
             services.start("proxy", ProxySuite().proxy_command(proxy_port, config), proxy, svc_cpus)
             targets["proxy"] = proxy
-            targets["proxy-inproc"] = self._start_inproc(services, self.writer, svc_cpus, opts.evm)
+            targets["proxy-inproc"] = self._start_inproc(services, self.writer, svc_cpus, opts)
         targets["anvil"] = anvil
         return targets
 
@@ -492,15 +498,16 @@ class StateSuite:
         return anvil, state
 
     def _start_inproc(
-        self, services: Services, writer: str, cpus: list[int] | None, evm: dict[str, Any]
+        self, services: Services, writer: str, cpus: list[int] | None, opts: SuiteOptions
     ) -> str:
         """The `chainstate up` shape: a second archive state node following the same write
-        node and the proxy reaching it in process, one process (bench/inprocstack.py)."""
+        node and the proxy reaching it in process, one process (bench/inprocstack.py), with
+        the suite's `--evm` and `--proxy` settings."""
         node_port, proxy_port = free_port(), free_port()
         config = services.workdir / "inproc.toml"
-        config.write_text(
-            inproc_config(services.workdir / "inproc", writer, node_port, proxy_port, evm)
-        )
+        workdir = services.workdir / "inproc"
+        extra = setting_lines(opts.proxy)
+        config.write_text(inproc_config(workdir, writer, node_port, proxy_port, opts.evm, extra))
         proxy = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
         cmd = python_cmd("-m", "bench.inprocstack", "--config", str(config))
         services.start("proxy-inproc", cmd, proxy, cpus)
@@ -624,6 +631,7 @@ class CallSuite(StateSuite):
         self.holders: list[str] = []
         self.view = ""
         self.view_block = 0
+        self.notes: list[str] = []
 
     def _before_mining(self, anvil: str, record: dict[str, Any]) -> None:
         self.erc20 = record["erc20"]
@@ -642,6 +650,10 @@ class CallSuite(StateSuite):
         for label in ("state-node", "proxy-inproc"):
             if label in targets:
                 rpc_call(targets[label], "eth_call", [call, "latest"], timeout=120)
+        old = f"{self.view_block + 1}..{self.head - PROXY_STATE_WINDOW - 1}"
+        for label in ("proxy", "proxy-inproc"):
+            if label in targets:
+                self.notes.append(f"{label}: {known_blocks(targets[label])}; old heights {old}")
         return {"anvil": targets.pop("anvil"), **targets}  # anvil first: the baseline
 
     def _call_plan(self, to: str, data: str | None, batch: int, old: bool) -> BodyPlan:
@@ -662,6 +674,17 @@ class CallSuite(StateSuite):
                 out.append(Case(f"{name}{tag}", self._call_plan(to, data, batch, old=False)))
                 out.append(Case(f"{name}{tag}-old", self._call_plan(to, data, batch, old=True)))
         return out
+
+
+def known_blocks(proxy: str) -> str:
+    """Which blocks a proxy knows the hash of (its read path pins reads at those heights to
+    the hash, caches and coalesces them; older ones go as they are): from its admin API."""
+    try:
+        with urllib.request.urlopen(proxy + "/cache", timeout=10) as resp:
+            chain = json.loads(resp.read())["chain"] or {}
+    except (OSError, ValueError, KeyError) as exc:
+        return f"known blocks not read ({exc})"
+    return f"knows the hashes of blocks {chain.get('lowest_known')}..{chain.get('tip')}"
 
 
 DAPP_ACCOUNTS = 200  # accounts the dapp's batches read (the workload's, then generated ones)

@@ -7,6 +7,7 @@ passed to the components that share it (no module-level state).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,6 +19,12 @@ AnswerNow = Callable[[bytes], bytes | None]
 # without awaiting; None when any of them needs the BodyHandler. The proxy in the same process
 # calls it with the items it parsed and routed (no bytes in between).
 AnswerItems = Callable[[list[Any]], list[Any] | None]
+# The answers of request objects already parsed, in their order (None for a notification), as
+# a future: for items some of which the node answers only after awaiting (eth_call on its EVM
+# workers); None when any of them needs the BodyHandler. The proxy in the same process calls it
+# with the items it parsed and sends the answers on from the future's callback: no task, no
+# bytes in between, and its own deadline on the future (the node keeps its own limits).
+AnswerLater = Callable[[list[Any]], "asyncio.Future[list[Any]] | None"]
 # Told the seconds an AnswerItems call took once the caller keeps its answers: the caller may
 # instead send the body again the usual way (BodyHandler), and the node must count it once.
 ItemsAnswered = Callable[[float], None]
@@ -31,6 +38,7 @@ class InprocRegistry:
         self._now: dict[str, AnswerNow] = {}
         self._items: dict[str, AnswerItems] = {}
         self._answered: dict[str, ItemsAnswered] = {}
+        self._later: dict[str, AnswerLater] = {}
         self.version = 0  # bumped on every change: callers may keep what they resolved
 
     def register(
@@ -40,16 +48,18 @@ class InprocRegistry:
         answer_now: AnswerNow | None = None,
         answer_items: AnswerItems | None = None,
         items_answered: ItemsAnswered | None = None,
+        answer_later: AnswerLater | None = None,
     ) -> str:
-        """Register a handler under `name` (and its synchronous fast paths, if it has them:
-        for raw bodies, and for parsed items with what counts their answers); returns its
-        URL."""
+        """Register a handler under `name` (and its fast paths, if it has them: synchronous
+        for raw bodies, and for parsed items with what counts their answers; a future for
+        parsed items it answers after awaiting); returns its URL."""
         self._handlers[name] = handler
         self.version += 1
         fast_paths = (
             (self._now, answer_now),
             (self._items, answer_items),
             (self._answered, items_answered),
+            (self._later, answer_later),
         )
         for table, fast in fast_paths:
             if fast is not None:
@@ -64,6 +74,7 @@ class InprocRegistry:
         self._now.pop(name, None)
         self._items.pop(name, None)
         self._answered.pop(name, None)
+        self._later.pop(name, None)
 
     def resolve(self, url: str) -> BodyHandler | None:
         if not url.startswith(SCHEME):
@@ -81,6 +92,10 @@ class InprocRegistry:
     def resolve_answered(self, url: str) -> ItemsAnswered | None:
         """What counts the answers of `url`'s path for parsed items, if it counts them."""
         return self._answered.get(url[len(SCHEME) :]) if url.startswith(SCHEME) else None
+
+    def resolve_later(self, url: str) -> AnswerLater | None:
+        """The path for parsed items answered as a future registered for `url`, if any."""
+        return self._later.get(url[len(SCHEME) :]) if url.startswith(SCHEME) else None
 
     def names(self) -> list[str]:
         return sorted(self._handlers)

@@ -25,6 +25,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from chainstate.inproc import is_inproc
 from proxy import latency, outcome
 from proxy.breaker import CLOSED, HALF_OPEN
 from proxy.hedge import HedgeBudget, Race
@@ -166,12 +167,20 @@ class Attempts:
         plain-http node whose breaker is closed, with no hedge or attempt timeout due and an
         idle connection (`Upstream.send_now`); False (nothing done) otherwise. The node's
         books are kept as `attempt` keeps them, then `then(node, raw, error)` runs;
-        `then(node, None, None)`: not sent after all (nothing counted)."""
+        `then(node, None, None)`: not sent after all (nothing counted). An in-process node
+        gets the group's items as objects when it answers them as a future (no race there
+        either: only plain-http attempts are hedged or timed by the latency window)."""
         node = group.node
         url = node.entry.url
-        if node.breaker.state is not CLOSED or not url.startswith("http://"):
+        if node.breaker.state is not CLOSED:
             return False
-        hedgeable = len(group.cands) > 1
+        http = url.startswith("http://")
+        items = None
+        if not http:
+            if not is_inproc(url):
+                return False
+            items = [it.obj for it in group.items]
+        hedgeable = http and len(group.cands) > 1
         if hedgeable and self._timers(ctx.pool, group.lkey) is not None:
             return False  # a race is due: `exchange` runs it
         started = time.perf_counter()
@@ -189,7 +198,8 @@ class Attempts:
                 self._earn(ctx.pool)  # an attempt made earns its share, as `_race`'s does
             then(node, raw, exc)
 
-        if not self.upstream.send_now(url, body, self.ceiling, ctx, ctx.answer_early, landed):
+        early = ctx.answer_early
+        if not self.upstream.send_now(url, body, self.ceiling, ctx, early, landed, items):
             return False
         node.inflight += 1
         ctx.nodes.append(node.key)

@@ -30,6 +30,7 @@ import orjson
 from opentelemetry import trace
 
 from chainstate.blockref import BlockRef
+from chainstate.inproc import is_inproc
 from chainstate.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
@@ -451,13 +452,26 @@ class Engine:
     ) -> Answer | Awaitable[Answer] | None:
         """Steps 3-4 of a checked request object for `start`: its node chosen and the
         client's bytes written to it now (None), when nothing needs a task; else the rest
-        of the steps as a coroutine (or the answer, when no node is eligible)."""
-        if item.plan is not None or ctx.early is None:  # the read path, or not the node's bytes
+        of the steps as a coroutine (or the answer, when no node is eligible). An item the
+        read path planned goes the same way in a pool with in-process readers when it waits
+        for no identical read: it is sent pinned as planned, and its answer lands in the read
+        path (`_landed`). (Over HTTP alone, planned items keep the task: choosing them at
+        once moved the weighted shares, tests/proxy/test_failsafe.py.)"""
+        plan = item.plan
+        if ctx.early is None or (
+            plan is not None and (plan.flight is not None or not _has_inproc(ctx.pool))
+        ):
             return self._finish(ctx, self._single_sent(ctx, item, body), started, headers)
+        if plan is not None:  # what `_follow` does for an item that leads its read
+            sent = item.obj
+            item.obj, item.ref = plan.obj, plan.ref
+            if plan.obj is not sent:
+                body = orjson.dumps(plan.obj)
         answers: list[Any] = [None]
         groups = self._choose(ctx, [item], 1, answers)
         if not groups:  # no eligible node: answered by `_give_up`
             answer = self._single_answer(ctx, item, body, None, answers)
+            self._landed(item, None, answers)
             return self._done(ctx, answer, started, headers)
         (group,) = groups.values()
 
@@ -465,6 +479,7 @@ class Engine:
             try:
                 step = self._first_landed(ctx, item, group, body, answers, node, raw, exc)
             except Exception as error:  # answered as the task path answers a failed handler
+                self._landed(item, None, answers)
                 step = _reraise(error)
             if type(step) is not tuple:
                 later(self._finish(ctx, step, started, headers))  # type: ignore[arg-type]
@@ -501,7 +516,15 @@ class Engine:
             return self._resume(ctx, item, body, answers, 1, [item], {node: group})
         if pending:
             return self._resume(ctx, item, body, answers, 2, pending)
+        self._landed(item, out, answers)
         return self._single_answer(ctx, item, body, out, answers)
+
+    def _landed(self, item: Item, out: bytes | None, answers: list[Any]) -> None:
+        """A planned single item's final answer handed to the read path (as
+        `_route_planned` does when its attempts end)."""
+        plan = item.plan
+        if plan is not None and (plan.lead or plan.store):
+            self.reads.land(plan, out if out is not None else answers[0])  # type: ignore[union-attr]
 
     async def _resume(
         self,
@@ -513,8 +536,10 @@ class Engine:
         pending: list[Item],
         chosen: dict[Node, Group] | None = None,
     ) -> tuple[int, bytes]:
-        """The attempts of a single request from `attempt` on (`_route`), and its answer."""
-        out = await self._route(ctx, pending, body, answers, True, attempt, chosen)
+        """The attempts of a single request from `attempt` on (`_route`; `_route_planned`
+        for an item the read path planned), and its answer."""
+        route = self._route if item.plan is None else self._route_planned
+        out = await route(ctx, pending, body, answers, True, attempt, chosen)
         return self._single_answer(ctx, item, body, out, answers)
 
     async def _finish(
@@ -718,13 +743,15 @@ class Engine:
         body: bytes | None,
         answers: list[Any],
         single: bool,
+        first: int = 1,
+        chosen: dict[Node, Group] | None = None,
     ) -> bytes | None:
         """`_route` for items of a request the read path planned: whatever happens, each
         item's final answer is stored when it may be and handed to the reads waiting for
         it (`Reads.land`; None when there is none: they then ask a node themselves)."""
         out = None
         try:
-            out = await self._route(ctx, items, body, answers, single)
+            out = await self._route(ctx, items, body, answers, single, first, chosen)
         finally:
             reads: Reads = self.reads  # type: ignore[assignment]
             for it in items:
@@ -1218,6 +1245,11 @@ class Engine:
         for name in SOURCE_HEADERS:
             extra[name.replace("-", "_")] = _cut(headers.get(name))
         access_log.info("request", extra=extra)
+
+
+def _has_inproc(pool: Pool) -> bool:
+    """Whether a reader of `pool` is a node in this process (`inproc://`)."""
+    return any(is_inproc(node.entry.url) for node in pool.readers)
 
 
 def _inexact(obj: Any) -> bool:

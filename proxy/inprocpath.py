@@ -60,6 +60,9 @@ Group = tuple[Node, Path, list[int]]
 # them, the time it took, the method of every item or None): booked once the answers are kept
 Attempt = tuple[Node, Path, str, list[Any], list[int], float, str | None]
 Answered = tuple[Any, list[Attempt]]  # (the answer to send, its attempts)
+# Bodies with this text are not parsed here: an eth_call is never a plain read, and the engine
+# sends it to the node's future (proxy/upstream.py `send_now`) without parsing it twice.
+_CALL = b'"eth_call"'
 
 
 class InprocPath:
@@ -79,8 +82,8 @@ class InprocPath:
     ) -> tuple[int, bytes] | None:
         """`admitted`: the body's pool, as `Engine.admit` gave it (its place taken)."""
         engine = self.engine
-        if engine.tracer is not None or len(body) > self.max_body:
-            return None
+        if engine.tracer is not None or len(body) > self.max_body or _CALL in body:
+            return None  # (an eth_call is no plain read: the engine gives it to the node)
         pool = admitted.pool
         if pool.mirrors or access_log.isEnabledFor(logging.INFO):
             return None

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import orjson
 from yarl import URL
 
 from chainstate.inproc import InprocRegistry, is_inproc
@@ -156,13 +157,21 @@ class Upstream:
         holder: Any,
         early: Callable[[int, bytes], Any],
         then: Landed,
+        items: list[Any] | None = None,
     ) -> bool:
         """`send` without a task, for a plain-http node with an idle connection and a free
         slot: `body` is written now and False returned when it cannot be (nothing done).
         The outcome goes to `then(raw, error)` from the connection's callback or the
         deadline timer, after `early(status, body)` saw the answer as `send` gives it;
         `then(None, None)`: the node had closed the idle connection (nothing was answered:
-        send it again the usual way, which retries on a fresh connection)."""
+        send it again the usual way, which retries on a fresh connection).
+
+        An in-process node that answers parsed items as a future (`InprocRegistry.
+        resolve_later`: eth_calls, plain reads) is given `items` (the objects `body` holds)
+        instead of the bytes: its answers come to `then` as bytes from the future's callback,
+        within the same limit; False when it declines them (`send` then takes the body)."""
+        if items is not None and is_inproc(url):
+            return self._later_now(url, items, limit, holder, early, then)
         pool = self._pools.get(url)
         conn = None if pool is None else pool.take()
         if conn is None:
@@ -170,6 +179,31 @@ class Upstream:
         exchange = SentNow(pool, conn, url, limit, then)  # type: ignore[arg-type]
         self._deadlines.schedule(limit, exchange)
         conn.send(pool.request(body), holder, early, exchange)  # type: ignore[union-attr]
+        return True
+
+    def _later_now(
+        self,
+        url: str,
+        items: list[Any],
+        limit: float,
+        holder: Any,
+        early: Callable[[int, bytes], Any],
+        then: Landed,
+    ) -> bool:
+        """`send_now` to an in-process node's future of parsed items' answers."""
+        registry = self.registry
+        later = None if registry is None else registry.resolve_later(url)
+        if later is None:
+            return False
+        try:
+            future = later(items)
+        except Exception:  # `send` asks it again, with the body, and counts the failure
+            return False
+        if future is None:
+            return False
+        exchange = AwaitedNow(self, url, limit, holder, early, then, future, len(items) == 1)
+        self._deadlines.schedule(limit, exchange)
+        future.add_done_callback(exchange.landed)
         return True
 
     async def _send_session(self, url: str, body: bytes, limit: float) -> bytes:
@@ -272,6 +306,91 @@ class SentNow:
         self.finished = True
         Deadlines.stop(self)
         self.pool.give_back(self.conn)
+
+    def _land(self, raw: bytes | None, exc: UpstreamError | None) -> None:
+        try:
+            self.then(raw, exc)
+        except Exception:  # a callback: nobody above it would see the error
+            log.exception("finishing a request after its node's answer failed")
+
+
+class AwaitedNow:
+    """One exchange of `Upstream.send_now` with an in-process node's future: its answers
+    rendered as the node's body would be, or its failure, or the deadline (`expire`)."""
+
+    __slots__ = (
+        "early",
+        "finished",
+        "future",
+        "holder",
+        "lane",
+        "limit",
+        "single",
+        "then",
+        "upstream",
+        "url",
+    )
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        url: str,
+        limit: float,
+        holder: Any,
+        early: Callable[[int, bytes], Any],
+        then: Landed,
+        future: asyncio.Future[list[Any]],
+        single: bool,
+    ) -> None:
+        self.upstream = upstream
+        self.url = url
+        self.limit = limit
+        self.holder = holder
+        self.early = early
+        self.then = then
+        self.future = future
+        self.single = single  # the items of a request object: its answer alone, not a list
+        self.finished = False
+        self.lane: Any = None  # set by Deadlines.schedule
+
+    def landed(self, future: asyncio.Future[list[Any]]) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        Deadlines.stop(self)
+        try:
+            raw = self._raw(future)
+        except UpstreamError as exc:
+            self._land(None, exc)
+            return
+        self.early(200, raw)
+        self._land(raw, None)
+
+    def _raw(self, future: asyncio.Future[list[Any]]) -> bytes:
+        """The answers as the node's body would carry them (b"": nothing to answer)."""
+        url = self.url
+        if future.cancelled():
+            raise UpstreamError("inproc", f"{url}: the node dropped the request")
+        exc = future.exception()
+        if exc is not None:
+            raise UpstreamError("inproc", f"{url}: {type(exc).__name__}: {exc}")
+        answers = future.result()
+        if self.single:
+            answer = answers[0]
+            raw = b"" if answer is None else orjson.dumps(answer)
+        else:
+            kept = [answer for answer in answers if answer is not None]
+            raw = orjson.dumps(kept) if kept else b""
+        self.upstream._count(url, raw, self.holder)
+        return raw
+
+    def expire(self) -> None:
+        """No answer within the limit (the lanes dropped this entry already)."""
+        if self.finished:
+            return
+        self.finished = True
+        self.future.cancel()  # its answers would come to nobody
+        self._land(None, _timed_out(self.url, self.limit, saturated=False))
 
     def _land(self, raw: bytes | None, exc: UpstreamError | None) -> None:
         try:

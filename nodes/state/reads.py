@@ -56,6 +56,12 @@ _HEAD = -1  # a cached block parameter meaning "the head"
 _SLOW = object()  # an item the dispatcher answers
 
 
+def _consume(future: asyncio.Future[Any]) -> None:
+    """Mark the result of a call nobody waits for as seen (no "never retrieved" log)."""
+    if not future.cancelled():
+        future.exception()
+
+
 class _Call:
     """An eth_call item queued on the EVM executor: its id and the future of its result."""
 
@@ -202,25 +208,71 @@ class ReadPath:
         if not calls:
             return []
         results = await asyncio.gather(*(c.future for c in calls), return_exceptions=True)
-        out: list[Any] = []
-        for call, result in zip(calls, results, strict=True):
-            if not call.wanted:
-                out.append(None)
-            elif isinstance(result, dict):
-                if result["ok"]:
-                    out.append({"jsonrpc": "2.0", "id": call.rid, "result": result["output"]})
-                else:
-                    err = result["error"]
-                    exc = JsonRpcError(err["code"], err["message"], err.get("data"))
-                    out.append(self.dispatcher.error(call.rid, exc))
-            elif isinstance(result, JsonRpcError):
-                out.append(self.dispatcher.error(call.rid, result))
-            elif isinstance(result, asyncio.CancelledError):
-                raise result
+        answer = self._call_answer
+        return [answer(call, result) for call, result in zip(calls, results, strict=True)]
+
+    def _call_answer(self, call: _Call, result: Any) -> Any:
+        """The answer of one queued eth_call given its future's result (or exception)."""
+        if not call.wanted:
+            return None
+        if isinstance(result, dict):
+            if result["ok"]:
+                return {"jsonrpc": "2.0", "id": call.rid, "result": result["output"]}
+            err = result["error"]
+            exc = JsonRpcError(err["code"], err["message"], err.get("data"))
+            return self.dispatcher.error(call.rid, exc)
+        if isinstance(result, JsonRpcError):
+            return self.dispatcher.error(call.rid, result)
+        if isinstance(result, asyncio.CancelledError):
+            raise result
+        log.error("eth_call failed: %r", result)
+        return self.dispatcher.error(call.rid, JsonRpcError(INTERNAL_ERROR, "Internal error"))
+
+    def answer_later(self, items: list[Any]) -> asyncio.Future[list[Any]] | None:
+        """`answer_items` for items that may include eth_calls: the future of the answers, in
+        their order (None for a notification), set from the calls' futures' callbacks (no task,
+        no coroutine); None when an item needs `handle_body` (not a plain read or eth_call, a
+        malformed envelope, an id orjson may have changed, a call the EVM methods take the
+        usual way: a state override, workers not started). For the proxy in the same process.
+        A batch declined after some of its calls were queued has them run for nothing (only a
+        batch that mixes such a call with others): the caller sends it the usual way."""
+        fast = self.fast
+        calls_ok = self.evm is not None
+        for item in items:
+            if item.__class__ is not dict or item.get("id").__class__ is float:
+                return None
+            method = _method(item)
+            if fast.get(method) is None and (method != "eth_call" or not calls_ok):
+                return None
+        answers = self._answer(items)
+        calls = [i for i, answer in enumerate(answers) if answer.__class__ is _Call]
+        if any(answer is _SLOW for answer in answers):
+            for i in calls:
+                answers[i].future.add_done_callback(_consume)
+            return None
+        out: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        if not calls:
+            out.set_result(answers)
+            return out
+        waiting = [len(calls)]
+
+        def landed(_: Any) -> None:
+            waiting[0] -= 1
+            if waiting[0] or out.done():
+                return
+            try:
+                for i in calls:
+                    call = answers[i]
+                    future = call.future
+                    result = future.exception() or future.result()
+                    answers[i] = self._call_answer(call, result)
+            except asyncio.CancelledError:
+                out.cancel()
             else:
-                log.error("eth_call failed: %r", result)
-                failed = JsonRpcError(INTERNAL_ERROR, "Internal error")
-                out.append(self.dispatcher.error(call.rid, failed))
+                out.set_result(answers)
+
+        for i in calls:
+            answers[i].future.add_done_callback(landed)
         return out
 
     def answer_now(self, body: bytes) -> bytes | None:

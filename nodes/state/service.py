@@ -153,7 +153,12 @@ class StateNode:
             )
         if self.registry is not None:
             self.registry.register(
-                self.key, self.handle_body, self.answer_now, self.answer_items, self.items_answered
+                self.key,
+                self.handle_body,
+                self.answer_now,
+                self.answer_items,
+                self.items_answered,
+                self.answer_later,
             )
 
     async def close(self) -> None:
@@ -203,6 +208,18 @@ class StateNode:
         counted here: the proxy tells `items_answered` when it keeps the answers (it may
         send the body again the usual way instead, which counts it then)."""
         return self.reads.answer_items(items)
+
+    def answer_later(self, items: list[Any]) -> asyncio.Future[list[Any]] | None:
+        """The answers of parsed request objects that are plain reads or eth_calls, as a
+        future (else None): for the proxy in the same process, which sends the answers on
+        from the future's callback instead of a body through `handle_body`. Counted here,
+        once the answers are there."""
+        started = time.perf_counter()
+        answers = self.reads.answer_later(items)
+        if answers is not None:
+            observe = self.metrics.request_seconds.observe
+            answers.add_done_callback(lambda _: observe(time.perf_counter() - started))
+        return answers
 
     def items_answered(self, seconds: float) -> None:
         """Count one body answered by `answer_items` (`seconds`: as the caller timed it)."""
