@@ -145,8 +145,8 @@ class InprocPath:
         if type(params) is list and params and type(params[-1]) is str:
             key = (method, len(params), params[-1])
             seen = routes.seen.get(key)
-            if seen is not None:
-                return method, seen[0], False, seen[1]
+            if seen is not None:  # (method, candidates, False, tagged), as built below
+                return seen
         target = self._target(method, params)
         if target is None:
             return None
@@ -159,7 +159,7 @@ class InprocPath:
             seen = routes.seen
             if len(seen) >= MAX_ROUTES:
                 seen.clear()
-            seen[key] = (found, tagged)
+            seen[key] = (method, found, False, tagged)
         return method, found, True, tagged
 
     def _single(
@@ -278,6 +278,8 @@ class InprocPath:
         picked: dict[int, tuple[list[Node], list[int]]] = {}
         groups: dict[Node, Group] = {}
         checked, tagged, first, mixed = True, False, None, False
+        last: list[Node] | None = None  # the candidates of the item before
+        positions: list[int] = []  # the positions of the group picked from `last`
         for pos, item in enumerate(items):
             routed = item_route(pool, routes, item)
             if routed is None:
@@ -292,17 +294,19 @@ class InprocPath:
                 checked = False
             if at_tag:
                 tagged = True
-            slot = picked.get(id(nodes))
-            if slot is None:
-                node = pick(nodes)
-                group = groups.get(node)
-                if group is None:
-                    path = self._path(routes, node)
-                    if path is None:
-                        return None
-                    group = groups[node] = (node, path, [])
-                slot = picked[id(nodes)] = (nodes, group[2])
-            slot[1].append(pos)
+            if nodes is not last:  # (items of one range in a row: one lookup for them)
+                slot = picked.get(id(nodes))
+                if slot is None:
+                    node = pick(nodes)
+                    group = groups.get(node)
+                    if group is None:
+                        path = self._path(routes, node)
+                        if path is None:
+                            return None
+                        group = groups[node] = (node, path, [])
+                    slot = picked[id(nodes)] = (nodes, group[2])
+                last, positions = nodes, slot[1]
+            positions.append(pos)
         return list(groups.values()), checked, tagged, None if mixed else first
 
     def _target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None] | None:

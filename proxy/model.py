@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -292,6 +293,13 @@ class Node:
     def observe_latency(self, ms: float) -> None:
         prev = self.latency_ms
         self.latency_ms = ms if prev is None else prev + EWMA * (ms - prev)
+
+    def observe_latencies(self, samples: Iterable[float]) -> None:
+        """`samples` (ms) into `latency_ms` in order (folded answers: one call for them)."""
+        prev = self.latency_ms
+        for ms in samples:
+            prev = ms if prev is None else prev + EWMA * (ms - prev)
+        self.latency_ms = prev
 
     def succeeded(self) -> bool:
         """Record an answer; True when this brought the node back into rotation."""

@@ -68,9 +68,10 @@ class PoolRoutes:
         self.points = points  # the selector's breakpoints at the pool head of `signature`
         self.version = version
         self.table: dict[tuple[str, Any], list[Node] | None] = {}
-        # (method, number of params, the block param's text) → (the candidates found for
-        # it, whether it reads at a tag): the in-process path's shortcut (`InprocPath._item`)
-        self.seen: dict[tuple[str, int, str], tuple[list[Node], bool]] = {}
+        # (method, number of params, the block param's text) → (the method, the candidates
+        # found for it, False: its params are not checked again, whether it reads at a
+        # tag): the in-process path's shortcut (`InprocPath._item` returns it as it is)
+        self.seen: dict[tuple[str, int, str], tuple[str, list[Node], bool, bool]] = {}
         self.paths: dict[Node, Any] | None = None  # what the caller keeps per reader, if any
 
 
