@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -1019,21 +1020,12 @@ class Engine:
         parsed = self._decode(ctx, node, items, raw)
         if parsed is None:
             return [it for it in items if not it.notif], None
-        keys = [None if it.notif else it.rid for it in items]
-        if (
-            isinstance(parsed, list)
-            and b"-3900" not in raw
-            and [a.get("id") if type(a) is dict else a for a in parsed]
-            == [k for k in keys if k is not None]
-            and not any(it.method in UNMINED_FIELDS for it in items)
-        ):
+        if _answered_in_order(items, parsed, raw):
             self._count_answers(ctx, node, items, parsed, raw)
             if self.reads is not None:  # the answers to store and share (`_route_planned`)
-                answered = iter(parsed)
-                for it in items:
-                    if not it.notif:
-                        answers[it.pos] = next(answered)
+                _fill(items, parsed, answers)
             return [], raw
+        keys = [None if it.notif else it.rid for it in items]
         return self._take_answers(ctx, node, items, keys, parsed, answers), None
 
     async def _send_group(self, ctx: Ctx, group: Group, answers: list[Any]) -> list[Item]:
@@ -1053,6 +1045,11 @@ class Engine:
         parsed = self._decode(ctx, node, items, raw)
         if parsed is None:
             return [it for it in items if not it.notif]
+        if ctx.own_ids and _answered_in_order(items, parsed, raw):
+            # The common case needs no item matched by its id or classified on its own.
+            self._count_answers(ctx, node, items, parsed, raw)
+            _fill(items, parsed, answers)
+            return []
         return self._take_answers(ctx, node, items, keys, parsed, answers)
 
     def _transport_failed(
@@ -1132,18 +1129,16 @@ class Engine:
         self, ctx: Ctx, node: Node, group: list[Item], parsed: list[dict[str, Any]], raw: bytes
     ) -> None:
         """Metrics of a batch answered as it is (one increment per method and outcome)."""
-        counts: dict[tuple[str, str], int] = {}
         if b'"error"' not in raw:  # every item ok: count by method alone
-            for it in group:
-                key = (it.method, "ok")
-                counts[key] = counts.get(key, 0) + 1
-        else:
-            answered = iter(parsed)
-            for it in group:
-                outcome_ = "ok" if it.notif or "error" not in next(answered) else "error"
-                key = (it.method, outcome_)
-                counts[key] = counts.get(key, 0) + 1
-        for (method, result), n in counts.items():
+            for method, n in Counter([it.method for it in group]).items():
+                self.metrics.request(ctx.chain, method, node.key, "ok", n)
+            return
+        answered = iter(parsed)
+        outcomes = [
+            (it.method, "ok" if it.notif or "error" not in next(answered) else "error")
+            for it in group
+        ]
+        for (method, result), n in Counter(outcomes).items():
             self.metrics.request(ctx.chain, method, node.key, result, n)
 
     # ---- giving up -----------------------------------------------------------------------
@@ -1241,11 +1236,42 @@ def _by_key(keys: list[Any], parsed: Any) -> dict[Any, Any]:
     return {a.get("id"): a for a in parsed if type(a) is dict}
 
 
+def _answered_in_order(items: list[Item], parsed: Any, raw: bytes) -> bool:
+    """Whether a node's answer to `items` sent with the client's ids is one answer per item
+    (notifications have none) in their order, none asking for another attempt (`-3900x`,
+    outcome.RETRYABLE_CODES) and none a transaction to show as pending (UNMINED_FIELDS):
+    every answer is then final as it is, with no item to match by id or classify alone."""
+    if type(parsed) is not list or b"-3900" in raw:
+        return False
+    rids = [it.rid for it in items if not it.notif]
+    if len(parsed) != len(rids):
+        return False
+    try:
+        ids = [answer["id"] for answer in parsed]
+    except (KeyError, TypeError):  # an answer without an id, or not an object
+        return False
+    return ids == rids and UNMINED_FIELDS.keys().isdisjoint([it.method for it in items])
+
+
+def _fill(items: list[Item], parsed: list[Any], answers: list[Any]) -> None:
+    """Each item's answer in its place (`_answered_in_order`), with the client's id as sent
+    (a node's `1.0` equals the client's `1` but would not be written the same)."""
+    answered = iter(parsed)
+    for it in items:
+        if not it.notif:
+            answer = next(answered)
+            answer["id"] = it.rid
+            answers[it.pos] = answer
+
+
+_OWN_ID_TYPES = {str, int}  # ids a sub-batch may keep (exact types: not bool, not a float)
+
+
 def _unique_ids(items: list[Item]) -> bool:
     """Whether the answers of `items` can be told apart by their ids: every id a string or
     an integer, no two the same (notifications have none and get no answer)."""
     ids = [it.rid for it in items if not it.notif]
-    return all(type(rid) is str or type(rid) is int for rid in ids) and len(set(ids)) == len(ids)
+    return {type(rid) for rid in ids} <= _OWN_ID_TYPES and len(set(ids)) == len(ids)
 
 
 async def _reraise(error: Exception) -> Any:

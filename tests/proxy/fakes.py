@@ -52,6 +52,7 @@ class FakeNode:
         self.method_errors: dict[str, int] = {}  # answer items of these methods with an error
         self.fail_every = 0  # answer every Nth data request with HTTP 503 (0: never)
         self.pad = 0  # characters of padding in every data answer (large answers)
+        self.reverse = False  # answer batches in reverse order (JSON-RPC allows any order)
         self.received: list[dict[str, Any]] = []  # data items (polls excluded)
         self.bodies: list[bytes] = []
         self.forks: list[tuple[int, int]] = []  # (from height, fork number), see `reorg`
@@ -125,6 +126,8 @@ class FakeNode:
         answers = [a for a in (self._answer(i, polling) for i in items) if a is not None]
         if not answers:
             return web.Response(status=204)
+        if self.reverse and not polling:
+            answers.reverse()
         out = answers if isinstance(payload, list) else answers[0]
         return web.Response(body=orjson.dumps(out), content_type="application/json")
 

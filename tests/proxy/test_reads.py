@@ -174,6 +174,49 @@ async def test_a_cached_read_skips_the_node_and_keeps_the_clients_id(two) -> Non
     assert 'method="eth_getBalance",node="cache",outcome="ok"' in metrics
 
 
+async def test_a_partly_cached_batch_sends_the_rest_with_the_clients_ids(
+    make_api, fake_nodes
+) -> None:
+    """A batch with a cache hit: the other items go to a node as one sub-batch with the
+    client's ids, and its answers are taken in order when they come in order (no per-item
+    matching), by id when they do not; an item whose answer asks for another attempt is
+    still retried elsewhere, and metrics count each method and node."""
+    a = await fake_nodes("a", "state")
+    b = await fake_nodes("b", "state")
+    a.method_errors["eth_call"] = -39008  # UnsupportedPrecompile: retried on another node
+    b.delay = 0.02  # a is the faster node: the sub-batches go to a first
+    api = await make_api(fast_settings(coalesce=False))
+    await api.add("1337", a)
+    await api.add("1337", b)
+    await chain_known(api)
+    hit = await api.call("1337", "eth_getBalance", [ADDR, "latest"], rid=1)
+    methods = ("eth_getBalance", "eth_getTransactionCount", "eth_getCode", "eth_call")
+    reversed_from = 1 << 30  # a's sub-batches sent before it answered out of order
+    for n in range(40):
+        if n == 20:  # answers out of order, nothing to retry: matched by their ids
+            a.reverse, a.method_errors = True, {}
+        batch = [balance(rid="hit")]
+        batch += [req(m, [account(10 * n + i), "latest"], 10 + i) for i, m in enumerate(methods)]
+        batch[-1]["params"][0] = {"to": account(n + 1)}
+        _, answers = await api.rpc("1337", batch)
+        assert [x["id"] for x in answers] == ["hit", 10, 11, 12, 13]
+        assert answers[0] == {**hit, "id": "hit"}
+        assert [x["result"]["method"] for x in answers[1:]] == list(methods), answers
+        if n < 20:
+            assert answers[-1]["result"]["node"] == "b"  # a's -39008 was retried on b
+        elif len(a.bodies) > reversed_from + 2:
+            break
+        else:
+            reversed_from = min(reversed_from, len(a.bodies))
+    assert len(a.data_items("eth_call")) > 4, "a got too few sub-batches"
+    assert len(a.bodies) > reversed_from + 2, "a answered too few sub-batches out of order"
+    metrics = await (await api.client.get("/metrics")).text()
+    for method in methods[:3]:
+        assert f'method="{method}",node="' in metrics
+    assert 'method="eth_call",node="b",outcome="ok"' in metrics
+    assert 'reason="unsupported_precompile"' in metrics  # the retry of a's answers
+
+
 async def test_what_is_never_cached(make_api, fake_nodes) -> None:
     state = await fake_nodes("state-1", "state")
     writer = await fake_nodes("w1", "state")

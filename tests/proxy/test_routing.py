@@ -94,6 +94,38 @@ async def test_batch_across_nodes_keeps_client_order_and_ids(two) -> None:
     assert any(i.get("method") == "eth_blockNumber" and "id" not in i for i in state.received)
 
 
+async def test_a_batch_answered_as_it_is_counts_each_method_and_outcome(
+    make_api, fake_nodes
+) -> None:
+    """A batch the node answers whole, in order (passed through, or taken in order after a
+    cache hit): metrics count every item by method and outcome, a node's error included."""
+    node = await fake_nodes("solo", "state")
+    node.method_errors["eth_getCode"] = -32000  # a final error: not retried
+    api = await make_api(fast_settings())
+    await api.add("1337", node)
+    await api.heads_known("1337")
+    await api.call("1337", "eth_getBalance", [ADDR, "latest"], rid=1)  # cached: a hit below
+    plain = [
+        req("eth_getBalance", [OTHER, "0x3e0"], 1),
+        req("eth_getBalance", [THIRD, "0x3e0"], 2),
+        req("eth_getCode", [OTHER, "0x3e0"], 3),
+        {"jsonrpc": "2.0", "method": "eth_getTransactionCount", "params": [OTHER, "0x3e0"]},
+    ]
+    for batch in (plain, [balance(rid="hit"), *plain]):
+        _, answers = await api.rpc("1337", batch)
+        assert [a["id"] for a in answers] == [a["id"] for a in batch if "id" in a]
+        assert answers[-1]["error"]["code"] == -32000
+    metrics = await (await api.client.get("/metrics")).text()
+    counted = {
+        line.split("{", 1)[1]
+        for line in metrics.splitlines()
+        if line.startswith("chainstate_proxy_requests_total{") and 'node="solo"' in line
+    }
+    assert 'chain="1337",method="eth_getBalance",node="solo",outcome="ok"} 5.0' in counted
+    assert 'chain="1337",method="eth_getCode",node="solo",outcome="error"} 2.0' in counted
+    assert 'chain="1337",method="eth_getTransactionCount",node="solo",outcome="ok"} 2.0' in counted
+
+
 async def test_retry_on_block_not_found_prefers_archive(make_api, fake_nodes) -> None:
     stale = await fake_nodes("stale", "state")
     archive = await fake_nodes("archive-1", "archive")

@@ -10,7 +10,7 @@ import pytest
 from chainstate.blockref import BlockRef
 from chainstate.jsonrpc import JsonRpcError
 from chainstate.txmethods import PENDING_READS, TX_LIFECYCLE
-from proxy import outcome
+from proxy import methods, outcome
 from proxy.engine import hide_unreadable
 from proxy.methods import MethodTable
 from proxy.model import (
@@ -97,6 +97,23 @@ def test_bad_params_and_methods_are_refused(method, params, code) -> None:
     with pytest.raises(JsonRpcError) as err:
         TABLE.target(method, params)
     assert err.value.code == code
+
+
+def test_addresses_seen_before_are_still_checked_exactly(monkeypatch) -> None:
+    """The memo of good address texts only ever holds good ones, stays within its bound,
+    and a bad address is refused however many good ones came before (or after it is full)."""
+    monkeypatch.setattr(methods, "MAX_ADDRESSES_SEEN", 4)
+    monkeypatch.setattr(methods, "_ADDRESSES_SEEN", set())
+    bad = ["0x" + "g" * 40, "0x" + "1" * 41, "0X" + "1" * 40, ADDR + " ", 12, None]
+    for i in range(10):
+        TABLE.target("eth_getBalance", [f"0x{i:040x}", "latest"])
+        for value in bad:
+            with pytest.raises(JsonRpcError) as err:
+                TABLE.target("eth_getBalance", [value, "latest"])
+            assert err.value.code == -32602
+        assert 0 < len(methods._ADDRESSES_SEEN) <= 4
+    assert all(len(a) == 42 and a.startswith("0x") for a in methods._ADDRESSES_SEEN)
+    TABLE.target("eth_getBalance", [ADDR.upper().replace("0X", "0x"), "latest"])  # mixed case
 
 
 def test_extra_methods_setting_allows_more() -> None:
