@@ -314,8 +314,7 @@ class Attempts:
         changed neither; folded in later, it must not close a breaker opened since."""
         ms = [s * 1000 for s in samples]
         latency.observe_many(node, ms, time.monotonic(), self.tau)
-        for each in ms:
-            node.observe_latency(each)
+        node.observe_latencies(ms)
         self._window(ctx.pool, lkey).add_many(samples)
         self.metrics.attempts_ok(ctx.chain, node.key, samples)
 

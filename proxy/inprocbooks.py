@@ -4,10 +4,12 @@ Why: an in-process read is answered in a few µs, and keeping its books one answ
 (`Attempts.answered`: the node's latency cost and average, the pool's latency window, the
 attempt's counter and histogram; then the request's latency histogram) cost about as much as
 the proxy's own routing of it (py-spy, bench/README.md "Issues 14/15, session 5"). Here an
-answer only appends its time to a list; the lists are folded into the same books, sample by
-sample in order, when FOLD_EVERY answers are pending, FOLD_AFTER_S after the first pending
-one (a timer on the loop), and before anything reads them: a /metrics scrape and the admin
-API's node views call `ProxyMetrics.settle` (so their totals are exact when read).
+answer only appends its time to a list (a single request answered without an error, the
+commonest body, with one lookup for all of its books: `single`); the lists are folded into
+the same books, sample by sample in order, when FOLD_EVERY answers are pending, FOLD_AFTER_S
+after the first pending one (a timer on the loop), and before anything reads them: a
+/metrics scrape and the admin API's node views call `ProxyMetrics.settle` (so their totals
+are exact when read).
 
 What waits up to FOLD_AFTER_S (or FOLD_EVERY answers): the selector's latency costs and the
 pool's hedge/timeout quantiles as the engine's own requests see them, and the admission
@@ -22,34 +24,54 @@ import asyncio
 from typing import Any
 
 from proxy.attempts import Attempts
+from proxy.engine import Admitted
 from proxy.metrics import ProxyMetrics
-from proxy.model import Node
+from proxy.model import Node, Pool
 
 FOLD_EVERY = 64  # pending answers that are folded in at once
 FOLD_AFTER_S = 0.05  # the longest an answer's books wait, with fewer pending
 
 
 class InprocBooks:
-    """`attempt` and `request` per answer; `fold` folds every pending sample in."""
+    """`single` per answered request object without an error; `attempt` and `request` per
+    other answer; `fold` folds every pending sample in."""
 
     def __init__(self, attempts: Attempts, metrics: ProxyMetrics) -> None:
         self.attempts = attempts
         self.metrics = metrics
-        # (id of the pool, node, latency key) → [the request's Admitted (its chain and pool,
-        # kept alive while pending), the node, the latency key, attempt times]
+        # (id of the pool, node, latency key) → [Admitted(chain, pool) (kept alive while
+        # pending), the node, the latency key, attempt times]
         self._attempts: dict[tuple[int, Node, str], list[Any]] = {}
         # (chain, shape) → request times (the client's latency histogram)
         self._requests: dict[tuple[str, str], list[float]] = {}
+        # (id of the pool, node, method) → [Admitted(chain, pool), the node, the method,
+        # attempt times, request times]: a single request answered without an error, the
+        # commonest body, booked with one lookup (its requests count is len(attempt times))
+        self._singles: dict[tuple[int, Node, str], list[Any]] = {}
         self.pending = 0  # answers pending (requests)
         self._timer: asyncio.TimerHandle | None = None
         metrics.on_read(self.fold)
 
-    def attempt(self, admitted: Any, node: Node, lkey: str, elapsed: float) -> None:
-        """`Attempts.answered(admitted, node, lkey, elapsed, "ok")`, folded in later."""
-        key = (id(admitted.pool), node, lkey)
+    def single(
+        self, chain: str, pool: Pool, node: Node, method: str, elapsed: float, seconds: float
+    ) -> None:
+        """`attempt(chain, pool, node, method, elapsed)`, the request counted `ok` for
+        `method` at `node`, and `request(chain, "single", seconds)`: folded in later."""
+        key = (id(pool), node, method)
+        entry = self._singles.get(key)
+        if entry is None:
+            entry = self._singles[key] = [Admitted(chain, pool), node, method, [], []]
+        entry[3].append(elapsed)
+        entry[4].append(seconds)
+        self._answered()
+
+    def attempt(self, chain: str, pool: Pool, node: Node, lkey: str, elapsed: float) -> None:
+        """`Attempts.answered(Admitted(chain, pool), node, lkey, elapsed, "ok")`, folded in
+        later."""
+        key = (id(pool), node, lkey)
         entry = self._attempts.get(key)
         if entry is None:
-            self._attempts[key] = [admitted, node, lkey, [elapsed]]
+            self._attempts[key] = [Admitted(chain, pool), node, lkey, [elapsed]]
         else:
             entry[3].append(elapsed)
 
@@ -61,6 +83,10 @@ class InprocBooks:
             self._requests[key] = [seconds]
         else:
             samples.append(seconds)
+        self._answered()
+
+    def _answered(self) -> None:
+        """One more answer pending: fold now, or within FOLD_AFTER_S."""
         self.pending += 1
         if self.pending >= FOLD_EVERY:
             self.fold()
@@ -73,16 +99,22 @@ class InprocBooks:
             self._timer = loop.call_later(FOLD_AFTER_S, self._timed)
 
     def fold(self) -> None:
-        """Every pending sample into the books, in the order they came."""
+        """Every pending sample into the books, in the order they came (per book)."""
         if not self.pending and not self._attempts:
             return
         attempts, self._attempts = self._attempts, {}
         requests, self._requests = self._requests, {}
+        singles, self._singles = self._singles, {}
         self.pending = 0
         answered = self.attempts.answered_ok
+        observe = self.metrics.observe_all
+        count = self.metrics.request
+        for admitted, node, method, elapsed, seconds in singles.values():
+            answered(admitted, node, method, elapsed)
+            count(admitted.chain, method, node.key, "ok", len(elapsed))
+            observe(admitted.chain, "single", seconds)
         for admitted, node, lkey, samples in attempts.values():
             answered(admitted, node, lkey, samples)
-        observe = self.metrics.observe_all
         for (chain, shape), samples in requests.items():
             observe(chain, shape, samples)
 

@@ -45,7 +45,7 @@ from chainstate.inproc import AnswerItems, InprocRegistry, ItemsAnswered
 from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
-from proxy.engine import Admitted, Engine, access_log
+from proxy.engine import Engine, access_log
 from proxy.inprocbooks import InprocBooks
 from proxy.methods import LocalMethod, MethodSpec
 from proxy.model import Node, Pool
@@ -78,15 +78,17 @@ class InprocPath:
         self.books = InprocBooks(engine.attempts, engine.metrics)  # folded per 64 answers
 
     def answer(
-        self, admitted: Admitted, body: bytes, headers: Mapping[str, str]
+        self, chain: str, pool: Pool, body: bytes, headers: Mapping[str, str]
     ) -> tuple[int, bytes] | None:
-        """`admitted`: the body's pool, as `Engine.admit` gave it (its place taken)."""
+        """`chain` and `pool`: the body's, as `Engine.resolve` found them. Not admitted: an
+        answer made here never waits (nothing is awaited between taking a place among the
+        pool's requests in flight and giving it back), so the admission limit would protect
+        nothing; a body left to the engine is admitted by the caller then."""
         engine = self.engine
-        if engine.tracer is not None or len(body) > self.max_body or _CALL in body:
-            return None  # (an eth_call is no plain read: the engine gives it to the node)
-        pool = admitted.pool
-        if pool.mirrors or access_log.isEnabledFor(logging.INFO):
+        if engine.tracer is not None or len(body) > self.max_body or pool.mirrors:
             return None
+        if _CALL in body or access_log.isEnabledFor(logging.INFO):
+            return None  # (an eth_call is no plain read: the engine gives it to the node)
         routes = self.routes(pool)
         if not routes.paths:
             return None
@@ -96,19 +98,18 @@ class InprocPath:
         except orjson.JSONDecodeError:
             return None
         if type(payload) is dict:
-            shape, answered = "single", self._single(admitted, routes, payload)
-        elif type(payload) is list and 0 < len(payload) <= self.max_batch:
-            shape, answered = "batch", self._batch(admitted, routes, payload)
-        else:
+            return self._single(chain, pool, routes, payload, headers, started)
+        if type(payload) is not list or not 0 < len(payload) <= self.max_batch:
             return None
+        answered = self._batch(pool, routes, payload)
         if answered is None:
             return None
         out = orjson.dumps(answered[0])
         if self.max_answer and len(out) > self.max_answer:
             return None  # the engine answers it as too large: nothing was counted yet
-        self._book(admitted, answered[1])
+        self._book(chain, pool, answered[1])
         engine.metrics.client(headers.get("client-id"))
-        self.books.request(admitted.chain, shape, time.perf_counter() - started)
+        self.books.request(chain, "batch", time.perf_counter() - started)
         return 200, out
 
     def routes(self, pool: Pool) -> PoolRoutes:
@@ -147,8 +148,8 @@ class InprocPath:
         if type(params) is list and params and type(params[-1]) is str:
             key = (method, len(params), params[-1])
             seen = routes.seen.get(key)
-            if seen is not None:
-                return method, seen[0], False, seen[1]
+            if seen is not None:  # (method, candidates, False, tagged), as built below
+                return seen
         target = self._target(method, params)
         if target is None:
             return None
@@ -161,12 +162,20 @@ class InprocPath:
             seen = routes.seen
             if len(seen) >= MAX_ROUTES:
                 seen.clear()
-            seen[key] = (found, tagged)
+            seen[key] = (method, found, False, tagged)
         return method, found, True, tagged
 
-    def _single(self, admitted: Admitted, routes: PoolRoutes, item: Any) -> Answered | None:
-        """The answer of one request object and its books, or None."""
-        routed = self._item(admitted.pool, routes, item)
+    def _single(
+        self,
+        chain: str,
+        pool: Pool,
+        routes: PoolRoutes,
+        item: Any,
+        headers: Mapping[str, str],
+        started: float,
+    ) -> tuple[int, bytes] | None:
+        """The answer of one request object, booked; or None."""
+        routed = self._item(pool, routes, item)
         if routed is None:
             return None
         method, nodes, checked, _ = routed
@@ -180,14 +189,32 @@ class InprocPath:
         except Exception:  # the engine sends it again and counts the failure
             return None
         elapsed = time.perf_counter() - t0
-        errors = None if got is None else _final(got)
-        if errors is None or (errors and not checked):
+        if got is None:
             return None
-        return got[0], [(node, path, method, [item], errors, elapsed, method)]  # type: ignore[index]
+        answer = got[0]
+        if type(answer) is not dict:
+            return None
+        error = answer.get("error")
+        if error is not None and (
+            not checked or type(error) is not dict or error.get("code") in RETRYABLE_CODES
+        ):
+            return None  # the engine's: retried elsewhere, or params only the node checked
+        out = orjson.dumps(answer)
+        if self.max_answer and len(out) > self.max_answer:
+            return None  # the engine answers it as too large: nothing was counted yet
+        if error is None:
+            self.books.single(chain, pool, node, method, elapsed, time.perf_counter() - started)
+            if path[1] is not None:
+                path[1](elapsed)  # the node's own count (`items_answered`)
+        else:
+            self._book(chain, pool, [(node, path, method, [item], [0], elapsed, method)])
+            self.books.request(chain, "single", time.perf_counter() - started)
+        self.engine.metrics.client(headers.get("client-id"))
+        return 200, out
 
-    def _batch(self, admitted: Admitted, routes: PoolRoutes, items: list[Any]) -> Answered | None:
+    def _batch(self, pool: Pool, routes: PoolRoutes, items: list[Any]) -> Answered | None:
         """The answers of a batch in its order and their books, or None."""
-        routed = self._route(admitted.pool, routes, items)
+        routed = self._route(pool, routes, items)
         if routed is None:
             return None
         groups, checked, tagged, method = routed
@@ -214,14 +241,13 @@ class InprocPath:
                     answers[i] = answer
         return answers, done
 
-    def _book(self, admitted: Admitted, done: list[Attempt]) -> None:
+    def _book(self, chain: str, pool: Pool, done: list[Attempt]) -> None:
         """The books of answers kept (none before: a body the engine answers after all is
         counted by the engine alone): the attempts, the requests per method and outcome,
         and the node's own count of what it answered."""
         request = self.engine.metrics.request
-        chain = admitted.chain
         for node, path, lkey, sent, errors, elapsed, method in done:
-            self.books.attempt(admitted, node, lkey, elapsed)
+            self.books.attempt(chain, pool, node, lkey, elapsed)
             if method is not None and not errors:  # one method, no error: one count
                 request(chain, method, node.key, "ok", len(sent))
             else:
@@ -255,6 +281,8 @@ class InprocPath:
         picked: dict[int, tuple[list[Node], list[int]]] = {}
         groups: dict[Node, Group] = {}
         checked, tagged, first, mixed = True, False, None, False
+        last: list[Node] | None = None  # the candidates of the item before
+        positions: list[int] = []  # the positions of the group picked from `last`
         for pos, item in enumerate(items):
             routed = item_route(pool, routes, item)
             if routed is None:
@@ -269,17 +297,19 @@ class InprocPath:
                 checked = False
             if at_tag:
                 tagged = True
-            slot = picked.get(id(nodes))
-            if slot is None:
-                node = pick(nodes)
-                group = groups.get(node)
-                if group is None:
-                    path = self._path(routes, node)
-                    if path is None:
-                        return None
-                    group = groups[node] = (node, path, [])
-                slot = picked[id(nodes)] = (nodes, group[2])
-            slot[1].append(pos)
+            if nodes is not last:  # (items of one range in a row: one lookup for them)
+                slot = picked.get(id(nodes))
+                if slot is None:
+                    node = pick(nodes)
+                    group = groups.get(node)
+                    if group is None:
+                        path = self._path(routes, node)
+                        if path is None:
+                            return None
+                        group = groups[node] = (node, path, [])
+                    slot = picked[id(nodes)] = (nodes, group[2])
+                last, positions = nodes, slot[1]
+            positions.append(pos)
         return list(groups.values()), checked, tagged, None if mixed else first
 
     def _target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None] | None:

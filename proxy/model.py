@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -244,6 +245,9 @@ class Node:
 
     entry: NodeEntry
     local: bool = False
+    # Bumped when head, earliest, healthy, blocked or diverged changes (`WATCHED`): shared by
+    # the readers of one pool (`Pool.rebuild`), whose cached routes check it (proxy/routes.py).
+    changes: list[int] = field(default_factory=lambda: [0], repr=False, kw_only=True)
     head: int | None = None
     earliest: int | None = None
     healthy: bool = True
@@ -290,6 +294,13 @@ class Node:
         prev = self.latency_ms
         self.latency_ms = ms if prev is None else prev + EWMA * (ms - prev)
 
+    def observe_latencies(self, samples: Iterable[float]) -> None:
+        """`samples` (ms) into `latency_ms` in order (folded answers: one call for them)."""
+        prev = self.latency_ms
+        for ms in samples:
+            prev = ms if prev is None else prev + EWMA * (ms - prev)
+        self.latency_ms = prev
+
     def succeeded(self) -> bool:
         """Record an answer; True when this brought the node back into rotation."""
         came_back = not self.healthy
@@ -335,6 +346,31 @@ class Node:
         }
 
 
+WATCHED = ("head", "earliest", "healthy", "blocked", "diverged")  # what routes depend on
+
+
+def _watched(slot: Any) -> property:
+    """A Node field that bumps `Node.changes` when its value changes (a data descriptor in
+    front of the slot; reading it costs ~50 ns more than a plain slot). Every assignment goes
+    through it, so no setter can forget to tell the routes cache (proxy/routes.py)."""
+    get, put = slot.__get__, slot.__set__
+
+    def assign(node: Node, value: Any) -> None:
+        try:
+            same = get(node) == value
+        except AttributeError:  # the first assignment, in __init__
+            same = False
+        put(node, value)
+        if not same:
+            node.changes[0] += 1
+
+    return property(get, assign)
+
+
+for _name in WATCHED:
+    setattr(Node, _name, _watched(Node.__dict__[_name]))
+
+
 @dataclass(slots=True)
 class Pool:
     """One node pool (a chain id, or a versioned pool such as `1337-blue`)."""
@@ -354,10 +390,14 @@ class Pool:
     inflight: int = 0  # client requests being answered from this pool (admission control)
     hedge: Any = None  # the pool's hedge budget (proxy/hedge.py), made on first use
     verdicts: dict[str, Any] | None = None  # the checker's last report (proxy/verdicts.py)
+    # The readers' shared `Node.changes` (set by `rebuild`): one int tells the routes cache
+    # whether a reader's head, earliest, health, breaker or verdict changed.
+    changes: list[int] = field(default_factory=lambda: [0], repr=False)
 
     def rebuild(self) -> None:
         for node in (*self.nodes.values(), *self.local.values()):
             node.weight_override = self.weights.get(node.key)
+            node.changes = self.changes
         self.readers = [*self.nodes.values(), *self.local.values()]
 
     def find(self, key: str) -> Node | None:

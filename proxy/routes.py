@@ -4,17 +4,21 @@ changes: one cache for the engine's first attempts over HTTP and the in-process 
 Why: the candidates of an item (`Selector.candidates`: the kind its block needs, then every
 reader's health, breaker, head and weight) cost as much Python as the rest of the first
 attempt's choice at c=1, and are the same for every item that names the same method and a
-block of the same class while no reader changes. A block height's class is its range
-between the selector's breakpoints (every height of a range has the same candidates); a tag,
-no block or `Contains` is its own class; a block hash (its height is looked up per item) and
+block of the same class while no reader changes. A block height's class is its range between
+the selector's breakpoints (every height of a range has the same candidates); a tag, no
+block or `Contains` is its own class; a block hash (its height is looked up per item) and
 `pending` (the Leader, when there is one) are not kept. Writers are not kept either (the
 Leader is chosen by the selector each time).
 
 A pool's entry is dropped when its readers list is rebuilt (every config change: nodes,
 weights, routes, Leader) or a reader's head, earliest block, health, breaker (`blocked`) or
-checker verdict changed (`signature`), or when the caller's own `version` changed (the
-in-process registry's). The pick among the candidates (latency costs, in flight) is still
-made per request; a list kept here is never changed by its users (`Group` copies to narrow).
+checker verdict changed, or when the caller's own `version` changed (the in-process
+registry's). Those changes are pushed, not pulled: every assignment of one of those fields
+bumps the pool's `changes` counter (proxy/model.py `WATCHED`), so a request checks one int
+instead of a tuple over every reader. A readers list whose nodes do not share the pool's
+counter (assembled without `Pool.rebuild`) falls back to comparing `signature`. The pick
+among the candidates (latency costs, in flight) is still made per request; a list kept here
+is never changed by its users (`Group` copies to narrow).
 """
 
 from __future__ import annotations
@@ -36,19 +40,38 @@ class PoolRoutes:
     """One pool's candidates per (method, block class), valid for one `signature` of its
     readers and one caller `version`."""
 
-    __slots__ = ("paths", "points", "readers", "seen", "signature", "table", "version")
+    __slots__ = (
+        "changes",
+        "changes_at",
+        "paths",
+        "points",
+        "readers",
+        "seen",
+        "signature",
+        "table",
+        "version",
+    )
 
     def __init__(
-        self, readers: list[Node], signature: tuple[Any, ...], points: list[int], version: int
+        self,
+        readers: list[Node],
+        changes: list[int] | None,
+        signature: tuple[Any, ...] | None,
+        points: list[int],
+        version: int,
     ) -> None:
         self.readers = readers
+        # the readers' shared change counter and its value now (None: compare `signature`)
+        self.changes = changes
+        self.changes_at = -1 if changes is None else changes[0]
         self.signature = signature
         self.points = points  # the selector's breakpoints at the pool head of `signature`
         self.version = version
         self.table: dict[tuple[str, Any], list[Node] | None] = {}
-        # (method, number of params, the block param's text) → (the candidates found for
-        # it, whether it reads at a tag): the in-process path's shortcut (`InprocPath._item`)
-        self.seen: dict[tuple[str, int, str], tuple[list[Node], bool]] = {}
+        # (method, number of params, the block param's text) → (the method, the candidates
+        # found for it, False: its params are not checked again, whether it reads at a
+        # tag): the in-process path's shortcut (`InprocPath._item` returns it as it is)
+        self.seen: dict[tuple[str, int, str], tuple[str, list[Node], bool, bool]] = {}
         self.paths: dict[Node, Any] | None = None  # what the caller keeps per reader, if any
 
 
@@ -82,17 +105,21 @@ class RouteCache:
         """The pool's cached candidates, started afresh when its readers list was rebuilt,
         a reader's head, health, breaker or verdict changed, or `version` did."""
         readers = pool.readers
-        sig = signature(readers)
         routes = self._pools.get(pool.id)
-        if (
-            routes is not None
-            and routes.readers is readers
-            and routes.signature == sig
-            and routes.version == version
-        ):
-            return routes
+        if routes is not None and routes.readers is readers and routes.version == version:
+            changes = routes.changes
+            if changes is not None:
+                if changes[0] == routes.changes_at:
+                    return routes
+            elif routes.signature == signature(readers):
+                return routes
+        shared = pool.changes
+        if all(node.changes is shared for node in readers):
+            changes, sig = shared, None
+        else:  # nodes not adopted by `Pool.rebuild`: pull their state per request
+            changes, sig = None, signature(readers)
         points = self.selector.breakpoints(pool, pool.head())
-        routes = self._pools[pool.id] = PoolRoutes(readers, sig, points, version)
+        routes = self._pools[pool.id] = PoolRoutes(readers, changes, sig, points, version)
         return routes
 
     def candidates(

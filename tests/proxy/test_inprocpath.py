@@ -269,7 +269,9 @@ async def test_nodes_over_http_are_not_affected(make_api, fake_nodes) -> None:
 
 
 def served_by(api, method: str = "eth_getBalance") -> dict[str, int]:
-    """Requests for `method` counted per node key (chainstate_proxy_requests)."""
+    """Requests for `method` counted per node key (chainstate_proxy_requests), as a scrape
+    reads them (the in-process answers' books folded in first)."""
+    api.proxy.metrics.settle()
     out: dict[str, int] = {}
     for (_, m, node, _), n in api.proxy.metrics.hot.requests.items():
         if m == method:
@@ -479,13 +481,38 @@ async def test_books_folded_after_a_breaker_opened_leave_it_open(proxied) -> Non
     status, raw = await raw_rpc(api, body)
     assert status == 200 and b'"result"' in raw and calls["items"] == 1, raw
     pool = api.proxy.state.pools[CHAIN]
-    served = next(
-        n
-        for n in pool.readers
-        if api.proxy.metrics.hot.requests.get((CHAIN, "eth_getBalance", n.key, "ok"))
-    )
-    breaker = served.breaker
-    while breaker.state is not OPEN:
-        breaker.failure(served.key, "a failed attempt")
+    for node in pool.readers:  # whichever served it: its books are still pending
+        while node.breaker.state is not OPEN:
+            node.breaker.failure(node.key, "a failed attempt")
     api.proxy.metrics.settle()  # the pending answer folded in
-    assert breaker.state is OPEN and served.blocked
+    assert sum(served_by(api).values()) == 1
+    assert all(n.breaker.state is OPEN and n.blocked for n in pool.readers)
+
+
+async def test_a_pool_at_its_limit_still_answers_plain_reads_in_process(
+    tmp_path: Path, make_api
+) -> None:
+    """An in-process answer never waits, so it is not admitted: with the pool at its
+    in-flight limit a plain read is answered in process, while a body for the engine is
+    refused (503, -32005) as before; an unknown chain is still a 404."""
+    chain, addrs = random_chain(seed=33, blocks=24)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, max_pool_inflight=1)
+    try:
+        pool = api.proxy.state.pools[CHAIN]
+        pool.inflight = 1  # a place held, as by a request waiting for a node over HTTP
+        status, raw = await raw_rpc(api, orjson.dumps(item(1, "eth_getBalance", addrs[0], "0x3")))
+        assert status == 200 and b'"result"' in raw and calls["items"] == 1, raw
+        batch = [item(i, "eth_getBalance", addrs[1], hex(i)) for i in range(5)]
+        status, raw = await raw_rpc(api, orjson.dumps(batch))
+        assert status == 200 and raw.count(b'"result"') == 5 and calls["items"] == 2, raw
+        for engine_body in (
+            orjson.dumps(item(2, "eth_getBlockByNumber", "0x3", False)),  # not a plain read
+            orjson.dumps({"jsonrpc": "2.0", "method": "eth_getBalance", "params": [addrs[0]]}),
+        ):
+            status, raw = await raw_rpc(api, engine_body)
+            assert status == 503 and b"-32005" in raw, raw
+        assert pool.inflight == 1 and calls["items"] == 2
+        async with api.client.data.post("/999999", data=b"{}") as resp:
+            assert resp.status == 404 and b"unknown chain" in await resp.read()
+    finally:
+        await node.close()

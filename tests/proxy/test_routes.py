@@ -3,6 +3,7 @@ only pinned to blocks, sent as one body with the client's ids (fake nodes)."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import orjson
@@ -10,7 +11,9 @@ import orjson
 from chainstate.blockref import BlockRef, parse_block_ctx
 from chainstate.jsonrpc import BLOCK_NOT_FOUND, INTERNAL_ERROR
 from proxy.breaker import OPEN
-from proxy.routes import UNCACHED, block_class
+from proxy.model import WATCHED, Node, NodeEntry, Pool
+from proxy.routes import UNCACHED, RouteCache, block_class, signature
+from proxy.select import Selector
 from tests.proxy.conftest import fast_settings, req, wait_until
 from tests.proxy.fakes import block_hash
 from tests.proxy.test_reads import chain_known
@@ -174,3 +177,82 @@ async def test_a_pinned_batch_answered_as_one_body_is_kept_whole(make_api, fake_
     assert status == 200 and figures["cache"]["batches"] == 1, figures  # kept at once
     assert (await api.rpc("1337", batch))[1] == first
     assert len(node.bodies) == asked
+
+
+def _pool_of_two() -> Pool:
+    pool = Pool("1337")
+    for key, kind in (("state-1", "state"), ("archive-1", "archive")):
+        pool.nodes[key] = Node(NodeEntry(key=key, url=f"http://{key}", kind=kind))
+        pool.nodes[key].head = 100
+    pool.rebuild()
+    return pool
+
+
+CHANGED = {"head": 101, "earliest": 7, "healthy": False, "blocked": True, "diverged": {"h": 1}}
+
+
+def test_every_change_the_routes_depend_on_starts_them_afresh() -> None:
+    """The routes are checked against one counter that every assignment of a reader's head,
+    earliest block, health, breaker (`blocked`) or checker verdict bumps, whichever code
+    assigns it: each kind starts a pool's routes afresh, an assignment of the same value
+    keeps them, and so does a change of what the routes do not depend on."""
+    assert set(CHANGED) == set(WATCHED)
+    cache = RouteCache(Selector(128, 16, rng=random.Random(1)))
+    for name, value in CHANGED.items():
+        pool = _pool_of_two()
+        node = pool.readers[1]
+        routes = cache.routes(pool)
+        before = signature(pool.readers)
+        setattr(node, name, getattr(node, name))  # the same value: nothing changed
+        node.inflight += 1  # not a thing the candidates depend on
+        node.latency_ms = 3.0
+        assert cache.routes(pool) is routes, name
+        setattr(node, name, value)
+        assert signature(pool.readers) != before, name  # what the pull compared
+        fresh = cache.routes(pool)
+        assert fresh is not routes, name
+        assert cache.routes(pool) is fresh, name
+
+
+def test_breakers_health_polls_and_verdicts_reach_the_routes_through_their_setters() -> None:
+    """The setters the proxy uses (a breaker opening, failed health polls, a verdict) each
+    start the routes afresh."""
+    cache = RouteCache(Selector(128, 16, rng=random.Random(1)))
+    pool = _pool_of_two()
+    node = pool.readers[0]
+    steps = [
+        lambda: [node.breaker.failure(node.key, "x") for _ in range(100)],
+        lambda: [node.failed(unhealthy_after=1)],
+        lambda: [node.succeeded()],
+        lambda: [setattr(node, "diverged", {"height": 5}), node.update_blocked()],
+    ]
+    for step in steps:
+        routes = cache.routes(pool)
+        step()
+        assert cache.routes(pool) is not routes
+    assert node.breaker.state is OPEN and node.blocked
+
+
+def test_readers_not_built_by_the_pool_are_compared_by_their_state() -> None:
+    """A readers list assembled without `Pool.rebuild` (its nodes count their changes apart)
+    falls back to comparing each reader's state."""
+    cache = RouteCache(Selector(128, 16, rng=random.Random(1)))
+    pool = Pool("1337")
+    pool.readers = [Node(NodeEntry(key="s", url="http://s"), head=100)]
+    routes = cache.routes(pool)
+    assert cache.routes(pool) is routes
+    pool.readers[0].head = 101
+    assert cache.routes(pool) is not routes
+
+
+def test_a_node_moved_to_another_pool_counts_there() -> None:
+    """`Pool.rebuild` gives each reader the pool's counter."""
+    pool = _pool_of_two()
+    node = pool.readers[0]
+    other = Pool("1338")
+    other.nodes[node.key] = pool.nodes.pop(node.key)
+    other.rebuild()
+    pool.rebuild()
+    at = other.changes[0], pool.changes[0]
+    node.head = 500
+    assert (other.changes[0], pool.changes[0]) == (at[0] + 1, at[1])
