@@ -189,20 +189,13 @@ class InprocPath:
         except Exception:  # the engine sends it again and counts the failure
             return None
         elapsed = time.perf_counter() - t0
-        if got is None:
-            return None
-        answer = got[0]
-        if type(answer) is not dict:
-            return None
-        error = answer.get("error")
-        if error is not None and (
-            not checked or type(error) is not dict or error.get("code") in RETRYABLE_CODES
-        ):
+        errors = None if got is None else _final(got)
+        if errors is None or (errors and not checked):
             return None  # the engine's: retried elsewhere, or params only the node checked
-        out = orjson.dumps(answer)
+        out = orjson.dumps(got[0])  # type: ignore[index]
         if self.max_answer and len(out) > self.max_answer:
             return None  # the engine answers it as too large: nothing was counted yet
-        if error is None:
+        if not errors:
             self.books.single(chain, pool, node, method, elapsed, time.perf_counter() - started)
             if path[1] is not None:
                 path[1](elapsed)  # the node's own count (`items_answered`)

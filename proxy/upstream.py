@@ -254,20 +254,36 @@ class Upstream:
 Landed = Callable[[bytes | None, UpstreamError | None], Any]
 
 
-class SentNow:
-    """One exchange of `Upstream.send_now`: the connection's waiter (a future's `done`,
-    `set_result` and `set_exception`) and its deadline (`expire`), in one object."""
+class _Exchange:
+    """What both exchanges of `Upstream.send_now` keep: the node, the limit, the deadline's
+    lane, whether it ended, and `then`, told the outcome once."""
 
-    __slots__ = ("conn", "finished", "lane", "limit", "pool", "then", "url")
+    __slots__ = ("finished", "lane", "limit", "then", "url")
 
-    def __init__(self, pool: HostPool, conn: Any, url: str, limit: float, then: Landed) -> None:
-        self.pool = pool
-        self.conn = conn
+    def __init__(self, url: str, limit: float, then: Landed) -> None:
         self.url = url
         self.limit = limit
         self.then = then
         self.finished = False
         self.lane: Any = None  # set by Deadlines.schedule
+
+    def _land(self, raw: bytes | None, exc: UpstreamError | None) -> None:
+        try:
+            self.then(raw, exc)
+        except Exception:  # a callback: nobody above it would see the error
+            log.exception("finishing a request after its node's answer failed")
+
+
+class SentNow(_Exchange):
+    """One exchange of `Upstream.send_now`: the connection's waiter (a future's `done`,
+    `set_result` and `set_exception`) and its deadline (`expire`), in one object."""
+
+    __slots__ = ("conn", "pool")
+
+    def __init__(self, pool: HostPool, conn: Any, url: str, limit: float, then: Landed) -> None:
+        super().__init__(url, limit, then)
+        self.pool = pool
+        self.conn = conn
 
     def done(self) -> bool:
         return self.finished
@@ -307,29 +323,12 @@ class SentNow:
         Deadlines.stop(self)
         self.pool.give_back(self.conn)
 
-    def _land(self, raw: bytes | None, exc: UpstreamError | None) -> None:
-        try:
-            self.then(raw, exc)
-        except Exception:  # a callback: nobody above it would see the error
-            log.exception("finishing a request after its node's answer failed")
 
-
-class AwaitedNow:
+class AwaitedNow(_Exchange):
     """One exchange of `Upstream.send_now` with an in-process node's future: its answers
     rendered as the node's body would be, or its failure, or the deadline (`expire`)."""
 
-    __slots__ = (
-        "early",
-        "finished",
-        "future",
-        "holder",
-        "lane",
-        "limit",
-        "single",
-        "then",
-        "upstream",
-        "url",
-    )
+    __slots__ = ("early", "future", "holder", "single", "upstream")
 
     def __init__(
         self,
@@ -342,16 +341,12 @@ class AwaitedNow:
         future: asyncio.Future[list[Any]],
         single: bool,
     ) -> None:
+        super().__init__(url, limit, then)
         self.upstream = upstream
-        self.url = url
-        self.limit = limit
         self.holder = holder
         self.early = early
-        self.then = then
         self.future = future
         self.single = single  # the items of a request object: its answer alone, not a list
-        self.finished = False
-        self.lane: Any = None  # set by Deadlines.schedule
 
     def landed(self, future: asyncio.Future[list[Any]]) -> None:
         if self.finished:
@@ -391,12 +386,6 @@ class AwaitedNow:
         self.finished = True
         self.future.cancel()  # its answers would come to nobody
         self._land(None, _timed_out(self.url, self.limit, saturated=False))
-
-    def _land(self, raw: bytes | None, exc: UpstreamError | None) -> None:
-        try:
-            self.then(raw, exc)
-        except Exception:  # a callback: nobody above it would see the error
-            log.exception("finishing a request after its node's answer failed")
 
 
 def _timed_out(url: str, limit: float, saturated: bool) -> UpstreamError:
