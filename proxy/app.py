@@ -250,13 +250,15 @@ def create_server(app: web.Application) -> HttpServer:
         # The engine's coroutine, unwrapped; an unknown chain or an overloaded pool is
         # answered at once (no task for a refusal: 10,000 clients at once stay cheap).
         chain_id = request.path[1:].decode("latin-1")
-        if inproc is not None:  # nodes in this process: plain reads answered at once,
+        if inproc is None:
+            admitted = engine.admit(chain_id)
+        else:  # nodes in this process: plain reads answered at once,
             found = engine.resolve(chain_id)  # never queued, so not admitted (inprocpath.py)
             if found is not None:
                 answered = inproc.answer(found[0], found[1], request.body, request.headers)  # type: ignore[arg-type]
                 if answered is not None:
                     return answered
-        admitted = engine.admit(chain_id)
+            admitted = engine.admit_resolved(chain_id, found)
         if type(admitted) is tuple:
             return admitted
         return engine.start(  # None: answered from the node's callback, or in a task

@@ -297,7 +297,10 @@ class Engine:
         pool a body may go to, its place among the pool's requests in flight taken; or the
         answer at once: 404 for an unknown chain, 503 + Retry-After when the pool is over
         its in-flight limit (proxy/admission.py)."""
-        found = self.resolve(chain_id)
+        return self.admit_resolved(chain_id, self.resolve(chain_id))
+
+    def admit_resolved(self, chain_id: str, found: tuple[str, Pool] | None) -> Admitted | Answer:
+        """`admit` with what `resolve(chain_id)` gave, for a caller that asked already."""
         if found is None:
             return 404, _dumps_error(None, JsonRpcError(INVALID_REQUEST, self._unknown(chain_id)))
         chain, pool = found
