@@ -47,6 +47,7 @@ class PoolRoutes:
         "points",
         "readers",
         "seen",
+        "shared",
         "signature",
         "table",
         "version",
@@ -72,6 +73,9 @@ class PoolRoutes:
         # found for it, False: its params are not checked again, whether it reads at a
         # tag): the in-process path's shortcut (`InprocPath._item` returns it as it is)
         self.seen: dict[tuple[str, int, str], tuple[str, list[Node], bool, bool]] = {}
+        # (method, id of the candidates, tagged) → the one `seen` value for them: items of
+        # one route share one object, so a batch compares them by identity
+        self.shared: dict[tuple[str, int, bool], tuple[str, list[Node], bool, bool]] = {}
         self.paths: dict[Node, Any] | None = None  # what the caller keeps per reader, if any
 
 
