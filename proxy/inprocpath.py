@@ -147,10 +147,12 @@ class InprocPath:
         params = item.get("params")
         key = None
         if type(params) is list and params and type(params[-1]) is str:
-            key = (method, len(params), params[-1])
-            seen = routes.seen.get(key)
-            if seen is not None:  # (method, candidates, False, tagged), as built below
-                return seen
+            key = (method, len(params))
+            texts = routes.seen.get(key)
+            if texts is not None:
+                seen = texts.get(params[-1])
+                if seen is not None:  # (method, candidates, False, tagged), as built below
+                    return seen
         target = self._target(method, params)
         if target is None:
             return None
@@ -160,12 +162,18 @@ class InprocPath:
             return None
         tagged = ref is None or ref.tag is not None
         if key is not None and cls is not _UNCACHED and spec.block_at == key[1] - 1:
-            seen, shared = routes.seen, routes.shared
-            if len(seen) >= MAX_ROUTES:
-                seen.clear()
-                shared.clear()
-            route = (method, found, False, tagged)
-            seen[key] = shared.setdefault((method, id(found), tagged), route)
+            texts = routes.seen.get(key)  # (keys: the methods of the table, one length each)
+            if texts is None:
+                texts = routes.seen[key] = {}
+            elif len(texts) >= MAX_ROUTES:
+                texts.clear()
+            shared = routes.shared
+            route = shared.get((method, id(found), tagged))
+            if route is None:
+                if len(shared) >= MAX_ROUTES:
+                    shared.clear()
+                route = shared[(method, id(found), tagged)] = (method, found, False, tagged)
+            texts[params[-1]] = route  # type: ignore[index]
         return method, found, True, tagged
 
     def _single(
@@ -368,14 +376,20 @@ _ID_TYPES = frozenset((int, str))
 
 
 def _seen_all(routes: PoolRoutes, items: list[Any]) -> list[Any] | None:
-    """The kept route (`PoolRoutes.seen`) of every item of a batch, looked up with C loops
-    (no Python step per item); None when an item is not a request object with an int or
-    string id whose (method, number of params, last param) was seen: then `_item` takes
-    each item. A `params` string may match a key too; the node declines such an item."""
+    """The kept route (`PoolRoutes.seen`) of every item of a batch of one method and one
+    number of params, looked up with C loops (no Python step per item); None when the
+    items are not all such request objects with an int or string id and a block text seen
+    before: then `_item` takes each item."""
     try:
+        methods = set(map(_METHOD, items))
         params = list(map(_PARAMS, items))
-        keys = zip(map(_METHOD, items), map(len, params), map(_LAST, params), strict=True)
-        hits = list(map(routes.seen.get, keys))
+        sizes = set(map(len, params))
+        if len(methods) != 1 or len(sizes) != 1:
+            return None
+        texts = routes.seen.get((methods.pop(), sizes.pop()))
+        if texts is None:
+            return None
+        hits = list(map(texts.get, map(_LAST, params)))
         if None in hits or not set(map(type, map(_ID, items))) <= _ID_TYPES:
             return None
     except (KeyError, TypeError, IndexError):  # (not a dict, no id, no params, unhashable)
