@@ -194,24 +194,19 @@ class InprocPath:
         path = self._path(routes, node)
         if path is None:
             return None
+        errors: list[int] = []  # (the node tells which answers are errors)
         t0 = time.perf_counter()
         try:
-            got = path[0]([item])
+            got = path[0]([item], errors)
         except Exception:  # the engine sends it again and counts the failure
             return None
         elapsed = time.perf_counter() - t0
-        if got is None:
-            return None
-        answer = got[0]
-        if type(answer) is not dict:
-            return None
-        failed = answer.get("error") is not None
-        if failed and (not checked or _final(got) is None):
+        if got is None or (errors and (not checked or _retried(got, errors))):
             return None  # the engine's: params only the node checked, or retried elsewhere
-        out = orjson.dumps(answer)
+        out = orjson.dumps(got[0])
         if self.max_answer and len(out) > self.max_answer:
             return None  # the engine answers it as too large: nothing was counted yet
-        if not failed:
+        if not errors:
             self.books.single(chain, pool, node, method, elapsed, time.perf_counter() - started)
             if path[1] is not None:
                 path[1](elapsed)  # the node's own count (`items_answered`)
@@ -233,14 +228,14 @@ class InprocPath:
         done: list[Attempt] = []
         for node, path, positions in groups:
             sent = items if len(groups) == 1 else [items[i] for i in positions]
+            errors: list[int] = []  # (the node tells which answers are errors)
             t0 = time.perf_counter()
             try:
-                got = path[0](sent)
+                got = path[0](sent, errors)
             except Exception:  # the engine sends it again and counts the failure
                 return None
             elapsed = time.perf_counter() - t0
-            errors = None if got is None else _final(got)
-            if errors is None or (errors and not checked):
+            if got is None or (errors and (not checked or _retried(got, errors))):
                 return None  # (an item whose params the node alone checked: the engine's)
             done.append((node, path, BATCH, sent, errors, elapsed, method))
             if len(groups) == 1:
@@ -397,16 +392,11 @@ def _seen_all(routes: PoolRoutes, items: list[Any]) -> list[Any] | None:
     return hits
 
 
-def _final(answers: list[Any]) -> list[int] | None:
-    """The positions of the error answers; None when an item has no answer or one with an
-    error the engine retries on another node."""
-    errors = []
-    for i, answer in enumerate(answers):
-        if type(answer) is not dict:
-            return None
-        error = answer.get("error")
-        if error is not None:
-            if type(error) is not dict or error.get("code") in RETRYABLE_CODES:
-                return None
-            errors.append(i)
-    return errors
+def _retried(answers: list[Any], errors: list[int]) -> bool:
+    """Whether an error answer (at the positions `errors`) has a code the engine retries on
+    another node, or is no JSON-RPC error object: the engine's then."""
+    for i in errors:
+        error = answers[i].get("error")
+        if type(error) is not dict or error.get("code") in RETRYABLE_CODES:
+            return True
+    return False

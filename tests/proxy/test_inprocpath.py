@@ -40,8 +40,8 @@ async def start_proxied(tmp_path: Path, make_api, chain: Any, blocks: int, **set
     registry = InprocRegistry()
     calls = {"items": 0}
 
-    def answer_items(items: list[Any]) -> list[Any] | None:
-        answers = node.answer_items(items)
+    def answer_items(items: list[Any], errors: list[int]) -> list[Any] | None:
+        answers = node.answer_items(items, errors)
         calls["items"] += answers is not None
         return answers
 
