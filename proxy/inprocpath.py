@@ -61,8 +61,11 @@ Group = tuple[Node, Path, list[int]]
 # them, the time it took, the method of every item or None): booked once the answers are kept
 Attempt = tuple[Node, Path, str, list[Any], list[int], float, str | None]
 Answered = tuple[Any, list[Attempt]]  # (the answer to send, its attempts)
-# Bodies with this text are not parsed here: an eth_call is never a plain read, and the engine
-# sends it to the node's future (proxy/upstream.py `send_now`) without parsing it twice.
+# Request objects with this text are not parsed here: an eth_call is never a plain read, and
+# the engine sends it to the node's future (proxy/upstream.py `send_now`) without parsing it
+# twice. Batches are not searched (the search is as long as the body: ~2 µs of a 10-item
+# batch, py-spy): an eth_call item is declined by the node (`answer_items` gives None), and
+# the engine parses the batch again.
 _CALL = b'"eth_call"'
 
 
@@ -88,8 +91,10 @@ class InprocPath:
         engine = self.engine
         if engine.tracer is not None or len(body) > self.max_body or pool.mirrors:
             return None
-        if body.find(_CALL) >= 0 or access_log.isEnabledFor(logging.INFO):  # (`in`: slower)
-            return None  # (an eth_call is no plain read: the engine gives it to the node)
+        if access_log.isEnabledFor(logging.INFO):
+            return None
+        if not body.startswith(b"[") and body.find(_CALL) >= 0:  # (`in`: slower)
+            return None  # (a single eth_call is no plain read: the engine gives it to the node)
         routes = self.routes(pool)
         if not routes.paths:
             return None

@@ -129,6 +129,8 @@ async def test_plain_reads_are_answered_in_process_as_the_engine_answers(proxied
         b'[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["%s","0x3"]},'
         b'{"jsonrpc":"2.0","id":2,"method":"eth_newBlockFilter"}]',  # a filter in a batch
         b'{"jsonrpc":"2.0","id":null,"method":"eth_blockNumber"}',
+        b'[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["%s","0x3"]},'
+        b'{"jsonrpc":"2.0","id":2,"method":"eth_call","params":[{"to":"%s"},"0x3"]}]',
     ],
 )
 async def test_every_other_body_goes_to_the_engine(proxied, body: bytes) -> None:
