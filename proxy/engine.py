@@ -715,9 +715,21 @@ class Engine:
         waiting: list[Item] = []
         changed = False
         ready: dict[tuple[str, str], int] = {}  # (method, source) → items answered at once
+        # (method, block) pairs the read path leaves as they are: that depends on nothing
+        # else within a request (the same method and block, the same heads), so each pair
+        # is asked about once (a batch at random heights repeats a third of them).
+        untouched: set[tuple[str, int]] = set()
         for row in rows:
-            plan = None if row[6] else plan_of(heads, row[3], row[4], row[5], row[1])
+            if row[6]:
+                plain.append(row)
+                continue
+            pair = (row[3], id(row[5]))
+            if pair in untouched:
+                plain.append(row)
+                continue
+            plan = plan_of(heads, row[3], row[4], row[5], row[1])
             if plan is None:
+                untouched.add(pair)
                 plain.append(row)
                 continue
             if type(plan) is not Plan:  # a ready result
@@ -931,14 +943,14 @@ class Engine:
         do not all have the same eligible nodes, or none is eligible."""
         routes = self.routes.routes(pool)
         candidates = self.routes.candidates
-        seen: set[tuple[str, int]] = set()
+        seen: dict[int, str] = {}  # id of a block → the method it was looked up with
         first: list[Node] | None = None
         for row in rows:
-            key = (row[3], id(row[5]))
-            if key in seen:
+            method = row[3]
+            if seen.get(id(row[5])) == method:
                 continue
-            seen.add(key)
-            nodes = candidates(pool, routes, row[3], row[4], row[5])[0]
+            seen[id(row[5])] = method
+            nodes = candidates(pool, routes, method, row[4], row[5])[0]
             if nodes is None:
                 return None
             if first is None:
