@@ -135,6 +135,13 @@ class ServerLimits:
         return max(16, soft * 3 // 4)
 
 
+# Header names as code asks for them (`Headers.get("client-id")`) → their lowercase bytes:
+# lowering and encoding a name on every lookup cost more than the lookup (the proxy reads one
+# per request). Names come from code, not from clients: a handful, bounded anyway.
+_NAME_KEYS: dict[str, bytes] = {}
+MAX_NAME_KEYS = 256
+
+
 class Headers:
     """The headers of a request: `get(name)`, case-insensitive (the last one of a name wins)."""
 
@@ -144,7 +151,12 @@ class Headers:
         self._raw = raw
 
     def get(self, name: str, default: str | None = None) -> str | None:
-        value = self._raw.get(name.lower().encode("latin-1"))
+        key = _NAME_KEYS.get(name)
+        if key is None:
+            key = name.lower().encode("latin-1")
+            if len(_NAME_KEYS) < MAX_NAME_KEYS:
+                _NAME_KEYS[name] = key
+        value = self._raw.get(key)
         return default if value is None else value.decode("latin-1")
 
     def __contains__(self, name: object) -> bool:

@@ -17,8 +17,9 @@ BodyHandler = Callable[[bytes], Awaitable[bytes]]
 AnswerNow = Callable[[bytes], bytes | None]
 # The answers of request objects already parsed, in their order (None for a notification),
 # without awaiting; None when any of them needs the BodyHandler. The proxy in the same process
-# calls it with the items it parsed and routed (no bytes in between).
-AnswerItems = Callable[[list[Any]], list[Any] | None]
+# calls it with the items it parsed and routed (no bytes in between) and a list to which the
+# positions of the error answers are appended (the proxy then looks at those only).
+AnswerItems = Callable[[list[Any], list[int]], list[Any] | None]
 # The answers of request objects already parsed, in their order (None for a notification), as
 # a future: for items some of which the node answers only after awaiting (eth_call on its EVM
 # workers); None when any of them needs the BodyHandler. The proxy in the same process calls it

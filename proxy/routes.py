@@ -47,6 +47,7 @@ class PoolRoutes:
         "points",
         "readers",
         "seen",
+        "shared",
         "signature",
         "table",
         "version",
@@ -68,10 +69,14 @@ class PoolRoutes:
         self.points = points  # the selector's breakpoints at the pool head of `signature`
         self.version = version
         self.table: dict[tuple[str, Any], list[Node] | None] = {}
-        # (method, number of params, the block param's text) → (the method, the candidates
+        # (method, number of params) → {the block param's text → (the method, the candidates
         # found for it, False: its params are not checked again, whether it reads at a
-        # tag): the in-process path's shortcut (`InprocPath._item` returns it as it is)
-        self.seen: dict[tuple[str, int, str], tuple[str, list[Node], bool, bool]] = {}
+        # tag)}: the in-process path's shortcut (`InprocPath._item` returns it as it is; a
+        # batch of one method looks its texts up in one dict, proxy/inprocpath.py)
+        self.seen: dict[tuple[str, int], dict[str, tuple[str, list[Node], bool, bool]]] = {}
+        # (method, id of the candidates, tagged) → the one `seen` value for them: items of
+        # one route share one object, so a batch compares them by identity
+        self.shared: dict[tuple[str, int, bool], tuple[str, list[Node], bool, bool]] = {}
         self.paths: dict[Node, Any] | None = None  # what the caller keeps per reader, if any
 
 

@@ -298,11 +298,12 @@ class ReadPath:
         out = [answer for answer in answers if answer is not None]
         return orjson.dumps(out) if out else b""
 
-    def answer_items(self, items: list[Any]) -> list[Any] | None:
+    def answer_items(self, items: list[Any], errors: list[int] | None = None) -> list[Any] | None:
         """The answers of parsed request objects, in their order (None for a notification),
         computed without awaiting; None when an item needs `handle_body`: not a plain read,
         or an id orjson may have changed (a float). For callers that parsed the body
-        already: the data port above, and the proxy in the same process."""
+        already: the data port above, and the proxy in the same process, which passes
+        `errors` to be told the positions of the error answers (so it need not look)."""
         fast = self.fast
         for item in items:
             if (
@@ -311,14 +312,15 @@ class ReadPath:
                 or item.get("id").__class__ is float
             ):
                 return None
-        answers = self._answer(items)
+        answers = self._answer(items, errors)
         for answer in answers:
             if answer is _SLOW:
                 return None
         return answers
 
-    def _answer(self, items: list[Any]) -> list[Any]:
-        """Answers of the fast items (None for a notification), _SLOW for the others."""
+    def _answer(self, items: list[Any], errors: list[int] | None = None) -> list[Any]:
+        """Answers of the fast items (None for a notification), _SLOW for the others; the
+        positions of the error answers of plain reads appended to `errors` if given."""
         fast = self.fast
         out: list[Any] = []
         reads: Reads | None = None
@@ -347,11 +349,15 @@ class ReadPath:
                         reads = Reads(snap, self.hot)
                     result = fn(reads, params)
                 except JsonRpcError as exc:
+                    if wanted and errors is not None:
+                        errors.append(len(out))
                     out.append(self.dispatcher.error(rid, exc) if wanted else None)
                     continue
                 except lmdb.Error as exc:
                     log.error("state store read failed: %s", exc)
                     failed = JsonRpcError(DATABASE_FAILED, "state store read failed")
+                    if wanted and errors is not None:
+                        errors.append(len(out))
                     out.append(self.dispatcher.error(rid, failed) if wanted else None)
                     continue
                 out.append({"jsonrpc": "2.0", "id": rid, "result": result} if wanted else None)

@@ -189,6 +189,30 @@ async def test_plain_reads_are_answered_without_awaiting(tmp_path: Path) -> None
         await node.close()
 
 
+async def test_answer_items_tells_where_its_error_answers_are(tmp_path: Path) -> None:
+    """The proxy in the same process passes a list to `answer_items` and looks only at the
+    answers it names: exactly the positions of the error answers (a notification's error
+    has no answer and no position), in order."""
+    node = await make_node(tmp_path, kind="archive")
+    try:
+        chain, addrs = random_chain(seed=25, blocks=10)
+        await apply(node, chain, 0)
+        good = read_batch(addrs, 3)
+        bad = {"jsonrpc": "2.0", "id": 7, "method": "eth_getBalance", "params": ["0x12", "0x1"]}
+        late = {"jsonrpc": "2.0", "id": 8, "method": "eth_getBalance", "params": [addrs[0], "0x99"]}
+        quiet = {"jsonrpc": "2.0", "method": "eth_getBalance", "params": ["0x12", "0x1"]}
+        items = [good[0], bad, good[1], quiet, late, good[2]]
+        errors: list[int] = []
+        answers = node.answer_items(items, errors)
+        assert answers is not None and errors == [1, 4]
+        assert [i for i, a in enumerate(answers) if a is not None and "error" in a] == errors
+        assert answers[3] is None and answers[4]["error"]["code"] == -39006
+        errors = []
+        assert node.answer_items(good, errors) is not None and errors == []
+    finally:
+        await node.close()
+
+
 async def test_batch_longer_than_max_batch_is_refused(tmp_path: Path) -> None:
     node = await make_node(tmp_path, max_batch=3)
     try:

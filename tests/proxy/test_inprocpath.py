@@ -40,8 +40,8 @@ async def start_proxied(tmp_path: Path, make_api, chain: Any, blocks: int, **set
     registry = InprocRegistry()
     calls = {"items": 0}
 
-    def answer_items(items: list[Any]) -> list[Any] | None:
-        answers = node.answer_items(items)
+    def answer_items(items: list[Any], errors: list[int]) -> list[Any] | None:
+        answers = node.answer_items(items, errors)
         calls["items"] += answers is not None
         return answers
 
@@ -129,6 +129,8 @@ async def test_plain_reads_are_answered_in_process_as_the_engine_answers(proxied
         b'[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["%s","0x3"]},'
         b'{"jsonrpc":"2.0","id":2,"method":"eth_newBlockFilter"}]',  # a filter in a batch
         b'{"jsonrpc":"2.0","id":null,"method":"eth_blockNumber"}',
+        b'[{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["%s","0x3"]},'
+        b'{"jsonrpc":"2.0","id":2,"method":"eth_call","params":[{"to":"%s"},"0x3"]}]',
     ],
 )
 async def test_every_other_body_goes_to_the_engine(proxied, body: bytes) -> None:
@@ -516,3 +518,65 @@ async def test_a_pool_at_its_limit_still_answers_plain_reads_in_process(
             assert resp.status == 404 and b"unknown chain" in await resp.read()
     finally:
         await node.close()
+
+
+async def test_a_batch_of_seen_block_texts_is_routed_as_item_by_item(
+    tmp_path: Path, make_api
+) -> None:
+    """Once every block text of a batch was seen, the batch is routed without the per-item
+    step: one route for all (one method, one range) is one pick and one call of the node;
+    two ranges are two groups in their order; each answer and book is the engine's. Items
+    that are not request objects with an int or string id still go the long way (to the
+    engine), with their texts seen."""
+    chain, addrs = random_chain(seed=39, blocks=24)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, state_window=8)
+    try:
+        for height in (2, 3, 20, 21):  # archive only / both nodes (head 23, window 8)
+            body = orjson.dumps(item(1, "eth_getBalance", addrs[0], hex(height)))
+            status, raw = await counted_as_the_engine_counts(api, node, body)
+            assert status == 200 and b'"result"' in raw, raw
+        one_route = [item(i, "eth_getBalance", addrs[i % 3], hex(20 + i % 2)) for i in range(30)]
+        served = calls["items"]
+        status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(one_route))
+        assert status == 200 and raw.count(b'"result"') == 30 and calls["items"] == served + 1
+        assert [a["id"] for a in orjson.loads(raw)] == list(range(30))
+        two_ranges = [item(i, "eth_getBalance", addrs[1], hex((2, 20)[i % 2])) for i in range(9)]
+        status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(two_ranges))
+        assert status == 200 and calls["items"] == served + 3  # archive's group, the other's
+        assert [a["id"] for a in orjson.loads(raw)] == list(range(9))
+        served = calls["items"]
+        seen = item(1, "eth_getBalance", addrs[0], "0x2")
+        for other in (
+            {"jsonrpc": "2.0", "method": "eth_getBalance", "params": [addrs[0], "0x2"]},
+            {**seen, "id": True},
+            {**seen, "id": None},
+            {"jsonrpc": "2.0", "id": 3, "method": "eth_getBalance"},
+            {"jsonrpc": "2.0", "id": 3, "method": "eth_getBalance", "params": "0x2"},
+            {"jsonrpc": "2.0", "id": 3, "method": "eth_getBalance", "params": [addrs[0], {}]},
+            [seen],
+        ):
+            status, raw = await both(api, orjson.dumps([seen, other]))
+            assert calls["items"] == served, (other, raw)  # the engine's
+    finally:
+        await node.close()
+
+
+async def test_the_data_route_decides_once_per_path(proxied) -> None:
+    """The data route keeps the chain id of each path it took: a chain id, a versioned
+    pool and an unknown chain answer as before on every request, and paths the data
+    route never takes (two segments, %-escapes) still go to the admin app."""
+    api, _, addrs, calls = proxied
+    body = orjson.dumps(item(1, "eth_getBalance", addrs[0], "0x3"))
+    for _ in range(3):
+        status, raw = await raw_rpc(api, body)
+        assert status == 200 and b'"result"' in raw, raw
+        async with api.client.data.post("/999999", data=body) as resp:
+            assert resp.status == 404 and b"unknown chain" in await resp.read()
+        async with api.client.data.post("/0x539", data=body) as resp:  # 1337 in hex
+            assert resp.status == 200 and await resp.read() == raw
+    assert calls["items"] == 6, calls
+    # (a connection handed to the admin app stays with it: these two last)
+    async with api.client.data.post("/%31337", data=body) as resp:
+        assert resp.status == 200 and await resp.read() == raw  # aiohttp decodes it
+    async with api.client.data.post("/1337/getAllNodes", data=b"{}") as resp:
+        assert b"jsonrpc" not in await resp.read()  # the admin app's answer
