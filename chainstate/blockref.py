@@ -90,6 +90,8 @@ def _text_block_number(value: str) -> BlockRef:
 
 def parse_block_number_param(value: Any, default: BlockRef | None = LATEST) -> BlockRef:
     """An eth_* `blockNumber` param: tag, hex height, bare hash, or an EIP-1898 object."""
+    if type(value) is str:  # the common case first (each item of a batch comes here)
+        return _text_block_number(value)
     if value is None:
         if default is None:
             raise _bad(value)

@@ -224,6 +224,22 @@ class Item:
                 plan.missing.append(node)
 
 
+# One valid request item of a batch as parsed, `Item`'s arguments: (position, object, id as
+# sent, method, spec, target block, notification). Items the read path does not touch stay
+# rows unless the one loop needs them (`Engine._send_plain`).
+Row = tuple[int, dict[str, Any], Any, str, MethodSpec, BlockRef | None, bool]
+
+
+class _Sent:
+    """The items `Engine._send_plain` sends as one body, as `Attempts.exchange` sees them:
+    one entry whose nodes tried are every item's (a hedge adds its node here)."""
+
+    __slots__ = ("tried",)
+
+    def __init__(self, node: Node) -> None:
+        self.tried = [node]
+
+
 class Engine:
     def __init__(
         self,
@@ -692,29 +708,44 @@ class Engine:
         return None
 
     def _plan_items(
-        self, ctx: Ctx, items: list[Item], answers: list[Any]
-    ) -> tuple[list[Item], list[Item], bool]:
+        self, ctx: Ctx, rows: list[Row], answers: list[Any]
+    ) -> tuple[list[Row], list[Item], list[Item], bool]:
         """The read path for every item of a batch (proxy/reads.py): items answered at once
-        get their answer; (items to send, items waiting for an identical read in flight,
-        whether any item changed or left, so the client's bytes can no longer go as they
-        are)."""
+        get their answer; (items it does not touch, still rows; items it planned, to send;
+        items waiting for an identical read in flight; whether any item changed or left, so
+        the client's bytes can no longer go as they are)."""
         reads: Reads = self.reads  # type: ignore[assignment]
         heads = self._heads(ctx)
+        plan_of = reads.plan
+        plain: list[Row] = []
         send: list[Item] = []
         waiting: list[Item] = []
         changed = False
         ready: dict[tuple[str, str], int] = {}  # (method, source) → items answered at once
-        for it in items:
-            plan = None if it.notif else reads.plan(heads, it.method, it.spec, it.ref, it.obj)
+        # (method, block) pairs the read path leaves as they are: that depends on nothing
+        # else within a request (the same method and block, the same heads), so each pair
+        # is asked about once (a batch at random heights repeats a third of them).
+        untouched: set[tuple[str, int]] = set()
+        for row in rows:
+            if row[6]:
+                plain.append(row)
+                continue
+            pair = (row[3], id(row[5]))
+            if pair in untouched:
+                plain.append(row)
+                continue
+            plan = plan_of(heads, row[3], row[4], row[5], row[1])
             if plan is None:
-                send.append(it)
+                untouched.add(pair)
+                plain.append(row)
                 continue
             if type(plan) is not Plan:  # a ready result
-                answers[it.pos] = {"jsonrpc": "2.0", "id": it.rid, "result": plan}
-                counted = (it.method, _source(plan))
+                answers[row[0]] = {"jsonrpc": "2.0", "id": row[2], "result": plan}
+                counted = (row[3], _source(plan))
                 ready[counted] = ready.get(counted, 0) + 1
                 changed = True
                 continue
+            it = Item(*row)
             it.plan = plan
             if plan.obj is not it.obj:
                 it.obj, it.ref, changed = plan.obj, plan.ref, True
@@ -725,7 +756,7 @@ class Engine:
                 send.append(it)
         for (method, source), n in ready.items():
             self.metrics.request(ctx.chain, method, source, "ok", n)
-        return send, waiting, changed
+        return plain, send, waiting, changed
 
     async def _wait_items(self, ctx: Ctx, waiting: list[Item], answers: list[Any]) -> None:
         """Batch items that share an identical read's answer; those whose leader got none
@@ -810,20 +841,30 @@ class Engine:
             msg = f"batch has {len(payload)} items, more than max_batch_items={self._max_batch}"
             return 200, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
         answers: list[Any] = [None] * len(payload)
-        items, exact = self._parse_items(ctx, payload, answers, body)
+        rows, exact, notified = self._parse_items(ctx, payload, answers, body)
         if self.tracer is not None or access_log.isEnabledFor(logging.INFO):
-            ctx.methods.extend(it.method for it in items)  # for the span and the access log
-        if items and ctx.pool.mirrors:
-            self.mirrors.offer_batch(ctx.pool, [(it.method, it.obj) for it in items])
-        ctx.own_ids = exact and _unique_ids(items)
-        whole = len(items) == len(payload) and ctx.own_ids
+            ctx.methods.extend(row[3] for row in rows)  # for the span and the access log
+        if rows and ctx.pool.mirrors:
+            self.mirrors.offer_batch(ctx.pool, [(row[3], row[1]) for row in rows])
+        ctx.own_ids = exact and _unique_ids(rows)
+        whole = len(rows) == len(payload) and ctx.own_ids
+        plain, planned, waiting, changed = rows, [], [], False
+        if self.reads is not None and rows:
+            plain, planned, waiting, changed = self._plan_items(ctx, rows, answers)
+        if not (planned or waiting or notified or self.tracer) and ctx.own_ids:
+            # Nothing the read path follows: the plain items go without per-item objects.
+            sent = body if whole and not changed else None
+            out = await self._send_plain(ctx, plain, sent, answers)
+            if out is not None:
+                return 200, out
+            out = [a for a in answers if a is not None]
+            self._keep(ctx, key, rows, len(payload), out, [])
+            return (200, orjson.dumps(out)) if out else (204, b"")
+        items = _merged(plain, planned)
         sent = body if whole else None
-        waiting: list[Item] = []
         route = self._route
-        planned = items
         pinned = False
-        if self.reads is not None and items:
-            items, waiting, changed = self._plan_items(ctx, items, answers)
+        if self.reads is not None and rows:
             if whole and changed:
                 # Only blocks were pinned (every item goes, none waits): the pinned items
                 # with the client's ids, in its order, are the body, and the node's answer
@@ -834,22 +875,106 @@ class Engine:
         if items:
             out = await route(ctx, items, sent, answers, single=False)
             if out is not None:
-                if pinned and key is not None and ctx.heads.mixed is False:
-                    ctx.keep = _kept_as_a_whole(planned, [a for a in answers if a is not None])
+                if pinned:
+                    done = [a for a in answers if a is not None]
+                    self._keep(ctx, key, rows, len(payload), done, items)
                 return (200, out) if out else (204, b"")
         if waiting:
             await self._wait_items(ctx, waiting, answers)
         out = [a for a in answers if a is not None]
-        if key is not None and len(planned) == len(payload) and ctx.heads.mixed is False:
-            ctx.keep = _kept_as_a_whole(planned, out)
+        self._keep(ctx, key, rows, len(payload), out, [*items, *waiting])
         return (200, orjson.dumps(out)) if out else (204, b"")
+
+    def _keep(
+        self, ctx: Ctx, key: Any, rows: list[Row], size: int, out: list[Any], items: list[Item]
+    ) -> None:
+        """Sets what to cache of the whole batch (`_cached_batch`; `key`: None when it is
+        not cached), when every item was valid and answered at a block the request's
+        `latest` determines, none asked by height after all (`items`: those planned)."""
+        if key is not None and len(rows) == size and ctx.heads.mixed is False and _exact(items):
+            ctx.keep = _kept_as_a_whole([row[3] for row in rows], out)
+
+    async def _send_plain(
+        self, ctx: Ctx, rows: list[Row], body: bytes | None, answers: list[Any]
+    ) -> bytes | None:
+        """A batch's items the read path does not touch, every one with its own id and an
+        answer, sent as one body to one node with no `Item` per item: their answer, when it
+        comes one per item in their order with nothing to retry or hide (`_answered_in_order`),
+        is taken as it is; `body` (the client's bytes, when every item is here unchanged)
+        is then the answer's. Anything else (items for several nodes, none eligible, a
+        failed attempt, an answer to match or classify item by item) goes on in the one
+        loop (`_route`) with the items made then, from the same step."""
+        if not rows:
+            return None
+        found = self._one_node(ctx.pool, rows)
+        if found is None:
+            return await self._route(ctx, [Item(*row) for row in rows], body, answers, False)
+        node, cands = found
+        sent = _Sent(node)
+        group = Group(node, [sent], cands, BATCH if len(rows) > 1 else rows[0][3])
+        data = body if body is not None else orjson.dumps([row[1] for row in rows])
+        try:
+            node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)
+        except UpstreamError as exc:
+            items = _items(rows, sent.tried)
+            return await self._go_on(ctx, self._transport_failed(ctx, items, exc, answers), answers)
+        rids = [row[2] for row in rows]
+        methods = [row[3] for row in rows]
+        parsed = _loads(raw)
+        if _answered_in_order(rids, methods, parsed, raw):
+            self._count_answers(ctx, node, methods, None, parsed, raw)
+            if body is not None:
+                return raw
+            answered = iter(parsed)
+            for row in rows:
+                answer = next(answered)
+                answer["id"] = row[2]  # the client's id as sent (a node's 1.0 equals 1)
+                answers[row[0]] = answer
+            return None
+        items = _items(rows, sent.tried)
+        if not isinstance(parsed, list | dict):
+            parsed = self._decode(ctx, node, items, raw)  # penalises the node
+        pending = items if parsed is None else []
+        if parsed is not None:
+            pending = self._take_answers(ctx, node, items, rids, parsed, answers)
+        return await self._go_on(ctx, pending, answers)
+
+    async def _go_on(self, ctx: Ctx, pending: list[Item], answers: list[Any]) -> None:
+        """The one loop from its second round, for the items a first attempt left."""
+        if pending:
+            await self._route(ctx, pending, None, answers, single=False, first=2)
+
+    def _one_node(self, pool: Pool, rows: list[Row]) -> tuple[Node, list[Node]] | None:
+        """The node every item of `rows` goes to on its first attempt, with the eligible
+        nodes (`_first_choice` for items no read plan keeps off a node), or None when they
+        do not all have the same eligible nodes, or none is eligible."""
+        routes = self.routes.routes(pool)
+        candidates = self.routes.candidates
+        seen: dict[int, str] = {}  # id of a block → the method it was looked up with
+        first: list[Node] | None = None
+        for row in rows:
+            method = row[3]
+            if seen.get(id(row[5])) == method:
+                continue
+            seen[id(row[5])] = method
+            nodes = candidates(pool, routes, method, row[4], row[5])[0]
+            if nodes is None:
+                return None
+            if first is None:
+                first = nodes
+            elif nodes is not first and nodes != first:
+                return None
+        assert first is not None
+        return (first[0] if len(first) == 1 else self.selector.pick(first)), first
 
     def _parse_items(
         self, ctx: Ctx, payload: list[Any], answers: list[Any], body: bytes
-    ) -> tuple[list[Item], bool]:
-        """Step 1 for every item: valid items to route (invalid ones answered at once), and
-        whether every id is as orjson read it (else the ids are read again from `body`)."""
-        items = []
+    ) -> tuple[list[Row], bool, bool]:
+        """Step 1 for every item: valid items to route, as `Row`s (invalid ones answered at
+        once), whether every id is as orjson read it (else they are read from `body`), and
+        whether a valid item is a notification."""
+        rows: list[Row] = []
+        notified = False
         target = self.methods.target
         rids: list[Any] | None = None
         for pos, obj in enumerate(payload):
@@ -874,8 +999,9 @@ class Engine:
                 if not notif:
                     answers[pos] = error_response(rid, exc.code, exc.message, exc.data)
                 continue
-            items.append(Item(pos, obj, rid, method, spec, ref, notif))
-        return items, rids is None
+            rows.append((pos, obj, rid, method, spec, ref, notif))
+            notified = notified or notif
+        return rows, rids is None, notified
 
     # ---- the one loop: choose, send, classify, retry -------------------------------------
 
@@ -1072,8 +1198,8 @@ class Engine:
         parsed = self._decode(ctx, node, items, raw)
         if parsed is None:
             return [it for it in items if not it.notif], None
-        if _answered_in_order(items, parsed, raw):
-            self._count_answers(ctx, node, items, parsed, raw)
+        if _answered_in_order(*_rids_methods(items), parsed, raw):
+            self._count_answers(ctx, node, *_methods_notifs(items), parsed, raw)
             if self.reads is not None:  # the answers to store and share (`_route_planned`)
                 _fill(items, parsed, answers)
             return [], raw
@@ -1097,9 +1223,9 @@ class Engine:
         parsed = self._decode(ctx, node, items, raw)
         if parsed is None:
             return [it for it in items if not it.notif]
-        if ctx.own_ids and _answered_in_order(items, parsed, raw):
+        if ctx.own_ids and _answered_in_order(*_rids_methods(items), parsed, raw):
             # The common case needs no item matched by its id or classified on its own.
-            self._count_answers(ctx, node, items, parsed, raw)
+            self._count_answers(ctx, node, *_methods_notifs(items), parsed, raw)
             _fill(items, parsed, answers)
             return []
         return self._take_answers(ctx, node, items, keys, parsed, answers)
@@ -1121,10 +1247,7 @@ class Engine:
     def _decode(self, ctx: Ctx, node: Node, items: list[Item], raw: bytes) -> Any:
         """A batch answer decoded, or None when it is not JSON-RPC (the node is penalised
         and every item retried)."""
-        try:
-            parsed = orjson.loads(raw) if raw else []
-        except orjson.JSONDecodeError:
-            parsed = None
+        parsed = _loads(raw)
         if isinstance(parsed, list | dict):
             return parsed
         why = f"{node.key} answered a batch with non-JSON-RPC"
@@ -1178,17 +1301,24 @@ class Engine:
         return retry
 
     def _count_answers(
-        self, ctx: Ctx, node: Node, group: list[Item], parsed: list[dict[str, Any]], raw: bytes
+        self,
+        ctx: Ctx,
+        node: Node,
+        methods: list[str],
+        notifs: list[bool] | None,
+        parsed: list[Any],
+        raw: bytes,
     ) -> None:
-        """Metrics of a batch answered as it is (one increment per method and outcome)."""
+        """Metrics of a batch answered as it is (`_answered_in_order`; `notifs`: which
+        items are notifications, when any is): one increment per method and outcome."""
         if b'"error"' not in raw:  # every item ok: count by method alone
-            for method, n in Counter([it.method for it in group]).items():
+            for method, n in Counter(methods).items():
                 self.metrics.request(ctx.chain, method, node.key, "ok", n)
             return
         answered = iter(parsed)
         outcomes = [
-            (it.method, "ok" if it.notif or "error" not in next(answered) else "error")
-            for it in group
+            (method, "ok" if notif or "error" not in next(answered) else "error")
+            for method, notif in zip(methods, notifs or [False] * len(methods), strict=True)
         ]
         for (method, result), n in Counter(outcomes).items():
             self.metrics.request(ctx.chain, method, node.key, result, n)
@@ -1293,21 +1423,29 @@ def _by_key(keys: list[Any], parsed: Any) -> dict[Any, Any]:
     return {a.get("id"): a for a in parsed if type(a) is dict}
 
 
-def _answered_in_order(items: list[Item], parsed: Any, raw: bytes) -> bool:
-    """Whether a node's answer to `items` sent with the client's ids is one answer per item
-    (notifications have none) in their order, none asking for another attempt (`-3900x`,
-    outcome.RETRYABLE_CODES) and none a transaction to show as pending (UNMINED_FIELDS):
-    every answer is then final as it is, with no item to match by id or classify alone."""
-    if type(parsed) is not list or b"-3900" in raw:
-        return False
-    rids = [it.rid for it in items if not it.notif]
-    if len(parsed) != len(rids):
+def _answered_in_order(rids: list[Any], methods: list[str], parsed: Any, raw: bytes) -> bool:
+    """Whether a node's answer to items sent with the client's ids (`rids`: theirs, but
+    notifications'; `methods`: every item's) is one answer per id in their order, none
+    asking for another attempt (`-3900x`, outcome.RETRYABLE_CODES) and none a transaction to
+    show as pending (UNMINED_FIELDS): every answer is then final as it is, with no item to
+    match by id or classify alone."""
+    if type(parsed) is not list or b"-3900" in raw or len(parsed) != len(rids):
         return False
     try:
         ids = [answer["id"] for answer in parsed]
     except (KeyError, TypeError):  # an answer without an id, or not an object
         return False
-    return ids == rids and UNMINED_FIELDS.keys().isdisjoint([it.method for it in items])
+    return ids == rids and UNMINED_FIELDS.keys().isdisjoint(methods)
+
+
+def _rids_methods(items: list[Item]) -> tuple[list[Any], list[str]]:
+    """`_answered_in_order`'s view of `items`."""
+    return [it.rid for it in items if not it.notif], [it.method for it in items]
+
+
+def _methods_notifs(items: list[Item]) -> tuple[list[str], list[bool]]:
+    """`_count_answers`' view of `items`."""
+    return [it.method for it in items], [it.notif for it in items]
 
 
 def _fill(items: list[Item], parsed: list[Any], answers: list[Any]) -> None:
@@ -1321,13 +1459,48 @@ def _fill(items: list[Item], parsed: list[Any], answers: list[Any]) -> None:
             answers[it.pos] = answer
 
 
+def _loads(raw: bytes) -> Any:
+    """A node's batch answer decoded (None: not JSON)."""
+    try:
+        return orjson.loads(raw) if raw else []
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _items(rows: list[Row], tried: list[Node]) -> list[Item]:
+    """`rows` as Items that tried `tried` (`_send_plain`, when the loop takes over)."""
+    items = [Item(*row) for row in rows]
+    for it in items:
+        it.tried = list(tried)
+    return items
+
+
+def _merged(rows: list[Row], planned: list[Item]) -> list[Item]:
+    """The items to send, in the client's order: `rows` made Items, and `planned`."""
+    items = [Item(*row) for row in rows]
+    if planned:
+        items.extend(planned)
+        items.sort(key=_position)
+    return items
+
+
+def _position(it: Item) -> int:
+    return it.pos
+
+
+def _exact(items: list[Item]) -> bool:
+    """No item of `items` was asked by height after all (its pinned hash unknown to the
+    node): what the whole-batch cache needs (`_kept_as_a_whole`)."""
+    return all(it.plan is None or it.plan.exact for it in items)
+
+
 _OWN_ID_TYPES = {str, int}  # ids a sub-batch may keep (exact types: not bool, not a float)
 
 
-def _unique_ids(items: list[Item]) -> bool:
-    """Whether the answers of `items` can be told apart by their ids: every id a string or
+def _unique_ids(rows: list[Row]) -> bool:
+    """Whether the answers of `rows` can be told apart by their ids: every id a string or
     an integer, no two the same (notifications have none and get no answer)."""
-    ids = [it.rid for it in items if not it.notif]
+    ids = [row[2] for row in rows if not row[6]]
     return {type(rid) for rid in ids} <= _OWN_ID_TYPES and len(set(ids)) == len(ids)
 
 
@@ -1347,20 +1520,13 @@ def _source(ready: Any) -> str:
     return "cache" if type(ready) is orjson.Fragment else "head"
 
 
-def _kept_as_a_whole(items: list[Item], out: list[Any]) -> tuple[tuple[str, int], ...] | None:
-    """The items per method of a batch whose every item was answered at a block its
-    `latest` determines (`RequestHeads.mixed`) may be cached as a whole, unless an item
-    was asked by height after all (its pinned hash unknown to the node), was a
-    notification or got an error: then None."""
-    if len(out) != len(items):
+def _kept_as_a_whole(methods: list[str], out: list[Any]) -> tuple[tuple[str, int], ...] | None:
+    """The items per method of a batch whose every item (of `methods`) was answered at a
+    block its `latest` determines (`RequestHeads.mixed`, `_exact`) may be cached as a whole,
+    unless an item was a notification (no answer) or got an error: then None."""
+    if len(out) != len(methods):
         return None
-    methods: dict[str, int] = {}
-    for it in items:
-        plan = it.plan
-        if it.notif or (plan is not None and not plan.exact):
-            return None
-        methods[it.method] = methods.get(it.method, 0) + 1
     for answer in out:
         if type(answer) is not dict or "result" not in answer:
             return None
-    return tuple(methods.items())
+    return tuple(Counter(methods).items())

@@ -584,3 +584,119 @@ async def test_in_process_engine_and_inproc_nodes(make_api, fake_nodes) -> None:
         "0x539", orjson.dumps(balance()), {"client-id": "workspace"}
     )
     assert status == 200 and orjson.loads(body)["result"] == "inproc"
+
+
+# ---- batches of items the read path does not touch (`Engine._send_plain`) ---------------
+
+
+def at_heights(n: int, method: str = "eth_getBalance", first_id: int = 0) -> list[dict]:
+    """`n` reads at heights the proxy knows no hash of (below the head it polls)."""
+    return [req(method, [f"0x{i + 1:040x}", hex(900 + i % 50)], first_id + i) for i in range(n)]
+
+
+async def test_a_plain_batch_goes_as_the_clients_bytes_or_one_sub_batch(
+    make_api, fake_nodes
+) -> None:
+    """Items at heights the proxy has no hash of: the client's bytes go to the node as they
+    are and its answer comes back as it is; with a cached item, an invalid one or a
+    notification among them, the others go as one sub-batch with the client's ids (none
+    with two alike: positions), and every answer is in its place with its id as written."""
+    node = await fake_nodes("solo", "state")
+    api = await make_api(fast_settings())
+    await api.add("1337", node)
+    await api.heads_known("1337")
+    hit = await api.call("1337", "eth_getBalance", [ADDR, "latest"], rid=1)
+    plain = at_heights(100)
+    plain[3]["id"], plain[4]["id"] = "three", "x" * 40  # string ids keep their place too
+    body = orjson.dumps(plain).replace(b'"id":7,', b'"id" : 7 ,')  # spacing: bytes kept
+    status, answers = await api.rpc("1337", body)
+    assert status == 200 and node.bodies[-1] == body  # the client's bytes, as they are
+    assert [a["id"] for a in answers] == [i["id"] for i in plain]
+    assert [a["result"]["height"] for a in answers] == [900 + i % 50 for i in range(100)]
+
+    bad = req("eth_getBalance", [], "bad")  # missing address: answered by the proxy
+    notification = {k: v for k, v in req("eth_getCode", [ADDR, "0x3a0"]).items() if k != "id"}
+    cases = {
+        "hit": [*plain[:50], balance(rid="hit"), *plain[50:]],
+        "bad": [*plain[:10], bad, *plain[10:]],
+        "notification": [notification, *plain],
+    }
+    for name, batch in cases.items():
+        _, answers = await api.rpc("1337", batch)
+        sent = orjson.loads(node.bodies[-1])
+        unsent = ("hit", "bad")  # answered from the cache, and by the proxy
+        assert [i.get("id") for i in sent] == [
+            i.get("id") for i in batch if i.get("id") not in unsent
+        ]
+        assert [a["id"] for a in answers] == [i["id"] for i in batch if "id" in i], name
+        heights = [a["result"]["height"] for a in answers if a["id"] not in ("hit", "bad")]
+        assert heights == [900 + i % 50 for i in range(100)], name
+    assert answers[0]["id"] == 0  # (the notification got no answer)
+    _, answers = await api.rpc("1337", cases["hit"])
+    assert answers[50] == {**hit, "id": "hit"}
+    _, answers = await api.rpc("1337", cases["bad"])
+    assert answers[10]["id"] == "bad" and answers[10]["error"]["code"] == -32602
+
+    twice = [*plain[:3], {**plain[3], "id": 0}]  # two items with id 0: sent by position
+    _, answers = await api.rpc("1337", twice)
+    assert [i["id"] for i in orjson.loads(node.bodies[-1])] == [0, 1, 2, 3]
+    assert [(a["id"], a["result"]["height"]) for a in answers] == [
+        (0, 900),
+        (1, 901),
+        (2, 902),
+        (0, 903),
+    ]
+    metrics = await (await api.client.get("/metrics")).text()
+    ok = 'chainstate_proxy_requests_total{chain="1337",method="eth_getBalance",node="solo"'
+    assert f'{ok},outcome="ok"}} {1 + 100 * 6 + 4}.0' in metrics  # each once, none twice
+
+
+async def test_a_plain_batch_answer_that_asks_for_more_is_taken_item_by_item(
+    make_api, fake_nodes
+) -> None:
+    """100 plain items, a node that refuses two of them (-39008, -39006), answers out of
+    order, or fails the whole attempt: the refused or failed items are retried on the
+    other node, the rest are taken by their ids, and every answer is in its place."""
+    a = await fake_nodes("a", "state")
+    b = await fake_nodes("b", "state")
+    a.method_errors = {"eth_call": -39008, "eth_getCode": -39006}
+    api = await make_api(fast_settings())
+    await api.add("1337", a)
+    await api.add("1337", b)
+    await api.heads_known("1337")
+    batch = at_heights(100)
+    batch[37] = req("eth_call", [{"to": ADDR}, hex(937)], 37)
+    batch[80] = req("eth_getCode", [ADDR, hex(930)], 80)
+    pool = api.proxy.state.pools["1337"]
+    for case in ("refused", "reversed", "failed"):
+        a.reverse, a.fail_every = case == "reversed", 1 if case == "failed" else 0
+        before = len(a.bodies)
+        for _ in range(40):  # until a was asked first (the choice is by cost, then drawn)
+            fast = pool.find("a")
+            fast.cost, fast.cost_at = 0.0001, time.monotonic()
+            _, answers = await api.rpc("1337", batch)
+            assert [x["id"] for x in answers] == list(range(100)), case
+            assert [x["result"]["height"] for x in answers] == [900 + i % 50 for i in range(100)]
+            assert served_by(answers[37]) == "b" and served_by(answers[80]) == "b", case
+            if len(a.bodies) > before:
+                break
+        assert len(a.bodies) > before, case
+        first = a.bodies[before]
+        if case == "failed":
+            assert {served_by(x) for x in answers} == {"b"}
+        else:
+            assert first == orjson.dumps(batch) and served_by(answers[0]) == "a", case
+    metrics = await (await api.client.get("/metrics")).text()
+    assert 'chainstate_proxy_retries_total{chain="1337",reason="unsupported_precompile"}' in metrics
+    assert 'chainstate_proxy_retries_total{chain="1337",reason="block_not_found"}' in metrics
+    assert 'method="eth_call",node="b",outcome="ok"' in metrics
+
+
+async def test_items_naming_no_block_are_planned_by_method(two) -> None:
+    """The read path is asked once per method and block within a batch: eth_blockNumber
+    after another method that names no block is still answered by the proxy itself."""
+    api, state, _ = two
+    batch = [req("eth_chainId", [], 1), req("eth_blockNumber", [], 2), req("eth_chainId", [], 3)]
+    _, answers = await api.rpc("1337", batch)
+    assert [a["id"] for a in answers] == [1, 2, 3] and answers[1]["result"] == hex(1000)
+    assert [i["method"] for i in state.received] == ["eth_chainId", "eth_chainId"]
