@@ -448,17 +448,23 @@ class Engine:
             return self.handle(chain_id, body, headers, admitted, answer)
         self.inflight += 1
         ctx = Ctx(admitted.chain, admitted.pool, answer)
-        self.metrics.client(headers.get("client-id"))
         try:
             first = self._single_item(ctx, payload, body)
         except LocalMethod:  # raised only once divert() has set the handler
-            return self._diverted(ctx, body, headers)
+            first = self._diverted(ctx, body, headers)  # type: ignore[assignment]
         except BaseException:
             self._leave(ctx)
             raise
         if type(first) is tuple:  # answered at once: invalid, or a ready result
-            return self._done(ctx, first, started, headers)
-        return self._first_attempt(ctx, first, body, started, headers, later)  # type: ignore[arg-type]
+            result = self._done(ctx, first, started, headers)
+        elif type(first) is Item:
+            result = self._first_attempt(ctx, first, body, started, headers, later)
+        else:
+            result = first  # type: ignore[assignment]
+        # Counted once the node has the request (at c=1 every µs before the write is the
+        # client's): the same count as `handle` makes first.
+        self.metrics.client(headers.get("client-id"))
+        return result
 
     def _first_attempt(
         self,
@@ -487,12 +493,11 @@ class Engine:
             if plan.obj is not sent:
                 body = orjson.dumps(plan.obj)
         answers: list[Any] = [None]
-        groups = self._choose(ctx, [item], 1, answers)
-        if not groups:  # no eligible node: answered by `_give_up`
+        group = self._first_group(ctx, item, answers)
+        if group is None:  # no eligible node: answered by `_give_up`
             answer = self._single_answer(ctx, item, body, None, answers)
             self._landed(item, None, answers)
             return self._done(ctx, answer, started, headers)
-        (group,) = groups.values()
 
         def then(node: Node, raw: bytes | None, exc: UpstreamError | None) -> None:
             try:
@@ -511,7 +516,7 @@ class Engine:
 
         if self.attempts.send_now(ctx, group, body, then):
             return None
-        resumed = self._resume(ctx, item, body, answers, 1, [item], groups)
+        resumed = self._resume(ctx, item, body, answers, 1, [item], {group.node: group})
         return self._finish(ctx, resumed, started, headers)
 
     def _first_landed(
@@ -626,7 +631,9 @@ class Engine:
         ctx.methods.append(method)
         if ctx.pool.mirrors:
             self.mirrors.offer_single(ctx.pool, method, body)
-        rid = _exact_id(payload, body, payload.get("id"))
+        rid = payload.get("id")
+        if type(rid) is float:  # as the client wrote it (`_exact_id`: checked as a dict)
+            rid = exact_ids(body)
         if notif or spec.writer or type(rid) is orjson.Fragment:
             ctx.early = None  # the answer is not the node's bytes as they are (see below)
         item = Item(0, payload, rid, method, spec, ref, notif)
@@ -1086,15 +1093,28 @@ class Engine:
                 group.add(it, cands)
         return groups
 
+    def _first_group(self, ctx: Ctx, it: Item, answers: list[Any]) -> Group | None:
+        """`_choose` for the one item of a single request on its first attempt (no grouping
+        to do: `start`'s path); None when no node is eligible (`it` is answered then)."""
+        pool = ctx.pool
+        found = self._first_choice(pool, self.routes.routes(pool), it, None)
+        if type(found) is NoEligibleNode:
+            self._give_up(ctx, it, answers, found)
+            return None
+        node, cands = found  # type: ignore[misc]
+        it.tried.append(node)
+        return Group(node, [it], cands, it.method)
+
     def _first_choice(
         self,
         pool: Pool,
         routes: PoolRoutes,
         it: Item,
-        picked: dict[tuple[Node, ...], tuple[Node, list[Node]]],
+        picked: dict[tuple[Node, ...], tuple[Node, list[Node]]] | None,
     ) -> tuple[Node, list[Node]] | NoEligibleNode:
-        """The node for an item on its first attempt (one pick per set of eligible nodes),
-        with the eligible nodes. Nodes off the chain the read path follows are avoided."""
+        """The node for an item on its first attempt (one pick per set of eligible nodes in
+        `picked`; None: a single item), with the eligible nodes. Nodes off the chain the
+        read path follows are avoided."""
         avoid = () if it.plan is None else it.plan.avoid
         nodes = None
         if not avoid:
@@ -1106,6 +1126,8 @@ class Engine:
                 return exc
         if len(nodes) == 1:
             return nodes[0], nodes
+        if picked is None:
+            return self.selector.pick(nodes), nodes
         ids = tuple(nodes)
         found = picked.get(ids)
         if found is None:

@@ -185,8 +185,11 @@ class _Connection(asyncio.Protocol):
         """Write a request; its answer comes as the future's (status, body), and is first
         given to `early(status, body)` (called from this protocol's callback) when set.
         `waiter`: an object with a future's `done`, `set_result` and `set_exception` to
-        hand the answer to instead (no task awaits it: `Upstream.send_now`)."""
+        hand the answer to instead (no task awaits it: `Upstream.send_now`). The bytes go
+        first: the answer can only come through the loop, after the caller's callback, and
+        at c=1 everything before the write is on the client's wait."""
         assert self.transport is not None
+        self.transport.write(data)
         self._early = early
         self._body = []
         self._complete = self._headers_done = self._framed = False
@@ -195,7 +198,6 @@ class _Connection(asyncio.Protocol):
         if waiter is None:
             waiter = self.loop.create_future()
         self._waiter = waiter
-        self.transport.write(data)
         return waiter
 
     @property

@@ -198,14 +198,23 @@ class LocalMethod(Exception):
     body over (`Engine.divert`). Not a JsonRpcError, so no item's handler answers it."""
 
 
+MAX_TARGETS = 4096  # remembered (method, params, block text) targets; then cleared
+
+
 class MethodTable:
-    """The allowed methods (spec + `extra_methods`) and how to read their target block."""
+    """The allowed methods (spec + `extra_methods`) and how to read their target block.
+
+    Clients name the same blocks again and again (a height, `latest`): the target of a
+    request whose last param is its block param, given as a text, is remembered per (method,
+    number of params, that text), so the block's text is parsed (one to three regular
+    expressions) once; the other params are still checked every time."""
 
     def __init__(self, extra_methods: tuple[str, ...] = ()) -> None:
         self.specs = dict(METHODS)
         for name in extra_methods:
             self.specs.setdefault(name, EXTRA)
         self.local: frozenset[str] = frozenset()  # LocalMethod names (Engine.divert)
+        self._known: dict[tuple[str, int, str], tuple[MethodSpec, BlockRef]] = {}
 
     def spec(self, method: str) -> MethodSpec:
         spec = self.specs.get(method)
@@ -215,6 +224,31 @@ class MethodTable:
 
     def target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None]:
         """The spec of `method` and the block its params target (None: no block named)."""
+        if type(params) is list and params and type(params[-1]) is str and None not in params:
+            key = (method, len(params), params[-1])
+            known = self._known.get(key)
+            if known is None:
+                return self._remember(key, self._target(method, params))
+            spec = known[0]
+            for index, check in spec.checks:  # (the block param's text passed already)
+                if index != spec.block_at:
+                    check(params[index] if index < len(params) else None, spec.params[index])
+            return known
+        return self._target(method, params)
+
+    def _remember(
+        self, key: tuple[str, int, str], found: tuple[MethodSpec, BlockRef | None]
+    ) -> tuple[MethodSpec, BlockRef | None]:
+        """`found` (a valid target of `key`'s params) kept when its block is the last param."""
+        spec, ref = found
+        if ref is not None and spec.block_at == key[1] - 1:
+            known = self._known
+            if len(known) >= MAX_TARGETS:
+                known.clear()
+            known[key] = found  # type: ignore[assignment]
+        return found
+
+    def _target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None]:
         spec = self.specs.get(method)
         if spec is None:
             if method in self.local:

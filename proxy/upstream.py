@@ -177,8 +177,9 @@ class Upstream:
         if conn is None:
             return False
         exchange = SentNow(pool, conn, url, limit, then)  # type: ignore[arg-type]
-        self._deadlines.schedule(limit, exchange)
         conn.send(pool.request(body), holder, early, exchange)  # type: ignore[union-attr]
+        # (After the write: its answer comes through the loop, after this callback ends.)
+        self._deadlines.schedule(limit, exchange)
         return True
 
     def _later_now(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import orjson
@@ -114,6 +115,41 @@ def test_addresses_seen_before_are_still_checked_exactly(monkeypatch) -> None:
         assert 0 < len(methods._ADDRESSES_SEEN) <= 4
     assert all(len(a) == 42 and a.startswith("0x") for a in methods._ADDRESSES_SEEN)
     TABLE.target("eth_getBalance", [ADDR.upper().replace("0X", "0x"), "latest"])  # mixed case
+
+
+def test_a_block_text_seen_before_is_not_parsed_again_but_the_other_params_are(
+    monkeypatch,
+) -> None:
+    """The memo of targets (method, number of params, block text) skips the block's parse
+    only: every other param is checked each time, a bad block text is never remembered, and
+    the memo stays within its bound."""
+    monkeypatch.setattr(methods, "MAX_TARGETS", 3)
+    table = MethodTable()
+    spec = table.specs["eth_getBalance"]
+    parsed: list[str] = []
+
+    def parse(value):
+        parsed.append(value)
+        return spec.parse_block(value)
+
+    counting = dataclasses.replace(spec, parse_block=parse)
+    table.specs["eth_getBalance"] = counting
+    for _ in range(3):
+        assert table.target("eth_getBalance", [ADDR, "0x10"]) == (counting, BlockRef(number=16))
+    assert parsed == ["0x10"]
+    for params, code in [
+        (["0x12", "0x10"], -32602),  # a bad address at a block seen before
+        ([None, "0x10"], -32602),  # a missing one
+        ([ADDR, "0x10", "0x10"], -32602),  # too many params
+        ([ADDR, "0xzz"], -39007),  # a bad block, twice: never remembered
+        ([ADDR, "0xzz"], -39007),
+    ]:
+        with pytest.raises(JsonRpcError) as err:
+            table.target("eth_getBalance", params)
+        assert err.value.code == code, params
+    for n in range(10):
+        assert table.target("eth_getBalance", [ADDR, hex(n)])[1] == BlockRef(number=n)
+    assert len(table._known) <= 3
 
 
 def test_extra_methods_setting_allows_more() -> None:
