@@ -245,8 +245,8 @@ async def test_a_corrupted_replica_stops_getting_traffic_once_the_checker_flags_
                 sent_after = bool(flagged_at)
                 _, answer = await api.rpc("1337", balance_of(payee))
                 assert "result" in answer, answer
-            if answer["result"] == hex(12346):
-                (wrong_after if sent_after else wrong_before).append(good_src.visible)
+                if answer["result"] == hex(12346):
+                    (wrong_after if sent_after else wrong_before).append(good_src.visible)
 
         clients = [asyncio.create_task(client()) for _ in range(4)]
         for height in range(BAD_AT, LAST + 1):  # a block every 0.3 s
