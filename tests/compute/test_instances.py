@@ -276,7 +276,9 @@ async def test_container_metrics_are_sampled(manager: InstanceManager, store: Co
     await wait_ended(store, doc["id"])
     points = manager.container_points(doc["id"])
     assert set(points) >= {"cpu", "memory", "net_rx", "net_tx"}
-    assert max(v for _, v in points["cpu"]) > 20
+    # A busy loop shows up (an idle program samples ~0 %); not a share of a core, which a
+    # loaded CI machine (load ~6 on 2 cores seen) may not give it in any 0.2 s interval.
+    assert max(v for _, v in points["cpu"]) > 5
     assert all(v > 0 for _, v in points["memory"])
 
 
