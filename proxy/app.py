@@ -257,7 +257,7 @@ def create_server(app: web.Application) -> HttpServer:
         # answered at once (no task for a refusal: 10,000 clients at once stay cheap).
         chain_id = chain_ids.get(request.path)
         if chain_id is None:  # (the cache was cleared after the route took the path)
-            chain_id = request.path[1:].decode("latin-1")
+            chain_id = _chain_id(request.path)
         if inproc is None:
             admitted = engine.admit(chain_id)
         else:  # nodes in this process: plain reads answered at once,
@@ -289,11 +289,16 @@ def create_server(app: web.Application) -> HttpServer:
         if path.count(b"/") == 1 and path.find(b"%") < 0:
             if len(chain_ids) >= MAX_DATA_PATHS:
                 chain_ids.clear()
-            chain_ids[path] = path[1:].decode("latin-1")
+            chain_ids[path] = _chain_id(path)
             return data
         return None
 
     return HttpServer(route, limits=server_limits(proxy.settings), fallback=app, name="proxy")
+
+
+def _chain_id(path: bytes) -> str:
+    """The chain id a data path names (`/1337` → "1337")."""
+    return path[1:].decode("latin-1")
 
 
 def _metrics_handler(proxy: Proxy):

@@ -925,11 +925,7 @@ class Engine:
             self._count_answers(ctx, node, methods, None, parsed, raw)
             if body is not None:
                 return raw
-            answered = iter(parsed)
-            for row in rows:
-                answer = next(answered)
-                answer["id"] = row[2]  # the client's id as sent (a node's 1.0 equals 1)
-                answers[row[0]] = answer
+            _place([row[0] for row in rows], rids, parsed, answers)
             return None
         items = _items(rows, sent.tried)
         if not isinstance(parsed, list | dict):
@@ -1449,14 +1445,18 @@ def _methods_notifs(items: list[Item]) -> tuple[list[str], list[bool]]:
 
 
 def _fill(items: list[Item], parsed: list[Any], answers: list[Any]) -> None:
-    """Each item's answer in its place (`_answered_in_order`), with the client's id as sent
-    (a node's `1.0` equals the client's `1` but would not be written the same)."""
-    answered = iter(parsed)
-    for it in items:
-        if not it.notif:
-            answer = next(answered)
-            answer["id"] = it.rid
-            answers[it.pos] = answer
+    """Each item's answer in its place (`_answered_in_order`; notifications have none)."""
+    sent = [it for it in items if not it.notif]
+    _place([it.pos for it in sent], [it.rid for it in sent], parsed, answers)
+
+
+def _place(positions: list[int], rids: list[Any], parsed: list[Any], answers: list[Any]) -> None:
+    """The answers `parsed` (`_answered_in_order`: one per id of `rids`, in order) at their
+    `positions`, each with the client's id as sent (a node's `1.0` equals the client's `1`
+    but would not be written the same)."""
+    for pos, rid, answer in zip(positions, rids, parsed, strict=True):
+        answer["id"] = rid
+        answers[pos] = answer
 
 
 def _loads(raw: bytes) -> Any:
