@@ -190,13 +190,31 @@ class InprocPath:
         headers: Mapping[str, str],
         started: float,
     ) -> tuple[int, bytes] | None:
-        """The answer of one request object, booked; or None."""
-        routed = self._item(pool, routes, item)
+        """The answer of one request object, booked; or None. The common single (a block
+        text seen before with as many params: its kept route, `PoolRoutes.seen`) is routed
+        here without `_item`, with no pick when one node is the candidate, and the node's
+        state checked inline as `_path` does (bench/README.md "Issues 14/15, session 9")."""
+        method = item.get("method")
+        params = item.get("params")
+        routed = None
+        if type(method) is str and type(params) is list and params and type(params[-1]) is str:
+            texts = routes.seen.get((method, len(params)))
+            if texts is not None:
+                routed = texts.get(params[-1])
         if routed is None:
-            return None
+            routed = self._item(pool, routes, item)
+            if routed is None:
+                return None
+        else:
+            rid = item.get("id")  # None: a notification (or a null id), the engine's
+            if type(rid) is not int and type(rid) is not str:
+                return None
         method, nodes, checked, _ = routed
-        node = self.engine.selector.pick(nodes)
-        path = self._path(routes, node)
+        node = nodes[0] if len(nodes) == 1 else self.engine.selector.pick(nodes)
+        breaker = node.breaker  # (`_path`, inline)
+        if node.fails or not node.healthy or breaker.failures or breaker.state is not CLOSED:
+            return None
+        path = routes.paths.get(node)  # type: ignore[union-attr]
         if path is None:
             return None
         errors: list[int] = []  # (the node tells which answers are errors)
@@ -218,7 +236,9 @@ class InprocPath:
         else:
             self._book(chain, pool, [(node, path, method, [item], [0], elapsed, method)])
             self.books.request(chain, "single", time.perf_counter() - started)
-        self.engine.metrics.client(headers.get("client-id"))
+        client = headers.get("client-id")
+        if client:
+            self.engine.metrics.client(client)
         return 200, out
 
     def _batch(self, pool: Pool, routes: PoolRoutes, items: list[Any]) -> Answered | None:

@@ -11,7 +11,7 @@ Counter. Node state (in-flight, head, health) is read at scrape time by a collec
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -391,9 +391,22 @@ class ProxyMetrics:
         )
 
     def _observe_all(self, hist: Any, samples: list[float]) -> None:
-        counts, bounds = hist.counts, self.hot.bounds
-        for seconds in samples:
-            counts[bisect_left(bounds, seconds)] += 1
+        """Sorted, each bucket's count is the distance between the positions of its bounds
+        (`bisect_left` per sample gives the same counts): a few bisects in C per fold
+        instead of a Python step per sample, and in-process samples all sit in the first
+        bucket or two (proxy/inprocbooks.py folds thousands a second)."""
+        counts = hist.counts
+        ordered = sorted(samples)
+        n = len(ordered)
+        before = 0
+        for i, bound in enumerate(self.hot.bounds):
+            at = bisect_right(ordered, bound, before)  # the samples <= bound: buckets <= i
+            counts[i] += at - before
+            before = at
+            if at == n:
+                break
+        else:
+            counts[-1] += n - before  # above every bound (+Inf)
         hist.total += sum(samples)
 
     def on_read(self, fold: Callable[[], None]) -> None:

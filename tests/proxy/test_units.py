@@ -538,3 +538,27 @@ def test_latency_samples_folded_together_match_one_at_a_time(start: float | None
         b.add_many(chunk)
     assert b.counts == a.counts and b.total == a.total and b.since + b.n == a.since + a.n
     assert b.hedge_q is not None  # refreshed once past MIN_SAMPLES, as `add` does
+
+
+def test_histogram_samples_folded_together_match_one_at_a_time() -> None:
+    """`observe_all` (the in-process answers' request times, folded in together: sorted and
+    counted per bucket) gives the buckets and sum `observe` gives one sample at a time,
+    samples on a bound and above every bound included."""
+    from proxy.metrics import LATENCY_BUCKETS, ProxyMetrics
+
+    rng = random.Random(11)
+    samples = [rng.uniform(0.0, 0.004) for _ in range(200)]
+    samples += [rng.choice(LATENCY_BUCKETS) for _ in range(40)]  # exactly on a bound
+    samples += [rng.uniform(10, 20) for _ in range(5)]  # above every bound (+Inf)
+    rng.shuffle(samples)
+    one, many = ProxyMetrics(), ProxyMetrics()
+    for s in samples:
+        one.observe("1337", "single", s)
+    for chunk in (samples[:1], samples[1:64], samples[64:]):
+        many.observe_all("1337", "single", chunk)
+    a, b = one.hot.latency[("1337", "single")], many.hot.latency[("1337", "single")]
+    assert b.counts == a.counts and sum(a.counts) == len(samples)
+    assert b.total == pytest.approx(a.total)
+    only_first = ProxyMetrics()  # the common fold: every sample in the first bucket
+    only_first.observe_all("1337", "single", [0.00001] * 64)
+    assert only_first.hot.latency[("1337", "single")].counts[:2] == [64, 0]
