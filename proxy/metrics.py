@@ -374,14 +374,17 @@ class ProxyMetrics:
         hist.counts[bisect_left(hot.bounds, seconds)] += 1
         hist.total += seconds
 
-    def attempts_ok(self, chain: str, node: str, samples: list[float]) -> None:
-        """`attempt(chain, node, "ok", s)` for each of `samples` (folded in together)."""
+    def attempts_ok(
+        self, chain: str, node: str, samples: list[float], ordered: list[float] | None = None
+    ) -> None:
+        """`attempt(chain, node, "ok", s)` for each of `samples` (folded in together;
+        `ordered`: `sorted(samples)` when the caller has it)."""
         key = (chain, node, "ok")
         attempts = self._attempts
         attempts[key] = attempts.get(key, 0) + len(samples)
         hot = self.hot
         table = hot.upstream_latency
-        self._observe_all(table.get((node,)) or hot.histogram(table, (node,)), samples)
+        self._observe_all(table.get((node,)) or hot.histogram(table, (node,)), samples, ordered)
 
     def observe_all(self, chain: str, shape: str, samples: list[float]) -> None:
         """`observe(chain, shape, s)` for each of `samples` (folded in together)."""
@@ -390,13 +393,16 @@ class ProxyMetrics:
             hot.latency.get((chain, shape)) or hot.histogram(hot.latency, (chain, shape)), samples
         )
 
-    def _observe_all(self, hist: Any, samples: list[float]) -> None:
+    def _observe_all(
+        self, hist: Any, samples: list[float], ordered: list[float] | None = None
+    ) -> None:
         """Sorted, each bucket's count is the distance between the positions of its bounds
         (`bisect_left` per sample gives the same counts): a few bisects in C per fold
         instead of a Python step per sample, and in-process samples all sit in the first
         bucket or two (proxy/inprocbooks.py folds thousands a second)."""
         counts = hist.counts
-        ordered = sorted(samples)
+        if ordered is None:
+            ordered = sorted(samples)
         n = len(ordered)
         before = 0
         for i, bound in enumerate(self.hot.bounds):
