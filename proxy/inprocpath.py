@@ -95,7 +95,9 @@ class InprocPath:
             return None
         if not body.startswith(b"[") and body.find(_CALL) >= 0:  # (`in`: slower)
             return None  # (a single eth_call is no plain read: the engine gives it to the node)
-        routes = self.routes(pool)
+        routes = self._routes.routes(pool, self.registry.version)  # (`routes`, one call less)
+        if routes.paths is None:
+            self._find_paths(routes)
         if not routes.paths:
             return None
         started = time.perf_counter()
@@ -121,16 +123,20 @@ class InprocPath:
     def routes(self, pool: Pool) -> PoolRoutes:
         """The pool's cached candidates (proxy/routes.py), started afresh also when a node
         (un)registered in process, with each reader's synchronous `Path`."""
-        registry = self.registry
-        routes = self._routes.routes(pool, registry.version)
+        routes = self._routes.routes(pool, self.registry.version)
         if routes.paths is None:
-            routes.paths = {}
-            for node in routes.readers:
-                url = node.entry.url
-                answer_items = registry.resolve_items(url)
-                if answer_items is not None:
-                    routes.paths[node] = (answer_items, registry.resolve_answered(url))
+            self._find_paths(routes)
         return routes
+
+    def _find_paths(self, routes: PoolRoutes) -> None:
+        """Each reader's synchronous `Path`, kept with the pool's fresh routes."""
+        registry = self.registry
+        routes.paths = {}
+        for node in routes.readers:
+            url = node.entry.url
+            answer_items = registry.resolve_items(url)
+            if answer_items is not None:
+                routes.paths[node] = (answer_items, registry.resolve_answered(url))
 
     def _item(
         self, pool: Pool, routes: PoolRoutes, item: Any
