@@ -200,18 +200,17 @@ class InprocPath:
         text seen before with as many params: its kept route, `PoolRoutes.seen`) is routed
         here without `_item`, with no pick when one node is the candidate, and the node's
         state checked inline as `_path` does (bench/README.md "Issues 14/15, session 9")."""
-        method = item.get("method")
-        params = item.get("params")
-        routed = None
-        if type(method) is str and type(params) is list and params and type(params[-1]) is str:
-            texts = routes.seen.get((method, len(params)))
-            if texts is not None:
-                routed = texts.get(params[-1])
-        if routed is None:
+        try:  # (no type checks first: a try costs nothing until it raises)
+            params = item["params"]
+            routed = routes.seen[(item["method"], len(params))][params[-1]]
+        except (KeyError, TypeError, IndexError):  # not seen, or not such an item: `_item`
             routed = self._item(pool, routes, item)
             if routed is None:
                 return None
         else:
+            # A kept route is taken for what its key matches, whatever the types (params a
+            # text as long, say): its params are left for the node to check (`checked` is
+            # False), which declines or answers an error, and the body goes to the engine.
             rid = item.get("id")  # None: a notification (or a null id), the engine's
             if type(rid) is not int and type(rid) is not str:
                 return None

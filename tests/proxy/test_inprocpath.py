@@ -152,6 +152,37 @@ async def test_every_other_body_goes_to_the_engine(proxied, body: bytes) -> None
     del status
 
 
+async def test_bodies_at_a_seen_block_text_that_are_not_plain_reads_go_to_the_engine(
+    proxied,
+) -> None:
+    """A single whose last param is a block text seen before takes its kept route without
+    the method table's checks (`InprocPath._single`): what is not a plain read with an int
+    or string id still goes to the engine, answered as the engine answers it."""
+    api, _, addrs, calls = proxied
+    seen = item(1, "eth_getBalance", addrs[0], "0x3")
+    status, _ = await both(api, orjson.dumps(seen))
+    assert status == 200 and calls["items"] == 1  # "0x3" is now a seen text
+    others = [
+        {"jsonrpc": "2.0", "method": "eth_getBalance", "params": [addrs[0], "0x3"]},  # no id
+        {"jsonrpc": "2.0", "id": None, "method": "eth_getBalance", "params": [addrs[0], "0x3"]},
+        {"jsonrpc": "2.0", "id": 1.5, "method": "eth_getBalance", "params": [addrs[0], "0x3"]},
+        {"jsonrpc": "2.0", "id": [1], "method": "eth_getBalance", "params": [addrs[0], "0x3"]},
+        {"jsonrpc": "2.0", "id": 2, "method": 5, "params": [addrs[0], "0x3"]},
+        {"jsonrpc": "2.0", "id": 2, "method": "eth_getBalance", "params": {"a": "0x3"}},
+        {"jsonrpc": "2.0", "id": 2, "method": "eth_getBalance", "params": [addrs[0], ["0x3"]]},
+        {"jsonrpc": "2.0", "id": 2, "method": "eth_getBalance", "params": "x3"},
+        {"jsonrpc": "2.0", "id": 2, "method": "eth_getBalance"},
+    ]
+    for obj in others:
+        await both(api, orjson.dumps(obj))
+        assert calls["items"] == 1, obj  # the node's synchronous path answered none of them
+    declined = {"id": 3, "method": "eth_getBalance", "params": [addrs[0], "0x3"]}  # no jsonrpc
+    await both(api, orjson.dumps(declined))
+    assert calls["items"] == 1
+    status, _ = await both(api, orjson.dumps(item(4, "eth_getBalance", addrs[1], "0x3")))
+    assert status == 200 and calls["items"] == 2  # and the seen route still serves reads
+
+
 def scraped(text: str, name: str, **labels: str) -> float:
     """The sum of the samples of `name` whose labels include `labels`, in a /metrics text."""
     total = 0.0
