@@ -611,3 +611,39 @@ async def test_the_data_route_decides_once_per_path(proxied) -> None:
         assert resp.status == 200 and await resp.read() == raw  # aiohttp decodes it
     async with api.client.data.post("/1337/getAllNodes", data=b"{}") as resp:
         assert b"jsonrpc" not in await resp.read()  # the admin app's answer
+
+
+async def test_a_fold_leaves_the_node_costs_one_answer_at_a_time_leaves(
+    proxied, monkeypatch
+) -> None:
+    """`Attempts.answered_ok` (a fold of in-process answers: the samples sorted once, the
+    slowest taken for the peak cost, the EWMA from the seconds) leaves a node's latency cost
+    and average exactly as its answers booked one at a time at the same instant."""
+    import time
+    from types import SimpleNamespace
+
+    from proxy import attempts as attempts_module
+    from proxy import latency
+    from proxy.engine import Admitted
+
+    api, _, _, _ = proxied
+    attempts = api.proxy.engine.attempts
+    pool = api.proxy.state.pools[CHAIN]
+    one, many = pool.readers[:2]
+    now = time.monotonic()
+    monkeypatch.setattr(attempts_module, "time", SimpleNamespace(monotonic=lambda: now))
+    rng = random.Random(5)
+    samples = [rng.uniform(2e-6, 4e-5) for _ in range(40)]
+    samples[17] = 9e-5  # the slowest in the middle: neither the first nor the last
+    for start in (None, 0.001, 5.0):  # no cost yet, below every sample, above them
+        for node in (one, many):
+            node.cost, node.cost_at, node.latency_ms = start, now - 0.5, start
+        attempts.answered_ok(Admitted(CHAIN, pool), many, "eth_getBalance", samples)
+        for s in samples:
+            latency.observe(one, s * 1000, now, attempts.tau)
+            one.observe_latency(s * 1000)
+        assert (many.cost, many.cost_at, many.latency_ms) == (
+            one.cost,
+            one.cost_at,
+            one.latency_ms,
+        ), start
