@@ -190,6 +190,17 @@ class _Connection(asyncio.Protocol):
         at c=1 everything before the write is on the client's wait."""
         assert self.transport is not None
         self.transport.write(data)
+        return self.expect(holder, early, waiter)
+
+    def expect(
+        self,
+        holder: Any = None,
+        early: Callable[[int, bytes], Any] | None = None,
+        waiter: Any = None,
+    ) -> asyncio.Future[tuple[int, bytes]]:
+        """The answer's state of a request just written to `transport` (`send`'s second
+        half): the engine writes a single request first and builds what the answer needs
+        after the write (`Engine._write_first`), still in the same callback."""
         self._early = early
         self._body = []
         self._complete = self._headers_done = self._framed = False
