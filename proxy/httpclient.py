@@ -304,10 +304,13 @@ class HostPool:
         slot is busy (no waiting: `Upstream.send_now`). `give_back` ends the exchange."""
         if self._busy >= self._limit or self._waiters:
             return None
-        conn = self._take_idle()
-        if conn is not None:
-            self._busy += 1
-        return conn
+        idle = self._idle
+        while idle:  # (`_take_idle` inline: a call less before the write at c=1)
+            conn = idle.pop()
+            if not conn.closed:
+                self._busy += 1
+                return conn
+        return None
 
     def give_back(self, conn: _Connection) -> None:
         """The end of an exchange on a connection from `take`, answered or not."""
