@@ -116,11 +116,14 @@ class _Marks:
 
     def __init__(self, toggle: Any, halves: str = "both") -> None:
         self.toggle = toggle
-        self.halves = halves  # which halves callgrind collects: "req", "ans" or "both"
+        # which part callgrind collects: "req", "ans", "both", or the request half's two
+        # parts: "srv" (to the engine's `start`) and "eng" (from there to the write)
+        self.halves = halves
         self.on = False
         self.t0 = 0
         self.req: list[int] = []
         self.ans: list[int] = []
+        self.srv: list[int] = []  # the request half's part before `Engine.start`
         self.phase = ""  # "req": between the client's bytes in and the write to the node
         self.measure = False
         self.calls: dict[str, Counter[str]] | None = None  # `--calls`: per half, per function
@@ -139,12 +142,23 @@ class _Marks:
         if not self.measure:
             return
         self.phase = phase
-        if self.toggle is not None and not self.on and self.halves in (phase, "both"):
+        wanted = (phase, "both", "srv" if phase == "req" else phase)
+        if self.toggle is not None and not self.on and self.halves in wanted:
             self.toggle()
             self.on = True
         if self.calls is not None:
             sys.setprofile(self._count)
         self.t0 = time.perf_counter_ns()
+
+    def engine(self) -> None:
+        """`Engine.start` is called: the end of the server's part of the request half."""
+        if self.phase != "req":
+            return
+        self.srv.append(time.perf_counter_ns() - self.t0)
+        split = self.halves in ("srv", "eng")
+        if self.toggle is not None and split and (self.halves == "srv") == self.on:
+            self.toggle()  # off after the server's part, or on for the engine's
+            self.on = not self.on
 
     def stop(self, phase: str) -> None:
         if self.phase != phase:
@@ -175,14 +189,15 @@ class _MarkedTransport:
 
 
 def _instrument(marks: _Marks) -> None:
-    """Wrap the four boundary methods (in this process only; the product is unchanged)."""
+    """Wrap the boundary methods (in this process only; the product is unchanged)."""
     from chainstate import httpserver
-    from proxy import httpclient
+    from proxy import engine, httpclient
 
     server_rx = httpserver._Connection.data_received
     server_write = httpserver._Connection._write_ready
     node_rx = httpclient._Connection.data_received
     node_made = httpclient._Connection.connection_made
+    engine_start = engine.Engine.start
 
     def s_rx(self: Any, data: bytes) -> None:
         marks.start("req")
@@ -198,6 +213,10 @@ def _instrument(marks: _Marks) -> None:
         node_rx(self, data)
         marks.stop("ans")
 
+    def e_start(self: Any, *args: Any, **kw: Any) -> Any:
+        marks.engine()
+        return engine_start(self, *args, **kw)
+
     def n_made(self: Any, transport: Any) -> None:
         node_made(self, _MarkedTransport(transport, marks))
 
@@ -205,6 +224,7 @@ def _instrument(marks: _Marks) -> None:
     httpserver._Connection._write_ready = s_write  # type: ignore[method-assign]
     httpclient._Connection.data_received = n_rx  # type: ignore[method-assign]
     httpclient._Connection.connection_made = n_made  # type: ignore[method-assign]
+    engine.Engine.start = e_start  # type: ignore[method-assign]
 
 
 async def _run(args: argparse.Namespace, marks: _Marks) -> dict[str, Any]:
@@ -261,6 +281,7 @@ async def _drive(args: argparse.Namespace, marks: _Marks, port: int) -> dict[str
         "requests": args.requests,
         "results": results,
         "request_half_ns_p50": statistics.median(marks.req),
+        "server_part_ns_p50": statistics.median(marks.srv),
         "answer_half_ns_p50": statistics.median(marks.ans),
         "request_half_ns_p10": statistics.quantiles(marks.req, n=10)[0],
         "answer_half_ns_p10": statistics.quantiles(marks.ans, n=10)[0],
@@ -284,9 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--half",
-        choices=("req", "ans", "both"),
+        choices=("req", "ans", "both", "srv", "eng"),
         default="both",
-        help="the half (or both) callgrind collects",
+        help="what callgrind collects: a half, both, or the request half's part up to the "
+        "engine's `start` (srv) or from there to the write (eng)",
     )
     parser.add_argument(
         "--calls",
