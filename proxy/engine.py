@@ -447,9 +447,9 @@ class Engine:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError:
             return self.handle(chain_id, body, headers, admitted, answer)
-        self.inflight += 1
         pool = admitted.pool
         quick = self._quick(pool, payload) if not pool.mirrors else None
+        self.inflight += 1
         chosen = None
         if quick is not None:
             route, node, taken = quick
@@ -586,7 +586,7 @@ class Engine:
         height = route.height
         if height is not None:  # the read path pins a height whose hash it knows
             view = self.reads.heads.views.get(pool.id)  # type: ignore[union-attr]
-            if view is not None and height in view.hashes:
+            if view is not None and view.hashes.get(height) is not None:
                 return None
         nodes = route.nodes
         node = nodes[0] if len(nodes) == 1 else self.selector.pick(nodes)
@@ -605,7 +605,7 @@ class Engine:
             spec, ref = self.methods.target(method, params)
         except Exception:  # an invalid item, a diverted method: the general path's
             return None
-        if ref is None or spec.writer or spec.block_at != len(params) - 1:
+        if ref is None or spec.writer or spec.block is None or spec.block_at != len(params) - 1:
             return None
         if ref.tag is not None or ref.hash is not None or spec.block == "logs":
             return None  # a tag is pinned per request, a hash looked up per request
