@@ -273,6 +273,8 @@ async def _drive(args: argparse.Namespace, marks: _Marks, port: int) -> dict[str
         client.done = loop.create_future()
         transport.write(b"%bContent-Length: %d\r\n\r\n%b" % (head.encode(), len(body), body))
         answer = await client.done
+        if args.gap:  # idle between requests, as a client at c=1 leaves the proxy: caches cool
+            await asyncio.sleep(args.gap)
         if b'"result"' not in answer:
             raise RuntimeError(f"not a result: {answer[-300:]!r}")
         results += 1
@@ -295,6 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=500, help="requests before measuring")
     parser.add_argument(
         "--settle", type=float, default=1.0, help="seconds before the first request"
+    )
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=0.0,
+        help="seconds idle after each answer (e.g. 0.001: the CPU caches cool as between a "
+        "real c=1 client's requests; 0: back to back, warm)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the bodies and their order")
     parser.add_argument(
