@@ -272,6 +272,7 @@ class Engine:
         self._max_body = settings.max_body_bytes
         self._max_batch = settings.max_batch_items
         self._pool_ids: dict[str, str | None] = {}  # raw /:chainId → pool id (a pure function)
+        self._admitted: dict[str, Admitted] = {}  # pool id → its Admitted (`admit_resolved`)
         self._divert: Divert | None = None
 
     def divert(self, methods: frozenset[str], handle: Divert) -> None:
@@ -321,12 +322,21 @@ class Engine:
         if found is None:
             return 404, _dumps_error(None, JsonRpcError(INVALID_REQUEST, self._unknown(chain_id)))
         chain, pool = found
-        refused = self.admission.check(pool, time.perf_counter())
-        if refused is not None:
-            self.metrics.refused(chain)
-            return 503, _dumps_error(None, refused), refused.header
+        admission, now = self.admission, time.perf_counter()
+        limit = admission.limit(pool, now)  # (the refusal is worked out only when over it)
+        if limit and pool.inflight >= limit:
+            refused = admission.check(pool, now)
+            if refused is not None:
+                self.metrics.refused(chain)
+                return 503, _dumps_error(None, refused), refused.header
         pool.inflight += 1
-        return Admitted(chain, pool)
+        # One Admitted per pool (never changed by its users): no object per request.
+        admitted = self._admitted.get(pool.id)
+        if admitted is None or admitted.pool is not pool or admitted.chain != chain:
+            if len(self._admitted) >= MAX_CHAIN_IDS:
+                self._admitted.clear()
+            admitted = self._admitted[pool.id] = Admitted(chain, pool)
+        return admitted
 
     async def handle(
         self,
