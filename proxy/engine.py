@@ -570,8 +570,9 @@ class Engine:
 
         Why: at c=1 every µs before the write to the node is the client's, and the general
         path built the request's objects (Ctx, Item, the read path's heads, Group, the
-        answer's callbacks: ~25 Python calls) before it; a plain read needs none of them
-        to know where its bytes go (bench/README.md "Issue 14, session 9")."""
+        answer's callbacks: 29 Python functions to the write, 9 here) before it; a plain
+        read needs none of them to know where its bytes go (bench/README.md "Issue 14,
+        session 9")."""
         if type(payload) is not dict or payload.get("jsonrpc") != "2.0":
             return None
         method, rid, params = payload.get("method"), payload.get("id"), payload.get("params")

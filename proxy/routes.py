@@ -80,7 +80,7 @@ class PoolRoutes:
         self.shared: dict[tuple[str, int, bool], tuple[str, list[Node], bool, bool]] = {}
         self.paths: dict[Node, Any] | None = None  # what the caller keeps per reader, if any
         # (method, number of params, the block param's text) → the route of a plain single
-        # request whose first write needs no Ctx or Item (`Engine._write_first`)
+        # request whose first write needs no Ctx or Item (`Engine._quick`)
         self.quick: dict[tuple[str, int, str], QuickRoute] = {}
 
 
@@ -88,7 +88,7 @@ class QuickRoute:
     """What the engine's general path decides for a single request object whose block is
     its last param, a height (or a blockCtx `Contains`): the same for every such request
     with the same method, number of params and block text while the pool's candidates are
-    kept (`Engine._write_first`). Its other params are still checked per request, and the
+    kept (`Engine._quick`). Its other params are still checked per request, and the
     read path's only per-request input, whether the height's hash is known (`height`; None:
     the read path never plans it), is looked up per request."""
 
