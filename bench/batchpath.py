@@ -4,17 +4,21 @@ Why: wall-clock figures on the shared 2-core VM move with the load; the instruct
 executes do not. Run it twice under callgrind with N and 2N bodies and take the difference
 per body (start-up, the store's blocks and the warm-up cancel out):
 
-    valgrind --tool=callgrind --callgrind-out-file=/dev/null python -m bench.batchpath \
-        --path proxy --batch 10 -n 200
+    valgrind --tool=callgrind python -m bench.batchpath --path proxy --batch 10 -n 500
+    (the same with -n 1000; "Collected" on stderr: instructions)
 
-Paths (the same bodies, eth_getBalance at random heights, as `bench suite state` sends):
+Paths (eth_getBalance bodies at random heights):
 
-- `node`: the state node's own data port handler (`answer_now`, body in, bytes out);
-- `proxy`: the proxy's data handler with that node in process (`inproc://`, as `chainstate
-  up` runs it): what the proxy adds, with no HTTP either side;
+- `node`: the state node's own data port handler (`answer_now`, body in, bytes out) on a
+  synthetic store, heights over the whole chain as `bench suite state` reads them;
+- `proxy`: the proxy's data handler with that node in process (`inproc://`, entered as a
+  state and an archive node as in `chainstate up`; `--settle` seconds for the proxy to
+  learn the head, so old heights go to the archive entry): what the proxy adds, with no
+  HTTP either side;
 - `http`: the proxy's engine (`Engine.handle`) in front of a node over HTTP (`--node URL`,
-  e.g. `chainstate bench fake-node --port 8546`), one body at a time: the proxy's CPU per
-  batch over HTTP, the node's not counted (its own process).
+  e.g. `chainstate bench fake-node --port 8546`), one body at a time, the bodies of `bench
+  suite proxy`'s batch case: the proxy's CPU per batch over HTTP (the node runs in its own
+  process and is not counted).
 
 It prints the bodies answered and the answer of the last one's size; every answer is
 checked to be a batch of results with the request's ids (an error answer fails the run).
