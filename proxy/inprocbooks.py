@@ -63,7 +63,11 @@ class InprocBooks:
             entry = self._singles[key] = [Admitted(chain, pool), node, method, [], []]
         entry[3].append(elapsed)
         entry[4].append(seconds)
-        self._answered()
+        self.pending += 1  # (`_answered`, inline: this is the commonest answer)
+        if self.pending >= FOLD_EVERY:
+            self.fold()
+        elif self._timer is None:
+            self._answered_later()
 
     def attempt(self, chain: str, pool: Pool, node: Node, lkey: str, elapsed: float) -> None:
         """`Attempts.answered(Admitted(chain, pool), node, lkey, elapsed, "ok")`, folded in
@@ -91,12 +95,16 @@ class InprocBooks:
         if self.pending >= FOLD_EVERY:
             self.fold()
         elif self._timer is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop to wait on: now
-                self.fold()
-                return
-            self._timer = loop.call_later(FOLD_AFTER_S, self._timed)
+            self._answered_later()
+
+    def _answered_later(self) -> None:
+        """The first answer pending: a timer folds it in within FOLD_AFTER_S."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop to wait on: now
+            self.fold()
+            return
+        self._timer = loop.call_later(FOLD_AFTER_S, self._timed)
 
     def fold(self) -> None:
         """Every pending sample into the books, in the order they came (per book)."""

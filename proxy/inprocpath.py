@@ -95,7 +95,9 @@ class InprocPath:
             return None
         if not body.startswith(b"[") and body.find(_CALL) >= 0:  # (`in`: slower)
             return None  # (a single eth_call is no plain read: the engine gives it to the node)
-        routes = self.routes(pool)
+        routes = self._routes.routes(pool, self.registry.version)  # (`routes`, one call less)
+        if routes.paths is None:
+            self._find_paths(routes)
         if not routes.paths:
             return None
         started = time.perf_counter()
@@ -121,16 +123,20 @@ class InprocPath:
     def routes(self, pool: Pool) -> PoolRoutes:
         """The pool's cached candidates (proxy/routes.py), started afresh also when a node
         (un)registered in process, with each reader's synchronous `Path`."""
-        registry = self.registry
-        routes = self._routes.routes(pool, registry.version)
+        routes = self._routes.routes(pool, self.registry.version)
         if routes.paths is None:
-            routes.paths = {}
-            for node in routes.readers:
-                url = node.entry.url
-                answer_items = registry.resolve_items(url)
-                if answer_items is not None:
-                    routes.paths[node] = (answer_items, registry.resolve_answered(url))
+            self._find_paths(routes)
         return routes
+
+    def _find_paths(self, routes: PoolRoutes) -> None:
+        """Each reader's synchronous `Path`, kept with the pool's fresh routes."""
+        registry = self.registry
+        routes.paths = {}
+        for node in routes.readers:
+            url = node.entry.url
+            answer_items = registry.resolve_items(url)
+            if answer_items is not None:
+                routes.paths[node] = (answer_items, registry.resolve_answered(url))
 
     def _item(
         self, pool: Pool, routes: PoolRoutes, item: Any
@@ -190,13 +196,32 @@ class InprocPath:
         headers: Mapping[str, str],
         started: float,
     ) -> tuple[int, bytes] | None:
-        """The answer of one request object, booked; or None."""
-        routed = self._item(pool, routes, item)
-        if routed is None:
-            return None
+        """The answer of one request object, booked; or None. The common single (a block
+        text seen before with as many params: its kept route, `PoolRoutes.seen`) is routed
+        here without `_item`, with no pick when one node is the candidate, and the node's
+        state checked inline as `_path` does (bench/README.md "Issues 14/15, session 9")."""
+        try:  # (no type checks first: a try costs nothing until it raises)
+            params = item["params"]
+            routed = routes.seen[(item["method"], len(params))][params[-1]]
+        except (KeyError, TypeError, IndexError):  # not seen, or not such an item: `_item`
+            routed = self._item(pool, routes, item)
+            if routed is None:
+                return None
+        else:
+            # A kept route is taken for what its key matches, whatever the types (params a
+            # text as long, say): its params are left for the node to check (`checked` is
+            # False), which declines or answers an error, and the body goes to the engine.
+            rid = item.get("id")  # None: a notification (or a null id), the engine's
+            if type(rid) is not int and type(rid) is not str:
+                return None
         method, nodes, checked, _ = routed
-        node = self.engine.selector.pick(nodes)
-        path = self._path(routes, node)
+        node = nodes[0] if len(nodes) == 1 else self.engine.selector.pick(nodes)
+        # `_path`, inline; `healthy` need not be read (a property, ~0.1 µs): a change of it
+        # starts the pool's routes afresh (`routes`), and candidates are healthy nodes
+        breaker = node.breaker
+        if node.fails or breaker.failures or breaker.state is not CLOSED:
+            return None
+        path = routes.paths.get(node)  # type: ignore[union-attr]
         if path is None:
             return None
         errors: list[int] = []  # (the node tells which answers are errors)
@@ -218,7 +243,9 @@ class InprocPath:
         else:
             self._book(chain, pool, [(node, path, method, [item], [0], elapsed, method)])
             self.books.request(chain, "single", time.perf_counter() - started)
-        self.engine.metrics.client(headers.get("client-id"))
+        client = headers.get("client-id")
+        if client:
+            self.engine.metrics.client(client)
         return 200, out
 
     def _batch(self, pool: Pool, routes: PoolRoutes, items: list[Any]) -> Answered | None:

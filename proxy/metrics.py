@@ -11,7 +11,7 @@ Counter. Node state (in-flight, head, health) is read at scrape time by a collec
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -374,14 +374,17 @@ class ProxyMetrics:
         hist.counts[bisect_left(hot.bounds, seconds)] += 1
         hist.total += seconds
 
-    def attempts_ok(self, chain: str, node: str, samples: list[float]) -> None:
-        """`attempt(chain, node, "ok", s)` for each of `samples` (folded in together)."""
+    def attempts_ok(
+        self, chain: str, node: str, samples: list[float], ordered: list[float] | None = None
+    ) -> None:
+        """`attempt(chain, node, "ok", s)` for each of `samples` (folded in together;
+        `ordered`: `sorted(samples)` when the caller has it)."""
         key = (chain, node, "ok")
         attempts = self._attempts
         attempts[key] = attempts.get(key, 0) + len(samples)
         hot = self.hot
         table = hot.upstream_latency
-        self._observe_all(table.get((node,)) or hot.histogram(table, (node,)), samples)
+        self._observe_all(table.get((node,)) or hot.histogram(table, (node,)), samples, ordered)
 
     def observe_all(self, chain: str, shape: str, samples: list[float]) -> None:
         """`observe(chain, shape, s)` for each of `samples` (folded in together)."""
@@ -390,10 +393,26 @@ class ProxyMetrics:
             hot.latency.get((chain, shape)) or hot.histogram(hot.latency, (chain, shape)), samples
         )
 
-    def _observe_all(self, hist: Any, samples: list[float]) -> None:
-        counts, bounds = hist.counts, self.hot.bounds
-        for seconds in samples:
-            counts[bisect_left(bounds, seconds)] += 1
+    def _observe_all(
+        self, hist: Any, samples: list[float], ordered: list[float] | None = None
+    ) -> None:
+        """Sorted, each bucket's count is the distance between the positions of its bounds
+        (`bisect_left` per sample gives the same counts): a few bisects in C per fold
+        instead of a Python step per sample, and in-process samples all sit in the first
+        bucket or two (proxy/inprocbooks.py folds thousands a second)."""
+        counts = hist.counts
+        if ordered is None:
+            ordered = sorted(samples)
+        n = len(ordered)
+        before = 0
+        for i, bound in enumerate(self.hot.bounds):
+            at = bisect_right(ordered, bound, before)  # the samples <= bound: buckets <= i
+            counts[i] += at - before
+            before = at
+            if at == n:
+                break
+        else:
+            counts[-1] += n - before  # above every bound (+Inf)
         hist.total += sum(samples)
 
     def on_read(self, fold: Callable[[], None]) -> None:

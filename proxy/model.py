@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -294,11 +293,17 @@ class Node:
         prev = self.latency_ms
         self.latency_ms = ms if prev is None else prev + EWMA * (ms - prev)
 
-    def observe_latencies(self, samples: Iterable[float]) -> None:
-        """`samples` (ms) into `latency_ms` in order (folded answers: one call for them)."""
+    def observe_latencies(self, seconds: list[float]) -> None:
+        """`observe_latency(s * 1000)` for each of `seconds` in order (folded answers: one
+        call for them, no list of ms made first)."""
+        if not seconds:
+            return
         prev = self.latency_ms
-        for ms in samples:
-            prev = ms if prev is None else prev + EWMA * (ms - prev)
+        start = 0
+        if prev is None:
+            prev, start = seconds[0] * 1000.0, 1
+        for s in seconds[start:] if start else seconds:
+            prev += EWMA * (s * 1000.0 - prev)  # (a float: no int to convert each time)
         self.latency_ms = prev
 
     def succeeded(self) -> bool:

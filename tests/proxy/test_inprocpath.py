@@ -152,6 +152,37 @@ async def test_every_other_body_goes_to_the_engine(proxied, body: bytes) -> None
     del status
 
 
+async def test_bodies_at_a_seen_block_text_that_are_not_plain_reads_go_to_the_engine(
+    proxied,
+) -> None:
+    """A single whose last param is a block text seen before takes its kept route without
+    the method table's checks (`InprocPath._single`): what is not a plain read with an int
+    or string id still goes to the engine, answered as the engine answers it."""
+    api, _, addrs, calls = proxied
+    seen = item(1, "eth_getBalance", addrs[0], "0x3")
+    status, _ = await both(api, orjson.dumps(seen))
+    assert status == 200 and calls["items"] == 1  # "0x3" is now a seen text
+    others = [
+        {"jsonrpc": "2.0", "method": "eth_getBalance", "params": [addrs[0], "0x3"]},  # no id
+        {"jsonrpc": "2.0", "id": None, "method": "eth_getBalance", "params": [addrs[0], "0x3"]},
+        {"jsonrpc": "2.0", "id": 1.5, "method": "eth_getBalance", "params": [addrs[0], "0x3"]},
+        {"jsonrpc": "2.0", "id": [1], "method": "eth_getBalance", "params": [addrs[0], "0x3"]},
+        {"jsonrpc": "2.0", "id": 2, "method": 5, "params": [addrs[0], "0x3"]},
+        {"jsonrpc": "2.0", "id": 2, "method": "eth_getBalance", "params": {"a": "0x3"}},
+        {"jsonrpc": "2.0", "id": 2, "method": "eth_getBalance", "params": [addrs[0], ["0x3"]]},
+        {"jsonrpc": "2.0", "id": 2, "method": "eth_getBalance", "params": "x3"},
+        {"jsonrpc": "2.0", "id": 2, "method": "eth_getBalance"},
+    ]
+    for obj in others:
+        await both(api, orjson.dumps(obj))
+        assert calls["items"] == 1, obj  # the node's synchronous path answered none of them
+    declined = {"id": 3, "method": "eth_getBalance", "params": [addrs[0], "0x3"]}  # no jsonrpc
+    await both(api, orjson.dumps(declined))
+    assert calls["items"] == 1
+    status, _ = await both(api, orjson.dumps(item(4, "eth_getBalance", addrs[1], "0x3")))
+    assert status == 200 and calls["items"] == 2  # and the seen route still serves reads
+
+
 def scraped(text: str, name: str, **labels: str) -> float:
     """The sum of the samples of `name` whose labels include `labels`, in a /metrics text."""
     total = 0.0
@@ -588,3 +619,39 @@ async def test_the_data_route_decides_once_per_path(proxied) -> None:
         assert resp.status == 200 and await resp.read() == raw  # aiohttp decodes it
     async with api.client.data.post("/1337/getAllNodes", data=b"{}") as resp:
         assert b"jsonrpc" not in await resp.read()  # the admin app's answer
+
+
+async def test_a_fold_leaves_the_node_costs_one_answer_at_a_time_leaves(
+    proxied, monkeypatch
+) -> None:
+    """`Attempts.answered_ok` (a fold of in-process answers: the samples sorted once, the
+    slowest taken for the peak cost, the EWMA from the seconds) leaves a node's latency cost
+    and average exactly as its answers booked one at a time at the same instant."""
+    import time
+    from types import SimpleNamespace
+
+    from proxy import attempts as attempts_module
+    from proxy import latency
+    from proxy.engine import Admitted
+
+    api, _, _, _ = proxied
+    attempts = api.proxy.engine.attempts
+    pool = api.proxy.state.pools[CHAIN]
+    one, many = pool.readers[:2]
+    now = time.monotonic()
+    monkeypatch.setattr(attempts_module, "time", SimpleNamespace(monotonic=lambda: now))
+    rng = random.Random(5)
+    samples = [rng.uniform(2e-6, 4e-5) for _ in range(40)]
+    samples[17] = 9e-5  # the slowest in the middle: neither the first nor the last
+    for start in (None, 0.001, 5.0):  # no cost yet, below every sample, above them
+        for node in (one, many):
+            node.cost, node.cost_at, node.latency_ms = start, now - 0.5, start
+        attempts.answered_ok(Admitted(CHAIN, pool), many, "eth_getBalance", samples)
+        for s in samples:
+            latency.observe(one, s * 1000, now, attempts.tau)
+            one.observe_latency(s * 1000)
+        assert (many.cost, many.cost_at, many.latency_ms) == (
+            one.cost,
+            one.cost_at,
+            one.latency_ms,
+        ), start

@@ -525,12 +525,24 @@ def test_latency_samples_folded_together_match_one_at_a_time(start: float | None
 
     rng = random.Random(7)
     samples = [rng.uniform(0.0001, 0.01) for _ in range(300)]
+    # and in-process answers' times: at or under the first bucket's bound
+    samples += [rng.uniform(0.0, latency.FLOOR_S) for _ in range(100)] + [latency.FLOOR_S] * 3
+    rng.shuffle(samples)
     one = SimpleNamespace(cost=start, cost_at=0.0)
     many = SimpleNamespace(cost=start, cost_at=0.0)
     for s in samples:
         latency.observe(one, s * 1000, 2.0, 1.0)
     latency.observe_many(many, [s * 1000 for s in samples], 2.0, 1.0)
     assert many.cost == pytest.approx(one.cost) and many.cost_at == one.cost_at
+    # `Attempts.answered_ok` gives it the first and the slowest of all only
+    for order in (samples, sorted(samples, reverse=True)):  # (the first the slowest, too)
+        ms = [s * 1000 for s in order]
+        each = SimpleNamespace(cost=start, cost_at=0.0)
+        for m in ms:
+            latency.observe(each, m, 2.0, 1.0)
+        two = SimpleNamespace(cost=start, cost_at=0.0)
+        latency.observe_many(two, [ms[0], max(order) * 1000], 2.0, 1.0)
+        assert two.cost == each.cost
     a, b = latency.LatencyWindow(0.9), latency.LatencyWindow(0.9)
     for s in samples:
         a.add(s)
@@ -538,3 +550,34 @@ def test_latency_samples_folded_together_match_one_at_a_time(start: float | None
         b.add_many(chunk)
     assert b.counts == a.counts and b.total == a.total and b.since + b.n == a.since + a.n
     assert b.hedge_q is not None  # refreshed once past MIN_SAMPLES, as `add` does
+    ewma_one, ewma_many = node("one", "state"), node("many", "state")
+    ewma_one.latency_ms = ewma_many.latency_ms = start
+    for s in samples:
+        ewma_one.observe_latency(s * 1000)
+    for chunk in (samples[:1], samples[1:64], samples[64:]):
+        ewma_many.observe_latencies(chunk)
+    assert ewma_many.latency_ms == ewma_one.latency_ms  # the same float, not only close
+
+
+def test_histogram_samples_folded_together_match_one_at_a_time() -> None:
+    """`observe_all` (the in-process answers' request times, folded in together: sorted and
+    counted per bucket) gives the buckets and sum `observe` gives one sample at a time,
+    samples on a bound and above every bound included."""
+    from proxy.metrics import LATENCY_BUCKETS, ProxyMetrics
+
+    rng = random.Random(11)
+    samples = [rng.uniform(0.0, 0.004) for _ in range(200)]
+    samples += [rng.choice(LATENCY_BUCKETS) for _ in range(40)]  # exactly on a bound
+    samples += [rng.uniform(10, 20) for _ in range(5)]  # above every bound (+Inf)
+    rng.shuffle(samples)
+    one, many = ProxyMetrics(), ProxyMetrics()
+    for s in samples:
+        one.observe("1337", "single", s)
+    for chunk in (samples[:1], samples[1:64], samples[64:]):
+        many.observe_all("1337", "single", chunk)
+    a, b = one.hot.latency[("1337", "single")], many.hot.latency[("1337", "single")]
+    assert b.counts == a.counts and sum(a.counts) == len(samples)
+    assert b.total == pytest.approx(a.total)
+    only_first = ProxyMetrics()  # the common fold: every sample in the first bucket
+    only_first.observe_all("1337", "single", [0.00001] * 64)
+    assert only_first.hot.latency[("1337", "single")].counts[:2] == [64, 0]
