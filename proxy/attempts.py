@@ -174,16 +174,61 @@ class Attempts:
         url = node.entry.url
         if node.breaker.state is not CLOSED:
             return False
-        http = url.startswith("http://")
-        items = None
-        if not http:
-            if not is_inproc(url):
+        if url.startswith("http://"):
+            taken = self.connection_now(ctx.pool, node, group.lkey, len(group.cands))
+            if taken is None:
                 return False
-            items = [it.obj for it in group.items]
-        hedgeable = http and len(group.cands) > 1
-        if hedgeable and self._timers(ctx.pool, group.lkey) is not None:
-            return False  # a race is due: `exchange` runs it
-        started = time.perf_counter()
+            started = time.perf_counter()
+            taken[1].transport.write(taken[0].request(body))
+            self.sent_now(ctx, group, taken, started, then)
+            return True
+        if not is_inproc(url):
+            return False
+        items = [it.obj for it in group.items]
+        landed = self._landed(ctx, group, False, time.perf_counter(), then)
+        early = ctx.answer_early
+        if not self.upstream.send_now(url, body, self.ceiling, ctx, early, landed, items):
+            return False
+        node.inflight += 1
+        ctx.nodes.append(node.key)
+        return True
+
+    def connection_now(self, pool: Any, node: Node, lkey: str, cands: int) -> Any:
+        """For a first attempt to a plain-http `node` whose breaker is closed, among `cands`
+        eligible nodes: an idle connection to write the request to now (`Upstream.
+        take_now`, its slot taken: `sent_now` must follow the write), or None when the
+        attempt needs `exchange` (a hedge or attempt timeout is due, no idle connection)."""
+        if cands > 1 and self._timers(pool, lkey) is not None:
+            return None  # a race is due: `exchange` runs it
+        return self.upstream.take_now(node.entry.url)
+
+    def sent_now(
+        self,
+        ctx: Any,
+        group: Group,
+        taken: Any,
+        started: float,
+        then: Callable[[Node, Any, Any], Any],
+    ) -> None:
+        """The books of a first attempt written at `started` on `connection_now`'s
+        connection, and its answer's wait: kept as `attempt` keeps them, then `then(node,
+        raw, error)` runs."""
+        node = group.node
+        landed = self._landed(ctx, group, len(group.cands) > 1, started, then)
+        self.upstream.expect_now(taken, node.entry.url, self.ceiling, ctx, ctx.answer_early, landed)
+        node.inflight += 1
+        ctx.nodes.append(node.key)
+
+    def _landed(
+        self,
+        ctx: Any,
+        group: Group,
+        hedgeable: bool,
+        started: float,
+        then: Callable[[Node, Any, Any], Any],
+    ) -> Callable[[bytes | None, UpstreamError | None], None]:
+        """What a first attempt `send_now` made (at `started`) does with its outcome."""
+        node = group.node
 
         def landed(raw: bytes | None, exc: UpstreamError | None) -> None:
             node.inflight -= 1
@@ -198,12 +243,7 @@ class Attempts:
                 self._earn(ctx.pool)  # an attempt made earns its share, as `_race`'s does
             then(node, raw, exc)
 
-        early = ctx.answer_early
-        if not self.upstream.send_now(url, body, self.ceiling, ctx, early, landed, items):
-            return False
-        node.inflight += 1
-        ctx.nodes.append(node.key)
-        return True
+        return landed
 
     def _launcher(
         self, ctx: Any, group: Group, body: bytes

@@ -49,12 +49,13 @@ from chainstate.jsonrpc import (
 from proxy import outcome
 from proxy.admission import Admission
 from proxy.attempts import BATCH, Attempts, Group
+from proxy.breaker import CLOSED
 from proxy.methods import LocalMethod, MethodSpec, MethodTable
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import Node, Pool, normalize_pool
 from proxy.reads import Plan, Reads
-from proxy.routes import PoolRoutes, RouteCache
+from proxy.routes import MAX_ROUTES, UNCACHED, PoolRoutes, QuickRoute, RouteCache
 from proxy.select import NoEligibleNode, Selector
 from proxy.settings import ProxySettings
 from proxy.state import RoutingState
@@ -274,6 +275,7 @@ class Engine:
         self._max_body = settings.max_body_bytes
         self._max_batch = settings.max_batch_items
         self._pool_ids: dict[str, str | None] = {}  # raw /:chainId → pool id (a pure function)
+        self._admitted: dict[str, Admitted] = {}  # pool id → its Admitted (`admit_resolved`)
         self._divert: Divert | None = None
 
     def divert(self, methods: frozenset[str], handle: Divert) -> None:
@@ -323,12 +325,21 @@ class Engine:
         if found is None:
             return 404, _dumps_error(None, JsonRpcError(INVALID_REQUEST, self._unknown(chain_id)))
         chain, pool = found
-        refused = self.admission.check(pool, time.perf_counter())
-        if refused is not None:
-            self.metrics.refused(chain)
-            return 503, _dumps_error(None, refused), refused.header
+        admission, now = self.admission, time.perf_counter()
+        limit = admission.limit(pool, now)  # (the refusal is worked out only when over it)
+        if limit and pool.inflight >= limit:
+            refused = admission.check(pool, now)
+            if refused is not None:
+                self.metrics.refused(chain)
+                return 503, _dumps_error(None, refused), refused.header
         pool.inflight += 1
-        return Admitted(chain, pool)
+        # One Admitted per pool (never changed by its users): no object per request.
+        admitted = self._admitted.get(pool.id)
+        if admitted is None or admitted.pool is not pool or admitted.chain != chain:
+            if len(self._admitted) >= MAX_CHAIN_IDS:
+                self._admitted.clear()
+            admitted = self._admitted[pool.id] = Admitted(chain, pool)
+        return admitted
 
     async def handle(
         self,
@@ -449,8 +460,19 @@ class Engine:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError:
             return self.handle(chain_id, body, headers, admitted, answer)
+        pool = admitted.pool
+        quick = self._quick(pool, payload) if not pool.mirrors else None
         self.inflight += 1
-        ctx = Ctx(admitted.chain, admitted.pool, answer)
+        chosen = None
+        if quick is not None:
+            route, node, taken = quick
+            if taken is not None:  # written: the request's objects come after the write
+                sent = (route, node, taken)
+                self._sent_first(admitted, payload, body, sent, started, headers, answer, later)
+                self.metrics.client(headers.get("client-id"))
+                return None
+            chosen = node  # (picked already: the general path goes on with it)
+        ctx = Ctx(admitted.chain, pool, answer)
         try:
             first = self._single_item(ctx, payload, body)
         except LocalMethod:  # raised only once divert() has set the handler
@@ -461,7 +483,7 @@ class Engine:
         if type(first) is tuple:  # answered at once: invalid, or a ready result
             result = self._done(ctx, first, started, headers)
         elif type(first) is Item:
-            result = self._first_attempt(ctx, first, body, started, headers, later)
+            result = self._first_attempt(ctx, first, body, started, headers, later, chosen)
         else:
             result = first  # type: ignore[assignment]
         # Counted once the node has the request (at c=1 every µs before the write is the
@@ -477,6 +499,7 @@ class Engine:
         started: float,
         headers: Mapping[str, str],
         later: Callable[[Awaitable[Answer]], Any],
+        chosen: Node | None = None,
     ) -> Answer | Awaitable[Answer] | None:
         """Steps 3-4 of a checked request object for `start`: its node chosen and the
         client's bytes written to it now (None), when nothing needs a task; else the rest
@@ -484,7 +507,8 @@ class Engine:
         read path planned goes the same way in a pool with in-process readers when it waits
         for no identical read: it is sent pinned as planned, and its answer lands in the read
         path (`_landed`). (Over HTTP alone, planned items keep the task: choosing them at
-        once moved the weighted shares, tests/proxy/test_failsafe.py.)"""
+        once moved the weighted shares, tests/proxy/test_failsafe.py.) `chosen`: the node
+        `_quick` picked for it already (a plain item: not planned)."""
         plan = item.plan
         if ctx.early is None or (
             plan is not None and (plan.flight is not None or not _has_inproc(ctx.pool))
@@ -496,11 +520,30 @@ class Engine:
             if plan.obj is not sent:
                 body = orjson.dumps(plan.obj)
         answers: list[Any] = [None]
-        group = self._first_group(ctx, item, answers)
+        group = self._first_group(ctx, item, answers, chosen)
         if group is None:  # no eligible node: answered by `_give_up`
             answer = self._single_answer(ctx, item, body, None, answers)
             self._landed(item, None, answers)
             return self._done(ctx, answer, started, headers)
+        then = self._then(ctx, item, group, body, answers, started, headers, later)
+        if self.attempts.send_now(ctx, group, body, then):
+            return None
+        resumed = self._resume(ctx, item, body, answers, 1, [item], {group.node: group})
+        return self._finish(ctx, resumed, started, headers)
+
+    def _then(
+        self,
+        ctx: Ctx,
+        item: Item,
+        group: Group,
+        body: bytes,
+        answers: list[Any],
+        started: float,
+        headers: Mapping[str, str],
+        later: Callable[[Awaitable[Answer]], Any],
+    ) -> Callable[[Node, bytes | None, UpstreamError | None], None]:
+        """What a first attempt `start` sent does with its outcome: the answer and the
+        books, or the rest of the steps in a task given to `later`."""
 
         def then(node: Node, raw: bytes | None, exc: UpstreamError | None) -> None:
             try:
@@ -517,10 +560,108 @@ class Engine:
             if respond is not None:
                 respond(result)
 
-        if self.attempts.send_now(ctx, group, body, then):
+        return then
+
+    # ---- the first write before any object (`start`'s plain single request) -------------
+
+    def _quick(self, pool: Pool, payload: Any) -> tuple[QuickRoute, Node, Any] | None:
+        """A request object whose first attempt the general path would write to its node
+        at once, unchanged, with nothing planned (`start` → `_single_item` → `_first_attempt`
+        → `Attempts.send_now`): (its kept route, the node picked, an idle connection to it,
+        or None when the attempt needs the general path's task after all: the node picked
+        stays its choice); None for any other body, before anything is picked or counted.
+
+        Why: at c=1 every µs before the write to the node is the client's, and the general
+        path built the request's objects (Ctx, Item, the read path's heads, Group, the
+        answer's callbacks: 29 Python functions to the write, 9 here) before it; a plain
+        read needs none of them to know where its bytes go (bench/README.md "Issue 14,
+        session 9")."""
+        if type(payload) is not dict or payload.get("jsonrpc") != "2.0":
             return None
-        resumed = self._resume(ctx, item, body, answers, 1, [item], {group.node: group})
-        return self._finish(ctx, resumed, started, headers)
+        method, rid, params = payload.get("method"), payload.get("id"), payload.get("params")
+        if type(method) is not str or (type(rid) is not int and type(rid) is not str):
+            return None  # (a notification, a float id, a bad envelope: the general path's)
+        if type(params) is not list or not params or None in params:
+            return None
+        text = params[-1]
+        if type(text) is not str:
+            return None
+        routes = self.routes.routes(pool)
+        route = routes.quick.get((method, len(params), text))
+        if route is None:
+            route = self._quick_route(pool, routes, method, params)
+            if route is None:
+                return None
+        try:
+            for index, check, name in route.checks:  # what `MethodTable.target` checks
+                check(params[index] if index < len(params) else None, name)
+        except Exception:  # the general path answers it (the same error)
+            return None
+        height = route.height
+        if height is not None:  # the read path pins a height whose hash it knows
+            view = self.reads.heads.views.get(pool.id)  # type: ignore[union-attr]
+            if view is not None and view.hashes.get(height) is not None:
+                return None
+        nodes = route.nodes
+        node = nodes[0] if len(nodes) == 1 else self.selector.pick(nodes)
+        if node.breaker.state is not CLOSED or not node.entry.url.startswith("http://"):
+            return route, node, None
+        return route, node, self.attempts.connection_now(pool, node, method, len(nodes))
+
+    def _quick_route(
+        self, pool: Pool, routes: PoolRoutes, method: str, params: list[Any]
+    ) -> QuickRoute | None:
+        """The route of a request object as the general path finds it (the method table's
+        target, the read path's rule, the route cache's candidates), kept in `routes` when
+        every such request goes the same way: a read at a height or `Contains` named by its
+        last param, with eligible nodes. None (not kept): anything else."""
+        try:
+            spec, ref = self.methods.target(method, params)
+        except Exception:  # an invalid item, a diverted method: the general path's
+            return None
+        if ref is None or spec.writer or spec.block is None or spec.block_at != len(params) - 1:
+            return None
+        if ref.tag is not None or ref.hash is not None or spec.block == "logs":
+            return None  # a tag is pinned per request, a hash looked up per request
+        nodes, cls = self.routes.candidates(pool, routes, method, spec, ref)
+        if not nodes or cls is UNCACHED:
+            return None
+        reads = self.reads
+        planned = reads is not None and method in reads.methods and not ref.contains
+        if planned and ref.number is None:
+            return None
+        route = QuickRoute(method, spec, ref, nodes, ref.number if planned else None)
+        quick = routes.quick
+        if len(quick) >= MAX_ROUTES:
+            quick.clear()
+        quick[(method, len(params), params[-1])] = route
+        return route
+
+    def _sent_first(
+        self,
+        admitted: Admitted,
+        payload: dict[str, Any],
+        body: bytes,
+        quick: tuple[QuickRoute, Node, Any],
+        started: float,
+        headers: Mapping[str, str],
+        answer: Callable[[Answer], Any],
+        later: Callable[[Awaitable[Answer]], Any],
+    ) -> None:
+        """The client's bytes written to the node `_quick` picked, on its connection, then
+        the request's objects as `_first_attempt` makes them, and the answer's wait
+        (`Attempts.sent_now`)."""
+        route, node, taken = quick
+        sent = time.perf_counter()
+        taken[1].transport.write(taken[0].request(body))
+        ctx = Ctx(admitted.chain, admitted.pool, answer)
+        method = route.method
+        ctx.methods.append(method)
+        item = Item(0, payload, payload["id"], method, route.spec, route.ref, False)
+        item.tried.append(node)
+        group = Group(node, [item], route.nodes, method)
+        then = self._then(ctx, item, group, body, [None], started, headers, later)
+        self.attempts.sent_now(ctx, group, taken, sent, then)
 
     def _first_landed(
         self,
@@ -1135,11 +1276,14 @@ class Engine:
                 group.add(it, cands)
         return groups
 
-    def _first_group(self, ctx: Ctx, it: Item, answers: list[Any]) -> Group | None:
+    def _first_group(
+        self, ctx: Ctx, it: Item, answers: list[Any], chosen: Node | None = None
+    ) -> Group | None:
         """`_choose` for the one item of a single request on its first attempt (no grouping
-        to do: `start`'s path); None when no node is eligible (`it` is answered then)."""
+        to do: `start`'s path); None when no node is eligible (`it` is answered then).
+        `chosen`: picked already among the same candidates (`_quick`)."""
         pool = ctx.pool
-        found = self._first_choice(pool, self.routes.routes(pool), it, None)
+        found = self._first_choice(pool, self.routes.routes(pool), it, None, chosen)
         if type(found) is NoEligibleNode:
             self._give_up(ctx, it, answers, found)
             return None
@@ -1153,6 +1297,7 @@ class Engine:
         routes: PoolRoutes,
         it: Item,
         picked: dict[tuple[Node, ...], tuple[Node, list[Node]]] | None,
+        chosen: Node | None = None,
     ) -> tuple[Node, list[Node]] | NoEligibleNode:
         """The node for an item on its first attempt (one pick per set of eligible nodes in
         `picked`; None: a single item), with the eligible nodes. Nodes off the chain the
@@ -1169,7 +1314,7 @@ class Engine:
         if len(nodes) == 1:
             return nodes[0], nodes
         if picked is None:
-            return self.selector.pick(nodes), nodes
+            return chosen or self.selector.pick(nodes), nodes
         ids = tuple(nodes)
         found = picked.get(ids)
         if found is None:

@@ -190,6 +190,17 @@ class _Connection(asyncio.Protocol):
         at c=1 everything before the write is on the client's wait."""
         assert self.transport is not None
         self.transport.write(data)
+        return self.expect(holder, early, waiter)
+
+    def expect(
+        self,
+        holder: Any = None,
+        early: Callable[[int, bytes], Any] | None = None,
+        waiter: Any = None,
+    ) -> asyncio.Future[tuple[int, bytes]]:
+        """The answer's state of a request just written to `transport` (`send`'s second
+        half): the engine writes a single request first and builds what the answer needs
+        after the write (`Engine._sent_first`), still in the same callback."""
         self._early = early
         self._body = []
         self._complete = self._headers_done = self._framed = False
@@ -293,10 +304,13 @@ class HostPool:
         slot is busy (no waiting: `Upstream.send_now`). `give_back` ends the exchange."""
         if self._busy >= self._limit or self._waiters:
             return None
-        conn = self._take_idle()
-        if conn is not None:
-            self._busy += 1
-        return conn
+        idle = self._idle
+        while idle:  # (`_take_idle` inline: a call less before the write at c=1)
+            conn = idle.pop()
+            if not conn.closed:
+                self._busy += 1
+                return conn
+        return None
 
     def give_back(self, conn: _Connection) -> None:
         """The end of an exchange on a connection from `take`, answered or not."""

@@ -45,6 +45,7 @@ class PoolRoutes:
         "changes_at",
         "paths",
         "points",
+        "quick",
         "readers",
         "seen",
         "shared",
@@ -78,6 +79,40 @@ class PoolRoutes:
         # one route share one object, so a batch compares them by identity
         self.shared: dict[tuple[str, int, bool], tuple[str, list[Node], bool, bool]] = {}
         self.paths: dict[Node, Any] | None = None  # what the caller keeps per reader, if any
+        # (method, number of params, the block param's text) → the route of a plain single
+        # request whose first write needs no Ctx or Item (`Engine._quick`)
+        self.quick: dict[tuple[str, int, str], QuickRoute] = {}
+
+
+class QuickRoute:
+    """What the engine's general path decides for a single request object whose block is
+    its last param, a height (or a blockCtx `Contains`): the same for every such request
+    with the same method, number of params and block text while the pool's candidates are
+    kept (`Engine._quick`). Its other params are still checked per request, and the
+    read path's only per-request input, whether the height's hash is known (`height`; None:
+    the read path never plans it), is looked up per request."""
+
+    __slots__ = ("checks", "height", "method", "nodes", "ref", "spec")
+
+    def __init__(
+        self,
+        method: str,
+        spec: MethodSpec,
+        ref: BlockRef,
+        nodes: list[Node],
+        height: int | None,
+    ) -> None:
+        self.method = method
+        self.spec = spec
+        self.ref = ref
+        self.nodes = nodes  # the first attempt's candidates (not empty)
+        self.height = height  # a pinned read when its hash is known (proxy/reads.py `_plan`)
+        # (index, check, name) of every param but the block (the method table's checks)
+        self.checks = tuple(
+            (index, check, spec.params[index])
+            for index, check in spec.checks
+            if index != spec.block_at
+        )
 
 
 def signature(readers: list[Node]) -> tuple[Any, ...]:

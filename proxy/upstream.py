@@ -172,15 +172,37 @@ class Upstream:
         within the same limit; False when it declines them (`send` then takes the body)."""
         if items is not None and is_inproc(url):
             return self._later_now(url, items, limit, holder, early, then)
+        taken = self.take_now(url)
+        if taken is None:
+            return False
+        pool, conn = taken
+        conn.transport.write(pool.request(body))
+        self.expect_now(taken, url, limit, holder, early, then)
+        return True
+
+    def take_now(self, url: str) -> tuple[HostPool, Any] | None:
+        """An idle connection to a plain-http node with its slot taken (its `transport`
+        is written to by the caller, then `expect_now` given it), or None (nothing taken)."""
         pool = self._pools.get(url)
         conn = None if pool is None else pool.take()
-        if conn is None:
-            return False
-        exchange = SentNow(pool, conn, url, limit, then)  # type: ignore[arg-type]
-        conn.send(pool.request(body), holder, early, exchange)  # type: ignore[union-attr]
-        # (After the write: its answer comes through the loop, after this callback ends.)
+        return None if conn is None else (pool, conn)  # type: ignore[return-value]
+
+    def expect_now(
+        self,
+        taken: tuple[HostPool, Any],
+        url: str,
+        limit: float,
+        holder: Any,
+        early: Callable[[int, bytes], Any],
+        then: Landed,
+    ) -> None:
+        """`send_now`'s second half, once the request is written on the connection of
+        `take_now`: its answer and deadline. (After the write: the answer comes through the
+        loop, after the caller's callback ends, so none of this is on the client's wait.)"""
+        pool, conn = taken
+        exchange = SentNow(pool, conn, url, limit, then)
+        conn.expect(holder, early, exchange)
         self._deadlines.schedule(limit, exchange)
-        return True
 
     def _later_now(
         self,

@@ -6,13 +6,14 @@ timeouts, a connection the node closed, the books counted once, pipelined order.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
 
 from chainstate.jsonrpc import BLOCK_NOT_FOUND
 from proxy.app import get_proxy
-from tests.proxy.conftest import ADDR, fast_settings
+from tests.proxy.conftest import ADDR, fast_settings, wait_until
 
 # No cache: a read at a height is then always sent to a node (the read path plans nothing).
 NO_CACHE = {"cache_pools": ()}
@@ -231,3 +232,76 @@ async def test_an_idle_connection_the_node_closed_is_replaced(make_api) -> None:
         assert failed == 0
     finally:
         server.close()
+
+
+# ---- the first write before the request's objects (`Engine._quick`, `_sent_first`) ------
+
+
+async def test_a_kept_route_still_checks_the_other_params_of_every_request(make_api, fake_nodes):
+    """The route of a block text is kept after its first request, not its params: a bad
+    address at that block is answered by the proxy as the general path answers it, and
+    never reaches the node."""
+    node = await fake_nodes("s", "state")
+    api = await make_api(fast_settings(**NO_CACHE))
+    await api.add("1337", node)
+    reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
+    for rid in range(3):  # the first opens the node connection, the others take it
+        writer.write(HEAD % len(body(rid)) + body(rid))
+        assert (await read_answer(reader))[1]["result"]
+    bad = b'{"jsonrpc":"2.0","id":7,"method":"eth_getBalance","params":["0x12","0x3e8"]}'
+    writer.write(HEAD % len(bad) + bad)
+    status, answer = await read_answer(reader)
+    writer.close()
+    engine = get_proxy(api.client.app).engine
+    general = await engine.handle("1337", bad, {})  # the engine's general path
+    assert (status, answer) == (general[0], orjson.loads(general[1]))
+    assert answer["error"]["code"] == -32602, answer
+    assert len(node.data_items("eth_getBalance")) == 3
+
+
+async def test_a_height_whose_hash_the_proxy_knows_is_still_pinned_and_cached(make_api, fake_nodes):
+    """A kept route does not keep the read path's decision: a read at a height whose
+    hash the proxy knows is sent by that hash and its answer cached, so the node is asked
+    once for three identical reads."""
+    node = await fake_nodes("s", "state")
+    api = await make_api(fast_settings())
+    await api.add("1337", node)
+    await api.heads_known("1337")
+    reads = get_proxy(api.client.app).reads
+    await wait_until(lambda: 1000 in reads.heads.views["1337"].hashes)
+    reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
+    answers = []
+    for rid in range(3):
+        writer.write(HEAD % len(body(rid)) + body(rid))
+        status, answer = await read_answer(reader)
+        assert status == 200 and answer["id"] == rid, answer
+        answers.append(answer["result"])
+    writer.close()
+    asked = node.data_items("eth_getBalance")
+    assert len(asked) == 1, asked
+    assert asked[0]["params"][1] == {"blockHash": reads.heads.views["1337"].hashes[1000]}
+    assert answers[0] == answers[1] == answers[2]
+
+
+async def test_a_request_written_first_is_logged_with_its_method_node_and_client(
+    make_api, fake_nodes, caplog
+):
+    """The books of a request written before its objects existed are the general path's:
+    the access log names its method, node and the client's headers."""
+    caplog.set_level(logging.INFO, logger="chainstate.proxy.access")
+    node = await fake_nodes("s", "state")
+    api = await make_api(fast_settings(**NO_CACHE))
+    await api.add("1337", node)
+    reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
+    head = b"POST /1337 HTTP/1.1\r\nHost: x\r\nclient-id: alice\r\nx-vendor-biz: shop\r\n"
+    for rid in range(3):  # the first opens the node connection, the others take it
+        with TaskNames() as tasks:
+            writer.write(head + b"Content-Length: %d\r\n\r\n%b" % (len(body(rid)), body(rid)))
+            assert (await read_answer(reader))[1]["result"]
+    writer.close()
+    assert tasks == [], tasks  # (the last went out before any of its objects was built)
+    logged = [r for r in caplog.records if r.name == "chainstate.proxy.access"]
+    assert len(logged) == 3
+    for record in logged:
+        assert record.methods == ["eth_getBalance"] and record.nodes == ["s"]
+        assert (record.client_id, record.x_vendor_biz, record.status) == ("alice", "shop", 200)
