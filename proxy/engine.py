@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -1110,7 +1113,10 @@ class Engine:
         """Step 1 for every item: valid items to route, as `Row`s (invalid ones answered at
         once), whether every id is as orjson read it (else they are read from `body`), and
         whether a valid item is a notification."""
-        rows: list[Row] = []
+        rows = self._uniform_rows(payload)
+        if rows is not None:
+            return rows, True, False
+        rows = []
         notified = False
         target = self.methods.target
         rids: list[Any] | None = None
@@ -1141,6 +1147,46 @@ class Engine:
         return rows, rids is None, notified
 
     # ---- the one loop: choose, send, classify, retry -------------------------------------
+
+    def _uniform_rows(self, payload: list[Any]) -> list[Row] | None:
+        """`_parse_items`' rows, made with C loops over the items (no Python step per item),
+        for the common batch: request objects of one method, each with `"jsonrpc": "2.0"`,
+        an int or string id and a list of as many params, none null, whose block text (the
+        last param) the method table remembers (`MethodTable.known_targets`); None for any
+        other batch (then item by item, with the same checks and rows)."""
+        try:
+            methods = list(map(_METHOD, payload))
+            method = methods[0]
+            n = len(payload)
+            if type(method) is not str or methods.count(method) != n:
+                return None
+            if list(map(_JSONRPC, payload)).count("2.0") != n:
+                return None
+            rids = list(map(_ID, payload))
+            params = list(map(_PARAMS, payload))
+            sizes = set(map(len, params))
+            if not set(map(type, rids)) <= _ID_TYPES or set(map(type, params)) != {list}:
+                return None
+            if len(sizes) != 1 or any(map(_HAS_NONE, params, repeat(None))):
+                return None
+            if set(map(type, map(_LAST, params))) != {str}:
+                return None
+        except (TypeError, KeyError, IndexError):  # (not a dict, a key missing, no params)
+            return None
+        known = self.methods.known_targets(method, sizes.pop(), params)
+        if known is None:
+            return None
+        return list(
+            zip(
+                range(n),
+                payload,
+                rids,
+                repeat(method),
+                map(_SPEC, known),
+                map(_REF, known),
+                repeat(False),
+            )
+        )
 
     async def _route(
         self,
@@ -1541,6 +1587,17 @@ class Engine:
         for name in SOURCE_HEADERS:
             extra[name.replace("-", "_")] = _cut(headers.get(name))
         access_log.info("request", extra=extra)
+
+
+_METHOD, _JSONRPC, _ID, _PARAMS = (
+    itemgetter("method"),
+    itemgetter("jsonrpc"),
+    itemgetter("id"),
+    itemgetter("params"),
+)
+_SPEC, _REF, _LAST = itemgetter(0), itemgetter(1), itemgetter(-1)
+_ID_TYPES = frozenset((int, str))  # (a float id is read from the body: item by item)
+_HAS_NONE = operator.contains
 
 
 def _has_inproc(pool: Pool) -> bool:

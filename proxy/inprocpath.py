@@ -254,8 +254,11 @@ class InprocPath:
         if routed is None:
             return None
         groups, checked, tagged, method = routed
-        if len(groups) > 1 and tagged and self.engine.reads is not None:
-            return None  # `latest` on several nodes: the engine pins one head (docs/proxy.md)
+        if len(groups) > 1:
+            if tagged and self.engine.reads is not None:
+                return None  # `latest` on several nodes: the engine pins one head (docs/proxy.md)
+            if _one_path(groups):
+                return self._shared(groups, items, method)
         answers: list[Any] = [None] * len(items)
         done: list[Attempt] = []
         for node, path, positions in groups:
@@ -276,6 +279,31 @@ class InprocPath:
                 for i, answer in zip(positions, got, strict=True):  # type: ignore[arg-type]
                     answers[i] = answer
         return answers, done
+
+    def _shared(self, groups: list[Group], items: list[Any], method: str | None) -> Answered | None:
+        """The answers of a batch whose groups were picked on node entries that share one
+        synchronous path (one node entered under several kinds, e.g. as a state and an
+        archive node): one call for every item, in the client's order, instead of one per
+        group and a merge. Booked as the engine books its calls, one attempt per group,
+        each with the group's share (by items) of the call's time. An error answer leaves
+        the body to the engine (nothing is counted yet): the groups' books would need each
+        error's group."""
+        path = groups[0][1]
+        errors: list[int] = []
+        t0 = time.perf_counter()
+        try:
+            got = path[0](items, errors)
+        except Exception:  # the engine sends it again and counts the failure
+            return None
+        elapsed = time.perf_counter() - t0
+        if got is None or errors:
+            return None
+        share = elapsed / len(items)
+        done: list[Attempt] = []
+        for node, own, positions in groups:
+            sent = positions if method is not None else [items[i] for i in positions]
+            done.append((node, own, BATCH, sent, [], share * len(positions), method))
+        return got, done
 
     def _book(self, chain: str, pool: Pool, done: list[Attempt]) -> None:
         """The books of answers kept (none before: a body the engine answers after all is
@@ -422,6 +450,13 @@ def _seen_all(routes: PoolRoutes, items: list[Any]) -> list[Any] | None:
     except (KeyError, TypeError, IndexError):  # (not a dict, no id, no params, unhashable)
         return None
     return hits
+
+
+def _one_path(groups: list[Group]) -> bool:
+    """Whether every group's node answers through the same synchronous path (the same
+    in-process node under several entries)."""
+    first = groups[0][1]
+    return all(path[0] is first[0] and path[1] is first[1] for _, path, _ in groups)
 
 
 def _retried(answers: list[Any], errors: list[int]) -> bool:

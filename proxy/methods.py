@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 from chainstate.blockref import BlockRef, parse_block_ctx, parse_block_id, parse_block_number_param
@@ -198,6 +200,7 @@ class LocalMethod(Exception):
     body over (`Engine.divert`). Not a JsonRpcError, so no item's handler answers it."""
 
 
+_LAST = itemgetter(-1)
 MAX_TARGETS = 4096  # remembered (method, params, block text) targets; then cleared
 
 
@@ -235,6 +238,35 @@ class MethodTable:
                     check(params[index] if index < len(params) else None, spec.params[index])
             return known
         return self._target(method, params)
+
+    def known_targets(
+        self, method: str, size: int, params: list[list[Any]]
+    ) -> list[tuple[MethodSpec, BlockRef]] | None:
+        """`target(method, p)` for every `p` of `params` (lists of `size` params, none of
+        them null), each found by its block text among the targets remembered, with C loops
+        over the items (a batch of one method: no Python step per item for the common
+        check, an address seen before); None when one is not remembered or a check fails
+        (then `target` per item finds the same targets, or the error)."""
+        try:
+            keys = zip(repeat(method), repeat(size), map(_LAST, params))
+            known = list(map(self._known.get, keys))
+            if None in known:
+                return None
+            spec = known[0][0]  # type: ignore[index]
+            for index, check in spec.checks:
+                if index == spec.block_at:
+                    continue  # (the block param's text passed already)
+                if index >= size:
+                    check(None, spec.params[index])
+                elif check is not _address or not _ADDRESSES_SEEN.issuperset(
+                    map(itemgetter(index), params)
+                ):
+                    name = spec.params[index]
+                    for value in map(itemgetter(index), params):
+                        check(value, name)
+        except (JsonRpcError, TypeError):  # (TypeError: an unhashable param)
+            return None
+        return known  # type: ignore[return-value]
 
     def _remember(
         self, key: tuple[str, int, str], found: tuple[MethodSpec, BlockRef | None]
