@@ -60,6 +60,8 @@ Group = tuple[Node, Path, list[int]]
 # (node, its path, latency key, the items it answered, positions of its error answers among
 # them, the time it took, the method of every item or None): booked once the answers are kept
 Attempt = tuple[Node, Path, str, list[Any], list[int], float, str | None]
+# (node, its path, the number of items of its group): a group answered by a shared call
+Counted = tuple[Node, Path, int]
 Answered = tuple[Any, list[Attempt]]  # (the answer to send, its attempts)
 # Request objects with this text are not parsed here: an eth_call is never a plain read, and
 # the engine sends it to the node's future (proxy/upstream.py `send_now`) without parsing it
@@ -250,7 +252,12 @@ class InprocPath:
 
     def _batch(self, pool: Pool, routes: PoolRoutes, items: list[Any]) -> Answered | None:
         """The answers of a batch in its order and their books, or None."""
-        routed = self._route(pool, routes, items)
+        seen = _seen_all(routes, items)
+        if seen is not None and seen.count(seen[0]) != len(seen):
+            tally = self._tally(routes, seen)  # several routes, one node in process
+            if tally is not None:
+                return self._shared(tally, items, seen[0][0])
+        routed = self._route(pool, routes, items, seen)
         if routed is None:
             return None
         groups, checked, tagged, method = routed
@@ -258,7 +265,7 @@ class InprocPath:
             if tagged and self.engine.reads is not None:
                 return None  # `latest` on several nodes: the engine pins one head (docs/proxy.md)
             if _one_path(groups):
-                return self._shared(groups, items, method)
+                return self._shared(_counts(groups), items, method, groups)
         answers: list[Any] = [None] * len(items)
         done: list[Attempt] = []
         for node, path, positions in groups:
@@ -280,15 +287,23 @@ class InprocPath:
                     answers[i] = answer
         return answers, done
 
-    def _shared(self, groups: list[Group], items: list[Any], method: str | None) -> Answered | None:
+    def _shared(
+        self,
+        counted: list[Counted],
+        items: list[Any],
+        method: str | None,
+        groups: list[Group] | None = None,
+    ) -> Answered | None:
         """The answers of a batch whose groups were picked on node entries that share one
         synchronous path (one node entered under several kinds, e.g. as a state and an
         archive node): one call for every item, in the client's order, instead of one per
-        group and a merge. Booked as the engine books its calls, one attempt per group,
-        each with the group's share (by items) of the call's time. An error answer leaves
-        the body to the engine (nothing is counted yet): the groups' books would need each
-        error's group."""
-        path = groups[0][1]
+        group and a merge. Booked as the engine books its calls, one attempt per group
+        (`counted`: each group's node, path and number of items), each with the group's
+        share (by items) of the call's time. `groups` (their positions) are needed when the
+        items have several methods (`method` None), for the count per method. An error
+        answer leaves the body to the engine (nothing is counted yet): the groups' books
+        would need each error's group."""
+        path = counted[0][1]
         errors: list[int] = []
         t0 = time.perf_counter()
         try:
@@ -300,10 +315,46 @@ class InprocPath:
             return None
         share = elapsed / len(items)
         done: list[Attempt] = []
-        for node, own, positions in groups:
-            sent = positions if method is not None else [items[i] for i in positions]
+        if method is not None:  # (the number of items is all the books need: `_book`)
+            for node, own, n in counted:
+                done.append((node, own, BATCH, [None] * n, [], share * n, method))
+            return got, done
+        for node, own, positions in groups or ():
+            sent = [items[i] for i in positions]
             done.append((node, own, BATCH, sent, [], share * len(positions), method))
         return got, done
+
+    def _tally(self, routes: PoolRoutes, seen: list[Any]) -> list[Counted] | None:
+        """The groups of a batch of one method whose items have several kept routes
+        (`_seen_all`), counted with C loops instead of `_group`'s item-by-item positions:
+        one pick per candidate list in the order they first come (as `_group`), the
+        lists picked on one node merged; or None unless every node picked answers
+        through one synchronous path (then `_shared` makes one call and needs only each
+        group's count) in several groups, and no route reads at a tag when the proxy pins
+        heads (the engine's)."""
+        ids = list(map(id, seen))
+        counts: dict[Node, int] = {}
+        paths: dict[Node, Path] = {}
+        picked: dict[int, Node] = {}  # id of a candidate list → the node picked from it
+        pick = self.engine.selector.pick
+        for key, (_, nodes, _, tagged) in dict(zip(ids, seen, strict=True)).items():
+            if tagged and self.engine.reads is not None:
+                return None
+            node = picked.get(id(nodes))
+            if node is None:
+                node = picked[id(nodes)] = pick(nodes)
+            n = ids.count(key)
+            if node in counts:
+                counts[node] += n
+                continue
+            path = self._path(routes, node)
+            if path is None:
+                return None
+            counts[node], paths[node] = n, path
+        one = next(iter(paths.values()))
+        if len(paths) < 2 or any(p[0] is not one[0] or p[1] is not one[1] for p in paths.values()):
+            return None
+        return [(node, paths[node], n) for node, n in counts.items()]
 
     def _book(self, chain: str, pool: Pool, done: list[Attempt]) -> None:
         """The books of answers kept (none before: a body the engine answers after all is
@@ -331,7 +382,7 @@ class InprocPath:
             request(chain, name, node.key, outcome, n)
 
     def _route(
-        self, pool: Pool, routes: PoolRoutes, items: list[Any]
+        self, pool: Pool, routes: PoolRoutes, items: list[Any], seen: list[Any] | None = None
     ) -> tuple[list[Group], bool, bool, str | None] | None:
         """Steps 1-3 for every item of a batch, as the engine's first attempt makes them:
         the groups of items per chosen node (one pick per candidate list, as the engine's
@@ -339,7 +390,7 @@ class InprocPath:
         at a tag, and the method of every item (None: several); or None when the body is
         not for this path. The common batch (every block text seen before, one route for
         all: one method, one range of heights) is routed without a Python step per item."""
-        routed = _seen_all(routes, items)
+        routed = seen  # (`_seen_all`'s, found by the caller; None: item by item)
         if routed is None:
             routed = []
             item_route = self._item
@@ -457,6 +508,11 @@ def _one_path(groups: list[Group]) -> bool:
     in-process node under several entries)."""
     first = groups[0][1]
     return all(path[0] is first[0] and path[1] is first[1] for _, path, _ in groups)
+
+
+def _counts(groups: list[Group]) -> list[Counted]:
+    """Each group's node, path and number of items (`InprocPath._shared`'s books)."""
+    return [(node, path, len(positions)) for node, path, positions in groups]
 
 
 def _retried(answers: list[Any], errors: list[int]) -> bool:
