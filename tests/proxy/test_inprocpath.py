@@ -583,6 +583,32 @@ async def test_a_batch_of_seen_block_texts_is_routed_as_item_by_item(
         after = served_by(api)
         grew = {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
         assert grew == {"archive": 2 * 5, "state": 2 * 4}  # the data port's and the engine's
+        # the ranges in any order, the groups of unequal sizes: still one call, each entry
+        # booked its own items (counted per route, not per position)
+        mixed = [
+            item(i, "eth_getBalance", addrs[i % 3], hex(h))
+            for i, h in enumerate((20, 2, 2, 21, 3, 20, 2, 20, 20, 21, 3))
+        ]
+        before, served = served_by(api), calls["items"]
+        status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(mixed))
+        assert status == 200 and calls["items"] == served + 1
+        assert [a["id"] for a in orjson.loads(raw)] == list(range(11))
+        after = served_by(api)
+        grew = {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
+        assert grew == {"archive": 2 * 5, "state": 2 * 6}
+        archive = next(n for n in api.proxy.state.pools[CHAIN].readers if n.key == "archive")
+        archive.fails = 1  # one entry failed lately: the engine's retries and health apply
+        status, raw = await both(api, orjson.dumps(mixed))
+        assert status == 200 and calls["items"] == served + 1  # (the engine's)
+        archive.fails = 0
+        # a tag on one entry and a height on the other: the engine pins one head for both
+        for text in ("latest", "earliest"):
+            status, _ = await both(api, orjson.dumps(item(1, "eth_getBalance", addrs[0], text)))
+        served = calls["items"]
+        for texts in (("0x2", "latest"), ("latest", "0x2", "0x14"), ("earliest", "0x14")):
+            tagged = [item(i, "eth_getBalance", addrs[0], t) for i, t in enumerate(texts)]
+            status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(tagged))
+            assert status == 200 and calls["items"] == served, texts  # the engine's
         served = calls["items"]
         seen = item(1, "eth_getBalance", addrs[0], "0x2")
         for other in (
