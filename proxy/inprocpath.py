@@ -253,10 +253,12 @@ class InprocPath:
     def _batch(self, pool: Pool, routes: PoolRoutes, items: list[Any]) -> Answered | None:
         """The answers of a batch in its order and their books, or None."""
         seen = _seen_all(routes, items)
-        if seen is not None and seen.count(seen[0]) != len(seen):
-            tally = self._tally(routes, seen)  # several routes, one node in process
-            if tally is not None:
-                return self._shared(tally, items, seen[0][0])
+        if seen is not None:
+            rest = len(seen) - seen.count(seen[0])
+            if rest:  # several routes: two on one node in process are counted, not grouped
+                tally = self._tally(routes, seen, rest)
+                if tally is not None:
+                    return self._shared(tally, items, seen[0][0])
         routed = self._route(pool, routes, items, seen)
         if routed is None:
             return None
@@ -317,44 +319,42 @@ class InprocPath:
         done: list[Attempt] = []
         if method is not None:  # (the number of items is all the books need: `_book`)
             for node, own, n in counted:
-                done.append((node, own, BATCH, [None] * n, [], share * n, method))
+                took = share * n if len(counted) > 1 else elapsed  # (one group: the call's)
+                done.append((node, own, BATCH, [None] * n, [], took, method))
             return got, done
         for node, own, positions in groups or ():
             sent = [items[i] for i in positions]
             done.append((node, own, BATCH, sent, [], share * len(positions), method))
         return got, done
 
-    def _tally(self, routes: PoolRoutes, seen: list[Any]) -> list[Counted] | None:
-        """The groups of a batch of one method whose items have several kept routes
-        (`_seen_all`), counted with C loops instead of `_group`'s item-by-item positions:
-        one pick per candidate list in the order they first come (as `_group`), the
-        lists picked on one node merged; or None unless every node picked answers
-        through one synchronous path (then `_shared` makes one call and needs only each
-        group's count) in several groups, and no route reads at a tag when the proxy pins
-        heads (the engine's)."""
-        ids = list(map(id, seen))
-        counts: dict[Node, int] = {}
-        paths: dict[Node, Path] = {}
-        picked: dict[int, Node] = {}  # id of a candidate list → the node picked from it
-        pick = self.engine.selector.pick
-        for key, (_, nodes, _, tagged) in dict(zip(ids, seen, strict=True)).items():
-            if tagged and self.engine.reads is not None:
-                return None
-            node = picked.get(id(nodes))
-            if node is None:
-                node = picked[id(nodes)] = pick(nodes)
-            n = ids.count(key)
-            if node in counts:
-                counts[node] += n
-                continue
-            path = self._path(routes, node)
-            if path is None:
-                return None
-            counts[node], paths[node] = n, path
-        one = next(iter(paths.values()))
-        if len(paths) < 2 or any(p[0] is not one[0] or p[1] is not one[1] for p in paths.values()):
+    def _tally(self, routes: PoolRoutes, seen: list[Any], rest: int) -> list[Counted] | None:
+        """The two groups of a batch of one method whose items have exactly two kept routes
+        (`_seen_all`; `rest` items not on the first item's route), counted with C loops
+        instead of `_group`'s item-by-item positions (no dict: they cost more than the loop
+        they save). One pick per candidate list in the order they come (as `_group`): one
+        group when both picks are one node; None unless the two nodes picked are two entries
+        answering through one synchronous path (then `_shared` makes one call and needs
+        only each group's count) and neither route reads at a tag when the proxy pins heads:
+        then `_group` and `_batch` decide."""
+        first = seen[0]
+        second = next(filter(first.__ne__, seen))  # (C compares; routes are shared objects)
+        if seen.count(second) != rest:  # a third route
             return None
-        return [(node, paths[node], n) for node, n in counts.items()]
+        if (first[3] or second[3]) and self.engine.reads is not None:
+            return None  # a tag on two nodes: the engine pins one head (docs/proxy.md)
+        if first[1] is second[1]:
+            return None  # one candidate list, one pick: one group
+        pick = self.engine.selector.pick
+        a, b = pick(first[1]), pick(second[1])
+        one = self._path(routes, a)
+        if one is None:
+            return None
+        if a is b:  # both lists picked one node: one group, one attempt (as `_batch`'s)
+            return [(a, one, len(seen))]
+        two = self._path(routes, b)
+        if two is None or one[0] is not two[0] or one[1] is not two[1]:
+            return None  # (nodes in process that are not one: `_group` picks again)
+        return [(a, one, len(seen) - rest), (b, two, rest)]
 
     def _book(self, chain: str, pool: Pool, done: list[Attempt]) -> None:
         """The books of answers kept (none before: a body the engine answers after all is
@@ -495,8 +495,8 @@ def _seen_all(routes: PoolRoutes, items: list[Any]) -> list[Any] | None:
         texts = routes.seen.get((methods.pop(), sizes.pop()))
         if texts is None:
             return None
-        hits = list(map(texts.get, map(_LAST, params)))
-        if None in hits or not set(map(type, map(_ID, items))) <= _ID_TYPES:
+        hits = list(map(texts.__getitem__, map(_LAST, params)))  # (a text not seen: KeyError)
+        if not set(map(type, map(_ID, items))) <= _ID_TYPES:
             return None
     except (KeyError, TypeError, IndexError):  # (not a dict, no id, no params, unhashable)
         return None
