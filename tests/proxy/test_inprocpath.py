@@ -705,3 +705,19 @@ async def test_the_access_log_turned_on_later_takes_the_engine_path(proxied, cap
     assert calls["items"] == 1  # the engine's, which logs it
     assert [r.name for r in caplog.records] == ["chainstate.proxy.access"]
     assert await raw_rpc(api, body) == (200, raw) and calls["items"] == 2
+
+
+async def test_a_chain_added_after_its_404_is_served_at_once(proxied) -> None:
+    """An unknown chain's 404 is kept per path only until a pool for it is created."""
+    api, _, addrs, _ = proxied
+    body = orjson.dumps(item(1, "eth_getBalance", addrs[0], "0x3"))
+    for _ in range(2):
+        async with api.client.data.post("/7", data=body) as resp:
+            assert resp.status == 404 and b"unknown chain" in await resp.read()
+    _, nodes = await api.get(f"/{CHAIN}/getAllNodes")
+    url = nodes["nodes"][0]["url"]
+    status, answer = await api.post("/7/addNode", {"key": "s", "url": url, "kind": "state"})
+    assert status == 201, answer
+    async with api.client.data.post("/7", data=body) as resp:
+        raw = await resp.read()
+        assert resp.status == 200 and b"unknown chain" not in raw, raw
