@@ -254,8 +254,9 @@ def create_server(app: web.Application) -> HttpServer:
     # The paths' (chain, pool) as `Engine.resolve` found them (None: unknown), kept until
     # the routing state changes (`RoutingState.changes`): ~3k instructions per request less
     # (bench/README.md "Issues 14/15, session 9 … Round 2").
+    # Path → (chain id, what resolve gave), so that a request takes one lookup.
     state = proxy.state
-    resolved: dict[bytes, tuple[str, Pool] | None] = {}
+    resolved: dict[bytes, tuple[str, tuple[str, Pool] | None]] = {}
     resolved_at = state.changes
 
     def data(request: Request) -> Awaitable[Response] | Response:
@@ -263,21 +264,23 @@ def create_server(app: web.Application) -> HttpServer:
         # answered at once (no task for a refusal: 10,000 clients at once stay cheap).
         nonlocal resolved_at
         path = request.path
-        chain_id = chain_ids.get(path)
-        if chain_id is None:  # (the cache was cleared after the route took the path)
-            chain_id = _chain_id(path)
         if inproc is None:
+            chain_id = chain_ids.get(path)
+            if chain_id is None:  # (the cache was cleared after the route took the path)
+                chain_id = _chain_id(path)
             admitted = engine.admit(chain_id)
         else:  # nodes in this process: plain reads answered at once,
             if resolved_at != state.changes:  # never queued, so not admitted (inprocpath.py)
                 resolved.clear()
                 resolved_at = state.changes
             try:
-                found = resolved[path]
+                chain_id, found = resolved[path]
             except KeyError:
                 if len(resolved) >= MAX_DATA_PATHS:
                     resolved.clear()
-                found = resolved[path] = engine.resolve(chain_id)
+                chain_id = chain_ids.get(path) or _chain_id(path)
+                found = engine.resolve(chain_id)
+                resolved[path] = (chain_id, found)
             if found is not None:
                 answered = inproc.answer(found[0], found[1], request.body, request.headers)
                 if answered is not None:
