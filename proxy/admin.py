@@ -425,7 +425,7 @@ class AdminApi:
         del pool.local[key]
         pool.rebuild()
         if pool.empty:
-            self.state.pools.pop(pool.id, None)
+            self.state.remove(pool.id)
         return reply({"pool": pool.id, "deleted": key})
 
     # ---- weights -------------------------------------------------------------------------

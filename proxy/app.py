@@ -32,7 +32,7 @@ from proxy.health import HeadTracker
 from proxy.inprocpath import InprocPath
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
-from proxy.model import EntryError
+from proxy.model import EntryError, Pool
 from proxy.reads import Reads, ReadSettings
 from proxy.select import Selector
 from proxy.settings import ProxySettings
@@ -251,19 +251,38 @@ def create_server(app: web.Application) -> HttpServer:
     # ~0.2-0.4 µs each per request on these machines, a dict lookup ~0.05 (bench/README.md
     # "Issues 14/15, session 8").
     chain_ids: dict[bytes, str] = {}
+    # The paths' (chain, pool) as `Engine.resolve` found them (None: unknown), kept until
+    # the routing state changes (`RoutingState.changes`): ~3k instructions per request less
+    # (bench/README.md "Issues 14/15, session 9 … Round 2").
+    # Path → (chain id, what resolve gave), so that a request takes one lookup.
+    state = proxy.state
+    resolved: dict[bytes, tuple[str, tuple[str, Pool] | None]] = {}
+    resolved_at = state.changes
 
     def data(request: Request) -> Awaitable[Response] | Response:
         # The engine's coroutine, unwrapped; an unknown chain or an overloaded pool is
         # answered at once (no task for a refusal: 10,000 clients at once stay cheap).
-        chain_id = chain_ids.get(request.path)
-        if chain_id is None:  # (the cache was cleared after the route took the path)
-            chain_id = _chain_id(request.path)
+        nonlocal resolved_at
+        path = request.path
         if inproc is None:
+            chain_id = chain_ids.get(path)
+            if chain_id is None:  # (the cache was cleared after the route took the path)
+                chain_id = _chain_id(path)
             admitted = engine.admit(chain_id)
         else:  # nodes in this process: plain reads answered at once,
-            found = engine.resolve(chain_id)  # never queued, so not admitted (inprocpath.py)
+            if resolved_at != state.changes:  # never queued, so not admitted (inprocpath.py)
+                resolved.clear()
+                resolved_at = state.changes
+            try:
+                chain_id, found = resolved[path]
+            except KeyError:
+                if len(resolved) >= MAX_DATA_PATHS:
+                    resolved.clear()
+                chain_id = chain_ids.get(path) or _chain_id(path)
+                found = engine.resolve(chain_id)
+                resolved[path] = (chain_id, found)
             if found is not None:
-                answered = inproc.answer(found[0], found[1], request.body, request.headers)  # type: ignore[arg-type]
+                answered = inproc.answer(found[0], found[1], request.body, request.headers)
                 if answered is not None:
                     return answered
             admitted = engine.admit_resolved(chain_id, found)

@@ -139,13 +139,13 @@ class RouteCache:
 
     def __init__(self, selector: Selector) -> None:
         self.selector = selector
-        self._pools: dict[str, PoolRoutes] = {}  # pool id → its cached candidates
+        self.kept: dict[str, PoolRoutes] = {}  # pool id → its cached candidates
 
     def routes(self, pool: Pool, version: int = 0) -> PoolRoutes:
         """The pool's cached candidates, started afresh when its readers list was rebuilt,
         a reader's head, health, breaker or verdict changed, or `version` did."""
         readers = pool.readers
-        routes = self._pools.get(pool.id)
+        routes = self.kept.get(pool.id)
         if routes is not None and routes.readers is readers and routes.version == version:
             changes = routes.changes
             if changes is not None:
@@ -159,7 +159,7 @@ class RouteCache:
         else:  # nodes not adopted by `Pool.rebuild`: pull their state per request
             changes, sig = None, signature(readers)
         points = self.selector.breakpoints(pool, pool.head())
-        routes = self._pools[pool.id] = PoolRoutes(readers, changes, sig, points, version)
+        routes = self.kept[pool.id] = PoolRoutes(readers, changes, sig, points, version)
         return routes
 
     def candidates(

@@ -44,6 +44,9 @@ class RoutingState:
         self.pools: dict[str, Pool] = {}
         self.versions: dict[str, str] = {}  # chain id → V (chain routes to pool "C-V")
         self.revision = 0
+        # Bumped whenever the pool a chain id names may change (pools added or removed,
+        # versions set): the data route keeps what `Engine.resolve` found per path until then.
+        self.changes = 0
         self.max_weight = max_weight
         # Called with a pool id when `pools/{pool}/cache/flush` is written (an admin flush
         # reaches every proxy process sharing the store).
@@ -66,7 +69,13 @@ class RoutingState:
         pool = self.pools.get(pool_id)
         if pool is None and create:
             pool = self.pools[pool_id] = Pool(pool_id)
+            self.changes += 1
         return pool
+
+    def remove(self, pool_id: str) -> None:
+        """Drop a pool (it has no nodes left)."""
+        if self.pools.pop(pool_id, None) is not None:
+            self.changes += 1
 
     # ---- applying ------------------------------------------------------------------------
 
@@ -75,6 +84,7 @@ class RoutingState:
         locals_ = {pid: pool.local for pid, pool in self.pools.items() if pool.local}
         self.pools = {}
         self.versions = {}
+        self.changes += 1
         for pid, local in locals_.items():
             self.pool(pid, create=True).local = local
         for key, value in sorted(items.items()):
@@ -88,7 +98,7 @@ class RoutingState:
         if pool is not None:
             pool.rebuild()
             if pool.empty:
-                del self.pools[pool.id]
+                self.remove(pool.id)
         self._set_revision(event.revision)
 
     def _set_revision(self, revision: int) -> None:
@@ -144,6 +154,7 @@ class RoutingState:
         chain = normalize_chain(chain_raw)
         if chain is None:
             raise EntryError(f"bad chain id {chain_raw!r}")
+        self.changes += 1
         if value is None:
             self.versions.pop(chain, None)
             return

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import pytest
 
 from workspace.compute import instances
@@ -280,6 +282,23 @@ async def test_container_metrics_are_sampled(manager: InstanceManager, store: Co
     # loaded CI machine (load ~6 on 2 cores seen) may not give it in any 0.2 s interval.
     assert max(v for _, v in points["cpu"]) > 5
     assert all(v > 0 for _, v in points["memory"])
+
+
+def test_a_sample_without_a_process_records_no_false_zero(
+    manager: InstanceManager, tmp_path: Path
+) -> None:
+    """A sample taken while the program is gone (or not yet up) has no figures to give: no
+    memory point of 0 bytes and no cpu point, which a chart would show as a real drop."""
+    os_pid = os.getpid()
+    sp = SimpleNamespace(processes=lambda: [], pid=os_pid, kill=lambda reason: None)
+    live = instances._Live("x", "a", sp, None, 1 << 30, tmp_path / "log", 0.0)  # type: ignore[arg-type]
+    manager.sample(live)
+    manager.sample(live)
+    assert "memory" not in live.points and "cpu" not in live.points
+    me = psutil.Process(os_pid)
+    sp.processes = lambda: [me]
+    manager.sample(live)
+    assert live.points["memory"][-1][1] > 0
 
 
 async def test_restart_ends_running_instances_as_failed(

@@ -80,8 +80,13 @@ def test_connects_like_any_node(w3: Web3, anvil: Web3, stack: Stack) -> None:
     assert 0 <= w3.eth.block_number <= anvil.eth.block_number
     assert w3.eth.accounts[0] == ME
     assert w3.eth.gas_price > 0 and w3.eth.max_priority_fee > 0
+    # Passed to anvil as it is; anvil's own answer moves with its head (its last base fee was
+    # 875000000 and then 765625000 for the same block in one CI run): ours must be one of
+    # the answers anvil gave just before and just after.
+    before = anvil.eth.fee_history(1, 0, [50])
     history = w3.eth.fee_history(1, 0, [50])
-    assert history == anvil.eth.fee_history(1, 0, [50]) and len(history["baseFeePerGas"]) == 2
+    after = anvil.eth.fee_history(1, 0, [50])
+    assert history in (before, after) and len(history["baseFeePerGas"]) == 2
     # The state node itself follows the spec: no eth_estimateGas there, and it says so.
     state = stack.url("8665")
     assert Web3(Web3.HTTPProvider(state)).is_connected()

@@ -9,6 +9,7 @@ bytes, and the path must have served exactly the bodies it is for.
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 from typing import Any
@@ -681,3 +682,68 @@ async def test_a_fold_leaves_the_node_costs_one_answer_at_a_time_leaves(
             one.cost_at,
             one.latency_ms,
         ), start
+
+
+async def test_config_changes_reach_the_in_process_path_at_once(proxied) -> None:
+    """The data route keeps the pool each path names until the routing state changes:
+    version mode on, off, and the pool's last node deleted are seen by the next request."""
+    api, _, addrs, calls = proxied
+    body = orjson.dumps(item(1, "eth_getBalance", addrs[0], "0x3"))
+    status, raw = await raw_rpc(api, body)
+    assert status == 200 and b'"result"' in raw and calls["items"] == 1
+    assert (await api.post(f"/{CHAIN}/setVersion", {"version": "blue"}))[0] == 200
+    status, answer = await raw_rpc(api, body)
+    assert status == 404 and b"version mode" in answer, answer
+    assert (await api.post(f"/{CHAIN}/setVersion", {"version": None}))[0] == 200
+    assert await raw_rpc(api, body) == (200, raw) and calls["items"] == 2
+    for kind in ("state", "archive"):
+        assert (await api.post(f"/{CHAIN}/deleteNode/{kind}"))[0] == 200
+    status, answer = await raw_rpc(api, body)
+    assert status == 404 and b"unknown chain" in answer, answer
+    assert calls["items"] == 2
+
+
+async def test_client_ids_of_in_process_answers_are_counted(proxied) -> None:
+    api, _, addrs, calls = proxied
+    body = orjson.dumps(item(1, "eth_getBalance", addrs[0], "0x3"))
+    for headers in ({"Client-Id": "zed"}, {"client-id": "zed"}, {}):
+        async with api.client.data.post(f"/{CHAIN}", data=body, headers=headers) as resp:
+            assert resp.status == 200
+    assert calls["items"] == 3  # all in process
+    text = await metrics_text(api)
+    assert scraped(text, "chainstate_proxy_client_requests_total", client_id="zed") == 2
+
+
+async def test_the_access_log_turned_on_later_takes_the_engine_path(proxied, caplog) -> None:
+    """The in-process path reads the access logger's memo of its level: a level set after
+    requests were answered in process (the memo emptied) is seen by the next one."""
+    api, _, addrs, calls = proxied
+    body = orjson.dumps(item(1, "eth_getBalance", addrs[0], "0x3"))
+    status, raw = await raw_rpc(api, body)
+    assert status == 200 and calls["items"] == 1
+    access = logging.getLogger("chainstate.proxy.access")
+    level = access.level
+    access.setLevel(logging.INFO)  # (as a config would: nothing asks isEnabledFor before)
+    try:
+        assert await raw_rpc(api, body) == (200, raw)
+    finally:
+        access.setLevel(level)
+    assert calls["items"] == 1  # the engine's, which logs it
+    assert [r.name for r in caplog.records] == ["chainstate.proxy.access"]
+    assert await raw_rpc(api, body) == (200, raw) and calls["items"] == 2
+
+
+async def test_a_chain_added_after_its_404_is_served_at_once(proxied) -> None:
+    """An unknown chain's 404 is kept per path only until a pool for it is created."""
+    api, _, addrs, _ = proxied
+    body = orjson.dumps(item(1, "eth_getBalance", addrs[0], "0x3"))
+    for _ in range(2):
+        async with api.client.data.post("/7", data=body) as resp:
+            assert resp.status == 404 and b"unknown chain" in await resp.read()
+    _, nodes = await api.get(f"/{CHAIN}/getAllNodes")
+    url = nodes["nodes"][0]["url"]
+    status, answer = await api.post("/7/addNode", {"key": "s", "url": url, "kind": "state"})
+    assert status == 201, answer
+    async with api.client.data.post("/7", data=body) as resp:
+        raw = await resp.read()
+        assert resp.status == 200 and b"unknown chain" not in raw, raw

@@ -580,17 +580,21 @@ class InstanceManager:
         procs = live.sp.processes()
         cpu_total = 0.0
         rss = 0
+        read = 0  # processes whose figures were read (none: the program is gone or not yet up)
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 t = p.cpu_times()
+                mem = p.memory_info().rss
                 cpu_total += t.user + t.system + t.children_user + t.children_system
-                rss += p.memory_info().rss
+                rss += mem
+                read += 1
         mono = time.monotonic()
-        if live.cpu_prev is not None and mono > live.cpu_prev[0]:
-            pct = max(0.0, (cpu_total - live.cpu_prev[1]) / (mono - live.cpu_prev[0]) * 100)
-            self._point(live, "cpu", now, round(pct, 2))
-        live.cpu_prev = (mono, cpu_total)
-        self._point(live, "memory", now, rss)
+        if read:  # (no process read: no cpu or memory point, rather than a false 0)
+            if live.cpu_prev is not None and mono > live.cpu_prev[0]:
+                pct = max(0.0, (cpu_total - live.cpu_prev[1]) / (mono - live.cpu_prev[0]) * 100)
+                self._point(live, "cpu", now, round(pct, 2))
+            live.cpu_prev = (mono, cpu_total)
+            self._point(live, "memory", now, rss)
         # the user's program: bwrap's first process may sit outside the run's network namespace
         rx, tx = _net_bytes(procs[0].pid if procs else live.sp.pid)
         if live.net_prev is not None and mono > live.net_prev[0]:
