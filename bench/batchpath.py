@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import sys
 import tempfile
 import time
@@ -40,8 +39,7 @@ import orjson
 
 from bench.bodies import BlockRange, BodyPlan, fake_addresses
 from chainstate.inproc import InprocRegistry
-from nodes.state.benchreads import bodies, proxy_in_front, synthetic_block
-from nodes.state.service import StateNode
+from nodes.state.benchreads import bodies, proxy_in_front, synthetic_node
 
 FAKE_HEAD = 1_000_000  # `chainstate bench fake-node`'s head and state window (bench/suite.py)
 FAKE_WINDOW = 128
@@ -69,18 +67,10 @@ def run_sync(handle: Callable[[bytes], Any], payloads: list[bytes], n: int) -> A
 
 async def in_process(args: argparse.Namespace) -> Any:
     """The node's own handler or the proxy's in front of it, on a synthetic store."""
-    rng = random.Random(0)
-    accounts = ["0x" + rng.randbytes(20).hex() for _ in range(200)]
     with tempfile.TemporaryDirectory() as tmp:
-        section = {"kind": "archive", "chain_id": 1337, "map_size_mb": 256, "hot_blocks": 128}
-        node = StateNode.from_config(section, data_dir=Path(tmp))
-        await node.start()
+        section = {"map_size_mb": 256, "hot_blocks": 128}
+        node, accounts = await synthetic_node(Path(tmp), args.blocks, section)
         try:
-            parent = "0x" + "00" * 32
-            for height in range(args.blocks):
-                block = synthetic_block(height, parent, rng, accounts)
-                await node.ingest._apply(block)
-                parent = block.hash
             payloads = bodies("eth_getBalance", args.batch, args.blocks - 1, accounts, 50)
             if args.path == "node":
                 return run_sync(node.answer_now, payloads, args.n)

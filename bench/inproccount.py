@@ -36,7 +36,7 @@ import orjson
 from chainstate.httpserver import HttpServer, _Connection
 from chainstate.inproc import InprocRegistry
 from chainstate.rpcserver import rpc_route
-from nodes.state.benchreads import KINDS, synthetic_block
+from nodes.state.benchreads import KINDS, synthetic_node
 from nodes.state.service import StateNode
 
 CHAIN = "1337"
@@ -130,16 +130,7 @@ async def build(tmp: Path, blocks: int, n_bodies: int) -> tuple[StateNode, Any, 
     from proxy.settings import ProxySettings
     from proxy.store_file import FileStore
 
-    rng = random.Random(0)
-    accounts = ["0x" + rng.randbytes(20).hex() for _ in range(200)]
-    section = {"kind": "archive", "chain_id": int(CHAIN), "map_size_mb": 256}
-    node = StateNode.from_config(section, data_dir=tmp)
-    await node.start()
-    parent = "0x" + "00" * 32
-    for height in range(blocks):
-        block = synthetic_block(height, parent, rng, accounts)
-        await node.ingest._apply(block)
-        parent = block.hash
+    node, accounts = await synthetic_node(tmp, blocks, {"map_size_mb": 256})
     registry = InprocRegistry()
     url = registry.register(
         node.key, node.handle_body, node.answer_now, node.answer_items, node.items_answered

@@ -49,6 +49,29 @@ def synthetic_block(
     return VendorBlock(height, block_hash, parent, header, "0x" + "00" * 32, {}, post)
 
 
+async def synthetic_node(
+    data_dir: Path, blocks: int, section: dict[str, Any]
+) -> tuple[StateNode, list[str]]:
+    """A started archive state node (chain 1337, more `[state_nodes]` settings in `section`)
+    holding `blocks` synthetic blocks, and the 200 accounts they touch: the same chain on
+    every run (seeded), so the drivers' instruction counts repeat. The caller closes it."""
+    rng = random.Random(0)
+    accounts = ["0x" + rng.randbytes(20).hex() for _ in range(200)]
+    config = {"kind": "archive", "chain_id": 1337, **section}
+    node = StateNode.from_config(config, data_dir=data_dir)
+    await node.start()
+    try:
+        parent = "0x" + "00" * 32
+        for height in range(blocks):
+            block = synthetic_block(height, parent, rng, accounts)
+            await node.ingest._apply(block)
+            parent = block.hash
+    except BaseException:
+        await node.close()
+        raise
+    return node, accounts
+
+
 def bodies(method: str, batch: int, head: int, accounts: list[str], n: int) -> list[bytes]:
     rng = random.Random(1)
     out = []
@@ -115,19 +138,10 @@ async def proxy_in_front(node: StateNode, registry: InprocRegistry) -> AsyncIter
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    rng = random.Random(0)
-    accounts = ["0x" + rng.randbytes(20).hex() for _ in range(200)]
     with tempfile.TemporaryDirectory() as tmp:
-        section = {"kind": "archive", "chain_id": 1337, "map_size_mb": 1024}
-        section["hot_blocks"] = args.hot_blocks
-        node = StateNode.from_config(section, data_dir=Path(tmp))
-        await node.start()
+        section = {"map_size_mb": 1024, "hot_blocks": args.hot_blocks}
+        node, accounts = await synthetic_node(Path(tmp), args.blocks, section)
         try:
-            parent = "0x" + "00" * 32
-            for height in range(args.blocks):
-                block = synthetic_block(height, parent, rng, accounts)
-                await node.ingest._apply(block)
-                parent = block.hash
             head = args.blocks - 1
             print(f"{args.blocks} blocks, hot view {args.hot_blocks} blocks; items/s in process")
             async with AsyncExitStack() as stack:
