@@ -104,7 +104,10 @@ class InprocPath:
             return None
         if body[:1] != b"[" and body.find(_CALL) >= 0:  # (`in`, `startswith`: slower)
             return None  # (a single eth_call is no plain read: the engine gives it to the node)
-        # `RouteCache.routes`' check of the pool's kept routes, inline (one call less)
+        # The pool's candidates (proxy/routes.py), started afresh also when a node
+        # (un)registered in process (the registry's version), with each reader's `Path`:
+        # `RouteCache.routes`' check of the kept routes, inline (one call less; keep the two
+        # alike)
         routes = self._kept.get(pool.id)
         if (
             routes is None
@@ -137,14 +140,6 @@ class InprocPath:
         engine.metrics.client(headers.get("client-id"))
         self.books.request(chain, "batch", time.perf_counter() - started)
         return 200, out
-
-    def routes(self, pool: Pool) -> PoolRoutes:
-        """The pool's cached candidates (proxy/routes.py), started afresh also when a node
-        (un)registered in process, with each reader's synchronous `Path`."""
-        routes = self._routes.routes(pool, self.registry.version)
-        if routes.paths is None:
-            self._find_paths(routes)
-        return routes
 
     def _find_paths(self, routes: PoolRoutes) -> None:
         """Each reader's synchronous `Path`, kept with the pool's fresh routes."""
