@@ -230,7 +230,7 @@ class InprocPath:
         method, nodes, checked, _ = routed
         node = nodes[0] if len(nodes) == 1 else self.engine.selector.pick(nodes)
         # `_path`, inline; `healthy` need not be read (a property, ~0.1 µs): a change of it
-        # starts the pool's routes afresh (`routes`), and candidates are healthy nodes
+        # starts the pool's routes afresh (`RouteCache.routes`), and candidates are healthy nodes
         breaker = node.breaker
         if node.fails or breaker.failures or breaker.state is not CLOSED:
             return None
