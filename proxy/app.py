@@ -18,7 +18,7 @@ from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from chainstate.config import ConfigError
-from chainstate.httpserver import HttpServer, Request, Response, ServerLimits
+from chainstate.httpserver import Handler, HttpServer, Request, Response, ServerLimits
 from chainstate.inproc import InprocRegistry
 from chainstate.rpcserver import read_body
 from proxy.admin import AdminApi
@@ -245,57 +245,17 @@ def create_server(app: web.Application) -> HttpServer:
     proxy = app[PROXY]
     engine = proxy.engine
     registry = proxy.upstream.registry
-    inproc = InprocPath(engine, registry) if registry is not None else None
     # The paths the data route took → their chain id (`/1337` → "1337"): the route decides
     # once per path and the handler reads the id back. Bytes `count`, `in` and `decode` cost
     # ~0.2-0.4 µs each per request on these machines, a dict lookup ~0.05 (bench/README.md
     # "Issues 14/15, session 8").
     chain_ids: dict[bytes, str] = {}
-    # The paths' (chain, pool) as `Engine.resolve` found them (None: unknown), kept until
-    # the routing state changes (`RoutingState.changes`): ~3k instructions per request less
-    # (bench/README.md "Issues 14/15, session 9 … Round 2").
-    # Path → (chain id, what resolve gave), so that a request takes one lookup.
-    state = proxy.state
-    resolved: dict[bytes, tuple[str, tuple[str, Pool] | None]] = {}
-    resolved_at = state.changes
-
-    def data(request: Request) -> Awaitable[Response] | Response:
-        # The engine's coroutine, unwrapped; an unknown chain or an overloaded pool is
-        # answered at once (no task for a refusal: 10,000 clients at once stay cheap).
-        nonlocal resolved_at
-        path = request.path
-        if inproc is None:
-            chain_id = chain_ids.get(path)
-            if chain_id is None:  # (the cache was cleared after the route took the path)
-                chain_id = _chain_id(path)
-            admitted = engine.admit(chain_id)
-        else:  # nodes in this process: plain reads answered at once,
-            if resolved_at != state.changes:  # never queued, so not admitted (inprocpath.py)
-                resolved.clear()
-                resolved_at = state.changes
-            try:
-                chain_id, found = resolved[path]
-            except KeyError:
-                if len(resolved) >= MAX_DATA_PATHS:
-                    resolved.clear()
-                chain_id = chain_ids.get(path) or _chain_id(path)
-                found = engine.resolve(chain_id)
-                resolved[path] = (chain_id, found)
-            if found is not None:
-                answered = inproc.answer(found[0], found[1], request.body, request.headers)
-                if answered is not None:
-                    return answered
-            admitted = engine.admit_resolved(chain_id, found)
-        if type(admitted) is tuple:
-            return admitted
-        return engine.start(  # None: answered from the node's callback, or in a task
-            chain_id,
-            request.body,
-            request.headers,  # type: ignore[arg-type]
-            admitted,  # type: ignore[arg-type]
-            request.answer_early,
-            request.answer_later,
-        )
+    # With tracing on every body takes the engine's path (its spans); the tracer is the
+    # engine's for its life, so this is decided here, not per request.
+    if registry is not None and engine.tracer is None:
+        data = _inproc_data(proxy, InprocPath(engine, registry), chain_ids)
+    else:
+        data = _engine_data(engine, chain_ids)
 
     def route(method: bytes, path: bytes) -> Any:
         # One path segment: `/1337`, `/0x539`, `/1337-blue`; %-escapes go to aiohttp, which
@@ -313,6 +273,78 @@ def create_server(app: web.Application) -> HttpServer:
         return None
 
     return HttpServer(route, limits=server_limits(proxy.settings), fallback=app, name="proxy")
+
+
+def _engine_data(engine: Engine, chain_ids: dict[bytes, str]) -> Handler:
+    """The data route's handler when no node is in this process (or tracing is on): the
+    engine's coroutine, unwrapped; an unknown chain or an overloaded pool is answered at
+    once (no task for a refusal: 10,000 clients at once stay cheap)."""
+
+    def data(request: Request) -> Awaitable[Response] | Response | None:
+        path = request.path
+        chain_id = chain_ids.get(path)
+        if chain_id is None:  # (the cache was cleared after the route took the path)
+            chain_id = _chain_id(path)
+        admitted = engine.admit(chain_id)
+        if type(admitted) is tuple:
+            return admitted
+        return engine.start(  # None: answered from the node's callback, or in a task
+            chain_id,
+            request.body,
+            request.headers,  # type: ignore[arg-type]
+            admitted,  # type: ignore[arg-type]
+            request.answer_early,
+            request.answer_later,
+        )
+
+    return data
+
+
+def _inproc_data(proxy: Proxy, inproc: InprocPath, chain_ids: dict[bytes, str]) -> Handler:
+    """The data route's handler with nodes in this process: plain reads answered at once by
+    `inproc`, never queued, so not admitted (proxy/inprocpath.py); the rest as `_engine_data`.
+
+    The paths' (chain, pool) as `Engine.resolve` found them (None: unknown) are kept until
+    the routing state changes (`RoutingState.changes`): ~3k instructions per request less
+    (bench/README.md "Issues 14/15, session 9 … Round 2"); path → (chain id, what resolve
+    gave), so that a request takes one lookup."""
+    engine = proxy.engine
+    state = proxy.state
+    answer = inproc.answer
+    resolved: dict[bytes, tuple[str, tuple[str, Pool] | None]] = {}
+    resolved_at = state.changes
+
+    def data(request: Request) -> Awaitable[Response] | Response | None:
+        nonlocal resolved_at
+        path = request.path
+        if resolved_at != state.changes:
+            resolved.clear()
+            resolved_at = state.changes
+        try:
+            chain_id, found = resolved[path]
+        except KeyError:
+            if len(resolved) >= MAX_DATA_PATHS:
+                resolved.clear()
+            chain_id = chain_ids.get(path) or _chain_id(path)
+            found = engine.resolve(chain_id)
+            resolved[path] = (chain_id, found)
+        if found is not None:
+            answered = answer(found[0], found[1], request.body, request.headers)
+            if answered is not None:
+                return answered
+        admitted = engine.admit_resolved(chain_id, found)
+        if type(admitted) is tuple:
+            return admitted
+        return engine.start(  # None: answered from the node's callback, or in a task
+            chain_id,
+            request.body,
+            request.headers,  # type: ignore[arg-type]
+            admitted,  # type: ignore[arg-type]
+            request.answer_early,
+            request.answer_later,
+        )
+
+    return data
 
 
 def _chain_id(path: bytes) -> str:

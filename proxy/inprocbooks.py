@@ -44,10 +44,13 @@ class InprocBooks:
         self._attempts: dict[tuple[int, Node, str], list[Any]] = {}
         # (chain, shape) → request times (the client's latency histogram)
         self._requests: dict[tuple[str, str], list[float]] = {}
-        # (id of the pool, node, method) → [Admitted(chain, pool), the node, the method,
-        # attempt times, request times]: a single request answered without an error, the
-        # commonest body, booked with one lookup (its requests count is len(attempt times))
-        self._singles: dict[tuple[int, Node, str], list[Any]] = {}
+        # node → {method → [Admitted(chain, pool), the node, the method, attempt times,
+        # request times]}: a single request answered without an error, the commonest body
+        # (its requests count is len(attempt times)). Two lookups with no key tuple to build
+        # and hash cost less than one with it (~0.7k instructions per answer, bench/README.md
+        # "Issues 14/15, session 10"); the pool is checked on the entry (a node of another
+        # pool object: `_single_entry`).
+        self._singles: dict[Node, dict[str, list[Any]]] = {}
         self.pending = 0  # answers pending (requests)
         self._timer: asyncio.TimerHandle | None = None
         metrics.on_read(self.fold)
@@ -57,10 +60,10 @@ class InprocBooks:
     ) -> None:
         """`attempt(chain, pool, node, method, elapsed)`, the request counted `ok` for
         `method` at `node`, and `request(chain, "single", seconds)`: folded in later."""
-        key = (id(pool), node, method)
-        entry = self._singles.get(key)
-        if entry is None:
-            entry = self._singles[key] = [Admitted(chain, pool), node, method, [], []]
+        methods = self._singles.get(node)
+        entry = None if methods is None else methods.get(method)
+        if entry is None or entry[0].pool is not pool:
+            entry = self._single_entry(chain, pool, node, method)
         entry[3].append(elapsed)
         entry[4].append(seconds)
         self.pending += 1  # (`_answered`, inline: this is the commonest answer)
@@ -68,6 +71,18 @@ class InprocBooks:
             self.fold()
         elif self._timer is None:
             self._answered_later()
+
+    def _single_entry(self, chain: str, pool: Pool, node: Node, method: str) -> list[Any]:
+        """A new pending entry of `single`; what is pending for the node and method under
+        another pool object first folded in (each entry books one pool)."""
+        methods = self._singles.get(node)
+        if methods is None:
+            methods = self._singles[node] = {}
+        elif method in methods:
+            self.fold()
+            return self._single_entry(chain, pool, node, method)
+        entry = methods[method] = [Admitted(chain, pool), node, method, [], []]
+        return entry
 
     def attempt(self, chain: str, pool: Pool, node: Node, lkey: str, elapsed: float) -> None:
         """`Attempts.answered(Admitted(chain, pool), node, lkey, elapsed, "ok")`, folded in
@@ -117,10 +132,11 @@ class InprocBooks:
         answered = self.attempts.answered_ok
         observe = self.metrics.observe_all
         count = self.metrics.request
-        for admitted, node, method, elapsed, seconds in singles.values():
-            answered(admitted, node, method, elapsed)
-            count(admitted.chain, method, node.key, "ok", len(elapsed))
-            observe(admitted.chain, "single", seconds)
+        for methods in singles.values():
+            for admitted, node, method, elapsed, seconds in methods.values():
+                answered(admitted, node, method, elapsed)
+                count(admitted.chain, method, node.key, "ok", len(elapsed))
+                observe(admitted.chain, "single", seconds)
         for admitted, node, lkey, samples in attempts.values():
             answered(admitted, node, lkey, samples)
         for (chain, shape), samples in requests.items():

@@ -34,6 +34,7 @@ the body to the engine (`_item`).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from operator import itemgetter
 from time import perf_counter  # (one attribute lookup less than `time.perf_counter`)
@@ -42,7 +43,7 @@ from typing import Any
 import orjson
 
 from chainstate.blockref import BlockRef
-from chainstate.httpserver import Headers
+from chainstate.httpserver import Headers, Response
 from chainstate.inproc import AnswerItems, InprocRegistry, ItemsAnswered
 from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
 from proxy.attempts import BATCH
@@ -83,22 +84,22 @@ class InprocPath:
     def __init__(self, engine: Engine, registry: InprocRegistry) -> None:
         self.engine = engine
         self.registry = registry
-        self.max_body = engine.settings.max_body_bytes
         self.max_batch = engine.settings.max_batch_items
-        self.max_answer = engine.settings.max_answer_bytes  # 0: no limit
+        # (0 in the settings: no limit, here the largest size, so one compare decides)
+        self.max_answer = engine.settings.max_answer_bytes or sys.maxsize
         self._routes = RouteCache(engine.selector)  # each pool's cached candidates
         self._kept = self._routes.kept  # (pool id → its PoolRoutes, read by `answer`)
         self.books = InprocBooks(engine.attempts, engine.metrics)  # folded per 64 answers
 
-    def answer(
-        self, chain: str, pool: Pool, body: bytes, headers: Headers
-    ) -> tuple[int, bytes] | None:
-        """`chain` and `pool`: the body's, as `Engine.resolve` found them. Not admitted: an
-        answer made here never waits (nothing is awaited between taking a place among the
-        pool's requests in flight and giving it back), so the admission limit would protect
-        nothing; a body left to the engine is admitted by the caller then."""
+    def answer(self, chain: str, pool: Pool, body: bytes, headers: Headers) -> Response | None:
+        """`chain` and `pool`: the body's, as `Engine.resolve` found them; the answer (bytes:
+        a 200, as the lean server takes it) or None. Not admitted: an answer made here never
+        waits (nothing is awaited between taking a place among the pool's requests in flight
+        and giving it back), so the admission limit would protect nothing; a body left to
+        the engine is admitted by the caller then. The caller serves no body over
+        `max_body_bytes` (the lean server's limit) and has no tracer (`create_server`)."""
         engine = self.engine
-        if engine.tracer is not None or len(body) > self.max_body or pool.mirrors:
+        if pool.mirrors:
             return None
         if _ACCESS_INFO.get(logging.INFO) is not False and access_log.isEnabledFor(logging.INFO):
             return None
@@ -134,7 +135,7 @@ class InprocPath:
         if answered is None:
             return None
         out = orjson.dumps(answered[0])
-        if self.max_answer and len(out) > self.max_answer:
+        if len(out) > self.max_answer:
             return None  # the engine answers it as too large: nothing was counted yet
         self._book(chain, pool, answered[1])
         engine.metrics.client(headers.get("client-id"))
@@ -208,7 +209,7 @@ class InprocPath:
         item: Any,
         headers: Headers,
         started: float,
-    ) -> tuple[int, bytes] | None:
+    ) -> bytes | None:
         """The answer of one request object, booked; or None. The common single (a block
         text seen before with as many params: its kept route, `PoolRoutes.seen`) is routed
         here without `_item`, with no pick when one node is the candidate, and the node's
@@ -247,7 +248,7 @@ class InprocPath:
         if got is None or (errors and (not checked or _retried(got, errors))):
             return None  # the engine's: params only the node checked, or retried elsewhere
         out = orjson.dumps(got[0])
-        if self.max_answer and len(out) > self.max_answer:
+        if len(out) > self.max_answer:
             return None  # the engine answers it as too large: nothing was counted yet
         if not errors:
             self.books.single(chain, pool, node, method, elapsed, perf_counter() - started)
@@ -259,7 +260,7 @@ class InprocPath:
         client = headers.raw.get(b"client-id")  # (`get`, its call and decode: ~1k more)
         if client:
             self.engine.metrics.client(client.decode("latin-1"))
-        return 200, out
+        return out  # (bytes: the lean server's 200, no status tuple to build and unpack)
 
     def _batch(self, pool: Pool, routes: PoolRoutes, items: list[Any]) -> Answered | None:
         """The answers of a batch in its order and their books, or None."""
