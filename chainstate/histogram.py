@@ -10,7 +10,7 @@ same for their labelled families.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 
 from prometheus_client.core import HistogramMetricFamily
@@ -42,6 +42,28 @@ class LoopHistogram(Collector):
     def observe(self, seconds: float) -> None:
         self.counts[bisect_left(self.bounds, seconds)] += 1
         self.total += seconds
+
+    def observe_all(self, samples: list[float]) -> None:
+        """`observe` of each of `samples` (the same counts; the same sum to float rounding,
+        as the proxy's own histograms fold theirs, proxy/metrics.py): sorted, each bucket's
+        count is the distance between the positions of its bounds, a few bisects in C
+        instead of a Python step per sample (the proxy folds its in-process answers' counts
+        in per 64, proxy/inprocbooks.py; they all sit in the first bucket or two)."""
+        if not samples:
+            return
+        ordered = sorted(samples)
+        counts = self.counts
+        n = len(ordered)
+        before = 0
+        for i, bound in enumerate(self.bounds):
+            at = bisect_right(ordered, bound, before)  # the samples <= bound: buckets <= i
+            counts[i] += at - before
+            before = at
+            if at == n:
+                break
+        else:
+            counts[-1] += n - before  # above every bound (+Inf)
+        self.total += sum(samples)
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self.name, self.doc, labels=list(self.labels))

@@ -26,9 +26,11 @@ AnswerItems = Callable[[list[Any], list[int]], list[Any] | None]
 # with the items it parsed and sends the answers on from the future's callback: no task, no
 # bytes in between, and its own deadline on the future (the node keeps its own limits).
 AnswerLater = Callable[[list[Any]], "asyncio.Future[list[Any]] | None"]
-# Told the seconds an AnswerItems call took once the caller keeps its answers: the caller may
+# Told the seconds AnswerItems calls took once the caller keeps their answers: the caller may
 # instead send the body again the usual way (BodyHandler), and the node must count it once.
-ItemsAnswered = Callable[[float], None]
+# One or more calls at once, in order: the proxy folds its in-process singles' counts in per
+# 64 answers or 50 ms (proxy/inprocbooks.py), not one Python call per answer.
+ItemsAnswered = Callable[[list[float]], None]
 
 SCHEME = "inproc://"
 

@@ -44,19 +44,17 @@ import orjson
 
 from chainstate.blockref import BlockRef
 from chainstate.httpserver import Headers, Response
-from chainstate.inproc import AnswerItems, InprocRegistry, ItemsAnswered
+from chainstate.inproc import InprocRegistry
 from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
 from proxy.engine import Engine, access_log
-from proxy.inprocbooks import InprocBooks
+from proxy.inprocbooks import InprocBooks, Path  # (Path: a reader's synchronous path)
 from proxy.methods import LocalMethod, MethodSpec
 from proxy.model import Node, Pool
 from proxy.routes import MAX_ROUTES, PoolRoutes, RouteCache
 from proxy.routes import UNCACHED as _UNCACHED
 
-# a reader's synchronous path for parsed items, and what counts its answers on the node
-Path = tuple[AnswerItems, ItemsAnswered | None]
 # (node, its synchronous path, positions of the items it answers)
 Group = tuple[Node, Path, list[int]]
 # (node, its path, latency key, the items it answered, positions of its error answers among
@@ -71,6 +69,7 @@ Answered = tuple[Any, list[Attempt]]  # (the answer to send, its attempts)
 # batch, py-spy): an eth_call item is declined by the node (`answer_items` gives None), and
 # the engine parses the batch again.
 _CALL = b'"eth_call"'
+_OPEN = ord("[")  # a batch's first byte
 # The access logger's own memo of `isEnabledFor` (level → bool; logging empties it in place
 # whenever a level or `logging.disable` changes, and refills it on the next call): a False
 # in it is `isEnabledFor`'s answer without its Python call (~0.8k instructions). Anything
@@ -103,8 +102,11 @@ class InprocPath:
             return None
         if _ACCESS_INFO.get(logging.INFO) is not False and access_log.isEnabledFor(logging.INFO):
             return None
-        if body[:1] != b"[" and body.find(_CALL) >= 0:  # (`in`, `startswith`: slower)
-            return None  # (a single eth_call is no plain read: the engine gives it to the node)
+        # (a single eth_call is no plain read: the engine gives it to the node.) `partition`
+        # takes its one argument without `find`'s argument parsing, `body[0]` (an int) no
+        # slice: ~0.7k instructions less per body (`in`, `startswith`: slower still)
+        if body and body[0] != _OPEN and body.partition(_CALL)[1]:
+            return None
         # The pool's candidates (proxy/routes.py), started afresh also when a node
         # (un)registered in process (the registry's version), with each reader's `Path`:
         # `RouteCache.routes`' check of the kept routes, inline (one call less; keep the two
@@ -250,10 +252,8 @@ class InprocPath:
         out = orjson.dumps(got[0])
         if len(out) > self.max_answer:
             return None  # the engine answers it as too large: nothing was counted yet
-        if not errors:
-            self.books.single(chain, pool, node, method, elapsed, perf_counter() - started)
-            if path[1] is not None:
-                path[1](elapsed)  # the node's own count (`items_answered`)
+        if not errors:  # (the node's own count, `items_answered`, folded in by the books)
+            self.books.single(chain, pool, node, path, method, elapsed, perf_counter() - started)
         else:
             self._book(chain, pool, [(node, path, method, [item], [0], elapsed, method)])
             self.books.request(chain, "single", perf_counter() - started)
@@ -380,7 +380,7 @@ class InprocPath:
             else:
                 self._count(chain, node, sent, errors)
             if path[1] is not None:
-                path[1](elapsed)  # the node's own count (`items_answered`)
+                path[1]([elapsed])  # the node's own count (`items_answered`)
 
     def _count(self, chain: str, node: Node, sent: list[Any], errors: list[int]) -> None:
         """The requests `node` answered, per method and outcome."""

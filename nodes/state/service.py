@@ -91,10 +91,11 @@ class StateNode:
         # the work (a wrapper method was one more Python call per body, ~0.1-0.3 µs).
         # answer_items(items): the answers of parsed request objects when every one is a
         # plain state read (else None), for the proxy, which parsed and routed them. Not
-        # counted there: the proxy calls items_answered(seconds) when it keeps the answers
-        # (it may send the body again the usual way instead, which counts it then).
+        # counted there: the proxy calls items_answered([seconds, …]) when it keeps the
+        # answers (it may send the body again the usual way instead, which counts it then),
+        # for several calls at once when it folds its books in (proxy/inprocbooks.py).
         self.answer_items: AnswerItems = self.reads.answer_items
-        self.items_answered: ItemsAnswered = self.metrics.request_seconds.observe
+        self.items_answered: ItemsAnswered = self.metrics.request_seconds.observe_all
         self._task: asyncio.Task[None] | None = None
         self.leader: LeaderWatch | None = None
         if settings.leader_from:
