@@ -44,12 +44,17 @@ class Counted:
         self.node = node
         self.bodies = 0
         self.later = 0
+        self.offered = 0  # eth_call items given to the synchronous path for parsed items
         self.hang = False
         self.hanging: list[asyncio.Future[Any]] = []
 
     async def handle_body(self, body: bytes) -> bytes:
         self.bodies += b'"eth_call"' in body  # (not the proxy's own polls)
         return await self.node.handle_body(body)
+
+    def answer_items(self, items: list[Any], errors: list[int]) -> list[Any] | None:
+        self.offered += sum(type(i) is dict and i.get("method") == "eth_call" for i in items)
+        return self.node.answer_items(items, errors)
 
     def answer_later(self, items: list[Any]) -> asyncio.Future[list[Any]] | None:
         if self.hang:
@@ -74,7 +79,7 @@ async def start(tmp_path: Path, make_api, **settings: Any):
         node.key,
         counted.handle_body,
         node.answer_now,
-        node.answer_items,
+        counted.answer_items,
         node.items_answered,
         counted.answer_later,
     )
@@ -113,6 +118,7 @@ async def test_calls_are_answered_from_the_nodes_future_as_the_engine_answers(st
         status, raw = await raw_rpc(api, body)
         assert status == 200 and raw == await node.handle_body(body), body
     assert counted.later == len(bodies) and counted.bodies == 0
+    assert counted.offered == 0  # a single eth_call is not parsed by the read path first
     # The engine's usual path (a task, the body through handle_body) answers the same bytes.
     for body in bodies:
         assert await api.proxy.engine.handle(CHAIN, body, {}) == await raw_rpc(api, body)

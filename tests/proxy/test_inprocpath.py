@@ -22,6 +22,7 @@ from chainstate.inproc import InprocRegistry
 from nodes.state.vendor import parse_vendor_block
 from proxy import inprocbooks
 from proxy.breaker import OPEN
+from proxy.model import Pool
 from proxy.inprocbooks import FOLD_EVERY
 from tests.nodes.test_state_chain import random_chain
 from tests.nodes.test_state_reads import make_node
@@ -747,3 +748,28 @@ async def test_a_chain_added_after_its_404_is_served_at_once(proxied) -> None:
     async with api.client.data.post("/7", data=body) as resp:
         raw = await resp.read()
         assert resp.status == 200 and b"unknown chain" not in raw, raw
+
+
+async def test_single_books_of_one_node_under_two_pool_objects_stay_apart(proxied) -> None:
+    """The singles' books are kept per node and method (no key tuple), each entry for one
+    pool: a node answering for another pool object (a pool rebuilt, say) is booked to that
+    pool, and the node's own count is told every answer once, at the fold."""
+    api, node, _, _ = proxied
+    engine = api.proxy.engine
+    books = inprocbooks.InprocBooks(engine.attempts, engine.metrics)
+    pool = api.proxy.state.pools[CHAIN]
+    other = Pool(id=pool.id)
+    reader = pool.readers[0]
+    told: list[float] = []
+    path = (node.answer_items, told.extend)
+    before = pool.latency.get("eth_getBalance")
+    counted = 0 if before is None else before.since + before.n
+    books.single(CHAIN, pool, reader, path, "eth_getBalance", 1e-5, 2e-5)
+    books.single(CHAIN, other, reader, path, "eth_getBalance", 3e-5, 4e-5)
+    assert told == [1e-5]  # the other pool's entry folded the first one's in
+    books.single(CHAIN, pool, reader, path, "eth_getBalance", 5e-5, 6e-5)
+    books.fold()
+    mine, theirs = pool.latency["eth_getBalance"], other.latency["eth_getBalance"]
+    assert mine.since + mine.n == counted + 2
+    assert theirs.since + theirs.n == 1
+    assert told == [1e-5, 3e-5, 5e-5]  # each answer once, in order
