@@ -16,14 +16,17 @@ from typing import Any
 
 import orjson
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
 from chainstate.inproc import InprocRegistry
 from nodes.state.vendor import parse_vendor_block
 from proxy import inprocbooks
 from proxy.breaker import OPEN
-from proxy.model import Pool
 from proxy.inprocbooks import FOLD_EVERY
+from proxy.model import Pool
 from tests.nodes.test_state_chain import random_chain
 from tests.nodes.test_state_reads import make_node
 from tests.proxy.conftest import fast_settings, wait_until
@@ -32,7 +35,9 @@ from tests.proxy.test_dataport import raw_rpc
 CHAIN = "1337"
 
 
-async def start_proxied(tmp_path: Path, make_api, chain: Any, blocks: int, **settings: Any):
+async def start_proxied(
+    tmp_path: Path, make_api, chain: Any, blocks: int, tracer: Any = None, **settings: Any
+):
     """(api, node, calls): the first `blocks` blocks of `chain` in a real state node, entered
     twice (as a state and an archive node); `calls` counts the bodies its synchronous path
     for parsed items answered."""
@@ -50,7 +55,7 @@ async def start_proxied(tmp_path: Path, make_api, chain: Any, blocks: int, **set
     url = registry.register(
         node.key, node.handle_body, node.answer_now, answer_items, node.items_answered
     )
-    api = await make_api(fast_settings(**settings), registry=registry)
+    api = await make_api(fast_settings(**settings), registry=registry, tracer=tracer)
     for kind in ("state", "archive"):
         status, answer = await api.post(
             f"/{CHAIN}/addNode", {"key": kind, "url": url, "kind": kind}
@@ -773,3 +778,24 @@ async def test_single_books_of_one_node_under_two_pool_objects_stay_apart(proxie
     assert mine.since + mine.n == counted + 2
     assert theirs.since + theirs.n == 1
     assert told == [1e-5, 3e-5, 5e-5]  # each answer once, in order
+
+
+async def test_with_tracing_on_plain_reads_take_the_engine_path(tmp_path: Path, make_api) -> None:
+    """Tracing is decided once for the data route (`create_server`): with a tracer every body
+    takes the engine's path, which records its spans; the answers are the same bytes."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    chain, addrs = random_chain(seed=41, blocks=24)
+    api, node, calls = await start_proxied(
+        tmp_path, make_api, chain, 24, tracer=provider.get_tracer("test")
+    )
+    try:
+        body = orjson.dumps(item(1, "eth_getBalance", addrs[0], hex(3)))
+        status, raw = await raw_rpc(api, body)
+        assert status == 200 and raw == await node.handle_body(body)
+        assert calls["items"] == 0  # not the in-process path: it keeps no spans
+        spans = exporter.get_finished_spans()
+        assert any(s.name == "jsonrpc.request" for s in spans)
+    finally:
+        await node.close()
