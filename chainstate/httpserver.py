@@ -78,6 +78,11 @@ def _status_line(status: int) -> bytes:
 
 _JSON = b"Content-Type: application/json\r\n"
 _JSON_HEAD = {status: _status_line(status) + _JSON for status in _REASONS}
+# The common answer's tail of the head, by body size: `Content-Length: N` and the blank line,
+# built once (the `%` formatting of the head per answer was ~1.3k instructions of a single
+# read's ~80k, bench/README.md "Issues 14/15, session 10"). Larger answers are formatted.
+_LENGTHS = [b"Content-Length: %d\r\n\r\n" % n for n in range(2048)]
+_OK_JSON = _JSON_HEAD[200]
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _KEEP_ALIVE = b"Connection: keep-alive\r\n"
 _CLOSE = b"Connection: close\r\n"
@@ -500,6 +505,10 @@ class _Connection(asyncio.Protocol):
         loop.create_task(self._run(answer, slot, slot.keep_alive, slot.http10))  # type: ignore[arg-type]
 
     def _render(self, result: Response, keep_alive: bool, http10: bool) -> bytes:
+        if type(result) is bytes and keep_alive and not http10 and 0 < len(result) < 2048:
+            # the common answer (a 200 with a JSON body, kept alive, no Connection header):
+            # the same bytes as below from prebuilt parts
+            return b"".join((_OK_JSON, self.server.date, _LENGTHS[len(result)], result))
         extra = b""
         if type(result) is bytes:
             status, body = (200, result) if result else (204, b"")

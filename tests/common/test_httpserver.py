@@ -73,11 +73,17 @@ def sync_echo(request: Request) -> Response:
     return 200, request.body
 
 
+def bytes_echo(request: Request) -> Response:
+    return request.body  # (bytes: a 200, or a 204 when empty)
+
+
 def route(method: bytes, path: bytes) -> Any:
     if method == b"POST" and path == b"/":
         return echo
     if method == b"POST" and path == b"/sync":
         return sync_echo
+    if method == b"POST" and path == b"/bytes":
+        return bytes_echo
     return None
 
 
@@ -133,6 +139,33 @@ async def test_keep_alive_and_pipelining_answer_in_order(serve) -> None:
     status, headers, body = await client.answer()
     assert (status, body) == (200, b"four")
     assert headers["content-type"] == "application/json" and "date" in headers
+    client.close()
+
+
+async def test_answers_of_every_size_have_the_same_head_as_a_status_and_body(serve) -> None:
+    """A handler's bytes (the common answer: its head from prebuilt parts for bodies under
+    2 KiB) and its `(200, body)` give the same answer bytes (the Date line aside), at every
+    body size across the prebuilt range's edge, and for HTTP/1.0 with keep-alive."""
+    server = await serve()
+    client = await Client.open(server.port)
+
+    async def raw(path: bytes, body: bytes, version: bytes = b"1.1", extra: bytes = b"") -> bytes:
+        await client.send(
+            b"POST %b HTTP/%b\r\nHost: x\r\n%bContent-Length: %d\r\n\r\n%b"
+            % (path, version, extra, len(body), body)
+        )
+        head = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 5)
+        lines = [line for line in head.split(b"\r\n") if not line.startswith(b"Date: ")]
+        length = next((int(line[15:]) for line in lines if line.startswith(b"Content-Length")), 0)
+        return b"\r\n".join(lines) + await client.reader.readexactly(length)
+
+    for size in [*range(1, 80), *range(2000, 2100), 700, 1024, 2047, 2048, 5000]:
+        body = b"x" * size
+        ours = await raw(b"/bytes", body)
+        assert ours == await raw(b"/sync", body), size
+        assert ours.endswith(b"Content-Length: %d\r\n\r\n" % size + body), size
+    keep = b"Connection: keep-alive\r\n"
+    assert await raw(b"/bytes", b"{}", b"1.0", keep) == await raw(b"/sync", b"{}", b"1.0", keep)
     client.close()
 
 
