@@ -43,7 +43,7 @@ from proxy.upstream import Upstream
 from proxy.verdicts import CheckerVerdicts
 
 JSON = "application/json"
-MAX_DATA_PATHS = 1024  # data paths whose chain id the data route keeps (then cleared)
+MAX_DATA_PATHS = 1024  # data paths whose handler the data route keeps (then cleared)
 
 
 @dataclass(slots=True)
@@ -245,17 +245,17 @@ def create_server(app: web.Application) -> HttpServer:
     proxy = app[PROXY]
     engine = proxy.engine
     registry = proxy.upstream.registry
-    # The paths the data route took → their chain id (`/1337` → "1337"): the route decides
-    # once per path and the handler reads the id back. Bytes `count`, `in` and `decode` cost
-    # ~0.2-0.4 µs each per request on these machines, a dict lookup ~0.05 (bench/README.md
-    # "Issues 14/15, session 8").
-    chain_ids: dict[bytes, str] = {}
     # With tracing on every body takes the engine's path (its spans); the tracer is the
     # engine's for its life, so this is decided here, not per request.
+    inproc = None
     if registry is not None and engine.tracer is None:
-        data = _inproc_data(proxy, InprocPath(engine, registry), chain_ids)
-    else:
-        data = _engine_data(engine, chain_ids)
+        inproc = InprocPath(engine, registry)
+    # The paths the data route took → their handler, which holds the path's chain id
+    # (`/1337` → "1337") and, with nodes in process, what `Engine.resolve` found for it: the
+    # route decides once per path. Bytes `count`, `in` and `decode` cost ~0.2-0.4 µs each per
+    # request on these machines, a dict lookup ~0.05 (bench/README.md "Issues 14/15, session
+    # 8"); a handler per path saves the handler's own lookup (session 10).
+    handlers: dict[bytes, Handler] = {}
 
     def route(method: bytes, path: bytes) -> Any:
         # One path segment: `/1337`, `/0x539`, `/1337-blue`; %-escapes go to aiohttp, which
@@ -263,28 +263,30 @@ def create_server(app: web.Application) -> HttpServer:
         # clears the TypeError, twice the cost.)
         if method != b"POST":
             return None
-        if path in chain_ids:
-            return data
+        handler = handlers.get(path)
+        if handler is not None:
+            return handler
         if path.count(b"/") == 1 and path.find(b"%") < 0:
-            if len(chain_ids) >= MAX_DATA_PATHS:
-                chain_ids.clear()
-            chain_ids[path] = _chain_id(path)
-            return data
+            if len(handlers) >= MAX_DATA_PATHS:
+                handlers.clear()
+            chain_id = _chain_id(path)
+            if inproc is None:
+                handler = _engine_data(engine, chain_id)
+            else:
+                handler = _inproc_data(proxy, inproc, chain_id)
+            handlers[path] = handler
+            return handler
         return None
 
     return HttpServer(route, limits=server_limits(proxy.settings), fallback=app, name="proxy")
 
 
-def _engine_data(engine: Engine, chain_ids: dict[bytes, str]) -> Handler:
-    """The data route's handler when no node is in this process (or tracing is on): the
-    engine's coroutine, unwrapped; an unknown chain or an overloaded pool is answered at
-    once (no task for a refusal: 10,000 clients at once stay cheap)."""
+def _engine_data(engine: Engine, chain_id: str) -> Handler:
+    """The data route's handler of one path (`chain_id`) when no node is in this process (or
+    tracing is on): the engine's coroutine, unwrapped; an unknown chain or an overloaded
+    pool is answered at once (no task for a refusal: 10,000 clients at once stay cheap)."""
 
     def data(request: Request) -> Awaitable[Response] | Response | None:
-        path = request.path
-        chain_id = chain_ids.get(path)
-        if chain_id is None:  # (the cache was cleared after the route took the path)
-            chain_id = _chain_id(path)
         admitted = engine.admit(chain_id)
         if type(admitted) is tuple:
             return admitted
@@ -300,34 +302,25 @@ def _engine_data(engine: Engine, chain_ids: dict[bytes, str]) -> Handler:
     return data
 
 
-def _inproc_data(proxy: Proxy, inproc: InprocPath, chain_ids: dict[bytes, str]) -> Handler:
-    """The data route's handler with nodes in this process: plain reads answered at once by
-    `inproc`, never queued, so not admitted (proxy/inprocpath.py); the rest as `_engine_data`.
+def _inproc_data(proxy: Proxy, inproc: InprocPath, chain_id: str) -> Handler:
+    """The data route's handler of one path (`chain_id`) with nodes in this process: plain
+    reads answered at once by `inproc`, never queued, so not admitted (proxy/inprocpath.py);
+    the rest as `_engine_data`.
 
-    The paths' (chain, pool) as `Engine.resolve` found them (None: unknown) are kept until
+    The path's (chain, pool) as `Engine.resolve` found them (None: unknown) is kept until
     the routing state changes (`RoutingState.changes`): ~3k instructions per request less
-    (bench/README.md "Issues 14/15, session 9 … Round 2"); path → (chain id, what resolve
-    gave), so that a request takes one lookup."""
+    (bench/README.md "Issues 14/15, session 9 … Round 2")."""
     engine = proxy.engine
     state = proxy.state
     answer = inproc.answer
-    resolved: dict[bytes, tuple[str, tuple[str, Pool] | None]] = {}
-    resolved_at = state.changes
+    found: tuple[str, Pool] | None = None
+    resolved_at = -1  # (`changes` counts from 0: resolved at the first request)
 
     def data(request: Request) -> Awaitable[Response] | Response | None:
-        nonlocal resolved_at
-        path = request.path
+        nonlocal found, resolved_at
         if resolved_at != state.changes:
-            resolved.clear()
-            resolved_at = state.changes
-        try:
-            chain_id, found = resolved[path]
-        except KeyError:
-            if len(resolved) >= MAX_DATA_PATHS:
-                resolved.clear()
-            chain_id = chain_ids.get(path) or _chain_id(path)
             found = engine.resolve(chain_id)
-            resolved[path] = (chain_id, found)
+            resolved_at = state.changes
         if found is not None:
             answered = answer(found[0], found[1], request.body, request.headers)
             if answered is not None:
