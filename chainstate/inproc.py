@@ -28,7 +28,7 @@ AnswerItems = Callable[[list[Any], list[int]], list[Any] | None]
 AnswerLater = Callable[[list[Any]], "asyncio.Future[list[Any]] | None"]
 # Told the seconds AnswerItems calls took once the caller keeps their answers: the caller may
 # instead send the body again the usual way (BodyHandler), and the node must count it once.
-# One or more calls at once, in order: the proxy folds its in-process singles' counts in per
+# One or more calls at once, in any order: the proxy folds its in-process singles' counts in per
 # 64 answers or 50 ms (proxy/inprocbooks.py), not one Python call per answer.
 ItemsAnswered = Callable[[list[float]], None]
 

@@ -347,16 +347,25 @@ class Attempts:
         if span is not None:
             span.set_attribute("outcome", label)
 
-    def answered_ok(self, ctx: Any, node: Node, lkey: str, samples: list[float]) -> None:
+    def answered_ok(
+        self,
+        ctx: Any,
+        node: Node,
+        lkey: str,
+        samples: list[float],
+        ordered: list[float] | None = None,
+    ) -> None:
         """`answered(ctx, node, lkey, s, "ok")` for each of `samples` (seconds, in order),
-        folded in together at one instant (proxy/inprocbooks.py). Not the breaker or health:
-        each answer came through a node with no failure and a closed breaker, where it
-        changed neither; folded in later, it must not close a breaker opened since."""
+        folded in together at one instant (proxy/inprocbooks.py; `ordered`: `sorted(samples)`
+        when the caller has it). Not the breaker or health: each answer came through a node
+        with no failure and a closed breaker, where it changed neither; folded in later, it
+        must not close a breaker opened since."""
         # The samples sorted once, for the window's and the histogram's buckets and the
         # slowest: `observe_many` looks at the first sample and the slowest of the rest
         # only, and the slowest of all does the same (the first is at most the cost it
         # leaves); the max of `s * 1000` is the max of `s`, times 1000.
-        ordered = sorted(samples)
+        if ordered is None:
+            ordered = sorted(samples)
         ms = [samples[0] * 1000, ordered[-1] * 1000]
         latency.observe_many(node, ms, time.monotonic(), self.tau)
         node.observe_latencies(samples)

@@ -153,11 +153,12 @@ class InprocBooks:
         count = self.metrics.request
         for methods in singles.values():
             for admitted, node, method, elapsed, seconds, counted in methods.values():
-                answered(admitted, node, method, elapsed)
+                ordered = sorted(elapsed)  # (once, for the attempts' books and the node's)
+                answered(admitted, node, method, elapsed, ordered)
                 count(admitted.chain, method, node.key, "ok", len(elapsed))
                 observe(admitted.chain, "single", seconds)
                 if counted is not None:
-                    counted(elapsed)  # the node's own count (`ItemsAnswered`)
+                    counted(ordered)  # the node's own count (`ItemsAnswered`: any order)
         for admitted, node, lkey, samples in attempts.values():
             answered(admitted, node, lkey, samples)
         for (chain, shape), samples in requests.items():

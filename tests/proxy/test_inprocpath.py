@@ -777,7 +777,7 @@ async def test_single_books_of_one_node_under_two_pool_objects_stay_apart(proxie
     mine, theirs = pool.latency["eth_getBalance"], other.latency["eth_getBalance"]
     assert mine.since + mine.n == counted + 2
     assert theirs.since + theirs.n == 1
-    assert told == [1e-5, 3e-5, 5e-5]  # each answer once, in order
+    assert told == [1e-5, 3e-5, 5e-5]  # each answer once
 
 
 async def test_with_tracing_on_plain_reads_take_the_engine_path(tmp_path: Path, make_api) -> None:
