@@ -75,6 +75,7 @@ _OPEN = ord("[")  # a batch's first byte
 # in it is `isEnabledFor`'s answer without its Python call (~0.8k instructions). Anything
 # else (True, not yet known) asks `isEnabledFor`.
 _ACCESS_INFO: dict[int, bool] = getattr(access_log, "_cache", {})
+_INFO = logging.INFO  # (a module global: no attribute of `logging` to look up per body)
 
 
 class InprocPath:
@@ -100,7 +101,7 @@ class InprocPath:
         engine = self.engine
         if pool.mirrors:
             return None
-        if _ACCESS_INFO.get(logging.INFO) is not False and access_log.isEnabledFor(logging.INFO):
+        if _ACCESS_INFO.get(_INFO) is not False and access_log.isEnabledFor(_INFO):
             return None
         # (a single eth_call is no plain read: the engine gives it to the node.) `partition`
         # takes its one argument without `find`'s argument parsing, `body[0]` (an int) no
