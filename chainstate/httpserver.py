@@ -407,7 +407,13 @@ class _Connection(asyncio.Protocol):
             self._refuse(400, "an HTTP/1.1 request needs a Host header")
             raise _Refused
         length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.server.limits.max_body:
+        # (a length with fewer digits than the limit is under it: no `int` per request)
+        if (
+            length is not None
+            and len(length) >= self.server.body_digits
+            and length.isdigit()
+            and int(length) > self.server.limits.max_body
+        ):
             self._refuse_too_large()
         if b"expect" in headers:
             self._expect(headers[b"expect"], length is not None and length != b"0")
@@ -716,6 +722,7 @@ class HttpServer:
     ) -> None:
         self.route = route
         self.limits = limits or ServerLimits()
+        self.body_digits = len(str(self.limits.max_body))  # (a shorter length is under it)
         self.fallback = fallback  # an aiohttp web.Application, or None
         self.name = name
         self.conns: set[_Connection] = set()  # served here (timeouts, cap, graceful close)

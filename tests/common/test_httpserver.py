@@ -218,6 +218,26 @@ async def test_oversize_body_is_413_with_a_jsonrpc_error(serve, chunked: bool) -
     client.close()
 
 
+async def test_a_declared_length_is_refused_exactly_past_the_limit(serve) -> None:
+    """The declared length is compared with the limit only when it has as many digits (a
+    shorter one is under it): 101 with a limit of 100 is refused before the body is read,
+    100 and a zero-padded 99 are read and answered."""
+    server = await serve(max_body=100, body_limit_name="max_body_bytes")
+    for declared, body in ((b"100", b"x" * 100), (b"00099", b"x" * 99)):
+        client = await Client.open(server.port)
+        await client.send(
+            b"POST /sync HTTP/1.1\r\nHost: x\r\nContent-Length: %b\r\n\r\n%b" % (declared, body)
+        )
+        status, _, answer = await client.answer()
+        assert (status, answer) == (200, body), declared
+        client.close()
+    client = await Client.open(server.port)
+    await client.send(b"POST /sync HTTP/1.1\r\nHost: x\r\nContent-Length: 101\r\n\r\n")
+    status, _, answer = await client.answer()
+    assert status == 413 and b"max_body_bytes=100" in answer
+    client.close()
+
+
 async def test_oversize_head_is_431(serve) -> None:
     server = await serve(max_head=1024)
     client = await Client.open(server.port)
