@@ -314,15 +314,18 @@ def _inproc_data(proxy: Proxy, inproc: InprocPath, chain_id: str) -> Handler:
     state = proxy.state
     answer = inproc.answer
     found: tuple[str, Pool] | None = None
+    chain = ""  # (found's two parts, kept apart: no subscripts per request)
+    pool: Pool | None = None
     resolved_at = -1  # (`changes` counts from 0: resolved at the first request)
 
     def data(request: Request) -> Awaitable[Response] | Response | None:
-        nonlocal found, resolved_at
+        nonlocal found, chain, pool, resolved_at
         if resolved_at != state.changes:
             found = engine.resolve(chain_id)
+            chain, pool = found if found is not None else ("", None)
             resolved_at = state.changes
-        if found is not None:
-            answered = answer(found[0], found[1], request.body, request.headers)
+        if pool is not None:
+            answered = answer(chain, pool, request.body, request.headers)
             if answered is not None:
                 return answered
         admitted = engine.admit_resolved(chain_id, found)
