@@ -33,21 +33,33 @@ CHAIN = "1337"
 
 async def start_proxied(tmp_path: Path, make_api, chain: Any, blocks: int, **settings: Any):
     """(api, node, calls): the first `blocks` blocks of `chain` in a real state node, entered
-    twice (as a state and an archive node); `calls` counts the bodies its synchronous path
-    for parsed items answered."""
+    twice (as a state and an archive node); `calls` counts the bodies its synchronous paths
+    for parsed items answered ("items"), and those of them its path for checked items of one
+    method answered ("checked")."""
     node = await make_node(tmp_path, kind="archive", hot_blocks=4)
     for raw in chain.blocks[:blocks]:
         await node.ingest._apply(parse_vendor_block(raw))
     registry = InprocRegistry()
-    calls = {"items": 0}
+    calls = {"items": 0, "checked": 0}
 
     def answer_items(items: list[Any], errors: list[int]) -> list[Any] | None:
         answers = node.answer_items(items, errors)
         calls["items"] += answers is not None
         return answers
 
+    def answer_checked(method: str, items: list[Any], errors: list[int]) -> list[Any] | None:
+        answers = node.answer_checked(method, items, errors)
+        calls["items"] += answers is not None
+        calls["checked"] += answers is not None
+        return answers
+
     url = registry.register(
-        node.key, node.handle_body, node.answer_now, answer_items, node.items_answered
+        node.key,
+        node.handle_body,
+        node.answer_now,
+        answer_items,
+        node.items_answered,
+        answer_checked=answer_checked,
     )
     api = await make_api(fast_settings(**settings), registry=registry)
     for kind in ("state", "archive"):
