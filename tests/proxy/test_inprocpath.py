@@ -639,6 +639,44 @@ async def test_a_batch_of_seen_block_texts_is_routed_as_item_by_item(
         await node.close()
 
 
+async def test_a_batch_of_one_method_goes_to_the_nodes_path_for_checked_items(
+    tmp_path: Path, make_api
+) -> None:
+    """A batch of one method answered in process (one route, or two routes on two entries of
+    the node) is given to the node's path for checked items (`answer_checked`: the method
+    looked up once, the proxy's checks of the items not made again), a batch of several
+    methods to its path for parsed items; an item at a block text seen before that the node
+    declines there (`"jsonrpc"` not "2.0" or missing) sends the body to the engine. Every
+    answer and book is the engine's."""
+    chain, addrs = random_chain(seed=40, blocks=24)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, state_window=8)
+    try:
+        for height in (2, 3, 20, 21):  # archive only / both entries (head 23, window 8)
+            for method in ("eth_getBalance", "eth_getCode"):
+                await both(api, orjson.dumps(item(1, method, addrs[0], hex(height))))
+        one_route = [item(i, "eth_getBalance", addrs[i % 3], hex(20 + i % 2)) for i in range(6)]
+        two_routes = [
+            item(i, "eth_getBalance", addrs[i % 3], hex((2, 21)[i % 2])) for i in range(7)
+        ]
+        mixed = [
+            item(i, ("eth_getBalance", "eth_getCode")[i % 2], addrs[1], "0x14") for i in range(4)
+        ]
+        for batch, checked in ((one_route, 1), (two_routes, 1), (mixed, 0)):
+            before = dict(calls)
+            status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(batch))
+            assert status == 200 and [a["id"] for a in orjson.loads(raw)] == list(range(len(batch)))
+            assert calls == {"items": before["items"] + 1, "checked": before["checked"] + checked}
+        for declined in (
+            {**one_route[1], "jsonrpc": "1.0"},
+            {k: v for k, v in one_route[1].items() if k != "jsonrpc"},
+        ):
+            before = dict(calls)
+            status, raw = await both(api, orjson.dumps([one_route[0], declined]))
+            assert calls == before and b'"result"' in raw and b'"error"' in raw, raw  # the engine's
+    finally:
+        await node.close()
+
+
 async def test_the_data_route_decides_once_per_path(proxied) -> None:
     """The data route keeps the chain id of each path it took: a chain id, a versioned
     pool and an unknown chain answer as before on every request, and paths the data
