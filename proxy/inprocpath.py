@@ -64,7 +64,10 @@ Group = tuple[Node, Path, list[int]]
 Attempt = tuple[Node, Path, str, list[Any], list[int], float, str | None]
 # (node, its path, the number of items of its group): a group answered by a shared call
 Counted = tuple[Node, Path, int]
-Answered = tuple[Any, list[Attempt]]  # (the answer to send, its attempts)
+# a batch of one method answered by one call on entries of one node (`_shared`): (the
+# method, the call's time, each entry's node, path and number of items)
+Shared = tuple[str, float, list[Counted]]
+Answered = tuple[Any, list[Attempt] | Shared]  # (the answer to send, its books)
 # Request objects with this text are not parsed here: an eth_call is never a plain read, and
 # the engine sends it to the node's future (proxy/upstream.py `send_now`) without parsing it
 # twice. Batches are not searched (the search is as long as the body: ~2 µs of a 10-item
@@ -328,13 +331,10 @@ class InprocPath:
         elapsed = time.perf_counter() - t0
         if got is None or errors:
             return None
+        if method is not None:  # (each group's count is all the books need: `_book`)
+            return got, (method, elapsed, counted)
         share = elapsed / len(items)
         done: list[Attempt] = []
-        if method is not None:  # (the number of items is all the books need: `_book`)
-            for node, own, n in counted:
-                took = share * n if len(counted) > 1 else elapsed  # (one group: the call's)
-                done.append((node, own, BATCH, [None] * n, [], took, method))
-            return got, done
         for node, own, positions in groups or ():
             sent = [items[i] for i in positions]
             done.append((node, own, BATCH, sent, [], share * len(positions), method))
@@ -369,10 +369,14 @@ class InprocPath:
             return None  # (nodes in process that are not one: `_group` picks again)
         return [(a, one, len(seen) - rest), (b, two, rest)]
 
-    def _book(self, chain: str, pool: Pool, done: list[Attempt]) -> None:
+    def _book(self, chain: str, pool: Pool, done: list[Attempt] | Shared) -> None:
         """The books of answers kept (none before: a body the engine answers after all is
         counted by the engine alone): the attempts, the requests per method and outcome,
-        and the node's own count of what it answered."""
+        and the node's own count of what it answered. `_shared`'s one call of one method
+        is booked by one call (`InprocBooks.shared`: the same books, folded in later)."""
+        if type(done) is tuple:
+            self.books.shared(chain, pool, *done)
+            return
         request = self.engine.metrics.request
         for node, path, lkey, sent, errors, elapsed, method in done:
             self.books.attempt(chain, pool, node, lkey, elapsed)
