@@ -677,6 +677,35 @@ async def test_a_batch_of_one_method_goes_to_the_nodes_path_for_checked_items(
         await node.close()
 
 
+async def test_one_call_on_two_entries_books_each_its_share_of_the_time(
+    tmp_path: Path, make_api
+) -> None:
+    """A batch of one method on two entries of one node, answered by one call: each entry's
+    attempt time is the call's time split by its items (5 and 4 of 9), and the node's own
+    count of the two adds up to the call's time, as the engine's two calls would count."""
+    chain, addrs = random_chain(seed=41, blocks=24)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, state_window=8)
+    try:
+        for height in (2, 20):  # archive only / the state entry (head 23, window 8)
+            await both(api, orjson.dumps(item(1, "eth_getBalance", addrs[0], hex(height))))
+        await api.proxy.tracker.close()  # (no head poll of the node in between)
+
+        def seconds() -> dict[str, float]:
+            api.proxy.metrics.settle()
+            out = {key: h.total for (key,), h in api.proxy.metrics.hot.upstream_latency.items()}
+            return {**out, "node": node.metrics.request_seconds.total}
+
+        batch = [item(i, "eth_getBalance", addrs[i % 3], hex((2, 20)[i % 2])) for i in range(9)]
+        before, served = seconds(), calls["checked"]
+        status, raw = await raw_rpc(api, orjson.dumps(batch))
+        assert status == 200 and raw.count(b'"result"') == 9 and calls["checked"] == served + 1
+        grew = {key: took - before.get(key, 0.0) for key, took in seconds().items()}
+        assert grew["archive"] / grew["state"] == pytest.approx(5 / 4)
+        assert grew["archive"] + grew["state"] == pytest.approx(grew["node"])
+    finally:
+        await node.close()
+
+
 async def test_the_data_route_decides_once_per_path(proxied) -> None:
     """The data route keeps the chain id of each path it took: a chain id, a versioned
     pool and an unknown chain answer as before on every request, and paths the data
