@@ -4,12 +4,16 @@ Issue 14 asks that `bench run` against `chainstate up`'s proxy (`:8663/1337`, th
 reaching its state nodes in process) be at least as fast as against the node served over
 HTTP. This starts `chainstate up` on a copy of configs/devnet.toml whose ports are moved by
 `--port-offset` (so it runs beside a `./dev up`) and whose data lives in a temporary folder,
-pinned to one CPU; sends the devnet workload and mines `--blocks` more blocks; waits until
-archive-1 holds anvil's head; checks that both ports give the same answers; then runs
-`bench run` (eth_getBalance of the workload's accounts at random heights) alternately
-against the proxy's port and archive-1's own port, `--rounds` times each, the generator on
-the other CPU. For each run it prints req/s and the `up` process's own CPU µs per request
-(anvil, its child, excluded), and at the end the proxy ÷ node ratio of each.
+with one more pool, `1337-http`: the same two state nodes entered by their own HTTP ports
+instead of `inproc://` (the same nodes behind HTTP, in the same process; the response cache
+off for that pool, as the in-process path does not use it); pinned to one CPU;
+sends the devnet workload and mines `--blocks` more blocks; waits until archive-1 holds
+anvil's head; checks that the three targets give the same answers; then runs `bench run`
+(eth_getBalance of the workload's accounts at random heights) against the proxy's port
+(`/1337`, in process), the same port's `/1337-http` pool and archive-1's own port, in turn,
+`--rounds` times each, the generator on the other CPU. For each run it prints req/s and the
+`up` process's own CPU µs per request (anvil, its child, excluded), and the ratios of the
+proxy's in-process pool to the node's port and to the HTTP pool.
 """
 
 from __future__ import annotations
@@ -47,9 +51,22 @@ def devnet_copy(workdir: Path, offset: int) -> Path:
     text = DEVNET_PORTS.sub(lambda m: str(int(m.group(1)) + offset), text)
     text = re.sub(r'^data_dir = ".*?"', f"data_dir = {json.dumps(str(workdir / 'data'))}", text,
                   count=1, flags=re.M)  # fmt: skip
+    # The response cache off for `1337-http` (the in-process path does not use it either):
+    # it would answer that pool's repeated reads without asking the nodes.
+    text = text.replace("\n[proxy]\n", '\n[proxy]\ncache_pools = ["1337"]\n', 1)
     path = folder / "devnet.toml"
-    path.write_text(text)
+    path.write_text(text + http_pool(offset))
     return path
+
+
+def http_pool(offset: int) -> str:
+    """The `1337-http` pool: devnet.toml's two state nodes by their own HTTP ports (the
+    response cache off for it, above)."""
+    return "".join(
+        f'\n[[proxy.nodes]]\nchain = "1337-http"\nkey = "{key}-http"\n'
+        f'url = "http://127.0.0.1:{port + offset}"\nkind = "{kind}"\n'
+        for key, port, kind in (("state-1", 8665, "state"), ("archive-1", 8666, "archive"))
+    )
 
 
 def start_up(config: Path, workdir: Path, offset: int, cpus: list[int] | None) -> Service:
@@ -82,14 +99,14 @@ def wait_synced(node: str, head: int) -> None:
     raise RuntimeError(f"{node} did not reach block {head} in {SYNC_TIMEOUT:g} s")
 
 
-def same_answers(proxy: str, node: str, accounts: list[str], head: int) -> None:
-    """Both ports give the same balances at a few heights (checked before and after load)."""
+def same_answers(targets: tuple[tuple[str, str], ...], accounts: list[str], head: int) -> None:
+    """Every target gives the same balances at a few heights (checked before and after load)."""
     for account in accounts[:3]:
         for height in (1, head // 2, head):
             params = [account, hex(height)]
-            a, b = (rpc_call(url, "eth_getBalance", params) for url in (proxy, node))
-            if a != b:
-                raise RuntimeError(f"eth_getBalance{params}: proxy {a}, node {b}")
+            answers = {name: rpc_call(url, "eth_getBalance", params) for name, url in targets}
+            if len(set(answers.values())) != 1:
+                raise RuntimeError(f"eth_getBalance{params}: different answers {answers}")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -120,24 +137,27 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     up = start_up(devnet_copy(workdir, offset), workdir, offset, service_cpus)
     try:
         proxy = f"http://127.0.0.1:{8663 + offset}/1337"
+        over_http = f"{proxy}-http"
         node = f"http://127.0.0.1:{8666 + offset}"
+        targets = (("proxy", proxy), ("proxy-http", over_http), ("node", node))
         anvil = f"http://127.0.0.1:{8545 + offset}"
         accounts = make_blocks(anvil, args.blocks)
         head = int(rpc_call(anvil, "eth_blockNumber", []), 16)
         wait_synced(node, head)
-        same_answers(proxy, node, accounts, head)
+        same_answers(targets, accounts, head)
         plan = BodyPlan(mix=[("eth_getBalance", 1.0)], blocks=BlockRange(1, head),
                         addresses=accounts)  # fmt: skip
+        assert up.proc is not None
+        pid = up.proc.pid
         rounds = []
         for n in range(args.rounds):
-            row = {
-                t: one_run(u, plan, args, up.proc.pid)
-                for t, u in (("proxy", proxy), ("node", node))
-            }  # type: ignore[union-attr]
-            row["ratio"] = round(row["proxy"]["req_per_s"] / row["node"]["req_per_s"], 3)
+            row = {t: one_run(u, plan, args, pid) for t, u in targets}
+            for base in ("node", "proxy-http"):
+                ratio = row["proxy"]["req_per_s"] / row[base]["req_per_s"]
+                row[f"proxy/{base}"] = round(ratio, 3)
             rounds.append(row)
             print(f"round {n + 1}: {json.dumps(row)}", file=sys.stderr, flush=True)
-        same_answers(proxy, node, accounts, head)
+        same_answers(targets, accounts, head)
         return {"head": head, "load_avg": os.getloadavg()[0], "rounds": rounds}
     finally:
         up.stop()

@@ -42,6 +42,7 @@ from typing import Any
 import httptools
 import orjson
 
+from chainstate.busypoll import BusyPoll
 from chainstate.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, cut
 
 log = logging.getLogger(__name__)
@@ -100,11 +101,13 @@ class ServerLimits:
     read_timeout: float = 30.0  # seconds from a request's first byte to its last, else 408
     max_connections: int = 0  # open client connections; 0: 3/4 of the descriptor limit
     shutdown_timeout: float = 10.0  # seconds a graceful close waits for requests in flight
+    busy_poll: float = 0.0  # seconds the loop keeps polling after a request arrives; 0: off
 
     @classmethod
     def from_section(cls, sect: dict[str, Any], what: str = "http") -> ServerLimits:
         """Limits from a config table (`[http]` for the nodes' data ports): max_body_bytes,
-        max_head_bytes, idle_timeout, read_timeout, max_connections, shutdown_timeout."""
+        max_head_bytes, idle_timeout, read_timeout, max_connections, shutdown_timeout,
+        busy_poll_us (microseconds, `chainstate.busypoll`)."""
         from chainstate.config import ConfigError
 
         names = {
@@ -114,16 +117,17 @@ class ServerLimits:
             "read_timeout": "read_timeout",
             "max_connections": "max_connections",
             "shutdown_timeout": "shutdown_timeout",
+            "busy_poll_us": "busy_poll",
         }
         values: dict[str, Any] = {}
         for name, value in sect.items():
             field = names.get(name)
             if field is None:
                 raise ConfigError(f"[{what}] unknown setting {name!r}; known: {sorted(names)}")
-            least = 0 if name == "max_connections" else 1e-9
+            least = 0 if name in ("max_connections", "busy_poll_us") else 1e-9
             if not isinstance(value, int | float) or isinstance(value, bool) or value < least:
                 raise ConfigError(f"[{what}] {name} must be a positive number, got {value!r}")
-            values[field] = value
+            values[field] = value / 1e6 if name == "busy_poll_us" else value
         return cls(**values)
 
     def connection_cap(self) -> int:
@@ -330,6 +334,8 @@ class _Connection(asyncio.Protocol):
             self.fallback.resume_writing()
 
     def data_received(self, data: bytes) -> None:
+        if self.server.poll is not None:
+            self.server.poll.kick()
         if self.lingering or (self.closing and not self.in_message):
             return  # a refused request's body, or bytes after the last request read
         try:
@@ -720,6 +726,7 @@ class HttpServer:
         self._sweeper: asyncio.TimerHandle | None = None
         self._runner: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.poll: BusyPoll | None = None  # `limits.busy_poll` > 0: polls after each request
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -727,6 +734,8 @@ class HttpServer:
         self, host: str, port: int, *, reuse_port: bool = False, backlog: int = 1024
     ) -> None:
         self.loop = asyncio.get_running_loop()
+        if self.limits.busy_poll > 0:
+            self.poll = BusyPoll(self.loop, self.limits.busy_poll)
         if self.fallback is not None:
             from aiohttp import web
 
@@ -763,6 +772,8 @@ class HttpServer:
         """Stop accepting, close idle connections, let requests in flight finish (at most
         `shutdown_timeout` seconds), then close what is left."""
         self.closing = True
+        if self.poll is not None:
+            self.poll.stop()
         if self._server is not None:
             self._server.close()
         for conn in list(self.conns):

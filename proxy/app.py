@@ -205,6 +205,7 @@ def server_limits(settings: ProxySettings) -> ServerLimits:
         read_timeout=settings.client_read_timeout,
         max_connections=settings.max_client_connections,
         shutdown_timeout=settings.shutdown_timeout,
+        busy_poll=settings.busy_poll_us / 1e6,
     )
 
 

@@ -66,6 +66,9 @@ class ProxySettings:
     client_read_timeout: float = 30.0  # seconds to send a whole request once begun, else 408
     max_client_connections: int = 0  # open client connections; 0: 3/4 of the fd limit
     shutdown_timeout: float = 10.0  # seconds a stop waits for requests in flight
+    # µs the loop keeps polling after a client's request arrives instead of sleeping: less
+    # latency at low concurrency on VMs, for CPU (chainstate/busypoll.py); 0: off
+    busy_poll_us: int = 0
     max_batch_items: int = 1000  # longer batches → -32600
     state_window: int = 128  # blocks behind the head still routed to `state` nodes
     head_poll_interval: float = 1.0  # seconds between eth_blockNumber polls of each node
@@ -230,10 +233,10 @@ class ProxySettings:
             raise ConfigError("[proxy] hedge_quantile must be between 0 and 1 (e.g. 0.95)")
         if not 0 <= self.hedge_budget <= 1:
             raise ConfigError("[proxy] hedge_budget must be between 0 (no hedging) and 1")
-        for name in ("max_pool_inflight",):
+        for name, zero in (("max_pool_inflight", "derived"), ("busy_poll_us", "off")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"[proxy] {name} must be an integer >= 0 (0: derived)")
+                raise ConfigError(f"[proxy] {name} must be an integer >= 0 (0: {zero})")
 
     def default_store_path(self) -> Path:
         return Path(".chainstate") / "proxy-store.json"

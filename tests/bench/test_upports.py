@@ -8,6 +8,7 @@ import tomllib
 from pathlib import Path
 
 from bench.upports import devnet_copy
+from proxy.settings import ProxySettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,6 +26,14 @@ def test_the_devnet_copy_moves_every_port_and_keeps_its_data_apart(tmp_path: Pat
     for writer in copy["writers"]:
         assert writer["execution_url"].endswith(f":{8545 + 1000}")
     assert copy["data_dir"] == str(tmp_path / "data")
+    # The same state nodes behind HTTP, as a pool of their own (a config the proxy accepts).
+    over_http = [n for n in copy["proxy"]["nodes"] if n["chain"] == "1337-http"]
+    ports = {n["key"]: n["port"] for n in copy["state_nodes"]}
+    assert {(n["url"], n["kind"]) for n in over_http} == {
+        (f"http://127.0.0.1:{ports['state-1']}", "state"),
+        (f"http://127.0.0.1:{ports['archive-1']}", "archive"),
+    }
+    assert ProxySettings.from_config(copy).cache_pools == ("1337",)
     assert (tmp_path / "configs" / "genesis.json").exists()  # relative paths still resolve
 
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -427,3 +428,34 @@ async def test_idle_connections_past_the_fd_limit_do_not_lock_new_clients_out() 
     finally:
         proc.kill()
         await proc.wait()
+
+
+async def _cpu_while_waiting(seconds: float) -> float:
+    """CPU seconds this process used while its loop waited `seconds` for nothing."""
+    start = time.process_time()
+    await asyncio.sleep(seconds)
+    return time.process_time() - start
+
+
+async def test_busy_poll_keeps_the_loop_polling_for_its_window_after_a_request(serve) -> None:
+    """With `busy_poll` the loop does not sleep for that long after a request's bytes (it
+    polls, spending CPU, so bytes from another core are seen without a wake-up), then stops by
+    itself; without it the loop sleeps at once; a close stops it."""
+    idle = await serve()
+    client = await Client.open(idle.port)
+    await client.send(raw_post(b"ping"))
+    assert (await client.answer())[2] == b"ping"
+    assert await _cpu_while_waiting(0.2) < 0.05  # asleep: no busy polling by default
+    client.close()
+
+    server = await serve(busy_poll=0.6)
+    client = await Client.open(server.port)
+    await client.send(raw_post(b"ping"))
+    assert (await client.answer())[2] == b"ping"
+    assert await _cpu_while_waiting(0.2) > 0.08  # polling through the window
+    await asyncio.sleep(0.5)
+    assert await _cpu_while_waiting(0.2) < 0.05  # the window closed: asleep again
+    await client.send(raw_post(b"again"))
+    assert (await client.answer())[2] == b"again"
+    await server.close()
+    assert await _cpu_while_waiting(0.2) < 0.05  # a close ends the polling at once

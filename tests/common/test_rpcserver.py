@@ -105,7 +105,10 @@ def test_node_limits_come_from_the_http_table() -> None:
     limits = node_limits({"http": {"max_body_bytes": 5000, "idle_timeout": 2.5}})
     assert (limits.max_body, limits.idle_timeout) == (5000, 2.5)
     assert node_limits({}) == ServerLimits()
-    for bad in ({"max_body_bytes": 0}, {"idle_timeout": "x"}, {"nope": 1}):
+    assert node_limits({"http": {"busy_poll_us": 250}}).busy_poll == 250e-6
+    assert node_limits({"http": {"busy_poll_us": 0}}).busy_poll == 0
+    bads = ({"max_body_bytes": 0}, {"idle_timeout": "x"}, {"nope": 1}, {"busy_poll_us": -1})
+    for bad in (*bads, {"busy_poll_us": True}):
         with pytest.raises(ConfigError, match=r"\[http\]"):
             node_limits({"http": bad})
 

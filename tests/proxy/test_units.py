@@ -9,9 +9,11 @@ import orjson
 import pytest
 
 from chainstate.blockref import BlockRef
+from chainstate.config import ConfigError
 from chainstate.jsonrpc import JsonRpcError
 from chainstate.txmethods import PENDING_READS, TX_LIFECYCLE
 from proxy import methods, outcome
+from proxy.app import server_limits
 from proxy.engine import hide_unreadable
 from proxy.methods import MethodTable
 from proxy.model import (
@@ -25,6 +27,7 @@ from proxy.model import (
     normalize_pool,
 )
 from proxy.select import NoEligibleNode, Selector
+from proxy.settings import ProxySettings
 from proxy.state import RoutingState
 from proxy.store import StoreEvent
 from proxy.store_file import FileStore
@@ -581,3 +584,13 @@ def test_histogram_samples_folded_together_match_one_at_a_time() -> None:
     only_first = ProxyMetrics()  # the common fold: every sample in the first bucket
     only_first.observe_all("1337", "single", [0.00001] * 64)
     assert only_first.hot.latency[("1337", "single")].counts[:2] == [64, 0]
+
+
+def test_busy_poll_setting_reaches_the_data_listener() -> None:
+    """`busy_poll_us` (off by default) becomes the data listener's polling window."""
+    assert server_limits(ProxySettings()).busy_poll == 0
+    on = ProxySettings.from_config({"proxy": {"busy_poll_us": 250}})
+    assert server_limits(on).busy_poll == 250e-6
+    for bad in (-1, 2.5, True, "x"):
+        with pytest.raises(ConfigError, match="busy_poll_us"):
+            ProxySettings.from_config({"proxy": {"busy_poll_us": bad}})

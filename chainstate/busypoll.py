@@ -1,0 +1,61 @@
+"""Busy polling: the event loop keeps polling for a short window after a request arrives.
+
+Why: on a virtual machine a core with nothing to run halts, and waking it when the next bytes
+arrive from another core costs tens of microseconds (on the project's 2-vCPU VM a round trip
+between two cores took 102 µs against 26 µs on one core, `bench/README.md` "Issue 14, session
+10"). A proxy at one connection in turn waits twice per request (for the node's answer, then
+for the client's next request), so those wake-ups, not the proxy's work, made most of its
+added latency. While the window is open the loop is never idle: each turn polls the sockets
+without sleeping (a callback scheduled with `call_soon` makes uvloop's poll not block), and
+bytes arriving from another core are seen at the next turn.
+
+The cost is CPU: a core spins for up to `window` after each request, which at a steady
+moderate rate keeps it busy. So it is off unless configured (`busy_poll_us`, a named setting
+of every data port), like Linux's own `net.core.busy_poll`. Under full load it changes
+nothing: the loop has work at every turn anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+
+class BusyPoll:
+    """Keeps `loop` polling for `window` seconds after the last `kick()`."""
+
+    __slots__ = ("_call_soon", "_hot", "_last", "_spinning", "window")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, window: float) -> None:
+        self.window = window
+        self._call_soon = loop.call_soon
+        self._hot = False  # kicked since the last turn
+        self._spinning = False  # a turn is scheduled
+        self._last = 0.0
+
+    def kick(self) -> None:
+        """Bytes arrived: keep polling for another window (one flag on the hot path)."""
+        self._hot = True
+        if not self._spinning:
+            self._spinning = True
+            self._last = time.perf_counter()
+            self._call_soon(self._turn)
+
+    def _turn(self) -> None:
+        now = time.perf_counter()
+        if self._hot:
+            self._hot = False
+            self._last = now
+        if now - self._last < self.window:
+            self._call_soon(self._turn)
+        else:
+            self._spinning = False
+
+    def stop(self) -> None:
+        """No more polling (the listener is closing): the next turn ends it."""
+        self.window = 0.0
+        self._hot = False
+
+    @property
+    def spinning(self) -> bool:
+        return self._spinning
