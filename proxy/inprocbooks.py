@@ -90,7 +90,9 @@ class InprocBooks:
         (its [1] the node's own count, `items_answered`, or None) and number of items. Per
         entry: `attempt(chain, pool, node, BATCH, its share of elapsed by items)` and its
         items counted `ok` for `method`, folded in later, with one lookup for all entries
-        (~4k instructions of a 10-item batch less than an `attempt` and a count per entry);
+        (with no attempt tuples built first: ~8.5k of a 10-item batch's ~318k instructions
+        less than an `attempt` and a count per entry, bench/README.md "Issues 14/15, session
+        10");
         the node's own count now, once per entry, as the engine's calls count. The client's
         request is booked by `request`, as any other."""
         key = (id(pool), method)
