@@ -26,6 +26,12 @@ AnswerItems = Callable[[list[Any], list[int]], list[Any] | None]
 # with the items it parsed and sends the answers on from the future's callback: no task, no
 # bytes in between, and its own deadline on the future (the node keeps its own limits).
 AnswerLater = Callable[[list[Any]], "asyncio.Future[list[Any]] | None"]
+# AnswerItems for request objects the caller checked already: every item a dict of the one
+# method given, with an int or string id. The proxy in the same process looked at every item
+# of a batch to route it, so the node looks the method up once instead of once per item and
+# skips its own checks of what the proxy checked; the answers and error positions are the ones
+# AnswerItems gives for those items, and None when any of them needs the BodyHandler.
+AnswerChecked = Callable[[str, list[Any], list[int]], list[Any] | None]
 # Told the seconds AnswerItems calls took once the caller keeps their answers: the caller may
 # instead send the body again the usual way (BodyHandler), and the node must count it once.
 # One or more calls at once, in any order: the proxy folds its in-process singles' counts in per
@@ -42,6 +48,7 @@ class InprocRegistry:
         self._items: dict[str, AnswerItems] = {}
         self._answered: dict[str, ItemsAnswered] = {}
         self._later: dict[str, AnswerLater] = {}
+        self._checked: dict[str, AnswerChecked] = {}
         self.version = 0  # bumped on every change: callers may keep what they resolved
 
     def register(
@@ -52,10 +59,12 @@ class InprocRegistry:
         answer_items: AnswerItems | None = None,
         items_answered: ItemsAnswered | None = None,
         answer_later: AnswerLater | None = None,
+        answer_checked: AnswerChecked | None = None,
     ) -> str:
         """Register a handler under `name` (and its fast paths, if it has them: synchronous
-        for raw bodies, and for parsed items with what counts their answers; a future for
-        parsed items it answers after awaiting); returns its URL."""
+        for raw bodies, and for parsed items with what counts their answers, also for items
+        the caller checked; a future for parsed items it answers after awaiting); returns its
+        URL."""
         self._handlers[name] = handler
         self.version += 1
         fast_paths = (
@@ -63,6 +72,7 @@ class InprocRegistry:
             (self._items, answer_items),
             (self._answered, items_answered),
             (self._later, answer_later),
+            (self._checked, answer_checked),
         )
         for table, fast in fast_paths:
             if fast is not None:
@@ -78,6 +88,7 @@ class InprocRegistry:
         self._items.pop(name, None)
         self._answered.pop(name, None)
         self._later.pop(name, None)
+        self._checked.pop(name, None)
 
     def resolve(self, url: str) -> BodyHandler | None:
         if not url.startswith(SCHEME):
@@ -95,6 +106,11 @@ class InprocRegistry:
     def resolve_answered(self, url: str) -> ItemsAnswered | None:
         """What counts the answers of `url`'s path for parsed items, if it counts them."""
         return self._answered.get(url[len(SCHEME) :]) if url.startswith(SCHEME) else None
+
+    def resolve_checked(self, url: str) -> AnswerChecked | None:
+        """The synchronous path for checked items of one method registered for `url`, if
+        any."""
+        return self._checked.get(url[len(SCHEME) :]) if url.startswith(SCHEME) else None
 
     def resolve_later(self, url: str) -> AnswerLater | None:
         """The path for parsed items answered as a future registered for `url`, if any."""

@@ -44,17 +44,20 @@ import orjson
 
 from chainstate.blockref import BlockRef
 from chainstate.httpserver import Headers, Response
-from chainstate.inproc import InprocRegistry
+from chainstate.inproc import AnswerChecked, AnswerItems, InprocRegistry, ItemsAnswered
 from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
 from proxy.engine import Engine, access_log
-from proxy.inprocbooks import InprocBooks, Path  # (Path: a reader's synchronous path)
+from proxy.inprocbooks import InprocBooks
 from proxy.methods import LocalMethod, MethodSpec
 from proxy.model import Node, Pool
 from proxy.routes import MAX_ROUTES, PoolRoutes, RouteCache
 from proxy.routes import UNCACHED as _UNCACHED
 
+# a reader's synchronous path for parsed items, what counts its answers on the node, and its
+# path for items of one method checked here (`_answer`)
+Path = tuple[AnswerItems, ItemsAnswered | None, AnswerChecked | None]
 # (node, its synchronous path, positions of the items it answers)
 Group = tuple[Node, Path, list[int]]
 # (node, its path, latency key, the items it answered, positions of its error answers among
@@ -62,7 +65,10 @@ Group = tuple[Node, Path, list[int]]
 Attempt = tuple[Node, Path, str, list[Any], list[int], float, str | None]
 # (node, its path, the number of items of its group): a group answered by a shared call
 Counted = tuple[Node, Path, int]
-Answered = tuple[Any, list[Attempt]]  # (the answer to send, its attempts)
+# a batch of one method answered by one call on entries of one node (`_shared`): (the
+# method, the call's time, each entry's node, path and number of items)
+Shared = tuple[str, float, list[Counted]]
+Answered = tuple[Any, list[Attempt] | Shared]  # (the answer to send, its books)
 # Request objects with this text are not parsed here: an eth_call is never a plain read, and
 # the engine sends it to the node's future (proxy/upstream.py `send_now`) without parsing it
 # twice. Batches are not searched (the search is as long as the body: ~2 µs of a 10-item
@@ -153,7 +159,8 @@ class InprocPath:
             url = node.entry.url
             answer_items = registry.resolve_items(url)
             if answer_items is not None:
-                routes.paths[node] = (answer_items, registry.resolve_answered(url))
+                answered, checked = registry.resolve_answered(url), registry.resolve_checked(url)
+                routes.paths[node] = (answer_items, answered, checked)
 
     def _item(
         self, pool: Pool, routes: PoolRoutes, item: Any
@@ -254,7 +261,7 @@ class InprocPath:
         if len(out) > self.max_answer:
             return None  # the engine answers it as too large: nothing was counted yet
         if not errors:  # (the node's own count, `items_answered`, folded in by the books)
-            self.books.single(chain, pool, node, path, method, elapsed, perf_counter() - started)
+            self.books.single(chain, pool, node, path[1], method, elapsed, perf_counter() - started)
         else:
             self._book(chain, pool, [(node, path, method, [item], [0], elapsed, method)])
             self.books.request(chain, "single", perf_counter() - started)
@@ -288,7 +295,7 @@ class InprocPath:
             errors: list[int] = []  # (the node tells which answers are errors)
             t0 = time.perf_counter()
             try:
-                got = path[0](sent, errors)
+                got = _answer(path, sent, errors, method)
             except Exception:  # the engine sends it again and counts the failure
                 return None
             elapsed = time.perf_counter() - t0
@@ -322,19 +329,16 @@ class InprocPath:
         errors: list[int] = []
         t0 = time.perf_counter()
         try:
-            got = path[0](items, errors)
+            got = _answer(path, items, errors, method)
         except Exception:  # the engine sends it again and counts the failure
             return None
         elapsed = time.perf_counter() - t0
         if got is None or errors:
             return None
+        if method is not None:  # (each group's count is all the books need: `_book`)
+            return got, (method, elapsed, counted)
         share = elapsed / len(items)
         done: list[Attempt] = []
-        if method is not None:  # (the number of items is all the books need: `_book`)
-            for node, own, n in counted:
-                took = share * n if len(counted) > 1 else elapsed  # (one group: the call's)
-                done.append((node, own, BATCH, [None] * n, [], took, method))
-            return got, done
         for node, own, positions in groups or ():
             sent = [items[i] for i in positions]
             done.append((node, own, BATCH, sent, [], share * len(positions), method))
@@ -369,10 +373,14 @@ class InprocPath:
             return None  # (nodes in process that are not one: `_group` picks again)
         return [(a, one, len(seen) - rest), (b, two, rest)]
 
-    def _book(self, chain: str, pool: Pool, done: list[Attempt]) -> None:
+    def _book(self, chain: str, pool: Pool, done: list[Attempt] | Shared) -> None:
         """The books of answers kept (none before: a body the engine answers after all is
         counted by the engine alone): the attempts, the requests per method and outcome,
-        and the node's own count of what it answered."""
+        and the node's own count of what it answered. `_shared`'s one call of one method
+        is booked by one call (`InprocBooks.shared`: the same books, folded in later)."""
+        if type(done) is tuple:
+            self.books.shared(chain, pool, *done)
+            return
         request = self.engine.metrics.request
         for node, path, lkey, sent, errors, elapsed, method in done:
             self.books.attempt(chain, pool, node, lkey, elapsed)
@@ -526,6 +534,18 @@ def _one_path(groups: list[Group]) -> bool:
 def _counts(groups: list[Group]) -> list[Counted]:
     """Each group's node, path and number of items (`InprocPath._shared`'s books)."""
     return [(node, path, len(positions)) for node, path, positions in groups]
+
+
+def _answer(path: Path, items: list[Any], errors: list[int], method: str | None) -> Any:
+    """The node's answers to `items` (a batch's, or a group's), through its path for checked
+    items when they have one method (`method`): every item of a batch answered here is a
+    request object with an int or string id (`_seen_all`, `_item`), so the node need not check
+    that again nor look the method up per item (~5 µs of a 10-item batch; bench/README.md
+    "Issues 14/15, session 10"). Items of several methods: its path for parsed items."""
+    checked = path[2]
+    if method is None or checked is None:
+        return path[0](items, errors)
+    return checked(method, items, errors)
 
 
 def _retried(answers: list[Any], errors: list[int]) -> bool:

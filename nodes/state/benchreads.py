@@ -118,7 +118,12 @@ async def proxy_in_front(node: StateNode, registry: InprocRegistry) -> AsyncIter
     from proxy.store_file import FileStore
 
     url = registry.register(
-        node.key, node.handle_body, node.answer_now, node.answer_items, node.items_answered
+        node.key,
+        node.handle_body,
+        node.answer_now,
+        node.answer_items,
+        node.items_answered,
+        answer_checked=node.answer_checked,  # (as the node registers itself in `chainstate up`)
     )
     nodes = [{"chain": "1337", "key": kind, "url": url, "kind": kind} for kind in KINDS]
     settings = ProxySettings.from_config({"proxy": {"nodes": nodes}})

@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from chainstate.config import ConfigError
-from chainstate.inproc import AnswerItems, InprocRegistry, ItemsAnswered
+from chainstate.inproc import AnswerChecked, AnswerItems, InprocRegistry, ItemsAnswered
 from chainstate.jsonrpc import Dispatcher, JsonRpcError, dumps
 from chainstate.rpcserver import rpc_handler
 from nodes.state.hot import HotState
@@ -87,7 +87,7 @@ class StateNode:
             self.store, self.hot, self.methods, self.dispatcher, max_batch=settings.max_batch
         )
         self.ingest = Ingest(self.store, settings, self.metrics, registry=registry, hot=self.hot)
-        # The proxy in this process calls these two per body: bound straight to what does
+        # The proxy in this process calls these per body: bound straight to what does
         # the work (a wrapper method was one more Python call per body, ~0.1-0.3 µs).
         # answer_items(items): the answers of parsed request objects when every one is a
         # plain state read (else None), for the proxy, which parsed and routed them. Not
@@ -95,6 +95,9 @@ class StateNode:
         # answers (it may send the body again the usual way instead, which counts it then),
         # for several calls at once when it folds its books in (proxy/inprocbooks.py).
         self.answer_items: AnswerItems = self.reads.answer_items
+        # answer_checked(method, items): answer_items for items the proxy checked already
+        # (one method, request objects with int or string ids): not counted there either
+        self.answer_checked: AnswerChecked = self.reads.answer_checked
         self.items_answered: ItemsAnswered = self.metrics.request_seconds.observe_all
         self._task: asyncio.Task[None] | None = None
         self.leader: LeaderWatch | None = None
@@ -168,6 +171,7 @@ class StateNode:
                 self.answer_items,
                 self.items_answered,
                 self.answer_later,
+                self.answer_checked,
             )
 
     async def close(self) -> None:

@@ -213,6 +213,51 @@ async def test_answer_items_tells_where_its_error_answers_are(tmp_path: Path) ->
         await node.close()
 
 
+def checked_groups(items: list[Any]) -> dict[str, list[Any]]:
+    """The items `answer_checked` may be given (request objects with a string method and an
+    int or string id), per method."""
+    out: dict[str, list[Any]] = {}
+    for one in items:
+        checkable = isinstance(one, dict) and type(one.get("method")) is str
+        if checkable and type(one.get("id")) in (int, str):
+            out.setdefault(one["method"], []).append(one)
+    return out
+
+
+async def test_answer_checked_answers_as_answer_items(tmp_path: Path) -> None:
+    """The proxy's path for items it checked (one method, int or string ids) answers exactly
+    what `answer_items` answers for them: the same answers and error positions, and None
+    where an item needs `handle_body` (an envelope `answer_items` declines: `"jsonrpc"` not
+    "2.0", params neither a list nor an object; a method that is no plain read); each item
+    alone and every method's items as one batch, before and after the node holds blocks."""
+    node = await make_node(tmp_path, kind="state", window=16, hot_blocks=4)
+    try:
+        chain, addrs = random_chain(seed=26, blocks=40)
+        extra: list[Any] = [
+            {"jsonrpc": "2.0", "id": "s", "method": "eth_getBalance", "params": [A, "0x3"]},
+            {"jsonrpc": "2.0", "id": 30, "method": "eth_getBalance", "params": [A, "0x3"], "x": 1},
+            {"jsonrpc": "1.0", "id": 31, "method": "eth_getCode", "params": [A, "0x3"]},
+            {"jsonrpc": "2.0", "id": 32, "method": "eth_getCode"},  # no params: []
+            {"jsonrpc": "2.0", "id": 33, "method": "eth_getCode", "params": 7},
+            {"jsonrpc": "2.0", "id": 34, "method": "eth_call", "params": [{"to": A}, "0x3"]},
+        ]
+        for stage in ("empty", "with blocks"):
+            items = [*BAD_ITEMS, *extra, *read_batch(addrs[:3], 20), *read_batch(addrs[:2], 3)]
+            for method, group in checked_groups(items).items():
+                for batch in [[one] for one in group] + [group]:
+                    want: list[int] = []
+                    answers = node.answer_items(batch, want)
+                    got: list[int] = []
+                    assert node.answer_checked(method, batch, got) == answers, (stage, batch)
+                    if answers is not None:  # (None: the positions are of no use)
+                        assert got == want, (stage, batch)
+            if stage == "empty":
+                await apply(node, chain, 0)
+        assert node.answer_checked("eth_getBalance", read_batch(addrs[:1], 3)[:1], []) is not None
+    finally:
+        await node.close()
+
+
 async def test_batch_longer_than_max_batch_is_refused(tmp_path: Path) -> None:
     node = await make_node(tmp_path, max_batch=3)
     try:

@@ -39,21 +39,33 @@ async def start_proxied(
     tmp_path: Path, make_api, chain: Any, blocks: int, tracer: Any = None, **settings: Any
 ):
     """(api, node, calls): the first `blocks` blocks of `chain` in a real state node, entered
-    twice (as a state and an archive node); `calls` counts the bodies its synchronous path
-    for parsed items answered."""
+    twice (as a state and an archive node); `calls` counts the bodies its synchronous paths
+    for parsed items answered ("items"), and those of them its path for checked items of one
+    method answered ("checked")."""
     node = await make_node(tmp_path, kind="archive", hot_blocks=4)
     for raw in chain.blocks[:blocks]:
         await node.ingest._apply(parse_vendor_block(raw))
     registry = InprocRegistry()
-    calls = {"items": 0}
+    calls = {"items": 0, "checked": 0}
 
     def answer_items(items: list[Any], errors: list[int]) -> list[Any] | None:
         answers = node.answer_items(items, errors)
         calls["items"] += answers is not None
         return answers
 
+    def answer_checked(method: str, items: list[Any], errors: list[int]) -> list[Any] | None:
+        answers = node.answer_checked(method, items, errors)
+        calls["items"] += answers is not None
+        calls["checked"] += answers is not None
+        return answers
+
     url = registry.register(
-        node.key, node.handle_body, node.answer_now, answer_items, node.items_answered
+        node.key,
+        node.handle_body,
+        node.answer_now,
+        answer_items,
+        node.items_answered,
+        answer_checked=answer_checked,
     )
     api = await make_api(fast_settings(**settings), registry=registry, tracer=tracer)
     for kind in ("state", "archive"):
@@ -633,6 +645,73 @@ async def test_a_batch_of_seen_block_texts_is_routed_as_item_by_item(
         await node.close()
 
 
+async def test_a_batch_of_one_method_goes_to_the_nodes_path_for_checked_items(
+    tmp_path: Path, make_api
+) -> None:
+    """A batch of one method answered in process (one route, or two routes on two entries of
+    the node) is given to the node's path for checked items (`answer_checked`: the method
+    looked up once, the proxy's checks of the items not made again), a batch of several
+    methods to its path for parsed items; an item at a block text seen before that the node
+    declines there (`"jsonrpc"` not "2.0" or missing) sends the body to the engine. Every
+    answer and book is the engine's."""
+    chain, addrs = random_chain(seed=40, blocks=24)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, state_window=8)
+    try:
+        for height in (2, 3, 20, 21):  # archive only / both entries (head 23, window 8)
+            for method in ("eth_getBalance", "eth_getCode"):
+                await both(api, orjson.dumps(item(1, method, addrs[0], hex(height))))
+        one_route = [item(i, "eth_getBalance", addrs[i % 3], hex(20 + i % 2)) for i in range(6)]
+        two_routes = [
+            item(i, "eth_getBalance", addrs[i % 3], hex((2, 21)[i % 2])) for i in range(7)
+        ]
+        mixed = [
+            item(i, ("eth_getBalance", "eth_getCode")[i % 2], addrs[1], "0x14") for i in range(4)
+        ]
+        for batch, checked in ((one_route, 1), (two_routes, 1), (mixed, 0)):
+            before = dict(calls)
+            status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(batch))
+            assert status == 200 and [a["id"] for a in orjson.loads(raw)] == list(range(len(batch)))
+            assert calls == {"items": before["items"] + 1, "checked": before["checked"] + checked}
+        for declined in (
+            {**one_route[1], "jsonrpc": "1.0"},
+            {k: v for k, v in one_route[1].items() if k != "jsonrpc"},
+        ):
+            before = dict(calls)
+            status, raw = await both(api, orjson.dumps([one_route[0], declined]))
+            assert calls == before and b'"result"' in raw and b'"error"' in raw, raw  # the engine's
+    finally:
+        await node.close()
+
+
+async def test_one_call_on_two_entries_books_each_its_share_of_the_time(
+    tmp_path: Path, make_api
+) -> None:
+    """A batch of one method on two entries of one node, answered by one call: each entry's
+    attempt time is the call's time split by its items (5 and 4 of 9), and the node's own
+    count of the two adds up to the call's time, as the engine's two calls would count."""
+    chain, addrs = random_chain(seed=41, blocks=24)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, state_window=8)
+    try:
+        for height in (2, 20):  # archive only / the state entry (head 23, window 8)
+            await both(api, orjson.dumps(item(1, "eth_getBalance", addrs[0], hex(height))))
+        await api.proxy.tracker.close()  # (no head poll of the node in between)
+
+        def seconds() -> dict[str, float]:
+            api.proxy.metrics.settle()
+            out = {key: h.total for (key,), h in api.proxy.metrics.hot.upstream_latency.items()}
+            return {**out, "node": node.metrics.request_seconds.total}
+
+        batch = [item(i, "eth_getBalance", addrs[i % 3], hex((2, 20)[i % 2])) for i in range(9)]
+        before, served = seconds(), calls["checked"]
+        status, raw = await raw_rpc(api, orjson.dumps(batch))
+        assert status == 200 and raw.count(b'"result"') == 9 and calls["checked"] == served + 1
+        grew = {key: took - before.get(key, 0.0) for key, took in seconds().items()}
+        assert grew["archive"] / grew["state"] == pytest.approx(5 / 4)
+        assert grew["archive"] + grew["state"] == pytest.approx(grew["node"])
+    finally:
+        await node.close()
+
+
 async def test_the_data_route_decides_once_per_path(proxied) -> None:
     """The data route keeps the chain id of each path it took: a chain id, a versioned
     pool and an unknown chain answer as before on every request, and paths the data
@@ -759,20 +838,19 @@ async def test_single_books_of_one_node_under_two_pool_objects_stay_apart(proxie
     """The singles' books are kept per node and method (no key tuple), each entry for one
     pool: a node answering for another pool object (a pool rebuilt, say) is booked to that
     pool, and the node's own count is told every answer once, at the fold."""
-    api, node, _, _ = proxied
+    api, _, _, _ = proxied
     engine = api.proxy.engine
     books = inprocbooks.InprocBooks(engine.attempts, engine.metrics)
     pool = api.proxy.state.pools[CHAIN]
     other = Pool(id=pool.id)
     reader = pool.readers[0]
-    told: list[float] = []
-    path = (node.answer_items, told.extend)
+    told: list[float] = []  # (what the node's own count, `ItemsAnswered`, is told)
     before = pool.latency.get("eth_getBalance")
     counted = 0 if before is None else before.since + before.n
-    books.single(CHAIN, pool, reader, path, "eth_getBalance", 1e-5, 2e-5)
-    books.single(CHAIN, other, reader, path, "eth_getBalance", 3e-5, 4e-5)
+    books.single(CHAIN, pool, reader, told.extend, "eth_getBalance", 1e-5, 2e-5)
+    books.single(CHAIN, other, reader, told.extend, "eth_getBalance", 3e-5, 4e-5)
     assert told == [1e-5]  # the other pool's entry folded the first one's in
-    books.single(CHAIN, pool, reader, path, "eth_getBalance", 5e-5, 6e-5)
+    books.single(CHAIN, pool, reader, told.extend, "eth_getBalance", 5e-5, 6e-5)
     books.fold()
     mine, theirs = pool.latency["eth_getBalance"], other.latency["eth_getBalance"]
     assert mine.since + mine.n == counted + 2
