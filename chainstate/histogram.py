@@ -20,6 +20,22 @@ from prometheus_client.registry import Collector, CollectorRegistry
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 
 
+def count_sorted(counts: list[int], bounds: list[float], ordered: list[float]) -> None:
+    """Add sorted samples to bucket counts (`counts[i]`: samples <= `bounds[i]` and above the
+    bound before; the last: above every bound): each bucket's count is the distance between
+    the positions of its bounds, a few bisects in C instead of a Python step per sample
+    (`bisect_left` per sample gives the same counts)."""
+    n = len(ordered)
+    before = 0
+    for i, bound in enumerate(bounds):
+        at = bisect_right(ordered, bound, before)  # the samples <= bound: buckets <= i
+        counts[i] += at - before
+        before = at
+        if at == n:
+            return
+    counts[-1] += n - before  # above every bound (+Inf)
+
+
 class LoopHistogram(Collector):
     """One histogram with fixed label values, registered in `registry`."""
 
@@ -55,18 +71,7 @@ class LoopHistogram(Collector):
                 self.counts[bisect_left(self.bounds, seconds)] += 1
                 self.total += seconds
             return
-        ordered = sorted(samples)
-        counts = self.counts
-        n = len(ordered)
-        before = 0
-        for i, bound in enumerate(self.bounds):
-            at = bisect_right(ordered, bound, before)  # the samples <= bound: buckets <= i
-            counts[i] += at - before
-            before = at
-            if at == n:
-                break
-        else:
-            counts[-1] += n - before  # above every bound (+Inf)
+        count_sorted(self.counts, self.bounds, sorted(samples))
         self.total += sum(samples)
 
     def collect(self) -> Iterator[HistogramMetricFamily]:

@@ -11,7 +11,7 @@ Counter. Node state (in-flight, head, health) is read at scrape time by a collec
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from chainstate.histogram import count_sorted
 from proxy.breaker import STATE_VALUE
 from proxy.model import Pool
 
@@ -400,19 +401,7 @@ class ProxyMetrics:
         (`bisect_left` per sample gives the same counts): a few bisects in C per fold
         instead of a Python step per sample, and in-process samples all sit in the first
         bucket or two (proxy/inprocbooks.py folds thousands a second)."""
-        counts = hist.counts
-        if ordered is None:
-            ordered = sorted(samples)
-        n = len(ordered)
-        before = 0
-        for i, bound in enumerate(self.hot.bounds):
-            at = bisect_right(ordered, bound, before)  # the samples <= bound: buckets <= i
-            counts[i] += at - before
-            before = at
-            if at == n:
-                break
-        else:
-            counts[-1] += n - before  # above every bound (+Inf)
+        count_sorted(hist.counts, self.hot.bounds, sorted(samples) if ordered is None else ordered)
         hist.total += sum(samples)
 
     def on_read(self, fold: Callable[[], None]) -> None:
