@@ -124,9 +124,8 @@ class InprocBooks:
         items counted `ok` for `method`, folded in later, with one lookup for all entries
         (with no attempt tuples built first: ~8.5k of a 10-item batch's ~318k instructions
         less than an `attempt` and a count per entry, bench/README.md "Issues 14/15, session
-        10");
-        the node's own count now, once per entry, as the engine's calls count. The client's
-        request is booked by `request`, as any other."""
+        10"); the node's own count now, once per entry, as the engine's calls count. The
+        client's request is booked by `request`, as any other."""
         key = (id(pool), method)
         entry = self._shared.get(key)
         if entry is None:
