@@ -463,7 +463,9 @@ def routes(ctx: AppCtx) -> list[Endpoint]:
             doc = load_schedule(conn, call.who, call.params["id"])
             out = schedule_json(doc)
             if doc["deleted_at"] is None:
-                out["next_run_at"] = next_due(doc["cron"], doc.get("last_due_at") or time.time())
+                out["next_run_at"] = next_due(
+                    doc["cron"], doc.get("last_due_at") or doc["created_at"]
+                )
             return out
 
         return await call.db.read(q)

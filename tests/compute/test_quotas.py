@@ -19,6 +19,7 @@ from tests.compute.conftest import Client, Stack, running_stack, wait_ended
 from tests.workspace.conftest import pg_schema
 from workspace.compute.quotas import AccountQuotas
 from workspace.compute.retention import DAY, Retention, RetentionSettings
+from workspace.compute.scheduler import next_due
 from workspace.compute.service import ComputeSettings
 from workspace.compute.store import table_reader_count
 
@@ -62,10 +63,12 @@ async def test_running_instances_per_account(quota_stack: Stack) -> None:
         # a schedule of alice's due now is refused the same way, and recorded so
         body = {"notebook_id": nb["id"], "cron": "* * * * *"}
         sched = await a.ok("POST", "/v1/notebook/schedule/create", body)
-        runs = await quota_stack.svc.scheduler.tick(now=time.time() + 61)
-        mine = [r for r in runs if r["schedule_id"] == sched["id"]]
-        assert [r["status"] for r in mine] == ["failed"]
-        assert "account_max_running_instances" in mine[0]["reason"]
+        # one due time exactly: the server's own tick may have recorded it already
+        first_due = next_due(sched["cron"], sched["created_at"])
+        await quota_stack.svc.scheduler.tick(now=first_due + 1)
+        runs = await a.ok("GET", "/v1/notebook/schedule/runs", id=sched["id"])
+        assert [r["status"] for r in runs["items"]] == ["failed"]
+        assert "account_max_running_instances" in runs["items"][0]["reason"]
         await a.ok("POST", "/v1/notebook/schedule/delete", {"id": sched["id"]})
         # another account is not held back by alice's quota
         other = await notebook(b, SLEEPER)
