@@ -13,8 +13,10 @@ the suite's own services and bodies (bench/README.md "Issue 15, session 11").
   the heap's objects per generation, the main thread's context switches per request.
 - `callgrind`: the state node and proxy-inproc run under callgrind with instrumentation off;
   per case and target, `-n` bodies after a warm-up are measured with it on
-  (`callgrind_control`). Per row: instructions per body and, with `--cache-sim`, L1 and
-  last-level misses per body (`--LL 1048576,8,64` simulates a 1 MiB L2 as the last level).
+  (`callgrind_control`). Per row: instructions per body, also without the background work
+  (the process's instructions per idle second, counted for `--idle` s before the row, times
+  the row's length under valgrind), and with `--cache-sim` L1 and last-level misses per body
+  (`--LL 1048576,8,64` simulates a 1 MiB L2 as the last level).
   Their stores' LMDB map is 1 GiB (valgrind cannot reserve the default 64 GiB). Counts move
   by ~1 % between runs (requests per loop turn, background work under valgrind's slowness).
 
@@ -134,6 +136,19 @@ def callgrind_totals(path: Path) -> list[int]:
     raise SystemExit(f"{path}: no summary line")
 
 
+def callgrind_control(pid: str, *commands: str) -> None:
+    """Run `callgrind_control` commands (e.g. "--zero", "-i on") on `pid` in order."""
+    for command in commands:
+        cmd = ["callgrind_control", *command.split(), pid]
+        subprocess.run(cmd, check=True, capture_output=True)
+
+
+def dump(out: Path, pid: str, name: str) -> Path:
+    """Dump `pid`'s counts since the last dump or zeroing; the dump's file."""
+    callgrind_control(pid, f"--dump={name}")
+    return max(out.glob(f"cg.{pid}.*"), key=lambda p: int(p.suffix[1:]))
+
+
 def run_callgrind(args: argparse.Namespace) -> None:
     out = Path(tempfile.mkdtemp(prefix="realprocs-cg-"))
     under_callgrind(out, args.cache_sim, args.LL)
@@ -150,18 +165,22 @@ def run_callgrind(args: argparse.Namespace) -> None:
                 base = {"url": targets[label], "concurrency": args.c, "timeout": 120.0}
                 load = {**base, "cpus": load_cpus, "warmup": 0.0}
                 run_bench(LoadSettings(requests=max(200, args.n // 5), **load), case.plan)
-                ctl = ["callgrind_control"]
-                subprocess.run([*ctl, "--zero", pid], check=True, capture_output=True)
-                subprocess.run([*ctl, "-i", "on", pid], check=True, capture_output=True)
-                res = run_bench(LoadSettings(requests=args.n, **load), case.plan)
                 name = f"{case.name}-{label}"
-                subprocess.run([*ctl, f"--dump={name}", pid], check=True, capture_output=True)
-                subprocess.run([*ctl, "-i", "off", pid], check=True, capture_output=True)
+                callgrind_control(pid, "--zero", "-i on")
+                time.sleep(args.idle)
+                idle = callgrind_totals(dump(out, pid, f"{name}-idle"))[0] / args.idle
+                started = time.monotonic()
+                res = run_bench(LoadSettings(requests=args.n, **load), case.plan)
+                took = time.monotonic() - started
+                totals = [x / args.n for x in callgrind_totals(dump(out, pid, name))]
+                callgrind_control(pid, "-i off")
                 if res.requests_ok != args.n:
                     raise SystemExit(f"{name}: {res.requests_ok} of {args.n} bodies answered")
-                dumps = sorted(out.glob(f"cg.{pid}.*"), key=lambda p: int(p.suffix[1:]))
-                totals = [x / args.n for x in callgrind_totals(dumps[-1])]
-                shown = f"{totals[0]:9.0f} Ir/body"
+                # valgrind makes the row ~50x longer, so background work (ingest's polls)
+                # done during it weighs ~50x more per body than natively: taken out
+                background = idle * took / args.n
+                shown = f"{totals[0]:9.0f} Ir/body, {totals[0] - background:9.0f} without "
+                shown += f"background ({idle / 1e6:.2f}M Ir/s idle over {took:.1f} s)"
                 if args.cache_sim:  # Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw
                     shown += f"  L1 misses I {totals[3]:.0f} Dr {totals[4]:.0f} Dw {totals[5]:.0f}"
                     shown += f"  LL misses {sum(totals[6:9]):.0f}"
@@ -179,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     cg_p.add_argument("-c", type=int, default=16, help="connections")
     cg_p.add_argument("--cache-sim", action="store_true", help="simulate L1 and last level")
     cg_p.add_argument("--LL", help="callgrind's --LL=size,assoc,line (e.g. 1048576,8,64)")
+    cg_p.add_argument(
+        "--idle", type=float, default=10.0, help="seconds of idle counting before each row"
+    )
     for each in (gc_p, cg_p):
         each.add_argument("--case", action="append", help="suite state's case (repeatable)")
     args = p.parse_args(argv)
