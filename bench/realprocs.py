@@ -76,7 +76,7 @@ def run_gc(args: argparse.Namespace) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(PROBE_DIR), os.environ.get("PYTHONPATH", "")) if p
     )
-    opts = suite.SuiteOptions(duration=args.duration, warmup=args.warmup)
+    opts = suite.SuiteOptions(duration=args.duration, warmup=args.warmup, proxy=args.proxy)
     _, load_cpus = suite.split_cpus()
     with suite.running() as services:
         state = suite.StateSuite()
@@ -155,7 +155,7 @@ def run_callgrind(args: argparse.Namespace) -> None:
     _, load_cpus = suite.split_cpus()
     with suite.running() as services:
         state = suite.StateSuite()
-        targets = state.start(services, suite.SuiteOptions())
+        targets = state.start(services, suite.SuiteOptions(proxy=args.proxy))
         pids = suite.serving_pids(services, targets)
         for case in state.cases():
             if case.name not in args.case:
@@ -203,8 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     for each in (gc_p, cg_p):
         each.add_argument("--case", action="append", help="suite state's case (repeatable)")
+        each.add_argument(
+            "--proxy",
+            action="append",
+            type=suite.parse_toml_setting,
+            metavar="NAME=VALUE",
+            help="a [proxy] setting of proxy-inproc, as `bench suite --proxy`",
+        )
     args = p.parse_args(argv)
     args.case = args.case or ["balance", "balance10", "storage10"]
+    args.proxy = dict(args.proxy or [])
     try:
         (run_gc if args.mode == "gc" else run_callgrind)(args)
     except (RuntimeError, OSError) as exc:
