@@ -7,9 +7,9 @@ the proxy app reaching it in process (`inproc://`, entered as a state and an arc
 `bench suite state`'s proxy-inproc), and feeds the same requests (`--method`:
 eth_getBalance or eth_getStorageAt, a random old height each, keep-alive HTTP/1.1 bytes)
 into a connection of each lean server (`chainstate/httpserver.py`: the proxy's data
-listener, `POST /1337`, and the node's data port, `POST /`) through a transport that keeps what is written: the whole server-side path
-of a request, parse to rendered answer, with no socket and no client. Every answer body is
-checked byte-equal between the two ports first.
+listener, `POST /1337`, and the node's data port, `POST /`) through a transport that keeps
+what is written: the whole server-side path of a request, parse to rendered answer, with no
+socket and no client. Every answer body is checked byte-equal between the two ports first.
 
 Without valgrind it prints CPU µs per request of each port (best of `--passes`, alternating)
 and node ÷ proxy. Under `valgrind --tool=callgrind --dump-before=getppid` (see
