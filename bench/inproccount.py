@@ -142,7 +142,12 @@ async def build(
     node, accounts = await synthetic_node(tmp, blocks, {"map_size_mb": 256})
     registry = InprocRegistry()
     url = registry.register(
-        node.key, node.handle_body, node.answer_now, node.answer_items, node.items_answered
+        node.key,
+        node.handle_body,
+        node.answer_now,
+        node.answer_items,
+        node.items_answered,
+        answer_checked=node.answer_checked,  # (as the node registers itself in `chainstate up`)
     )
     entries = [{"chain": CHAIN, "key": kind, "url": url, "kind": kind} for kind in KINDS]
     settings = ProxySettings.from_config({"proxy": {"nodes": entries}})

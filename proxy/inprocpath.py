@@ -251,7 +251,10 @@ class InprocPath:
         errors: list[int] = []  # (the node tells which answers are errors)
         t0 = perf_counter()
         try:
-            got = path[0]([item], errors)
+            # the item is a dict (`answer`'s `payload`) of `method`, a text, with an int or
+            # string id (checked above or in `_item`): the node's path for checked items,
+            # when it has one, skips its own checks of those (~2k instructions less)
+            got = path[0]([item], errors) if path[2] is None else path[2](method, [item], errors)
         except Exception:  # the engine sends it again and counts the failure
             return None
         elapsed = perf_counter() - t0
