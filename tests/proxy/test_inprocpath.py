@@ -683,6 +683,52 @@ async def test_a_batch_of_one_method_goes_to_the_nodes_path_for_checked_items(
         await node.close()
 
 
+async def test_a_single_goes_to_the_nodes_path_for_checked_items(tmp_path: Path, make_api) -> None:
+    """A request object answered in process, at a block text new or seen before, is given to
+    the node's path for checked items (`answer_checked`) with its method: balances, storage
+    slots (`0x1`, a 32-byte slot, `0x0`), nonces, code, vendor reads, an error answer the
+    proxy checked the params of. One the node declines there (`"jsonrpc"` not "2.0" or
+    missing, params not a list) goes to the engine. Every answer and book is the engine's."""
+    chain, addrs = random_chain(seed=41, blocks=24)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, state_window=8)
+    try:
+        slot32 = "0x" + "00" * 31 + "01"
+        singles = []
+        for height in (2, 21, 2, 21):  # archive only / both entries; then seen block texts
+            singles += [
+                item(1, "eth_getBalance", addrs[0], hex(height)),
+                item("s", "eth_getStorageAt", addrs[1], "0x1", hex(height)),
+                item(3, "eth_getStorageAt", addrs[2], slot32, hex(height)),
+                item(4, "eth_getStorageAt", addrs[0], "0x0", hex(height)),
+                item(5, "eth_getTransactionCount", addrs[1], hex(height)),
+                item(6, "eth_getCode", addrs[2], hex(height)),
+            ]
+        singles += [
+            item(7, "getStorageAt", addrs[1], "0x1", {"block_id": 21}),
+            item(8, "eth_getStorageAt", addrs[1], "0x1", "0x999"),  # not held: the engine's
+        ]
+        for single in singles:
+            before = dict(calls)
+            status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(single))
+            assert status == 200 and orjson.loads(raw)["id"] == single["id"], raw
+            if single["params"][-1] != "0x999":
+                assert b'"result"' in raw and calls == {
+                    "items": before["items"] + 1,
+                    "checked": before["checked"] + 1,
+                }, (single, raw)
+        seen = item(9, "eth_getStorageAt", addrs[1], "0x1", "0x15")
+        for declined in (
+            {**seen, "jsonrpc": "1.0"},
+            {k: v for k, v in seen.items() if k != "jsonrpc"},
+            {**seen, "params": "0x15"},
+        ):
+            before = dict(calls)
+            status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(declined))
+            assert calls == before and b'"error"' in raw, raw  # the engine's
+    finally:
+        await node.close()
+
+
 async def test_one_call_on_two_entries_books_each_its_share_of_the_time(
     tmp_path: Path, make_api
 ) -> None:
