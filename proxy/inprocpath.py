@@ -147,8 +147,10 @@ class InprocPath:
         if len(out) > self.max_answer:
             return None  # the engine answers it as too large: nothing was counted yet
         self._book(chain, pool, answered[1])
-        engine.metrics.client(headers.get("client-id"))
-        self.books.request(chain, "batch", time.perf_counter() - started)
+        client = headers.raw.get(b"client-id")  # (as `_single`: no `get` call, no decode)
+        if client:
+            engine.metrics.client(client.decode("latin-1"))
+        self.books.request(chain, "batch", perf_counter() - started)
         return 200, out
 
     def _find_paths(self, routes: PoolRoutes) -> None:
@@ -330,12 +332,12 @@ class InprocPath:
         would need each error's group."""
         path = counted[0][1]
         errors: list[int] = []
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         try:
             got = _answer(path, items, errors, method)
         except Exception:  # the engine sends it again and counts the failure
             return None
-        elapsed = time.perf_counter() - t0
+        elapsed = perf_counter() - t0
         if got is None or errors:
             return None
         if method is not None:  # (each group's count is all the books need: `_book`)
