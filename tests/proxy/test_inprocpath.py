@@ -835,14 +835,17 @@ async def test_config_changes_reach_the_in_process_path_at_once(proxied) -> None
 
 
 async def test_client_ids_of_in_process_answers_are_counted(proxied) -> None:
+    """Singles and batches alike (each answered in process by one call)."""
     api, _, addrs, calls = proxied
-    body = orjson.dumps(item(1, "eth_getBalance", addrs[0], "0x3"))
-    for headers in ({"Client-Id": "zed"}, {"client-id": "zed"}, {}):
-        async with api.client.data.post(f"/{CHAIN}", data=body, headers=headers) as resp:
-            assert resp.status == 200
-    assert calls["items"] == 3  # all in process
+    single = orjson.dumps(item(1, "eth_getBalance", addrs[0], "0x3"))
+    batch = orjson.dumps([item(i, "eth_getStorageAt", addrs[0], "0x1", "0x3") for i in range(3)])
+    for body in (single, batch):
+        for headers in ({"Client-Id": "zed"}, {"client-id": "zed"}, {}):
+            async with api.client.data.post(f"/{CHAIN}", data=body, headers=headers) as resp:
+                assert resp.status == 200
+    assert calls["items"] == 6  # all in process
     text = await metrics_text(api)
-    assert scraped(text, "chainstate_proxy_client_requests_total", client_id="zed") == 2
+    assert scraped(text, "chainstate_proxy_client_requests_total", client_id="zed") == 4
 
 
 async def test_the_access_log_turned_on_later_takes_the_engine_path(proxied, caplog) -> None:
