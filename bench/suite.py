@@ -209,11 +209,13 @@ def python_cmd(*args: str) -> list[str]:
 @dataclass(frozen=True)
 class Case:
     """One measured load: a body plan sent to every target of the suite (on `concurrency`
-    connections when set, else the suite's)."""
+    connections when set, else the suite's); `also`: targets measured in this case only (a
+    target some case names in `also` is left out of every other case)."""
 
     name: str
     plan: BodyPlan
     concurrency: int | None = None
+    also: tuple[str, ...] = ()
 
 
 @dataclass
@@ -263,6 +265,10 @@ def balance_mix(batch: int) -> BodyPlan:
     )
 
 
+C1_CASE = "single-c1"
+POLL_OFF_TARGET = "proxy-no-poll"
+
+
 class ProxySuite:
     """The proxy in front of a fake node vs the fake node directly, and vs Go's reverse proxy
     on the same core (the compiled reference of what one core can do)."""
@@ -291,11 +297,39 @@ class ProxySuite:
         proxy_url = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
         services.start("proxy", self.proxy_command(proxy_port, config), proxy_url, proxy_cpus)
         targets = {"direct": fake_url, "proxy": proxy_url}
+        if self.poll_off_wanted(opts):
+            targets[POLL_OFF_TARGET] = self.start_poll_off_proxy(
+                services, fake_url, proxy_cpus, opts
+            )
         if opts.reference:
             go_url = self.start_go_proxy(services, fake_url, proxy_cpus)
             if go_url is not None:
                 targets["go-proxy"] = go_url
         return targets
+
+    @staticmethod
+    def poll_off_wanted(opts: SuiteOptions) -> bool:
+        """Only when the c=1 case runs and --proxy did not set busy polling itself."""
+        wanted = opts.cases is None or C1_CASE in opts.cases
+        return wanted and "busy_poll_us" not in opts.proxy
+
+    def start_poll_off_proxy(
+        self, services: Services, node_url: str, cpus: list[int] | None, opts: SuiteOptions
+    ) -> str:
+        """A second proxy, the same but with busy polling off, measured at c=1 only: what the
+        default `busy_poll_us` takes off the added latency (on a VM whose idle vCPUs halt,
+        most of it)."""
+        port = free_port()
+        settings = {**opts.proxy, "busy_poll_us": 0}
+        config = services.workdir / "proxy-no-poll.toml"
+        config.write_text(proxy_config(node_url, extra=setting_lines(settings)))
+        url = f"http://127.0.0.1:{port}/{SUITE_CHAIN_ID}"
+        services.start(POLL_OFF_TARGET, self.proxy_command(port, config), url, cpus)
+        self.note(
+            f"{POLL_OFF_TARGET}: the same proxy with busy_poll_us = 0 (default 250), on the "
+            f"proxy's core, measured in {C1_CASE} only"
+        )
+        return url
 
     def start_go_proxy(
         self, services: Services, node_url: str, cpus: list[int] | None
@@ -346,7 +380,8 @@ class ProxySuite:
             Case("single", balance_mix(1)),
             Case("batch10", balance_mix(10)),
             Case("batch100", balance_mix(100)),
-            Case("single-c1", balance_mix(1), concurrency=1),  # the latency a proxy adds
+            # the latency a proxy adds, by default and with busy polling off
+            Case(C1_CASE, balance_mix(1), concurrency=1, also=(POLL_OFF_TARGET,)),
         ]
 
 
@@ -852,12 +887,16 @@ def run_suite(suite: Suite, opts: SuiteOptions) -> dict[str, Any]:
         targets = suite.start(services, opts)
         pids = serving_pids(services, targets)
         baseline = next(iter(targets))
-        for case in suite.cases():
+        cases = suite.cases()
+        optional = {label for case in cases for label in case.also}
+        for case in cases:
             if opts.cases and case.name not in opts.cases:
                 continue
             results: dict[str, BenchResult] = {}
             cpu: dict[str, float] = {}
             for label, url in targets.items():
+                if label in optional and label not in case.also:
+                    continue
                 settings = LoadSettings(
                     url=url,
                     concurrency=case.concurrency or opts.concurrency,
@@ -958,7 +997,7 @@ def render(report: dict[str, Any]) -> str:
         f"load avg {report['load_avg_start']} → {report.get('load_avg_end', '?')}"
         + "".join(f"  evm.{k}={v}" for k, v in report.get("evm", {}).items()),
         *(f"note: {n}" for n in report.get("notes", [])),
-        f"{'case':<13} {'target':<12} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
+        f"{'case':<13} {'target':<15} {'req/s':>10} {'items/s':>11} {'ratio':>6} "
         f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7} "
         f"{'cores':>5} {'items/s/core':>12} {'cpu µs/req':>10}",
     ]
@@ -973,7 +1012,7 @@ def render(report: dict[str, Any]) -> str:
                 else f"{'-':>5} {'-':>12} {'-':>10}"
             )
             lines.append(
-                f"{case['case']:<13} {label:<12} {t['req_per_s']:>10,.0f} "
+                f"{case['case']:<13} {label:<15} {t['req_per_s']:>10,.0f} "
                 f"{t['items_per_s']:>11,.0f} "
                 f"{t['ratio_req_per_s']:>6.3f} {lat['p50']:>8.3f} {lat['p90']:>8.3f} "
                 f"{lat['p99']:>8.3f} {lat['max']:>8.3f} {errors:>7} {cpu}"

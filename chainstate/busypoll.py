@@ -10,9 +10,10 @@ without sleeping (a callback scheduled with `call_soon` makes uvloop's poll not 
 bytes arriving from another core are seen at the next turn.
 
 The cost is CPU: a core spins for up to `window` after each request, which at a steady
-moderate rate keeps it busy. So it is off unless configured (`busy_poll_us`, a named setting
-of every data port), like Linux's own `net.core.busy_poll`. Under full load it changes
-nothing: the loop has work at every turn anyway.
+moderate rate keeps it busy; an idle server spends nothing, and under full load it changes
+nothing (the loop has work at every turn anyway). The proxy's port polls by default, like
+Seastar's reactor (`--idle-poll-time-us`); the nodes' ports only when configured
+(`busy_poll_us`, a named setting of every data port).
 """
 
 from __future__ import annotations

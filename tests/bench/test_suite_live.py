@@ -52,6 +52,12 @@ def test_proxy_suite_measures_go_reverse_proxy_and_added_latency(tmp_path: Path)
     assert go["requests"] > 0 and not go["errors"] and go["cpu_us_per_req"] > 0
     assert single["proxy_vs_go"]["req_per_s"] > 0 and single["proxy_vs_go"]["per_core"] > 0
     assert c1["concurrency"] == 1 and "added_p50_us" in c1["targets"]["proxy"]
+    # the same proxy with busy polling off, measured at c=1 only, its setting in its config
+    off = c1["targets"]["proxy-no-poll"]
+    assert off["requests"] > 0 and not off["errors"] and "added_p50_us" in off
+    assert "proxy-no-poll" not in single["targets"]
+    assert "busy_poll_us = 0" in (tmp_path / "proxy-no-poll.toml").read_text()
+    assert "busy_poll_us" not in (tmp_path / "proxy.toml").read_text()  # the default
     assert any("GOMAXPROCS=1" in note for note in report["notes"])
     assert "proxy ÷ go-proxy" in render(report) and "p50 added over direct" in render(report)
 

@@ -587,10 +587,12 @@ def test_histogram_samples_folded_together_match_one_at_a_time() -> None:
 
 
 def test_busy_poll_setting_reaches_the_data_listener() -> None:
-    """`busy_poll_us` (off by default) becomes the data listener's polling window."""
-    assert server_limits(ProxySettings()).busy_poll == 0
-    on = ProxySettings.from_config({"proxy": {"busy_poll_us": 250}})
-    assert server_limits(on).busy_poll == 250e-6
+    """`busy_poll_us` (250 µs by default, 0: off) becomes the data listener's polling window."""
+    assert server_limits(ProxySettings()).busy_poll == 250e-6
+    off = ProxySettings.from_config({"proxy": {"busy_poll_us": 0}})
+    assert server_limits(off).busy_poll == 0
+    on = ProxySettings.from_config({"proxy": {"busy_poll_us": 1000}})
+    assert server_limits(on).busy_poll == 1000e-6
     for bad in (-1, 2.5, True, "x"):
         with pytest.raises(ConfigError, match="busy_poll_us"):
             ProxySettings.from_config({"proxy": {"busy_poll_us": bad}})
