@@ -15,7 +15,7 @@ What waits up to FOLD_AFTER_S (or FOLD_EVERY answers): the selector's latency co
 pool's hedge/timeout quantiles as the engine's own requests see them, the admission limit's
 latency, and the node's own count of the singles and the batches of one method it answered
 (its request_seconds, told through `ItemsAnswered` in one call per fold instead of one per
-answer: ~1.9k instructions per single less, ~2k per batch; a scrape of the node's own
+answer: ~1.9k instructions per single less, a call per entry per batch; a scrape of the node's own
 /metrics, which does not fold the proxy's books, may miss the answers of the last
 FOLD_AFTER_S). Breakers and health see nothing new from these answers: the in-process path
 only answers through a node that has not failed lately and whose breaker is closed with no
@@ -125,9 +125,9 @@ class InprocBooks:
         (with no attempt tuples built first: ~8.5k of a 10-item batch's ~318k instructions
         less than an `attempt` and a count per entry, bench/README.md "Issues 14/15, session
         10"); the node's own count too, once per entry as the engine's calls count, told at
-        the fold in one call per node as the singles' are (`_fold_shared`; ~2k instructions
-        per batch less, bench/README.md "Issue 15, session 11"). The client's request is
-        booked by `request`, as any other."""
+        the fold in one call per node as the singles' are (`_fold_shared`: one Python call
+        per entry per batch less, bench/README.md "Issue 15, session 11"). The client's
+        request is booked by `request`, as any other."""
         key = (id(pool), method)
         entry = self._shared.get(key)
         if entry is None:
