@@ -649,11 +649,11 @@ async def test_a_batch_of_one_method_goes_to_the_nodes_path_for_checked_items(
     tmp_path: Path, make_api
 ) -> None:
     """A batch of one method answered in process (one route, or two routes on two entries of
-    the node) is given to the node's path for checked items (`answer_checked`: the method
-    looked up once, the proxy's checks of the items not made again), a batch of several
-    methods to its path for parsed items; an item at a block text seen before that the node
-    declines there (`"jsonrpc"` not "2.0" or missing) sends the body to the engine. Every
-    answer and book is the engine's."""
+    the node; balances, storage slots) is given to the node's path for checked items
+    (`answer_checked`: the method looked up once, the proxy's checks of the items not made
+    again), a batch of several methods to its path for parsed items; an item at a block text
+    seen before that the node declines there (`"jsonrpc"` not "2.0" or missing) sends the body
+    to the engine. Every answer and book is the engine's."""
     chain, addrs = random_chain(seed=40, blocks=24)
     api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, state_window=8)
     try:
@@ -667,7 +667,17 @@ async def test_a_batch_of_one_method_goes_to_the_nodes_path_for_checked_items(
         mixed = [
             item(i, ("eth_getBalance", "eth_getCode")[i % 2], addrs[1], "0x14") for i in range(4)
         ]
-        for batch, checked in ((one_route, 1), (two_routes, 1), (mixed, 0)):
+        slots = ("0x0", "0x1", "0x2", "0x" + "00" * 31 + "01")
+        storage = [
+            item(i, "eth_getStorageAt", addrs[i % 3], slots[i % 4], hex((2, 21)[i % 2]))
+            for i in range(9)
+        ]
+        storage_one = [
+            item(i, "eth_getStorageAt", addrs[i % 3], slots[i % 4], hex(20 + i % 2))
+            for i in range(5)
+        ]
+        batches = ((one_route, 1), (two_routes, 1), (mixed, 0), (storage, 1), (storage_one, 1))
+        for batch, checked in batches:
             before = dict(calls)
             status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(batch))
             assert status == 200 and [a["id"] for a in orjson.loads(raw)] == list(range(len(batch)))
