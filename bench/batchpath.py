@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--path", choices=("node", "proxy", "http"), required=True)
-    p.add_argument("--method", choices=METHODS, default=METHODS[0], help="(in process)")
+    p.add_argument("--method", choices=METHODS, default=METHODS[0], help="the reads sent")
     p.add_argument("--batch", type=int, default=10, help="items per body (1: single objects)")
     p.add_argument("-n", type=int, default=200, help="bodies timed after the warm-up")
     p.add_argument("--blocks", type=int, default=200, help="synthetic chain length (in process)")
