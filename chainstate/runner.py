@@ -49,6 +49,9 @@ async def wait_for_stop() -> None:
 # per second, and Python's default (a collection every 700 allocations) ran one every few
 # requests; measured on the proxy with 100-item batches it cost 15-20 % of its CPU
 # (700 → 20000: ~775 → ~630 µs per batch). Each pass stays short (a few requests' objects).
+# With it, serving collects nothing: under `bench suite state`'s load neither the state node
+# nor the proxy with its node in process ran one collection in 5-second rows (gc.callbacks;
+# bench/README.md "Issue 15, session 11"), so gc.freeze() after start-up wins nothing.
 GC_YOUNG_THRESHOLD = 20_000
 
 

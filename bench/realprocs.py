@@ -1,0 +1,225 @@
+"""`python -m bench.realprocs gc|callgrind`: per request, what `bench suite state`'s own
+processes do: the state node alone and the proxy with its node in process (`proxy-inproc`).
+
+Why: `bench.batchpath` and `bench.inproccount` count a path in a synthetic harness, but the
+suite's wall clock comes from the real processes (their heaps, HTTP layer, background tasks
+such as ingest and head polls); these two modes measure those processes themselves, under
+the suite's own services and bodies (bench/README.md "Issue 15, session 11").
+
+- `gc`: the services start with `bench/gcprobe` on PYTHONPATH (its `sitecustomize` counts the
+  collector's passes per generation); each case runs on both targets as the suite runs it
+  (`--warmup`, then `-d` seconds on 64 pinned connections). Per row: CPU µs per request,
+  items per core, the collector's passes and milliseconds per generation (warm-up included),
+  the heap's objects per generation, the main thread's context switches per request.
+- `callgrind`: the state node and proxy-inproc run under callgrind with instrumentation off;
+  per case and target, `-n` bodies after a warm-up are measured with it on
+  (`callgrind_control`). Per row: instructions per body, also without the background work
+  (the process's instructions per idle second, counted for `--idle` s before the row, times
+  the row's length under valgrind), and with `--cache-sim` L1 and last-level misses per body
+  (`--LL 1048576,8,64` simulates a 1 MiB L2 as the last level).
+  Their stores' LMDB map is 1 GiB (valgrind cannot reserve the default 64 GiB). Counts move
+  by ~1 % between runs (requests per loop turn, background work under valgrind's slowness).
+
+Run from the tree measured (`cd TREE && PYTHONPATH=$PWD python -m bench.realprocs …`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+import bench.suite as suite
+from bench.loadgen import LoadSettings, run_bench
+
+TARGETS = ("state-node", "proxy-inproc")
+PROBE_DIR = Path(__file__).parent / "gcprobe"
+DUMP_WAIT = 0.3  # seconds for a process to write its GC record after SIGUSR1
+VALGRIND_MAP_MB = 1024  # the stores' LMDB map under valgrind
+VALGRIND_READY = 600.0  # seconds a service under valgrind has to answer its first request
+VALGRIND_SYNC = 1200.0  # seconds for the state nodes under valgrind to reach anvil's head
+
+
+def gc_record(out: Path, pid: int) -> dict[str, Any]:
+    """Ask `pid` for its collector's counts (SIGUSR1) and read the record it appends."""
+    os.kill(pid, signal.SIGUSR1)
+    time.sleep(DUMP_WAIT)
+    lines = (out / f"gc-{pid}.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])
+
+
+def gc_row(case: str, label: str, res: Any, used: float, before: dict, after: dict) -> str:
+    """One printed row of `gc` mode."""
+    passes = " ".join(
+        f"g{g}:{after['passes'][g][0] - before['passes'][g][0]}x"
+        f"/{(after['passes'][g][1] - before['passes'][g][1]) * 1000:.1f}ms"
+        for g in ("0", "1", "2")
+    )
+    return (
+        f"{case:<10} {label:<13} {used * 1e6 / res.requests:7.1f} µs/req "
+        f"{res.items_ok / used:9.0f} items/core  gc {passes}  heap {after['objects']}"
+    )
+
+
+def run_gc(args: argparse.Namespace) -> None:
+    out = Path(tempfile.mkdtemp(prefix="realprocs-gc-"))
+    os.environ["GCPROBE_DIR"] = str(out)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PROBE_DIR), os.environ.get("PYTHONPATH", "")) if p
+    )
+    opts = suite.SuiteOptions(duration=args.duration, warmup=args.warmup, proxy=args.proxy)
+    _, load_cpus = suite.split_cpus()
+    with suite.running() as services:
+        state = suite.StateSuite()
+        targets = state.start(services, opts)
+        pids = suite.serving_pids(services, targets)
+        for case in state.cases():
+            if case.name not in args.case:
+                continue
+            for label in TARGETS:
+                pid = pids[label]
+                settings = LoadSettings(
+                    url=targets[label], duration=args.duration, warmup=args.warmup, cpus=load_cpus
+                )
+                before, switches = gc_record(out, pid), psutil.Process(pid).num_ctx_switches()
+                res, used = suite.measure(settings, case.plan, pid)
+                after, now = gc_record(out, pid), psutil.Process(pid).num_ctx_switches()
+                vol = (now.voluntary - switches.voluntary) / res.requests
+                invol = (now.involuntary - switches.involuntary) / res.requests
+                row = gc_row(case.name, label, res, used or 0.0, before, after)
+                print(f"{row}  switches/req {vol:.3f} vol {invol:.3f} invol", flush=True)
+
+
+def under_callgrind(out: Path, cache_sim: bool, last_level: str | None) -> None:
+    """Make the suite start its state nodes under callgrind (instrumentation off) with a
+    map valgrind can reserve, and wait for them as long as valgrind needs."""
+    python_cmd, inproc_config = suite.python_cmd, suite.inproc_config
+    tool = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+    tool += [f"--cache-sim={'yes' if cache_sim else 'no'}", f"--callgrind-out-file={out}/cg.%p"]
+    tool += [f"--LL={last_level}"] if last_level else []
+
+    def wrapped(*args: str) -> list[str]:
+        cmd = python_cmd(*args)
+        return [*tool, *cmd] if "state-node" in args or "bench.inprocstack" in args else cmd
+
+    def config_args(workdir: Path, evm: dict[str, Any]) -> list[str]:
+        path = workdir / "state-node.toml"
+        path.write_text(f'[[state_nodes]]\nkey = "bench-state"\nmap_size_mb = {VALGRIND_MAP_MB}\n')
+        return ["--config", str(path)]
+
+    def small_map(*args: Any, **kwargs: Any) -> str:
+        archive = 'kind = "archive"\n'
+        sized = f"{archive}map_size_mb = {VALGRIND_MAP_MB}\n"
+        return inproc_config(*args, **kwargs).replace(archive, sized, 1)
+
+    suite.python_cmd = wrapped
+    suite.evm_config_args = config_args
+    suite.inproc_config = small_map
+    suite.Service.wait_ready.__defaults__ = (VALGRIND_READY,)
+    suite.SYNC_TIMEOUT = VALGRIND_SYNC
+
+
+def callgrind_totals(path: Path) -> list[int]:
+    """The `summary:` events of one callgrind dump."""
+    for line in path.read_text().splitlines():
+        if line.startswith("summary:"):
+            return [int(x) for x in line.split()[1:]]
+    raise SystemExit(f"{path}: no summary line")
+
+
+def callgrind_control(pid: str, *commands: str) -> None:
+    """Run `callgrind_control` commands (e.g. "--zero", "-i on") on `pid` in order."""
+    for command in commands:
+        cmd = ["callgrind_control", *command.split(), pid]
+        subprocess.run(cmd, check=True, capture_output=True)
+
+
+def dump(out: Path, pid: str, name: str) -> Path:
+    """Dump `pid`'s counts since the last dump or zeroing; the dump's file."""
+    callgrind_control(pid, f"--dump={name}")
+    return max(out.glob(f"cg.{pid}.*"), key=lambda p: int(p.suffix[1:]))
+
+
+def run_callgrind(args: argparse.Namespace) -> None:
+    out = Path(tempfile.mkdtemp(prefix="realprocs-cg-"))
+    under_callgrind(out, args.cache_sim, args.LL)
+    _, load_cpus = suite.split_cpus()
+    with suite.running() as services:
+        state = suite.StateSuite()
+        targets = state.start(services, suite.SuiteOptions(proxy=args.proxy))
+        pids = suite.serving_pids(services, targets)
+        for case in state.cases():
+            if case.name not in args.case:
+                continue
+            for label in TARGETS:
+                pid = str(pids[label])
+                base = {"url": targets[label], "concurrency": args.c, "timeout": 120.0}
+                load = {**base, "cpus": load_cpus, "warmup": 0.0}
+                run_bench(LoadSettings(requests=max(200, args.n // 5), **load), case.plan)
+                name = f"{case.name}-{label}"
+                callgrind_control(pid, "--zero", "-i on")
+                time.sleep(args.idle)
+                idle = callgrind_totals(dump(out, pid, f"{name}-idle"))[0] / args.idle
+                started = time.monotonic()
+                res = run_bench(LoadSettings(requests=args.n, **load), case.plan)
+                took = time.monotonic() - started
+                totals = [x / args.n for x in callgrind_totals(dump(out, pid, name))]
+                callgrind_control(pid, "-i off")
+                if res.requests_ok != args.n:
+                    raise SystemExit(f"{name}: {res.requests_ok} of {args.n} bodies answered")
+                # valgrind makes the row ~50x longer, so background work (ingest's polls)
+                # done during it weighs ~50x more per body than natively: taken out
+                background = idle * took / args.n
+                shown = f"{totals[0]:9.0f} Ir/body, {totals[0] - background:9.0f} without "
+                shown += f"background ({idle / 1e6:.2f}M Ir/s idle over {took:.1f} s)"
+                if args.cache_sim:  # Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw
+                    shown += f"  L1 misses I {totals[3]:.0f} Dr {totals[4]:.0f} Dw {totals[5]:.0f}"
+                    shown += f"  LL misses {sum(totals[6:9]):.0f}"
+                print(f"{case.name:<10} {label:<13} {shown}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.realprocs", description=__doc__)
+    sub = p.add_subparsers(dest="mode", required=True)
+    gc_p = sub.add_parser("gc", help="collector passes and CPU per request, per row")
+    gc_p.add_argument("-d", "--duration", type=float, default=4.0, help="seconds per row")
+    gc_p.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per row")
+    cg_p = sub.add_parser("callgrind", help="instructions (and misses) per body")
+    cg_p.add_argument("-n", type=int, default=3000, help="bodies measured per row")
+    cg_p.add_argument("-c", type=int, default=16, help="connections")
+    cg_p.add_argument("--cache-sim", action="store_true", help="simulate L1 and last level")
+    cg_p.add_argument("--LL", help="callgrind's --LL=size,assoc,line (e.g. 1048576,8,64)")
+    cg_p.add_argument(
+        "--idle", type=float, default=10.0, help="seconds of idle counting before each row"
+    )
+    for each in (gc_p, cg_p):
+        each.add_argument("--case", action="append", help="suite state's case (repeatable)")
+        each.add_argument(
+            "--proxy",
+            action="append",
+            type=suite.parse_toml_setting,
+            metavar="NAME=VALUE",
+            help="a [proxy] setting of proxy-inproc, as `bench suite --proxy`",
+        )
+    args = p.parse_args(argv)
+    args.case = args.case or ["balance", "balance10", "storage10"]
+    args.proxy = dict(args.proxy or [])
+    try:
+        (run_gc if args.mode == "gc" else run_callgrind)(args)
+    except (RuntimeError, OSError) as exc:
+        print(f"bench.realprocs: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
