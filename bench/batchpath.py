@@ -7,7 +7,9 @@ per body (start-up, the store's blocks and the warm-up cancel out):
     valgrind --tool=callgrind python -m bench.batchpath --path proxy --batch 10 -n 500
     (the same with -n 1000; "Collected" on stderr: instructions)
 
-Paths (eth_getBalance bodies at random heights):
+Paths (bodies of `--method` at random heights: eth_getBalance of the chain's accounts, or
+eth_getStorageAt of slots 0..16 of its storage contract, as `bench suite state`'s `balance*`
+and `storage*` cases send them):
 
 - `node`: the state node's own data port handler (`answer_now`, body in, bytes out) on a
   synthetic store, heights over the whole chain as `bench suite state` reads them;
@@ -39,10 +41,11 @@ import orjson
 
 from bench.bodies import BlockRange, BodyPlan, fake_addresses
 from chainstate.inproc import InprocRegistry
-from nodes.state.benchreads import bodies, proxy_in_front, synthetic_node
+from nodes.state.benchreads import STORAGE_CONTRACT, bodies, proxy_in_front, synthetic_node
 
 FAKE_HEAD = 1_000_000  # `chainstate bench fake-node`'s head and state window (bench/suite.py)
 FAKE_WINDOW = 128
+METHODS = ("eth_getBalance", "eth_getStorageAt")
 
 
 def check(body: bytes, answer: Any) -> None:
@@ -71,7 +74,8 @@ async def in_process(args: argparse.Namespace) -> Any:
         section = {"map_size_mb": 256, "hot_blocks": 128}
         node, accounts = await synthetic_node(Path(tmp), args.blocks, section)
         try:
-            payloads = bodies("eth_getBalance", args.batch, args.blocks - 1, accounts, 50)
+            read = [STORAGE_CONTRACT] if args.method == "eth_getStorageAt" else accounts
+            payloads = bodies(args.method, args.batch, args.blocks - 1, read, 50)
             if args.path == "node":
                 return run_sync(node.answer_now, payloads, args.n)
             async with proxy_in_front(node, InprocRegistry()) as handle:
@@ -101,7 +105,7 @@ async def over_http(args: argparse.Namespace) -> Any:
     try:
         engine = app[PROXY].engine
         plan = BodyPlan(
-            mix=[("eth_getBalance", 1.0)],
+            mix=[(args.method, 1.0)],
             batch=args.batch,
             blocks=BlockRange(FAKE_HEAD - FAKE_WINDOW // 2, FAKE_HEAD),
             addresses=fake_addresses(1000),
@@ -125,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--path", choices=("node", "proxy", "http"), required=True)
+    p.add_argument("--method", choices=METHODS, default=METHODS[0], help="the reads sent")
     p.add_argument("--batch", type=int, default=10, help="items per body (1: single objects)")
     p.add_argument("-n", type=int, default=200, help="bodies timed after the warm-up")
     p.add_argument("--blocks", type=int, default=200, help="synthetic chain length (in process)")

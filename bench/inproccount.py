@@ -4,12 +4,12 @@ Why: issues 14/15 compare the proxy's port of `chainstate up` with its state nod
 and wall-clock runs on a shared 2-core VM move by more than the gap looked for. Here one
 process holds a real state node (a synthetic chain in LMDB, as `nodes.state.benchreads`) and
 the proxy app reaching it in process (`inproc://`, entered as a state and an archive node, as
-`bench suite state`'s proxy-inproc), and feeds the same eth_getBalance requests (a random old
-height each, keep-alive HTTP/1.1 bytes) into a connection of each lean server
-(`chainstate/httpserver.py`: the proxy's data listener, `POST /1337`, and the node's data
-port, `POST /`) through a transport that keeps what is written: the whole server-side path
-of a request, parse to rendered answer, with no socket and no client. Every answer body is
-checked byte-equal between the two ports first.
+`bench suite state`'s proxy-inproc), and feeds the same requests (`--method`:
+eth_getBalance or eth_getStorageAt, a random old height each, keep-alive HTTP/1.1 bytes)
+into a connection of each lean server (`chainstate/httpserver.py`: the proxy's data
+listener, `POST /1337`, and the node's data port, `POST /`) through a transport that keeps
+what is written: the whole server-side path of a request, parse to rendered answer, with no
+socket and no client. Every answer body is checked byte-equal between the two ports first.
 
 Without valgrind it prints CPU µs per request of each port (best of `--passes`, alternating)
 and node ÷ proxy. Under `valgrind --tool=callgrind --dump-before=getppid` (see
@@ -36,10 +36,11 @@ import orjson
 from chainstate.httpserver import HttpServer, _Connection
 from chainstate.inproc import InprocRegistry
 from chainstate.rpcserver import rpc_route
-from nodes.state.benchreads import KINDS, synthetic_node
+from nodes.state.benchreads import KINDS, STORAGE_CONTRACT, STORAGE_SLOTS, synthetic_node
 from nodes.state.service import StateNode
 
 CHAIN = "1337"
+METHODS = ("eth_getBalance", "eth_getStorageAt")
 MARK = os.getppid  # a C call the process makes nowhere else: callgrind dumps before it
 
 
@@ -82,13 +83,19 @@ def requests(path: bytes, bodies: list[bytes]) -> list[bytes]:
     ]
 
 
-def balance_bodies(n: int, head: int, accounts: list[str]) -> list[bytes]:
-    """Single eth_getBalance bodies at random heights 1..head (ints for ids)."""
+def read_bodies(method: str, n: int, head: int, accounts: list[str]) -> list[bytes]:
+    """Single `method` bodies at random heights 1..head (ints for ids): eth_getBalance of
+    `accounts`, or eth_getStorageAt of slots 0..16 of the chain's storage contract (as
+    `bench suite state`'s `balance` and `storage` cases)."""
     rng = random.Random(7)
     out = []
     for i in range(n):
-        params = [rng.choice(accounts), hex(rng.randint(1, head))]
-        item = {"jsonrpc": "2.0", "id": i, "method": "eth_getBalance", "params": params}
+        if method == "eth_getStorageAt":
+            slot = hex(rng.randrange(STORAGE_SLOTS))
+            params = [STORAGE_CONTRACT, slot, hex(rng.randint(1, head))]
+        else:
+            params = [rng.choice(accounts), hex(rng.randint(1, head))]
+        item = {"jsonrpc": "2.0", "id": i, "method": method, "params": params}
         out.append(orjson.dumps(item))
     return out
 
@@ -122,7 +129,9 @@ class Port:
             feed(raw[i % size])
 
 
-async def build(tmp: Path, blocks: int, n_bodies: int) -> tuple[StateNode, Any, list[bytes]]:
+async def build(
+    tmp: Path, blocks: int, n_bodies: int, method: str
+) -> tuple[StateNode, Any, list[bytes]]:
     """(node, proxy app runner, bodies): the node holds `blocks` synthetic blocks."""
     from aiohttp import web
 
@@ -133,14 +142,19 @@ async def build(tmp: Path, blocks: int, n_bodies: int) -> tuple[StateNode, Any, 
     node, accounts = await synthetic_node(tmp, blocks, {"map_size_mb": 256})
     registry = InprocRegistry()
     url = registry.register(
-        node.key, node.handle_body, node.answer_now, node.answer_items, node.items_answered
+        node.key,
+        node.handle_body,
+        node.answer_now,
+        node.answer_items,
+        node.items_answered,
+        answer_checked=node.answer_checked,  # (as the node registers itself in `chainstate up`)
     )
     entries = [{"chain": CHAIN, "key": kind, "url": url, "kind": kind} for kind in KINDS]
     settings = ProxySettings.from_config({"proxy": {"nodes": entries}})
     app = create_app(settings, store=FileStore(None), registry=registry)
     runner = web.AppRunner(app)
     await runner.setup()
-    return node, runner, balance_bodies(n_bodies, blocks - 1, accounts)
+    return node, runner, read_bodies(method, n_bodies, blocks - 1, accounts)
 
 
 async def ready(proxy: Port, node: Port) -> None:
@@ -168,7 +182,7 @@ async def main_async(args: argparse.Namespace) -> None:
     from proxy.app import create_server
 
     with tempfile.TemporaryDirectory() as tmp:
-        node, runner, bodies = await build(Path(tmp), args.blocks, args.bodies)
+        node, runner, bodies = await build(Path(tmp), args.blocks, args.bodies, args.method)
         try:
             proxy = Port(create_server(runner.app), f"/{CHAIN}".encode(), bodies)
             own = HttpServer(rpc_route(node.handle_body, node.answer_now), name="node")
@@ -217,6 +231,8 @@ def callgrind(args: argparse.Namespace) -> int:
             str(args.blocks),
             "--bodies",
             str(args.bodies),
+            "--method",
+            args.method,
         ]
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         subprocess.run(cmd, check=True, env=env, stderr=subprocess.DEVNULL)
@@ -240,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--passes", type=int, default=5, help="segments per port (default 5)")
     p.add_argument("--blocks", type=int, default=200, help="chain length (default 200)")
     p.add_argument("--bodies", type=int, default=1000, help="distinct requests (default 1000)")
+    p.add_argument("--method", choices=METHODS, default=METHODS[0], help="the reads sent")
     p.add_argument(
         "--callgrind", action="store_true", help="count instructions under valgrind instead"
     )

@@ -13,13 +13,13 @@ are exact when read).
 
 What waits up to FOLD_AFTER_S (or FOLD_EVERY answers): the selector's latency costs and the
 pool's hedge/timeout quantiles as the engine's own requests see them, the admission limit's
-latency, and the node's own count of the singles it answered (its request_seconds, told
-through `ItemsAnswered` in one call per fold instead of one per answer: ~1.9k instructions
-per single less; a scrape of the node's own /metrics, which does not fold the proxy's books,
-may miss the answers of the last FOLD_AFTER_S). Breakers and health see nothing new from
-these answers: the in-process path only answers through a node that has not failed lately
-and whose breaker is closed with no failure counted (`InprocPath._path`), where an answer
-changes neither.
+latency, and the node's own count of the singles and the batches of one method it answered
+(its request_seconds, told through `ItemsAnswered` in one call per fold instead of one per
+answer: ~1.9k instructions per single less, a call per entry per batch; a scrape of the node's own
+/metrics, which does not fold the proxy's books, may miss the answers of the last
+FOLD_AFTER_S). Breakers and health see nothing new from these answers: the in-process path
+only answers through a node that has not failed lately and whose breaker is closed with no
+failure counted (`InprocPath._path`), where an answer changes neither.
 """
 
 from __future__ import annotations
@@ -124,8 +124,10 @@ class InprocBooks:
         items counted `ok` for `method`, folded in later, with one lookup for all entries
         (with no attempt tuples built first: ~8.5k of a 10-item batch's ~318k instructions
         less than an `attempt` and a count per entry, bench/README.md "Issues 14/15, session
-        10"); the node's own count now, once per entry, as the engine's calls count. The
-        client's request is booked by `request`, as any other."""
+        10"); the node's own count too, once per entry as the engine's calls count, told at
+        the fold in one call per node as the singles' are (`_fold_shared`: one Python call
+        per entry per batch less, bench/README.md "Issue 15, session 11"). The client's
+        request is booked by `request`, as any other."""
         key = (id(pool), method)
         entry = self._shared.get(key)
         if entry is None:
@@ -133,19 +135,14 @@ class InprocBooks:
         samples = entry[2]
         if len(counted) == 1:  # (one entry: the call's time)
             node, path, n = counted[0]
-            samples.append((node, n, elapsed))
-            if path[1] is not None:
-                path[1]([elapsed])  # (`ItemsAnswered` takes a list of times)
+            samples.append((node, n, elapsed, path[1]))
             return
         total = 0
         for one in counted:
             total += one[2]
         share = elapsed / total  # (the items of all the entries: the call's)
         for node, path, n in counted:
-            took = share * n
-            samples.append((node, n, took))
-            if path[1] is not None:
-                path[1]([took])
+            samples.append((node, n, share * n, path[1]))
 
     def request(self, chain: str, shape: str, seconds: float) -> None:
         """`ProxyMetrics.observe(chain, shape, seconds)`, folded in later; one answer."""
@@ -203,10 +200,13 @@ class InprocBooks:
 
     def _fold_shared(self, admitted: Admitted, method: str, entries: list[Any]) -> None:
         """`shared`'s entries into the books: each node's attempt times in order (after its
-        other batch attempts pending, as a single's are folded before them) and its items."""
+        other batch attempts pending, as a single's are folded before them) and its items;
+        each entry's time told to what counts the node's own answers (its `ItemsAnswered`,
+        one call per node for all of them)."""
         times: dict[Node, list[float]] = {}
         counts: dict[Node, int] = {}
-        for node, n, took in entries:
+        told: dict[ItemsAnswered, list[float]] = {}
+        for node, n, took, counted in entries:
             samples = times.get(node)
             if samples is None:
                 times[node] = [took]
@@ -214,10 +214,18 @@ class InprocBooks:
             else:
                 samples.append(took)
                 counts[node] += n
+            if counted is not None:
+                node_times = told.get(counted)
+                if node_times is None:
+                    told[counted] = [took]
+                else:
+                    node_times.append(took)
         count = self.metrics.request
         for node, samples in times.items():
             self.attempts.answered_ok(admitted, node, BATCH, samples)
             count(admitted.chain, method, node.key, "ok", counts[node])
+        for counted, samples in told.items():
+            counted(samples)  # the node's own count (`ItemsAnswered`: any order)
 
     def _timed(self) -> None:
         self._timer = None

@@ -33,17 +33,26 @@ from nodes.state.service import StateNode
 from nodes.state.vendor import AccountDiff, VendorBlock
 
 KINDS = ("state", "archive")
+# The synthetic chain's storage contract (as the devnet workload's, which `bench suite
+# state`'s storage cases read): every block writes two of its slots 0..STORAGE_SLOTS-1 with
+# non-zero values, so reads at random heights find real values of varying age, not zeros.
+STORAGE_CONTRACT = "0x" + "5707a9e0" * 5
+STORAGE_SLOTS = 17
 
 
 def synthetic_block(
     height: int, parent: str, rng: random.Random, accounts: list[str]
 ) -> VendorBlock:
-    """A block writing a balance and a storage slot of a few accounts."""
+    """A block writing a balance and a storage slot of a few accounts, and two slots of the
+    storage contract."""
     post = {}
     for address in rng.sample(accounts, 8):
         post[address] = AccountDiff(
             balance=rng.randrange(1, 10**21), storage={rng.randrange(17): rng.randrange(1, 10**9)}
         )
+    # (not drawn from `rng`: the balances written stay those of the chain before it)
+    slots = {height % STORAGE_SLOTS: height + 1, (height * 7 + 3) % STORAGE_SLOTS: height * 31 + 5}
+    post[STORAGE_CONTRACT] = AccountDiff(storage=slots)
     block_hash = "0x" + height.to_bytes(32, "big").hex()
     header = {"hash": block_hash, "parentHash": parent, "number": hex(height)}
     return VendorBlock(height, block_hash, parent, header, "0x" + "00" * 32, {}, post)
@@ -73,6 +82,9 @@ async def synthetic_node(
 
 
 def bodies(method: str, batch: int, head: int, accounts: list[str], n: int) -> list[bytes]:
+    """`n` bodies of `batch` items of `method` (single objects when `batch` is 1) at random
+    heights 1..head; eth_getStorageAt reads slots 0..16 of a random one of `accounts` (the
+    suite reads its storage contract: pass `[STORAGE_CONTRACT]`)."""
     rng = random.Random(1)
     out = []
     for _ in range(n):
@@ -82,7 +94,7 @@ def bodies(method: str, batch: int, head: int, accounts: list[str], n: int) -> l
             address = rng.choice(accounts)
             params: list[Any] = [address, block]
             if method == "eth_getStorageAt":
-                params = [address, hex(rng.randrange(17)), block]
+                params = [address, hex(rng.randrange(STORAGE_SLOTS)), block]
             items.append({"jsonrpc": "2.0", "id": i, "method": method, "params": params})
         out.append(orjson.dumps(items if batch > 1 else items[0]))
     return out
@@ -159,7 +171,8 @@ async def main_async(args: argparse.Namespace) -> None:
                     handlers["dispatcher"] = node.dispatcher.handle_body
                 for method in ("eth_getBalance", "eth_getStorageAt"):
                     for batch in (1, 10, 100):
-                        payloads = bodies(method, batch, head, accounts, max(20, 2000 // batch))
+                        read = [STORAGE_CONTRACT] if method == "eth_getStorageAt" else accounts
+                        payloads = bodies(method, batch, head, read, max(20, 2000 // batch))
                         rates = {
                             label: await measure(handle, payloads, args.duration)
                             for label, handle in handlers.items()

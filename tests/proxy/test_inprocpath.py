@@ -649,11 +649,11 @@ async def test_a_batch_of_one_method_goes_to_the_nodes_path_for_checked_items(
     tmp_path: Path, make_api
 ) -> None:
     """A batch of one method answered in process (one route, or two routes on two entries of
-    the node) is given to the node's path for checked items (`answer_checked`: the method
-    looked up once, the proxy's checks of the items not made again), a batch of several
-    methods to its path for parsed items; an item at a block text seen before that the node
-    declines there (`"jsonrpc"` not "2.0" or missing) sends the body to the engine. Every
-    answer and book is the engine's."""
+    the node; balances, storage slots) is given to the node's path for checked items
+    (`answer_checked`: the method looked up once, the proxy's checks of the items not made
+    again), a batch of several methods to its path for parsed items; an item at a block text
+    seen before that the node declines there (`"jsonrpc"` not "2.0" or missing) sends the body
+    to the engine. Every answer and book is the engine's."""
     chain, addrs = random_chain(seed=40, blocks=24)
     api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, state_window=8)
     try:
@@ -667,7 +667,17 @@ async def test_a_batch_of_one_method_goes_to_the_nodes_path_for_checked_items(
         mixed = [
             item(i, ("eth_getBalance", "eth_getCode")[i % 2], addrs[1], "0x14") for i in range(4)
         ]
-        for batch, checked in ((one_route, 1), (two_routes, 1), (mixed, 0)):
+        slots = ("0x0", "0x1", "0x2", "0x" + "00" * 31 + "01")
+        storage = [
+            item(i, "eth_getStorageAt", addrs[i % 3], slots[i % 4], hex((2, 21)[i % 2]))
+            for i in range(9)
+        ]
+        storage_one = [
+            item(i, "eth_getStorageAt", addrs[i % 3], slots[i % 4], hex(20 + i % 2))
+            for i in range(5)
+        ]
+        batches = ((one_route, 1), (two_routes, 1), (mixed, 0), (storage, 1), (storage_one, 1))
+        for batch, checked in batches:
             before = dict(calls)
             status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(batch))
             assert status == 200 and [a["id"] for a in orjson.loads(raw)] == list(range(len(batch)))
@@ -679,6 +689,52 @@ async def test_a_batch_of_one_method_goes_to_the_nodes_path_for_checked_items(
             before = dict(calls)
             status, raw = await both(api, orjson.dumps([one_route[0], declined]))
             assert calls == before and b'"result"' in raw and b'"error"' in raw, raw  # the engine's
+    finally:
+        await node.close()
+
+
+async def test_a_single_goes_to_the_nodes_path_for_checked_items(tmp_path: Path, make_api) -> None:
+    """A request object answered in process, at a block text new or seen before, is given to
+    the node's path for checked items (`answer_checked`) with its method: balances, storage
+    slots (`0x1`, a 32-byte slot, `0x0`), nonces, code, vendor reads, an error answer the
+    proxy checked the params of. One the node declines there (`"jsonrpc"` not "2.0" or
+    missing, params not a list) goes to the engine. Every answer and book is the engine's."""
+    chain, addrs = random_chain(seed=41, blocks=24)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, state_window=8)
+    try:
+        slot32 = "0x" + "00" * 31 + "01"
+        singles = []
+        for height in (2, 21, 2, 21):  # archive only / both entries; then seen block texts
+            singles += [
+                item(1, "eth_getBalance", addrs[0], hex(height)),
+                item("s", "eth_getStorageAt", addrs[1], "0x1", hex(height)),
+                item(3, "eth_getStorageAt", addrs[2], slot32, hex(height)),
+                item(4, "eth_getStorageAt", addrs[0], "0x0", hex(height)),
+                item(5, "eth_getTransactionCount", addrs[1], hex(height)),
+                item(6, "eth_getCode", addrs[2], hex(height)),
+            ]
+        singles += [
+            item(7, "getStorageAt", addrs[1], "0x1", {"block_id": 21}),
+            item(8, "eth_getStorageAt", addrs[1], "0x1", "0x999"),  # not held: the engine's
+        ]
+        for single in singles:
+            before = dict(calls)
+            status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(single))
+            assert status == 200 and orjson.loads(raw)["id"] == single["id"], raw
+            if single["params"][-1] != "0x999":
+                assert b'"result"' in raw and calls == {
+                    "items": before["items"] + 1,
+                    "checked": before["checked"] + 1,
+                }, (single, raw)
+        seen = item(9, "eth_getStorageAt", addrs[1], "0x1", "0x15")
+        for declined in (
+            {**seen, "jsonrpc": "1.0"},
+            {k: v for k, v in seen.items() if k != "jsonrpc"},
+            {**seen, "params": "0x15"},
+        ):
+            before = dict(calls)
+            status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(declined))
+            assert calls == before and b'"error"' in raw, raw  # the engine's
     finally:
         await node.close()
 
@@ -789,14 +845,17 @@ async def test_config_changes_reach_the_in_process_path_at_once(proxied) -> None
 
 
 async def test_client_ids_of_in_process_answers_are_counted(proxied) -> None:
+    """Singles and batches alike (each answered in process by one call)."""
     api, _, addrs, calls = proxied
-    body = orjson.dumps(item(1, "eth_getBalance", addrs[0], "0x3"))
-    for headers in ({"Client-Id": "zed"}, {"client-id": "zed"}, {}):
-        async with api.client.data.post(f"/{CHAIN}", data=body, headers=headers) as resp:
-            assert resp.status == 200
-    assert calls["items"] == 3  # all in process
+    single = orjson.dumps(item(1, "eth_getBalance", addrs[0], "0x3"))
+    batch = orjson.dumps([item(i, "eth_getStorageAt", addrs[0], "0x1", "0x3") for i in range(3)])
+    for body in (single, batch):
+        for headers in ({"Client-Id": "zed"}, {"client-id": "zed"}, {}):
+            async with api.client.data.post(f"/{CHAIN}", data=body, headers=headers) as resp:
+                assert resp.status == 200
+    assert calls["items"] == 6  # all in process
     text = await metrics_text(api)
-    assert scraped(text, "chainstate_proxy_client_requests_total", client_id="zed") == 2
+    assert scraped(text, "chainstate_proxy_client_requests_total", client_id="zed") == 4
 
 
 async def test_the_access_log_turned_on_later_takes_the_engine_path(proxied, caplog) -> None:

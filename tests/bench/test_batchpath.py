@@ -1,0 +1,45 @@
+"""`python -m bench.batchpath` / `bench.inproccount` with `--method eth_getStorageAt`: the
+storage reads `bench suite state` sends, answered with real values of the synthetic chain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from bench.batchpath import main as batchpath
+from bench.inproccount import read_bodies
+from nodes.state.benchreads import STORAGE_CONTRACT, STORAGE_SLOTS, bodies, synthetic_node
+
+
+async def test_storage_bodies_read_written_slots_of_the_storage_contract(tmp_path: Path) -> None:
+    """Slots 0..16 of one contract at random heights, as the suite's `storage*` cases; the
+    synthetic chain writes them, so nearly every answer is a non-zero word (only slots not
+    yet written at the lowest heights read zero)."""
+    node, accounts = await synthetic_node(tmp_path, 60, {"map_size_mb": 64, "hot_blocks": 16})
+    try:
+        assert STORAGE_CONTRACT not in accounts
+        batches = bodies("eth_getStorageAt", 10, 59, [STORAGE_CONTRACT], 20)
+        singles = read_bodies("eth_getStorageAt", 100, 59, accounts)
+        for payloads in (batches, singles):
+            answers, slots = [], set()
+            for body in payloads:
+                sent = orjson.loads(body)
+                sent = sent if type(sent) is list else [sent]
+                got = orjson.loads(node.answer_now(body))
+                got = got if type(got) is list else [got]
+                assert [a["id"] for a in got] == [s["id"] for s in sent]
+                assert {s["params"][0] for s in sent} == {STORAGE_CONTRACT}
+                slots |= {int(s["params"][1], 16) for s in sent}
+                answers += [int(a["result"], 16) for a in got]
+            assert slots == set(range(STORAGE_SLOTS))
+            assert sum(1 for value in answers if value) >= 0.9 * len(answers)
+    finally:
+        await node.close()
+
+
+def test_batchpath_runs_the_storage_bodies_through_the_proxy(capsys) -> None:
+    """Every answer is checked to be a batch of results with the request's ids."""
+    argv = ["--path", "proxy", "--method", "eth_getStorageAt", "--batch", "10", "-n", "20"]
+    assert batchpath([*argv, "--blocks", "40", "--settle", "0.3"]) == 0
+    assert "proxy batch 10: 20 bodies" in capsys.readouterr().out
