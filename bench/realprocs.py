@@ -57,6 +57,13 @@ def gc_record(out: Path, pid: int) -> dict[str, Any]:
     return json.loads(lines[-1])
 
 
+def minor_faults(pid: int) -> int:
+    """The process's minor page faults so far (all threads; /proc/PID/stat field 10): a
+    reader's first touch of each LMDB page it maps costs one."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[7])
+
+
 def gc_row(case: str, label: str, res: Any, used: float, before: dict, after: dict) -> str:
     """One printed row of `gc` mode."""
     passes = " ".join(
@@ -91,12 +98,18 @@ def run_gc(args: argparse.Namespace) -> None:
                     url=targets[label], duration=args.duration, warmup=args.warmup, cpus=load_cpus
                 )
                 before, switches = gc_record(out, pid), psutil.Process(pid).num_ctx_switches()
+                faults = minor_faults(pid)
                 res, used = suite.measure(settings, case.plan, pid)
+                faults = minor_faults(pid) - faults
                 after, now = gc_record(out, pid), psutil.Process(pid).num_ctx_switches()
                 vol = (now.voluntary - switches.voluntary) / res.requests
                 invol = (now.involuntary - switches.involuntary) / res.requests
                 row = gc_row(case.name, label, res, used or 0.0, before, after)
-                print(f"{row}  switches/req {vol:.3f} vol {invol:.3f} invol", flush=True)
+                print(
+                    f"{row}  switches/req {vol:.3f} vol {invol:.3f} invol"
+                    f"  minor faults/req {faults / res.requests:.3f} (warm-up included)",
+                    flush=True,
+                )
 
 
 def under_callgrind(out: Path, cache_sim: bool, last_level: str | None) -> None:

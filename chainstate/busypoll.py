@@ -7,7 +7,8 @@ between two cores took 102 µs against 26 µs on one core, `bench/README.md` "Is
 for the client's next request), so those wake-ups, not the proxy's work, made most of its
 added latency. While the window is open the loop is never idle: each turn polls the sockets
 without sleeping (a callback scheduled with `call_soon` makes uvloop's poll not block), and
-bytes arriving from another core are seen at the next turn.
+bytes arriving from another core are seen at the next turn. The server kicks it when a
+request's bytes arrive and when an answer goes out (`chainstate.httpserver`).
 
 The cost is CPU: a core spins for up to `window` after each request, which at a steady
 moderate rate keeps it busy; an idle server spends nothing, and under full load it changes

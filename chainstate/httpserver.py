@@ -551,6 +551,8 @@ class _Connection(asyncio.Protocol):
         )
 
     def _answer(self, slot: _Slot, result: Response, keep_alive: bool, http10: bool) -> None:
+        if self.server.poll is not None:
+            self.server.poll.kick()  # the client's next request follows its answer
         pending = self.pending
         if keep_alive and self.closing and pending and slot is pending[-1]:
             keep_alive = False  # the last answer of a connection being shut down

@@ -523,3 +523,16 @@ async def test_busy_poll_keeps_the_loop_polling_for_its_window_after_a_request(s
     assert (await client.answer())[2] == b"again"
     await server.close()
     assert await _cpu_while_waiting(0.2) < 0.05  # a close ends the polling at once
+
+
+async def test_busy_poll_window_starts_again_when_an_answer_goes_out(serve) -> None:
+    """An answer written later (a proxy's, once its node answered) opens the window again:
+    the client's next request comes after the answer, so that is when polling pays."""
+    server = await serve(busy_poll=0.3)
+    client = await Client.open(server.port)
+    post = b"POST /?delay=0.45 HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nslow"
+    await client.send(post)  # the request's window closes at 0.3 s, the answer is at 0.45 s
+    assert (await client.answer())[2] == b"slow"
+    assert await _cpu_while_waiting(0.2) > 0.08  # polling again after the answer
+    await asyncio.sleep(0.3)
+    assert await _cpu_while_waiting(0.2) < 0.05  # and asleep once that window closed
