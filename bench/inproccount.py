@@ -36,7 +36,7 @@ import orjson
 from chainstate.httpserver import HttpServer, _Connection
 from chainstate.inproc import InprocRegistry
 from chainstate.rpcserver import rpc_route
-from nodes.state.benchreads import KINDS, STORAGE_CONTRACT, STORAGE_SLOTS, synthetic_node
+from nodes.state.benchreads import STORAGE_CONTRACT, STORAGE_SLOTS, proxy_runner, synthetic_node
 from nodes.state.service import StateNode
 
 CHAIN = "1337"
@@ -133,27 +133,8 @@ async def build(
     tmp: Path, blocks: int, n_bodies: int, method: str
 ) -> tuple[StateNode, Any, list[bytes]]:
     """(node, proxy app runner, bodies): the node holds `blocks` synthetic blocks."""
-    from aiohttp import web
-
-    from proxy.app import create_app
-    from proxy.settings import ProxySettings
-    from proxy.store_file import FileStore
-
     node, accounts = await synthetic_node(tmp, blocks, {"map_size_mb": 256})
-    registry = InprocRegistry()
-    url = registry.register(
-        node.key,
-        node.handle_body,
-        node.answer_now,
-        node.answer_items,
-        node.items_answered,
-        answer_checked=node.answer_checked,  # (as the node registers itself in `chainstate up`)
-    )
-    entries = [{"chain": CHAIN, "key": kind, "url": url, "kind": kind} for kind in KINDS]
-    settings = ProxySettings.from_config({"proxy": {"nodes": entries}})
-    app = create_app(settings, store=FileStore(None), registry=registry)
-    runner = web.AppRunner(app)
-    await runner.setup()
+    runner = await proxy_runner(node, InprocRegistry())
     return node, runner, read_bodies(method, n_bodies, blocks - 1, accounts)
 
 

@@ -120,28 +120,31 @@ async def measure(handle: Callable[[bytes], Any], payloads: list[bytes], seconds
     return done / (time.perf_counter() - started)
 
 
-@asynccontextmanager
-async def proxy_in_front(node: StateNode, registry: InprocRegistry) -> AsyncIterator[Any]:
-    """The proxy's data handler for chain 1337, the node entered as state and archive."""
+async def proxy_runner(node: StateNode, registry: InprocRegistry) -> Any:
+    """The proxy's app for chain 1337, set up (an aiohttp `AppRunner`), with `node` entered
+    in process as a state and an archive node."""
     from aiohttp import web
 
-    from proxy.app import create_app, create_server
+    from proxy.app import create_app
     from proxy.settings import ProxySettings
     from proxy.store_file import FileStore
 
-    url = registry.register(
-        node.key,
-        node.handle_body,
-        node.answer_now,
-        node.answer_items,
-        node.items_answered,
-        answer_checked=node.answer_checked,  # (as the node registers itself in `chainstate up`)
-    )
+    url = node.register_in(registry)
     nodes = [{"chain": "1337", "key": kind, "url": url, "kind": kind} for kind in KINDS]
     settings = ProxySettings.from_config({"proxy": {"nodes": nodes}})
     app = create_app(settings, store=FileStore(None), registry=registry)
     runner = web.AppRunner(app)
     await runner.setup()  # the proxy's lifecycle: store sync, head polls
+    return runner
+
+
+@asynccontextmanager
+async def proxy_in_front(node: StateNode, registry: InprocRegistry) -> AsyncIterator[Any]:
+    """The proxy's data handler for chain 1337, the node entered as state and archive."""
+    from proxy.app import create_server
+
+    runner = await proxy_runner(node, registry)
+    app = runner.app
     try:
         data = create_server(app).route(b"POST", b"/1337")
         headers = Headers({})

@@ -164,15 +164,20 @@ class StateNode:
                 self.leader.run(), name=f"state-leader:{self.key}"
             )
         if self.registry is not None:
-            self.registry.register(
-                self.key,
-                self.handle_body,
-                self.answer_now,
-                self.answer_items,
-                self.items_answered,
-                self.answer_later,
-                self.answer_checked,
-            )
+            self.register_in(self.registry)
+
+    def register_in(self, registry: InprocRegistry) -> str:
+        """Enter this node in `registry` with every fast path it has (as `chainstate up`
+        does); returns its `inproc://` URL."""
+        return registry.register(
+            self.key,
+            self.handle_body,
+            self.answer_now,
+            self.answer_items,
+            self.items_answered,
+            self.answer_later,
+            self.answer_checked,
+        )
 
     async def close(self) -> None:
         if self.registry is not None:
