@@ -40,13 +40,13 @@ async def start_proxied(
 ):
     """(api, node, calls): the first `blocks` blocks of `chain` in a real state node, entered
     twice (as a state and an archive node); `calls` counts the bodies its synchronous paths
-    for parsed items answered ("items"), and those of them its path for checked items of one
-    method answered ("checked")."""
+    for parsed items answered ("items"), those of them its paths for items of one method
+    answered ("checked"), and of those its path that checks the items itself ("keyed")."""
     node = await make_node(tmp_path, kind="archive", hot_blocks=4)
     for raw in chain.blocks[:blocks]:
         await node.ingest._apply(parse_vendor_block(raw))
     registry = InprocRegistry()
-    calls = {"items": 0, "checked": 0}
+    calls = {"items": 0, "checked": 0, "keyed": 0}
 
     def answer_items(items: list[Any], errors: list[int]) -> list[Any] | None:
         answers = node.answer_items(items, errors)
@@ -59,6 +59,14 @@ async def start_proxied(
         calls["checked"] += answers is not None
         return answers
 
+    def answer_keyed(
+        method: str, size: int, keys: Any, items: list[Any], errors: list[int], found: list[Any]
+    ) -> list[Any] | None:
+        answers = node.answer_keyed(method, size, keys, items, errors, found)
+        for counter in ("items", "checked", "keyed"):
+            calls[counter] += answers is not None
+        return answers
+
     url = registry.register(
         node.key,
         node.handle_body,
@@ -66,6 +74,7 @@ async def start_proxied(
         answer_items,
         node.items_answered,
         answer_checked=answer_checked,
+        answer_keyed=answer_keyed,
     )
     api = await make_api(fast_settings(**settings), registry=registry, tracer=tracer)
     for kind in ("state", "archive"):
@@ -676,12 +685,26 @@ async def test_a_batch_of_one_method_goes_to_the_nodes_path_for_checked_items(
             item(i, "eth_getStorageAt", addrs[i % 3], slots[i % 4], hex(20 + i % 2))
             for i in range(5)
         ]
-        batches = ((one_route, 1), (two_routes, 1), (mixed, 0), (storage, 1), (storage_one, 1))
-        for batch, checked in batches:
+        # (the batch, answered by a path for one method, by the one the node checks the
+        # items in: `_keyed`, once its block texts were seen for the method)
+        batches = (
+            (one_route, 1, 1),
+            (two_routes, 1, 1),
+            (mixed, 0, 0),
+            (storage, 1, 0),
+            (storage_one, 1, 0),
+            (storage, 1, 1),
+            (storage_one, 1, 1),
+        )
+        for batch, checked, keyed in batches:
             before = dict(calls)
             status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(batch))
             assert status == 200 and [a["id"] for a in orjson.loads(raw)] == list(range(len(batch)))
-            assert calls == {"items": before["items"] + 1, "checked": before["checked"] + checked}
+            assert calls == {
+                "items": before["items"] + 1,
+                "checked": before["checked"] + checked,
+                "keyed": before["keyed"] + keyed,
+            }
         for declined in (
             {**one_route[1], "jsonrpc": "1.0"},
             {k: v for k, v in one_route[1].items() if k != "jsonrpc"},
@@ -725,6 +748,7 @@ async def test_a_single_goes_to_the_nodes_path_for_checked_items(tmp_path: Path,
                 assert b'"result"' in raw and calls == {
                     "items": before["items"] + 1,
                     "checked": before["checked"] + 1,
+                    "keyed": before["keyed"],
                 }, (single, raw)
         seen = item(9, "eth_getStorageAt", addrs[1], "0x1", "0x15")
         for declined in (
