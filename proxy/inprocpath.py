@@ -153,11 +153,15 @@ class InprocPath:
         out = orjson.dumps(answered[0])
         if len(out) > self.max_answer:
             return None  # the engine answers it as too large: nothing was counted yet
-        self._book(chain, pool, answered[1])
+        done = answered[1]
+        if type(done) is tuple:  # one call of one method (`_shared`): one call books it all
+            self.books.shared(chain, pool, *done, perf_counter() - started)
+        else:
+            self._book(chain, pool, done)
+            self.books.request(chain, "batch", perf_counter() - started)
         client = headers.raw.get(b"client-id")  # (as `_single`: no `get` call, no decode)
         if client:
             engine.metrics.client(client.decode("latin-1"))
-        self.books.request(chain, "batch", perf_counter() - started)
         return 200, out
 
     def _find_paths(self, routes: PoolRoutes) -> None:
@@ -460,14 +464,11 @@ class InprocPath:
             return None  # (nodes in process that are not one: `_group` picks again)
         return [(a, one, len(seen) - rest), (b, two, rest)]
 
-    def _book(self, chain: str, pool: Pool, done: list[Attempt] | Shared) -> None:
+    def _book(self, chain: str, pool: Pool, done: list[Attempt]) -> None:
         """The books of answers kept (none before: a body the engine answers after all is
         counted by the engine alone): the attempts, the requests per method and outcome,
-        and the node's own count of what it answered. `_shared`'s one call of one method
-        is booked by one call (`InprocBooks.shared`: the same books, folded in later)."""
-        if type(done) is tuple:
-            self.books.shared(chain, pool, *done)
-            return
+        and the node's own count of what it answered. (`_shared`'s one call of one method
+        is booked by `InprocBooks.shared` in `answer`, with the request.)"""
         request = self.engine.metrics.request
         for node, path, lkey, sent, errors, elapsed, method in done:
             self.books.attempt(chain, pool, node, lkey, elapsed)

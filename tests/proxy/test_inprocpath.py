@@ -450,7 +450,8 @@ async def test_params_of_a_seen_block_text_are_still_checked(tmp_path: Path, mak
 
 def books(api, node) -> dict[Any, int]:
     """What the proxy and the node counted so far: requests per (method, outcome), attempts
-    per outcome and latency samples (the proxy's), and bodies (the node's request_seconds)."""
+    per outcome, latency samples and client requests per shape (the proxy's), and bodies
+    (the node's request_seconds)."""
     metrics = api.proxy.metrics
     metrics.settle()  # the in-process answers' books folded in
     hot = metrics.hot
@@ -460,6 +461,8 @@ def books(api, node) -> dict[Any, int]:
     for (_, _, outcome), n in hot.attempts.items():
         out[("attempts", outcome)] = out.get(("attempts", outcome), 0) + n
     out["upstream_seconds"] = sum(sum(h.counts) for h in hot.upstream_latency.values())
+    for (_, shape), hist in hot.latency.items():  # (single, batch: the client's latency)
+        out[("requests", shape)] = out.get(("requests", shape), 0) + sum(hist.counts)
     out["node_bodies"] = sum(node.metrics.request_seconds.counts)
     return out
 
