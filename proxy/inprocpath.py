@@ -323,7 +323,7 @@ class InprocPath:
         """`_batch` when every reader is one node in process (`routes.one`) and the first
         item's method and number of params have kept routes: the node checks the items while
         it answers them and gives each one's kept route (`AnswerKeyed`), in the loop it
-        makes anyway, instead of `_seen_all`'s six passes before the call (~25k
+        makes anyway, instead of `_seen_all`'s six passes before the call (~30k
         instructions of a 10-item batch, bench/README.md "Issue 15, session 12"). Then the
         same choice as `_batch`'s from those routes: one route, one pick; two, `_tally`;
         else `_grouped`, which calls the node again (these answers are dropped, nothing was

@@ -372,7 +372,7 @@ class ReadPath:
         int or string id, `"jsonrpc": "2.0"` and a list of `size` params whose last is a key
         of `keys`; `found` gets `keys[last]` of each, in order (the proxy in the same
         process keeps a route per block text: checking and looking up in this loop instead
-        of in passes of its own saves it ~25k instructions of a 10-item batch, bench/README.md
+        of in passes of its own saves it ~30k instructions of a 10-item batch, bench/README.md
         "Issue 15, session 12"). None as soon as an item is not such (or needs
         `handle_body`, as `answer_checked`). Keep the loops alike."""
         fn = self.fast.get(method)
