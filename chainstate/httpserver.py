@@ -174,50 +174,6 @@ class Headers:
         return isinstance(name, str) and name.lower().encode("latin-1") in self.raw
 
 
-class Request:
-    """One complete request as a handler sees it."""
-
-    __slots__ = ("_conn", "_slot", "body", "headers", "method", "path", "query")
-
-    def __init__(
-        self,
-        method: bytes,
-        path: bytes,
-        query: bytes,
-        headers: Headers,
-        body: bytes,
-        conn: _Connection | None = None,
-        slot: _Slot | None = None,
-    ) -> None:
-        self.method = method
-        self.path = path
-        self.query = query
-        self.headers = headers
-        self.body = body
-        self._conn = conn
-        self._slot = slot
-
-    def answer_early(self, result: Response) -> bool:
-        """Write this request's answer (a `Response`: bytes are a 200, or 204 for b"") now,
-        while its handler still runs (after the earlier answers on the connection, as
-        always): the proxy writes a node's answer from the node connection's callback and
-        keeps its books afterwards, off the client's latency. The handler's own result is
-        then dropped; False when the connection is gone (or this was answered already)."""
-        conn, slot = self._conn, self._slot
-        if conn is None or slot is None:
-            return False
-        return conn.answer_early(slot, result)
-
-    def answer_later(self, answer: Awaitable[Response]) -> None:
-        """Answer with what `answer` gives, in a task (a handler that returned None and
-        then needs to wait, e.g. for another attempt): as a coroutine handler's result."""
-        conn, slot = self._conn, self._slot
-        if conn is not None and slot is not None:
-            conn.answer_later(slot, answer)
-        elif asyncio.iscoroutine(answer):  # a request made without a connection (a harness)
-            answer.close()
-
-
 class _Slot:
     """One answer in a connection's ordered queue (`data` is None until it is ready;
     `early`: written before its handler finished, whose result is then dropped)."""
@@ -232,6 +188,59 @@ class _Slot:
         self.keep_alive = not close
         self.http10 = http10
         self.early = False
+
+
+class Request(_Slot):
+    """One complete request as a handler sees it, and its answer's place in the
+    connection's queue (one object per request, not two: bench/README.md "Issue 14,
+    session 12")."""
+
+    __slots__ = ("_conn", "body", "headers", "method", "path", "query")
+
+    def __init__(
+        self,
+        method: bytes,
+        path: bytes,
+        query: bytes,
+        headers: Headers,
+        body: bytes,
+        conn: _Connection | None = None,
+        close: bool = False,
+        http10: bool = False,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self._conn = conn
+        self.data = None
+        self.close = close
+        self.keep_alive = not close
+        self.http10 = http10
+        self.early = False
+
+    def answer_early(self, result: Response) -> bool:
+        """Write this request's answer (a `Response`: bytes are a 200, or 204 for b"") now,
+        while its handler still runs (after the earlier answers on the connection, as
+        always): the proxy writes a node's answer from the node connection's callback and
+        keeps its books afterwards, off the client's latency. The handler's own result is
+        then dropped; False when the connection is gone (or this was answered already)."""
+        conn = self._conn
+        if conn is None or self.early or conn.transport is None:
+            return False
+        self.early = True
+        conn._answer(self, result, self.keep_alive, self.http10)
+        return True
+
+    def answer_later(self, answer: Awaitable[Response]) -> None:
+        """Answer with what `answer` gives, in a task (a handler that returned None and
+        then needs to wait, e.g. for another attempt): as a coroutine handler's result."""
+        conn = self._conn
+        if conn is not None:
+            conn.answer_later(self, answer)
+        elif asyncio.iscoroutine(answer):  # a request made without a connection (a harness)
+            answer.close()
 
 
 class _Refused(Exception):
@@ -459,8 +468,9 @@ class _Connection(asyncio.Protocol):
         http10 = keep_alive and b"connection" in headers and self.parser.get_http_version() == "1.0"
         body = self.body
         raw = body[0] if len(body) == 1 else b"".join(body)
-        slot = _Slot(None, not keep_alive, http10)
-        request = Request(self.method, self.path, self.query, Headers(headers), raw, self, slot)
+        slot = request = Request(
+            self.method, self.path, self.query, Headers(headers), raw, self, not keep_alive, http10
+        )
         try:
             result = self.handler(request)  # type: ignore[misc]
         except Exception:
@@ -500,15 +510,6 @@ class _Connection(asyncio.Protocol):
             result = (500, error_body(INTERNAL_ERROR, "internal error"))
         if not slot.early:
             self._answer(slot, result, keep_alive, http10)
-
-    def answer_early(self, slot: _Slot, result: Response) -> bool:
-        """`Request.answer_early`: the answer of `slot` written now, or as soon as every
-        earlier answer is out (pipelined requests are answered in order)."""
-        if slot.early or self.transport is None:
-            return False
-        slot.early = True
-        self._answer(slot, result, slot.keep_alive, slot.http10)
-        return True
 
     def answer_later(self, slot: _Slot, answer: Awaitable[Response]) -> None:
         """`Request.answer_later`: `slot` is answered by a task running `answer`."""
