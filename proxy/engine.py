@@ -166,7 +166,13 @@ class Ctx:
         makes), the client gets it now, and the books, metrics and logs of the request follow
         after the write instead of before it (the added latency at c=1, docs/proxy.md)."""
         write = self.early
-        if write is not None and status == 200 and raw and not outcome.of_raw(raw).retry:
+        if (
+            write is not None
+            and status == 200
+            and raw
+            # (`of_raw` asked only when the answer names -3900: any other is never retried)
+            and (raw.find(b"-3900") < 0 or not outcome.of_raw(raw).retry)
+        ):
             self.early = None
             write(raw)
 
