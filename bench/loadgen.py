@@ -19,7 +19,7 @@ import ssl
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -357,6 +357,18 @@ class LoadSettings:
         return conns, reqs
 
 
+def _latency(h: Histogram) -> dict[str, float]:
+    """The latency figures a result reports, from its histogram (ns)."""
+    return {
+        "p50": h.percentile(50),
+        "p90": h.percentile(90),
+        "p99": h.percentile(99),
+        "max": h.max,
+        "min": h.min or 0,
+        "mean": round(h.mean, 1),
+    }
+
+
 @dataclass
 class BenchResult:
     """What a run measured; `latency_ns` has p50/p90/p99/max/min/mean."""
@@ -373,20 +385,12 @@ class BenchResult:
     items_err: int
     errors: dict[str, int]
     latency_ns: dict[str, float]
+    stats: Stats | None = field(default=None, repr=False, compare=False)  # (to merge runs)
 
     @classmethod
     def from_stats(
         cls, settings: LoadSettings, items: int, stats: Stats, elapsed: float
     ) -> BenchResult:
-        h = stats.hist
-        latency = {
-            "p50": h.percentile(50),
-            "p90": h.percentile(90),
-            "p99": h.percentile(99),
-            "max": h.max,
-            "min": h.min or 0,
-            "mean": round(h.mean, 1),
-        }
         return cls(
             url=settings.url,
             tool="chainstate-bench",
@@ -399,7 +403,29 @@ class BenchResult:
             items_ok=stats.items_ok,
             items_err=stats.items_err,
             errors=dict(sorted(stats.errors.items())),
-            latency_ns=latency,
+            latency_ns=_latency(stats.hist),
+            stats=stats,
+        )
+
+    @classmethod
+    def combined(cls, runs: list[BenchResult]) -> BenchResult:
+        """Several runs of one load on one target (a suite's rounds) as one: the counters and
+        latency histograms merged, the measured times added."""
+        total = Stats()
+        for run in runs:
+            if run.stats is None:
+                raise ValueError("a run without its counters cannot be merged")
+            total.merge(run.stats)
+        return replace(
+            runs[0],
+            elapsed_s=sum(run.elapsed_s for run in runs),
+            requests=total.requests,
+            requests_ok=total.requests_ok,
+            items_ok=total.items_ok,
+            items_err=total.items_err,
+            errors=dict(sorted(total.errors.items())),
+            latency_ns=_latency(total.hist),
+            stats=total,
         )
 
     @property

@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,12 @@ PROXY_STATE_WINDOW = 128  # the proxy's default state_window: older heights are 
 PROBE = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
 GO_PROXY_SOURCE = Path(__file__).parent / "goproxy" / "main.go"
 GO_BUILD_TIMEOUT = 300.0  # seconds for `go build` of the reference proxy (first build: slow)
+# A case's duration is split into rounds, each measuring every target in turn (the order
+# reversed every other round), so a slow spell of this shared machine falls on every target
+# alike; per-core ratios are the median of each round's (bench/README.md "Rounds").
+ROUNDS = 3
+MIN_ROUND_S = 0.5  # fewer rounds when a round would be shorter
+ROUND_WARMUP_S = 0.3  # warm-up of each target in the rounds after the first (capped by --warmup)
 
 
 def free_port() -> int:
@@ -231,6 +238,7 @@ class SuiteOptions:
     evm: dict[str, Any] = field(default_factory=dict)  # the state node's [evm] settings
     reference: bool = True  # `suite proxy`: also measure Go's reverse proxy (when go exists)
     proxy: dict[str, Any] = field(default_factory=dict)  # more [proxy] settings, every proxy
+    rounds: int = ROUNDS  # each case's targets measured in turn this many times (`rounds_of`)
 
 
 class Suite(Protocol):
@@ -889,28 +897,54 @@ def run_suite(suite: Suite, opts: SuiteOptions) -> dict[str, Any]:
         baseline = next(iter(targets))
         cases = suite.cases()
         optional = {label for case in cases for label in case.also}
+        report["rounds"] = rounds_of(opts)
         for case in cases:
             if opts.cases and case.name not in opts.cases:
                 continue
-            results: dict[str, BenchResult] = {}
-            cpu: dict[str, float] = {}
-            for label, url in targets.items():
-                if label in optional and label not in case.also:
-                    continue
-                settings = LoadSettings(
-                    url=url,
-                    concurrency=case.concurrency or opts.concurrency,
-                    duration=opts.duration,
-                    warmup=opts.warmup,
-                    cpus=load_cpus,
-                )
-                results[label], used = measure(settings, case.plan, pids.get(label))
-                if used is not None:
-                    cpu[label] = used
-            report["cases"].append(_case_report(case, results, baseline, cpu))
+            labels = [t for t in targets if t not in optional or t in case.also]
+            runs = measure_rounds(case, {t: targets[t] for t in labels}, pids, opts, load_cpus)
+            report["cases"].append(_case_report(case, runs, baseline))
     report["load_avg_end"] = round(os.getloadavg()[0], 2)
     report["notes"] = list(getattr(suite, "notes", []))
     return report
+
+
+# One round of a case: {target label: (what it measured, CPU seconds its process used)}
+Round = dict[str, tuple[BenchResult, float | None]]
+
+
+def rounds_of(opts: SuiteOptions) -> int:
+    """How many rounds each case takes: `opts.rounds`, fewer when a round would be shorter
+    than MIN_ROUND_S."""
+    return max(1, min(opts.rounds, int(opts.duration / MIN_ROUND_S)))
+
+
+def measure_rounds(
+    case: Case,
+    targets: dict[str, str],
+    pids: dict[str, int],
+    opts: SuiteOptions,
+    load_cpus: list[int] | None,
+) -> list[Round]:
+    """Every target of a case measured in turn, round after round (the order reversed in
+    every other round), each round for its share of the case's duration; the full warm-up
+    before a target's first round, a short one before the others."""
+    count = rounds_of(opts)
+    rounds: list[Round] = []
+    for i in range(count):
+        labels = list(targets) if i % 2 == 0 else list(reversed(targets))
+        one: Round = {}
+        for label in labels:
+            settings = LoadSettings(
+                url=targets[label],
+                concurrency=case.concurrency or opts.concurrency,
+                duration=opts.duration / count,
+                warmup=opts.warmup if i == 0 else min(opts.warmup, ROUND_WARMUP_S),
+                cpus=load_cpus,
+            )
+            one[label] = measure(settings, case.plan, pids.get(label))
+        rounds.append({label: one[label] for label in targets})  # (the targets' order)
+    return rounds
 
 
 def measure(
@@ -947,9 +981,39 @@ def _cpu_seconds(proc: psutil.Process | None) -> float | None:
     return total
 
 
-def _case_report(
-    case: Case, results: dict[str, BenchResult], baseline: str, cpu: dict[str, float]
-) -> dict[str, Any]:
+def _merged(rounds: list[Round]) -> tuple[dict[str, BenchResult], dict[str, float]]:
+    """Each target's rounds as one result, and its CPU seconds in all (when every round
+    knew them)."""
+    results: dict[str, BenchResult] = {}
+    cpu: dict[str, float] = {}
+    for label in rounds[0]:
+        results[label] = BenchResult.combined([one[label][0] for one in rounds])
+        used = [one[label][1] for one in rounds]
+        if None not in used:
+            cpu[label] = sum(used)  # type: ignore[arg-type]
+    return results, cpu
+
+
+def _per_core(one: Round, label: str) -> float | None:
+    """Items answered per CPU second of `label`'s process in one round."""
+    result, used = one[label]
+    return result.items_ok / used if used else None
+
+
+def round_ratios(rounds: list[Round], label: str, base: str) -> list[float] | None:
+    """Per round, `label`'s items per CPU second ÷ `base`'s (two targets measured minutes
+    apart on a shared VM differ more than two measured in one round)."""
+    out = []
+    for one in rounds:
+        a, b = _per_core(one, label), _per_core(one, base)
+        if a is None or not b:
+            return None
+        out.append(round(a / b, 3))
+    return out
+
+
+def _case_report(case: Case, rounds: list[Round], baseline: str) -> dict[str, Any]:
+    results, cpu = _merged(rounds)
     base = results[baseline]
     out: dict[str, Any] = {
         "case": case.name,
@@ -970,6 +1034,10 @@ def _case_report(
             entry["cpu_us_per_req"] = round(used * 1e6 / res.requests, 1)
             entry["cores"] = round(used / res.elapsed_s, 3)
             entry["items_per_core_s"] = round(res.items_ok / used, 1) if used > 0 else 0.0
+        ratios = round_ratios(rounds, label, baseline) if label != baseline else None
+        if ratios is not None:  # (÷ the baseline's items per core: the median, each round's)
+            entry["per_core_ratio"] = statistics.median(ratios)
+            entry["per_core_rounds"] = ratios
         out["targets"][label] = entry
     proxy = out["targets"].get("proxy")
     for other, name in (("proxy-nocache", "cache_on_vs_off"), ("proxy-plain", "cache_on_vs_plain")):
@@ -978,13 +1046,13 @@ def _case_report(
             out[name] = round(proxy["items_per_s"] / off["items_per_s"], 2)
     proxy, go = out["targets"].get("proxy"), out["targets"].get("go-proxy")
     if proxy and go:
+        # per core: Go's CPU per request ÷ ours, the median of the rounds' (the same as
+        # ours ÷ Go's items per CPU second: one item per request)
+        ratios = round_ratios(rounds, "proxy", "go-proxy")
         out["proxy_vs_go"] = {
             "req_per_s": round(proxy["req_per_s"] / go["req_per_s"], 3) if go["req_per_s"] else 0,
-            "per_core": (
-                round(go["cpu_us_per_req"] / proxy["cpu_us_per_req"], 3)
-                if "cpu_us_per_req" in go and proxy.get("cpu_us_per_req")
-                else None
-            ),
+            "per_core": statistics.median(ratios) if ratios else None,
+            "per_core_rounds": ratios,
         }
     return out
 
@@ -1030,6 +1098,16 @@ def render(report: dict[str, Any]) -> str:
                 f"{case['cache_on_vs_off']:.2f}× (coalescing on), "
                 f"{case.get('cache_on_vs_plain', 0):.2f}× (coalescing off too)"
             )
+        per_round = [
+            f"{label} {t['per_core_ratio']:.2f} ({_listed(t['per_core_rounds'])})"
+            for label, t in case["targets"].items()
+            if "per_core_ratio" in t
+        ]
+        if per_round:
+            lines.append(
+                f"  {name}: items/s per core ÷ {next(iter(case['targets']))}'s, median of "
+                f"{report.get('rounds', 1)} round(s): {'; '.join(per_round)}"
+            )
         versus = case.get("proxy_vs_go")
         if versus:
             per_core = versus["per_core"]
@@ -1039,6 +1117,10 @@ def render(report: dict[str, Any]) -> str:
                 f"{shown}× per core (go's CPU per request ÷ ours)"
             )
     return "\n".join(lines)
+
+
+def _listed(ratios: list[float]) -> str:
+    return ", ".join(f"{r:.2f}" for r in ratios)
 
 
 def add_suite_options(p: argparse.ArgumentParser) -> None:
@@ -1069,12 +1151,23 @@ def add_suite_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="suite proxy: do not build and measure Go's reverse proxy",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=ROUNDS,
+        help=f"measure each case's targets in turn this many times, each for its share of "
+        f"--duration (at least {MIN_ROUND_S:g} s; default {ROUNDS}); per-core ratios are "
+        "the median of the rounds'",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
-    if args.duration <= 0 or args.concurrency < 1:
-        print("chainstate bench suite: duration must be > 0, concurrency >= 1", file=sys.stderr)
+    if args.duration <= 0 or args.concurrency < 1 or args.rounds < 1:
+        print(
+            "chainstate bench suite: duration must be > 0, concurrency and rounds >= 1",
+            file=sys.stderr,
+        )
         return 2
     opts = SuiteOptions(
         duration=args.duration,
@@ -1086,6 +1179,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
         evm=dict(args.evm or []),
         reference=not args.no_reference,
         proxy=dict(args.proxy or []),
+        rounds=args.rounds,
     )
     shown = render
     try:

@@ -17,7 +17,7 @@ every `REFRESH` samples, never per request.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from typing import Any
 
 BUCKETS_PER_DOUBLING = 8
@@ -26,7 +26,6 @@ N_BUCKETS = 20 * BUCKETS_PER_DOUBLING + 1  # up to FLOOR_S · 2^20 ≈ 52 s, the
 REFRESH = 128  # samples between recomputations of the window's quantiles
 KEEP = 4096  # samples a window holds before halving its counts (recent ones weigh more)
 MIN_SAMPLES = 64  # fewer: no quantile is trusted (no hedging, timeouts at the ceiling)
-_SCALE = BUCKETS_PER_DOUBLING / math.log(2)
 _UPPER = [FLOOR_S * 2 ** (i / BUCKETS_PER_DOUBLING) for i in range(N_BUCKETS)]
 
 
@@ -61,9 +60,9 @@ def current(node: Any, now: float, tau: float) -> float | None:
 
 
 def bucket(seconds: float) -> int:
-    if seconds <= FLOOR_S:
-        return 0
-    i = int(math.log(seconds / FLOOR_S) * _SCALE) + 1
+    """The bucket of `seconds`: the first whose upper bound is not below it (a time exactly
+    on a bound is in that bound's bucket), the last for anything longer."""
+    i = bisect_left(_UPPER, seconds)
     return i if i < N_BUCKETS else N_BUCKETS - 1
 
 

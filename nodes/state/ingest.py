@@ -201,7 +201,10 @@ class Ingest:
         ours = self.store.hash_at(src_head)
         if ours is None:
             return False  # below our window: nothing to compare
-        theirs = await self._fetch(rpc, src_head)
+        raw = await rpc.call("trace_vendorBlock", [hex(src_head)])
+        if _header_hash(raw) == ours:
+            return False  # the common idle round: no parse, no hash check, no thread
+        theirs = await self._parsed(raw, src_head)  # (a bad block still raises here)
         if theirs.hash == ours:
             return False
         log.info("state ingest: source replaced block %d (reorg); rolling back", src_head)
@@ -210,7 +213,10 @@ class Ingest:
         return True
 
     async def _fetch(self, rpc: RpcClient, height: int) -> VendorBlock:
-        raw = await rpc.call("trace_vendorBlock", [hex(height)])
+        return await self._parsed(await rpc.call("trace_vendorBlock", [hex(height)]), height)
+
+    async def _parsed(self, raw: Any, height: int) -> VendorBlock:
+        """`raw` (a `trace_vendorBlock` result for `height`) decoded and checked."""
         block = await asyncio.to_thread(
             parse_vendor_block, raw, verify_hash=self.settings.verify_hash
         )
@@ -269,3 +275,10 @@ class Ingest:
             log.warning("state ingest: source %s has no eth_chainId; set chain_id", self.source)
             return
         await asyncio.to_thread(self.store.set_chain_id, parse_quantity(answer, "chain id"))
+
+
+def _header_hash(raw: Any) -> Any:
+    """The `Header.hash` a `trace_vendorBlock` result claims, or None: enough to see that the
+    source still has our block (a different or missing one is parsed and checked in full)."""
+    header = raw.get("Header") if type(raw) is dict else None
+    return header.get("hash") if type(header) is dict else None

@@ -168,3 +168,51 @@ def test_an_exact_mix_holds_each_method_its_count_of_times() -> None:
         assert all(i["params"][-1] == "latest" for i in body)
     with pytest.raises(BodyError):
         BodyPlan(mix=[("eth_call", 50), ("eth_getBalance", 49)], batch=100, exact_mix=True)
+
+
+def test_rounds_take_the_targets_in_turn_and_ratios_are_each_rounds(monkeypatch) -> None:
+    """A case's duration is split into rounds that measure every target in turn, the order
+    reversed every other round, the full warm-up only in a target's first round; the results
+    are merged, and the per-core ratio is the median of each round's own ratio."""
+    import bench.suite as suite_module
+    from bench.bodies import BlockRange, BodyPlan
+    from bench.loadgen import BenchResult, LoadSettings, Stats
+
+    calls: list[tuple[str, float, float]] = []
+    # items per CPU second of each target in each round: "b" is 0.5, 0.9, 0.8 of "a"
+    speed = {"a": [100.0, 100.0, 50.0], "b": [50.0, 90.0, 40.0]}
+
+    def fake_measure(settings: LoadSettings, plan: BodyPlan, pid: int | None):
+        label = settings.url.rsplit("/", 1)[1]
+        i = sum(1 for url, _, _ in calls if url == label)
+        calls.append((label, settings.duration, settings.warmup))
+        stats = Stats(requests=1000, requests_ok=1000, items_ok=1000)
+        stats.hist.record_many([1_000_000] * 10)
+        result = BenchResult.from_stats(settings, 1, stats, settings.duration)
+        return result, 1000 / speed[label][i]
+
+    monkeypatch.setattr(suite_module, "measure", fake_measure)
+    opts = SuiteOptions(duration=3.0, warmup=1.0, rounds=3)
+    plan = BodyPlan(mix=[("eth_getBalance", 1.0)], blocks=BlockRange(1, 10))
+    case = suite_module.Case("single", plan)
+    targets = {"a": "http://127.0.0.1:9/a", "b": "http://127.0.0.1:9/b"}
+    rounds = suite_module.measure_rounds(case, targets, {}, opts, None)
+    assert [c[0] for c in calls] == ["a", "b", "b", "a", "a", "b"]
+    assert {c[1] for c in calls} == {1.0}  # each round its share of the duration
+    assert [c[2] for c in calls] == [1.0, 1.0, 0.3, 0.3, 0.3, 0.3]
+    report = suite_module._case_report(case, rounds, "a")
+    b = report["targets"]["b"]
+    assert b["per_core_rounds"] == [0.5, 0.9, 0.8] and b["per_core_ratio"] == 0.8
+    assert b["requests"] == 3000 and b["elapsed_s"] == 3.0  # the rounds merged
+    assert "per_core_ratio" not in report["targets"]["a"]  # (the baseline)
+    assert "b 0.80 (0.50, 0.90, 0.80)" in render({**_header(), "cases": [report], "rounds": 3})
+    # a round shorter than MIN_ROUND_S: fewer rounds
+    assert suite_module.rounds_of(SuiteOptions(duration=1.0, rounds=3)) == 2
+    assert suite_module.rounds_of(SuiteOptions(duration=0.2, rounds=3)) == 1
+
+
+def _header() -> dict[str, object]:
+    return {
+        "suite": "x", "date": "now", "cpus": 2, "pinned": True, "concurrency": 64,
+        "duration_s": 3.0, "load_avg_start": 0.0,
+    }  # fmt: skip

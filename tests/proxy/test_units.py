@@ -518,6 +518,24 @@ def test_candidates_change_only_at_the_breakpoints(selector: Selector) -> None:
             assert selector.candidates(pool, "eth_getBalance", SPEC, ref)[0] == first, height
 
 
+def test_latency_quantile_of_times_on_a_bucket_bound_is_that_bound() -> None:
+    """A time exactly on a bucket's upper bound is counted in that bucket, so the window's
+    quantile of such times is the time itself, not the next bound (one bucket high)."""
+    from proxy import latency
+
+    for i in (1, 8, 37, 100):
+        bound = latency.FLOOR_S * 2 ** (i / latency.BUCKETS_PER_DOUBLING)
+        window = latency.LatencyWindow(0.5)
+        for _ in range(latency.MIN_SAMPLES):
+            window.add(bound)
+        assert window.quantile(0.5) == pytest.approx(bound, rel=1e-12)
+        assert window.quantile(0.99) == pytest.approx(bound, rel=1e-12)
+    above = latency.LatencyWindow(0.5)
+    above.add(latency.FLOOR_S * 2 ** (8 / latency.BUCKETS_PER_DOUBLING) * 1.0001)
+    assert above.quantile(0.5) > latency.FLOOR_S * 2  # just past a bound: the next bucket
+    assert latency.bucket(1e9) == latency.N_BUCKETS - 1  # past the last bound: the overflow
+
+
 @pytest.mark.parametrize("start", [None, 0.3, 5.0])
 def test_latency_samples_folded_together_match_one_at_a_time(start: float | None) -> None:
     """`observe_many` / `add_many` (the in-process answers' books, folded in together) give
