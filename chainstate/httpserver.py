@@ -467,9 +467,9 @@ class _Connection(asyncio.Protocol):
         (which is between requests then too).
 
         Why: llhttp's callbacks into Python (message begin, url, one per header, head,
-        body, end) were ~18k of the ~68k instructions of a single request's way to the
-        node (bench/README.md "Issue 14, session 12"), for a head a keep-alive client sends
-        unchanged but for its body's length."""
+        body, end) cost ~8.5k of the ~68k instructions of a single request's way to the
+        node at c=1 (bench/README.md "Issue 14, session 12"), for a head a keep-alive client
+        sends unchanged but for its body's length."""
         server = self.server
         pre, post = plain.pre, plain.post
         at = len(pre)

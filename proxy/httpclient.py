@@ -238,8 +238,8 @@ class _Connection(asyncio.Protocol):
         """Read `data` as llhttp's callbacks would when it is one whole answer with
         `plain`'s head but for the Content-Length digits (False, nothing done: llhttp's).
 
-        Why: llhttp's callbacks into Python (one per header, head, body, end) were ~9k
-        of the ~27k instructions of an answer's way from the node to the client at c=1
+        Why: llhttp's callbacks into Python (one per header, head, body, end) cost ~2k of
+        the ~27k instructions of an answer's way from the node to the client at c=1
         (bench/README.md "Issue 14, session 12"), for a head a node sends unchanged but
         for the body's length (and its Date, once a second)."""
         at = len(plain.pre)
