@@ -687,3 +687,19 @@ async def test_a_handler_answers_early_once_and_its_own_result_is_dropped() -> N
     assert said == [True, False]
     client.close()
     await server.close()
+
+
+async def test_a_kept_http10_keep_alive_head_answers_as_llhttps_way(serve) -> None:
+    """An HTTP/1.0 client with `Connection: keep-alive`: every answer behind the kept head
+    says keep-alive and the connection stays; the same head without it is closed."""
+    server = await serve()
+    client = await Client.open(server.port)
+    head = b"POST / HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: %d\r\n\r\n%b"
+    for body in (b"a", b"bb", b"c" * 12):
+        await client.send(head % (len(body), body))
+        status, headers, answer = await client.answer()
+        assert (status, answer, headers["connection"]) == (200, body, "keep-alive")
+    await client.send(b"POST / HTTP/1.0\r\nConnection: close\r\nContent-Length: 1\r\n\r\nz")
+    status, headers, answer = await client.answer()
+    assert (answer, headers["connection"]) == (b"z", "close")
+    assert await client.closed()
