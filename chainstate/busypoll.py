@@ -26,38 +26,37 @@ import time
 class BusyPoll:
     """Keeps `loop` polling for `window` seconds after the last `kick()`."""
 
-    __slots__ = ("_call_soon", "_hot", "_last", "_spinning", "window")
+    # `hot` and `spinning` are read and set by the server's hot path without a call: while
+    # `spinning`, a kick is `hot = True` (one attribute instead of a method call per request
+    # and per answer, bench/README.md "Issue 14, session 12").
+    __slots__ = ("_call_soon", "_last", "hot", "spinning", "window")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, window: float) -> None:
         self.window = window
         self._call_soon = loop.call_soon
-        self._hot = False  # kicked since the last turn
-        self._spinning = False  # a turn is scheduled
+        self.hot = False  # kicked since the last turn
+        self.spinning = False  # a turn is scheduled
         self._last = 0.0
 
     def kick(self) -> None:
         """Bytes arrived: keep polling for another window (one flag on the hot path)."""
-        self._hot = True
-        if not self._spinning:
-            self._spinning = True
+        self.hot = True
+        if not self.spinning:
+            self.spinning = True
             self._last = time.perf_counter()
             self._call_soon(self._turn)
 
     def _turn(self) -> None:
         now = time.perf_counter()
-        if self._hot:
-            self._hot = False
+        if self.hot:
+            self.hot = False
             self._last = now
         if now - self._last < self.window:
             self._call_soon(self._turn)
         else:
-            self._spinning = False
+            self.spinning = False
 
     def stop(self) -> None:
         """No more polling (the listener is closing): the next turn ends it."""
         self.window = 0.0
-        self._hot = False
-
-    @property
-    def spinning(self) -> bool:
-        return self._spinning
+        self.hot = False

@@ -174,50 +174,6 @@ class Headers:
         return isinstance(name, str) and name.lower().encode("latin-1") in self.raw
 
 
-class Request:
-    """One complete request as a handler sees it."""
-
-    __slots__ = ("_conn", "_slot", "body", "headers", "method", "path", "query")
-
-    def __init__(
-        self,
-        method: bytes,
-        path: bytes,
-        query: bytes,
-        headers: Headers,
-        body: bytes,
-        conn: _Connection | None = None,
-        slot: _Slot | None = None,
-    ) -> None:
-        self.method = method
-        self.path = path
-        self.query = query
-        self.headers = headers
-        self.body = body
-        self._conn = conn
-        self._slot = slot
-
-    def answer_early(self, result: Response) -> bool:
-        """Write this request's answer (a `Response`: bytes are a 200, or 204 for b"") now,
-        while its handler still runs (after the earlier answers on the connection, as
-        always): the proxy writes a node's answer from the node connection's callback and
-        keeps its books afterwards, off the client's latency. The handler's own result is
-        then dropped; False when the connection is gone (or this was answered already)."""
-        conn, slot = self._conn, self._slot
-        if conn is None or slot is None:
-            return False
-        return conn.answer_early(slot, result)
-
-    def answer_later(self, answer: Awaitable[Response]) -> None:
-        """Answer with what `answer` gives, in a task (a handler that returned None and
-        then needs to wait, e.g. for another attempt): as a coroutine handler's result."""
-        conn, slot = self._conn, self._slot
-        if conn is not None and slot is not None:
-            conn.answer_later(slot, answer)
-        elif asyncio.iscoroutine(answer):  # a request made without a connection (a harness)
-            answer.close()
-
-
 class _Slot:
     """One answer in a connection's ordered queue (`data` is None until it is ready;
     `early`: written before its handler finished, whose result is then dropped)."""
@@ -234,6 +190,90 @@ class _Slot:
         self.early = False
 
 
+class Request(_Slot):
+    """One complete request as a handler sees it, and its answer's place in the
+    connection's queue (one object per request, not two: bench/README.md "Issue 14,
+    session 12")."""
+
+    __slots__ = ("_conn", "body", "headers", "method", "path", "query")
+
+    def __init__(
+        self,
+        method: bytes,
+        path: bytes,
+        query: bytes,
+        headers: Headers,
+        body: bytes,
+        conn: _Connection | None = None,
+        close: bool = False,
+        http10: bool = False,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self._conn = conn
+        self.data = None
+        self.close = close
+        self.keep_alive = not close
+        self.http10 = http10
+        self.early = False
+
+    def answer_early(self, result: Response) -> bool:
+        """Write this request's answer (a `Response`: bytes are a 200, or 204 for b"") now,
+        while its handler still runs (after the earlier answers on the connection, as
+        always): the proxy writes a node's answer from the node connection's callback and
+        keeps its books afterwards, off the client's latency. The handler's own result is
+        then dropped; False when the connection is gone (or this was answered already)."""
+        conn = self._conn
+        if conn is None or self.early or conn.transport is None:
+            return False
+        self.early = True
+        conn._answer(self, result, self.keep_alive, self.http10)
+        return True
+
+    def answer_later(self, answer: Awaitable[Response]) -> None:
+        """Answer with what `answer` gives, in a task (a handler that returned None and
+        then needs to wait, e.g. for another attempt): as a coroutine handler's result."""
+        conn = self._conn
+        if conn is not None:
+            conn.answer_later(self, answer)
+        elif asyncio.iscoroutine(answer):  # a request made without a connection (a harness)
+            answer.close()
+
+
+MAX_PLAINS = 16  # heads a connection may keep (a client whose head keeps changing: llhttp's)
+
+
+class _Plain:
+    """A head llhttp read on a connection, kept to read the client's next ones without it:
+    the bytes before and after its Content-Length digits, and what llhttp's callbacks made
+    of it (`_Connection._keep_plain`)."""
+
+    __slots__ = ("headers", "http10", "method", "path", "persistent", "post", "pre", "query")
+
+    def __init__(
+        self,
+        pre: bytes,
+        post: bytes,
+        method: bytes,
+        path: bytes,
+        query: bytes,
+        headers: dict[bytes, bytes],
+        persistent: bool,
+        http10: bool,
+    ) -> None:
+        self.pre = pre  # from the request line to the Content-Length digits
+        self.post = post  # from the end of the digits to the end of the head (CRLF CRLF)
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.persistent = persistent  # llhttp's should_keep_alive
+        self.http10 = http10  # HTTP/1.0 with a Connection header
+
+
 class _Refused(Exception):
     """Raised inside a parser callback to stop parsing a refused request."""
 
@@ -244,6 +284,7 @@ class _Connection(asyncio.Protocol):
     __slots__ = (
         "body",
         "body_size",
+        "chunk",
         "chunked",
         "closing",
         "eof",
@@ -262,6 +303,8 @@ class _Connection(asyncio.Protocol):
         "path",
         "paused",
         "pending",
+        "plain",
+        "plains",
         "query",
         "server",
         "started",
@@ -297,6 +340,9 @@ class _Connection(asyncio.Protocol):
         self.fallback: asyncio.Protocol | None = None  # aiohttp's protocol after a hand-off
         self.forwarding = False  # requests from here on go to the fallback
         self.forward: list[bytes] = []  # forwarded bytes held until earlier answers are out
+        self.plain: _Plain | None = None  # the head this client sends, llhttp's reading kept
+        self.plains = 0  # heads kept so far (at most MAX_PLAINS per connection)
+        self.chunk: bytes | None = None  # the bytes a request being parsed started a read of
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
@@ -339,10 +385,21 @@ class _Connection(asyncio.Protocol):
             self.fallback.resume_writing()
 
     def data_received(self, data: bytes) -> None:
-        if self.server.poll is not None:
-            self.server.poll.kick()
+        poll = self.server.poll
+        if poll is not None:
+            if poll.spinning:
+                poll.hot = True  # (`kick` without its call)
+            else:
+                poll.kick()
         if self.lingering or (self.closing and not self.in_message):
             return  # a refused request's body, or bytes after the last request read
+        if not self.in_message and not self.forwarding:
+            plain = self.plain
+            if plain is not None and data.startswith(plain.pre):
+                data = self._plain(plain, data)
+                if not data or self.closing:
+                    return  # (after `Connection: close` nothing more is read, as below)
+            self.chunk = data  # a request that is all of it may become `plain`
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as exc:
@@ -363,6 +420,89 @@ class _Connection(asyncio.Protocol):
                     self._refuse(431, f"request head larger than {limit} bytes")
             elif self.forwarding:
                 self._detach()
+
+    # ---- the client's usual head, read once by llhttp ----------------------------------------
+
+    def _keep_plain(self, chunk: bytes, raw: bytes, persistent: bool, http10: bool) -> None:
+        """Keep the head of the request llhttp just read as this connection's `plain`, when
+        the request was all of `chunk` (its head as the client sent it) and only its
+        Content-Length's digits can differ in the client's next request without changing
+        how llhttp reads it: a plain-length body (no chunks, no `Expect`, no upgrade), the
+        request routed here (not to the fallback), the digits right after `:` and optional
+        spaces, and nothing after them on their line."""
+        headers = self.headers
+        value = headers.get(b"content-length")
+        if (
+            value is None
+            or not value.isdigit()
+            or self.forwarding
+            or b"transfer-encoding" in headers
+            or b"expect" in headers
+            or b"upgrade" in headers
+            or self.parser.should_upgrade()
+        ):
+            return
+        end = chunk.find(b"\r\n\r\n") + 4
+        if end < 4 or len(chunk) - end != len(raw):
+            return  # the request was not all of the read
+        name = chunk[:end].lower().find(b"\r\ncontent-length:")
+        if name < 0:
+            return
+        start = name + 17
+        while chunk[start : start + 1] in (b" ", b"\t"):
+            start += 1
+        stop = start + len(value)
+        if chunk[start:stop] != value or chunk[stop : stop + 2] != b"\r\n":
+            return
+        self.plains += 1
+        self.plain = _Plain(
+            chunk[:start], chunk[stop:end], self.method, self.path, self.query, dict(headers),
+            persistent, http10,
+        )  # fmt: skip
+
+    def _plain(self, plain: _Plain, data: bytes) -> bytes:
+        """Serve the requests at the start of `data` whose head is `plain`'s but for the
+        Content-Length digits (each with its whole body there) as llhttp's callbacks would,
+        without them; give back the bytes from the first other request on, for llhttp
+        (which is between requests then too).
+
+        Why: llhttp's callbacks into Python (message begin, url, one per header, head,
+        body, end) cost ~8.5k of the ~68k instructions of a single request's way to the
+        node at c=1 (bench/README.md "Issue 14, session 12"), for a head a keep-alive client
+        sends unchanged but for its body's length."""
+        server = self.server
+        pre, post = plain.pre, plain.post
+        at = len(pre)
+        while True:
+            stop = data.find(b"\r\n", at, at + 24)
+            digits = data[at:stop]
+            if (
+                stop < 0
+                or not digits.isdigit()
+                or not data.startswith(post, stop)
+                or len(digits) >= server.body_digits  # (shorter: under the limit)
+            ):
+                return data
+            end = stop + len(post)
+            size = int(digits)
+            if len(data) - end < size:
+                return data  # the body comes in later reads: llhttp's
+            handler = server.route(plain.method, plain.path)
+            if handler is None:
+                if server.fallback is not None:
+                    return data  # llhttp's way hands it to the fallback
+                handler = server.not_found
+            headers = plain.headers.copy()
+            headers[b"content-length"] = digits
+            self.method = plain.method
+            self.path = plain.path
+            self.query = plain.query
+            self.headers = headers
+            self.handler = handler
+            self._complete(data[end : end + size], plain.persistent, plain.http10)
+            data = data[end + size :]
+            if not data or self.closing or self.transport is None or not data.startswith(pre):
+                return data
 
     # ---- httptools callbacks -------------------------------------------------------------
 
@@ -451,16 +591,28 @@ class _Connection(asyncio.Protocol):
             return
         if self.transport is None:
             return
-        headers = self.headers
-        keep_alive = self.parser.should_keep_alive() and not self.server.closing
-        if not keep_alive:
-            self.closing = True  # nothing after this request is read
+        parser = self.parser
+        persistent = parser.should_keep_alive()
         # An HTTP/1.0 client keeps the connection only with `Connection: keep-alive`.
-        http10 = keep_alive and b"connection" in headers and self.parser.get_http_version() == "1.0"
+        http10 = b"connection" in self.headers and parser.get_http_version() == "1.0"
         body = self.body
         raw = body[0] if len(body) == 1 else b"".join(body)
-        slot = _Slot(None, not keep_alive, http10)
-        request = Request(self.method, self.path, self.query, Headers(headers), raw, self, slot)
+        chunk, self.chunk = self.chunk, None
+        if chunk is not None and self.plains < MAX_PLAINS:
+            self._keep_plain(chunk, raw, persistent, http10)
+        self._complete(raw, persistent, http10)
+
+    def _complete(self, raw: bytes, persistent: bool, http10: bool) -> None:
+        """A whole request (`raw` its body; `persistent`: llhttp would keep the connection
+        after it): its handler runs, its answer is written or queued."""
+        keep_alive = persistent and not self.server.closing
+        if not keep_alive:
+            self.closing = True  # nothing after this request is read
+        http10 = keep_alive and http10
+        slot = request = Request(
+            self.method, self.path, self.query, Headers(self.headers), raw, self, not keep_alive,
+            http10,
+        )  # fmt: skip
         try:
             result = self.handler(request)  # type: ignore[misc]
         except Exception:
@@ -500,15 +652,6 @@ class _Connection(asyncio.Protocol):
             result = (500, error_body(INTERNAL_ERROR, "internal error"))
         if not slot.early:
             self._answer(slot, result, keep_alive, http10)
-
-    def answer_early(self, slot: _Slot, result: Response) -> bool:
-        """`Request.answer_early`: the answer of `slot` written now, or as soon as every
-        earlier answer is out (pipelined requests are answered in order)."""
-        if slot.early or self.transport is None:
-            return False
-        slot.early = True
-        self._answer(slot, result, slot.keep_alive, slot.http10)
-        return True
 
     def answer_later(self, slot: _Slot, answer: Awaitable[Response]) -> None:
         """`Request.answer_later`: `slot` is answered by a task running `answer`."""
@@ -551,8 +694,12 @@ class _Connection(asyncio.Protocol):
         )
 
     def _answer(self, slot: _Slot, result: Response, keep_alive: bool, http10: bool) -> None:
-        if self.server.poll is not None:
-            self.server.poll.kick()  # the client's next request follows its answer
+        poll = self.server.poll
+        if poll is not None:  # the client's next request follows its answer
+            if poll.spinning:
+                poll.hot = True  # (`kick` without its call)
+            else:
+                poll.kick()
         pending = self.pending
         if keep_alive and self.closing and pending and slot is pending[-1]:
             keep_alive = False  # the last answer of a connection being shut down

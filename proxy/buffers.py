@@ -35,7 +35,10 @@ class ByteBudget:
         False: call `wait` (or read on without a reservation)."""
         fits = self.used == 0 or self.used + size <= self.limit  # (alone: even if larger)
         if holder.reserved or (fits and not self._waiting):
-            self._grant(size, holder)
+            holder.reserved += size  # (`_grant` inline: once per answer with a length)
+            self.used = used = self.used + size
+            if used > self.peak:
+                self.peak = used
             return True
         return False
 

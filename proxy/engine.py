@@ -166,7 +166,13 @@ class Ctx:
         makes), the client gets it now, and the books, metrics and logs of the request follow
         after the write instead of before it (the added latency at c=1, docs/proxy.md)."""
         write = self.early
-        if write is not None and status == 200 and raw and not outcome.of_raw(raw).retry:
+        if (
+            write is not None
+            and status == 200
+            and raw
+            # (`of_raw` asked only when the answer names -3900: any other is never retried)
+            and (raw.find(b"-3900") < 0 or not outcome.of_raw(raw).retry)
+        ):
             self.early = None
             write(raw)
 
@@ -1498,7 +1504,7 @@ class Engine:
     ) -> None:
         """Metrics of a batch answered as it is (`_answered_in_order`; `notifs`: which
         items are notifications, when any is): one increment per method and outcome."""
-        if b'"error"' not in raw:  # every item ok: count by method alone
+        if raw.find(b'"error"') < 0:  # every item ok: count by method alone (find: of_raw)
             for method, n in Counter(methods).items():
                 self.metrics.request(ctx.chain, method, node.key, "ok", n)
             return
@@ -1627,7 +1633,7 @@ def _answered_in_order(rids: list[Any], methods: list[str], parsed: Any, raw: by
     asking for another attempt (`-3900x`, outcome.RETRYABLE_CODES) and none a transaction to
     show as pending (UNMINED_FIELDS): every answer is then final as it is, with no item to
     match by id or classify alone."""
-    if type(parsed) is not list or b"-3900" in raw or len(parsed) != len(rids):
+    if type(parsed) is not list or raw.find(b"-3900") >= 0 or len(parsed) != len(rids):
         return False
     try:
         ids = [answer["id"] for answer in parsed]

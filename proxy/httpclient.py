@@ -42,6 +42,26 @@ class SlotWaitCancelled(asyncio.CancelledError):
     saturation, not the node's fault."""
 
 
+MAX_PLAINS = 16  # heads kept for nothing on a connection, then its answers are llhttp's
+
+
+class _Plain:
+    """A 200 answer's head llhttp read on a node connection, kept to read the next ones
+    without it: the bytes before and after its Content-Length digits, and whether llhttp
+    keeps the connection after it (`_Connection._keep_plain`)."""
+
+    __slots__ = ("persistent", "post", "pre")
+
+    def __init__(self, pre: bytes, post: bytes, persistent: bool) -> None:
+        self.pre = pre  # from the status line to the Content-Length digits
+        self.post = post  # from the end of the digits to the end of the head (CRLF CRLF)
+        self.persistent = persistent
+
+
+# `Content-Length: ` is the end of a pool's head: each body size's rest of it, built once.
+_LENGTHS = [b"%d\r\n\r\n" % n for n in range(2048)]
+
+
 class _Connection(asyncio.Protocol):
     """One keep-alive connection carrying one request at a time."""
 
@@ -53,7 +73,9 @@ class _Connection(asyncio.Protocol):
         "_headers_done",
         "_received",
         "_waiter",
+        "between",
         "budget",
+        "chunk",
         "closed",
         "got_bytes",
         "holder",
@@ -62,6 +84,9 @@ class _Connection(asyncio.Protocol):
         "loop",
         "max_answer",
         "parser",
+        "plain",
+        "plain_hits",
+        "plains",
         "status",
         "transport",
         "waiting",
@@ -86,6 +111,11 @@ class _Connection(asyncio.Protocol):
         self.holder: Any = None  # who the current answer's bytes are reserved for
         self.length: int | None = None  # the current answer's Content-Length
         self.waiting: list[Any] | None = None  # the budget entry while reading is paused
+        self.between = True  # llhttp is between answers (no answer's first byte read yet)
+        self.chunk: bytes | None = None  # the read an answer being parsed started with
+        self.plain: _Plain | None = None  # the node's usual answer head, llhttp's reading
+        self.plain_hits = False  # `plain` read an answer since it was kept
+        self.plains = 0  # heads kept that read nothing (at most MAX_PLAINS)
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -95,6 +125,11 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        if self.between:  # llhttp is between answers: `data` may be one like the last
+            plain = self.plain
+            if plain is not None and data.startswith(plain.pre) and self._plain(plain, data):
+                return
+            self.chunk = data  # an answer that is all of it may become `plain`
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -111,12 +146,16 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
-        lower = name.lower()
-        if lower == b"content-length":
-            self._framed = True
-            if value.isdigit():  # (no contextlib.suppress: this runs for every answer)
-                self.length = int(value)
-        elif lower == b"transfer-encoding":
+        # Only two names matter; a name of another length is not lowered (an answer's
+        # Content-Type and Date: two calls less per answer, bench/README.md "Issue 14,
+        # session 12").
+        size = len(name)
+        if size == 14:
+            if name.lower() == b"content-length":
+                self._framed = True
+                if value.isdigit():  # (no contextlib.suppress: this runs for every answer)
+                    self.length = int(value)
+        elif size == 17 and name.lower() == b"transfer-encoding":
             self._framed = True
 
     def on_headers_complete(self) -> None:
@@ -152,9 +191,78 @@ class _Connection(asyncio.Protocol):
         self._fail(AnswerTooLarge(f"answer of {size} bytes, more than max_answer_bytes"))
         self.close()
 
+    def on_message_begin(self) -> None:
+        self.between = False
+
     def on_message_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        self.keep_alive = self.keep_alive and self.parser.should_keep_alive()
+        parser = self.parser
+        status, persistent = parser.get_status_code(), parser.should_keep_alive()
+        self.between = True
+        chunk, self.chunk = self.chunk, None
+        whole = chunk is not None and status == 200 and self._whole(chunk)
+        if whole and self.plains < MAX_PLAINS:
+            self._keep_plain(chunk, persistent)  # type: ignore[arg-type]
+        self._done(status, persistent)
+
+    def _whole(self, chunk: bytes) -> bool:
+        """Whether the answer llhttp just read was all of `chunk` (its head, then its body
+        as `on_body` gave it)."""
+        end = chunk.find(b"\r\n\r\n") + 4
+        body = self._body
+        size = len(body[0]) if len(body) == 1 else sum(map(len, body))
+        return end >= 4 and len(chunk) - end == size
+
+    def _keep_plain(self, chunk: bytes, persistent: bool) -> None:
+        """Keep the head of the 200 answer llhttp just read (all of `chunk`) as this
+        connection's `plain` when only its Content-Length's digits can differ in the next
+        answer without changing how llhttp reads it: the digits right after `:` and
+        optional spaces, nothing after them on their line, no Transfer-Encoding."""
+        end = chunk.find(b"\r\n\r\n") + 4
+        head = chunk[:end].lower()
+        name = head.find(b"\r\ncontent-length:")
+        if name < 0 or head.find(b"\r\ntransfer-encoding:") >= 0:
+            return
+        start = name + 17
+        while chunk[start : start + 1] in (b" ", b"\t"):
+            start += 1
+        stop = chunk.find(b"\r\n", start, end)
+        digits = chunk[start:stop]
+        if not digits.isdigit() or int(digits) != self.length:
+            return
+        if self.plain is not None and not self.plain_hits:
+            self.plains += 1  # a head kept for nothing: a node whose head keeps changing
+        self.plain = _Plain(chunk[:start], chunk[stop:end], persistent)
+        self.plain_hits = False
+
+    def _plain(self, plain: _Plain, data: bytes) -> bool:
+        """Read `data` as llhttp's callbacks would when it is one whole answer with
+        `plain`'s head but for the Content-Length digits (False, nothing done: llhttp's).
+
+        Why: llhttp's callbacks into Python (one per header, head, body, end) cost ~2k of
+        the ~27k instructions of an answer's way from the node to the client at c=1
+        (bench/README.md "Issue 14, session 12"), for a head a node sends unchanged but
+        for the body's length (and its Date, once a second)."""
+        at = len(plain.pre)
+        stop = data.find(b"\r\n", at, at + 24)
+        digits = data[at:stop]
+        if stop < 0 or not digits.isdigit() or not data.startswith(plain.post, stop):
+            return False
+        end = stop + len(plain.post)
+        size = int(digits)
+        if len(data) - end != size:
+            return False
+        self.plain_hits = True
+        self._framed = True  # on_header's (Content-Length)
+        self.length = size
+        self.on_headers_complete()
+        self._body.append(data[end:])  # on_body's (a length was announced)
+        self._done(200, plain.persistent)
+        return True
+
+    def _done(self, status: int, persistent: bool) -> None:
+        """The answer is complete (`status`; `persistent`: llhttp's should_keep_alive)."""
+        self.status = status
+        self.keep_alive = self.keep_alive and persistent
         self._complete = True
         # An idle connection keeps no answer alive: neither the chunks nor the future that
         # holds the joined answer (8 MB answers stayed in memory per idle connection).
@@ -296,8 +404,13 @@ class HostPool:
             self._release()
 
     def request(self, body: bytes) -> bytes:
-        """The bytes of one POST of `body` (head and body)."""
-        return b"%b%d\r\n\r\n%b" % (self._head, len(body), body)
+        """The bytes of one POST of `body` (head and body). A body under 2 KiB takes its
+        length's tail from `_LENGTHS` (the `%` formatting was ~1.2k instructions of the
+        request's way to the node at c=1, bench/README.md "Issue 14, session 12")."""
+        size = len(body)
+        if size < 2048:
+            return b"".join((self._head, _LENGTHS[size], body))
+        return b"%b%d\r\n\r\n%b" % (self._head, size, body)
 
     def take(self) -> _Connection | None:
         """An idle connection with its slot taken, now, or None when none is idle or every

@@ -82,7 +82,20 @@ def head_echo(request: Request) -> Response:
     return 200, request.body, b""  # (no extra head lines: the general formatting path)
 
 
+def headers_echo(request: Request) -> Response:
+    """The request as the handler sees it: its length and X-Id headers, path and body."""
+    seen = {
+        "length": request.headers.get("content-length"),
+        "id": request.headers.get("x-id"),
+        "path": request.path.decode(),
+        "body": request.body.decode(),
+    }
+    return 200, orjson.dumps(seen)
+
+
 def route(method: bytes, path: bytes) -> Any:
+    if method == b"POST" and path == b"/headers":
+        return headers_echo
     if method == b"POST" and path == b"/":
         return echo
     if method == b"POST" and path == b"/sync":
@@ -536,3 +549,157 @@ async def test_busy_poll_window_starts_again_when_an_answer_goes_out(serve) -> N
     assert await _cpu_while_waiting(0.2) > 0.08  # polling again after the answer
     await asyncio.sleep(0.3)
     assert await _cpu_while_waiting(0.2) < 0.05  # and asleep once that window closed
+
+
+# ---- the client's usual head, read without llhttp (`_Connection._plain`) -----------------
+
+
+def headed(body: bytes, before: bytes = b"", after: bytes = b"X-Id: aaaa\r\n") -> bytes:
+    """A request to /headers with header lines before and after its Content-Length."""
+    return b"POST /headers HTTP/1.1\r\nHost: x\r\n%bContent-Length: %d\r\n%b\r\n%b" % (
+        before,
+        len(body),
+        after,
+        body,
+    )
+
+
+def seen(body: bytes, length: int | None = None, rid: str | None = "aaaa") -> dict[str, Any]:
+    size = str(len(body) if length is None else length)
+    return {"length": size, "id": rid, "path": "/headers", "body": body.decode()}
+
+
+class CountingParser:
+    """A connection's llhttp parser that counts what it is fed."""
+
+    def __init__(self, parser: Any) -> None:
+        self.parser = parser
+        self.fed = 0
+
+    def feed_data(self, data: bytes) -> None:
+        self.fed += 1
+        self.parser.feed_data(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.parser, name)
+
+
+async def test_requests_with_the_same_head_but_their_length_skip_llhttp(serve) -> None:
+    """Bodies of 1, 9, 10, 100 and 0 bytes behind one head, one connection: each read as
+    llhttp reads it (the length's digits change in number too), the later ones without it."""
+    server = await serve()
+    client = await Client.open(server.port)
+    await client.send(headed(b"1"))
+    assert orjson.loads((await client.answer())[2]) == seen(b"1")
+    (conn,) = server.conns
+    parser = conn.parser = CountingParser(conn.parser)
+    for body in (b"2" * 9, b"3" * 10, b"4" * 100, b"", b"5" * 12):
+        await client.send(headed(body))
+        status, _, answer = await client.answer()
+        assert (status, orjson.loads(answer)) == (200, seen(body))
+    assert parser.fed == 0  # the shortcut read them all
+    client.close()
+
+
+async def test_a_kept_head_does_not_read_requests_whose_other_headers_differ(serve) -> None:
+    """X-Id changes (after the length, then before it) in requests of the same size: each
+    handler sees its own request's headers."""
+    server = await serve()
+    client = await Client.open(server.port)
+    for _ in range(2):
+        await client.send(headed(b"{}"))
+        assert orjson.loads((await client.answer())[2]) == seen(b"{}")
+    await client.send(headed(b"{}", after=b"X-Id: bbbb\r\n"))
+    assert orjson.loads((await client.answer())[2]) == seen(b"{}", rid="bbbb")
+    for rid in (b"cccc", b"dddd"):
+        await client.send(headed(b"{}", before=b"X-Id: %b\r\n" % rid, after=b""))
+        assert orjson.loads((await client.answer())[2]) == seen(b"{}", rid=rid.decode())
+    client.close()
+
+
+async def test_pipelined_requests_behind_a_kept_head_are_answered_in_order(serve) -> None:
+    """Three requests with the kept head and a chunked one in one write, then a split one."""
+    server = await serve()
+    client = await Client.open(server.port)
+    await client.send(headed(b"0"))
+    await client.answer()
+    chunked = b"POST /headers HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    await client.send(
+        headed(b"a" * 5) + headed(b"b" * 15) + chunked + b"2\r\nxy\r\n0\r\n\r\n" + headed(b"c")
+    )
+    answers = [orjson.loads((await client.answer())[2]) for _ in range(4)]
+    assert answers == [
+        seen(b"a" * 5),
+        seen(b"b" * 15),
+        {"length": None, "id": None, "path": "/headers", "body": "xy"},
+        seen(b"c"),
+    ]
+    whole = headed(b"d" * 40)
+    await client.send(whole[:-25])  # the body's end comes later: llhttp's
+    await asyncio.sleep(0.05)
+    await client.send(whole[-25:])
+    assert orjson.loads((await client.answer())[2]) == seen(b"d" * 40)
+    client.close()
+
+
+async def test_a_kept_head_with_a_length_over_the_limit_is_413(serve) -> None:
+    server = await serve(max_body=100)
+    client = await Client.open(server.port)
+    for body in (b"x" * 99, b"y" * 99):
+        await client.send(headed(body))
+        assert (await client.answer())[0] == 200
+    await client.send(headed(b"z" * 150))
+    status, _, answer = await client.answer()
+    assert status == 413 and b"max_body_bytes=100" in answer
+    assert await client.closed()
+
+
+async def test_an_answer_while_polling_extends_the_window(serve) -> None:
+    """An answer that goes out while the loop still polls for the request (the kick without
+    its call: `hot` set) makes the window run from the answer, not from the request."""
+    server = await serve(busy_poll=0.6)
+    client = await Client.open(server.port)
+    post = b"POST /?delay=0.3 HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nslow"
+    await client.send(post)  # the request's window would close at 0.6 s, the answer's at 0.9
+    assert (await client.answer())[2] == b"slow"
+    await asyncio.sleep(0.4)
+    assert await _cpu_while_waiting(0.2) > 0.08  # 0.7-0.9 s: still polling
+
+
+async def test_a_handler_answers_early_once_and_its_own_result_is_dropped() -> None:
+    """`Request.answer_early` writes once (True), then says it answered already (False);
+    the handler's own result is dropped."""
+    said: list[bool] = []
+
+    async def early_then(request: Request) -> Response:
+        said.append(request.answer_early((200, b'{"early":1}')))
+        said.append(request.answer_early((200, b'{"again":1}')))
+        await asyncio.sleep(0.01)
+        return 200, b'{"dropped":1}'
+
+    server = HttpServer(lambda method, path: early_then if path == b"/early" else echo)
+    await server.start("127.0.0.1", 0)
+    client = await Client.open(server.port)
+    await client.send(b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    assert (await client.answer())[2] == b'{"early":1}'
+    await client.send(raw_post(b"next"))
+    assert (await client.answer())[2] == b"next"  # not the early handler's own result
+    assert said == [True, False]
+    client.close()
+    await server.close()
+
+
+async def test_a_kept_http10_keep_alive_head_answers_as_llhttps_way(serve) -> None:
+    """An HTTP/1.0 client with `Connection: keep-alive`: every answer behind the kept head
+    says keep-alive and the connection stays; the same head without it is closed."""
+    server = await serve()
+    client = await Client.open(server.port)
+    head = b"POST / HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: %d\r\n\r\n%b"
+    for body in (b"a", b"bb", b"c" * 12):
+        await client.send(head % (len(body), body))
+        status, headers, answer = await client.answer()
+        assert (status, answer, headers["connection"]) == (200, body, "keep-alive")
+    await client.send(b"POST / HTTP/1.0\r\nConnection: close\r\nContent-Length: 1\r\n\r\nz")
+    status, headers, answer = await client.answer()
+    assert (answer, headers["connection"]) == (b"z", "close")
+    assert await client.closed()

@@ -228,3 +228,22 @@ async def test_early_answers_keep_pipelined_order_and_the_books(make_api, fake_n
     }
     assert counted.get('chain="1337",node="slow",outcome="ok"') == 2.0, counted
     assert counted.get('chain="1338",node="fast",outcome="ok"') == 1.0, counted
+
+
+async def test_a_path_follows_its_chain_as_pools_come_and_go(make_api, fake_nodes) -> None:
+    """The data route keeps what a path resolved to until the routing state changes: a
+    chain unknown at first is served once a node is added for it (over HTTP: no node in
+    this process), and unknown again once its last node is removed."""
+    node = await fake_nodes("s", "state")
+    api = await make_api()
+    assert api.proxy.upstream.registry is None  # (the route without in-process nodes)
+    body = orjson.dumps(balance())
+    status, raw = await raw_rpc(api, body)
+    assert status == 404 and b"unknown chain" in raw
+    await api.add("1337", node)
+    status, raw = await raw_rpc(api, body)
+    assert status == 200 and b'"result"' in raw, raw
+    status, answer = await api.post(f"/1337/deleteNode/{node.name}", {})
+    assert status == 200, answer
+    status, raw = await raw_rpc(api, body)
+    assert status == 404 and b"unknown chain" in raw

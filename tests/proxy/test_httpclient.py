@@ -250,3 +250,89 @@ async def test_an_answer_larger_than_max_answer_bytes_fails_at_once(server) -> N
     with pytest.raises(AnswerTooLarge, match="50000 bytes"):
         await pool.post(b"{}")
     pool.close()
+
+
+# ---- the node's usual answer head, read without llhttp (`_Connection._plain`) -------------
+
+
+def headed(body: bytes, extra: bytes = b"") -> bytes:
+    """An answer as the project's nodes send it: the length between two other headers."""
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%b"
+        b"Date: Wed, 25 Nov 2026 14:00:00 GMT\r\n\r\n%b" % (len(body), extra, body)
+    )
+
+
+async def test_answers_with_the_same_head_but_their_length_are_read_whole(server) -> None:
+    """Bodies of 1, 9, 10, 100 and 0 bytes behind one head: each read as it is (the length's
+    digits change in number too), on one connection, the later ones without llhttp."""
+    bodies = [b"1", b"2" * 9, b"3" * 10, b"4" * 100, b"", b"5" * 12]
+    answers = iter(bodies)
+
+    def respond(req: bytes) -> bytes:
+        return headed(next(answers))
+
+    url, stats = await server(respond)
+    pool = HostPool(url, limit=1)
+    got = [await pool.post(b"{}") for _ in bodies]
+    assert got == [(200, body) for body in bodies]
+    assert stats["connections"] == 1
+    conn = pool._idle[0]
+    assert conn.plain is not None and conn.plain_hits  # the shortcut was taken
+    pool.close()
+
+
+async def test_a_kept_head_does_not_read_an_answer_whose_other_headers_differ(server) -> None:
+    """`Connection: close` after the length, in an answer of the same size as the last,
+    where that had another header: llhttp reads it, so the connection is not reused (a kept
+    head read as the same would keep it)."""
+    pad, close = b"X-Padding-0: abcd\r\n", b"Connection: close\r\n"
+    assert len(pad) == len(close)
+    answers = iter([headed(b"ab", pad), headed(b"cd", pad), headed(b"ef", close)])
+    url, stats = await server(lambda req: next(answers, headed(b"gh")))
+    pool = HostPool(url, limit=1)
+    assert [await pool.post(b"{}") for _ in range(4)] == [
+        (200, b"ab"),
+        (200, b"cd"),
+        (200, b"ef"),
+        (200, b"gh"),
+    ]
+    assert stats["connections"] == 2
+    pool.close()
+
+
+async def test_a_kept_head_with_its_body_in_later_reads_goes_to_llhttp() -> None:
+    """The answer's body comes after a pause: the kept head does not take half an answer."""
+    sent = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(headed(b"x" * 20))
+        await read_request(reader)
+        writer.write(headed(b"y" * 30)[:-10])
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"z" * 10)
+        await writer.drain()
+        await sent.wait()
+        writer.close()
+
+    port = free_port()
+    srv = await asyncio.start_server(handle, "127.0.0.1", port)
+    pool = HostPool(f"http://127.0.0.1:{port}/", limit=1)
+    assert await pool.post(b"{}") == (200, b"x" * 20)
+    assert await pool.post(b"{}") == (200, b"y" * 20 + b"z" * 10)
+    sent.set()
+    pool.close()
+    srv.close()
+    await srv.wait_closed()
+
+
+async def test_a_kept_head_still_refuses_an_answer_over_max_answer_bytes(server) -> None:
+    answers = iter([headed(b"a" * 10), headed(b"b" * 50)])
+    url, _ = await server(lambda req: next(answers))
+    pool = HostPool(url, limit=1, max_answer=40)
+    assert await pool.post(b"{}") == (200, b"a" * 10)
+    with pytest.raises(AnswerTooLarge):
+        await pool.post(b"{}")
+    pool.close()
