@@ -32,6 +32,14 @@ AnswerLater = Callable[[list[Any]], "asyncio.Future[list[Any]] | None"]
 # skips its own checks of what the proxy checked; the answers and error positions are the ones
 # AnswerItems gives for those items, and None when any of them needs the BodyHandler.
 AnswerChecked = Callable[[str, list[Any], list[int]], list[Any] | None]
+# AnswerChecked for items the caller has not checked: (method, size, keys, items, errors,
+# found); the node checks in its own loop that each item is a request object of the method
+# with an int or string id and a list of `size` params whose last is a key of `keys`, and
+# appends `keys[last]` of each to `found` (the proxy's route per block text); None when one is
+# not, as when one needs the BodyHandler.
+AnswerKeyed = Callable[
+    [str, int, dict[str, Any], list[Any], list[int], list[Any]], list[Any] | None
+]
 # Told the seconds AnswerItems calls took once the caller keeps their answers: the caller may
 # instead send the body again the usual way (BodyHandler), and the node must count it once.
 # One or more calls at once, in any order: the proxy folds its in-process singles' counts in per
@@ -49,6 +57,7 @@ class InprocRegistry:
         self._answered: dict[str, ItemsAnswered] = {}
         self._later: dict[str, AnswerLater] = {}
         self._checked: dict[str, AnswerChecked] = {}
+        self._keyed: dict[str, AnswerKeyed] = {}
         self.version = 0  # bumped on every change: callers may keep what they resolved
 
     def register(
@@ -60,11 +69,12 @@ class InprocRegistry:
         items_answered: ItemsAnswered | None = None,
         answer_later: AnswerLater | None = None,
         answer_checked: AnswerChecked | None = None,
+        answer_keyed: AnswerKeyed | None = None,
     ) -> str:
         """Register a handler under `name` (and its fast paths, if it has them: synchronous
         for raw bodies, and for parsed items with what counts their answers, also for items
-        the caller checked; a future for parsed items it answers after awaiting); returns its
-        URL."""
+        the caller checked or has the node check; a future for parsed items it answers after
+        awaiting); returns its URL."""
         self._handlers[name] = handler
         self.version += 1
         fast_paths = (
@@ -73,6 +83,7 @@ class InprocRegistry:
             (self._answered, items_answered),
             (self._later, answer_later),
             (self._checked, answer_checked),
+            (self._keyed, answer_keyed),
         )
         for table, fast in fast_paths:
             if fast is not None:
@@ -89,6 +100,7 @@ class InprocRegistry:
         self._answered.pop(name, None)
         self._later.pop(name, None)
         self._checked.pop(name, None)
+        self._keyed.pop(name, None)
 
     def resolve(self, url: str) -> BodyHandler | None:
         if not url.startswith(SCHEME):
@@ -111,6 +123,11 @@ class InprocRegistry:
         """The synchronous path for checked items of one method registered for `url`, if
         any."""
         return self._checked.get(url[len(SCHEME) :]) if url.startswith(SCHEME) else None
+
+    def resolve_keyed(self, url: str) -> AnswerKeyed | None:
+        """The synchronous path for items of one method that the node checks for its caller
+        and keys by their last param, registered for `url`, if any."""
+        return self._keyed.get(url[len(SCHEME) :]) if url.startswith(SCHEME) else None
 
     def resolve_later(self, url: str) -> AnswerLater | None:
         """The path for parsed items answered as a future registered for `url`, if any."""

@@ -115,7 +115,13 @@ class InprocBooks:
             entry[3].append(elapsed)
 
     def shared(
-        self, chain: str, pool: Pool, method: str, elapsed: float, counted: list[Any]
+        self,
+        chain: str,
+        pool: Pool,
+        method: str,
+        elapsed: float,
+        counted: list[Any],
+        seconds: float,
     ) -> None:
         """A batch of `method` answered by one call (`elapsed` seconds) of a node entered
         under several entries (`InprocPath._shared`); `counted`: each entry's node, its path
@@ -126,8 +132,9 @@ class InprocBooks:
         less than an `attempt` and a count per entry, bench/README.md "Issues 14/15, session
         10"); the node's own count too, once per entry as the engine's calls count, told at
         the fold in one call per node as the singles' are (`_fold_shared`: one Python call
-        per entry per batch less, bench/README.md "Issue 15, session 11"). The client's
-        request is booked by `request`, as any other."""
+        per entry per batch less, bench/README.md "Issue 15, session 11"). And the client's
+        request, `request(chain, "batch", seconds)`, here (inline: two Python calls per
+        batch less, bench/README.md "Issue 15, session 12")."""
         key = (id(pool), method)
         entry = self._shared.get(key)
         if entry is None:
@@ -136,13 +143,23 @@ class InprocBooks:
         if len(counted) == 1:  # (one entry: the call's time)
             node, path, n = counted[0]
             samples.append((node, n, elapsed, path[1]))
-            return
-        total = 0
-        for one in counted:
-            total += one[2]
-        share = elapsed / total  # (the items of all the entries: the call's)
-        for node, path, n in counted:
-            samples.append((node, n, share * n, path[1]))
+        else:
+            total = 0
+            for one in counted:
+                total += one[2]
+            share = elapsed / total  # (the items of all the entries: the call's)
+            for node, path, n in counted:
+                samples.append((node, n, share * n, path[1]))
+        times = self._requests.get((chain, "batch"))  # (`request`, inline)
+        if times is None:
+            self._requests[(chain, "batch")] = [seconds]
+        else:
+            times.append(seconds)
+        self.pending += 1  # (`_answered`, inline)
+        if self.pending >= FOLD_EVERY:
+            self.fold()
+        elif self._timer is None:
+            self._answered_later()
 
     def request(self, chain: str, shape: str, seconds: float) -> None:
         """`ProxyMetrics.observe(chain, shape, seconds)`, folded in later; one answer."""

@@ -43,6 +43,8 @@ class PoolRoutes:
     __slots__ = (
         "changes",
         "changes_at",
+        "heights",
+        "one",
         "paths",
         "points",
         "quick",
@@ -75,10 +77,14 @@ class PoolRoutes:
         # tag)}: the in-process path's shortcut (`InprocPath._item` returns it as it is; a
         # batch of one method looks its texts up in one dict, proxy/inprocpath.py)
         self.seen: dict[tuple[str, int], dict[str, tuple[str, list[Node], bool, bool]]] = {}
+        # the same for the texts that do not read at a tag: the routes a batch may take
+        # without a look at its tags (`InprocPath._keyed`)
+        self.heights: dict[tuple[str, int], dict[str, tuple[str, list[Node], bool, bool]]] = {}
         # (method, id of the candidates, tagged) → the one `seen` value for them: items of
         # one route share one object, so a batch compares them by identity
         self.shared: dict[tuple[str, int, bool], tuple[str, list[Node], bool, bool]] = {}
         self.paths: dict[Node, Any] | None = None  # what the caller keeps per reader, if any
+        self.one: Any = None  # what the caller keeps when every reader shares one of those
         # (method, number of params, the block param's text) → the route of a plain single
         # request whose first write needs no Ctx or Item (`Engine._quick`)
         self.quick: dict[tuple[str, int, str], QuickRoute] = {}

@@ -15,7 +15,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from chainstate.config import ConfigError
-from chainstate.inproc import AnswerChecked, AnswerItems, InprocRegistry, ItemsAnswered
+from chainstate.inproc import (
+    AnswerChecked,
+    AnswerItems,
+    AnswerKeyed,
+    InprocRegistry,
+    ItemsAnswered,
+)
 from chainstate.jsonrpc import Dispatcher, JsonRpcError, dumps
 from chainstate.rpcserver import rpc_handler
 from nodes.state.hot import HotState
@@ -98,6 +104,9 @@ class StateNode:
         # answer_checked(method, items): answer_items for items the proxy checked already
         # (one method, request objects with int or string ids): not counted there either
         self.answer_checked: AnswerChecked = self.reads.answer_checked
+        # answer_keyed(method, size, keys, items, errors, found): answer_checked for items the
+        # node checks itself, with each item's route (`keys[its last param]`) for the proxy
+        self.answer_keyed: AnswerKeyed = self.reads.answer_keyed
         self.items_answered: ItemsAnswered = self.metrics.request_seconds.observe_all
         self._task: asyncio.Task[None] | None = None
         self.leader: LeaderWatch | None = None
@@ -177,6 +186,7 @@ class StateNode:
             self.items_answered,
             self.answer_later,
             self.answer_checked,
+            self.answer_keyed,
         )
 
     async def close(self) -> None:

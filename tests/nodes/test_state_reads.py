@@ -258,6 +258,76 @@ async def test_answer_checked_answers_as_answer_items(tmp_path: Path) -> None:
         await node.close()
 
 
+def keyed_ok(one: Any, method: str, size: int, keys: dict[str, Any]) -> bool:
+    """Whether `answer_keyed(method, size, keys, …)` takes the item: a request object of the
+    method with an int or string id, `"jsonrpc": "2.0"` and a list of `size` params whose
+    last is a key of `keys` (spelled out here, not as the node checks it)."""
+    if not isinstance(one, dict) or one.get("method") != method or one.get("jsonrpc") != "2.0":
+        return False
+    if type(one.get("id")) not in (int, str):
+        return False
+    params = one.get("params")
+    if type(params) is not list or len(params) != size or not params:
+        return False
+    return isinstance(params[-1], str) and params[-1] in keys
+
+
+async def test_answer_keyed_checks_each_item_and_answers_as_answer_checked(
+    tmp_path: Path,
+) -> None:
+    """The proxy's path for items the node checks itself: for a batch whose every item is a
+    request object of the method, with an int or string id, `"jsonrpc": "2.0"` and as many
+    params as given, the last a key of `keys`, it answers what `answer_checked` answers (the
+    same answers and error positions) and gives `keys[last]` of each item in order; any
+    other item in the batch (another method or params' length, a block text not a key, a
+    bool, float or missing id, an envelope `answer_checked` declines, not an object) makes
+    it None. Each item alone and amid good ones, before and after the node holds blocks."""
+    node = await make_node(tmp_path, kind="state", window=16, hot_blocks=4)
+    try:
+        chain, addrs = random_chain(seed=27, blocks=40)
+        extra: list[Any] = [
+            {"jsonrpc": "2.0", "id": "s", "method": "eth_getBalance", "params": [A, "0x3"]},
+            {"jsonrpc": "2.0", "id": 1.5, "method": "eth_getBalance", "params": [A, "0x3"]},
+            {"jsonrpc": "2.0", "method": "eth_getBalance", "params": [A, "0x3"]},
+            {"jsonrpc": "2.0", "id": None, "method": "eth_getBalance", "params": [A, "0x3"]},
+            {"id": 2, "method": "eth_getBalance", "params": [A, "0x3"]},
+            {"jsonrpc": "2.0", "id": 3, "method": "eth_getBalance", "params": [A, "0x4"]},
+            {"jsonrpc": "2.0", "id": 4, "method": "eth_getBalance", "params": [A, ["0x3"]]},
+            {"jsonrpc": "2.0", "id": 5, "method": "eth_getBalance", "params": {"a": A, "b": "0x3"}},
+            {"jsonrpc": "2.0", "id": 6, "method": "eth_getBalance", "params": "0x3"},
+            {"jsonrpc": "2.0", "id": 7, "method": "eth_getStorageAt", "params": [A, "0x0", "0x3"]},
+            {"jsonrpc": "2.0", "id": 8, "method": "eth_getStorageAt", "params": [A, "0x3"]},
+            {"jsonrpc": "2.0", "id": 9, "method": "eth_getBalance", "params": [A, "0x0", "0x3"]},
+            ["eth_getBalance", A, "0x3"],
+        ]
+        keys = {text: ("route", text) for text in ("0x3", "0x14", "0x99", "latest", "bad")}
+        for stage in ("empty", "with blocks"):
+            good = [one for one in read_batch(addrs[:3], 20) if one["method"] == "eth_getBalance"]
+            good += read_batch(addrs[:1], 3)[:1]
+            items = [*BAD_ITEMS, *extra, *read_batch(addrs[:2], 20)]
+            for one in items:
+                for method, size in (("eth_getBalance", 2), ("eth_getStorageAt", 3)):
+                    batches = [[one], [*good, one, *good[:1]]] if size == 2 else [[one]]
+                    for batch in batches:
+                        found: list[Any] = []
+                        errors: list[int] = []
+                        got = node.answer_keyed(method, size, keys, batch, errors, found)
+                        if not all(keyed_ok(x, method, size, keys) for x in batch):
+                            assert got is None, (stage, batch)
+                            continue
+                        want: list[int] = []
+                        assert got == node.answer_checked(method, batch, want), (stage, batch)
+                        assert errors == want and got is not None, (stage, batch)
+                        assert found == [keys[x["params"][-1]] for x in batch], (stage, batch)
+            if stage == "empty":
+                await apply(node, chain, 0)
+        found = []
+        assert node.answer_keyed("eth_getBalance", 2, keys, good, [], found) is not None
+        assert len(found) == len(good) > 3
+    finally:
+        await node.close()
+
+
 async def test_batch_longer_than_max_batch_is_refused(tmp_path: Path) -> None:
     node = await make_node(tmp_path, max_batch=3)
     try:

@@ -40,13 +40,13 @@ async def start_proxied(
 ):
     """(api, node, calls): the first `blocks` blocks of `chain` in a real state node, entered
     twice (as a state and an archive node); `calls` counts the bodies its synchronous paths
-    for parsed items answered ("items"), and those of them its path for checked items of one
-    method answered ("checked")."""
+    for parsed items answered ("items"), those of them its paths for items of one method
+    answered ("checked"), and of those its path that checks the items itself ("keyed")."""
     node = await make_node(tmp_path, kind="archive", hot_blocks=4)
     for raw in chain.blocks[:blocks]:
         await node.ingest._apply(parse_vendor_block(raw))
     registry = InprocRegistry()
-    calls = {"items": 0, "checked": 0}
+    calls = {"items": 0, "checked": 0, "keyed": 0}
 
     def answer_items(items: list[Any], errors: list[int]) -> list[Any] | None:
         answers = node.answer_items(items, errors)
@@ -59,6 +59,14 @@ async def start_proxied(
         calls["checked"] += answers is not None
         return answers
 
+    def answer_keyed(
+        method: str, size: int, keys: Any, items: list[Any], errors: list[int], found: list[Any]
+    ) -> list[Any] | None:
+        answers = node.answer_keyed(method, size, keys, items, errors, found)
+        for counter in ("items", "checked", "keyed"):
+            calls[counter] += answers is not None
+        return answers
+
     url = registry.register(
         node.key,
         node.handle_body,
@@ -66,8 +74,10 @@ async def start_proxied(
         answer_items,
         node.items_answered,
         answer_checked=answer_checked,
+        answer_keyed=answer_keyed,
     )
     api = await make_api(fast_settings(**settings), registry=registry, tracer=tracer)
+    api.registry = registry  # (for a test that enters the node once more)
     for kind in ("state", "archive"):
         status, answer = await api.post(
             f"/{CHAIN}/addNode", {"key": kind, "url": url, "kind": kind}
@@ -440,7 +450,8 @@ async def test_params_of_a_seen_block_text_are_still_checked(tmp_path: Path, mak
 
 def books(api, node) -> dict[Any, int]:
     """What the proxy and the node counted so far: requests per (method, outcome), attempts
-    per outcome and latency samples (the proxy's), and bodies (the node's request_seconds)."""
+    per outcome, latency samples and client requests per shape (the proxy's), and bodies
+    (the node's request_seconds)."""
     metrics = api.proxy.metrics
     metrics.settle()  # the in-process answers' books folded in
     hot = metrics.hot
@@ -450,6 +461,8 @@ def books(api, node) -> dict[Any, int]:
     for (_, _, outcome), n in hot.attempts.items():
         out[("attempts", outcome)] = out.get(("attempts", outcome), 0) + n
     out["upstream_seconds"] = sum(sum(h.counts) for h in hot.upstream_latency.values())
+    for (_, shape), hist in hot.latency.items():  # (single, batch: the client's latency)
+        out[("requests", shape)] = out.get(("requests", shape), 0) + sum(hist.counts)
     out["node_bodies"] = sum(node.metrics.request_seconds.counts)
     return out
 
@@ -676,12 +689,26 @@ async def test_a_batch_of_one_method_goes_to_the_nodes_path_for_checked_items(
             item(i, "eth_getStorageAt", addrs[i % 3], slots[i % 4], hex(20 + i % 2))
             for i in range(5)
         ]
-        batches = ((one_route, 1), (two_routes, 1), (mixed, 0), (storage, 1), (storage_one, 1))
-        for batch, checked in batches:
+        # (the batch, answered by a path for one method, by the one the node checks the
+        # items in: `_keyed`, once its block texts were seen for the method)
+        batches = (
+            (one_route, 1, 1),
+            (two_routes, 1, 1),
+            (mixed, 0, 0),
+            (storage, 1, 0),
+            (storage_one, 1, 0),
+            (storage, 1, 1),
+            (storage_one, 1, 1),
+        )
+        for batch, checked, keyed in batches:
             before = dict(calls)
             status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(batch))
             assert status == 200 and [a["id"] for a in orjson.loads(raw)] == list(range(len(batch)))
-            assert calls == {"items": before["items"] + 1, "checked": before["checked"] + checked}
+            assert calls == {
+                "items": before["items"] + 1,
+                "checked": before["checked"] + checked,
+                "keyed": before["keyed"] + keyed,
+            }
         for declined in (
             {**one_route[1], "jsonrpc": "1.0"},
             {k: v for k, v in one_route[1].items() if k != "jsonrpc"},
@@ -689,6 +716,81 @@ async def test_a_batch_of_one_method_goes_to_the_nodes_path_for_checked_items(
             before = dict(calls)
             status, raw = await both(api, orjson.dumps([one_route[0], declined]))
             assert calls == before and b'"result"' in raw and b'"error"' in raw, raw  # the engine's
+    finally:
+        await node.close()
+
+
+async def test_a_batch_on_one_nodes_entries_is_checked_by_the_node_as_it_answers(
+    tmp_path: Path, make_api
+) -> None:
+    """When every reader of the pool is one node in process (a state and an archive entry), a
+    batch of one method whose block texts were all seen as heights is given to the node's
+    path that checks the items itself and gives each one's route (`_keyed`): one route or
+    two, each answer and book the engine's. Not given to it (the node not called there): a
+    batch with a text not seen yet (the general path learns it, the next one is), several
+    methods, a text seen as a tag, a reader that failed lately or has a failure on its
+    breaker (whichever entry the items would take: the engine's), a pool with an entry
+    whose path is another; an error answer from it leaves the body to the engine."""
+    chain, addrs = random_chain(seed=42, blocks=24)
+    api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, state_window=8)
+    try:
+        for height in (2, 3, 20, 21):  # archive only / both entries (head 23, window 8)
+            await both(api, orjson.dumps(item(1, "eth_getBalance", addrs[0], hex(height))))
+        await both(api, orjson.dumps(item(1, "eth_getBalance", addrs[0], "latest")))
+
+        async def sent(batch: list[Any], keyed: int, items: int | None) -> bytes:
+            """The answer to `batch` (the engine's, booked as the engine books it), for which
+            the node's keyed path answered `keyed` times and its paths `items` times (None:
+            as the picks fall)."""
+            before = dict(calls)
+            status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(batch))
+            assert status == 200, raw
+            assert calls["keyed"] - before["keyed"] == keyed, (batch, calls, before)
+            if items is not None:
+                assert calls["items"] - before["items"] == items, (batch, calls, before)
+            return raw
+
+        def balances(heights: Any, method: str = "eth_getBalance") -> list[Any]:
+            return [item(i, method, addrs[i % 3], h) for i, h in enumerate(heights)]
+
+        one_route = balances(["0x14", "0x15"] * 3)
+        two_routes = balances(["0x2", "0x15", "0x15", "0x3", "0x14"])
+        before = served_by(api)
+        raw = await sent(one_route, 1, 1)
+        assert raw.count(b'"result"') == 6
+        raw = await sent(two_routes, 1, 1)
+        assert [a["id"] for a in orjson.loads(raw)] == list(range(5))
+        grew = {k: n - before.get(k, 0) for k, n in served_by(api).items()}
+        assert grew["archive"] + grew["state"] == 2 * 11 and grew["archive"] >= 2 * 2
+        new_text = balances(["0x14", "0x16", "0x2"])
+        await sent(new_text, 0, 1)  # (the general path, item by item: "0x16" now seen)
+        await sent(new_text, 1, 1)
+        mixed = [*balances(["0x14"]), item(1, "eth_getCode", addrs[1], "0x14")]
+        await both(api, orjson.dumps(item(1, "eth_getCode", addrs[1], "0x14")))
+        await sent(mixed, 0, 1)
+        await sent(balances(["latest", "latest"]), 0, 1)  # (a tag: `_batch`'s own path)
+        await sent(balances(["0x2", "latest"]), 0, 0)  # (a tag on two entries: the engine's)
+        bad = [*balances(["0x14"]), item(1, "eth_getBalance", "0x12", "0x14")]
+        raw = await sent(bad, 1, 1)  # (answered with an error: the engine's answer)
+        assert b'"error"' in raw and b'"result"' in raw
+        readers = api.proxy.state.pools[CHAIN].readers
+        archive = next(n for n in readers if n.key == "archive")
+        state = next(n for n in readers if n.key == "state")
+        archive.fails = 1  # (items picked on the state entry: answered by `_batch`'s path)
+        await sent(one_route, 0, None)
+        archive.fails = 0
+        state.breaker.failures = 1
+        await sent(two_routes, 0, 0)
+        state.breaker.failures = 0
+        await sent(two_routes, 1, 1)
+        # a third entry of the node through its path for parsed items alone: not one path
+        url = api.registry.register("plain", node.handle_body, answer_items=node.answer_items)
+        status, answer = await api.post(
+            f"/{CHAIN}/addNode", {"key": "plain", "url": url, "kind": "archive"}
+        )
+        assert status == 201, answer  # (its head not polled: the tracker is closed)
+        for batch in (one_route, two_routes, one_route, two_routes):  # (texts seen afresh)
+            await sent(batch, 0, 1)  # (`_batch`'s own path)
     finally:
         await node.close()
 
@@ -725,6 +827,7 @@ async def test_a_single_goes_to_the_nodes_path_for_checked_items(tmp_path: Path,
                 assert b'"result"' in raw and calls == {
                     "items": before["items"] + 1,
                     "checked": before["checked"] + 1,
+                    "keyed": before["keyed"],
                 }, (single, raw)
         seen = item(9, "eth_getStorageAt", addrs[1], "0x1", "0x15")
         for declined in (
