@@ -41,19 +41,23 @@ async def start_proxied(
     """(api, node, calls): the first `blocks` blocks of `chain` in a real state node, entered
     twice (as a state and an archive node); `calls` counts the bodies its synchronous paths
     for parsed items answered ("items"), those of them its paths for items of one method
-    answered ("checked"), and of those its path that checks the items itself ("keyed")."""
+    answered ("checked"), and of those its path that checks the items itself ("keyed");
+    `api.asked[0]` counts every call of those paths, answered or declined."""
     node = await make_node(tmp_path, kind="archive", hot_blocks=4)
     for raw in chain.blocks[:blocks]:
         await node.ingest._apply(parse_vendor_block(raw))
     registry = InprocRegistry()
     calls = {"items": 0, "checked": 0, "keyed": 0}
+    asked = [0]  # every call of those paths, answered or declined (`api.asked`)
 
     def answer_items(items: list[Any], errors: list[int]) -> list[Any] | None:
+        asked[0] += 1
         answers = node.answer_items(items, errors)
         calls["items"] += answers is not None
         return answers
 
     def answer_checked(method: str, items: list[Any], errors: list[int]) -> list[Any] | None:
+        asked[0] += 1
         answers = node.answer_checked(method, items, errors)
         calls["items"] += answers is not None
         calls["checked"] += answers is not None
@@ -62,6 +66,7 @@ async def start_proxied(
     def answer_keyed(
         method: str, size: int, keys: Any, items: list[Any], errors: list[int], found: list[Any]
     ) -> list[Any] | None:
+        asked[0] += 1
         answers = node.answer_keyed(method, size, keys, items, errors, found)
         for counter in ("items", "checked", "keyed"):
             calls[counter] += answers is not None
@@ -78,6 +83,7 @@ async def start_proxied(
     )
     api = await make_api(fast_settings(**settings), registry=registry, tracer=tracer)
     api.registry = registry  # (for a test that enters the node once more)
+    api.asked = asked
     for kind in ("state", "archive"):
         status, answer = await api.post(
             f"/{CHAIN}/addNode", {"key": kind, "url": url, "kind": kind}
@@ -179,6 +185,24 @@ async def test_every_other_body_goes_to_the_engine(proxied, body: bytes) -> None
     if b"0x999" in body:
         assert orjson.loads(raw)["error"]["code"] == -39006
     del status
+
+
+async def test_a_batch_of_eth_calls_is_not_routed_nor_given_to_the_nodes_plain_paths(
+    proxied,
+) -> None:
+    """eth_calls are never plain reads: a batch of them goes to the engine (which hands them
+    to the node's future) without the in-process path routing the items and asking the node's
+    synchronous paths, which would decline them; also at block texts seen by plain reads, and
+    also the second time (no route is kept for them)."""
+    api, _, addrs, _ = proxied
+    read = item(1, "eth_getBalance", addrs[0], "0x3")
+    status, _ = await both(api, orjson.dumps([read, {**read, "id": 2}]))
+    assert status == 200 and api.asked == [1]  # "0x3" is a seen text now
+    call = {"jsonrpc": "2.0", "method": "eth_call", "params": [{"to": addrs[0]}, "0x3"]}
+    for _ in range(2):
+        status, raw = await both(api, orjson.dumps([{**call, "id": 7}, {**call, "id": 8}]))
+        assert status == 200 and [a["id"] for a in orjson.loads(raw)] == [7, 8], raw
+        assert api.asked == [1], raw
 
 
 async def test_bodies_at_a_seen_block_text_that_are_not_plain_reads_go_to_the_engine(
