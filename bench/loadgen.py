@@ -357,6 +357,19 @@ class LoadSettings:
         return conns, reqs
 
 
+def _counted(stats: Stats) -> dict[str, Any]:
+    """The fields of a `BenchResult` that come from its counters."""
+    return {
+        "requests": stats.requests,
+        "requests_ok": stats.requests_ok,
+        "items_ok": stats.items_ok,
+        "items_err": stats.items_err,
+        "errors": dict(sorted(stats.errors.items())),
+        "latency_ns": _latency(stats.hist),
+        "stats": stats,
+    }
+
+
 def _latency(h: Histogram) -> dict[str, float]:
     """The latency figures a result reports, from its histogram (ns)."""
     return {
@@ -398,13 +411,7 @@ class BenchResult:
             processes=settings.processes,
             items_per_request=items,
             elapsed_s=elapsed,
-            requests=stats.requests,
-            requests_ok=stats.requests_ok,
-            items_ok=stats.items_ok,
-            items_err=stats.items_err,
-            errors=dict(sorted(stats.errors.items())),
-            latency_ns=_latency(stats.hist),
-            stats=stats,
+            **_counted(stats),
         )
 
     @classmethod
@@ -416,17 +423,7 @@ class BenchResult:
             if run.stats is None:
                 raise ValueError("a run without its counters cannot be merged")
             total.merge(run.stats)
-        return replace(
-            runs[0],
-            elapsed_s=sum(run.elapsed_s for run in runs),
-            requests=total.requests,
-            requests_ok=total.requests_ok,
-            items_ok=total.items_ok,
-            items_err=total.items_err,
-            errors=dict(sorted(total.errors.items())),
-            latency_ns=_latency(total.hist),
-            stats=total,
-        )
+        return replace(runs[0], elapsed_s=sum(run.elapsed_s for run in runs), **_counted(total))
 
     @property
     def req_per_s(self) -> float:

@@ -246,6 +246,22 @@ class Request(_Slot):
 MAX_PLAINS = 16  # heads a connection may keep (a client whose head keeps changing: llhttp's)
 
 
+def length_digits(chunk: bytes, end: int) -> tuple[int, int] | None:
+    """Where the Content-Length value of the head `chunk[:end]` (it ends with CRLF CRLF) is:
+    (start, stop) of its digits, right after `:` and optional spaces with nothing after them
+    on their line; None when there is no such header or its value is not only digits. A
+    connection keeping a head reads the next ones by these digits (`_Connection._plain`
+    here, the node client's in proxy/httpclient.py)."""
+    name = chunk[:end].lower().find(b"\r\ncontent-length:")
+    if name < 0:
+        return None
+    start = name + 17
+    while chunk[start : start + 1] in (b" ", b"\t"):
+        start += 1
+    stop = chunk.find(b"\r\n", start, end)
+    return (start, stop) if stop > start and chunk[start:stop].isdigit() else None
+
+
 class _Plain:
     """A head llhttp read on a connection, kept to read the client's next ones without it:
     the bytes before and after its Content-Length digits, and what llhttp's callbacks made
@@ -445,15 +461,10 @@ class _Connection(asyncio.Protocol):
         end = chunk.find(b"\r\n\r\n") + 4
         if end < 4 or len(chunk) - end != len(raw):
             return  # the request was not all of the read
-        name = chunk[:end].lower().find(b"\r\ncontent-length:")
-        if name < 0:
+        span = length_digits(chunk, end)
+        if span is None or chunk[span[0] : span[1]] != value:
             return
-        start = name + 17
-        while chunk[start : start + 1] in (b" ", b"\t"):
-            start += 1
-        stop = start + len(value)
-        if chunk[start:stop] != value or chunk[stop : stop + 2] != b"\r\n":
-            return
+        start, stop = span
         self.plains += 1
         self.plain = _Plain(
             chunk[:start], chunk[stop:end], self.method, self.path, self.query, dict(headers),

@@ -271,60 +271,25 @@ def create_server(app: web.Application) -> HttpServer:
             if len(handlers) >= MAX_DATA_PATHS:
                 handlers.clear()
             chain_id = _chain_id(path)
-            if inproc is None:
-                handler = _engine_data(engine, chain_id)
-            else:
-                handler = _inproc_data(proxy, inproc, chain_id)
-            handlers[path] = handler
+            handler = handlers[path] = _data(engine, inproc, chain_id)
             return handler
         return None
 
     return HttpServer(route, limits=server_limits(proxy.settings), fallback=app, name="proxy")
 
 
-def _engine_data(engine: Engine, chain_id: str) -> Handler:
-    """The data route's handler of one path (`chain_id`) when no node is in this process (or
-    tracing is on): the engine's coroutine, unwrapped; an unknown chain or an overloaded
+def _data(engine: Engine, inproc: InprocPath | None, chain_id: str) -> Handler:
+    """The data route's handler of one path (`chain_id`): with nodes in this process
+    (`inproc`), plain reads answered at once by it, never queued, so not admitted
+    (proxy/inprocpath.py); the rest (everything without `inproc`: no node in this process,
+    or tracing on) the engine's coroutine, unwrapped; an unknown chain or an overloaded
     pool is answered at once (no task for a refusal: 10,000 clients at once stay cheap).
-
-    As in `_inproc_data`, the path's (chain, pool) as `Engine.resolve` found them is kept
-    until the routing state changes (`RoutingState.changes`): three Python calls less per
-    request before the write to the node (bench/README.md "Issue 14, session 12")."""
-    state = engine.state
-    found: tuple[str, Pool] | None = None
-    resolved_at = -1  # (`changes` counts from 0: resolved at the first request)
-
-    def data(request: Request) -> Awaitable[Response] | Response | None:
-        nonlocal found, resolved_at
-        if resolved_at != state.changes:
-            found = engine.resolve(chain_id)
-            resolved_at = state.changes
-        admitted = engine.admit_resolved(chain_id, found)
-        if type(admitted) is tuple:
-            return admitted
-        return engine.start(  # None: answered from the node's callback, or in a task
-            chain_id,
-            request.body,
-            request.headers,  # type: ignore[arg-type]
-            admitted,  # type: ignore[arg-type]
-            request.answer_early,
-            request.answer_later,
-        )
-
-    return data
-
-
-def _inproc_data(proxy: Proxy, inproc: InprocPath, chain_id: str) -> Handler:
-    """The data route's handler of one path (`chain_id`) with nodes in this process: plain
-    reads answered at once by `inproc`, never queued, so not admitted (proxy/inprocpath.py);
-    the rest as `_engine_data`.
 
     The path's (chain, pool) as `Engine.resolve` found them (None: unknown) is kept until
     the routing state changes (`RoutingState.changes`): ~3k instructions per request less
-    (bench/README.md "Issues 14/15, session 9 … Round 2")."""
-    engine = proxy.engine
-    state = proxy.state
-    answer = inproc.answer
+    (bench/README.md "Issues 14/15, session 9 … Round 2", "Issue 14, session 12")."""
+    state = engine.state
+    answer = None if inproc is None else inproc.answer
     found: tuple[str, Pool] | None = None
     chain = ""  # (found's two parts, kept apart: no subscripts per request)
     pool: Pool | None = None
@@ -336,7 +301,7 @@ def _inproc_data(proxy: Proxy, inproc: InprocPath, chain_id: str) -> Handler:
             found = engine.resolve(chain_id)
             chain, pool = found if found is not None else ("", None)
             resolved_at = state.changes
-        if pool is not None:
+        if answer is not None and pool is not None:
             answered = answer(chain, pool, request.body, request.headers)
             if answered is not None:
                 return answered

@@ -23,6 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
+from chainstate.httpserver import length_digits
 from proxy.buffers import ByteBudget
 
 log = logging.getLogger(__name__)
@@ -218,16 +219,11 @@ class _Connection(asyncio.Protocol):
         answer without changing how llhttp reads it: the digits right after `:` and
         optional spaces, nothing after them on their line, no Transfer-Encoding."""
         end = chunk.find(b"\r\n\r\n") + 4
-        head = chunk[:end].lower()
-        name = head.find(b"\r\ncontent-length:")
-        if name < 0 or head.find(b"\r\ntransfer-encoding:") >= 0:
+        span = length_digits(chunk, end)
+        if span is None or chunk[:end].lower().find(b"\r\ntransfer-encoding:") >= 0:
             return
-        start = name + 17
-        while chunk[start : start + 1] in (b" ", b"\t"):
-            start += 1
-        stop = chunk.find(b"\r\n", start, end)
-        digits = chunk[start:stop]
-        if not digits.isdigit() or int(digits) != self.length:
+        start, stop = span
+        if int(chunk[start:stop]) != self.length:
             return
         if self.plain is not None and not self.plain_hits:
             self.plains += 1  # a head kept for nothing: a node whose head keeps changing
