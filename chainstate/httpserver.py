@@ -525,13 +525,15 @@ class _Connection(asyncio.Protocol):
         server = self.server
         pre, post = plain.pre, plain.post
         at = len(pre)
+        after = at + 24 + len(post)  # (digits up to 24: more are over any limit anyway)
         while True:
-            stop = data.find(b"\r\n", at, at + 24)
+            # `post` starts with the CRLF ending the digits: its first place after them is
+            # where they end when they are all digits (one `find`, no `startswith`)
+            stop = data.find(post, at, after)
             digits = data[at:stop]
             if (
                 stop < 0
                 or not digits.isdigit()
-                or not data.startswith(post, stop)
                 or len(digits) >= server.body_digits  # (shorter: under the limit)
             ):
                 return data

@@ -331,13 +331,14 @@ class Engine:
         if found is None:
             return 404, _dumps_error(None, JsonRpcError(INVALID_REQUEST, self._unknown(chain_id)))
         chain, pool = found
-        admission, now = self.admission, time.perf_counter()
-        limit = admission.limit(pool, now)  # (the refusal is worked out only when over it)
-        if limit and pool.inflight >= limit:
-            refused = admission.check(pool, now)
-            if refused is not None:
-                self.metrics.refused(chain)
-                return 503, _dumps_error(None, refused), refused.header
+        if pool.inflight:  # (nothing in flight is under any limit: none worked out, as at c=1)
+            admission, now = self.admission, time.perf_counter()
+            limit = admission.limit(pool, now)  # (the refusal is worked out only when over it)
+            if limit and pool.inflight >= limit:
+                refused = admission.check(pool, now)
+                if refused is not None:
+                    self.metrics.refused(chain)
+                    return 503, _dumps_error(None, refused), refused.header
         pool.inflight += 1
         # One Admitted per pool (never changed by its users): no object per request.
         admitted = self._admitted.get(pool.id)
