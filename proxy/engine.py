@@ -586,9 +586,14 @@ class Engine:
         answer's callbacks: 29 Python functions to the write, 9 here) before it; a plain
         read needs none of them to know where its bytes go (bench/README.md "Issue 14,
         session 9")."""
-        if type(payload) is not dict or payload.get("jsonrpc") != "2.0":
+        if type(payload) is not dict:
             return None
-        method, rid, params = payload.get("method"), payload.get("id"), payload.get("params")
+        try:  # (subscripts, not four `get` calls: ~1.2k instructions less per request)
+            if payload["jsonrpc"] != "2.0":
+                return None
+            method, rid, params = payload["method"], payload["id"], payload["params"]
+        except KeyError:  # (a notification, a bad envelope: the general path's)
+            return None
         if type(method) is not str or (type(rid) is not int and type(rid) is not str):
             return None  # (a notification, a float id, a bad envelope: the general path's)
         if type(params) is not list or not params or None in params:
