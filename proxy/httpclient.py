@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
-from chainstate.httpserver import length_digits
+from chainstate.httpserver import SIZES, length_digits
 from proxy.buffers import ByteBudget
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,9 @@ class _Connection(asyncio.Protocol):
         if stop < 0 or not digits.isdigit():
             return False
         end = stop + len(post)
-        size = int(digits)
+        size = SIZES.get(digits)
+        if size is None:
+            size = int(digits)
         if len(data) - end != size:
             return False
         self.plain_hits = True
