@@ -190,6 +190,9 @@ class _Slot:
         self.early = False
 
 
+_new = object.__new__
+
+
 class Request(_Slot):
     """One complete request as a handler sees it, and its answer's place in the
     connection's queue (one object per request, not two: bench/README.md "Issue 14,
@@ -689,7 +692,21 @@ class _Connection(asyncio.Protocol):
         if not keep_alive:
             self.closing = True  # nothing after this request is read
         http10 = keep_alive and http10
-        slot = request = Request(method, path, query, headers, raw, self, not keep_alive, http10)
+        # `Request.__init__`'s stores without its call: a class whose `__init__` is Python is
+        # called through `type.__call__` and a tuple of the arguments in CPython 3.11,
+        # ~0.6k instructions more per request (bench/README.md "Issue 14, session 13")
+        slot = request = _new(Request)
+        request.method = method
+        request.path = path
+        request.query = query
+        request.headers = headers
+        request.body = raw
+        request._conn = self
+        request.data = None
+        request.close = not keep_alive
+        request.keep_alive = keep_alive
+        request.http10 = http10
+        request.early = False
         try:
             result = handler(request)
         except Exception:
