@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Awaitable
 from operator import itemgetter
 from time import perf_counter  # (one attribute lookup less than `time.perf_counter`)
 from typing import Any
@@ -56,6 +57,7 @@ from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
 from proxy.engine import Engine, access_log
 from proxy.inprocbooks import InprocBooks
+from proxy.inproccalls import calls
 from proxy.methods import LocalMethod, MethodSpec
 from proxy.model import Node, Pool
 from proxy.routes import MAX_ROUTES, PoolRoutes, RouteCache
@@ -106,7 +108,9 @@ class InprocPath:
         self._kept = self._routes.kept  # (pool id → its PoolRoutes, read by `answer`)
         self.books = InprocBooks(engine.attempts, engine.metrics)  # folded per 64 answers
 
-    def answer(self, chain: str, pool: Pool, body: bytes, headers: Headers) -> Response | None:
+    def answer(
+        self, chain: str, pool: Pool, body: bytes, headers: Headers
+    ) -> Response | Awaitable[Response] | None:
         """`chain` and `pool`: the body's, as `Engine.resolve` found them; the answer (bytes:
         a 200, as the lean server takes it) or None. Not admitted: an answer made here never
         waits (nothing is awaited between taking a place among the pool's requests in flight
@@ -149,6 +153,9 @@ class InprocPath:
             return self._single(chain, pool, routes, payload, headers, started)
         if type(payload) is not list or not 0 < len(payload) <= self.max_batch:
             return None
+        first = payload[0]
+        if type(first) is dict and first.get("method") == "eth_call":
+            return calls(self, chain, pool, routes, payload, body, headers, started)
         answered = self._batch(pool, routes, payload)
         if answered is None:
             return None
