@@ -78,17 +78,17 @@ async def test_a_batch_goes_to_the_nodes_future_once(stack) -> None:  # noqa: F8
 
 
 async def test_an_error_answer_is_kept_a_retryable_one_goes_on_in_the_loop(stack) -> None:  # noqa: F811
-    api, node, addrs, counted = await stack(**NO_CACHE)
+    api, _, addrs, counted = await stack(**NO_CACHE)
     bad = [*batch(addrs, [3, 4]), call(9, "0x12", "0x3")]  # -32602 from the node: final
     later, bodies = counted.later, counted.bodies
-    status, raw = await compare(api, counted, orjson.dumps(bad))
+    _, raw = await compare(api, counted, orjson.dumps(bad))
     assert orjson.loads(raw)[2]["error"]["code"] == -32602
     assert counted.later == later + 1 and counted.bodies == bodies + 1  # (+1: compare's)
     # A height above the node's head: -39006 from the node, retried by the engine's loop
     # (the other entry of the same node), then given up with the node's answer.
     lacking = [*batch(addrs, [3]), call(5, addrs[0], hex(BLOCKS + 50))]
     later, bodies = counted.later, counted.bodies
-    status, raw = await compare(api, counted, orjson.dumps(lacking))
+    _, raw = await compare(api, counted, orjson.dumps(lacking))
     assert orjson.loads(raw)[1]["error"]["code"] == -39006
     assert "result" in orjson.loads(raw)[0]
     assert counted.later == later + 1  # the first attempt: the future; the retry: a body
@@ -96,7 +96,7 @@ async def test_an_error_answer_is_kept_a_retryable_one_goes_on_in_the_loop(stack
 
 
 async def test_what_the_path_does_not_take_goes_to_the_engine(stack) -> None:  # noqa: F811
-    api, node, addrs, counted = await stack(**NO_CACHE)
+    api, _, addrs, counted = await stack(**NO_CACHE)
     head = hex(BLOCKS - 1)  # the proxy knows its hash: pinned by hash (the read path's)
     declined = {
         "state override": [*batch(addrs, [3]), call(2, addrs[0], "0x3", more=[{}])],
