@@ -100,6 +100,7 @@ async def test_what_the_path_does_not_take_goes_to_the_engine(stack) -> None:  #
     head = hex(BLOCKS - 1)  # the proxy knows its hash: pinned by hash (the read path's)
     declined = {
         "state override": [*batch(addrs, [3]), call(2, addrs[0], "0x3", more=[{}])],
+        "three params": [*batch(addrs, [3]), call(2, addrs[0], "0x3", more=["0x3"])],
         "a tag": [*batch(addrs, [3]), call(2, addrs[0], "latest")],
         "a known hash": [*batch(addrs, [3]), call(2, addrs[0], head)],
         "mixed": [
