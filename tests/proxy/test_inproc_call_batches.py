@@ -137,3 +137,28 @@ async def test_a_batch_that_hangs_times_out_and_goes_on_in_the_loop(stack) -> No
     assert counted.bodies == 1  # the retry: the engine's, with a body
     assert grown[4] == 1 and grown[3] == 1  # a timeout, then an ok attempt
     assert api.proxy.state.pools[CHAIN].inflight == 0 and api.proxy.engine.inflight == 0
+
+
+async def test_a_batch_cached_whole_is_answered_from_the_cache(stack) -> None:  # noqa: F811
+    """A batch of calls the proxy no longer knows the block hash of, but answered whole at
+    the same `latest` before (kept by `_cached_batch`), is answered from the cache as the
+    engine answers it, not given to the node."""
+    api, node, addrs, counted = await stack()
+    height = BLOCKS - 2
+    got = await node.handle_body(
+        orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber",
+                      "params": [hex(height), False]})
+    )  # fmt: skip
+    view = api.proxy.reads.heads.views[CHAIN]
+    view.hashes[height] = orjson.loads(got)["result"]["hash"]  # (as if the proxy saw it)
+    body = orjson.dumps(batch(addrs, [height, height]))
+    status, raw = await raw_rpc(api, body)  # pinned by hash (the engine's), kept whole
+    assert status == 200 and raw.count(b'"result"') == 2
+    assert api.proxy.reads.cache.stats_of(CHAIN).batches == 1
+    del view.hashes[height]  # (dropped from the proxy's window; `latest` the same)
+    later = counted.later
+    answer, grown = await books(api, lambda: raw_rpc(api, body))
+    assert answer == (status, raw) and counted.later == later  # not given to the node
+    usual, usual_grown = await books(api, lambda: api.proxy.engine.handle(CHAIN, body, {}))
+    assert usual == answer and grown == usual_grown
+    assert grown[0] == 2 and grown[3] == 0  # two requests, no attempt: the cache's
