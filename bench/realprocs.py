@@ -112,33 +112,13 @@ def run_gc(args: argparse.Namespace) -> None:
                 )
 
 
-def under_callgrind(out: Path, cache_sim: bool, last_level: str | None) -> None:
-    """Make the suite start its state nodes under callgrind (instrumentation off) with a
-    map valgrind can reserve, and wait for them as long as valgrind needs."""
-    python_cmd, inproc_config = suite.python_cmd, suite.inproc_config
+def under_callgrind(cache_sim: bool, last_level: str | None, out: Path) -> suite.Launch:
+    """The suite's state-node processes under callgrind (instrumentation off) with a map
+    valgrind can reserve, waited for as long as valgrind needs."""
     tool = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
     tool += [f"--cache-sim={'yes' if cache_sim else 'no'}", f"--callgrind-out-file={out}/cg.%p"]
     tool += [f"--LL={last_level}"] if last_level else []
-
-    def wrapped(*args: str) -> list[str]:
-        cmd = python_cmd(*args)
-        return [*tool, *cmd] if "state-node" in args or "bench.inprocstack" in args else cmd
-
-    def config_args(workdir: Path, evm: dict[str, Any]) -> list[str]:
-        path = workdir / "state-node.toml"
-        path.write_text(f'[[state_nodes]]\nkey = "bench-state"\nmap_size_mb = {VALGRIND_MAP_MB}\n')
-        return ["--config", str(path)]
-
-    def small_map(*args: Any, **kwargs: Any) -> str:
-        archive = 'kind = "archive"\n'
-        sized = f"{archive}map_size_mb = {VALGRIND_MAP_MB}\n"
-        return inproc_config(*args, **kwargs).replace(archive, sized, 1)
-
-    suite.python_cmd = wrapped
-    suite.evm_config_args = config_args
-    suite.inproc_config = small_map
-    suite.Service.wait_ready.__defaults__ = (VALGRIND_READY,)
-    suite.SYNC_TIMEOUT = VALGRIND_SYNC
+    return suite.Launch(tuple(tool), VALGRIND_MAP_MB, VALGRIND_READY, VALGRIND_SYNC)
 
 
 def callgrind_totals(path: Path) -> list[int]:
@@ -164,10 +144,10 @@ def dump(out: Path, pid: str, name: str) -> Path:
 
 def run_callgrind(args: argparse.Namespace) -> None:
     out = Path(tempfile.mkdtemp(prefix="realprocs-cg-"))
-    under_callgrind(out, args.cache_sim, args.LL)
+    launch = under_callgrind(args.cache_sim, args.LL, out)
     _, load_cpus = suite.split_cpus()
     with suite.running() as services:
-        state = suite.StateSuite()
+        state = suite.StateSuite(launch)
         targets = state.start(services, suite.SuiteOptions(proxy=args.proxy))
         pids = suite.serving_pids(services, targets)
         for case in state.cases():

@@ -172,11 +172,12 @@ class Services:
         ready_url: str,
         cpus: list[int] | None,
         probe: bytes | None = PROBE,
+        ready_timeout: float = READY_TIMEOUT,
     ) -> Service:
         svc = Service(name, cmd, ready_url, cpus, self.workdir / f"{name}.log", probe)
         self.started.append(svc)
         svc.start()
-        svc.wait_ready()
+        svc.wait_ready(ready_timeout)
         return svc
 
     def stop_all(self) -> None:
@@ -211,6 +212,21 @@ def running(keep_dir: str | None = None) -> Iterator[Services]:
 def python_cmd(*args: str) -> list[str]:
     """Run a module of this project with the current interpreter (same venv)."""
     return [sys.executable, *args]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a state suite starts its state-node processes (the state node, proxy-inproc):
+    as they are, or under a tool (`bench.realprocs callgrind`: valgrind, an LMDB map it can
+    reserve, and the longer waits its slowness needs)."""
+
+    tool: tuple[str, ...] = ()  # the command they run under
+    map_size_mb: int | None = None  # their stores' LMDB map (None: the node's default)
+    ready_timeout: float = READY_TIMEOUT
+    sync_timeout: float = SYNC_TIMEOUT
+
+    def command(self, *args: str) -> list[str]:
+        return [*self.tool, *python_cmd(*args)]
 
 
 @dataclass(frozen=True)
@@ -426,10 +442,11 @@ def inproc_config(
     proxy_port: int,
     evm: dict[str, Any],
     extra: str = "",
+    map_size_mb: int | None = None,
 ) -> str:
     """bench/inprocstack.py's TOML: one archive state node following `writer`, and the proxy
     with that node entered as a state and an archive node, reached in process; `extra`: more
-    `[proxy]` settings lines."""
+    `[proxy]` settings lines; `map_size_mb`: the node's LMDB map (None: its default)."""
     lines = [
         f"data_dir = {json.dumps(str(data_dir))}",
         "",
@@ -441,6 +458,7 @@ def inproc_config(
         f'source = "{writer}"',
         f"chain_id = {SUITE_CHAIN_ID}",
     ]
+    lines += [] if map_size_mb is None else [f"map_size_mb = {map_size_mb}"]
     if evm:
         lines += ["", "[state_nodes.evm]"]
         lines += [f"{name} = {json.dumps(value)}" for name, value in evm.items()]
@@ -477,7 +495,8 @@ class StateSuite:
 
     name: ClassVar[str] = "state"
 
-    def __init__(self) -> None:
+    def __init__(self, launch: Launch | None = None) -> None:
+        self.launch = launch or Launch()
         self.head = 0
         self.writer = ""  # the write node's URL (start_chain)
         self.accounts: list[str] = []
@@ -525,16 +544,18 @@ class StateSuite:
             probe=None,
         )  # fmt: skip
         state = f"http://127.0.0.1:{state_port}"
+        launch = self.launch
         services.start(
             "state-node",
-            python_cmd(
+            launch.command(
                 "-m", "chainstate.cli", "state-node", "--key", "bench-state", "--kind", kind,
                 "--source", writer, "--port", str(state_port), "--chain-id", str(SUITE_CHAIN_ID),
                 "--data-dir", str(services.workdir / "state"),
-                *evm_config_args(services.workdir, opts.evm),
+                *evm_config_args(services.workdir, opts.evm, launch.map_size_mb),
             ),
             state,
             svc_cpus,
+            ready_timeout=launch.ready_timeout,
         )  # fmt: skip
         self._wait_synced(state)
         self.writer = writer
@@ -550,10 +571,14 @@ class StateSuite:
         config = services.workdir / "inproc.toml"
         workdir = services.workdir / "inproc"
         extra = setting_lines(opts.proxy)
-        config.write_text(inproc_config(workdir, writer, node_port, proxy_port, opts.evm, extra))
+        launch = self.launch
+        text = inproc_config(
+            workdir, writer, node_port, proxy_port, opts.evm, extra, launch.map_size_mb
+        )
+        config.write_text(text)
         proxy = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
-        cmd = python_cmd("-m", "bench.inprocstack", "--config", str(config))
-        services.start("proxy-inproc", cmd, proxy, cpus)
+        cmd = launch.command("-m", "bench.inprocstack", "--config", str(config))
+        services.start("proxy-inproc", cmd, proxy, cpus, ready_timeout=launch.ready_timeout)
         self._wait_synced(f"http://127.0.0.1:{node_port}")
         return proxy
 
@@ -576,14 +601,15 @@ class StateSuite:
         """More set-up on anvil after the workload (a subclass hook)."""
 
     def _wait_synced(self, state: str) -> None:
-        deadline = time.monotonic() + SYNC_TIMEOUT
+        timeout = self.launch.sync_timeout
+        deadline = time.monotonic() + timeout
         height = -1
         while time.monotonic() < deadline:
             height = int(rpc_call(state, "eth_blockNumber", []), 16)
             if height >= self.head:
                 return
             time.sleep(0.2)
-        raise RuntimeError(f"state node at {height} after {SYNC_TIMEOUT:g}s, anvil at {self.head}")
+        raise RuntimeError(f"state node at {height} after {timeout:g}s, anvil at {self.head}")
 
     def _plan(self, method: str, batch: int, addresses: list[str]) -> BodyPlan:
         return BodyPlan(
@@ -605,11 +631,16 @@ class StateSuite:
         ]
 
 
-def evm_config_args(workdir: Path, evm: dict[str, Any]) -> list[str]:
-    """`--config FILE` giving the state node these [evm] settings, or nothing without any."""
-    if not evm:
+def evm_config_args(
+    workdir: Path, evm: dict[str, Any], map_size_mb: int | None = None
+) -> list[str]:
+    """`--config FILE` giving the state node these [evm] settings and its LMDB map size, or
+    nothing without either."""
+    if not evm and map_size_mb is None:
         return []
-    lines = ["[[state_nodes]]", 'key = "bench-state"', "", "[state_nodes.evm]"]
+    lines = ["[[state_nodes]]", 'key = "bench-state"']
+    lines += [] if map_size_mb is None else [f"map_size_mb = {map_size_mb}"]
+    lines += ["", "[state_nodes.evm]"] if evm else []
     lines += [f"{name} = {json.dumps(value)}" for name, value in evm.items()]
     path = workdir / "state-node.toml"
     path.write_text("\n".join(lines) + "\n")

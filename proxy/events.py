@@ -333,7 +333,7 @@ class Events:
     async def _ws_answer(
         self, chain: str, data: bytes, headers: Mapping[str, str], session: Session
     ) -> bytes:
-        if b"ubscribe" in data:  # eth_subscribe/eth_unsubscribe need this connection
+        if data.find(b"ubscribe") >= 0:  # eth_subscribe/eth_unsubscribe need this connection
             out = (await self._handle_local(chain, data, headers, session))[1]
         else:  # the engine hands filter methods to divert()
             out = (await self._engine_handle(chain, data, headers))[1]

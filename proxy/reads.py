@@ -346,7 +346,7 @@ def number_form(kind: str, height: int) -> Any:
 def _result_json(answer: Any) -> bytes | None:
     """The JSON of a `result` answer (None for an error or anything else)."""
     if type(answer) is bytes:
-        if b'"error"' in answer:
+        if answer.find(b'"error"') >= 0:  # (`in` on bytes first raises and clears a TypeError)
             return None
         try:
             answer = orjson.loads(answer)

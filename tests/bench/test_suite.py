@@ -143,6 +143,31 @@ def test_proxy_settings_of_the_suites_are_toml() -> None:
         parse_toml_setting("cache_pools")
 
 
+def test_a_launch_reaches_the_state_node_processes(tmp_path: Path) -> None:
+    """`bench.realprocs callgrind` starts the suite's state node and proxy-inproc under a tool
+    with a map the tool can reserve (`Launch`): both configs carry the map, both commands the
+    tool; the default launch changes neither."""
+    import sys
+    import tomllib
+
+    from bench.suite import Launch, evm_config_args, inproc_config
+
+    launch = Launch(("valgrind", "--tool=callgrind"), map_size_mb=1024)
+    assert launch.command("-m", "x") == ["valgrind", "--tool=callgrind", sys.executable, "-m", "x"]
+    assert Launch().command("-m", "x") == [sys.executable, "-m", "x"]
+    args = evm_config_args(tmp_path, {"warm_blocks": 4}, 1024)
+    node = tomllib.loads(Path(args[1]).read_text())["state_nodes"][0]
+    assert (node["map_size_mb"], node["evm"]) == (1024, {"warm_blocks": 4})
+    args = evm_config_args(tmp_path, {}, 1024)
+    assert tomllib.loads(Path(args[1]).read_text())["state_nodes"][0]["map_size_mb"] == 1024
+    assert evm_config_args(tmp_path, {}) == []
+    text = inproc_config(tmp_path, "http://127.0.0.1:1", 1, 2, {}, map_size_mb=1024)
+    (node,) = tomllib.loads(text)["state_nodes"]
+    assert node["map_size_mb"] == 1024 and node["kind"] == "archive"
+    plain = tomllib.loads(inproc_config(tmp_path, "http://127.0.0.1:1", 1, 2, {}))
+    assert "map_size_mb" not in plain["state_nodes"][0]
+
+
 def test_an_exact_mix_holds_each_method_its_count_of_times() -> None:
     import orjson
 

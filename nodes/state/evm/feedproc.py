@@ -87,13 +87,19 @@ class FeedProcess:
         self._url: str | None = None
         self._starting: asyncio.Task[None] | None = None
         self._closed = False
+        self._alive = False  # the process runs: set once started, cleared by `_ended`
 
     def url_if_running(self) -> str | None:
-        """The process's URL, or None while it is not running (a new one is started)."""
-        if self._proc is not None and self._proc.is_alive():
+        """The process's URL, or None while it is not running (a new one is started).
+
+        Asked once per EVM job: liveness is the flag `_ended` clears when the process's
+        sentinel becomes readable (it exits or is killed), not `is_alive()`, which costs a
+        getpid and a waitpid system call each time."""
+        if self._alive:
             return self._url
         if self._proc is not None:
             log.warning("evm feed process ended; restarting", extra={"pid": self._proc.pid})
+            self._proc.join(0)  # reaped (it has exited: its sentinel was readable)
             self._discard()
             if self.on_exit is not None:
                 self.on_exit()
@@ -107,11 +113,26 @@ class FeedProcess:
             return
         self._next_try = time.monotonic() + self.retry_after
         try:
-            await asyncio.to_thread(self._spawn)
+            proc, conn, url = await asyncio.to_thread(self._spawn)
         except Exception as exc:  # the node keeps answering through the in-loop feed
             log.error("evm feed process did not start: %s", exc)
+            return
+        # set here, on the loop, never from the thread: `url_if_running` sees it all or none
+        self._proc, self._conn, self._url = proc, conn, url
+        if self._closed:  # stopped while it started: `stop` ends it
+            return
+        asyncio.get_running_loop().add_reader(proc.sentinel, self._ended)
+        self._alive = True
+        if not proc.is_alive():  # died before the watch began
+            self._ended()
 
-    def _spawn(self) -> None:
+    def _ended(self) -> None:
+        """The process's sentinel is readable: it has exited (`url_if_running` restarts it)."""
+        self._alive = False
+        if self._proc is not None:
+            asyncio.get_running_loop().remove_reader(self._proc.sentinel)
+
+    def _spawn(self) -> tuple[Any, Connection, str]:
         parent, child = self._ctx.Pipe(duplex=True)
         args = (child, str(self.path), self.map_size_mb, self.chain_id)
         proc = self._ctx.Process(target=feed_main, args=args, daemon=True, name="evm-feed")
@@ -126,10 +147,12 @@ class FeedProcess:
             proc.join(timeout=2)
             parent.close()
             raise RuntimeError(hello.get("error", "unknown error"))
-        self._proc, self._conn, self._url = proc, parent, hello["url"]
-        log.info("evm feed process started", extra={"url": self._url, "pid": proc.pid})
+        log.info("evm feed process started", extra={"url": hello["url"], "pid": proc.pid})
+        return proc, parent, hello["url"]
 
     def _discard(self) -> None:
+        if self._alive:
+            self._ended()
         if self._conn is not None:
             self._conn.close()
         self._proc, self._conn, self._url = None, None, None
