@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Awaitable
 from operator import itemgetter
 from time import perf_counter  # (one attribute lookup less than `time.perf_counter`)
 from typing import Any
@@ -56,6 +57,7 @@ from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
 from proxy.engine import Engine, access_log
 from proxy.inprocbooks import InprocBooks
+from proxy.inproccalls import calls
 from proxy.methods import LocalMethod, MethodSpec
 from proxy.model import Node, Pool
 from proxy.routes import MAX_ROUTES, PoolRoutes, RouteCache
@@ -79,10 +81,10 @@ Answered = tuple[Any, list[Attempt] | Shared]  # (the answer to send, its books)
 # Request objects with this text are not parsed here: an eth_call is never a plain read, and
 # the engine sends it to the node's future (proxy/upstream.py `send_now`) without parsing it
 # twice. Batches are not searched (the search is as long as the body: ~2 µs of a 10-item
-# batch, py-spy): an eth_call item is not routed (`_item`: so no route is kept for one and
-# neither `_keyed` nor `_seen_all` finds one), the node is not asked, and the engine parses
-# the batch again (before, the batch was routed and given to the node, which declined it:
-# ~8 % of the process's Python under `bench suite call`'s erc20x10-old, py-spy, session 12).
+# batch, py-spy): a batch whose first item is an eth_call goes to proxy/inproccalls.py (the
+# node's future, or the engine); an eth_call item elsewhere is not routed (`_item`: so no
+# route is kept for one and neither `_keyed` nor `_seen_all` finds one), the node is not
+# asked, and the engine answers the batch.
 _CALL = b'"eth_call"'
 _OPEN = ord("[")  # a batch's first byte
 # The access logger's own memo of `isEnabledFor` (level → bool; logging empties it in place
@@ -106,12 +108,16 @@ class InprocPath:
         self._kept = self._routes.kept  # (pool id → its PoolRoutes, read by `answer`)
         self.books = InprocBooks(engine.attempts, engine.metrics)  # folded per 64 answers
 
-    def answer(self, chain: str, pool: Pool, body: bytes, headers: Headers) -> Response | None:
+    def answer(
+        self, chain: str, pool: Pool, body: bytes, headers: Headers
+    ) -> Response | Awaitable[Response] | None:
         """`chain` and `pool`: the body's, as `Engine.resolve` found them; the answer (bytes:
-        a 200, as the lean server takes it) or None. Not admitted: an answer made here never
-        waits (nothing is awaited between taking a place among the pool's requests in flight
-        and giving it back), so the admission limit would protect nothing; a body left to
-        the engine is admitted by the caller then. The caller serves no body over
+        a 200, as the lean server takes it), an awaitable of it (a batch of eth_calls given
+        to the node's future: proxy/inproccalls.py, admitted there as it waits) or None. Not
+        admitted otherwise: an answer made here never waits (nothing is awaited between
+        taking a place among the pool's requests in flight and giving it back), so the
+        admission limit would protect nothing; a body left to the engine is admitted by the
+        caller then. The caller serves no body over
         `max_body_bytes` (the lean server's limit) and has no tracer (`create_server`)."""
         engine = self.engine
         if pool.mirrors:
@@ -149,6 +155,9 @@ class InprocPath:
             return self._single(chain, pool, routes, payload, headers, started)
         if type(payload) is not list or not 0 < len(payload) <= self.max_batch:
             return None
+        first = payload[0]
+        if type(first) is dict and first.get("method") == "eth_call":
+            return calls(self, chain, pool, routes, payload, body, headers, started)
         answered = self._batch(pool, routes, payload)
         if answered is None:
             return None

@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 
 import orjson
+import psutil
 
 from bench.contracts import _RUNTIME as VIEW_RUNTIME
-from bench.suite import tree_cpu_seconds
+from bench.suite import _cpu_seconds
 from nodes.state.service import StateNode
 from nodes.state.vendor import AccountDiff, VendorBlock
 
@@ -34,6 +35,11 @@ ONE_SLOT = "0x" + "01" * 20
 VIEW = "0x" + "02" * 20
 CALLER = "0x" + "03" * 20
 HOLDERS = 64
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of the process `pid` and its children (the EVM workers, the feed)."""
+    return _cpu_seconds(psutil.Process(pid)) or 0.0
 
 
 def blocks(count: int, rng: random.Random) -> list[VendorBlock]:
