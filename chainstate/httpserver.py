@@ -190,6 +190,9 @@ class _Slot:
         self.early = False
 
 
+_new = object.__new__
+
+
 class Request(_Slot):
     """One complete request as a handler sees it, and its answer's place in the
     connection's queue (one object per request, not two: bench/README.md "Issue 14,
@@ -243,7 +246,15 @@ class Request(_Slot):
             answer.close()
 
 
+# What llhttp's way answers (after "malformed HTTP request: ") when a callback of a request
+# raised (httptools' HttpParserCallbackError): a kept head's reading answers the same.
+CALLBACK_FAILED = "User callback error"
 MAX_PLAINS = 16  # heads a connection may keep (a client whose head keeps changing: llhttp's)
+
+
+# A kept head's Content-Length digits → their value, for lengths under 2 KiB written without
+# leading zeros (`int` on bytes is ~0.6k instructions, a lookup a third of it); others: `int`
+SIZES: dict[bytes, int] = {b"%d" % n: n for n in range(2048)}
 
 
 def length_digits(chunk: bytes, end: int) -> tuple[int, int] | None:
@@ -267,7 +278,18 @@ class _Plain:
     the bytes before and after its Content-Length digits, and what llhttp's callbacks made
     of it (`_Connection._keep_plain`)."""
 
-    __slots__ = ("headers", "http10", "method", "path", "persistent", "post", "pre", "query")
+    __slots__ = (
+        "handler",
+        "headers",
+        "http10",
+        "kept",
+        "method",
+        "path",
+        "persistent",
+        "post",
+        "pre",
+        "query",
+    )
 
     def __init__(
         self,
@@ -279,6 +301,7 @@ class _Plain:
         headers: dict[bytes, bytes],
         persistent: bool,
         http10: bool,
+        handler: Handler | None,
     ) -> None:
         self.pre = pre  # from the request line to the Content-Length digits
         self.post = post  # from the end of the digits to the end of the head (CRLF CRLF)
@@ -288,6 +311,26 @@ class _Plain:
         self.headers = headers
         self.persistent = persistent  # llhttp's should_keep_alive
         self.http10 = http10  # HTTP/1.0 with a Connection header
+        self.handler = handler  # the route's handler, when the server keeps routes (else None)
+        # Content-Length digits → the head's Headers with them: a client's bodies have a
+        # few lengths, and a request's Headers are never changed (shared, not copied)
+        self.kept: dict[bytes, Headers] = {}
+
+
+MAX_KEPT_HEADERS = 32  # Headers a kept head holds (one per body length), then started afresh
+
+
+def _length_headers(plain: _Plain, digits: bytes) -> Headers:
+    """The Headers of a request with `plain`'s head and `digits` as its Content-Length,
+    kept in `plain.kept` for the next request of that length."""
+    raw = plain.headers.copy()
+    raw[b"content-length"] = digits
+    headers = Headers(raw)
+    kept = plain.kept
+    if len(kept) >= MAX_KEPT_HEADERS:
+        kept.clear()
+    kept[digits] = headers
+    return headers
 
 
 class _Refused(Exception):
@@ -412,7 +455,12 @@ class _Connection(asyncio.Protocol):
         if not self.in_message and not self.forwarding:
             plain = self.plain
             if plain is not None and data.startswith(plain.pre):
-                data = self._plain(plain, data)
+                try:
+                    data = self._plain(plain, data)
+                except Exception:  # (a router's failure): answered as llhttp's way answers it
+                    if not self.closing:
+                        self._refuse(400, f"malformed HTTP request: {CALLBACK_FAILED}")
+                    return
                 if not data or self.closing:
                     return  # (after `Connection: close` nothing more is read, as below)
             self.chunk = data  # a request that is all of it may become `plain`
@@ -466,9 +514,10 @@ class _Connection(asyncio.Protocol):
             return
         start, stop = span
         self.plains += 1
+        handler = self.handler if self.server.kept_routes else None
         self.plain = _Plain(
             chunk[:start], chunk[stop:end], self.method, self.path, self.query, dict(headers),
-            persistent, http10,
+            persistent, http10, handler,
         )  # fmt: skip
 
     def _plain(self, plain: _Plain, data: bytes) -> bytes:
@@ -484,33 +533,38 @@ class _Connection(asyncio.Protocol):
         server = self.server
         pre, post = plain.pre, plain.post
         at = len(pre)
+        after = at + 24 + len(post)  # (digits up to 24: more are over any limit anyway)
         while True:
-            stop = data.find(b"\r\n", at, at + 24)
+            # `post` starts with the CRLF ending the digits: its first place after them is
+            # where they end when they are all digits (one `find`, no `startswith`)
+            stop = data.find(post, at, after)
             digits = data[at:stop]
             if (
                 stop < 0
                 or not digits.isdigit()
-                or not data.startswith(post, stop)
                 or len(digits) >= server.body_digits  # (shorter: under the limit)
             ):
                 return data
             end = stop + len(post)
-            size = int(digits)
+            size = SIZES.get(digits)
+            if size is None:
+                size = int(digits)
             if len(data) - end < size:
                 return data  # the body comes in later reads: llhttp's
-            handler = server.route(plain.method, plain.path)
+            handler = plain.handler
             if handler is None:
-                if server.fallback is not None:
-                    return data  # llhttp's way hands it to the fallback
-                handler = server.not_found
-            headers = plain.headers.copy()
-            headers[b"content-length"] = digits
-            self.method = plain.method
-            self.path = plain.path
-            self.query = plain.query
-            self.headers = headers
-            self.handler = handler
-            self._complete(data[end : end + size], plain.persistent, plain.http10)
+                handler = server.route(plain.method, plain.path)
+                if handler is None:
+                    if server.fallback is not None:
+                        return data  # llhttp's way hands it to the fallback
+                    handler = server.not_found
+            headers = plain.kept.get(digits)
+            if headers is None:
+                headers = _length_headers(plain, digits)
+            self._serve(
+                handler, plain.method, plain.path, plain.query, headers,
+                data[end : end + size], plain.persistent, plain.http10,
+            )  # fmt: skip
             data = data[end + size :]
             if not data or self.closing or self.transport is None or not data.startswith(pre):
                 return data
@@ -614,18 +668,47 @@ class _Connection(asyncio.Protocol):
         self._complete(raw, persistent, http10)
 
     def _complete(self, raw: bytes, persistent: bool, http10: bool) -> None:
-        """A whole request (`raw` its body; `persistent`: llhttp would keep the connection
-        after it): its handler runs, its answer is written or queued."""
+        """A whole request llhttp read (`raw` its body; `persistent`: llhttp would keep the
+        connection after it): its handler runs, its answer is written or queued."""
+        self._serve(
+            self.handler, self.method, self.path, self.query, Headers(self.headers), raw,  # type: ignore[arg-type]
+            persistent, http10,
+        )  # fmt: skip
+
+    def _serve(
+        self,
+        handler: Handler,
+        method: bytes,
+        path: bytes,
+        query: bytes,
+        headers: Headers,
+        raw: bytes,
+        persistent: bool,
+        http10: bool,
+    ) -> None:
+        """A whole request (llhttp's, or a kept head's): its handler runs, its answer is
+        written or queued."""
         keep_alive = persistent and not self.server.closing
         if not keep_alive:
             self.closing = True  # nothing after this request is read
         http10 = keep_alive and http10
-        slot = request = Request(
-            self.method, self.path, self.query, Headers(self.headers), raw, self, not keep_alive,
-            http10,
-        )  # fmt: skip
+        # `Request.__init__`'s stores without its call: a class whose `__init__` is Python is
+        # called through `type.__call__` and a tuple of the arguments in CPython 3.11,
+        # ~0.6k instructions more per request (bench/README.md "Issue 14, session 13")
+        slot = request = _new(Request)
+        request.method = method
+        request.path = path
+        request.query = query
+        request.headers = headers
+        request.body = raw
+        request._conn = self
+        request.data = None
+        request.close = not keep_alive
+        request.keep_alive = keep_alive
+        request.http10 = http10
+        request.early = False
         try:
-            result = self.handler(request)  # type: ignore[misc]
+            result = handler(request)
         except Exception:
             log.exception("%s: request handler failed", self.server.name)
             result = (500, error_body(INTERNAL_ERROR, "internal error"))
@@ -894,8 +977,12 @@ class HttpServer:
         limits: ServerLimits | None = None,
         fallback: Any = None,
         name: str = "http",
+        kept_routes: bool = False,
     ) -> None:
         self.route = route
+        # `route` gives every request of a method and path the same handler for good: a
+        # connection's kept head keeps its handler (no `route` call per request)
+        self.kept_routes = kept_routes
         self.limits = limits or ServerLimits()
         self.body_digits = len(str(self.limits.max_body))  # (a shorter length is under it)
         self.fallback = fallback  # an aiohttp web.Application, or None

@@ -275,7 +275,10 @@ def create_server(app: web.Application) -> HttpServer:
             return handler
         return None
 
-    return HttpServer(route, limits=server_limits(proxy.settings), fallback=app, name="proxy")
+    # (A path's handler is the same for good, whichever object holds it: a connection's
+    # kept head keeps it, no `route` call per request.)
+    limits = server_limits(proxy.settings)
+    return HttpServer(route, limits=limits, fallback=app, name="proxy", kept_routes=True)
 
 
 def _data(engine: Engine, inproc: InprocPath | None, chain_id: str) -> Handler:

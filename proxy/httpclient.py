@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
-from chainstate.httpserver import length_digits
+from chainstate.httpserver import SIZES, length_digits
 from proxy.buffers import ByteBudget
 
 log = logging.getLogger(__name__)
@@ -238,13 +238,17 @@ class _Connection(asyncio.Protocol):
         the ~27k instructions of an answer's way from the node to the client at c=1
         (bench/README.md "Issue 14, session 12"), for a head a node sends unchanged but
         for the body's length (and its Date, once a second)."""
-        at = len(plain.pre)
-        stop = data.find(b"\r\n", at, at + 24)
+        at, post = len(plain.pre), plain.post
+        # `post` starts with the CRLF ending the digits: its first place after them is where
+        # they end when they are all digits (one `find`, no `startswith`)
+        stop = data.find(post, at, at + 24 + len(post))
         digits = data[at:stop]
-        if stop < 0 or not digits.isdigit() or not data.startswith(plain.post, stop):
+        if stop < 0 or not digits.isdigit():
             return False
-        end = stop + len(plain.post)
-        size = int(digits)
+        end = stop + len(post)
+        size = SIZES.get(digits)
+        if size is None:
+            size = int(digits)
         if len(data) - end != size:
             return False
         self.plain_hits = True

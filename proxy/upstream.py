@@ -58,7 +58,9 @@ class Upstream:
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._urls: dict[str, URL] = {}  # parsed once: yarl parsing costs per request
-        self._pools: dict[str, HostPool] = {}
+        # plain-http node URL → its connections (only such URLs: the engine's first write
+        # looks a node up here, `Engine._quick`)
+        self.hosts: dict[str, HostPool] = {}
         self._deadlines = Deadlines()
 
     async def start(self) -> None:
@@ -79,9 +81,9 @@ class Upstream:
 
     async def close(self) -> None:
         self._deadlines.close()
-        for pool in self._pools.values():
+        for pool in self.hosts.values():
             pool.close()
-        self._pools = {}
+        self.hosts.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -115,7 +117,7 @@ class Upstream:
         deadline = self._deadlines.start(limit)
         try:
             if url.startswith("http://"):
-                pool = self._pools.get(url) or self._pool(url)
+                pool = self.hosts.get(url) or self._pool(url)
                 try:
                     status, data = await pool.post(body, race, holder, early)
                 except AnswerTooLarge as exc:
@@ -183,7 +185,7 @@ class Upstream:
     def take_now(self, url: str) -> tuple[HostPool, Any] | None:
         """An idle connection to a plain-http node with its slot taken (its `transport`
         is written to by the caller, then `expect_now` given it), or None (nothing taken)."""
-        pool = self._pools.get(url)
+        pool = self.hosts.get(url)
         conn = None if pool is None else pool.take()
         return None if conn is None else (pool, conn)  # type: ignore[return-value]
 
@@ -258,14 +260,14 @@ class Upstream:
             self.budget.add(len(data), holder)
 
     def _pool(self, url: str) -> HostPool:
-        pool = self._pools.get(url)
+        pool = self.hosts.get(url)
         if pool is None:
-            if len(self._pools) > 10_000:  # URLs come from config; bound it anyway
-                for old in self._pools.values():
+            if len(self.hosts) > 10_000:  # URLs come from config; bound it anyway
+                for old in self.hosts.values():
                     old.close()
-                self._pools.clear()
+                self.hosts.clear()
             try:
-                pool = self._pools[url] = HostPool(
+                pool = self.hosts[url] = HostPool(
                     url, self._connections, self.budget, self._max_answer
                 )
             except ValueError as exc:

@@ -132,8 +132,15 @@ def fallback_app() -> web.Application:
 async def serve() -> AsyncIterator[Callable[..., Any]]:
     servers: list[HttpServer] = []
 
-    async def start(fallback: web.Application | None = None, **limits: Any) -> HttpServer:
-        server = HttpServer(route, limits=ServerLimits(**limits), fallback=fallback)
+    async def start(
+        fallback: web.Application | None = None,
+        router: Any = route,
+        kept_routes: bool = False,
+        **limits: Any,
+    ) -> HttpServer:
+        server = HttpServer(
+            router, limits=ServerLimits(**limits), fallback=fallback, kept_routes=kept_routes
+        )
         await server.start("127.0.0.1", 0)
         servers.append(server)
         return server
@@ -703,3 +710,104 @@ async def test_a_kept_http10_keep_alive_head_answers_as_llhttps_way(serve) -> No
     status, headers, answer = await client.answer()
     assert (answer, headers["connection"]) == (b"z", "close")
     assert await client.closed()
+
+
+class CountingRouter:
+    """`route`, counting its calls; from call `fail_from` on it raises (a router's bug)."""
+
+    def __init__(self, fail_from: int = 0) -> None:
+        self.calls = 0
+        self.fail_from = fail_from
+
+    def __call__(self, method: bytes, path: bytes) -> Any:
+        self.calls += 1
+        if self.fail_from and self.calls >= self.fail_from:
+            raise RuntimeError("router bug")
+        return route(method, path)
+
+
+@pytest.mark.parametrize("kept_routes", [False, True])
+async def test_a_server_with_kept_routes_asks_its_router_once_per_kept_head(
+    serve, kept_routes: bool
+) -> None:
+    """Behind a kept head the router is asked per request unless the server keeps routes
+    (the proxy's: a path's handler is the same for good); the handlers see each request's
+    own length either way, bodies of lengths that come back included (the kept head's
+    Headers per length)."""
+    router = CountingRouter()
+    server = await serve(router=router, kept_routes=kept_routes)
+    client = await Client.open(server.port)
+    bodies = [b"1", b"2" * 10, b"3", b"4" * 12, b"5" * 10, b"6" * 12, b"", b"7" * 100, b"8"]
+    for body in bodies:
+        await client.send(headed(body))
+        status, _, answer = await client.answer()
+        assert (status, orjson.loads(answer)) == (200, seen(body))
+    assert router.calls == (len(bodies) if not kept_routes else 1)
+    client.close()
+
+
+async def test_a_kept_head_keeps_a_bounded_number_of_lengths(serve) -> None:
+    """Bodies of 40 lengths, twice over, behind one kept head: each handler sees its own
+    length, and the head keeps at most MAX_KEPT_HEADERS of them."""
+    from chainstate.httpserver import MAX_KEPT_HEADERS
+
+    server = await serve(kept_routes=True)
+    client = await Client.open(server.port)
+    for size in [*range(40), *range(40)]:
+        body = b"x" * size
+        await client.send(headed(body))
+        assert orjson.loads((await client.answer())[2]) == seen(body)
+    (conn,) = server.conns
+    assert 0 < len(conn.plain.kept) <= MAX_KEPT_HEADERS
+    client.close()
+
+
+async def test_a_router_failure_behind_a_kept_head_is_answered_as_llhttps_way(serve) -> None:
+    """A router that fails on a request read by a kept head: the same 400 as when it fails
+    on a request llhttp reads (then the connection closes), not a dropped connection."""
+    server = await serve(router=CountingRouter(fail_from=1))
+    client = await Client.open(server.port)
+    await client.send(headed(b"{}"))
+    llhttps = await client.answer()
+    assert await client.closed()
+    assert llhttps[0] == 400 and b"malformed HTTP request" in llhttps[2]
+    server = await serve(router=CountingRouter(fail_from=3))
+    client = await Client.open(server.port)
+    for _ in range(2):  # read by llhttp, then by the kept head
+        await client.send(headed(b"{}"))
+        assert orjson.loads((await client.answer())[2]) == seen(b"{}")
+    await client.send(headed(b"{}"))  # the kept head's: the router fails
+    status, _, answer = await client.answer()
+    assert (status, answer) == (llhttps[0], llhttps[2])
+    assert await client.closed()
+
+
+async def test_a_kept_head_with_a_header_after_its_length_goes_to_llhttp(serve) -> None:
+    """A request with the kept head's lines but another (short) line right after its
+    length: the digits are not followed by the rest of the kept head, so llhttp reads it."""
+    server = await serve()
+    client = await Client.open(server.port)
+    for _ in range(2):
+        await client.send(headed(b"{}"))
+        assert orjson.loads((await client.answer())[2]) == seen(b"{}")
+    await client.send(headed(b"{}", after=b"X: 1\r\nX-Id: aaaa\r\n"))
+    status, _, answer = await client.answer()
+    assert (status, orjson.loads(answer)) == (200, seen(b"{}"))
+    await client.send(headed(b"{}", after=b"X-Id: zzzz\r\nX-Id: aaaa\r\n"))
+    status, _, answer = await client.answer()
+    assert (status, orjson.loads(answer)) == (200, seen(b"{}", rid="zzzz, aaaa"))
+    client.close()
+
+
+async def test_a_kept_head_reads_a_length_with_leading_zeros_as_llhttp(serve) -> None:
+    """`Content-Length: 0002` behind a kept head: two bytes of body, as llhttp reads it (the
+    kept values of lengths under 2 KiB are for digits without leading zeros)."""
+    server = await serve()
+    client = await Client.open(server.port)
+    await client.send(headed(b"{}"))
+    assert orjson.loads((await client.answer())[2]) == seen(b"{}")
+    zeros = headed(b"{}").replace(b"Content-Length: 2\r\n", b"Content-Length: 0002\r\n")
+    await client.send(zeros + headed(b"[]"))
+    assert orjson.loads((await client.answer())[2]) == seen(b"{}", length=2) | {"length": "0002"}
+    assert orjson.loads((await client.answer())[2]) == seen(b"[]")
+    client.close()

@@ -301,6 +301,19 @@ async def test_a_kept_head_does_not_read_an_answer_whose_other_headers_differ(se
     pool.close()
 
 
+async def test_a_kept_head_with_a_line_after_its_length_goes_to_llhttp(server) -> None:
+    """An answer with the kept head's lines but a short one more right after its length:
+    the digits are not followed by the rest of the kept head, so llhttp reads it (whole,
+    and the connection is reused)."""
+    answers = iter([headed(b"ab"), headed(b"cd"), headed(b"ef", b"X: 1\r\n")])
+    url, stats = await server(lambda req: next(answers, headed(b"gh")))
+    pool = HostPool(url, limit=1)
+    got = [await pool.post(b"{}") for _ in range(4)]
+    assert got == [(200, b"ab"), (200, b"cd"), (200, b"ef"), (200, b"gh")]
+    assert stats["connections"] == 1
+    pool.close()
+
+
 async def test_a_kept_head_with_its_body_in_later_reads_goes_to_llhttp() -> None:
     """The answer's body comes after a pause: the kept head does not take half an answer."""
     sent = asyncio.Event()

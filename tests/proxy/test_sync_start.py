@@ -259,6 +259,32 @@ async def test_a_kept_route_still_checks_the_other_params_of_every_request(make_
     assert len(node.data_items("eth_getBalance")) == 3
 
 
+async def test_a_lone_plain_http_node_is_written_to_before_any_object(make_api, fake_nodes):
+    """A pool of one plain-http node: once its connection is open, each plain read is
+    written to it by `_quick` itself (the general path's first attempt is never asked),
+    and answered as the general path answers it."""
+    node = await fake_nodes("s", "state")
+    api = await make_api(fast_settings(**NO_CACHE))
+    await api.add("1337", node)
+    engine = get_proxy(api.client.app).engine
+    general = engine._first_attempt
+    asked: list[int] = []
+
+    def first_attempt(ctx: Any, item: Any, *args: Any, **kw: Any) -> Any:
+        asked.append(item.rid)
+        return general(ctx, item, *args, **kw)
+
+    engine._first_attempt = first_attempt  # type: ignore[method-assign]
+    reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
+    for rid in range(4):  # the first opens the node connection, the others take it
+        writer.write(HEAD % len(body(rid)) + body(rid))
+        status, answer = await read_answer(reader)
+        assert status == 200 and answer["id"] == rid and answer["result"], answer
+    writer.close()
+    assert asked == [0]
+    assert len(node.data_items("eth_getBalance")) == 4
+
+
 async def test_a_height_whose_hash_the_proxy_knows_is_still_pinned_and_cached(make_api, fake_nodes):
     """A kept route does not keep the read path's decision: a read at a height whose
     hash the proxy knows is sent by that hash and its answer cached, so the node is asked
