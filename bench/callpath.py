@@ -30,17 +30,14 @@ import asyncio
 import inspect
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from bench.batchpath import check
 from chainstate.inproc import InprocRegistry
 from nodes.state.benchreads import proxy_in_front
-from nodes.state.evm.benchcalls import ONE_SLOT, VIEW, blocks, call_bodies
-from nodes.state.service import StateNode
+from nodes.state.evm.benchcalls import ONE_SLOT, VIEW, call_bodies, synthetic_node
 
 TARGETS = {"one-slot": ONE_SLOT, "view": VIEW}  # (an ERC20 balanceOf's shape; the view)
 
@@ -64,26 +61,18 @@ async def run(handle: Callable[[bytes], Any], payloads: list[bytes], n: int) -> 
 async def in_process(args: argparse.Namespace) -> Any:
     """The node's port or the proxy's in front of it, on `benchcalls`' synthetic chain."""
     rng = random.Random(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        section = {"kind": "archive", "chain_id": 1337, "map_size_mb": 256}
-        node = StateNode.from_config(section, data_dir=Path(tmp))
-        await node.start()
-        try:
-            for block in blocks(args.blocks, rng):
-                await node.ingest._apply(block)
-            payloads = call_bodies(TARGETS[args.to], True, args.blocks - 1, args.batch, rng)[:50]
+    async with synthetic_node(args.blocks, rng, map_size_mb=256) as node:
+        payloads = call_bodies(TARGETS[args.to], True, args.blocks - 1, args.batch, rng)[:50]
 
-            async def own_port(body: bytes) -> Any:
-                now = node.answer_now(body)
-                return now if now is not None else await node.handle_body(body)
+        async def own_port(body: bytes) -> Any:
+            now = node.answer_now(body)
+            return now if now is not None else await node.handle_body(body)
 
-            if args.path == "node":
-                return await run(own_port, payloads, args.n)
-            async with proxy_in_front(node, InprocRegistry()) as handle:
-                await asyncio.sleep(args.settle)
-                return await run(handle, payloads, args.n)
-        finally:
-            await node.close()
+        if args.path == "node":
+            return await run(own_port, payloads, args.n)
+        async with proxy_in_front(node, InprocRegistry()) as handle:
+            await asyncio.sleep(args.settle)
+            return await run(handle, payloads, args.n)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import os
 import random
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -97,42 +99,51 @@ async def load(node: StateNode, bodies: list[bytes], concurrency: int, seconds: 
     return done
 
 
-async def main_async(args: argparse.Namespace) -> None:
-    rng = random.Random(0)
+@contextlib.asynccontextmanager
+async def synthetic_node(
+    count: int, rng: random.Random, map_size_mb: int = 1024
+) -> AsyncIterator[StateNode]:
+    """An archive state node in a temporary folder holding `blocks(count, rng)`."""
     with tempfile.TemporaryDirectory() as tmp:
-        section = {"kind": "archive", "chain_id": 1337, "map_size_mb": 1024}
+        section = {"kind": "archive", "chain_id": 1337, "map_size_mb": map_size_mb}
         node = StateNode.from_config(section, data_dir=Path(tmp))
         await node.start()
         try:
-            for block in blocks(args.blocks, rng):
+            for block in blocks(count, rng):
                 await node.ingest._apply(block)
-            head = args.blocks - 1
-            profile = cProfile.Profile() if args.profile else None
-            print(
-                f"{args.blocks} blocks, {args.concurrency} calls in flight; calls/s in process "
-                "and the cores the process and its workers used"
-            )
-            for name, to in (("one-slot", ONE_SLOT), ("view", VIEW)):
-                for old in (False, True):
-                    for batch in (1, 10):
-                        bodies = call_bodies(to, old, head, batch, rng)
-                        await load(node, bodies, args.concurrency, 0.5)  # warm-up
-                        if profile:
-                            profile.enable()
-                        started = time.perf_counter()
-                        cpu = tree_cpu_seconds(os.getpid())
-                        n = await load(node, bodies, args.concurrency, args.duration)
-                        wall = time.perf_counter() - started
-                        rate = n * batch / wall
-                        cores = (tree_cpu_seconds(os.getpid()) - cpu) / wall
-                        if profile:
-                            profile.disable()
-                        label = f"{name}{'x10' if batch > 1 else ''}{'-old' if old else ''}"
-                        print(f"{label:<16} {rate:>10,.0f}   cores {cores:.2f}")
-            if profile:
-                profile.dump_stats(args.profile)
+            yield node
         finally:
             await node.close()
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    rng = random.Random(0)
+    async with synthetic_node(args.blocks, rng) as node:
+        head = args.blocks - 1
+        profile = cProfile.Profile() if args.profile else None
+        print(
+            f"{args.blocks} blocks, {args.concurrency} calls in flight; calls/s in process "
+            "and the cores the process and its workers used"
+        )
+        for name, to in (("one-slot", ONE_SLOT), ("view", VIEW)):
+            for old in (False, True):
+                for batch in (1, 10):
+                    bodies = call_bodies(to, old, head, batch, rng)
+                    await load(node, bodies, args.concurrency, 0.5)  # warm-up
+                    if profile:
+                        profile.enable()
+                    started = time.perf_counter()
+                    cpu = tree_cpu_seconds(os.getpid())
+                    n = await load(node, bodies, args.concurrency, args.duration)
+                    wall = time.perf_counter() - started
+                    rate = n * batch / wall
+                    cores = (tree_cpu_seconds(os.getpid()) - cpu) / wall
+                    if profile:
+                        profile.disable()
+                    label = f"{name}{'x10' if batch > 1 else ''}{'-old' if old else ''}"
+                    print(f"{label:<16} {rate:>10,.0f}   cores {cores:.2f}")
+        if profile:
+            profile.dump_stats(args.profile)
 
 
 def main() -> None:
