@@ -18,7 +18,9 @@ view, on `nodes.state.evm.benchcalls`' synthetic chain):
 - `node`: the state node's own data port (`answer_now`, then `handle_body`);
 - `proxy`: the proxy's data handler with that node in process (`inproc://`, entered as a
   state and an archive node as in `chainstate up`), after `--settle` seconds for its head
-  polls: what the proxy adds, with no HTTP either side.
+  polls: what the proxy adds, with no HTTP either side. Its requests carry a connection
+  stand-in, so `--batch 1` (single eth_calls, which the engine answers early from the node's
+  future) is measured too.
 
 Every answer is checked to be a batch of results with the request's ids.
 """
@@ -70,7 +72,7 @@ async def in_process(args: argparse.Namespace) -> Any:
 
         if args.path == "node":
             return await run(own_port, payloads, args.n)
-        async with proxy_in_front(node, InprocRegistry()) as handle:
+        async with proxy_in_front(node, InprocRegistry(), later=True) as handle:
             await asyncio.sleep(args.settle)
             return await run(handle, payloads, args.n)
 

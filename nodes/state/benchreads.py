@@ -138,9 +138,38 @@ async def proxy_runner(node: StateNode, registry: InprocRegistry) -> Any:
     return runner
 
 
+class _Sink:
+    """A connection stand-in for `proxy_in_front(..., later=True)`: the answer a handler
+    writes early (`Request.answer_early`) or in a task (`Request.answer_later`) lands in
+    `future`, as the lean server would write it to the client."""
+
+    transport = True  # (`answer_early` writes only on a connection that has one)
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[Any] | None = None
+
+    def _answer(self, slot: Any, result: Any, keep_alive: bool, http10: bool) -> None:
+        if self.future is not None and not self.future.done():
+            self.future.set_result(result)
+
+    def answer_later(self, slot: Any, answer: Any) -> None:
+        async def run(future: asyncio.Future[Any]) -> None:
+            result = await answer
+            if not future.done():
+                future.set_result(result)
+
+        assert self.future is not None
+        asyncio.get_running_loop().create_task(run(self.future))
+
+
 @asynccontextmanager
-async def proxy_in_front(node: StateNode, registry: InprocRegistry) -> AsyncIterator[Any]:
-    """The proxy's data handler for chain 1337, the node entered as state and archive."""
+async def proxy_in_front(
+    node: StateNode, registry: InprocRegistry, later: bool = False
+) -> AsyncIterator[Any]:
+    """The proxy's data handler for chain 1337, the node entered as state and archive.
+    `later`: requests carry a connection stand-in, so an answer written early or in a task
+    (the engine's single eth_calls) comes back as an awaitable; without it such an answer is
+    lost, and plain reads are counted with no stand-in's cost."""
     from proxy.app import create_server
 
     runner = await proxy_runner(node, registry)
@@ -152,7 +181,16 @@ async def proxy_in_front(node: StateNode, registry: InprocRegistry) -> AsyncIter
         def handle(body: bytes) -> Any:
             return data(Request(b"POST", b"/1337", b"", headers, body))  # type: ignore[misc]
 
-        yield handle
+        async def handle_later(body: bytes) -> Any:
+            sink = _Sink()
+            sink.future = asyncio.get_running_loop().create_future()
+            request = Request(b"POST", b"/1337", b"", headers, body, sink)  # type: ignore[arg-type]
+            got = data(request)  # type: ignore[misc]
+            if inspect.isawaitable(got):
+                got = await got
+            return await sink.future if request.early or got is None else got
+
+        yield handle_later if later else handle
     finally:
         await runner.cleanup()
 
