@@ -145,21 +145,18 @@ class _Sink:
 
     transport = True  # (`answer_early` writes only on a connection that has one)
 
-    def __init__(self) -> None:
-        self.future: asyncio.Future[Any] | None = None
+    def __init__(self, future: asyncio.Future[Any]) -> None:
+        self.future = future
 
     def _answer(self, slot: Any, result: Any, keep_alive: bool, http10: bool) -> None:
-        if self.future is not None and not self.future.done():
+        if not self.future.done():
             self.future.set_result(result)
 
     def answer_later(self, slot: Any, answer: Any) -> None:
-        async def run(future: asyncio.Future[Any]) -> None:
-            result = await answer
-            if not future.done():
-                future.set_result(result)
+        asyncio.get_running_loop().create_task(self._run(answer))
 
-        assert self.future is not None
-        asyncio.get_running_loop().create_task(run(self.future))
+    async def _run(self, answer: Any) -> None:
+        self._answer(None, await answer, True, False)
 
 
 @asynccontextmanager
@@ -182,8 +179,7 @@ async def proxy_in_front(
             return data(Request(b"POST", b"/1337", b"", headers, body))  # type: ignore[misc]
 
         async def handle_later(body: bytes) -> Any:
-            sink = _Sink()
-            sink.future = asyncio.get_running_loop().create_future()
+            sink = _Sink(asyncio.get_running_loop().create_future())
             request = Request(b"POST", b"/1337", b"", headers, body, sink)  # type: ignore[arg-type]
             got = data(request)  # type: ignore[misc]
             if inspect.isawaitable(got):
