@@ -211,7 +211,9 @@ async def test_instance_list_filters(stack: Stack, space: str) -> None:
     ids = [(await start(stack, nb, name=f"zeta-{i}"))["id"] for i in range(3)]
     for i in ids:
         doc = await ended(stack, i)
-        assert doc["display_status"] == "succeeded", (doc["exit_message"], doc["exit_code"])
+        if doc["display_status"] != "succeeded":  # what the run printed says why
+            logs = await stack.alice.ok("GET", "/v1/notebook/instance/logs/history", id=i)
+            raise AssertionError((doc["exit_message"], doc["exit_code"], logs["logs"]))
     a = stack.alice
     res = await a.ok("GET", "/v1/notebook/instance/list", notebook_id=nb["id"])
     assert res["total_count"] == 3 and [i["id"] for i in res["instances"]] == ids[::-1]

@@ -69,7 +69,9 @@ class FakeNode:
     async def start(self) -> FakeNode:
         app = web.Application()
         app.router.add_post("/", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
+        # a hung answer (`delay`) is cut short on stop, not waited out (aiohttp's default
+        # 60 s grace kept a hung-node test's teardown waiting for its 30 s delay)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
         return self

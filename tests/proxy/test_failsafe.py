@@ -205,14 +205,20 @@ async def test_a_hung_node_costs_no_request_and_its_breaker_opens(
     make_api, fake_nodes, caplog
 ) -> None:
     caplog.set_level(logging.WARNING, logger="proxy")
-    settings = fast_settings(upstream_timeout=5.0, attempt_timeout_min=0.2, breaker_cooldown=60)
+    # (a short latency decay: the choice, which soon avoids the hung node, tries it again
+    # within a fraction of a second, so its failures add up however the machine's load
+    # spaces the requests)
+    settings = fast_settings(
+        upstream_timeout=5.0, attempt_timeout_min=0.2, breaker_cooldown=60, latency_decay=0.2
+    )
     api = await make_api(settings)
     a, _, _ = await pool_of(api, fake_nodes, "a", "b", "c")
     await load(api, 100, concurrency=3)
     a.delay = 30.0  # hung: never answers within the ceiling
     hung = node_of(api, "a")
     answers: list[dict[str, Any]] = []
-    for _ in range(40):  # the choice soon avoids it; until its breaker has opened
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # until its breaker has opened
         answers += await load(api, 30, concurrency=6)
         if hung.breaker.state is OPEN:
             break
@@ -403,7 +409,7 @@ async def test_a_hung_node_costs_no_batch_item(make_api, fake_nodes) -> None:
     settings = fast_settings(upstream_timeout=5.0, attempt_timeout_min=0.2, breaker_cooldown=60)
     api = await make_api(settings)
     a, _, _ = await pool_of(api, fake_nodes, "a", "b", "c")
-    for i in range(30):  # latency samples of batches: hedge delay and attempt timeout known
+    for i in range(70):  # latency samples of batches (MIN_SAMPLES 64): hedge delay, attempt timeout
         await api.rpc("1337", [fresh(10 * i + j) for j in range(10)])
     a.delay = 30.0  # hung
     hung = node_of(api, "a")
