@@ -19,6 +19,7 @@ import pytest
 from chainstate.config import ConfigError
 from proxy.breaker import OPEN
 from proxy.hedge import BURST, HedgeBudget
+from proxy.latency import MIN_SAMPLES
 from proxy.methods import MethodTable
 from proxy.model import Node, NodeEntry, Pool
 from proxy.select import Selector
@@ -409,7 +410,7 @@ async def test_a_hung_node_costs_no_batch_item(make_api, fake_nodes) -> None:
     settings = fast_settings(upstream_timeout=5.0, attempt_timeout_min=0.2, breaker_cooldown=60)
     api = await make_api(settings)
     a, _, _ = await pool_of(api, fake_nodes, "a", "b", "c")
-    for i in range(70):  # latency samples of batches (MIN_SAMPLES 64): hedge delay, attempt timeout
+    for i in range(MIN_SAMPLES + 6):  # batch latency samples: hedge delay, attempt timeout known
         await api.rpc("1337", [fresh(10 * i + j) for j in range(10)])
     a.delay = 30.0  # hung
     hung = node_of(api, "a")
