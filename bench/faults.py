@@ -214,7 +214,7 @@ class FaultSuite:
         )
         url = f"http://127.0.0.1:{port}"
         cmd = python_cmd(
-            "-m", "chainstate.cli", "checker", "--config", str(config),
+            "-m", "stack.cli", "checker", "--config", str(config),
             "--data-dir", str(services.workdir / "checker"),
         )  # fmt: skip
         probe = b'{"jsonrpc":"2.0","id":1,"method":"checker_status","params":[]}'
@@ -241,7 +241,7 @@ class FaultSuite:
         config.write_text("\n".join(lines))
         url = f"http://127.0.0.1:{port}"
         cmd = python_cmd(
-            "-m", "chainstate.cli", "proxy", "--host", "127.0.0.1", "--port", str(port),
+            "-m", "stack.cli", "proxy", "--host", "127.0.0.1", "--port", str(port),
             "--config", str(config), "--store", ":memory:",
         )  # fmt: skip
         services.start("proxy", cmd, f"{url}/{SUITE_CHAIN_ID}", cpus)
@@ -331,7 +331,7 @@ def overload(
     )
     url = f"http://127.0.0.1:{proxy_port}"
     cmd = python_cmd(
-        "-m", "chainstate.cli", "proxy", "--host", "127.0.0.1", "--port", str(proxy_port),
+        "-m", "stack.cli", "proxy", "--host", "127.0.0.1", "--port", str(proxy_port),
         "--config", str(config), "--store", ":memory:",
     )  # fmt: skip
     proxy = services.start("proxy", cmd, f"{url}/{SUITE_CHAIN_ID}", proxy_cpus)

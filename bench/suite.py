@@ -394,7 +394,7 @@ class ProxySuite:
     def proxy_command(self, port: int, config: Path) -> list[str]:
         """How the proxy under test is started (a test may swap in another server)."""
         return python_cmd(
-            "-m", "chainstate.cli", "proxy",
+            "-m", "stack.cli", "proxy",
             "--host", "127.0.0.1", "--port", str(port), "--config", str(config),
             "--store", ":memory:",  # nothing persisted: each run starts from the config
         )  # fmt: skip
@@ -526,7 +526,7 @@ class StateSuite:
         anvil = f"http://127.0.0.1:{anvil_port}"
         services.start(
             "anvil",
-            python_cmd("-m", "chainstate.cli", "devnet", "anvil", "--port", str(anvil_port)),
+            python_cmd("-m", "stack.cli", "devnet", "anvil", "--port", str(anvil_port)),
             anvil,
             svc_cpus,
         )
@@ -535,7 +535,7 @@ class StateSuite:
         services.start(
             "write-node",
             python_cmd(
-                "-m", "chainstate.cli", "write-node", "--execution-url", anvil,
+                "-m", "stack.cli", "write-node", "--execution-url", anvil,
                 "--port", str(writer_port), "--data-dir", str(services.workdir / "writer"),
                 "--poll-interval", "0.25",
             ),
@@ -548,7 +548,7 @@ class StateSuite:
         services.start(
             "state-node",
             launch.command(
-                "-m", "chainstate.cli", "state-node", "--key", "bench-state", "--kind", kind,
+                "-m", "stack.cli", "state-node", "--key", "bench-state", "--kind", kind,
                 "--source", writer, "--port", str(state_port), "--chain-id", str(SUITE_CHAIN_ID),
                 "--data-dir", str(services.workdir / "state"),
                 *evm_config_args(services.workdir, opts.evm, launch.map_size_mb),
@@ -584,7 +584,7 @@ class StateSuite:
 
     def _make_blocks(self, anvil: str, workdir: Path) -> None:
         cmd = python_cmd(
-            "-m", "chainstate.cli", "devnet", "workload", "--url", anvil, "--no-reorg", "--json"
+            "-m", "stack.cli", "devnet", "workload", "--url", anvil, "--no-reorg", "--json"
         )  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
         if done.returncode != 0:
