@@ -2,7 +2,7 @@
 batched. Starts its own stack (anvil + workload, write node, archive state node, proxy) with
 the bench suite's service runner, measures with the bench load generator, prints ratios.
 
-    .venv/bin/python -m nodes.state.evm.benchcheck [--duration 3] [--concurrency 16] [--json]
+    .venv/bin/python -m bench.callcheck [--duration 3] [--concurrency 16] [--json]
 """
 
 from __future__ import annotations
