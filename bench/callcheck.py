@@ -14,7 +14,8 @@ from typing import Any
 
 from bench.bodies import BodyPlan
 from bench.loadgen import LoadSettings, run_bench
-from bench.suite import StateSuite, SuiteOptions, running
+from bench.services import running
+from bench.suite import StateSuite, SuiteOptions
 
 DEFAULT_DURATION = 3.0  # seconds measured per case and target
 DEFAULT_WARMUP = 1.0  # seconds before measuring (warms the EVM workers' caches)

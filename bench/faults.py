@@ -47,19 +47,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.bodies import BodyPlan, fake_addresses
 from bench.loadgen import BenchResult, LoadSettings, run_bench
-from bench.suite import (
-    FAKE_HEAD,
-    FAKE_WINDOW,
-    SUITE_CHAIN_ID,
+from bench.services import (
     Service,
     Services,
-    SuiteOptions,
     free_port,
     python_cmd,
     rpc_call,
     running,
     split_cpus,
 )
+from bench.suite import FAKE_HEAD, FAKE_WINDOW, SUITE_CHAIN_ID, SuiteOptions
 
 FAULTS = ("baseline", "kill", "hang", "503", "slow", "wrong", "overload")
 BLOCK_TIME = 1.0  # seconds per block of the fake chain

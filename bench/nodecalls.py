@@ -27,7 +27,7 @@ import orjson
 import psutil
 
 from bench.contracts import VIEW_RUNTIME
-from bench.suite import _cpu_seconds
+from bench.services import cpu_seconds
 from nodes.state.service import StateNode
 from nodes.state.vendor import AccountDiff, VendorBlock
 
@@ -41,7 +41,7 @@ HOLDERS = 64
 
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of the process `pid` and its children (the EVM workers, the feed)."""
-    return _cpu_seconds(psutil.Process(pid)) or 0.0
+    return cpu_seconds(psutil.Process(pid)) or 0.0
 
 
 def blocks(count: int, rng: random.Random) -> list[VendorBlock]:

@@ -34,7 +34,7 @@ import psutil
 
 from bench.bodies import BlockRange, BodyPlan
 from bench.loadgen import BenchResult, LoadSettings, run_bench
-from bench.suite import Service, rpc_call, split_cpus
+from bench.services import Service, rpc_call, split_cpus
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEVNET_PORTS = re.compile(r"\b(8545|866\d)\b")  # anvil's and every component's port

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.suite import ProxySuite, SuiteOptions, proxy_config, python_cmd, render, run_suite
+from bench.services import python_cmd, running
+from bench.suite import ProxySuite, SuiteOptions, proxy_config, render, run_suite
 
 
 class StandInSuite(ProxySuite):
@@ -121,7 +122,7 @@ def test_without_go_the_reference_is_skipped_and_said(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(suite_module.shutil, "which", lambda name: None)
     suite = ProxySuite()
-    with suite_module.running(str(tmp_path)) as services:
+    with running(str(tmp_path)) as services:
         assert suite.start_go_proxy(services, "http://127.0.0.1:1", None) is None
         assert not services.started
     assert suite.notes and "go not found" in suite.notes[0]

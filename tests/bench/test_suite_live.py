@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
+from bench.services import running
 from bench.suite import (
     CallSuite,
     ProxySuite,
@@ -22,7 +23,6 @@ from bench.suite import (
     proxy_available,
     render,
     run_suite,
-    running,
 )
 
 pytestmark = pytest.mark.skipif(not proxy_available(), reason="the proxy is not in this tree")
@@ -110,7 +110,7 @@ def _post(url: str, body: bytes) -> Any:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_suite_stops_its_services(tmp_path: Path, sig: signal.Signals) -> None:
-    cmd = [sys.executable, "-m", "bench.suite", "proxy", "-d", "30", "--warmup", "0"]
+    cmd = [sys.executable, "-m", "bench.suitecli", "proxy", "-d", "30", "--warmup", "0"]
     cmd += ["-c", "2", "--no-reference", "--keep-dir", str(tmp_path)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     children: list[psutil.Process] = []
