@@ -155,7 +155,8 @@ def balance_mix(batch: int) -> BodyPlan:
 
 
 C1_CASE = "single-c1"
-POLL_OFF_TARGET = "proxy-no-poll"
+POLL_TARGET = "proxy-busy-poll"
+POLL_US = 250  # the busy polling window the latency option is measured with (µs)
 
 
 class ProxySuite:
@@ -186,10 +187,8 @@ class ProxySuite:
         proxy_url = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
         services.start("proxy", self.proxy_command(proxy_port, config), proxy_url, proxy_cpus)
         targets = {"direct": fake_url, "proxy": proxy_url}
-        if self.poll_off_wanted(opts):
-            targets[POLL_OFF_TARGET] = self.start_poll_off_proxy(
-                services, fake_url, proxy_cpus, opts
-            )
+        if self.poll_wanted(opts):
+            targets[POLL_TARGET] = self.start_poll_proxy(services, fake_url, proxy_cpus, opts)
         if opts.reference:
             go_url = self.start_go_proxy(services, fake_url, proxy_cpus)
             if go_url is not None:
@@ -197,26 +196,26 @@ class ProxySuite:
         return targets
 
     @staticmethod
-    def poll_off_wanted(opts: SuiteOptions) -> bool:
+    def poll_wanted(opts: SuiteOptions) -> bool:
         """Only when the c=1 case runs and --proxy did not set busy polling itself."""
         wanted = opts.cases is None or C1_CASE in opts.cases
         return wanted and "busy_poll_us" not in opts.proxy
 
-    def start_poll_off_proxy(
+    def start_poll_proxy(
         self, services: Services, node_url: str, cpus: list[int] | None, opts: SuiteOptions
     ) -> str:
-        """A second proxy, the same but with busy polling off, measured at c=1 only: what the
-        default `busy_poll_us` takes off the added latency (on a VM whose idle vCPUs halt,
-        most of it)."""
+        """A second proxy, the same but with busy polling on, measured at c=1 only: what the
+        latency option `busy_poll_us` takes off the added latency (on a VM whose idle vCPUs
+        halt, most of it), beside the default (off)."""
         port = free_port()
-        settings = {**opts.proxy, "busy_poll_us": 0}
-        config = services.workdir / "proxy-no-poll.toml"
+        settings = {**opts.proxy, "busy_poll_us": POLL_US}
+        config = services.workdir / f"{POLL_TARGET}.toml"
         config.write_text(proxy_config(node_url, extra=setting_lines(settings)))
         url = f"http://127.0.0.1:{port}/{SUITE_CHAIN_ID}"
-        services.start(POLL_OFF_TARGET, self.proxy_command(port, config), url, cpus)
+        services.start(POLL_TARGET, self.proxy_command(port, config), url, cpus)
         self.note(
-            f"{POLL_OFF_TARGET}: the same proxy with busy_poll_us = 0 (default 250), on the "
-            f"proxy's core, measured in {C1_CASE} only"
+            f"{POLL_TARGET}: the same proxy with busy_poll_us = {POLL_US} (default 0, off), on "
+            f"the proxy's core, measured in {C1_CASE} only"
         )
         return url
 
@@ -269,8 +268,8 @@ class ProxySuite:
             Case("single", balance_mix(1)),
             Case("batch10", balance_mix(10)),
             Case("batch100", balance_mix(100)),
-            # the latency a proxy adds, by default and with busy polling off
-            Case(C1_CASE, balance_mix(1), concurrency=1, also=(POLL_OFF_TARGET,)),
+            # the latency a proxy adds, by default and with busy polling on
+            Case(C1_CASE, balance_mix(1), concurrency=1, also=(POLL_TARGET,)),
         ]
 
 

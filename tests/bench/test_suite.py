@@ -59,8 +59,8 @@ def test_suite_measures_every_case_and_stops_everything(tmp_path: Path) -> None:
         assert direct["items_ok"] == direct["requests"] * case["batch"]
         assert direct["cpu_us_per_req"] > 0 and proxy["cpu_us_per_req"] > 0  # pids known
     assert "batch100" in render(report)
-    # the proxy without busy polling is started too, and measured in the c=1 case alone
-    measured = {c["case"]: "proxy-no-poll" in c["targets"] for c in report["cases"]}
+    # the proxy with busy polling is started too, and measured in the c=1 case alone
+    measured = {c["case"]: "proxy-busy-poll" in c["targets"] for c in report["cases"]}
     assert measured == {"single": False, "batch10": False, "batch100": False, "single-c1": True}
     assert len(seen) == 3 and not any(alive(pid) for pid in seen)
     assert (tmp_path / "fake-node.log").read_text().startswith("fake node (FAKE DATA")
@@ -75,11 +75,11 @@ def test_suite_measures_every_case_and_stops_everything(tmp_path: Path) -> None:
         (None, {"busy_poll_us": 100}, False),  # --proxy set it: one proxy, as asked
     ],
 )
-def test_no_poll_proxy_only_when_the_c1_case_runs_without_the_setting(
+def test_busy_poll_proxy_only_when_the_c1_case_runs_without_the_setting(
     cases: list[str] | None, proxy: dict[str, int], wanted: bool
 ) -> None:
     opts = SuiteOptions(cases=cases, proxy=proxy)
-    assert ProxySuite.poll_off_wanted(opts) is wanted
+    assert ProxySuite.poll_wanted(opts) is wanted
 
 
 def test_suite_stops_what_it_started_when_a_service_fails(tmp_path: Path) -> None:
