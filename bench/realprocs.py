@@ -4,7 +4,7 @@ processes do: the state node alone and the proxy with its node in process (`prox
 Why: `bench.batchpath` and `bench.inproccount` count a path in a synthetic harness, but the
 suite's wall clock comes from the real processes (their heaps, HTTP layer, background tasks
 such as ingest and head polls); these two modes measure those processes themselves, under
-the suite's own services and bodies (bench/README.md "Issue 15, session 11").
+the suite's own services and bodies (bench/README.md, "Tools for one path").
 
 - `gc`: the services start with `bench/gcprobe` on PYTHONPATH (its `sitecustomize` counts the
   collector's passes per generation); each case runs on both targets as the suite runs it
