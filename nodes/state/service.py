@@ -24,6 +24,7 @@ from chainstate.inproc import (
 )
 from chainstate.jsonrpc import Dispatcher, JsonRpcError, dumps
 from chainstate.rpcserver import rpc_handler
+from nodes.state.blocks import BlockMethods
 from nodes.state.hot import HotState
 from nodes.state.ingest import Ingest
 from nodes.state.leader import LeaderWatch
@@ -87,12 +88,15 @@ class StateNode:
             window=settings.window,
             chain_id=self.chain_id,
             max_validation_count=settings.max_validation_count,
+            blob_fee_update_fraction=settings.blob_fee_update_fraction,
         )
+        self.blocks = BlockMethods(self.store, self.methods.resolve)
         self.hot = HotState(settings.hot_blocks, settings.hot_cache_entries)
         self.reads = ReadPath(
             self.store, self.hot, self.methods, self.dispatcher, max_batch=settings.max_batch
         )
         self.ingest = Ingest(self.store, settings, self.metrics, registry=registry, hot=self.hot)
+        self.methods.source_head = lambda: self.ingest.source_head  # for eth_syncing
         # The proxy in this process calls these per body: bound straight to what does
         # the work (a wrapper method was one more Python call per body, ~0.1-0.3 µs).
         # answer_items(items): the answers of parsed request objects when every one is a
@@ -158,6 +162,9 @@ class StateNode:
         if wanted is not None and stored is None:
             await asyncio.to_thread(self.store.set_chain_id, wanted)
         self.dispatcher.update(self.methods.handlers())
+        self.dispatcher.update(self.blocks.handlers())
+        bounds = self.store.bounds()
+        self.methods.starting_block = 0 if bounds is None else bounds[1]
         if _evm_module_available():
             from nodes.state.evm.settings import EvmSettings
 
