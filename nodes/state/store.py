@@ -35,7 +35,7 @@ import lmdb
 import orjson
 
 from chainstate.jsonrpc import BLOCK_NOT_FOUND, DATABASE_FAILED, JsonRpcError
-from nodes.state.blockbody import BlockBody, packed_array, packed_count
+from nodes.state.blockbody import BlockBody, packed_array, stored_count, unstored
 from nodes.state.reader import HeaderInfo
 from nodes.state.vendor import AccountDiff, VendorBlock
 
@@ -230,17 +230,26 @@ class BodyReads:
     def _get(self, height: int, db: Any) -> bytes | None:
         return self._txn.get(_BE.pack(height), db=db) if self.held(height) else None
 
+    def _list(self, height: int, db: Any) -> bytes | None:
+        record = self._get(height, db)
+        return None if record is None else unstored(record)
+
     def shell(self, height: int) -> bytes | None:
         """The block object with its transactions as hashes, as JSON; None when not held."""
         return self._get(height, self._store._blocks)
 
     def transactions(self, height: int) -> bytes | None:
         """The packed transaction objects (nodes/state/blockbody.py); None when not held."""
-        return self._get(height, self._store._txs)
+        return self._list(height, self._store._txs)
+
+    def transaction_count(self, height: int) -> int | None:
+        """How many transactions the block has; None when not held."""
+        record = self._get(height, self._store._txs)
+        return None if record is None else stored_count(record)
 
     def receipts(self, height: int) -> bytes | None:
         """The packed receipts; None when not held."""
-        return self._get(height, self._store._receipts)
+        return self._list(height, self._store._receipts)
 
     def location(self, tx_hash: str) -> tuple[int, int] | None:
         """(height, index) of a transaction of a held block, by its lowercase 0x hash."""
@@ -570,8 +579,7 @@ class StateStore:
     def transaction_count(self, height: int) -> int | None:
         """How many transactions block `height` has; None when its body is not held."""
         with self.bodies() as bodies:
-            txs = bodies.transactions(height)
-            return None if txs is None else packed_count(txs)
+            return bodies.transaction_count(height)
 
     def chain_id(self) -> int | None:
         with self._reading() as txn:

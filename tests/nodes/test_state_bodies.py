@@ -20,6 +20,9 @@ from nodes.state.blockbody import (
     packed_array,
     packed_count,
     packed_item,
+    stored,
+    stored_count,
+    unstored,
     withdrawals_root,
 )
 from nodes.state.store import DuplicateTransaction, StateStore
@@ -60,6 +63,11 @@ def test_pack_slices_the_array_and_each_item() -> None:
     assert [packed_item(blob, i) for i in range(4)] == raws
     assert packed_item(blob, 4) is None and packed_item(blob, -1) is None
     assert packed_array(pack([])) == b"[]" and packed_item(pack([]), 0) is None
+    big = pack([b'{"logsBloom":"0x%s"}' % (b"0" * 512)] * 10)
+    for packed in (blob, big, pack([])):
+        record = stored(packed)
+        assert unstored(record) == packed and stored_count(record) == packed_count(packed)
+    assert len(stored(big)) < len(big) // 10 and len(stored(blob)) == len(blob) + 1
 
 
 def test_bodies_come_back_as_ingested_with_a_transaction_index(tmp_path: Path) -> None:
