@@ -24,6 +24,7 @@ from chainstate.inproc import (
 )
 from chainstate.jsonrpc import Dispatcher, JsonRpcError, dumps
 from chainstate.rpcserver import rpc_handler
+from nodes.state.backfill import BodyBackfill
 from nodes.state.blocks import BlockMethods
 from nodes.state.hot import HotState
 from nodes.state.ingest import Ingest
@@ -126,6 +127,8 @@ class StateNode:
         self._started = False
         self.evm: Any = None  # set by nodes.state.evm.methods.register when present
         self.logs: LogService | None = None  # eth_getLogs and its index, set at start
+        self.body_backfill = BodyBackfill(self)  # for a store from before bodies were kept
+        self._backfill_task: asyncio.Task[None] | None = None
         self.evm_settings: Any = None
 
     @classmethod
@@ -172,6 +175,10 @@ class StateNode:
             importlib.import_module(EVM_METHODS_MODULE).register(self)
             self.reads.evm = self.evm  # eth_calls of a batch queued at once
         self.logs = register_logs(self)
+        if self.body_backfill.needed():
+            self._backfill_task = asyncio.create_task(
+                self.body_backfill.run(), name=f"body-backfill:{self.key}"
+            )
         self.ingest.publish_metrics()
         await self.ingest.fill_hot()
         self._task = asyncio.create_task(self.ingest.run(), name=f"state-ingest:{self.key}")
@@ -199,12 +206,13 @@ class StateNode:
     async def close(self) -> None:
         if self.registry is not None:
             self.registry.unregister(self.key)
-        for task in (self._leader_task, self._task):
+        for task in (self._leader_task, self._task, self._backfill_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._task = self._leader_task = None
+        self._task = self._leader_task = self._backfill_task = None
+        await self.body_backfill.close()
         if self.logs is not None:
             await self.logs.close()
             self.logs = None

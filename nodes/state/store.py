@@ -671,6 +671,26 @@ class StateStore:
         txn.put(hb, body.transactions, db=self._txs)
         txn.put(hb, body.receipts, db=self._receipts)
 
+    def backfilled_body(self, txn: lmdb.Transaction, block: VendorBlock) -> bool:
+        """Keep the body of a block the store held before it kept bodies (in a write
+        transaction of the store, see `write`): only the block just below the held bodies,
+        with the stored block's hash; False (nothing written) otherwise."""
+        hb = _BE.pack(block.number)
+        bounds = self._bounds(txn)
+        stored = txn.get(hb, db=self._hdr)
+        if (
+            block.body is None
+            or bounds is None
+            or block.number < bounds[0]
+            or self._bodies_from(txn) != block.number + 1
+            or stored is None
+            or orjson.loads(stored)["header"]["hash"] != block.hash
+        ):
+            return False
+        self._put_body(txn, hb, block.number, block.body)
+        txn.put(META_BODIES_FROM, hb, db=self._meta)
+        return True
+
     def _drop_body(self, txn: lmdb.Transaction, hb: bytes) -> None:
         """Delete a block's body and its transactions' index entries (if it has them)."""
         shell = txn.get(hb, db=self._blocks)

@@ -4,6 +4,7 @@ rest of the block."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from eth.db.trie import make_trie_root_and_nodes
 from eth.vm.forks.shanghai.withdrawals import Withdrawal
 
+from chainstate.inproc import InprocRegistry
 from nodes.state.blockbody import (
     EMPTY_ROOT,
     pack,
@@ -25,9 +27,10 @@ from nodes.state.blockbody import (
     unstored,
     withdrawals_root,
 )
+from nodes.state.service import StateNode
 from nodes.state.store import DuplicateTransaction, StateStore
 from nodes.state.vendor import VendorBlockError, compute_validation_hash, parse_vendor_block
-from tests.nodes.test_state_chain import block_object, random_chain
+from tests.nodes.test_state_chain import ChainSource, block_object, random_chain
 from tests.nodes.test_state_logs import LogChain, log_chain
 
 
@@ -170,12 +173,7 @@ def test_a_store_from_before_bodies_holds_them_only_above_its_head(tmp_path: Pat
     store = open_store(tmp_path)
     apply_all(store, chain)
     store.close()
-    env = lmdb.open(str(tmp_path), max_dbs=16)
-    with env.begin(write=True) as txn:  # as an older version left it: no body databases
-        txn.delete(b"bodies_from", db=env.open_db(b"meta", txn=txn))
-        for name in (b"blocks", b"txs", b"receipts", b"txhashes"):
-            txn.drop(env.open_db(name, txn=txn), delete=True)
-    env.close()
+    forget_bodies(tmp_path)
     store = open_store(tmp_path)
     assert store.block_body(5) is None
     chain.add_block({})
@@ -185,6 +183,16 @@ def test_a_store_from_before_bodies_holds_them_only_above_its_head(tmp_path: Pat
     assert store.transaction_location("0x" + "42" * 32) == (12, 0)
     with store.bodies() as bodies:
         assert not bodies.whole_chain()
+
+
+def forget_bodies(path: Path) -> None:
+    """Make a store what an older version left: no body databases, no `bodies_from`."""
+    env = lmdb.open(str(path), max_dbs=16)
+    with env.begin(write=True) as txn:
+        txn.delete(b"bodies_from", db=env.open_db(b"meta", txn=txn))
+        for name in (b"blocks", b"txs", b"receipts", b"txhashes"):
+            txn.drop(env.open_db(name, txn=txn), delete=True)
+    env.close()
 
 
 def retag(raw: dict[str, Any]) -> dict[str, Any]:
@@ -270,3 +278,37 @@ def test_empty_lists_need_the_empty_roots_and_withdrawals_their_root() -> None:
     raw["Header"]["withdrawalsRoot"] = EMPTY_ROOT
     raw["BlockFile"]["block"] = block_object(raw["Header"], []) | {"withdrawals": []}
     assert parse_vendor_block(retag(raw)).body is not None
+
+
+async def test_a_node_from_before_bodies_fills_them_in_from_its_source(tmp_path: Path) -> None:
+    chain = chain_with_transactions(seed=9, blocks=30)
+    store = open_store(tmp_path / "old" / "lmdb")
+    apply_all(store, chain.fork(19, "main"))
+    store.close()
+    forget_bodies(tmp_path / "old" / "lmdb")
+    source = ChainSource(chain)
+    source.fail = True  # the old blocks cannot be fetched yet
+    registry = InprocRegistry()
+    registry.register("writer", source.handle_body)
+    section = {"key": "old", "kind": "archive", "source": "inproc://writer",
+               "poll_interval": 0.02, "backoff_initial": 0.02, "backoff_max": 0.05}  # fmt: skip
+    node = StateNode.from_config(section, data_dir=tmp_path / "old", registry=registry)
+    await node.start()
+    try:
+        answer = orjson.loads(await node.handle_body(orjson.dumps(
+            {"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByNumber", "params": ["0x5", True]}
+        )))  # fmt: skip
+        assert answer["error"]["code"] == -39006 and "body" in answer["error"]["message"]
+        source.fail = False
+        await node.ingest.wait_for_height(chain.head, within=30)
+        for _ in range(500):
+            if node.body_backfill.done:
+                break
+            await asyncio.sleep(0.02)
+        assert node.body_backfill.done
+        for height, raw in enumerate(chain.blocks):
+            assert node.store.block_body(height) == expected_body(raw), height
+        with node.store.bodies() as bodies:
+            assert bodies.whole_chain()
+    finally:
+        await node.close()
