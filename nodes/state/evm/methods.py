@@ -27,6 +27,8 @@ from nodes.state.evm import bsrb
 from nodes.state.evm.codec import (
     apply_block_overrides,
     block_env,
+    check_chain_id,
+    effective_price,
     parse_call,
     parse_calls,
     parse_flag,
@@ -186,6 +188,7 @@ class EvmMethods:
             self._known_chain_id = self._chain_id()  # kept once known: it never changes
         if self._known_chain_id is not None:
             job["chain_id"] = self._known_chain_id
+        check_chain_id(calls, job["chain_id"])
         if self._store is not None:
             job["store"] = self._store
         return job
@@ -388,7 +391,8 @@ class EvmMethods:
         with a gas price, the sender pays gas used × price and the coinbase gets the part
         above the base fee (the base fee is burnt). Without a gas price nothing is charged,
         as in eth_call."""
-        height, price = job["height"], call["gas_price"] or 0
+        height = job["height"]
+        price = effective_price(call, job["block"]["basefee"])
         sender = self._account(overlay, call["from"], height)
         sender["nonce"] = nonce + 1
         if price:
