@@ -389,17 +389,26 @@ class StructLogger:
     of the executing account read or written so far in the transaction."""
 
     def __init__(
-        self, max_steps: int, stack: bool, storage: bool, memory: bool, return_data: bool
+        self,
+        max_steps: int,
+        stack: bool,
+        storage: bool,
+        memory: bool,
+        return_data: bool,
+        limit: int = 0,
     ) -> None:
-        self.max_steps = max_steps
+        self.max_steps = max_steps  # of the whole job: past it the trace fails
+        self.limit = limit  # geth's `limit` per transaction: past it steps are not recorded
         self.stack, self.storage, self.memory, self.return_data = (
             stack,
             storage,
             memory,
             return_data,
         )
+        self.total = 0
         self.steps: list[dict[str, Any]] = []
-        self.open: list[dict[str, Any]] = []  # steps still running (a CALL runs its frame)
+        # steps still running, with their frame (a CALL runs its child frame)
+        self.open: list[tuple[Any, dict[str, Any]]] = []
         self.next_pc: dict[Any, int] = {}  # per frame: the pc after its last step
         self.slots: dict[bytes, dict[str, str]] = {}  # per account: slots seen, for `storage`
 
@@ -408,8 +417,8 @@ class StructLogger:
         self.steps, self.open, self.next_pc, self.slots = [], [], {}, {}
 
     def child_starts(self, parent: Any) -> None:
-        if self.open:
-            entry = self.open[-1]
+        if self.open and self.open[-1][0] is parent:
+            entry = self.open[-1][1]
             entry["gasCost"] = entry["gas"] - parent.get_gas_remaining()
 
     def before(self, computation: Any, opcode: int, name: str) -> dict[str, Any] | None:
@@ -419,7 +428,10 @@ class StructLogger:
             pc = code.program_counter  # the STOP past the end of the code: nothing was read
             if pc == 0:
                 return None  # empty code: revm runs no frame
-        if len(self.steps) >= self.max_steps:
+        if self.limit and len(self.steps) >= self.limit:
+            return None
+        self.total += 1
+        if self.total > self.max_steps:
             raise StepLimit(f"more than {self.max_steps} steps")
         entry: dict[str, Any] = {
             "pc": pc,
@@ -442,30 +454,44 @@ class StructLogger:
         if self.storage and opcode in (SLOAD, SSTORE) and values:
             self._storage(computation, opcode, values, entry)
         self.steps.append(entry)
-        self.open.append(entry)
+        self.open.append((computation, entry))
         return entry
 
     def _storage(
         self, computation: Any, opcode: int, values: list[Any], entry: dict[str, Any]
     ) -> None:
+        """The slot an SLOAD or SSTORE is about to touch, noted on the entry; `after` adds
+        it to the account's slots seen when revm's journal would show a change (a cold
+        slot, or a store of another value) and the step did not fail, as revm-inspectors
+        records storage. The entry shows the slots seen after the step."""
         top = values[-1]
         slot = top if top.__class__ is int else int.from_bytes(top, "big")
         address = computation.msg.storage_address
-        if opcode == SLOAD:
-            value = computation.state.get_storage(address, slot)
-        elif len(values) >= 2:
+        state = computation.state
+        current = state.get_storage(address, slot)
+        cold = not state.is_storage_warm(address, slot)
+        value = current
+        if opcode == SSTORE:
+            if len(values) < 2:
+                return
             raw = values[-2]
             value = raw if raw.__class__ is int else int.from_bytes(raw, "big")
-        else:
-            return
-        seen = self.slots.setdefault(address, {})
-        seen[_word(slot)] = _word(value)
-        entry["storage"] = dict(seen)
+        if cold or value != current:
+            entry["_slot"] = (address, slot, value)
+        entry["storage"] = self.slots.setdefault(address, {})
 
     def after(self, computation: Any, entry: dict[str, Any], failure: BaseException | None) -> None:
         """The step's cost once it ran; a step that failed carries revm's error (as
         revm-inspectors prints it) and, out of gas, costs all the gas the frame had."""
         self.open.pop()
+        self.next_pc[computation] = computation.code.program_counter
+        if "storage" in entry:
+            change = entry.pop("_slot", None)
+            seen = entry["storage"]
+            if change is not None and failure is None:
+                _address, slot, value = change
+                seen[_word(slot)] = _word(value)
+            entry["storage"] = dict(seen)
         if entry["gasCost"] is None:
             entry["gasCost"] = entry["gas"] - computation.get_gas_remaining()
         if failure is not None and isinstance(failure, evm_errors.VMError):
@@ -474,7 +500,6 @@ class StructLogger:
                 entry["error"] = f"Some({result})"
                 if result in ("OutOfGas", "MemoryOOG"):
                     entry["gasCost"] = entry["gas"]
-        self.next_pc[computation] = computation.code.program_counter
 
     def result(self, ran: Ran, gas_used: int) -> dict[str, Any]:
         """revm-inspectors' frame: `returnValue` is 0x-prefixed (geth writes it without)."""
@@ -497,6 +522,8 @@ def _stepped(opcode: int, fn: Any) -> Callable[..., None]:
 
     def step(computation: Any) -> None:
         logger = computation.state.stepper
+        if logger is None:  # a transaction run before the traced one
+            return fn(computation=computation)
         entry = logger.before(computation, opcode, name)
         if entry is None:
             return fn(computation=computation)

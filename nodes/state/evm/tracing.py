@@ -59,6 +59,7 @@ def run_job(
             storage=not cfg.get("disableStorage", False),
             memory=bool(cfg.get("enableMemory", False)),
             return_data=bool(cfg.get("enableReturnData", False)),
+            limit=int(cfg.get("limit") or 0),
         )
         state.computation_class = SteppedComputation
     try:

@@ -54,6 +54,10 @@ PRELOAD_ACCOUNTS = 64
 PRELOAD_SLOTS = 1024
 LEARNED_CALLS = 4096  # (callee, calldata) whose slots a worker remembers
 LEARN_DATA = 260  # calldata bytes that key a learned call (selector and 8 words)
+NO_WARM = frozenset({"trace", "replay", "trace_call"})  # jobs that never run on a warm EVM
+TRACE_JOBS = frozenset({"replay", "trace_call"})  # run on py-evm by tracing.py
+# tracing.TraceFailed kinds and the code each answers
+TRACE_ERRORS = {"gas": GAS_EXHAUSTED, "funds": BALANCE_EXHAUSTED}
 TRANSFER_GAS = 21_000  # a plain transfer's gas: what estimateGas answers without running it
 _REVERT = re.compile(r"^Revert \{ gas_used: (\d+), output: 0x([0-9a-fA-F]*) \}")
 _HALT = re.compile(r"^Halt \{ reason: (\w+)(?:\((\w+)\))?, gas_used: (\d+) \}")
@@ -438,7 +442,7 @@ def warm_key(job: dict[str, Any]) -> WarmKey | None:
     One EVM is exactly one block's state: state URL, height and hash. GASLIMIT reads the
     constructor's gas limit, so a gasLimit override needs its own EVM too.
     """
-    if job.get("fresh") or job["kind"] == "trace" or job.get("disable_cache"):
+    if job.get("fresh") or job["kind"] in NO_WARM or job.get("disable_cache"):
         return None
     return (job["fork_url"], job["height"], job["block"]["hash"], job["block"]["gas_limit"])
 
@@ -595,6 +599,8 @@ class Runner:
         kind = job["kind"]
         self._job = job
         try:
+            if kind in TRACE_JOBS:
+                return self._traces(job)
             evm = self.evm_for(job)
             evm.set_block_env(_block_env(job["block"]))
             if kind == "calls":
@@ -792,15 +798,7 @@ class Runner:
         """pyevm.run_on_pyevm's raw result, reading the job's block (from the store or the
         feed); with `trace_steps`, with its struct logs (at most that many)."""
         job = self._job
-        height = job["height"]
-        reads = self._store_reads(job.get("store"))
-        if reads is not None:
-            source = lambda a, s: reads.preload(a, s, height)  # noqa: E731
-            hash_of = reads.block_hash
-        else:
-            url = job["fork_url"]
-            source = lambda a, s: self.feed.preload(url, a, s, height)  # noqa: E731
-            hash_of = lambda h: self.feed.block_hash(url, h)  # noqa: E731
+        source, hash_of = self._sources(job)
         from nodes.state.evm import pyevm  # ~1.5 s the first time: only if needed
 
         try:
@@ -808,6 +806,29 @@ class Runner:
         except pyevm.TraceLimit:
             limit = f"{self.limits.max_trace_steps} steps"
             raise CallFailed(error(EVM_FAILED, f"trace exceeds {limit}")) from None
+
+    def _sources(self, job: dict[str, Any]) -> tuple[Any, Any]:
+        """(state source, block hash source) of py-evm at the job's height: the store read
+        directly, else the feed."""
+        height = job["height"]
+        reads = self._store_reads(job.get("store"))
+        if reads is not None:
+            source = lambda a, s: reads.preload(a, s, height)  # noqa: E731
+            return source, reads.block_hash
+        url = job["fork_url"]
+        source = lambda a, s: self.feed.preload(url, a, s, height)  # noqa: E731
+        return source, lambda h: self.feed.block_hash(url, h)
+
+    def _traces(self, job: dict[str, Any]) -> dict[str, Any]:
+        """A trace job (tracing.py) on py-evm: `{"results": [...]}` or `{"error"}`."""
+        from nodes.state.evm import tracing  # imports py-evm (~1.5 s the first time)
+
+        source, hash_of = self._sources(job)
+        try:
+            return {"results": tracing.run_job(job, source, hash_of, self.limits.max_trace_steps)}
+        except tracing.TraceFailed as exc:
+            code = TRACE_ERRORS.get(exc.kind, EVM_FAILED)
+            return {"error": error(code, str(exc))}
 
     def _pyevm_answer(self, r: dict[str, Any], collect: bool = False) -> dict[str, Any]:
         """A py-evm result as `_call` answers (or raises CallFailed)."""
