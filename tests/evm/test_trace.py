@@ -288,3 +288,46 @@ async def test_a_receipt_not_reproduced_is_an_error(tchain: TraceChain) -> None:
         assert answer["error"]["code"] == -39004
     finally:
         await methods.close()
+
+
+def _listed(answer: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+    """An access list in a fixed order (geth and anvil keep it in maps)."""
+    return sorted((x["address"], tuple(x["storageKeys"])) for x in answer["accessList"])
+
+
+async def test_create_access_list_equals_anvil(node: Client, tchain: TraceChain) -> None:
+    """The accounts and slots a call touches (sender, recipient and precompiles listed only
+    with slots), a list given in the request kept, and the gas used with the list."""
+    c = tchain.contracts
+    given = [{"address": A1, "storageKeys": ["0x" + "00" * 31 + "05"]}]
+    requests = [
+        *(request for name, request in _call_objects(tchain).items() if "revert" not in name),
+        {"from": A1, "to": c["forward_counter"], "accessList": given},
+        {"from": A1, "to": A1},
+    ]
+    height = hex(tchain.head)
+    for request in requests:
+        if request.get("data") == "0x60006000fd":
+            continue  # a creation that reverts: see below
+        ours = await node.call("eth_createAccessList", [request, height])
+        theirs = rpc(tchain.url, "eth_createAccessList", [request, height])
+        assert _listed(ours) == _listed(theirs), request
+        assert ours["gasUsed"] == theirs["gasUsed"], request
+        assert "error" not in ours
+
+
+async def test_create_access_list_of_a_failing_call(node: Client, tchain: TraceChain) -> None:
+    """A call that reverts or runs out of gas with the list: the list, the gas and `error`
+    as a result, as geth and the execution-apis spec answer (anvil answers a JSON-RPC
+    error); a sender that cannot pay is an error."""
+    c = tchain.contracts
+    reverted = await node.call("eth_createAccessList", [{"from": A1, "to": c["reason"]}])
+    assert reverted["error"] == "execution reverted"
+    assert int(reverted["gasUsed"], 16) > 21000
+    out_of_gas = await node.call(
+        "eth_createAccessList", [{"from": A1, "to": c["loop"], "gas": "0x10000"}]
+    )
+    assert (out_of_gas["error"], out_of_gas["gasUsed"]) == ("out of gas", "0x10000")
+    poor = {"from": "0x" + "11" * 20, "to": c["counter"], "gasPrice": "0x1"}
+    assert (await node.raw("eth_createAccessList", [poor]))["error"]["code"] == -39002
+    assert (await node.raw("eth_createAccessList", [{"to": "0x12"}]))["error"]["code"] == -32602

@@ -564,3 +564,52 @@ class SteppedComputation(FrameComputation):
     opcodes: ClassVar[dict[int, Any]] = {
         op: _stepped(op, fn) for op, fn in FrameComputation.opcodes.items()
     }
+
+
+# -- eth_createAccessList ----------------------------------------------------------------
+
+PRECOMPILES = frozenset(i.to_bytes(20, "big") for i in range(1, 11))  # Cancun's 0x01..0x0a
+EXT_OPS = frozenset({0x3B, 0x3C, 0x3F, 0x31, 0xFF})  # EXTCODESIZE/COPY/HASH, BALANCE, SELFDESTRUCT
+CALLS = frozenset({0xF1, 0xF2, 0xF4, 0xFA})  # CALL, CALLCODE, DELEGATECALL, STATICCALL
+
+
+class AccessListCollector:
+    """geth's access-list tracer: the slots every SLOAD/SSTORE touches (of any account),
+    and the accounts BALANCE, EXTCODE*, SELFDESTRUCT and the CALLs touch, except the
+    sender, the recipient (or the created account) and the precompiles; it starts from the
+    list the call gave."""
+
+    def __init__(self, excluded: set[bytes], start: list[tuple[str, list[int]]]) -> None:
+        self.excluded = excluded | PRECOMPILES
+        self.touched: dict[bytes, set[int]] = {}
+        for address, slots in start:
+            raw = bytes.fromhex(address[2:])
+            if raw not in self.excluded or slots:
+                self.touched.setdefault(raw, set()).update(slots)
+
+    def child_starts(self, parent: Any) -> None:
+        pass
+
+    def before(self, computation: Any, opcode: int, name: str) -> None:
+        values = computation._stack.values
+        if opcode in (SLOAD, SSTORE) and values:
+            slot = _int(values[-1])
+            self.touched.setdefault(computation.msg.storage_address, set()).add(slot)
+        elif opcode in EXT_OPS and values:
+            self._account(_int(values[-1]))
+        elif opcode in CALLS and len(values) >= 2:
+            self._account(_int(values[-2]))
+        return None
+
+    def _account(self, word: int) -> None:
+        address = (word & (2**160 - 1)).to_bytes(20, "big")
+        if address not in self.excluded:
+            self.touched.setdefault(address, set())
+
+    def access_list(self) -> list[tuple[str, list[int]]]:
+        """The list, accounts and slots sorted (geth and anvil keep them in maps)."""
+        return [(_address(a), sorted(slots)) for a, slots in sorted(self.touched.items())]
+
+
+def _int(value: Any) -> int:
+    return value if value.__class__ is int else int.from_bytes(value, "big")

@@ -1,6 +1,6 @@
 """The trace methods of the state node: debug_traceCall, debug_traceTransaction,
-debug_traceBlockByNumber/ByHash, trace_block, trace_transaction, trace_filter and
-trace_replayBlockTransactions.
+debug_traceBlockByNumber/ByHash, trace_block, trace_transaction, trace_filter,
+trace_replayBlockTransactions, and eth_createAccessList (which traces its call).
 
 A mined transaction is traced by re-executing its block's transactions before it on the
 state of the parent block, with the block's environment, in a worker (tracing.py); the
@@ -133,6 +133,7 @@ class TraceMethods:
             "trace_transaction": self.trace_transaction,
             "trace_filter": self.trace_filter,
             "trace_replayBlockTransactions": self.trace_replay_block_transactions,
+            "eth_createAccessList": self.eth_create_access_list,
         }
 
     # -- helpers ----------------------------------------------------------------------
@@ -228,6 +229,18 @@ class TraceMethods:
         parse_tracer(options)
         ref = BlockRef(hash=parse_hash(block_hash, "block hash"))
         return await self._trace_block(self._height(ref), options)
+
+    # -- eth namespace ----------------------------------------------------------------
+
+    async def eth_create_access_list(self, params: Any) -> dict[str, Any]:
+        """geth's eth_createAccessList (run until the list settles, on py-evm): the list,
+        the gas used with it, and `error` when the call fails with it (a result, as geth and
+        the execution-apis spec answer; anvil answers a JSON-RPC error instead)."""
+        request, block = params_list(params, ["transaction", "blockNumber"])
+        ref = parse_block_number_param("latest" if block is None else block)
+        job = await self.evm.prepare("access_list", ref, request)
+        job.update(call=job["calls"][0], tracer={"name": "accessList", "config": {}})
+        return (await self.evm.executor.run(job))["results"][0]
 
     # -- trace namespace (Parity style) -----------------------------------------------
 
