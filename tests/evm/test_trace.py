@@ -225,6 +225,7 @@ async def test_struct_logs_of_mined_transactions(node: Client, tchain: TraceChai
         ("trace_filter", [{"fromAddress": ["0x12"]}], -32602),
         ("trace_replayBlockTransactions", ["0x1", ["vmTrace"]], -32602),
         ("trace_replayBlockTransactions", ["0x1", ["stateDiff"]], -32602),
+        ("eth_simulateV1", [{"blockStateCalls": []}, "latest"], -32601),
     ],
 )
 async def test_bad_inputs(
