@@ -368,6 +368,57 @@ def prestate(ran: Ran, state: ReplayState, diff: bool, code: bool, storage: bool
     return {"pre": pre_out, "post": post_out}
 
 
+def state_diff(ran: Ran, state: ReplayState) -> dict[str, Any]:
+    """trace_replayBlockTransactions' Parity `stateDiff` of one transaction, as
+    revm-inspectors' populate_state_diff builds it: per account touched and changed, its
+    balance, nonce, code and changed slots as `"="`, `{"+": new}` (created from nothing) or
+    `{"*": {"from", "to"}}`."""
+    db = state.accounts
+    slots: dict[bytes, dict[int, int]] = {}
+    for (address, slot), value in ran.access.slots.items():
+        slots.setdefault(address, {})[slot] = value
+    created = set(ran.created)
+    out: dict[str, Any] = {}
+    with db.quietly() as quiet:
+        for address, acc in ran.access.accounts.items():
+            is_created, destroyed = address in created, address in ran.deleted
+            if is_created and destroyed:
+                continue
+            now = quiet._get_account(address)
+            changed = {}
+            for slot, before in slots.get(address, {}).items():
+                after = quiet.get_storage(address, slot)
+                if after != before:
+                    changed[slot] = (before, after)
+            entry: dict[str, Any] = {"balance": "=", "code": "=", "nonce": "=", "storage": {}}
+            if is_created and acc.balance == 0:
+                entry["balance"] = {"+": hex(now.balance)}
+                entry["nonce"] = {"+": hex(now.nonce)}
+                entry["code"] = {"+": _hex(db.code_of(now.code_hash))}
+                entry["storage"] = {_word(k): {"+": _word(v[1])} for k, v in changed.items()}
+            else:
+                if is_created:
+                    before_code, after_code = db.code_of(acc.code_hash), db.code_of(now.code_hash)
+                    entry["code"] = {"*": {"from": _hex(before_code), "to": _hex(after_code)}}
+                entry["storage"] = {
+                    _word(k): {"*": {"from": _word(b), "to": _word(a)}}
+                    for k, (b, a) in changed.items()
+                }
+                same = (acc.balance, acc.nonce, acc.code_hash) == (
+                    now.balance,
+                    now.nonce,
+                    now.code_hash,
+                )
+                if not changed and same and not destroyed:
+                    continue
+                if acc.balance != now.balance:
+                    entry["balance"] = {"*": {"from": hex(acc.balance), "to": hex(now.balance)}}
+                if acc.nonce != now.nonce:
+                    entry["nonce"] = {"*": {"from": hex(acc.nonce), "to": hex(now.nonce)}}
+            out[_address(address)] = entry
+    return out
+
+
 def _account_state(nonce: int, balance: int, code: bytes) -> dict[str, Any]:
     """alloy's AccountState: balance always, nonce when not 0, code when not empty."""
     out: dict[str, Any] = {"balance": hex(balance)}

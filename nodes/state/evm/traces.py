@@ -272,30 +272,29 @@ class TraceMethods:
         return [_localized(t, body["block"]["hash"], height, tx["hash"], index) for t in traces]
 
     async def trace_replay_block_transactions(self, params: Any) -> list[dict[str, Any]]:
-        """Only the `trace` type: `stateDiff` and `vmTrace` are refused (not half answered)."""
+        """The `trace` and `stateDiff` types; `vmTrace` is refused (not half answered)."""
         block, types = params_list(params, ["blockNumber", "traceTypes"])
         if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
             raise invalid("invalid traceTypes: expected an array of strings")
         unknown = sorted(set(types) - REPLAY_TYPES)
         if unknown:
             raise invalid(f"invalid traceTypes: unknown {unknown}")
-        unsupported = sorted(set(types) - {"trace"})
-        if unsupported:
-            raise invalid(f"traceTypes {unsupported} are not supported (supported: trace)")
+        if "vmTrace" in types:
+            raise invalid("traceType vmTrace is not supported (supported: trace, stateDiff)")
         height = self._height(_block_number(block, "block"))
         body = self._body(height)
         txs = body["block"]["transactions"]
-        tracer = {"name": "parity", "config": {}}
+        tracer = {"name": "replay", "config": {"stateDiff": "stateDiff" in types}}
         per_tx = await self._replay(height, body, list(range(len(txs))), tracer)
         return [
             {
-                "output": _output(traces),
-                "stateDiff": None,
-                "trace": traces if "trace" in types else [],
+                "output": _output(one["trace"]),
+                "stateDiff": one["stateDiff"],
+                "trace": one["trace"] if "trace" in types else [],
                 "vmTrace": None,
                 "transactionHash": tx["hash"],
             }
-            for tx, traces in zip(txs, per_tx, strict=True)
+            for tx, one in zip(txs, per_tx, strict=True)
         ]
 
     async def trace_filter(self, params: Any) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ from nodes.state.evm.tracers import (
     error_of,
     parity_traces,
     prestate,
+    state_diff,
 )
 
 MAX_ACCESS_LIST_RUNS = 8  # runs of eth_createAccessList while each finds more to list
@@ -129,6 +130,9 @@ def _traced(
         )
     if name == "parity":
         return parity_traces(ran)
+    if name == "replay":  # trace_replayBlockTransactions: the traces and the state diff
+        diff = state_diff(ran, state) if cfg.get("stateDiff") else None
+        return {"trace": parity_traces(ran), "stateDiff": diff}
     return {}  # noopTracer
 
 
