@@ -344,3 +344,18 @@ async def test_create_access_list_of_a_failing_call(node: Client, tchain: TraceC
     poor = {"from": "0x" + "11" * 20, "to": c["counter"], "gasPrice": "0x1"}
     assert (await node.raw("eth_createAccessList", [poor]))["error"]["code"] == -39002
     assert (await node.raw("eth_createAccessList", [{"to": "0x12"}]))["error"]["code"] == -32602
+
+
+async def test_struct_log_size_limit(tchain: TraceChain) -> None:
+    """Memory and stack are copied into every step: the answer's size is bounded too."""
+    settings = EvmSettings(workers=1, max_trace_bytes=2000)
+    methods = EvmMethods(AnvilReader(tchain.url), settings)
+    try:
+        options = {"enableMemory": True}
+        answer = await Client(methods).raw(
+            "debug_traceTransaction", [tchain.txs["nested_log"], options]
+        )
+        assert answer["error"]["code"] == -39004
+        assert "2000 bytes" in answer["error"]["message"]
+    finally:
+        await methods.close()

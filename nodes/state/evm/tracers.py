@@ -447,8 +447,11 @@ class StructLogger:
         memory: bool,
         return_data: bool,
         limit: int = 0,
+        max_bytes: int = 0,
     ) -> None:
         self.max_steps = max_steps  # of the whole job: past it the trace fails
+        self.max_bytes = max_bytes  # the steps' JSON, roughly, of the whole job (0: no bound)
+        self.size = 0
         self.limit = limit  # geth's `limit` per transaction: past it steps are not recorded
         self.stack, self.storage, self.memory, self.return_data = (
             stack,
@@ -504,9 +507,18 @@ class StructLogger:
         entry["refund"] = computation._gas_meter.gas_refunded
         if self.storage and opcode in (SLOAD, SSTORE) and values:
             self._storage(computation, opcode, values, entry)
+        if self.max_bytes:
+            self._count(entry)
         self.steps.append(entry)
         self.open.append((computation, entry))
         return entry
+
+    def _count(self, entry: dict[str, Any]) -> None:
+        """Bound the answer's size: memory and stack are copied into every step."""
+        self.size += 120 + 70 * (len(entry.get("stack", ())) + len(entry.get("memory", ())))
+        self.size += len(entry.get("returnData", "")) + 140 * len(entry.get("storage", ()))
+        if self.size > self.max_bytes:
+            raise StepLimit(f"more than {self.max_bytes} bytes")
 
     def _storage(
         self, computation: Any, opcode: int, values: list[Any], entry: dict[str, Any]

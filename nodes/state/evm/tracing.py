@@ -52,7 +52,11 @@ class TraceFailed(Exception):
 
 
 def run_job(
-    job: dict[str, Any], source: Source, hash_of: Callable[[int], bytes], max_steps: int
+    job: dict[str, Any],
+    source: Source,
+    hash_of: Callable[[int], bytes],
+    max_steps: int,
+    max_bytes: int = 0,
 ) -> list[Any]:
     """The traced transactions' answers, in order (TraceFailed when the trace cannot be
     trusted or exceeds its limits)."""
@@ -68,6 +72,7 @@ def run_job(
             memory=bool(cfg.get("enableMemory", False)),
             return_data=bool(cfg.get("enableReturnData", False)),
             limit=int(cfg.get("limit") or 0),
+            max_bytes=max_bytes,
         )
         state.computation_class = SteppedComputation
     try:
@@ -78,8 +83,8 @@ def run_job(
         return _replay(state, job, logger)
     except ReplayError as exc:
         raise TraceFailed("replay", str(exc)) from None
-    except StepLimit:
-        raise TraceFailed("limit", f"trace exceeds {max_steps} steps") from None
+    except StepLimit as exc:
+        raise TraceFailed("limit", f"trace exceeds its limit: {exc}") from None
 
 
 def _replay(state: ReplayState, job: dict[str, Any], logger: StructLogger | None) -> list[Any]:

@@ -827,7 +827,11 @@ class Runner:
 
         source, hash_of = self._sources(job)
         try:
-            return {"results": tracing.run_job(job, source, hash_of, self.limits.max_trace_steps)}
+            limits = self.limits
+            results = tracing.run_job(
+                job, source, hash_of, limits.max_trace_steps, limits.max_trace_bytes
+            )
+            return {"results": results}
         except tracing.TraceFailed as exc:
             code = TRACE_ERRORS.get(exc.kind, EVM_FAILED)
             return {"error": error(code, str(exc))}
