@@ -125,6 +125,9 @@ class MethodSpec:
     trie: bool = False  # needs a state trie: the pool's `full` nodes, else the Leader
     mempool: bool = False  # a transaction by hash: the state nodes, then the Leader
     missing_null: bool = False  # not found (a final -39006) is answered `null`
+    # Its block param takes an EIP-1898 object, so a pinned block is sent by hash; the
+    # block getters and traces "by number" are sent the pinned height (proxy/reads.py)
+    by_hash: bool = True
     # A method of the standard Ethereum API: its clients see standard error codes (set for
     # every name of STANDARD_PREFIXES below but the spec's own vendor methods).
     standard: bool = False
@@ -141,6 +144,7 @@ def _m(
     trie: bool = False,
     mempool: bool = False,
     missing_null: bool = False,
+    by_hash: bool = True,
 ) -> MethodSpec:
     names = tuple(params.split()) if params else ()
     block_at = -1
@@ -167,6 +171,7 @@ def _m(
         trie=trie,
         mempool=mempool,
         missing_null=missing_null,
+        by_hash=by_hash,
     )
 
 
@@ -225,22 +230,24 @@ METHODS: dict[str, MethodSpec] = {
     "eth_getBlockByNumber": _m("blockNumber full", 1, "number", pending=True, missing_null=True),
     "eth_getBlockByHash": _m("blockHash full", 1, "hash", missing_null=True),
     "eth_getBlockTransactionCountByNumber": _m(
-        "blockNumber", 1, "number", pending=True, missing_null=True
+        "blockNumber", 1, "number", pending=True, missing_null=True, by_hash=False
     ),
     "eth_getBlockTransactionCountByHash": _m("blockHash", 1, "hash", missing_null=True),
     "eth_getTransactionByBlockNumberAndIndex": _m(
-        "blockNumber index", 2, "number", _INDEX, pending=True, missing_null=True
+        "blockNumber index", 2, "number", _INDEX, pending=True, missing_null=True, by_hash=False
     ),
     "eth_getTransactionByBlockHashAndIndex": _m(
         "blockHash index", 2, "hash", _INDEX, missing_null=True
     ),
-    "eth_getBlockReceipts": _m("blockNumber", 1, "number", pending=True, missing_null=True),
+    "eth_getBlockReceipts": _m(
+        "blockNumber", 1, "number", pending=True, missing_null=True, by_hash=False
+    ),
     "eth_getUncleCountByBlockNumber": _m(
-        "blockNumber", 1, "number", pending=True, missing_null=True
+        "blockNumber", 1, "number", pending=True, missing_null=True, by_hash=False
     ),
     "eth_getUncleCountByBlockHash": _m("blockHash", 1, "hash", missing_null=True),
     "eth_getUncleByBlockNumberAndIndex": _m(
-        "blockNumber index", 2, "number", _INDEX, pending=True, missing_null=True
+        "blockNumber index", 2, "number", _INDEX, pending=True, missing_null=True, by_hash=False
     ),
     "eth_getUncleByBlockHashAndIndex": _m("blockHash index", 2, "hash", _INDEX, missing_null=True),
     # state nodes, then the Leader when none holds it (a pending transaction)
@@ -265,9 +272,11 @@ METHODS: dict[str, MethodSpec] = {
     "debug_traceTransaction": _m(
         "transactionHash options", 1, checks=((0, parse_hash), (1, _optional_object))
     ),
-    "debug_traceBlockByNumber": _m("blockNumber options", 1, "number", ((1, _optional_object),)),
+    "debug_traceBlockByNumber": _m(
+        "blockNumber options", 1, "number", ((1, _optional_object),), by_hash=False
+    ),
     "debug_traceBlockByHash": _m("blockHash options", 1, "hash", ((1, _optional_object),)),
-    "trace_block": _m("blockNumber", 1, "number"),
+    "trace_block": _m("blockNumber", 1, "number", by_hash=False),
     "trace_transaction": _m("transactionHash", 1, checks=_HASH),
     "trace_filter": _m("filter", 1, "trace"),
     # state node: what clients ask to identify the node and network

@@ -278,3 +278,24 @@ async def test_full_nodes_answer_what_needs_a_trie(make_api, fake_nodes) -> None
     )[0] == 201
     answer = await api.call("1337", "eth_getProof", [*proof[:2], "0x3e8"])
     assert answer["result"]["node"] == "w1", answer
+
+
+async def test_latest_is_sent_by_hash_only_where_the_method_takes_one(two) -> None:
+    """A pinned `latest` goes to the node by hash where the block param takes an EIP-1898
+    object (state reads, eth_getBlockByNumber), and as the pinned height to the block
+    getters and traces "by number", whose param is a number or tag."""
+    api, state, _ = two
+    await chain_known(api)
+    head = api.proxy.state.pools["1337"].head()
+    for method, params in (
+        ("eth_getBalance", [ADDR, "latest"]),
+        ("eth_getBlockReceipts", ["latest"]),
+        ("trace_block", ["latest"]),
+        ("debug_traceBlockByNumber", ["latest", {}]),
+        ("eth_getTransactionByBlockNumberAndIndex", ["latest", "0x0"]),
+    ):
+        answer = await api.call("1337", method, params)
+        assert answer["result"]["height"] == head, (method, answer)
+        sent = state.data_items(method)[-1]["params"][0 if method != "eth_getBalance" else 1]
+        expected = {"blockHash": block_hash(head)} if method == "eth_getBalance" else hex(head)
+        assert sent == expected, (method, sent)
