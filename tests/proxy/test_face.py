@@ -233,7 +233,7 @@ async def test_a_client_names_the_lowest_block_it_accepts(make_api, fake_nodes) 
     await chain_known(api)
     answer = (await api.rpc("1337", req("eth_getBalance", [ADDR, "latest"]), header))[1]
     assert answer["result"]["height"] == 1003  # the pool's latest is higher: that one
-    for bad in ("latest", "-1", "0x", "1e3", "0x" + "f" * 17):
+    for bad in ("latest", "-1", "0x", "1e3", "1_000", "0X10", "0x" + "f" * 17):
         status, answer = await api.rpc("1337", number, {"x-min-block": bad})
         assert status == 200 and answer["error"]["code"] == -32600, (bad, answer)
         assert "x-min-block" in answer["error"]["message"]
