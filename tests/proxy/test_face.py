@@ -254,6 +254,9 @@ async def test_full_nodes_answer_what_needs_a_trie(make_api, fake_nodes) -> None
     proof = ["0x" + "11" * 20, ["0x0"], "0x3e9"]
     answer = await api.call("1337", "eth_getProof", proof)
     assert answer["result"]["node"] == "geth-1", answer
+    params = {"method": "eth_getProof", "block": "0x3e9"}
+    status, chosen = await api.get("/1337/debug_chooseOneNode", params=params)
+    assert status == 200 and chosen["kind"] == "full" and chosen["node"]["key"] == "geth-1"
     _, answers = await api.rpc("1337", [req("eth_getProof", proof, 1), req("eth_chainId", [], 2)])
     assert [a["result"]["node"] for a in answers] == ["geth-1", "state-1"]
     for method, params in (("eth_getBalance", [ADDR, "latest"]), ("eth_blockNumber", [])):
