@@ -80,7 +80,7 @@ def _log_range(value: Any) -> BlockRef:
 
 
 _TRACE_FILTER_FIELDS = frozenset(
-    ("fromBlock", "toBlock", "fromAddress", "toAddress", "after", "count")
+    ("fromBlock", "toBlock", "fromAddress", "toAddress", "mode", "after", "count")
 )
 
 
@@ -93,12 +93,8 @@ def _trace_range(value: Any) -> BlockRef:
         expected = sorted(_TRACE_FILTER_FIELDS)
         msg = f"unknown field {cut(unknown[0])!r} in trace filter: expected {expected}"
         raise JsonRpcError(INVALID_PARAMS, msg)
-    start = parse_block_number_param(value.get("fromBlock"), default=BlockRef(tag="earliest"))
-    if start.hash is not None:
-        raise JsonRpcError(
-            INVALID_BLOCK_ID, "invalid fromBlock: a trace filter takes a height or tag"
-        )
-    return start
+    start = value.get("fromBlock")
+    return BlockRef(tag="earliest") if start is None else parse_block_id(start)
 
 
 BLOCK_PARSERS: dict[str, Callable[[Any], BlockRef]] = {
@@ -126,7 +122,8 @@ class MethodSpec:
     mempool: bool = False  # a transaction by hash: the state nodes, then the Leader
     missing_null: bool = False  # not found (a final -39006) is answered `null`
     # Its block param takes an EIP-1898 object, so a pinned block is sent by hash; the
-    # block getters and traces "by number" are sent the pinned height (proxy/reads.py)
+    # traces "by number" (a number, tag or bare hash) are sent the pinned height
+    # (proxy/reads.py)
     by_hash: bool = True
     # A method of the standard Ethereum API: its clients see standard error codes (set for
     # every name of STANDARD_PREFIXES below but the spec's own vendor methods).
@@ -230,24 +227,22 @@ METHODS: dict[str, MethodSpec] = {
     "eth_getBlockByNumber": _m("blockNumber full", 1, "number", pending=True, missing_null=True),
     "eth_getBlockByHash": _m("blockHash full", 1, "hash", missing_null=True),
     "eth_getBlockTransactionCountByNumber": _m(
-        "blockNumber", 1, "number", pending=True, missing_null=True, by_hash=False
+        "blockNumber", 1, "number", pending=True, missing_null=True
     ),
     "eth_getBlockTransactionCountByHash": _m("blockHash", 1, "hash", missing_null=True),
     "eth_getTransactionByBlockNumberAndIndex": _m(
-        "blockNumber index", 2, "number", _INDEX, pending=True, missing_null=True, by_hash=False
+        "blockNumber index", 2, "number", _INDEX, pending=True, missing_null=True
     ),
     "eth_getTransactionByBlockHashAndIndex": _m(
         "blockHash index", 2, "hash", _INDEX, missing_null=True
     ),
-    "eth_getBlockReceipts": _m(
-        "blockNumber", 1, "number", pending=True, missing_null=True, by_hash=False
-    ),
+    "eth_getBlockReceipts": _m("blockNumber", 1, "number", pending=True, missing_null=True),
     "eth_getUncleCountByBlockNumber": _m(
-        "blockNumber", 1, "number", pending=True, missing_null=True, by_hash=False
+        "blockNumber", 1, "number", pending=True, missing_null=True
     ),
     "eth_getUncleCountByBlockHash": _m("blockHash", 1, "hash", missing_null=True),
     "eth_getUncleByBlockNumberAndIndex": _m(
-        "blockNumber index", 2, "number", _INDEX, pending=True, missing_null=True, by_hash=False
+        "blockNumber index", 2, "number", _INDEX, pending=True, missing_null=True
     ),
     "eth_getUncleByBlockHashAndIndex": _m("blockHash index", 2, "hash", _INDEX, missing_null=True),
     # state nodes, then the Leader when none holds it (a pending transaction)
@@ -261,7 +256,6 @@ METHODS: dict[str, MethodSpec] = {
     "eth_createAccessList": _m(
         "transaction blockNumber", 1, "number", ((0, _object),), pending=True
     ),
-    "eth_simulateV1": _m("payload blockNumber", 1, "number", ((0, _object),), pending=True),
     "debug_traceCall": _m(
         "request blockNumber options",
         1,
@@ -277,6 +271,9 @@ METHODS: dict[str, MethodSpec] = {
     ),
     "debug_traceBlockByHash": _m("blockHash options", 1, "hash", ((1, _optional_object),)),
     "trace_block": _m("blockNumber", 1, "number", by_hash=False),
+    "trace_replayBlockTransactions": _m(
+        "blockNumber traceTypes", 2, "number", ((1, _list),), by_hash=False
+    ),
     "trace_transaction": _m("transactionHash", 1, checks=_HASH),
     "trace_filter": _m("filter", 1, "trace"),
     # state node: what clients ask to identify the node and network
@@ -333,6 +330,8 @@ METHODS: dict[str, MethodSpec] = {
     "eth_signTransaction": _m("transaction", 1, checks=((0, _object),), writer=True),
     "eth_signTypedData_v4": _m("address typedData", 2, checks=_ADDR, writer=True),
     "eth_fillTransaction": _m("transaction", 1, checks=((0, _object),), writer=True),
+    # simulated blocks carry state roots, which need the trie the state nodes do not keep
+    "eth_simulateV1": _m("payload blockNumber", 1, "number", ((0, _object),), writer=True),
     "eth_coinbase": _m(writer=True),
     "eth_protocolVersion": _m(writer=True),
     "eth_config": _m(writer=True),

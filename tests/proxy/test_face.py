@@ -285,20 +285,21 @@ async def test_full_nodes_answer_what_needs_a_trie(make_api, fake_nodes) -> None
 
 async def test_latest_is_sent_by_hash_only_where_the_method_takes_one(two) -> None:
     """A pinned `latest` goes to the node by hash where the block param takes an EIP-1898
-    object (state reads, eth_getBlockByNumber), and as the pinned height to the block
-    getters and traces "by number", whose param is a number or tag."""
+    object (state reads, the block getters), and as the pinned height to the traces "by
+    number", whose param is a number, tag or bare hash."""
     api, state, _ = two
     await chain_known(api)
     head = api.proxy.state.pools["1337"].head()
-    for method, params in (
-        ("eth_getBalance", [ADDR, "latest"]),
-        ("eth_getBlockReceipts", ["latest"]),
-        ("trace_block", ["latest"]),
-        ("debug_traceBlockByNumber", ["latest", {}]),
-        ("eth_getTransactionByBlockNumberAndIndex", ["latest", "0x0"]),
+    by_hash = {"blockHash": block_hash(head)}
+    for method, params, expected in (
+        ("eth_getBalance", [ADDR, "latest"], by_hash),
+        ("eth_getBlockReceipts", ["latest"], by_hash),
+        ("eth_getTransactionByBlockNumberAndIndex", ["latest", "0x0"], by_hash),
+        ("trace_block", ["latest"], hex(head)),
+        ("debug_traceBlockByNumber", ["latest", {}], hex(head)),
+        ("trace_replayBlockTransactions", ["latest", ["trace"]], hex(head)),
     ):
         answer = await api.call("1337", method, params)
         assert answer["result"]["height"] == head, (method, answer)
-        sent = state.data_items(method)[-1]["params"][0 if method != "eth_getBalance" else 1]
-        expected = {"blockHash": block_hash(head)} if method == "eth_getBalance" else hex(head)
+        sent = state.data_items(method)[-1]["params"][1 if method == "eth_getBalance" else 0]
         assert sent == expected, (method, sent)
