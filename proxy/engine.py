@@ -849,13 +849,15 @@ class Engine:
             if answer is None:  # a notification
                 return 204, b""
             out = answer if type(answer) is bytes else orjson.dumps(answer)
+            if spec.standard and out.find(b"-390") >= 0:  # (a node's code: proxy/face.py)
+                out = face.public_raw(spec, out, lambda: self._held(ctx.pool, item.ref))
         else:
-            if type(rid) is orjson.Fragment:  # as the client wrote it, not as parsed
-                out = restore_ids(body, out)
             if item.method in UNMINED_FIELDS:
                 out = self._readable_view(ctx.pool, item.method, out)
-        if spec.standard and out.find(b"-390") >= 0:  # (a node's -390xx code: proxy/face.py)
-            out = face.public_raw(spec, out, lambda: self._held(ctx.pool, item.ref))
+            if spec.standard and out.find(b"-390") >= 0:  # (a node's code: proxy/face.py)
+                out = face.public_raw(spec, out, lambda: self._held(ctx.pool, item.ref))
+            if type(rid) is orjson.Fragment:  # as the client wrote it, not as parsed
+                out = restore_ids(body, out)  # (last: the steps above decode the answer)
         return (204, b"") if notif or not out else (200, out)
 
     # ---- step 2: the read path (one head per request, cache, coalescing) -----------------

@@ -105,6 +105,15 @@ async def test_standard_codes_and_null_on_every_route(make_api, fake_nodes) -> N
             status, raw = await engine.handle("1337", orjson.dumps(batch), {})
             for answer, request, (_, expected) in zip(orjson.loads(raw), batch, CASES, strict=True):
                 check(answer, request, expected)
+        # Ids orjson would change come back as written, also when the answer is rewritten.
+        for rid in (b"1e-400", b"18446744073709551616", b"1.50"):
+            body = b'{"jsonrpc":"2.0","id":%s,"method":"eth_call","params":[{"to":"%s"},"0x3e0"]}'
+            body = body % (rid, ADDR.encode())
+            for _ in range(2):
+                async with api.client.data.post("/1337", data=body) as resp:
+                    raw = await resp.read()
+                assert raw.startswith(b'{"jsonrpc":"2.0","id":%s,' % rid), raw
+                assert orjson.loads(raw)["error"]["code"] == 3, raw
         # Called directly, the nodes keep the spec's codes.
         async with aiohttp.ClientSession() as session:
             body = orjson.dumps(req("eth_getBlockByNumber", ["0x5000", False]))
