@@ -252,10 +252,10 @@ async def test_full_nodes_answer_what_needs_a_trie(make_api, fake_nodes) -> None
     """`eth_getProof` goes to the pool's full nodes, by block; nothing else does (unless a
     method route sends it there); without full nodes it goes to the Leader."""
     state = await fake_nodes("state-1", "state")
-    full = await fake_nodes("geth-1", "full", head=1002)
+    full = await fake_nodes("geth-1", "state", head=1002)  # (answers as any fake node)
     api = await make_api()
     await api.add("1337", state)
-    status, answer = await api.post("/1337/addNode", full.entry())
+    status, answer = await api.post("/1337/addNode", {**full.entry(), "kind": "full"})
     assert status == 201, answer
     pool = api.proxy.state.pools["1337"]
     await wait_until(lambda: pool.fulls and pool.fulls[0].head == 1002)
