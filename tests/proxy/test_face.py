@@ -39,6 +39,36 @@ class FailingNode(FakeNode):
         return super()._result(item, polling)
 
 
+TX_LOOKUPS = ("eth_getTransactionByHash", "eth_getTransactionReceipt")
+
+
+class TxNode(FakeNode):
+    """A fake state node holding transactions (`txs`: hash → block height), answering the
+    lookups by hash as a state node does: one outside its window is -39006 from a node whose
+    window does not start at 0 (an older one may be on an archive), else null."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.txs: dict[str, int] = {}
+
+    def _result(self, item: dict[str, Any], polling: bool) -> Any:
+        if item["method"] not in TX_LOOKUPS or item["method"] in self.method_errors:
+            return super()._result(item, polling)
+        tx_hash = item["params"][0]
+        height = self.txs.get(tx_hash)
+        if height is None or not self.earliest <= height <= self.head:
+            if self.earliest > 0:
+                raise JsonRpcError(-39006, f"{self.name}: transaction not in window")
+            return None
+        return {
+            "node": self.name,
+            "hash": tx_hash,
+            "blockNumber": hex(height),
+            "blockHash": self.hash_at(height),
+            "transactionIndex": "0x0",
+        }
+
+
 # (request, what the client sees: ("result", value) or ("error", code))
 CASES: list[tuple[dict[str, Any], tuple[str, Any]]] = [
     (req("eth_call", [{"to": ADDR}, "0x3e0"]), ("error", 3)),

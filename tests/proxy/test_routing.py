@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import orjson
 import pytest
@@ -12,10 +11,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from chainstate.jsonrpc import JsonRpcError
 from proxy.store_file import FileStore
 from tests.proxy.conftest import ADDR, balance, fast_settings, req, wait_until
 from tests.proxy.fakes import FakeNode, block_hash
+from tests.proxy.test_face import TxNode
 
 OTHER = "0x" + "22" * 20
 THIRD = "0x" + "33" * 20
@@ -479,36 +478,6 @@ async def test_transaction_lifecycle_and_pending_reads_go_to_the_leader(
     params = {"method": "eth_getTransactionCount", "block": "pending"}
     status, chosen = await api.get("/1337/debug_chooseOneNode", params=params)
     assert status == 200 and chosen["kind"] == "writer" and chosen["node"]["key"] == "w1"
-
-
-TX_LOOKUPS = ("eth_getTransactionByHash", "eth_getTransactionReceipt")
-
-
-class TxNode(FakeNode):
-    """A fake state node holding transactions (`txs`: hash → block height), answering the
-    lookups by hash as a state node does: one outside its window is -39006 from a node whose
-    window does not start at 0 (an older one may be on an archive), else null."""
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.txs: dict[str, int] = {}
-
-    def _result(self, item: dict[str, Any], polling: bool) -> Any:
-        if item["method"] not in TX_LOOKUPS or item["method"] in self.method_errors:
-            return super()._result(item, polling)
-        tx_hash = item["params"][0]
-        height = self.txs.get(tx_hash)
-        if height is None or not self.earliest <= height <= self.head:
-            if self.earliest > 0:
-                raise JsonRpcError(-39006, f"{self.name}: transaction not in window")
-            return None
-        return {
-            "node": self.name,
-            "hash": tx_hash,
-            "blockNumber": hex(height),
-            "blockHash": self.hash_at(height),
-            "transactionIndex": "0x0",
-        }
 
 
 class MiningWriter(FakeNode):
