@@ -52,8 +52,8 @@ def test_suite_measures_every_case_and_stops_everything(tmp_path: Path) -> None:
     for case in report["cases"]:
         direct, proxy = case["targets"]["direct"], case["targets"]["proxy"]
         assert direct["ratio_req_per_s"] == 1.0
-        assert proxy["ratio_req_per_s"] == pytest.approx(
-            proxy["req_per_s"] / direct["req_per_s"], rel=0.01
+        assert proxy["ratio_req_per_s"] == pytest.approx(  # (reported to 3 decimals)
+            proxy["req_per_s"] / direct["req_per_s"], rel=0.01, abs=5e-4
         )
         assert direct["requests"] > 0 and not direct["errors"] and not proxy["errors"]
         assert direct["items_ok"] == direct["requests"] * case["batch"]
