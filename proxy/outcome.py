@@ -89,8 +89,7 @@ def of_raw(raw: bytes) -> Outcome:
     without `-3900` in it is never retried, so it is not decoded.
 
     (`find`, never `in`: bytes' `in` first tries its operand as an int and formats the
-    TypeError it clears, ~2k instructions per test: twice per answer at c=1, bench/README.md
-    "Issue 14, session 12".)"""
+    TypeError it clears, ~2k instructions per test, and this runs twice per answer.)"""
     if raw.find(b"-3900") < 0:
         return ERROR if raw.find(b'"error"') >= 0 else OK
     try:

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from bench.suite import StateSuite, SuiteOptions, proxy_available, running
+from bench.services import running
+from bench.suite import StateSuite, SuiteOptions, proxy_available
 from tests.evm.conftest import A0, A1, rpc, rpc_raw
 
 pytestmark = pytest.mark.skipif(not proxy_available(), reason="the proxy is not in this tree")

@@ -48,7 +48,7 @@ async def source_url() -> AsyncIterator[tuple[str, Any]]:
 
 def start_node(source: str, port: int, data_dir: Path) -> subprocess.Popen[bytes]:
     cmd = [
-        sys.executable, "-m", "chainstate.cli", "state-node", "--source", source,
+        sys.executable, "-m", "stack.cli", "state-node", "--source", source,
         "--kind", "archive", "--port", str(port), "--data-dir", str(data_dir), "--key", "d1",
     ]  # fmt: skip
     with (data_dir.parent / "node.log").open("ab") as log:

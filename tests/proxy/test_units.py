@@ -654,8 +654,8 @@ def test_histogram_samples_folded_together_match_one_at_a_time() -> None:
 
 
 def test_busy_poll_setting_reaches_the_data_listener() -> None:
-    """`busy_poll_us` (250 µs by default, 0: off) becomes the data listener's polling window."""
-    assert server_limits(ProxySettings()).busy_poll == 250e-6
+    """`busy_poll_us` (0 by default: off) becomes the data listener's polling window."""
+    assert server_limits(ProxySettings()).busy_poll == 0
     off = ProxySettings.from_config({"proxy": {"busy_poll_us": 0}})
     assert server_limits(off).busy_poll == 0
     on = ProxySettings.from_config({"proxy": {"busy_poll_us": 1000}})

@@ -1,5 +1,5 @@
 """eth_call through the state node's handler alone, in process: `python -m
-nodes.state.evm.benchcalls` (pin it with `taskset -c 1` to see one core's worth).
+bench.nodecalls` (pin it with `taskset -c 1` to see one core's worth).
 
 Builds a store of synthetic blocks holding two contracts — a one-slot read (returns the slot
 named by its calldata, the shape of an ERC20 `balanceOf`) and the 64-slot view of
@@ -26,8 +26,8 @@ from pathlib import Path
 import orjson
 import psutil
 
-from bench.contracts import _RUNTIME as VIEW_RUNTIME
-from bench.suite import _cpu_seconds
+from bench.contracts import VIEW_RUNTIME
+from bench.services import cpu_seconds
 from nodes.state.service import StateNode
 from nodes.state.vendor import AccountDiff, VendorBlock
 
@@ -41,7 +41,7 @@ HOLDERS = 64
 
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds of the process `pid` and its children (the EVM workers, the feed)."""
-    return _cpu_seconds(psutil.Process(pid)) or 0.0
+    return cpu_seconds(psutil.Process(pid)) or 0.0
 
 
 def blocks(count: int, rng: random.Random) -> list[VendorBlock]:
@@ -147,7 +147,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m nodes.state.evm.benchcalls", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.nodecalls", description=__doc__)
     p.add_argument("--blocks", type=int, default=400, help="chain length (default 400)")
     p.add_argument("-c", "--concurrency", type=int, default=64, help="calls in flight (64)")
     p.add_argument("-d", "--duration", type=float, default=2.0, help="seconds per case")

@@ -1,7 +1,8 @@
 """The `chainstate` command. Each component registers its own subcommands.
 
 A component module listed in COMMAND_MODULES exposes `register(subparsers)` which adds its
-parsers with `set_defaults(func=callable(args) -> int | None)`.
+parsers with `set_defaults(func=callable(args) -> int | None)`. A module that is not installed
+is left out (`bench` is a tool for load testers, not a part the stack needs).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from chainstate.config import ConfigError
 from chainstate.logs import setup_logging
 
 COMMAND_MODULES = (
-    "chainstate.up",
+    "stack.up",
     "proxy.cli",
     "nodes.cli",
     "workspace.cli",

@@ -2,7 +2,7 @@
 batched. Starts its own stack (anvil + workload, write node, archive state node, proxy) with
 the bench suite's service runner, measures with the bench load generator, prints ratios.
 
-    .venv/bin/python -m nodes.state.evm.benchcheck [--duration 3] [--concurrency 16] [--json]
+    .venv/bin/python -m bench.callcheck [--duration 3] [--concurrency 16] [--json]
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 
 from bench.bodies import BodyPlan
 from bench.loadgen import LoadSettings, run_bench
-from bench.suite import StateSuite, SuiteOptions, running
+from bench.services import running
+from bench.suite import StateSuite, SuiteOptions
 
 DEFAULT_DURATION = 3.0  # seconds measured per case and target
 DEFAULT_WARMUP = 1.0  # seconds before measuring (warms the EVM workers' caches)

@@ -1,4 +1,4 @@
-"""The state node's read handler alone, in process: `python -m nodes.state.benchreads`.
+"""The state node's read handler alone, in process: `python -m bench.nodereads`.
 
 Builds a store of synthetic blocks (accounts with balances and storage, every block writing
 a few of them), then times `StateNode.handle_body` on the same bodies as
@@ -221,7 +221,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m nodes.state.benchreads", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m bench.nodereads", description=__doc__)
     p.add_argument("--blocks", type=int, default=400, help="chain length (default 400)")
     p.add_argument("--hot-blocks", type=int, default=128, help="hot view blocks (default 128)")
     p.add_argument("-d", "--duration", type=float, default=2.0, help="seconds per row")
