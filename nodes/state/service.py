@@ -165,6 +165,7 @@ class StateNode:
         if wanted is not None and stored is None:
             await asyncio.to_thread(self.store.set_chain_id, wanted)
         self.dispatcher.update(self.methods.handlers())
+        self.dispatcher.update(self.reads.handlers())
         self.dispatcher.update(self.blocks.handlers())
         bounds = self.store.bounds()
         self.methods.starting_block = 0 if bounds is None else bounds[1]
