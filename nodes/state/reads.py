@@ -390,6 +390,7 @@ class ReadPath:
         out: list[Any] = []
         reads: Reads | None = None
         snap: Snapshot | None = None  # opened by the first read, inside its `try`
+        read, wanted = one, True  # (for each item, unless `one` is None)
         try:
             for item in items:
                 if keys is not None:  # (`answer_keyed`)
@@ -407,15 +408,11 @@ class ReadPath:
                         found.append(keys[params[-1]])  # type: ignore[union-attr]
                     except (KeyError, TypeError, IndexError):  # (not a dict, a key missing, …)
                         return None
-                    read = one
-                    wanted = True
                 elif one is not None:  # (`answer_checked`)
                     params = item.get("params", [])
                     if item.get("jsonrpc") != "2.0" or params.__class__ not in _PARAMS:
                         return None
                     rid = item["id"]
-                    read = one
-                    wanted = True
                 else:
                     if item.__class__ is not dict or item.get("jsonrpc") != "2.0":
                         if strict:
