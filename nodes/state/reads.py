@@ -198,7 +198,7 @@ class ReadPath:
         except orjson.JSONDecodeError:
             return await self.dispatcher.handle_body(body)  # answers the parse error
         if payload.__class__ is dict:
-            answer = self._answer([payload], [])[0]  # type: ignore[index]  # (not strict: a list)
+            answer = self._answer(None, [payload], [], strict=False)[0]  # type: ignore[index]
             if answer is _SLOW:
                 answer = await self.dispatcher.handle_item(payload)
             elif answer.__class__ is _Call:
@@ -206,7 +206,7 @@ class ReadPath:
             return orjson.dumps(answer) if answer is not None else b""
         if payload.__class__ is not list or not payload or len(payload) > self.max_batch:
             return await self.dispatcher.handle_body(body)  # answers the envelope error
-        answers: list[Any] = self._answer(payload, [])  # type: ignore[assignment]
+        answers: list[Any] = self._answer(None, payload, [], strict=False)  # type: ignore[assignment]
         slow = [i for i, answer in enumerate(answers) if answer is _SLOW]
         calls = [i for i, answer in enumerate(answers) if answer.__class__ is _Call]
         if slow or calls:
@@ -264,7 +264,7 @@ class ReadPath:
                 fast.get(method) is None and (method != "eth_call" or not calls_ok)
             ):
                 return None
-        answers: list[Any] = self._answer(items, [])  # type: ignore[assignment]
+        answers: list[Any] = self._answer(None, items, [], strict=False)  # type: ignore[assignment]
         calls = [i for i, answer in enumerate(answers) if answer.__class__ is _Call]
         if any(answer is _SLOW for answer in answers):
             for i in calls:
@@ -324,18 +324,7 @@ class ReadPath:
         or an id orjson may have changed (a float). For callers that parsed the body
         already: the data port above, and the proxy in the same process, which passes
         `errors` to be told the positions of the error answers (so it need not look)."""
-        return self._answer(items, [] if errors is None else errors, None, True)
-
-    def answer_checked(self, method: str, items: list[Any], errors: list[int]) -> list[Any] | None:
-        """`answer_items(items, errors)` for items the caller checked already: every one a
-        request object (a dict) of `method` with an int or string id. For the proxy in the
-        same process, which looked at every item of a batch to route it: the method is looked
-        up once, not per item, and what the caller checked is not checked again (a fifth of
-        a 10-item batch's cost here). The same answers and error positions as `answer_items`,
-        and None when an item needs `handle_body` (no `"jsonrpc": "2.0"`, params neither a
-        list nor an object)."""
-        one = self.fast.get(method)
-        return None if one is None else self._answer(items, errors, one, True)
+        return self._answer(None, items, [] if errors is None else errors)
 
     def answer_keyed(
         self,
@@ -354,43 +343,42 @@ class ReadPath:
         the loop the node makes anyway, costs it less than passes of its own over the items
         before the call. None as soon as an item is not such (or needs `handle_body`, as
         `answer_checked`)."""
-        one = self.fast.get(method)
-        if one is None:
-            return None
-        return self._answer(items, errors, one, True, method, size, keys, found)
+        return self._answer(method, items, errors, size, keys, found)
 
     def _answer(
         self,
+        method: str | None,
         items: list[Any],
         errors: list[int],
-        one: Fast | None = None,
-        strict: bool = False,
-        method: str = "",
         size: int = 0,
         keys: dict[str, Any] | None = None,
         found: list[Any] | None = None,
+        strict: bool = True,
     ) -> list[Any] | None:
         """The one loop of the read path: the answers of `items` in order (None for a
         notification), the positions of the error answers of plain reads appended to
         `errors`. Parameterised by what the caller knows of the items:
 
-        - `one` None: any items; each one's method is looked up, an eth_call is queued on
-          the EVM (`_Call`), and an item the read path does not answer (another method, a
-          malformed envelope) is _SLOW, for the dispatcher;
-        - `one` given: every item is a request object of that read's method with an int or
-          string id (the caller checked it); with `keys`, the loop checks that itself
-          (`method`, `size`: as `answer_keyed` says) and appends each item's route to `found`;
-        - `strict`: None as soon as an item is not a plain read this loop answers (the
-          caller sends the body to `handle_body`): no _SLOW, no eth_call queued, and a
-          float id declined (orjson may have changed how it was written).
+        - `method` None: any items; each one's method is looked up;
+        - `method` given: every item is a request object of that method with an int or
+          string id (the caller checked it: `answer_checked`), None when it is no plain
+          read; with `keys`, the loop checks that itself (and `size`: as `answer_keyed`
+          says) and appends each item's route to `found`;
+        - `strict` (the default): None as soon as an item is not a plain read this loop
+          answers (the caller sends the body to `handle_body`), a float id included (orjson
+          may have changed how it was written); else (`handle_body`, `answer_later`) such an
+          item is _SLOW, for the dispatcher, or an eth_call queued on the EVM (`_Call`).
 
         One read transaction and cursor for all the items, opened by the first read."""
         fast = self.fast
+        one = None if method is None else fast.get(method)
+        if one is None and method is not None:
+            return None  # not a plain read
         ids = _IDS if strict else _ANY_IDS
         out: list[Any] = []
         reads: Reads | None = None
         snap: Snapshot | None = None  # opened by the first read, inside its `try`
-        read, wanted = one, True  # (for each item, unless `one` is None)
+        read = one  # (each item's, when `method` is None)
         try:
             for item in items:
                 if keys is not None:  # (`answer_keyed`)
@@ -428,34 +416,41 @@ class ReadPath:
                             return None
                         out.append(_SLOW)
                         continue
-                    wanted = "id" in item  # else a notification: no answer
                     if read is None:
                         if strict:
                             return None
-                        out.append(self._call(name, rid, params, wanted))
+                        out.append(self._call(name, rid, params, "id" in item))
+                        continue
+                    if "id" not in item:  # a notification: no answer, nothing to read
+                        out.append(None)
                         continue
                 try:
                     if reads is None:
                         snap = self.store.snapshot()
                         reads = Reads(snap, self.hot)
-                    result = read(reads, params)
+                    out.append({"jsonrpc": "2.0", "id": rid, "result": read(reads, params)})
                 except JsonRpcError as exc:
-                    failed = exc
+                    errors.append(len(out))
+                    out.append(self.dispatcher.error(rid, exc))
                 except lmdb.Error as exc:
                     log.error("state store read failed: %s", exc)
-                    failed = JsonRpcError(DATABASE_FAILED, "state store read failed")
-                else:
-                    out.append({"jsonrpc": "2.0", "id": rid, "result": result} if wanted else None)
-                    continue
-                if wanted:
                     errors.append(len(out))
+                    failed = JsonRpcError(DATABASE_FAILED, "state store read failed")
                     out.append(self.dispatcher.error(rid, failed))
-                else:
-                    out.append(None)
         finally:
             if snap is not None:
                 snap.close()
         return out
+
+    # answer_checked(method, items, errors): `answer_items(items, errors)` for items the caller
+    # checked already, every one a request object (a dict) of `method` with an int or string
+    # id. For the proxy in the same process, which looked at every item of a batch to route
+    # it: the method is looked up once, not per item, and what the caller checked is not
+    # checked again (a fifth of a 10-item batch's cost). The same answers and error positions
+    # as `answer_items`, and None when an item needs `handle_body` (not a plain read, no
+    # `"jsonrpc": "2.0"`, params neither a list nor an object). It is the loop itself, with
+    # no call in between: it answers the proxy's single requests.
+    answer_checked = _answer
 
     def _call(self, method: str, rid: Any, params: Any, wanted: bool) -> Any:
         """An eth_call queued on the EVM executor (`_Call`), its error answer, or _SLOW
