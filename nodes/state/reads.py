@@ -4,9 +4,11 @@ Why not the generic Dispatcher for these: a balance read is one LMDB seek (~2 µ
 dispatcher's per-item machinery (a coroutine and a gather task per item, a read transaction
 and a range read per item, regex parsing, int round trips) cost ten times that. Here:
 
-1. the body is parsed once (orjson); a batch is answered item by item, in order;
-2. the plain reads (`FAST` below) are plain functions called in a loop: no coroutine, no
-   task, no exception on the success path; every other method (EVM, headers, vendor
+1. the body is parsed once (orjson); a batch is answered item by item, in order, by one
+   loop (`ReadPath._answer`) that every entry point shares: a body, parsed items, and the
+   items the proxy in the same process checked or has the loop check;
+2. the plain reads (`ReadPath.fast`) are plain functions called in that loop: no coroutine,
+   no task, no exception on the success path; every other method (EVM, headers, vendor
    blocks, …) and every malformed envelope goes to the dispatcher, which answers exactly as
    before (errors included);
 3. all the fast items of one body share one LMDB read transaction and one cursor, and the
