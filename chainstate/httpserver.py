@@ -426,7 +426,12 @@ class _Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.eof = True
         if self.forwarding:
-            return True  # the fallback answers, then closes on its keep-alive timeout
+            if self.fallback is not None and not self.pending and not self.forward:
+                # aiohttp closes on the client's end of input: the handler of a request cut
+                # off midway is cancelled then (it would otherwise wait for the rest, and
+                # the socket would stay in CLOSE-WAIT).
+                return bool(self.fallback.eof_received())
+            return True  # answers owed here first; the fallback closes on its timeouts
         # Keep the write side open while answers are owed: a client that shut down its
         # sending side after a whole request still gets the answer.
         return bool(self.pending) and not self.in_message

@@ -329,9 +329,15 @@ def _chain_id(path: bytes) -> str:
 
 
 def _metrics_handler(proxy: Proxy):
+    """`GET /metrics` under the admin API's rules (proxy/adminguard.py: Host, Origin and
+    the admin token): where the admin API is served, since it names nodes and clients."""
     registry = proxy.metrics.registry
+    guard = proxy.admin.guard
 
-    async def handle(_request: web.Request) -> web.Response:
+    async def handle(request: web.Request) -> web.Response:
+        refused = guard.refusal(request)
+        if refused is not None:
+            return refused
         return web.Response(
             body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
@@ -351,6 +357,7 @@ def create_app(
     `settings.admin_port` puts it on its own listener (then use `create_admin_app`), and
     `GET /:chainId` with an Upgrade: the WebSocket endpoint (`events`: `[proxy.events]`,
     `EventSettings.from_config`; defaults when None)."""
+    settings.check_exposure()
     events = events if events is not None else EventSettings()
     proxy = Proxy.build(settings, store, registry, tracer, events)
     # Bodies over the limit are refused by the handler with a JSON-RPC error, not by aiohttp.
@@ -358,8 +365,8 @@ def create_app(
     app[PROXY] = proxy
     # The data route first: aiohttp tries dynamic routes in order.
     app.router.add_post("/{chain}", _data_handler(proxy))
-    app.router.add_get("/metrics", _metrics_handler(proxy))
     if settings.admin_port is None:
+        app.router.add_get("/metrics", _metrics_handler(proxy))
         app.router.add_routes(proxy.admin.routes())
     # After the admin API's one-segment GETs (`/getChains`): the lean server hands every
     # Upgrade request to this app, whatever its path.
@@ -372,5 +379,6 @@ def create_admin_app(app: web.Application) -> web.Application:
     """The admin API alone, for a separate listener; it shares `app`'s state, and `app`
     (which owns the lifecycle) must be running too."""
     admin = web.Application(client_max_size=1024 * 1024)
+    admin.router.add_get("/metrics", _metrics_handler(app[PROXY]))
     admin.router.add_routes(app[PROXY].admin.routes())
     return admin

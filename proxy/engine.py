@@ -46,7 +46,7 @@ from chainstate.jsonrpc import (
     request_id,
     restore_ids,
 )
-from proxy import outcome
+from proxy import nesting, outcome
 from proxy.admission import Admission
 from proxy.attempts import BATCH, Attempts, Group
 from proxy.breaker import CLOSED
@@ -407,7 +407,9 @@ class Engine:
                     msg = f"Parse error: {cut(str(exc))}"
                     status, out = 200, _dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
                 else:
-                    if isinstance(payload, list):
+                    if nesting.may_be_deep(body) and nesting.too_deep(payload):
+                        status, out = await nesting.answer(chain, payload, headers, self.handle)
+                    elif isinstance(payload, list):
                         shape, size = "batch", len(payload)
                         status, out = await self._batch(ctx, payload, body)
                     else:
@@ -460,7 +462,12 @@ class Engine:
         it; an answer that needs another attempt (or none in time) continues in a task
         given to `later`. Anything else returns what `handle` does: a coroutine (a batch, a
         trace, a read that waits for an identical one, ...) or an answer made at once."""
-        if self.tracer is not None or body[:1] != b"{" or len(body) > self._max_body:
+        if (
+            self.tracer is not None
+            or body[:1] != b"{"
+            or len(body) > self._max_body
+            or nesting.may_be_deep(body)  # (`_handle` answers it)
+        ):
             return self.handle(chain_id, body, headers, admitted, answer)
         started = time.perf_counter()
         try:

@@ -26,6 +26,7 @@ from nodes.state.vendor import parse_vendor_block
 from proxy import inprocbooks
 from proxy.breaker import OPEN
 from proxy.inprocbooks import FOLD_EVERY
+from proxy.metrics import client_label
 from proxy.model import Pool
 from tests.nodes.test_state_chain import random_chain
 from tests.nodes.test_state_reads import make_node
@@ -982,7 +983,8 @@ async def test_client_ids_of_in_process_answers_are_counted(proxied) -> None:
                 assert resp.status == 200
     assert calls["items"] == 6  # all in process
     text = await metrics_text(api)
-    assert scraped(text, "chainstate_proxy_client_requests_total", client_id="zed") == 4
+    zed = client_label("zed")
+    assert scraped(text, "chainstate_proxy_client_requests_total", client_id=zed) == 4
 
 
 async def test_the_access_log_turned_on_later_takes_the_engine_path(proxied, caplog) -> None:
