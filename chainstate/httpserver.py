@@ -154,12 +154,20 @@ MAX_NAME_KEYS = 256
 class Headers:
     """The headers of a request: `get(name)`, case-insensitive (the last one of a name wins)."""
 
-    __slots__ = ("raw",)
+    __slots__ = ("conn", "raw")
 
-    def __init__(self, raw: dict[bytes, bytes]) -> None:
+    def __init__(self, raw: dict[bytes, bytes], conn: Any = None) -> None:
         # lower-case name bytes → value bytes; a hot path that reads one header may read it
         # here without `get`'s call and decode (~1k instructions): never change it
         self.raw = raw
+        self.conn = conn  # the connection it came on (`peer`)
+
+    def peer(self) -> str:
+        """The client's address (quotas of the rare paths that keep state per client)."""
+        conn = self.conn
+        transport = conn.transport if conn is not None else None
+        name = transport.get_extra_info("peername") if transport is not None else None
+        return str(name[0]) if isinstance(name, tuple) else "unknown"
 
     def get(self, name: str, default: str | None = None) -> str | None:
         key = _NAME_KEYS.get(name)
@@ -320,12 +328,12 @@ class _Plain:
 MAX_KEPT_HEADERS = 32  # Headers a kept head holds (one per body length), then started afresh
 
 
-def _length_headers(plain: _Plain, digits: bytes) -> Headers:
+def _length_headers(plain: _Plain, digits: bytes, conn: Any) -> Headers:
     """The Headers of a request with `plain`'s head and `digits` as its Content-Length,
     kept in `plain.kept` for the next request of that length."""
     raw = plain.headers.copy()
     raw[b"content-length"] = digits
-    headers = Headers(raw)
+    headers = Headers(raw, conn)
     kept = plain.kept
     if len(kept) >= MAX_KEPT_HEADERS:
         kept.clear()
@@ -565,7 +573,7 @@ class _Connection(asyncio.Protocol):
                     handler = server.not_found
             headers = plain.kept.get(digits)
             if headers is None:
-                headers = _length_headers(plain, digits)
+                headers = _length_headers(plain, digits, self)
             self._serve(
                 handler, plain.method, plain.path, plain.query, headers,
                 data[end : end + size], plain.persistent, plain.http10,
@@ -676,7 +684,7 @@ class _Connection(asyncio.Protocol):
         """A whole request llhttp read (`raw` its body; `persistent`: llhttp would keep the
         connection after it): its handler runs, its answer is written or queued."""
         self._serve(
-            self.handler, self.method, self.path, self.query, Headers(self.headers), raw,  # type: ignore[arg-type]
+            self.handler, self.method, self.path, self.query, Headers(self.headers, self), raw,  # type: ignore[arg-type]
             persistent, http10,
         )  # fmt: skip
 

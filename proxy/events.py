@@ -15,6 +15,7 @@ are counted per client address and in total, each against a named limit.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ from chainstate.rpcclient import RpcClient
 from proxy.chainfeed import ChainFeed
 from proxy.eventsettings import EventSettings
 from proxy.filters import Filters
+from proxy.listeners import ListenerQuota
 from proxy.model import Pool
 from proxy.subscriptions import Session
 
@@ -62,6 +64,8 @@ PENDING_FILTER_REFUSED = (
     "eth_newPendingTransactionFilter is not served by the chainstate proxy: pending "
     "transactions live in the Leader's execution client; use eth_newBlockFilter or eth_newFilter"
 )
+
+CLOSE_WAIT = 1.0  # seconds a closing WebSocket waits for the client's close frame
 
 # The engine's entry point: (chain id, body, headers) -> (HTTP status, body).
 Handle = Callable[[str, bytes, Mapping[str, str]], Awaitable["Answer"]]
@@ -91,7 +95,8 @@ class Events:
         self.max_batch = max_batch
         self.max_message_bytes = max_message_bytes
         self.feeds: dict[str, ChainFeed] = {}
-        self.filters = Filters(settings, self.feed, self._filter_logs)
+        self.quota = ListenerQuota(settings)  # filters and subscriptions, per client
+        self.filters = Filters(settings, self.feed, self._filter_logs, self.quota)
         self.sessions: set[Session] = set()
         self.per_client: dict[str, int] = {}
         self._clients: dict[str, RpcClient] = {}
@@ -176,6 +181,15 @@ class Events:
         HTTP or from an in-process caller: no WebSocket, so no subscriptions."""
         return self._handle_local(chain, body, headers, None)
 
+    @staticmethod
+    def _client_of(headers: Mapping[str, str], session: Session | None) -> str:
+        """Who a filter or subscription counts against: the connection's peer address (the
+        lean server's headers carry it), `inproc` for callers in this process."""
+        if session is not None:
+            return session.client
+        peer = getattr(headers, "peer", None)
+        return peer() if callable(peer) else "inproc"
+
     async def _handle_local(
         self,
         chain: str,
@@ -192,13 +206,14 @@ class Events:
         if found is None or not any(_is_local(item) for item in items):
             return await self._engine_handle(chain, body, headers)
         pool = found[1]
+        client = self._client_of(headers, session)
         if isinstance(payload, dict):
-            answer = await self._local(pool, payload, session)
+            answer = await self._local(pool, payload, session, client)
             return (200, orjson.dumps(answer)) if answer is not None else (204, b"")
         if len(payload) > self.max_batch:
             msg = f"batch has {len(payload)} items, more than max_batch_items={self.max_batch}"
             return 200, orjson.dumps(error_response(None, INVALID_REQUEST, msg))
-        return await self._batch(chain, pool, payload, headers, session)
+        return await self._batch(chain, pool, payload, headers, session, client)
 
     async def _batch(
         self,
@@ -207,6 +222,7 @@ class Events:
         payload: list[Any],
         headers: Mapping[str, str],
         session: Session | None,
+        client: str,
     ) -> tuple[int, bytes]:
         answers: list[Any] = [None] * len(payload)
         routed = []
@@ -227,30 +243,35 @@ class Events:
                 answers[i] = {**answer, "id": payload[i]["id"]}
         for i, item in enumerate(payload):
             if answers[i] is None and _is_local(item):
-                answers[i] = await self._local(pool, item, session)
+                answers[i] = await self._local(pool, item, session, client)
         out_items = [a for a in answers if a is not None]
         return (200, orjson.dumps(out_items)) if out_items else (204, b"")
 
-    async def _local(self, pool: Pool, item: dict[str, Any], session: Session | None) -> Any:
+    async def _local(
+        self, pool: Pool, item: dict[str, Any], session: Session | None, client: str
+    ) -> Any:
         """The answer to one filter/subscription request (None for a notification)."""
         bad = check_request(item)
         rid = item.get("id")
         if bad is not None:
             return error_response(request_id(item), bad.code, bad.message)
+        params = item.get("params", [])
         try:
-            result = await self._call(pool, item["method"], item.get("params", []), session)
+            result = await self._call(pool, item["method"], params, session, client)
         except JsonRpcError as exc:
             answer = error_response(rid, exc.code, exc.message, exc.data)
         else:
             answer = {"jsonrpc": "2.0", "id": rid, "result": result}
         return None if "id" not in item else answer
 
-    async def _call(self, pool: Pool, method: str, params: Any, session: Session | None) -> Any:
+    async def _call(
+        self, pool: Pool, method: str, params: Any, session: Session | None, client: str
+    ) -> Any:
         filters = self.filters
         if method == "eth_newFilter":
-            return await filters.new_filter(pool.id, params)
+            return await filters.new_filter(pool.id, params, client)
         if method == "eth_newBlockFilter":
-            return await filters.new_block_filter(pool.id, params)
+            return await filters.new_block_filter(pool.id, params, client)
         if method == "eth_getFilterChanges":
             return await filters.get_filter_changes(pool.id, params)
         if method == "eth_getFilterLogs":
@@ -306,6 +327,8 @@ class Events:
             self.feed(found[1].id),
             lambda data, s: self._ws_answer(chain, data, headers, s),
             self.settings,
+            client,
+            self.quota,
         )
         self.sessions.add(session)
         reason = "client closed"
@@ -322,6 +345,8 @@ class Events:
         finally:
             if session.closed is not None and session.closed.startswith("slow consumer"):
                 reason = "slow_consumer"
+            elif session.closed is not None and session.closed.startswith("message too big"):
+                reason = "too_big"
             await session.close(reason)
             self.sessions.discard(session)
             self._leave(client)
@@ -387,7 +412,19 @@ class _AiohttpTransport:
         return 0 if transport is None else transport.get_write_buffer_size()
 
     async def close(self, code: int, reason: str) -> None:
-        await self.ws.close(code=code, message=reason.encode())
+        """A close frame with `code` and `reason` written as the messages are (no wait for
+        the socket to drain: the client may be one that does not read), then the
+        connection cut once it is read, or after CLOSE_WAIT seconds."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        payload = code.to_bytes(2, "big") + reason.encode()[:123]
+        transport.write(bytes((0x88, len(payload))) + payload)
+        waited = 0.0
+        while transport.get_write_buffer_size() and waited < CLOSE_WAIT:
+            await asyncio.sleep(0.05)
+            waited += 0.05
+        transport.abort()
 
 
 class _Gauges:
