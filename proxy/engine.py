@@ -46,7 +46,7 @@ from chainstate.jsonrpc import (
     request_id,
     restore_ids,
 )
-from proxy import nesting, outcome
+from proxy import buffers, nesting, outcome
 from proxy.admission import Admission
 from proxy.attempts import BATCH, Attempts, Group
 from proxy.breaker import CLOSED
@@ -332,6 +332,10 @@ class Engine:
             return 404, _dumps_error(None, JsonRpcError(INVALID_REQUEST, self._unknown(chain_id)))
         chain, pool = found
         if pool.inflight:  # (nothing in flight is under any limit: none worked out, as at c=1)
+            full = buffers.over_budget(self.upstream.budget)
+            if full is not None:  # answers in flight hold the process's budget: 503 now
+                self.metrics.refused(chain)
+                return 503, _dumps_error(None, full), b"Retry-After: 1\r\n"
             admission, now = self.admission, time.perf_counter()
             limit = admission.limit(pool, now)  # (the refusal is worked out only when over it)
             if limit and pool.inflight >= limit:

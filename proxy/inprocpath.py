@@ -52,7 +52,13 @@ from chainstate.inproc import (
     InprocRegistry,
     ItemsAnswered,
 )
-from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
+from chainstate.jsonrpc import (
+    INTERNAL_ERROR,
+    RETRYABLE_CODES,
+    JsonRpcError,
+    error_response,
+    request_id,
+)
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
 from proxy.engine import Engine, access_log
@@ -162,8 +168,8 @@ class InprocPath:
         if answered is None:
             return None
         out = orjson.dumps(answered[0])
-        if len(out) > self.max_answer:
-            return None  # the engine answers it as too large: nothing was counted yet
+        if len(out) > self.max_answer:  # final (every node would make the same): not re-run
+            return too_large(payload, len(out), self.max_answer)
         done = answered[1]
         if type(done) is tuple:  # one call of one method (`_shared`): one call books it all
             self.books.shared(chain, pool, *done, perf_counter() - started)
@@ -305,8 +311,8 @@ class InprocPath:
         if got is None or (errors and (not checked or _retried(got, errors))):
             return None  # the engine's: params only the node checked, or retried elsewhere
         out = orjson.dumps(got[0])
-        if len(out) > self.max_answer:
-            return None  # the engine answers it as too large: nothing was counted yet
+        if len(out) > self.max_answer:  # final (every node would make the same): not re-run
+            return too_large(item, len(out), self.max_answer)
         if not errors:  # (the node's own count, `items_answered`, folded in by the books)
             self.books.single(chain, pool, node, path[1], method, elapsed, perf_counter() - started)
         else:
@@ -658,3 +664,18 @@ def _retried(answers: list[Any], errors: list[int]) -> bool:
         if type(error) is not dict or error.get("code") in RETRYABLE_CODES:
             return True
     return False
+
+
+def too_large(payload: Any, size: int, limit: int) -> bytes:
+    """The answer to a body whose answer made in process is over max_answer_bytes: -32603
+    for each item (as the engine answers `too_large`), never asked again."""
+    msg = f"answer of {size} bytes, more than max_answer_bytes ({limit}): not retried"
+    if type(payload) is list:
+        return orjson.dumps(
+            [error_response(request_id(it), INTERNAL_ERROR, msg) for it in payload if _asks(it)]
+        )
+    return orjson.dumps(error_response(request_id(payload), INTERNAL_ERROR, msg))
+
+
+def _asks(item: Any) -> bool:
+    return type(item) is not dict or "id" in item

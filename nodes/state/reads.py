@@ -193,9 +193,8 @@ class ReadPath:
         slow = [i for i, answer in enumerate(answers) if answer is _SLOW]
         calls = [i for i, answer in enumerate(answers) if answer.__class__ is _Call]
         if slow or calls:
-            handled = self.dispatcher.handle_item
             slow_done, calls_done = await asyncio.gather(
-                asyncio.gather(*(handled(payload[i]) for i in slow)),
+                self.dispatcher.handle_items([payload[i] for i in slow]),  # (byte budget)
                 self._finish([answers[i] for i in calls]),
             )
             for i, answer in zip([*slow, *calls], [*slow_done, *calls_done], strict=True):

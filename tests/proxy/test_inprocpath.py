@@ -512,8 +512,9 @@ async def counted_as_the_engine_counts(api, node, body: bytes) -> tuple[int, byt
 
 
 async def test_an_answer_over_max_answer_bytes_is_counted_once(tmp_path: Path, make_api) -> None:
-    """The node answers in process, the answer is over max_answer_bytes: the engine answers
-    the body (-32603 too large) and it is counted once, as the engine alone counts it."""
+    """The node answers in process, the answer is over max_answer_bytes: -32603 naming the
+    setting for every item, and the node is not asked again (every node would make the
+    same answer: `too_large` is final)."""
     chain, addrs = random_chain(seed=35, blocks=24)
     api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, max_answer_bytes=3000)
     try:
@@ -521,9 +522,10 @@ async def test_an_answer_over_max_answer_bytes_is_counted_once(tmp_path: Path, m
         status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(small))
         assert status == 200 and b'"result"' in raw and calls["items"] == 1, raw
         batch = [item(i, "eth_getBalance", addrs[i % 3], hex(2 + i % 3)) for i in range(100)]
-        status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(batch))
-        assert calls["items"] == 2  # answered in process, then left to the engine: too large
+        status, raw = await raw_rpc(api, orjson.dumps(batch))
+        assert calls["items"] == 2  # answered in process once, not asked again
         answers = orjson.loads(raw)
+        assert [a["id"] for a in answers] == list(range(100))
         assert all(a["error"]["code"] == -32603 for a in answers), raw
         assert "max_answer_bytes" in answers[0]["error"]["message"], raw
     finally:
