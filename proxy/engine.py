@@ -36,6 +36,7 @@ from chainstate.blockref import BlockRef
 from chainstate.inproc import is_inproc
 from chainstate.jsonrpc import (
     INTERNAL_ERROR,
+    INVALID_PARAMS,
     INVALID_REQUEST,
     PARSE_ERROR,
     JsonRpcError,
@@ -411,9 +412,7 @@ class Engine:
                     msg = f"Parse error: {cut(str(exc))}"
                     status, out = 200, _dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
                 else:
-                    if nesting.may_be_deep(body) and nesting.too_deep(payload):
-                        status, out = await nesting.answer(chain, payload, headers, self.handle)
-                    elif isinstance(payload, list):
+                    if isinstance(payload, list):
                         shape, size = "batch", len(payload)
                         status, out = await self._batch(ctx, payload, body)
                     else:
@@ -466,12 +465,7 @@ class Engine:
         it; an answer that needs another attempt (or none in time) continues in a task
         given to `later`. Anything else returns what `handle` does: a coroutine (a batch, a
         trace, a read that waits for an identical one, ...) or an answer made at once."""
-        if (
-            self.tracer is not None
-            or body[:1] != b"{"
-            or len(body) > self._max_body
-            or nesting.may_be_deep(body)  # (`_handle` answers it)
-        ):
+        if self.tracer is not None or body[:1] != b"{" or len(body) > self._max_body:
             return self.handle(chain_id, body, headers, admitted, answer)
         started = time.perf_counter()
         try:
@@ -535,12 +529,15 @@ class Engine:
             plan is not None and (plan.flight is not None or not _has_inproc(ctx.pool))
         ):
             return self._finish(ctx, self._single_sent(ctx, item, body), started, headers)
+        answers: list[Any] = [None]
         if plan is not None:  # what `_follow` does for an item that leads its read
             sent = item.obj
             item.obj, item.ref = plan.obj, plan.ref
             if plan.obj is not sent:
-                body = orjson.dumps(plan.obj)
-        answers: list[Any] = [None]
+                pinned = self._pinned_body(ctx, item, answers)
+                if type(pinned) is tuple:
+                    return self._done(ctx, pinned, started, headers)
+                body = pinned  # type: ignore[assignment]
         group = self._first_group(ctx, item, answers, chosen)
         if group is None:  # no eligible node: answered by `_give_up`
             answer = self._single_answer(ctx, item, body, None, answers)
@@ -817,7 +814,11 @@ class Engine:
             ctx.early = None  # the answer is not the node's bytes as they are (see below)
         item = Item(0, payload, rid, method, spec, ref, notif)
         if self.reads is not None and not notif:
-            plan = self.reads.plan(self._heads(ctx), method, spec, ref, payload)
+            try:
+                plan = self.reads.plan(self._heads(ctx), method, spec, ref, payload)
+            except JsonRpcError as exc:  # params too deep to key (proxy/nesting.py)
+                self.metrics.request(ctx.chain, method, NO_NODE_KEY, "invalid")
+                return 200, _dumps_error(rid, exc)
             if plan is not None:
                 if type(plan) is not Plan:  # a ready result: cached, or the pinned head
                     self.metrics.request(ctx.chain, method, _source(plan), "ok")
@@ -835,11 +836,24 @@ class Engine:
             shared = await self._follow(ctx, item, plan)
             if shared is not None:
                 return 200, shared
-            sent = body if item.obj is payload else orjson.dumps(item.obj)
-            out = await self._route_planned(ctx, [item], sent, answers, single=True)
+            sent = body if item.obj is payload else self._pinned_body(ctx, item, answers)
+            if type(sent) is tuple:
+                return sent
+            out = await self._route_planned(ctx, [item], sent, answers, single=True)  # type: ignore[arg-type]
         else:
             out = await self._route(ctx, [item], sent, answers, single=True)
         return self._single_answer(ctx, item, body, out, answers)
+
+    def _pinned_body(self, ctx: Ctx, item: Item, answers: list[Any]) -> bytes | tuple[int, bytes]:
+        """The JSON of a single item the read path changed (its block pinned), or its
+        answer when it is too deep to write again: -32602, handed to the reads waiting for
+        it as none (proxy/nesting.py; the key checked its params, not other members)."""
+        try:
+            return orjson.dumps(item.obj)
+        except TypeError:
+            self._landed(item, None, answers)
+            self.metrics.request(ctx.chain, item.method, NO_NODE_KEY, "invalid")
+            return 200, _dumps_error(item.rid, nesting.invalid())
 
     def _single_answer(
         self, ctx: Ctx, item: Item, body: bytes, out: bytes | None, answers: list[Any]
@@ -913,7 +927,13 @@ class Engine:
             if pair in untouched:
                 plain.append(row)
                 continue
-            plan = plan_of(heads, row[3], row[4], row[5], row[1])
+            try:
+                plan = plan_of(heads, row[3], row[4], row[5], row[1])
+            except JsonRpcError as exc:  # params too deep to key (proxy/nesting.py)
+                self.metrics.request(ctx.chain, row[3], NO_NODE_KEY, "invalid")
+                answers[row[0]] = error_response(row[2], exc.code, exc.message)
+                changed = True
+                continue
             if plan is None:
                 untouched.add(pair)
                 plain.append(row)
@@ -1049,7 +1069,8 @@ class Engine:
                 # with the client's ids, in its order, are the body, and the node's answer
                 # may still be the client's as it is (`_raw_answer`).
                 pinned = not waiting and len(items) == len(payload)
-                sent = orjson.dumps([it.obj for it in items]) if pinned else None
+                sent = _dumps_or_none([it.obj for it in items]) if pinned else None
+                pinned = sent is not None  # (else an item is too deep: `_send_group`)
             route = self._route_planned
         if items:
             out = await route(ctx, items, sent, answers, single=False)
@@ -1088,10 +1109,16 @@ class Engine:
         found = self._one_node(ctx.pool, rows)
         if found is None:
             return await self._route(ctx, [Item(*row) for row in rows], body, answers, False)
+        data = body
+        if data is None:
+            try:
+                data = orjson.dumps([row[1] for row in rows])
+            except TypeError:  # items too deep to write again: -32602 (proxy/nesting.py)
+                rest = self._deep_rows(ctx, rows, answers)
+                return await self._send_plain(ctx, rest, None, answers)
         node, cands = found
         sent = _Sent(node)
         group = Group(node, [sent], cands, BATCH if len(rows) > 1 else rows[0][3])
-        data = body if body is not None else orjson.dumps([row[1] for row in rows])
         try:
             node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)
         except UpstreamError as exc:
@@ -1113,6 +1140,20 @@ class Engine:
         if parsed is not None:
             pending = self._take_answers(ctx, node, items, rids, parsed, answers)
         return await self._go_on(ctx, pending, answers)
+
+    def _deep_rows(self, ctx: Ctx, rows: list[Row], answers: list[Any]) -> list[Row]:
+        """The rows of a write that failed, but those too deep to write: answered -32602."""
+        deep = set(nesting.deep([row[1] for row in rows]))
+        for i in deep:
+            self._refuse_deep(ctx, rows[i][0], rows[i][2], rows[i][3], rows[i][6], answers)
+        return [row for i, row in enumerate(rows) if i not in deep]
+
+    def _refuse_deep(
+        self, ctx: Ctx, pos: int, rid: Any, method: str, notif: bool, answers: list[Any]
+    ) -> None:
+        self.metrics.request(ctx.chain, method, NO_NODE_KEY, "invalid")
+        if not notif:
+            answers[pos] = error_response(rid, INVALID_PARAMS, nesting.MESSAGE)
 
     async def _go_on(self, ctx: Ctx, pending: list[Item], answers: list[Any]) -> None:
         """The one loop from its second round, for the items a first attempt left."""
@@ -1439,7 +1480,16 @@ class Engine:
             sub = [it.obj if it.notif else {**it.obj, "id": j} for j, it in enumerate(items)]
             keys = [None if it.notif else j for j, it in enumerate(items)]
         try:
-            node, raw = await self.attempts.exchange(ctx, group, orjson.dumps(sub), _usable_batch)
+            data = orjson.dumps(sub)
+        except TypeError:  # items too deep to write again: -32602 (proxy/nesting.py)
+            deep = set(nesting.deep(sub))
+            for i in deep:
+                it = items[i]
+                self._refuse_deep(ctx, it.pos, it.rid, it.method, it.notif, answers)
+            group.items = [it for i, it in enumerate(items) if i not in deep]
+            return await self._send_group(ctx, group, answers) if group.items else []
+        try:
+            node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)
         except UpstreamError as exc:
             return self._transport_failed(ctx, items, exc, answers)
         parsed = self._decode(ctx, node, items, raw)
@@ -1739,6 +1789,14 @@ def _unique_ids(rows: list[Row]) -> bool:
     an integer, no two the same (notifications have none and get no answer)."""
     ids = [row[2] for row in rows if not row[6]]
     return {type(rid) for rid in ids} <= _OWN_ID_TYPES and len(set(ids)) == len(ids)
+
+
+def _dumps_or_none(objs: list[Any]) -> bytes | None:
+    """The JSON of `objs`, or None when one is too deep to write (proxy/nesting.py)."""
+    try:
+        return orjson.dumps(objs)
+    except TypeError:
+        return None
 
 
 async def _reraise(error: Exception) -> Any:

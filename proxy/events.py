@@ -29,6 +29,7 @@ from prometheus_client.core import GaugeMetricFamily
 from chainstate.inproc import InprocRegistry
 from chainstate.jsonrpc import (
     INTERNAL_ERROR,
+    INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     JsonRpcError,
@@ -37,6 +38,7 @@ from chainstate.jsonrpc import (
     request_id,
 )
 from chainstate.rpcclient import RpcClient
+from proxy import nesting
 from proxy.chainfeed import ChainFeed
 from proxy.eventsettings import EventSettings
 from proxy.filters import Filters
@@ -232,9 +234,9 @@ class Events:
                 answers[i] = error_response(request_id(item), bad.code, bad.message)
             elif not _is_local(item):
                 routed.append(i)
+        sub, routed = _writable(payload, routed, answers)
         if routed:  # first, so a subscription starts after everything else is answered
-            sub = [_with_id(payload[i], j) for j, i in enumerate(routed)]
-            out = (await self._engine_handle(chain, orjson.dumps(sub), headers))[1]
+            out = (await self._engine_handle(chain, sub, headers))[1]
             by_id = _answers_by_id(out)
             for j, i in enumerate(routed):
                 if "id" not in payload[i]:
@@ -467,6 +469,20 @@ class _Gauges:
 
 def _is_local(item: Any) -> bool:
     return isinstance(item, dict) and item.get("method") in LOCAL_METHODS
+
+
+def _writable(payload: list[Any], routed: list[int], answers: list[Any]) -> tuple[bytes, list[int]]:
+    """The sub-batch of the items at `routed` for the engine (ids: their positions in it),
+    and those positions; items too deep to write again are left out, answered -32602
+    (proxy/nesting.py)."""
+    sub = [_with_id(payload[i], j) for j, i in enumerate(routed)]
+    try:
+        return orjson.dumps(sub), routed
+    except TypeError:
+        deep = {routed[j] for j in nesting.deep(sub)}
+    for i in deep:
+        answers[i] = error_response(request_id(payload[i]), INVALID_PARAMS, nesting.MESSAGE)
+    return _writable(payload, [i for i in routed if i not in deep], answers)
 
 
 def _with_id(item: Any, position: int) -> Any:

@@ -59,7 +59,6 @@ from chainstate.jsonrpc import (
     error_response,
     request_id,
 )
-from proxy import nesting
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
 from proxy.engine import Engine, access_log
@@ -127,7 +126,7 @@ class InprocPath:
         caller then. The caller serves no body over
         `max_body_bytes` (the lean server's limit) and has no tracer (`create_server`)."""
         engine = self.engine
-        if pool.mirrors or nesting.may_be_deep(body):  # (the engine refuses what is too deep)
+        if pool.mirrors:
             return None
         if _ACCESS_INFO.get(_INFO) is not False and access_log.isEnabledFor(_INFO):
             return None

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from chainstate.blockref import BlockRef
+from proxy import nesting
 from proxy.cache import Key, ResponseCache
 from proxy.coalesce import Coalescer, Flight
 from proxy.heads import Heads, RequestHeads
@@ -121,7 +122,8 @@ class Reads:
     ) -> Plan | Ready | None:
         """What to do with one read item: None (send it as it is), a ready result (a cached
         answer's `orjson.Fragment`, or the pinned height as a hex string for
-        `eth_blockNumber`), or a Plan."""
+        `eth_blockNumber`), or a Plan. -32602 (JsonRpcError) for params nested too deep to
+        be keyed or sent again (proxy/nesting.py)."""
         found = self._plan(heads, method, spec, ref, obj)
         if heads.mixed is False and not _determined(heads, found, ref):
             heads.mixed = True  # the batch cannot be cached as a whole
@@ -171,7 +173,7 @@ class Reads:
             # The block (by hash where known, else by height) and the other params
             # determine the answer.
             where = block_hash if exact else height
-            key = (heads.pool.id, where, method, orjson.dumps(without_block(obj, spec)))
+            key = (heads.pool.id, where, method, nesting.key(without_block(obj, spec)))
             store = exact and self.cache.enabled(heads.pool.id)
             epoch = self.cache.epochs.get(heads.pool.id, 0)
             if store:

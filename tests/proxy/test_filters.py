@@ -5,6 +5,7 @@ including a reorg, expiry, the limits and bad input."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,26 @@ async def test_filter_methods_in_a_batch_with_routed_reads(stack: EventsStack) -
     assert answers[3]["result"] is True
     assert answers[4]["result"] == "0x539"
     assert answers[5]["error"]["code"] == -32600  # a bad id, as the engine answers it
+
+
+async def test_a_routed_item_nested_too_deep_beside_filter_methods(stack: EventsStack) -> None:
+    """A batch with filter methods is split here: an item too deep to write again for the
+    engine (and, alone, one the in-process node is given parsed) is -32602 by itself."""
+    nested: Any = {"to": EMITTERS[0]}
+    for _ in range(260):
+        nested = {"a": nested}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "eth_call", "params": [nested, "latest"]}
+    batch = [{"jsonrpc": "2.0", "id": 1, "method": "eth_newBlockFilter", "params": []}, call]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(stack.url, data=json.dumps(batch)) as resp:
+            assert resp.status == 200
+            answers = await resp.json()
+        assert answers[0]["id"] == 1 and answers[0]["result"].startswith("0x"), answers
+        assert answers[1]["id"] == 2 and answers[1]["error"]["code"] == -32602, answers
+        async with http.post(stack.url, data=json.dumps(call)) as resp:
+            assert resp.status == 200
+            answer = await resp.json()
+        assert answer["id"] == 2 and answer["error"]["code"] == -32602, answer
 
 
 async def test_filter_methods_on_a_connection_aiohttp_serves(stack: EventsStack) -> None:
