@@ -20,6 +20,7 @@ path's waiting continue in a task, from the step reached (docs/proxy.md).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import operator
 import time
@@ -55,7 +56,7 @@ from proxy.methods import LocalMethod, MethodSpec, MethodTable
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import Node, Pool, normalize_pool
-from proxy.reads import Plan, Reads
+from proxy.reads import MAX_KEYED_BYTES, Plan, Reads
 from proxy.routes import MAX_ROUTES, UNCACHED, PoolRoutes, QuickRoute, RouteCache
 from proxy.select import NoEligibleNode, Selector
 from proxy.settings import ProxySettings
@@ -70,6 +71,11 @@ COALESCED = "coalesced"  # node label of items that shared an identical read's a
 UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
 MAX_HEADER_VALUE = 256  # longer client header values are cut in logs and spans
 MAX_CHAIN_IDS = 1024  # distinct raw chain ids whose normalized pool id is remembered
+# Single request bodies this large are parsed in a turn of the event loop of their own
+# (`Engine._large`): parsing 1 MiB takes ~1-3 ms, and a client sending many such bodies at
+# once must not hold the loop for all of their steps in one go.
+LARGE_BODY = 1 << 20
+_UNREAD = object()  # `Engine.start`: the body is not parsed yet
 
 
 # Answers that show the block a transaction was mined in. The Leader's execution client knows
@@ -284,6 +290,7 @@ class Engine:
         self._pool_ids: dict[str, str | None] = {}  # raw /:chainId → pool id (a pure function)
         self._admitted: dict[str, Admitted] = {}  # pool id → its Admitted (`admit_resolved`)
         self._divert: Divert | None = None
+        self._large_turn = asyncio.Lock()  # one large body parsed per turn (`_large`)
 
     def divert(self, methods: frozenset[str], handle: Divert) -> None:
         """Bodies naming one of `methods` (not served by the method table) are answered by
@@ -455,6 +462,7 @@ class Engine:
         admitted: Admitted,
         answer: Callable[[Answer], Any],
         later: Callable[[Awaitable[Answer]], Any],
+        payload: Any = _UNREAD,
     ) -> Answer | Awaitable[Answer] | None:
         """`handle` for the data listener, without a task where none is needed: a single
         request is parsed, checked, planned and chosen for by the same steps, synchronously,
@@ -464,14 +472,18 @@ class Engine:
         then goes to `answer` from the node connection's callback and the books run after
         it; an answer that needs another attempt (or none in time) continues in a task
         given to `later`. Anything else returns what `handle` does: a coroutine (a batch, a
-        trace, a read that waits for an identical one, ...) or an answer made at once."""
+        trace, a read that waits for an identical one, ...) or an answer made at once.
+        `payload`: the body parsed already (`_large`)."""
         if self.tracer is not None or body[:1] != b"{" or len(body) > self._max_body:
             return self.handle(chain_id, body, headers, admitted, answer)
         started = time.perf_counter()
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return self.handle(chain_id, body, headers, admitted, answer)
+        if payload is _UNREAD:
+            if len(body) >= LARGE_BODY:
+                return self._large(chain_id, body, headers, admitted)
+            try:
+                payload = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                return self.handle(chain_id, body, headers, admitted, answer)
         pool = admitted.pool
         quick = self._quick(pool, payload) if not pool.mirrors else None
         self.inflight += 1
@@ -506,6 +518,37 @@ class Engine:
         self.metrics.client(headers.get("client-id"))
         return result
 
+    async def _large(
+        self, chain_id: str, body: bytes, headers: Mapping[str, str], admitted: Admitted
+    ) -> Answer:
+        """`start` for a body of LARGE_BODY bytes or more: it is parsed in a turn of the
+        event loop of its own, one such body per turn, then checked, planned and sent as
+        `start` does (to a node in process as the objects parsed). A turn runs every
+        callback ready when it began before it reads the sockets again, so eight 5 MB
+        eth_calls arriving together would parse one after another before any other client
+        is read (~8 x 7 ms, several times that on a loaded 2-core machine); one per turn, the
+        others are served between them. (Parsing is the one step that must stay on the
+        loop: the node's decode of the calldata is the EVM worker's, nothing is written
+        again or hashed for the cache at this size.)"""
+        try:
+            async with self._large_turn:  # (its release wakes the next one a turn later)
+                try:
+                    payload = orjson.loads(body)
+                except orjson.JSONDecodeError:
+                    payload = _UNREAD  # (`handle` answers the parse error)
+        except BaseException:
+            admitted.pool.inflight -= 1  # (taken by `admit`: given back as `handle` does)
+            raise
+        if payload is _UNREAD:
+            return await self.handle(chain_id, body, headers, admitted)
+        done: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        step = self.start(
+            chain_id, body, headers, admitted, _settles(done), _continues(done), payload
+        )
+        if step is None:
+            return await done
+        return await step if inspect.isawaitable(step) else step  # type: ignore[return-value]
+
     def _first_attempt(
         self,
         ctx: Ctx,
@@ -530,19 +573,23 @@ class Engine:
         ):
             return self._finish(ctx, self._single_sent(ctx, item, body), started, headers)
         answers: list[Any] = [None]
+        pinned = False
         if plan is not None:  # what `_follow` does for an item that leads its read
             sent = item.obj
             item.obj, item.ref = plan.obj, plan.ref
-            if plan.obj is not sent:
-                pinned = self._pinned_body(ctx, item, answers)
-                if type(pinned) is tuple:
-                    return self._done(ctx, pinned, started, headers)
-                body = pinned  # type: ignore[assignment]
+            pinned = plan.obj is not sent
         group = self._first_group(ctx, item, answers, chosen)
         if group is None:  # no eligible node: answered by `_give_up`
             answer = self._single_answer(ctx, item, body, None, answers)
             self._landed(item, None, answers)
             return self._done(ctx, answer, started, headers)
+        if pinned:  # written only for a node that takes bytes (in process: the objects)
+            written = None
+            if not is_inproc(group.node.entry.url):
+                written = self._pinned_body(ctx, item, answers)
+                if type(written) is tuple:
+                    return self._done(ctx, written, started, headers)
+            body = written  # type: ignore[assignment]  (None: another attempt, a sub-batch)
         then = self._then(ctx, item, group, body, answers, started, headers, later)
         if self.attempts.send_now(ctx, group, body, then):
             return None
@@ -554,7 +601,7 @@ class Engine:
         ctx: Ctx,
         item: Item,
         group: Group,
-        body: bytes,
+        body: bytes | None,
         answers: list[Any],
         started: float,
         headers: Mapping[str, str],
@@ -700,7 +747,7 @@ class Engine:
         ctx: Ctx,
         item: Item,
         group: Group,
-        body: bytes,
+        body: bytes | None,
         answers: list[Any],
         node: Node,
         raw: bytes | None,
@@ -730,7 +777,7 @@ class Engine:
         self,
         ctx: Ctx,
         item: Item,
-        body: bytes,
+        body: bytes | None,
         answers: list[Any],
         attempt: int,
         pending: list[Item],
@@ -814,8 +861,9 @@ class Engine:
             ctx.early = None  # the answer is not the node's bytes as they are (see below)
         item = Item(0, payload, rid, method, spec, ref, notif)
         if self.reads is not None and not notif:
+            keyed = len(body) <= MAX_KEYED_BYTES
             try:
-                plan = self.reads.plan(self._heads(ctx), method, spec, ref, payload)
+                plan = self.reads.plan(self._heads(ctx), method, spec, ref, payload, keyed)
             except JsonRpcError as exc:  # params too deep to key (proxy/nesting.py)
                 self.metrics.request(ctx.chain, method, NO_NODE_KEY, "invalid")
                 return 200, _dumps_error(rid, exc)
@@ -856,9 +904,10 @@ class Engine:
             return 200, _dumps_error(item.rid, nesting.invalid())
 
     def _single_answer(
-        self, ctx: Ctx, item: Item, body: bytes, out: bytes | None, answers: list[Any]
+        self, ctx: Ctx, item: Item, body: bytes | None, out: bytes | None, answers: list[Any]
     ) -> tuple[int, bytes]:
-        """A request object's answer: the node's bytes (`out`), else what `answers` holds."""
+        """A request object's answer: the node's bytes (`out`), else what `answers` holds.
+        (`body`: the bytes sent, for an id orjson would change; None only where none is.)"""
         notif, rid, spec = item.notif, item.rid, item.spec
         if out is None:
             answer = answers[0]
@@ -1789,6 +1838,42 @@ def _unique_ids(rows: list[Row]) -> bool:
     an integer, no two the same (notifications have none and get no answer)."""
     ids = [row[2] for row in rows if not row[6]]
     return {type(rid) for rid in ids} <= _OWN_ID_TYPES and len(set(ids)) == len(ids)
+
+
+def _settles(done: asyncio.Future[Answer]) -> Callable[[Answer], bool]:
+    """An `answer` callback of `Engine.start` that hands the answer to `done`."""
+
+    def answer(result: Answer) -> bool:
+        if not done.done():
+            done.set_result(result)
+        return True
+
+    return answer
+
+
+def _continues(done: asyncio.Future[Answer]) -> Callable[[Awaitable[Answer]], None]:
+    """A `later` callback of `Engine.start` whose task's outcome goes to `done`."""
+
+    def later(step: Awaitable[Answer]) -> None:
+        def landed(task: asyncio.Future[Answer]) -> None:
+            if done.done():
+                return
+            if task.cancelled():
+                done.cancel()
+            elif task.exception() is not None:
+                done.set_exception(task.exception())  # type: ignore[arg-type]
+            else:
+                done.set_result(task.result())
+
+        task = asyncio.ensure_future(step)
+        _RUNNING.add(task)  # (the loop keeps only a weak reference to a task)
+        task.add_done_callback(_RUNNING.discard)
+        task.add_done_callback(landed)
+
+    return later
+
+
+_RUNNING: set[asyncio.Future[Any]] = set()
 
 
 def _dumps_or_none(objs: list[Any]) -> bytes | None:

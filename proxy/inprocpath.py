@@ -93,6 +93,7 @@ Answered = tuple[Any, list[Attempt] | Shared]  # (the answer to send, its books)
 # asked, and the engine answers the batch.
 _CALL = b'"eth_call"'
 _OPEN = ord("[")  # a batch's first byte
+_LARGE = 65536  # bodies searched with `find`: `partition` copies what follows the text
 # The access logger's own memo of `isEnabledFor` (level → bool; logging empties it in place
 # whenever a level or `logging.disable` changes, and refills it on the next call): a False
 # in it is `isEnabledFor`'s answer without its Python call (~0.8k instructions). Anything
@@ -133,7 +134,11 @@ class InprocPath:
         # (a single eth_call is no plain read: the engine gives it to the node.) `partition`
         # takes its one argument without `find`'s argument parsing, `body[0]` (an int) no
         # slice: ~0.7k instructions less per body (`in`, `startswith`: slower still)
-        if body and body[0] != _OPEN and body.partition(_CALL)[1]:
+        if (
+            body
+            and body[0] != _OPEN
+            and (body.partition(_CALL)[1] if len(body) < _LARGE else body.find(_CALL) >= 0)
+        ):
             return None
         # The pool's candidates (proxy/routes.py), started afresh also when a node
         # (un)registered in process (the registry's version), with each reader's `Path`:

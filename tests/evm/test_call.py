@@ -209,6 +209,32 @@ async def test_bad_input(evm: Client, params: list, code: int) -> None:
     assert answer["error"]["code"] == code, answer
 
 
+async def test_long_calldata_is_decoded_by_the_worker(evm: Client, chain: Chain) -> None:
+    """Calldata past LAZY_DATA_CHARS goes to the worker as hex (off the event loop): the
+    answer equals anvil's, as `data` or `input`; text that is not hex is -32602 naming the
+    field, for that call alone when calls run together, and for an estimate too."""
+    from nodes.state.evm.methods import LAZY_DATA_CHARS
+
+    padding = "00" * (LAZY_DATA_CHARS // 2 + 10)
+    req = {"to": chain.erc20, "data": balance_of(A0) + padding}
+    expected = rpc(chain.url, "eth_call", [req, "latest"])
+    assert await evm.call("eth_call", [req, "latest"]) == expected
+    as_input = {"to": chain.erc20, "input": req["data"]}
+    assert await evm.call("eth_call", [as_input, "latest"]) == expected
+    bad = {"to": chain.erc20, "input": req["data"][:-2] + "zz"}
+    answers = await asyncio.gather(
+        *(evm.raw("eth_call", [r, "latest"]) for r in (req, bad, req, {**bad, "to": None}))
+    )
+    assert [a.get("result") for a in answers] == [expected, None, expected, None], answers
+    for answer in answers[1::2]:
+        assert answer["error"]["code"] == -32602, answer
+        assert "request.input" in answer["error"]["message"]
+    estimate = await evm.raw("estimateGas", [bad])
+    assert estimate["error"]["code"] == -32602, estimate
+    not_ascii = await evm.raw("eth_call", [{**req, "data": req["data"] + "é"}, "latest"])
+    assert not_ascii["error"]["code"] == -32602, not_ascii
+
+
 async def test_slow_calls_do_not_stall_the_node(chain: Chain) -> None:
     """Two calls that would run for minutes occupy both workers: the event loop keeps
     answering (batch reads), queued calls answer once the limit frees a worker, and the

@@ -13,6 +13,7 @@ main process turns them into JsonRpcError. Nothing here imports the event loop.
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import ctypes
 import hashlib
@@ -333,6 +334,28 @@ def insert_preloaded(
         evm.revert(checkpoint)
 
 
+def with_bytes(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's long calldata decoded, in place: the node hands it over as the ASCII bytes
+    of its hex (`hex`), to decode off its event loop (`EvmMethods._lazy`). A call whose hex
+    is not hex gets -32602 (as the node answers it) under `invalid`, which `calls` answers
+    for it alone (the other calls of a job run); for a job of another kind (one call), the
+    error is returned."""
+    for one in job["jobs"] if job["kind"] == "groups" else (job,):
+        for call in one.get("calls") or ():
+            lazy = call.pop("hex", None)
+            if lazy is None:
+                continue
+            field, raw = lazy
+            try:
+                call["data"] = binascii.a2b_hex(memoryview(raw)[2:])
+            except (binascii.Error, ValueError):
+                msg = f"invalid {field}: expected 0x-prefixed hex bytes"
+                call["invalid"] = error(INVALID_PARAMS, msg)
+                if one["kind"] != "calls":
+                    return call["invalid"]  # type: ignore[no-any-return]
+    return None
+
+
 LearnKey = tuple[str | None, bytes]
 
 
@@ -566,6 +589,9 @@ class Runner:
         """The answer to a job; to a `groups` job (calls at several blocks, sent together
         to save round trips) `{"answers": [answer of each]}`."""
         try:
+            invalid = with_bytes(job)
+            if invalid is not None:
+                return {"error": invalid}
             if job["kind"] == "groups":
                 return {"answers": [self._run(one) for one in job["jobs"]]}
             return self._run(job)
@@ -785,6 +811,8 @@ class Runner:
         size = 0
         for call in job["calls"]:
             try:
+                if "invalid" in call:  # (`with_bytes`)
+                    raise CallFailed(call["invalid"])
                 if size > self.limits.max_response_bytes:
                     limit = self.limits.max_response_bytes
                     raise CallFailed(error(EVM_FAILED, f"response exceeds {limit} bytes"))
