@@ -40,6 +40,9 @@ UNSUPPORTED_PRECOMPILE = -39008
 
 # Codes the proxy retries on another node (spec rule 1 of "Errors").
 RETRYABLE_CODES = frozenset({BLOCK_NOT_FOUND, UNSUPPORTED_PRECOMPILE})
+# `data.reason` of an EVM_FAILED answer to a call stopped at the EVM's time limit by its own
+# cost (it ran the whole limit): final, another node would spend the same (docs/proxy.md).
+TIME_LIMIT = "time_limit"
 
 
 class JsonRpcError(Exception):

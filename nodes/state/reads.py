@@ -74,6 +74,11 @@ class _Call:
         self.wanted = wanted  # not a notification
 
 
+def _cancel(futures: list[Any]) -> None:
+    for future in futures:
+        future.cancel()
+
+
 _BLOCK_TAGS = {tag: (0 if tag == "earliest" else _HEAD) for tag in TAGS}
 
 
@@ -273,6 +278,10 @@ class ReadPath:
 
         for i in calls:
             answers[i].future.add_done_callback(landed)
+        # A caller that stops waiting (the proxy's attempt timed out: it asks another node)
+        # takes its calls off the EVM queue: a call not started yet is not run (`_take`).
+        futures = [answers[i].future for i in calls]
+        out.add_done_callback(lambda done: _cancel(futures) if done.cancelled() else None)
         return out
 
     def answer_now(self, body: bytes) -> bytes | None:

@@ -290,6 +290,44 @@ async def test_time_limit_kills_only_that_call(chain: Chain) -> None:
         await methods.close()
 
 
+async def test_a_call_stopped_by_its_own_cost_is_not_run_again(chain: Chain) -> None:
+    """Calls at one block run together; the one that runs the whole time limit is answered
+    -39004 saying so (`data.reason`: time_limit, which the proxy does not retry) and is
+    not run again; the others, stopped with it, run again and answer."""
+    from nodes.state.evm.methods import EvmMethods
+    from nodes.state.evm.settings import EvmSettings
+    from tests.evm.conftest import AnvilReader, Client
+
+    settings = EvmSettings(workers=1, call_timeout=1.0, gas_cap=2**62, chain_id=1337)
+    methods = EvmMethods(AnvilReader(chain.url), settings)
+    await methods.start()
+    pool = methods.executor.pool
+    runs: list[int] = []  # loop calls in each job a worker was given
+    run_on = pool.run_on
+
+    async def counted(worker, job, limit):  # type: ignore[no-untyped-def]
+        jobs = job["jobs"] if job["kind"] == "groups" else [job]
+        runs.append(sum(c["to"] == chain.loop for one in jobs for c in one["calls"]))
+        return await run_on(worker, job, limit)
+
+    pool.run_on = counted  # type: ignore[method-assign]
+    try:
+        client = Client(methods)
+        ov = {"gasLimit": hex(2**62)}
+        fast = {"to": chain.erc20, "data": balance_of(A0)}
+        blocker = asyncio.create_task(client.raw("eth_call", [fast, "latest", None, ov]))
+        batch = [
+            asyncio.create_task(client.raw("eth_call", [req, "latest", None, ov]))
+            for req in [{"to": chain.loop}, fast, fast]
+        ]
+        answers = await asyncio.gather(blocker, *batch)
+        assert [a.get("error", {}).get("code") for a in answers] == [None, -39004, None, None]
+        assert answers[1]["error"]["data"] == {"reason": "time_limit", "seconds": 1.0}
+        assert sum(runs) == 1, runs  # the loop ran once: in the job that stopped
+    finally:
+        await methods.close()
+
+
 async def test_state_read_failure_is_39005(chain: Chain) -> None:
     from nodes.state.evm.methods import EvmMethods
     from nodes.state.evm.settings import EvmSettings

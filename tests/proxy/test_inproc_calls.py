@@ -211,3 +211,35 @@ async def test_a_large_call_that_hangs_is_retried_as_a_sub_batch(stack) -> None:
     assert status == 200 and raw == await node.handle_body(body)
     assert len(counted.hanging) == 1 and counted.bodies == 1
     assert api.proxy.state.pools[CHAIN].inflight == 0
+
+
+async def test_calls_the_proxy_stops_waiting_for_leave_the_nodes_queue(stack) -> None:
+    """The proxy cancels the node's future when its attempt times out (and asks another
+    node): calls of it that have not started are taken off the EVM queue, not run."""
+    _, node, addrs, _ = await stack()
+    pool = node.evm.executor.pool
+    run_on, jobs = pool.run_on, []
+
+    async def counted(worker: Any, job: Any, limit: float) -> Any:
+        jobs.append(job)
+        return await run_on(worker, job, limit)
+
+    busy = asyncio.Event()  # every worker busy until set: the calls wait in the queue
+    acquire = pool.acquire
+
+    async def when_free(prefer: Any = None) -> Any:
+        await busy.wait()
+        return await acquire(prefer)
+
+    pool.run_on, pool.acquire = counted, when_free
+    items = [orjson.loads(eth_call(i, addrs[i], "0x3", f"0x{i:02x}")) for i in range(3)]
+    future = node.answer_later(items)
+    assert future is not None
+    await asyncio.sleep(0.05)
+    future.cancel()
+    await asyncio.sleep(0.05)
+    busy.set()
+    await asyncio.sleep(0.3)
+    assert jobs == []
+    kept = node.answer_later(items[:1])  # (and a call nobody cancels runs)
+    assert (await kept)[0]["id"] == 0 and len(jobs) == 1

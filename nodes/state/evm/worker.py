@@ -22,6 +22,7 @@ import io
 import os
 import re
 import sys
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -476,9 +477,13 @@ def _trim_heap() -> None:
 class Runner:
     """Runs jobs inside one worker process; keeps the warm EVMs between jobs."""
 
-    def __init__(self, limits: Limits, warm_blocks: int) -> None:
+    def __init__(self, limits: Limits, warm_blocks: int, progress: Any = None) -> None:
         self.limits = limits
         self.warm_blocks = max(1, warm_blocks)
+        # Shared with the parent (pool.py): calls of the job started, and when the last one
+        # did (time.monotonic, one clock for every process): which call a job that overran
+        # its time limit was running, and for how long.
+        self.progress = progress
         self._warm: OrderedDict[WarmKey, EVM] = OrderedDict()
         self._uses: dict[WarmKey, int] = {}
         self.feed = FeedClient()
@@ -588,6 +593,8 @@ class Runner:
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
         """The answer to a job; to a `groups` job (calls at several blocks, sent together
         to save round trips) `{"answers": [answer of each]}`."""
+        if self.progress is not None:
+            self.progress[0] = 0
         try:
             invalid = with_bytes(job)
             if invalid is not None:
@@ -811,6 +818,10 @@ class Runner:
         size = 0
         for call in job["calls"]:
             try:
+                progress = self.progress
+                if progress is not None:
+                    progress[1] = time.monotonic()
+                    progress[0] += 1
                 if "invalid" in call:  # (`with_bytes`)
                     raise CallFailed(call["invalid"])
                 if size > self.limits.max_response_bytes:
@@ -993,12 +1004,12 @@ class TraceSink(io.TextIOBase):
         return out
 
 
-def worker_main(conn: Any, limits: Limits, warm_blocks: int) -> None:
+def worker_main(conn: Any, limits: Limits, warm_blocks: int, progress: Any = None) -> None:
     """Entry point of a worker process: answer jobs from the pipe until it closes."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers end
-    runner = Runner(limits, warm_blocks)
+    runner = Runner(limits, warm_blocks, progress)
     conn.send(READY)
     while True:
         try:
