@@ -373,6 +373,7 @@ class _Connection(asyncio.Protocol):
         "plain",
         "plains",
         "query",
+        "reserved",
         "server",
         "started",
         "transport",
@@ -404,6 +405,7 @@ class _Connection(asyncio.Protocol):
         self.lingering = 0.0  # > 0: a request was refused; input is dropped until then
         self.paused = False
         self.write_paused = False
+        self.reserved = 0  # unread answer bytes counted in the server's `held` budget
         self.fallback: asyncio.Protocol | None = None  # aiohttp's protocol after a hand-off
         self.forwarding = False  # requests from here on go to the fallback
         self.forward: list[bytes] = []  # forwarded bytes held until earlier answers are out
@@ -428,6 +430,7 @@ class _Connection(asyncio.Protocol):
             )
         self.transport = None
         self.pending.clear()
+        self._unheld()
         if self.fallback is not None:
             self.fallback.connection_lost(exc)
 
@@ -446,15 +449,25 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        held = self.server.held
+        if held is not None and self.fallback is None and self.transport is not None:
+            held.add(self.transport.get_write_buffer_size(), self)  # (`_unheld`)
         self._set_reading()
         if self.fallback is not None:
             self.fallback.pause_writing()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self._unheld()
         self._set_reading()
         if self.fallback is not None:
             self.fallback.resume_writing()
+
+    def _unheld(self) -> None:
+        """The answer bytes this client had not read are no longer counted: it read them
+        (the transport's buffer fell under its low-water mark), or it is gone."""
+        if self.reserved:
+            self.server.held.release(self)
 
     def data_received(self, data: bytes) -> None:
         poll = self.server.poll
@@ -832,6 +845,8 @@ class _Connection(asyncio.Protocol):
             if transport is None:
                 continue
             transport.write(slot.data)  # type: ignore[arg-type]
+            if self.reserved:  # more for a client that does not read (`pause_writing`)
+                self.server.held.add(len(slot.data), self)  # type: ignore[arg-type]
             if slot.close:
                 pending.clear()
                 self._close()
@@ -991,8 +1006,14 @@ class HttpServer:
         fallback: Any = None,
         name: str = "http",
         kept_routes: bool = False,
+        held: Any = None,
     ) -> None:
         self.route = route
+        # A byte budget (`add(size, holder)`, `release(holder)`: the proxy's
+        # max_buffered_bytes) that counts the answers clients have not read: from the
+        # moment a connection's write buffer passes its high-water mark (the transport
+        # pauses writing) until it falls under its low-water mark.
+        self.held = held
         # `route` gives every request of a method and path the same handler for good: a
         # connection's kept head keeps its handler (no `route` call per request)
         self.kept_routes = kept_routes

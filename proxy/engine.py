@@ -339,11 +339,11 @@ class Engine:
         if found is None:
             return 404, _dumps_error(None, JsonRpcError(INVALID_REQUEST, self._unknown(chain_id)))
         chain, pool = found
+        budget = self.upstream.budget  # (answers in flight, and those clients have not read)
+        if budget is not None and budget.used > budget.limit:  # the process's budget: 503 now
+            self.metrics.refused(chain)
+            return 503, _dumps_error(None, buffers.over_budget(budget)), b"Retry-After: 1\r\n"
         if pool.inflight:  # (nothing in flight is under any limit: none worked out, as at c=1)
-            full = buffers.over_budget(self.upstream.budget)
-            if full is not None:  # answers in flight hold the process's budget: 503 now
-                self.metrics.refused(chain)
-                return 503, _dumps_error(None, full), b"Retry-After: 1\r\n"
             admission, now = self.admission, time.perf_counter()
             limit = admission.limit(pool, now)  # (the refusal is worked out only when over it)
             if limit and pool.inflight >= limit:

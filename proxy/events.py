@@ -44,7 +44,7 @@ from proxy.eventsettings import EventSettings
 from proxy.filters import Filters
 from proxy.listeners import ListenerQuota
 from proxy.model import Pool
-from proxy.subscriptions import Session
+from proxy.subscriptions import Session, Unread
 
 if TYPE_CHECKING:
     from proxy.engine import Answer, Engine
@@ -98,6 +98,7 @@ class Events:
         self.max_message_bytes = max_message_bytes
         self.feeds: dict[str, ChainFeed] = {}
         self.quota = ListenerQuota(settings)  # filters and subscriptions, per client
+        self.unread = Unread()  # bytes the WebSocket clients have not read (ws_unread_max_bytes)
         self.filters = Filters(settings, self.feed, self._filter_logs, self.quota)
         self.sessions: set[Session] = set()
         self.per_client: dict[str, int] = {}
@@ -331,6 +332,7 @@ class Events:
             self.settings,
             client,
             self.quota,
+            self.unread,
         )
         self.sessions.add(session)
         reason = "client closed"
@@ -445,6 +447,11 @@ class _Gauges:
                 sum(len(s.subscriptions) for s in events.sessions),
             ),
             ("chainstate_proxy_filters", "installed filters", len(events.filters.installed)),
+            (
+                "chainstate_proxy_ws_unread_bytes",
+                "bytes written to WebSocket clients not read yet (as last seen per connection)",
+                events.unread.total,
+            ),
         ):
             gauge = GaugeMetricFamily(name, doc)
             gauge.add_metric([], value)

@@ -39,6 +39,9 @@ class EventSettings:
     ws_queue_bytes: int = 1024 * 1024
     ws_slow_seconds: float = 5.0
     ws_queue_max_bytes: int = 8 * 1024 * 1024
+    # Unread bytes of every WebSocket connection of the process together: past it, a
+    # connection holding more than the average is closed when a message comes for it.
+    ws_unread_max_bytes: int = 256 * 1024 * 1024
     # The largest notification sent (more than the largest log a block can hold: data costs
     # 8 gas a byte, so 60M gas holds < 7.5 MB, 15 MB as hex); a larger one closes with 1009.
     max_notification_bytes: int = 16 * 1024 * 1024

@@ -101,6 +101,31 @@ class Subscription:
 Answer = Callable[[bytes, "Session"], Awaitable[bytes]]
 
 
+class Unread:
+    """The bytes written to the process's WebSocket connections that their clients have not
+    read, as last seen per connection: each connection's figure is brought up to date when
+    a message is pushed to it (a connection that reads all only lowers its own figure at
+    its next message: the sum may be high for a while, never low for long)."""
+
+    __slots__ = ("connections", "total")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.connections = 0
+
+    def join(self) -> None:
+        self.connections += 1
+
+    def seen(self, session: Session, unread: int) -> None:
+        self.total += unread - session.unread
+        session.unread = unread
+
+    def leave(self, session: Session) -> None:
+        self.total -= session.unread
+        session.unread = 0
+        self.connections -= 1
+
+
 class Session:
     """The JSON-RPC state of one WebSocket connection."""
 
@@ -112,6 +137,7 @@ class Session:
         settings: EventSettings,
         client: str = "",
         quota: ListenerQuota | None = None,
+        unread: Unread | None = None,
     ) -> None:
         self.transport = transport
         self.feed = feed
@@ -120,6 +146,9 @@ class Session:
         self.client = client  # its address (quotas)
         self.quota = quota if quota is not None else ListenerQuota(settings)
         self.over_since: float | None = None  # since when unread bytes are over ws_queue_bytes
+        self.unread = 0  # what its client had not read when a message last came (`Unread`)
+        self.all_unread = unread if unread is not None else Unread()  # of the process
+        self.all_unread.join()
         self.subscriptions: dict[str, Subscription] = {}
         self.closed: str | None = None  # why, once closing
         self._slots = asyncio.Semaphore(settings.max_requests_in_flight)
@@ -132,6 +161,7 @@ class Session:
         if self.closed is None:
             self.closed = why
         self._unsubscribe_all()
+        self._forget_unread()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -139,6 +169,11 @@ class Session:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+
+    def _forget_unread(self) -> None:
+        if self.all_unread is not None:
+            self.all_unread.leave(self)
+            self.all_unread = None  # type: ignore[assignment]  (left once)
 
     def _unsubscribe_all(self) -> None:
         for sub in self.subscriptions.values():
@@ -201,12 +236,32 @@ class Session:
                 return False
         else:
             self.over_since = None
+        if self._over_process(unread):
+            return False
         self.transport.write(message)
+        self.all_unread.seen(self, unread + len(message))
+        return True
+
+    def _over_process(self, unread: int) -> bool:
+        """Whether the process's WebSocket connections hold more unread bytes than
+        `ws_unread_max_bytes` and this one more than their average: then it is closed (the
+        connections that fall furthest behind go first; one that reads holds ~0)."""
+        shared = self.all_unread
+        shared.seen(self, unread)
+        limit = self.settings.ws_unread_max_bytes
+        if shared.total <= limit or not unread or unread * shared.connections < shared.total:
+            return False
+        self._drop(
+            f"slow consumer: {unread} bytes not read while the proxy's WebSocket connections "
+            f"hold {shared.total} (more than {limit}, ws_unread_max_bytes)",
+            CLOSE_POLICY,
+        )
         return True
 
     def _drop(self, why: str, code: int) -> None:
         self.closed = why
         self._unsubscribe_all()
+        self._forget_unread()
         task = asyncio.create_task(self.transport.close(code, why[:120]))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

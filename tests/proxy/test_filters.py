@@ -206,6 +206,8 @@ async def test_filter_methods_on_a_connection_aiohttp_serves(stack: EventsStack)
         assert answers[0]["result"] == block_hashes(stack, start)
         assert answers[1]["result"] == "0x539"
         assert len(stack.server.conns) == 0  # the one connection was aiohttp's
+    # its filter counts against the client's address, as on the lean path
+    assert stack.events.quota.items == {"127.0.0.1": 1}
 
 
 async def test_in_process_callers_get_the_filter_methods(stack: EventsStack) -> None:

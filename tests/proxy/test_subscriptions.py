@@ -20,7 +20,7 @@ import pytest
 from chainstate.logfilter import parse_filter
 from proxy.chainfeed import NOT_IN_HEADS, ChainFeed, FeedSettings
 from proxy.eventsettings import EventSettings
-from proxy.subscriptions import CLOSE_POLICY, CLOSE_TOO_BIG, Session
+from proxy.subscriptions import CLOSE_POLICY, CLOSE_TOO_BIG, Session, Unread
 from tests.proxy.events_stack import EMITTERS, TOPIC_POOL, EventsStack, start_stack, stop_stack
 
 LIMITS = {"max_subscriptions_per_connection": 3, "max_connections_per_client": 4}
@@ -337,3 +337,41 @@ async def test_the_unread_bytes_of_a_connection_are_bounded() -> None:
     assert big.transport.closed[0] == CLOSE_TOO_BIG  # type: ignore[attr-defined]
     assert "max_notification_bytes" in big.closed
     await big.close()
+
+
+class ReadingTransport(StuckTransport):
+    """A connection whose peer reads everything at once."""
+
+    def buffered(self) -> int:
+        self.waiting.clear()
+        return 0
+
+
+async def test_the_unread_bytes_of_all_connections_are_bounded() -> None:
+    """Past ws_unread_max_bytes for the process, a connection holding more than the
+    average of unread bytes is closed when a message comes for it (each stays under its
+    own limits here); one that reads is never closed; a closed one no longer counts."""
+    settings = EventSettings(
+        ws_queue_bytes=10_000, ws_queue_max_bytes=20_000, ws_unread_max_bytes=5_000
+    )
+    feed = ChainFeed("1", lambda: None, lambda url: None, FeedSettings())  # type: ignore[arg-type,return-value]
+
+    async def answer(data: bytes, session: Session) -> bytes:
+        return data
+
+    unread = Unread()
+    stuck = [Session(StuckTransport(), feed, answer, settings, unread=unread) for _ in range(3)]
+    reader = Session(ReadingTransport(), feed, answer, settings, unread=unread)
+    for _ in range(2):
+        for session in stuck:
+            assert session.push(b"x" * 1000)
+    assert unread.total == 6000  # past the limit: the next message to a stuck one closes it
+    assert reader.push(b"x" * 1000)  # (nothing unread: kept)
+    assert not stuck[0].push(b"y")
+    await asyncio.sleep(0.01)
+    assert "ws_unread_max_bytes" in stuck[0].closed
+    assert unread.total == 5000 and unread.connections == 3  # (the reader: 1000 till it reads)
+    assert stuck[1].push(b"z" * 100)  # under the limit again
+    for session in [*stuck, reader]:
+        await session.close()
+    assert unread.total == 0 and unread.connections == 0
