@@ -1,0 +1,2 @@
+// gets block with invalid number formatting
+>> {"jsonrpc":"2.0","id":1,"method":"debug_getRawBlock","params":["2"]}

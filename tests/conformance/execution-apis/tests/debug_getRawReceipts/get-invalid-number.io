@@ -1,0 +1,2 @@
+// gets receipts with invalid number formatting
+>> {"jsonrpc":"2.0","id":1,"method":"debug_getRawReceipts","params":["2"]}

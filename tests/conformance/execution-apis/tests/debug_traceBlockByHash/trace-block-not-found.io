@@ -1,0 +1,2 @@
+// requests a trace for a non-existent block hash; the client must return an error
+>> {"jsonrpc":"2.0","id":1,"method":"debug_traceBlockByHash","params":["0x0000000000000000000000000000000000000000000000000000000000000001"]}

@@ -1,0 +1,2 @@
+// Checks that block overrides are true in contract for block number and time
+>> {"jsonrpc":"2.0","id":1,"method":"eth_simulateV1","params":[{"blockStateCalls":[{"blockOverrides":{"number":"0x3b","time":"0x226"}},{"blockOverrides":{"number":"0x40","time":"0x230"}},{"blockOverrides":{"number":"0x4a","time":"0x23a"}}]},"latest"]}

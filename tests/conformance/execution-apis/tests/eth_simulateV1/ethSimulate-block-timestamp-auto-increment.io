@@ -1,0 +1,2 @@
+// Error: simulates calls with timestamp incrementing over another
+>> {"jsonrpc":"2.0","id":1,"method":"eth_simulateV1","params":[{"blockStateCalls":[{"blockOverrides":{"time":"0x227"}},{"blockOverrides":{}},{"blockOverrides":{"time":"0x228"}},{"blockOverrides":{}}]},"latest"]}

@@ -1,0 +1,2 @@
+// Error: simulates calls with invalid timestamp order (-38021)
+>> {"jsonrpc":"2.0","id":1,"method":"eth_simulateV1","params":[{"blockStateCalls":[{"blockOverrides":{"time":"0x228"}},{"blockOverrides":{"time":"0x227"}}]},"latest"]}
