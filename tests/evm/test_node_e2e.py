@@ -129,3 +129,29 @@ def test_a_batch_of_eth_calls_answers_each_item(stack: dict[str, Any]) -> None:
     assert answers["bad"]["error"]["code"] == -32602
     assert answers["far"]["error"]["code"] == -39006
     assert int(answers["head"]["result"], 16) >= stack["head"]
+
+
+def test_traces_of_workload_blocks_equal_anvil(stack: dict[str, Any]) -> None:
+    """The state node re-executes stored blocks (bodies and receipts from its LMDB store,
+    state read by its workers from the store): callTracer and prestateTracer of every
+    workload transaction, and trace_block, equal to anvil's (the top gasUsed is the
+    transaction's own, where anvil writes the cumulative one)."""
+    record = stack["record"]
+    traced = 0
+    for height in range(record["first_block"], record["last_block"] + 1):
+        block = rpc(stack["anvil"], "eth_getBlockByNumber", [hex(height), False])
+        for tx_hash in block["transactions"]:
+            receipt = rpc(stack["anvil"], "eth_getTransactionReceipt", [tx_hash])
+            for options in ({"tracer": "callTracer"}, {"tracer": "prestateTracer"}):
+                ours = rpc(stack["state-node"], "debug_traceTransaction", [tx_hash, options])
+                theirs = rpc(stack["anvil"], "debug_traceTransaction", [tx_hash, options])
+                if options["tracer"] == "callTracer":
+                    theirs["gasUsed"] = receipt["gasUsed"]
+                assert ours == theirs, (height, tx_hash, options)
+            traced += 1
+        if block["transactions"]:
+            params = [hex(height)]
+            assert rpc(stack["state-node"], "trace_block", params) == rpc(
+                stack["anvil"], "trace_block", params
+            )
+    assert traced
