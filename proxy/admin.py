@@ -266,7 +266,8 @@ class AdminApi:
         pool = self._pool(request)
         self.engine.metrics.settle()  # the in-process answers' books folded in first
         cost = self.engine.selector.cost
-        nodes = [{**n.to_obj(), **n.failsafe_obj(cost(n))} for n in pool.readers]
+        every = (*pool.readers, *pool.fulls)
+        nodes = [{**n.to_obj(), **n.failsafe_obj(cost(n))} for n in every]
         limit = self.engine.admission.limit(pool, time.perf_counter())
         answer = {
             "pool": pool.id,

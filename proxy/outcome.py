@@ -43,6 +43,8 @@ BLOCK_MISSING = Outcome("block_not_found", retry=True, penalise=False, prefer_ar
 PRECOMPILE = Outcome("unsupported_precompile", retry=True, penalise=False)
 RETRYABLE = Outcome("retryable", retry=True, penalise=False)  # another code of RETRYABLE_CODES
 MISSING = Outcome("missing_answer", retry=True, penalise=True)  # a batch answer without it
+# A transaction the state nodes do not hold (`null`): asked of the Leader next (a pending one)
+NOT_HELD = Outcome("not_held", retry=True, penalise=False)
 
 # Transport: the attempt got no usable answer.
 CONNECT = Outcome("connect", retry=True, penalise=True)

@@ -107,9 +107,10 @@ class Reads:
         self.methods = settings.methods
         self.coalescer = Coalescer() if settings.coalesce else None
 
-    def request(self, pool: Pool) -> RequestHeads:
-        """The heads of one client request (resolved lazily, each once)."""
-        return self.heads.request(pool)
+    def request(self, pool: Pool, least: int | None = None) -> RequestHeads:
+        """The heads of one client request (resolved lazily, each once); `least`: the
+        lowest `latest` the client accepts (`x-min-block`)."""
+        return self.heads.request(pool, least)
 
     def plan(
         self,
@@ -202,8 +203,8 @@ class Reads:
         if not self.cache.enabled(pool_id):
             return None
         pin = heads.latest()
-        if pin is None:
-            return None
+        if pin is None or pin[1] is None:
+            return None  # (no head, or a client's `x-min-block` the proxy has not seen)
         heads.mixed = False  # (until an item's answer is not determined by the pin: `plan`)
         return (pool_id, pin[1], BATCH, body)
 
