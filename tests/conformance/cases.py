@@ -33,6 +33,19 @@ class Case:
     params: list[Any] = field(default_factory=list)
     source: str = ""  # the spec `.io` file it was adapted from, if any
     flow: Callable[[Rpc], list[dict[str, Any]]] | None = None
+    expected_error: dict[str, Any] | None = None  # the error the spec's test expects
+
+    @property
+    def missing(self) -> bool:
+        """Asks for a block or transaction the chain does not have."""
+        name = self.source.rsplit("/", 1)[-1]
+        words = ("notfound", "not-found", "unknown-tx", "empty-hash", "empty-tx", "future")
+        return "not found" in self.label or any(w in name for w in words)
+
+    @property
+    def invalid(self) -> bool:
+        """Params the spec rejects."""
+        return self.label.startswith("bad:")
 
     @property
     def key(self) -> str:
@@ -53,7 +66,7 @@ STATEFUL = {
 # Methods outside the execution-apis spec that clients use and the issue names.
 NON_SPEC_METHODS = (
     "web3_clientVersion", "web3_sha3", "net_listening", "net_peerCount", "eth_protocolVersion",
-    "eth_mining", "eth_hashrate", "eth_getUncleCountByBlockHash", "eth_getUncleCountByBlockNumber",
+    "eth_getUncleCountByBlockHash", "eth_getUncleCountByBlockNumber",
     "eth_getUncleByBlockHashAndIndex", "eth_getUncleByBlockNumberAndIndex", "debug_traceCall",
     "trace_block", "trace_transaction", "trace_filter", "trace_replayBlockTransactions",
     "txpool_inspect",
@@ -113,8 +126,8 @@ class Cases:
     def client(self) -> None:
         for method in (
             "eth_chainId", "net_version", "net_listening", "net_peerCount", "web3_clientVersion",
-            "eth_protocolVersion", "eth_syncing", "eth_coinbase", "eth_accounts", "eth_mining",
-            "eth_hashrate", "eth_blockNumber", "eth_config", "eth_capabilities",
+            "eth_protocolVersion", "eth_syncing", "eth_coinbase", "eth_accounts",
+            "eth_blockNumber", "eth_config", "eth_capabilities",
         ):  # fmt: skip
             self.add(method, "no params")
         self.add("web3_sha3", "bytes", "0x68656c6c6f20776f726c64")
@@ -617,12 +630,10 @@ class Cases:
                 self.add("debug_traceBlockByNumber", f"{name} {label}", self.num(name), config)
                 self.add("debug_traceBlockByHash", f"{name} {label}", self.hash(name), config)
             self.add("trace_block", name, self.num(name))
-            self.add(
-                "trace_replayBlockTransactions",
-                f"{name} trace and stateDiff",
-                self.num(name),
-                ["trace", "stateDiff"],
-            )
+            self.add("trace_replayBlockTransactions", f"{name} trace", self.num(name), ["trace"])
+        for name in ("transfers", "logs"):
+            replay = "trace_replayBlockTransactions"
+            self.add(replay, f"{name} stateDiff", self.num(name), ["trace", "stateDiff"])
         self.add(
             "debug_traceBlockByNumber", "latest callTracer", "latest", {"tracer": "callTracer"}
         )

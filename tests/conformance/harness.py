@@ -91,6 +91,8 @@ def owner(outcome: Outcome) -> str:
         return "i31-proxy (method table)" + ("" if area == "i31-proxy" else f" + {area}")
     if code is not None and code <= -39000 and area != "i31-proxy":
         return f"i31-proxy (error code) / {area}"
+    if outcome.case.invalid:
+        return f"i31-proxy (params) / {area}" if area != "i31-proxy" else area
     return area
 
 

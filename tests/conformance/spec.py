@@ -55,22 +55,25 @@ def result_violations(method: str, result: Any) -> list[str]:
 
 @dataclass(frozen=True)
 class SpecRequest:
-    """One `>>` request line of a spec `.io` file."""
+    """One `>>` request line of a spec `.io` file, and the error the spec expects for it
+    (the `<<` line after it, kept in the copy only when it is an error)."""
 
     file: str  # "eth_getBalance/get-balance.io"
     comment: str
     request: dict[str, Any]
+    expected_error: dict[str, Any] | None = None
 
 
 @cache
 def spec_requests() -> tuple[SpecRequest, ...]:
     """Every request line of the copied `.io` files, in file order."""
-    found = []
+    found: list[SpecRequest] = []
     for path in sorted((SPEC_DIR / "tests").glob("*/*.io")):
         name = f"{path.parent.name}/{path.name}"
         lines = path.read_text().splitlines()
         comment = " ".join(line[2:].strip() for line in lines if line.startswith("//"))
-        for line in lines:
+        for line, following in zip(lines, [*lines[1:], ""], strict=True):
             if line.startswith(">>"):
-                found.append(SpecRequest(name, comment, json.loads(line[2:])))
+                answer = json.loads(following[2:]) if following.startswith("<<") else {}
+                found.append(SpecRequest(name, comment, json.loads(line[2:]), answer.get("error")))
     return tuple(found)

@@ -145,5 +145,6 @@ def spec_cases(chain: Chain) -> list[Case]:
             continue
         method = item.request["method"]
         label = f"spec {item.file.split('/')[1]} #{item.request.get('id', n)}"
-        cases.append(Case(method, label, adapt(item.file, item.request, chain), source=item.file))
+        params = adapt(item.file, item.request, chain)
+        cases.append(Case(method, label, params, item.file, expected_error=item.expected_error))
     return cases

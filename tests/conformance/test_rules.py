@@ -7,7 +7,13 @@ from typing import Any
 
 from tests.conformance.cases import Case
 from tests.conformance.compare import same
-from tests.conformance.rules import SHAPE_RULES, equivalent, standard_code
+from tests.conformance.rules import (
+    SHAPE_RULES,
+    equivalent,
+    null_for_not_found,
+    standard_code,
+    without_gas_before,
+)
 from tests.conformance.spec import result_violations
 
 
@@ -49,7 +55,7 @@ def test_null_for_not_found_only_as_null() -> None:
 
 
 def test_state_at_a_missing_block_needs_a_standard_error() -> None:
-    rule = SHAPE_RULES["not-found-state-code"]
+    rule = SHAPE_RULES["missing-block-code"]
     case = Case("eth_getBalance", "not found: future height", ["0x0", "0x99"])
     assert rule(case, err(-32000), err(-32602))
     assert not rule(case, err(-39006), err(-32602))
@@ -118,3 +124,72 @@ def test_filter_history_only_on_the_first_changes() -> None:
         case, [ok("<filter id>"), ok([]), ok([]), ok(True), ok(False), err(-32000)], anvil
     )
     assert not rule(case, [*ours[:3], ok(False), ok(False), err(-32000)], anvil)
+
+
+def test_spec_expected_error_needs_the_specs_code_and_data() -> None:
+    rule = SHAPE_RULES["spec-expected-error"]
+    want = {"code": -32602, "message": "invalid block range params"}
+    case = Case(
+        "eth_getLogs", "spec filter-error-reversed-block-range.io #1", [{}], "x", None, want
+    )
+    assert rule(case, err(-32602), ok([]))
+    assert not rule(case, err(-32000), ok([]))
+    assert not rule(case, ok([]), ok([]))
+    assert not rule(Case("eth_getLogs", "reversed", [{}]), err(-32602), ok([]))
+    revert = {"code": 3, "message": "execution reverted", "data": "0x08c379a0"}
+    call = Case("eth_call", "spec call-revert-abi-error.io #1", [{}], "x", None, revert)
+    assert rule(call, err(3, "0x08c379a0"), err(-32603))
+    assert not rule(call, err(3, "0x"), err(-32603))
+
+
+def test_out_of_gas_code_only_for_anvils_internal_error() -> None:
+    rule = SHAPE_RULES["anvil-halt-code"]
+    case = Case("eth_call", "out of gas", [{}, "latest"])
+    anvil = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32603, "message": "EVM error OutOfGas"}}
+    assert rule(case, err(-32000), anvil)
+    assert not rule(case, err(-39001), anvil)
+    assert not rule(case, err(-32000), err(-32603))  # another internal error of anvil
+
+
+def test_block_traces_may_differ_only_in_struct_logs() -> None:
+    rule = SHAPE_RULES["struct-logs"]
+    case = Case("debug_traceBlockByNumber", "logs struct logs", ["0x5"])
+    steps = [{"pc": 0, "op": "PUSH1"}]
+    plain = {"failed": False, "gas": 21000, "returnValue": "0x", "structLogs": []}
+    call = {"failed": False, "gas": 51444, "returnValue": "0x01"}
+    anvil = ok(
+        [
+            {"txHash": "0xa", "result": plain},
+            {"txHash": "0xb", "result": {**call, "structLogs": []}},
+        ]
+    )
+    ours = ok(
+        [
+            {"txHash": "0xa", "result": plain},
+            {"txHash": "0xb", "result": {**call, "structLogs": steps}},
+        ]
+    )
+    assert rule(case, ours, anvil)
+    assert not rule(case, ours, ok(list(reversed(result_of(anvil)))))
+    assert not rule(case, anvil, anvil)  # nothing differs: not this rule's business
+
+
+def result_of(answer: dict[str, Any]) -> Any:
+    return answer["result"]
+
+
+def test_cumulative_gas_comes_off_the_top_level_only() -> None:
+    call = {"from": "0x1", "gas": "0x0", "gasUsed": "0xa410", "calls": [{"gasUsed": "0x10"}]}
+    fixed = without_gas_before(call, 21000)
+    assert fixed["gasUsed"] == "0x5208" and fixed["calls"] == [{"gasUsed": "0x10"}]
+    steps = {"failed": False, "gas": 42000, "returnValue": "0x", "structLogs": []}
+    assert without_gas_before(steps, 21000)["gas"] == 21000
+    assert without_gas_before({"output": "0x"}, 21000) == {"output": "0x"}
+
+
+def test_null_for_not_found_follows_the_spec_schema() -> None:
+    assert null_for_not_found("eth_getBlockByNumber")
+    assert null_for_not_found("eth_getTransactionReceipt")
+    assert null_for_not_found("eth_getUncleCountByBlockHash")
+    assert not null_for_not_found("eth_getBalance")
+    assert not null_for_not_found("eth_call")

@@ -6,7 +6,8 @@
 //
 // LIB: ethers (v6 JsonRpcProvider) or viem (createPublicClient over http). BLOCK: a height
 // with transactions, TX: one of its transaction hashes, FUTURE: a height the chain does not
-// have yet. Prints {"block", "receipts", "trace", "waited"}: the block with its transactions
+// have yet, or "next": two blocks past the head when the wait begins. Prints {"block",
+// "hashes", "receipts", "trace", "waited"}: the block with its transactions
 // (ethers: getBlock(n, true) and its prefetchedTransactions; viem: getBlock with
 // includeTransactions), the block's receipts (viem: getBlockReceipts; ethers has no method for
 // it: provider.send("eth_getBlockReceipts")), debug_traceTransaction with the callTracer, and
@@ -20,7 +21,7 @@ const path = require("path");
 const [lib, url, blockArg, txHash, futureArg] = process.argv.slice(2);
 const modules = process.env.CHAINSTATE_NODE_MODULES;
 const block = Number(blockArg);
-const future = Number(futureArg);
+let future = Number(futureArg);
 const POLL_MS = 100;
 const WAIT_MS = 30000;
 
@@ -50,6 +51,7 @@ async function withEthers() {
     const hashes = await provider.getBlock(block, false);
     const receipts = await provider.send("eth_getBlockReceipts", [ethers.toQuantity(block)]);
     const trace = await provider.send("debug_traceTransaction", [txHash, { tracer: "callTracer" }]);
+    if (futureArg === "next") future = (await provider.getBlockNumber()) + 2;
     const waited = await poll(() => provider.getBlock(future));
     return {
       block: { ...got.toJSON(), prefetchedTransactions: got.prefetchedTransactions.map((t) => t.toJSON()) },
@@ -70,6 +72,7 @@ async function withViem() {
   const hashes = await client.getBlock({ blockNumber: BigInt(block) });
   const receipts = await client.getBlockReceipts({ blockNumber: BigInt(block) });
   const trace = await client.request({ method: "debug_traceTransaction", params: [txHash, { tracer: "callTracer" }] });
+  if (futureArg === "next") future = Number(await client.getBlockNumber()) + 2;
   const waited = await poll(async () => {
     try {
       return await client.getBlock({ blockNumber: BigInt(future) });
