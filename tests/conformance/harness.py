@@ -19,7 +19,7 @@ from tests.conformance.chain import Chain, ChainBuilder, wait_until_served
 from tests.conformance.compare import Context, Outcome, run, run_batches, same, tag_heights
 from tests.conformance.rpc import Rpc
 from tests.conformance.spec import methods, result_violations
-from tests.e2e.stack import Stack, write_config
+from tests.e2e.stack import Stack, get, write_config
 
 STATE_WINDOW = 16
 
@@ -41,6 +41,7 @@ class Run:
     batch_differences: list[Outcome]
     served: dict[str, Any] = field(default_factory=dict)  # what the proxy showed when it began
     tags: dict[str, dict[str, int]] = field(default_factory=dict)
+    routed: dict[str, str] = field(default_factory=dict)  # named block -> node kind chosen
 
     def by_method(self) -> dict[str, list[Outcome]]:
         found: dict[str, list[Outcome]] = {}
@@ -59,7 +60,14 @@ def conformance_run(stack: Stack) -> Run:
     outcomes = run(cases, ctx)
     batch = run_batches(outcomes, proxy)
     tags = {"ours": ctx.tag_heights, "anvil": tag_heights(anvil)}
-    return Run(chain, cases, outcomes, batch, served, tags)
+    return Run(chain, cases, outcomes, batch, served, tags, routed_kinds(stack, chain))
+
+
+def routed_kinds(stack: Stack, chain: Chain) -> dict[str, str]:
+    """The node kind the proxy chooses for a state read at each named block (its admin
+    `debug_chooseOneNode`): the old blocks must reach the archive node."""
+    base = stack.url("8663") + "/1337/debug_chooseOneNode?method=eth_getBalance&block="
+    return {name: get(base + hex(number))["kind"] for name, number in chain.blocks.items()}
 
 
 # -- the report -----------------------------------------------------------------------------
@@ -184,7 +192,7 @@ def report(result: Run) -> str:
         m for m, outs in by_method.items() if any(o.verdict == "different" for o in outs)
     )
     lines = [
-        "# Conformance: what still differs from anvil",
+        "## The last run",
         "",
         f"{len(by_method)} methods ({len(spec_methods & set(by_method))} of the spec's "
         f"{len(spec_methods)}, {len(set(NON_SPEC_METHODS) & set(by_method))} others), "
@@ -194,7 +202,8 @@ def report(result: Run) -> str:
         "",
         f"Chain: head {result.chain.head}, blocks {json.dumps(result.chain.blocks)}; tags: "
         f"ours {json.dumps(result.tags.get('ours'))}, "
-        f"anvil {json.dumps(result.tags.get('anvil'))}.",
+        f"anvil {json.dumps(result.tags.get('anvil'))}; state reads routed to "
+        f"{json.dumps(result.routed)}.",
         "",
         "| method | difference | cases | example: ours | anvil | area |",
         "| - | - | - | - | - | - |",
@@ -214,7 +223,7 @@ def report(result: Run) -> str:
     if result.batch_differences:
         lines += [
             "",
-            "## Answered otherwise inside a batch",
+            "### Answered otherwise inside a batch",
             "",
             "| method | case | alone | in a batch |",
             "| - | - | - | - |",
@@ -227,7 +236,7 @@ def report(result: Run) -> str:
     if allowed:
         lines += [
             "",
-            "## Different in a listed way (ALLOWED.md)",
+            "### Different in a listed way (ALLOWED.md)",
             "",
             "| rule | cases |",
             "| - | - |",

@@ -55,6 +55,15 @@ def test_every_spec_request_is_used_or_skipped_with_a_reason() -> None:
     assert all(reason for reason in SKIPPED.values())
 
 
+def test_old_blocks_are_archive_heights_and_recent_ones_are_not(conformance: Run) -> None:
+    """The cases at "archive" heights really are answered by the archive node."""
+    chain = conformance.chain
+    for name in ["genesis", *chain.archive_blocks]:
+        assert conformance.routed[name] == "archive", (name, conformance.routed)
+    for name in chain.recent_blocks:
+        assert conformance.routed[name] == "state", (name, conformance.routed)
+
+
 def test_every_method_has_cases(conformance: Run) -> None:
     sent = {case.method for case in conformance.cases}
     assert not set(ALL_METHODS) - sent, set(ALL_METHODS) - sent
