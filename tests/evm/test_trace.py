@@ -84,11 +84,22 @@ async def test_parity_traces_equal_anvil(node: Client, tchain: TraceChain) -> No
     for height in sorted(set(tchain.blocks.values())):
         ours = await node.call("trace_block", [hex(height)])
         assert ours == rpc(tchain.url, "trace_block", [hex(height)]), height
-    block = hex(tchain.multi_block)
-    params = [block, ["trace"]]
-    assert await node.call("trace_replayBlockTransactions", params) == rpc(
-        tchain.url, "trace_replayBlockTransactions", params
-    )
+
+
+async def test_replay_block_transactions_equal_anvil(node: Client, tchain: TraceChain) -> None:
+    """trace_replayBlockTransactions with `stateDiff` of every block (created accounts,
+    storage, balances, nonces, a contract created and destroyed in one transaction), and
+    with `trace` of the block of four. (anvil leaves out here the `suicide` trace of a
+    SELFDESTRUCT of an old contract that its trace_block shows; the node shows it in both.)"""
+    for height in sorted(set(tchain.blocks.values())):
+        params = [hex(height), ["stateDiff"]]
+        ours = await node.call("trace_replayBlockTransactions", params)
+        assert ours == rpc(tchain.url, "trace_replayBlockTransactions", params), height
+    for types in (["trace"], ["trace", "stateDiff"]):
+        params = [hex(tchain.multi_block), types]
+        assert await node.call("trace_replayBlockTransactions", params) == rpc(
+            tchain.url, "trace_replayBlockTransactions", params
+        )
 
 
 @pytest.mark.parametrize(
@@ -224,7 +235,9 @@ async def test_struct_logs_of_mined_transactions(node: Client, tchain: TraceChai
         ("trace_filter", [{"fromBlock": "0x1", "bogus": 1}], -32602),
         ("trace_filter", [{"fromAddress": ["0x12"]}], -32602),
         ("trace_replayBlockTransactions", ["0x1", ["vmTrace"]], -32602),
-        ("trace_replayBlockTransactions", ["0x1", ["stateDiff"]], -32602),
+        ("trace_replayBlockTransactions", ["0x1", ["bogus"]], -32602),
+        ("trace_replayBlockTransactions", ["0x1", "trace"], -32602),
+        ("eth_simulateV1", [{"blockStateCalls": []}, "latest"], -32601),
     ],
 )
 async def test_bad_inputs(
@@ -286,5 +299,63 @@ async def test_a_receipt_not_reproduced_is_an_error(tchain: TraceChain) -> None:
             assert first in answer["error"]["message"]
         answer = await client.raw("trace_block", [hex(tchain.multi_block)])
         assert answer["error"]["code"] == -39004
+    finally:
+        await methods.close()
+
+
+def _listed(answer: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+    """An access list in a fixed order (geth and anvil keep it in maps)."""
+    return sorted((x["address"], tuple(x["storageKeys"])) for x in answer["accessList"])
+
+
+async def test_create_access_list_equals_anvil(node: Client, tchain: TraceChain) -> None:
+    """The accounts and slots a call touches (sender, recipient and precompiles listed only
+    with slots), a list given in the request kept, and the gas used with the list."""
+    c = tchain.contracts
+    given = [{"address": A1, "storageKeys": ["0x" + "00" * 31 + "05"]}]
+    requests = [
+        *(request for name, request in _call_objects(tchain).items() if "revert" not in name),
+        {"from": A1, "to": c["forward_counter"], "accessList": given},
+        {"from": A1, "to": A1},
+    ]
+    height = hex(tchain.head)
+    for request in requests:
+        if request.get("data") == "0x60006000fd":
+            continue  # a creation that reverts: see below
+        ours = await node.call("eth_createAccessList", [request, height])
+        theirs = rpc(tchain.url, "eth_createAccessList", [request, height])
+        assert _listed(ours) == _listed(theirs), request
+        assert ours["gasUsed"] == theirs["gasUsed"], request
+        assert "error" not in ours
+
+
+async def test_create_access_list_of_a_failing_call(node: Client, tchain: TraceChain) -> None:
+    """A call that reverts or runs out of gas with the list: the list, the gas and `error`
+    as a result, as geth and the execution-apis spec answer (anvil answers a JSON-RPC
+    error); a sender that cannot pay is an error."""
+    c = tchain.contracts
+    reverted = await node.call("eth_createAccessList", [{"from": A1, "to": c["reason"]}])
+    assert reverted["error"] == "execution reverted"
+    assert int(reverted["gasUsed"], 16) > 21000
+    out_of_gas = await node.call(
+        "eth_createAccessList", [{"from": A1, "to": c["loop"], "gas": "0x10000"}]
+    )
+    assert (out_of_gas["error"], out_of_gas["gasUsed"]) == ("out of gas", "0x10000")
+    poor = {"from": "0x" + "11" * 20, "to": c["counter"], "gasPrice": "0x1"}
+    assert (await node.raw("eth_createAccessList", [poor]))["error"]["code"] == -39002
+    assert (await node.raw("eth_createAccessList", [{"to": "0x12"}]))["error"]["code"] == -32602
+
+
+async def test_struct_log_size_limit(tchain: TraceChain) -> None:
+    """Memory and stack are copied into every step: the answer's size is bounded too."""
+    settings = EvmSettings(workers=1, max_trace_bytes=2000)
+    methods = EvmMethods(AnvilReader(tchain.url), settings)
+    try:
+        options = {"enableMemory": True}
+        answer = await Client(methods).raw(
+            "debug_traceTransaction", [tchain.txs["nested_log"], options]
+        )
+        assert answer["error"]["code"] == -39004
+        assert "2000 bytes" in answer["error"]["message"]
     finally:
         await methods.close()

@@ -18,6 +18,7 @@ from chainstate.hexcodec import parse_data
 from chainstate.jsonrpc import (
     BLOCK_NOT_FOUND,
     INVALID_PARAMS,
+    METHOD_NOT_FOUND,
     NONCE_ERROR,
     SERVER_BUSY,
     JsonRpcError,
@@ -119,6 +120,7 @@ class EvmMethods:
             "pre_traceCall": self.pre_trace_call,
             "pre_traceMany": self.pre_trace_many,
             "blockx_stateReadBatch": self.state_read_batch,
+            "eth_simulateV1": self.eth_simulate_v1,
         }
 
     async def start(self) -> None:
@@ -360,6 +362,15 @@ class EvmMethods:
         names = ["requests", "blockNumber", "fastFail", "useParallel", "disableCache"]
         requests, block, ff, parallel, no_cache = params_list(params, names)
         return await self._multi(parse_block_number_param(block), requests, ff, parallel, no_cache)
+
+    async def eth_simulate_v1(self, params: Any) -> Any:
+        """Refused plainly: its simulated blocks carry state roots and block hashes, which
+        need the state trie this node does not keep (a half answer would mislead)."""
+        raise JsonRpcError(
+            METHOD_NOT_FOUND,
+            "eth_simulateV1 is not supported by the state node: simulated blocks need state "
+            "roots it does not compute; use simulateTransactions, or a full node",
+        )
 
     # -- vendor namespace -------------------------------------------------------------
 

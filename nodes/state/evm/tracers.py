@@ -368,6 +368,57 @@ def prestate(ran: Ran, state: ReplayState, diff: bool, code: bool, storage: bool
     return {"pre": pre_out, "post": post_out}
 
 
+def state_diff(ran: Ran, state: ReplayState) -> dict[str, Any]:
+    """trace_replayBlockTransactions' Parity `stateDiff` of one transaction, as
+    revm-inspectors' populate_state_diff builds it: per account touched and changed, its
+    balance, nonce, code and changed slots as `"="`, `{"+": new}` (created from nothing) or
+    `{"*": {"from", "to"}}`."""
+    db = state.accounts
+    slots: dict[bytes, dict[int, int]] = {}
+    for (address, slot), value in ran.access.slots.items():
+        slots.setdefault(address, {})[slot] = value
+    created = set(ran.created)
+    out: dict[str, Any] = {}
+    with db.quietly() as quiet:
+        for address, acc in ran.access.accounts.items():
+            is_created, destroyed = address in created, address in ran.deleted
+            if is_created and destroyed:
+                continue
+            now = quiet._get_account(address)
+            changed = {}
+            for slot, before in slots.get(address, {}).items():
+                after = quiet.get_storage(address, slot)
+                if after != before:
+                    changed[slot] = (before, after)
+            entry: dict[str, Any] = {"balance": "=", "code": "=", "nonce": "=", "storage": {}}
+            if is_created and acc.balance == 0:
+                entry["balance"] = {"+": hex(now.balance)}
+                entry["nonce"] = {"+": hex(now.nonce)}
+                entry["code"] = {"+": _hex(db.code_of(now.code_hash))}
+                entry["storage"] = {_word(k): {"+": _word(v[1])} for k, v in changed.items()}
+            else:
+                if is_created:
+                    before_code, after_code = db.code_of(acc.code_hash), db.code_of(now.code_hash)
+                    entry["code"] = {"*": {"from": _hex(before_code), "to": _hex(after_code)}}
+                entry["storage"] = {
+                    _word(k): {"*": {"from": _word(b), "to": _word(a)}}
+                    for k, (b, a) in changed.items()
+                }
+                same = (acc.balance, acc.nonce, acc.code_hash) == (
+                    now.balance,
+                    now.nonce,
+                    now.code_hash,
+                )
+                if not changed and same and not destroyed:
+                    continue
+                if acc.balance != now.balance:
+                    entry["balance"] = {"*": {"from": hex(acc.balance), "to": hex(now.balance)}}
+                if acc.nonce != now.nonce:
+                    entry["nonce"] = {"*": {"from": hex(acc.nonce), "to": hex(now.nonce)}}
+            out[_address(address)] = entry
+    return out
+
+
 def _account_state(nonce: int, balance: int, code: bytes) -> dict[str, Any]:
     """alloy's AccountState: balance always, nonce when not 0, code when not empty."""
     out: dict[str, Any] = {"balance": hex(balance)}
@@ -396,8 +447,11 @@ class StructLogger:
         memory: bool,
         return_data: bool,
         limit: int = 0,
+        max_bytes: int = 0,
     ) -> None:
         self.max_steps = max_steps  # of the whole job: past it the trace fails
+        self.max_bytes = max_bytes  # the steps' JSON, roughly, of the whole job (0: no bound)
+        self.size = 0
         self.limit = limit  # geth's `limit` per transaction: past it steps are not recorded
         self.stack, self.storage, self.memory, self.return_data = (
             stack,
@@ -453,9 +507,18 @@ class StructLogger:
         entry["refund"] = computation._gas_meter.gas_refunded
         if self.storage and opcode in (SLOAD, SSTORE) and values:
             self._storage(computation, opcode, values, entry)
+        if self.max_bytes:
+            self._count(entry)
         self.steps.append(entry)
         self.open.append((computation, entry))
         return entry
+
+    def _count(self, entry: dict[str, Any]) -> None:
+        """Bound the answer's size: memory and stack are copied into every step."""
+        self.size += 120 + 70 * (len(entry.get("stack", ())) + len(entry.get("memory", ())))
+        self.size += len(entry.get("returnData", "")) + 140 * len(entry.get("storage", ()))
+        if self.size > self.max_bytes:
+            raise StepLimit(f"more than {self.max_bytes} bytes")
 
     def _storage(
         self, computation: Any, opcode: int, values: list[Any], entry: dict[str, Any]
@@ -564,3 +627,52 @@ class SteppedComputation(FrameComputation):
     opcodes: ClassVar[dict[int, Any]] = {
         op: _stepped(op, fn) for op, fn in FrameComputation.opcodes.items()
     }
+
+
+# -- eth_createAccessList ----------------------------------------------------------------
+
+PRECOMPILES = frozenset(i.to_bytes(20, "big") for i in range(1, 11))  # Cancun's 0x01..0x0a
+EXT_OPS = frozenset({0x3B, 0x3C, 0x3F, 0x31, 0xFF})  # EXTCODESIZE/COPY/HASH, BALANCE, SELFDESTRUCT
+CALLS = frozenset({0xF1, 0xF2, 0xF4, 0xFA})  # CALL, CALLCODE, DELEGATECALL, STATICCALL
+
+
+class AccessListCollector:
+    """geth's access-list tracer: the slots every SLOAD/SSTORE touches (of any account),
+    and the accounts BALANCE, EXTCODE*, SELFDESTRUCT and the CALLs touch, except the
+    sender, the recipient (or the created account) and the precompiles; it starts from the
+    list the call gave."""
+
+    def __init__(self, excluded: set[bytes], start: list[tuple[str, list[int]]]) -> None:
+        self.excluded = excluded | PRECOMPILES
+        self.touched: dict[bytes, set[int]] = {}
+        for address, slots in start:
+            raw = bytes.fromhex(address[2:])
+            if raw not in self.excluded or slots:
+                self.touched.setdefault(raw, set()).update(slots)
+
+    def child_starts(self, parent: Any) -> None:
+        pass
+
+    def before(self, computation: Any, opcode: int, name: str) -> None:
+        values = computation._stack.values
+        if opcode in (SLOAD, SSTORE) and values:
+            slot = _int(values[-1])
+            self.touched.setdefault(computation.msg.storage_address, set()).add(slot)
+        elif opcode in EXT_OPS and values:
+            self._account(_int(values[-1]))
+        elif opcode in CALLS and len(values) >= 2:
+            self._account(_int(values[-2]))
+        return None
+
+    def _account(self, word: int) -> None:
+        address = (word & (2**160 - 1)).to_bytes(20, "big")
+        if address not in self.excluded:
+            self.touched.setdefault(address, set())
+
+    def access_list(self) -> list[tuple[str, list[int]]]:
+        """The list, accounts and slots sorted (geth and anvil keep them in maps)."""
+        return [(_address(a), sorted(slots)) for a, slots in sorted(self.touched.items())]
+
+
+def _int(value: Any) -> int:
+    return value if value.__class__ is int else int.from_bytes(value, "big")

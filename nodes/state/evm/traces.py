@@ -1,6 +1,6 @@
 """The trace methods of the state node: debug_traceCall, debug_traceTransaction,
-debug_traceBlockByNumber/ByHash, trace_block, trace_transaction, trace_filter and
-trace_replayBlockTransactions.
+debug_traceBlockByNumber/ByHash, trace_block, trace_transaction, trace_filter,
+trace_replayBlockTransactions, and eth_createAccessList (which traces its call).
 
 A mined transaction is traced by re-executing its block's transactions before it on the
 state of the parent block, with the block's environment, in a worker (tracing.py); the
@@ -133,6 +133,7 @@ class TraceMethods:
             "trace_transaction": self.trace_transaction,
             "trace_filter": self.trace_filter,
             "trace_replayBlockTransactions": self.trace_replay_block_transactions,
+            "eth_createAccessList": self.eth_create_access_list,
         }
 
     # -- helpers ----------------------------------------------------------------------
@@ -229,6 +230,18 @@ class TraceMethods:
         ref = BlockRef(hash=parse_hash(block_hash, "block hash"))
         return await self._trace_block(self._height(ref), options)
 
+    # -- eth namespace ----------------------------------------------------------------
+
+    async def eth_create_access_list(self, params: Any) -> dict[str, Any]:
+        """geth's eth_createAccessList (run until the list settles, on py-evm): the list,
+        the gas used with it, and `error` when the call fails with it (a result, as geth and
+        the execution-apis spec answer; anvil answers a JSON-RPC error instead)."""
+        request, block = params_list(params, ["transaction", "blockNumber"])
+        ref = parse_block_number_param("latest" if block is None else block)
+        job = await self.evm.prepare("access_list", ref, request)
+        job.update(call=job["calls"][0], tracer={"name": "accessList", "config": {}})
+        return (await self.evm.executor.run(job))["results"][0]
+
     # -- trace namespace (Parity style) -----------------------------------------------
 
     async def _parity_block(self, height: int) -> list[dict[str, Any]]:
@@ -259,30 +272,29 @@ class TraceMethods:
         return [_localized(t, body["block"]["hash"], height, tx["hash"], index) for t in traces]
 
     async def trace_replay_block_transactions(self, params: Any) -> list[dict[str, Any]]:
-        """Only the `trace` type: `stateDiff` and `vmTrace` are refused (not half answered)."""
+        """The `trace` and `stateDiff` types; `vmTrace` is refused (not half answered)."""
         block, types = params_list(params, ["blockNumber", "traceTypes"])
         if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
             raise invalid("invalid traceTypes: expected an array of strings")
         unknown = sorted(set(types) - REPLAY_TYPES)
         if unknown:
             raise invalid(f"invalid traceTypes: unknown {unknown}")
-        unsupported = sorted(set(types) - {"trace"})
-        if unsupported:
-            raise invalid(f"traceTypes {unsupported} are not supported (supported: trace)")
+        if "vmTrace" in types:
+            raise invalid("traceType vmTrace is not supported (supported: trace, stateDiff)")
         height = self._height(_block_number(block, "block"))
         body = self._body(height)
         txs = body["block"]["transactions"]
-        tracer = {"name": "parity", "config": {}}
+        tracer = {"name": "replay", "config": {"stateDiff": "stateDiff" in types}}
         per_tx = await self._replay(height, body, list(range(len(txs))), tracer)
         return [
             {
-                "output": _output(traces),
-                "stateDiff": None,
-                "trace": traces if "trace" in types else [],
+                "output": _output(one["trace"]),
+                "stateDiff": one["stateDiff"],
+                "trace": one["trace"] if "trace" in types else [],
                 "vmTrace": None,
                 "transactionHash": tx["hash"],
             }
-            for tx, traces in zip(txs, per_tx, strict=True)
+            for tx, one in zip(txs, per_tx, strict=True)
         ]
 
     async def trace_filter(self, params: Any) -> list[dict[str, Any]]:

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from eth._utils.address import generate_contract_address
+
 from nodes.state.evm.pyevm import Source, intrinsic_gas
 from nodes.state.evm.replay import (
     ReplayError,
@@ -27,12 +29,18 @@ from nodes.state.evm.replay import (
     tx_of_object,
 )
 from nodes.state.evm.tracers import (
+    AccessListCollector,
     SteppedComputation,
     StructLogger,
+    _word,
     call_frames,
+    error_of,
     parity_traces,
     prestate,
+    state_diff,
 )
+
+MAX_ACCESS_LIST_RUNS = 8  # runs of eth_createAccessList while each finds more to list
 
 
 class TraceFailed(Exception):
@@ -44,7 +52,11 @@ class TraceFailed(Exception):
 
 
 def run_job(
-    job: dict[str, Any], source: Source, hash_of: Callable[[int], bytes], max_steps: int
+    job: dict[str, Any],
+    source: Source,
+    hash_of: Callable[[int], bytes],
+    max_steps: int,
+    max_bytes: int = 0,
 ) -> list[Any]:
     """The traced transactions' answers, in order (TraceFailed when the trace cannot be
     trusted or exceeds its limits)."""
@@ -60,16 +72,19 @@ def run_job(
             memory=bool(cfg.get("enableMemory", False)),
             return_data=bool(cfg.get("enableReturnData", False)),
             limit=int(cfg.get("limit") or 0),
+            max_bytes=max_bytes,
         )
         state.computation_class = SteppedComputation
     try:
+        if job["kind"] == "access_list":
+            return [_access_list(job, source, hash_of)]
         if job["kind"] == "trace_call":
             return [_traced(state, _call_tx(state, job["call"]), job, logger, None)]
         return _replay(state, job, logger)
     except ReplayError as exc:
         raise TraceFailed("replay", str(exc)) from None
-    except StepLimit:
-        raise TraceFailed("limit", f"trace exceeds {max_steps} steps") from None
+    except StepLimit as exc:
+        raise TraceFailed("limit", f"trace exceeds its limit: {exc}") from None
 
 
 def _replay(state: ReplayState, job: dict[str, Any], logger: StructLogger | None) -> list[Any]:
@@ -120,7 +135,49 @@ def _traced(
         )
     if name == "parity":
         return parity_traces(ran)
+    if name == "replay":  # trace_replayBlockTransactions: the traces and the state diff
+        diff = state_diff(ran, state) if cfg.get("stateDiff") else None
+        return {"trace": parity_traces(ran), "stateDiff": diff}
     return {}  # noopTracer
+
+
+def _access_list(
+    job: dict[str, Any], source: Source, hash_of: Callable[[int], bytes]
+) -> dict[str, Any]:
+    """geth's eth_createAccessList: run the call with the list found so far applied, until
+    a run touches nothing new; the list, that run's gas used and its error, if any."""
+    call = job["call"]
+    listed = call["access_list"]
+    for _ in range(MAX_ACCESS_LIST_RUNS):
+        state = new_state(job["block"], job["chain_id"], source, hash_of)
+        state.computation_class = SteppedComputation
+        tx = _call_tx(state, {**call, "access_list": listed})
+        sender = bytes.fromhex(tx.sender[2:])
+        to = (
+            generate_contract_address(sender, tx.nonce)
+            if tx.to is None
+            else bytes.fromhex(tx.to[2:])
+        )
+        collector = AccessListCollector({sender, to}, listed)
+        state.stepper = collector
+        ran = run_tx(state, tx, job["chain_id"], False)
+        found = collector.access_list()
+        if _same_list(found, listed):
+            out: dict[str, Any] = {
+                "accessList": [
+                    {"address": a, "storageKeys": [_word(s) for s in slots]} for a, slots in found
+                ],
+                "gasUsed": hex(ran.gas_used),
+            }
+            if ran.computation.is_error:
+                out["error"] = error_of(ran.computation)
+            return out
+        listed = found
+    raise TraceFailed("limit", f"the access list did not settle in {MAX_ACCESS_LIST_RUNS} runs")
+
+
+def _same_list(a: list[tuple[str, list[int]]], b: list[tuple[str, list[int]]]) -> bool:
+    return {x: set(s) for x, s in a} == {x: set(s) for x, s in b}
 
 
 def _call_tx(state: ReplayState, call: dict[str, Any]) -> Tx:

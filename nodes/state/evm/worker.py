@@ -54,8 +54,10 @@ PRELOAD_ACCOUNTS = 64
 PRELOAD_SLOTS = 1024
 LEARNED_CALLS = 4096  # (callee, calldata) whose slots a worker remembers
 LEARN_DATA = 260  # calldata bytes that key a learned call (selector and 8 words)
-NO_WARM = frozenset({"trace", "replay", "trace_call"})  # jobs that never run on a warm EVM
-TRACE_JOBS = frozenset({"replay", "trace_call"})  # run on py-evm by tracing.py
+NO_WARM = frozenset(
+    {"trace", "replay", "trace_call", "access_list"}
+)  # jobs that never run on a warm EVM
+TRACE_JOBS = frozenset({"replay", "trace_call", "access_list"})  # run on py-evm by tracing.py
 # tracing.TraceFailed kinds and the code each answers
 TRACE_ERRORS = {"gas": GAS_EXHAUSTED, "funds": BALANCE_EXHAUSTED}
 TRANSFER_GAS = 21_000  # a plain transfer's gas: what estimateGas answers without running it
@@ -825,7 +827,11 @@ class Runner:
 
         source, hash_of = self._sources(job)
         try:
-            return {"results": tracing.run_job(job, source, hash_of, self.limits.max_trace_steps)}
+            limits = self.limits
+            results = tracing.run_job(
+                job, source, hash_of, limits.max_trace_steps, limits.max_trace_bytes
+            )
+            return {"results": results}
         except tracing.TraceFailed as exc:
             code = TRACE_ERRORS.get(exc.kind, EVM_FAILED)
             return {"error": error(code, str(exc))}
