@@ -353,7 +353,9 @@ class AdminApi:
             "method": method,
             "block": None if ref is None else ref.describe(),
             "type": None if ref is None else ("Contains" if ref.contains else "Equals"),
-            "kind": "writer" if self.engine.selector.to_leader(pool, spec, ref) else need.kind,
+            "kind": "writer"
+            if self.engine.selector.to_leader(pool, spec, ref)
+            else ("full" if spec.trie else need.kind),
         }
         self.engine.metrics.settle()  # the latency costs as of now
         try:

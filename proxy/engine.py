@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import operator
+import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -1750,13 +1751,15 @@ def _place(positions: list[int], rids: list[Any], parsed: list[Any], answers: li
         answers[pos] = answer
 
 
+_HEIGHT_TEXT = re.compile(r"^(0x[0-9a-fA-F]{1,16}|[0-9]{1,19})$")
+
+
 def _least(text: str, ctx: Ctx) -> JsonRpcError | None:
     """Reads the client's `x-min-block` header (a decimal or 0x height) into `ctx.least`;
     the error to answer when it is not one."""
-    try:
-        value = int(text, 16) if text[:2].lower() == "0x" else int(text, 10)
-    except ValueError:
-        value = -1
+    value = -1
+    if _HEIGHT_TEXT.match(text):
+        value = int(text, 16) if text[:2] == "0x" else int(text, 10)
     if not 0 <= value <= MAX_HEIGHT:
         msg = (
             f"invalid {MIN_BLOCK} header {cut(text)!r}: expected a block height (0x hex or decimal)"

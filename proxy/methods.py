@@ -80,7 +80,7 @@ def _log_range(value: Any) -> BlockRef:
 
 
 _TRACE_FILTER_FIELDS = frozenset(
-    ("fromBlock", "toBlock", "fromAddress", "toAddress", "after", "count")
+    ("fromBlock", "toBlock", "fromAddress", "toAddress", "mode", "after", "count")
 )
 
 
@@ -93,12 +93,8 @@ def _trace_range(value: Any) -> BlockRef:
         expected = sorted(_TRACE_FILTER_FIELDS)
         msg = f"unknown field {cut(unknown[0])!r} in trace filter: expected {expected}"
         raise JsonRpcError(INVALID_PARAMS, msg)
-    start = parse_block_number_param(value.get("fromBlock"), default=BlockRef(tag="earliest"))
-    if start.hash is not None:
-        raise JsonRpcError(
-            INVALID_BLOCK_ID, "invalid fromBlock: a trace filter takes a height or tag"
-        )
-    return start
+    start = value.get("fromBlock")
+    return BlockRef(tag="earliest") if start is None else parse_block_id(start)
 
 
 BLOCK_PARSERS: dict[str, Callable[[Any], BlockRef]] = {
@@ -125,6 +121,10 @@ class MethodSpec:
     trie: bool = False  # needs a state trie: the pool's `full` nodes, else the Leader
     mempool: bool = False  # a transaction by hash: the state nodes, then the Leader
     missing_null: bool = False  # not found (a final -39006) is answered `null`
+    # Its block param takes an EIP-1898 object, so a pinned block is sent by hash; the
+    # traces "by number" (a number, tag or bare hash) are sent the pinned height
+    # (proxy/reads.py)
+    by_hash: bool = True
     # A method of the standard Ethereum API: its clients see standard error codes (set for
     # every name of STANDARD_PREFIXES below but the spec's own vendor methods).
     standard: bool = False
@@ -141,6 +141,7 @@ def _m(
     trie: bool = False,
     mempool: bool = False,
     missing_null: bool = False,
+    by_hash: bool = True,
 ) -> MethodSpec:
     names = tuple(params.split()) if params else ()
     block_at = -1
@@ -167,6 +168,7 @@ def _m(
         trie=trie,
         mempool=mempool,
         missing_null=missing_null,
+        by_hash=by_hash,
     )
 
 
@@ -254,7 +256,6 @@ METHODS: dict[str, MethodSpec] = {
     "eth_createAccessList": _m(
         "transaction blockNumber", 1, "number", ((0, _object),), pending=True
     ),
-    "eth_simulateV1": _m("payload blockNumber", 1, "number", ((0, _object),), pending=True),
     "debug_traceCall": _m(
         "request blockNumber options",
         1,
@@ -265,9 +266,14 @@ METHODS: dict[str, MethodSpec] = {
     "debug_traceTransaction": _m(
         "transactionHash options", 1, checks=((0, parse_hash), (1, _optional_object))
     ),
-    "debug_traceBlockByNumber": _m("blockNumber options", 1, "number", ((1, _optional_object),)),
+    "debug_traceBlockByNumber": _m(
+        "blockNumber options", 1, "number", ((1, _optional_object),), by_hash=False
+    ),
     "debug_traceBlockByHash": _m("blockHash options", 1, "hash", ((1, _optional_object),)),
-    "trace_block": _m("blockNumber", 1, "number"),
+    "trace_block": _m("blockNumber", 1, "number", by_hash=False),
+    "trace_replayBlockTransactions": _m(
+        "blockNumber traceTypes", 2, "number", ((1, _list),), by_hash=False
+    ),
     "trace_transaction": _m("transactionHash", 1, checks=_HASH),
     "trace_filter": _m("filter", 1, "trace"),
     # state node: what clients ask to identify the node and network
@@ -324,6 +330,8 @@ METHODS: dict[str, MethodSpec] = {
     "eth_signTransaction": _m("transaction", 1, checks=((0, _object),), writer=True),
     "eth_signTypedData_v4": _m("address typedData", 2, checks=_ADDR, writer=True),
     "eth_fillTransaction": _m("transaction", 1, checks=((0, _object),), writer=True),
+    # simulated blocks carry state roots, which need the trie the state nodes do not keep
+    "eth_simulateV1": _m("payload blockNumber", 1, "number", ((0, _object),), writer=True),
     "eth_coinbase": _m(writer=True),
     "eth_protocolVersion": _m(writer=True),
     "eth_config": _m(writer=True),

@@ -165,7 +165,7 @@ class Reads:
             height = found
         kind = spec.block
         key = None
-        exact = block_hash is not None and kind in EXACT_FORMS
+        exact = block_hash is not None and kind in EXACT_FORMS and spec.by_hash
         store = False
         epoch = 0
         if cached:
@@ -249,7 +249,7 @@ class Reads:
         kind = spec.block
         tag = ref.tag is not None
         fallback = None
-        if block_hash is not None and kind in HASH_FORMS:
+        if block_hash is not None and kind in HASH_FORMS and spec.by_hash:
             sent = with_block(obj, spec, hash_form(kind, block_hash))  # type: ignore[arg-type]
             fallback = with_block(obj, spec, number_form(kind, height)) if tag else obj  # type: ignore[arg-type]
         elif tag:

@@ -233,7 +233,7 @@ async def test_a_client_names_the_lowest_block_it_accepts(make_api, fake_nodes) 
     await chain_known(api)
     answer = (await api.rpc("1337", req("eth_getBalance", [ADDR, "latest"]), header))[1]
     assert answer["result"]["height"] == 1003  # the pool's latest is higher: that one
-    for bad in ("latest", "-1", "0x", "1e3", "0x" + "f" * 17):
+    for bad in ("latest", "-1", "0x", "1e3", "1_000", "0X10", "0x" + "f" * 17):
         status, answer = await api.rpc("1337", number, {"x-min-block": bad})
         assert status == 200 and answer["error"]["code"] == -32600, (bad, answer)
         assert "x-min-block" in answer["error"]["message"]
@@ -254,6 +254,9 @@ async def test_full_nodes_answer_what_needs_a_trie(make_api, fake_nodes) -> None
     proof = ["0x" + "11" * 20, ["0x0"], "0x3e9"]
     answer = await api.call("1337", "eth_getProof", proof)
     assert answer["result"]["node"] == "geth-1", answer
+    params = {"method": "eth_getProof", "block": "0x3e9"}
+    status, chosen = await api.get("/1337/debug_chooseOneNode", params=params)
+    assert status == 200 and chosen["kind"] == "full" and chosen["node"]["key"] == "geth-1"
     _, answers = await api.rpc("1337", [req("eth_getProof", proof, 1), req("eth_chainId", [], 2)])
     assert [a["result"]["node"] for a in answers] == ["geth-1", "state-1"]
     for method, params in (("eth_getBalance", [ADDR, "latest"]), ("eth_blockNumber", [])):
@@ -278,3 +281,25 @@ async def test_full_nodes_answer_what_needs_a_trie(make_api, fake_nodes) -> None
     )[0] == 201
     answer = await api.call("1337", "eth_getProof", [*proof[:2], "0x3e8"])
     assert answer["result"]["node"] == "w1", answer
+
+
+async def test_latest_is_sent_by_hash_only_where_the_method_takes_one(two) -> None:
+    """A pinned `latest` goes to the node by hash where the block param takes an EIP-1898
+    object (state reads, the block getters), and as the pinned height to the traces "by
+    number", whose param is a number, tag or bare hash."""
+    api, state, _ = two
+    await chain_known(api)
+    head = api.proxy.state.pools["1337"].head()
+    by_hash = {"blockHash": block_hash(head)}
+    for method, params, expected in (
+        ("eth_getBalance", [ADDR, "latest"], by_hash),
+        ("eth_getBlockReceipts", ["latest"], by_hash),
+        ("eth_getTransactionByBlockNumberAndIndex", ["latest", "0x0"], by_hash),
+        ("trace_block", ["latest"], hex(head)),
+        ("debug_traceBlockByNumber", ["latest", {}], hex(head)),
+        ("trace_replayBlockTransactions", ["latest", ["trace"]], hex(head)),
+    ):
+        answer = await api.call("1337", method, params)
+        assert answer["result"]["height"] == head, (method, answer)
+        sent = state.data_items(method)[-1]["params"][1 if method == "eth_getBalance" else 0]
+        assert sent == expected, (method, sent)

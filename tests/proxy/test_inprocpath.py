@@ -1074,3 +1074,38 @@ async def test_with_tracing_on_plain_reads_take_the_engine_path(tmp_path: Path, 
         assert any(s.name == "jsonrpc.request" for s in spans)
     finally:
         await node.close()
+
+
+async def test_a_client_sees_null_and_standard_codes_in_process(proxied) -> None:
+    """The public face through a real state node in process, singly and in batches, as the
+    engine answers (proxy/face.py): a block above the head is `null` (the node's -39006 is
+    retried, then shown as not found), a bad block id -32602, a vendor read keeps -39006;
+    `eth_blockNumber` and the `latest` block agree."""
+    api, node, addrs, _ = proxied
+    cases = [
+        (item(1, "eth_getBlockByNumber", "0x999", False), ("result", None)),
+        (item(2, "eth_getBlockByHash", "0x" + "ab" * 32, False), ("result", None)),
+        (item(3, "eth_getBalance", addrs[0], "0x999"), ("error", -32000)),
+        (item(4, "eth_getBalance", addrs[0], "0xzz"), ("error", -32602)),
+        (item(5, "getAddressBalance", addrs[0], {"block_id": "0x999"}), ("error", -39006)),
+    ]
+
+    def sees(answer: dict[str, Any], what: str, value: Any) -> bool:
+        if what == "result":
+            return "error" not in answer and answer["result"] == value
+        return answer["error"]["code"] == value
+
+    for request, (what, value) in cases:
+        for _ in range(2):  # (a block text seen before: its kept route the second time)
+            _, raw = await both(api, orjson.dumps(request))
+            assert sees(orjson.loads(raw), what, value), raw
+    _, raw = await both(api, orjson.dumps([request for request, _ in cases]))
+    for answer, (_, (what, value)) in zip(orjson.loads(raw), cases, strict=True):
+        assert sees(answer, what, value), answer
+    direct = orjson.loads(await node.handle_body(orjson.dumps(cases[0][0])))
+    assert direct["error"]["code"] == -39006  # the node itself keeps the spec's code
+    batch = [item(1, "eth_blockNumber"), item(2, "eth_getBlockByNumber", "latest", False)]
+    for _ in range(3):
+        _, raw = await both(api, orjson.dumps(batch))
+        number, block = orjson.loads(raw)
+        assert number["result"] == block["result"]["number"]

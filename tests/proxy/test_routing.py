@@ -413,6 +413,7 @@ STATE_CALLS = {
     "trace_block": ["0x3e7"],
     "trace_transaction": [TX_HASH],
     "trace_filter": [{"fromBlock": "0x3e7", "toBlock": "latest", "count": 5}],
+    "trace_replayBlockTransactions": ["0x3e7", ["trace"]],
 }
 
 
@@ -437,7 +438,8 @@ async def test_transaction_lifecycle_and_pending_reads_go_to_the_leader(
         assert served_by(await api.call("1337", method, params)) == "w1", method
     for method, params in PENDING_CALLS.items():  # any other block: a state node
         latest = [p if p != "pending" else "latest" for p in params]
-        at = "w1" if method == "eth_getProof" else "state-1"  # (a trie: no full node here)
+        # (a trie, no full node here; simulated blocks need state roots: the Leader)
+        at = "w1" if method in ("eth_getProof", "eth_simulateV1") else "state-1"
         assert served_by(await api.call("1337", method, latest)) == at, method
     for method in ("web3_clientVersion", "net_version", "net_listening", "eth_chainId"):
         assert served_by(await api.call("1337", method)) == "state-1", method

@@ -117,7 +117,9 @@ def test_target_block_of_every_way_to_name_a_block(method, params, expected) -> 
         ("trace_filter", ["latest"], -32602),  # not an object
         ("trace_filter", [{"fromBlock": "0xzz"}], -32602),
         ("trace_filter", [{"fromBlock": "0x1", "topics": []}], -32602),  # not a field of it
-        ("trace_filter", [{"fromBlock": {"blockHash": HASH}}], -32602),
+        ("trace_filter", [{"fromBlock": {"blockHash": HASH}}], -32602),  # a number or tag
+        ("trace_replayBlockTransactions", ["0x1"], -32602),  # trace types missing
+        ("trace_replayBlockTransactions", ["0x1", "trace"], -32602),
         ("web3_sha3", ["hello"], -32602),
         ("eth_sign", [ADDR], -32602),
         ("eth_sign", [ADDR, "hello"], -32602),
