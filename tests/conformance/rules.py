@@ -200,6 +200,21 @@ def spec_expected_error(case: Case, ours: Any, anvil: Any) -> bool:
     return "data" not in want or ours["error"].get("data") == want["data"]
 
 
+@shape("access-list-of-a-revert")
+def access_list_of_a_revert(case: Case, ours: Any, anvil: Any) -> bool:
+    """`eth_createAccessList` of a call that reverts: anvil answers the revert as an error
+    (code 3); the spec (and geth) answer the access list with the failure in `error`. Ours
+    answers that, fitting the spec's result schema."""
+    mine = result(ours)
+    return (
+        case.method == "eth_createAccessList"
+        and error_code(anvil) == 3
+        and isinstance(mine, dict)
+        and bool(mine.get("error"))
+        and not result_violations(case.method, mine)
+    )
+
+
 @shape("anvil-halt-code")
 def anvil_halt_code(case: Case, ours: Any, anvil: Any) -> bool:
     """A call that runs out of gas: anvil answers -32603 "EVM error OutOfGas"; geth and

@@ -193,3 +193,14 @@ def test_null_for_not_found_follows_the_spec_schema() -> None:
     assert null_for_not_found("eth_getUncleCountByBlockHash")
     assert not null_for_not_found("eth_getBalance")
     assert not null_for_not_found("eth_call")
+
+
+def test_access_list_of_a_revert_reports_the_failure() -> None:
+    rule = SHAPE_RULES["access-list-of-a-revert"]
+    case = Case("eth_createAccessList", "reverting call", [{}, "latest"])
+    anvil = err(3, "0x08c379a0")
+    listed = {"accessList": [], "gasUsed": "0x5259", "error": "execution reverted"}
+    assert rule(case, ok(listed), anvil)
+    assert not rule(case, ok({"accessList": [], "gasUsed": "0x5259"}), anvil)
+    assert not rule(case, ok({**listed, "gasUsed": 21081}), anvil)  # not a hex quantity
+    assert not rule(case, ok(listed), ok({"accessList": [], "gasUsed": "0x5259"}))
