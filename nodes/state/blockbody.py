@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import rlp
-from trie import HexaryTrie
 
 _HASH = re.compile(r"^0x[0-9a-f]{64}$")
 _ADDRESS = re.compile(r"^0x[0-9a-f]{40}$")
@@ -274,6 +272,10 @@ def withdrawals_root(withdrawals: list[Any], where: str) -> str:
     rlp([index, validatorIndex, address, amount]))."""
     if not withdrawals:
         return EMPTY_ROOT
+    # Imported here: they pull in eth_utils (~0.5 s), and a devnet block has no withdrawals.
+    import rlp
+    from trie import HexaryTrie
+
     trie = HexaryTrie({})
     for i, w in enumerate(withdrawals):
         at = f"{where}, withdrawal {i}"
