@@ -17,6 +17,7 @@ import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from chainstate.inproc import InprocRegistry
+from chainstate.jsonrpc import JsonRpcError
 from nodes.state.service import StateNode
 from tests.nodes.test_state_chain import CHAIN_ID, Account, ChainSource, random_chain
 
@@ -329,3 +330,37 @@ async def test_batches_and_http(node: StateNode) -> None:
         assert 'chainstate_state_head{node="s1"} 99.0' in metrics
         resp = await client.post("/", data=b"{not json")
         assert (await resp.json())["error"]["code"] == -32700
+
+
+class StuckSource(ChainSource):
+    """Tells its whole chain's head but serves blocks only up to `serve_to`."""
+
+    serve_to = 10
+
+    async def _vendor_block(self, params: Any) -> dict[str, Any]:
+        (ref,) = params
+        if int(ref, 16) > self.serve_to:
+            raise JsonRpcError(-32603, "not yet")
+        return await super()._vendor_block(params)
+
+
+async def test_eth_syncing_tells_how_far_the_node_is_behind_its_source(tmp_path: Path) -> None:
+    chain, _ = random_chain(seed=32, blocks=21)
+    source = StuckSource(chain)
+    registry = InprocRegistry()
+    registry.register("writer", source.handle_body)
+    section = {"key": "sync", "kind": "archive", "source": "inproc://writer",
+               "poll_interval": 0.02, "backoff_initial": 0.02, "backoff_max": 0.05,
+               "fetch_concurrency": 1}  # fmt: skip
+    node = StateNode.from_config(section, data_dir=tmp_path, registry=registry)
+    await node.start()
+    try:
+        await node.ingest.wait_for_height(10, within=10)
+        assert await result(node, "eth_syncing") == {
+            "startingBlock": "0x0", "currentBlock": "0xa", "highestBlock": "0x14"
+        }  # fmt: skip
+        source.serve_to = 20
+        await node.ingest.wait_for_height(20, within=10)
+        assert await result(node, "eth_syncing") is False
+    finally:
+        await node.close()
