@@ -50,7 +50,7 @@ def _address(raw: bytes) -> str:
     return "0x" + raw.hex()
 
 
-def _word(value: int) -> str:
+def word(value: int) -> str:
     return "0x" + value.to_bytes(32, "big").hex()
 
 
@@ -218,7 +218,7 @@ def _log_frame(c: Any, i: int, entry: tuple[Any, ...]) -> dict[str, Any]:
     position = sum(1 for child in c.children if child.log_mark <= i)
     return {
         "address": _address(address),
-        "topics": [_word(t) for t in topics],
+        "topics": [word(t) for t in topics],
         "data": _hex(data),
         "position": hex(position),
         "index": hex(counter),
@@ -327,7 +327,7 @@ def prestate(ran: Ran, state: ReplayState, diff: bool, code: bool, storage: bool
                 acc.nonce, acc.balance, db.code_of(acc.code_hash) if code else b""
             )
             if storage and slots.get(address):
-                entry["storage"] = {_word(k): _word(v) for k, v in slots[address].items()}
+                entry["storage"] = {word(k): word(v) for k, v in slots[address].items()}
             out[_address(address)] = entry
         return out
     pre_out: dict[str, Any] = {}
@@ -348,8 +348,8 @@ def prestate(ran: Ran, state: ReplayState, diff: bool, code: bool, storage: bool
                 for slot, before in slots.get(address, {}).items():
                     after = quiet.get_storage(address, slot)
                     if after != before:
-                        pre.setdefault("storage", {})[_word(slot)] = _word(before)
-                        post.setdefault("storage", {})[_word(slot)] = _word(after)
+                        pre.setdefault("storage", {})[word(slot)] = word(before)
+                        post.setdefault("storage", {})[word(slot)] = word(after)
             key = _address(address)
             destroyed = address in ran.deleted
             if not destroyed and pre == post:
@@ -395,13 +395,13 @@ def state_diff(ran: Ran, state: ReplayState) -> dict[str, Any]:
                 entry["balance"] = {"+": hex(now.balance)}
                 entry["nonce"] = {"+": hex(now.nonce)}
                 entry["code"] = {"+": _hex(db.code_of(now.code_hash))}
-                entry["storage"] = {_word(k): {"+": _word(v[1])} for k, v in changed.items()}
+                entry["storage"] = {word(k): {"+": word(v[1])} for k, v in changed.items()}
             else:
                 if is_created:
                     before_code, after_code = db.code_of(acc.code_hash), db.code_of(now.code_hash)
                     entry["code"] = {"*": {"from": _hex(before_code), "to": _hex(after_code)}}
                 entry["storage"] = {
-                    _word(k): {"*": {"from": _word(b), "to": _word(a)}}
+                    word(k): {"*": {"from": word(b), "to": word(a)}}
                     for k, (b, a) in changed.items()
                 }
                 same = (acc.balance, acc.nonce, acc.code_hash) == (
@@ -553,7 +553,7 @@ class StructLogger:
             seen = entry["storage"]
             if change is not None and failure is None:
                 _address, slot, value = change
-                seen[_word(slot)] = _word(value)
+                seen[word(slot)] = word(value)
             entry["storage"] = dict(seen)
         if entry["gasCost"] is None:
             entry["gasCost"] = entry["gas"] - computation.get_gas_remaining()

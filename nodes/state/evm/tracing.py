@@ -32,12 +32,12 @@ from nodes.state.evm.tracers import (
     AccessListCollector,
     SteppedComputation,
     StructLogger,
-    _word,
     call_frames,
     error_of,
     parity_traces,
     prestate,
     state_diff,
+    word,
 )
 
 MAX_ACCESS_LIST_RUNS = 8  # runs of eth_createAccessList while each finds more to list
@@ -165,7 +165,7 @@ def _access_list(
         if _same_list(found, listed):
             out: dict[str, Any] = {
                 "accessList": [
-                    {"address": a, "storageKeys": [_word(s) for s in slots]} for a, slots in found
+                    {"address": a, "storageKeys": [word(s) for s in slots]} for a, slots in found
                 ],
                 "gasUsed": hex(ran.gas_used),
             }
