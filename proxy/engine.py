@@ -48,10 +48,11 @@ from chainstate.jsonrpc import (
     request_id,
     restore_ids,
 )
-from proxy import face, outcome
+from proxy import outcome
 from proxy.admission import Admission
 from proxy.attempts import BATCH, Attempts, Group
 from proxy.breaker import CLOSED
+from proxy.face import public, public_raw
 from proxy.methods import LEADER_FALLBACK, LocalMethod, MethodSpec, MethodTable
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
@@ -849,13 +850,15 @@ class Engine:
             if answer is None:  # a notification
                 return 204, b""
             out = answer if type(answer) is bytes else orjson.dumps(answer)
+            if spec.standard and out.find(b"-390") >= 0:  # (a node's code: proxy/face.py)
+                out = public_raw(spec, out, lambda: self._held(ctx.pool, item.ref))
         else:
-            if type(rid) is orjson.Fragment:  # as the client wrote it, not as parsed
-                out = restore_ids(body, out)
             if item.method in UNMINED_FIELDS:
                 out = self._readable_view(ctx.pool, item.method, out)
-        if spec.standard and out.find(b"-390") >= 0:  # (a node's -390xx code: proxy/face.py)
-            out = face.public_raw(spec, out, lambda: self._held(ctx.pool, item.ref))
+            if spec.standard and out.find(b"-390") >= 0:  # (a node's code: proxy/face.py)
+                out = public_raw(spec, out, lambda: self._held(ctx.pool, item.ref))
+            if type(rid) is orjson.Fragment:  # as the client wrote it, not as parsed
+                out = restore_ids(body, out)  # (last: the steps above decode the answer)
         return (204, b"") if notif or not out else (200, out)
 
     # ---- step 2: the read path (one head per request, cache, coalescing) -----------------
@@ -875,7 +878,7 @@ class Engine:
         if plan.flight is not None:
             answer = reads.shared(ctx.pool, await plan.flight.wait(), it.rid)
             if answer is not None:
-                face.public(it.spec, answer, lambda: self._held(ctx.pool, it.ref))
+                public(it.spec, answer, lambda: self._held(ctx.pool, it.ref))
                 result = "error" if "error" in answer else "ok"
                 self.metrics.request(ctx.chain, it.method, COALESCED, result)
                 return orjson.dumps(answer)
@@ -951,7 +954,7 @@ class Engine:
                 it.obj, it.ref = plan.obj, plan.ref
                 again.append(it)
                 continue
-            face.public(it.spec, answer, lambda: self._held(ctx.pool, it.ref))  # noqa: B023
+            public(it.spec, answer, lambda: self._held(ctx.pool, it.ref))  # noqa: B023
             result = "error" if "error" in answer else "ok"
             self.metrics.request(ctx.chain, it.method, COALESCED, result)
             answers[it.pos] = answer
@@ -1524,7 +1527,7 @@ class Engine:
                 retry.append(it)
                 continue
             if result is outcome.ERROR:
-                face.public(it.spec, answer)  # (not a -39006: that one is retried)
+                public(it.spec, answer)  # (not a -39006: that one is retried)
             counted = (it.method, result.name)
             counts[counted] = counts.get(counted, 0) + 1
             if it.method in UNMINED_FIELDS:
@@ -1568,7 +1571,7 @@ class Engine:
         if it.last is not None:
             answer, result = it.last, "error"
             if type(answer) is dict:  # (a single's bytes: `_single_answer`)
-                face.public(it.spec, answer, lambda: self._held(ctx.pool, it.ref))
+                public(it.spec, answer, lambda: self._held(ctx.pool, it.ref))
         elif it.err is not None or exc is None:
             answer = error_response(it.rid, INTERNAL_ERROR, "")
             answer["error"] = self._failed(ctx.pool, it.method, it.tried, it.err).to_obj()

@@ -53,10 +53,10 @@ from chainstate.inproc import (
     ItemsAnswered,
 )
 from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
-from proxy import face
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
 from proxy.engine import Engine, access_log
+from proxy.face import public
 from proxy.inprocbooks import InprocBooks
 from proxy.inproccalls import calls
 from proxy.methods import LocalMethod, MethodSpec
@@ -599,7 +599,7 @@ class InprocPath:
         for i in errors:
             spec = specs.get(items[i].get("method"))
             if spec is not None:
-                face.public(spec, answers[i])
+                public(spec, answers[i])
 
     @staticmethod
     def _path(routes: PoolRoutes, node: Node) -> Path | None:

@@ -20,7 +20,6 @@ from proxy.methods import MethodTable
 from tests.conftest import free_port
 
 TABLE = MethodTable(("trace_vendorBlock",))
-TX_LOOKUPS = ("eth_getTransactionByHash", "eth_getTransactionReceipt")
 
 
 def block_hash(height: int, fork: int = 0) -> str:
@@ -57,9 +56,6 @@ class FakeNode:
         self.received: list[dict[str, Any]] = []  # data items (polls excluded)
         self.bodies: list[bytes] = []
         self.forks: list[tuple[int, int]] = []  # (from height, fork number), see `reorg`
-        # Transactions by hash → block height, answered by the lookups by hash as a state
-        # node does (None: those are answered like any other read)
-        self.txs: dict[str, int] | None = None
         self.port = free_port()
         self._runner: web.AppRunner | None = None
 
@@ -159,8 +155,6 @@ class FakeNode:
             raise JsonRpcError(self.error_code, f"{self.name}: forced error")
         if method in self.method_errors:
             raise JsonRpcError(self.method_errors[method], f"{self.name}: forced {method} error")
-        if self.txs is not None and method in TX_LOOKUPS:
-            return self._transaction(item["params"][0])
         _, ref = TABLE.target(method, item.get("params"))
         height = self.head
         if ref is not None and not ref.contains:  # Contains: the node's own view
@@ -180,19 +174,3 @@ class FakeNode:
         if self.pad:
             answer["pad"] = "x" * self.pad
         return answer
-
-    def _transaction(self, tx_hash: str) -> dict[str, Any] | None:
-        """A transaction this node holds; one it does not: -39006 from a node whose window
-        does not start at 0 (an older one may be on an archive), else null."""
-        height = self.txs.get(tx_hash)  # type: ignore[union-attr]
-        if height is None or not self.earliest <= height <= self.head:
-            if self.earliest > 0:
-                raise JsonRpcError(BLOCK_NOT_FOUND, f"{self.name}: transaction not in window")
-            return None
-        return {
-            "node": self.name,
-            "hash": tx_hash,
-            "blockNumber": hex(height),
-            "blockHash": self.hash_at(height),
-            "transactionIndex": "0x0",
-        }

@@ -39,6 +39,36 @@ class FailingNode(FakeNode):
         return super()._result(item, polling)
 
 
+TX_LOOKUPS = ("eth_getTransactionByHash", "eth_getTransactionReceipt")
+
+
+class TxNode(FakeNode):
+    """A fake state node holding transactions (`txs`: hash → block height), answering the
+    lookups by hash as a state node does: one outside its window is -39006 from a node whose
+    window does not start at 0 (an older one may be on an archive), else null."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.txs: dict[str, int] = {}
+
+    def _result(self, item: dict[str, Any], polling: bool) -> Any:
+        if item["method"] not in TX_LOOKUPS or item["method"] in self.method_errors:
+            return super()._result(item, polling)
+        tx_hash = item["params"][0]
+        height = self.txs.get(tx_hash)
+        if height is None or not self.earliest <= height <= self.head:
+            if self.earliest > 0:
+                raise JsonRpcError(-39006, f"{self.name}: transaction not in window")
+            return None
+        return {
+            "node": self.name,
+            "hash": tx_hash,
+            "blockNumber": hex(height),
+            "blockHash": self.hash_at(height),
+            "transactionIndex": "0x0",
+        }
+
+
 # (request, what the client sees: ("result", value) or ("error", code))
 CASES: list[tuple[dict[str, Any], tuple[str, Any]]] = [
     (req("eth_call", [{"to": ADDR}, "0x3e0"]), ("error", 3)),
@@ -105,6 +135,15 @@ async def test_standard_codes_and_null_on_every_route(make_api, fake_nodes) -> N
             status, raw = await engine.handle("1337", orjson.dumps(batch), {})
             for answer, request, (_, expected) in zip(orjson.loads(raw), batch, CASES, strict=True):
                 check(answer, request, expected)
+        # Ids orjson would change come back as written, also when the answer is rewritten.
+        for rid in (b"1e-400", b"18446744073709551616", b"1.50"):
+            body = b'{"jsonrpc":"2.0","id":%s,"method":"eth_call","params":[{"to":"%s"},"0x3e0"]}'
+            body = body % (rid, ADDR.encode())
+            for _ in range(2):
+                async with api.client.data.post("/1337", data=body) as resp:
+                    raw = await resp.read()
+                assert raw.startswith(b'{"jsonrpc":"2.0","id":%s,' % rid), raw
+                assert orjson.loads(raw)["error"]["code"] == 3, raw
         # Called directly, the nodes keep the spec's codes.
         async with aiohttp.ClientSession() as session:
             body = orjson.dumps(req("eth_getBlockByNumber", ["0x5000", False]))
@@ -243,10 +282,10 @@ async def test_full_nodes_answer_what_needs_a_trie(make_api, fake_nodes) -> None
     """`eth_getProof` goes to the pool's full nodes, by block; nothing else does (unless a
     method route sends it there); without full nodes it goes to the Leader."""
     state = await fake_nodes("state-1", "state")
-    full = await fake_nodes("geth-1", "full", head=1002)
+    full = await fake_nodes("geth-1", "state", head=1002)  # (answers as any fake node)
     api = await make_api()
     await api.add("1337", state)
-    status, answer = await api.post("/1337/addNode", full.entry())
+    status, answer = await api.post("/1337/addNode", {**full.entry(), "kind": "full"})
     assert status == 201, answer
     pool = api.proxy.state.pools["1337"]
     await wait_until(lambda: pool.fulls and pool.fulls[0].head == 1002)

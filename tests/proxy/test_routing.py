@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from proxy.store_file import FileStore
 from tests.proxy.conftest import ADDR, balance, fast_settings, req, wait_until
 from tests.proxy.fakes import FakeNode, block_hash
+from tests.proxy.test_face import TxNode
 
 OTHER = "0x" + "22" * 20
 THIRD = "0x" + "33" * 20
@@ -417,9 +418,11 @@ STATE_CALLS = {
 }
 
 
-async def with_leader(make_api, fake_nodes, writer: FakeNode | None = None):
+async def with_leader(
+    make_api, fake_nodes, writer: FakeNode | None = None, state: FakeNode | None = None
+):
     """A proxy with one state node and a Leader write node `w1`."""
-    state = await fake_nodes("state-1", "state")
+    state = state or await fake_nodes("state-1", "state")
     w1 = writer or await fake_nodes("w1", "state")
     api = await make_api()
     await api.add("1337", state)
@@ -509,9 +512,9 @@ async def test_a_transaction_shows_as_mined_once_state_nodes_hold_its_block(
     make_api, fake_nodes
 ) -> None:
     writer = await MiningWriter("w1").start()
+    state = await TxNode("state-1", "state").start()  # no transaction yet (-39006)
     try:
-        api, state, _ = await with_leader(make_api, fake_nodes, writer)
-        state.txs = {}  # a state node that holds no transaction yet (-39006: not in its window)
+        api, _, _ = await with_leader(make_api, fake_nodes, writer, state)
         assert state.head == 1000
         # Mined in block 1001, which no state node holds yet: a client polling for the
         # receipt keeps waiting instead of reading state that does not show its transaction.
@@ -536,6 +539,7 @@ async def test_a_transaction_shows_as_mined_once_state_nodes_hold_its_block(
         assert len(writer.data_items("eth_getTransactionByHash")) == asked
     finally:
         await writer.stop()
+        await state.stop()
 
 
 async def test_transactions_by_hash_from_state_nodes_then_the_leader(make_api, fake_nodes) -> None:
@@ -543,10 +547,12 @@ async def test_transactions_by_hash_from_state_nodes_then_the_leader(make_api, f
     mined, or not ingested yet) the Leader's execution client; null when no one has it.
     Singles and batches alike."""
     writer = await MiningWriter("w1").start()
+    stopping: list[FakeNode] = []
     writer.mined = None  # pending: only the Leader's client knows it
     try:
-        state = await fake_nodes("state-1", "state")
-        archive = await fake_nodes("archive-1", "archive")
+        state = await TxNode("state-1", "state").start()
+        archive = await TxNode("archive-1", "archive").start()
+        stopping.extend((state, archive))
         old, recent, unknown = "0x" + "01" * 32, "0x" + "02" * 32, "0x" + "03" * 32
         state.txs = {recent: 990, old: 5}  # (5 is outside its window: -39006)
         archive.txs = {recent: 990, old: 5}
@@ -584,13 +590,14 @@ async def test_transactions_by_hash_from_state_nodes_then_the_leader(make_api, f
             None,
         ]
         # A state node that does not serve the lookup (an older one): the Leader answers.
-        state.txs = archive.txs = None
         state.method_errors["eth_getTransactionByHash"] = -32601
         archive.method_errors["eth_getTransactionByHash"] = -32601
         answer = await api.call("1337", "eth_getTransactionByHash", [TX_HASH])
         assert served_by(answer) == "w1"
     finally:
         await writer.stop()
+        for node in stopping:
+            await node.stop()
 
 
 async def test_mirrors_get_copies_and_never_affect_clients(two, fake_nodes) -> None:
