@@ -14,14 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conformance.cases import NON_SPEC_METHODS
-from tests.conformance.harness import (
-    Run,
-    conformance_config,
-    conformance_run,
-    owner,
-    short,
-    signature,
-)
+from tests.conformance.harness import Run, conformance_config, conformance_run
+from tests.conformance.report import owner, short, signature
 from tests.conformance.rules import listed_rule_ids, rule_ids
 from tests.conformance.spec import SPEC_DIR, methods, spec_requests
 from tests.conformance.spec_cases import SKIPPED
