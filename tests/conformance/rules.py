@@ -248,6 +248,20 @@ def anvil_trace_of_nothing(case: Case, ours: Any, anvil: Any) -> bool:
     )
 
 
+@shape("anvil-empty-trace-for-null")
+def anvil_empty_trace_for_null(case: Case, ours: Any, anvil: Any) -> bool:
+    """`trace_block` of a block, `trace_transaction` of a transaction that does not exist:
+    anvil answers `[]`; reth and erigon (the trace namespace's references) and ours `null`."""
+    mine = ours if isinstance(ours, dict) else {}
+    return (
+        case.method in ("trace_block", "trace_transaction")
+        and case.missing
+        and result(anvil) == []
+        and "result" in mine
+        and mine["result"] is None
+    )
+
+
 @shape("filter-changes-history")
 def filter_changes_history(case: Case, ours: Any, anvil: Any) -> bool:
     """A log filter whose range starts in the past: anvil's first `eth_getFilterChanges`

@@ -204,3 +204,14 @@ def test_access_list_of_a_revert_reports_the_failure() -> None:
     assert not rule(case, ok({"accessList": [], "gasUsed": "0x5259"}), anvil)
     assert not rule(case, ok({**listed, "gasUsed": 21081}), anvil)  # not a hex quantity
     assert not rule(case, ok(listed), ok({"accessList": [], "gasUsed": "0x5259"}))
+
+
+def test_an_empty_trace_for_null_only_for_what_does_not_exist() -> None:
+    rule = SHAPE_RULES["anvil-empty-trace-for-null"]
+    missing = Case("trace_transaction", "not found: unknown hash", ["0x" + "00" * 31 + "ef"])
+    assert rule(missing, ok(None), ok([]))
+    assert not rule(missing, err(-32000), ok([]))  # an error is not `null`
+    assert not rule(missing, ok([]), ok([]))  # (equal anyway: no rule needed)
+    assert not rule(missing, ok(None), ok([{"action": {}}]))  # anvil found something
+    found = Case("trace_block", "transfers", ["0x3"])
+    assert not rule(found, ok(None), ok([]))  # an existing block is never traced as null
