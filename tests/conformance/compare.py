@@ -1,5 +1,5 @@
 """Sends every case to the proxy and to anvil and says, for each, whether the answers are
-equal, different in a way the table of listed differences (`ALLOWED.md`, `rules.py`)
+equal, different in a way the table of listed differences (docs/proxy.md, "Conformance with a full node"; `rules.py`)
 allows, or different.
 
 Two answers are equal when both are results and the results are equal, or both are errors

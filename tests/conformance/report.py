@@ -1,5 +1,5 @@
-"""The list of what still differs (DIFFERENCES.md): the different cases grouped by method and
-kind of difference, with the branch whose area each is."""
+"""The list of what still differs from anvil: the different cases grouped by method and kind of
+difference, with the component where each is most likely fixed."""
 
 from __future__ import annotations
 
@@ -31,15 +31,17 @@ EVM = {
 
 def owner(outcome: Outcome) -> str:
     method = outcome.case.method
-    area = "i31-state" if method in STATE else "i31-evm" if method in EVM else "i31-proxy"
+    """Where a difference is most likely fixed: the component that answers the method, or the
+    proxy's method table, public-face codes or param checks."""
+    area = "state node" if method in STATE else "state node EVM" if method in EVM else "proxy"
     ours = outcome.ours if isinstance(outcome.ours, dict) else {}
     code = (ours.get("error") or {}).get("code") if isinstance(ours.get("error"), dict) else None
     if code == -32601:
-        return "i31-proxy (method table)" + ("" if area == "i31-proxy" else f" + {area}")
-    if code is not None and code <= -39000 and area != "i31-proxy":
-        return f"i31-proxy (error code) / {area}"
+        return "proxy (method table)" + ("" if area == "proxy" else f" + {area}")
+    if code is not None and code <= -39000 and area != "proxy":
+        return f"proxy (error code) / {area}"
     if outcome.case.invalid:
-        return f"i31-proxy (params) / {area}" if area != "i31-proxy" else area
+        return f"proxy (params) / {area}" if area != "proxy" else area
     return area
 
 
@@ -176,7 +178,7 @@ def report(result: Run) -> str:
     if allowed:
         lines += [
             "",
-            "### Different in a listed way (ALLOWED.md)",
+            "### Different in a listed way (docs/proxy.md)",
             "",
             "| rule | cases |",
             "| - | - |",

@@ -1,7 +1,7 @@
 """The proxy answers like a full node: every method of the execution-apis specification and the
 common non-spec ones, sent through `chainstate up`'s proxy and to anvil on the same chain at
 concrete heights, alone and in batches; every answer equal to anvil's, or different only in
-a way listed (with its reason) in ALLOWED.md, the table docs/proxy.md carries.
+a way listed (with its reason) in the table of docs/proxy.md, "Conformance with a full node".
 
 One stack and one chain for the whole module (`harness.py`); each method is its own test, so
 a failure names the method and lists its differences, grouped by kind.

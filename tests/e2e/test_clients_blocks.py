@@ -104,7 +104,7 @@ def block(w3: Web3, anvil: Web3) -> tuple[int, str]:
 def without_total_difficulty(value: Any) -> Any:
     """anvil's blocks carry `totalDifficulty`, which left the spec with the merge: the proxy
     may leave it out (the listed difference `total-difficulty` of
-    tests/conformance/ALLOWED.md), so it is not compared."""
+    docs/proxy.md, "Conformance with a full node"), so it is not compared."""
     if isinstance(value, dict):
         return {k: without_total_difficulty(v) for k, v in value.items() if k != "totalDifficulty"}
     if isinstance(value, list):
@@ -125,7 +125,7 @@ def gas_before(anvil: Web3, tx: str) -> int:
 def own_gas(trace: dict[str, Any], before: int) -> dict[str, Any]:
     """anvil's callTracer counts the gas of the transactions before this one in its block
     into `gasUsed` (the listed difference `anvil-cumulative-gas` of
-    tests/conformance/ALLOWED.md): take it off."""
+    docs/proxy.md, "Conformance with a full node"): take it off."""
     used = trace["gasUsed"]
     fixed = used - before if isinstance(used, int) else hex(int(used, 16) - before)
     return {**trace, "gasUsed": fixed}
