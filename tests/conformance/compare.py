@@ -1,6 +1,6 @@
 """Sends every case to the proxy and to anvil and says, for each, whether the answers are
-equal, different in a way the table of listed differences (docs/proxy.md, "Conformance with a full node"; `rules.py`)
-allows, or different.
+equal, different in a way the table of listed differences allows (docs/proxy.md,
+"Conformance with a full node"; `rules.py`), or different.
 
 Two answers are equal when both are results and the results are equal, or both are errors
 with the same `code` and the same `data` (error messages are worded differently by every

@@ -1,7 +1,8 @@
 """The listed differences: when the proxy may answer otherwise than anvil, and why.
 
-Each rule has an id, and `docs/proxy.md ("Conformance with a full node")` (the section docs/proxy.md carries) has one row per id
-with the methods, the case, both answers and the reason; a test keeps the two in step. A rule
+Each rule has an id, and the table of docs/proxy.md, "Conformance with a full node", has one
+row per id with the methods, the case, both answers and the reason; a test keeps the two in
+step. A rule
 allows a difference only under its exact condition (the method, the kind of case, both
 answers' shape), never a whole method.
 
