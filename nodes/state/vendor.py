@@ -13,6 +13,7 @@ import orjson
 from Crypto.Hash import keccak
 
 from chainstate.hexcodec import decode_data, is_address, is_hash, is_quantity
+from nodes.state.blockbody import BlockBody, BlockBodyError, parse_block_body
 from nodes.state.blocklogs import BlockLog, BlockLogsError, parse_block_logs
 
 ACCOUNT_FIELDS = ("balance", "nonce", "code", "storage")
@@ -42,6 +43,7 @@ class VendorBlock:
     pre: dict[str, AccountDiff]
     post: dict[str, AccountDiff]
     logs: tuple[BlockLog, ...] = ()  # from BlockFile's receipts, checked against the Header
+    body: BlockBody | None = None  # BlockFile's block and receipts, checked against the Header
 
 
 def keccak256(data: bytes) -> bytes:
@@ -81,9 +83,10 @@ def parse_vendor_block(obj: Any, *, verify_hash: bool = True) -> VendorBlock:
     post = _diff_side(diff.get("post", {}), "post")
     try:
         logs = parse_block_logs(obj.get("BlockFile"), header)
-    except BlockLogsError as exc:
+        body = parse_block_body(obj.get("BlockFile"), header)
+    except (BlockLogsError, BlockBodyError) as exc:
         raise VendorBlockError(str(exc)) from None
-    return VendorBlock(number, block_hash, parent, header, vhash, pre, post, logs)
+    return VendorBlock(number, block_hash, parent, header, vhash, pre, post, logs, body)
 
 
 def _diff_side(side: Any, name: str) -> dict[str, AccountDiff]:

@@ -438,7 +438,7 @@ class ChainFollower:
     async def _store(self, output: dict[str, Any]) -> None:
         header = output["Header"]
         number = int(header["number"], 16)
-        encoded = bd.canonical_json(output)
+        encoded = bd.output_json(output)
         await asyncio.to_thread(
             self.store.append, number, header["hash"], header["parentHash"], encoded
         )
