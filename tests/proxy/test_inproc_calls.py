@@ -187,14 +187,15 @@ async def test_large_calls_are_parsed_once_and_given_to_the_node_as_objects(stac
     turn), then go the same way: as objects to the node, not written again (no bytes to
     the node), neither cached nor coalesced (MAX_KEYED_BYTES). Several at once are each
     answered with their own id, as the node answers them."""
-    api, node, addrs, counted = await stack()
+    api, _, addrs, counted = await stack()
     bodies = [eth_call(i, addrs[i % len(addrs)], "latest", LARGE) for i in range(4)]
-    expected = [await node.handle_body(body) for body in bodies]
+    # (the engine's usual path: the body through the node's handle_body)
+    expected = [await api.proxy.engine.handle(CHAIN, body, {}) for body in bodies]
     counted.bodies = 0
     answers = await asyncio.gather(*(raw_rpc(api, body) for body in bodies))
-    assert answers == [(200, raw) for raw in expected]
+    assert answers == expected
     assert counted.later == 4 and counted.bodies == 0
-    assert await raw_rpc(api, bodies[0]) == (200, expected[0])  # asked again: not kept
+    assert await raw_rpc(api, bodies[0]) == expected[0]  # asked again: not kept
     assert counted.later == 5
     status, raw = await raw_rpc(api, b'{"jsonrpc": "2.0", "id": 1, "params": [' + LARGE.encode())
     assert status == 200 and orjson.loads(raw)["error"]["code"] == -32700
@@ -204,12 +205,12 @@ async def test_large_calls_are_parsed_once_and_given_to_the_node_as_objects(stac
 async def test_a_large_call_that_hangs_is_retried_as_a_sub_batch(stack) -> None:
     """The first attempt of a large call gave the node objects and no bytes were written
     for it: its retry writes the item then (a sub-batch of one), and is answered."""
-    api, node, addrs, counted = await stack(**NO_CACHE, upstream_timeout=0.5)
+    api, _, addrs, counted = await stack(**NO_CACHE, upstream_timeout=0.5)
     counted.hang = True
     body = eth_call(8, addrs[0], "latest", LARGE)
     status, raw = await raw_rpc(api, body)
-    assert status == 200 and raw == await node.handle_body(body)
     assert len(counted.hanging) == 1 and counted.bodies == 1
+    assert (status, raw) == await api.proxy.engine.handle(CHAIN, body, {})
     assert api.proxy.state.pools[CHAIN].inflight == 0
 
 
