@@ -844,8 +844,9 @@ class _Connection(asyncio.Protocol):
             slot = pending.popleft()
             if transport is None:
                 continue
+            held = self.reserved  # (a write that pauses writing counts itself there)
             transport.write(slot.data)  # type: ignore[arg-type]
-            if self.reserved:  # more for a client that does not read (`pause_writing`)
+            if held:  # more for a client that does not read (`pause_writing`)
                 self.server.held.add(len(slot.data), self)  # type: ignore[arg-type]
             if slot.close:
                 pending.clear()

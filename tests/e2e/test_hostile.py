@@ -257,7 +257,7 @@ def test_big_calldata_does_not_stall_other_clients(stack: Stack) -> None:
                 thread.join()
         rounds.append(probe.slowest)
     status, answer = call(url, body)
-    assert status == 200 and answer["error"]["code"] == -39001, answer  # intrinsic gas
+    assert status == 200 and "intrinsic gas" in answer["error"]["message"], answer
     assert min(rounds) < 0.2, rounds
 
 

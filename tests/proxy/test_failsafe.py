@@ -378,6 +378,7 @@ async def test_answers_a_client_does_not_read_count_in_the_budget(make_api, fake
     try:
         engine = api.proxy.engine  # (answered: the bytes wait in the client's connection)
         await wait_until(lambda: engine.inflight == 0 and budget.used > 10_000_000, within=10)
+        assert budget.used < 21_000_000  # (the answer once: what waits, not counted twice)
         status, answer = await api.rpc("1337", read(2))
         assert status == 503 and "max_buffered_bytes" in answer["error"]["message"], answer
     finally:
