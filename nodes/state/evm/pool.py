@@ -22,7 +22,14 @@ from typing import Any
 
 from chainstate.jsonrpc import EVM_FAILED, SERVER_BUSY, TIME_LIMIT, JsonRpcError
 from nodes.state.evm.settings import EvmSettings
-from nodes.state.evm.worker import READY, Limits, WarmKey, warm_key, worker_main
+from nodes.state.evm.worker import (
+    READY,
+    Limits,
+    WarmKey,
+    detached,
+    warm_key,
+    worker_main,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +75,12 @@ class _Worker:
             self.warm.popitem(last=False)
 
     def roundtrip(self, job: dict[str, Any]) -> dict[str, Any]:
-        """Blocking: send a job and wait for its answer (runs in a pool thread)."""
+        """Blocking: send a job and wait for its answer (runs in a pool thread). The hex of
+        long calldata follows the job as raw messages (`worker.detached`)."""
+        job, blobs = detached(job)
         self.conn.send(job)
+        for blob in blobs:
+            self.conn.send_bytes(blob)
         return self.conn.recv()
 
     def running(self) -> tuple[int, float]:

@@ -369,6 +369,40 @@ def with_bytes(job: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+def detached(job: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
+    """`job` without the hex of its long calldata (`hex`), and those bytes in order: they
+    go to the worker as raw messages after it (`pool._Worker.roundtrip`), not pickled (a
+    copy made while the sending thread holds the GIL the event loop waits for). A copy of
+    the job where it has any (the caller's may run again); `attached` puts them back."""
+    blobs: list[bytes] = []
+
+    def strip(one: dict[str, Any]) -> dict[str, Any]:
+        calls = one.get("calls") or ()
+        if not any("hex" in call for call in calls):
+            return one
+        out = []
+        for call in calls:
+            if "hex" in call:
+                field, raw = call["hex"]
+                blobs.append(raw)
+                call = {**call, "hex": (field, None)}
+            out.append(call)
+        return {**one, "calls": out}
+
+    if job["kind"] == "groups":
+        return {**job, "jobs": [strip(one) for one in job["jobs"]]}, blobs
+    return strip(job), blobs
+
+
+def attached(job: dict[str, Any], conn: Any) -> None:
+    """The bytes `detached` took out of a job, read from the pipe back into it, in order."""
+    for one in job["jobs"] if job["kind"] == "groups" else (job,):
+        for call in one.get("calls") or ():
+            lazy = call.get("hex")
+            if lazy is not None and lazy[1] is None:
+                call["hex"] = (lazy[0], conn.recv_bytes())
+
+
 LearnKey = tuple[str | None, bytes]
 
 
@@ -1125,6 +1159,7 @@ def worker_main(conn: Any, limits: Limits, warm_blocks: int, progress: Any = Non
     while True:
         try:
             job = conn.recv()
+            attached(job, conn)
         except (EOFError, OSError):
             return
         try:
