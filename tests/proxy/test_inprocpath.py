@@ -822,7 +822,14 @@ async def test_a_batch_on_one_nodes_entries_is_checked_by_the_node_as_it_answers
         state.breaker.failures = 0
         await sent(two_routes, 1, 1)
         # a third entry of the node through its path for parsed items alone: not one path
-        url = api.registry.register("plain", node.handle_body, answer_items=node.answer_items)
+        # (its answers counted by the node as the others': whichever entry the picks take,
+        # the books are the engine's)
+        url = api.registry.register(
+            "plain",
+            node.handle_body,
+            answer_items=node.answer_items,
+            items_answered=node.items_answered,
+        )
         status, answer = await api.post(
             f"/{CHAIN}/addNode", {"key": "plain", "url": url, "kind": "archive"}
         )
