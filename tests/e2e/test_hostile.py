@@ -239,9 +239,10 @@ def test_big_calldata_does_not_stall_other_clients(stack: Stack) -> None:
     leaves on the event loop is one parse of its body, one body per turn of the loop (engine.py
     `_large`): no regex over the hex, no key written or hashed for the cache, no pinned
     body written again for the node in process, the calldata decoded by the EVM worker.
-    Quiet machine: ~0.05 s; this shared 2-core VM under its other engineers' load:
-    0.1-0.3 s, whose noise (a process waiting for a core) the best of three rounds takes
-    out: a stall the code causes shows in every round."""
+    Measured on this shared 2-core VM: best round 0.15 s at load averages of 7-8 (rounds
+    0.15-0.46 s), ~0.5 s at 11-12 (the stack's process then waits for a core whatever it
+    runs). The best of three rounds takes out the scheduling noise of a loaded machine: a
+    stall the code causes shows in every round."""
     data = "0x" + "ab" * (5 * 1024 * 1024 // 2)
     body = json.dumps(req("eth_call", {"to": BEEF, "data": data}, "latest")).encode()
     url = stack.url("8663") + "/1337"
