@@ -140,7 +140,7 @@ def _restore(state_path: Path, chain: StoredChain, head: int) -> str:
         )
     else:
         file_head = int(state.get("best_block_number", -1))
-        if holds(state, chain.block(head)):
+        if holds(state, chain.block(head)) and not leaves_at(state, chain.block(head)):
             unreplayable = unreplayable_above(state, head)
             if not unreplayable:
                 more = f" and {file_head - head} blocks more" if file_head > head else ""
@@ -151,6 +151,11 @@ def _restore(state_path: Path, chain: StoredChain, head: int) -> str:
             )
         elif 0 <= file_head < head and holds(state, chain.block(file_head)):
             base, why = state, f"its state file ended at block {file_head}"
+        elif holds(state, chain.block(head)):
+            why = (
+                f"its state file's blocks above {head} are not built on the write nodes' "
+                f"block {head}"
+            )
         else:
             why = f"its state file holds another chain (head {file_head})"
     restored = extend(base, chain, head)
@@ -222,13 +227,24 @@ def _set_aside(state_path: Path) -> Path:
 
 
 def holds(state: dict[str, Any], block: dict[str, Any]) -> bool:
-    """Whether the state file has `block` (same header fields, hence same hash). anvil 1.7.1
-    reloaded from a file may list a fresh genesis of its own next to the loaded one: at
-    height 0 any match counts."""
+    """Whether the state file has `block` (same header fields, hence same hash) as its only
+    block at that height: anvil would take any other one as its block there (a dump of
+    anvil 1.7.1 lists a genesis of its own per reload; `pin_genesis` keeps one)."""
     want = header_of(block)
     number = int(block["number"], 16)
+    at = [b for b in state["blocks"] if _number(b["header"]) == number]
+    return len(at) == 1 and header_of(at[0]["header"]) == want
+
+
+def leaves_at(state: dict[str, Any], block: dict[str, Any]) -> bool:
+    """Whether the state file has a block above `block` that is not its child: a chain that
+    anvil mined on another block at that height (a reload that took its own genesis)."""
+    child = int(block["number"], 16) + 1
+    parent = str(block["hash"]).lower()
     return any(
-        header_of(b["header"]) == want for b in state["blocks"] if _number(b["header"]) == number
+        str(b["header"]["parentHash"]).lower() != parent
+        for b in state["blocks"]
+        if _number(b["header"]) == child
     )
 
 
