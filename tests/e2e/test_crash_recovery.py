@@ -99,8 +99,8 @@ class Crashable:
     def anvil_pid(self) -> int | None:
         pid_file = self.config.parent / "data" / "anvil-state.pid"
         try:
-            return int(pid_file.read_text())
-        except (OSError, ValueError):
+            return int(pid_file.read_text().split()[0])  # "pid start-time"
+        except (OSError, ValueError, IndexError):
             return None
 
     def url(self, name: str) -> str:
