@@ -139,25 +139,13 @@ def _restore(state_path: Path, chain: StoredChain, head: int) -> str:
             f"wrote it while mining the next block; kept as {_set_aside(state_path).name})"
         )
     else:
-        file_head = int(state.get("best_block_number", -1))
-        if holds(state, chain.block(head)) and not leaves_at(state, chain.block(head)):
-            unreplayable = unreplayable_above(state, head)
-            if not unreplayable:
-                more = f" and {file_head - head} blocks more" if file_head > head else ""
-                return f"anvil: its state file holds the write nodes' head {head}{more}: kept"
-            why = (
-                f"its state file has {len(unreplayable)} blocks above it that anvil can no "
-                f"longer replay (from block {unreplayable[0]}); their transactions are dropped"
-            )
-        elif 0 <= file_head < head and holds(state, chain.block(file_head)):
-            base, why = state, f"its state file ended at block {file_head}"
-        elif holds(state, chain.block(head)):
-            why = (
-                f"its state file's blocks above {head} are not built on the write nodes' "
-                f"block {head}"
-            )
-        else:
-            why = f"its state file holds another chain (head {file_head})"
+        use, why = _judge(state, chain, head)
+        if use == KEEP:
+            return f"anvil: {why}: kept"
+        if use == EXTEND:
+            base = state
+        elif use == SET_ASIDE:
+            why += f"; kept as {_set_aside(state_path).name}"
     restored = extend(base, chain, head)
     write_state(state_path, restored)
     first = 0 if base is None else int(base["best_block_number"]) + 1
@@ -165,6 +153,90 @@ def _restore(state_path: Path, chain: StoredChain, head: int) -> str:
         f"anvil: restored to the write nodes' head {head} from {chain.key}'s blocks "
         f"({head - first + 1} blocks written; {why})"
     )
+
+
+KEEP, EXTEND, REBUILD, SET_ASIDE = "keep", "extend", "rebuild", "set aside"
+
+
+def _judge(state: dict[str, Any], chain: StoredChain, head: int) -> tuple[str, str]:
+    """What to do with the state file, and why: KEEP it as it is, EXTEND it with the stored
+    blocks above its head, or REBUILD it from the stored blocks alone (SET_ASIDE: the same,
+    keeping the file for inspection). anvil can run on the file as it is when the file has
+    the stored head block, every block it has above it is its child and replayable, and its
+    state at the head is what the stored blocks left: anvil writes its file in pieces, and
+    one written while it mined may pair blocks with accounts of another block (which the
+    file's own history does not always show)."""
+    file_head = int(state.get("best_block_number", -1))
+    block = chain.block(head)
+    if holds(state, block):
+        if leaves_at(state, block):
+            return REBUILD, (
+                f"its state file's blocks above {head} are not built on the write nodes' "
+                f"block {head}"
+            )
+        unreplayable = unreplayable_above(state, head)
+        if unreplayable:
+            return REBUILD, (
+                f"its state file has {len(unreplayable)} blocks above it that anvil can no "
+                f"longer replay (from block {unreplayable[0]}); their transactions are dropped"
+            )
+        if (differs := state_differs(state, chain, head)) is not None:
+            return SET_ASIDE, (
+                f"its state file's state at block {head} is not the one the write nodes' "
+                f"blocks left ({differs})"
+            )
+        more = f" and {file_head - head} blocks more" if file_head > head else ""
+        return KEEP, f"its state file holds the write nodes' head {head}{more}"
+    if 0 <= file_head < head and holds(state, chain.block(file_head)):
+        if (differs := state_differs(state, chain, file_head)) is not None:
+            return SET_ASIDE, (
+                f"its state file's state at its head {file_head} is not the one the write "
+                f"nodes' blocks left ({differs})"
+            )
+        return EXTEND, f"its state file ended at block {file_head}"
+    return REBUILD, f"its state file holds another chain (head {file_head})"
+
+
+def state_differs(state: dict[str, Any], chain: StoredChain, number: int) -> str | None:
+    """The first account whose balance, nonce, code or storage in the state file at block
+    `number` (its accounts at its head, else its kept state of that block) differs from
+    what `chain`'s blocks left after `number`; None when all agree or the file keeps no
+    state of that block."""
+    if number == int(state.get("best_block_number", -1)):
+        accounts = {
+            a.lower(): _account_of_dump(v) for a, v in (state.get("accounts") or {}).items()
+        }
+    elif (kept := _historical_state(state, number)) is not None:
+        accounts = _history_accounts(kept)
+    else:
+        return None
+    stored = stored_accounts(chain.store.state_at(number))
+    for address in sorted(accounts.keys() | stored.keys()):
+        if accounts.get(address, _EMPTY_ACCOUNT) != stored.get(address, _EMPTY_ACCOUNT):
+            return f"account {address}"
+    return None
+
+
+def stored_accounts(values: dict[str, str]) -> dict[str, tuple]:
+    """(balance, nonce, code hash, non-zero storage) per account from a store's values
+    (`BlockStore.state_at`), as `_account_of_dump` gives them for a state file."""
+    fields: dict[str, dict[str, str]] = {}
+    slots: dict[str, dict[str, str]] = {}
+    for key, value in values.items():
+        address, kind, *slot = key.split(":")
+        if slot:
+            slots.setdefault(address, {})[slot[0]] = value
+        else:
+            fields.setdefault(address, {})[kind] = value
+    return {
+        address: (
+            _int(fields.get(address, {}).get("balance")),
+            _int(fields.get(address, {}).get("nonce")),
+            keccak256(bytes.fromhex(fields.get(address, {}).get("code", "0x")[2:])),
+            _slots(slots.get(address) or {}),
+        )
+        for address in fields.keys() | slots.keys()
+    }
 
 
 def catch_up_writers(state_path: Path, stores: Sequence[tuple[str, Path]]) -> list[str]:
@@ -267,11 +339,7 @@ def accounts_past_head(state: dict[str, Any]) -> int | None:
     if kept is None:
         return None
     accounts = {a.lower(): _account_of_dump(v) for a, v in (state.get("accounts") or {}).items()}
-    storage = {a.lower(): s for a, s in (kept.get("storage") or {}).items()}
-    expected = {
-        a.lower(): _account_of_history(v, storage.get(a.lower()) or {})
-        for a, v in (kept.get("accounts") or {}).items()
-    }
+    expected = _history_accounts(kept)
     empty = _EMPTY_ACCOUNT
     for address in accounts.keys() | expected.keys():
         if accounts.get(address, empty) != expected.get(address, empty):
@@ -280,6 +348,15 @@ def accounts_past_head(state: dict[str, Any]) -> int | None:
 
 
 _EMPTY_ACCOUNT = (0, 0, keccak256(b""), ())
+
+
+def _history_accounts(kept: dict[str, Any]) -> dict[str, tuple]:
+    """The accounts of one of anvil's kept block states, as `_account_of_dump` gives them."""
+    storage = {a.lower(): s for a, s in (kept.get("storage") or {}).items()}
+    return {
+        a.lower(): _account_of_history(v, storage.get(a.lower()) or {})
+        for a, v in (kept.get("accounts") or {}).items()
+    }
 
 
 def _historical_state(state: dict[str, Any], number: int) -> dict[str, Any] | None:
