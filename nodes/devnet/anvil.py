@@ -245,6 +245,12 @@ class AnvilProcess:
         return self._proc.pid if self._proc else None
 
     @property
+    def exit_code(self) -> int | None:
+        """The started process's exit code once it has ended on its own (negative: the
+        signal), else None (running, or never started)."""
+        return self._proc.poll() if self._proc is not None else None
+
+    @property
     def dump_path(self) -> Path | None:
         """Where anvil writes its state (the next start loads it once it is complete)."""
         return self._beside_state(".dump.json")

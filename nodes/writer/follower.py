@@ -111,6 +111,10 @@ class ChainFollower:
             if not progressed:
                 await asyncio.sleep(self.settings.poll_interval)
 
+    def announce(self) -> None:
+        """Have the next poll log where the stored head stands (after a pause)."""
+        self._announce = True
+
     async def prime(self) -> None:
         """One first poll. Any error is left for `run`, which meets it again on its first
         poll and retries or reports it."""

@@ -185,6 +185,12 @@ class BlockStore:
                 cur.execute("ROLLBACK")
                 raise
 
+    def wait_idle(self) -> None:
+        """Return once no write is in flight (one cancelled half-way in its thread ends
+        first)."""
+        with self._write_lock:
+            pass
+
     def rewind(self, to_number: int) -> int:
         """Delete every block above `to_number` (-1 deletes all); returns how many."""
         with self._write_lock:
