@@ -8,7 +8,8 @@ restart: anvil loads that file at start and writes its state (with the state of 
 `state_history` blocks, so blocks nobody traced yet can still be replayed) to a separate dump
 file every `state_interval` seconds and on exit. anvil does not write that file atomically,
 so the next start takes the dump only when it is complete, else keeps the previous file; an
-anvil left over from a crashed run (still writing its last dump) is waited for first. After a
+anvil left over from a crashed run (still writing its last dump) is waited for first, and
+the file keeps one block 0 before anvil loads it (`nodes/devnet/genesis.py`). After a
 kill -9 of anvil itself the file misses its last seconds of chain; `chainstate up` puts them
 back from the write nodes' stores (`nodes/devnet/recovery.py`).
 """
