@@ -6,4 +6,7 @@
 - `bench.wrkdriver`: the same load through `wrk`, as a cross-check
 - `bench.fakenode`: a fast fake state node with made-up data (`chainstate bench fake-node`)
 - `bench.suite`: suites that start services and compare them (`chainstate bench suite`)
+- `bench.faults`: the faults suite (killed, hung, failing, slow, lying nodes)
+- `bench.suitecli`: the `bench suite` command, over both
+- `bench.services`: the processes a benchmark starts, their ports and CPU time
 """

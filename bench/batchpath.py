@@ -40,8 +40,8 @@ from typing import Any
 import orjson
 
 from bench.bodies import BlockRange, BodyPlan, fake_addresses
+from bench.nodereads import STORAGE_CONTRACT, bodies, proxy_in_front, synthetic_node
 from chainstate.inproc import InprocRegistry
-from nodes.state.benchreads import STORAGE_CONTRACT, bodies, proxy_in_front, synthetic_node
 
 FAKE_HEAD = 1_000_000  # `chainstate bench fake-node`'s head and state window (bench/suite.py)
 FAKE_WINDOW = 128

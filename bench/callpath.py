@@ -13,7 +13,7 @@ per body:
 
 Paths (batches of `--batch` eth_calls at random heights older than the proxy's state window,
 one body at a time, to `--to`: the one-slot read, an ERC20 `balanceOf`'s shape, or the 64-slot
-view, on `nodes.state.evm.benchcalls`' synthetic chain):
+view, on `bench.nodecalls`' synthetic chain):
 
 - `node`: the state node's own data port (`answer_now`, then `handle_body`);
 - `proxy`: the proxy's data handler with that node in process (`inproc://`, entered as a
@@ -37,9 +37,9 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.batchpath import check
+from bench.nodecalls import ONE_SLOT, VIEW, call_bodies, synthetic_node
+from bench.nodereads import proxy_in_front
 from chainstate.inproc import InprocRegistry
-from nodes.state.benchreads import proxy_in_front
-from nodes.state.evm.benchcalls import ONE_SLOT, VIEW, call_bodies, synthetic_node
 
 TARGETS = {"one-slot": ONE_SLOT, "view": VIEW}  # (an ERC20 balanceOf's shape; the view)
 
@@ -61,7 +61,7 @@ async def run(handle: Callable[[bytes], Any], payloads: list[bytes], n: int) -> 
 
 
 async def in_process(args: argparse.Namespace) -> Any:
-    """The node's port or the proxy's in front of it, on `benchcalls`' synthetic chain."""
+    """The node's port or the proxy's in front of it, on `bench.nodecalls`' synthetic chain."""
     rng = random.Random(0)
     async with synthetic_node(args.blocks, rng, map_size_mb=256) as node:
         payloads = call_bodies(TARGETS[args.to], True, args.blocks - 1, args.batch, rng)[:50]

@@ -316,7 +316,7 @@ def cmd_fake_node(args: argparse.Namespace) -> int:
 
 def add_commands(parser: argparse.ArgumentParser) -> None:
     """The bench tools as subcommands of `parser`."""
-    from bench.suite import add_suite_parsers
+    from bench.suitecli import add_suite_parsers
     from bench.wsheads import add_ws_heads_parser
 
     sub = parser.add_subparsers(dest="bench_command", metavar="TOOL")

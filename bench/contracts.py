@@ -21,7 +21,7 @@ VIEW_SLOTS = 64  # storage words the view reads
 # 26 PUSH1 1; ADD; PUSH1 loop; JUMP                                  i += 1
 # 32 end: JUMPDEST; POP; PUSH1 0; MSTORE; PUSH1 32; PUSH1 0; RETURN  return acc
 # 42 write: JUMPDEST; PUSH1 32; CALLDATALOAD; PUSH1 0; CALLDATALOAD; SSTORE; STOP
-_RUNTIME = bytes.fromhex(
+VIEW_RUNTIME = bytes.fromhex(
     "36604014602a57"  # 0
     "60006000"  # 7
     f"5b8060{VIEW_SLOTS:02x}1115602057"  # 11
@@ -47,7 +47,7 @@ _CONSTRUCTOR = bytes.fromhex(
 
 def view_init_code() -> bytes:
     """Deployment code of the storage-heavy view contract."""
-    return init_code(_RUNTIME, _CONSTRUCTOR)
+    return init_code(VIEW_RUNTIME, _CONSTRUCTOR)
 
 
 def view_sum(values: dict[int, int] | None = None) -> int:

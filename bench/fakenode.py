@@ -71,16 +71,11 @@ def _h8(n: int) -> bytes:
     return n.to_bytes(8, "big")
 
 
-def block_hash(height: int) -> str:
-    """Fake block hash: the height in the first 8 bytes, so a hash maps back to a height."""
-    return "0x" + (_h8(height) + _digest(b"block", _h8(height))[:24]).hex()
-
-
-def height_of_hash(value: str) -> int | None:
-    """The height a fake block hash names, or None if it is not one of ours."""
-    raw = bytes.fromhex(value[2:])
-    height = int.from_bytes(raw[:8], "big")
-    return height if block_hash(height) == value.lower() else None
+def block_hash(height: int, fork: int = 0) -> str:
+    """Fake block hash: the height in the first 8 bytes, so a hash maps back to a height;
+    `fork` (0: the chain every fake node starts on) makes another block at that height."""
+    salt = _digest(b"block", _h8(height)) if fork == 0 else _digest(b"fork", _h8(height), _h8(fork))
+    return "0x" + (_h8(height) + salt[:24]).hex()
 
 
 @dataclass
@@ -102,6 +97,7 @@ class FakeNodeSettings:
     start_time: float | None = None  # unix time at which the head was `head` (None: at start)
     lie_from: int | None = None  # from this height on, state values and hashes are wrong
     call_bytes: int = 32  # bytes of an eth_call result
+    stop_grace: float = 10.0  # seconds `stop` waits for answers in flight, then cuts them
 
     def __post_init__(self) -> None:
         if self.kind not in ("state", "archive"):
@@ -116,10 +112,33 @@ class FakeNodeSettings:
 
 @dataclass
 class FakeChain:
-    """The fake chain's head and the range of heights this node answers."""
+    """The fake chain's head, its blocks' hashes and the range of heights this node
+    answers. `reorg` replaces the blocks from a height up with those of another fork."""
 
     settings: FakeNodeSettings
     started: float = field(default_factory=time.monotonic)
+    forks: list[tuple[int, int]] = field(default_factory=list)  # (from height, fork number)
+
+    def reorg(self, from_height: int, fork: int) -> None:
+        """Blocks from `from_height` up are now those of fork `fork` (other hashes)."""
+        self.forks.append((from_height, fork))
+
+    def fork_at(self, height: int) -> int:
+        fork = 0
+        for start, number in self.forks:
+            if height >= start:  # a later reorg from a lower height replaces what was above
+                fork = number
+        return fork
+
+    def hash_at(self, height: int) -> str:
+        return block_hash(height, self.fork_at(height)) if self.forks else block_hash(height)
+
+    def height_of(self, value: str) -> int | None:
+        """The height a block hash of this chain names, or None if it is not one of its
+        blocks (another fork's, or not a fake hash)."""
+        raw = bytes.fromhex(value[2:])
+        height = int.from_bytes(raw[:8], "big")
+        return height if self.hash_at(height) == value.lower() else None
 
     def head(self) -> int:
         s = self.settings
@@ -139,7 +158,7 @@ class FakeChain:
         if ref.number is not None:
             height = ref.number
         elif ref.hash is not None:
-            found = height_of_hash(ref.hash)
+            found = self.height_of(ref.hash)
             if found is None or found > head:
                 raise JsonRpcError(BLOCK_NOT_FOUND, f"block {ref.hash} not found")
             height = found
@@ -210,8 +229,8 @@ class FakeMethods:
         d = _digest(b"hdr", _h8(height))
         return {
             "number": hex(height),
-            "hash": block_hash(height),
-            "parentHash": block_hash(height - 1) if height else ZERO_HASH,
+            "hash": self.chain.hash_at(height),
+            "parentHash": self.chain.hash_at(height - 1) if height else ZERO_HASH,
             "timestamp": hex(GENESIS_TIMESTAMP + 12 * height),
             "miner": FAKE_MINER,
             "gasLimit": hex(30_000_000),
@@ -368,7 +387,7 @@ class FakeMethods:
         ref = parse_block_id(value)
         if ref.hash is None:
             raise JsonRpcError(INVALID_PARAMS, "blockIsValid: expected a 32-byte block hash")
-        height = height_of_hash(ref.hash)
+        height = self.chain.height_of(ref.hash)
         return height is not None and height <= head
 
     def blockx_range(self, params: Any, head: int) -> dict[str, int]:
@@ -384,8 +403,8 @@ class FakeMethods:
         return [
             {
                 "height": h,
-                "id": block_hash(h),
-                "parent_id": block_hash(h - 1) if h else ZERO_HASH,
+                "id": self.chain.hash_at(h),
+                "parent_id": self.chain.hash_at(h - 1) if h else ZERO_HASH,
                 "validation_hash": self.validation_hash(h),
             }
             for h in range(low, min(start + count, head + 1))
@@ -516,7 +535,11 @@ class FakeNode:
         return 405, b'{"error":"use POST for JSON-RPC"}'
 
     async def start(self) -> None:
-        limits = ServerLimits(max_body=self.settings.max_body, body_limit_name="max_body")
+        limits = ServerLimits(
+            max_body=self.settings.max_body,
+            body_limit_name="max_body",
+            shutdown_timeout=self.settings.stop_grace,
+        )
         self.server = HttpServer(self.route, limits=limits, name="fake node")
         await self.server.start(self.settings.host, self.settings.port)
 

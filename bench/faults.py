@@ -47,19 +47,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.bodies import BodyPlan, fake_addresses
 from bench.loadgen import BenchResult, LoadSettings, run_bench
-from bench.suite import (
-    FAKE_HEAD,
-    FAKE_WINDOW,
-    SUITE_CHAIN_ID,
+from bench.services import (
     Service,
     Services,
-    SuiteOptions,
     free_port,
     python_cmd,
     rpc_call,
     running,
     split_cpus,
 )
+from bench.suite import FAKE_HEAD, FAKE_WINDOW, SUITE_CHAIN_ID, SuiteOptions
 
 FAULTS = ("baseline", "kill", "hang", "503", "slow", "wrong", "overload")
 BLOCK_TIME = 1.0  # seconds per block of the fake chain
@@ -214,7 +211,7 @@ class FaultSuite:
         )
         url = f"http://127.0.0.1:{port}"
         cmd = python_cmd(
-            "-m", "chainstate.cli", "checker", "--config", str(config),
+            "-m", "stack.cli", "checker", "--config", str(config),
             "--data-dir", str(services.workdir / "checker"),
         )  # fmt: skip
         probe = b'{"jsonrpc":"2.0","id":1,"method":"checker_status","params":[]}'
@@ -241,7 +238,7 @@ class FaultSuite:
         config.write_text("\n".join(lines))
         url = f"http://127.0.0.1:{port}"
         cmd = python_cmd(
-            "-m", "chainstate.cli", "proxy", "--host", "127.0.0.1", "--port", str(port),
+            "-m", "stack.cli", "proxy", "--host", "127.0.0.1", "--port", str(port),
             "--config", str(config), "--store", ":memory:",
         )  # fmt: skip
         services.start("proxy", cmd, f"{url}/{SUITE_CHAIN_ID}", cpus)
@@ -331,7 +328,7 @@ def overload(
     )
     url = f"http://127.0.0.1:{proxy_port}"
     cmd = python_cmd(
-        "-m", "chainstate.cli", "proxy", "--host", "127.0.0.1", "--port", str(proxy_port),
+        "-m", "stack.cli", "proxy", "--host", "127.0.0.1", "--port", str(proxy_port),
         "--config", str(config), "--store", ":memory:",
     )  # fmt: skip
     proxy = services.start("proxy", cmd, f"{url}/{SUITE_CHAIN_ID}", proxy_cpus)

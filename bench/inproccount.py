@@ -2,7 +2,7 @@
 
 Why: issues 14/15 compare the proxy's port of `chainstate up` with its state node's own port,
 and wall-clock runs on a shared 2-core VM move by more than the gap looked for. Here one
-process holds a real state node (a synthetic chain in LMDB, as `nodes.state.benchreads`) and
+process holds a real state node (a synthetic chain in LMDB, as `bench.nodereads`) and
 the proxy app reaching it in process (`inproc://`, entered as a state and an archive node, as
 `bench suite state`'s proxy-inproc), and feeds the same requests (`--method`:
 eth_getBalance or eth_getStorageAt, a random old height each, keep-alive HTTP/1.1 bytes)
@@ -33,10 +33,10 @@ from typing import Any
 
 import orjson
 
+from bench.nodereads import STORAGE_CONTRACT, STORAGE_SLOTS, proxy_runner, synthetic_node
 from chainstate.httpserver import HttpServer, _Connection
 from chainstate.inproc import InprocRegistry
 from chainstate.rpcserver import rpc_route
-from nodes.state.benchreads import STORAGE_CONTRACT, STORAGE_SLOTS, proxy_runner, synthetic_node
 from nodes.state.service import StateNode
 
 CHAIN = "1337"

@@ -2,7 +2,7 @@
 
 The `chainstate up` shape the state and call suites measure as `proxy-inproc`: the proxy
 reaches its state nodes in process (`inproc://name`, the nodes' synchronous read path), all
-on one event loop, with `chainstate up`'s own start-up code (`chainstate.up.Stack`), but
+on one event loop, with `chainstate up`'s own start-up code (`stack.up.Stack`), but
 without the devnet and the write nodes: the state nodes follow the suite's write node over
 HTTP. Stops on Ctrl-C or SIGTERM.
 """
@@ -16,7 +16,7 @@ from contextlib import AsyncExitStack
 from chainstate.config import load_config
 from chainstate.logs import setup_logging
 from chainstate.runner import run
-from chainstate.up import Stack
+from stack.up import Stack
 
 
 class InprocStack(Stack):

@@ -4,7 +4,7 @@ processes do: the state node alone and the proxy with its node in process (`prox
 Why: `bench.batchpath` and `bench.inproccount` count a path in a synthetic harness, but the
 suite's wall clock comes from the real processes (their heaps, HTTP layer, background tasks
 such as ingest and head polls); these two modes measure those processes themselves, under
-the suite's own services and bodies (bench/README.md "Issue 15, session 11").
+the suite's own services and bodies (bench/README.md, "Tools for one path").
 
 - `gc`: the services start with `bench/gcprobe` on PYTHONPATH (its `sitecustomize` counts the
   collector's passes per generation); each case runs on both targets as the suite runs it
@@ -40,6 +40,7 @@ import psutil
 
 import bench.suite as suite
 from bench.loadgen import LoadSettings, run_bench
+from bench.services import running, split_cpus
 
 TARGETS = ("state-node", "proxy-inproc")
 PROBE_DIR = Path(__file__).parent / "gcprobe"
@@ -84,8 +85,8 @@ def run_gc(args: argparse.Namespace) -> None:
         p for p in (str(PROBE_DIR), os.environ.get("PYTHONPATH", "")) if p
     )
     opts = suite.SuiteOptions(duration=args.duration, warmup=args.warmup, proxy=args.proxy)
-    _, load_cpus = suite.split_cpus()
-    with suite.running() as services:
+    _, load_cpus = split_cpus()
+    with running() as services:
         state = suite.StateSuite()
         targets = state.start(services, opts)
         pids = suite.serving_pids(services, targets)
@@ -145,8 +146,8 @@ def dump(out: Path, pid: str, name: str) -> Path:
 def run_callgrind(args: argparse.Namespace) -> None:
     out = Path(tempfile.mkdtemp(prefix="realprocs-cg-"))
     launch = under_callgrind(args.cache_sim, args.LL, out)
-    _, load_cpus = suite.split_cpus()
-    with suite.running() as services:
+    _, load_cpus = split_cpus()
+    with running() as services:
         state = suite.StateSuite(launch)
         targets = state.start(services, suite.SuiteOptions(proxy=args.proxy))
         pids = suite.serving_pids(services, targets)

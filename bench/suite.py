@@ -28,18 +28,14 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -49,10 +45,18 @@ import psutil
 from bench.bodies import BlockRange, BodyPlan, balance_of, fake_addresses
 from bench.contracts import view_init_code, write_data
 from bench.loadgen import BenchResult, LoadSettings, run_bench
+from bench.services import (
+    READY_TIMEOUT,
+    Services,
+    cpu_seconds,
+    free_port,
+    python_cmd,
+    rpc_call,
+    running,
+    split_cpus,
+)
 from nodes.devnet.workload import erc20_transfer_data
 
-READY_TIMEOUT = 30.0  # seconds a started service has to answer its first request
-STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when stopping a service
 FAKE_HEAD = 1_000_000  # the fake node's head; cases read random heights just below it
 FAKE_WINDOW = 128  # the fake node's state window (blocks)
 SUITE_CHAIN_ID = 1337
@@ -65,7 +69,6 @@ TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523
 VIEW_WRITES = 64  # blocks after the view's deployment that each rewrite one of its slots
 CALL_BATCH = 10  # eth_calls per batched request in `suite call`
 PROXY_STATE_WINDOW = 128  # the proxy's default state_window: older heights are "old"
-PROBE = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
 GO_PROXY_SOURCE = Path(__file__).parent / "goproxy" / "main.go"
 GO_BUILD_TIMEOUT = 300.0  # seconds for `go build` of the reference proxy (first build: slow)
 # A case's duration is split into rounds, each measuring every target in turn (the order
@@ -74,144 +77,6 @@ GO_BUILD_TIMEOUT = 300.0  # seconds for `go build` of the reference proxy (first
 ROUNDS = 3
 MIN_ROUND_S = 0.5  # fewer rounds when a round would be shorter
 ROUND_WARMUP_S = 0.3  # warm-up of each target in the rounds after the first (capped by --warmup)
-
-
-def free_port() -> int:
-    """A loopback TCP port that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def split_cpus() -> tuple[list[int] | None, list[int] | None]:
-    """(service core, load core) when at least two CPUs are usable, else no pinning."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        return None, None
-    return [cpus[0]], [cpus[1]]
-
-
-@dataclass
-class Service:
-    """A subprocess under test, its log file and readiness URL."""
-
-    name: str
-    cmd: list[str]
-    ready_url: str
-    cpus: list[int] | None
-    log_path: Path
-    probe: bytes | None = PROBE  # JSON-RPC body that must get a result; None: GET → 200
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                self.cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C reaches us; we stop it in order
-            )
-        if self.cpus:
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(self.proc.pid, self.cpus)
-
-    def log_tail(self, limit: int = 2000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""
-
-    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        """Poll until the probe is answered; fail fast if the process died."""
-        deadline = time.monotonic() + timeout
-        last = ""
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
-                )
-            req = urllib.request.Request(
-                self.ready_url, data=self.probe, headers={"Content-Type": "application/json"}
-            )
-            try:
-                with urllib.request.urlopen(req, timeout=2) as resp:
-                    body = resp.read()
-                    if resp.status == 200 and (self.probe is None or b'"result"' in body):
-                        return
-            except (OSError, urllib.error.URLError) as exc:
-                last = str(exc)
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.name} not ready after {timeout:g}s ({last}):\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(STOP_GRACE)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-@dataclass
-class Services:
-    """Every service a suite started, stopped in reverse order (see `running`)."""
-
-    workdir: Path
-    started: list[Service] = field(default_factory=list)
-
-    def start(
-        self,
-        name: str,
-        cmd: list[str],
-        ready_url: str,
-        cpus: list[int] | None,
-        probe: bytes | None = PROBE,
-        ready_timeout: float = READY_TIMEOUT,
-    ) -> Service:
-        svc = Service(name, cmd, ready_url, cpus, self.workdir / f"{name}.log", probe)
-        self.started.append(svc)
-        svc.start()
-        svc.wait_ready(ready_timeout)
-        return svc
-
-    def stop_all(self) -> None:
-        for svc in reversed(self.started):
-            svc.stop()
-        self.started.clear()
-
-
-@contextlib.contextmanager
-def running(keep_dir: str | None = None) -> Iterator[Services]:
-    """Services that are stopped on exit, on error, on Ctrl-C and on SIGTERM."""
-
-    def on_term(signum: int, frame: Any) -> None:
-        # Re-raised as SIGINT: inside an event loop (uvloop.run) only SIGINT is turned into
-        # a clean cancellation; an exception raised here would be swallowed by the loop.
-        os.kill(os.getpid(), signal.SIGINT)
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    tmp = None if keep_dir else tempfile.TemporaryDirectory(prefix="chainstate-bench-")
-    workdir = Path(keep_dir or tmp.name)  # type: ignore[union-attr]
-    workdir.mkdir(parents=True, exist_ok=True)
-    services = Services(workdir)
-    try:
-        yield services
-    finally:
-        services.stop_all()
-        signal.signal(signal.SIGTERM, previous)
-        if tmp is not None:
-            tmp.cleanup()
-
-
-def python_cmd(*args: str) -> list[str]:
-    """Run a module of this project with the current interpreter (same venv)."""
-    return [sys.executable, *args]
 
 
 @dataclass(frozen=True)
@@ -290,7 +155,8 @@ def balance_mix(batch: int) -> BodyPlan:
 
 
 C1_CASE = "single-c1"
-POLL_OFF_TARGET = "proxy-no-poll"
+POLL_TARGET = "proxy-busy-poll"
+POLL_US = 250  # the busy polling window the latency option is measured with (µs)
 
 
 class ProxySuite:
@@ -321,10 +187,8 @@ class ProxySuite:
         proxy_url = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
         services.start("proxy", self.proxy_command(proxy_port, config), proxy_url, proxy_cpus)
         targets = {"direct": fake_url, "proxy": proxy_url}
-        if self.poll_off_wanted(opts):
-            targets[POLL_OFF_TARGET] = self.start_poll_off_proxy(
-                services, fake_url, proxy_cpus, opts
-            )
+        if self.poll_wanted(opts):
+            targets[POLL_TARGET] = self.start_poll_proxy(services, fake_url, proxy_cpus, opts)
         if opts.reference:
             go_url = self.start_go_proxy(services, fake_url, proxy_cpus)
             if go_url is not None:
@@ -332,26 +196,26 @@ class ProxySuite:
         return targets
 
     @staticmethod
-    def poll_off_wanted(opts: SuiteOptions) -> bool:
+    def poll_wanted(opts: SuiteOptions) -> bool:
         """Only when the c=1 case runs and --proxy did not set busy polling itself."""
         wanted = opts.cases is None or C1_CASE in opts.cases
         return wanted and "busy_poll_us" not in opts.proxy
 
-    def start_poll_off_proxy(
+    def start_poll_proxy(
         self, services: Services, node_url: str, cpus: list[int] | None, opts: SuiteOptions
     ) -> str:
-        """A second proxy, the same but with busy polling off, measured at c=1 only: what the
-        default `busy_poll_us` takes off the added latency (on a VM whose idle vCPUs halt,
-        most of it)."""
+        """A second proxy, the same but with busy polling on, measured at c=1 only: what the
+        latency option `busy_poll_us` takes off the added latency (on a VM whose idle vCPUs
+        halt, most of it), beside the default (off)."""
         port = free_port()
-        settings = {**opts.proxy, "busy_poll_us": 0}
-        config = services.workdir / "proxy-no-poll.toml"
+        settings = {**opts.proxy, "busy_poll_us": POLL_US}
+        config = services.workdir / f"{POLL_TARGET}.toml"
         config.write_text(proxy_config(node_url, extra=setting_lines(settings)))
         url = f"http://127.0.0.1:{port}/{SUITE_CHAIN_ID}"
-        services.start(POLL_OFF_TARGET, self.proxy_command(port, config), url, cpus)
+        services.start(POLL_TARGET, self.proxy_command(port, config), url, cpus)
         self.note(
-            f"{POLL_OFF_TARGET}: the same proxy with busy_poll_us = 0 (default 250), on the "
-            f"proxy's core, measured in {C1_CASE} only"
+            f"{POLL_TARGET}: the same proxy with busy_poll_us = {POLL_US} (default 0, off), on "
+            f"the proxy's core, measured in {C1_CASE} only"
         )
         return url
 
@@ -394,7 +258,7 @@ class ProxySuite:
     def proxy_command(self, port: int, config: Path) -> list[str]:
         """How the proxy under test is started (a test may swap in another server)."""
         return python_cmd(
-            "-m", "chainstate.cli", "proxy",
+            "-m", "stack.cli", "proxy",
             "--host", "127.0.0.1", "--port", str(port), "--config", str(config),
             "--store", ":memory:",  # nothing persisted: each run starts from the config
         )  # fmt: skip
@@ -404,8 +268,8 @@ class ProxySuite:
             Case("single", balance_mix(1)),
             Case("batch10", balance_mix(10)),
             Case("batch100", balance_mix(100)),
-            # the latency a proxy adds, by default and with busy polling off
-            Case(C1_CASE, balance_mix(1), concurrency=1, also=(POLL_OFF_TARGET,)),
+            # the latency a proxy adds, by default and with busy polling on
+            Case(C1_CASE, balance_mix(1), concurrency=1, also=(POLL_TARGET,)),
         ]
 
 
@@ -467,17 +331,6 @@ def inproc_config(
     return "\n".join(lines) + "\n\n" + proxy
 
 
-def rpc_call(url: str, method: str, params: list[Any], timeout: float = 10.0) -> Any:
-    """One JSON-RPC call (set-up only, not measured); raises RuntimeError on an error."""
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
-    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        answer = json.loads(resp.read())
-    if "error" in answer:
-        raise RuntimeError(f"{method} on {url}: {answer['error']}")
-    return answer["result"]
-
-
 def proxy_available() -> bool:
     import importlib.util
 
@@ -526,7 +379,7 @@ class StateSuite:
         anvil = f"http://127.0.0.1:{anvil_port}"
         services.start(
             "anvil",
-            python_cmd("-m", "chainstate.cli", "devnet", "anvil", "--port", str(anvil_port)),
+            python_cmd("-m", "stack.cli", "devnet", "anvil", "--port", str(anvil_port)),
             anvil,
             svc_cpus,
         )
@@ -535,7 +388,7 @@ class StateSuite:
         services.start(
             "write-node",
             python_cmd(
-                "-m", "chainstate.cli", "write-node", "--execution-url", anvil,
+                "-m", "stack.cli", "write-node", "--execution-url", anvil,
                 "--port", str(writer_port), "--data-dir", str(services.workdir / "writer"),
                 "--poll-interval", "0.25",
             ),
@@ -548,7 +401,7 @@ class StateSuite:
         services.start(
             "state-node",
             launch.command(
-                "-m", "chainstate.cli", "state-node", "--key", "bench-state", "--kind", kind,
+                "-m", "stack.cli", "state-node", "--key", "bench-state", "--kind", kind,
                 "--source", writer, "--port", str(state_port), "--chain-id", str(SUITE_CHAIN_ID),
                 "--data-dir", str(services.workdir / "state"),
                 *evm_config_args(services.workdir, opts.evm, launch.map_size_mb),
@@ -584,7 +437,7 @@ class StateSuite:
 
     def _make_blocks(self, anvil: str, workdir: Path) -> None:
         cmd = python_cmd(
-            "-m", "chainstate.cli", "devnet", "workload", "--url", anvil, "--no-reorg", "--json"
+            "-m", "stack.cli", "devnet", "workload", "--url", anvil, "--no-reorg", "--json"
         )  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
         if done.returncode != 0:
@@ -989,27 +842,11 @@ def measure(
     if pid is not None:
         with contextlib.suppress(psutil.Error):
             proc = psutil.Process(pid)
-    before = _cpu_seconds(proc)
+    before = cpu_seconds(proc)
     result = run_bench(replace(settings, warmup=0), plan)
-    after = _cpu_seconds(proc)
+    after = cpu_seconds(proc)
     used = None if before is None or after is None else after - before
     return result, used
-
-
-def _cpu_seconds(proc: psutil.Process | None) -> float | None:
-    """CPU seconds of a service: its process and the processes it started (anvil runs
-    under a wrapper)."""
-    if proc is None:
-        return None
-    total = 0.0
-    try:
-        for each in (proc, *proc.children(recursive=True)):
-            with contextlib.suppress(psutil.Error):
-                times = each.cpu_times()
-                total += times.user + times.system
-    except psutil.Error:
-        return None
-    return total
 
 
 def _merged(rounds: list[Round]) -> tuple[dict[str, BenchResult], dict[str, float]]:
@@ -1152,100 +989,3 @@ def render(report: dict[str, Any]) -> str:
 
 def _listed(ratios: list[float]) -> str:
     return ", ".join(f"{r:.2f}" for r in ratios)
-
-
-def add_suite_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("suite", choices=sorted([*SUITES, "faults"]), help="which suite to run")
-    p.add_argument("-d", "--duration", type=float, default=5.0, help="seconds per measurement")
-    p.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per measurement")
-    p.add_argument("-c", "--concurrency", type=int, default=64, help="connections (default 64)")
-    p.add_argument("--case", action="append", help="run only this case (repeatable)")
-    p.add_argument("--no-pin", action="store_true", help="do not pin processes to cores")
-    p.add_argument("--keep-dir", help="keep configs and service logs in this folder")
-    p.add_argument(
-        "--evm",
-        action="append",
-        type=parse_setting,
-        metavar="NAME=VALUE",
-        help="an [evm] setting of the state node (state and call suites), e.g. warm_blocks=4",
-    )
-    p.add_argument(
-        "--proxy",
-        action="append",
-        type=parse_toml_setting,
-        metavar="NAME=VALUE",
-        help="a [proxy] setting of every proxy the suite starts, e.g. cache_pools=[] "
-        "(the value in TOML)",
-    )
-    p.add_argument(
-        "--no-reference",
-        action="store_true",
-        help="suite proxy: do not build and measure Go's reverse proxy",
-    )
-    p.add_argument(
-        "--rounds",
-        type=int,
-        default=ROUNDS,
-        help=f"measure each case's targets in turn this many times, each for its share of "
-        f"--duration (at least {MIN_ROUND_S:g} s; default {ROUNDS}); per-core ratios are "
-        "the median of the rounds'",
-    )
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-
-
-def cmd_suite(args: argparse.Namespace) -> int:
-    if args.duration <= 0 or args.concurrency < 1 or args.rounds < 1:
-        print(
-            "chainstate bench suite: duration must be > 0, concurrency and rounds >= 1",
-            file=sys.stderr,
-        )
-        return 2
-    opts = SuiteOptions(
-        duration=args.duration,
-        warmup=args.warmup,
-        concurrency=args.concurrency,
-        pin=not args.no_pin,
-        cases=args.case,
-        keep_dir=args.keep_dir,
-        evm=dict(args.evm or []),
-        reference=not args.no_reference,
-        proxy=dict(args.proxy or []),
-        rounds=args.rounds,
-    )
-    shown = render
-    try:
-        if args.suite == "faults":  # a suite of its own shape (bench/faults.py)
-            from bench import faults
-
-            report, shown = faults.FaultSuite().run(opts), faults.render
-        else:
-            report = run_suite(SUITES[args.suite](), opts)
-    except RuntimeError as exc:
-        print(f"chainstate bench suite: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(report, indent=2) if args.json else shown(report), flush=True)
-    return 0
-
-
-def add_suite_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "suite",
-        help="start services and compare them under the same load (e.g. proxy vs direct)",
-        description=__doc__.splitlines()[0],
-    )
-    add_suite_options(p)
-    p.set_defaults(func=cmd_suite)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.suite", description=__doc__)
-    add_suite_options(parser)
-    args = parser.parse_args(argv)
-    try:
-        return cmd_suite(args)
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -34,7 +34,7 @@ import psutil
 
 from bench.bodies import BlockRange, BodyPlan
 from bench.loadgen import BenchResult, LoadSettings, run_bench
-from bench.suite import Service, rpc_call, split_cpus
+from bench.services import Service, rpc_call, split_cpus
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 DEVNET_PORTS = re.compile(r"\b(8545|866\d)\b")  # anvil's and every component's port
@@ -71,7 +71,7 @@ def http_pool(offset: int) -> str:
 
 def start_up(config: Path, workdir: Path, offset: int, cpus: list[int] | None) -> Service:
     """`chainstate up --config CONFIG`, ready when its proxy answers."""
-    cmd = [sys.executable, "-m", "chainstate.cli", "up", "--config", str(config)]
+    cmd = [sys.executable, "-m", "stack.cli", "up", "--config", str(config)]
     url = f"http://127.0.0.1:{8663 + offset}/1337"
     service = Service("up", cmd, url, cpus, workdir / "up.log")
     service.start()
@@ -81,7 +81,7 @@ def start_up(config: Path, workdir: Path, offset: int, cpus: list[int] | None) -
 
 def make_blocks(anvil: str, blocks: int) -> list[str]:
     """The devnet workload, then `blocks` empty blocks; the workload's accounts."""
-    cmd = [sys.executable, "-m", "chainstate.cli", "devnet", "workload", "--url", anvil,
+    cmd = [sys.executable, "-m", "stack.cli", "devnet", "workload", "--url", anvil,
            "--no-reorg", "--json"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
     if done.returncode != 0:

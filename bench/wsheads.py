@@ -298,7 +298,7 @@ async def run_proxy_target(settings: Settings, workdir: Path, log: Any) -> dict[
     await fake.start()
     port = free_port()
     config = await asyncio.to_thread(proxy_config, workdir, port, fake.url, settings)
-    cmd = [sys.executable, "-m", "chainstate.cli", "proxy", "--config", str(config)]
+    cmd = [sys.executable, "-m", "stack.cli", "proxy", "--config", str(config)]
     cmd += ["--store", ":memory:"]
     if shutil.which("taskset"):
         cmd = ["taskset", "-c", settings.proxy_cpus, *cmd]

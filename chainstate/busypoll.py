@@ -2,19 +2,18 @@
 
 Why: on a virtual machine a core with nothing to run halts, and waking it when the next bytes
 arrive from another core costs tens of microseconds (on the project's 2-vCPU VM a round trip
-between two cores took 102 µs against 26 µs on one core, `bench/README.md` "Issue 14, session
-10"). A proxy at one connection in turn waits twice per request (for the node's answer, then
-for the client's next request), so those wake-ups, not the proxy's work, made most of its
-added latency. While the window is open the loop is never idle: each turn polls the sockets
-without sleeping (a callback scheduled with `call_soon` makes uvloop's poll not block), and
-bytes arriving from another core are seen at the next turn. The server kicks it when a
-request's bytes arrive and when an answer goes out (`chainstate.httpserver`).
+between two cores took 102 µs against 26 µs on one core; `python -m bench.wakeups` measures
+a machine). A proxy at one connection in turn waits twice per request (for the node's answer,
+then for the client's next request), so those wake-ups, not the proxy's work, make most of
+its added latency. While the window is open the loop is never idle: each turn polls the
+sockets without sleeping (a callback scheduled with `call_soon` makes uvloop's poll not
+block), and bytes arriving from another core are seen at the next turn. The server kicks it
+when a request's bytes arrive and when an answer goes out (`chainstate.httpserver`).
 
 The cost is CPU: a core spins for up to `window` after each request, which at a steady
 moderate rate keeps it busy; an idle server spends nothing, and under full load it changes
-nothing (the loop has work at every turn anyway). The proxy's port polls by default, like
-Seastar's reactor (`--idle-poll-time-us`); the nodes' ports only when configured
-(`busy_poll_us`, a named setting of every data port).
+nothing (the loop has work at every turn anyway). So it is a latency option, off unless a
+port's `busy_poll_us` sets it (docs/http-server.md, "Busy polling", has the figures).
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ class BusyPoll:
     """Keeps `loop` polling for `window` seconds after the last `kick()`."""
 
     # `hot` and `spinning` are read and set by the server's hot path without a call: while
-    # `spinning`, a kick is `hot = True` (one attribute instead of a method call per request
-    # and per answer, bench/README.md "Issue 14, session 12").
+    # `spinning`, a kick is `hot = True`, one attribute store instead of a method call per
+    # request and per answer (a call is the costlier part of a kick at c=1).
     __slots__ = ("_call_soon", "_last", "hot", "spinning", "window")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, window: float) -> None:

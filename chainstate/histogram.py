@@ -2,7 +2,7 @@
 
 prometheus-client's `Histogram.observe` takes a lock and walks the buckets in Python on every
 observation; on a data port answering one read in about 10 µs that was 3-6 % of the process's
-CPU (py-spy, bench/README.md "Issues 14/15: what remained"). Observations here are one
+CPU (a py-spy profile of the state node under `bench suite state`). Observations here are one
 `bisect` and two additions, made on the event loop's thread only; the exposition (`_bucket`,
 `_sum`, `_count`) is built when scraped. The proxy's hot metrics (proxy/metrics.py) do the
 same for their labelled families.

@@ -47,11 +47,9 @@ async def wait_for_stop() -> None:
 
 # Young-generation collections: a server parses JSON into thousands of short-lived objects
 # per second, and Python's default (a collection every 700 allocations) ran one every few
-# requests; measured on the proxy with 100-item batches it cost 15-20 % of its CPU
-# (700 → 20000: ~775 → ~630 µs per batch). Each pass stays short (a few requests' objects).
-# With it, serving collects nothing: under `bench suite state`'s load neither the state node
-# nor the proxy with its node in process ran one collection in 5-second rows (gc.callbacks;
-# bench/README.md "Issue 15, session 11"), so gc.freeze() after start-up wins nothing.
+# requests, a tenth of the proxy's CPU on single requests and over a quarter on 100-item
+# batches (`python -m bench.gcthreshold`; docs/http-server.md has the figures). At 20000
+# serving collects almost nothing and each pass stays short (a few requests' objects).
 GC_YOUNG_THRESHOLD = 20_000
 
 

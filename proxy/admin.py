@@ -266,7 +266,8 @@ class AdminApi:
         pool = self._pool(request)
         self.engine.metrics.settle()  # the in-process answers' books folded in first
         cost = self.engine.selector.cost
-        nodes = [{**n.to_obj(), **n.failsafe_obj(cost(n))} for n in pool.readers]
+        every = (*pool.readers, *pool.fulls)
+        nodes = [{**n.to_obj(), **n.failsafe_obj(cost(n))} for n in every]
         limit = self.engine.admission.limit(pool, time.perf_counter())
         answer = {
             "pool": pool.id,
@@ -352,7 +353,9 @@ class AdminApi:
             "method": method,
             "block": None if ref is None else ref.describe(),
             "type": None if ref is None else ("Contains" if ref.contains else "Equals"),
-            "kind": "writer" if self.engine.selector.to_leader(pool, spec, ref) else need.kind,
+            "kind": "writer"
+            if self.engine.selector.to_leader(pool, spec, ref)
+            else ("full" if spec.trie else need.kind),
         }
         self.engine.metrics.settle()  # the latency costs as of now
         try:

@@ -254,8 +254,8 @@ def create_server(app: web.Application) -> HttpServer:
     # The paths the data route took → their handler, which holds the path's chain id
     # (`/1337` → "1337") and, with nodes in process, what `Engine.resolve` found for it: the
     # route decides once per path. Bytes `count`, `in` and `decode` cost ~0.2-0.4 µs each per
-    # request on these machines, a dict lookup ~0.05 (bench/README.md "Issues 14/15, session
-    # 8"); a handler per path saves the handler's own lookup (session 10).
+    # request on these machines, a dict lookup ~0.05; a handler per path also saves the
+    # handler's own lookup of the path.
     handlers: dict[bytes, Handler] = {}
 
     def route(method: bytes, path: bytes) -> Any:
@@ -289,8 +289,8 @@ def _data(engine: Engine, inproc: InprocPath | None, chain_id: str) -> Handler:
     pool is answered at once (no task for a refusal: 10,000 clients at once stay cheap).
 
     The path's (chain, pool) as `Engine.resolve` found them (None: unknown) is kept until
-    the routing state changes (`RoutingState.changes`): ~3k instructions per request less
-    (bench/README.md "Issues 14/15, session 9 … Round 2", "Issue 14, session 12")."""
+    the routing state changes (`RoutingState.changes`): resolving the path again for every
+    request cost ~3k instructions of it."""
     state = engine.state
     answer = None if inproc is None else inproc.answer
     found: tuple[str, Pool] | None = None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import operator
+import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -32,11 +33,12 @@ from typing import Any
 import orjson
 from opentelemetry import trace
 
-from chainstate.blockref import BlockRef
+from chainstate.blockref import MAX_HEIGHT, BlockRef
 from chainstate.inproc import is_inproc
 from chainstate.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_REQUEST,
+    METHOD_NOT_FOUND,
     PARSE_ERROR,
     JsonRpcError,
     check_request,
@@ -50,7 +52,8 @@ from proxy import outcome
 from proxy.admission import Admission
 from proxy.attempts import BATCH, Attempts, Group
 from proxy.breaker import CLOSED
-from proxy.methods import LocalMethod, MethodSpec, MethodTable
+from proxy.face import public, public_raw
+from proxy.methods import LEADER_FALLBACK, LocalMethod, MethodSpec, MethodTable
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import Node, Pool, normalize_pool
@@ -69,6 +72,8 @@ COALESCED = "coalesced"  # node label of items that shared an identical read's a
 UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
 MAX_HEADER_VALUE = 256  # longer client header values are cut in logs and spans
 MAX_CHAIN_IDS = 1024  # distinct raw chain ids whose normalized pool id is remembered
+# A client's highest block seen: `latest` is never answered below it (docs/proxy.md)
+MIN_BLOCK = "x-min-block"
 
 
 # Answers that show the block a transaction was mined in. The Leader's execution client knows
@@ -138,6 +143,7 @@ class Ctx:
         "early",
         "heads",
         "keep",
+        "least",
         "methods",
         "nodes",
         "own_ids",
@@ -155,6 +161,7 @@ class Ctx:
         self.nodes: list[str] = []  # every node tried (access log)
         self.reserved = 0  # answer bytes held for it in the buffered-bytes budget
         self.heads: Any = None  # the request's resolved heads (proxy/heads.RequestHeads)
+        self.least: int | None = None  # the client's lowest acceptable `latest` (MIN_BLOCK)
         self.keep: tuple[tuple[str, int], ...] | None = None  # a whole batch to cache: methods
         # Every item of the batch has its own int or string id (no two alike): sub-batches
         # go with the client's ids rather than positions (`_send_group`).
@@ -166,13 +173,9 @@ class Ctx:
         makes), the client gets it now, and the books, metrics and logs of the request follow
         after the write instead of before it (the added latency at c=1, docs/proxy.md)."""
         write = self.early
-        if (
-            write is not None
-            and status == 200
-            and raw
-            # (`of_raw` asked only when the answer names -3900: any other is never retried)
-            and (raw.find(b"-3900") < 0 or not outcome.of_raw(raw).retry)
-        ):
+        # (An answer naming a -390xx code is never final as it is: it may be retried or, for
+        # a standard method, shown with a standard code: proxy/face.py.)
+        if write is not None and status == 200 and raw and raw.find(b"-390") < 0:
             self.early = None
             write(raw)
 
@@ -392,8 +395,12 @@ class Engine:
         self.metrics.client(headers.get("client-id"))
         shape = "single"
         size = 1
+        least = headers.get(MIN_BLOCK)
+        bad = None if least is None else _least(least, ctx)
         try:
-            if len(body) > self._max_body:
+            if bad is not None:
+                status, out = 200, _dumps_error(None, bad)
+            elif len(body) > self._max_body:
                 msg = f"request body larger than max_body_bytes={self._max_body} bytes"
                 status, out = 413, _dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
             elif self.reads is not None and body[:1] == b"[" and self._quiet():
@@ -482,6 +489,9 @@ class Engine:
                 self.metrics.client(headers.get("client-id"))
                 return None
             chosen = node  # (picked already: the general path goes on with it)
+        elif headers.get(MIN_BLOCK) is not None:  # (checked, and kept: `handle`)
+            self.inflight -= 1
+            return self.handle(chain_id, body, headers, admitted, answer)
         ctx = Ctx(admitted.chain, pool, answer)
         try:
             first = self._single_item(ctx, payload, body)
@@ -802,7 +812,7 @@ class Engine:
         rid = payload.get("id")
         if type(rid) is float:  # as the client wrote it (`_exact_id`: checked as a dict)
             rid = exact_ids(body)
-        if notif or spec.writer or type(rid) is orjson.Fragment:
+        if notif or spec.writer or spec.mempool or type(rid) is orjson.Fragment:
             ctx.early = None  # the answer is not the node's bytes as they are (see below)
         item = Item(0, payload, rid, method, spec, ref, notif)
         if self.reads is not None and not notif:
@@ -840,11 +850,15 @@ class Engine:
             if answer is None:  # a notification
                 return 204, b""
             out = answer if type(answer) is bytes else orjson.dumps(answer)
+            if spec.standard and out.find(b"-390") >= 0:  # (a node's code: proxy/face.py)
+                out = public_raw(spec, out, lambda: self._held(ctx.pool, item.ref))
         else:
-            if type(rid) is orjson.Fragment:  # as the client wrote it, not as parsed
-                out = restore_ids(body, out)
-            if spec.writer:
+            if item.method in UNMINED_FIELDS:
                 out = self._readable_view(ctx.pool, item.method, out)
+            if spec.standard and out.find(b"-390") >= 0:  # (a node's code: proxy/face.py)
+                out = public_raw(spec, out, lambda: self._held(ctx.pool, item.ref))
+            if type(rid) is orjson.Fragment:  # as the client wrote it, not as parsed
+                out = restore_ids(body, out)  # (last: the steps above decode the answer)
         return (204, b"") if notif or not out else (200, out)
 
     # ---- step 2: the read path (one head per request, cache, coalescing) -----------------
@@ -853,7 +867,7 @@ class Engine:
         """The request's heads, made on first use (each tag is resolved once per request)."""
         heads = ctx.heads
         if heads is None:
-            heads = ctx.heads = self.reads.request(ctx.pool)  # type: ignore[union-attr]
+            heads = ctx.heads = self.reads.request(ctx.pool, ctx.least)  # type: ignore[union-attr]
         return heads
 
     async def _follow(self, ctx: Ctx, it: Item, plan: Plan) -> bytes | None:
@@ -864,6 +878,7 @@ class Engine:
         if plan.flight is not None:
             answer = reads.shared(ctx.pool, await plan.flight.wait(), it.rid)
             if answer is not None:
+                public(it.spec, answer, lambda: self._held(ctx.pool, it.ref))
                 result = "error" if "error" in answer else "ok"
                 self.metrics.request(ctx.chain, it.method, COALESCED, result)
                 return orjson.dumps(answer)
@@ -939,6 +954,7 @@ class Engine:
                 it.obj, it.ref = plan.obj, plan.ref
                 again.append(it)
                 continue
+            public(it.spec, answer, lambda: self._held(ctx.pool, it.ref))  # noqa: B023
             result = "error" if "error" in answer else "ok"
             self.metrics.request(ctx.chain, it.method, COALESCED, result)
             answers[it.pos] = answer
@@ -1353,6 +1369,9 @@ class Engine:
         first could answer from a block a reorg dropped."""
         found = self._retry_candidates(pool, it)
         plan = it.plan
+        # No reader left that may hold the transaction: the Leader's client may (pending).
+        if type(found) is NoEligibleNode and it.spec.mempool and self._to_leader(pool, it):
+            found = self._retry_candidates(pool, it)
         if type(found) is NoEligibleNode and plan is not None and plan.missing:
             missing = plan.missing
             if plan.unpin() is not None:
@@ -1402,6 +1421,9 @@ class Engine:
             it = items[0]
             result = outcome.of_raw(raw)
             if not result.retry:
+                if it.spec.mempool and _not_held_raw(raw) and self._to_leader(ctx.pool, it):
+                    it.retry_later(node, raw, outcome.NOT_HELD)
+                    return [it], None
                 self.metrics.request(ctx.chain, it.method, node.key, result.name)
                 return [], raw
             it.retry_later(node, raw, result)
@@ -1500,11 +1522,17 @@ class Engine:
                 it.retry_later(node, answer, result)
                 retry.append(it)
                 continue
+            if it.spec.mempool and _not_held(answer) and self._to_leader(ctx.pool, it):
+                it.retry_later(node, answer, outcome.NOT_HELD)
+                retry.append(it)
+                continue
+            if result is outcome.ERROR:
+                public(it.spec, answer)  # (not a -39006: that one is retried)
             counted = (it.method, result.name)
             counts[counted] = counts.get(counted, 0) + 1
             if it.method in UNMINED_FIELDS:
                 if readable is False:
-                    readable = self.selector.readable_head(ctx.pool)
+                    readable = self._readable(ctx.pool)
                 hide_unreadable(it.method, answer, readable)  # type: ignore[arg-type]
             answers[it.pos] = answer
         for (method, name), n in counts.items():
@@ -1542,6 +1570,8 @@ class Engine:
         node_key = it.tried[-1].key if it.tried else NO_NODE_KEY
         if it.last is not None:
             answer, result = it.last, "error"
+            if type(answer) is dict:  # (a single's bytes: `_single_answer`)
+                public(it.spec, answer, lambda: self._held(ctx.pool, it.ref))
         elif it.err is not None or exc is None:
             answer = error_response(it.rid, INTERNAL_ERROR, "")
             answer["error"] = self._failed(ctx.pool, it.method, it.tried, it.err).to_obj()
@@ -1567,6 +1597,45 @@ class Engine:
             msg = f"{method}: no node answered after {len(tried)} attempt(s); last error: {failure}"
         return JsonRpcError(INTERNAL_ERROR, msg)
 
+    @staticmethod
+    def _to_leader(pool: Pool, it: Item) -> bool:
+        """A transaction the state nodes do not hold (`null`) is asked of the Leader next (a
+        pending one lives only in its execution client); False when there is none, or the
+        Leader answered already."""
+        if it.spec.writer or pool.leader_node() is None:
+            return False
+        it.spec = LEADER_FALLBACK[it.method]
+        return True
+
+    def _readable(self, pool: Pool) -> int | None:
+        """The highest block a `latest` read is answered at now (`Selector.readable_head`),
+        never below the one the pool's `latest` reached (proxy/heads.py): a transaction in
+        a block up to it is shown as mined."""
+        readable = self.selector.readable_head(pool)
+        view = None if self.reads is None else self.reads.heads.views.get(pool.id)
+        floor = None if view is None else view.floor
+        if readable is None or floor is None:
+            return readable
+        return max(readable, floor)
+
+    def _held(self, pool: Pool, ref: BlockRef | None) -> bool:
+        """Whether the block `ref` names exists on the pool's chain as far as the proxy knows
+        (a height up to the known head, a hash it has seen, a tag): a -39006 for it then
+        means no node holds it, not that there is no such block (proxy/face.py)."""
+        if ref is None:
+            return False  # a transaction by hash: unknown means null
+        if ref.tag is not None:
+            return True
+        view = None if self.reads is None else self.reads.heads.views.get(pool.id)
+        if ref.hash is not None:
+            if view is not None and ref.hash in view.heights:
+                return True
+            return self.selector.hashes.get(ref.hash) is not None
+        tip = pool.head()
+        if view is not None and view.tip is not None:
+            tip = view.tip if tip is None else max(tip, view.tip)
+        return tip is not None and ref.number is not None and ref.number <= tip
+
     def _readable_view(self, pool: Pool, method: str, raw: bytes) -> bytes:
         """`raw` with a transaction whose block the pool cannot read yet shown as pending."""
         if method not in UNMINED_FIELDS:
@@ -1575,7 +1644,7 @@ class Engine:
             answer = orjson.loads(raw)
         except orjson.JSONDecodeError:
             return raw
-        readable = self.selector.readable_head(pool)
+        readable = self._readable(pool)
         if isinstance(answer, dict) and hide_unreadable(method, answer, readable):
             return orjson.dumps(answer)
         return raw
@@ -1683,6 +1752,44 @@ def _place(positions: list[int], rids: list[Any], parsed: list[Any], answers: li
     for pos, rid, answer in zip(positions, rids, parsed, strict=True):
         answer["id"] = rid
         answers[pos] = answer
+
+
+_HEIGHT_TEXT = re.compile(r"^(0x[0-9a-fA-F]{1,16}|[0-9]{1,19})$")
+
+
+def _least(text: str, ctx: Ctx) -> JsonRpcError | None:
+    """Reads the client's `x-min-block` header (a decimal or 0x height) into `ctx.least`;
+    the error to answer when it is not one."""
+    value = -1
+    if _HEIGHT_TEXT.match(text):
+        value = int(text, 16) if text[:2] == "0x" else int(text, 10)
+    if not 0 <= value <= MAX_HEIGHT:
+        msg = (
+            f"invalid {MIN_BLOCK} header {cut(text)!r}: expected a block height (0x hex or decimal)"
+        )
+        return JsonRpcError(INVALID_REQUEST, msg)
+    ctx.least = value
+    return None
+
+
+def _not_held(answer: dict[str, Any]) -> bool:
+    """Whether a reader's answer to a transaction lookup says it does not hold it: `null`,
+    or "method not found" (a state node that does not serve it: the Leader's client does)."""
+    error = answer.get("error")
+    if error is None:
+        return answer.get("result") is None
+    return type(error) is dict and error.get("code") == METHOD_NOT_FOUND
+
+
+def _not_held_raw(raw: bytes) -> bool:
+    """`_not_held` of a single answer's bytes."""
+    if raw.find(b"null") < 0 and raw.find(b"-32601") < 0:
+        return False
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return type(answer) is dict and _not_held(answer)
 
 
 def _loads(raw: bytes) -> Any:

@@ -15,10 +15,17 @@ node is lagging on a dropped fork, and it gets no `latest` traffic until it repo
 the known chain. Every dropped block hash is handed to `on_dropped` (the response cache
 forgets its answers).
 
-`RequestHeads` resolves the tags of one client request, each once: `latest` to the head a
-node reported (the node picked, weighted by in-flight requests, among the usable nodes whose
-head is on the known chain), `safe`/`finalized` to the checker's confirmed head (without a
-checker, as `latest`, which is what the state nodes do).
+`RequestHeads` resolves the tags of one client request, each once: `latest` to the highest
+head reported by a usable node on the known chain (state nodes first), `safe`/`finalized` to
+the checker's confirmed head (without a checker, as `latest`, which is what the state nodes
+do).
+
+`latest` never goes backwards for a pool: each view keeps the highest head it resolved
+(`ChainView.floor`), and a request whose nodes all report lower heads (the leading replica
+went out of rotation) is still answered at that block, by a node that holds it. Only a reorg
+lowers it: when the known chain no longer has a block at that height (it was replaced by a
+shorter chain), `latest` is the new chain's head, as geth answers after such a reorg. A client
+may also name the lowest block it accepts (`x-min-block`, `RequestHeads.least`).
 """
 
 from __future__ import annotations
@@ -95,6 +102,7 @@ class ChainView:
         self.reorgs = 0  # reorgs seen (the known chain replaced above a fork point)
         self.dropped_blocks = 0
         self.busy = False  # a reconcile is running
+        self.floor: int | None = None  # the highest `latest` resolved: never answered lower
         self.queued: dict[str, tuple[Node, Block]] = {}  # reports waiting for it
 
     # ---- lookups -------------------------------------------------------------------------
@@ -198,12 +206,15 @@ class ChainView:
 class RequestHeads:
     """The tags of one client request, each resolved once: (height, hash) or None."""
 
-    __slots__ = ("_avoid", "_latest", "_safe", "heads", "mixed", "pool", "view")
+    __slots__ = ("_avoid", "_latest", "_safe", "heads", "least", "mixed", "pool", "view")
 
-    def __init__(self, heads: Heads, pool: Pool, view: ChainView | None) -> None:
+    def __init__(
+        self, heads: Heads, pool: Pool, view: ChainView | None, least: int | None = None
+    ) -> None:
         self.heads = heads
         self.pool = pool
         self.view = view
+        self.least = least  # the client's lowest acceptable `latest` (`x-min-block`), if any
         self._latest: tuple[int, str] | bool | None = False  # False: not resolved yet
         self._safe: tuple[int, str] | bool | None = False
         self._avoid: tuple[Node, ...] | None = None
@@ -211,9 +222,11 @@ class RequestHeads:
         # determine (None: not tracked; proxy/reads.py `batch_key`)
         self.mixed: bool | None = None
 
-    def latest(self) -> tuple[int, str] | None:
+    def latest(self) -> tuple[int, str | None] | None:
+        """(height, hash) of `latest` for this request; the hash is None only for a block the
+        client named (`least`) that the proxy has not seen yet (then asked by height)."""
         if self._latest is False:
-            self._latest = self.heads.latest(self.pool, self.view)
+            self._latest = self.heads.latest(self.pool, self.view, self.least)
         return self._latest  # type: ignore[return-value]
 
     def safe(self) -> tuple[int, str] | None:
@@ -295,14 +308,31 @@ class Heads:
 
     # ---- per request ---------------------------------------------------------------------
 
-    def request(self, pool: Pool) -> RequestHeads:
-        return RequestHeads(self, pool, self.views.get(pool.id))
+    def request(self, pool: Pool, least: int | None = None) -> RequestHeads:
+        return RequestHeads(self, pool, self.views.get(pool.id), least)
 
-    def latest(self, pool: Pool, view: ChainView | None) -> tuple[int, str] | None:
-        """The head of a node picked among the usable readers (state nodes first) whose head
-        is on the known chain: every `latest` item of a request is answered there."""
+    def latest(
+        self, pool: Pool, view: ChainView | None, least: int | None = None
+    ) -> tuple[int, str | None] | None:
+        """The block every `latest` item of a request is answered at: the highest head among
+        the usable readers (state nodes first) whose head is on the known chain, never below
+        one resolved before (`ChainView.floor`) nor below `least` (the client's)."""
         if view is None:
             return None
+        height = self._highest(pool, view)
+        floor = view.floor
+        if floor is not None and view.hashes.get(floor) is None:
+            floor = None  # a reorg replaced that block by a shorter chain: its head is lower
+        if floor is not None and (height is None or height < floor):
+            height = floor
+        view.floor = height
+        if least is not None and (height is None or height < least):
+            return least, view.hashes.get(least)
+        return None if height is None else (height, view.hashes[height])
+
+    def _highest(self, pool: Pool, view: ChainView) -> int | None:
+        """The highest head a usable reader on the known chain reported (state nodes first;
+        nodes out by their breaker alone only when no other is left)."""
         tips = view.tips
         hashes = view.hashes
         states: list[Node] = []
@@ -322,8 +352,7 @@ class Heads:
         nodes = states or others or ejected
         if not nodes:
             return None
-        tip = tips[self.selector.pick(nodes).key]
-        return tip.number, tip.hash
+        return max(tips[node.entry.key].number for node in nodes)
 
     # ---- feeding -------------------------------------------------------------------------
 

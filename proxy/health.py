@@ -103,6 +103,8 @@ class HeadTracker:
         for pool in list(self._pools().values()):
             for node in pool.readers:
                 self._start(node, self.poll(node, pool))
+            for node in pool.fulls:  # (not followed for `latest`: no pool given)
+                self._start(node, self.poll(node))
             for node in pool.writers.values():
                 self._start(node, self.poll_writer(node))
 
@@ -124,6 +126,7 @@ class HeadTracker:
     async def poll_all(self) -> None:
         pools = list(self._pools().values())
         readers = [self.poll(n, pool) for pool in pools for n in pool.readers]
+        readers += [self.poll(n) for pool in pools for n in pool.fulls]
         writers = [self.poll_writer(n) for pool in pools for n in pool.writers.values()]
         if readers or writers:
             await asyncio.gather(*readers, *writers)

@@ -148,8 +148,7 @@ class _Connection(asyncio.Protocol):
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
         # Only two names matter; a name of another length is not lowered (an answer's
-        # Content-Type and Date: two calls less per answer, bench/README.md "Issue 14,
-        # session 12").
+        # Content-Type and Date: two calls less per answer).
         size = len(name)
         if size == 14:
             if name.lower() == b"content-length":
@@ -235,9 +234,9 @@ class _Connection(asyncio.Protocol):
         `plain`'s head but for the Content-Length digits (False, nothing done: llhttp's).
 
         Why: llhttp's callbacks into Python (one per header, head, body, end) cost ~2k of
-        the ~27k instructions of an answer's way from the node to the client at c=1
-        (bench/README.md "Issue 14, session 12"), for a head a node sends unchanged but
-        for the body's length (and its Date, once a second)."""
+        the ~27k instructions of an answer's way from the node to the client at c=1, for a
+        head a node sends unchanged but for the body's length (and its Date, once a
+        second)."""
         at, post = len(plain.pre), plain.post
         # `post` starts with the CRLF ending the digits: its first place after them is where
         # they end when they are all digits (one `find`, no `startswith`)
@@ -406,7 +405,7 @@ class HostPool:
     def request(self, body: bytes) -> bytes:
         """The bytes of one POST of `body` (head and body). A body under 2 KiB takes its
         length's tail from `_LENGTHS` (the `%` formatting was ~1.2k instructions of the
-        request's way to the node at c=1, bench/README.md "Issue 14, session 12")."""
+        request's way to the node at c=1)."""
         size = len(body)
         if size < 2048:
             return b"".join((self._head, _LENGTHS[size], body))

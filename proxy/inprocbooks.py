@@ -3,7 +3,7 @@
 Why: an in-process read is answered in a few µs, and keeping its books one answer at a time
 (`Attempts.answered`: the node's latency cost and average, the pool's latency window, the
 attempt's counter and histogram; then the request's latency histogram) cost about as much as
-the proxy's own routing of it (py-spy, bench/README.md "Issues 14/15, session 5"). Here an
+the proxy's own routing of it (a py-spy profile of the in-process path). Here an
 answer only appends its time to a list (a single request answered without an error, the
 commonest body, with one lookup for all of its books: `single`); the lists are folded into
 the same books, sample by sample in order, when FOLD_EVERY answers are pending, FOLD_AFTER_S
@@ -53,8 +53,7 @@ class InprocBooks:
         # request times, the node's own count (`ItemsAnswered`) or None]}: a single request
         # answered without an error, the commonest body (its requests count is len(attempt
         # times); the node is told those times at the fold, in one call). Two lookups with
-        # no key tuple to build and hash cost less than one with it (bench/README.md
-        # "Issues 14/15, session 10: the in-process single read"); the pool is checked on
+        # no key tuple to build and hash cost less than one with it; the pool is checked on
         # the entry (a node of another pool object: `_single_entry`).
         self._singles: dict[Node, dict[str, list[Any]]] = {}
         # (id of the pool, method) → [Admitted(chain, pool), the method, (node, items, attempt
@@ -129,12 +128,11 @@ class InprocBooks:
         entry: `attempt(chain, pool, node, BATCH, its share of elapsed by items)` and its
         items counted `ok` for `method`, folded in later, with one lookup for all entries
         (with no attempt tuples built first: ~8.5k of a 10-item batch's ~318k instructions
-        less than an `attempt` and a count per entry, bench/README.md "Issues 14/15, session
-        10"); the node's own count too, once per entry as the engine's calls count, told at
-        the fold in one call per node as the singles' are (`_fold_shared`: one Python call
-        per entry per batch less, bench/README.md "Issue 15, session 11"). And the client's
-        request, `request(chain, "batch", seconds)`, here (inline: two Python calls per
-        batch less, bench/README.md "Issue 15, session 12")."""
+        less than an `attempt` and a count per entry); the node's own count too, once per
+        entry as the engine's calls count, told at the fold in one call per node as the
+        singles' are (`_fold_shared`: one Python call per entry per batch less). And the
+        client's request, `request(chain, "batch", seconds)`, here (inline: two Python calls
+        per batch less)."""
         key = (id(pool), method)
         entry = self._shared.get(key)
         if entry is None:

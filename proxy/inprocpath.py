@@ -56,6 +56,7 @@ from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
 from proxy.engine import Engine, access_log
+from proxy.face import public
 from proxy.inprocbooks import InprocBooks
 from proxy.inproccalls import calls
 from proxy.methods import LocalMethod, MethodSpec
@@ -230,6 +231,8 @@ class InprocPath:
         if target is None:
             return None
         spec, ref = target
+        if self.engine.reads is not None and _pinned(method, ref):
+            return None  # answered at the head the engine pins for the request (monotonic)
         found, cls = self._routes.candidates(pool, routes, method, spec, ref)
         if found is None:
             return None
@@ -304,6 +307,8 @@ class InprocPath:
         elapsed = perf_counter() - t0
         if got is None or (errors and (not checked or _retried(got, errors))):
             return None  # the engine's: params only the node checked, or retried elsewhere
+        if errors:
+            self._public([item], got, errors)
         out = orjson.dumps(got[0])
         if len(out) > self.max_answer:
             return None  # the engine answers it as too large: nothing was counted yet
@@ -405,6 +410,8 @@ class InprocPath:
             elapsed = time.perf_counter() - t0
             if got is None or (errors and (not checked or _retried(got, errors))):
                 return None  # (an item whose params the node alone checked: the engine's)
+            if errors:
+                self._public(sent, got, errors)
             done.append((node, path, BATCH, sent, errors, elapsed, method))
             if len(groups) == 1:
                 answers = got  # type: ignore[assignment]
@@ -582,7 +589,17 @@ class InprocPath:
             spec, ref = self.engine.methods.target(method, params)
         except (JsonRpcError, LocalMethod):  # LocalMethod: filters, the engine diverts them
             return None
-        return None if spec.writer else (spec, ref)
+        # (the Leader, `full` nodes and the Leader after a reader: the engine's)
+        return None if spec.writer or spec.trie or spec.mempool else (spec, ref)
+
+    def _public(self, items: list[Any], answers: list[Any], errors: list[int]) -> None:
+        """The error answers (at `errors`) to `items` as a client of the standard API sees
+        them (proxy/face.py). Final errors only: retried ones went to the engine."""
+        specs = self.engine.methods.specs
+        for i in errors:
+            spec = specs.get(items[i].get("method"))
+            if spec is not None:
+                public(spec, answers[i])
 
     @staticmethod
     def _path(routes: PoolRoutes, node: Node) -> Path | None:
@@ -624,6 +641,21 @@ def _seen_all(routes: PoolRoutes, items: list[Any]) -> list[Any] | None:
     except (KeyError, TypeError, IndexError):  # (not a dict, no id, no params, unhashable)
         return None
     return hits
+
+
+# Methods whose answer is about the head the engine pins per request (proxy/reads.py)
+HEADLESS = frozenset(("eth_blockNumber", "getLatestBlock"))
+_PINNED_TAGS = frozenset(("latest", "safe", "finalized"))
+
+
+def _pinned(method: str, ref: BlockRef | None) -> bool:
+    """Whether the engine pins the item's block per request: `latest` (a block param left
+    out too), `safe`, `finalized`, and the methods answered about the head. Answered here,
+    such an item would be read at the node's own head, which may be above or below the one
+    the proxy answered before (`latest` never goes backwards: proxy/heads.py)."""
+    if ref is None:
+        return method in HEADLESS
+    return ref.tag in _PINNED_TAGS
 
 
 def _one_path(groups: list[Group]) -> bool:

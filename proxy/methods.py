@@ -1,11 +1,18 @@
 """Step 1 of routing: which methods the proxy serves and which block each request targets.
 
-The method set is the spec's: the state node's eth_* table, the vendor names, pre_*,
-blockx_stateReadBatch, plus what every Ethereum client needs around it: `web3_clientVersion`,
-`net_version`, `net_listening` (answered by a state node), trace_vendorBlock and the
-transaction lifecycle (send, fees, gas estimate, receipt and transaction lookup, accounts),
-which go to the chain's Leader write node and on to its execution client. A state read at the
-`pending` block goes there too: pending state lives only in the execution client.
+The method set is the spec's (the state node's eth_* table, the vendor names, pre_*,
+blockx_stateReadBatch, trace_vendorBlock) and the whole standard Ethereum JSON-RPC API (the
+execution-apis `eth_*`/`debug_*` methods and the common non-spec ones: traces, txpool,
+signing), each with where it is answered (docs/proxy.md, "Method table"):
+
+- state, execution, traces by re-execution, logs, block bodies, transactions and receipts:
+  the state nodes, chosen by block;
+- the transaction pool, signing, fees and anything at the `pending` block: the chain's Leader
+  write node, which passes them to its execution client;
+- what needs a state trie (`eth_getProof`): the pool's `full` nodes, else the Leader;
+- a transaction looked up by hash (`mempool`): the state nodes, and when none holds it, the
+  Leader (a pending transaction is known only to its execution client).
+
 `extra_methods` (a setting) allows more, routed like latest reads. Params are checked only as
 far as routing needs and as the spec makes obvious (missing address, malformed hash, bad block
 id); the node checks the rest.
@@ -15,14 +22,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
 from chainstate.blockref import BlockRef, parse_block_ctx, parse_block_id, parse_block_number_param
-from chainstate.hexcodec import parse_address, parse_data, parse_hash
-from chainstate.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError, cut
+from chainstate.hexcodec import parse_address, parse_data, parse_hash, parse_quantity
+from chainstate.jsonrpc import (
+    INVALID_BLOCK_ID,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    JsonRpcError,
+    cut,
+)
 from chainstate.logfilter import parse_filter
 
 Check = Callable[[Any, str], Any]
@@ -66,6 +79,24 @@ def _log_range(value: Any) -> BlockRef:
     return parse_filter(value, max_list=_UNLIMITED).oldest
 
 
+_TRACE_FILTER_FIELDS = frozenset(
+    ("fromBlock", "toBlock", "fromAddress", "toAddress", "mode", "after", "count")
+)
+
+
+def _trace_range(value: Any) -> BlockRef:
+    """trace_filter (OpenEthereum/reth): its `fromBlock` decides the node, as eth_getLogs'."""
+    if not isinstance(value, dict):
+        raise JsonRpcError(INVALID_PARAMS, "invalid trace filter: expected an object")
+    unknown = sorted(set(value) - _TRACE_FILTER_FIELDS)
+    if unknown:
+        expected = sorted(_TRACE_FILTER_FIELDS)
+        msg = f"unknown field {cut(unknown[0])!r} in trace filter: expected {expected}"
+        raise JsonRpcError(INVALID_PARAMS, msg)
+    start = value.get("fromBlock")
+    return BlockRef(tag="earliest") if start is None else parse_block_id(start)
+
+
 BLOCK_PARSERS: dict[str, Callable[[Any], BlockRef]] = {
     "number": parse_block_number_param,  # eth_* blockNumber (tags, hex, EIP-1898, hash)
     "ctx": parse_block_ctx,  # vendor blockCtx (Equals/Contains)
@@ -73,6 +104,7 @@ BLOCK_PARSERS: dict[str, Callable[[Any], BlockRef]] = {
     "hash": _block_hash,  # getBlockById, eth_getBlockByHash
     "id": _block_id,  # pre_* blockId
     "logs": _log_range,  # eth_getLogs filter
+    "trace": _trace_range,  # trace_filter filter
 }
 
 
@@ -86,6 +118,16 @@ class MethodSpec:
     writer: bool = False  # goes to the chain's Leader write node
     pending: bool = False  # at the `pending` block it goes to the Leader write node
     parse_block: Callable[[Any], BlockRef] | None = None  # BLOCK_PARSERS[block]
+    trie: bool = False  # needs a state trie: the pool's `full` nodes, else the Leader
+    mempool: bool = False  # a transaction by hash: the state nodes, then the Leader
+    missing_null: bool = False  # not found (a final -39006) is answered `null`
+    # Its block param takes an EIP-1898 object, so a pinned block is sent by hash; the
+    # traces "by number" (a number, tag or bare hash) are sent the pinned height
+    # (proxy/reads.py)
+    by_hash: bool = True
+    # A method of the standard Ethereum API: its clients see standard error codes (set for
+    # every name of STANDARD_PREFIXES below but the spec's own vendor methods).
+    standard: bool = False
 
 
 def _m(
@@ -95,15 +137,39 @@ def _m(
     checks: tuple[tuple[int, Check], ...] = (),
     writer: bool = False,
     pending: bool = False,
+    *,
+    trie: bool = False,
+    mempool: bool = False,
+    missing_null: bool = False,
+    by_hash: bool = True,
 ) -> MethodSpec:
     names = tuple(params.split()) if params else ()
     block_at = -1
     if block is not None:
-        names_of = {"number": "blockNumber", "ctx": "blockCtx", "id": "blockId", "logs": "filter"}
+        names_of = {
+            "number": "blockNumber",
+            "ctx": "blockCtx",
+            "id": "blockId",
+            "logs": "filter",
+            "trace": "filter",
+        }
         block_name = names_of.get(block)
         block_at = names.index(block_name) if block_name in names else 0
     parse = None if block is None else BLOCK_PARSERS[block]
-    return MethodSpec(names, required, block, block_at, checks, writer, pending, parse)
+    return MethodSpec(
+        names,
+        required,
+        block,
+        block_at,
+        checks,
+        writer,
+        pending,
+        parse,
+        trie=trie,
+        mempool=mempool,
+        missing_null=missing_null,
+        by_hash=by_hash,
+    )
 
 
 def _address(value: Any, what: str) -> None:
@@ -127,6 +193,13 @@ _ADDRESSES_SEEN: set[str] = set()  # address texts that passed `_ADDRESS` (valid
 _ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
 _ADDR = ((0, _address),)
 _HASH = ((0, parse_hash),)
+_INDEX = ((1, parse_quantity),)
+
+
+def _optional_object(value: Any, what: str) -> Any:
+    return value if value is None else _object(value, what)
+
+
 METHODS: dict[str, MethodSpec] = {
     # state node: eth namespace (a `pending` read goes to the Leader: see `pending`)
     "eth_call": _m(
@@ -144,13 +217,71 @@ METHODS: dict[str, MethodSpec] = {
     "eth_getCode": _m("address blockNumber", 1, "number", _ADDR, pending=True),
     "eth_getStorageAt": _m("address position blockNumber", 2, "number", _ADDR, pending=True),
     "eth_getTransactionCount": _m("address blockNumber", 1, "number", _ADDR, pending=True),
-    "eth_getBlockByNumber": _m("blockNumber full", 1, "number", pending=True),
-    "eth_getBlockByHash": _m("blockHash full", 1, "hash"),
+    "eth_getStorageValues": _m("requests blockNumber", 1, "number", ((0, _object),), pending=True),
     "eth_chainId": _m(),
     "eth_baseFee": _m("blockNumber", 0, "number"),
+    "eth_blobBaseFee": _m(),
+    "eth_syncing": _m(),
     "eth_getLogs": _m("filter", 1, "logs"),
+    # state node: blocks, their transactions and receipts (not found: null)
+    # The full-transactions flag is required, as the spec and geth have it (-32602 without).
+    "eth_getBlockByNumber": _m("blockNumber full", 2, "number", pending=True, missing_null=True),
+    "eth_getBlockByHash": _m("blockHash full", 2, "hash", missing_null=True),
+    "eth_getBlockTransactionCountByNumber": _m(
+        "blockNumber", 1, "number", pending=True, missing_null=True
+    ),
+    "eth_getBlockTransactionCountByHash": _m("blockHash", 1, "hash", missing_null=True),
+    "eth_getTransactionByBlockNumberAndIndex": _m(
+        "blockNumber index", 2, "number", _INDEX, pending=True, missing_null=True
+    ),
+    "eth_getTransactionByBlockHashAndIndex": _m(
+        "blockHash index", 2, "hash", _INDEX, missing_null=True
+    ),
+    "eth_getBlockReceipts": _m("blockNumber", 1, "number", pending=True, missing_null=True),
+    "eth_getUncleCountByBlockNumber": _m(
+        "blockNumber", 1, "number", pending=True, missing_null=True
+    ),
+    "eth_getUncleCountByBlockHash": _m("blockHash", 1, "hash", missing_null=True),
+    "eth_getUncleByBlockNumberAndIndex": _m(
+        "blockNumber index", 2, "number", _INDEX, pending=True, missing_null=True
+    ),
+    "eth_getUncleByBlockHashAndIndex": _m("blockHash index", 2, "hash", _INDEX, missing_null=True),
+    # state nodes, then the Leader when none holds it (a pending transaction)
+    "eth_getTransactionByHash": _m(
+        "transactionHash", 1, checks=_HASH, mempool=True, missing_null=True
+    ),
+    "eth_getTransactionReceipt": _m(
+        "transactionHash", 1, checks=_HASH, mempool=True, missing_null=True
+    ),
+    # state node: execution and traces by re-execution
+    "eth_createAccessList": _m(
+        "transaction blockNumber", 1, "number", ((0, _object),), pending=True
+    ),
+    "debug_traceCall": _m(
+        "request blockNumber options",
+        1,
+        "number",
+        ((0, _object), (2, _optional_object)),
+        pending=True,
+    ),
+    "debug_traceTransaction": _m(
+        "transactionHash options", 1, checks=((0, parse_hash), (1, _optional_object))
+    ),
+    "debug_traceBlockByNumber": _m(
+        "blockNumber options", 1, "number", ((1, _optional_object),), by_hash=False
+    ),
+    "debug_traceBlockByHash": _m("blockHash options", 1, "hash", ((1, _optional_object),)),
+    # A block or transaction that does not exist is traced as `null`, as reth and erigon
+    # (the trace_* namespace's references) answer.
+    "trace_block": _m("blockNumber", 1, "number", by_hash=False, missing_null=True),
+    "trace_replayBlockTransactions": _m(
+        "blockNumber traceTypes", 2, "number", ((1, _list),), by_hash=False
+    ),
+    "trace_transaction": _m("transactionHash", 1, checks=_HASH, missing_null=True),
+    "trace_filter": _m("filter", 1, "trace"),
     # state node: what clients ask to identify the node and network
     "web3_clientVersion": _m(),
+    "web3_sha3": _m("data", 1, checks=((0, parse_data),)),
     "net_version": _m(),
     "net_listening": _m(),
     # state node: vendor namespace
@@ -175,6 +306,15 @@ METHODS: dict[str, MethodSpec] = {
     "pre_traceCall": _m("request blockId", 1, "id", ((0, _object),)),
     "pre_traceMany": _m("requests blockId", 1, "id", ((0, _list),)),
     "blockx_stateReadBatch": _m("payload", 1, checks=((0, parse_data),)),
+    # a state trie: the pool's `full` nodes, else the Leader's execution client
+    "eth_getProof": _m(
+        "address storageKeys blockNumber",
+        2,
+        "number",
+        ((0, _address), (1, _list)),
+        pending=True,
+        trie=True,
+    ),
     # write node and the transaction lifecycle: the chain's Leader (its execution client)
     "trace_vendorBlock": _m("block", 1, writer=True),
     "eth_sendRawTransaction": _m("data", 1, checks=((0, parse_data),), writer=True),
@@ -187,9 +327,39 @@ METHODS: dict[str, MethodSpec] = {
     "eth_feeHistory": _m(
         "blockCount newestBlock rewardPercentiles", 2, checks=((2, _optional_list),), writer=True
     ),
-    "eth_getTransactionReceipt": _m("transactionHash", 1, checks=_HASH, writer=True),
-    "eth_getTransactionByHash": _m("transactionHash", 1, checks=_HASH, writer=True),
     "eth_accounts": _m(writer=True),
+    # the Leader: signing, the transaction pool, the execution client's own view
+    "eth_sign": _m("address message", 2, checks=((0, _address), (1, parse_data)), writer=True),
+    "eth_signTransaction": _m("transaction", 1, checks=((0, _object),), writer=True),
+    "eth_signTypedData_v4": _m("address typedData", 2, checks=_ADDR, writer=True),
+    "eth_fillTransaction": _m("transaction", 1, checks=((0, _object),), writer=True),
+    # simulated blocks carry state roots, which need the trie the state nodes do not keep
+    "eth_simulateV1": _m("payload blockNumber", 1, "number", ((0, _object),), writer=True),
+    "eth_coinbase": _m(writer=True),
+    "eth_protocolVersion": _m(writer=True),
+    "eth_config": _m(writer=True),
+    "net_peerCount": _m(writer=True),
+    "txpool_status": _m(writer=True),
+    "txpool_content": _m(writer=True),
+    "txpool_inspect": _m(writer=True),
+    "txpool_contentFrom": _m("address", 1, checks=_ADDR, writer=True),
+    # the Leader: raw (RLP) encodings and what only an execution client keeps
+    "debug_getRawTransaction": _m("transactionHash", 1, checks=_HASH, writer=True),
+    "debug_getRawHeader": _m("blockNumber", 1, "number", writer=True),
+    "debug_getRawBlock": _m("blockNumber", 1, "number", writer=True),
+    "debug_getRawReceipts": _m("blockNumber", 1, "number", writer=True),
+    "debug_getBadBlocks": _m(writer=True),
+}
+# The standard Ethereum API (clients see standard error codes, docs/proxy.md "Errors"): every
+# name in these namespaces but the spec's vendor methods, whose callers keep its -39xxx codes.
+STANDARD_PREFIXES = ("eth_", "net_", "web3_", "debug_", "trace_", "txpool_")
+VENDOR_NAMES = frozenset(("eth_multiCall", "trace_vendorBlock"))
+for _name, _spec in METHODS.items():
+    if _name.startswith(STANDARD_PREFIXES) and _name not in VENDOR_NAMES:
+        METHODS[_name] = replace(_spec, standard=True)
+# `mempool` methods as the Leader answers them: when no state node holds the transaction
+LEADER_FALLBACK = {
+    name: replace(spec, writer=True) for name, spec in METHODS.items() if spec.mempool
 }
 EXTRA = MethodSpec(params=())
 
@@ -302,7 +472,13 @@ class MethodTable:
         parse = spec.parse_block
         if parse is None:
             return spec, None
-        return spec, parse(values[spec.block_at] if spec.block_at < len(values) else None)
+        try:
+            return spec, parse(values[spec.block_at] if spec.block_at < len(values) else None)
+        except JsonRpcError as exc:
+            if exc.code == INVALID_BLOCK_ID and spec.standard:
+                # A bad block id is a bad param to a client of the standard API (geth: -32602)
+                raise JsonRpcError(INVALID_PARAMS, exc.message, exc.data) from None
+            raise
 
 
 def _positional(params: Any, spec: MethodSpec) -> list[Any]:

@@ -86,7 +86,7 @@ class _NodeCollector(Collector):
             pool_inflight.add_metric([pool.id], pool.inflight)
             if self._pool_limit is not None:
                 pool_limit.add_metric([pool.id], self._pool_limit(pool))
-            for node in (*pool.readers, *pool.writers.values()):
+            for node in (*pool.readers, *pool.fulls, *pool.writers.values()):
                 lv = [pool.id, node.key, node.entry.kind]
                 inflight.add_metric(lv, node.inflight)
                 healthy.add_metric(lv, 1 if node.healthy else 0)

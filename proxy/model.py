@@ -15,7 +15,10 @@ from urllib.parse import urlsplit
 from proxy.breaker import HALF_OPEN, OPEN, Breaker, BreakerSettings
 from proxy.latency import LatencyWindow
 
-KINDS = ("state", "archive")
+# `full`: a full or archive execution client (geth, reth, ...) answering what only a state
+# trie can (eth_getProof); it gets no other traffic unless a method route sends it there.
+KINDS = ("state", "archive", "full")
+KINDS_TEXT = '"state", "archive" or "full"'
 URL_SCHEMES = ("http://", "https://", "inproc://")
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _METHOD = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
@@ -122,7 +125,7 @@ class NodeEntry:
             raise EntryError('node needs "key" and "url"')
         kind = o.get("kind", "state")
         if kind not in KINDS:
-            raise EntryError(f'kind must be "state" or "archive" (got {kind!r})')
+            raise EntryError(f"kind must be {KINDS_TEXT} (got {kind!r})")
         enabled = o.get("enabled", True)
         ignore = o.get("ignore_checker", False)
         if not isinstance(enabled, bool) or not isinstance(ignore, bool):
@@ -181,7 +184,7 @@ class RouteRule:
             raise EntryError('route rule needs exactly one of "kind" or "nodes"')
         if "kind" in o:
             if o["kind"] not in KINDS:
-                raise EntryError(f'kind must be "state" or "archive" (got {o["kind"]!r})')
+                raise EntryError(f"kind must be {KINDS_TEXT} (got {o['kind']!r})")
             return cls(method=method, kind=o["kind"])
         nodes = o["nodes"]
         if not isinstance(nodes, list) or not nodes:
@@ -390,6 +393,7 @@ class Pool:
     writers: dict[str, Node] = field(default_factory=dict)  # entries of kind "writer"
     leader: str | None = None
     readers: list[Node] = field(default_factory=list)  # nodes + local, rebuilt on change
+    fulls: list[Node] = field(default_factory=list)  # the `full` ones among them, kept apart
     # Recent attempt times by method ("batch" for sub-batches): hedge delays and derived
     # attempt timeouts (proxy/latency.py). Bounded by the served method set.
     latency: dict[str, LatencyWindow] = field(default_factory=dict)
@@ -404,7 +408,9 @@ class Pool:
         for node in (*self.nodes.values(), *self.local.values()):
             node.weight_override = self.weights.get(node.key)
             node.changes = self.changes
-        self.readers = [*self.nodes.values(), *self.local.values()]
+        every = [*self.nodes.values(), *self.local.values()]
+        self.readers = [n for n in every if n.entry.kind != "full"]
+        self.fulls = [n for n in every if n.entry.kind == "full"]
 
     def find(self, key: str) -> Node | None:
         return self.nodes.get(key) or self.local.get(key)

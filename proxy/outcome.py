@@ -43,6 +43,8 @@ BLOCK_MISSING = Outcome("block_not_found", retry=True, penalise=False, prefer_ar
 PRECOMPILE = Outcome("unsupported_precompile", retry=True, penalise=False)
 RETRYABLE = Outcome("retryable", retry=True, penalise=False)  # another code of RETRYABLE_CODES
 MISSING = Outcome("missing_answer", retry=True, penalise=True)  # a batch answer without it
+# A transaction the state nodes do not hold (`null`): asked of the Leader next (a pending one)
+NOT_HELD = Outcome("not_held", retry=True, penalise=False)
 
 # Transport: the attempt got no usable answer.
 CONNECT = Outcome("connect", retry=True, penalise=True)
@@ -87,8 +89,7 @@ def of_raw(raw: bytes) -> Outcome:
     without `-3900` in it is never retried, so it is not decoded.
 
     (`find`, never `in`: bytes' `in` first tries its operand as an int and formats the
-    TypeError it clears, ~2k instructions per test: twice per answer at c=1, bench/README.md
-    "Issue 14, session 12".)"""
+    TypeError it clears, ~2k instructions per test, and this runs twice per answer.)"""
     if raw.find(b"-3900") < 0:
         return ERROR if raw.find(b'"error"') >= 0 else OK
     try:

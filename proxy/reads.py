@@ -107,9 +107,10 @@ class Reads:
         self.methods = settings.methods
         self.coalescer = Coalescer() if settings.coalesce else None
 
-    def request(self, pool: Pool) -> RequestHeads:
-        """The heads of one client request (resolved lazily, each once)."""
-        return self.heads.request(pool)
+    def request(self, pool: Pool, least: int | None = None) -> RequestHeads:
+        """The heads of one client request (resolved lazily, each once); `least`: the
+        lowest `latest` the client accepts (`x-min-block`)."""
+        return self.heads.request(pool, least)
 
     def plan(
         self,
@@ -164,7 +165,7 @@ class Reads:
             height = found
         kind = spec.block
         key = None
-        exact = block_hash is not None and kind in EXACT_FORMS
+        exact = block_hash is not None and kind in EXACT_FORMS and spec.by_hash
         store = False
         epoch = 0
         if cached:
@@ -202,8 +203,8 @@ class Reads:
         if not self.cache.enabled(pool_id):
             return None
         pin = heads.latest()
-        if pin is None:
-            return None
+        if pin is None or pin[1] is None:
+            return None  # (no head, or a client's `x-min-block` the proxy has not seen)
         heads.mixed = False  # (until an item's answer is not determined by the pin: `plan`)
         return (pool_id, pin[1], BATCH, body)
 
@@ -248,7 +249,7 @@ class Reads:
         kind = spec.block
         tag = ref.tag is not None
         fallback = None
-        if block_hash is not None and kind in HASH_FORMS:
+        if block_hash is not None and kind in HASH_FORMS and spec.by_hash:
             sent = with_block(obj, spec, hash_form(kind, block_hash))  # type: ignore[arg-type]
             fallback = with_block(obj, spec, number_form(kind, height)) if tag else obj  # type: ignore[arg-type]
         elif tag:

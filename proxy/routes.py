@@ -174,7 +174,8 @@ class RouteCache:
         """The selector's candidates for one item on its first attempt (no node excluded;
         None when no node is eligible: the selector says why when asked), from the cache
         when its block class is kept, and the class (UNCACHED: not kept)."""
-        cls = UNCACHED if spec.writer else block_class(routes.points, ref)
+        # (the Leader and `full` nodes are not readers: their changes are not followed here)
+        cls = UNCACHED if spec.writer or spec.trie else block_class(routes.points, ref)
         table = routes.table
         if cls is not UNCACHED:
             key = (method, cls)

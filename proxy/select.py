@@ -224,8 +224,10 @@ class Selector:
         if self.to_leader(pool, spec, ref):
             choice = self._leader(pool, method, exclude)
             return [choice.node], choice.reason
-        need = self.need(pool, ref, prefer_archive, head)
         rules = pool.routes.get(method)
+        if spec.trie and not rules:
+            return self._full(pool, method, ref, exclude)
+        need = self.need(pool, ref, prefer_archive, head)
         found = self._among(pool, need, rules, exclude, need.height)
         if found is None:
             found = self._fallbacks(pool, need, rules, exclude)
@@ -269,7 +271,8 @@ class Selector:
         """The candidates and the reason, or None. `ejected`: also nodes whose breaker alone
         keeps them out."""
         if rules:
-            usable = [n for n in pool.readers if self._usable(n, height, exclude, ejected)]
+            every = (*pool.readers, *pool.fulls) if pool.fulls else pool.readers
+            usable = [n for n in every if self._usable(n, height, exclude, ejected)]
             picked = [n for n in usable if any(r.matches(n) for r in rules)]
             return (picked, Reason(need, "", rules)) if picked else None
         kind = need.kind
@@ -348,11 +351,34 @@ class Selector:
 
     @staticmethod
     def to_leader(pool: Pool, spec: MethodSpec, ref: BlockRef | None) -> bool:
-        """Whether the item goes to the Leader write node rather than a state/archive node."""
-        if spec.writer:
+        """Whether the item goes to the Leader write node rather than a state/archive node:
+        writer methods, `pending` reads (when the pool has a Leader), and what needs a state
+        trie when the pool has no `full` node."""
+        if spec.writer or (spec.trie and not pool.fulls):
             return True
         pending = spec.pending and ref is not None and ref.tag == "pending"
         return pending and pool.leader_node() is not None
+
+    def _full(
+        self, pool: Pool, method: str, ref: BlockRef | None, exclude: Collection[Node]
+    ) -> tuple[list[Node], Reason | str]:
+        """The pool's `full` nodes that may hold the block (head at or past it; every usable
+        one when none is known to: heads are polled), for a method that needs a state trie."""
+        height = None if ref is None else self._height(ref)
+        for at in (height, None) if height is not None else (None,):
+            found = [n for n in pool.fulls if self._usable(n, at, exclude)]
+            if found:
+                return found, f"{method} needs a state trie → a full node"
+        found = [n for n in pool.fulls if self._usable(n, None, exclude, ejected=True)]
+        if found:
+            return found, f"{method} needs a state trie → a full node (breakers open)"
+        states = ", ".join(
+            f"{n.key}({'healthy' if n.healthy else 'unhealthy'}, head {n.head})" for n in pool.fulls
+        )
+        raise NoEligibleNode(
+            f"no eligible full node for {method} in pool {pool.id} (it needs a state trie); "
+            f"full nodes: {states}"
+        )
 
     @staticmethod
     def _leader(pool: Pool, method: str, exclude: Collection[Node]) -> Choice:

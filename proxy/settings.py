@@ -67,10 +67,10 @@ class ProxySettings:
     max_client_connections: int = 0  # open client connections; 0: 3/4 of the fd limit
     shutdown_timeout: float = 10.0  # seconds a stop waits for requests in flight
     # µs the loop keeps polling after a client's request arrives instead of sleeping: less
-    # latency at low concurrency on VMs, for CPU (chainstate/busypoll.py); 0: off (on a
-    # shared or overprovisioned host). The default is Seastar's idle poll time (200 µs on
-    # bare metal) rounded to the window measured on the project's VM (bench/README.md).
-    busy_poll_us: int = 250
+    # latency at low concurrency on VMs, paid for with a core spinning after every answer
+    # (chainstate/busypoll.py). Off by default: a proxy should not burn CPU its host did not
+    # ask it to; a latency-bound deployment turns it on (docs/http-server.md).
+    busy_poll_us: int = 0
     max_batch_items: int = 1000  # longer batches → -32600
     state_window: int = 128  # blocks behind the head still routed to `state` nodes
     head_poll_interval: float = 1.0  # seconds between eth_blockNumber polls of each node

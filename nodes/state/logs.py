@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -34,17 +33,16 @@ from chainstate.jsonrpc import (
     params_list,
 )
 from chainstate.logfilter import DEFAULT_MAX_LIST, LogFilter, invalid_range, parse_filter
-from chainstate.rpcclient import RpcClient, RpcUnavailable
 from chainstate.tasks import stop_task
+from nodes.state.backfill import Backfill as BlockBackfill
 from nodes.state.logindex import LogIndex
-from nodes.state.store import StateStore, StoreError
-from nodes.state.vendor import VendorBlockError, parse_vendor_block
+from nodes.state.store import StateStore
+from nodes.state.vendor import VendorBlock
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BLOCKS_PER_QUERY = 100_000  # reth's --rpc.max-blocks-per-filter
 DEFAULT_MAX_LOGS_PER_RESPONSE = 20_000  # reth's --rpc.max-logs-per-response
-BACKFILL_PROGRESS_EVERY = 10.0  # seconds between backfill progress lines
 # A query over at most INLINE_BLOCKS blocks is first tried on the event loop and given up
 # after INLINE_LOGS logs (then it runs again in a thread): a small answer costs microseconds,
 # less than the hop to a thread and back, and a large one never blocks the loop for long.
@@ -190,20 +188,16 @@ def _too_many_logs(limit: int, start: int, height: int) -> JsonRpcError:
     )
 
 
-class Backfill:
-    """Indexes, newest first, the blocks a store held before it had a log index: each is
-    fetched again from the node's source and must have the stored block's hash."""
+class Backfill(BlockBackfill):
+    """Indexes the logs of the blocks a store held before it had a log index."""
+
+    what = "log index backfill"
 
     def __init__(self, node: Any, index: LogIndex) -> None:
-        self.node = node
+        super().__init__(node)
         self.index = index
-        self.done = False
-        self._client: RpcClient | None = None
-        self._source: str | None = None
-        self._old: list[RpcClient] = []  # clients of earlier sources, closed at the end
 
     def _todo(self) -> tuple[int, int] | None:
-        """(lowest height left, height to index next), or None when complete."""
         bounds = self.node.store.bounds()
         env = self.index.env
         if bounds is None or env is None:
@@ -212,66 +206,8 @@ class Backfill:
             lo, _ = self.index.covered(txn)
         return None if lo <= bounds[0] else (bounds[0], lo - 1)
 
-    async def run(self) -> None:
-        settings = self.node.settings
-        backoff = settings.backoff_initial
-        shown = time.monotonic()
-        while (todo := self._todo()) is not None:
-            earliest, height = todo
-            try:
-                count = min(settings.fetch_concurrency, height - earliest + 1)
-                heights = range(height, height - count, -1)
-                blocks = await asyncio.gather(*(self._fetch(h) for h in heights))
-                for block in blocks:
-                    await asyncio.to_thread(self._write, block)
-            except (RpcUnavailable, JsonRpcError, VendorBlockError, StoreError) as exc:
-                log.warning("log index backfill at block %d: %s", height, exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, settings.backoff_max)
-                continue
-            backoff = settings.backoff_initial
-            if time.monotonic() - shown > BACKFILL_PROGRESS_EVERY:
-                shown = time.monotonic()
-                log.info("log index backfill: %d blocks left", height - count - earliest + 1)
-        self.done = True
-        log.info("log index backfill: complete")
-
-    async def _fetch(self, height: int) -> Any:
-        client = self._rpc()
-        raw = await client.call("trace_vendorBlock", [hex(height)])
-        block = await asyncio.to_thread(parse_vendor_block, raw)
-        stored = self.node.store.hash_at(height)
-        if block.number != height or block.hash != stored:
-            raise VendorBlockError(
-                f"the source's block {height} is {block.hash}, this node holds {stored}"
-            )
-        return block
-
-    def _write(self, block: Any) -> None:
-        def write(txn: lmdb.Transaction) -> None:
-            if not self.index.backfilled(txn, block.number, block.hash, block.logs):
-                raise StoreError(f"block {block.number} is no longer next to index (reorg)")
-
-        self.node.store.write(write)
-
-    def _rpc(self) -> RpcClient:
-        source = self.node.ingest.source
-        if source is None:
-            raise RpcUnavailable("the node has no source to fetch old blocks from")
-        if self._client is None or source != self._source:
-            if self._client is not None:
-                self._old.append(self._client)
-            self._client = RpcClient(
-                source, registry=self.node.registry, timeout=self.node.settings.request_timeout
-            )
-            self._source = source
-        return self._client
-
-    async def close(self) -> None:
-        for client in [*self._old, *([self._client] if self._client else [])]:
-            await client.close()
-        self._old.clear()
-        self._client = None
+    def _fill(self, txn: lmdb.Transaction, block: VendorBlock) -> bool:
+        return self.index.backfilled(txn, block.number, block.hash, block.logs)
 
 
 class LogService:
@@ -284,7 +220,7 @@ class LogService:
         self.methods = LogMethods(node.store, self.index, settings)
         self.backfill = Backfill(node, self.index)
         self._task: asyncio.Task[None] | None = None
-        if settings.backfill and self.backfill._todo() is not None:
+        if settings.backfill and self.backfill.needed():
             self._task = asyncio.create_task(self.backfill.run(), name=f"logs-backfill:{node.key}")
 
     async def close(self) -> None:

@@ -22,6 +22,7 @@ from chainstate.blockref import (
 from chainstate.hexcodec import (
     UINT256_MAX,
     parse_address,
+    parse_data,
     parse_quantity,
     to_data,
     to_hash32,
@@ -33,28 +34,36 @@ from chainstate.jsonrpc import (
     INVALID_BLOCK_ID,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
+    SERVER_BUSY,
     Handler,
     JsonRpcError,
     params_list,
 )
 from chainstate.txmethods import TX_LIFECYCLE
 from nodes.state.store import StateStore, out_of_range
+from nodes.state.vendor import keccak256
 
 NODE_NAME = "chainstate-state-node"
 # geth's web3_clientVersion layout: Name/identity/vVersion/os-arch/runtime.
 _RUNTIME = f"{sys.platform}-{platform.machine()}/python{sys.version_info[0]}.{sys.version_info[1]}"
 
 
-# Methods a state node does not have (the spec: no eth_estimateGas; no transactions at
-# all), answered -32601 with where to go instead: clients often try them here first.
+# Methods a state node does not have (the spec: no eth_estimateGas; no mempool, signing or
+# fees), answered -32601 with where to go instead: clients often try them here first. The
+# transactions of the blocks it holds it does answer (nodes/state/blocks.py).
 _VIA_PROXY = "send it to the proxy, which routes it to the chain's Leader write node"
+SERVED_HERE = frozenset({"eth_getTransactionByHash", "eth_getTransactionReceipt"})
 ELSEWHERE = {
     "eth_estimateGas": f"a state node has no eth_estimateGas: use estimateGas, or {_VIA_PROXY}",
     **dict.fromkeys(
-        (m for m in TX_LIFECYCLE if m != "eth_estimateGas"),
-        f"a state node holds state, not transactions or fees: {_VIA_PROXY}",
+        (m for m in TX_LIFECYCLE if m != "eth_estimateGas" and m not in SERVED_HERE),
+        f"a state node holds state and blocks, not the mempool, signing or fees: {_VIA_PROXY}",
     ),
 }
+MAX_STORAGE_VALUES = 1024  # slots per eth_getStorageValues (geth's maxGetStorageSlots)
+# EIP-4844's blob base fee: MIN_BASE_FEE_PER_BLOB_GAS; the update fraction is a setting
+# (Cancun's 3338477, Prague's 5007716).
+MIN_BLOB_BASE_FEE = 1
 
 
 def _elsewhere(method: str) -> Handler:
@@ -82,6 +91,16 @@ def _slot(value: Any) -> int:
 def _full_flag(value: Any) -> None:
     if value is not None and not isinstance(value, bool):
         raise JsonRpcError(INVALID_PARAMS, "invalid full flag: expected true or false")
+
+
+def fake_exponential(factor: int, numerator: int, denominator: int) -> int:
+    """factor * e ** (numerator / denominator), in integers (EIP-4844)."""
+    i, output, accum = 1, 0, factor * denominator
+    while accum > 0:
+        output += accum
+        accum = (accum * numerator) // (denominator * i)
+        i += 1
+    return output // denominator
 
 
 def _block_hash(value: Any) -> str:
@@ -122,6 +141,7 @@ class StateMethods:
         window: int,
         chain_id: Callable[[], int | None],
         max_validation_count: int = 1000,
+        blob_fee_update_fraction: int = 3338477,
     ) -> None:
         self.store = store
         self.key = key
@@ -129,6 +149,11 @@ class StateMethods:
         self.window = window
         self._chain_id = chain_id
         self.max_validation_count = max_validation_count
+        self.blob_fee_update_fraction = blob_fee_update_fraction
+        # eth_syncing: the source's head as ingest last saw it (None: not reached yet), and
+        # the head this node had when it started following it
+        self.source_head: Callable[[], int | None] = lambda: None
+        self.starting_block = 0
 
     def handlers(self) -> dict[str, Handler]:
         return {
@@ -139,10 +164,12 @@ class StateMethods:
             "eth_getTransactionCount": self.eth_get_transaction_count,
             "eth_getCode": self.eth_get_code,
             "eth_getStorageAt": self.eth_get_storage_at,
-            "eth_getBlockByNumber": self.eth_get_block_by_number,
-            "eth_getBlockByHash": self.eth_get_block_by_hash,
+            "eth_getStorageValues": self.eth_get_storage_values,
             "eth_baseFee": self.eth_base_fee,
+            "eth_blobBaseFee": self.eth_blob_base_fee,
+            "eth_syncing": self.eth_syncing,
             "web3_clientVersion": self.web3_client_version,
+            "web3_sha3": self.web3_sha3,
             "net_version": self.net_version,
             "net_listening": self.net_listening,
             "version": self.version,
@@ -243,26 +270,63 @@ class StateMethods:
         slot = _slot(position)
         return to_hash32(self.store.storage(address, slot, self._eth_block(block)))
 
-    def _geth_header(self, height: int) -> dict[str, Any]:
-        header = dict(self.store.header_fields(height)["header"])
-        header["transactions"] = []
-        header["uncles"] = []
-        return header
+    async def eth_get_storage_values(self, params: Any) -> dict[str, list[str]]:
+        """Many slots of many accounts at one block, as geth answers (lowercase addresses in
+        order, 32-byte values, at most MAX_STORAGE_VALUES slots)."""
+        requests, block = params_list(params, ["requests", "blockNumber"])
+        if not isinstance(requests, dict):
+            raise JsonRpcError(INVALID_PARAMS, "requests must be an object: address -> [slot]")
+        wanted: dict[str, list[int]] = {}
+        total = 0
+        for addr, slots in requests.items():
+            address = parse_address(addr)
+            if not isinstance(slots, list):
+                raise JsonRpcError(INVALID_PARAMS, f"slots of {address} must be a list")
+            total += len(slots)
+            if total > MAX_STORAGE_VALUES:
+                raise JsonRpcError(SERVER_BUSY, f"too many slots (max {MAX_STORAGE_VALUES})")
+            wanted[address] = [_slot(slot) for slot in slots]
+        if total == 0:
+            raise JsonRpcError(INVALID_PARAMS, "empty request")
+        with self.store.view(self._eth_block(block)) as view:
+            return {  # by address, as geth's and anvil's maps come out
+                address: [to_hash32(view.storage(address, slot)) for slot in wanted[address]]
+                for address in sorted(wanted)
+            }
 
-    async def eth_get_block_by_number(self, params: Any) -> dict[str, Any]:
-        block, full = params_list(params, ["blockNumber", "full"])
-        _full_flag(full)
-        ref = parse_block_number_param(_require(block, "blockNumber"), default=None)
-        return self._geth_header(self.resolve(ref))
-
-    async def eth_get_block_by_hash(self, params: Any) -> dict[str, Any]:
-        block_hash, full = params_list(params, ["blockHash", "full"])
-        _full_flag(full)
-        return self._geth_header(self.resolve(BlockRef(hash=_block_hash(block_hash))))
-
-    async def eth_base_fee(self, params: Any) -> int:
+    async def eth_base_fee(self, params: Any) -> str:
         (block,) = params_list(params, ["blockNumber"])
-        return self.store.header(self._eth_block(block)).base_fee_per_gas
+        return to_hex(self.store.header(self._eth_block(block)).base_fee_per_gas)
+
+    async def eth_blob_base_fee(self, params: Any) -> str | None:
+        """The blob base fee of the head block (from its excessBlobGas, as geth answers);
+        null before Cancun."""
+        params_list(params, [])
+        excess = self.store.header(self.store.range()[1]).excess_blob_gas
+        if excess is None:
+            return None
+        fraction = self.blob_fee_update_fraction
+        return to_hex(fake_exponential(MIN_BLOB_BASE_FEE, excess, fraction))
+
+    async def eth_syncing(self, params: Any) -> Any:
+        """False when the node holds its source's head (as ingest last polled it) or has
+        not reached its source; else how far it is: `startingBlock` (its head when it
+        started), `currentBlock` (its head), `highestBlock` (the source's head)."""
+        params_list(params, [])
+        source = self.source_head()
+        bounds = self.store.bounds()
+        current = -1 if bounds is None else bounds[1]
+        if source is None or current >= source:
+            return False
+        return {
+            "startingBlock": to_hex(self.starting_block),
+            "currentBlock": to_hex(max(current, 0)),
+            "highestBlock": to_hex(source),
+        }
+
+    async def web3_sha3(self, params: Any) -> str:
+        (value,) = params_list(params, ["data"])
+        return to_data(keccak256(parse_data(_require(value, "data"))))
 
     # vendor namespace ------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ JsonRpcError(-39006); storage failures raise JsonRpcError(-39005).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,3 +49,14 @@ class StateReader(Protocol):
     def code(self, address: str, height: int) -> bytes: ...
 
     def storage(self, address: str, slot: int, height: int) -> int: ...
+
+    def block_body(self, height: int) -> dict[str, Any] | None:
+        """`{"block": <the block object with full transaction objects>, "receipts": [...]}`
+        exactly as the execution client gave them, or None when the node does not hold that
+        block's body (outside its range, or a store from before bodies were kept)."""
+        ...
+
+    def transaction_location(self, tx_hash: str) -> tuple[int, int] | None:
+        """(height, index in its block) of a transaction by its lowercase 0x hash, or None
+        when no block whose body the node holds has it."""
+        ...

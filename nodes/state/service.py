@@ -24,6 +24,8 @@ from chainstate.inproc import (
 )
 from chainstate.jsonrpc import Dispatcher, JsonRpcError, dumps, params_list
 from chainstate.rpcserver import rpc_handler
+from nodes.state.backfill import BodyBackfill
+from nodes.state.blocks import BlockMethods
 from nodes.state.hot import HotState
 from nodes.state.ingest import Ingest
 from nodes.state.leader import LeaderWatch
@@ -87,12 +89,15 @@ class StateNode:
             window=settings.window,
             chain_id=self.chain_id,
             max_validation_count=settings.max_validation_count,
+            blob_fee_update_fraction=settings.blob_fee_update_fraction,
         )
+        self.blocks = BlockMethods(self.store, self.methods.resolve)
         self.hot = HotState(settings.hot_blocks, settings.hot_cache_entries)
         self.reads = ReadPath(
             self.store, self.hot, self.methods, self.dispatcher, max_batch=settings.max_batch
         )
         self.ingest = Ingest(self.store, settings, self.metrics, registry=registry, hot=self.hot)
+        self.methods.source_head = lambda: self.ingest.source_head  # for eth_syncing
         # The proxy in this process calls these per body: bound straight to what does
         # the work (a wrapper method was one more Python call per body, ~0.1-0.3 µs).
         # answer_items(items): the answers of parsed request objects when every one is a
@@ -122,6 +127,8 @@ class StateNode:
         self._started = False
         self.evm: Any = None  # set by nodes.state.evm.methods.register when present
         self.logs: LogService | None = None  # eth_getLogs and its index, set at start
+        self.body_backfill = BodyBackfill(self)  # for a store from before bodies were kept
+        self._backfill_task: asyncio.Task[None] | None = None
         self.evm_settings: Any = None
 
     @classmethod
@@ -158,7 +165,10 @@ class StateNode:
         if wanted is not None and stored is None:
             await asyncio.to_thread(self.store.set_chain_id, wanted)
         self.dispatcher.update(self.methods.handlers())
+        self.dispatcher.update(self.blocks.handlers())
         self.dispatcher.update({"blockx_health": self._rpc_health})
+        bounds = self.store.bounds()
+        self.methods.starting_block = 0 if bounds is None else bounds[1]
         if _evm_module_available():
             from nodes.state.evm.settings import EvmSettings
 
@@ -166,6 +176,10 @@ class StateNode:
             importlib.import_module(EVM_METHODS_MODULE).register(self)
             self.reads.evm = self.evm  # eth_calls of a batch queued at once
         self.logs = register_logs(self)
+        if self.body_backfill.needed():
+            self._backfill_task = asyncio.create_task(
+                self.body_backfill.run(), name=f"body-backfill:{self.key}"
+            )
         self.ingest.publish_metrics()
         await self.ingest.fill_hot()
         self._task = asyncio.create_task(self.ingest.run(), name=f"state-ingest:{self.key}")
@@ -193,12 +207,13 @@ class StateNode:
     async def close(self) -> None:
         if self.registry is not None:
             self.registry.unregister(self.key)
-        for task in (self._leader_task, self._task):
+        for task in (self._leader_task, self._task, self._backfill_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._task = self._leader_task = None
+        self._task = self._leader_task = self._backfill_task = None
+        await self.body_backfill.close()
         if self.logs is not None:
             await self.logs.close()
             self.logs = None

@@ -29,6 +29,9 @@ DEFAULT_MAX_BATCH = 1000  # JSON-RPC batch length limit
 DEFAULT_HOT_BLOCKS = 128  # newest blocks whose written values the hot view keeps in memory
 DEFAULT_HOT_CACHE_ENTRIES = 262_144  # values as of just below the hot blocks, cached by reads
 DEFAULT_LEADER_POLL_INTERVAL = 1.0  # seconds between Leader lookups (when leader_from is set)
+# eth_blobBaseFee's BLOB_BASE_FEE_UPDATE_FRACTION: Cancun's (EIP-4844; the devnet's fork);
+# Prague's is 5007716 (EIP-7691).
+DEFAULT_BLOB_FEE_UPDATE_FRACTION = 3_338_477
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,7 @@ class StateSettings:
     max_batch: int = DEFAULT_MAX_BATCH
     hot_blocks: int = DEFAULT_HOT_BLOCKS  # 0 turns the hot view off
     hot_cache_entries: int = DEFAULT_HOT_CACHE_ENTRIES
+    blob_fee_update_fraction: int = DEFAULT_BLOB_FEE_UPDATE_FRACTION
     # The proxy admin's `GET /{chain}/writers/leader` URL: follow whichever write node is
     # the Leader. The admin token, when needed, is read from the env var named here.
     leader_from: str | None = None
@@ -105,6 +109,7 @@ class StateSettings:
             "max_validation_count",
             "max_batch",
             "stall_failures",
+            "blob_fee_update_fraction",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{where}: {name} must be at least 1")

@@ -11,7 +11,11 @@ Layout (named LMDB databases):
   `state` node's window, so `blockIsValid` stays answerable).
 - `undo`: height → the version prefixes the block wrote; rolling a block back deletes exactly
   those versions, and pruning knows which older versions a window move makes obsolete.
-- `meta`: head, earliest, chain id, kind.
+- `meta`: head, earliest, chain id, kind, and `bodies_from`: every block from that height to
+  the head has its body below (a store from before bodies were kept starts at head + 1).
+- `blocks`: height → the block object as the execution client gave it, its transactions as
+  hashes; `txs` and `receipts`: height → the block's transaction objects and receipts, packed
+  (nodes/state/blockbody.py); `txhashes`: transaction hash(32) → height(8) | index(4).
 
 Commits are durable (LMDB `sync`): kill -9 leaves either the whole block or none of it.
 """
@@ -31,6 +35,7 @@ import lmdb
 import orjson
 
 from chainstate.jsonrpc import BLOCK_NOT_FOUND, DATABASE_FAILED, JsonRpcError
+from nodes.state.blockbody import BlockBody, packed_array, stored_count, unstored
 from nodes.state.reader import HeaderInfo
 from nodes.state.vendor import AccountDiff, VendorBlock
 
@@ -48,7 +53,10 @@ META_HEAD = b"head"
 META_EARLIEST = b"earliest"
 META_CHAIN_ID = b"chain_id"
 META_KIND = b"kind"
-MAX_DBS = 16  # the store's five databases plus those of its extensions
+META_BODIES_FROM = b"bodies_from"
+_BODY_DBS = (b"blocks", b"txs", b"receipts", b"txhashes")
+_LOCATION = struct.Struct(">QI")  # height, index of a transaction
+MAX_DBS = 16  # the store's nine databases plus those of its extensions
 
 
 class StoreError(Exception):
@@ -73,6 +81,10 @@ class PreStateMismatch(StoreError):
 
 class StoreFailure(StoreError):
     """LMDB itself failed (disk full, map full, I/O error)."""
+
+
+class DuplicateTransaction(StoreError):
+    """The block lists a transaction the node already holds in another block."""
 
 
 class StoreExtension(Protocol):
@@ -191,6 +203,76 @@ class Snapshot:
         return seek(self.cursor, prefix, height)
 
 
+class BodyReads:
+    """Block bodies inside one read transaction (a commit cannot tear what it reads).
+
+    A block's body is held when the block is in range and at or above `bodies_from`."""
+
+    __slots__ = ("_store", "_txn", "bodies_from", "bounds")
+
+    def __init__(self, store: StateStore, txn: lmdb.Transaction) -> None:
+        self._store = store
+        self._txn = txn
+        self.bounds = store._bounds(txn)
+        raw = txn.get(META_BODIES_FROM, db=store._meta)
+        head = -1 if self.bounds is None else self.bounds[1]
+        self.bodies_from = head + 1 if raw is None else _BE.unpack(raw)[0]
+
+    def held(self, height: int) -> bool:
+        bounds = self.bounds
+        return bounds is not None and max(bounds[0], self.bodies_from) <= height <= bounds[1]
+
+    def whole_chain(self) -> bool:
+        """True when the node holds every body from block 0 to its head (so a transaction
+        it does not know is not on its chain)."""
+        return self.bounds is not None and self.bodies_from == 0
+
+    def _get(self, height: int, db: Any) -> bytes | None:
+        return self._txn.get(_BE.pack(height), db=db) if self.held(height) else None
+
+    def _list(self, height: int, db: Any) -> bytes | None:
+        record = self._get(height, db)
+        return None if record is None else unstored(record)
+
+    def shell(self, height: int) -> bytes | None:
+        """The block object with its transactions as hashes, as JSON; None when not held."""
+        return self._get(height, self._store._blocks)
+
+    def transactions(self, height: int) -> bytes | None:
+        """The packed transaction objects (nodes/state/blockbody.py); None when not held."""
+        return self._list(height, self._store._txs)
+
+    def transaction_count(self, height: int) -> int | None:
+        """How many transactions the block has; None when not held."""
+        record = self._get(height, self._store._txs)
+        return None if record is None else stored_count(record)
+
+    def receipts(self, height: int) -> bytes | None:
+        """The packed receipts; None when not held."""
+        return self._list(height, self._store._receipts)
+
+    def location(self, tx_hash: str) -> tuple[int, int] | None:
+        """(height, index) of a transaction of a held block, by its lowercase 0x hash."""
+        try:
+            key = bytes.fromhex(tx_hash[2:])
+        except ValueError:
+            return None
+        raw = self._txn.get(key, db=self._store._txhashes) if len(key) == 32 else None
+        if raw is None:
+            return None
+        height, index = _LOCATION.unpack(raw)
+        return (height, index) if self.held(height) else None
+
+    def body(self, height: int) -> dict[str, Any] | None:
+        """`{"block": <block object with full transactions>, "receipts": [...]}`."""
+        shell, txs, receipts = self.shell(height), self.transactions(height), self.receipts(height)
+        if shell is None or txs is None or receipts is None:
+            return None
+        block = orjson.loads(shell)
+        block["transactions"] = orjson.loads(packed_array(txs))
+        return {"block": block, "receipts": orjson.loads(packed_array(receipts))}
+
+
 class StateStore:
     """Implements nodes.state.reader.StateReader over LMDB.
 
@@ -236,14 +318,22 @@ class StateStore:
         self._hdr = env.open_db(b"headers")
         self._hashes = env.open_db(b"hashes")
         self._undo = env.open_db(b"undo")
+        self._blocks, self._txs, self._receipts, self._txhashes = (
+            env.open_db(name) for name in _BODY_DBS
+        )
         with env.begin(write=True) as txn:
             stored = txn.get(META_KIND, db=self._meta)
-            if stored == b"state" and self.kind == "archive" and txn.get(META_HEAD, db=self._meta):
+            head = txn.get(META_HEAD, db=self._meta)
+            if stored == b"state" and self.kind == "archive" and head:
                 env.close()
                 raise StoreError(
                     f"{self.path}: a pruned `state` store cannot be reopened as `archive`"
                 )
             txn.put(META_KIND, self.kind.encode(), db=self._meta)
+            if txn.get(META_BODIES_FROM, db=self._meta) is None:
+                # a store from before bodies were kept has none up to its head
+                start = 0 if head is None else _BE.unpack(head)[0] + 1
+                txn.put(META_BODIES_FROM, _BE.pack(start), db=self._meta)
         self._env = env
         self._writer = True
         self._snapshot_bounds = None  # another process may have written it while closed
@@ -262,6 +352,9 @@ class StateStore:
             self._hdr = env.open_db(b"headers", create=False)
             self._hashes = env.open_db(b"hashes", create=False)
             self._undo = env.open_db(b"undo", create=False)
+            self._blocks, self._txs, self._receipts, self._txhashes = (
+                env.open_db(name, create=False) for name in _BODY_DBS
+            )
         except lmdb.Error:
             env.close()
             raise
@@ -463,6 +556,31 @@ class StateStore:
                 )
         return out
 
+    # block bodies ----------------------------------------------------------------------
+
+    @contextmanager
+    def bodies(self) -> Iterator[BodyReads]:
+        """Block bodies in one read transaction; -39005 when the store is closed or fails."""
+        with self._reading() as txn:
+            yield BodyReads(self, txn)
+
+    def block_body(self, height: int) -> dict[str, Any] | None:
+        """`{"block": <the block object with full transaction objects>, "receipts": [...]}`
+        as ingested, or None when this node does not hold block `height`'s body."""
+        with self.bodies() as bodies:
+            return bodies.body(height)
+
+    def transaction_location(self, tx_hash: str) -> tuple[int, int] | None:
+        """(height, index in the block) of a transaction by its lowercase 0x hash, or None
+        when no block this node holds has it."""
+        with self.bodies() as bodies:
+            return bodies.location(tx_hash)
+
+    def transaction_count(self, height: int) -> int | None:
+        """How many transactions block `height` has; None when its body is not held."""
+        with self.bodies() as bodies:
+            return bodies.transaction_count(height)
+
     def chain_id(self) -> int | None:
         with self._reading() as txn:
             raw = txn.get(META_CHAIN_ID, db=self._meta)
@@ -526,12 +644,65 @@ class StateStore:
         stored = {"header": block.header, "validationHash": block.validation_hash}
         txn.put(hb, orjson.dumps(stored), db=self._hdr)
         txn.put(bytes.fromhex(block.hash[2:]), hb, db=self._hashes)
+        self._put_body(txn, hb, height, block.body)
         txn.put(META_HEAD, hb, db=self._meta)
         if bounds is None:
             txn.put(META_EARLIEST, hb, db=self._meta)
         for extension in self.extensions:
             extension.applied(txn, block)
         self._prune(txn, earliest, height)
+
+    def _put_body(
+        self, txn: lmdb.Transaction, hb: bytes, height: int, body: BlockBody | None
+    ) -> None:
+        """Keep a block's body and index its transactions (in the block's transaction)."""
+        if body is None:  # (a block made in process without one): held bodies start above it
+            txn.put(META_BODIES_FROM, _BE.pack(height + 1), db=self._meta)
+            return
+        for index, tx_hash in enumerate(body.tx_hashes):
+            held = txn.get(tx_hash, db=self._txhashes)
+            if held is not None:
+                raise DuplicateTransaction(
+                    f"block {height} lists transaction 0x{tx_hash.hex()}, which block "
+                    f"{_LOCATION.unpack(held)[0]} already has"
+                )
+            txn.put(tx_hash, _LOCATION.pack(height, index), db=self._txhashes)
+        txn.put(hb, body.shell, db=self._blocks)
+        txn.put(hb, body.transactions, db=self._txs)
+        txn.put(hb, body.receipts, db=self._receipts)
+
+    def backfilled_body(self, txn: lmdb.Transaction, block: VendorBlock) -> bool:
+        """Keep the body of a block the store held before it kept bodies (in a write
+        transaction of the store, see `write`): only the block just below the held bodies,
+        with the stored block's hash; False (nothing written) otherwise."""
+        hb = _BE.pack(block.number)
+        bounds = self._bounds(txn)
+        stored = txn.get(hb, db=self._hdr)
+        if (
+            block.body is None
+            or bounds is None
+            or block.number < bounds[0]
+            or self._bodies_from(txn) != block.number + 1
+            or stored is None
+            or orjson.loads(stored)["header"]["hash"] != block.hash
+        ):
+            return False
+        self._put_body(txn, hb, block.number, block.body)
+        txn.put(META_BODIES_FROM, hb, db=self._meta)
+        return True
+
+    def _drop_body(self, txn: lmdb.Transaction, hb: bytes) -> None:
+        """Delete a block's body and its transactions' index entries (if it has them)."""
+        shell = txn.get(hb, db=self._blocks)
+        if shell is None:
+            return
+        for tx_hash in orjson.loads(shell)["transactions"]:
+            txn.delete(bytes.fromhex(tx_hash[2:]), db=self._txhashes)
+        for db in (self._blocks, self._txs, self._receipts):
+            txn.delete(hb, db=db)
+
+    def _bodies_from(self, txn: lmdb.Transaction) -> int:
+        return _BE.unpack(txn.get(META_BODIES_FROM, db=self._meta))[0]
 
     def _verify_pre(self, txn: lmdb.Transaction, block: VendorBlock) -> None:
         parent = block.number - 1
@@ -579,6 +750,9 @@ class StateStore:
             txn.delete(_BE.pack(height), db=self._undo)
         for height in range(old_earliest, new_earliest):
             txn.delete(_BE.pack(height), db=self._hdr)
+            self._drop_body(txn, _BE.pack(height))
+        if self._bodies_from(txn) < new_earliest:
+            txn.put(META_BODIES_FROM, _BE.pack(new_earliest), db=self._meta)
         txn.put(META_EARLIEST, _BE.pack(new_earliest), db=self._meta)
         for extension in self.extensions:
             extension.pruned(txn, new_earliest)
@@ -608,6 +782,9 @@ class StateStore:
         txn.delete(bytes.fromhex(stored["header"]["hash"][2:]), db=self._hashes)
         txn.delete(hb, db=self._hdr)
         txn.delete(hb, db=self._undo)
+        self._drop_body(txn, hb)
+        if self._bodies_from(txn) > head:
+            txn.put(META_BODIES_FROM, hb, db=self._meta)  # (held: none, as the new head's)
         txn.put(META_HEAD, _BE.pack(head - 1), db=self._meta)
         for extension in self.extensions:
             extension.rolled_back(txn, head)

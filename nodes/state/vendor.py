@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 from Crypto.Hash import keccak
 
+from nodes.state.blockbody import BlockBody, BlockBodyError, parse_block_body
 from nodes.state.blocklogs import BlockLog, BlockLogsError, parse_block_logs
 
 _QUANTITY = re.compile(r"^0x(0|[1-9a-f][0-9a-f]*)$")
@@ -47,6 +48,7 @@ class VendorBlock:
     pre: dict[str, AccountDiff]
     post: dict[str, AccountDiff]
     logs: tuple[BlockLog, ...] = ()  # from BlockFile's receipts, checked against the Header
+    body: BlockBody | None = None  # BlockFile's block and receipts, checked against the Header
 
 
 def keccak256(data: bytes) -> bytes:
@@ -86,9 +88,10 @@ def parse_vendor_block(obj: Any, *, verify_hash: bool = True) -> VendorBlock:
     post = _diff_side(diff.get("post", {}), "post")
     try:
         logs = parse_block_logs(obj.get("BlockFile"), header)
-    except BlockLogsError as exc:
+        body = parse_block_body(obj.get("BlockFile"), header)
+    except (BlockLogsError, BlockBodyError) as exc:
         raise VendorBlockError(str(exc)) from None
-    return VendorBlock(number, block_hash, parent, header, vhash, pre, post, logs)
+    return VendorBlock(number, block_hash, parent, header, vhash, pre, post, logs, body)
 
 
 def _diff_side(side: Any, name: str) -> dict[str, AccountDiff]:

@@ -121,6 +121,13 @@ def canonical_json(obj: Any) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
 
 
+def output_json(output: dict[str, Any]) -> bytes:
+    """A `trace_vendorBlock` result as stored and served: canonical JSON, except BlockFile,
+    kept in the execution client's own key order (so nodes answer with the client's JSON)."""
+    block_file = orjson.Fragment(orjson.dumps(output["BlockFile"]))
+    return canonical_json({**output, "BlockFile": block_file})
+
+
 def validation_hash(header: dict[str, Any], state_diff: dict[str, Any]) -> str:
     """keccak256 of the canonical JSON of Header and StateDiff."""
     payload = canonical_json({"Header": header, "StateDiff": state_diff})

@@ -464,7 +464,7 @@ class ChainFollower:
     async def _store(self, output: dict[str, Any]) -> None:
         header = output["Header"]
         number = int(header["number"], 16)
-        encoded = bd.canonical_json(output)
+        encoded = bd.output_json(output)
         values = bd.diff_values(output["StateDiff"]["post"])
         await asyncio.to_thread(
             self.store.append, number, header["hash"], header["parentHash"], encoded, values

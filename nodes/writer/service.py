@@ -50,6 +50,39 @@ log = logging.getLogger(__name__)
 
 STORE_FILE = "writer.sqlite3"
 
+# More of the execution client's own methods, passed to it unchanged as the transaction
+# lifecycle is: signing, the transaction pool, raw encodings, what needs a state trie, and
+# the block reads the proxy sends here at `pending` (docs/proxy.md "Method table").
+PASS_THROUGH: dict[str, tuple[str, ...]] = {
+    "eth_sign": ("address", "message"),
+    "eth_signTransaction": ("transaction",),
+    "eth_signTypedData_v4": ("address", "typedData"),
+    "eth_fillTransaction": ("transaction",),
+    "eth_coinbase": (),
+    "eth_protocolVersion": (),
+    "eth_config": (),
+    "net_peerCount": (),
+    "txpool_status": (),
+    "txpool_content": (),
+    "txpool_inspect": (),
+    "txpool_contentFrom": ("address",),
+    "debug_getRawTransaction": ("transactionHash",),
+    "debug_getRawHeader": ("blockNumber",),
+    "debug_getRawBlock": ("blockNumber",),
+    "debug_getRawReceipts": ("blockNumber",),
+    "debug_getBadBlocks": (),
+    "eth_getProof": ("address", "storageKeys", "blockNumber"),
+    "eth_getStorageValues": ("requests", "blockNumber"),
+    "eth_getBlockTransactionCountByNumber": ("blockNumber",),
+    "eth_getTransactionByBlockNumberAndIndex": ("blockNumber", "index"),
+    "eth_getBlockReceipts": ("blockNumber",),
+    "eth_getUncleCountByBlockNumber": ("blockNumber",),
+    "eth_getUncleByBlockNumberAndIndex": ("blockNumber", "index"),
+    "eth_createAccessList": ("transaction", "blockNumber"),
+    "eth_simulateV1": ("payload", "blockNumber"),
+    "debug_traceCall": ("request", "blockNumber", "options"),
+}
+
 
 class WriterNode:
     """One write node; see docs/write-node.md."""
@@ -73,7 +106,7 @@ class WriterNode:
                 "writer_health": self.rpc_writer_health,
             }
         )
-        for method, names in TX_LIFECYCLE.items():
+        for method, names in {**TX_LIFECYCLE, **PASS_THROUGH}.items():
             self.dispatcher.register(method, self._pass_through(method, names))
         for method, names in PENDING_READS.items():
             self.dispatcher.register(method, self._pending_read(method, names))

@@ -9,7 +9,7 @@ import orjson
 
 from bench.batchpath import main as batchpath
 from bench.inproccount import read_bodies
-from nodes.state.benchreads import STORAGE_CONTRACT, STORAGE_SLOTS, bodies, synthetic_node
+from bench.nodereads import STORAGE_CONTRACT, STORAGE_SLOTS, bodies, synthetic_node
 
 
 async def test_storage_bodies_read_written_slots_of_the_storage_contract(tmp_path: Path) -> None:

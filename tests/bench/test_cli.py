@@ -12,7 +12,7 @@ import pytest
 from bench.bodies import BodyError
 from bench.cli import plan_from_args, settings_from_args
 from bench.wrkdriver import lua_script
-from chainstate.cli import build_parser
+from stack.cli import build_parser
 
 
 def parse(*argv: str):

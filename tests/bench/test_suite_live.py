@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
+from bench.services import running
 from bench.suite import (
     CallSuite,
     ProxySuite,
@@ -22,7 +23,6 @@ from bench.suite import (
     proxy_available,
     render,
     run_suite,
-    running,
 )
 
 pytestmark = pytest.mark.skipif(not proxy_available(), reason="the proxy is not in this tree")
@@ -52,11 +52,11 @@ def test_proxy_suite_measures_go_reverse_proxy_and_added_latency(tmp_path: Path)
     assert go["requests"] > 0 and not go["errors"] and go["cpu_us_per_req"] > 0
     assert single["proxy_vs_go"]["req_per_s"] > 0 and single["proxy_vs_go"]["per_core"] > 0
     assert c1["concurrency"] == 1 and "added_p50_us" in c1["targets"]["proxy"]
-    # the same proxy with busy polling off, measured at c=1 only, its setting in its config
-    off = c1["targets"]["proxy-no-poll"]
-    assert off["requests"] > 0 and not off["errors"] and "added_p50_us" in off
-    assert "proxy-no-poll" not in single["targets"]
-    assert "busy_poll_us = 0" in (tmp_path / "proxy-no-poll.toml").read_text()
+    # the same proxy with busy polling on, measured at c=1 only, its setting in its config
+    on = c1["targets"]["proxy-busy-poll"]
+    assert on["requests"] > 0 and not on["errors"] and "added_p50_us" in on
+    assert "proxy-busy-poll" not in single["targets"]
+    assert "busy_poll_us = 250" in (tmp_path / "proxy-busy-poll.toml").read_text()
     assert "busy_poll_us" not in (tmp_path / "proxy.toml").read_text()  # the default
     assert any("GOMAXPROCS=1" in note for note in report["notes"])
     assert "proxy ÷ go-proxy" in render(report) and "p50 added over direct" in render(report)
@@ -110,7 +110,7 @@ def _post(url: str, body: bytes) -> Any:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_suite_stops_its_services(tmp_path: Path, sig: signal.Signals) -> None:
-    cmd = [sys.executable, "-m", "bench.suite", "proxy", "-d", "30", "--warmup", "0"]
+    cmd = [sys.executable, "-m", "bench.suitecli", "proxy", "-d", "30", "--warmup", "0"]
     cmd += ["-c", "2", "--no-reference", "--keep-dir", str(tmp_path)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     children: list[psutil.Process] = []
@@ -118,8 +118,8 @@ def test_interrupted_suite_stops_its_services(tmp_path: Path, sig: signal.Signal
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and proc.poll() is None:
             children = psutil.Process(proc.pid).children()
-            # the fake node, the proxy and the same proxy with busy polling off (for c=1)
-            logs = _read(tmp_path / "proxy.log") + _read(tmp_path / "proxy-no-poll.log")
+            # the fake node, the proxy and the same proxy with busy polling on (for c=1)
+            logs = _read(tmp_path / "proxy.log") + _read(tmp_path / "proxy-busy-poll.log")
             if len(children) == 3 and logs.count("listening") == 2:
                 break
             time.sleep(0.1)

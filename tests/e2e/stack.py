@@ -37,7 +37,7 @@ def write_config(tmp_path: Path) -> tuple[Path, dict[str, int]]:
 
 
 class Stack:
-    COMMAND = ("-m", "chainstate.cli", "up")  # what runs the stack (python arguments)
+    COMMAND = ("-m", "stack.cli", "up")  # what runs the stack (python arguments)
 
     def __init__(self, config: Path, ports: dict[str, int]) -> None:
         self.config, self.ports = config, ports

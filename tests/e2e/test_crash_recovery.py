@@ -59,7 +59,7 @@ class Crashable:
         with open(self.log, "ab") as out:
             self.started = time.monotonic()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "chainstate.cli", "up", "--config", str(self.config)],
+                [sys.executable, "-m", "stack.cli", "up", "--config", str(self.config)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, killed as a whole

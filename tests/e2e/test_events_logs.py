@@ -239,7 +239,7 @@ async def test_a_block_by_hash_equals_anvil_and_orphans_are_unknown(chain: Chain
     for reorg in chain.record.reorgs:
         for orphan in reorg["orphaned"]:
             answer = await raw(chain, {"blockHash": orphan})
-            assert answer["error"]["code"] == -39006, answer  # anvil: -32000 unknown block
+            assert answer["error"]["code"] == -32000, answer  # as anvil (the nodes: -39006)
 
 
 async def post_logs(url: str, *params: Any) -> dict[str, Any]:
@@ -274,13 +274,13 @@ async def test_bad_filters_get_anvil_s_error_code(chain: Chain) -> None:
         ours, theirs = await raw(chain, *params), await anvil_raw(chain, *params)
         assert ours["error"]["code"] == theirs["error"]["code"] == -32602, (params, ours)
     # Where geth and anvil differ we answer as geth: an inverted range is an error (anvil
-    # answers []), a malformed block id is -39007 (the project's InvalidBlockID).
+    # answers []); a malformed block id is a bad param, as in both (the nodes: -39007).
     inverted = await raw(chain, {"fromBlock": "0x5", "toBlock": "0x2"})
     assert inverted["error"] == {
         "code": -32602,
         "message": "invalid block range params: fromBlock 0x5 is after toBlock 0x2",
     }
-    assert (await raw(chain, {"fromBlock": "foo"}))["error"]["code"] == -39007
+    assert (await raw(chain, {"fromBlock": "foo"}))["error"]["code"] == -32602
 
 
 async def test_an_anvil_reorg_reaches_subscribers_as_geth_delivers_it(chain: Chain) -> None:

@@ -159,7 +159,7 @@ class ProxyProcess:
         config = workdir / f"{name}.toml"
         config.write_text("[proxy]\nhead_poll_interval = 0.2\n")
         cmd = [
-            sys.executable, "-m", "chainstate.cli", "proxy",
+            sys.executable, "-m", "stack.cli", "proxy",
             "--port", str(self.port), "--config", str(config), *args,
         ]  # fmt: skip
         with self.stdout_path.open("wb") as out, self.stderr_path.open("wb") as err:

@@ -143,6 +143,18 @@ class AnvilReader:
     def storage(self, address: str, slot: int, height: int) -> int:
         return int(rpc(self.url, "eth_getStorageAt", [address, hex(slot), hex(height)]), 16)
 
+    def block_body(self, height: int) -> dict[str, Any] | None:
+        block = rpc(self.url, "eth_getBlockByNumber", [hex(height), True])
+        if block is None:
+            return None
+        return {"block": block, "receipts": rpc(self.url, "eth_getBlockReceipts", [hex(height)])}
+
+    def transaction_location(self, tx_hash: str) -> tuple[int, int] | None:
+        tx = rpc(self.url, "eth_getTransactionByHash", [tx_hash])
+        if tx is None or tx.get("blockNumber") is None:
+            return None
+        return int(tx["blockNumber"], 16), int(tx["transactionIndex"], 16)
+
 
 @dataclass
 class Chain:

@@ -1,8 +1,10 @@
-"""Every opcode that reads the block environment, differential against anvil: NUMBER,
-TIMESTAMP, COINBASE, GASLIMIT, BASEFEE, PREVRANDAO, CHAINID and BLOBBASEFEE, at latest and
-at older heights, with and without blockOverrides; and the issue's BASEFEE reproduction
-(code given by a state override). BASEFEE is the one pyrevm 0.3.7 cannot give (it runs
-calls with a base fee of 0): such calls are answered by py-evm (nodes/state/evm/basefee.py).
+"""Every opcode that reads the block or the transaction environment, differential against
+anvil: NUMBER, TIMESTAMP, COINBASE, GASLIMIT, BASEFEE, PREVRANDAO, CHAINID and BLOBBASEFEE,
+at latest and at older heights, with and without blockOverrides; the issue's BASEFEE
+reproduction (code given by a state override); GASPRICE, ORIGIN, CALLER, CALLVALUE, GAS and
+the sender's balance for legacy, 2930 and 1559 call objects, with the fee checks and
+estimateGas. BASEFEE is the one pyrevm 0.3.7 cannot give (it runs calls with a base fee of
+0): such calls are answered by py-evm (nodes/state/evm/basefee.py).
 """
 
 from __future__ import annotations
@@ -285,3 +287,142 @@ async def test_simulated_creation_reading_basefee_then_a_call_to_it(
     assert ours[0]["gasUsed"] == receipt["gasUsed"]
     assert ours[0]["returnData"] == "0x" + runtime
     assert int(ours[1]["returnData"], 16) == int(base_fee, 16)
+
+
+# -- the transaction environment ---------------------------------------------------------
+
+# returns GASPRICE, ORIGIN, CALLER, CALLVALUE, GAS, BALANCE(ORIGIN), SELFBALANCE and one more
+# word: GASPRICE again (revm path) or BASEFEE (py-evm path)
+TXENV_OPS = ["3a", "32", "33", "34", "5a", "3231", "47"]
+TXENV = {
+    "revm": "0x" + "".join(f"{op}60{i * 32:02x}52" for i, op in enumerate([*TXENV_OPS, "3a"])),
+    "py-evm": "0x" + "".join(f"{op}60{i * 32:02x}52" for i, op in enumerate([*TXENV_OPS, "48"])),
+}
+TXENV_TARGET = "0x" + "e7" * 20
+POOR = "0x" + "11" * 20  # a sender funded by a state override
+FEES = [
+    {},
+    {"gasPrice": "0x1000"},
+    {"gasPrice": "0x1"},  # below the base fee: it runs, as in anvil
+    {"maxFeePerGas": "0x1000"},
+    {"maxFeePerGas": "0x1000", "maxPriorityFeePerGas": "0x3"},  # the issue's case
+    {"maxFeePerGas": "0x5", "maxPriorityFeePerGas": "0x3"},
+    {"maxFeePerGas": "0x3b9aca07", "maxPriorityFeePerGas": "0x3"},
+    {"maxPriorityFeePerGas": "0x0"},
+    {"gasPrice": "0x7", "maxFeePerGas": "0x1000", "maxPriorityFeePerGas": "0x3"},
+    {"gasPrice": "0x1000", "gas": "0x10000", "value": "0x5"},
+    {"gasPrice": "0x1000", "accessList": [{"address": TXENV_TARGET, "storageKeys": []}]},
+    {"type": "0x1", "gasPrice": "0x1000", "accessList": [
+        {"address": A2, "storageKeys": ["0x" + "00" * 31 + "01"]}]},
+    {"gasPrice": "0xffffffffffffffffffffffff"},  # more than the sender has
+    {"chainId": "0x539"},
+]  # fmt: skip
+
+
+def _txenv_params(fees: dict[str, Any], engine: str, block_ov: Any, height: str) -> list[Any]:
+    """An eth_call of the env code at `height`: not `latest`, since anvil answers calls at
+    its head with the base fee of a block that evm_revert removed (tests above revert)."""
+    request = {"from": A1, "to": TXENV_TARGET, **fees}
+    code = TXENV[engine] + "6101006000f3"
+    params: list[Any] = [request, height, {TXENV_TARGET: {"code": code}}]
+    return params if block_ov is None else [*params, block_ov]
+
+
+def _same_answer(ours: dict[str, Any], theirs: dict[str, Any]) -> bool:
+    """Equal results, or both an error (the node keeps its -39xxx codes)."""
+    if "error" in theirs:
+        return "error" in ours
+    return ours.get("result") == theirs["result"]
+
+
+@pytest.mark.parametrize("engine", ["revm", "py-evm"])
+@pytest.mark.parametrize("block_ov", [None, {"baseFee": "0x7"}, {"baseFee": "0x0"}])
+async def test_transaction_env_equals_anvil(
+    evm: Client, chain: Chain, engine: str, block_ov: Any
+) -> None:
+    """GASPRICE (the effective price), ORIGIN, CALLER, CALLVALUE, GAS (access lists
+    applied), the sender's balance after the up-front charge, and the fee checks, for
+    legacy, 2930 and 1559 call objects, on both engines, as anvil's eth_call."""
+    height = hex(int(rpc(chain.url, "eth_blockNumber", []), 16) - 1)
+    for fees in FEES:
+        params = _txenv_params(fees, engine, block_ov, height)
+        theirs = rpc_raw(chain.url, "eth_call", params)
+        ours = await evm.raw("eth_call", params)
+        assert _same_answer(ours, theirs), (fees, ours, theirs)
+
+
+async def test_issue_gasprice_is_the_effective_price(evm: Client, chain: Chain) -> None:
+    """maxFeePerGas 0x1000 and a priority fee of 3 at a base fee of 7: GASPRICE reads 0xa."""
+    fees = {"maxFeePerGas": "0x1000", "maxPriorityFeePerGas": "0x3"}
+    params = _txenv_params(fees, "revm", {"baseFee": "0x7"}, hex(chain.erc20_block))
+    ours = await evm.call("eth_call", params)
+    assert ours == rpc(chain.url, "eth_call", params)
+    assert int(ours[2:66], 16) == 0xA
+
+
+@pytest.mark.parametrize("engine", ["revm", "py-evm"])
+async def test_balance_covering_the_fee_once_equals_anvil(
+    evm: Client, chain: Chain, engine: str
+) -> None:
+    """The sender holds gas × max fee + value exactly (anvil's check), or one wei less:
+    the call runs with the fee taken from its balance (on py-evm, since revm would check the
+    balance again), or is refused."""
+    gas, max_fee = 100_000, 2**40
+    for extra in (5, 4):
+        fees = {"gas": hex(gas), "maxFeePerGas": hex(max_fee), "maxPriorityFeePerGas": "0x3"}
+        params = _txenv_params({**fees, "value": "0x5"}, engine, {"baseFee": "0x7"}, "0x1")
+        params[0]["from"] = POOR
+        params[2][POOR] = {"balance": hex(gas * max_fee + extra)}
+        theirs = rpc_raw(chain.url, "eth_call", params)
+        ours = await evm.raw("eth_call", params)
+        assert _same_answer(ours, theirs), (extra, ours, theirs)
+        assert ("error" in theirs) == (extra == 4)
+
+
+@pytest.mark.parametrize("fees", [{}, {"gasPrice": "0x1000"}, {"maxFeePerGas": "0x1000"}])
+async def test_priced_creation_reading_its_env_equals_anvil(
+    evm: Client, chain: Chain, fees: dict[str, str]
+) -> None:
+    """A creation whose init code returns GASPRICE, ORIGIN, CALLER, CALLVALUE, GAS and the
+    sender's balance (pyrevm's deploy, given the price)."""
+    request = {"from": A1, "data": TXENV["revm"] + "6101006000f3", **fees}
+    height = hex(chain.erc20_block)
+    ours = await evm.call("eth_call", [request, height])
+    assert ours == rpc(chain.url, "eth_call", [request, height])
+
+
+async def test_fee_and_chain_errors(evm: Client, chain: Chain) -> None:
+    """A priority fee above the max fee, and a chainId of another chain: -32602 (anvil
+    refuses both too)."""
+    for fees in ({"maxFeePerGas": "0x1000", "maxPriorityFeePerGas": "0x2000"},
+                 {"maxPriorityFeePerGas": "0x3"}, {"chainId": "0x1"}):  # fmt: skip
+        params = _txenv_params(fees, "revm", None, "0x1")
+        assert "error" in rpc_raw(chain.url, "eth_call", params)
+        for method in ("eth_call", "estimateGas"):
+            answer = await evm.raw(method, params[:1] if method == "estimateGas" else params)
+            assert answer["error"]["code"] == -32602, (method, fees)
+
+
+async def test_estimate_gas_equals_anvils_eth_estimate_gas(evm: Client, chain: Chain) -> None:
+    """The vendor estimateGas as anvil's eth_estimateGas: a plain transfer is 21000 without
+    running; with a price (legacy or 1559) the gas is capped by what the sender can pay;
+    a sender without funds for the value is refused."""
+    cases = [
+        {"from": A1, "to": "0x" + "22" * 20},
+        {"from": A1, "to": "0x" + "22" * 20, "data": "0x00"},
+        {"from": A1, "to": chain.counter},
+        {"from": A1, "to": chain.counter, "maxFeePerGas": "0x3b9aca07"},
+        {"from": A1, "to": chain.counter, "gasPrice": "0x3b9aca07", "value": "0x10"},
+        {"from": A1, "to": chain.counter, "accessList": [{"address": chain.counter,
+                                                          "storageKeys": ["0x" + "00" * 32]}]},
+    ]  # fmt: skip
+    for request in cases:
+        ours = await evm.call("estimateGas", [request])
+        assert ours == rpc(chain.url, "eth_estimateGas", [request, "latest"]), request
+    poor = {"from": POOR, "to": chain.counter, "gasPrice": "0x1"}
+    assert "error" in rpc_raw(chain.url, "eth_estimateGas", [poor, "latest"])
+    answer = await evm.raw("estimateGas", [poor])
+    assert answer["error"]["code"] == -39001
+    assert "allowance" in answer["error"]["message"]
+    broke = {"from": POOR, "to": chain.counter, "value": "0x1"}
+    assert (await evm.raw("estimateGas", [broke]))["error"]["code"] == -39002

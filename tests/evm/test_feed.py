@@ -334,7 +334,8 @@ def sum_job(store: Any, url: str, height: int) -> dict[str, Any]:
         "spec_id": "Cancun",
         "calls": [
             {"from": store.people[0], "to": store.contract, "data": b"", "value": 0,
-             "gas": 1_000_000, "gas_price": 0, "nonce": None}
+             "gas": 1_000_000, "max_fee": 0, "tip": None, "nonce": None,
+             "chain_id": None, "access_list": []}
         ],
     }  # fmt: skip
 

@@ -108,11 +108,38 @@ def test_call_object_rules() -> None:
     assert call["gas"] == 1000  # clamped to the cap
     assert call["from"] == "0x" + "00" * 20
     assert call["data"] == b"\x01"
-    assert call["gas_price"] is None
+    assert (call["max_fee"], call["tip"]) == (0, None)
     with pytest.raises(Exception, match="differ"):
         parse_call({"to": "0x" + "ab" * 20, "data": "0x01", "input": "0x02"}, 1000)
-    with pytest.raises(Exception, match="not both"):
-        parse_call({"to": "0x" + "ab" * 20, "gasPrice": "0x1", "maxFeePerGas": "0x1"}, 1000)
+    with pytest.raises(Exception, match="greater than maxFeePerGas"):
+        parse_call({"to": "0x" + "ab" * 20, "maxPriorityFeePerGas": "0x1"}, 1000)
+    with pytest.raises(Exception, match="32-byte"):
+        parse_call(
+            {
+                "to": "0x" + "ab" * 20,
+                "accessList": [{"address": "0x" + "ab" * 20, "storageKeys": ["0x01"]}],
+            },
+            1000,
+        )
+
+
+@pytest.mark.parametrize(
+    ("fields", "basefee", "price"),
+    [
+        ({}, 7, 0),
+        ({"gasPrice": "0x5"}, 7, 5),  # legacy: below the base fee it still runs
+        ({"maxFeePerGas": "0x1000"}, 7, 0x1000),  # no priority fee: the max fee
+        ({"maxFeePerGas": "0x1000", "maxPriorityFeePerGas": "0x3"}, 7, 0xA),
+        ({"maxFeePerGas": "0x9", "maxPriorityFeePerGas": "0x3"}, 7, 9),
+        ({"gasPrice": "0x1", "maxFeePerGas": "0x1000", "maxPriorityFeePerGas": "0x3"}, 7, 0xA),
+        ({"maxPriorityFeePerGas": "0x0"}, 7, 0),
+    ],
+)
+def test_effective_price_as_anvil(fields: dict[str, str], basefee: int, price: int) -> None:
+    from nodes.state.evm.codec import effective_price
+
+    call = parse_call({"to": "0x" + "ab" * 20, **fields}, 1000)
+    assert effective_price(call, basefee) == price
 
 
 def test_overrides_parse() -> None:

@@ -111,7 +111,7 @@ async def test_every_recorded_transaction_is_canonical(
 
 
 def test_cli_workload_prints_the_record(anvil_url: str, record: WorkloadRecord) -> None:
-    cmd = [sys.executable, "-m", "chainstate.cli", "devnet", "workload", "--url", anvil_url]
+    cmd = [sys.executable, "-m", "stack.cli", "devnet", "workload", "--url", anvil_url]
     out = subprocess.run(
         [*cmd, "--json", "--no-reorg"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
@@ -125,7 +125,7 @@ def test_cli_workload_unreachable_url_is_a_clear_error() -> None:
     from tests.conftest import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
-    cmd = [sys.executable, "-m", "chainstate.cli", "devnet", "workload", "--url", url]
+    cmd = [sys.executable, "-m", "stack.cli", "devnet", "workload", "--url", url]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert url in out.stderr

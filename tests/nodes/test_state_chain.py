@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chainstate.jsonrpc import INVALID_PARAMS, Dispatcher, JsonRpcError, params_list
+from nodes.state.blockbody import EMPTY_ROOT, EMPTY_UNCLES
 from nodes.state.vendor import compute_validation_hash, keccak256, parse_vendor_block
 
 CHAIN_ID = 1337
@@ -96,22 +97,22 @@ class SyntheticChain:
             "timestamp": hex(1_700_000_000 + 12 * height),
             "miner": make_addresses(1, "miner")[0],
             "gasLimit": hex(30_000_000),
-            "gasUsed": hex(21_000 * len(post)),
+            "gasUsed": "0x0",
             "baseFeePerGas": hex(1_000_000_000 + height),
             "stateRoot": "0x" + keccak256(f"root:{block_hash}".encode()).hex(),
             "mixHash": "0x" + keccak256(f"mix:{block_hash}".encode()).hex(),
             "difficulty": "0x0",
             "extraData": "0x",
             "logsBloom": "0x" + "00" * 256,
-            "receiptsRoot": h32(height),
-            "transactionsRoot": h32(height + 1),
-            "sha3Uncles": h32(7),
+            "receiptsRoot": EMPTY_ROOT,
+            "transactionsRoot": EMPTY_ROOT,
+            "sha3Uncles": EMPTY_UNCLES,
             "nonce": "0x0000000000000000",
             "size": hex(600 + 100 * len(post)),
         }
         diff = {"pre": pre, "post": post}
         block = {
-            "BlockFile": {"block": {"number": hex(height), "transactions": []}, "receipts": []},
+            "BlockFile": {"block": block_object(header, []), "receipts": []},
             "Header": header,
             "StateDiff": diff,
             "ValidationHash": compute_validation_hash(header, diff),
@@ -119,6 +120,33 @@ class SyntheticChain:
         self.blocks.append(block)
         self.states.append(after)
         return block
+
+    @staticmethod
+    def set_receipts(block: dict[str, Any], receipts: list[dict[str, Any]]) -> None:
+        """Give a block one transaction per receipt (each receipt has its `transactionHash`
+        and `logs`): transaction objects and receipts filled in as an execution client gives
+        them, the Header's gas and roots to match, the ValidationHash recomputed."""
+        header = block["Header"]
+        txs, cumulative = [], 0
+        for i, receipt in enumerate(receipts):
+            sender = make_addresses(1, f"sender{i}")[0]
+            where = {"blockHash": header["hash"], "blockNumber": header["number"]}
+            txs.append(
+                {"hash": receipt["transactionHash"], **where, "transactionIndex": hex(i),
+                 "from": sender, "to": EMPTY_ROOT[:42], "value": "0x0", "input": "0x",
+                 "gas": hex(100_000), "type": "0x2"}
+            )  # fmt: skip
+            cumulative += 21_000 + 1_000 * i
+            receipt.update(
+                {"transactionIndex": hex(i), **where, "from": sender,
+                 "cumulativeGasUsed": hex(cumulative), "gasUsed": hex(21_000 + 1_000 * i),
+                 "status": "0x1"}
+            )  # fmt: skip
+        header["gasUsed"] = hex(cumulative)
+        roots = h32(int(header["number"], 16) + 1) if receipts else EMPTY_ROOT
+        header["transactionsRoot"] = header["receiptsRoot"] = roots
+        block["BlockFile"] = {"block": block_object(header, txs), "receipts": receipts}
+        block["ValidationHash"] = compute_validation_hash(header, block["StateDiff"])
 
     def add_random_block(self, rng: random.Random, addresses: list[str], slots: int = 6) -> None:
         changes: dict[str, dict[str, Any]] = {}
@@ -144,6 +172,11 @@ class SyntheticChain:
         other.blocks = self.blocks[: height + 1]
         other.states = self.states[: height + 1]
         return other
+
+
+def block_object(header: dict[str, Any], txs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The execution client's block object of a synthetic Header (full transactions)."""
+    return {**header, "transactions": txs, "uncles": []}
 
 
 def random_chain(

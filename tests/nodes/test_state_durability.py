@@ -1,5 +1,6 @@
 """Durability: a state node process ingesting over HTTP is killed with SIGKILL mid-ingest,
-twice; each restart resumes from its own head with no block lost, duplicated or half-applied.
+twice; each restart resumes from its own head with no block lost, duplicated or half-applied
+(state, headers, and bodies with their transaction index).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from aiohttp.test_utils import TestServer
 
 from chainstate.rpcserver import rpc_handler
 from nodes.state.store import StateStore
+from nodes.state.vendor import keccak256
 from tests.conftest import free_port
 from tests.nodes.test_state_chain import Account, ChainSource, random_chain
 
@@ -31,6 +33,11 @@ KILL_AT = (400, 1200)  # kill once the node's head has passed each of these
 @pytest.fixture
 async def source_url() -> AsyncIterator[tuple[str, Any]]:
     chain, addrs = random_chain(seed=77, blocks=BLOCKS)
+    for height in range(1, BLOCKS, 3):  # every third block has two transactions
+        hashes = ["0x" + keccak256(f"tx:{height}:{i}".encode()).hex() for i in range(2)]
+        chain.set_receipts(
+            chain.blocks[height], [{"transactionHash": h, "logs": []} for h in hashes]
+        )
     app = web.Application()
     app.router.add_post("/", rpc_handler(ChainSource(chain).handle_body))
     server = TestServer(app, host="127.0.0.1")
@@ -41,7 +48,7 @@ async def source_url() -> AsyncIterator[tuple[str, Any]]:
 
 def start_node(source: str, port: int, data_dir: Path) -> subprocess.Popen[bytes]:
     cmd = [
-        sys.executable, "-m", "chainstate.cli", "state-node", "--source", source,
+        sys.executable, "-m", "stack.cli", "state-node", "--source", source,
         "--kind", "archive", "--port", str(port), "--data-dir", str(data_dir), "--key", "d1",
     ]  # fmt: skip
     with (data_dir.parent / "node.log").open("ab") as log:
@@ -129,5 +136,11 @@ async def test_sigkill_mid_ingest_loses_and_duplicates_nothing(
                     assert view.code(addr) == acct.code, (height, addr)
                     for slot in range(6):
                         assert view.storage(addr, slot) == acct.storage.get(slot, 0)
+            block_file = chain.blocks[height]["BlockFile"]
+            body = store.block_body(height)
+            assert body is not None and body["receipts"] == block_file["receipts"], height
+            assert body["block"] == block_file["block"], height
+            for index, tx in enumerate(block_file["block"]["transactions"]):
+                assert store.transaction_location(tx["hash"]) == (height, index)
     finally:
         store.close()

@@ -24,7 +24,7 @@ from nodes.state import logs as logs_module
 from nodes.state.blocklogs import _bloom_bits
 from nodes.state.service import StateNode
 from nodes.state.store import StateStore
-from nodes.state.vendor import compute_validation_hash, keccak256, parse_vendor_block
+from nodes.state.vendor import keccak256, parse_vendor_block
 from tests.nodes.test_state_chain import ChainSource, SyntheticChain, make_addresses
 
 FAST = {"poll_interval": 0.02, "backoff_initial": 0.02, "backoff_max": 0.1}
@@ -64,8 +64,7 @@ class LogChain(SyntheticChain):
                 logs.append(log)
             receipts.append({"transactionHash": tx_hash, "logs": logs})
         header["logsBloom"] = "0x" + bloom.to_bytes(256, "big").hex()
-        block["BlockFile"]["receipts"] = receipts
-        block["ValidationHash"] = compute_validation_hash(header, block["StateDiff"])
+        self.set_receipts(block, receipts)
 
     def logs(self) -> list[tuple[int, dict[str, Any]]]:
         return [

@@ -17,6 +17,7 @@ import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from chainstate.inproc import InprocRegistry
+from chainstate.jsonrpc import JsonRpcError
 from nodes.state.service import StateNode
 from tests.nodes.test_state_chain import CHAIN_ID, Account, ChainSource, random_chain
 
@@ -191,10 +192,10 @@ async def test_bad_params_are_invalid_params(
     assert await error_code(node, method, params) == -32602
 
 
-async def test_eth_get_block_is_a_geth_header_without_body(node: StateNode) -> None:
+async def test_eth_get_block_is_the_block_as_ingested(node: StateNode) -> None:
     for full in (False, True):
         got = await result(node, "eth_getBlockByNumber", ["0x40", full])
-        assert got["transactions"] == [] and got["uncles"] == []
+        assert got == CHAIN.blocks[64]["BlockFile"]["block"]
         for name, value in header(64).items():
             assert got[name] == value, name
     by_hash = await result(node, "eth_getBlockByHash", [header(64)["hash"], True])
@@ -203,9 +204,9 @@ async def test_eth_get_block_is_a_geth_header_without_body(node: StateNode) -> N
     assert latest["number"] == hex(99)
 
 
-async def test_eth_base_fee_is_an_integer(node: StateNode) -> None:
-    assert await result(node, "eth_baseFee") == int(header(99)["baseFeePerGas"], 16)
-    assert await result(node, "eth_baseFee", ["0x30"]) == int(header(48)["baseFeePerGas"], 16)
+async def test_eth_base_fee_is_a_hex_quantity(node: StateNode) -> None:
+    assert await result(node, "eth_baseFee") == header(99)["baseFeePerGas"]
+    assert await result(node, "eth_baseFee", ["0x30"]) == header(48)["baseFeePerGas"]
 
 
 async def test_vendor_account_reads_with_block_ctx(node: StateNode) -> None:
@@ -302,7 +303,7 @@ async def test_unknown_and_evm_methods_without_the_evm_are_method_not_found(
     answer = await call(node, "eth_estimateGas", [{"to": ADDRS[0]}])
     assert answer["error"]["code"] == -32601
     assert "estimateGas" in answer["error"]["message"] and "proxy" in answer["error"]["message"]
-    answer = await call(node, "eth_getTransactionReceipt", ["0x" + "00" * 32])
+    answer = await call(node, "eth_gasPrice", [])
     assert answer["error"]["code"] == -32601 and "Leader" in answer["error"]["message"]
     assert await error_code(node, "eth_newFilter", [{}]) == -32601  # filters live in the proxy
     if "eth_call" not in node.dispatcher.methods:
@@ -329,3 +330,37 @@ async def test_batches_and_http(node: StateNode) -> None:
         assert 'chainstate_state_head{node="s1"} 99.0' in metrics
         resp = await client.post("/", data=b"{not json")
         assert (await resp.json())["error"]["code"] == -32700
+
+
+class StuckSource(ChainSource):
+    """Tells its whole chain's head but serves blocks only up to `serve_to`."""
+
+    serve_to = 10
+
+    async def _vendor_block(self, params: Any) -> dict[str, Any]:
+        (ref,) = params
+        if int(ref, 16) > self.serve_to:
+            raise JsonRpcError(-32603, "not yet")
+        return await super()._vendor_block(params)
+
+
+async def test_eth_syncing_tells_how_far_the_node_is_behind_its_source(tmp_path: Path) -> None:
+    chain, _ = random_chain(seed=32, blocks=21)
+    source = StuckSource(chain)
+    registry = InprocRegistry()
+    registry.register("writer", source.handle_body)
+    section = {"key": "sync", "kind": "archive", "source": "inproc://writer",
+               "poll_interval": 0.02, "backoff_initial": 0.02, "backoff_max": 0.05,
+               "fetch_concurrency": 1}  # fmt: skip
+    node = StateNode.from_config(section, data_dir=tmp_path, registry=registry)
+    await node.start()
+    try:
+        await node.ingest.wait_for_height(10, within=10)
+        assert await result(node, "eth_syncing") == {
+            "startingBlock": "0x0", "currentBlock": "0xa", "highestBlock": "0x14"
+        }  # fmt: skip
+        source.serve_to = 20
+        await node.ingest.wait_for_height(20, within=10)
+        assert await result(node, "eth_syncing") is False
+    finally:
+        await node.close()

@@ -61,7 +61,7 @@ def test_bad_settings_are_config_errors(section: dict[str, Any]) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "chainstate.cli", "state-node", *args]
+    cmd = [sys.executable, "-m", "stack.cli", "state-node", *args]
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=30)
 
 

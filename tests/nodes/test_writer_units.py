@@ -180,7 +180,7 @@ def test_genesis_alloc_is_normalized() -> None:
 
 def test_cli_runs_the_write_node(anvil_url: str, tmp_path: Path) -> None:
     port = free_port()
-    cmd = [sys.executable, "-m", "chainstate.cli", "write-node", "--execution-url", anvil_url]
+    cmd = [sys.executable, "-m", "stack.cli", "write-node", "--execution-url", anvil_url]
     cmd += ["--port", str(port), "--data-dir", str(tmp_path), "--poll-interval", "0.05"]
     proc = subprocess.Popen(
         cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -210,7 +210,7 @@ def test_cli_runs_the_write_node(anvil_url: str, tmp_path: Path) -> None:
 
 
 def test_cli_without_execution_url_is_a_usage_error(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "chainstate.cli", "write-node", "--data-dir", str(tmp_path)]
+    cmd = [sys.executable, "-m", "stack.cli", "write-node", "--data-dir", str(tmp_path)]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--execution-url" in out.stderr
 

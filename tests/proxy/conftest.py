@@ -21,7 +21,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from chainstate.httpserver import HttpServer
+from proxy import face
 from proxy.app import create_app, create_server, get_proxy
+from proxy.methods import METHODS
 from proxy.settings import ProxySettings
 from proxy.store_file import FileStore
 from tests.proxy.fakes import FakeNode
@@ -41,6 +43,20 @@ def req(method: str, params=None, rid=1) -> dict:
 
 def balance(block: str = "latest", rid=1) -> dict:
     return req("eth_getBalance", [ADDR, block], rid)
+
+
+def client_sees(body: bytes, raw: bytes) -> bytes:
+    """A node's answer `raw` to `body` (a request object, or a batch answered in order) as a
+    client of the standard API sees it through the proxy: its final -39xxx codes translated
+    (proxy/face.py; a final -39006 of a block getter as for a block that does not exist)."""
+    if raw.find(b"-390") < 0:
+        return raw
+    request, answer = orjson.loads(body), orjson.loads(raw)
+    if isinstance(request, dict):
+        return face.public_raw(METHODS[request["method"]], raw)
+    for one, got in zip(request, answer, strict=True):
+        face.public(METHODS[one["method"]], got)
+    return orjson.dumps(answer)
 
 
 def fast_settings(**overrides: Any) -> ProxySettings:

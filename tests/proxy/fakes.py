@@ -1,39 +1,39 @@
 """FAKE state/archive/write nodes for the proxy tests (tests only; real HTTP on loopback).
 
-A fake answers every served method with `{"node", "method", "height"}` so a test sees which
-node served an item at which height, keeps a window of heights like a `state` node (outside
-it → -39006), and can be made slow, failing or dead. Block hashes carry their height (and a
-fork number, `reorg`), so a hash names a block of this node's chain or is unknown (-39006);
-`eth_getBlockByNumber` answers carry `number`, `hash` and `parentHash` too.
+The bench's fake node (`bench.fakenode`: its chain of hashed blocks with a head, a window and
+reorgs, its lean HTTP server) answering in another way: every served method with `{"node",
+"method", "height"}`, so a test sees which node served an item at which height. Like a
+`state` node it keeps a window of heights (outside it → -39006); a block hash names a block
+of this node's chain (its height, and its fork after `reorg`) or is unknown (-39006);
+`eth_getBlockByNumber` answers carry `number`, `hash` and `parentHash` too. It records what
+it was sent and can be made slow, failing or dead.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
 import orjson
-from aiohttp import web
 
-from chainstate.jsonrpc import BLOCK_NOT_FOUND, JsonRpcError
+from bench import fakenode
+from bench.fakenode import FakeNodeSettings, block_hash
+from chainstate.httpserver import Request, Response
+from chainstate.jsonrpc import JsonRpcError
 from proxy.methods import MethodTable
 from tests.conftest import free_port
 
+__all__ = ["FakeNode", "block_hash"]
+
 TABLE = MethodTable(("trace_vendorBlock",))
+POLLS = ("blockx_range", "writer_health")  # the proxy's health polls: not data requests
+# a hung answer (`delay`) is cut short on stop, not waited out (a hung-node test's teardown
+# would otherwise wait for its 30 s delay)
+STOP_GRACE = 0.2
 
 
-def block_hash(height: int, fork: int = 0) -> str:
-    """The hash of block `height` of fork `fork` (0: the chain every fake starts on)."""
-    return "0x" + ((height << 64) | fork).to_bytes(32, "big").hex()
-
-
-def hash_parts(value: str) -> tuple[int, int]:
-    """(height, fork) of a fake block hash."""
-    number = int(value, 16)
-    return number >> 64, number & (2**64 - 1)
-
-
-class FakeNode:
+class FakeNode(fakenode.FakeNode):
     def __init__(
         self,
         name: str,
@@ -41,10 +41,11 @@ class FakeNode:
         head: int = 1000,
         window: int = 128,
     ) -> None:
+        settings = FakeNodeSettings(
+            kind=kind, head=head, window=window, port=free_port(), stop_grace=STOP_GRACE
+        )
+        super().__init__(settings)
         self.name = name
-        self.kind = kind
-        self.head = head
-        self.window = window
         self.delay = 0.0  # seconds before answering data requests
         self.poll_delay = 0.0  # seconds before answering health polls
         self.http_status: int | None = None  # answer everything (polls too) with this status
@@ -56,45 +57,39 @@ class FakeNode:
         self.stalled: str | None = None  # blockx_health says "stalled" with this reason
         self.received: list[dict[str, Any]] = []  # data items (polls excluded)
         self.bodies: list[bytes] = []
-        self.forks: list[tuple[int, int]] = []  # (from height, fork number), see `reorg`
-        self.port = free_port()
-        self._runner: web.AppRunner | None = None
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def head(self) -> int:
+        return self.settings.head
+
+    @head.setter
+    def head(self, height: int) -> None:
+        self.settings.head = height
+
+    @property
+    def kind(self) -> str:
+        return self.settings.kind
+
+    @property
+    def url(self) -> str:  # known before start and after stop (a dead node's address)
+        return f"http://127.0.0.1:{self.settings.port}"
 
     def entry(self, weight: int = 1) -> dict[str, Any]:
         return {"key": self.name, "url": self.url, "kind": self.kind, "weight": weight}
 
     async def start(self) -> FakeNode:
-        app = web.Application()
-        app.router.add_post("/", self._handle)
-        # a hung answer (`delay`) is cut short on stop, not waited out (aiohttp's default
-        # 60 s grace kept a hung-node test's teardown waiting for its 30 s delay)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        await super().start()
         return self
 
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+    def route(self, method: bytes, path: bytes) -> Any:
+        return self._handle if method == b"POST" else super().route(method, path)
 
     def reorg(self, from_height: int, fork: int) -> None:
         """Blocks from `from_height` up are now those of fork `fork` (other hashes)."""
-        self.forks.append((from_height, fork))
-
-    def fork_at(self, height: int) -> int:
-        fork = 0
-        for start, number in self.forks:
-            if height >= start:  # a later reorg from a lower height replaces what was above
-                fork = number
-        return fork
+        self.rpc.chain.reorg(from_height, fork)
 
     def hash_at(self, height: int) -> str:
-        return block_hash(height, self.fork_at(height))
+        return self.rpc.chain.hash_at(height)
 
     def header(self, height: int) -> dict[str, Any]:
         return {
@@ -105,34 +100,43 @@ class FakeNode:
 
     @property
     def earliest(self) -> int:
-        return 0 if self.kind == "archive" else max(0, self.head - self.window + 1)
+        return self.rpc.chain.earliest(self.head)
 
     def data_items(self, method: str | None = None) -> list[dict[str, Any]]:
         return [r for r in self.received if method is None or r.get("method") == method]
 
-    async def _handle(self, request: web.Request) -> web.Response:
-        body = await request.read()
+    def _handle(self, request: Request) -> Response | Awaitable[Response]:
+        """The answer, at once (no task, as a real node's port answers plain reads) unless
+        it is to be late."""
+        body = request.body
         payload = orjson.loads(body)
         items = payload if isinstance(payload, list) else [payload]
-        polling = any(i.get("method") in ("blockx_range", "writer_health") for i in items)
+        polling = any(i.get("method") in POLLS for i in items)
         if self.http_status is not None:
-            return web.Response(status=self.http_status, text="fake failure")
+            return self.http_status, b"fake failure"
         if not polling:
             self.bodies.append(body)
             if self.fail_every and len(self.bodies) % self.fail_every == 0:
-                return web.Response(status=503, text="fake: every Nth request fails")
+                return 503, b"fake: every Nth request fails"
             self.received.extend(items)
             if self.delay:
-                await asyncio.sleep(self.delay)
+                return self._later(self.delay, payload, polling)
         elif self.poll_delay:
-            await asyncio.sleep(self.poll_delay)
+            return self._later(self.poll_delay, payload, polling)
+        return self._reply(payload, polling)
+
+    async def _later(self, seconds: float, payload: Any, polling: bool) -> Response:
+        await asyncio.sleep(seconds)
+        return self._reply(payload, polling)
+
+    def _reply(self, payload: Any, polling: bool) -> Response:
+        items = payload if isinstance(payload, list) else [payload]
         answers = [a for a in (self._answer(i, polling) for i in items) if a is not None]
         if not answers:
-            return web.Response(status=204)
+            return 204, b""
         if self.reverse and not polling:
             answers.reverse()
-        out = answers if isinstance(payload, list) else answers[0]
-        return web.Response(body=orjson.dumps(out), content_type="application/json")
+        return 200, orjson.dumps(answers if isinstance(payload, list) else answers[0])
 
     def _answer(self, item: dict[str, Any], polling: bool) -> dict[str, Any] | None:
         rid = item.get("id")
@@ -163,16 +167,7 @@ class FakeNode:
         _, ref = TABLE.target(method, item.get("params"))
         height = self.head
         if ref is not None and not ref.contains:  # Contains: the node's own view
-            if ref.number is not None:
-                height = ref.number
-            elif ref.hash is not None:
-                height, fork = hash_parts(ref.hash)
-                if fork != self.fork_at(height):
-                    raise JsonRpcError(BLOCK_NOT_FOUND, f"{self.name}: block {ref.hash} not known")
-            elif ref.tag == "earliest":
-                height = 0
-        if not self.earliest <= height <= self.head:
-            raise JsonRpcError(BLOCK_NOT_FOUND, f"{self.name}: block {height} not held")
+            height = self.rpc.chain.resolve(ref, self.head)  # -39006 outside the window
         answer = {"node": self.name, "method": method, "height": height}
         if method == "eth_getBlockByNumber":
             answer.update(self.header(height))

@@ -115,7 +115,7 @@ async def test_adding_a_node_to_an_unknown_chain_creates_its_pool(api: Api) -> N
         ("/1337/addNode", {"key": "x", "url": "http://:8545"}, 400),
         ("/1337/addNode", {"key": "x", "url": "inproc://s:1"}, 400),
         ("/1337/addNode", {"key": "x y", "url": URL}, 400),
-        ("/1337/addNode", {"key": "x", "url": URL, "kind": "full"}, 400),
+        ("/1337/addNode", {"key": "x", "url": URL, "kind": "light"}, 400),
         ("/1337/addNode", {"key": "x", "url": URL, "weight": -2}, 400),
         ("/1337/addNode", {"key": "x", "url": URL, "weight": 10**9}, 400),
         ("/1337/addNode", {"key": "x", "url": URL, "healthy": False}, 400),
@@ -140,7 +140,7 @@ async def test_adding_a_node_to_an_unknown_chain_creates_its_pool(api: Api) -> N
         ("/1337/addMethodRoute", {"method": "eth_call", "nodes": ["zz"]}, 400),
         (
             "/1337/addMethodRoute",
-            {"method": "eth_getUncleByBlockHashAndIndex", "kind": "state"},
+            {"method": "eth_mining", "kind": "state"},
             400,
         ),
         ("/1337/addMethodRoute", {"method": "eth_sendRawTransaction", "kind": "state"}, 400),

@@ -19,7 +19,7 @@ ADDR = "0x" + "22" * 20
 async def proxy_process(tmp_path):
     port = free_port()
     cmd = [
-        sys.executable, "-m", "chainstate.cli", "proxy", "--port", str(port),
+        sys.executable, "-m", "stack.cli", "proxy", "--port", str(port),
         "--store", str(tmp_path / "store.json"), "--admin-token", "t0ken",
     ]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(
@@ -117,7 +117,7 @@ def test_proxy_command_refuses_bad_settings(tmp_path, args, says) -> None:
             "free": free_port(),
         }
         proc = subprocess.run(
-            [sys.executable, "-m", "chainstate.cli", "proxy", *(a.format(**values) for a in args)],
+            [sys.executable, "-m", "stack.cli", "proxy", *(a.format(**values) for a in args)],
             capture_output=True,
             text=True,
             timeout=30,
@@ -137,7 +137,7 @@ def test_workers_refuse_an_unusable_trace_exporter_before_forking() -> None:
         pass
     args = ["--workers", "2", "--trace", "otlp", "--store", "etcd://127.0.0.1:1/x/"]
     proc = subprocess.run(
-        [sys.executable, "-m", "chainstate.cli", "proxy", "--port", str(free_port()), *args],
+        [sys.executable, "-m", "stack.cli", "proxy", "--port", str(free_port()), *args],
         capture_output=True,
         text=True,
         timeout=30,
@@ -150,7 +150,7 @@ async def test_a_second_proxy_on_the_same_store_file_is_refused(proxy_process, t
     """Two processes on one file store would overwrite each other's admin changes."""
     store = tmp_path / "store.json"
     proc = await asyncio.create_subprocess_exec(
-        *[sys.executable, "-m", "chainstate.cli", "proxy", "--port", str(free_port())],
+        *[sys.executable, "-m", "stack.cli", "proxy", "--port", str(free_port())],
         *["--store", str(store)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from tests.proxy.conftest import client_sees
 from tests.proxy.test_dataport import raw_rpc
 from tests.proxy.test_inproc_calls import BLOCKS, CHAIN, NO_CACHE, stack  # noqa: F401
 from tests.proxy.test_inprocpath import metrics_text, scraped
@@ -65,7 +66,7 @@ async def test_a_batch_goes_to_the_nodes_future_once(stack) -> None:  # noqa: F8
     items = batch(addrs, [3, 5, 3, 7, 1, 9, 2, 4, 6, 8])
     body = orjson.dumps(items)
     status, raw = await raw_rpc(api, body)
-    assert status == 200 and raw == await node.handle_body(body)
+    assert status == 200 and raw == client_sees(body, await node.handle_body(body))
     assert counted.later == 1 and counted.bodies == 0  # one call of the future, no body
     later = counted.later
     status, raw = await compare(api, counted, body)
@@ -73,7 +74,7 @@ async def test_a_batch_goes_to_the_nodes_future_once(stack) -> None:  # noqa: F8
     assert [a["id"] for a in orjson.loads(raw)] == list(range(1, 11))
     # string ids
     two = orjson.dumps([call("a", addrs[0], "0x2"), call("b", addrs[1], "0x2")])
-    assert (await compare(api, counted, two))[1] == await node.handle_body(two)
+    assert (await compare(api, counted, two))[1] == client_sees(two, await node.handle_body(two))
     assert counted.later == later + 2
 
 
@@ -89,7 +90,7 @@ async def test_an_error_answer_is_kept_a_retryable_one_goes_on_in_the_loop(stack
     lacking = [*batch(addrs, [3]), call(5, addrs[0], hex(BLOCKS + 50))]
     later, bodies = counted.later, counted.bodies
     _, raw = await compare(api, counted, orjson.dumps(lacking))
-    assert orjson.loads(raw)[1]["error"]["code"] == -39006
+    assert orjson.loads(raw)[1]["error"]["code"] == -32000  # (-39006)
     assert "result" in orjson.loads(raw)[0]
     assert counted.later == later + 1  # the first attempt: the future; the retry: a body
     assert counted.bodies > bodies + 1
@@ -132,7 +133,7 @@ async def test_a_batch_that_hangs_times_out_and_goes_on_in_the_loop(stack) -> No
     counted.hang = True
     body = orjson.dumps(batch(addrs, [3, 4, 5]))
     answer, grown = await books(api, lambda: raw_rpc(api, body))
-    assert answer == (200, await node.handle_body(body))
+    assert answer == (200, client_sees(body, await node.handle_body(body)))
     assert len(counted.hanging) == 1 and counted.hanging[0].cancelled()
     assert counted.bodies == 1  # the retry: the engine's, with a body
     assert grown[4] == 1 and grown[3] == 1  # a timeout, then an ok attempt

@@ -22,7 +22,7 @@ from chainstate.inproc import InprocRegistry
 from nodes.state.vendor import parse_vendor_block
 from tests.nodes.test_state_chain import random_chain
 from tests.nodes.test_state_reads import make_node
-from tests.proxy.conftest import fast_settings
+from tests.proxy.conftest import client_sees, fast_settings
 from tests.proxy.test_dataport import raw_rpc
 from tests.proxy.test_inprocpath import metrics_text, scraped
 
@@ -116,7 +116,7 @@ async def test_calls_are_answered_from_the_nodes_future_as_the_engine_answers(st
     bodies += [eth_call("latest", addrs[0], "latest"), eth_call(99, addrs[1], "0x3", "0x1234")]
     for body in bodies:
         status, raw = await raw_rpc(api, body)
-        assert status == 200 and raw == await node.handle_body(body), body
+        assert status == 200 and raw == client_sees(body, await node.handle_body(body)), body
     assert counted.later == len(bodies) and counted.bodies == 0
     assert counted.offered == 0  # a single eth_call is not parsed by the read path first
     # The engine's usual path (a task, the body through handle_body) answers the same bytes.
@@ -150,7 +150,7 @@ async def test_a_block_the_node_lacks_is_retried_and_answered_as_before(stack) -
     unknown = {"blockHash": "0x" + "ab" * 32}  # no node knows it: -39006, retried
     body = eth_call(3, addrs[0], unknown)
     status, raw = await raw_rpc(api, body)
-    assert status == 200 and orjson.loads(raw)["error"]["code"] == -39006
+    assert status == 200 and orjson.loads(raw)["error"]["code"] == -32000  # (-39006)
     assert counted.later == 1 and counted.bodies >= 1  # the retries: the usual way
     assert (status, raw) == await api.proxy.engine.handle(CHAIN, body, {})
     bad = eth_call(4, "0x12", "0x3")  # an invalid address: -32602 from the node
@@ -166,7 +166,7 @@ async def test_a_call_that_hangs_times_out_and_is_retried(stack) -> None:
     body = eth_call(8, addrs[0], "0x4")
     status, raw = await raw_rpc(api, body)
     # The first attempt (the node's future) timed out; the retry went the usual way.
-    assert status == 200 and raw == await node.handle_body(body)
+    assert status == 200 and raw == client_sees(body, await node.handle_body(body))
     assert len(counted.hanging) == 1 and counted.hanging[0].cancelled()
     assert counted.bodies == 1
     after = await metrics_text(api)

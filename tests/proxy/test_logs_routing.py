@@ -64,7 +64,7 @@ def test_a_known_block_hash_routes_by_its_height() -> None:
         ([{"blockHash": HASH, "fromBlock": "0x1"}], -32602),
         ([{"topics": [None] * 5}], -32602),
         ([{"address": "0x12"}], -32602),
-        ([{"fromBlock": "0xzz"}], -39007),
+        ([{"fromBlock": "0xzz"}], -32602),  # a bad block id: a bad param (standard API)
         ([{}, {}], -32602),
         (["latest"], -32602),
     ],

@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from proxy.store_file import FileStore
 from tests.proxy.conftest import ADDR, balance, fast_settings, req, wait_until
 from tests.proxy.fakes import FakeNode, block_hash
+from tests.proxy.test_face import TxNode
 
 OTHER = "0x" + "22" * 20
 THIRD = "0x" + "33" * 20
@@ -165,8 +166,12 @@ async def test_retry_on_unsupported_precompile_and_last_answer_when_all_fail(
     nodes[0].error_code = nodes[1].error_code = -39008
     nodes[2].error_code = nodes[3].error_code = -39008
     answer = await api.call("1337", "eth_call", [{"to": ADDR}, "latest"])
-    assert answer["error"]["code"] == -39008  # the node's own answer, after max_attempts
+    # the node's own answer after max_attempts, with geth's code (proxy/face.py)
+    assert answer["error"]["code"] == -32000 and "forced error" in answer["error"]["message"]
     assert sum(len(n.received) for n in nodes) == 3  # max_attempts = 3, three different nodes
+    # a vendor method keeps the spec's code
+    answer = await api.call("1337", "getAddressBalance", [ADDR])
+    assert answer["error"]["code"] == -39008
     nodes[0].error_code = nodes[1].error_code = nodes[2].error_code = None
     for _ in range(5):
         assert "result" in await api.call("1337", "eth_call", [{"to": ADDR}, "latest"])
@@ -384,9 +389,27 @@ LIFECYCLE_CALLS = {
     "eth_gasPrice": [],
     "eth_maxPriorityFeePerGas": [],
     "eth_feeHistory": ["0x4", "latest", [25, 75]],
-    "eth_getTransactionReceipt": [TX_HASH],
-    "eth_getTransactionByHash": [TX_HASH],
     "eth_accounts": [],
+    # signing, the pool, the execution client's own view and raw encodings
+    "eth_sign": [ADDR, "0xdeadbeef"],
+    "eth_signTransaction": [{"to": ADDR}],
+    "eth_signTypedData_v4": [ADDR, {"types": {}}],
+    "eth_fillTransaction": [{"to": ADDR}],
+    "eth_coinbase": [],
+    "eth_protocolVersion": [],
+    "eth_config": [],
+    "net_peerCount": [],
+    "txpool_status": [],
+    "txpool_content": [],
+    "txpool_inspect": [],
+    "txpool_contentFrom": [ADDR],
+    "debug_getRawTransaction": [TX_HASH],
+    "debug_getRawHeader": ["0x3e8"],
+    "debug_getRawBlock": ["latest"],
+    "debug_getRawReceipts": ["0x3e8"],
+    "debug_getBadBlocks": [],
+    # a state trie, in a pool without full nodes
+    "eth_getProof": [ADDR, ["0x0"], "0x3e8"],
 }
 PENDING_CALLS = {
     "eth_getTransactionCount": [ADDR, "pending"],
@@ -395,12 +418,42 @@ PENDING_CALLS = {
     "eth_getStorageAt": [ADDR, "0x0", "pending"],
     "eth_call": [{"to": ADDR, "data": "0x"}, "pending"],
     "eth_getBlockByNumber": ["pending", False],
+    "eth_getBlockTransactionCountByNumber": ["pending"],
+    "eth_getTransactionByBlockNumberAndIndex": ["pending", "0x0"],
+    "eth_getBlockReceipts": ["pending"],
+    "eth_getUncleCountByBlockNumber": ["pending"],
+    "eth_getUncleByBlockNumberAndIndex": ["pending", "0x0"],
+    "eth_getStorageValues": [{ADDR: ["0x0"]}, "pending"],
+    "eth_createAccessList": [{"to": ADDR}, "pending"],
+    "eth_simulateV1": [{"blockStateCalls": []}, "pending"],
+    "debug_traceCall": [{"to": ADDR}, "pending", {}],
+    "eth_getProof": [ADDR, [], "pending"],
+}
+# Answered by the state nodes at the block they name (state, execution, traces, blocks,
+# transactions and receipts)
+STATE_CALLS = {
+    "eth_getBlockTransactionCountByHash": [block_hash(999)],
+    "eth_getTransactionByBlockHashAndIndex": [block_hash(999), "0x0"],
+    "eth_getUncleCountByBlockHash": [block_hash(999)],
+    "eth_getUncleByBlockHashAndIndex": [block_hash(999), "0x0"],
+    "eth_blobBaseFee": [],
+    "eth_syncing": [],
+    "web3_sha3": ["0x68656c6c6f"],
+    "debug_traceTransaction": [TX_HASH, {"tracer": "callTracer"}],
+    "debug_traceBlockByNumber": ["0x3e7"],
+    "debug_traceBlockByHash": [block_hash(999), {}],
+    "trace_block": ["0x3e7"],
+    "trace_transaction": [TX_HASH],
+    "trace_filter": [{"fromBlock": "0x3e7", "toBlock": "latest", "count": 5}],
+    "trace_replayBlockTransactions": ["0x3e7", ["trace"]],
 }
 
 
-async def with_leader(make_api, fake_nodes, writer: FakeNode | None = None):
+async def with_leader(
+    make_api, fake_nodes, writer: FakeNode | None = None, state: FakeNode | None = None
+):
     """A proxy with one state node and a Leader write node `w1`."""
-    state = await fake_nodes("state-1", "state")
+    state = state or await fake_nodes("state-1", "state")
     w1 = writer or await fake_nodes("w1", "state")
     api = await make_api()
     await api.add("1337", state)
@@ -419,17 +472,23 @@ async def test_transaction_lifecycle_and_pending_reads_go_to_the_leader(
         assert served_by(await api.call("1337", method, params)) == "w1", method
     for method, params in PENDING_CALLS.items():  # any other block: a state node
         latest = [p if p != "pending" else "latest" for p in params]
-        assert served_by(await api.call("1337", method, latest)) == "state-1", method
+        # (a trie, no full node here; simulated blocks need state roots: the Leader)
+        at = "w1" if method in ("eth_getProof", "eth_simulateV1") else "state-1"
+        assert served_by(await api.call("1337", method, latest)) == at, method
     for method in ("web3_clientVersion", "net_version", "net_listening", "eth_chainId"):
         assert served_by(await api.call("1337", method)) == "state-1", method
+    for method, params in STATE_CALLS.items():
+        assert served_by(await api.call("1337", method, params)) == "state-1", method
     assert not [i for i in state.received if i["method"] in LIFECYCLE_CALLS]
+    assert not [i for i in w1.received if i["method"] in STATE_CALLS]
     # A batch is split between the Leader and the state node, answered in order.
     status, answers = await api.rpc(
         "1337",
         [
             req("eth_getTransactionCount", [ADDR, "pending"], "a"),
             req("eth_getTransactionCount", [ADDR, "latest"], "b"),
-            req("eth_getTransactionReceipt", [TX_HASH], "c"),
+            req("txpool_status", [], "c"),
+            req("eth_getTransactionReceipt", [TX_HASH], "d"),  # found on the state node
         ],
     )
     assert status == 200
@@ -437,6 +496,7 @@ async def test_transaction_lifecycle_and_pending_reads_go_to_the_leader(
         ("a", "w1"),
         ("b", "state-1"),
         ("c", "w1"),
+        ("d", "state-1"),
     ]
     # Params are checked before anything is sent: a bad hash never reaches the Leader.
     sent = len(w1.received)
@@ -452,16 +512,30 @@ async def test_transaction_lifecycle_and_pending_reads_go_to_the_leader(
 
 
 class MiningWriter(FakeNode):
-    """A write node whose execution client has mined transaction TX_HASH in block `mined`."""
+    """A write node whose execution client has mined transaction TX_HASH in block `mined`
+    (None: it is pending) and knows no other."""
 
-    mined = 1001
+    mined: int | None = 1001
 
     def _result(self, item, polling):
-        tx = {"hash": TX_HASH, "blockNumber": hex(self.mined), "blockHash": block_hash(1)}
-        if item["method"] == "eth_getTransactionReceipt":
-            return {"transactionHash": TX_HASH, "blockNumber": hex(self.mined), "status": "0x1"}
-        if item["method"] == "eth_getTransactionByHash":
-            return {**tx, "transactionIndex": "0x0"}
+        method = item["method"]
+        if method in ("eth_getTransactionReceipt", "eth_getTransactionByHash"):
+            if item["params"][0] != TX_HASH:
+                return None
+            number = None if self.mined is None else hex(self.mined)
+            if method == "eth_getTransactionReceipt":
+                if number is None:
+                    return None
+                return {"transactionHash": TX_HASH, "blockNumber": number, "status": "0x1"}
+            index = None if number is None else "0x0"
+            mined_in = None if number is None else block_hash(self.mined)  # type: ignore[arg-type]
+            return {
+                "hash": TX_HASH,
+                "blockNumber": number,
+                "blockHash": mined_in,
+                "transactionIndex": index,
+                "node": self.name,
+            }
         return super()._result(item, polling)
 
 
@@ -469,8 +543,9 @@ async def test_a_transaction_shows_as_mined_once_state_nodes_hold_its_block(
     make_api, fake_nodes
 ) -> None:
     writer = await MiningWriter("w1").start()
+    state = await TxNode("state-1", "state").start()  # no transaction yet (-39006)
     try:
-        api, state, _ = await with_leader(make_api, fake_nodes, writer)
+        api, _, _ = await with_leader(make_api, fake_nodes, writer, state)
         assert state.head == 1000
         # Mined in block 1001, which no state node holds yet: a client polling for the
         # receipt keeps waiting instead of reading state that does not show its transaction.
@@ -488,8 +563,72 @@ async def test_a_transaction_shows_as_mined_once_state_nodes_hold_its_block(
         assert tx["blockNumber"] == hex(1001) and tx["transactionIndex"] == "0x0"
         answer = await api.call("1337", "eth_getBalance", [ADDR, receipt["blockNumber"]])
         assert served_by(answer) == "state-1"
+        # Once the state node holds it, it answers (the Leader is not asked).
+        state.txs[TX_HASH] = 1001
+        asked = len(writer.data_items("eth_getTransactionByHash"))
+        assert served_by(await api.call("1337", "eth_getTransactionByHash", [TX_HASH])) == "state-1"
+        assert len(writer.data_items("eth_getTransactionByHash")) == asked
     finally:
         await writer.stop()
+        await state.stop()
+
+
+async def test_transactions_by_hash_from_state_nodes_then_the_leader(make_api, fake_nodes) -> None:
+    """A transaction by hash: a state node's window, else the archive, else (null: not
+    mined, or not ingested yet) the Leader's execution client; null when no one has it.
+    Singles and batches alike."""
+    writer = await MiningWriter("w1").start()
+    stopping: list[FakeNode] = []
+    writer.mined = None  # pending: only the Leader's client knows it
+    try:
+        state = await TxNode("state-1", "state").start()
+        archive = await TxNode("archive-1", "archive").start()
+        stopping.extend((state, archive))
+        old, recent, unknown = "0x" + "01" * 32, "0x" + "02" * 32, "0x" + "03" * 32
+        state.txs = {recent: 990, old: 5}  # (5 is outside its window: -39006)
+        archive.txs = {recent: 990, old: 5}
+        api = await make_api()
+        await api.add("1337", state)
+        await api.add("1337", archive)
+        await api.heads_known("1337")
+        for method in ("eth_getTransactionByHash", "eth_getTransactionReceipt"):
+            # no Leader yet: a pending transaction is not found
+            assert (await api.call("1337", method, [TX_HASH]))["result"] is None
+        entry = {"key": "w1", "url": writer.url, "leader": True}
+        assert (await api.post("/1337/writers/addWriter", entry))[0] == 201
+        pool = api.proxy.state.pools["1337"]
+        await wait_until(lambda: pool.leader_node() is not None and pool.leader_node().healthy)
+        cases = [(recent, "state-1"), (old, "archive-1"), (TX_HASH, "w1"), (unknown, None)]
+        for tx_hash, node in cases:
+            answer = await api.call("1337", "eth_getTransactionByHash", [tx_hash])
+            assert "error" not in answer, answer
+            if node is None:
+                assert answer["result"] is None
+            else:
+                assert served_by(answer) == node, tx_hash
+        pending = (await api.call("1337", "eth_getTransactionByHash", [TX_HASH]))["result"]
+        assert pending["blockNumber"] is None and pending["blockHash"] is None
+        assert (await api.call("1337", "eth_getTransactionReceipt", [TX_HASH]))["result"] is None
+        batch = [req("eth_getTransactionByHash", [h], i) for i, (h, _) in enumerate(cases)]
+        batch.append(req("eth_getTransactionReceipt", [unknown], 9))
+        status, answers = await api.rpc("1337", batch)
+        assert status == 200 and [a["id"] for a in answers] == [0, 1, 2, 3, 9]
+        assert [a["result"] and a["result"]["node"] for a in answers] == [
+            "state-1",
+            "archive-1",
+            "w1",
+            None,
+            None,
+        ]
+        # A state node that does not serve the lookup (an older one): the Leader answers.
+        state.method_errors["eth_getTransactionByHash"] = -32601
+        archive.method_errors["eth_getTransactionByHash"] = -32601
+        answer = await api.call("1337", "eth_getTransactionByHash", [TX_HASH])
+        assert served_by(answer) == "w1"
+    finally:
+        await writer.stop()
+        for node in stopping:
+            await node.stop()
 
 
 async def test_mirrors_get_copies_and_never_affect_clients(two, fake_nodes) -> None:

@@ -12,6 +12,7 @@ from chainstate.blockref import BlockRef
 from chainstate.config import ConfigError
 from chainstate.jsonrpc import JsonRpcError
 from chainstate.txmethods import PENDING_READS, TX_LIFECYCLE
+from nodes.writer.service import PASS_THROUGH
 from proxy import methods, outcome
 from proxy.app import server_limits
 from proxy.engine import hide_unreadable
@@ -79,8 +80,9 @@ def test_target_block_of_every_way_to_name_a_block(method, params, expected) -> 
         ("eth_getBalance", ["0x12", "latest"], -32602),  # bad address
         ("eth_getBalance", [ADDR, "latest", 1], -32602),  # too many
         ("eth_getBalance", {"addr": ADDR}, -32602),  # unknown name
-        ("eth_getBalance", [ADDR, "0xzz"], -39007),  # bad block
-        ("getAddressBalance", [ADDR, {"block_id": "latest", "type": "Near"}], -39007),
+        ("eth_getBalance", [ADDR, "0xzz"], -32602),  # bad block: a bad param (standard API)
+        ("getAddressBalance", [ADDR, {"block_id": "latest", "type": "Near"}], -39007),  # vendor
+        ("getAddressBalance", [ADDR, {"block_id": "0xzz"}], -39007),
         ("eth_getBlockByHash", ["0x12", False], -32602),
         ("eth_call", ["notanobject"], -32602),
         ("eth_sendRawTransaction", ["nothex"], -32602),
@@ -88,13 +90,49 @@ def test_target_block_of_every_way_to_name_a_block(method, params, expected) -> 
         ("eth_getTransactionReceipt", [], -32602),
         ("eth_getTransactionByHash", [HASH[:-2]], -32602),
         ("eth_estimateGas", ["notanobject"], -32602),
-        ("eth_estimateGas", [{"to": ADDR}, "0xzz"], -39007),
+        ("eth_estimateGas", [{"to": ADDR}, "0xzz"], -32602),
+        ("eth_getBlockByNumber", ["0xzz", False], -32602),
+        ("eth_getBlockByNumber", [{"blockHash": "0x12"}, False], -32602),
+        ("eth_getLogs", [{"fromBlock": "0xzz"}], -32602),
+        ("eth_multiCall", [[], "0xzz"], -39007),  # the spec's own method keeps its code
+        ("pre_traceCall", [{}, "0xzz"], -39007),
+        ("eth_getTransactionByBlockNumberAndIndex", ["0x1"], -32602),  # index missing
+        ("eth_getTransactionByBlockNumberAndIndex", ["0x1", "1"], -32602),  # not hex
+        ("eth_getTransactionByBlockHashAndIndex", ["0x12", "0x0"], -32602),
+        ("eth_getUncleByBlockNumberAndIndex", ["0x1", "0x"], -32602),
+        ("eth_getBlockReceipts", [], -32602),
+        ("eth_getBlockReceipts", ["0xzz"], -32602),
+        ("eth_getStorageValues", [[ADDR], "latest"], -32602),  # not an object
+        ("eth_getProof", [ADDR], -32602),  # storage keys missing
+        ("eth_getProof", [ADDR, "0x0"], -32602),  # not a list
+        ("eth_getProof", ["0x12", [], "latest"], -32602),
+        ("eth_createAccessList", ["0x"], -32602),
+        ("eth_simulateV1", [[], "latest"], -32602),
+        ("debug_traceCall", [{"to": ADDR}, "latest", []], -32602),  # options not an object
+        ("debug_traceTransaction", [], -32602),
+        ("debug_traceTransaction", [HASH, "callTracer"], -32602),
+        ("debug_traceBlockByNumber", ["0xzz"], -32602),
+        ("debug_traceBlockByHash", ["0x12"], -32602),
+        ("trace_transaction", ["0x12"], -32602),
+        ("trace_filter", ["latest"], -32602),  # not an object
+        ("trace_filter", [{"fromBlock": "0xzz"}], -32602),
+        ("trace_filter", [{"fromBlock": "0x1", "topics": []}], -32602),  # not a field of it
+        ("trace_filter", [{"fromBlock": {"blockHash": HASH}}], -32602),  # a number or tag
+        ("trace_replayBlockTransactions", ["0x1"], -32602),  # trace types missing
+        ("trace_replayBlockTransactions", ["0x1", "trace"], -32602),
+        ("web3_sha3", ["hello"], -32602),
+        ("eth_sign", [ADDR], -32602),
+        ("eth_sign", [ADDR, "hello"], -32602),
+        ("eth_signTransaction", ["0x"], -32602),
+        ("txpool_contentFrom", ["0x12"], -32602),
+        ("debug_getRawTransaction", ["0x12"], -32602),
+        ("debug_getRawBlock", ["0xzz"], -32602),
+        ("eth_capabilities", [], -32601),  # not served (docs/proxy.md "Method table")
         ("eth_feeHistory", ["0x5"], -32602),  # newestBlock is required
         ("eth_feeHistory", ["0x5", "latest", 50], -32602),  # percentiles are a list
         ("eth_gasPrice", [1], -32602),
         ("web3_clientVersion", ["x"], -32602),
-        ("eth_getUncleByBlockHashAndIndex", [], -32601),  # not in the served set
-        ("debug_traceTransaction", [], -32601),
+        ("eth_newPendingTransactionFilter", [], -32601),  # not in the table (events.py)
     ],
 )
 def test_bad_params_and_methods_are_refused(method, params, code) -> None:
@@ -144,8 +182,8 @@ def test_a_block_text_seen_before_is_not_parsed_again_but_the_other_params_are(
         (["0x12", "0x10"], -32602),  # a bad address at a block seen before
         ([None, "0x10"], -32602),  # a missing one
         ([ADDR, "0x10", "0x10"], -32602),  # too many params
-        ([ADDR, "0xzz"], -39007),  # a bad block, twice: never remembered
-        ([ADDR, "0xzz"], -39007),
+        ([ADDR, "0xzz"], -32602),  # a bad block, twice: never remembered
+        ([ADDR, "0xzz"], -32602),
     ]:
         with pytest.raises(JsonRpcError) as err:
             table.target("eth_getBalance", params)
@@ -156,18 +194,29 @@ def test_a_block_text_seen_before_is_not_parsed_again_but_the_other_params_are(
 
 
 def test_extra_methods_setting_allows_more() -> None:
-    table = MethodTable(("eth_getUncleByBlockHashAndIndex",))
+    table = MethodTable(("eth_getUncleByBlockHashAndIndex", "eth_mining"))
     spec, ref = table.target("eth_getUncleByBlockHashAndIndex", ["0x" + "00" * 32, "0x0"])
+    assert ref == BlockRef(hash="0x" + "00" * 32) and spec.missing_null  # served already
+    spec, ref = table.target("eth_mining", ["anything"])
     assert ref is None and not spec.writer
 
 
 def test_writer_methods() -> None:
     for method in (*TX_LIFECYCLE, "trace_vendorBlock"):
-        assert TABLE.spec(method).writer, method
+        spec = TABLE.spec(method)
+        assert spec.writer or spec.mempool, method  # (by hash: state nodes, then the Leader)
     for method in PENDING_READS:
         assert TABLE.spec(method).pending and not TABLE.spec(method).writer, method
-    # The proxy reads params by the same names the write node passes on.
-    for method, names in {**TX_LIFECYCLE, **PENDING_READS}.items():
+    # Whatever the proxy may send to the Leader, the write node passes on to its client
+    # (writer methods, `pending` reads, a transaction no reader holds, a trie without full
+    # nodes), reading params by the same names.
+    passed = {**TX_LIFECYCLE, **PASS_THROUGH}
+    for method, spec in TABLE.specs.items():
+        if spec.writer or spec.mempool or spec.trie:
+            assert method in passed or method == "trace_vendorBlock", method
+        if spec.pending and method not in PENDING_READS:
+            assert method in passed, method
+    for method, names in {**passed, **PENDING_READS}.items():
         assert TABLE.spec(method).params == names, method
     for method in ("eth_multiCall", "eth_baseFee", "getAddressNonce", "web3_clientVersion"):
         assert not TABLE.spec(method).pending and not TABLE.spec(method).writer, method
@@ -605,8 +654,8 @@ def test_histogram_samples_folded_together_match_one_at_a_time() -> None:
 
 
 def test_busy_poll_setting_reaches_the_data_listener() -> None:
-    """`busy_poll_us` (250 µs by default, 0: off) becomes the data listener's polling window."""
-    assert server_limits(ProxySettings()).busy_poll == 250e-6
+    """`busy_poll_us` (0 by default: off) becomes the data listener's polling window."""
+    assert server_limits(ProxySettings()).busy_poll == 0
     off = ProxySettings.from_config({"proxy": {"busy_poll_us": 0}})
     assert server_limits(off).busy_poll == 0
     on = ProxySettings.from_config({"proxy": {"busy_poll_us": 1000}})

@@ -207,7 +207,7 @@ def make_workspace(
     args = [
         sys.executable,
         "-m",
-        "chainstate.cli",
+        "stack.cli",
         "workspace",
         "--config",
         str(config),

@@ -47,7 +47,7 @@ def test_access_key_reach(ws: Workspace) -> None:
 
 
 def test_revoked_token_and_cli(ws: Workspace) -> None:
-    base = [sys.executable, "-m", "chainstate.cli", "token"]
+    base = [sys.executable, "-m", "stack.cli", "token"]
     db_args = ["--data-dir", str(ws.settings.data_dir), "--database", ws.settings.database]
     out = subprocess.run(
         [*base, "create", "--account", ws.ids["carol"], "--name", "ci", *db_args],
@@ -177,7 +177,7 @@ def test_visibility(ws: Workspace) -> None:
 
 def test_cli_accounts_and_access_keys(ws: Workspace) -> None:
     db_args = ["--data-dir", str(ws.settings.data_dir), "--database", ws.settings.database]
-    cli = [sys.executable, "-m", "chainstate.cli"]
+    cli = [sys.executable, "-m", "stack.cli"]
 
     def run(*args: str) -> dict:
         out = subprocess.run([*cli, *args, *db_args], capture_output=True, text=True, check=True)

@@ -83,8 +83,10 @@ def block_env(header: HeaderInfo) -> dict[str, Any]:
 def parse_call(obj: Any, gas_limit: int, what: str = "request") -> dict[str, Any]:
     """A call object → worker call dict. `gas_limit` is the most gas a call may get.
 
-    geth's defaults: `from` the zero address, gas the cap, no fee charged unless a gas price
-    is given (then the sender must afford gas × price + value).
+    geth's defaults: `from` the zero address, gas the cap, no fee charged unless a price is
+    given. Fees as anvil reads them: `maxFeePerGas` or `maxPriorityFeePerGas` make it an
+    EIP-1559 call (a `gasPrice` beside them is ignored), else `gasPrice` is the price; the
+    price the call pays (`effective_price`) depends on the block's base fee.
     """
     if not isinstance(obj, dict):
         raise invalid(f"invalid {what}: expected a call object")
@@ -104,22 +106,84 @@ def parse_call(obj: Any, gas_limit: int, what: str = "request") -> dict[str, Any
     value = 0 if obj.get("value") is None else _u256(obj["value"], f"{what}.value")
     gas = gas_limit if obj.get("gas") is None else _u64(obj["gas"], f"{what}.gas")
     gas = min(gas, gas_limit)
-    if obj.get("gasPrice") is not None and obj.get("maxFeePerGas") is not None:
-        raise invalid(f"invalid {what}: give either gasPrice or maxFeePerGas, not both")
-    price_field = obj.get("gasPrice", obj.get("maxFeePerGas"))
-    gas_price = None if price_field is None else _u256(price_field, f"{what}.gasPrice")
-    if gas_price == 0:
-        gas_price = None
+    max_fee, tip = _fees(obj, what)
     nonce = None if obj.get("nonce") is None else _u64(obj["nonce"], f"{what}.nonce")
+    if obj.get("type") is not None:
+        _u64(obj["type"], f"{what}.type")
+    chain_id = None if obj.get("chainId") is None else _u64(obj["chainId"], f"{what}.chainId")
     return {
         "from": sender,
         "to": to,
         "data": data,
         "value": value,
         "gas": gas,
-        "gas_price": gas_price,
+        "max_fee": max_fee,
+        "tip": tip,
         "nonce": nonce,
+        "chain_id": chain_id,
+        "access_list": parse_access_list(obj.get("accessList"), f"{what}.accessList"),
     }
+
+
+def _fees(obj: dict[str, Any], what: str) -> tuple[int, int | None]:
+    """(most a unit of gas may cost, priority fee or None for a legacy price), as anvil
+    reads a call's fee fields (its `FeeDetails`)."""
+    max_fee = obj.get("maxFeePerGas")
+    tip = obj.get("maxPriorityFeePerGas")
+    if max_fee is None and tip is None:
+        price = obj.get("gasPrice")
+        return (0 if price is None else _u256(price, f"{what}.gasPrice")), None
+    fee = 0 if max_fee is None else _u256(max_fee, f"{what}.maxFeePerGas")
+    priority = None if tip is None else _u256(tip, f"{what}.maxPriorityFeePerGas")
+    if priority is not None and priority > fee:
+        raise invalid(
+            f"invalid {what}: maxPriorityFeePerGas ({priority}) is greater than "
+            f"maxFeePerGas ({fee})"
+        )
+    return fee, priority
+
+
+def effective_price(call: dict[str, Any], basefee: int) -> int:
+    """What a unit of gas costs the call, and what GASPRICE reads: the price, or for an
+    EIP-1559 call min(maxFeePerGas, base fee + maxPriorityFeePerGas) (the max fee when no
+    priority fee is given), as revm computes it. Not checked against the base fee: calls
+    below it run, as in anvil and geth's eth_call."""
+    tip = call["tip"]
+    if tip is None:
+        return call["max_fee"]
+    return min(call["max_fee"], basefee + tip)
+
+
+def parse_access_list(value: Any, what: str) -> list[tuple[str, list[int]]]:
+    """`[{address, storageKeys}]` → [(address, [slot, …])] (EIP-2930)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise invalid(f"invalid {what}: expected an array")
+    out = []
+    for i, item in enumerate(value):
+        where = f"{what}[{i}]"
+        if not isinstance(item, dict) or set(item) - {"address", "storageKeys"}:
+            raise invalid(f"invalid {where}: expected {{address, storageKeys}}")
+        address = parse_address(item.get("address"), f"{where}.address")
+        keys = item.get("storageKeys") or []
+        if not isinstance(keys, list):
+            raise invalid(f"invalid {where}.storageKeys: expected an array")
+        slots = []
+        for key in keys:
+            if not (isinstance(key, str) and len(key) == 66):
+                raise invalid(f"invalid {where}.storageKeys: expected 32-byte hashes")
+            slots.append(int.from_bytes(parse_data(key, f"{where}.storageKeys"), "big"))
+        out.append((address, slots))
+    return out
+
+
+def check_chain_id(calls: list[dict[str, Any]], chain_id: int) -> None:
+    """A call naming another chain is refused, as geth and anvil refuse it."""
+    for call in calls:
+        have = call.get("chain_id")
+        if have is not None and have != chain_id:
+            raise invalid(f"chainId does not match node's (have={have}, want={chain_id})")
 
 
 def parse_calls(objs: Any, gas_limit: int, max_calls: int) -> list[dict[str, Any]]:

@@ -86,7 +86,7 @@ class Executor:
         }
 
     def _limit(self, job: dict[str, Any]) -> float:
-        tracing = job["kind"] == "trace"
+        tracing = job["kind"] in ("trace", "replay", "trace_call", "access_list")
         return self.settings.trace_timeout if tracing else self.settings.call_timeout
 
     async def run(self, job: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from chainstate.hexcodec import parse_data
 from chainstate.jsonrpc import (
     BLOCK_NOT_FOUND,
     INVALID_PARAMS,
+    METHOD_NOT_FOUND,
     NONCE_ERROR,
     SERVER_BUSY,
     JsonRpcError,
@@ -27,6 +28,8 @@ from nodes.state.evm import bsrb
 from nodes.state.evm.codec import (
     apply_block_overrides,
     block_env,
+    check_chain_id,
+    effective_price,
     parse_call,
     parse_calls,
     parse_flag,
@@ -36,6 +39,7 @@ from nodes.state.evm.executor import Executor
 from nodes.state.evm.feed import Overlay, StateFeed
 from nodes.state.evm.feedproc import FeedProcess
 from nodes.state.evm.settings import EvmSettings
+from nodes.state.evm.traces import TraceMethods
 from nodes.state.reader import StateReader
 from nodes.state.store import StateStore
 
@@ -107,6 +111,7 @@ class EvmMethods:
 
     def handlers(self) -> dict[str, Callable[[Any], Any]]:
         return {
+            **TraceMethods(self).handlers(),
             "eth_call": self.eth_call,
             "eth_multiCall": self.eth_multi_call,
             "contractMultiCall": self.contract_multi_call,
@@ -115,6 +120,7 @@ class EvmMethods:
             "pre_traceCall": self.pre_trace_call,
             "pre_traceMany": self.pre_trace_many,
             "blockx_stateReadBatch": self.state_read_batch,
+            "eth_simulateV1": self.eth_simulate_v1,
         }
 
     async def start(self) -> None:
@@ -132,7 +138,38 @@ class EvmMethods:
         await self.feed.close()
         self._started = False
 
-    # -- helpers ----------------------------------------------------------------------
+    # -- helpers (also for traces.py) -----------------------------------------------
+
+    async def ready(self) -> None:
+        """Start the feed and the workers when they are not yet; -32005 once closed."""
+        if self._closed:
+            raise JsonRpcError(SERVER_BUSY, "the node is shutting down")
+        if not self._started:
+            await self.start()
+
+    def resolve(self, ref: BlockRef) -> int:
+        """The height a block reference names here (-39006 outside the node's range)."""
+        return self._resolver(ref)
+
+    def block_env(self, height: int) -> dict[str, Any]:
+        return self._block_env(height)
+
+    def build_job(
+        self, kind: str, height: int, env: dict[str, Any], calls: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """A worker job reading the state at `height` with the block env `env`."""
+        return self._build(kind, height, env, calls)
+
+    async def prepare(
+        self, kind: str, ref: BlockRef, request: Any, *, block_overrides: Any = None
+    ) -> dict[str, Any]:
+        """The job of one call object at a block (validated, gas limited)."""
+        return await self._job(kind, ref, request, single=True, block_overrides=block_overrides)
+
+    def overlaid(
+        self, job: dict[str, Any], overlay: Overlay | None
+    ) -> contextlib.AbstractContextManager[dict[str, Any]]:
+        return self._overlaid(job, overlay)
 
     async def _job(
         self,
@@ -150,10 +187,7 @@ class EvmMethods:
         on every node (never -39006, which the proxy would retry elsewhere).
         """
         height, env, calls = self._checked(ref, calls_raw, single, block_overrides)
-        if self._closed:
-            raise JsonRpcError(SERVER_BUSY, "the node is shutting down")
-        if not self._started:
-            await self.start()
+        await self.ready()
         return self._build(kind, height, env, calls, **extra)
 
     def _checked(
@@ -186,6 +220,7 @@ class EvmMethods:
             self._known_chain_id = self._chain_id()  # kept once known: it never changes
         if self._known_chain_id is not None:
             job["chain_id"] = self._known_chain_id
+        check_chain_id(calls, job["chain_id"])
         if self._store is not None:
             job["store"] = self._store
         return job
@@ -328,6 +363,15 @@ class EvmMethods:
         requests, block, ff, parallel, no_cache = params_list(params, names)
         return await self._multi(parse_block_number_param(block), requests, ff, parallel, no_cache)
 
+    async def eth_simulate_v1(self, params: Any) -> Any:
+        """Refused plainly: its simulated blocks carry state roots and block hashes, which
+        need the state trie this node does not keep (a half answer would mislead)."""
+        raise JsonRpcError(
+            METHOD_NOT_FOUND,
+            "eth_simulateV1 is not supported by the state node: simulated blocks need state "
+            "roots it does not compute; use simulateTransactions, or a full node",
+        )
+
     # -- vendor namespace -------------------------------------------------------------
 
     async def contract_multi_call(self, params: Any) -> list[dict[str, Any]]:
@@ -388,7 +432,8 @@ class EvmMethods:
         with a gas price, the sender pays gas used × price and the coinbase gets the part
         above the base fee (the base fee is burnt). Without a gas price nothing is charged,
         as in eth_call."""
-        height, price = job["height"], call["gas_price"] or 0
+        height = job["height"]
+        price = effective_price(call, job["block"]["basefee"])
         sender = self._account(overlay, call["from"], height)
         sender["nonce"] = nonce + 1
         if price:

@@ -17,6 +17,8 @@ from eth.vm.forks.cancun.state import CancunState
 from eth.vm.forks.cancun.transactions import CancunTransactionBuilder
 from eth.vm.spoof import SpoofTransaction
 
+from nodes.state.evm.codec import effective_price
+
 DYNAMIC_FEE_TX = 2  # EIP-1559 transaction type
 MAX_ROUNDS = 8  # py-evm runs of one call while it keeps reading state not filled in
 
@@ -166,9 +168,6 @@ class _Recording(CancunState):
             self.missed_slots.add((address, slot))
         return super().get_storage(address, slot, from_journal)
 
-    def get_gas_price(self, transaction: Any) -> int:
-        return 0  # what the sender is charged up front: nothing, as revm's message calls
-
     # writes, for simulated transactions (the next one reads them)
     def _wrote(self, address: bytes) -> None:
         if self.recording:
@@ -225,11 +224,15 @@ class _Hashes:
             yield self.hash_of(h)
 
 
-def intrinsic_gas(data: bytes, create: bool) -> int:
-    """revm's initial gas of a Cancun transaction without an access list (a creation's
-    includes EIP-3860's init code words, which py-evm charges when the creation starts)."""
+def intrinsic_gas(
+    data: bytes, create: bool, access_list: list[tuple[str, list[int]]] | None = None
+) -> int:
+    """revm's initial gas of a Cancun transaction (a creation's includes EIP-3860's init
+    code words, which py-evm charges when the creation starts)."""
     zeros = data.count(0)
     gas = 21_000 + 4 * zeros + 16 * (len(data) - zeros)
+    for _address, slots in access_list or ():
+        gas += 2400 + 1900 * len(slots)
     if create:
         gas += 32_000 + initcode_gas(data)
     return gas
@@ -322,9 +325,13 @@ def _state(
 
 
 def _execute(state: _Recording, job: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
+    """The call as a transaction of the block: the sender pays gas × effective price up
+    front (its balance shows it while the call runs) and gets it back afterwards, since
+    a call is not charged (a simulated transaction is charged by the node)."""
     create = call["to"] is None
-    price = call["gas_price"] or 0
-    intrinsic = intrinsic_gas(call["data"], create)
+    price = effective_price(call, job["block"]["basefee"])
+    access = call.get("access_list") or []
+    intrinsic = intrinsic_gas(call["data"], create, access)
     unsigned = CancunTransactionBuilder.new_unsigned_dynamic_fee_transaction(
         chain_id=job["chain_id"],
         nonce=state.get_nonce(_addr(call["from"])),
@@ -334,7 +341,7 @@ def _execute(state: _Recording, job: dict[str, Any], call: dict[str, Any]) -> di
         to=CREATE_CONTRACT_ADDRESS if create else _addr(call["to"]),
         value=call["value"],
         data=call["data"],
-        access_list=[],
+        access_list=[(_addr(a), tuple(slots)) for a, slots in access],
     )
     tx = SpoofTransaction(
         unsigned,
@@ -348,6 +355,8 @@ def _execute(state: _Recording, job: dict[str, Any], call: dict[str, Any]) -> di
     executor = state.get_transaction_executor()
     message = executor.build_evm_message(tx)
     computation = executor.build_computation(message, tx)
+    if price:
+        state.delta_balance(_addr(call["from"]), call["gas"] * price)
     spent = call["gas"] - computation.get_gas_remaining()
     used = spent - min(computation.get_gas_refund(), spent // 5)
     if computation.is_error:

@@ -21,6 +21,7 @@ DEFAULT_MAX_BSRB_READS = 10_000  # reads per blockx_stateReadBatch payload
 DEFAULT_WARM_BLOCKS = 256  # per worker: blocks whose fetched state stays cached (~150 KB each)
 DEFAULT_WARM_MEMORY_MB = 1024  # per worker: resident memory above which warm EVMs are dropped
 DEFAULT_QUEUE_LIMIT = 1024  # jobs (or single calls) waiting for a worker before -32005 "busy"
+DEFAULT_MAX_TRACE_FILTER_BLOCKS = 300  # blocks after fromBlock in one trace_filter (anvil's)
 DEFAULT_COALESCE_MAX = 256  # single calls run together as one worker job (one or more blocks)
 
 
@@ -42,6 +43,7 @@ class EvmSettings:
     warm_memory_mb: int = DEFAULT_WARM_MEMORY_MB
     queue_limit: int = DEFAULT_QUEUE_LIMIT
     coalesce_max: int = DEFAULT_COALESCE_MAX
+    max_trace_filter_blocks: int = DEFAULT_MAX_TRACE_FILTER_BLOCKS
     workers: int = 0  # 0 = one per CPU core
     chain_id: int = 1337
     spec_id: str = "Cancun"  # pyrevm spec names are CamelCase; others silently mean latest
@@ -91,6 +93,7 @@ POSITIVE = (
     "warm_memory_mb",
     "queue_limit",
     "coalesce_max",
+    "max_trace_filter_blocks",
 )
 FEEDS = frozenset({"process", "loop"})
 SPEC_IDS = frozenset({"Berlin", "London", "Merge", "Shanghai", "Cancun", "Prague"})

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import orjson
 from Crypto.Hash import keccak
-from pyrevm import EVM, AccountInfo, BlockEnv, CfgEnv, Env
+from pyrevm import EVM, AccountInfo, BlockEnv, CfgEnv, Env, TxEnv
 
 from chainstate.jsonrpc import (
     BALANCE_EXHAUSTED,
@@ -42,6 +42,7 @@ from chainstate.jsonrpc import (
     NONCE_ERROR,
 )
 from nodes.state.evm.basefee import SUSPECT, UNSURE, BasefeeCheck
+from nodes.state.evm.codec import effective_price
 from nodes.state.store import F_BALANCE, F_CODE, F_NONCE, F_STORAGE, StateStore
 
 # Accounts preloaded into a new EVM: one feed request reads them all at once, which on the
@@ -53,6 +54,13 @@ PRELOAD_ACCOUNTS = 64
 PRELOAD_SLOTS = 1024
 LEARNED_CALLS = 4096  # (callee, calldata) whose slots a worker remembers
 LEARN_DATA = 260  # calldata bytes that key a learned call (selector and 8 words)
+NO_WARM = frozenset(
+    {"trace", "replay", "trace_call", "access_list"}
+)  # jobs that never run on a warm EVM
+TRACE_JOBS = frozenset({"replay", "trace_call", "access_list"})  # run on py-evm by tracing.py
+# tracing.TraceFailed kinds and the code each answers
+TRACE_ERRORS = {"gas": GAS_EXHAUSTED, "funds": BALANCE_EXHAUSTED}
+TRANSFER_GAS = 21_000  # a plain transfer's gas: what estimateGas answers without running it
 _REVERT = re.compile(r"^Revert \{ gas_used: (\d+), output: 0x([0-9a-fA-F]*) \}")
 _HALT = re.compile(r"^Halt \{ reason: (\w+)(?:\((\w+)\))?, gas_used: (\d+) \}")
 READY = "ready"  # a worker's first message: imports done, jobs welcome
@@ -84,6 +92,10 @@ class CallFailed(Exception):
 
 class Unusable(Exception):
     """pyrevm's journal is broken after a panic; the EVM must be dropped."""
+
+
+class Exact(Exception):
+    """revm cannot run this call as a transaction would (see `Runner._charge`); py-evm can."""
 
 
 class TraceTooLong(Exception):
@@ -351,7 +363,9 @@ def verdict_key(job: dict[str, Any], call: dict[str, Any]) -> VerdictKey:
     data = bytes(call["data"])
     digest: Any = data if len(data) <= LEARN_DATA else hashlib.blake2b(data).digest()
     env = tuple(job["block"].values())
-    return (call["from"], call["to"], digest, call["value"], call["gas"], call["gas_price"], env)
+    fees = (call["max_fee"], call["tip"])
+    access = tuple((a, tuple(slots)) for a, slots in call["access_list"])
+    return (call["from"], call["to"], digest, call["value"], call["gas"], fees, access, env)
 
 
 def storage_read(journal: str) -> list[tuple[str, int]]:
@@ -430,7 +444,7 @@ def warm_key(job: dict[str, Any]) -> WarmKey | None:
     One EVM is exactly one block's state: state URL, height and hash. GASLIMIT reads the
     constructor's gas limit, so a gasLimit override needs its own EVM too.
     """
-    if job.get("fresh") or job["kind"] == "trace" or job.get("disable_cache"):
+    if job.get("fresh") or job["kind"] in NO_WARM or job.get("disable_cache"):
         return None
     return (job["fork_url"], job["height"], job["block"]["hash"], job["block"]["gas_limit"])
 
@@ -587,6 +601,8 @@ class Runner:
         kind = job["kind"]
         self._job = job
         try:
+            if kind in TRACE_JOBS:
+                return self._traces(job)
             evm = self.evm_for(job)
             evm.set_block_env(_block_env(job["block"]))
             if kind == "calls":
@@ -612,12 +628,24 @@ class Runner:
     # -- one call ---------------------------------------------------------------------
 
     def _call(self, evm: EVM, call: dict[str, Any]) -> dict[str, Any]:
-        """Run one message call (or a creation when `to` is None); returns output, gas used
-        and logs, or raises CallFailed. A creation's output is the deployed code, as geth's
-        eth_call answers."""
+        """Run one call as a transaction would run (or a creation when `to` is None);
+        returns output, gas used and logs, or raises CallFailed. A creation's output is the
+        deployed code, as geth's eth_call answers.
+
+        With a price, the sender must afford gas × max fee + value and pays gas × effective
+        price up front (`_charge`), which its balance shows while the call runs, as in
+        anvil and geth; nothing is charged in the end (the call is undone, or a simulated
+        transaction is charged by the node). The access list is applied (warm accounts and
+        slots, its intrinsic gas)."""
+        price = effective_price(call, self._job["block"]["basefee"])
+        charged = self._charge(evm, call, price) if call["max_fee"] else 0
+        if call["access_list"]:
+            evm.set_tx_env(TxEnv(access_list=call["access_list"]))
         try:
             if call["to"] is None:
-                address = evm.deploy(call["from"], call["data"], call["value"], call["gas"])
+                address = evm.deploy(
+                    call["from"], call["data"], call["value"], call["gas"], price or None
+                )
                 output = deployed_code(evm, address)
             else:
                 output = evm.message_call(
@@ -626,7 +654,7 @@ class Runner:
                     call["data"],
                     call["value"],
                     call["gas"],
-                    call["gas_price"],
+                    price or None,
                 )
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt | SystemExit | TraceTooLong):
@@ -636,6 +664,10 @@ class Runner:
                 raise Unusable(str(exc)) from None
             raise failed from None
         finally:
+            if charged:  # not journaled by pyrevm: given back by hand
+                evm.set_balance(call["from"], evm.get_balance(call["from"]) + charged)
+            if call["access_list"]:
+                evm.set_tx_env(TxEnv())
             evm.reset_transient_storage()
         result = evm.result
         if len(output) > self.limits.max_return_bytes:
@@ -647,10 +679,34 @@ class Runner:
             "logs": [_log(x) for x in result.logs],
         }
 
+    @staticmethod
+    def _charge(evm: EVM, call: dict[str, Any], price: int) -> int:
+        """The fee checks and the up-front charge of a priced call; the amount taken from
+        the sender (to give back after the call), 0 for a creation (pyrevm's `deploy` runs
+        a whole transaction and charges it itself).
+
+        The sender must hold gas × max fee + value (anvil's check). A message call is then
+        run with gas × price taken from the sender's balance; revm checks the balance
+        against gas × price + value once more, so when the balance covers the fee only
+        once, revm cannot run it that way and `Exact` sends the call to py-evm."""
+        balance = evm.get_balance(call["from"])
+        if balance < call["gas"] * call["max_fee"] + call["value"]:
+            raise CallFailed(error(BALANCE_EXHAUSTED, "insufficient funds for gas * price + value"))
+        cost = call["gas"] * price
+        if call["to"] is None or not cost:
+            return 0
+        if balance - cost < cost + call["value"]:
+            raise Exact("the balance covers the fee once")
+        evm.set_balance(call["from"], balance - cost)
+        return cost
+
     def _isolated(self, evm: EVM, call: dict[str, Any]) -> dict[str, Any]:
         checkpoint = evm.snapshot()
         try:
             result = self._call(evm, call)
+        except Exact:
+            self._revert(evm, checkpoint)
+            return self._on_pyevm(call, [])
         except CallFailed as exc:  # executed (gas used) or refused before running
             seeds = self._basefee_seeds(evm, call) if exc.gas_used else None
             self._revert(evm, checkpoint)
@@ -672,6 +728,8 @@ class Runner:
         the next one to read; on py-evm when it may read BASEFEE."""
         try:
             result = self._call(evm, call)
+        except Exact:
+            return self._on_pyevm(call, [], collect=True)
         except CallFailed as exc:
             seeds = self._basefee_seeds(evm, call) if exc.gas_used else None
             if seeds is not None:
@@ -680,7 +738,19 @@ class Runner:
         seeds = self._basefee_seeds(evm, call)
         if seeds is not None:
             return self._on_pyevm(call, seeds, collect=True)
+        self._undo_creation_fee(evm, call, result["gas_used"])
         return {**result, "writes": writes_of(evm)}
+
+    def _undo_creation_fee(self, evm: EVM, call: dict[str, Any], gas_used: int) -> None:
+        """pyrevm's `deploy` charged the sender gas used × price and paid it all to the
+        coinbase (its base fee is 0); a simulated transaction is charged by the node
+        instead (`EvmMethods._settle`), so that is undone here."""
+        fee = gas_used * effective_price(call, self._job["block"]["basefee"])
+        if call["to"] is not None or not fee:
+            return
+        coinbase = self._job["block"]["coinbase"]
+        evm.set_balance(call["from"], evm.get_balance(call["from"]) + fee)
+        evm.set_balance(coinbase, evm.get_balance(coinbase) - fee)
 
     def _basefee_seeds(self, evm: EVM, call: dict[str, Any]) -> list[tuple[str, int]] | None:
         """When revm's answer may be wrong because the call may read BASEFEE (pyrevm makes
@@ -730,15 +800,7 @@ class Runner:
         """pyevm.run_on_pyevm's raw result, reading the job's block (from the store or the
         feed); with `trace_steps`, with its struct logs (at most that many)."""
         job = self._job
-        height = job["height"]
-        reads = self._store_reads(job.get("store"))
-        if reads is not None:
-            source = lambda a, s: reads.preload(a, s, height)  # noqa: E731
-            hash_of = reads.block_hash
-        else:
-            url = job["fork_url"]
-            source = lambda a, s: self.feed.preload(url, a, s, height)  # noqa: E731
-            hash_of = lambda h: self.feed.block_hash(url, h)  # noqa: E731
+        source, hash_of = self._sources(job)
         from nodes.state.evm import pyevm  # ~1.5 s the first time: only if needed
 
         try:
@@ -746,6 +808,33 @@ class Runner:
         except pyevm.TraceLimit:
             limit = f"{self.limits.max_trace_steps} steps"
             raise CallFailed(error(EVM_FAILED, f"trace exceeds {limit}")) from None
+
+    def _sources(self, job: dict[str, Any]) -> tuple[Any, Any]:
+        """(state source, block hash source) of py-evm at the job's height: the store read
+        directly, else the feed."""
+        height = job["height"]
+        reads = self._store_reads(job.get("store"))
+        if reads is not None:
+            source = lambda a, s: reads.preload(a, s, height)  # noqa: E731
+            return source, reads.block_hash
+        url = job["fork_url"]
+        source = lambda a, s: self.feed.preload(url, a, s, height)  # noqa: E731
+        return source, lambda h: self.feed.block_hash(url, h)
+
+    def _traces(self, job: dict[str, Any]) -> dict[str, Any]:
+        """A trace job (tracing.py) on py-evm: `{"results": [...]}` or `{"error"}`."""
+        from nodes.state.evm import tracing  # imports py-evm (~1.5 s the first time)
+
+        source, hash_of = self._sources(job)
+        try:
+            limits = self.limits
+            results = tracing.run_job(
+                job, source, hash_of, limits.max_trace_steps, limits.max_trace_bytes
+            )
+            return {"results": results}
+        except tracing.TraceFailed as exc:
+            code = TRACE_ERRORS.get(exc.kind, EVM_FAILED)
+            return {"error": error(code, str(exc))}
 
     def _pyevm_answer(self, r: dict[str, Any], collect: bool = False) -> dict[str, Any]:
         """A py-evm result as `_call` answers (or raises CallFailed)."""
@@ -811,17 +900,23 @@ class Runner:
     def estimate(self, evm: EVM, job: dict[str, Any]) -> int:
         """geth's search: run at the cap, then bisect between gas used and the cap.
 
-        A revert at the cap is the answer (-39000); running out of gas at the cap is
-        -39001. The search is exact (to 1 gas), as anvil's is. With a gas price, the cap is
-        also what the sender can pay for after `value`, as in geth.
+        A plain transfer (no data, no access list, to an account without code) is 21000
+        without running, as in geth and anvil. A revert at the cap is the answer (-39000);
+        running out of gas at the cap is -39001. The search is exact (to 1 gas), as anvil's
+        is. With a price (`gasPrice` or `maxFeePerGas`), the cap is also what the sender
+        can pay for after `value`, as in geth and anvil.
         """
         call = job["calls"][0]
         hi = call["gas"]
-        if call["gas_price"]:
-            available = evm.basic(call["from"]).balance - call["value"]
+        balance, code = self._peek(evm, call)
+        if not call["data"] and not call["access_list"] and call["to"] is not None and not code:
+            return TRANSFER_GAS
+        if call["max_fee"]:
+            available = balance - call["value"]
             if available < 0:
-                raise CallFailed(error(BALANCE_EXHAUSTED, "insufficient funds for transfer"))
-            hi = min(hi, available // call["gas_price"])
+                msg = "insufficient funds for gas * price + value"
+                raise CallFailed(error(BALANCE_EXHAUSTED, msg))
+            hi = min(hi, available // call["max_fee"])
             call = {**call, "gas": hi}
         first = self._isolated_or_fail(evm, call)
         used = first["gas_used"]
@@ -847,6 +942,17 @@ class Runner:
                 lo = mid
         return hi
 
+    def _peek(self, evm: EVM, call: dict[str, Any]) -> tuple[int, bytes]:
+        """The sender's balance and the callee's code, read inside a snapshot so that a
+        warm EVM's journal is left as it was."""
+        checkpoint = evm.snapshot()
+        try:
+            balance = evm.get_balance(call["from"])
+            code = b"" if call["to"] is None else bytes(evm.get_code(call["to"]) or b"")
+        finally:
+            self._revert(evm, checkpoint)
+        return balance, code
+
     def _isolated_or_fail(self, evm: EVM, call: dict[str, Any]) -> dict[str, Any]:
         try:
             return self._isolated(evm, call)
@@ -866,9 +972,12 @@ class Runner:
         evm.tracing = True
         failed: CallFailed | None = None
         result: dict[str, Any] | None = None
+        exact = False
         try:
             with contextlib.redirect_stdout(sink):
                 result = self._call(evm, call)
+        except Exact:
+            exact = True
         except CallFailed as exc:
             failed = exc
         except BaseException as exc:  # pyo3 PanicException when the sink refused a line
@@ -882,8 +991,10 @@ class Runner:
             # The EVM was aborted mid-call; do not reuse it (it is never a warm one).
             limit = f"{self.limits.max_trace_steps} steps or {self.limits.max_trace_bytes} bytes"
             raise CallFailed(error(EVM_FAILED, f"trace exceeds {limit}"))
-        ran = failed is None or failed.gas_used > 0
+        ran = not exact and (failed is None or failed.gas_used > 0)
         seeds = self._basefee_seeds(evm, call) if ran else None
+        if exact:
+            seeds = []
         evm.revert(checkpoint)
         if seeds is not None:
             r = self._run_pyevm(call, seeds, trace_steps=self.limits.max_trace_steps)

@@ -1,0 +1,159 @@
+"""eth_call through the state node's handler alone, in process: `python -m
+bench.nodecalls` (pin it with `taskset -c 1` to see one core's worth).
+
+Builds a store of synthetic blocks holding two contracts — a one-slot read (returns the slot
+named by its calldata, the shape of an ERC20 `balanceOf`) and the 64-slot view of
+`bench/contracts.py` — with slots rewritten block after block, starts a state node on it
+(EVM workers and feed process as in production, no HTTP server), and keeps `--concurrency`
+eth_calls in flight through `StateNode.handle_body` for each case: at latest and at random
+old heights, single calls and batches of 10. Prints calls/s; `--profile FILE` writes a
+cProfile of the node's process for the whole run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import os
+import random
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import psutil
+
+from bench.contracts import VIEW_RUNTIME
+from bench.services import cpu_seconds
+from nodes.state.service import StateNode
+from nodes.state.vendor import AccountDiff, VendorBlock
+
+# PUSH1 0; CALLDATALOAD; SLOAD; PUSH1 0; MSTORE; PUSH1 32; PUSH1 0; RETURN
+ONE_SLOT_RUNTIME = bytes.fromhex("600035546000526020" + "6000f3")
+ONE_SLOT = "0x" + "01" * 20
+VIEW = "0x" + "02" * 20
+CALLER = "0x" + "03" * 20
+HOLDERS = 64
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of the process `pid` and its children (the EVM workers, the feed)."""
+    return cpu_seconds(psutil.Process(pid)) or 0.0
+
+
+def blocks(count: int, rng: random.Random) -> list[VendorBlock]:
+    out = []
+    parent = "0x" + "00" * 32
+    for height in range(count):
+        post = {
+            ONE_SLOT: AccountDiff(storage={rng.randrange(HOLDERS): rng.randrange(1, 10**12)}),
+            VIEW: AccountDiff(storage={height % 64: height + 1}),
+        }
+        if height == 0:
+            post[ONE_SLOT] = AccountDiff(
+                code=ONE_SLOT_RUNTIME, storage={i: i for i in range(HOLDERS)}
+            )
+            post[VIEW] = AccountDiff(code=VIEW_RUNTIME, storage={i: i + 1 for i in range(64)})
+            post[CALLER] = AccountDiff(balance=10**20)
+        block_hash = "0x" + (height + 1).to_bytes(32, "big").hex()
+        header = {
+            "hash": block_hash, "parentHash": parent, "number": hex(height),
+            "timestamp": hex(1_700_000_000 + height), "miner": "0x" + "00" * 20,
+            "gasLimit": hex(30_000_000), "gasUsed": "0x0", "baseFeePerGas": hex(7),
+            "mixHash": "0x" + "00" * 32, "difficulty": "0x0",
+        }  # fmt: skip
+        out.append(VendorBlock(height, block_hash, parent, header, "0x" + "00" * 32, {}, post))
+        parent = block_hash
+    return out
+
+
+def call_bodies(to: str, old: bool, head: int, batch: int, rng: random.Random) -> list[bytes]:
+    bodies = []
+    for _ in range(512):
+        items = []
+        for i in range(batch):
+            block = hex(rng.randint(1, head - 128)) if old else "latest"
+            data = "0x" if to == VIEW else "0x" + rng.randrange(HOLDERS).to_bytes(32, "big").hex()
+            call = {"from": CALLER, "to": to, "data": data}
+            items.append({"jsonrpc": "2.0", "id": i, "method": "eth_call", "params": [call, block]})
+        bodies.append(orjson.dumps(items if batch > 1 else items[0]))
+    return bodies
+
+
+async def load(node: StateNode, bodies: list[bytes], concurrency: int, seconds: float) -> int:
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def client(i: int) -> None:
+        nonlocal done
+        while time.perf_counter() < stop:
+            answer = await node.handle_body(bodies[i % len(bodies)])
+            assert b'"error"' not in answer, answer[:300]
+            done += 1
+            i += concurrency
+
+    await asyncio.gather(*(client(i) for i in range(concurrency)))
+    return done
+
+
+@contextlib.asynccontextmanager
+async def synthetic_node(
+    count: int, rng: random.Random, map_size_mb: int = 1024
+) -> AsyncIterator[StateNode]:
+    """An archive state node in a temporary folder holding `blocks(count, rng)`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        section = {"kind": "archive", "chain_id": 1337, "map_size_mb": map_size_mb}
+        node = StateNode.from_config(section, data_dir=Path(tmp))
+        await node.start()
+        try:
+            for block in blocks(count, rng):
+                await node.ingest._apply(block)
+            yield node
+        finally:
+            await node.close()
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    rng = random.Random(0)
+    async with synthetic_node(args.blocks, rng) as node:
+        head = args.blocks - 1
+        profile = cProfile.Profile() if args.profile else None
+        print(
+            f"{args.blocks} blocks, {args.concurrency} calls in flight; calls/s in process "
+            "and the cores the process and its workers used"
+        )
+        for name, to in (("one-slot", ONE_SLOT), ("view", VIEW)):
+            for old in (False, True):
+                for batch in (1, 10):
+                    bodies = call_bodies(to, old, head, batch, rng)
+                    await load(node, bodies, args.concurrency, 0.5)  # warm-up
+                    if profile:
+                        profile.enable()
+                    started = time.perf_counter()
+                    cpu = tree_cpu_seconds(os.getpid())
+                    n = await load(node, bodies, args.concurrency, args.duration)
+                    wall = time.perf_counter() - started
+                    rate = n * batch / wall
+                    cores = (tree_cpu_seconds(os.getpid()) - cpu) / wall
+                    if profile:
+                        profile.disable()
+                    label = f"{name}{'x10' if batch > 1 else ''}{'-old' if old else ''}"
+                    print(f"{label:<16} {rate:>10,.0f}   cores {cores:.2f}")
+        if profile:
+            profile.dump_stats(args.profile)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.nodecalls", description=__doc__)
+    p.add_argument("--blocks", type=int, default=400, help="chain length (default 400)")
+    p.add_argument("-c", "--concurrency", type=int, default=64, help="calls in flight (64)")
+    p.add_argument("-d", "--duration", type=float, default=2.0, help="seconds per case")
+    p.add_argument("--profile", help="write a cProfile of the run to this file")
+    asyncio.run(main_async(p.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""The processes a benchmark starts: each on a free loopback port, in its own session, pinned
+to a core when the machine has two, waited for until it answers, and stopped in reverse order
+whatever happens (error, Ctrl-C, SIGTERM); and the CPU time each one used."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+READY_TIMEOUT = 30.0  # seconds a started service has to answer its first request
+STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when stopping a service
+PROBE = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
+
+
+def free_port() -> int:
+    """A loopback TCP port that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def split_cpus() -> tuple[list[int] | None, list[int] | None]:
+    """(service core, load core) when at least two CPUs are usable, else no pinning."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    return [cpus[0]], [cpus[1]]
+
+
+@dataclass
+class Service:
+    """A subprocess under test, its log file and readiness URL."""
+
+    name: str
+    cmd: list[str]
+    ready_url: str
+    cpus: list[int] | None
+    log_path: Path
+    probe: bytes | None = PROBE  # JSON-RPC body that must get a result; None: GET → 200
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches us; we stop it in order
+            )
+        if self.cpus:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(self.proc.pid, self.cpus)
+
+    def log_tail(self, limit: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-limit:]
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        """Poll until the probe is answered; fail fast if the process died."""
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            req = urllib.request.Request(
+                self.ready_url, data=self.probe, headers={"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=2) as resp:
+                    body = resp.read()
+                    if resp.status == 200 and (self.probe is None or b'"result"' in body):
+                        return
+            except (OSError, urllib.error.URLError) as exc:
+                last = str(exc)
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} not ready after {timeout:g}s ({last}):\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@dataclass
+class Services:
+    """Every service a suite started, stopped in reverse order (see `running`)."""
+
+    workdir: Path
+    started: list[Service] = field(default_factory=list)
+
+    def start(
+        self,
+        name: str,
+        cmd: list[str],
+        ready_url: str,
+        cpus: list[int] | None,
+        probe: bytes | None = PROBE,
+        ready_timeout: float = READY_TIMEOUT,
+    ) -> Service:
+        svc = Service(name, cmd, ready_url, cpus, self.workdir / f"{name}.log", probe)
+        self.started.append(svc)
+        svc.start()
+        svc.wait_ready(ready_timeout)
+        return svc
+
+    def stop_all(self) -> None:
+        for svc in reversed(self.started):
+            svc.stop()
+        self.started.clear()
+
+
+@contextlib.contextmanager
+def running(keep_dir: str | None = None) -> Iterator[Services]:
+    """Services that are stopped on exit, on error, on Ctrl-C and on SIGTERM."""
+
+    def on_term(signum: int, frame: Any) -> None:
+        # Re-raised as SIGINT: inside an event loop (uvloop.run) only SIGINT is turned into
+        # a clean cancellation; an exception raised here would be swallowed by the loop.
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    tmp = None if keep_dir else tempfile.TemporaryDirectory(prefix="chainstate-bench-")
+    workdir = Path(keep_dir or tmp.name)  # type: ignore[union-attr]
+    workdir.mkdir(parents=True, exist_ok=True)
+    services = Services(workdir)
+    try:
+        yield services
+    finally:
+        services.stop_all()
+        signal.signal(signal.SIGTERM, previous)
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def python_cmd(*args: str) -> list[str]:
+    """Run a module of this project with the current interpreter (same venv)."""
+    return [sys.executable, *args]
+
+
+def rpc_call(url: str, method: str, params: list[Any], timeout: float = 10.0) -> Any:
+    """One JSON-RPC call (set-up only, not measured); raises RuntimeError on an error."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        answer = json.loads(resp.read())
+    if "error" in answer:
+        raise RuntimeError(f"{method} on {url}: {answer['error']}")
+    return answer["result"]
+
+
+def cpu_seconds(proc: psutil.Process | None) -> float | None:
+    """CPU seconds of a service: its process and the processes it started (anvil runs
+    under a wrapper)."""
+    if proc is None:
+        return None
+    total = 0.0
+    try:
+        for each in (proc, *proc.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                times = each.cpu_times()
+                total += times.user + times.system
+    except psutil.Error:
+        return None
+    return total
