@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import rlp
 
 from nodes.writer.blockdiff import keccak256
 
@@ -39,6 +38,8 @@ QUANTITIES = frozenset(
 
 def header_hash(header: dict[str, Any]) -> str:
     """The block hash of a header as anvil dumps it (keccak of its RLP list)."""
+    import rlp  # here: importing it costs about half a second, and few starts need it
+
     items: list[int | bytes] = []
     for name in HEADER_FIELDS:
         value = header.get(name)
