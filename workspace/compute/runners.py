@@ -260,6 +260,7 @@ class CodeRunner:
         candidates = [self.settings.python, "/usr/bin/python3"]
         want = f"{sys.version_info.major}.{sys.version_info.minor}"
         probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+        why_not: list[str] = []
         for exe in candidates:
             try:
                 async with self.pool.slot() as (uid, _):
@@ -267,9 +268,10 @@ class CodeRunner:
                         Job([exe, "-I", "-c", probe], limits=Limits(wall_seconds=20)), uid
                     )
             except OSError as exc:
-                self.notes.append(f"sandbox cannot run {exe}: {exc.strerror}")
+                why_not.append(f"{exe}: {exc.strerror}")
                 continue
-            if res.exit_code == 0 and res.output.decode().strip() == want:
+            said = res.output.decode(errors="replace").strip()
+            if res.exit_code == 0 and said == want:
                 self.python = exe
                 if exe != self.settings.python:
                     site = _site_packages()
@@ -280,7 +282,13 @@ class CodeRunner:
                     self.notes.append(note)
                     log.info(note)
                 return
-        self.notes.append(f"no python {want} runnable in the sandbox; python runs will fail")
+            how = f"signal {res.signal}" if res.signal else f"exit code {res.exit_code}"
+            reason = f", {res.reason}" if res.reason else ""
+            why_not.append(f"{exe}: {how}{reason}, said {said[-300:]!r}")
+        self.notes.append(
+            f"no python {want} runnable in the sandbox ({'; '.join(why_not)}); "
+            "python runs will fail"
+        )
         log.warning(self.notes[-1])
 
     async def run(
