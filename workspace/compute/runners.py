@@ -267,15 +267,16 @@ class CodeRunner:
     async def python_for(self, uid: int) -> str:
         """The interpreter a Python run starts. While no candidate has passed, the probe is
         made again (with the run's own uid, at most every `PROBE_AGAIN` seconds): a probe that
-        failed once for a passing reason must not fail every later Python run of the process."""
+        failed once for a passing reason must not fail every later Python run of the process
+        (the first run after a failed start probe probes at once)."""
         if not self._python_found and time.monotonic() - self._probed_at >= PROBE_AGAIN:
             async with self._probe_lock:
                 if not self._python_found:
+                    self._probed_at = time.monotonic()
                     await self._probe(uid)
         return self.python
 
     async def _probe(self, uid: int) -> None:
-        self._probed_at = time.monotonic()
         candidates = [self.settings.python, "/usr/bin/python3"]
         want = f"{sys.version_info.major}.{sys.version_info.minor}"
         probe = "import sys; print('%d.%d' % sys.version_info[:2])"
