@@ -802,9 +802,3 @@ def simple_filter_flow(method: str) -> Callable[[Rpc], list[dict[str, Any]]]:
         return [without_id(s, fid) for s in steps]
 
     return flow
-
-
-def all_cases(chain: Chain) -> list[Case]:
-    from tests.conformance.spec_cases import spec_cases
-
-    return Cases(chain).build() + spec_cases(chain)

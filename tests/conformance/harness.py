@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.conformance.cases import Case, all_cases
+from tests.conformance.cases import Case, Cases
 from tests.conformance.chain import Chain, ChainBuilder, wait_until_served
 from tests.conformance.compare import Context, Outcome, run, run_batches, tag_heights
 from tests.conformance.rpc import Rpc
+from tests.conformance.rules import first_rule_that_allows
+from tests.conformance.spec_cases import spec_cases
 from tests.e2e.stack import Stack, get, write_config
 
 STATE_WINDOW = 16
@@ -54,8 +56,8 @@ def conformance_run(stack: Stack) -> Run:
     chain = ChainBuilder(anvil, proxy).build()
     served = wait_until_served(proxy, anvil, chain)
     ctx = Context(proxy, anvil, chain, tag_heights(proxy))
-    cases = all_cases(chain)
-    outcomes = run(cases, ctx)
+    cases = Cases(chain).build() + spec_cases(chain)
+    outcomes = run(cases, ctx, first_rule_that_allows)
     batch = run_batches(outcomes, proxy)
     tags = {"ours": ctx.tag_heights, "anvil": tag_heights(anvil)}
     return Run(chain, cases, outcomes, batch, served, tags, routed_kinds(stack, chain))
