@@ -9,7 +9,7 @@ Background work starts and stops through `cleanup_ctx`.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,7 +219,8 @@ def _data_handler(proxy: Proxy):
         body = await read_body(request, limits)
         if isinstance(body, web.Response):
             return body
-        answer = await engine.handle(request.match_info["chain"], body, request.headers)
+        headers = PeerHeaders(request.headers, request.remote or "unknown")
+        answer = await engine.handle(request.match_info["chain"], body, headers)
         status, out = answer[0], answer[1]
         if status == 204:
             return web.Response(status=204)
@@ -227,6 +228,32 @@ def _data_handler(proxy: Proxy):
         return web.Response(status=status, body=out, content_type=JSON, headers=headers)
 
     return handle
+
+
+class PeerHeaders(Mapping[str, str]):
+    """aiohttp's request headers (case-insensitive) and the client's address, `peer()`, as
+    the lean server's headers carry it: filters count against their client's quota."""
+
+    __slots__ = ("_headers", "_peer")
+
+    def __init__(self, headers: Mapping[str, str], peer: str) -> None:
+        self._headers = headers
+        self._peer = peer
+
+    def __getitem__(self, name: str) -> str:
+        return self._headers[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._headers)
+
+    def __len__(self) -> int:
+        return len(self._headers)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._headers.get(name, default)
+
+    def peer(self) -> str:
+        return self._peer
 
 
 def _header_lines(raw: bytes) -> dict[str, str]:
@@ -278,7 +305,10 @@ def create_server(app: web.Application) -> HttpServer:
     # (A path's handler is the same for good, whichever object holds it: a connection's
     # kept head keeps it, no `route` call per request.)
     limits = server_limits(proxy.settings)
-    return HttpServer(route, limits=limits, fallback=app, name="proxy", kept_routes=True)
+    # Answers a client has not read count in max_buffered_bytes as the answers in flight do
+    # (its 503 refuses new requests while they hold it).
+    held = proxy.upstream.budget
+    return HttpServer(route, limits=limits, fallback=app, name="proxy", kept_routes=True, held=held)
 
 
 def _data(engine: Engine, inproc: InprocPath | None, chain_id: str) -> Handler:
@@ -293,6 +323,7 @@ def _data(engine: Engine, inproc: InprocPath | None, chain_id: str) -> Handler:
     request cost ~3k instructions of it."""
     state = engine.state
     answer = None if inproc is None else inproc.answer
+    held = engine.upstream.budget  # (over it, the engine's admission answers 503)
     found: tuple[str, Pool] | None = None
     chain = ""  # (found's two parts, kept apart: no subscripts per request)
     pool: Pool | None = None
@@ -304,7 +335,7 @@ def _data(engine: Engine, inproc: InprocPath | None, chain_id: str) -> Handler:
             found = engine.resolve(chain_id)
             chain, pool = found if found is not None else ("", None)
             resolved_at = state.changes
-        if answer is not None and pool is not None:
+        if answer is not None and pool is not None and (held is None or held.used <= held.limit):
             answered = answer(chain, pool, request.body, request.headers)
             if answered is not None:
                 return answered
@@ -329,9 +360,15 @@ def _chain_id(path: bytes) -> str:
 
 
 def _metrics_handler(proxy: Proxy):
+    """`GET /metrics` under the admin API's rules (proxy/adminguard.py: Host, Origin and
+    the admin token): where the admin API is served, since it names nodes and clients."""
     registry = proxy.metrics.registry
+    guard = proxy.admin.guard
 
-    async def handle(_request: web.Request) -> web.Response:
+    async def handle(request: web.Request) -> web.Response:
+        refused = guard.refusal(request)
+        if refused is not None:
+            return refused
         return web.Response(
             body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
@@ -351,6 +388,7 @@ def create_app(
     `settings.admin_port` puts it on its own listener (then use `create_admin_app`), and
     `GET /:chainId` with an Upgrade: the WebSocket endpoint (`events`: `[proxy.events]`,
     `EventSettings.from_config`; defaults when None)."""
+    settings.check_exposure()
     events = events if events is not None else EventSettings()
     proxy = Proxy.build(settings, store, registry, tracer, events)
     # Bodies over the limit are refused by the handler with a JSON-RPC error, not by aiohttp.
@@ -358,8 +396,8 @@ def create_app(
     app[PROXY] = proxy
     # The data route first: aiohttp tries dynamic routes in order.
     app.router.add_post("/{chain}", _data_handler(proxy))
-    app.router.add_get("/metrics", _metrics_handler(proxy))
     if settings.admin_port is None:
+        app.router.add_get("/metrics", _metrics_handler(proxy))
         app.router.add_routes(proxy.admin.routes())
     # After the admin API's one-segment GETs (`/getChains`): the lean server hands every
     # Upgrade request to this app, whatever its path.
@@ -372,5 +410,6 @@ def create_admin_app(app: web.Application) -> web.Application:
     """The admin API alone, for a separate listener; it shares `app`'s state, and `app`
     (which owns the lifecycle) must be running too."""
     admin = web.Application(client_max_size=1024 * 1024)
+    admin.router.add_get("/metrics", _metrics_handler(app[PROXY]))
     admin.router.add_routes(app[PROXY].admin.routes())
     return admin

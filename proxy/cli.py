@@ -37,6 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--admin-host", help="serve the admin API on its own address")
     p.add_argument("--admin-port", type=int, help="serve the admin API on its own port")
     p.add_argument(
+        "--insecure-admin",
+        action="store_true",
+        default=None,
+        help="allow a tokenless admin API on an address other than loopback",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -54,7 +60,7 @@ def settings_from_args(args: argparse.Namespace) -> ProxySettings:
     config = load_config(args.config)
     settings = ProxySettings.from_config(config)
     changes: dict[str, Any] = {}
-    for name in ("host", "port", "admin_token", "admin_host", "admin_port"):
+    for name in ("host", "port", "admin_token", "admin_host", "admin_port", "insecure_admin"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
@@ -64,6 +70,7 @@ def settings_from_args(args: argparse.Namespace) -> ProxySettings:
         raise ConfigError("--admin-host needs --admin-port")
     settings = dataclasses.replace(settings, **changes)
     settings.validate()
+    settings.check_exposure()
     return settings
 
 

@@ -29,6 +29,7 @@ from chainstate.logfilter import LogFilter, parse_filter
 from chainstate.tasks import stop_task
 from proxy.chainfeed import ChainFeed, FeedBlock, follow
 from proxy.eventsettings import EventSettings
+from proxy.listeners import ListenerQuota, criteria_bytes
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +47,21 @@ class Filter:
 
     wants_logs = False
 
-    def __init__(self, registry: Filters, pool_id: str) -> None:
+    def __init__(self, registry: Filters, pool_id: str, client: str = "") -> None:
         self.id = new_id()
         self.registry = registry
         self.pool_id = pool_id
+        self.client = client  # who installed it (proxy/listeners.py quotas)
+        self.size = criteria_bytes(None)
         self.since = -1
         self.polled = time.monotonic()
         self.changes: list[Any] = []
 
     def on_blocks(self, removed: list[FeedBlock], added: list[FeedBlock]) -> None:
         self.collect(removed, added)
+        self._check()
+
+    def _check(self) -> None:
         if len(self.changes) > self.registry.settings.max_filter_changes:
             limit = self.registry.settings.max_filter_changes
             self.registry.drop(
@@ -83,34 +89,23 @@ class LogsFilter(Filter):
 
     wants_logs = True
 
-    def __init__(self, registry: Filters, pool_id: str, raw: dict[str, Any], flt: LogFilter):
-        super().__init__(registry, pool_id)
+    def __init__(
+        self,
+        registry: Filters,
+        pool_id: str,
+        raw: dict[str, Any],
+        flt: LogFilter,
+        client: str = "",
+    ):
+        super().__init__(registry, pool_id, client)
         self.raw = raw  # the filter as the client gave it, for eth_getFilterLogs
         self.flt = flt
+        self.size = criteria_bytes(flt) * 2  # the parsed criteria and the raw object
 
-    def collect(self, removed: list[FeedBlock], added: list[FeedBlock]) -> None:
-        self.changes.extend(matching(self.flt, self.since, removed, added))
-
-
-def matching(
-    flt: LogFilter, since: int, removed: list[FeedBlock], added: list[FeedBlock]
-) -> list[dict[str, Any]]:
-    """The logs a filter delivers for one feed step, in geth's order: the removed ones first
-    (of blocks delivered after `since`, newest first), then the new chain's."""
-    out: list[dict[str, Any]] = []
-    for block in removed:
-        if block.number > since and _wanted(flt, block):
-            out.extend(lg for lg in block.removed_logs if flt.matches(lg))
-    for block in added:
-        if block.logs and _wanted(flt, block):
-            out.extend(lg for lg in block.logs if flt.matches(lg))
-    return out
-
-
-def _wanted(flt: LogFilter, block: FeedBlock) -> bool:
-    if flt.block_hash is not None:
-        return block.hash == flt.block_hash
-    return flt.in_range(block.number)
+    def on_logs(self, entries: list[dict[str, Any]]) -> None:
+        """The matching logs of one feed step (the chain feed's index found them)."""
+        self.changes.extend(entries)
+        self._check()
 
 
 Forward = Callable[[str, dict[str, Any]], Awaitable[Any]]
@@ -121,12 +116,17 @@ class Filters:
     `forward(pool_id, filter)` runs eth_getLogs through the proxy's routing."""
 
     def __init__(
-        self, settings: EventSettings, feed: Callable[[str], ChainFeed], forward: Forward
+        self,
+        settings: EventSettings,
+        feed: Callable[[str], ChainFeed],
+        forward: Forward,
+        quota: ListenerQuota | None = None,
     ) -> None:
         self.settings = settings
         self._feed = feed
         self._forward = forward
         self.installed: dict[str, Filter] = {}
+        self.quota = quota if quota is not None else ListenerQuota(settings)
         self.gone: LRUCache[str, str] = LRUCache(maxsize=REMEMBERED_REMOVALS)
         self._task: asyncio.Task[None] | None = None
 
@@ -157,16 +157,16 @@ class Filters:
 
     # the methods -----------------------------------------------------------------------
 
-    async def new_filter(self, pool_id: str, params: Any) -> str:
+    async def new_filter(self, pool_id: str, params: Any, client: str = "") -> str:
         (raw,) = params_list(params, ["filter"])
         if raw is None:
             raw = {}
         flt = parse_filter(raw, max_list=self.settings.max_log_query_list)
-        return await self._install(LogsFilter(self, pool_id, raw, flt))
+        return await self._install(LogsFilter(self, pool_id, raw, flt, client))
 
-    async def new_block_filter(self, pool_id: str, params: Any) -> str:
+    async def new_block_filter(self, pool_id: str, params: Any, client: str = "") -> str:
         params_list(params, [])
-        return await self._install(BlockFilter(self, pool_id))
+        return await self._install(BlockFilter(self, pool_id, client))
 
     async def get_filter_changes(self, pool_id: str, params: Any) -> list[Any]:
         return self._find(params).take()
@@ -196,7 +196,12 @@ class Filters:
                 f"too many filters on this proxy ({limit}, max_filters): uninstall unused ones "
                 "with eth_uninstallFilter",
             )
-        await follow(self._feed(entry.pool_id), entry)
+        self.quota.take(entry.client, entry.size)
+        try:
+            await follow(self._feed(entry.pool_id), entry)
+        except BaseException:
+            self.quota.give_back(entry.client, entry.size)
+            raise
         self.installed[entry.id] = entry
         return entry.id
 
@@ -214,6 +219,7 @@ class Filters:
     def drop(self, entry: Filter, why: str) -> None:
         if self.installed.pop(entry.id, None) is None:
             return
+        self.quota.give_back(entry.client, entry.size)
         self._feed(entry.pool_id).remove(entry)
         self.gone[entry.id] = why
         log.debug("filter %s removed: %s", entry.id, why)

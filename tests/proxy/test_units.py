@@ -460,6 +460,11 @@ def test_one_classification_of_answers_and_failures() -> None:
     assert revert is outcome.ERROR and revert.final
     assert outcome.of_answer({"id": 1, "error": {"code": -39006}}) is outcome.BLOCK_MISSING
     assert outcome.of_answer({"id": 1, "result": None}) is outcome.OK
+    # an EVM time limit the call reached by its own cost: final, not the node's fault
+    own = b'{"id":1,"error":{"code":-39004,"message":"x","data":{"reason":"time_limit"}}}'
+    assert outcome.of_raw(own) is outcome.CALL_TIMEOUT
+    assert outcome.CALL_TIMEOUT.final and not outcome.CALL_TIMEOUT.penalise
+    assert outcome.of_raw(b'{"id":1,"error":{"code":-39004,"message":"halted"}}') is outcome.ERROR
     for kind in ("connect", "timeout", "http", "inproc", "bad_response"):
         assert outcome.of_failure(kind).retry and outcome.of_failure(kind).penalise
     saturated = outcome.of_failure("saturated")  # the proxy's own queue: not the node's fault

@@ -13,6 +13,7 @@ main process turns them into JsonRpcError. Nothing here imports the event loop.
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import ctypes
 import hashlib
@@ -21,6 +22,7 @@ import io
 import os
 import re
 import sys
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -345,6 +347,62 @@ def insert_preloaded(
         evm.revert(checkpoint)
 
 
+def with_bytes(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's long calldata decoded, in place: the node hands it over as the ASCII bytes
+    of its hex (`hex`), to decode off its event loop (`EvmMethods._lazy`). A call whose hex
+    is not hex gets -32602 (as the node answers it) under `invalid`, which `calls` answers
+    for it alone (the other calls of a job run); for a job of another kind (one call), the
+    error is returned."""
+    for one in job["jobs"] if job["kind"] == "groups" else (job,):
+        for call in one.get("calls") or ():
+            lazy = call.pop("hex", None)
+            if lazy is None:
+                continue
+            field, raw = lazy
+            try:
+                call["data"] = binascii.a2b_hex(memoryview(raw)[2:])
+            except (binascii.Error, ValueError):
+                msg = f"invalid {field}: expected 0x-prefixed hex bytes"
+                call["invalid"] = error(INVALID_PARAMS, msg)
+                if one["kind"] != "calls":
+                    return call["invalid"]  # type: ignore[no-any-return]
+    return None
+
+
+def detached(job: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
+    """`job` without the hex of its long calldata (`hex`), and those bytes in order: they
+    go to the worker as raw messages after it (`pool._Worker.roundtrip`), not pickled (a
+    copy made while the sending thread holds the GIL the event loop waits for). A copy of
+    the job where it has any (the caller's may run again); `attached` puts them back."""
+    blobs: list[bytes] = []
+
+    def strip(one: dict[str, Any]) -> dict[str, Any]:
+        calls = one.get("calls") or ()
+        if not any("hex" in call for call in calls):
+            return one
+        out = []
+        for call in calls:
+            if "hex" in call:
+                field, raw = call["hex"]
+                blobs.append(raw)
+                call = {**call, "hex": (field, None)}
+            out.append(call)
+        return {**one, "calls": out}
+
+    if job["kind"] == "groups":
+        return {**job, "jobs": [strip(one) for one in job["jobs"]]}, blobs
+    return strip(job), blobs
+
+
+def attached(job: dict[str, Any], conn: Any) -> None:
+    """The bytes `detached` took out of a job, read from the pipe back into it, in order."""
+    for one in job["jobs"] if job["kind"] == "groups" else (job,):
+        for call in one.get("calls") or ():
+            lazy = call.get("hex")
+            if lazy is not None and lazy[1] is None:
+                call["hex"] = (lazy[0], conn.recv_bytes())
+
+
 LearnKey = tuple[str | None, bytes]
 
 
@@ -467,9 +525,13 @@ def _trim_heap() -> None:
 class Runner:
     """Runs jobs inside one worker process; keeps the warm EVMs between jobs."""
 
-    def __init__(self, limits: Limits, warm_blocks: int) -> None:
+    def __init__(self, limits: Limits, warm_blocks: int, progress: Any = None) -> None:
         self.limits = limits
         self.warm_blocks = max(1, warm_blocks)
+        # Shared with the parent (pool.py): calls of the job started, and when the last one
+        # did (time.monotonic, one clock for every process): which call a job that overran
+        # its time limit was running, and for how long.
+        self.progress = progress
         self._warm: OrderedDict[WarmKey, EVM] = OrderedDict()
         self._uses: dict[WarmKey, int] = {}
         self.feed = FeedClient()
@@ -579,7 +641,12 @@ class Runner:
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
         """The answer to a job; to a `groups` job (calls at several blocks, sent together
         to save round trips) `{"answers": [answer of each]}`."""
+        if self.progress is not None:
+            self.progress[0] = 0
         try:
+            invalid = with_bytes(job)
+            if invalid is not None:
+                return {"error": invalid}
             if job["kind"] == "groups":
                 return {"answers": [self._run(one) for one in job["jobs"]]}
             return self._run(job)
@@ -874,6 +941,12 @@ class Runner:
         size = 0
         for call in job["calls"]:
             try:
+                progress = self.progress
+                if progress is not None:
+                    progress[1] = time.monotonic()
+                    progress[0] += 1
+                if "invalid" in call:  # (`with_bytes`)
+                    raise CallFailed(call["invalid"])
                 if size > self.limits.max_response_bytes:
                     limit = self.limits.max_response_bytes
                     raise CallFailed(error(EVM_FAILED, f"response exceeds {limit} bytes"))
@@ -1076,16 +1149,17 @@ class TraceSink(io.TextIOBase):
         return out
 
 
-def worker_main(conn: Any, limits: Limits, warm_blocks: int) -> None:
+def worker_main(conn: Any, limits: Limits, warm_blocks: int, progress: Any = None) -> None:
     """Entry point of a worker process: answer jobs from the pipe until it closes."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers end
-    runner = Runner(limits, warm_blocks)
+    runner = Runner(limits, warm_blocks, progress)
     conn.send(READY)
     while True:
         try:
             job = conn.recv()
+            attached(job, conn)
         except (EOFError, OSError):
             return
         try:
