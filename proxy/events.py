@@ -41,7 +41,7 @@ from chainstate.rpcclient import RpcClient
 from proxy import nesting
 from proxy.chainfeed import ChainFeed
 from proxy.eventsettings import EventSettings
-from proxy.filters import Filters
+from proxy.filters import NO_MEMPOOL, Filters
 from proxy.listeners import ListenerQuota
 from proxy.model import Pool
 from proxy.subscriptions import Session, Unread
@@ -62,10 +62,6 @@ FILTER_METHODS = (
 )
 SUBSCRIPTION_METHODS = ("eth_subscribe", "eth_unsubscribe")
 LOCAL_METHODS = frozenset(FILTER_METHODS + SUBSCRIPTION_METHODS)
-PENDING_FILTER_REFUSED = (
-    "eth_newPendingTransactionFilter is not served by the chainstate proxy: pending "
-    "transactions live in the Leader's execution client; use eth_newBlockFilter or eth_newFilter"
-)
 
 CLOSE_WAIT = 1.0  # seconds a closing WebSocket waits for the client's close frame
 
@@ -99,7 +95,9 @@ class Events:
         self.feeds: dict[str, ChainFeed] = {}
         self.quota = ListenerQuota(settings)  # filters and subscriptions, per client
         self.unread = Unread()  # bytes the WebSocket clients have not read (ws_unread_max_bytes)
-        self.filters = Filters(settings, self.feed, self._filter_logs, self.quota)
+        self.filters = Filters(
+            settings, self.feed, self._filter_logs, self.quota, leader=self._leader_call
+        )
         self.sessions: set[Session] = set()
         self.per_client: dict[str, int] = {}
         self._clients: dict[str, RpcClient] = {}
@@ -282,7 +280,7 @@ class Events:
         if method == "eth_uninstallFilter":
             return await filters.uninstall_filter(pool.id, params)
         if method == "eth_newPendingTransactionFilter":
-            raise JsonRpcError(METHOD_NOT_FOUND, PENDING_FILTER_REFUSED)
+            return await filters.new_pending_transaction_filter(pool.id, params, client)
         if session is None:
             raise JsonRpcError(
                 METHOD_NOT_FOUND,
@@ -292,6 +290,16 @@ class Events:
         if method == "eth_subscribe":
             return await session.subscribe(params)
         return await session.unsubscribe(params)
+
+    async def _leader_call(self, pool_id: str, method: str, params: list[Any]) -> tuple[str, Any]:
+        """`method` asked of the pool's Leader write node (which passes it to its execution
+        client): its key and the result. Errors it answers raise JsonRpcError, a Leader that
+        cannot be reached RpcUnavailable."""
+        pool = self._pools().get(pool_id)
+        node = pool.leader_node() if pool is not None else None
+        if pool is None or node is None or pool.leader is None:
+            raise JsonRpcError(METHOD_NOT_FOUND, NO_MEMPOOL)
+        return pool.leader, await self._client(node.entry.url).call(method, params)
 
     async def _filter_logs(self, pool_id: str, raw: dict[str, Any]) -> orjson.Fragment:
         """eth_getFilterLogs: eth_getLogs with the filter's criteria, routed as usual."""

@@ -134,7 +134,7 @@ async def test_limits_on_filters(stack: EventsStack) -> None:
         ("eth_getFilterChanges", [5], -32602, "invalid filter id"),
         ("eth_getFilterChanges", ["0x1234"], -32000, "filter not found"),
         ("eth_getFilterLogs", ["0x1234"], -32000, "filter not found"),
-        ("eth_newPendingTransactionFilter", [], -32601, "Leader's execution client"),
+        ("eth_newPendingTransactionFilter", [], -32601, "no Leader write node"),
         ("eth_subscribe", ["newHeads"], -32601, "notifications not supported"),
         ("eth_unsubscribe", ["0x12"], -32601, "WebSocket"),
     ],
