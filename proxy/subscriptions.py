@@ -48,9 +48,9 @@ _HEAD = b'{"jsonrpc":"2.0","method":"eth_subscription","params":{"subscription":
 _MID = b'","result":'
 _TAIL = b"}}"
 PENDING_REFUSED = (
-    "newPendingTransactions is not served by the chainstate proxy: pending transactions live "
-    "in the Leader's execution client, which the proxy does not expose; use eth_subscribe "
-    '("newHeads") or ("logs") for mined blocks'
+    "newPendingTransactions is not served as a subscription by the chainstate proxy: its "
+    "subscriptions come from mined blocks; poll eth_newPendingTransactionFilter for pending "
+    'transactions, or use eth_subscribe("newHeads") or ("logs")'
 )
 
 
