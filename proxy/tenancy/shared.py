@@ -133,6 +133,9 @@ class Shared:
         for bucket in buckets:
             bucket.rate = bucket.full_rate / self.fleet
             bucket.seen = -1  # the others' count is unknown until the next sync that works
+            # What was admitted meanwhile is never sent: the others would take it for what
+            # this proxy admitted in the last interval (quotas keep theirs: they count totals).
+            bucket.pending = 0
 
 
 def prune(active: Active, mono: float, wall: float) -> None:
