@@ -41,7 +41,7 @@ from proxy.store import ConfigStore
 from proxy.sync import StoreSync
 from proxy.tenancy.admin import TenancyAdmin
 from proxy.tenancy.gate import Gate, Ticket
-from proxy.tenancy.http import key_path, raw_headers
+from proxy.tenancy.http import KEY_ROUTE, key_path, raw_headers
 from proxy.tenancy.service import Tenancy
 from proxy.tenancy.settings import TenancySettings
 from proxy.upstream import Upstream
@@ -283,7 +283,6 @@ def create_server(app: web.Application) -> HttpServer:
     # handler's own lookup of the path.
     handlers: dict[bytes, Handler] = {}
     gate = proxy.tenancy.gate
-    admin_names = _admin_names(proxy)
 
     def route(method: bytes, path: bytes) -> Any:
         # One path segment: `/1337`, `/0x539`, `/1337-blue`, or two with a key in the second
@@ -291,12 +290,12 @@ def create_server(app: web.Application) -> HttpServer:
         # bytes' `in` tries the operand as an int first and clears the TypeError, twice the
         # cost.)
         if method != b"POST":
-            return _preflight(proxy, path, admin_names) if method == b"OPTIONS" else None
+            return _preflight(proxy, path) if method == b"OPTIONS" else None
         handler = handlers.get(path)
         if handler is not None:
             return handler
         if path.count(b"/") <= 2 and path.find(b"%") < 0:
-            found = key_path(path, admin_names)
+            found = key_path(path)
             if found is None:
                 return None
             if len(handlers) >= MAX_DATA_PATHS:
@@ -374,19 +373,9 @@ def _data(
     return data
 
 
-def _admin_names(proxy: Proxy) -> frozenset[bytes]:
-    """The second segments of the admin API's `/{pool}/name` paths: never a key."""
-    names = set()
-    for route in proxy.admin.routes():
-        parts = route.path.split("/")  # type: ignore[attr-defined]
-        if len(parts) == 3 and parts[1] == "{pool}":
-            names.add(parts[2].encode())
-    return frozenset(names)
-
-
-def _preflight(proxy: Proxy, path: bytes, admin_names: frozenset[bytes]) -> Handler | None:
+def _preflight(proxy: Proxy, path: bytes) -> Handler | None:
     """`OPTIONS /:chainId[/:key]`: a CORS preflight, answered by the gate."""
-    found = key_path(path, admin_names) if path.find(b"%") < 0 else None
+    found = key_path(path) if path.find(b"%") < 0 else None
     if found is None:
         return None
     chain_id, key = found
@@ -439,8 +428,7 @@ def create_app(
     app.router.add_get("/health", _health_handler(proxy))
     if settings.admin_port is None:
         app.router.add_routes(_admin_routes(proxy))
-    # After the admin API's `/{pool}/name` paths: `/{chain}/{key}` matches them too.
-    app.router.add_post("/{chain}/{key}", _data_handler(proxy))
+    app.router.add_post(KEY_ROUTE, _data_handler(proxy))
     # After the admin API's one-segment GETs (`/getChains`): the lean server hands every
     # Upgrade request to this app, whatever its path.
     app.router.add_get("/{chain}", proxy.events.websocket)

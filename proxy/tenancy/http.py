@@ -6,6 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from proxy.model import normalize_pool
+from proxy.tenancy.keys import KEY_PREFIX as _PREFIX
+
+KEY_PREFIX = _PREFIX.encode()
+# aiohttp's route of a data path with a key (the same shape as `key_path` takes)
+KEY_ROUTE = "/{chain}/{key:" + _PREFIX + "[A-Za-z0-9_-]{1,124}}"
 
 # The headers the gate reads, as the lean server keeps them (lower-case bytes)
 GATE_HEADERS = ("authorization", "origin", "x-forwarded-for", "access-control-request-headers")
@@ -29,13 +34,14 @@ def raw_headers(headers: Any) -> dict[bytes, bytes]:
     return out
 
 
-def key_path(path: bytes, admin_names: frozenset[bytes]) -> tuple[str, str | None] | None:
-    """`/:chainId` → (chain id, None); `/:chainId/:key` → (chain id, key) unless the second
-    segment is an admin API name (`/1337/addNode`); None for any other path."""
+def key_path(path: bytes) -> tuple[str, str | None] | None:
+    """`/:chainId` → (chain id, None); `/:chainId/:key` → (chain id, key) when the second
+    segment is shaped like a key (`csk_…`: never an admin API name such as `/1337/addNode`);
+    None for any other path."""
     parts = path.split(b"/")
     if len(parts) == 2:
         return parts[1].decode("latin-1"), None
-    if len(parts) != 3 or not parts[2] or parts[2] in admin_names:
+    if len(parts) != 3 or not parts[2].startswith(KEY_PREFIX):
         return None
     chain = parts[1].decode("latin-1")
     if normalize_pool(chain) is None:
