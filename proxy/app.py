@@ -348,7 +348,9 @@ def _data(
             if verdict is not None:
                 if type(verdict) is tuple:
                     return verdict
-                return verdict.follow(request, serve)  # type: ignore[union-attr]
+                verdict.request = request  # type: ignore[union-attr]
+                result = serve(request, verdict.early, verdict.later)  # type: ignore[union-attr]
+                return None if result is None else verdict.finish(result)  # type: ignore[union-attr]
         return serve(request, request.answer_early, request.answer_later)
 
     def serve(

@@ -18,7 +18,7 @@ registry changes, so a known key costs a dict lookup; limiters outlive those cha
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 import orjson
@@ -43,6 +43,8 @@ LIMIT_EXCEEDED = SERVER_BUSY  # -32005, EIP-1474 "limit exceeded" (HTTP 429)
 MAX_SUBJECTS = 10_000  # credentials (and refusals of bad ones) kept resolved
 Answer = tuple[int, bytes] | tuple[int, bytes, bytes]
 _METHOD = b'"method"'
+_new = object.__new__
+monotonic = time.monotonic
 
 
 def _error(status: int, code: int, message: str, extra: bytes = b"") -> Answer:
@@ -85,6 +87,7 @@ class Subject:
     """One key with its project, one JWT project, or one pool's anonymous clients."""
 
     __slots__ = (
+        "checks",
         "expires",
         "follow",
         "inflight",
@@ -119,33 +122,48 @@ class Subject:
         self.inflight = [lim.inflight for lim in limiters if lim.inflight is not None]
         # keyed traffic is followed to its answer (errors per key); anonymous only when needed
         self.follow = tally.key != ANONYMOUS or bool(self.inflight)
+        # more than plain rates to check (the rest of the request path's checks)
+        self.checks = bool(
+            policy.chains is not None
+            or policy.networks
+            or policy.needs_items
+            or per_client is not None
+            or self.quotas
+            or self.inflight
+        )
 
 
 class Ticket:
     """One admitted request followed to its answer: counts its errors, gives back its place
-    in flight, and adds the CORS headers a browser needs to read the answer."""
+    in flight, and adds the CORS headers a browser needs to read the answer. (Made without
+    `__init__`'s call, by `Gate.admit`: one per keyed request.)"""
 
     __slots__ = ("done", "extra", "inflight", "request", "tally")
 
-    def __init__(self, tally: Tally, inflight: list[InFlight], extra: bytes) -> None:
-        self.tally = tally
-        self.inflight = inflight
-        self.extra = extra  # header lines added to the answer
-        self.request: Any = None
-        self.done = False
-
-    def follow(self, request: Any, serve: Callable[..., Any]) -> Any:
-        """`serve(request, early, later)` with this ticket's hooks; its result, followed."""
-        self.request = request
-        return self.finish(serve(request, self.early, self.later))
+    tally: Tally
+    inflight: list[InFlight]
+    extra: bytes  # header lines added to the answer
+    request: Any
+    done: bool
 
     def early(self, result: Any) -> bool:
-        return self.request.answer_early(self._end(result))
+        """`Request.answer_early` for the engine (a node's answer, final as it is)."""
+        if not self.done:
+            self.done = True
+            for slot in self.inflight:
+                slot.count -= 1
+            if type(result) is bytes and result.find(b'"error"') >= 0:
+                self.tally.errors += 1
+        extra = self.extra
+        if extra:
+            result = _with_headers(result, extra)
+        return self.request.answer_early(result)
 
     def later(self, answer: Awaitable[Any]) -> None:
         self.request.answer_later(self._watch(answer))
 
     def finish(self, result: Any) -> Any:
+        """What the request path returns for it, followed."""
         if result is None:
             return None
         if type(result) is tuple or type(result) is bytes:
@@ -167,25 +185,21 @@ class Ticket:
                 slot.count -= 1
 
     def _end(self, result: Any) -> Any:
-        if self.done:
-            return self._headers(result)
-        self._release()
-        if type(result) is bytes:
-            if result.find(b'"error"') >= 0:
+        if not self.done:
+            self._release()
+            body = result if type(result) is bytes else result[1]
+            if body.find(b'"error"') >= 0 or (type(result) is tuple and result[0] != 200):
                 self.tally.errors += 1
-        elif result[0] != 200 or result[1].find(b'"error"') >= 0:
-            self.tally.errors += 1
-        return self._headers(result)
-
-    def _headers(self, result: Any) -> Any:
         extra = self.extra
-        if not extra:
-            return result
-        if type(result) is bytes:
-            return (200, result, extra) if result else (204, b"", extra)
-        if len(result) == 2:
-            return (result[0], result[1], extra)
-        return (result[0], result[1], result[2] + extra)
+        return _with_headers(result, extra) if extra else result
+
+
+def _with_headers(result: Any, extra: bytes) -> Any:
+    if type(result) is bytes:
+        return (200, result, extra) if result else (204, b"", extra)
+    if len(result) == 2:
+        return (result[0], result[1], extra)
+    return (result[0], result[1], result[2] + extra)
 
 
 class Gate:
@@ -297,7 +311,11 @@ class Gate:
             per_client=None if access.limits.empty else access.limits,
         )
 
-    def _subject(self, cache_as: Any, token: str | None, pool_id: str) -> Subject | Answer:
+    def _subject(
+        self, cache_as: Any, path_key: str | None, raw: Mapping[bytes, bytes], pool_id: str
+    ) -> Subject | Answer:
+        """The subject of a credential not seen since the registry last changed (or of a JWT
+        whose expiry is checked)."""
         if self._version != self.registry.version:
             self._refresh()
         found = self._subjects.get(cache_as)
@@ -306,6 +324,13 @@ class Gate:
                 del self._subjects[cache_as]
             else:
                 return found
+        token = path_key
+        if token is None:
+            auth = raw.get(b"authorization")
+            if auth is not None:
+                token = bearer(auth)
+                if token is None:
+                    return _error(401, UNAUTHORIZED, "unauthorized: Authorization must be Bearer")
         if token is None:
             made = self._anonymous(pool_id)
         elif looks_like_jwt(token):
@@ -329,46 +354,71 @@ class Gate:
     ) -> Ticket | Answer | None:
         """The request path's one call (see the module's docstring). `raw`: lower-case
         header names → values; `conn`: the client's connection (its `transport` tells the
-        remote address, read only when a rule or limit needs it)."""
-        pool_id = pool.id
+        remote address, read only when a rule or limit needs it). Every request of a known
+        credential passes here: a dict lookup, the checks its subject has, no more."""
         if path_key is not None:
-            subject = self._subject(path_key, path_key, pool_id)
+            cache_as: Any = path_key
         else:
             auth = raw.get(b"authorization")
-            if auth is None:
-                subject = self._subject(pool_id, None, pool_id)
-            else:
-                token = bearer(auth)
-                if token is None:
-                    return _error(401, UNAUTHORIZED, "unauthorized: Authorization must be Bearer")
-                subject = self._subject(auth, token, pool_id)
-        if type(subject) is tuple:
-            return subject
-        assert type(subject) is Subject
+            cache_as = pool.id if auth is None else auth
+        subject = self._subjects.get(cache_as)
+        if subject is None or (type(subject) is Subject and subject.expires):
+            subject = self._subject(cache_as, path_key, raw, pool.id)
+        if type(subject) is not Subject:
+            return subject  # type: ignore[return-value]
         origin = raw.get(b"origin")
         extra = b""
+        policy = subject.policy
         if origin is not None:
             text = origin.decode("latin-1")
-            if not subject.policy.allows_origin(text):
-                return self._refuse(
-                    subject, 403, FORBIDDEN, "origin", f"origin {text[:100]} is not allowed", b""
-                )
+            if not policy.allows_origin(text):
+                why = f"origin {text[:100]} is not allowed"
+                return self._refuse(subject, 403, FORBIDDEN, "origin", why, b"")
             extra = b"Access-Control-Allow-Origin: %b\r\nVary: Origin\r\n" % origin
+        if subject.checks:
+            refused = self._check(subject, pool, raw, body, conn, extra)
+            if refused is not None:
+                return refused
+        else:
+            # one item, or a batch's "method" members (a scan, no parse; a string holding
+            # the word in quotes has it escaped)
+            items = 1 if not body or body[0] != 91 else (body.count(_METHOD) or 1)
+            if subject.rates or subject.items:
+                limited = self._take_rates(subject.rates, subject.items, items)
+                if limited is not None:
+                    return self._limited(subject, limited, extra)
+            tally = subject.tally
+            tally.requests += 1
+            tally.items += items
+        if subject.follow or extra:
+            ticket = _new(Ticket)
+            ticket.tally = subject.tally
+            ticket.inflight = subject.inflight
+            ticket.extra = extra
+            ticket.request = None
+            ticket.done = False
+            for slot in subject.inflight:
+                slot.count += 1
+            return ticket
+        return None
+
+    def _check(
+        self, subject: Subject, pool: Pool, raw: Mapping[bytes, bytes], body: bytes, conn: Any,
+        extra: bytes,
+    ) -> Answer | None:  # fmt: skip
+        """Everything but a plain rate: chains, addresses, items, quotas, in-flight counts."""
         policy = subject.policy
+        pool_id = pool.id
         if policy.chains is not None and pool_id not in policy.chains:
-            return self._refuse(
-                subject, 403, FORBIDDEN, "chains", f"chain {pool_id} is not allowed", extra
-            )
+            why = f"chain {pool_id} is not allowed"
+            return self._refuse(subject, 403, FORBIDDEN, "chains", why, extra)
         address = None
         if policy.networks or subject.per_client is not None:
             address = self.address.of(peer_of(conn), raw.get(b"x-forwarded-for"))
             if policy.networks and not policy.allows_address(address):
-                return self._refuse(
-                    subject, 403, FORBIDDEN, "ips", f"address {address} is not allowed", extra
-                )
-        # a batch's items: its "method" members (a scan, no parse; a string holding the
-        # word in quotes has it escaped)
-        items = (body.count(_METHOD) or 1) if body[:1] == b"[" else 1
+                why = f"address {address} is not allowed"
+                return self._refuse(subject, 403, FORBIDDEN, "ips", why, extra)
+        items = 1 if body[:1] != b"[" else (body.count(_METHOD) or 1)
         if policy.needs_items:
             refused = self._check_items(policy, pool, body)
             if refused is not None:
@@ -380,10 +430,6 @@ class Gate:
         tally = subject.tally
         tally.requests += 1
         tally.items += items
-        if subject.follow or extra:
-            for slot in subject.inflight:
-                slot.count += 1
-            return Ticket(tally, subject.inflight, extra)
         return None
 
     def _check_items(self, policy: Policy, pool: Pool, body: bytes) -> tuple[str, str] | None:
@@ -407,22 +453,52 @@ class Gate:
                 return ("methods" if why.startswith("method") else "max_logs_range"), why
         return None
 
+    def _take_rates(
+        self, rates: list[Bucket], item_buckets: list[Bucket], items: int
+    ) -> tuple[str, float] | None:
+        """One token of every request bucket and `items` of every item bucket, or none:
+        (setting, seconds to wait) of the first that refuses."""
+        now = monotonic()
+        for bucket in rates:
+            wait = bucket.take(1, now)
+            if wait:
+                self._give_back(rates, item_buckets, bucket, items)
+                return bucket.limit, wait
+            if not bucket.active:
+                bucket.active = True
+                self.active_limiters.buckets.append(bucket)
+        for bucket in item_buckets:
+            wait = bucket.take(items, now)
+            if wait:
+                self._give_back(rates, item_buckets, bucket, items)
+                return bucket.limit, wait
+            if not bucket.active:
+                bucket.active = True
+                self.active_limiters.buckets.append(bucket)
+        return None
+
+    @staticmethod
+    def _give_back(
+        rates: list[Bucket], item_buckets: list[Bucket], refused: Bucket, items: int
+    ) -> None:
+        """The tokens taken before `refused` said no."""
+        for bucket, n in (*((b, 1) for b in rates), *((b, items) for b in item_buckets)):
+            if bucket is refused:
+                return
+            bucket.tokens += n
+            bucket.pending -= n
+
     def _take(
         self, subject: Subject, address: str | None, pool_id: str, items: int
     ) -> tuple[str, float] | None:
-        """Takes from every limiter of the request, or none: (setting, retry after) of the
-        first that refuses."""
-        rates, item_buckets, quotas, inflight = (
-            subject.rates,
-            subject.items,
-            subject.quotas,
-            subject.inflight,
-        )
+        """Takes from every limiter of the request, or none."""
+        rates, item_buckets, quotas = subject.rates, subject.items, subject.quotas
+        inflight = subject.inflight
         if subject.per_client is not None and address is not None:
             client = self._clients.get((pool_id, address))
             if client is None:
                 name = f"anon:{pool_id}:{address}"
-                client = Limiters(name, subject.per_client, time.monotonic(), time.time())
+                client = Limiters(name, subject.per_client, monotonic(), time.time())
                 self._clients[(pool_id, address)] = client
             rates = rates + client.buckets
             item_buckets = item_buckets + client.items
@@ -432,38 +508,23 @@ class Gate:
         for slot in inflight:
             if slot.count >= slot.limit:
                 return slot.setting, 1.0
-        if not (rates or item_buckets or quotas):
-            return None
-        now = time.monotonic()
-        active = self.active_limiters
-        taken: list[tuple[Bucket, int]] = []
-        for bucket, n in [*((b, 1) for b in rates), *((b, items) for b in item_buckets)]:
-            wait = bucket.take(n, now)
-            if wait:
-                for b, m in taken:
-                    b.tokens += m
-                    b.pending -= m
-                return bucket.limit, wait
-            taken.append((bucket, n))
-            if not bucket.active:
-                bucket.active = True
-                active.buckets.append(bucket)
         if quotas:
             wall = time.time()
             for i, quota in enumerate(quotas):
-                if self.quota_closed or not quota.take(items, wall):
-                    for b, m in taken:
-                        b.tokens += m
-                        b.pending -= m
+                if self.quota_closed:
+                    return f"{quota.setting} (shared counts unavailable)", -1.0
+                if not quota.take(items, wall):
                     for q in quotas[:i]:
                         q.pending -= items
-                    if self.quota_closed:
-                        return f"{quota.setting} (shared counts unavailable)", -1.0
                     return quota.setting, float(quota.reset_after(wall))
                 if not quota.active:
                     quota.active = True
-                    active.quotas.append(quota)
-        return None
+                    self.active_limiters.quotas.append(quota)
+        limited = self._take_rates(rates, item_buckets, items)
+        if limited is not None:
+            for quota in quotas:
+                quota.pending -= items
+        return limited
 
     def _limited(self, subject: Subject, limited: tuple[str, float], extra: bytes) -> Answer:
         setting, wait = limited
@@ -508,7 +569,7 @@ class Gate:
             return (200, b"", allow)
         policy = self.cors
         if path_key is not None and pool is not None:
-            subject = self._subject(path_key, path_key, pool.id)
+            subject = self._subject(path_key, path_key, raw, pool.id)
             if type(subject) is tuple:
                 return subject
             policy = subject.policy  # type: ignore[union-attr]
