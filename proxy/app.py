@@ -9,7 +9,7 @@ Background work starts and stops through `cleanup_ctx`.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -344,18 +344,7 @@ def _data(
         if pool is not None and (
             gate.active or path_key is not None or b"origin" in request.headers.raw
         ):
-            verdict = gate.admit(pool, path_key, request.headers.raw, request.body, request._conn)
-            if verdict is not None:
-                if type(verdict) is tuple:
-                    return verdict
-                verdict.request = request  # type: ignore[union-attr]
-                result = serve(request, verdict.early, verdict.later)  # type: ignore[union-attr]
-                return None if result is None else verdict.finish(result)  # type: ignore[union-attr]
-        return serve(request, request.answer_early, request.answer_later)
-
-    def serve(
-        request: Request, early: Callable[[Any], Any], later: Callable[[Any], Any]
-    ) -> Awaitable[Response] | Response | None:
+            return gated(request)
         if answer is not None and pool is not None:
             answered = answer(chain, pool, request.body, request.headers)
             if answered is not None:
@@ -368,9 +357,41 @@ def _data(
             request.body,
             request.headers,  # type: ignore[arg-type]
             admitted,  # type: ignore[arg-type]
-            early,
-            later,
+            request.answer_early,
+            request.answer_later,
         )
+
+    def gated(request: Request) -> Awaitable[Response] | Response | None:
+        """`data` after `Gate.admit`: refused, or served by the same steps with the ticket
+        (when there is one) following the answer through its `early` and `later`."""
+        conn = request._conn
+        verdict = gate.admit(pool, path_key, request.headers.raw, request.body, conn)  # type: ignore[arg-type]
+        if verdict is None:
+            early, later = request.answer_early, request.answer_later
+        elif type(verdict) is tuple:
+            return verdict
+        else:
+            verdict.request = request  # type: ignore[union-attr]
+            early, later = verdict.early, verdict.later  # type: ignore[union-attr]
+        result = None
+        if answer is not None:
+            result = answer(chain, pool, request.body, request.headers)  # type: ignore[arg-type]
+        if result is None:
+            admitted = engine.admit_resolved(chain_id, found)
+            if type(admitted) is tuple:
+                result = admitted
+            else:
+                result = engine.start(
+                    chain_id,
+                    request.body,
+                    request.headers,  # type: ignore[arg-type]
+                    admitted,  # type: ignore[arg-type]
+                    early,
+                    later,
+                )
+                if result is None:
+                    return None
+        return result if verdict is None else verdict.finish(result)  # type: ignore[union-attr]
 
     return data
 

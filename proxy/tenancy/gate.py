@@ -98,6 +98,7 @@ class Subject:
         "policy",
         "quotas",
         "rates",
+        "single",
         "tally",
     )
 
@@ -118,6 +119,7 @@ class Subject:
         self.limiters = limiters
         self.rates = [b for lim in limiters for b in lim.buckets]
         self.items = [b for lim in limiters for b in lim.items]
+        self.single = self.rates + self.items  # what a single request takes a token of
         self.quotas = [q for lim in limiters for q in lim.quotas]
         self.inflight = [lim.inflight for lim in limiters if lim.inflight is not None]
         # keyed traffic is followed to its answer (errors per key); anonymous only when needed
@@ -379,17 +381,37 @@ class Gate:
             refused = self._check(subject, pool, raw, body, conn, extra)
             if refused is not None:
                 return refused
-        else:
-            # one item, or a batch's "method" members (a scan, no parse; a string holding
-            # the word in quotes has it escaped)
-            items = 1 if not body or body[0] != 91 else (body.count(_METHOD) or 1)
-            if subject.rates or subject.items:
+        elif body and body[0] == 91:  # a batch: its "method" members (a scan, no parse)
+            items = body.count(_METHOD) or 1
+            if subject.single:
                 limited = self._take_rates(subject.rates, subject.items, items)
                 if limited is not None:
                     return self._limited(subject, limited, extra)
             tally = subject.tally
             tally.requests += 1
             tally.items += items
+        else:
+            # A single request takes one token of every bucket: `Bucket.take`, inline (two
+            # calls less per request; keep the two alike)
+            buckets = subject.single
+            if buckets:
+                now = monotonic()
+                for bucket in buckets:
+                    tokens = bucket.tokens + (now - bucket.stamp) * bucket.rate
+                    if tokens > bucket.cap:
+                        tokens = bucket.cap
+                    bucket.stamp = now
+                    if tokens < 1.0:
+                        bucket.tokens = tokens
+                        return self._short(subject, buckets, bucket, extra)
+                    bucket.tokens = tokens - 1.0
+                    bucket.pending += 1
+                    if not bucket.active:
+                        bucket.active = True
+                        self.active_limiters.buckets.append(bucket)
+            tally = subject.tally
+            tally.requests += 1
+            tally.items += 1
         if subject.follow or extra:
             ticket = _new(Ticket)
             ticket.tally = subject.tally
@@ -401,6 +423,19 @@ class Gate:
                 slot.count += 1
             return ticket
         return None
+
+    def _short(
+        self, subject: Subject, buckets: list[Bucket], refused: Bucket, extra: bytes
+    ) -> Answer:
+        """A single request one of `buckets` (`refused`) has no token for: the tokens the
+        ones before it gave back, and the refusal."""
+        for bucket in buckets:
+            if bucket is refused:
+                break
+            bucket.tokens += 1.0
+            bucket.pending -= 1
+        wait = (1.0 - refused.tokens) / max(refused.rate, 1e-9)
+        return self._limited(subject, (refused.limit, wait), extra)
 
     def _check(
         self, subject: Subject, pool: Pool, raw: Mapping[bytes, bytes], body: bytes, conn: Any,
