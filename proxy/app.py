@@ -454,7 +454,9 @@ def create_app(
     app.router.add_post(KEY_ROUTE, _data_handler(proxy))
     # After the admin API's one-segment GETs (`/getChains`): the lean server hands every
     # Upgrade request to this app, whatever its path.
-    app.router.add_get("/{chain}", proxy.events.websocket)
+    websocket = _gated_websocket(proxy)
+    app.router.add_get("/{chain}", websocket)
+    app.router.add_get(KEY_ROUTE, websocket)
     app.cleanup_ctx.append(proxy.lifecycle)
     return app
 
@@ -473,6 +475,28 @@ def _admin_routes(proxy: Proxy) -> list[web.RouteDef]:
     apply_timeout = proxy.settings.admin_apply_timeout
     tenancy = TenancyAdmin(proxy.tenancy, proxy.store, apply_timeout)
     return [*admin.routes(), *(admin.guarded(*r) for r in tenancy.routes())]
+
+
+def _gated_websocket(proxy: Proxy):
+    """The WebSocket upgrade after `Gate.admit` (the credential, the pool's anonymous access,
+    the rules and one token of the rates, as for one request)."""
+    engine, gate, websocket = proxy.engine, proxy.tenancy.gate, proxy.events.websocket
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        found = engine.resolve(request.match_info["chain"])
+        if found is not None:
+            key = request.match_info.get("key")
+            verdict = gate.admit(found[1], key, raw_headers(request.headers), b"", request)
+            if type(verdict) is tuple:
+                headers = _header_lines(verdict[2]) if len(verdict) > 2 else None
+                return web.Response(
+                    status=verdict[0], body=verdict[1], content_type=JSON, headers=headers
+                )
+            if verdict is not None:
+                verdict.finish((200, b""))  # type: ignore[union-attr]
+        return await websocket(request)
+
+    return handle
 
 
 def _health_handler(proxy: Proxy):

@@ -355,3 +355,19 @@ async def test_bad_admin_bodies_change_nothing(make_tenant) -> None:
     assert (await api.post("/tenancy/keys/kdoesnotexist/revoke"))[0] == 404
     status, answer = await api.get("/tenancy/usage?by=week")
     assert status == 400
+
+
+async def test_a_websocket_upgrade_needs_a_key_where_requests_do(make_tenant) -> None:
+    api, _ = await make_tenant()
+    await project(api)
+    key = (await new_key(api))["key"]
+    await api.post("/tenancy/pools/1337", {"anonymous": False})
+    base = f"http://127.0.0.1:{api.client.server.port}"
+    async with aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(f"{base}/1337")
+        assert refused.value.status == 401
+        async with http.ws_connect(f"{base}/1337/{key}") as ws:
+            await ws.send_bytes(orjson.dumps(req("eth_blockNumber")))
+            answer = orjson.loads((await ws.receive()).data)
+            assert answer["result"] == "0x3e8"
