@@ -57,7 +57,8 @@ class Registry:
         try:
             revision: int | None = await self._load()
         except StoreUnavailable as exc:
-            log.warning("tenancy: config store unavailable at start (%s); retrying", exc)
+            # (the routing state's sync says so once for the store; this follows it quietly)
+            log.debug("tenancy: config store unavailable at start (%s); retrying", exc)
             revision = None
         self._task = asyncio.create_task(self._follow(revision))
 

@@ -25,6 +25,7 @@ IDLE_S = 10.0  # a limiter untouched this long leaves the sync (its bucket is fu
 COUNTER_TTL_S = 3600  # a rate counter unused this long expires
 FLEET_EVERY_S = 1.0  # seconds between announcements of this proxy
 FLEET_WINDOW_S = 5.0  # proxies announced within this many seconds count as the fleet
+OUTAGE_S = 0.5  # syncs failing this long are an outage, not one slow answer
 
 
 class Active:
@@ -52,6 +53,7 @@ class Shared:
         self.failures = 0
         self.last_error = ""
         self._announced = 0.0
+        self.down_since = 0.0  # (monotonic) when the current outage began
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -123,19 +125,26 @@ class Shared:
     def _down(self, exc: BaseException, buckets: list[Bucket]) -> None:
         self.failures += 1
         self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+        now = time.monotonic()
         if self.up is not False:
             log.warning(
                 "tenancy: Redis unreachable (%s); limits are local (rate / %d proxies)",
                 self.last_error,
                 self.fleet,
             )
+            self.down_since = now
         self.up = False
+        # A sync that failed once (a slow answer) keeps its counts for the next one: nothing
+        # is lost. Past OUTAGE_S it is an outage: what was admitted meanwhile is never sent
+        # (the others would take it for this proxy's use of the last interval), and the
+        # others' count is unknown until a sync works again (quotas keep theirs: they count
+        # totals).
+        outage = now - self.down_since >= OUTAGE_S
         for bucket in buckets:
             bucket.rate = bucket.full_rate / self.fleet
-            bucket.seen = -1  # the others' count is unknown until the next sync that works
-            # What was admitted meanwhile is never sent: the others would take it for what
-            # this proxy admitted in the last interval (quotas keep theirs: they count totals).
-            bucket.pending = 0
+            if outage:
+                bucket.seen = -1
+                bucket.pending = 0
 
 
 def prune(active: Active, mono: float, wall: float) -> None:
