@@ -364,16 +364,15 @@ class Gate:
             auth = raw.get(b"authorization")
             cache_as = pool.id if auth is None else auth
         subject = self._subjects.get(cache_as)
-        if subject is None or (type(subject) is Subject and subject.expires):
+        if subject is None or type(subject) is not Subject or subject.expires:
             subject = self._subject(cache_as, path_key, raw, pool.id)
-        if type(subject) is not Subject:
-            return subject  # type: ignore[return-value]
+            if type(subject) is not Subject:
+                return subject  # type: ignore[return-value]
         origin = raw.get(b"origin")
         extra = b""
-        policy = subject.policy
         if origin is not None:
             text = origin.decode("latin-1")
-            if not policy.allows_origin(text):
+            if not subject.policy.allows_origin(text):
                 why = f"origin {text[:100]} is not allowed"
                 return self._refuse(subject, 403, FORBIDDEN, "origin", why, b"")
             extra = b"Access-Control-Allow-Origin: %b\r\nVary: Origin\r\n" % origin
@@ -419,8 +418,9 @@ class Gate:
             ticket.extra = extra
             ticket.request = None
             ticket.done = False
-            for slot in subject.inflight:
-                slot.count += 1
+            if subject.inflight:
+                for slot in subject.inflight:
+                    slot.count += 1
             return ticket
         return None
 
