@@ -120,6 +120,11 @@ class AdminApi:
             p("/{pool}/setVersion", self.set_version),
         ]
 
+    def guarded(self, method: str, path: str, handler: Handler) -> web.RouteDef:
+        """A route of another part (tenancy) under this API's guard: token, errors and, for
+        POSTs, one change at a time."""
+        return self._post(path, handler) if method == "POST" else self._get(path, handler)
+
     def _get(self, path: str, handler: Handler) -> web.RouteDef:
         return web.get(path, self._guard(handler), allow_head=False)
 
