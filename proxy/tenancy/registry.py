@@ -21,6 +21,7 @@ from collections.abc import Callable
 import orjson
 
 from chainstate.tasks import stop_task
+from proxy.applied import AppliedRevision
 from proxy.model import EntryError, normalize_pool
 from proxy.store import ConfigStore, StoreEvent, StoreUnavailable
 from proxy.tenancy.model import KeyRecord, PoolAccess, Project
@@ -37,14 +38,13 @@ class Registry:
         self.keys: dict[str, KeyRecord] = {}  # key id → record
         self.by_hash: dict[str, KeyRecord] = {}  # sha256 hex → record
         self.pools: dict[str, PoolAccess] = {}
-        self.revision = 0
+        self.applied = AppliedRevision()
         # Bumped on every applied change: what was derived from the records (the gate's
         # subjects) is derived again after it.
         self.version = 0
         self.on_change: Callable[[], None] | None = None
         self.loaded = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     @property
     def empty(self) -> bool:
@@ -94,30 +94,18 @@ class Registry:
         self._apply(event.key, event.value)
         self._changed(event.revision)
 
+    @property
+    def revision(self) -> int:
+        return self.applied.revision
+
     def _changed(self, revision: int) -> None:
         self.version += 1
-        self.revision = max(self.revision, revision)
         if self.on_change is not None:
             self.on_change()
-        still = []
-        for wanted, fut in self._waiters:
-            if wanted <= self.revision:
-                if not fut.done():
-                    fut.set_result(None)
-            else:
-                still.append((wanted, fut))
-        self._waiters = still
+        self.applied.advance(revision)
 
     async def wait_applied(self, revision: int, within: float) -> bool:
-        if self.revision >= revision:
-            return True
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((revision, fut))
-        try:
-            await asyncio.wait_for(fut, within)
-        except TimeoutError:
-            return False
-        return True
+        return await self.applied.wait(revision, within)
 
     def _apply(self, key: str, value: bytes | None) -> None:
         parts = key.split("/")
