@@ -61,6 +61,23 @@ class AdminError(Exception):
         self.reason = reason
 
 
+async def json_object(request: web.Request) -> dict[str, Any]:
+    """An admin request's body: a JSON object of at most MAX_ADMIN_BODY bytes ({} when
+    empty); AdminError (413, 400) otherwise."""
+    raw = await request.read()
+    if len(raw) > MAX_ADMIN_BODY:
+        raise AdminError(413, f"body larger than {MAX_ADMIN_BODY} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise AdminError(400, f"body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise AdminError(400, "body must be a JSON object")
+    return body
+
+
 def reply(obj: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
 
@@ -201,18 +218,7 @@ class AdminApi:
 
     @staticmethod
     async def _body(request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
-        if len(raw) > MAX_ADMIN_BODY:
-            raise AdminError(413, f"body larger than {MAX_ADMIN_BODY} bytes")
-        if not raw.strip():
-            return {}
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise AdminError(400, f"body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise AdminError(400, "body must be a JSON object")
-        return body
+        return await json_object(request)
 
     async def _put(self, key: str, obj: Any) -> int:
         self._check_store()

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from proxy.admin import AdminError, json_object, reply
 from proxy.model import EntryError, normalize_pool
 from proxy.store import ConfigStore, StoreUnavailable
 from proxy.tenancy.keys import key_hash, new_id, new_key, shown_prefix
@@ -25,20 +26,8 @@ from proxy.tenancy.registry import Registry
 from proxy.tenancy.service import Tenancy
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-MAX_BODY = 64 * 1024
 CAS_ATTEMPTS = 5
 MAX_USAGE_DAYS = 400
-
-
-class TenancyError(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
-def _reply(obj: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
 
 
 class TenancyAdmin:
@@ -74,12 +63,12 @@ class TenancyAdmin:
         async def handled(request: web.Request) -> web.StreamResponse:
             try:
                 return await handler(request)
-            except TenancyError as exc:
-                return _reply({"error": exc.reason}, exc.status)
+            except AdminError as exc:
+                return reply({"error": exc.reason}, exc.status)
             except EntryError as exc:
-                return _reply({"error": str(exc)}, 400)
+                return reply({"error": str(exc)}, 400)
             except StoreUnavailable as exc:
-                return _reply({"error": f"config store unavailable, nothing changed: {exc}"}, 503)
+                return reply({"error": f"config store unavailable, nothing changed: {exc}"}, 503)
 
         return handled
 
@@ -87,18 +76,7 @@ class TenancyAdmin:
 
     @staticmethod
     async def _body(request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
-        if len(raw) > MAX_BODY:
-            raise TenancyError(413, f"body larger than {MAX_BODY} bytes")
-        if not raw.strip():
-            return {}
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise TenancyError(400, f"body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise TenancyError(400, "body must be a JSON object")
-        return body
+        return await json_object(request)
 
     async def _write(self, key: str, expected: bytes | None, value: bytes | None) -> None:
         """Compare-and-set `key` (None: absent / delete), then wait until it is applied."""
@@ -106,9 +84,9 @@ class TenancyAdmin:
             raise StoreUnavailable("the store does not answer")
         revision = await self.store.replace(key, expected, value)
         if revision is None:
-            raise TenancyError(409, f"{key} changed meanwhile; try again")
+            raise AdminError(409, f"{key} changed meanwhile; try again")
         if not await self.registry.wait_applied(revision, self.apply_timeout):
-            raise TenancyError(504, f"written at revision {revision} but not applied in time")
+            raise AdminError(504, f"written at revision {revision} but not applied in time")
 
     async def _current(self, key: str) -> bytes | None:
         items, _ = await self.store.snapshot(key)
@@ -118,14 +96,14 @@ class TenancyAdmin:
         pid = request.match_info["project"]
         project = self.registry.projects.get(pid)
         if project is None:
-            raise TenancyError(404, f"unknown project {pid[:48]!r}")
+            raise AdminError(404, f"unknown project {pid[:48]!r}")
         return project
 
     def _key(self, request: web.Request) -> KeyRecord:
         kid = request.match_info["key"]
         record = self.registry.keys.get(kid)
         if record is None:
-            raise TenancyError(404, f"unknown key id {kid[:48]!r}")
+            raise AdminError(404, f"unknown key id {kid[:48]!r}")
         return record
 
     # ---- projects ------------------------------------------------------------------------
@@ -136,40 +114,40 @@ class TenancyAdmin:
         for record in self.registry.keys.values():
             if not record.revoked:
                 counts[record.project] = counts.get(record.project, 0) + 1
-        return _reply({"projects": [{**p.to_obj(), "keys": counts.get(p.id, 0)} for p in projects]})
+        return reply({"projects": [{**p.to_obj(), "keys": counts.get(p.id, 0)} for p in projects]})
 
     async def get_project(self, request: web.Request) -> web.Response:
-        return _reply(self._project(request).to_obj())
+        return reply(self._project(request).to_obj())
 
     async def create_project(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         project = Project.from_obj({**body, "created": int(time.time())})
         key = f"tenancy/projects/{project.id}"
         if project.id in self.registry.projects or await self._current(key) is not None:
-            raise TenancyError(409, f"project {project.id} exists")
+            raise AdminError(409, f"project {project.id} exists")
         await self._write(key, None, orjson.dumps(project.to_obj()))
-        return _reply(project.to_obj(), 201)
+        return reply(project.to_obj(), 201)
 
     async def update_project(self, request: web.Request) -> web.Response:
         old = self._project(request)
         body = await self._body(request)
         unknown = sorted(set(body) - {"name", "limits", "rules"})
         if unknown:
-            raise TenancyError(400, f"only name, limits and rules can change (got {unknown})")
+            raise AdminError(400, f"only name, limits and rules can change (got {unknown})")
         merged = {**old.to_obj(), **body}
         project = Project.from_obj(merged)
         key = f"tenancy/projects/{old.id}"
         await self._write(key, await self._current(key), orjson.dumps(project.to_obj()))
-        return _reply(project.to_obj())
+        return reply(project.to_obj())
 
     async def delete_project(self, request: web.Request) -> web.Response:
         project = self._project(request)
         live = [r.id for r in self.registry.keys.values() if r.project == project.id]
         if live:
-            raise TenancyError(409, f"project {project.id} still has keys {sorted(live)[:10]}")
+            raise AdminError(409, f"project {project.id} still has keys {sorted(live)[:10]}")
         key = f"tenancy/projects/{project.id}"
         await self._write(key, await self._current(key), None)
-        return _reply({"deleted": project.id})
+        return reply({"deleted": project.id})
 
     # ---- keys ----------------------------------------------------------------------------
 
@@ -177,19 +155,19 @@ class TenancyAdmin:
         wanted = request.query.get("project")
         records = sorted(self.registry.keys.values(), key=lambda r: (r.project, r.created, r.id))
         shown = [r.shown() for r in records if wanted is None or r.project == wanted]
-        return _reply({"keys": shown})
+        return reply({"keys": shown})
 
     async def get_key(self, request: web.Request) -> web.Response:
-        return _reply(self._key(request).shown())
+        return reply(self._key(request).shown())
 
     async def create_key(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         unknown = sorted(set(body) - {"project", "name", "limits", "rules"})
         if unknown:
-            raise TenancyError(400, f"unknown fields {unknown}")
+            raise AdminError(400, f"unknown fields {unknown}")
         project = check_id(body.get("project"), "project")
         if project not in self.registry.projects:
-            raise TenancyError(404, f"unknown project {project!r}: create it first")
+            raise AdminError(404, f"unknown project {project!r}: create it first")
         secret = new_key()
         record = KeyRecord.from_obj(
             {
@@ -204,33 +182,33 @@ class TenancyAdmin:
             }
         )
         await self._write(f"tenancy/keys/{record.id}", None, orjson.dumps(record.to_obj()))
-        return _reply({**record.shown(), "key": secret}, 201)
+        return reply({**record.shown(), "key": secret}, 201)
 
     async def update_key(self, request: web.Request) -> web.Response:
         old = self._key(request)
         body = await self._body(request)
         unknown = sorted(set(body) - {"name", "limits", "rules"})
         if unknown:
-            raise TenancyError(400, f"only name, limits and rules can change (got {unknown})")
-        return _reply((await self._replace(old, body)).shown())
+            raise AdminError(400, f"only name, limits and rules can change (got {unknown})")
+        return reply((await self._replace(old, body)).shown())
 
     async def rotate_key(self, request: web.Request) -> web.Response:
         """A new secret for the same key id, settings and usage; the old one stops working
         on every proxy as soon as the change reaches it."""
         old = self._key(request)
         if old.revoked:
-            raise TenancyError(409, f"key {old.id} is revoked")
+            raise AdminError(409, f"key {old.id} is revoked")
         secret = new_key()
         record = await self._replace(
             old, {"hash": key_hash(secret), "prefix": shown_prefix(secret)}
         )
-        return _reply({**record.shown(), "key": secret})
+        return reply({**record.shown(), "key": secret})
 
     async def revoke_key(self, request: web.Request) -> web.Response:
         old = self._key(request)
         if old.revoked:
-            return _reply(old.shown())
-        return _reply((await self._replace(old, {"revoked": int(time.time())})).shown())
+            return reply(old.shown())
+        return reply((await self._replace(old, {"revoked": int(time.time())})).shown())
 
     async def _replace(self, old: KeyRecord, change: dict[str, Any]) -> KeyRecord:
         key = f"tenancy/keys/{old.id}"
@@ -246,7 +224,7 @@ class TenancyAdmin:
         raw = request.match_info["pool"]
         pool = normalize_pool(raw)
         if pool is None:
-            raise TenancyError(400, f"{raw[:48]!r} is not a chain or pool id")
+            raise AdminError(400, f"{raw[:48]!r} is not a chain or pool id")
         return pool
 
     async def get_pool(self, request: web.Request) -> web.Response:
@@ -254,14 +232,14 @@ class TenancyAdmin:
         access = self.registry.pools.get(pool)
         if access is None:
             s = self.tenancy.settings
-            return _reply(
+            return reply(
                 {
                     "pool": pool,
                     "stored": False,
                     **PoolAccess(s.anonymous, s.anonymous_limits).to_obj(),
                 }
             )
-        return _reply({"pool": pool, "stored": True, **access.to_obj()})
+        return reply({"pool": pool, "stored": True, **access.to_obj()})
 
     async def set_pool(self, request: web.Request) -> web.Response:
         """The pool's access for requests without a key; `{"reset": true}` goes back to the
@@ -275,7 +253,7 @@ class TenancyAdmin:
             return await self.get_pool(request)
         access = PoolAccess.from_obj(body)
         await self._write(key, current, orjson.dumps(access.to_obj()))
-        return _reply({"pool": pool, "stored": True, **access.to_obj()})
+        return reply({"pool": pool, "stored": True, **access.to_obj()})
 
     # ---- usage and health ----------------------------------------------------------------
 
@@ -285,20 +263,20 @@ class TenancyAdmin:
         q = request.query
         by = q.get("by", "hour")
         if by not in ("hour", "day"):
-            raise TenancyError(400, "by must be hour or day")
+            raise AdminError(400, "by must be hour or day")
         now = time.time()
         since = _since(q.get("since"), now - (86400 if by == "hour" else 30 * 86400))
         if now - since > MAX_USAGE_DAYS * 86400:
-            raise TenancyError(400, f"since is more than {MAX_USAGE_DAYS} days ago")
+            raise AdminError(400, f"since is more than {MAX_USAGE_DAYS} days ago")
         await self.tenancy.usage.flush()  # this proxy's latest counts included
         sink = self.tenancy.usage.sink
         if sink is None:
-            raise TenancyError(503, "usage is not being recorded yet")
+            raise AdminError(503, "usage is not being recorded yet")
         rows = await sink.totals(q.get("project"), q.get("key"), by, since)
-        return _reply({"by": by, "since": int(since), "usage": rows})
+        return reply({"by": by, "since": int(since), "usage": rows})
 
     async def get_health(self, request: web.Request) -> web.Response:
-        return _reply(self.tenancy.health())
+        return reply(self.tenancy.health())
 
 
 def _since(value: str | None, default: float) -> float:
@@ -311,7 +289,7 @@ def _since(value: str | None, default: float) -> float:
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise TenancyError(400, f"since {value[:40]!r} is not a unix time or ISO date") from None
+        raise AdminError(400, f"since {value[:40]!r} is not a unix time or ISO date") from None
     if parsed.tzinfo is None:  # a date or time without a zone is UTC
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.timestamp()
