@@ -45,6 +45,7 @@ from chainstate.jsonrpc import (
 )
 from nodes.state.evm.basefee import SUSPECT, UNSURE, BasefeeCheck
 from nodes.state.evm.codec import effective_price
+from nodes.state.evm.revert import PANIC_REASONS, error_string, panic_code
 from nodes.state.store import F_BALANCE, F_CODE, F_NONCE, F_STORAGE, StateStore
 
 # Accounts preloaded into a new EVM: one feed request reads them all at once, which on the
@@ -67,20 +68,6 @@ _REVERT = re.compile(r"^Revert \{ gas_used: (\d+), output: 0x([0-9a-fA-F]*) \}")
 _HALT = re.compile(r"^Halt \{ reason: (\w+)(?:\((\w+)\))?, gas_used: (\d+) \}")
 READY = "ready"  # a worker's first message: imports done, jobs welcome
 _DB_ERROR = re.compile(r'JsonRpcError \{ code: (-?\d+), message: "((?:[^"\\]|\\.)*)"')
-ERROR_SELECTOR = bytes.fromhex("08c379a0")
-PANIC_SELECTOR = bytes.fromhex("4e487b71")
-PANIC_REASONS = {
-    0x00: "generic panic",
-    0x01: "assert(false)",
-    0x11: "arithmetic underflow or overflow",
-    0x12: "division or modulo by zero",
-    0x21: "enum overflow",
-    0x22: "invalid encoded storage byte array accessed",
-    0x31: "out-of-bounds array access; popping on an empty array",
-    0x32: "out-of-bounds access of an array or bytesN",
-    0x41: "out of memory",
-    0x51: "uninitialized function",
-}
 
 
 class CallFailed(Exception):
@@ -113,19 +100,13 @@ def error(code: int, message: str, data: Any = None) -> dict[str, Any]:
 
 def decode_revert(output: bytes) -> str | None:
     """The `Error(string)` or `Panic(uint256)` message of revert data, when it is one."""
-    if output[:4] == ERROR_SELECTOR and len(output) >= 68:
-        body = output[4:]
-        offset = int.from_bytes(body[0:32], "big")
-        if offset + 32 > len(body):
-            return None
-        length = int.from_bytes(body[offset : offset + 32], "big")
-        if offset + 32 + length > len(body):
-            return None
-        return body[offset + 32 : offset + 32 + length].decode("utf-8", errors="replace")
-    if output[:4] == PANIC_SELECTOR and len(output) == 36:
-        code = int.from_bytes(output[4:36], "big")
-        return f"panic: {PANIC_REASONS.get(code, 'unknown panic code')} (0x{code:x})"
-    return None
+    reason = error_string(output)
+    if reason is not None:
+        return reason
+    code = panic_code(output)
+    if code is None:
+        return None
+    return f"panic: {PANIC_REASONS.get(code, 'unknown panic code')} (0x{code:x})"
 
 
 def revert_error(output: bytes) -> dict[str, Any]:
