@@ -173,7 +173,7 @@ class ProxyProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"proxy exited {self.proc.returncode}: {self.stderr()}")
             try:
-                with urllib.request.urlopen(f"{url or self.url}/metrics", timeout=1):
+                with urllib.request.urlopen(f"{url or self.url}/health", timeout=1):
                     return self
             except (urllib.error.URLError, OSError):
                 time.sleep(0.05)
