@@ -818,8 +818,16 @@ async def test_a_batch_on_one_nodes_entries_is_checked_by_the_node_as_it_answers
         await sent(two_routes, 0, 0)
         state.breaker.failures = 0
         await sent(two_routes, 1, 1)
-        # a third entry of the node through its path for parsed items alone: not one path
-        url = api.registry.register("plain", node.handle_body, answer_items=node.answer_items)
+        # a third entry of the node through its path for parsed items alone: not one path.
+        # It counts what it answers (`items_answered`), as a node registered by the product
+        # does: without it the node's own count would depend on which archive entry a batch
+        # picks (the engine's HTTP-shaped call counts a body, the item path nothing).
+        url = api.registry.register(
+            "plain",
+            node.handle_body,
+            answer_items=node.answer_items,
+            items_answered=node.items_answered,
+        )
         status, answer = await api.post(
             f"/{CHAIN}/addNode", {"key": "plain", "url": url, "kind": "archive"}
         )
