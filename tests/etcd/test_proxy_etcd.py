@@ -374,7 +374,7 @@ async def test_proxy_starts_while_etcd_is_down_and_catches_up(
 
 async def store_gauge(http: aiohttp.ClientSession, base: str) -> float:
     """The proxy's `chainstate_proxy_config_store_available` gauge."""
-    async with http.get(f"{base}/metrics") as resp:
+    async with http.get(f"{base}/metrics", headers=AUTH) as resp:  # (behind the token)
         text = await resp.text()
     for line in text.splitlines():
         if line.startswith("chainstate_proxy_config_store_available "):
