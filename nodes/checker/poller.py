@@ -192,6 +192,14 @@ class Poller:
             self.ledger.demote(floor - 1)
             self.metrics.reorgs.inc()
             return 0
+        self._commit_bridge(start, floor, accepted)
+        return len(accepted)
+
+    def _commit_bridge(self, start: int, floor: int, accepted: list[tuple[int, Decision]]) -> None:
+        """Record `_bridge`'s outcome: heights `start`..`floor`-1 skipped, the accepted ones
+        (the anchor first in `accepted`, then downwards) confirmed from the lowest up, so a
+        checker stopped halfway continues from the highest one it recorded."""
+        anchor = accepted[0][0]
         if floor > start:
             self.ledger.skip(start, floor - 1)
             self.metrics.skipped.inc(floor - start)
@@ -214,7 +222,6 @@ class Poller:
         for height, decision in reversed(accepted):
             odd |= self._accept(height, decision)
         self._flag_odd(odd)
-        return len(accepted)
 
     def _by_descent(self, height: int, votes: list[Vote], expected: str) -> Decision | None:
         """The decision at a height fewer than a quorum hold: the block must be `expected`
