@@ -20,6 +20,7 @@ path's waiting continue in a task, from the step reached (docs/proxy.md).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import operator
 import re
@@ -37,6 +38,7 @@ from chainstate.blockref import MAX_HEIGHT, BlockRef
 from chainstate.inproc import is_inproc
 from chainstate.jsonrpc import (
     INTERNAL_ERROR,
+    INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     PARSE_ERROR,
@@ -48,7 +50,7 @@ from chainstate.jsonrpc import (
     request_id,
     restore_ids,
 )
-from proxy import outcome
+from proxy import buffers, nesting, outcome
 from proxy.admission import Admission
 from proxy.attempts import BATCH, Attempts, Group
 from proxy.breaker import CLOSED
@@ -57,7 +59,7 @@ from proxy.methods import LEADER_FALLBACK, LocalMethod, MethodSpec, MethodTable
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import Node, Pool, normalize_pool
-from proxy.reads import Plan, Reads
+from proxy.reads import MAX_KEYED_BYTES, Plan, Reads
 from proxy.routes import MAX_ROUTES, UNCACHED, PoolRoutes, QuickRoute, RouteCache
 from proxy.select import NoEligibleNode, Selector
 from proxy.settings import ProxySettings
@@ -72,6 +74,11 @@ COALESCED = "coalesced"  # node label of items that shared an identical read's a
 UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
 MAX_HEADER_VALUE = 256  # longer client header values are cut in logs and spans
 MAX_CHAIN_IDS = 1024  # distinct raw chain ids whose normalized pool id is remembered
+# Single request bodies this large are parsed in a turn of the event loop of their own
+# (`Engine._large`): parsing 1 MiB takes ~1-3 ms, and a client sending many such bodies at
+# once must not hold the loop for all of their steps in one go.
+LARGE_BODY = 1 << 20
+_UNREAD = object()  # `Engine.start`: the body is not parsed yet
 # A client's highest block seen: `latest` is never answered below it (docs/proxy.md)
 MIN_BLOCK = "x-min-block"
 
@@ -286,6 +293,7 @@ class Engine:
         self._pool_ids: dict[str, str | None] = {}  # raw /:chainId → pool id (a pure function)
         self._admitted: dict[str, Admitted] = {}  # pool id → its Admitted (`admit_resolved`)
         self._divert: Divert | None = None
+        self._large_turn = asyncio.Lock()  # one large body parsed per turn (`_large`)
 
     def divert(self, methods: frozenset[str], handle: Divert) -> None:
         """Bodies naming one of `methods` (not served by the method table) are answered by
@@ -334,6 +342,10 @@ class Engine:
         if found is None:
             return 404, _dumps_error(None, JsonRpcError(INVALID_REQUEST, self._unknown(chain_id)))
         chain, pool = found
+        budget = self.upstream.budget  # (answers in flight, and those clients have not read)
+        if budget is not None and budget.used > budget.limit:  # the process's budget: 503 now
+            self.metrics.refused(chain)
+            return 503, _dumps_error(None, buffers.over_budget(budget)), b"Retry-After: 1\r\n"
         if pool.inflight:  # (nothing in flight is under any limit: none worked out, as at c=1)
             admission, now = self.admission, time.perf_counter()
             limit = admission.limit(pool, now)  # (the refusal is worked out only when over it)
@@ -457,6 +469,7 @@ class Engine:
         admitted: Admitted,
         answer: Callable[[Answer], Any],
         later: Callable[[Awaitable[Answer]], Any],
+        payload: Any = _UNREAD,
     ) -> Answer | Awaitable[Answer] | None:
         """`handle` for the data listener, without a task where none is needed: a single
         request is parsed, checked, planned and chosen for by the same steps, synchronously,
@@ -466,14 +479,18 @@ class Engine:
         then goes to `answer` from the node connection's callback and the books run after
         it; an answer that needs another attempt (or none in time) continues in a task
         given to `later`. Anything else returns what `handle` does: a coroutine (a batch, a
-        trace, a read that waits for an identical one, ...) or an answer made at once."""
+        trace, a read that waits for an identical one, ...) or an answer made at once.
+        `payload`: the body parsed already (`_large`)."""
         if self.tracer is not None or body[:1] != b"{" or len(body) > self._max_body:
             return self.handle(chain_id, body, headers, admitted, answer)
         started = time.perf_counter()
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return self.handle(chain_id, body, headers, admitted, answer)
+        if payload is _UNREAD:
+            if len(body) >= LARGE_BODY:
+                return self._large(chain_id, body, headers, admitted)
+            try:
+                payload = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                return self.handle(chain_id, body, headers, admitted, answer)
         pool = admitted.pool
         quick = self._quick(pool, payload) if not pool.mirrors else None
         self.inflight += 1
@@ -511,6 +528,37 @@ class Engine:
         self.metrics.client(headers.get("client-id"))
         return result
 
+    async def _large(
+        self, chain_id: str, body: bytes, headers: Mapping[str, str], admitted: Admitted
+    ) -> Answer:
+        """`start` for a body of LARGE_BODY bytes or more: it is parsed in a turn of the
+        event loop of its own, one such body per turn, then checked, planned and sent as
+        `start` does (to a node in process as the objects parsed). A turn runs every
+        callback ready when it began before it reads the sockets again, so eight 5 MB
+        eth_calls arriving together would parse one after another before any other client
+        is read (~8 x 7 ms, several times that on a loaded 2-core machine); one per turn, the
+        others are served between them. (Parsing is the one step that must stay on the
+        loop: the node's decode of the calldata is the EVM worker's, nothing is written
+        again or hashed for the cache at this size.)"""
+        try:
+            async with self._large_turn:  # (its release wakes the next one a turn later)
+                try:
+                    payload = orjson.loads(body)
+                except orjson.JSONDecodeError:
+                    payload = _UNREAD  # (`handle` answers the parse error)
+        except BaseException:
+            admitted.pool.inflight -= 1  # (taken by `admit`: given back as `handle` does)
+            raise
+        if payload is _UNREAD:
+            return await self.handle(chain_id, body, headers, admitted)
+        done: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        step = self.start(
+            chain_id, body, headers, admitted, _settles(done), _continues(done), payload
+        )
+        if step is None:
+            return await done
+        return await step if inspect.isawaitable(step) else step  # type: ignore[return-value]
+
     def _first_attempt(
         self,
         ctx: Ctx,
@@ -534,17 +582,24 @@ class Engine:
             plan is not None and (plan.flight is not None or not _has_inproc(ctx.pool))
         ):
             return self._finish(ctx, self._single_sent(ctx, item, body), started, headers)
+        answers: list[Any] = [None]
+        pinned = False
         if plan is not None:  # what `_follow` does for an item that leads its read
             sent = item.obj
             item.obj, item.ref = plan.obj, plan.ref
-            if plan.obj is not sent:
-                body = orjson.dumps(plan.obj)
-        answers: list[Any] = [None]
+            pinned = plan.obj is not sent
         group = self._first_group(ctx, item, answers, chosen)
         if group is None:  # no eligible node: answered by `_give_up`
             answer = self._single_answer(ctx, item, body, None, answers)
             self._landed(item, None, answers)
             return self._done(ctx, answer, started, headers)
+        if pinned:  # written only for a node that takes bytes (in process: the objects)
+            written = None
+            if not is_inproc(group.node.entry.url):
+                written = self._pinned_body(ctx, item, answers)
+                if type(written) is tuple:
+                    return self._done(ctx, written, started, headers)
+            body = written  # type: ignore[assignment]  (None: another attempt, a sub-batch)
         then = self._then(ctx, item, group, body, answers, started, headers, later)
         if self.attempts.send_now(ctx, group, body, then):
             return None
@@ -556,7 +611,7 @@ class Engine:
         ctx: Ctx,
         item: Item,
         group: Group,
-        body: bytes,
+        body: bytes | None,
         answers: list[Any],
         started: float,
         headers: Mapping[str, str],
@@ -702,7 +757,7 @@ class Engine:
         ctx: Ctx,
         item: Item,
         group: Group,
-        body: bytes,
+        body: bytes | None,
         answers: list[Any],
         node: Node,
         raw: bytes | None,
@@ -732,7 +787,7 @@ class Engine:
         self,
         ctx: Ctx,
         item: Item,
-        body: bytes,
+        body: bytes | None,
         answers: list[Any],
         attempt: int,
         pending: list[Item],
@@ -816,7 +871,12 @@ class Engine:
             ctx.early = None  # the answer is not the node's bytes as they are (see below)
         item = Item(0, payload, rid, method, spec, ref, notif)
         if self.reads is not None and not notif:
-            plan = self.reads.plan(self._heads(ctx), method, spec, ref, payload)
+            keyed = len(body) <= MAX_KEYED_BYTES
+            try:
+                plan = self.reads.plan(self._heads(ctx), method, spec, ref, payload, keyed)
+            except JsonRpcError as exc:  # params too deep to key (proxy/nesting.py)
+                self.metrics.request(ctx.chain, method, NO_NODE_KEY, "invalid")
+                return 200, _dumps_error(rid, exc)
             if plan is not None:
                 if type(plan) is not Plan:  # a ready result: cached, or the pinned head
                     self.metrics.request(ctx.chain, method, _source(plan), "ok")
@@ -834,16 +894,30 @@ class Engine:
             shared = await self._follow(ctx, item, plan)
             if shared is not None:
                 return 200, shared
-            sent = body if item.obj is payload else orjson.dumps(item.obj)
-            out = await self._route_planned(ctx, [item], sent, answers, single=True)
+            sent = body if item.obj is payload else self._pinned_body(ctx, item, answers)
+            if type(sent) is tuple:
+                return sent
+            out = await self._route_planned(ctx, [item], sent, answers, single=True)  # type: ignore[arg-type]
         else:
             out = await self._route(ctx, [item], sent, answers, single=True)
         return self._single_answer(ctx, item, body, out, answers)
 
+    def _pinned_body(self, ctx: Ctx, item: Item, answers: list[Any]) -> bytes | tuple[int, bytes]:
+        """The JSON of a single item the read path changed (its block pinned), or its
+        answer when it is too deep to write again: -32602, handed to the reads waiting for
+        it as none (proxy/nesting.py; the key checked its params, not other members)."""
+        try:
+            return orjson.dumps(item.obj)
+        except TypeError:
+            self._landed(item, None, answers)
+            self.metrics.request(ctx.chain, item.method, NO_NODE_KEY, "invalid")
+            return 200, _dumps_error(item.rid, nesting.invalid())
+
     def _single_answer(
-        self, ctx: Ctx, item: Item, body: bytes, out: bytes | None, answers: list[Any]
+        self, ctx: Ctx, item: Item, body: bytes | None, out: bytes | None, answers: list[Any]
     ) -> tuple[int, bytes]:
-        """A request object's answer: the node's bytes (`out`), else what `answers` holds."""
+        """A request object's answer: the node's bytes (`out`), else what `answers` holds.
+        (`body`: the bytes sent, for an id orjson would change; None only where none is.)"""
         notif, rid, spec = item.notif, item.rid, item.spec
         if out is None:
             answer = answers[0]
@@ -917,7 +991,13 @@ class Engine:
             if pair in untouched:
                 plain.append(row)
                 continue
-            plan = plan_of(heads, row[3], row[4], row[5], row[1])
+            try:
+                plan = plan_of(heads, row[3], row[4], row[5], row[1])
+            except JsonRpcError as exc:  # params too deep to key (proxy/nesting.py)
+                self.metrics.request(ctx.chain, row[3], NO_NODE_KEY, "invalid")
+                answers[row[0]] = error_response(row[2], exc.code, exc.message)
+                changed = True
+                continue
             if plan is None:
                 untouched.add(pair)
                 plain.append(row)
@@ -1054,7 +1134,8 @@ class Engine:
                 # with the client's ids, in its order, are the body, and the node's answer
                 # may still be the client's as it is (`_raw_answer`).
                 pinned = not waiting and len(items) == len(payload)
-                sent = orjson.dumps([it.obj for it in items]) if pinned else None
+                sent = _dumps_or_none([it.obj for it in items]) if pinned else None
+                pinned = sent is not None  # (else an item is too deep: `_send_group`)
             route = self._route_planned
         if items:
             out = await route(ctx, items, sent, answers, single=False)
@@ -1093,10 +1174,16 @@ class Engine:
         found = self._one_node(ctx.pool, rows)
         if found is None:
             return await self._route(ctx, [Item(*row) for row in rows], body, answers, False)
+        data = body
+        if data is None:
+            try:
+                data = orjson.dumps([row[1] for row in rows])
+            except TypeError:  # items too deep to write again: -32602 (proxy/nesting.py)
+                rest = self._deep_rows(ctx, rows, answers)
+                return await self._send_plain(ctx, rest, None, answers)
         node, cands = found
         sent = _Sent(node)
         group = Group(node, [sent], cands, BATCH if len(rows) > 1 else rows[0][3])
-        data = body if body is not None else orjson.dumps([row[1] for row in rows])
         try:
             node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)
         except UpstreamError as exc:
@@ -1118,6 +1205,20 @@ class Engine:
         if parsed is not None:
             pending = self._take_answers(ctx, node, items, rids, parsed, answers)
         return await self._go_on(ctx, pending, answers)
+
+    def _deep_rows(self, ctx: Ctx, rows: list[Row], answers: list[Any]) -> list[Row]:
+        """The rows of a write that failed, but those too deep to write: answered -32602."""
+        deep = set(nesting.deep([row[1] for row in rows]))
+        for i in deep:
+            self._refuse_deep(ctx, rows[i][0], rows[i][2], rows[i][3], rows[i][6], answers)
+        return [row for i, row in enumerate(rows) if i not in deep]
+
+    def _refuse_deep(
+        self, ctx: Ctx, pos: int, rid: Any, method: str, notif: bool, answers: list[Any]
+    ) -> None:
+        self.metrics.request(ctx.chain, method, NO_NODE_KEY, "invalid")
+        if not notif:
+            answers[pos] = error_response(rid, INVALID_PARAMS, nesting.MESSAGE)
 
     async def _go_on(self, ctx: Ctx, pending: list[Item], answers: list[Any]) -> None:
         """The one loop from its second round, for the items a first attempt left."""
@@ -1450,7 +1551,16 @@ class Engine:
             sub = [it.obj if it.notif else {**it.obj, "id": j} for j, it in enumerate(items)]
             keys = [None if it.notif else j for j, it in enumerate(items)]
         try:
-            node, raw = await self.attempts.exchange(ctx, group, orjson.dumps(sub), _usable_batch)
+            data = orjson.dumps(sub)
+        except TypeError:  # items too deep to write again: -32602 (proxy/nesting.py)
+            deep = set(nesting.deep(sub))
+            for i in deep:
+                it = items[i]
+                self._refuse_deep(ctx, it.pos, it.rid, it.method, it.notif, answers)
+            group.items = [it for i, it in enumerate(items) if i not in deep]
+            return await self._send_group(ctx, group, answers) if group.items else []
+        try:
+            node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)
         except UpstreamError as exc:
             return self._transport_failed(ctx, items, exc, answers)
         parsed = self._decode(ctx, node, items, raw)
@@ -1835,6 +1945,50 @@ def _unique_ids(rows: list[Row]) -> bool:
     an integer, no two the same (notifications have none and get no answer)."""
     ids = [row[2] for row in rows if not row[6]]
     return {type(rid) for rid in ids} <= _OWN_ID_TYPES and len(set(ids)) == len(ids)
+
+
+def _settles(done: asyncio.Future[Answer]) -> Callable[[Answer], bool]:
+    """An `answer` callback of `Engine.start` that hands the answer to `done`."""
+
+    def answer(result: Answer) -> bool:
+        if not done.done():
+            done.set_result(result)
+        return True
+
+    return answer
+
+
+def _continues(done: asyncio.Future[Answer]) -> Callable[[Awaitable[Answer]], None]:
+    """A `later` callback of `Engine.start` whose task's outcome goes to `done`."""
+
+    def later(step: Awaitable[Answer]) -> None:
+        def landed(task: asyncio.Future[Answer]) -> None:
+            if done.done():
+                return
+            if task.cancelled():
+                done.cancel()
+            elif task.exception() is not None:
+                done.set_exception(task.exception())  # type: ignore[arg-type]
+            else:
+                done.set_result(task.result())
+
+        task = asyncio.ensure_future(step)
+        _RUNNING.add(task)  # (the loop keeps only a weak reference to a task)
+        task.add_done_callback(_RUNNING.discard)
+        task.add_done_callback(landed)
+
+    return later
+
+
+_RUNNING: set[asyncio.Future[Any]] = set()
+
+
+def _dumps_or_none(objs: list[Any]) -> bytes | None:
+    """The JSON of `objs`, or None when one is too deep to write (proxy/nesting.py)."""
+    try:
+        return orjson.dumps(objs)
+    except TypeError:
+        return None
 
 
 async def _reraise(error: Exception) -> Any:

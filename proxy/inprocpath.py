@@ -52,7 +52,13 @@ from chainstate.inproc import (
     InprocRegistry,
     ItemsAnswered,
 )
-from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
+from chainstate.jsonrpc import (
+    INTERNAL_ERROR,
+    RETRYABLE_CODES,
+    JsonRpcError,
+    error_response,
+    request_id,
+)
 from proxy.attempts import BATCH
 from proxy.breaker import CLOSED
 from proxy.engine import Engine, access_log
@@ -88,6 +94,7 @@ Answered = tuple[Any, list[Attempt] | Shared]  # (the answer to send, its books)
 # asked, and the engine answers the batch.
 _CALL = b'"eth_call"'
 _OPEN = ord("[")  # a batch's first byte
+_LARGE = 65536  # bodies searched with `find`: `partition` copies what follows the text
 # The access logger's own memo of `isEnabledFor` (level → bool; logging empties it in place
 # whenever a level or `logging.disable` changes, and refills it on the next call): a False
 # in it is `isEnabledFor`'s answer without its Python call (~0.8k instructions). Anything
@@ -128,7 +135,11 @@ class InprocPath:
         # (a single eth_call is no plain read: the engine gives it to the node.) `partition`
         # takes its one argument without `find`'s argument parsing, `body[0]` (an int) no
         # slice: ~0.7k instructions less per body (`in`, `startswith`: slower still)
-        if body and body[0] != _OPEN and body.partition(_CALL)[1]:
+        if (
+            body
+            and body[0] != _OPEN
+            and (body.partition(_CALL)[1] if len(body) < _LARGE else body.find(_CALL) >= 0)
+        ):
             return None
         # The pool's candidates (proxy/routes.py), started afresh also when a node
         # (un)registered in process (the registry's version), with each reader's `Path`:
@@ -163,8 +174,8 @@ class InprocPath:
         if answered is None:
             return None
         out = orjson.dumps(answered[0])
-        if len(out) > self.max_answer:
-            return None  # the engine answers it as too large: nothing was counted yet
+        if len(out) > self.max_answer:  # final (every node would make the same): not re-run
+            return too_large(payload, len(out), self.max_answer)
         done = answered[1]
         if type(done) is tuple:  # one call of one method (`_shared`): one call books it all
             self.books.shared(chain, pool, *done, perf_counter() - started)
@@ -310,8 +321,8 @@ class InprocPath:
         if errors:
             self._public([item], got, errors)
         out = orjson.dumps(got[0])
-        if len(out) > self.max_answer:
-            return None  # the engine answers it as too large: nothing was counted yet
+        if len(out) > self.max_answer:  # final (every node would make the same): not re-run
+            return too_large(item, len(out), self.max_answer)
         if not errors:  # (the node's own count, `items_answered`, folded in by the books)
             self.books.single(chain, pool, node, path[1], method, elapsed, perf_counter() - started)
         else:
@@ -690,3 +701,18 @@ def _retried(answers: list[Any], errors: list[int]) -> bool:
         if type(error) is not dict or error.get("code") in RETRYABLE_CODES:
             return True
     return False
+
+
+def too_large(payload: Any, size: int, limit: int) -> bytes:
+    """The answer to a body whose answer made in process is over max_answer_bytes: -32603
+    for each item (as the engine answers `too_large`), never asked again."""
+    msg = f"answer of {size} bytes, more than max_answer_bytes ({limit}): not retried"
+    if type(payload) is list:
+        return orjson.dumps(
+            [error_response(request_id(it), INTERNAL_ERROR, msg) for it in payload if _asks(it)]
+        )
+    return orjson.dumps(error_response(request_id(payload), INTERNAL_ERROR, msg))
+
+
+def _asks(item: Any) -> bool:
+    return type(item) is not dict or "id" in item

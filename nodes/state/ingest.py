@@ -53,6 +53,10 @@ class Ingest:
         self.source: str | None = settings.source
         self.last_error: str | None = None
         self.failures = 0  # failed rounds in a row (0 after a round succeeds)
+        # the next block to apply while it keeps failing (not the source's errors), and how
+        # many rounds in a row it failed: the node is stalled on it at `stall_failures`
+        self.stuck_at: int | None = None
+        self.block_failures = 0
         self._failing_since = 0.0
         self.source_head: int | None = None
         self._client: RpcClient | None = None
@@ -116,12 +120,16 @@ class Ingest:
 
     @property
     def stalled(self) -> str | None:
-        """Why the node cannot follow its source (`stall_failures` failed rounds in a row),
-        else None: `/health` then answers 503 with this reason."""
-        if self.failures < self.settings.stall_failures:
+        """Why the node cannot follow its source: the same block failed `stall_failures`
+        rounds in a row (its source being unreachable is not a stall: the node still holds
+        every block it had). Else None. `/health` then answers 503 with this reason, and the
+        proxy takes the node out of rotation."""
+        if self.block_failures < self.settings.stall_failures:
             return None
-        last = self.last_error
-        return f"ingest stalled: {self.failures} attempts in a row failed, the last with {last}"
+        return (
+            f"ingest stalled: block {self.stuck_at} failed {self.block_failures} attempts in "
+            f"a row, the last with {self.last_error}"
+        )
 
     def _failed(self, exc: Exception) -> None:
         """Count a failed round; log it when it says something new, and once when the
@@ -134,25 +142,33 @@ class Ingest:
         self.failures += 1
         if self.failures == 1:
             self._failing_since = time.monotonic()
+        on_block = isinstance(exc, VendorBlockError | StoreError)  # not its source's error
+        if on_block:
+            bounds = self.store.bounds()
+            at = bounds[1] + 1 if bounds is not None else 0
+            self.block_failures = self.block_failures + 1 if at == self.stuck_at else 1
+            self.stuck_at = at
         level = logging.ERROR if isinstance(exc, ReorgTooDeep) else logging.WARNING
         if error == self.last_error:  # the same failure again: once is enough
             level = logging.DEBUG
         self.last_error = error
         log.log(level, "state ingest %s from %s failed: %s", self.settings.key, self.source, error)
-        if self.failures == self.settings.stall_failures:
+        if on_block and self.block_failures == self.settings.stall_failures:
             log.error(
-                "state node %s stalled: %d ingest attempts in a row failed over %.0f s, the "
-                "last with %s; /health answers 503 until ingest recovers",
-                self.settings.key, self.failures, time.monotonic() - self._failing_since, error,
+                "state node %s stalled: block %s failed %d ingest attempts in a row over "
+                "%.0f s, the last with %s; /health answers 503 until ingest recovers",
+                self.settings.key, self.stuck_at, self.block_failures,
+                time.monotonic() - self._failing_since, error,
             )  # fmt: skip
 
     def _recovered(self) -> None:
-        if self.failures >= self.settings.stall_failures:
+        if self.stalled:
             log.warning(
                 "state node %s: ingest recovered after %d failed attempts (the last: %s)",
                 self.settings.key, self.failures, self.last_error,
             )  # fmt: skip
         self.failures, self.last_error = 0, None
+        self.stuck_at, self.block_failures = None, 0
 
     async def _sleep(self, seconds: float) -> None:
         self._wake.clear()
@@ -191,7 +207,7 @@ class Ingest:
                 await self._apply(block)
             except ParentMismatch as exc:
                 log.info("state ingest: reorg at block %d: %s", block.number, exc)
-                await self._rollback()
+                await self._reorg(rpc, src_head)
                 return True
         return True
 
@@ -207,10 +223,49 @@ class Ingest:
         theirs = await self._parsed(raw, src_head)  # (a bad block still raises here)
         if theirs.hash == ours:
             return False
-        log.info("state ingest: source replaced block %d (reorg); rolling back", src_head)
-        while (mine := self.store.head_hash()) is not None and mine[0] >= src_head:
-            await self._rollback()
+        log.info("state ingest: source replaced block %d (reorg)", src_head)
+        await self._reorg(rpc, src_head)
         return True
+
+    async def _reorg(self, rpc: RpcClient, src_head: int) -> None:
+        """The source replaced blocks this node holds: find the fork point (the highest
+        height whose block the source still has), fetch the source's blocks above it (up to
+        this node's head at least, where the source has them) and replace this node's blocks
+        with them in one store transaction. Readers see the old chain or the new one, never
+        the fork point between: a reorg to a chain as long does not lower the node's head,
+        so a proxy that answered `latest` at that height finds it held while the node
+        reorganises. Nothing changes when a step fails (the next round tries again)."""
+        mine = self.store.head_hash()
+        bounds = self.store.bounds()
+        if mine is None or bounds is None:
+            return
+        head = mine[0]
+        fork = min(head, src_head)
+        while True:
+            ours = self.store.hash_at(fork) if fork >= bounds[0] else None
+            if ours is None:
+                raise ReorgTooDeep(
+                    f"the source replaced block {bounds[0]}, this node's earliest block (a "
+                    f"`{self.store.kind}` node keeps "
+                    f"{self.store.window if self.store.kind == 'state' else 'all'} blocks)"
+                )
+            if _header_hash(await rpc.call("trace_vendorBlock", [hex(fork)])) == ours:
+                break
+            fork -= 1
+        top = min(src_head, max(head, fork + self.settings.fetch_concurrency))
+        blocks = await asyncio.gather(*(self._fetch(rpc, h) for h in range(fork + 1, top + 1)))
+        if self.hot is not None:  # (above the fork point, reads go to the store meanwhile)
+            for height in range(head, fork, -1):
+                self.hot.rolled_back(height)
+        verify_pre = self.settings.verify_pre
+        await asyncio.to_thread(self.store.replace, head - fork, blocks, verify_pre=verify_pre)
+        if self.hot is not None:
+            earliest = self.store.bounds()
+            for block in blocks:
+                self.hot.applied(block.number, block_writes(block), earliest[0] if earliest else 0)
+        self.metrics.rollbacks.inc(head - fork)
+        self.metrics.applied.inc(len(blocks))
+        self.publish_metrics()
 
     async def _fetch(self, rpc: RpcClient, height: int) -> VendorBlock:
         return await self._parsed(await rpc.call("trace_vendorBlock", [hex(height)]), height)
@@ -235,6 +290,8 @@ class Ingest:
         self.publish_metrics()
 
     async def _rollback(self) -> None:
+        """Remove the head block (a rollback by hand; ingest replaces reorganised blocks in
+        one step, `_reorg`)."""
         new_head = await asyncio.to_thread(self.store.rollback)
         if self.hot is not None:
             self.hot.rolled_back(new_head + 1)

@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestServer
 
 from chainstate.config import ConfigError
 from chainstate.inproc import InprocRegistry
+from chainstate.rpcclient import RpcClient
 from chainstate.rpcserver import rpc_handler
 from nodes.state.service import StateNode
 from nodes.writer.blockdiff import validation_hash
@@ -125,6 +126,39 @@ async def test_reorg_at_the_same_height_is_noticed_when_idle(make_node: Any) -> 
     assert_matches(node, fork, addrs)
 
 
+async def test_a_reorg_is_one_step_for_readers(make_node: Any) -> None:
+    """The source replaces its last 3 blocks by 3 others (anvil_reorg 3): a reader of the
+    node sees head 29 of the old chain, then head 29 of the new one, never a lower head
+    between (a proxy that answered `latest` at 29 keeps finding the height held)."""
+    chain, addrs = random_chain(seed=48, blocks=30)
+    registry = InprocRegistry()
+    source = ChainSource(chain)
+    registry.register("w", source.handle_body)
+    node = await make_node("inproc://w", registry, kind="state", window=20)
+    await node.ingest.wait_for_height(29, within=10)
+    fork = chain.fork(26, "same-length")
+    extend(fork, addrs, 3, seed=8)
+    assert fork.head == chain.head
+    heads: list[int] = []
+    stop = asyncio.Event()
+
+    async def read() -> None:
+        while not stop.is_set():
+            heads.append(node.reader.range()[1])
+            await asyncio.sleep(0)
+
+    reader = asyncio.create_task(read())
+    source.chain = fork
+    try:
+        await wait_until(lambda: node.store.hash_at(29) == fork.blocks[29]["Header"]["hash"])
+    finally:
+        stop.set()
+        await reader
+    assert len(heads) > 10 and min(heads) == 29, sorted(set(heads))
+    assert_matches(node, fork, addrs)
+    assert node.metrics.rollbacks._value.get() == 3
+
+
 async def test_a_source_outage_backs_off_and_recovers(make_node: Any) -> None:
     chain, addrs = random_chain(seed=44, blocks=10)
     registry = InprocRegistry()
@@ -175,8 +209,9 @@ async def test_a_reorg_deeper_than_the_window_keeps_the_old_answers(make_node: A
     extend(fork, addrs, 25, seed=5)
     source.chain = fork
     await wait_until(lambda: "ReorgTooDeep" in (node.ingest.last_error or ""))
-    assert node.reader.range() == (25, 25)  # rolled back to its earliest block, no further
-    assert node.reader.header(25).hash == chain.blocks[25]["Header"]["hash"]
+    assert node.reader.range() == (25, 29)  # nothing rolled back: the reorg is one step
+    for height in (25, 29):
+        assert node.reader.header(height).hash == chain.blocks[height]["Header"]["hash"]
 
 
 async def test_switching_sources_continues_from_the_own_head(make_node: Any) -> None:
@@ -335,9 +370,12 @@ async def test_a_stalled_ingest_shows_in_health_and_is_logged_once(
             assert resp.status == 503
             health = await resp.json()
         assert health["status"] == "stalled" and health["head"] == 7
-        assert "attempts in a row failed" in health["reason"]
+        assert "block 8 failed" in health["reason"] and "attempts in a row" in health["reason"]
         assert "PreStateMismatch: block 8" in health["reason"]
         assert node.reader.range() == (0, 7)  # nothing of the bad block applied
+        # the same document over JSON-RPC, as the proxy's health poll reads it
+        polled = await RpcClient(f"inproc://{node.key}", registry=registry).call("blockx_health")
+        assert polled["status"] == "stalled" and polled["reason"] == health["reason"]
         stalls = [r for r in caplog.records if "stalled" in r.getMessage()]
         assert len(stalls) == 1 and stalls[0].levelno == logging.ERROR
         loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -352,6 +390,22 @@ async def test_a_stalled_ingest_shows_in_health_and_is_logged_once(
         assert_matches(node, chain, addrs)
     finally:
         await server.close()
+
+
+async def test_an_unreachable_source_is_not_a_stall(make_node: Any) -> None:
+    """A source that does not answer leaves the node with every block it holds: /health
+    stays "ok" (with the source's error shown) and the proxy keeps routing to it."""
+    chain, _ = random_chain(seed=49, blocks=6)
+    registry = InprocRegistry()
+    source = ChainSource(chain)
+    registry.register("w", source.handle_body)
+    node = await make_node("inproc://w", registry, kind="archive", stall_failures=2)
+    await node.ingest.wait_for_height(5, within=10)
+    registry.unregister("w")
+    await wait_until(lambda: node.ingest.failures >= 5)
+    ok, doc = node.health()
+    assert ok and doc["status"] == "ok" and "reason" not in doc, doc
+    assert doc["last_error"] and node.ingest.stalled is None
 
 
 async def test_stall_failures_must_be_positive(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import logging
 import random
+import socket
 import time
 from typing import Any
 
@@ -84,6 +85,15 @@ async def metrics_text(api: Any) -> str:
     return await (await api.client.get("/metrics")).text()
 
 
+def sample(text: str, series: str) -> float:
+    """The value of `series` (its name and labels as a scrape shows them) in `text`; 0 when
+    it is not there yet."""
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 # ---- latency-aware choice ------------------------------------------------------------------
 
 
@@ -149,13 +159,19 @@ async def test_a_slow_attempt_is_hedged_and_the_first_answer_wins(make_api, fake
     api = await make_api(fast_settings(upstream_timeout=5.0, attempt_timeout_min=3.0))
     a, _ = await pool_of(api, fake_nodes, "a", "b")
     await load(api, 100, concurrency=2)  # latency samples: the hedge delay is known
+    # (counted from here: an attempt of the load that a loaded machine delayed past the
+    # hedge delay was hedged too, as it should be)
+    before = await metrics_text(api)
     a.delay = 4.0  # answers long after the hedge delay, within the ceiling
     prefer(api, "a")
     answer = await api.call("1337", "eth_getBalance", [ADDR])
     assert served_by(answer) == "b"  # b's answer, long before a's
     text = await metrics_text(api)
-    assert 'chainstate_proxy_hedges_total{chain="1337",trigger="hedge"} 1.0' in text
-    assert 'node="a",outcome="lost"' in text
+    for series in (
+        'chainstate_proxy_hedges_total{chain="1337",trigger="hedge"}',
+        'chainstate_proxy_upstream_attempts_total{chain="1337",node="a",outcome="lost"}',
+    ):
+        assert sample(text, series) - sample(before, series) == 1, series
 
 
 async def test_without_budget_the_attempt_timeout_starts_the_retry(make_api, fake_nodes) -> None:
@@ -163,13 +179,16 @@ async def test_without_budget_the_attempt_timeout_starts_the_retry(make_api, fak
     api = await make_api(settings)
     a, _ = await pool_of(api, fake_nodes, "a", "b")
     await load(api, 100, concurrency=2)
+    before = await metrics_text(api)  # (a load attempt a loaded machine delayed counts too)
     a.delay = 4.0
     prefer(api, "a")
+    failures = node_of(api, "a").breaker.failures
     assert served_by(await api.call("1337", "eth_getBalance", [ADDR])) == "b"
     text = await metrics_text(api)
-    assert 'chainstate_proxy_hedges_total{chain="1337",trigger="timeout"} 1.0' in text
+    series = 'chainstate_proxy_hedges_total{chain="1337",trigger="timeout"}'
+    assert sample(text, series) - sample(before, series) == 1
     assert 'trigger="hedge"' not in text
-    assert node_of(api, "a").breaker.failures == 1  # the timeout counts against a
+    assert node_of(api, "a").breaker.failures == failures + 1  # the timeout counts against a
 
 
 async def test_the_transaction_lifecycle_is_never_hedged(make_api, fake_nodes) -> None:
@@ -355,6 +374,35 @@ async def test_large_answers_wait_for_room_and_none_fails(make_api, fake_nodes) 
     budget = api.proxy.upstream.budget
     assert budget.waits > 0 and budget.used == 0  # some waited; all released
     assert budget.peak <= 1_000_000 + 300_000  # (at most one overshoot: a batch's overdraft)
+
+
+async def test_answers_a_client_does_not_read_count_in_the_budget(make_api, fake_nodes) -> None:
+    """An answer written to a client that does not read waits in its connection's buffer:
+    counted in max_buffered_bytes until the client reads it (or is gone), so while such
+    answers hold more, new requests get 503 before the process grows."""
+    settings = fast_settings(max_buffered_bytes=1_000_000, max_answer_bytes=40_000_000)
+    api = await make_api(settings)
+    a, b = await pool_of(api, fake_nodes, "a", "b")
+    a.pad = b.pad = 20_000_000  # more than the kernel's socket buffers take
+    budget = api.proxy.upstream.budget
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.connect(("127.0.0.1", api.client.server.port))
+    body = orjson.dumps(read(1))
+    slow.sendall(
+        b"POST /1337 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    try:
+        engine = api.proxy.engine  # (answered: the bytes wait in the client's connection)
+        await wait_until(lambda: engine.inflight == 0 and budget.used > 10_000_000, within=10)
+        assert budget.used < 21_000_000  # (the answer once: what waits, not counted twice)
+        status, answer = await api.rpc("1337", read(2))
+        assert status == 503 and "max_buffered_bytes" in answer["error"]["message"], answer
+    finally:
+        slow.close()
+    await wait_until(lambda: budget.used == 0, within=10)
+    assert (await api.rpc("1337", read(3)))[0] == 200
 
 
 async def test_an_answer_over_max_answer_bytes_is_refused_not_retried(make_api, fake_nodes) -> None:

@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from proxy.metrics import client_label
 from proxy.store_file import FileStore
 from tests.proxy.conftest import ADDR, balance, fast_settings, req, wait_until
 from tests.proxy.fakes import FakeNode, block_hash
@@ -202,6 +203,37 @@ async def test_dead_node_is_retried_then_taken_out_and_brought_back(
     assert len(back) == 1 and ("again" in back[0] or "back in rotation" in back[0]), back
     await a.stop()  # all traffic now needs b (a new read: the same one is cached)
     assert served_by(await api.call("1337", "eth_getBalance", [OTHER])) == "b"
+
+
+async def test_a_node_that_reports_itself_stalled_is_routed_around(
+    make_api, fake_nodes, caplog
+) -> None:
+    """A state node failing the same block again and again says so in `blockx_health`: the
+    proxy takes it out of rotation with that reason (getAllNodes, one log line) while it
+    still answers polls, and brings it back once it no longer says so."""
+    caplog.set_level(logging.WARNING, logger="proxy")
+    a = await fake_nodes("a", "state")
+    b = await fake_nodes("b", "state")
+    api = await make_api()
+    await api.add("1337", a)
+    await api.add("1337", b)
+    await api.heads_known("1337")
+    b.stalled = "ingest stalled: block 1001 failed 5 attempts in a row, the last with X"
+    pool = api.proxy.state.pools["1337"]
+    await wait_until(lambda: not pool.find("b").healthy)
+    for i in range(6):
+        assert served_by(await api.call("1337", "eth_getBalance", [ADDR], rid=i)) == "a"
+    _, nodes = await api.get("/1337/getAllNodes")
+    shown = {n["key"]: n for n in nodes["nodes"]}
+    assert shown["b"]["healthy"] is False and shown["b"]["routable"] is False
+    assert shown["b"]["last_error"] == b.stalled
+    assert shown["a"]["routable"] is True and shown["a"]["last_error"] is None
+    said = [r.getMessage() for r in caplog.records if " b " in r.getMessage()]
+    assert len(said) == 1 and b.stalled in said[0], said
+    b.stalled = None
+    await wait_until(lambda: pool.find("b").healthy)
+    _, nodes = await api.get("/1337/getAllNodes")
+    assert all(n["routable"] and n["last_error"] is None for n in nodes["nodes"])
 
 
 async def test_slow_node_times_out_and_is_retried(make_api, fake_nodes) -> None:
@@ -661,9 +693,10 @@ async def test_metrics_client_ids_and_access_log(two, caplog) -> None:
             read = req("eth_getBalance", [f"0x{i + 1:040x}", "latest"])
             await api.rpc("1337", read, headers={"client-id": cid, **headers})
     text = await (await api.client.get("/metrics")).text()
-    assert 'chainstate_proxy_client_requests_total{client_id="alpha"} 1.0' in text
+    alpha = client_label("alpha")
+    assert f'chainstate_proxy_client_requests_total{{client_id="{alpha}"}} 1.0' in text
     assert 'chainstate_proxy_client_requests_total{client_id="other"} 2.0' in text
-    assert "gamma" not in text
+    assert "alpha" not in text and "gamma" not in text  # never the raw id
     assert 'method="eth_getBalance",node="state-1",outcome="ok"' in text
     assert "chainstate_proxy_request_seconds_bucket" in text
     record = caplog.records[-1]
