@@ -36,6 +36,7 @@ from chainstate.logfilter import DEFAULT_MAX_LIST, LogFilter, invalid_range, par
 from chainstate.tasks import stop_task
 from nodes.state.backfill import Backfill as BlockBackfill
 from nodes.state.logindex import LogIndex
+from nodes.state.reads import Deferred
 from nodes.state.store import StateStore
 from nodes.state.vendor import VendorBlock
 
@@ -93,6 +94,20 @@ class LogMethods:
             small = await asyncio.to_thread(self.query, flt)
         return orjson.Fragment(small)
 
+    def in_loop(self, txn: lmdb.Transaction, params: Any) -> orjson.Fragment:
+        """eth_getLogs answered inside a read transaction of the store (the read path's
+        loop, `ReadPath.add_port_read`): a small answer costs less than the coroutine and
+        task the dispatcher would spend on it. `Deferred` when the range or the answer is
+        larger than the loop should read (INLINE_*): the dispatcher answers it then."""
+        (value,) = params_list(params, ["filter"])
+        if value is None:
+            raise JsonRpcError(INVALID_PARAMS, "missing required parameter: filter")
+        flt = parse_filter(value, max_list=self.settings.max_log_query_list)
+        small = self._query(txn, flt, True)
+        if small is None:
+            raise Deferred
+        return orjson.Fragment(small)
+
     def query(self, flt: LogFilter, inline: bool = False) -> bytes | None:
         """The JSON array of matching logs (raises JsonRpcError); `inline`: None instead
         when the range or the answer is larger than the loop should read (INLINE_*)."""
@@ -101,13 +116,16 @@ class LogMethods:
             raise JsonRpcError(DATABASE_FAILED, "state store is closed")
         try:
             with env.begin() as txn:
-                start, end = self._range(txn, flt)
-                if inline and end - start >= INLINE_BLOCKS:
-                    return None
-                return self._collect(txn, flt, start, end, INLINE_LOGS if inline else None)
+                return self._query(txn, flt, inline)
         except lmdb.Error as exc:
             log.error("log index read failed: %s", exc)
             raise JsonRpcError(DATABASE_FAILED, "log index read failed") from None
+
+    def _query(self, txn: lmdb.Transaction, flt: LogFilter, inline: bool) -> bytes | None:
+        start, end = self._range(txn, flt)
+        if inline and end - start >= INLINE_BLOCKS:
+            return None
+        return self._collect(txn, flt, start, end, INLINE_LOGS if inline else None)
 
     def _range(self, txn: lmdb.Transaction, flt: LogFilter) -> tuple[int, int]:
         lo, hi = self.index.covered(txn)
@@ -230,7 +248,10 @@ class LogService:
 
 
 def register(node: Any) -> LogService:
-    """Attach the log index to `node.store` and serve eth_getLogs on `node.dispatcher`."""
+    """Attach the log index to `node.store` and serve eth_getLogs on `node.dispatcher` and,
+    when small, in the loop of the node's port (`node.reads`)."""
     service = LogService(node, LogSettings.from_config(node.settings.logs))
     node.dispatcher.register("eth_getLogs", service.methods.eth_get_logs)
+    in_loop = service.methods.in_loop
+    node.reads.add_port_read("eth_getLogs", lambda reads, params: in_loop(reads.snap.txn, params))
     return service

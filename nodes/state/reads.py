@@ -143,6 +143,11 @@ class Reads:
 Fast = Callable[[Reads, Any], Any]
 
 
+class Deferred(Exception):
+    """Raised by a read of the node's own port (`ReadPath.port`) that is too large to answer
+    in the loop: the item then goes to the dispatcher, which answers it off the loop."""
+
+
 class ReadPath:
     """`handle_body` for the state node: fast plain reads, the dispatcher for the rest."""
 
@@ -175,6 +180,18 @@ class ReadPath:
             "getAddressCode": self.get_address_code,
             "getStorageAt": self.get_storage_at,
         }
+        # The reads of the node's own port (a body over HTTP): the plain reads and what the
+        # node adds (`add_port_read`: eth_getLogs over its index). The proxy in the same
+        # process is given the plain reads only: it routes and answers the others its way.
+        self.port: dict[str, Fast] = dict(self.fast)
+
+    def add_port_read(self, method: str, read: Fast | None) -> None:
+        """Answer `method` in the port's loop with `read` (which may raise `Deferred`);
+        None: by the dispatcher again."""
+        if read is None:
+            self.port.pop(method, None)
+        else:
+            self.port[method] = read
 
     def handlers(self) -> dict[str, Handler]:
         """The plain reads as the dispatcher's handlers, for callers of the dispatcher itself
@@ -204,8 +221,9 @@ class ReadPath:
             payload = orjson.loads(body)
         except orjson.JSONDecodeError:
             return await self.dispatcher.handle_body(body)  # answers the parse error
+        port = self.port
         if payload.__class__ is dict:
-            answer = self._answer(None, [payload], [], strict=False)[0]  # type: ignore[index]
+            answer = self._answer(None, [payload], [], strict=False, table=port)[0]  # type: ignore[index]
             if answer is _SLOW:
                 answer = await self.dispatcher.handle_item(payload)
             elif answer.__class__ is _Call:
@@ -213,7 +231,7 @@ class ReadPath:
             return orjson.dumps(answer) if answer is not None else b""
         if payload.__class__ is not list or not payload or len(payload) > self.max_batch:
             return await self.dispatcher.handle_body(body)  # answers the envelope error
-        answers: list[Any] = self._answer(None, payload, [], strict=False)  # type: ignore[assignment]
+        answers: list[Any] = self._answer(None, payload, [], strict=False, table=port)  # type: ignore[assignment]
         slow = [i for i, answer in enumerate(answers) if answer is _SLOW]
         calls = [i for i, answer in enumerate(answers) if answer.__class__ is _Call]
         if slow or calls:
@@ -316,13 +334,13 @@ class ReadPath:
         except orjson.JSONDecodeError:
             return None
         if payload.__class__ is dict:
-            answers = self.answer_items([payload])
+            answers = self._answer(None, [payload], [], table=self.port)
             if answers is None:
                 return None
             return orjson.dumps(answers[0]) if answers[0] is not None else b""
         if payload.__class__ is not list or not payload or len(payload) > self.max_batch:
             return None
-        answers = self.answer_items(payload)
+        answers = self._answer(None, payload, [], table=self.port)
         if answers is None:
             return None
         out = [answer for answer in answers if answer is not None]
@@ -364,6 +382,7 @@ class ReadPath:
         keys: dict[str, Any] | None = None,
         found: list[Any] | None = None,
         strict: bool = True,
+        table: dict[str, Fast] | None = None,
     ) -> list[Any] | None:
         """The one loop of the read path: the answers of `items` in order (None for a
         notification), the positions of the error answers of plain reads appended to
@@ -377,10 +396,13 @@ class ReadPath:
         - `strict` (the default): None as soon as an item is not a plain read this loop
           answers (the caller sends the body to `handle_body`), a float id included (orjson
           may have changed how it was written); else (`handle_body`, `answer_later`) such an
-          item is _SLOW, for the dispatcher, or an eth_call queued on the EVM (`_Call`).
+          item is _SLOW, for the dispatcher, or an eth_call queued on the EVM (`_Call`);
+        - `table`: the reads looked up for `method` None (default the plain reads; the
+          node's own port passes `port`), any of which may raise `Deferred` (strict: None;
+          else _SLOW).
 
         One read transaction and cursor for all the items, opened by the first read."""
-        fast = self.fast
+        fast = self.fast if table is None else table
         one = None if method is None else fast.get(method)
         if one is None and method is not None:
             return None  # not a plain read
@@ -439,6 +461,10 @@ class ReadPath:
                         snap = self.store.snapshot()
                         reads = Reads(snap, self.hot)
                     out.append({"jsonrpc": "2.0", "id": rid, "result": read(reads, params)})
+                except Deferred:
+                    if strict:
+                        return None
+                    out.append(_SLOW)
                 except JsonRpcError as exc:
                     errors.append(len(out))
                     out.append(self.dispatcher.error(rid, exc))

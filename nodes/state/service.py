@@ -216,6 +216,7 @@ class StateNode:
         self._task = self._leader_task = self._backfill_task = None
         await self.body_backfill.close()
         if self.logs is not None:
+            self.reads.add_port_read("eth_getLogs", None)
             await self.logs.close()
             self.logs = None
         await self.ingest.close()

@@ -375,3 +375,49 @@ async def test_the_index_survives_a_restart(make_node: Any, tmp_path: Path) -> N
     everything = {"fromBlock": "0x0", "toBlock": "latest"}
     assert await get_logs(node, everything) == model(chain, everything, 0, chain.head)
     assert node.logs.backfill._todo() is None
+
+
+async def test_small_queries_are_answered_by_the_port_without_waiting(
+    make_node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A small eth_getLogs is answered by the port's read loop (`answer_now`, no await),
+    alone or in a batch with plain reads; a large one (by range or by logs) and a malformed
+    one are answered the usual way, with the same answers. The proxy in the same process is
+    not given eth_getLogs (it routes ranges itself)."""
+    monkeypatch.setattr(logs_module, "INLINE_BLOCKS", 8)
+    monkeypatch.setattr(logs_module, "INLINE_LOGS", 3)
+    chain, accounts = log_chain(seed=10, blocks=40)
+    node = await make_node(chain, kind="archive")
+    head = chain.head
+
+    def body(flt: Any, rid: int = 1) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": rid, "method": "eth_getLogs", "params": [flt]}
+
+    def one(h: int) -> dict[str, Any]:
+        return {"fromBlock": hex(h), "toBlock": hex(h)}
+
+    at = next(h for h in range(head, 0, -1) if 1 <= len(model(chain, one(h), h, h)) <= 3)
+    small = one(at)
+    assert len(model(chain, small, at, at)) <= 3
+    now = node.answer_now(orjson.dumps(body(small)))
+    assert now is not None
+    assert orjson.loads(now)["result"] == model(chain, small, at, at)
+    balance = {"jsonrpc": "2.0", "id": 2, "method": "eth_getBalance",
+               "params": [accounts[0], hex(head)]}  # fmt: skip
+    batch = orjson.loads(node.answer_now(orjson.dumps([body(small), balance])) or b"null")
+    assert [a["id"] for a in batch] == [1, 2] and "result" in batch[1]
+    assert node.answer_items([body(small)]) is None  # the proxy's: plain reads only
+
+    wide = {"fromBlock": "0x0", "toBlock": hex(head)}  # past INLINE_BLOCKS
+    many = {"fromBlock": hex(head - 7), "toBlock": hex(head)}  # past INLINE_LOGS, in range
+    assert len(model(chain, many, head - 7, head)) > 3
+    for flt, lo in ((wide, 0), (many, head - 7)):
+        assert node.answer_now(orjson.dumps(body(flt))) is None
+        answers = orjson.loads(await node.handle_body(orjson.dumps([body(flt), balance])))
+        assert answers[0]["result"] == model(chain, flt, lo, head)
+        assert answers[1]["result"] == batch[1]["result"]
+
+    bad = orjson.loads(node.answer_now(orjson.dumps(body({"fromBlock": "foo"}))) or b"null")
+    assert bad["error"]["code"] == -39007
+    outside = orjson.loads(node.answer_now(orjson.dumps(body(one(head + 1)))) or b"null")
+    assert outside["error"]["code"] == -39006
