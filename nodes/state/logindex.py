@@ -106,13 +106,14 @@ class LogIndex:
         """(height, log JSON) of the logs in `[lo, hi]` that match, in chain order.
         `addresses` empty = any; `topics[i]` None = any."""
         start, end = _BE.pack(lo) + _POS.pack(0), _BE.pack(hi + 1) + _POS.pack(0)
-        criteria = []
+        # Every seek positions the cursor afresh (`set_range`), so the criteria share one.
+        keys = txn.cursor(db=self._keys)
+        criteria: list[_Prefix | _Union] = []
         if addresses:
-            criteria.append(_Union([_Prefix(txn, self._keys, b"a" + a, end) for a in addresses]))
+            criteria.append(_criterion(keys, [b"a" + a for a in addresses], end))
         for i, options in enumerate(topics):
             if options is not None:
-                prefixes = [b"t" + bytes([i]) + t for t in options]
-                criteria.append(_Union([_Prefix(txn, self._keys, p, end) for p in prefixes]))
+                criteria.append(_criterion(keys, [b"t" + bytes([i]) + t for t in options], end))
         if not criteria:
             cur = txn.cursor(db=self._logs)
             if not cur.set_range(start):
@@ -170,26 +171,38 @@ def _keys_of(raw: bytes) -> tuple[bytes, list[bytes]]:
     return bytes.fromhex(log["address"][2:]), [bytes.fromhex(t[2:]) for t in log["topics"]]
 
 
+def _criterion(cur: lmdb.Cursor, prefixes: list[bytes], end: bytes) -> _Prefix | _Union:
+    """The keys under any of `prefixes` (one prefix: itself, without the union's books)."""
+    if len(prefixes) == 1:
+        return _Prefix(cur, prefixes[0], end)
+    return _Union([_Prefix(cur, p, end) for p in prefixes])
+
+
 class _Prefix:
     """The `height | position` suffixes of the keys under one prefix, below `end`."""
 
-    __slots__ = ("cur", "end", "prefix", "size")
+    __slots__ = ("cur", "end", "head", "prefix", "size")
 
-    def __init__(self, txn: lmdb.Transaction, db: Any, prefix: bytes, end: bytes) -> None:
-        self.cur = txn.cursor(db=db)
+    def __init__(self, cur: lmdb.Cursor, prefix: bytes, end: bytes) -> None:
+        self.cur = cur
         self.prefix = prefix
         self.size = len(prefix)
         self.end = end
+        self.head: bytes | None = b""  # the last answer (`at` only grows: kept while ≥ it)
 
     def seek(self, at: bytes) -> bytes | None:
         """The first suffix ≥ `at`, or None when there is none below the end."""
-        if not self.cur.set_range(self.prefix + at):
-            return None
-        key = self.cur.key()
-        if key[: self.size] != self.prefix:
-            return None
-        suffix = key[self.size :]
-        return suffix if suffix < self.end else None
+        head = self.head
+        if head is None or head >= at:
+            return head
+        found = None
+        if self.cur.set_range(self.prefix + at):
+            key = self.cur.key()
+            if key[: self.size] == self.prefix:
+                suffix = key[self.size :]
+                found = suffix if suffix < self.end else None
+        self.head = found
+        return found
 
 
 class _Union:
@@ -219,7 +232,7 @@ class _Union:
         return best
 
 
-def _intersect(criteria: list[_Union], start: bytes) -> Iterator[bytes]:
+def _intersect(criteria: list[_Prefix | _Union], start: bytes) -> Iterator[bytes]:
     """Keys every criterion holds, in order (leapfrog join)."""
     at = start
     while True:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 import lmdb
 import orjson
@@ -32,7 +32,13 @@ from chainstate.jsonrpc import (
     JsonRpcError,
     params_list,
 )
-from chainstate.logfilter import DEFAULT_MAX_LIST, LogFilter, invalid_range, parse_filter
+from chainstate.logfilter import (
+    DEFAULT_MAX_LIST,
+    FIELDS,
+    LogFilter,
+    invalid_range,
+    parse_filter,
+)
 from chainstate.tasks import stop_task
 from nodes.state.backfill import Backfill as BlockBackfill
 from nodes.state.logindex import LogIndex
@@ -49,6 +55,8 @@ DEFAULT_MAX_LOGS_PER_RESPONSE = 20_000  # reth's --rpc.max-logs-per-response
 # less than the hop to a thread and back, and a large one never blocks the loop for long.
 INLINE_BLOCKS = 128
 INLINE_LOGS = 256
+FILTER_CACHE = 4096  # parsed filters kept (then the cache restarts)
+FILTER_CACHE_LIST = 8  # a filter with a longer list (of addresses, of topics) is not kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +84,44 @@ class LogSettings:
         return cls(**section)
 
 
+class _Query(NamedTuple):
+    """A parsed filter and its criteria as the index keys them (sorted raw bytes)."""
+
+    filter: LogFilter
+    addresses: list[bytes]
+    topics: list[list[bytes] | None]
+
+
+def _filter_key(value: Any) -> tuple[Any, ...] | None:
+    """A filter object as a hashable key (its lists as tuples), None when it is not a small
+    flat object of texts and lists of texts (kept filters stay small). No two filters that
+    parse differently share a key: JSON values of different types never compare equal here
+    but for numbers and booleans, which no valid filter holds (one with them fails to parse
+    and is not kept)."""
+    if value.__class__ is not dict or len(value) > len(FIELDS):
+        return None
+    out = []
+    for name, v in value.items():
+        if v.__class__ is list:
+            if len(v) > FILTER_CACHE_LIST:
+                return None
+            items = []
+            for x in v:
+                if x.__class__ is list:
+                    if len(x) > FILTER_CACHE_LIST:
+                        return None
+                    x = tuple(x)
+                items.append(x)
+            v = tuple(items)
+        out.append((name, v))
+    key = tuple(out)
+    try:
+        hash(key)
+    except TypeError:  # (an object inside)
+        return None
+    return key
+
+
 class LogMethods:
     """eth_getLogs over one store's log index."""
 
@@ -83,15 +129,13 @@ class LogMethods:
         self.store = store
         self.index = index
         self.settings = settings
+        self._filters: dict[tuple[Any, ...], _Query] = {}  # parsed filters by their value
 
     async def eth_get_logs(self, params: Any) -> orjson.Fragment:
-        (value,) = params_list(params, ["filter"])
-        if value is None:
-            raise JsonRpcError(INVALID_PARAMS, "missing required parameter: filter")
-        flt = parse_filter(value, max_list=self.settings.max_log_query_list)
-        small = self.query(flt, inline=True)
+        query = self._parsed(params)
+        small = self.query(query, inline=True)
         if small is None:
-            small = await asyncio.to_thread(self.query, flt)
+            small = await asyncio.to_thread(self.query, query)
         return orjson.Fragment(small)
 
     def in_loop(self, txn: lmdb.Transaction, params: Any) -> orjson.Fragment:
@@ -99,16 +143,34 @@ class LogMethods:
         loop, `ReadPath.add_port_read`): a small answer costs less than the coroutine and
         task the dispatcher would spend on it. `Deferred` when the range or the answer is
         larger than the loop should read (INLINE_*): the dispatcher answers it then."""
-        (value,) = params_list(params, ["filter"])
-        if value is None:
-            raise JsonRpcError(INVALID_PARAMS, "missing required parameter: filter")
-        flt = parse_filter(value, max_list=self.settings.max_log_query_list)
-        small = self._query(txn, flt, True)
+        small = self._query(txn, self._parsed(params), True)
         if small is None:
             raise Deferred
         return orjson.Fragment(small)
 
-    def query(self, flt: LogFilter, inline: bool = False) -> bytes | None:
+    def _parsed(self, params: Any) -> _Query:
+        """The request's filter parsed, with its addresses and topics as the index keys
+        them; remembered by the filter's value (dapps send the same filters again and
+        again, and parsing one costs more than reading a block's logs)."""
+        (value,) = params_list(params, ["filter"])
+        if value is None:
+            raise JsonRpcError(INVALID_PARAMS, "missing required parameter: filter")
+        key = _filter_key(value)
+        query = self._filters.get(key) if key is not None else None
+        if query is None:
+            flt = parse_filter(value, max_list=self.settings.max_log_query_list)
+            addresses = [bytes.fromhex(a[2:]) for a in sorted(flt.addresses or ())]
+            topics = [
+                None if t is None else [bytes.fromhex(x[2:]) for x in sorted(t)] for t in flt.topics
+            ]
+            query = _Query(flt, addresses, topics)
+            if key is not None:
+                if len(self._filters) >= FILTER_CACHE:
+                    self._filters.clear()
+                self._filters[key] = query
+        return query
+
+    def query(self, query: _Query, inline: bool = False) -> bytes | None:
         """The JSON array of matching logs (raises JsonRpcError); `inline`: None instead
         when the range or the answer is larger than the loop should read (INLINE_*)."""
         env = self.index.env
@@ -116,16 +178,16 @@ class LogMethods:
             raise JsonRpcError(DATABASE_FAILED, "state store is closed")
         try:
             with env.begin() as txn:
-                return self._query(txn, flt, inline)
+                return self._query(txn, query, inline)
         except lmdb.Error as exc:
             log.error("log index read failed: %s", exc)
             raise JsonRpcError(DATABASE_FAILED, "log index read failed") from None
 
-    def _query(self, txn: lmdb.Transaction, flt: LogFilter, inline: bool) -> bytes | None:
-        start, end = self._range(txn, flt)
+    def _query(self, txn: lmdb.Transaction, query: _Query, inline: bool) -> bytes | None:
+        start, end = self._range(txn, query.filter)
         if inline and end - start >= INLINE_BLOCKS:
             return None
-        return self._collect(txn, flt, start, end, INLINE_LOGS if inline else None)
+        return self._collect(txn, query, start, end, INLINE_LOGS if inline else None)
 
     def _range(self, txn: lmdb.Transaction, flt: LogFilter) -> tuple[int, int]:
         lo, hi = self.index.covered(txn)
@@ -149,15 +211,11 @@ class LogMethods:
         return start, end
 
     def _collect(
-        self, txn: lmdb.Transaction, flt: LogFilter, start: int, end: int, budget: int | None
+        self, txn: lmdb.Transaction, query: _Query, start: int, end: int, budget: int | None
     ) -> bytes | None:
-        addresses = [bytes.fromhex(a[2:]) for a in sorted(flt.addresses or ())]
-        topics = [
-            None if t is None else [bytes.fromhex(x[2:]) for x in sorted(t)] for t in flt.topics
-        ]
         limit = self.settings.max_logs_per_response
         out: list[bytes] = []
-        for height, raw in self.index.scan(txn, start, end, addresses, topics):
+        for height, raw in self.index.scan(txn, start, end, query.addresses, query.topics):
             if len(out) == limit:
                 raise _too_many_logs(limit, start, height)
             if len(out) == budget:
