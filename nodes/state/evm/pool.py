@@ -6,6 +6,12 @@ worker is one spawned process with its own pipe; a job that overruns gets its wo
 and replaced, and the caller gets -39004. Workers are separate processes because pyrevm
 holds the GIL while it runs and while it waits for state reads; the event loop and the
 state feed it reads from must stay free. One worker per core uses every core.
+
+The parent's end of each worker's pipe is read and written by the event loop itself (a
+protocol on the socket, `_Pipe`), in multiprocessing's framing, which the worker reads and
+writes with its blocking `Connection`. Not a thread per round trip: handing a job to a
+thread and the answer back cost more than the calls themselves (each hand-over wakes a
+thread that must take the GIL from the loop).
 """
 
 from __future__ import annotations
@@ -13,11 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
+import pickle
+import socket
+import struct
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from chainstate.jsonrpc import EVM_FAILED, SERVER_BUSY, TIME_LIMIT, JsonRpcError
@@ -36,6 +46,83 @@ log = logging.getLogger(__name__)
 WORKER_START_TIMEOUT = 60.0  # seconds for a spawned worker to import pyrevm and report ready
 
 
+_SIZE = struct.Struct("!i")  # multiprocessing's frame header: the payload's size
+_HUGE = struct.Struct("!Q")  # after a size of -1: the size of a payload over 2 GiB
+_SMALL = 0x7FFFFFFF
+
+
+def _frame(payload: bytes | memoryview) -> list[bytes | memoryview]:
+    """`payload` framed as `Connection.send_bytes` frames it (the worker's `recv` reads it)."""
+    size = len(payload)
+    if size > _SMALL:
+        return [_SIZE.pack(-1), _HUGE.pack(size), payload]
+    return [_SIZE.pack(size), payload]
+
+
+class _Pipe(asyncio.Protocol):
+    """The parent's end of a worker's pipe on the event loop: frames in multiprocessing's
+    format out, one answer (a pickled object) at a time in."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.waiter: asyncio.Future[Any] | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def send(self, obj: Any, blobs: list[bytes]) -> asyncio.Future[Any]:
+        """Write `obj` pickled, then each blob as a raw message; the future of the answer."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.closed or self.transport is None or self.transport.is_closing():
+            future.set_exception(EOFError("the worker's pipe is closed"))
+            return future
+        parts = _frame(ForkingPickler.dumps(obj))
+        for blob in blobs:
+            parts += _frame(blob)
+        self.waiter = future
+        self.transport.writelines(parts)
+        return future
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer
+        buffer += data
+        while len(buffer) >= 4:
+            size = _SIZE.unpack_from(buffer)[0]
+            start = 4
+            if size == -1:
+                if len(buffer) < 12:
+                    return
+                size, start = _HUGE.unpack_from(buffer, 4)[0], 12
+            end = start + size
+            if len(buffer) < end:
+                return
+            frame = bytes(buffer[start:end]) if len(buffer) > end else bytes(buffer[start:])
+            del buffer[:end]
+            self._answered(frame)
+
+    def _answered(self, frame: bytes) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is None or waiter.done():
+            return  # (an answer nobody waits for: its caller's job was given up)
+        try:
+            waiter.set_result(pickle.loads(frame))
+        except Exception as exc:  # (a worker's answer that does not unpickle)
+            waiter.set_exception(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(EOFError("the worker's pipe closed"))
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
@@ -45,7 +132,8 @@ class _Worker:
         self.warm: OrderedDict[WarmKey, None] = OrderedDict()
         self.warm_blocks = max(1, warm_blocks)
         parent, child = ctx.Pipe(duplex=True)
-        self.conn: Connection = parent
+        self.conn: Connection = parent  # until `attach`: the start-up handshake
+        self.pipe = _Pipe()
         # [calls of the running job started, time.monotonic() the last one started]: the
         # worker writes it (`Runner.progress`), an overrun reads it (`Overrun`)
         self.progress: Any = ctx.RawArray("d", 2)
@@ -59,6 +147,13 @@ class _Worker:
         if not self.conn.poll(WORKER_START_TIMEOUT) or self.conn.recv() != READY:
             self.kill()
             raise RuntimeError(f"EVM worker did not start within {WORKER_START_TIMEOUT:g}s")
+
+    async def attach(self) -> None:
+        """Hand the parent's end of the pipe to the event loop (`_Pipe`)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=os.dup(self.conn.fileno()))
+        self.conn.close()
+        loop = asyncio.get_running_loop()
+        await loop.create_unix_connection(lambda: self.pipe, sock=sock)
 
     def note(self, job: dict[str, Any]) -> None:
         """Record that `job` is about to run here (mirrors Runner.evm_for's LRU)."""
@@ -74,14 +169,11 @@ class _Worker:
         while len(self.warm) > self.warm_blocks:
             self.warm.popitem(last=False)
 
-    def roundtrip(self, job: dict[str, Any]) -> dict[str, Any]:
-        """Blocking: send a job and wait for its answer (runs in a pool thread). The hex of
-        long calldata follows the job as raw messages (`worker.detached`)."""
+    def send(self, job: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+        """Send a job; the future of its answer (EOFError when the worker dies first). The
+        hex of long calldata follows the job as raw messages (`worker.detached`)."""
         job, blobs = detached(job)
-        self.conn.send(job)
-        for blob in blobs:
-            self.conn.send_bytes(blob)
-        return self.conn.recv()
+        return self.pipe.send(job, blobs)
 
     def running(self) -> tuple[int, float]:
         """(position in its job of the call the worker is running, -1 when it runs no call
@@ -90,13 +182,15 @@ class _Worker:
         return int(started) - 1, time.monotonic() - since if started else 0.0
 
     def kill(self) -> None:
+        """Blocking (a thread's): the process killed; the loop closes `pipe`."""
         if self.proc.is_alive():
             self.proc.kill()
         self.proc.join(timeout=2)
         self.conn.close()
 
     def stop(self) -> None:
-        """Closing the pipe makes the worker return; kill it if it does not."""
+        """Blocking (a thread's), after the loop closed `pipe`: closing the pipe makes the
+        worker return; kill it if it does not."""
         self.conn.close()
         self.proc.join(timeout=2)
         if self.proc.is_alive():
@@ -142,7 +236,6 @@ class WorkerPool:
         )
         self._idle: asyncio.Queue[_Worker] | None = None
         self._all: set[_Worker] = set()
-        self._threads: ThreadPoolExecutor | None = None
         self._waiting = 0
         self._closed = False
         self._background: set[asyncio.Task[None]] = set()
@@ -158,15 +251,23 @@ class WorkerPool:
     def started(self) -> bool:
         return self._idle is not None
 
-    def _spawn(self) -> _Worker:
-        return _Worker(self._ctx, self._limits, self.settings.warm_blocks)
+    async def _spawn(self) -> _Worker:
+        """A new worker, started (in a thread: it waits for the process) and attached."""
+        worker = await asyncio.to_thread(
+            _Worker, self._ctx, self._limits, self.settings.warm_blocks
+        )
+        try:
+            await worker.attach()
+        except BaseException:
+            await asyncio.to_thread(worker.kill)
+            raise
+        return worker
 
     async def start(self) -> None:
         if self._idle is not None:
             return
-        self._threads = ThreadPoolExecutor(self.size + 2, thread_name_prefix="evm-pipe")
         self._idle = asyncio.Queue()
-        workers = await asyncio.gather(*(asyncio.to_thread(self._spawn) for _ in range(self.size)))
+        workers = await asyncio.gather(*(self._spawn() for _ in range(self.size)))
         for w in workers:
             self._all.add(w)
             self._idle.put_nowait(w)
@@ -175,9 +276,9 @@ class WorkerPool:
     async def close(self) -> None:
         self._closed = True
         workers, self._all = list(self._all), set()
+        for w in workers:
+            w.pipe.close()
         await asyncio.gather(*(asyncio.to_thread(w.stop) for w in workers))
-        if self._threads is not None:
-            self._threads.shutdown(wait=False, cancel_futures=True)
         self._idle = None
 
     async def acquire(self, prefer: WarmKey | None = None) -> _Worker:
@@ -220,7 +321,7 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + time_limit
         worker.note(job)
-        future = loop.run_in_executor(self._threads, worker.roundtrip, job)
+        future = worker.send(job)
         future.add_done_callback(_consume)
         try:
             answer = await asyncio.wait_for(asyncio.shield(future), time_limit)
@@ -253,11 +354,12 @@ class WorkerPool:
         """Kill an overrunning or dead worker and put a fresh one in its place."""
         self._all.discard(worker)
         await asyncio.to_thread(worker.kill)
+        worker.pipe.close()
         if self.on_replace is not None:
             self.on_replace()
         if self._closed or self._idle is None:
             return
-        fresh = await asyncio.to_thread(self._spawn)
+        fresh = await self._spawn()
         self._all.add(fresh)
         self._idle.put_nowait(fresh)
         log.warning("evm worker replaced", extra={"pid": worker.proc.pid})
