@@ -10,6 +10,7 @@ JSON-RPC -32600 error naming the limit, for Content-Length and chunked bodies al
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -26,7 +27,7 @@ from chainstate.httpserver import (
     ServerLimits,
     error_body,
 )
-from chainstate.jsonrpc import INVALID_REQUEST, may_change_ids, restore_ids
+from chainstate.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, may_change_ids, restore_ids
 from chainstate.runner import start_server
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,9 @@ BodyHandler = Callable[[bytes], Awaitable[bytes]]
 # when it needs `handle_body` (the state node's plain reads: the server then writes it at once,
 # no task, no scan of the body for ids orjson may have changed).
 AnswerNow = Callable[[bytes], bytes | None]
+# The same, or the future of the answer when it comes without a task either (the state
+# node's eth_calls: the server writes it from the future's callback).
+AnswerSoon = Callable[[bytes], "bytes | asyncio.Future[bytes] | None"]
 
 
 def too_large(limits: ServerLimits) -> bytes:
@@ -91,26 +95,40 @@ def node_limits(config: dict[str, Any]) -> ServerLimits:
     return ServerLimits.from_section(section(config, "http"))
 
 
-def rpc_route(handle_body: BodyHandler, answer_now: AnswerNow | None = None) -> Router:
+def rpc_route(handle_body: BodyHandler, answer_now: AnswerNow | AnswerSoon | None = None) -> Router:
     """`POST /` answered on the lean server, at once by `answer_now` when it can (its ids are
-    exact already), else by `handle_body`, whose ids come back as the client wrote them
-    (`restore_ids`). Everything else goes on to the fallback."""
+    exact already; a future of the answer is written from its callback), else by
+    `handle_body`, whose ids come back as the client wrote them (`restore_ids`). Everything
+    else goes on to the fallback."""
 
     async def restored(body: bytes) -> bytes:
         return restore_ids(body, await handle_body(body))
 
-    def handler(request: Request) -> Response | Awaitable[Response]:  # bytes: 200 (204 empty)
-        body = request.body
+    def handler(request: Request) -> Response | Awaitable[Response] | None:
+        body = request.body  # (the answer's bytes: 200, 204 when empty)
         if answer_now is not None:
             answer = answer_now(body)
             if answer is not None:
-                return answer
+                if answer.__class__ is bytes:
+                    return answer
+                answer.add_done_callback(lambda done: request.answer_early(_settled(done)))  # type: ignore[union-attr]
+                return None  # (answered from the callback)
         return restored(body) if may_change_ids(body) else handle_body(body)
 
     def route(method: bytes, path: bytes) -> Any:
         return handler if method == b"POST" and path == b"/" else None
 
     return route
+
+
+def _settled(done: asyncio.Future[bytes]) -> Response:
+    """The answer a future gave, or a 500 when it failed (logged)."""
+    if not done.cancelled():
+        exc = done.exception()
+        if exc is None:
+            return done.result()
+        log.error("request handler failed", exc_info=exc)
+    return 500, error_body(INTERNAL_ERROR, "internal error")
 
 
 async def serve_rpc(
@@ -122,7 +140,7 @@ async def serve_rpc(
     *,
     name: str,
     limits: ServerLimits | None = None,
-    answer_now: AnswerNow | None = None,
+    answer_now: AnswerNow | AnswerSoon | None = None,
 ) -> HttpServer:
     """Serve `handle_body` (and `answer_now`) on `POST /` and `app` for every other request
     on host:port; stopped (gracefully) when `stack` closes."""

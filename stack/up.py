@@ -175,7 +175,7 @@ class Stack:
             node.http_url = f"http://{sect.get('host', '127.0.0.1')}:{sect['port']}"
             # Listen first: the EVM workers read state through the node's HTTP endpoint.
             name = f"{sect['kind']} node {sect['key']}"
-            await self.serve(stack, name, node.make_app(), sect, node.handle_body, node.answer_now)
+            await self.serve(stack, name, node.make_app(), sect, node.handle_body, node.answer_port)
             await node.start()
             stack.push_async_callback(node.close)
 

@@ -80,7 +80,7 @@ async def serve(
             settings.port,
             name=f"{settings.kind} node {settings.key}",
             limits=limits,
-            answer_now=node.answer_now,
+            answer_now=node.answer_port,
         )
         await node.start()
         stack.push_async_callback(node.close)

@@ -79,6 +79,20 @@ class _Call:
         self.wanted = wanted  # not a notification
 
 
+def _as_list(answers: list[Any]) -> list[Any]:
+    return answers
+
+
+def _as_one(answers: list[Any]) -> bytes:
+    """A single request's answer as the port writes it (b"": a notification's none)."""
+    return orjson.dumps(answers[0]) if answers[0] is not None else b""
+
+
+def _as_batch(answers: list[Any]) -> bytes:
+    out = [answer for answer in answers if answer is not None]
+    return orjson.dumps(out) if out else b""
+
+
 def _cancel(futures: list[Any]) -> None:
     for future in futures:
         future.cancel()
@@ -278,26 +292,51 @@ class ReadPath:
         usual way: a state override, workers not started). For the proxy in the same process.
         A batch declined after some of its calls were queued has them run for nothing (only a
         batch that mixes such a call with others): the caller sends it the usual way."""
-        fast = self.fast
+        return self._later(items, self.fast, _as_list)
+
+    def answer_port(self, body: bytes) -> bytes | asyncio.Future[bytes] | None:
+        """For the node's own port: `answer_now`'s answer, or the future of the answer when
+        the body's items are plain reads, eth_getLogs and eth_calls, set from the calls'
+        futures' callbacks (the server writes it from there: no task); None when the body
+        needs `handle_body` (as `answer_later` declines items)."""
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        if payload.__class__ is dict:
+            return self._later([payload], self.port, _as_one)
+        if payload.__class__ is not list or not payload or len(payload) > self.max_batch:
+            return None
+        return self._later(payload, self.port, _as_batch)
+
+    def _later(
+        self, items: list[Any], table: dict[str, Fast], shape: Callable[[list[Any]], Any]
+    ) -> Any:
+        """The answers of `items` (`table`'s reads and eth_calls) as `shape` makes them of
+        the list, at once when no eth_call is among them, else the future of it; None when
+        an item needs `handle_body`."""
         calls_ok = self.evm is not None
         for item in items:
             if item.__class__ is not dict or item.get("id").__class__ is float:
                 return None
             method = item.get("method")
             if method.__class__ is not str or (
-                fast.get(method) is None and (method != "eth_call" or not calls_ok)
+                table.get(method) is None and (method != "eth_call" or not calls_ok)
             ):
                 return None
-        answers: list[Any] = self._answer(None, items, [], strict=False)  # type: ignore[assignment]
+        answers: list[Any] = self._answer(None, items, [], strict=False, table=table)  # type: ignore[assignment]
         calls = [i for i, answer in enumerate(answers) if answer.__class__ is _Call]
         if any(answer is _SLOW for answer in answers):
             for i in calls:
                 answers[i].future.add_done_callback(_consume)
             return None
-        out: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         if not calls:
-            out.set_result(answers)
-            return out
+            if shape is _as_list:  # (the proxy's: a future either way)
+                out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                out.set_result(answers)
+                return out
+            return shape(answers)
+        out = asyncio.get_running_loop().create_future()
         waiting = [len(calls)]
 
         def landed(_: Any) -> None:
@@ -310,10 +349,9 @@ class ReadPath:
                     future = call.future
                     result = future.exception() or future.result()
                     answers[i] = self._call_answer(call, result)
+                out.set_result(shape(answers))
             except asyncio.CancelledError:
                 out.cancel()
-            else:
-                out.set_result(answers)
 
         for i in calls:
             answers[i].future.add_done_callback(landed)

@@ -248,6 +248,18 @@ class StateNode:
             self.metrics.request_seconds.observe(time.perf_counter() - started)
         return answer
 
+    def answer_port(self, body: bytes) -> bytes | asyncio.Future[bytes] | None:
+        """For the node's own port: `answer_now`'s answer, or the future of it when the body
+        holds eth_calls (the server writes it from the future's callback), else None."""
+        started = time.perf_counter()
+        answer = self.reads.answer_port(body)
+        if answer.__class__ is bytes:
+            self.metrics.request_seconds.observe(time.perf_counter() - started)
+        elif answer is not None:
+            observe = self.metrics.request_seconds.observe
+            answer.add_done_callback(lambda _: observe(time.perf_counter() - started))  # type: ignore[union-attr]
+        return answer
+
     def answer_later(self, items: list[Any]) -> asyncio.Future[list[Any]] | None:
         """The answers of parsed request objects that are plain reads or eth_calls, as a
         future (else None): for the proxy in the same process, which sends the answers on

@@ -8,6 +8,7 @@ answers exactly what the generic dispatcher answers.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from pathlib import Path
 from typing import Any
@@ -440,5 +441,43 @@ async def test_a_restarted_node_fills_its_hot_view_from_the_store(
     try:
         assert (node.hot.lo, node.hot.hi) == (chain.head - 7, chain.head)
         await assert_answers(node, chain, addrs)
+    finally:
+        await node.close()
+
+
+async def test_the_port_answers_eth_calls_from_their_futures(tmp_path: Path) -> None:
+    """The node's own port (`answer_port`): plain reads at once, bodies holding eth_calls as
+    the future of the answer (no task), with the bytes `handle_body` answers; what it cannot
+    answer that way (a float id, a malformed item, another method) goes to `handle_body`."""
+    chain, addrs = random_chain(seed=7, blocks=12)
+    node = await make_node(tmp_path, kind="archive")
+    try:
+        for raw in chain.blocks:
+            await node.ingest._apply(parse_vendor_block(raw))
+
+        def call(rid: Any, to: str, block: str) -> dict[str, Any]:
+            params = [{"to": to, "data": "0x"}, block]
+            return {"jsonrpc": "2.0", "id": rid, "method": "eth_call", "params": params}
+
+        balance = {"jsonrpc": "2.0", "id": "b", "method": "eth_getBalance",
+                   "params": [addrs[0], "0x3"]}  # fmt: skip
+        await node.handle_body(orjson.dumps(call(0, addrs[0], "latest")))  # starts the workers
+        bodies = [
+            call(1, addrs[1], "latest"),
+            [call(2, addrs[2], "0x4"), balance, call(3, addrs[3], "0x5")],
+            [call(4, addrs[0], "0x2"), {"jsonrpc": "2.0", "method": "eth_call",
+                                         "params": call(0, addrs[1], "0x2")["params"]}],
+        ]  # fmt: skip
+        for body in bodies:
+            raw = orjson.dumps(body)
+            answer = node.answer_port(raw)
+            assert isinstance(answer, asyncio.Future), body
+            assert await answer == await node.handle_body(raw), body
+        assert node.answer_port(orjson.dumps(balance)) == node.answer_now(orjson.dumps(balance))
+        chain_id = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
+        for declined in (call(1.5, addrs[0], "latest"), [call(1, addrs[0], "latest"), 5], chain_id):
+            assert node.answer_port(orjson.dumps(declined)) is None, declined
+        bad = node.answer_port(orjson.dumps(call(7, "0x12", "latest")))  # refused, not queued
+        assert isinstance(bad, bytes) and orjson.loads(bad)["error"]["code"] == -32602
     finally:
         await node.close()
