@@ -187,34 +187,32 @@ class Executor:
         self._pending_count -= len(taken)
         return [(j, f) for j, f in taken if not f.done()]
 
-    def _take_more(self, worker: Any, room: int) -> list[Pending] | None:
-        """Calls of one more block for the same job: a block warm on `worker` or on no other
-        worker (so blocks keep their worker), at most `room` calls; None when none fits."""
-        if not self._pending or room <= 0:
-            return None
-        others = [w.warm for w in self.pool.workers() if w is not worker]
-        for key in itertools.islice(self._pending, AFFINITY_SCAN):
-            wanted = self._warm_keys[key]
-            if wanted in worker.warm or not any(wanted in o for o in others):
-                if len(self._pending[key]) > room:
-                    return None
-                return self._take(worker, key)
-        return None
-
     def _take_groups(self, worker: Any) -> list[list[Pending]]:
         """What a free worker runs next as one job: the calls of one block (`_take`), then
-        of more blocks while they fit in `coalesce_max` calls. Calls at many heights (old
-        blocks read at random) then share one pipe round trip instead of one each."""
+        of more blocks while they fit in `coalesce_max` calls: blocks warm on `worker` or
+        on no other worker (so blocks keep their worker), in one pass over the AFFINITY_SCAN
+        oldest. Calls at many heights (old blocks read at random) then share one pipe round
+        trip instead of paying one each."""
         share = -(-len(self._pending) // self.pool.size)  # leave the other workers theirs
         groups = []
         first = self._take(worker)
         if first:
             groups.append(first)
         room = self.settings.coalesce_max - len(first)
-        while len(groups) < share and (more := self._take_more(worker, room)) is not None:
-            if more:
-                groups.append(more)
-                room -= len(more)
+        if len(groups) >= share or room <= 0 or not self._pending:
+            return groups
+        others = [w.warm for w in self.pool.workers() if w is not worker]
+        for key in list(itertools.islice(self._pending, AFFINITY_SCAN)):
+            wanted = self._warm_keys[key]
+            if wanted in worker.warm or not any(wanted in o for o in others):
+                if len(self._pending[key]) > room:
+                    break
+                more = self._take(worker, key)
+                if more:
+                    groups.append(more)
+                    room -= len(more)
+                    if len(groups) >= share or room <= 0:
+                        break
         return groups
 
     async def _drain(self) -> None:

@@ -57,6 +57,7 @@ PRELOAD_ACCOUNTS = 64
 PRELOAD_SLOTS = 1024
 LEARNED_CALLS = 4096  # (callee, calldata) whose slots a worker remembers
 LEARN_DATA = 260  # calldata bytes that key a learned call (selector and 8 words)
+MEMORY_CHECK_S = 0.25  # seconds between two looks at the worker's resident memory
 NO_WARM = frozenset(
     {"trace", "replay", "trace_call", "access_list"}
 )  # jobs that never run on a warm EVM
@@ -522,6 +523,10 @@ class Runner:
         self._basefee = BasefeeCheck()
         self._suspects: dict[WarmKey, dict[VerdictKey, bool]] = {}  # verdicts per warm EVM
         self._job: dict[str, Any] = {}  # the job being run
+        self._memory_checked = -MEMORY_CHECK_S  # when `_bound_memory` last read /proc
+        # The block env each warm EVM runs with (the EVM, the job's block dict): a job at
+        # the same block with the same env (no blockOverrides) does not build it again.
+        self._envs: dict[WarmKey, tuple[EVM, dict[str, Any]]] = {}
 
     def evm_for(self, job: dict[str, Any]) -> EVM:
         """A warm EVM for the job's block, or a fresh one when the job must not share.
@@ -557,6 +562,19 @@ class Runner:
             self._given.pop(old, None)
             self._suspects.pop(old, None)
         return evm
+
+    def _set_block_env(self, evm: EVM, job: dict[str, Any]) -> None:
+        """The job's block env on `evm`, unless it has it already (a warm EVM)."""
+        block = job["block"]
+        key = warm_key(job)
+        if key is not None:
+            known = self._envs.get(key)
+            if known is not None and known[0] is evm and known[1] == block:
+                return
+            if len(self._envs) >= 2 * self.warm_blocks:
+                self._envs.clear()
+            self._envs[key] = (evm, block)
+        evm.set_block_env(_block_env(block))
 
     def _discard(self, evm: EVM) -> None:
         """Stop keeping an EVM warm (its journal can no longer be trusted)."""
@@ -636,9 +654,16 @@ class Runner:
 
     def _bound_memory(self) -> None:
         """Drop every warm EVM when the process has grown past `warm_memory_bytes`: what
-        warm EVMs cache is only bounded per EVM by calls (`warm_max_calls`), not by size."""
+        warm EVMs cache is only bounded per EVM by calls (`warm_max_calls`), not by size.
+        Looked at most every MEMORY_CHECK_S (reading /proc costs as much as a warm call)."""
         limit = self.limits.warm_memory_bytes
-        if limit and self._warm and resident_bytes() > limit:
+        if not limit or not self._warm:
+            return
+        now = time.monotonic()
+        if now < self._memory_checked + MEMORY_CHECK_S:
+            return
+        self._memory_checked = now
+        if resident_bytes() > limit:
             self._warm.clear()
             self._given.clear()
             self._suspects.clear()
@@ -652,7 +677,7 @@ class Runner:
             if kind in TRACE_JOBS:
                 return self._traces(job)
             evm = self.evm_for(job)
-            evm.set_block_env(_block_env(job["block"]))
+            self._set_block_env(evm, job)
             if kind == "calls":
                 return {"results": self.calls(evm, job)}
             if kind == "estimate":
