@@ -65,6 +65,8 @@ STATE_SLOTS = 17  # storage slots 0..16 of the workload's storage contract
 SYNC_TIMEOUT = 180.0  # seconds for the state node to ingest up to anvil's head
 LOG_TRANSFERS = 256  # ERC20 transfers (one block each) mined for `suite logs`
 LOG_SPAN = 100  # blocks per eth_getLogs range in `suite logs`
+LOG_WIDE = 1000  # blocks per eth_getLogs range of the wide case of `suite logs`
+LOG_GAP = 3  # empty blocks mined after each transfer of `suite logs` (the chain outgrows LOG_WIDE)
 TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
 VIEW_WRITES = 64  # blocks after the view's deployment that each rewrite one of its slots
 CALL_BATCH = 10  # eth_calls per batched request in `suite call`
@@ -712,10 +714,11 @@ class DappSuite(StateSuite):
 
 class LogsSuite(StateSuite):
     """eth_getLogs on a real state node (its log index), through the proxy and on anvil (the
-    baseline): the workload's ERC20 and LOG_TRANSFERS more Transfers, one block each; ranges
-    of one block and of LOG_SPAN blocks at random heights, by the ERC20's address and the
-    Transfer topic, and LOG_SPAN-block ranges for one holder's incoming Transfers (a topic in
-    position 2: an index lookup, few matches)."""
+    baseline): the workload's ERC20 and LOG_TRANSFERS more Transfers, each in its own block
+    followed by LOG_GAP empty ones; ranges of one block, of LOG_SPAN and of LOG_WIDE blocks at
+    random heights, by the ERC20's address and the Transfer topic, and LOG_SPAN-block ranges
+    for one holder's incoming Transfers (a topic in position 2: an index lookup, few
+    matches)."""
 
     name: ClassVar[str] = "logs"
 
@@ -731,6 +734,7 @@ class LogsSuite(StateSuite):
             sender, to = self.holders[i % 4], self.holders[(i + 1) % 4]
             data = erc20_transfer_data(to, 1)
             send_tx(anvil, {"from": sender, "to": self.erc20, "data": data})
+            rpc_call(anvil, "anvil_mine", [hex(LOG_GAP)])
 
     def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
         targets = super().start(services, opts)
@@ -767,6 +771,7 @@ class LogsSuite(StateSuite):
             Case("logs1", self._logs_plan(1, [TRANSFER_TOPIC])),
             Case(f"logs{LOG_SPAN}", self._logs_plan(LOG_SPAN, [TRANSFER_TOPIC])),
             Case(f"logs{LOG_SPAN}-to", self._logs_plan(LOG_SPAN, [TRANSFER_TOPIC, None, holder])),
+            Case(f"logs{LOG_WIDE}", self._logs_plan(LOG_WIDE, [TRANSFER_TOPIC])),
         ]
 
 
