@@ -386,6 +386,10 @@ def attached(job: dict[str, Any], conn: Any) -> None:
 
 
 LearnKey = tuple[str | None, bytes]
+# What else a warm EVM's `given` set records (beside learn keys): accounts and slots it was
+# given, as (_ACCOUNT, address) and (_SLOT_GIVEN, address, slot).
+_ACCOUNT = "account"
+_SLOT_GIVEN = "slot"
 
 
 def learn_key(call: dict[str, Any]) -> LearnKey:
@@ -519,7 +523,7 @@ class Runner:
         self.feed = FeedClient()
         self._stores: dict[str, StoreReads | None] = {}
         self._learned: OrderedDict[LearnKey, list[tuple[str, int]]] = OrderedDict()
-        self._given: dict[WarmKey, set[LearnKey]] = {}  # calls each warm EVM was prepared for
+        self._given: dict[WarmKey, set[Any]] = {}  # calls each warm EVM was prepared for
         self._basefee = BasefeeCheck()
         self._suspects: dict[WarmKey, dict[VerdictKey, bool]] = {}  # verdicts per warm EVM
         self._job: dict[str, Any] = {}  # the job being run
@@ -551,7 +555,7 @@ class Runner:
         given = self._given.setdefault(key, set())
         calls = [c for c in job["calls"] if learn_key(c) not in given]
         if calls:
-            self._preload(evm, job, calls)
+            self._preload(evm, job, calls, given)
             given.update(learn_key(c) for c in calls)
         self._warm[key] = evm
         self._warm.move_to_end(key)
@@ -584,9 +588,17 @@ class Runner:
             self._given.pop(key, None)
             self._suspects.pop(key, None)
 
-    def _preload(self, evm: EVM, job: dict[str, Any], calls: list[dict[str, Any]]) -> None:
+    def _preload(
+        self,
+        evm: EVM,
+        job: dict[str, Any],
+        calls: list[dict[str, Any]],
+        given: set[Any] | None = None,
+    ) -> None:
         """Give an EVM the accounts the calls touch and the slots they read before, read
-        in one go (from the store directly, else one feed request)."""
+        in one go (from the store directly, else one feed request). `given`: what a warm
+        EVM was given before (its cache holds them as of its block, calls are reverted),
+        not read again; what this gives is added to it."""
         addresses = touched_accounts({**job, "calls": calls})
         slots = self._predicted(calls)
         known = set(addresses)
@@ -594,6 +606,13 @@ class Runner:
             if address not in known:
                 known.add(address)
                 addresses.append(address)
+        if given is not None:
+            addresses = [a for a in addresses if (_ACCOUNT, a) not in given]
+            slots = [pair for pair in slots if (_SLOT_GIVEN, *pair) not in given]
+            given.update((_ACCOUNT, a) for a in addresses)
+            given.update((_SLOT_GIVEN, *pair) for pair in slots)
+            if not addresses and not slots:
+                return
         reads = self._store_reads(job.get("store"))
         if reads is not None:
             infos, values = reads.preload(addresses, slots, job["height"])
