@@ -167,6 +167,7 @@ class Proxy:
             interval=s.head_poll_interval,
             checkers={c.chain: c.url for c in s.checkers},
             on_dropped=cache.drop,
+            backfill=cache.tier is not None,
         )
         return Reads(heads, cache, ReadSettings(frozenset(s.cache_methods), s.coalesce))
 

@@ -11,6 +11,7 @@ used again once Redis is back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -256,7 +257,10 @@ async def test_latest_and_unconfirmed_heights_stay_with_their_proxy(
     a, b = fleet
     node = nodes[0]
     at_latest, unconfirmed = fresh_address(), fresh_address()
-    async with aiohttp.ClientSession() as http:
+    # `latest` stays put: A's second read is at the block of its first
+    async with paused(), aiohttp.ClientSession() as http:
+        for base in (a, b):
+            await wait_for(lambda p=base: at_tip(http, p, node.head), 5)
         height = await settled(http, a, below=-3)
         bodies = (balance(at_latest, "latest"), balance(unconfirmed, hex(height)))
         writes = await tier_writes(http, a)
@@ -269,6 +273,20 @@ async def test_latest_and_unconfirmed_heights_stay_with_their_proxy(
         for body in bodies:
             await result(http, b, body)
         assert (asked(node, at_latest), asked(node, unconfirmed)) == (2, 2)
+
+
+@contextlib.asynccontextmanager
+async def paused() -> AsyncIterator[None]:
+    """The fake node's head stays put meanwhile."""
+    MINING.clear()
+    try:
+        yield
+    finally:
+        MINING.set()
+
+
+async def at_tip(http: aiohttp.ClientSession, base: str, head: int) -> bool:
+    return (await known(http, base)).get("tip") == head
 
 
 async def test_a_flush_on_one_proxy_reaches_the_other(
@@ -334,6 +352,32 @@ async def test_a_reorg_seen_by_one_proxy_drops_the_blocks_in_the_other(
     finally:
         MINING.set()
         c.stop()
+
+
+async def test_a_cold_proxy_answers_older_heights_from_the_tier(
+    fleet: tuple[str, str],
+    nodes: tuple[FakeNode, FakeNode],
+    redis: RedisServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    a, _ = fleet
+    node = nodes[0]
+    address = fresh_address()
+    async with aiohttp.ClientSession() as http:
+        body = balance(address, hex(await settled(http, a, below=20)))
+        writes = await tier_writes(http, a)
+        expected = await result(http, a, body)
+        await written(http, a, writes + 1)
+        # D starts after that block: it reads the blocks below its first head at start
+        d = start(tmp_path_factory.mktemp("cold"), "d", redis, *nodes)
+        try:
+            d.wait_ready()
+            await wait_for(lambda: ready(http, d.url), 15)
+            assert await result(http, d.url, body) == expected
+            assert asked(node, address) == 1
+            assert (await figures(http, d.url))["shared_hits"] == 1
+        finally:
+            d.stop()
 
 
 async def test_redis_killed_mid_run_fails_no_request_and_the_tier_comes_back(
