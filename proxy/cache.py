@@ -186,20 +186,28 @@ class ResponseCache:
         tier = self.tier
         return tier is not None and tier.ready(pool_id)
 
-    async def fetch_shared(self, key: Key, epoch: int) -> orjson.Fragment | None:
-        """The answer of `key` from the shared tier (kept here too), or None: not there, the
-        tier did not answer in time, or the pool was flushed since `epoch`."""
+    def fetch_shared(
+        self, key: Key, epoch: int, done: Callable[[orjson.Fragment | None], None]
+    ) -> None:
+        """Look `key` up in the shared tier: `done` gets its answer (kept here too), or None
+        (not there, the tier did not answer in time, or the pool was flushed since
+        `epoch`)."""
         tier = self.tier
         if tier is None:
-            return None
-        found = await tier.get(key[0], key[1], tier.field(key[2], key[3]))
-        stats = self.stats_of(key[0])
-        if found is None or self.epochs.get(key[0], 0) != epoch:
-            stats.shared_misses += 1
-            return None
-        stats.shared_hits += 1
-        self.put(key, found)
-        return orjson.Fragment(found)
+            done(None)
+            return
+
+        def found(value: bytes | None) -> None:
+            stats = self.stats_of(key[0])
+            if value is None or self.epochs.get(key[0], 0) != epoch:
+                stats.shared_misses += 1
+                done(None)
+                return
+            stats.shared_hits += 1
+            self.put(key, value)
+            done(orjson.Fragment(value))
+
+        tier.get(key[0], key[1], tier.field(key[2], key[3]), found)
 
     def _put(self, key: Key, value: bytes, size: int) -> None:
         self._lru.put(key, value, size)

@@ -23,7 +23,6 @@ reads. Writer methods (the transaction lifecycle), `pending` reads and methods n
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,27 +230,24 @@ class Reads:
         return plan
 
     def _look_up(self, key: Key, epoch: int) -> Lookup:
-        """A task looking `key` up in the shared tier, and the flight the reads of `key`
-        wait for meanwhile (in the coalescer's place of this read, which would lead)."""
+        """`key` looked up in the shared tier, and the flight the reads of `key` wait for
+        meanwhile (in the coalescer's place of this read, which would lead)."""
         lookup = Lookup()
-        if self.coalescer is not None:
-            self.coalescer.flights[(epoch, key)] = lookup
-        asyncio.get_running_loop().create_task(self._fetch(key, epoch, lookup))
-        return lookup
+        coalescer = self.coalescer
+        if coalescer is not None:
+            coalescer.flights[(epoch, key)] = lookup
 
-    async def _fetch(self, key: Key, epoch: int, lookup: Lookup) -> None:
-        answer = None
-        try:
-            found = await self.cache.fetch_shared(key, epoch)
-            if found is not None:
-                answer = {"jsonrpc": "2.0", "id": None, "result": found}
-        finally:
-            if self.coalescer is not None:
-                self.coalescer.land((epoch, key), answer)
-            else:
-                lookup.answer = answer
-                if lookup.future is not None and not lookup.future.done():
-                    lookup.future.set_result(answer)
+        def done(found: orjson.Fragment | None) -> None:
+            answer = None if found is None else {"jsonrpc": "2.0", "id": None, "result": found}
+            if coalescer is not None:
+                coalescer.land((epoch, key), answer)
+                return
+            lookup.answer = answer
+            if lookup.future is not None and not lookup.future.done():
+                lookup.future.set_result(answer)
+
+        self.cache.fetch_shared(key, epoch, done)
+        return lookup
 
     def batch_key(self, heads: RequestHeads, body: bytes) -> Key | None:
         """The cache key of a whole batch as the client sent it, at the request's `latest`

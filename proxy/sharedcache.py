@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from proxy.cache import ResponseCache
 
 log = logging.getLogger(__name__)
+Found = Callable[[bytes | None], None]  # a lookup's continuation: the value, or None
 
 WRITE_BATCH = 256  # entries sent in one pipelined round trip at most
 WRITE_TIMEOUT_FACTOR = 20  # a write round trip may take this many lookup timeouts
@@ -53,7 +54,7 @@ class TierSettings:
 
     url: str
     prefix: str = "chainstate:cache:"
-    timeout: float = 0.02
+    timeout: float = 0.05
     ttl: int = 86400
     failures: int = 3
     retry: float = 1.0
@@ -122,6 +123,9 @@ class SharedTier:
         self._wake = asyncio.Event()
         self._breaker_closed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._lookups: list[tuple[str, bytes, int, Found]] = []  # this loop turn's lookups
+        self._lookup_soon = False
+        self._inflight: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -136,9 +140,9 @@ class SharedTier:
         ]
 
     async def close(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._inflight]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._inflight]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
@@ -171,27 +175,53 @@ class SharedTier:
             return False
         return True
 
-    async def get(self, pool: str, block_hash: str, field: bytes) -> bytes | None:
-        """The shared answer, or None (not there, or Redis did not answer in time)."""
+    def get(self, pool: str, block_hash: str, field: bytes, done: Found) -> None:
+        """Look an answer up: `done(value)` is called with it, or with None (not there, the
+        tier is off, or Redis did not answer in time). The lookups of one turn of the event
+        loop go in one pipelined round trip (a cold proxy under load misses thousands of
+        keys a second: one task and one round trip each cost more than the node's answer)."""
         gen = self.gen
         if gen is None:
-            return None
+            done(None)
+            return
+        self._lookups.append((self._key(pool, gen, block_hash), field, gen, done))
+        if not self._lookup_soon:
+            self._lookup_soon = True
+            asyncio.get_running_loop().call_soon(self._send_soon)
+
+    def _send_soon(self) -> None:
+        self._lookup_soon = False
+        batch, self._lookups = self._lookups, []
+        if batch:
+            task = asyncio.get_running_loop().create_task(self._look_up(batch))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def _look_up(self, batch: list[tuple[str, bytes, int, Found]]) -> None:
         stats = self.stats
-        stats.lookups += 1
+        stats.lookups += len(batch)
+        values: list[Any] = [None] * len(batch)
         try:
             async with asyncio.timeout(self.timeout):
-                value = await self.redis.hget(self._key(pool, gen, block_hash), field)
-        except Exception as exc:  # a timeout, a lost connection: the node answers instead
+                pipe = self.redis.pipeline(transaction=False)
+                for key, field, _, _ in batch:
+                    pipe.hget(key, field)
+                values = await pipe.execute()
+        except Exception as exc:  # a timeout, a lost connection: the nodes answer instead
             self._failed(exc)
-            return None
-        self.failures = 0
-        if value is None:
-            stats.misses += 1
-            return None
-        if self.gen != gen:
-            return None  # flushed while it was asked
-        stats.hits += 1
-        return value
+        else:
+            self.failures = 0
+        now = self.gen
+        for (_, _, gen, done), value in zip(batch, values, strict=True):
+            if value is None or gen != now:  # (flushed while it was asked: not used)
+                stats.misses += 1
+                value = None
+            else:
+                stats.hits += 1
+            try:
+                done(value)
+            except Exception:  # one read's bookkeeping must not cost the others theirs
+                log.exception("cache tier: a lookup's answer could not be handed over")
 
     def put(self, pool: str, block_hash: str, field: bytes, value: bytes) -> None:
         """Queue an answer for the shared tier (dropped when the queue is full or the tier
@@ -355,7 +385,13 @@ class SharedTier:
                     if message is not None:
                         self._received(message.get("data"))
                     if not self._breaker_closed.is_set():
-                        break  # lookups fail: make sure Redis answers before using it again
+                        # lookups or writes failed: on again once Redis answers a PING and
+                        # what was announced meanwhile is read
+                        await asyncio.sleep(self.settings.retry)
+                        await self._probe()
+                        while (message := await pubsub.get_message(timeout=0)) is not None:
+                            self._received(message.get("data"))
+                        self._up()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
