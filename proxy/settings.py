@@ -119,7 +119,7 @@ class ProxySettings:
     # The response cache's shared tier in Redis (docs/proxy.md "The shared cache tier"):
     cache_tier_url: str | None = None  # redis://host:port[/db]; None: each proxy's cache alone
     cache_tier_prefix: str = "chainstate:cache:"  # prefix of the tier's Redis keys and channel
-    cache_tier_timeout: float = 0.02  # seconds a lookup may take; then the node is asked
+    cache_tier_timeout: float = 0.1  # seconds a lookup may take; then the node is asked
     cache_tier_ttl: int = 86400  # seconds a shared entry lives after its last write
     cache_tier_failures: int = 3  # consecutive failures that turn the tier off
     cache_tier_retry: float = 1.0  # seconds between probes of Redis while the tier is off

@@ -54,7 +54,7 @@ class TierSettings:
 
     url: str
     prefix: str = "chainstate:cache:"
-    timeout: float = 0.05
+    timeout: float = 0.1
     ttl: int = 86400
     failures: int = 3
     retry: float = 1.0
@@ -70,7 +70,7 @@ class TierStats:
     hits: int = 0
     misses: int = 0
     errors: int = 0  # lookups or writes that failed or timed out
-    skipped: int = 0  # lookups and writes not sent: the tier was off
+    skipped: int = 0  # lookups not sent (the tier was off), writes during a flush
     writes: int = 0  # entries written
     dropped_writes: int = 0  # entries not queued: the write queue was full
     breaker_opens: int = 0
@@ -224,10 +224,11 @@ class SharedTier:
                 log.exception("cache tier: a lookup's answer could not be handed over")
 
     def put(self, pool: str, block_hash: str, field: bytes, value: bytes) -> None:
-        """Queue an answer for the shared tier (dropped when the queue is full or the tier
-        is off: it is a cache)."""
+        """Queue an answer for the shared tier; while the tier is off the queue waits (a
+        proxy's first answers are the ones the fleet lacks), and what does not fit in it is
+        not written (it is a cache)."""
         gen = self.gen
-        if not self.up or gen is None:
+        if gen is None:
             self.stats.skipped += 1
             return
         if len(self._writes) >= self.settings.queue:
@@ -301,7 +302,6 @@ class SharedTier:
             self._wake.clear()
             while self._control or self._writes:
                 if not self._breaker_closed.is_set():
-                    self._writes.clear()  # the tier is off: nothing queued is worth keeping
                     await self._breaker_closed.wait()
                 try:
                     if self._control:
@@ -483,7 +483,7 @@ def tier_metrics(cache: ResponseCache) -> Iterator[Any]:
     yield lookups
     for name, doc, value in (
         ("errors", "lookups and writes that failed or timed out", st.errors),
-        ("skipped", "lookups and writes not sent: the tier was off", st.skipped),
+        ("skipped", "lookups not sent: the tier was off", st.skipped),
         ("writes", "answers written to the shared tier", st.writes),
         ("write_drops", "answers not written: the write queue was full", st.dropped_writes),
         ("breaker_opens", "times the tier was turned off after failures", st.breaker_opens),

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,6 +25,9 @@ import pytest
 import pytest_asyncio
 import redis as redis_sync
 
+from chainstate.config import ConfigError
+from proxy.settings import ProxySettings
+from proxy.sharedcache import shared_tier, tier_health
 from tests.etcd.conftest import ProxyProcess
 from tests.proxy.fakes import FakeNode
 from tests.tenancy.redisserver import RedisServer, redis_binary
@@ -427,5 +432,68 @@ async def test_redis_killed_mid_run_fails_no_request_and_the_tier_comes_back(
         assert asked(node, address) == 1
 
 
+async def test_a_hung_redis_costs_one_timeout_per_lookup_until_the_tier_is_off(
+    fleet: tuple[str, str], redis: RedisServer
+) -> None:
+    a, _ = fleet
+    assert redis.proc is not None
+    async with aiohttp.ClientSession() as http:
+        height = await settled(http, a)
+        opens = await metric(http, a, "chainstate_proxy_cache_tier_breaker_opens_total")
+        os.kill(redis.proc.pid, signal.SIGSTOP)  # Redis hangs: connections stay open
+        try:
+            times = []
+            for i in range(12):
+                started = time.monotonic()
+                await result(http, a, balance(fresh_address(), hex(height - i % 5)))
+                times.append(time.monotonic() - started)
+            assert (await health(http, a))["cache_tier"]["state"] == "down"
+        finally:
+            os.kill(redis.proc.pid, signal.SIGCONT)
+        # each lookup waited at most the timeout (0.5 s here) and, once the third failed,
+        # none was sent: the rest were answered by the node at once
+        assert max(times) < 1.5, times
+        assert sum(1 for t in times if t >= 0.4) <= 3, times
+        assert await metric(http, a, "chainstate_proxy_cache_tier_breaker_opens_total") > opens
+        await wait_for(lambda: tier_up(http, a), 5)
+
+
+async def metric(http: aiohttp.ClientSession, base: str, name: str) -> float:
+    async with http.get(f"{base}/metrics") as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
 async def tier_up(http: aiohttp.ClientSession, base: str) -> bool:
     return (await health(http, base))["cache_tier"] == {"state": "up"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("cache_tier_url", "http://127.0.0.1:6379"),
+        ("cache_tier_url", 6379),
+        ("cache_tier_prefix", ""),
+        ("cache_tier_timeout", 0),
+        ("cache_tier_retry", -1.0),
+        ("cache_tier_ttl", 0),
+        ("cache_tier_failures", 1.5),
+        ("cache_tier_queue", True),
+        ("cache_tier_connections", "8"),
+    ],
+)
+async def test_bad_tier_settings_are_refused_by_name(setting: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=setting):
+        ProxySettings.from_config({"proxy": {setting: value}})
+
+
+async def test_the_tier_is_off_without_a_url_and_said_so() -> None:
+    settings = ProxySettings.from_config({"proxy": {}})
+    assert settings.cache_tier_url is None and shared_tier(settings) is None
+    assert tier_health(None) == "off"
+    # a proxy with no cache has no tier either (nothing to put under)
+    url = {"cache_tier_url": "redis://127.0.0.1:1/0", "cache_max_bytes": 0}
+    assert shared_tier(ProxySettings.from_config({"proxy": url})) is None
