@@ -146,8 +146,10 @@ def test_fleet_survives_a_cut_proxy_a_dead_etcd_member_and_a_cut_state_node(
     fleet = Fleet(network, tmp_path / "data")
     (tmp_path / "data").mkdir()
     p1, p2 = fleet.proxies
+    began = time.monotonic()
     fleet.start()
     fleet.wait_ready(STARTUP)
+    started = time.monotonic() - began
     out = tmp_path / "client.jsonl"
     client = fleet.start_client(out)
     wait_for("the client's first acknowledged transaction", lambda: '"hash"' in out.read_text(), 20)
@@ -198,7 +200,8 @@ def test_fleet_survives_a_cut_proxy_a_dead_etcd_member_and_a_cut_state_node(
     client.wait(15)
     records = read_records(out)
     table = {name: stats(records, began, ended) for name, began, ended in phases.spans}
-    print(f"\netcd leader killed: {victim.name}; proxies were connected to {talked_to}")
+    print(f"\nten hosts started and ready in {started:.1f} s")
+    print(f"etcd leader killed: {victim.name}; proxies were connected to {talked_to}")
     print(f"admin changes refused after the kill for (s): {refused}")
     print(f"state node out of both proxies' rotation after {ejected:.1f} s")
     for name, row in table.items():
@@ -223,4 +226,5 @@ def test_fleet_survives_a_cut_proxy_a_dead_etcd_member_and_a_cut_state_node(
         return all(seen.get(h) for h in acked)
 
     wait_for(f"receipts of all {len(acked)} acknowledged transactions", all_mined, 15)
+    print(f"all {len(acked)} acknowledged transactions have receipts")
     assert all(seen[h]["status"] == "0x1" for h in acked)
