@@ -168,7 +168,8 @@ class Network:
         for line in out.splitlines():
             cols = line.split()
             if len(cols) >= 4 and cols[-1].endswith(f":{port}"):
-                peers.add(cols[-1].rsplit(":", 1)[0])
+                peer = cols[-1].rsplit(":", 1)[0].strip("[]")
+                peers.add(peer.removeprefix("::ffff:"))  # IPv4 as seen by a dual-stack socket
         return peers
 
     def close(self) -> None:

@@ -169,7 +169,7 @@ def test_fleet_survives_a_cut_proxy_a_dead_etcd_member_and_a_cut_state_node(
 
     phases.begin("etcd leader killed")
     talked_to = network.connections(p1, PORTS["etcd"]) | network.connections(p2, PORTS["etcd"])
-    leader = fleet.etcd_leader()
+    leader = wait_for("an etcd leader", fleet.etcd_leader, SPREAD)
     victim = next(h for h in fleet.etcd if h.name == leader)
     fleet.etcd_procs[victim.name].send_signal(signal.SIGKILL)
     refused = {}
@@ -202,7 +202,8 @@ def test_fleet_survives_a_cut_proxy_a_dead_etcd_member_and_a_cut_state_node(
     records = read_records(out)
     table = {name: stats(records, began, ended) for name, began, ended in phases.spans}
     print(f"\nten hosts started and ready in {started:.1f} s")
-    print(f"etcd leader killed: {victim.name}; proxies were connected to {talked_to}")
+    connected = sorted(h.name for h in fleet.etcd if h.address in talked_to)
+    print(f"etcd leader killed: {victim.name}; the proxies were connected to {connected}")
     print(f"admin changes refused after the kill for (s): {refused}")
     print(f"state node out of both proxies' rotation after {ejected:.1f} s")
     for name, row in table.items():
