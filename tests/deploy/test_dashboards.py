@@ -345,6 +345,18 @@ def test_promtool_accepts_the_rules() -> None:
     assert f"SUCCESS: {len(alert_rules())} rules found" in result.stdout
 
 
+def test_the_alerts_fire_at_their_thresholds() -> None:
+    """promtool's unit tests of the rules (deploy/prometheus/alerts_test.yml): made-up
+    series, and which alerts fire when."""
+    result = subprocess.run(
+        [binary("promtool"), "test", "rules", str(ALERTS.with_name("alerts_test.yml"))],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
 def test_the_dashboard_is_importable() -> None:
     """What Grafana 10 needs to import it anywhere: the data source as a variable that every
     panel and query variable uses, unique panel ids, a uid, and panels on the grid."""
