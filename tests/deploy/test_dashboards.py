@@ -359,7 +359,8 @@ def test_the_alerts_fire_at_their_thresholds() -> None:
 
 def test_the_dashboard_is_importable() -> None:
     """What Grafana 10 needs to import it anywhere: the data source as a variable that every
-    panel and query variable uses, unique panel ids, a uid, and panels on the grid."""
+    panel and query variable uses, unique panel ids, a uid, and panels on the grid, none
+    over another."""
     dashboard = json.loads(DASHBOARD.read_text())
     assert dashboard["uid"] and dashboard["title"] and dashboard["schemaVersion"] >= 36
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
@@ -377,6 +378,13 @@ def test_the_dashboard_is_importable() -> None:
     for variable in variables.values():
         if variable["type"] == "query":
             assert variable["datasource"] == source, variable["name"]
+    taken: dict[tuple[int, int], str] = {}  # grid cell → the panel on it: none overlap
+    for panel in dashboard["panels"]:
+        grid = panel["gridPos"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in taken, f"{panel['title']} over {taken[x, y]}"
+                taken[x, y] = panel["title"]
 
 
 def test_every_panel_answers_data(prometheus: Prometheus, driven: float) -> None:
