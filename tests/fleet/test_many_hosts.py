@@ -3,8 +3,8 @@
 etcd ×3, the write node with anvil, a state node, an archive node, the checker and two
 proxies each run on a host of their own; a client on a further host sends reads and
 transactions through both proxies and retries on the other proxy, as a load balancer would.
-Then one proxy's host is cut off, the etcd member the proxies talk to is killed, and the
-state node's host is cut off. Reads must keep being answered, admin changes made on either
+Then one proxy's host is cut off, the etcd leader is killed, and the state node's host is
+cut off. Reads must keep being answered, admin changes made on either
 proxy must reach the other while etcd has a quorum, and every transaction whose hash was
 returned must be in a block at the end. What each fault cost the client is printed (run with
 `-s`) and recorded in docs/deploy.md.
