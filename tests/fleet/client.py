@@ -2,12 +2,12 @@
 
 Run on its own host (`python -m tests.fleet.client OUT URL URL`) until SIGTERM. Requests go
 round-robin to the proxies in service; an attempt that fails (no connection, timeout, HTTP
-5xx, a server-side JSON-RPC error) is retried once on the other proxy and takes the failed
-one out of service until its `GET /health` answers again (checked every CHECK_INTERVAL), as
-a load balancer with passive and active health checks does. Every request is one JSON line
-in OUT: when it started and ended, which proxy it went to first, how many attempts it took,
-whether it was answered; transactions also give their hash when one was returned
-(acknowledged).
+5xx, a JSON-RPC error saying the proxy could not serve it) is retried once on the other
+proxy and takes the failed one out of service until its `GET /health` answers again
+(checked every CHECK_INTERVAL), as a load balancer with passive and active health checks
+does. Every request is one JSON line in OUT: when it started and ended, which proxy it went
+to first, how many attempts it took, whether it was answered; transactions also give their
+hash when one was returned (acknowledged).
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ SENDER_KEY = "0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d
 SENDER = "0x70997970C51812dc3A010C7d01b50e0d17dc79C8"
 BEEF = "0x000000000000000000000000000000000000bEEF"
 CHAIN_ID = 1337
+# The proxy could not serve the request (no node, the Leader down; busy): another proxy may.
+# Every other error is the answer to the request itself (a transaction whose nonce is
+# already used, after an attempt whose answer was lost, is refused as such).
+PROXY_FAILURES = (-32603, -32005)
 
 
 def some_read() -> tuple[str, list[Any]]:
@@ -93,7 +97,7 @@ class Balancer:
         error = answer.get("error") if isinstance(answer, dict) else None
         if error is not None:
             code = error.get("code", 0)
-            if code == -32603 or -32099 <= code <= -32000:
+            if code in PROXY_FAILURES:
                 raise Failed(f"JSON-RPC {code}: {error.get('message')}")
             return answer  # the request's own error (e.g. nonce too low): an answer
         return answer

@@ -141,38 +141,28 @@ def run_for(seconds: float, check: Callable[[], None] | None = None) -> None:
     time.sleep(max(0.0, ends - time.monotonic()))
 
 
-def test_fleet_survives_a_cut_proxy_a_dead_etcd_member_and_a_cut_state_node(
-    network: Network, tmp_path: Path
-) -> None:
-    fleet = Fleet(network, tmp_path / "data")
-    (tmp_path / "data").mkdir()
+def cut_a_proxy_host(fleet: Fleet, phases: Phases) -> None:
+    """proxy-1's host is cut off for 6 s; a change made on proxy-2 meanwhile reaches it once
+    it is back."""
     p1, p2 = fleet.proxies
-    began = time.monotonic()
-    fleet.start()
-    fleet.wait_ready(STARTUP)
-    started = time.monotonic() - began
-    out = tmp_path / "client.jsonl"
-    client = fleet.start_client(out)
-    wait_for("the client's first acknowledged transaction", lambda: '"hash"' in out.read_text(), 20)
-    phases = Phases()
-
-    phases.begin("steady")
-    run_for(4, lambda: (spreads(fleet, p1, p2, 2), spreads(fleet, p2, p1, 3)))
-
     phases.begin("proxy-1 host cut off")
-    network.cut(p1)
-    run_for(6, lambda: set_weight(fleet, p2, 4))  # made while proxy-1 cannot hear it
-    network.reconnect(p1)
+    fleet.net.cut(p1)
+    run_for(6, lambda: set_weight(fleet, p2, 4))
+    fleet.net.reconnect(p1)
     phases.begin("proxy-1 back")
     wait_for("the change made during the cut on proxy-1", lambda: weight_on(fleet, p1) == 4, SPREAD)
     run_for(3)
 
+
+def kill_the_etcd_leader(fleet: Fleet, phases: Phases) -> dict[str, Any]:
+    """SIGKILL the etcd leader; admin changes on either proxy reach the other once accepted.
+    What happened: the victim, the members the proxies used, seconds each proxy refused."""
+    p1, p2 = fleet.proxies
     phases.begin("etcd leader killed")
-    talked_to = network.connections(p1, PORTS["etcd"]) | network.connections(p2, PORTS["etcd"])
+    talked_to = fleet.net.connections(p1, PORTS["etcd"]) | fleet.net.connections(p2, PORTS["etcd"])
     leader = wait_for("an etcd leader", fleet.etcd_leader, SPREAD)
-    victim = next(h for h in fleet.etcd if h.name == leader)
-    fleet.etcd_procs[victim.name].send_signal(signal.SIGKILL)
-    refused = {}
+    fleet.etcd_procs[leader].send_signal(signal.SIGKILL)
+    refused: dict[str, float] = {}
 
     def admin_after_kill() -> None:
         for weight, (source, target) in enumerate([(p1, p2), (p2, p1)], start=5):
@@ -184,9 +174,16 @@ def test_fleet_survives_a_cut_proxy_a_dead_etcd_member_and_a_cut_state_node(
             )
 
     run_for(6, admin_after_kill)
+    connected = sorted(h.name for h in fleet.etcd if h.address in talked_to)
+    return {"killed": leader, "proxies_used": connected, "refused_s": refused}
 
+
+def cut_the_state_node_host(fleet: Fleet, phases: Phases) -> tuple[float, float]:
+    """The state node's host is cut off until both proxies' health polls have ejected it,
+    and ATTEMPT_WINDOW more. (when it was cut, seconds until both had ejected it)"""
+    p1, p2 = fleet.proxies
     phases.begin("state node host cut off")
-    network.cut(fleet.state)
+    fleet.net.cut(fleet.state)
     spreads(fleet, p1, p2, 7)
     spreads(fleet, p2, p1, 8)
     for proxy in (p1, p2):
@@ -195,37 +192,59 @@ def test_fleet_survives_a_cut_proxy_a_dead_etcd_member_and_a_cut_state_node(
     cut_at = phases.began
     ejected = time.time() - cut_at
     run_for(ATTEMPT_WINDOW)  # the requests in flight at the ejection end in the span
-    phases.end()
+    return cut_at, ejected
 
-    client.send_signal(signal.SIGTERM)
-    client.wait(15)
-    records = read_records(out)
-    table = {name: stats(records, began, ended) for name, began, ended in phases.spans}
-    print(f"\nten hosts started and ready in {started:.1f} s")
-    connected = sorted(h.name for h in fleet.etcd if h.address in talked_to)
-    print(f"etcd leader killed: {victim.name}; the proxies were connected to {connected}")
-    print(f"admin changes refused after the kill for (s): {refused}")
-    print(f"state node out of both proxies' rotation after {ejected:.1f} s")
-    for name, row in table.items():
-        print(f"{name:<26} {json.dumps(row)}")
 
-    for name, row in table.items():
-        assert row["answered"] > 0, (name, row)
-    for name in ("steady", "proxy-1 host cut off", "proxy-1 back", "etcd leader killed"):
-        assert table[name]["failed"] == 0, (name, table[name])  # the other proxy answered
-    # once the state node is out of rotation, it costs nothing more
-    after = [r for r in records if r["op"] == "read" and r["t0"] > cut_at + ejected]
-    assert after and all(r["ok"] for r in after), [r for r in after if not r["ok"]][:5]
-    assert all(row["tx_acked"] > 0 for row in table.values()), table
-
+def check_acknowledged_mined(fleet: Fleet, records: list[dict[str, Any]]) -> int:
+    """Every transaction whose hash was returned has a successful receipt (through
+    proxy-2); how many there were."""
     acked = [r["hash"] for r in records if r.get("hash")]
     seen: dict[str, Any] = {}
 
     def all_mined() -> bool:
         missing = [h for h in acked if not seen.get(h)]
-        seen.update(receipts(fleet, p2, missing) if missing else {})
+        seen.update(receipts(fleet, fleet.proxies[1], missing) if missing else {})
         return all(seen.get(h) for h in acked)
 
     wait_for(f"receipts of all {len(acked)} acknowledged transactions", all_mined, 15)
-    print(f"all {len(acked)} acknowledged transactions have receipts")
     assert all(seen[h]["status"] == "0x1" for h in acked)
+    return len(acked)
+
+
+def test_fleet_survives_a_cut_proxy_a_dead_etcd_member_and_a_cut_state_node(
+    network: Network, tmp_path: Path
+) -> None:
+    fleet = Fleet(network, tmp_path / "data")
+    (tmp_path / "data").mkdir()
+    p1, p2 = fleet.proxies
+    starting = time.monotonic()
+    fleet.start()
+    fleet.wait_ready(STARTUP)
+    print(f"\nten hosts started and ready in {time.monotonic() - starting:.1f} s")
+    out = tmp_path / "client.jsonl"
+    client = fleet.start_client(out)
+    wait_for("the client's first acknowledged transaction", lambda: '"hash"' in out.read_text(), 20)
+
+    phases = Phases()
+    phases.begin("steady")
+    run_for(4, lambda: (spreads(fleet, p1, p2, 2), spreads(fleet, p2, p1, 3)))
+    cut_a_proxy_host(fleet, phases)
+    print(f"etcd: {kill_the_etcd_leader(fleet, phases)}")
+    cut_at, ejected = cut_the_state_node_host(fleet, phases)
+    print(f"state node out of both proxies' rotation after {ejected:.1f} s")
+    phases.end()
+    client.send_signal(signal.SIGTERM)
+    client.wait(15)
+
+    records = read_records(out)
+    table = {name: stats(records, began, ended) for name, began, ended in phases.spans}
+    for name, row in table.items():
+        print(f"{name:<26} {json.dumps(row)}")
+    for name, row in table.items():
+        assert row["answered"] > 0 and row["tx_acked"] > 0, (name, row)
+    for name in ("steady", "proxy-1 host cut off", "proxy-1 back", "etcd leader killed"):
+        assert table[name]["failed"] == 0, (name, table[name])  # the other proxy answered
+    # once the state node is out of rotation, it costs nothing more
+    after = [r for r in records if r["op"] == "read" and r["t0"] > cut_at + ejected]
+    assert after and all(r["ok"] for r in after), [r for r in after if not r["ok"]][:5]
+    print(f"all {check_acknowledged_mined(fleet, records)} acknowledged transactions mined")
