@@ -193,7 +193,7 @@ class _ReadCollector(Collector):
         yield GaugeMetricFamily(
             "chainstate_proxy_cache_max_bytes", "the cache's byte budget", value=cache.max_bytes
         )
-        yield from tier_metrics(cache)
+        yield from tier_metrics(cache.tier, cache.stats)
         yield from self._chain()
 
     def _chain(self) -> Iterator[Any]:

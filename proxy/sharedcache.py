@@ -33,13 +33,10 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-if TYPE_CHECKING:
-    from proxy.cache import ResponseCache
 
 log = logging.getLogger(__name__)
 Found = Callable[[bytes | None], None]  # a lookup's continuation: the value, or None
@@ -460,10 +457,9 @@ def tier_health(tier: SharedTier | None) -> Any:
     return "off" if tier is None else tier.health()
 
 
-def tier_metrics(cache: ResponseCache) -> Iterator[Any]:
+def tier_metrics(tier: SharedTier | None, pools: dict[str, Any]) -> Iterator[Any]:
     """The `chainstate_proxy_cache_tier_*` families (docs/proxy.md lists them); none without
-    a tier."""
-    tier = cache.tier
+    a tier. `pools`: the response cache's figures per pool (`CacheStats`)."""
     if tier is None:
         return
     st = tier.stats
@@ -477,7 +473,7 @@ def tier_metrics(cache: ResponseCache) -> Iterator[Any]:
         "local misses looked up in the shared tier, by outcome",
         labels=["pool", "outcome"],
     )
-    for pool_id, cs in list(cache.stats.items()):
+    for pool_id, cs in list(pools.items()):
         lookups.add_metric([pool_id, "hit"], cs.shared_hits)
         lookups.add_metric([pool_id, "miss"], cs.shared_misses)
     yield lookups
