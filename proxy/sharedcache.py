@@ -266,7 +266,7 @@ class SharedTier:
     def _failed(self, exc: BaseException) -> None:
         self.stats.errors += 1
         self.failures += 1
-        self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+        self.last_error = _why(exc)
         if self.up and self.failures >= self.settings.failures:
             self._open(self.last_error)
 
@@ -288,7 +288,7 @@ class SharedTier:
                     await self.redis.ping()
                 return
             except Exception as exc:
-                self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+                self.last_error = _why(exc)
             await asyncio.sleep(self.settings.retry)
 
     # ---- writes, flushes and drops (one task) --------------------------------------------
@@ -392,8 +392,8 @@ class SharedTier:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self._open(f"{type(exc).__name__}: {exc}"[:200])
-                self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+                self.last_error = _why(exc)
+                self._open(self.last_error)
             finally:
                 self.subscribed = False
                 with contextlib.suppress(Exception):
@@ -431,6 +431,13 @@ class SharedTier:
             hashes = [str(h) for h in message["d"]]
             self.stats.drops_received += 1
             self.on_drop(pool, hashes)
+
+
+def _why(exc: BaseException) -> str:
+    """A failure as /health and the log say it (a timeout has no message of its own)."""
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return "TimeoutError: Redis did not answer within cache_tier_timeout"
+    return f"{type(exc).__name__}: {exc}"[:200]
 
 
 def shared_tier(settings: Any) -> SharedTier | None:
