@@ -256,6 +256,38 @@ async def tier_writes(http: aiohttp.ClientSession, base: str) -> float:
     return 0.0
 
 
+async def test_batch_items_and_finalized_reads_are_shared_too(
+    fleet: tuple[str, str], nodes: tuple[FakeNode, FakeNode]
+) -> None:
+    a, b = fleet
+    node = nodes[0]
+    accounts = [fresh_address() for _ in range(3)]
+    async with paused(), aiohttp.ClientSession() as http:  # one confirmed head for both
+        for base in (a, b):
+            await wait_for(lambda p=base: at_tip(http, p, node.head), 5)
+            await wait_for(lambda p=base: confirmed_at(http, p, node.head - BEHIND), 5)
+        height = await settled(http, a)
+        batch = b"[" + b",".join(balance(x, hex(height - i), i) for i, x in enumerate(accounts))
+        batch += b"]"
+        final = balance(fresh_address(), "finalized")
+        writes = await tier_writes(http, a)
+        status, first = await rpc(http, a, batch)
+        assert status == 200 and all("result" in x for x in first), first
+        finalized = await result(http, a, final)
+        await written(http, a, writes + 4)
+        status, second = await rpc(http, b, batch)
+        assert status == 200 and sorted(second, key=lambda x: x["id"]) == sorted(
+            first, key=lambda x: x["id"]
+        )
+        assert await result(http, b, final) == finalized
+        assert [asked(node, x) for x in accounts] == [1, 1, 1]
+        assert asked(node, orjson.loads(final)["params"][0]) == 1
+
+
+async def confirmed_at(http: aiohttp.ClientSession, base: str, height: int) -> bool:
+    return (await known(http, base)).get("confirmed") == height
+
+
 async def test_latest_and_unconfirmed_heights_stay_with_their_proxy(
     fleet: tuple[str, str], nodes: tuple[FakeNode, FakeNode]
 ) -> None:
