@@ -63,6 +63,10 @@ WINDOW_BLOCKS = 4096
 class CacheTierSuite:
     name = "cache-tier"
 
+    def __init__(self, warm_s: float = WARM_S, window_s: float = WINDOW_S) -> None:
+        self.warm_s = warm_s
+        self.window_s = window_s
+
     def run(self, opts: SuiteOptions) -> dict[str, Any]:
         if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
@@ -74,8 +78,8 @@ class CacheTierSuite:
             "load_avg_start": round(os.getloadavg()[0], 2),
             "pinned": bool(load_cpus),
             "concurrency": opts.concurrency,
-            "warm_s": WARM_S,
-            "window_s": WINDOW_S,
+            "warm_s": self.warm_s,
+            "window_s": self.window_s,
         }
         with running(opts.keep_dir) as services:
             redis = start_redis(services, None)  # (either core: a Redis starved by the
@@ -107,14 +111,15 @@ class CacheTierSuite:
                 return run_bench(settings, plan)
 
             print("suite cache-tier: warming W …", file=sys.stderr, flush=True)
-            load(warm, WARM_S)
-            report["warm"] = measured(warm, lambda: load(warm, WINDOW_S))
+            window = self.window_s
+            load(warm, self.warm_s)
+            report["warm"] = measured(warm, lambda: load(warm, window))
             print("suite cache-tier: cold C, the tier shared …", file=sys.stderr, flush=True)
             cold = proxy("cold", "chainstate:cache:")
-            report["cold"] = measured(cold, lambda: load(cold, WINDOW_S))
+            report["cold"] = measured(cold, lambda: load(cold, window))
             print("suite cache-tier: cold E, an empty tier …", file=sys.stderr, flush=True)
             empty = proxy("empty", "chainstate:empty:")
-            report["empty"] = measured(empty, lambda: load(empty, WINDOW_S))
+            report["empty"] = measured(empty, lambda: load(empty, window))
         w, c, e = report["warm"], report["cold"], report["empty"]
         report["cold_vs_warm_hit_ratio"] = round(c["hit_ratio"] / w["hit_ratio"], 3)
         report["node_requests_cold_vs_empty"] = round(
