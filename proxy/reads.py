@@ -12,8 +12,9 @@ The engine asks `Reads.plan` about every read item of a client request before ro
 2. **cache**: an item of a cached method that names a block the proxy knows the hash of is
    looked up (proxy/cache.py) and, when found, answered without a node. With a shared tier
    (proxy/sharedcache.py), a local miss of an answer the fleet shares (`Plan.share`) is
-   looked up there by a task, which the item waits for as it would for an identical read in
-   flight (`Lookup`): the pipeline needs no step of its own; not found, it goes to a node.
+   looked up there (the lookups of one event-loop turn in one round trip), and the item
+   waits for it as it would for an identical read in flight (`Lookup`): the pipeline needs
+   no step of its own; not found, it goes to a node.
 3. **coalesce**: an identical read already in flight (proxy/coalesce.py) is waited for.
 
 The rest goes to a node as usual; `land` stores a good answer and hands it to the waiting
@@ -193,7 +194,7 @@ class Reads:
         kind = spec.block
         key = None
         exact = block_hash is not None and kind in EXACT_FORMS and spec.by_hash
-        store = share = lookup = False
+        store = share = False
         epoch = 0
         params = nesting.key(without_block(obj, spec)) if cached and keyed else b""
         if len(params) > MAX_KEYED_BYTES or not keyed:
@@ -217,7 +218,6 @@ class Reads:
         flight = None if coalescer is None or key is None else coalescer.join((epoch, key))
         if flight is None and share and cache.shares(heads.pool.id):
             flight = self._look_up(key, epoch)  # type: ignore[arg-type]
-            lookup = True
         if flight is not None:  # the item is only pinned if it has to be sent after all
             plan = Plan(obj, ref, key)
             plan.flight, plan.later = flight, (spec, height, block_hash)
@@ -225,7 +225,7 @@ class Reads:
             plan = self._pinned(spec, ref, obj, height, block_hash, key)
             plan.lead = coalescer is not None and key is not None
             plan.store = store
-        plan.epoch, plan.exact, plan.share = epoch, store, share or lookup
+        plan.epoch, plan.exact, plan.share = epoch, store, share
         plan.avoid = heads.avoid()
         return plan
 
