@@ -98,7 +98,7 @@ class _Pipe(asyncio.Protocol):
             end = start + size
             if len(buffer) < end:
                 return
-            frame = bytes(buffer[start:end]) if len(buffer) > end else bytes(buffer[start:])
+            frame = bytes(buffer[start:end])
             del buffer[:end]
             self._answered(frame)
 
