@@ -30,6 +30,7 @@ import orjson
 from nodes.state.vendor import VendorBlock
 
 _BE = struct.Struct(">Q")
+_Q = struct.Struct(">q")  # the covered range's bounds (`hi` may be -1)
 _POS = struct.Struct(">I")
 _KEY = 12  # height(8) + position(4)
 _LO = b"lo"
@@ -89,7 +90,11 @@ class LogIndex:
 
     def covered(self, txn: lmdb.Transaction) -> tuple[int, int]:
         """(lo, hi): the heights indexed; hi < lo when none."""
-        return self._get(txn, _LO), self._get(txn, _HI)
+        lo, hi = txn.get(_LO, db=self._blocks), txn.get(_HI, db=self._blocks)
+        return (
+            _NO_BLOCK if lo is None else _Q.unpack(lo)[0],
+            _NO_BLOCK if hi is None else _Q.unpack(hi)[0],
+        )
 
     def height_of(self, txn: lmdb.Transaction, block_hash: str) -> int | None:
         raw = txn.get(b"#" + bytes.fromhex(block_hash[2:]), db=self._blocks)

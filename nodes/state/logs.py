@@ -34,7 +34,6 @@ from chainstate.jsonrpc import (
 )
 from chainstate.logfilter import (
     DEFAULT_MAX_LIST,
-    FIELDS,
     LogFilter,
     invalid_range,
     parse_filter,
@@ -56,7 +55,7 @@ DEFAULT_MAX_LOGS_PER_RESPONSE = 20_000  # reth's --rpc.max-logs-per-response
 INLINE_BLOCKS = 128
 INLINE_LOGS = 256
 FILTER_CACHE = 4096  # parsed filters kept (then the cache restarts)
-FILTER_CACHE_LIST = 8  # a filter with a longer list (of addresses, of topics) is not kept
+FILTER_CACHE_BYTES = 1024  # a filter longer than this as JSON is not kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,34 +91,15 @@ class _Query(NamedTuple):
     topics: list[list[bytes] | None]
 
 
-def _filter_key(value: Any) -> tuple[Any, ...] | None:
-    """A filter object as a hashable key (its lists as tuples), None when it is not a small
-    flat object of texts and lists of texts (kept filters stay small). No two filters that
-    parse differently share a key: JSON values of different types never compare equal here
-    but for numbers and booleans, which no valid filter holds (one with them fails to parse
-    and is not kept)."""
-    if value.__class__ is not dict or len(value) > len(FIELDS):
+def _filter_key(value: Any) -> bytes | None:
+    """A filter object as the key it is kept under: its JSON (orjson's, from the parsed
+    object: the same filter written the same way gives the same bytes; values of other
+    types never do), None when it is not an object or longer than FILTER_CACHE_BYTES (kept
+    filters stay small)."""
+    if value.__class__ is not dict:
         return None
-    out = []
-    for name, v in value.items():
-        if v.__class__ is list:
-            if len(v) > FILTER_CACHE_LIST:
-                return None
-            items = []
-            for x in v:
-                if x.__class__ is list:
-                    if len(x) > FILTER_CACHE_LIST:
-                        return None
-                    x = tuple(x)
-                items.append(x)
-            v = tuple(items)
-        out.append((name, v))
-    key = tuple(out)
-    try:
-        hash(key)
-    except TypeError:  # (an object inside)
-        return None
-    return key
+    key = orjson.dumps(value)
+    return key if len(key) <= FILTER_CACHE_BYTES else None
 
 
 class LogMethods:
@@ -129,7 +109,7 @@ class LogMethods:
         self.store = store
         self.index = index
         self.settings = settings
-        self._filters: dict[tuple[Any, ...], _Query] = {}  # parsed filters by their value
+        self._filters: dict[bytes, _Query] = {}  # parsed filters by their JSON
 
     async def eth_get_logs(self, params: Any) -> orjson.Fragment:
         query = self._parsed(params)
