@@ -6,7 +6,8 @@ container of a fleet and secrets stay out of it:
 - CHAINSTATE_CONFIG names the file (default /etc/chainstate/chainstate.toml, when it exists).
   It is passed as `--config` to a command that takes one and was not given one.
 - `${NAME}` and `${NAME:-default}` in that file are replaced from the environment first (in a
-  copy of the file's folder, so paths relative to the file still find their neighbours).
+  copy of the file's folder, so paths relative to the file still find their neighbours);
+  comments are left as they are.
 - CHAINSTATE_LOG_LEVEL sets `--log-level` (debug, info, warning, error).
 """
 
@@ -30,7 +31,8 @@ class EntrypointError(ValueError):
 
 
 def expand(text: str, env: Mapping[str, str], source: str) -> str:
-    """`text` with every `${NAME}` / `${NAME:-default}` replaced from `env`."""
+    """`text` with every `${NAME}` / `${NAME:-default}` replaced from `env`, except in
+    comments (a comment may show the syntax)."""
 
     def value(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
@@ -40,7 +42,30 @@ def expand(text: str, env: Mapping[str, str], source: str) -> str:
             return default
         raise EntrypointError(f"{source}: ${{{name}}} is not set in the environment")
 
-    return PLACEHOLDER.sub(value, text)
+    lines = []
+    for line in text.splitlines(keepends=True):
+        cut = comment_start(line)
+        lines.append(PLACEHOLDER.sub(value, line[:cut]) + line[cut:])
+    return "".join(lines)
+
+
+def comment_start(line: str) -> int:
+    """Where the TOML comment of `line` starts (its length when it has none): the first `#`
+    outside a quoted string."""
+    quote = ""
+    escaped = False
+    for index, char in enumerate(line):
+        if escaped:
+            escaped = False
+        elif quote == '"' and char == "\\":
+            escaped = True
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "#":
+            return index
+    return len(line)
 
 
 def render_config(path: Path, env: Mapping[str, str], workdir: Path) -> Path:

@@ -73,3 +73,10 @@ def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
         entry.build_argv(
             ["proxy"], {"CHAINSTATE_CONFIG": str(tmp_path / "no.toml")}, build_parser(), tmp_path
         )
+
+
+def test_comments_keep_their_placeholders() -> None:
+    text = "url = \"http://${H}:1#x\" # set ${H} or ${OTHER}\n# ${OTHER}\nk = '#${H}'\n"
+    assert entry.expand(text, {"H": "a"}, "f") == (
+        "url = \"http://a:1#x\" # set ${H} or ${OTHER}\n# ${OTHER}\nk = '#a'\n"
+    )
