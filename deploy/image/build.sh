@@ -61,7 +61,10 @@ ensure_wheels() {
   log "building wheels for the image's Python packages (once per dependency list)"
   tmp="$WHEELS.tmp"
   rm -rf "$tmp"
-  mkdir -p "$tmp" "$CACHE/pip-cache"
+  # pip's cache of the host: what `./dev` (or any pip here) downloaded is not fetched again
+  local pipcache
+  pipcache="$(python3 -m pip cache dir 2>/dev/null || echo "$CACHE/pip-cache")"
+  mkdir -p "$tmp" "$pipcache"
   cp "$CONTEXT/requirements.txt" "$tmp/requirements.txt"
   # the host's pip configuration (a local index, a mirror) applies inside too
   [ -f /etc/pip.conf ] && pipconf+=(--volume /etc/pip.conf:/etc/pip.conf:ro)
@@ -71,7 +74,7 @@ ensure_wheels() {
   [ -f "$ca" ] && pipconf+=(--volume "$ca:$ca:ro" -e "PIP_CERT=$ca")
   podman run --rm --network host "${pipconf[@]}" \
     -e PIP_INDEX_URL -e PIP_EXTRA_INDEX_URL -e PIP_DEFAULT_TIMEOUT \
-    --volume "$tmp:/wheels" --volume "$CACHE/pip-cache:/root/.cache/pip" "$BASE" \
+    --volume "$tmp:/wheels" --volume "$pipcache:/root/.cache/pip" "$BASE" \
     sh -c 'python3 -m venv /tmp/venv && /tmp/venv/bin/pip wheel -q -w /wheels -r /wheels/requirements.txt' \
     >"$CACHE/wheels.log" 2>&1 || die "pip wheel failed: see $CACHE/wheels.log"
   rm "$tmp/requirements.txt"
@@ -111,12 +114,21 @@ stage_context() {
 
 command -v podman >/dev/null || die "podman is needed (apt-get install podman)"
 mkdir -p "$CACHE"
+# one build at a time per cache: two would write the same base and wheels
+exec 9>"$CACHE/.lock"
+flock 9
 CONTEXT="$(mktemp -d "$CACHE/context.XXXXXX")"
 trap 'rm -rf "$CONTEXT"' EXIT
 ensure_base
 ensure_wheels
 stage_context
 log "building $TAG from $BASE"
+previous="$(podman image inspect --format '{{.Id}}' "$TAG" 2>/dev/null || true)"
 podman build --quiet --layers -f "$HERE/Containerfile" --build-arg "BASE=$BASE" \
   --volume "$WHEELS:/wheels:ro" -t "$TAG" "$CONTEXT" >/dev/null
+# the image this tag named before is left untagged: remove it unless a container uses it
+current="$(podman image inspect --format '{{.Id}}' "$TAG")"
+if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
+  podman rmi "$previous" >/dev/null 2>&1 || true
+fi
 log "built $TAG"

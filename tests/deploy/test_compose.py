@@ -116,6 +116,17 @@ def test_both_proxies_serve_reads_from_the_fleet(fleet: Fleet) -> None:
         assert {n["key"] for n in nodes} == {"state-1", "archive-1"}
 
 
+def test_the_checker_confirms_blocks_both_replicas_hold(fleet: Fleet) -> None:
+    deadline = time.monotonic() + 60
+    report: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        report = fleet.admin(fleet.urls()[1] + "/getAllNodes")["checker"]
+        if report and report["error"] is None and (report["confirmed"] or 0) > 0:
+            break
+        time.sleep(0.5)
+    assert report and report["error"] is None and (report["confirmed"] or 0) > 0, report
+
+
 def test_a_change_through_one_proxy_reaches_the_other_through_etcd(fleet: Fleet) -> None:
     first, second = fleet.urls()
     fleet.admin(first + "/updateNode/archive-1", {"weight": 7})
