@@ -2,8 +2,8 @@
 
 Eleven containers of the image on one podman network: etcd x3, Redis, anvil, a write node, a
 state and an archive node, the checker and two proxies. A client reads through both proxies'
-published ports, and a change made through one proxy's admin API reaches the other through
-the etcd cluster.
+published ports, and a change made through one proxy's admin API (whose store is etcd-1)
+reaches the other (whose store is etcd-2) through the etcd cluster.
 """
 
 from __future__ import annotations
