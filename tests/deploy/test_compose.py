@@ -116,6 +116,22 @@ def test_both_proxies_serve_reads_from_the_fleet(fleet: Fleet) -> None:
         assert {n["key"] for n in nodes} == {"state-1", "archive-1"}
 
 
+def test_both_proxies_reach_etcd_and_share_redis(fleet: Fleet) -> None:
+    deadline = time.monotonic() + 30
+    healths: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        healths = [fleet.admin(url.removesuffix("/1337") + "/health") for url in fleet.urls()]
+        tenancy = [h["tenancy"] for h in healths]
+        if all(t["redis"] == "up" and t.get("fleet") == 2 for t in tenancy):
+            break
+        time.sleep(0.5)
+    for health in healths:
+        assert health["config_store"] == "available", health
+        assert health["tenancy"]["redis"] == "up", health
+        assert health["tenancy"]["limits"] == "shared", health
+        assert health["tenancy"].get("fleet") == 2, health  # both proxies, seen through Redis
+
+
 def test_the_checker_confirms_blocks_both_replicas_hold(fleet: Fleet) -> None:
     deadline = time.monotonic() + 60
     report: dict[str, Any] | None = None
@@ -150,3 +166,22 @@ def test_compose_refuses_to_start_without_an_admin_token() -> None:
         fleet.down()
     assert result.returncode != 0
     assert "set CHAINSTATE_ADMIN_TOKEN" in result.stderr
+
+
+def test_reads_and_changes_go_on_without_an_etcd_member_and_a_replica(fleet: Fleet) -> None:
+    """Last: it stops containers. etcd keeps its quorum with two members of three, and the
+    archive node answers what the stopped state node did."""
+    for service in ("etcd-3", "state-1"):
+        pm.podman("stop", "--time", "2", f"{fleet.project}_{service}_1")
+    first, second = fleet.urls()
+    for url in (first, second):
+        for _ in range(5):
+            assert pm.rpc(url, "eth_getBalance", DEV, "latest")["result"] == DEV_BALANCE
+    fleet.admin(second + "/updateNode/archive-1", {"weight": 3})
+    deadline = time.monotonic() + 15
+    weight = None
+    while time.monotonic() < deadline and weight != 3:
+        nodes = fleet.admin(first + "/getAllNodes")["nodes"]
+        weight = {n["key"]: n["weight"] for n in nodes}.get("archive-1")
+        time.sleep(0.25)
+    assert weight == 3
