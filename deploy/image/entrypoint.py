@@ -6,7 +6,7 @@ container of a fleet and secrets stay out of it:
 - CHAINSTATE_CONFIG names the file (default /etc/chainstate/chainstate.toml, when it exists).
   It is passed as `--config` to a command that takes one and was not given one.
 - `${NAME}` and `${NAME:-default}` in that file are replaced from the environment first (in a
-  copy of the file's folder, so paths relative to the file still find their neighbours);
+  copy beside links to its neighbours, so paths relative to the file still resolve);
   comments are left as they are.
 - CHAINSTATE_LOG_LEVEL sets `--log-level` (debug, info, warning, error).
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -70,7 +69,8 @@ def comment_start(line: str) -> int:
 
 def render_config(path: Path, env: Mapping[str, str], workdir: Path) -> Path:
     """The config to pass on: `path` itself when it has no placeholder, else its expanded copy
-    in a copy of its folder under `workdir` (the mounted folder is usually read-only)."""
+    in `workdir` (the mounted folder is usually read-only), beside links to everything else
+    in its folder so that paths relative to the file still resolve."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -78,10 +78,13 @@ def render_config(path: Path, env: Mapping[str, str], workdir: Path) -> Path:
     if not PLACEHOLDER.search(text):
         return path
     copy = workdir / "config"
-    shutil.copytree(path.parent, copy, dirs_exist_ok=True)
-    for toml in copy.glob("*.toml"):
-        toml.write_text(expand(toml.read_text(), env, str(path.parent / toml.name)))
-    return copy / path.name
+    copy.mkdir(parents=True, exist_ok=True)
+    for entry in path.parent.iterdir():
+        if entry.name != path.name:
+            (copy / entry.name).symlink_to(entry.resolve())
+    rendered = copy / path.name
+    rendered.write_text(expand(text, env, str(path)))
+    return rendered
 
 
 def command_parser(

@@ -53,15 +53,17 @@ def test_config_is_added_only_to_commands_that_take_one(tmp_path: Path) -> None:
     assert leveled == ["--log-level", "info", "checker", "--config", str(conf)]
 
 
-def test_rendered_copy_keeps_the_folder_for_relative_paths(tmp_path: Path) -> None:
+def test_rendered_copy_keeps_relative_paths_working(tmp_path: Path) -> None:
     mounted = tmp_path / "etc"
     mounted.mkdir()
     (mounted / "genesis.json").write_text("{}")
     (mounted / "c.toml").write_text('genesis = "genesis.json"\nurl = "http://${HOST}:1"\n')
+    (mounted / "other.toml").write_text('x = "${UNSET}"\n')  # not the chosen file: untouched
     work = tmp_path / "work"
     rendered = entry.render_config(mounted / "c.toml", {"HOST": "anvil"}, work)
     assert rendered.read_text() == 'genesis = "genesis.json"\nurl = "http://anvil:1"\n'
-    assert (rendered.parent / "genesis.json").exists()
+    assert (rendered.parent / "genesis.json").read_text() == "{}"
+    assert (rendered.parent / "other.toml").read_text() == 'x = "${UNSET}"\n'
     assert "${HOST}" in (mounted / "c.toml").read_text()  # the mounted file is left alone
     plain = mounted / "plain.toml"
     plain.write_text("x = 1\n")
