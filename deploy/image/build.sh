@@ -124,7 +124,13 @@ ensure_wheels
 stage_context
 log "building $TAG from $BASE"
 previous="$(podman image inspect --format '{{.Id}}' "$TAG" 2>/dev/null || true)"
+# what the image was built from, for `podman image inspect`
+version="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$REPO/chainstate/__init__.py")"
+revision="$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)"
+git -C "$REPO" diff --quiet HEAD 2>/dev/null || revision="$revision+changes"
 podman build --quiet --layers -f "$HERE/Containerfile" --build-arg "BASE=$BASE" \
+  --label "org.opencontainers.image.version=$version" \
+  --label "org.opencontainers.image.revision=$revision" \
   --volume "$WHEELS:/wheels:ro" -t "$TAG" "$CONTEXT" >/dev/null
 # the image this tag named before is left untagged: remove it unless a container uses it
 current="$(podman image inspect --format '{{.Id}}' "$TAG")"
