@@ -120,6 +120,7 @@ flock 9
 CONTEXT="$(mktemp -d "$CACHE/context.XXXXXX")"
 trap 'rm -rf "$CONTEXT"' EXIT
 ensure_base
+podman tag "$BASE" localhost/chainstate-base:latest # the Containerfile's default BASE
 ensure_wheels
 stage_context
 log "building $TAG from $BASE"
