@@ -70,6 +70,11 @@ class Fleet:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.loads(resp.read())
 
+    def text(self, url: str) -> str:
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.read().decode()
+
     def logs(self) -> str:
         listed = pm.podman(
             "ps", "-a", "--filter", f"label=io.podman.compose.project={self.project}",
@@ -116,7 +121,7 @@ def test_both_proxies_serve_reads_from_the_fleet(fleet: Fleet) -> None:
         assert {n["key"] for n in nodes} == {"state-1", "archive-1"}
 
 
-def test_both_proxies_reach_etcd_and_share_redis(fleet: Fleet) -> None:
+def test_both_proxies_reach_etcd_and_share_redis_limits_and_cache(fleet: Fleet) -> None:
     deadline = time.monotonic() + 30
     healths: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
@@ -130,6 +135,14 @@ def test_both_proxies_reach_etcd_and_share_redis(fleet: Fleet) -> None:
         assert health["tenancy"]["redis"] == "up", health
         assert health["tenancy"]["limits"] == "shared", health
         assert health["tenancy"].get("fleet") == 2, health  # both proxies, seen through Redis
+    tier_up = "\nchainstate_proxy_cache_tier_up 1.0\n"  # the shared cache tier is in use
+    for url in fleet.urls():
+        while time.monotonic() < deadline:
+            metrics = fleet.text(url.removesuffix("/1337") + "/metrics")
+            if tier_up in metrics:
+                break
+            time.sleep(0.5)
+        assert tier_up in metrics, url
 
 
 def test_the_checker_confirms_blocks_both_replicas_hold(fleet: Fleet) -> None:
