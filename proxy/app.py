@@ -40,7 +40,7 @@ from proxy.state import RoutingState
 from proxy.store import ConfigStore
 from proxy.sync import StoreSync
 from proxy.tenancy.admin import TenancyAdmin
-from proxy.tenancy.gate import Gate, Ticket
+from proxy.tenancy.gate import Gate
 from proxy.tenancy.http import KEY_ROUTE, key_path, raw_headers
 from proxy.tenancy.service import Tenancy
 from proxy.tenancy.settings import TenancySettings
@@ -244,7 +244,7 @@ def _data_handler(proxy: Proxy):
         else:
             headers = PeerHeaders(request.headers, request.remote or "unknown")
             answer = await engine.handle(chain, body, headers)
-            if type(verdict) is Ticket:
+            if verdict is not None:
                 answer = verdict.finish(answer)
         status, out = answer[0], answer[1]
         headers = _header_lines(answer[2]) if len(answer) > 2 else None

@@ -92,14 +92,18 @@ class Quota:
         self.touched = 0.0
 
     def take(self, n: int, now: float) -> bool:
-        if now >= self.ends:  # a new day or month
-            self.ends = period_end(self.period, now)
-            self.known = self.pending = 0
         self.touched = now
-        if self.known + self.pending + n > self.limit:
+        if self.room(now) < n:
             return False
         self.pending += n
         return True
+
+    def room(self, now: float) -> int:
+        """Items this period still allows (from a new day or month on: all)."""
+        if now >= self.ends:  # a new day or month
+            self.ends = period_end(self.period, now)
+            self.known = self.pending = 0
+        return self.limit - self.known - self.pending
 
     def window(self, now: float) -> str:
         return period_of(self.period, now)

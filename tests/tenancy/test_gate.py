@@ -371,3 +371,31 @@ async def test_a_websocket_upgrade_needs_a_key_where_requests_do(make_tenant) ->
             await ws.send_bytes(orjson.dumps(req("eth_blockNumber")))
             answer = orjson.loads((await ws.receive()).data)
             assert answer["result"] == "0x3e8"
+
+
+async def test_usage_is_exact_for_a_key_whose_requests_take_a_lease(make_tenant) -> None:
+    """A key with a high rate takes tokens a few at a time; what it did not use goes back
+    and what it used is counted before anything reads the counts."""
+    api, _ = await make_tenant()
+    await project(api, limits={"requests_per_second": 100_000})
+    made = await new_key(api, limits={"requests_per_second": 50_000})
+    for sent in (7, 30):
+        for _ in range(7 if sent == 7 else 23):
+            status, _, _ = await post(api, f"/1337/{made['key']}", balance())
+            assert status == 200
+        status, usage = await api.get(f"/tenancy/usage?key={made['id']}")
+        [row] = usage["usage"]
+        assert (row["requests"], row["items"]) == (sent, sent)
+        text = await (await api.client.get("/metrics")).text()
+        assert f'chainstate_tenancy_requests_total{{project="acme"}} {sent}.0' in text
+
+
+async def test_a_daily_quota_is_exact_for_single_requests(make_tenant) -> None:
+    api, _ = await make_tenant()
+    await project(api, limits={"daily_items": 12})
+    key = (await new_key(api, limits={"requests_per_second": 50_000}))["key"]
+    statuses = [(await post(api, f"/1337/{key}", balance()))[0] for _ in range(14)]
+    assert statuses == [200] * 12 + [429] * 2
+    status, answer, headers = await post(api, f"/1337/{key}", balance())
+    assert status == 429 and "daily_items=12" in answer["error"]["message"]
+    assert int(headers["Retry-After"]) >= 1
