@@ -39,6 +39,7 @@ from proxy.upstream import Upstream, UpstreamError
 log = logging.getLogger(__name__)
 FAILURE_COST_MS = 1000.0  # a failed attempt counts as at least this slow in the node's cost
 BATCH = "batch"  # latency window of sub-batches (single requests use their method's)
+RATE_LIMITED = outcome.RATE_LIMITED.name
 
 
 class Group:
@@ -339,6 +340,11 @@ class Attempts:
         attempt counted as `label`. Also for answers got without `exchange` (the in-process
         path, proxy/inprocpath.py)."""
         _in_rotation(node)
+        budget = node.budget
+        if label == RATE_LIMITED:
+            budget.rate_limited()
+        elif budget.strikes:
+            budget.answered()
         ms = elapsed * 1000
         latency.observe(node, ms, time.monotonic(), self.tau)
         node.observe_latency(ms)
@@ -381,6 +387,8 @@ class Attempts:
 
     def _failed(self, ctx: Any, node: Node, exc: UpstreamError, elapsed: float, span: Any) -> None:
         result = outcome.of_failure(exc.kind)
+        if result is outcome.RATE_LIMITED:
+            node.budget.rate_limited()
         if result.penalise:
             node.breaker.failure(node.key, str(exc))
             ms = max(elapsed * 1000, FAILURE_COST_MS)

@@ -64,6 +64,7 @@ from proxy.routes import MAX_ROUTES, UNCACHED, PoolRoutes, QuickRoute, RouteCach
 from proxy.select import NoEligibleNode, Selector
 from proxy.settings import ProxySettings
 from proxy.state import RoutingState
+from proxy.tenancy.nodebudget import limited
 from proxy.upstream import Upstream, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -183,6 +184,8 @@ class Ctx:
         # (An answer naming a -390xx code is never final as it is: it may be retried or, for
         # a standard method, shown with a standard code: proxy/face.py.)
         if write is not None and status == 200 and raw and raw.find(b"-390") < 0:
+            if limited(raw):  # the node's rate limit: retried elsewhere (outcome.py)
+                return
             self.early = None
             write(raw)
 
@@ -691,6 +694,8 @@ class Engine:
         # One candidate (no race due: `connection_now`'s answer without its calls): its
         # connections are found only for a plain-http URL (`Upstream.hosts`)
         node = nodes[0]
+        if node.budget.rate:  # (`Selector.pick` takes it when it chooses)
+            node.budget.spend()
         host = self.upstream.hosts.get(node.entry.url)
         if host is None or node.breaker.state is not CLOSED:
             return route, node, None
@@ -1453,7 +1458,10 @@ class Engine:
             except NoEligibleNode as exc:
                 return exc
         if len(nodes) == 1:
-            return nodes[0], nodes
+            node = nodes[0]
+            if node.budget.rate and chosen is None:  # (`Selector.pick` takes it in a choice)
+                node.budget.spend()
+            return node, nodes
         if picked is None:
             return chosen or self.selector.pick(nodes), nodes
         ids = tuple(nodes)

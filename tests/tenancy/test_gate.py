@@ -137,6 +137,10 @@ async def test_a_key_over_its_rate_gets_429_with_retry_after_naming_the_limit(ma
     assert answer["error"]["code"] == -32005
     assert "requests_per_second=5" in answer["error"]["message"]
     assert int(headers["Retry-After"]) >= 1
+    async with api.client.data.post(f"/1337/{key}", data=orjson.dumps(balance())) as resp:
+        assert (resp.status, resp.reason) == (429, "Too Many Requests")
+    async with api.client.data.post("/1337/csk_unknownunknownunknown", data=b"{}") as resp:
+        assert (resp.status, resp.reason) == (401, "Unauthorized")
     # anonymous traffic is not this key's
     assert (await post(api, "/1337", balance()))[0] == 200
 
