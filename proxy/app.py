@@ -243,7 +243,8 @@ def _data_handler(proxy: Proxy):
             answer = verdict
         else:
             headers = PeerHeaders(request.headers, request.remote or "unknown")
-            answer = await engine.handle(chain, body, headers)
+            tally = None if verdict is None else verdict.tally
+            answer = await engine.handle(chain, body, headers, tally=tally)
             if verdict is not None:
                 answer = verdict.finish(answer)
         status, out = answer[0], answer[1]
@@ -397,6 +398,7 @@ def _data(
         (when there is one) following the answer through its `early` and `later`."""
         conn = request._conn
         verdict = gate.admit(pool, path_key, request.headers.raw, request.body, conn)  # type: ignore[arg-type]
+        tally = None
         if verdict is None:
             early, later = request.answer_early, request.answer_later
         elif type(verdict) is tuple:
@@ -404,6 +406,7 @@ def _data(
         else:
             verdict.request = request  # type: ignore[union-attr]
             early, later = verdict.early, verdict.later  # type: ignore[union-attr]
+            tally = verdict.tally  # type: ignore[union-attr]
         result = None
         if answer is not None:
             result = answer(chain, pool, request.body, request.headers)  # type: ignore[arg-type]
@@ -419,6 +422,7 @@ def _data(
                     admitted,  # type: ignore[arg-type]
                     early,
                     later,
+                    tally=tally,
                 )
                 if result is None:
                     return None

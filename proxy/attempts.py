@@ -192,6 +192,8 @@ class Attempts:
             return False
         node.inflight += 1
         ctx.nodes.append(node.key)
+        if ctx.tally is not None:
+            ctx.tally.upstream += 1
         return True
 
     def connection_now(self, pool: Any, node: Node, lkey: str, cands: int) -> Any:
@@ -219,6 +221,8 @@ class Attempts:
         self.upstream.expect_now(taken, node.entry.url, self.ceiling, ctx, ctx.answer_early, landed)
         node.inflight += 1
         ctx.nodes.append(node.key)
+        if ctx.tally is not None:
+            ctx.tally.upstream += 1
 
     def _landed(
         self,
@@ -240,6 +244,8 @@ class Attempts:
                 self.answered(ctx, node, group.lkey, elapsed, outcome.answered(raw))
             else:
                 ctx.nodes.pop()  # the idle connection was closed: no attempt was made
+                if ctx.tally is not None:
+                    ctx.tally.upstream -= 1
             if hedgeable and (raw is not None or exc is not None):
                 self._earn(ctx.pool)  # an attempt made earns its share, as `_race`'s does
             then(node, raw, exc)
@@ -312,6 +318,8 @@ class Attempts:
             breaker.start_probe()
         node.inflight += 1
         ctx.nodes.append(node.key)
+        if ctx.tally is not None:
+            ctx.tally.upstream += 1
         started = time.perf_counter()
         try:
             raw = await self.upstream.send(node.entry.url, body, self.ceiling, race, ctx, early)

@@ -318,6 +318,7 @@ async def test_usage_per_key_and_metrics_name_projects_only(make_tenant, caplog)
     made = await new_key(api, limits={"requests_per_second": 3, "burst_seconds": 1})
     key = made["key"]
     node.method_errors["eth_chainId"] = -32000
+    before = len(node.received)
     for _ in range(2):
         await post(api, f"/1337/{key}", balance())
     await post(api, f"/1337/{key}", req("eth_chainId"))
@@ -327,11 +328,16 @@ async def test_usage_per_key_and_metrics_name_projects_only(make_tenant, caplog)
     [row] = usage["usage"]
     assert (row["project"], row["key"], row["requests"], row["items"]) == ("acme", made["id"], 3, 3)
     assert row["errors"] == 1 and row["refused"] == {"requests_per_second": 1}
+    # a call to the node for each request it answered (not the refused one, nor one the
+    # response cache answered)
+    called = len(node.received) - before
+    assert row["upstream"] == called and called >= 2
     status, daily = await api.get("/tenancy/usage?project=acme&by=day")
     assert daily["usage"][0]["requests"] == 3
     resp = await api.client.get("/metrics")
     text = await resp.text()
     assert 'chainstate_tenancy_requests_total{project="acme"} 3.0' in text
+    assert f'chainstate_tenancy_upstream_total{{project="acme"}} {called}.0' in text
     assert (
         'chainstate_tenancy_refused_total{limit="requests_per_second",project="acme"} 1.0' in text
     )
