@@ -44,6 +44,7 @@ from proxy.tenancy.gate import Gate
 from proxy.tenancy.http import KEY_ROUTE, key_path, raw_headers
 from proxy.tenancy.service import Tenancy
 from proxy.tenancy.settings import TenancySettings
+from proxy.tenancy.websocket import message_gate
 from proxy.upstream import Upstream
 from proxy.verdicts import CheckerVerdicts
 
@@ -521,23 +522,24 @@ def _admin_routes(proxy: Proxy) -> list[web.RouteDef]:
 
 
 def _gated_websocket(proxy: Proxy):
-    """The WebSocket upgrade after `Gate.admit` (the credential, the pool's anonymous access,
-    the rules and one token of the rates, as for one request)."""
+    """The WebSocket upgrade after `Gate.upgrade` (the credential, the pool's anonymous access
+    and the rules a message does not change), then each message after `Gate.admit`
+    (proxy/tenancy/websocket.py)."""
     engine, gate, websocket = proxy.engine, proxy.tenancy.gate, proxy.events.websocket
 
     async def handle(request: web.Request) -> web.StreamResponse:
         found = engine.resolve(request.match_info["chain"])
-        if found is not None:
-            key = request.match_info.get("key")
-            verdict = gate.admit(found[1], key, raw_headers(request.headers), b"", request)
-            if type(verdict) is tuple:
-                headers = _header_lines(verdict[2]) if len(verdict) > 2 else None
-                return web.Response(
-                    status=verdict[0], body=verdict[1], content_type=JSON, headers=headers
-                )
-            if verdict is not None:
-                verdict.finish((200, b""))  # type: ignore[union-attr]
-        return await websocket(request)
+        key = request.match_info.get("key")
+        if found is None or not (gate.active or key is not None or "Origin" in request.headers):
+            return await websocket(request)
+        raw = raw_headers(request.headers)
+        refused = gate.upgrade(found[1], key, raw, request)
+        if refused is not None:
+            headers = _header_lines(refused[2]) if len(refused) > 2 else None
+            return web.Response(
+                status=refused[0], body=refused[1], content_type=JSON, headers=headers
+            )
+        return await websocket(request, message_gate(gate, found[1], key, raw, request))
 
     return handle
 

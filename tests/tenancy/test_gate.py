@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from proxy.tenancy.settings import TenancySettings
-from tests.proxy.conftest import balance, req
+from tests.proxy.conftest import ADDR, balance, req
 
 SECRET = "jwt-test-secret-of-32-bytes-long!"
 
@@ -409,3 +409,36 @@ async def test_a_daily_quota_is_exact_for_single_requests(make_tenant) -> None:
     status, answer, headers = await post(api, f"/1337/{key}", balance())
     assert status == 429 and "daily_items=12" in answer["error"]["message"]
     assert int(headers["Retry-After"]) >= 1
+
+
+async def test_each_websocket_message_counts_against_the_keys_limits(make_tenant) -> None:
+    api, _ = await make_tenant()
+    await project(api)
+    made = await new_key(
+        api,
+        limits={"requests_per_second": 3, "burst_seconds": 1},
+        rules={"methods_denied": ["eth_getCode"]},
+    )
+    base = f"http://127.0.0.1:{api.client.server.port}"
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{base}/1337/{made['key']}") as ws:
+        for rid in range(6):
+            await ws.send_bytes(orjson.dumps(req("eth_blockNumber", rid=rid)))
+        answers = {}
+        for _ in range(6):
+            answer = orjson.loads((await ws.receive()).data)
+            answers[answer["id"]] = answer
+        refused = [a for a in answers.values() if "error" in a]
+        assert sorted(answers) == list(range(6)) and 2 <= len(refused) <= 3, answers
+        assert all(a["error"]["code"] == -32005 for a in refused)
+        assert "requests_per_second=3" in refused[0]["error"]["message"]
+        await ws.send_bytes(orjson.dumps(req("eth_getCode", [ADDR, "latest"], rid=7)))
+        await asyncio.sleep(1.1)  # (the refusal took no token: the rate refills meanwhile)
+        answer = orjson.loads((await ws.receive()).data)
+        assert answer["id"] == 7 and answer["error"]["code"] == -32002
+        await ws.send_bytes(orjson.dumps(req("eth_blockNumber", rid=8)))
+        answer = orjson.loads((await ws.receive()).data)
+        assert answer == {"jsonrpc": "2.0", "id": 8, "result": "0x3e8"}
+    _, usage = await api.get(f"/tenancy/usage?key={made['id']}")
+    [row] = usage["usage"]
+    assert row["requests"] == 6 - len(refused) + 1
+    assert row["refused"] == {"requests_per_second": len(refused), "methods": 1}
