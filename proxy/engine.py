@@ -194,7 +194,7 @@ class Ctx:
         # (An answer naming a -390xx code is never final as it is: it may be retried or, for
         # a standard method, shown with a standard code: proxy/face.py.)
         if write is not None and status == 200 and raw and raw.find(b"-390") < 0:
-            if limited(raw):  # the node's rate limit: retried elsewhere (outcome.py)
+            if raw.find(b'"error"') >= 0 and limited(raw):  # a rate limit: retried elsewhere
                 return
             self.early = None
             write(raw)

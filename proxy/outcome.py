@@ -130,7 +130,7 @@ def answered(raw: bytes) -> str:
     of a single answer asking for a retry, or `retryable` for a batch answer with such an
     item (the engine classifies each item; this only names the attempt)."""
     if raw.find(b"-3900") < 0:
-        return RATE_LIMITED.name if limited(raw) else OK.name
+        return RATE_LIMITED.name if raw.find(b'"error"') >= 0 and limited(raw) else OK.name
     if raw.lstrip()[:1] == b"[":
         return RETRYABLE.name if any(raw.find(mark) >= 0 for mark in _RETRY_MARKS) else OK.name
     result = of_raw(raw)
