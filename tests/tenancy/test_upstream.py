@@ -142,3 +142,25 @@ async def test_a_bad_budget_is_refused(nodes: dict[str, Any]) -> None:
         async with http.post(f"{base}/1337/updateNode/provider-a", data=body, headers=JSON) as resp:
             assert resp.status == 400, bad
             assert "budget" in (await resp.json())["error"]
+
+
+async def test_a_keys_retried_request_counts_two_upstream_calls(nodes: dict[str, Any]) -> None:
+    http, base, limited = nodes["http"], nodes["url"], nodes["limited"]
+    await admin(http, base, "/1337/updateNode/provider-a", {"budget": 0})
+    deadline = time.monotonic() + 40
+    while (await budget_of(http, base, "provider-a"))["backed_off"]:  # (the budget test's)
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    await admin(http, base, "/tenancy/projects", {"id": "calls"})
+    made = await admin(http, base, "/tenancy/keys", {"project": "calls"})
+    limited.limited, limited.refused = "http", 0
+    try:
+        async with http.post(f"{base}/1337/{made['key']}", data=BODY, headers=JSON) as resp:
+            answer = await resp.json(content_type=None)
+        assert resp.status == 200 and answer["result"]["node"] == "provider-b", answer
+    finally:
+        limited.limited = None
+    assert limited.refused == 1
+    async with http.get(f"{base}/tenancy/usage?key={made['id']}") as resp:
+        [row] = (await resp.json())["usage"]
+    assert (row["requests"], row["upstream"], row["errors"]) == (1, 2, 0)
