@@ -94,7 +94,8 @@ class Limiters:
                     Quota(f"{name}:{period}", f"{setting}={value}", value, period, wall)
                 )
         if limits.concurrent:
-            self.inflight = InFlight(limits.concurrent, f"concurrent={limits.concurrent}")
+            setting = f"concurrent={limits.concurrent}"
+            self.inflight = InFlight(limits.concurrent, setting, f"{name}:cc")
 
 
 class Subject:
@@ -520,8 +521,15 @@ class Gate:
             held.inflight = subject.inflight
             held.extra = extra
             held.done = False
-            for slot in subject.inflight:
-                slot.count += 1
+            if subject.inflight:
+                now = monotonic()
+                active = self.active_limiters
+                for slot in subject.inflight:
+                    slot.count += 1
+                    slot.touched = now
+                    if not slot.active:
+                        slot.active = True
+                        active.inflight.append(slot)
             return held
         if subject.follow:
             ticket = _new(Ticket)
@@ -735,7 +743,7 @@ class Gate:
             if client.inflight is not None:
                 inflight = [*inflight, client.inflight]
         for slot in inflight:
-            if slot.count >= slot.limit:
+            if slot.count + slot.others >= slot.limit:
                 return slot.setting, 1.0
         if quotas:
             wall = time.time()

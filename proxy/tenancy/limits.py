@@ -115,11 +115,16 @@ class Quota:
 
 @dataclass(slots=True)
 class InFlight:
-    """Requests of one subject in flight on this proxy."""
+    """Requests of one subject in flight on this proxy (`count`), and on the other proxies
+    of the fleet as they last reported it through Redis (`others`, proxy/tenancy/shared.py)."""
 
     limit: int
     setting: str
+    name: str = ""  # the shared hash's name
     count: int = 0
+    others: int = 0
+    active: bool = False  # in the sync's list
+    touched: float = 0.0  # (monotonic) its last request
 
 
 def period_of(period: str, now: float) -> str:
