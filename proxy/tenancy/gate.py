@@ -143,7 +143,11 @@ class Subject:
         self.quotas = [q for lim in limiters for q in lim.quotas]
         self.inflight = [lim.inflight for lim in limiters if lim.inflight is not None]
         # keyed traffic is followed to its answer (errors per key); anonymous only when needed
-        self.follow = tally.key != ANONYMOUS or bool(self.inflight)
+        self.follow = (
+            tally.key != ANONYMOUS
+            or bool(self.inflight)
+            or (per_client is not None and per_client.concurrent > 0)
+        )
         # Single requests take a unit of the lease: nothing to check but rates and quotas
         self.leases = not (
             policy.chains is not None
@@ -286,6 +290,9 @@ class Gate:
         self._subjects: dict[Any, Subject] = {}  # credential → subject
         self._refusals: dict[Any, Answer] = {}  # credential → its refusal
         self._leased: list[Subject] = []  # subjects holding a lease (settled together)
+        # The in-flight places of the request being admitted when they are not its subject's
+        # alone (an anonymous address's), from `_take` to `_admit` in the same call
+        self._held: list[InFlight] | None = None
         self._limiters: dict[str, tuple[Limits, Limiters]] = {}  # outlive registry changes
         self._clients: LRUCache[tuple[str, str], Limiters] = LRUCache(settings.max_clients)
         self._refresh()
@@ -515,16 +522,19 @@ class Gate:
             tally = subject.tally
             tally.requests += 1
             tally.items += items
-        if subject.inflight or extra:
+        slots = subject.inflight
+        if self._held is not None:  # (`_take`'s: a client address's own place too)
+            slots, self._held = self._held, None
+        if slots or extra:
             held = _new(HeldTicket)
             held.tally = subject.tally
-            held.inflight = subject.inflight
+            held.inflight = slots
             held.extra = extra
             held.done = False
-            if subject.inflight:
+            if slots:
                 now = monotonic()
                 active = self.active_limiters
-                for slot in subject.inflight:
+                for slot in slots:
                     slot.count += 1
                     slot.touched = now
                     if not slot.active:
@@ -761,6 +771,8 @@ class Gate:
         if limited is not None:
             for quota in quotas:
                 quota.pending -= items
+        elif inflight is not subject.inflight:
+            self._held = inflight  # (the places `_admit` takes)
         return limited
 
     def _limited(self, subject: Subject, limited: tuple[str, float], extra: bytes) -> Answer:

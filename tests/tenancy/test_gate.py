@@ -270,6 +270,23 @@ async def test_concurrent_requests_of_a_key(make_tenant) -> None:
             assert resp.status == 200  # its place was given back
 
 
+async def test_concurrent_requests_of_an_anonymous_address(make_tenant) -> None:
+    api, node = await make_tenant(
+        trusted_proxies=("127.0.0.0/8",), anonymous_limits=_limits(concurrent=1)
+    )
+    node.delay = 0.3
+    one = {"X-Forwarded-For": "198.51.100.1"}
+    first = asyncio.ensure_future(post(api, "/1337", balance(), **one))
+    await asyncio.sleep(0.1)
+    status, answer, _ = await post(api, "/1337", balance(rid=2), **one)
+    assert status == 429 and "concurrent=1" in answer["error"]["message"], answer
+    two = {"X-Forwarded-For": "198.51.100.2"}
+    assert (await post(api, "/1337", balance(rid=3), **two))[0] == 200
+    assert (await first)[0] == 200
+    node.delay = 0
+    assert (await post(api, "/1337", balance(rid=4), **one))[0] == 200  # its place given back
+
+
 def _limits(**values: Any):
     from proxy.tenancy.model import Limits
 
