@@ -30,15 +30,18 @@ BACKOFF_MAX = 30.0  # the longest backoff
 LIMIT_CODES = frozenset({-32005, -32007, -32029, 429})
 # ... and texts of their messages, whatever the code (lower case)
 LIMIT_TEXTS = ("rate limit", "too many requests", "request limit", "limit exceeded", "rate-limit")
-_MARKS = (b"-32005", b"-32007", b"-32029", b"429", b"imit", b"oo many")
+_MARKS = (b"-32005", b"-32007", b"-32029", b"429", b"limit", b"too many")  # (lower case)
 
 
 def limited(raw: bytes) -> bool:
     """Whether a node's answer (a single answer or a batch) says it is rate limited: an error
     with one of LIMIT_CODES, or a message with one of LIMIT_TEXTS (not a revert's, whose
-    text is the contract's). Peeks before it decodes: an answer without an error or a mark
-    costs two `find`s."""
-    if raw.find(b'"error"') < 0 or not any(raw.find(mark) >= 0 for mark in _MARKS):
+    text is the contract's). Peeks before it decodes: an answer without an error costs one
+    `find`, an error without a mark a few more."""
+    if raw.find(b'"error"') < 0:
+        return False
+    low = raw.lower()  # (an error answer only: rare, and small)
+    if not any(low.find(mark) >= 0 for mark in _MARKS):
         return False
     try:
         obj = orjson.loads(raw)
