@@ -40,7 +40,7 @@ def limited(raw: bytes) -> bool:
     `find`, an error without a mark a few more."""
     if raw.find(b'"error"') < 0:
         return False
-    low = raw.lower()  # (an error answer only: rare, and small)
+    low = raw.lower()  # (only an answer holding an error pays for the copy)
     if not any(low.find(mark) >= 0 for mark in _MARKS):
         return False
     try:
