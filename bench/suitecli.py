@@ -8,10 +8,11 @@ importing it back.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 
-from bench import suite
+from bench import scale, suite
 from bench.suite import (
     MIN_ROUND_S,
     ROUNDS,
@@ -25,7 +26,7 @@ from bench.suite import (
 
 
 def add_suite_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("suite", choices=sorted([*SUITES, "faults"]), help="which suite to run")
+    p.add_argument("suite", choices=sorted([*SUITES, "faults", "scale"]), help="which suite to run")
     p.add_argument("-d", "--duration", type=float, default=5.0, help="seconds per measurement")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per measurement")
     p.add_argument("-c", "--concurrency", type=int, default=64, help="connections (default 64)")
@@ -61,6 +62,7 @@ def add_suite_options(p: argparse.ArgumentParser) -> None:
         "the median of the rounds'",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    scale.add_scale_options(p)
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
@@ -88,6 +90,8 @@ def cmd_suite(args: argparse.Namespace) -> int:
             from bench import faults
 
             report, shown = faults.FaultSuite().run(opts), faults.render
+        elif args.suite == "scale":  # builds its own chain in process (bench/scale.py)
+            report, shown = asyncio.run(scale.run_scale(args, opts)), scale.render
         else:
             report = run_suite(SUITES[args.suite](), opts)
     except RuntimeError as exc:
