@@ -5,7 +5,7 @@ Builds a synthetic chain of mainnet's shape (bench/scalegen.py: by default 1 M a
 storage writes and ~400 account changes) and ingests it into a `state` and an `archive`
 state node in this process: each block is the write node's `trace_vendorBlock` result as
 bytes, decoded and checked by the node's own parse (`Ingest._parsed`) and applied by its own
-ingest step (`Ingest._apply`: the store's write transaction, then the hot view); no network
+ingest step (`Ingest.apply_blocks`: the store's write transaction, then the hot view); no network
 transport is measured. Block 0 (the allocation) is applied with the store's `apply`, parsed
 form only (its JSON would be 1.5 GB).
 
@@ -28,7 +28,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +68,13 @@ def add_scale_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--plot", default=DEFAULT_PLOT, help=f"PNG to write ({DEFAULT_PLOT})")
     g.add_argument("--report", help="also write the report as JSON to this file")
     g.add_argument("--window", type=int, default=128, help="the state node's window (128)")
+    g.add_argument(
+        "--batch",
+        type=int,
+        default=8,
+        help="blocks applied at once, as ingest does while catching up (its fetch_concurrency, "
+        "8); 1: a commit per block, as when following the head",
+    )
 
 
 @dataclass
@@ -79,6 +85,7 @@ class Meter:
     generate: float = 0.0
     parse: float = 0.0
     apply: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
+    written: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     wall: float = 0.0
 
     def rates(self, writes_per_block: int) -> dict[str, Any]:
@@ -93,6 +100,7 @@ class Meter:
                 "writes_per_cpu_s": round(bps * writes_per_block),
                 "parse_ms": round(1000 * self.parse / max(self.blocks, 1), 2),
                 "apply_ms": round(1000 * self.apply[kind] / max(self.blocks, 1), 2),
+                "written_per_block": round(self.written[kind] / max(self.blocks, 1)),
             }
         out["generate_ms"] = round(1000 * self.generate / max(self.blocks, 1), 2)
         return out
@@ -132,6 +140,11 @@ def _disk(node: Any) -> dict[str, int]:
     return out
 
 
+def _written() -> int:
+    """Bytes this process has had written to disk (the page writes and syncs of commits)."""
+    return psutil.Process().io_counters().write_bytes
+
+
 def _memory() -> dict[str, int]:
     me = psutil.Process()
     rss = me.memory_info().rss
@@ -142,8 +155,9 @@ def _memory() -> dict[str, int]:
 class ScaleRun:
     """One chain: its generator, the two nodes, and what was measured on them."""
 
-    def __init__(self, shape: Any, root: Path, opts: Any, window: int, say: Callable) -> None:
-        self.shape, self.root, self.opts, self.window, self.say = shape, root, opts, window, say
+    def __init__(self, shape: Any, root: Path, args: argparse.Namespace, opts: Any) -> None:
+        self.shape, self.root, self.opts = shape, root, opts
+        self.window, self.batch, self.say = args.window, args.batch, _say
         self.nodes: dict[str, Any] = {}
         self.meter = Meter()
         self.points: list[dict[str, Any]] = []
@@ -200,19 +214,21 @@ class ScaleRun:
         chain, meter = self.chain, self.meter
         started, last = time.perf_counter(), time.perf_counter()
         while chain.height < target:
-            t0 = time.process_time()
-            raw = chain.next_block()
-            t1 = time.process_time()
-            meter.generate += t1 - t0
-            ingest = self.nodes["archive"].ingest
-            block = await ingest._parsed(orjson.loads(raw), chain.height)
-            t2 = time.process_time()
-            meter.parse += t2 - t1
+            batch = []
+            while chain.height < target and len(batch) < self.batch:
+                t0 = time.process_time()
+                raw = chain.next_block()
+                t1 = time.process_time()
+                meter.generate += t1 - t0
+                ingest = self.nodes["archive"].ingest
+                batch.append(await ingest._parsed(orjson.loads(raw), chain.height))
+                meter.parse += time.process_time() - t1
             for kind, node in self.nodes.items():
-                before = time.process_time()
-                await node.ingest._apply(block)
+                before, io = time.process_time(), _written()
+                await node.ingest.apply_blocks(batch)
                 meter.apply[kind] += time.process_time() - before
-            meter.blocks += 1
+                meter.written[kind] += _written() - io
+            meter.blocks += len(batch)
             if time.perf_counter() - last >= PROGRESS_S:
                 last = time.perf_counter()
                 rates = meter.rates(self.shape.writes_per_block)
@@ -276,10 +292,10 @@ async def run_scale(args: argparse.Namespace, opts: Any) -> dict[str, Any]:
     try:
         small_shape = _shape(args, small=True)
         say(f"small chain: {asdict(small_shape)}")
-        async with ScaleRun(small_shape, root / "small", opts, args.window, say) as small:
+        async with ScaleRun(small_shape, root / "small", args, opts) as small:
             await small.build((1.0,))
         say(f"chain: {asdict(_shape(args))}")
-        async with ScaleRun(_shape(args), root / "large", opts, args.window, say) as large:
+        async with ScaleRun(_shape(args), root / "large", args, opts) as large:
             await large.build(CHECKPOINTS)
         report = {"small": small.report(), "large": large.report()}
         report["ratios"] = ratios(report)
