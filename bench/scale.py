@@ -248,13 +248,21 @@ class ScaleRun:
             "ingest": self.meter.rates(self.shape.writes_per_block),
             "memory": _memory(),
         }
+        last = self.points[-1] if self.points else None
         for kind, node in self.nodes.items():
             disk = _disk(node)
             grown = disk["file"] - self.genesis[kind]["disk"]["file"]
+            # since the previous checkpoint: a store's first blocks split the pages the
+            # genesis filled, so the growth from genesis overstates the lasting cost
+            since, blocks = grown, height
+            if last is not None:
+                since, blocks = disk["file"] - last[kind]["disk"]["file"], height - last["blocks"]
             point[kind] = {
                 "disk": disk,
                 "bytes_per_block": round(grown / height),
                 "bytes_per_change": round(grown / (height * self.shape.writes_per_block), 1),
+                "bytes_per_block_lately": round(since / blocks),
+                "bytes_per_change_lately": round(since / (blocks * self.shape.writes_per_block), 1),
                 "reads": await self.reads(node),
             }
         await self._check_latest()
@@ -288,6 +296,13 @@ class ScaleRun:
 
 async def run_scale(args: argparse.Namespace, opts: Any) -> dict[str, Any]:
     say = _say
+    try:
+        import matplotlib  # noqa: F401
+        import numpy  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(
+            f"suite scale needs the bench extras ({exc.name} is missing): pip install -e '.[bench]'"
+        ) from None
     root = Path(opts.keep_dir or tempfile.mkdtemp(prefix="chainstate-scale-"))
     try:
         small_shape = _shape(args, small=True)

@@ -62,12 +62,19 @@ def render_text(report: dict[str, Any]) -> str:
         ),
     ]
     head = f"{'blocks':>7} {'node':<8} {'blk/CPU s':>9} {'writes/CPU s':>12} {'parse ms':>8} "
-    head += f"{'apply ms':>8} {'MiB':>7} {'B/block':>9} {'B/change':>8} {'RSS MiB':>8}"
+    head += f"{'apply ms':>8} {'MB written/blk':>14} {'MiB':>7} {'B/block':>9} {'B/change':>8} "
+    head += f"{'RSS MiB':>8}"
     head += "  reads/CPU s (ratio)"
     lines.append(head)
+    lines.append("(B/block, B/change: disk growth since the previous row; reads: per CPU second)")
+    writes = shape["storage_writes"] + shape["account_changes"] + shape["txs"]
+    previous: dict[str, Any] = {"blocks": 0}
+    previous.update({k: large["genesis"][k] for k in KINDS})
     for point, ratio in zip(large["points"], report["ratios"], strict=True):
         for kind in KINDS:
             ing, at = point["ingest"][kind], point[kind]
+            grown = at["disk"]["file"] - previous[kind]["disk"]["file"]
+            per_block = grown / (point["blocks"] - previous["blocks"])
             reads = "  ".join(
                 f"{m.removeprefix('eth_')} {at['reads'][m]['per_cpu_s']:,} ({ratio[f'{kind}:{m}']})"
                 for m in METHODS
@@ -75,9 +82,11 @@ def render_text(report: dict[str, Any]) -> str:
             lines.append(
                 f"{point['blocks']:>7,} {kind:<8} {ing['blocks_per_cpu_s']:>9} "
                 f"{ing['writes_per_cpu_s']:>12,} {ing['parse_ms']:>8} {ing['apply_ms']:>8} "
-                f"{at['disk']['file'] / MIB:>7,.0f} {at['bytes_per_block']:>9,} "
-                f"{at['bytes_per_change']:>8} {point['memory']['rss'] / MIB:>8,.0f}  {reads}"
+                f"{ing.get('written_per_block', 0) / 1e6:>14.1f} "
+                f"{at['disk']['file'] / MIB:>7,.0f} {per_block:>9,.0f} "
+                f"{per_block / writes:>8,.1f} {point['memory']['rss'] / MIB:>8,.0f}  {reads}"
             )
+        previous = point
     base = small["points"][-1]
     lines.append(
         "small chain reads/CPU s: "
@@ -87,3 +96,19 @@ def render_text(report: dict[str, Any]) -> str:
         )
     )
     return "\n".join(lines)
+
+
+def main() -> None:
+    """`python -m bench.scale_plot REPORT.json [PNG]`: the text and the plot again from a
+    report `suite scale --report` wrote."""
+    import json
+    import sys
+
+    report = json.loads(Path(sys.argv[1]).read_text())
+    print(render_text(report))
+    if len(sys.argv) > 2:
+        plot(report, Path(sys.argv[2]))
+
+
+if __name__ == "__main__":
+    main()
