@@ -146,10 +146,13 @@ def _written() -> int:
 
 
 def _memory() -> dict[str, int]:
+    """RSS of this process (both nodes and the generator) and of the EVM workers; `shared`
+    is the part that is file pages (LMDB maps its store: the pages reads and writes touched,
+    which the kernel can drop), so `rss - shared` is the process's own memory."""
     me = psutil.Process()
-    rss = me.memory_info().rss
+    info = me.memory_info()
     children = sum(c.memory_info().rss for c in me.children(recursive=True))
-    return {"rss": rss, "workers_rss": children}
+    return {"rss": info.rss, "shared": info.shared, "workers_rss": children}
 
 
 class ScaleRun:

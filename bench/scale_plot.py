@@ -87,6 +87,12 @@ def render_text(report: dict[str, Any]) -> str:
                 f"{per_block / writes:>8,.1f} {point['memory']['rss'] / MIB:>8,.0f}  {reads}"
             )
         previous = point
+    memory = large["points"][-1]["memory"]
+    line = f"memory at the last row: RSS {memory['rss'] / MIB:,.0f} MiB"
+    if "shared" in memory:
+        line += f", of it {memory['shared'] / MIB:,.0f} MiB the stores' mapped pages"
+    line += f"; the generator's arrays {large.get('generator_bytes', 0) / MIB:,.0f} MiB; "
+    lines.append(line + f"EVM workers {memory['workers_rss'] / MIB:,.0f} MiB")
     base = small["points"][-1]
     lines.append(
         "small chain reads/CPU s: "
