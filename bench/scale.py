@@ -306,14 +306,19 @@ async def run_scale(args: argparse.Namespace, opts: Any) -> dict[str, Any]:
         raise RuntimeError(
             f"suite scale needs the bench extras ({exc.name} is missing): pip install -e '.[bench]'"
         ) from None
+    try:
+        small_shape, large_shape = _shape(args, small=True), _shape(args)
+        small_shape.check()
+        large_shape.check()
+    except ValueError as exc:
+        raise RuntimeError(f"suite scale: {exc}") from None
     root = Path(opts.keep_dir or tempfile.mkdtemp(prefix="chainstate-scale-"))
     try:
-        small_shape = _shape(args, small=True)
         say(f"small chain: {asdict(small_shape)}")
         async with ScaleRun(small_shape, root / "small", args, opts) as small:
             await small.build((1.0,))
-        say(f"chain: {asdict(_shape(args))}")
-        async with ScaleRun(_shape(args), root / "large", args, opts) as large:
+        say(f"chain: {asdict(large_shape)}")
+        async with ScaleRun(large_shape, root / "large", args, opts) as large:
             await large.build(CHECKPOINTS)
         report = {"small": small.report(), "large": large.report()}
         report["ratios"] = ratios(report)

@@ -66,6 +66,18 @@ class ChainShape:
             raise ValueError("need slots >= 2 * storage_writes and blocks >= 1")
         if not 0 <= self.new_slot_share <= 1:
             raise ValueError("new_slot_share must be within [0, 1]")
+        pairs = self.contracts * (self.accounts - self.contracts)
+        if 2 * (self.slots + self.created_slots) > pairs:
+            raise ValueError(
+                f"{self.slots:,} slots and {self.created_slots:,} created by the blocks need "
+                f"contracts * (accounts - contracts) >= twice as many (distinct contract and "
+                f"holder pairs), not {pairs:,}"
+            )
+
+    @property
+    def created_slots(self) -> int:
+        """Slots the blocks create (the rest of their storage writes change existing ones)."""
+        return int(self.storage_writes * self.new_slot_share) * self.blocks
 
     @property
     def writes_per_block(self) -> int:
@@ -108,7 +120,7 @@ class SyntheticChain:
             b"".join(keccak256(bytes(12) + a.tobytes() + zeros) for a in self.addresses),
             dtype=np.uint8,
         ).reshape(n_acc, 32)
-        reserve = int(shape.storage_writes * shape.new_slot_share) * shape.blocks
+        reserve = shape.created_slots
         progress(f"drawing {shape.slots:,} slots (+{reserve:,} to be created)")
         self.slot_contract, self.slot_holder = self._draw_slots(shape.slots + reserve)
         self.slot_value = np.zeros(len(self.slot_contract), dtype=np.uint64)
