@@ -8,10 +8,11 @@ importing it back.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 
-from bench import suite
+from bench import scale, suite
 from bench.suite import (
     MIN_ROUND_S,
     ROUNDS,
@@ -26,7 +27,9 @@ from bench.suite import (
 
 def add_suite_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "suite", choices=sorted([*SUITES, "faults", "cache-tier"]), help="which suite to run"
+        "suite",
+        choices=sorted([*SUITES, "faults", "cache-tier", "scale"]),
+        help="which suite to run",
     )
     p.add_argument("-d", "--duration", type=float, default=5.0, help="seconds per measurement")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per measurement")
@@ -63,6 +66,7 @@ def add_suite_options(p: argparse.ArgumentParser) -> None:
         "the median of the rounds'",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    scale.add_scale_options(p)
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
@@ -90,6 +94,8 @@ def cmd_suite(args: argparse.Namespace) -> int:
             from bench import faults
 
             report, shown = faults.FaultSuite().run(opts), faults.render
+        elif args.suite == "scale":  # builds its own chain in process (bench/scale.py)
+            report, shown = asyncio.run(scale.run_scale(args, opts)), scale.render
         elif args.suite == "cache-tier":  # a cold proxy joining a warm fleet
             from bench import cachetier
 

@@ -41,10 +41,11 @@ from proxy.state import RoutingState
 from proxy.store import ConfigStore
 from proxy.sync import StoreSync
 from proxy.tenancy.admin import TenancyAdmin
-from proxy.tenancy.gate import Gate, Ticket
+from proxy.tenancy.gate import Gate
 from proxy.tenancy.http import KEY_ROUTE, key_path, raw_headers
 from proxy.tenancy.service import Tenancy
 from proxy.tenancy.settings import TenancySettings
+from proxy.tenancy.websocket import message_gate
 from proxy.upstream import Upstream
 from proxy.verdicts import CheckerVerdicts
 
@@ -249,8 +250,9 @@ def _data_handler(proxy: Proxy):
             answer = verdict
         else:
             headers = PeerHeaders(request.headers, request.remote or "unknown")
-            answer = await engine.handle(chain, body, headers)
-            if type(verdict) is Ticket:
+            tally = None if verdict is None else verdict.tally
+            answer = await engine.handle(chain, body, headers, tally=tally)
+            if verdict is not None:
                 answer = verdict.finish(answer)
         status, out = answer[0], answer[1]
         headers = _header_lines(answer[2]) if len(answer) > 2 else None
@@ -403,6 +405,7 @@ def _data(
         (when there is one) following the answer through its `early` and `later`."""
         conn = request._conn
         verdict = gate.admit(pool, path_key, request.headers.raw, request.body, conn)  # type: ignore[arg-type]
+        tally = None
         if verdict is None:
             early, later = request.answer_early, request.answer_later
         elif type(verdict) is tuple:
@@ -410,6 +413,7 @@ def _data(
         else:
             verdict.request = request  # type: ignore[union-attr]
             early, later = verdict.early, verdict.later  # type: ignore[union-attr]
+            tally = verdict.tally  # type: ignore[union-attr]
         result = None
         if answer is not None:
             result = answer(chain, pool, request.body, request.headers)  # type: ignore[arg-type]
@@ -425,6 +429,7 @@ def _data(
                     admitted,  # type: ignore[arg-type]
                     early,
                     later,
+                    tally=tally,
                 )
                 if result is None:
                     return None
@@ -523,23 +528,24 @@ def _admin_routes(proxy: Proxy) -> list[web.RouteDef]:
 
 
 def _gated_websocket(proxy: Proxy):
-    """The WebSocket upgrade after `Gate.admit` (the credential, the pool's anonymous access,
-    the rules and one token of the rates, as for one request)."""
+    """The WebSocket upgrade after `Gate.upgrade` (the credential, the pool's anonymous access
+    and the rules a message does not change), then each message after `Gate.admit`
+    (proxy/tenancy/websocket.py)."""
     engine, gate, websocket = proxy.engine, proxy.tenancy.gate, proxy.events.websocket
 
     async def handle(request: web.Request) -> web.StreamResponse:
         found = engine.resolve(request.match_info["chain"])
-        if found is not None:
-            key = request.match_info.get("key")
-            verdict = gate.admit(found[1], key, raw_headers(request.headers), b"", request)
-            if type(verdict) is tuple:
-                headers = _header_lines(verdict[2]) if len(verdict) > 2 else None
-                return web.Response(
-                    status=verdict[0], body=verdict[1], content_type=JSON, headers=headers
-                )
-            if verdict is not None:
-                verdict.finish((200, b""))  # type: ignore[union-attr]
-        return await websocket(request)
+        key = request.match_info.get("key")
+        if found is None or not (gate.active or key is not None or "Origin" in request.headers):
+            return await websocket(request)
+        raw = raw_headers(request.headers)
+        refused = gate.upgrade(found[1], key, raw, request)
+        if refused is not None:
+            headers = _header_lines(refused[2]) if len(refused) > 2 else None
+            return web.Response(
+                status=refused[0], body=refused[1], content_type=JSON, headers=headers
+            )
+        return await websocket(request, message_gate(gate, found[1], key, raw, request))
 
     return handle
 

@@ -39,6 +39,7 @@ from proxy.upstream import Upstream, UpstreamError
 log = logging.getLogger(__name__)
 FAILURE_COST_MS = 1000.0  # a failed attempt counts as at least this slow in the node's cost
 BATCH = "batch"  # latency window of sub-batches (single requests use their method's)
+RATE_LIMITED = outcome.RATE_LIMITED.name
 
 
 class Group:
@@ -191,6 +192,8 @@ class Attempts:
             return False
         node.inflight += 1
         ctx.nodes.append(node.key)
+        if ctx.tally is not None:
+            ctx.tally.upstream += 1
         return True
 
     def connection_now(self, pool: Any, node: Node, lkey: str, cands: int) -> Any:
@@ -218,6 +221,8 @@ class Attempts:
         self.upstream.expect_now(taken, node.entry.url, self.ceiling, ctx, ctx.answer_early, landed)
         node.inflight += 1
         ctx.nodes.append(node.key)
+        if ctx.tally is not None:
+            ctx.tally.upstream += 1
 
     def _landed(
         self,
@@ -239,6 +244,8 @@ class Attempts:
                 self.answered(ctx, node, group.lkey, elapsed, outcome.answered(raw))
             else:
                 ctx.nodes.pop()  # the idle connection was closed: no attempt was made
+                if ctx.tally is not None:
+                    ctx.tally.upstream -= 1
             if hedgeable and (raw is not None or exc is not None):
                 self._earn(ctx.pool)  # an attempt made earns its share, as `_race`'s does
             then(node, raw, exc)
@@ -311,6 +318,8 @@ class Attempts:
             breaker.start_probe()
         node.inflight += 1
         ctx.nodes.append(node.key)
+        if ctx.tally is not None:
+            ctx.tally.upstream += 1
         started = time.perf_counter()
         try:
             raw = await self.upstream.send(node.entry.url, body, self.ceiling, race, ctx, early)
@@ -339,6 +348,11 @@ class Attempts:
         attempt counted as `label`. Also for answers got without `exchange` (the in-process
         path, proxy/inprocpath.py)."""
         _in_rotation(node)
+        budget = node.budget
+        if label == RATE_LIMITED:
+            budget.rate_limited()
+        elif budget.strikes:
+            budget.answered()
         ms = elapsed * 1000
         latency.observe(node, ms, time.monotonic(), self.tau)
         node.observe_latency(ms)
@@ -381,6 +395,8 @@ class Attempts:
 
     def _failed(self, ctx: Any, node: Node, exc: UpstreamError, elapsed: float, span: Any) -> None:
         result = outcome.of_failure(exc.kind)
+        if result is outcome.RATE_LIMITED:
+            node.budget.rate_limited()
         if result.penalise:
             node.breaker.failure(node.key, str(exc))
             ms = max(elapsed * 1000, FAILURE_COST_MS)

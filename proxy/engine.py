@@ -64,6 +64,7 @@ from proxy.routes import MAX_ROUTES, UNCACHED, PoolRoutes, QuickRoute, RouteCach
 from proxy.select import NoEligibleNode, Selector
 from proxy.settings import ProxySettings
 from proxy.state import RoutingState
+from proxy.tenancy.nodebudget import limited
 from proxy.upstream import Upstream, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -156,11 +157,21 @@ class Ctx:
         "own_ids",
         "pool",
         "reserved",
+        "tally",
     )
 
-    def __init__(self, chain: str, pool: Pool, early: Callable[[bytes], Any] | None = None) -> None:
+    def __init__(
+        self,
+        chain: str,
+        pool: Pool,
+        early: Callable[[bytes], Any] | None = None,
+        tally: Any = None,
+    ) -> None:
         self.chain = chain
         self.pool = pool
+        # The client's usage tally when tenancy follows the request (proxy/tenancy/usage.py):
+        # each attempt sent to a node adds one to its `upstream`.
+        self.tally = tally
         # Writes the client's answer now (the data listener's Request.answer_early); set
         # while a node's bytes, when final, are the answer exactly as the node sent them.
         self.early = early
@@ -183,6 +194,8 @@ class Ctx:
         # (An answer naming a -390xx code is never final as it is: it may be retried or, for
         # a standard method, shown with a standard code: proxy/face.py.)
         if write is not None and status == 200 and raw and raw.find(b"-390") < 0:
+            if raw.find(b'"error"') >= 0 and limited(raw):  # a rate limit: retried elsewhere
+                return
             self.early = None
             write(raw)
 
@@ -370,6 +383,7 @@ class Engine:
         headers: Mapping[str, str],
         admitted: Admitted | None = None,
         early: Callable[[bytes], Any] | None = None,
+        tally: Any = None,
     ) -> Answer:
         """Answer one client body: (HTTP status, response body; b"" with 204), and extra
         header lines when the pool refuses it (`Retry-After` with a 503). `admitted`: what
@@ -386,9 +400,9 @@ class Engine:
         self.inflight += 1
         try:
             if self.tracer is None:
-                return await self._handle(admitted, body, headers, None, started, early)
+                return await self._handle(admitted, body, headers, None, started, early, tally)
             with self.tracer.start_as_current_span("jsonrpc.request") as span:
-                return await self._handle(admitted, body, headers, span, started, early)
+                return await self._handle(admitted, body, headers, span, started, early, tally)
         finally:
             self.inflight -= 1
             admitted.pool.inflight -= 1
@@ -401,9 +415,10 @@ class Engine:
         span: Any,
         started: float,
         early: Callable[[bytes], Any] | None = None,
+        tally: Any = None,
     ) -> Answer:
         chain, pool = admitted.chain, admitted.pool
-        ctx = Ctx(chain, pool)
+        ctx = Ctx(chain, pool, None, tally)
         self.metrics.client(headers.get("client-id"))
         shape = "single"
         size = 1
@@ -470,6 +485,7 @@ class Engine:
         answer: Callable[[Answer], Any],
         later: Callable[[Awaitable[Answer]], Any],
         payload: Any = _UNREAD,
+        tally: Any = None,
     ) -> Answer | Awaitable[Answer] | None:
         """`handle` for the data listener, without a task where none is needed: a single
         request is parsed, checked, planned and chosen for by the same steps, synchronously,
@@ -482,15 +498,15 @@ class Engine:
         trace, a read that waits for an identical one, ...) or an answer made at once.
         `payload`: the body parsed already (`_large`)."""
         if self.tracer is not None or body[:1] != b"{" or len(body) > self._max_body:
-            return self.handle(chain_id, body, headers, admitted, answer)
+            return self.handle(chain_id, body, headers, admitted, answer, tally)
         started = time.perf_counter()
         if payload is _UNREAD:
             if len(body) >= LARGE_BODY:
-                return self._large(chain_id, body, headers, admitted)
+                return self._large(chain_id, body, headers, admitted, tally)
             try:
                 payload = orjson.loads(body)
             except orjson.JSONDecodeError:
-                return self.handle(chain_id, body, headers, admitted, answer)
+                return self.handle(chain_id, body, headers, admitted, answer, tally)
         pool = admitted.pool
         quick = self._quick(pool, payload) if not pool.mirrors else None
         self.inflight += 1
@@ -501,15 +517,15 @@ class Engine:
                 sent = time.perf_counter()
                 taken[1].transport.write(taken[0].request(body))
                 self._sent_first(
-                    admitted, payload, body, quick, sent, started, headers, answer, later
+                    admitted, payload, body, quick, sent, started, headers, answer, later, tally
                 )
                 self.metrics.client(headers.get("client-id"))
                 return None
             chosen = node  # (picked already: the general path goes on with it)
         elif headers.get(MIN_BLOCK) is not None:  # (checked, and kept: `handle`)
             self.inflight -= 1
-            return self.handle(chain_id, body, headers, admitted, answer)
-        ctx = Ctx(admitted.chain, pool, answer)
+            return self.handle(chain_id, body, headers, admitted, answer, tally)
+        ctx = Ctx(admitted.chain, pool, answer, tally)
         try:
             first = self._single_item(ctx, payload, body)
         except LocalMethod:  # raised only once divert() has set the handler
@@ -529,7 +545,12 @@ class Engine:
         return result
 
     async def _large(
-        self, chain_id: str, body: bytes, headers: Mapping[str, str], admitted: Admitted
+        self,
+        chain_id: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        admitted: Admitted,
+        tally: Any = None,
     ) -> Answer:
         """`start` for a body of LARGE_BODY bytes or more: it is parsed in a turn of the
         event loop of its own, one such body per turn, then checked, planned and sent as
@@ -550,10 +571,10 @@ class Engine:
             admitted.pool.inflight -= 1  # (taken by `admit`: given back as `handle` does)
             raise
         if payload is _UNREAD:
-            return await self.handle(chain_id, body, headers, admitted)
+            return await self.handle(chain_id, body, headers, admitted, None, tally)
         done: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
         step = self.start(
-            chain_id, body, headers, admitted, _settles(done), _continues(done), payload
+            chain_id, body, headers, admitted, _settles(done), _continues(done), payload, tally
         )
         if step is None:
             return await done
@@ -691,6 +712,8 @@ class Engine:
         # One candidate (no race due: `connection_now`'s answer without its calls): its
         # connections are found only for a plain-http URL (`Upstream.hosts`)
         node = nodes[0]
+        if node.budget.rate:  # (`Selector.pick` takes it when it chooses)
+            node.budget.spend()
         host = self.upstream.hosts.get(node.entry.url)
         if host is None or node.breaker.state is not CLOSED:
             return route, node, None
@@ -737,13 +760,14 @@ class Engine:
         headers: Mapping[str, str],
         answer: Callable[[Answer], Any],
         later: Callable[[Awaitable[Answer]], Any],
+        tally: Any = None,
     ) -> None:
         """After `start` wrote the client's bytes (at `sent`) to the node `_quick` picked,
         on its connection (this call, with its arguments, is after the write: off the
         client's wait): the request's objects as `_first_attempt` makes them, and the
         answer's wait (`Attempts.sent_now`)."""
         route, node, taken = quick
-        ctx = Ctx(admitted.chain, admitted.pool, answer)
+        ctx = Ctx(admitted.chain, admitted.pool, answer, tally)
         method = route.method
         ctx.methods.append(method)
         item = Item(0, payload, payload["id"], method, route.spec, route.ref, False)
@@ -1453,7 +1477,10 @@ class Engine:
             except NoEligibleNode as exc:
                 return exc
         if len(nodes) == 1:
-            return nodes[0], nodes
+            node = nodes[0]
+            if node.budget.rate and chosen is None:  # (`Selector.pick` takes it in a choice)
+                node.budget.spend()
+            return node, nodes
         if picked is None:
             return chosen or self.selector.pick(nodes), nodes
         ids = tuple(nodes)

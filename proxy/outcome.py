@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from chainstate.jsonrpc import BLOCK_NOT_FOUND, EVM_FAILED, RETRYABLE_CODES, TIME_LIMIT
+from proxy.tenancy.nodebudget import limited, limited_error
 
 UNSUPPORTED_PRECOMPILE = -39008
 
@@ -46,6 +47,10 @@ MISSING = Outcome("missing_answer", retry=True, penalise=True)  # a batch answer
 # A transaction the state nodes do not hold (`null`): asked of the Leader next (a pending one)
 NOT_HELD = Outcome("not_held", retry=True, penalise=False)
 
+# The node's rate limit (HTTP 429, or a rate-limit error in its answer): the node is backed
+# off (proxy/tenancy/nodebudget.py) and the item retried elsewhere; not a fault of the node.
+RATE_LIMITED = Outcome("rate_limited", retry=True, penalise=False)
+
 # Transport: the attempt got no usable answer.
 CONNECT = Outcome("connect", retry=True, penalise=True)
 TIMEOUT = Outcome("timeout", retry=True, penalise=True)
@@ -63,7 +68,10 @@ TOO_LARGE = Outcome("too_large", retry=False, penalise=False)
 # retried elsewhere: the node takes it off its queue.)
 CALL_TIMEOUT = Outcome("call_timeout", retry=False, penalise=False)
 
-_BY_KIND = {o.name: o for o in (CONNECT, TIMEOUT, HTTP, INPROC, BAD_RESPONSE, SATURATED, TOO_LARGE)}
+_BY_KIND = {
+    o.name: o
+    for o in (CONNECT, TIMEOUT, HTTP, INPROC, BAD_RESPONSE, SATURATED, TOO_LARGE, RATE_LIMITED)
+}
 _BY_CODE = {BLOCK_NOT_FOUND: BLOCK_MISSING, UNSUPPORTED_PRECOMPILE: PRECOMPILE}
 
 
@@ -88,6 +96,8 @@ def of_answer(answer: dict[str, Any]) -> Outcome:
             return of_code(code)
         if code == EVM_FAILED and _time_limit(err.get("data")):
             return CALL_TIMEOUT
+        if limited_error(err):
+            return RATE_LIMITED
     return ERROR
 
 
@@ -102,7 +112,9 @@ def of_raw(raw: bytes) -> Outcome:
     (`find`, never `in`: bytes' `in` first tries its operand as an int and formats the
     TypeError it clears, ~2k instructions per test, and this runs twice per answer.)"""
     if raw.find(b"-3900") < 0:
-        return ERROR if raw.find(b'"error"') >= 0 else OK
+        if raw.find(b'"error"') < 0:
+            return OK
+        return RATE_LIMITED if limited(raw) else ERROR
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -118,7 +130,7 @@ def answered(raw: bytes) -> str:
     of a single answer asking for a retry, or `retryable` for a batch answer with such an
     item (the engine classifies each item; this only names the attempt)."""
     if raw.find(b"-3900") < 0:
-        return OK.name
+        return RATE_LIMITED.name if raw.find(b'"error"') >= 0 and limited(raw) else OK.name
     if raw.lstrip()[:1] == b"[":
         return RETRYABLE.name if any(raw.find(mark) >= 0 for mark in _RETRY_MARKS) else OK.name
     result = of_raw(raw)

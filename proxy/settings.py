@@ -30,6 +30,7 @@ class SeedNode:
     kind: str = "state"
     weight: int = 1
     enabled: bool = True
+    budget: float = 0.0  # requests per second (0: none), proxy/tenancy/nodebudget.py
 
 
 @dataclass(frozen=True, slots=True)

@@ -425,6 +425,8 @@ def _answer(url: str, status: int, data: bytes) -> bytes:
     refusing the request itself, e.g. too large); 5xx and other 4xx are failures (retried)."""
     if status == 200 or status == 204:
         return data
+    if status == 429:  # the node's rate limit: backed off, retried elsewhere (outcome.py)
+        raise UpstreamError("rate_limited", f"{url} answered HTTP 429 (rate limited)")
     if 400 <= status < 500 and b'"jsonrpc"' in data[:200]:
         return data
     raise UpstreamError("http", f"{url} answered HTTP {status}")

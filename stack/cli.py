@@ -35,10 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-text", action="store_true", help="plain text logs instead of JSON")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        if importlib.util.find_spec(name) is None:
-            continue
-        importlib.import_module(name).register(subparsers)
+        if installed(name):
+            importlib.import_module(name).register(subparsers)
     return parser
+
+
+def installed(name: str) -> bool:
+    """Whether module `name` can be imported; find_spec raises when its parent package is
+    absent (an image ships without `bench`)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,6 +13,7 @@ anvil's `blockTimestamp`), so eth_getLogs answers byte for byte what the client 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,7 @@ def _bloom_value(declared: str, number: int) -> int:
         raise BlockLogsError(f"block {number}: Header.logsBloom is not hex") from None
 
 
+@functools.lru_cache(maxsize=65536)  # topics and emitters repeat block after block
 def _bloom_bits(value: bytes) -> int:
     """The three bits `value` sets in a 2048-bit logs bloom (yellow paper, M3:2048)."""
     digest = keccak.new(digest_bits=256, data=value).digest()

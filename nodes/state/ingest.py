@@ -202,14 +202,25 @@ class Ingest:
         start = 0 if mine is None else mine[0] + 1
         count = min(self.settings.fetch_concurrency, src_head - start + 1)
         blocks = await asyncio.gather(*(self._fetch(rpc, h) for h in range(start, start + count)))
-        for block in blocks:
-            try:
-                await self._apply(block)
-            except ParentMismatch as exc:
-                log.info("state ingest: reorg at block %d: %s", block.number, exc)
-                await self._reorg(rpc, src_head)
-                return True
+        try:
+            await self.apply_blocks(blocks)
+        except ParentMismatch as exc:
+            log.info("state ingest: reorg: %s", exc)
+            await self._reorg(rpc, src_head)
         return True
+
+    async def apply_blocks(self, blocks: list[VendorBlock]) -> None:
+        """Apply fetched consecutive blocks: all in one store transaction while catching up
+        (one commit and one sync for all of them), else, or when one of them fails, one by
+        one, so that the blocks before a failing one are kept and the error is its own."""
+        if len(blocks) > 1:
+            try:
+                await self._apply_together(blocks)
+                return
+            except StoreError:
+                pass  # nothing was applied: find the failing block below
+        for block in blocks:
+            await self._apply(block)
 
     async def _check_same_chain(self, rpc: RpcClient, src_head: int) -> bool:
         """Caught up (or the source is behind): make sure the source still has our block at
@@ -287,6 +298,20 @@ class Ingest:
             self.hot.applied(block.number, block_writes(block), bounds[0] if bounds else 0)
         self.metrics.apply_seconds.observe(time.perf_counter() - started)
         self.metrics.applied.inc()
+        self.publish_metrics()
+
+    async def _apply_together(self, blocks: list[VendorBlock]) -> None:
+        started = time.perf_counter()
+        verify_pre = self.settings.verify_pre
+        await asyncio.to_thread(self.store.apply_many, blocks, verify_pre=verify_pre)
+        if self.hot is not None:  # after the commit, in the loop: reads see whole blocks
+            bounds = self.store.bounds()
+            for block in blocks:
+                self.hot.applied(block.number, block_writes(block), bounds[0] if bounds else 0)
+        each = (time.perf_counter() - started) / len(blocks)
+        for _ in blocks:
+            self.metrics.apply_seconds.observe(each)
+        self.metrics.applied.inc(len(blocks))
         self.publish_metrics()
 
     async def _rollback(self) -> None:

@@ -617,6 +617,17 @@ class StateStore:
         it does not follow the head or its `pre` disagrees with the stored state."""
         self._write(lambda txn: self._apply(txn, block, verify_pre))
 
+    def apply_many(self, blocks: list[VendorBlock], *, verify_pre: bool = True) -> None:
+        """Apply consecutive blocks in one transaction: all of them or (StoreError) none.
+        One commit writes a page the blocks share once and syncs once, where a commit per
+        block rewrites it and syncs each time (most of a block's cost on a slow disk)."""
+
+        def apply(txn: lmdb.Transaction) -> None:
+            for block in blocks:
+                self._apply(txn, block, verify_pre)
+
+        self._write(apply)
+
     def _apply(self, txn: lmdb.Transaction, block: VendorBlock, verify_pre: bool) -> None:
         bounds = self._bounds(txn)
         height = block.number
@@ -636,11 +647,12 @@ class StateStore:
             if verify_pre:
                 self._verify_pre(txn, block)
         hb = _BE.pack(height)
-        undo = bytearray()
-        for prefix, value in block_writes(block):
-            txn.put(prefix + hb, value, db=self._ver)
-            undo += prefix
-        txn.put(hb, bytes(undo), db=self._undo)
+        writes = sorted(block_writes(block))
+        # in key order: each leaf page is reached once, from the branch pages just used
+        txn.cursor(db=self._ver).putmulti([(prefix + hb, value) for prefix, value in writes])
+        if bounds is not None:  # the first block's record would never be read: it is the
+            # earliest block until pruned (no rollback below it, pruning reads the blocks above)
+            txn.put(hb, b"".join(prefix for prefix, _ in writes), db=self._undo)
         stored = {"header": block.header, "validationHash": block.validation_hash}
         txn.put(hb, orjson.dumps(stored), db=self._hdr)
         txn.put(bytes.fromhex(block.hash[2:]), hb, db=self._hashes)
@@ -706,6 +718,7 @@ class StateStore:
 
     def _verify_pre(self, txn: lmdb.Transaction, block: VendorBlock) -> None:
         parent = block.number - 1
+        cur = txn.cursor(db=self._ver)  # one cursor for every check, not one per value
         for address, acc in block.pre.items():
             a = _addr(address)
             checks: list[tuple[str, bytes, Any, Any]] = []
@@ -719,7 +732,7 @@ class StateStore:
                 slot_key = a + F_STORAGE + slot.to_bytes(32, "big")
                 checks.append((f"slot {slot:#066x}", slot_key, value, int))
             for what, prefix, expected, kind in checks:
-                raw = self._value(txn, prefix, parent) or b""
+                raw = seek(cur, prefix, parent) or b""
                 have: Any = int.from_bytes(raw, "big") if kind is int else raw
                 if have != expected:
                     raise PreStateMismatch(

@@ -6,6 +6,7 @@ source is rejected as a whole and never half-applied.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,8 @@ from nodes.state.blockbody import BlockBody, BlockBodyError, parse_block_body
 from nodes.state.blocklogs import BlockLog, BlockLogsError, parse_block_logs
 
 ACCOUNT_FIELDS = ("balance", "nonce", "code", "storage")
+_FIELDS = frozenset(ACCOUNT_FIELDS)
+_WORDS = re.compile(r"(?:0x[0-9a-f]{64})*")  # lowercase 32-byte hashes, back to back
 
 
 class VendorBlockError(ValueError):
@@ -94,29 +97,61 @@ def _diff_side(side: Any, name: str) -> dict[str, AccountDiff]:
         raise VendorBlockError(f"StateDiff.{name} must be an object")
     out: dict[str, AccountDiff] = {}
     for addr, fields_ in side.items():
-        where = f"StateDiff.{name}[{addr!r}]"
-        addr = _address(addr, f"StateDiff.{name} address")
-        if not isinstance(fields_, dict):
-            raise VendorBlockError(f"{where} must be an object")
-        unknown = set(fields_) - set(ACCOUNT_FIELDS)
-        if unknown:
-            raise VendorBlockError(f"{where}: unknown fields {sorted(unknown)}")
-        acc = AccountDiff()
-        if "balance" in fields_:
-            acc.balance = _quantity(fields_["balance"], f"{where}.balance")
-        if "nonce" in fields_:
-            acc.nonce = _quantity(fields_["nonce"], f"{where}.nonce")
-        if "code" in fields_:
-            acc.code = _data(fields_["code"], f"{where}.code")
-        storage = fields_.get("storage", {})
-        if not isinstance(storage, dict):
-            raise VendorBlockError(f"{where}.storage must be an object")
-        for slot, value in storage.items():
-            acc.storage[int(_hash(slot, f"{where} slot"), 16)] = int(
-                _hash(value, f"{where} slot value"), 16
-            )
-        out[addr] = acc
+        if not (
+            is_address(addr, lower=True) and type(fields_) is dict and fields_.keys() <= _FIELDS
+        ):
+            _reject_account(name, addr, fields_)
+        out[addr] = _account(fields_, f"StateDiff.{name}", addr)
     return out
+
+
+def _reject_account(name: str, addr: Any, fields_: Any) -> None:
+    """Raise the error of an account entry that is not an address → object of known fields."""
+    where = f"StateDiff.{name}[{addr!r}]"
+    _address(addr, f"StateDiff.{name} address")
+    if not isinstance(fields_, dict):
+        raise VendorBlockError(f"{where} must be an object")
+    unknown = set(fields_) - _FIELDS
+    raise VendorBlockError(f"{where}: unknown fields {sorted(unknown)}")
+
+
+def _account(fields_: dict[str, Any], side: str, addr: str) -> AccountDiff:
+    """One account's fields (the error messages are built only for a bad value: a block
+    lists hundreds of accounts)."""
+    acc = AccountDiff()
+    if "balance" in fields_:
+        value = fields_["balance"]
+        ok = is_quantity(value, lower=True)
+        acc.balance = int(value, 16) if ok else _quantity(value, f"{side}[{addr!r}].balance")
+    if "nonce" in fields_:
+        value = fields_["nonce"]
+        ok = is_quantity(value, lower=True)
+        acc.nonce = int(value, 16) if ok else _quantity(value, f"{side}[{addr!r}].nonce")
+    if "code" in fields_:
+        acc.code = _data(fields_["code"], f"{side}[{addr!r}].code")
+    if "storage" in fields_:
+        storage = fields_["storage"]
+        if not isinstance(storage, dict):
+            raise VendorBlockError(f"{side}[{addr!r}].storage must be an object")
+        if storage:
+            acc.storage = _storage(storage, f"{side}[{addr!r}]")
+    return acc
+
+
+def _storage(storage: dict[Any, Any], where: str) -> dict[int, int]:
+    """Slot → value of one account's storage, every key and value a lowercase 32-byte hash.
+
+    A block writes thousands of slots: all of them are checked by one match over their
+    concatenation (a wrong one is then looked for one by one, to name it)."""
+    try:
+        joined = "".join(storage) + "".join(storage.values())
+    except TypeError:  # a value that is not a string
+        joined = ""
+    if len(joined) != 132 * len(storage) or _WORDS.fullmatch(joined) is None:
+        for slot, value in storage.items():
+            _hash(slot, f"{where} slot")
+            _hash(value, f"{where} slot value")
+    return {int(slot, 16): int(value, 16) for slot, value in storage.items()}
 
 
 def _quantity(value: Any, what: str) -> int:

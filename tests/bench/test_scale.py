@@ -1,0 +1,61 @@
+"""`chainstate bench suite scale` at a tiny size, end to end: the synthetic chain's blocks
+pass the state node's own checks (hash, body, logs, `pre`), answers at `latest` equal the
+generator's state, and the report, its text and the plot are written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numpy")
+pytest.importorskip("matplotlib")
+
+TINY = [
+    "--accounts", "400", "--slots", "1500", "--contracts", "10", "--blocks", "20",
+    "--txs", "20", "--storage-writes", "60", "--account-changes", "50",
+    "--small", "300,1000,10,10", "-d", "0.1", "-c", "2", "--batch", "4", "--window", "8",
+]  # fmt: skip
+
+
+def test_suite_scale_runs_end_to_end(tmp_path: Path) -> None:
+    report_path, plot_path = tmp_path / "scale.json", tmp_path / "scale.png"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.suitecli", "scale", *TINY,
+         "--report", str(report_path), "--plot", str(plot_path)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    points = report["large"]["points"]
+    assert [p["blocks"] for p in points] == [1, 2, 20]  # 1 %, 10 %, 100 % (at least 1)
+    last = points[-1]
+    for kind in ("archive", "state"):
+        assert last["ingest"][kind]["blocks_per_cpu_s"] > 0
+        assert last[kind]["disk"]["versions"]["entries"] > 1500
+        for method in ("eth_getBalance", "eth_getStorageAt", "eth_call"):
+            assert last[kind]["reads"][method]["per_cpu_s"] > 0
+    # the archive keeps every block's body, the `state` node its window of 8
+    assert last["archive"]["disk"]["txs"]["entries"] == 20
+    assert last["state"]["disk"]["txs"]["entries"] == 8
+    assert len(report["ratios"]) == 3
+    assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "eth_getStorageAt" in done.stdout and "archive" in done.stdout
+
+
+def test_suite_scale_refuses_a_shape_that_cannot_be() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.suitecli", "scale", *TINY, "--contracts", "400"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "contracts < accounts" in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.suitecli", "scale", *TINY, "--slots", "3000"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "distinct contract and holder pairs" in done.stderr
