@@ -3,8 +3,11 @@
 A bucket refills at its full rate and holds `burst_seconds` of it. With Redis, every proxy
 adds what it admitted to a shared counter and takes off its own bucket what the others
 admitted since its last sync (proxy/tenancy/shared.py): each bucket then tracks "rate × time
-− what the whole fleet admitted", late by one sync interval at most. Without Redis (or while
-it is down) a bucket refills at its rate divided by the number of proxies last seen.
+− what the whole fleet admitted", late by one sync interval at most. The buckets of a limit
+also move to the mean of the fleet's levels at each sync (`Bucket.offset`), so a difference
+between them (a later start, a first burst) closes instead of leaving one proxy refusing
+while another admits the fleet's whole rate. Without Redis (or while it is down) a bucket
+refills at its rate divided by the number of proxies last seen.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 MIN_RATE = 1e-9
+EPOCH = 1.7e9  # (wall-clock seconds taken off before × rate: keeps offsets' floats precise)
 
 
 class Bucket:
@@ -62,6 +66,18 @@ class Bucket:
     def deduct(self, others: int) -> None:
         """What the other proxies admitted since the last sync."""
         self.tokens -= others
+
+    def offset(self, mono: float, wall: float) -> float:
+        """The bucket's level with the fleet's common terms taken out: tokens now − full
+        rate × wall-clock time + the admissions it knows of (the shared counter at the last
+        sync, and its own since). Taking, refilling and `deduct` leave it unchanged, so two
+        proxies' offsets differ only by where their buckets started (and what the cap cut
+        off); `tokens += mean − own` brings a bucket level with the fleet. Brings the bucket
+        to `mono` first, as `take` would."""
+        tokens = self.tokens + (mono - self.stamp) * self.rate
+        self.tokens = tokens if tokens < self.cap else self.cap
+        self.stamp = mono
+        return self.tokens - self.full_rate * (wall - EPOCH) + self.seen + self.pending
 
 
 class Quota:

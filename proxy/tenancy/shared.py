@@ -2,12 +2,15 @@
 
 Every `sync_interval` one pipelined round trip adds what this proxy admitted to each active
 limit's shared counter (`INCRBY`, which answers the fleet's total) and takes what the other
-proxies admitted since the last sync off the local bucket; quotas learn the fleet's count of
-their day or month. A proxy also announces itself once a second, so each knows how many
-proxies share a limit: while Redis cannot be reached, buckets refill at their rate divided
-by that number (and quotas fail open or closed, `quota_fail`), and the next sync that works
-puts them back. The client: redis-py's asyncio client (the Redis project's own, maintained,
-pipelining, timeouts per socket operation).
+proxies admitted since the last sync off the local bucket; it also reports each bucket's
+level (`Bucket.offset`) in a hash per limit, reads the other proxies' recent ones and moves
+its bucket to their mean, so saturated proxies share the rate instead of the one ahead
+taking all of it; quotas learn the fleet's count of their day or month. A proxy also
+announces itself once a second, so each knows how many proxies share a limit: while Redis
+cannot be reached, buckets refill at their rate divided by that number (and quotas fail
+open or closed, `quota_fail`), and the next sync that works puts them back. The client:
+redis-py's asyncio client (the Redis project's own, maintained, pipelining, timeouts per
+socket operation).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ FLEET_WINDOW_S = 5.0  # proxies announced within this many seconds count as the 
 OUTAGE_S = 0.5  # syncs failing this long are an outage, not one slow answer
 INFLIGHT_STALE_S = 2.0  # another proxy's in-flight count older than this is ignored
 INFLIGHT_TTL_S = 60  # an in-flight hash unused this long expires
+LEVEL_STALE_S = 1.0  # another proxy's bucket level older than this (or 3 syncs) is ignored
+LEVEL_TTL_S = 60  # a level hash unused this long expires
 
 
 class Active:
@@ -64,17 +69,25 @@ class Shared:
     async def sync(self, active: Active) -> None:
         """One round trip for every active limiter (and, once a second, the fleet)."""
         now = time.time()
+        mono = time.monotonic()
         buckets = active.buckets
         quotas = active.quotas
         inflight = active.inflight
         sent_b = [b.pending for b in buckets]
+        # (None: not synced yet, so no level to report; it takes the others' on this sync)
+        levels = [None if b.seen < 0 else b.offset(mono, now) for b in buckets]
         sent_q = [q.pending for q in quotas]
         pipe = self.redis.pipeline(transaction=False)
         prefix = self.prefix
-        for bucket, n in zip(buckets, sent_b, strict=True):
+        for bucket, n, level in zip(buckets, sent_b, levels, strict=True):
             key = f"{prefix}rl:{bucket.name}"
             pipe.incrby(key, n)
             pipe.expire(key, COUNTER_TTL_S)
+            key = f"{prefix}lv:{bucket.name}"
+            if level is not None:
+                pipe.hset(key, self.id, f"{level!r}:{now:.3f}")
+                pipe.expire(key, LEVEL_TTL_S)
+            pipe.hgetall(key)
         for quota, n in zip(quotas, sent_q, strict=True):
             window = quota.window(now)
             key = f"{prefix}q:{quota.name}:{window}"
@@ -98,8 +111,8 @@ class Shared:
             for slot in inflight:
                 slot.others = 0  # (local only until a sync works)
             return
-        self._apply(results, buckets, sent_b, quotas, sent_q)
-        self._others(results, len(buckets) * 2 + len(quotas) * 2, inflight, now)
+        at = self._apply(results, buckets, sent_b, levels, quotas, sent_q, now)
+        self._others(results, at, inflight, now)
         if announce:
             self._announced = now
             self.fleet = max(1, int(results[-1]))
@@ -115,13 +128,18 @@ class Shared:
         results: list[Any],
         buckets: list[Bucket],
         sent_b: list[int],
+        levels: list[float | None],
         quotas: list[Quota],
         sent_q: list[int],
-    ) -> None:
+        now: float,
+    ) -> int:
+        """The answers of the buckets and quotas; where the in-flight counts' begin."""
         i = 0
-        for bucket, n in zip(buckets, sent_b, strict=True):
+        for bucket, n, level in zip(buckets, sent_b, levels, strict=True):
             total = int(results[i])
-            i += 2
+            i += 2 if level is None else 4
+            reports = results[i]
+            i += 1
             bucket.pending -= n
             seen = bucket.seen
             # the first sync, or the counter expired: nothing known of the others yet
@@ -129,10 +147,35 @@ class Shared:
             if others:
                 bucket.deduct(others)
             bucket.seen = total
+            if total < seen + n:  # (a counter reset: the reported levels no longer compare)
+                continue
+            self._level(bucket, level, reports, now)
         for quota, n in zip(quotas, sent_q, strict=True):
             quota.pending -= n
             quota.known = int(results[i])
             i += 2
+        return i
+
+    def _level(self, bucket: Bucket, level: float | None, reports: Any, now: float) -> None:
+        """The bucket moved to the mean of the fleet's levels: its own as sent and the other
+        proxies' recent ones (a bucket not synced before takes the others' mean)."""
+        me = self.id.encode()
+        stale = max(LEVEL_STALE_S, 3 * self.interval)
+        found = [] if level is None else [level]
+        for proxy, value in reports.items():
+            if proxy == me:
+                continue
+            reported, _, stamp = value.partition(b":")
+            try:
+                if now - float(stamp) <= stale:
+                    found.append(float(reported))
+            except ValueError:
+                continue  # (not ours to read)
+        if not found:
+            return
+        if level is None:  # (its level counts from this sync's counter on)
+            level = bucket.offset(time.monotonic(), time.time())
+        bucket.tokens += sum(found) / len(found) - level
 
     def _others(self, results: list[Any], at: int, inflight: list[InFlight], now: float) -> None:
         """Each in-flight limit's count on the other proxies, from their recent reports."""

@@ -143,11 +143,9 @@ async def test_a_key_over_its_rate_through_two_proxies(fleet: dict[str, Any]) ->
     assert abs(n - RATE * 10) <= RATE * 10 * 0.05, (n, len(results))
     # both proxies admitted a share: the limit is the fleet's, not each one's
     per = [admitted([r for r in results if r[3] == url], started + 2, started + 12) for url in urls]
-    if not all(per):
-        # Known defect: each bucket refills at the full rate and takes off what the others
-        # admitted, so a difference between two saturated proxies' buckets never closes and
-        # the one behind can stay refused while the fleet's total is right.
-        pytest.xfail(f"the fleet's rate held, but one proxy admitted nothing: {per}")
+    assert all(per), per
+    # ...and a fair one: the buckets' levels are averaged, so neither lags behind for good
+    assert min(per) >= n / 4, per
 
 
 async def test_denied_method_and_preflight_on_a_proxy(fleet: dict[str, Any]) -> None:
