@@ -6,11 +6,12 @@ raises `UpstreamError`. Around every attempt it keeps the node's books: in-fligh
 latency (peak EWMA for the choice, the pool's window for hedge delays and attempt timeouts),
 breaker (success, or a penalised outcome), metrics and the `upstream.attempt` span. When the
 group may be hedged (an idempotent read on a plain-http node with another eligible node), a
-`Race` (proxy/hedge.py) lets a second node join a slow attempt. `send_now` is the same first
-attempt without a task, for the engine's synchronous start when no race is due.
+`Race` (proxy/hedge.py) lets a second node join a slow attempt (its node chosen by
+proxy/choose.py). `send_now` is the same first attempt without a task, for the pipeline's
+synchronous start when no race is due.
 
-Nothing here decides whether an *answer* is retried: the engine classifies answers
-(proxy/outcome.py) and runs the one retry loop.
+Nothing here decides whether an *answer* is retried: proxy/classify.py classifies answers
+(proxy/outcome.py) and proxy/rounds.py runs the one retry loop.
 """
 
 from __future__ import annotations
@@ -25,40 +26,19 @@ from typing import Any
 
 from opentelemetry import trace
 
-from chainstate.inproc import is_inproc
 from proxy import latency, outcome
 from proxy.breaker import CLOSED, HALF_OPEN
 from proxy.hedge import HedgeBudget, Race
 from proxy.latency import LatencyWindow
 from proxy.metrics import ProxyMetrics
 from proxy.model import Node, Pool
-from proxy.select import Selector
+from proxy.outcome import UpstreamError
+from proxy.request import Group
 from proxy.settings import ProxySettings
-from proxy.upstream import Upstream, UpstreamError
+from proxy.upstream import Upstream
 
 log = logging.getLogger(__name__)
 FAILURE_COST_MS = 1000.0  # a failed attempt counts as at least this slow in the node's cost
-BATCH = "batch"  # latency window of sub-batches (single requests use their method's)
-
-
-class Group:
-    """Items of one client request sent together to one node in one round."""
-
-    __slots__ = ("cands", "items", "lkey", "node", "round")
-
-    def __init__(
-        self, node: Node, items: list[Any], cands: list[Node], lkey: str, round_: int = 1
-    ) -> None:
-        self.node = node
-        self.items = items  # objects with a `tried` list (the engine's Items)
-        self.cands = cands  # the nodes every item of the group may go to (hedging)
-        self.lkey = lkey  # the latency window: the method of a single request, or BATCH
-        self.round = round_  # the attempt round of the engine's loop (spans)
-
-    def add(self, item: Any, cands: list[Node]) -> None:
-        self.items.append(item)
-        if cands is not self.cands:  # items with other candidates: keep what all allow
-            self.cands = [n for n in self.cands if n in cands]
 
 
 class Attempts:
@@ -66,13 +46,13 @@ class Attempts:
         self,
         settings: ProxySettings,
         upstream: Upstream,
-        selector: Selector,
+        second: Callable[[Group], Node | None],
         metrics: ProxyMetrics,
         tracer: trace.Tracer | None = None,
     ) -> None:
         s = settings
         self.upstream = upstream
-        self.selector = selector
+        self.second = second  # a hedge's node (proxy/choose.py `Chooser.second`)
         self.metrics = metrics
         self.tracer = tracer
         self.ceiling = s.upstream_timeout
@@ -182,15 +162,12 @@ class Attempts:
             taken[1].transport.write(taken[0].request(body))
             self.sent_now(ctx, group, taken, started, then)
             return True
-        if not is_inproc(url):
-            return False
         items = [it.obj for it in group.items]
         landed = self._landed(ctx, group, False, time.perf_counter(), then)
         early = ctx.answer_early
-        if not self.upstream.send_now(url, body, self.ceiling, ctx, early, landed, items):
+        if not self.upstream.send_now(url, None, self.ceiling, ctx, early, landed, items):
             return False
-        node.inflight += 1
-        ctx.nodes.append(node.key)
+        self._begin(ctx, node)
         return True
 
     def connection_now(self, pool: Any, node: Node, lkey: str, cands: int) -> Any:
@@ -216,8 +193,7 @@ class Attempts:
         node = group.node
         landed = self._landed(ctx, group, len(group.cands) > 1, started, then)
         self.upstream.expect_now(taken, node.entry.url, self.ceiling, ctx, ctx.answer_early, landed)
-        node.inflight += 1
-        ctx.nodes.append(node.key)
+        self._begin(ctx, node)
 
     def _landed(
         self,
@@ -231,7 +207,7 @@ class Attempts:
         node = group.node
 
         def landed(raw: bytes | None, exc: UpstreamError | None) -> None:
-            node.inflight -= 1
+            self._end(node)
             elapsed = time.perf_counter() - started
             if exc is not None:
                 self._failed(ctx, node, exc, elapsed, None)
@@ -251,15 +227,9 @@ class Attempts:
         context = contextvars.copy_context() if self.tracer is not None else None
 
         def launch(trigger: str) -> asyncio.Task[tuple[Node, bytes]] | None:
-            tried = {id(n) for it in group.items for n in it.tried}
-            others = [
-                n
-                for n in group.cands
-                if id(n) not in tried and n.entry.enabled and n.healthy and not n.blocked
-            ]
-            if not others:
+            second = self.second(group)
+            if second is None:
                 return None
-            second = self.selector.pick(others)
             for it in group.items:
                 it.tried.append(second)
             coro = self._second(ctx, second, body, group, trigger)
@@ -309,8 +279,7 @@ class Attempts:
         breaker = node.breaker
         if breaker.state is HALF_OPEN:
             breaker.start_probe()
-        node.inflight += 1
-        ctx.nodes.append(node.key)
+        self._begin(ctx, node)
         started = time.perf_counter()
         try:
             raw = await self.upstream.send(node.entry.url, body, self.ceiling, race, ctx, early)
@@ -321,7 +290,7 @@ class Attempts:
             self._cut_short(ctx, node, time.perf_counter() - started, "cancelled", span)
             raise
         finally:
-            node.inflight -= 1
+            self._end(node)
         elapsed = time.perf_counter() - started
         if race is not None and race.winner is not None:  # the second attempt answered first
             self._cut_short(ctx, node, elapsed, "lost", span)
@@ -331,6 +300,18 @@ class Attempts:
             return raw
         self.answered(ctx, node, lkey, elapsed, outcome.answered(raw), span)
         return raw
+
+    @staticmethod
+    def _begin(ctx: Any, node: Node) -> None:
+        """An attempt to `node` is on its way: counted in flight (the one place a node's
+        in-flight count goes up; the selector's choice weighs it) and named in the log."""
+        node.inflight += 1
+        ctx.nodes.append(node.key)
+
+    @staticmethod
+    def _end(node: Node) -> None:
+        """The attempt `_begin` counted ended, answered or not."""
+        node.inflight -= 1
 
     def answered(
         self, ctx: Any, node: Node, lkey: str, elapsed: float, label: str, span: Any = None
@@ -380,8 +361,7 @@ class Attempts:
         return window
 
     def _failed(self, ctx: Any, node: Node, exc: UpstreamError, elapsed: float, span: Any) -> None:
-        result = outcome.of_failure(exc.kind)
-        if result.penalise:
+        if exc.outcome.penalise:
             node.breaker.failure(node.key, str(exc))
             ms = max(elapsed * 1000, FAILURE_COST_MS)
             latency.observe(node, ms, time.monotonic(), self.tau)

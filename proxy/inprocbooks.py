@@ -28,10 +28,10 @@ import asyncio
 from typing import Any
 
 from chainstate.inproc import ItemsAnswered
-from proxy.attempts import BATCH, Attempts
-from proxy.engine import Admitted
+from proxy.attempts import Attempts
 from proxy.metrics import ProxyMetrics
 from proxy.model import Node, Pool
+from proxy.request import BATCH, Admitted
 
 FOLD_EVERY = 64  # pending answers that are folded in at once
 FOLD_AFTER_S = 0.05  # the longest an answer's books wait, with fewer pending

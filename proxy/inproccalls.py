@@ -28,7 +28,6 @@ with the same items and the node tried, so retries, give-ups and books are the e
 from __future__ import annotations
 
 import asyncio
-from itertools import repeat
 from operator import itemgetter
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
@@ -36,10 +35,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from chainstate.httpserver import Headers, Response
-from proxy import engine as _engine
-from proxy.attempts import BATCH, Group
-from proxy.engine import Admitted, Ctx
 from proxy.model import Node, Pool
+from proxy.request import BATCH, Admitted, Ctx, Group, Row, items_of
 from proxy.routes import PoolRoutes
 
 if TYPE_CHECKING:
@@ -114,10 +111,8 @@ def calls(
         if not done.done():
             done.set_result(None)
 
-    engine.inflight += 1
     if not engine.attempts.send_now(ctx, group, body, then):  # declined: nothing counted
-        engine.inflight -= 1
-        pool.inflight -= 1
+        engine.admission.leave(pool)
         return None
     return _finish(path, ctx, admitted, items, targets, held, landed, done, headers, started)
 
@@ -177,7 +172,7 @@ def _one_node(
         elif nodes is not first and nodes != first:
             return None, []
     assert first is not None
-    node = first[0] if len(first) == 1 else path.engine.selector.pick(first)
+    node = path.engine.chooser.kept(first)
     if path._path(routes, node) is None:
         return None, []
     if path.registry.resolve_later(node.entry.url) is None:
@@ -210,10 +205,8 @@ async def _finish(
         else:
             status, out = await _general(engine, ctx, items, targets, held, node, raw, exc)
     finally:
-        if ctx.reserved:
-            engine.upstream.budget.release(ctx)  # type: ignore[union-attr]
-        engine.inflight -= 1
-        admitted.pool.inflight -= 1
+        engine.pipeline.release(ctx)
+        engine.admission.leave(admitted.pool)
     engine.metrics.observe(ctx.chain, "batch", perf_counter() - started)
     client = headers.raw.get(b"client-id")
     if client:
@@ -231,37 +224,21 @@ async def _general(
     raw: bytes | None,
     exc: Any,
 ) -> tuple[int, bytes]:
-    """`Engine._send_plain`'s rest after its attempt, and `_batch`'s answer from it."""
+    """`Rounds.plain`'s rest after its attempt, and the batch's answer from it."""
     answers: list[Any] = [None] * len(items)
-    rids = list(map(_ID, items))
-    rows = list(
-        zip(
-            range(len(items)),
-            items,
-            rids,
-            repeat(CALL),
-            map(itemgetter(0), targets),
-            map(itemgetter(1), targets),
-            repeat(False),
-        )
-    )
-    tried = [node]  # (`_send_plain`'s `_Sent(node)`: no hedge in process)
+    rows = [
+        Row(pos, item, item["id"], CALL, spec, ref, False, item["params"][-1])
+        for pos, (item, (spec, ref)) in enumerate(zip(items, targets, strict=True))
+    ]
+    tried = [node]  # (no hedge in process)
+    rounds = engine.pipeline.rounds
     if raw is None:  # failed, or timed out (booked by the attempt): retried or given up
-        pending = _engine._items(rows, tried)  # type: ignore[arg-type]
-        await engine._go_on(ctx, engine._transport_failed(ctx, pending, exc, answers), answers)
+        pending = rounds.classifier.failed(ctx, items_of(rows, tried), exc, answers)
+        await rounds.go_on(ctx, pending, answers)
     else:
-        methods = [CALL] * len(items)
-        parsed = _engine._loads(raw)
-        if _engine._answered_in_order(rids, methods, parsed, raw):
-            engine._count_answers(ctx, node, methods, None, parsed, raw)
-            return 200, raw
-        pending = _engine._items(rows, tried)  # type: ignore[arg-type]
-        if not isinstance(parsed, list | dict):
-            parsed = engine._decode(ctx, node, pending, raw)  # penalises the node
-        left = pending if parsed is None else []
-        if parsed is not None:
-            left = engine._take_answers(ctx, node, pending, rids, parsed, answers)
-        await engine._go_on(ctx, left, answers)
+        out = await rounds.plain_answered(ctx, rows, node, tried, raw, True, answers)
+        if out is not None:
+            return 200, out
     out = [a for a in answers if a is not None]
     return (200, orjson.dumps(out)) if out else (204, b"")
 
@@ -275,7 +252,7 @@ def _cached(
     admitted = engine.admit_resolved(chain, (chain, pool))
     if type(admitted) is tuple:
         return admitted
-    pool.inflight -= 1
+    engine.admission.leave(pool)
     out, methods = found
     for method, n in methods:
         engine.metrics.request(chain, method, "cache", "ok", n)

@@ -53,14 +53,15 @@ from chainstate.inproc import (
     ItemsAnswered,
 )
 from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
-from proxy.attempts import BATCH
+from proxy.books import access_log
 from proxy.breaker import CLOSED
-from proxy.engine import Engine, access_log
+from proxy.engine import Engine
 from proxy.face import public
 from proxy.inprocbooks import InprocBooks
 from proxy.inproccalls import calls
 from proxy.methods import LocalMethod, MethodSpec
 from proxy.model import Node, Pool
+from proxy.request import BATCH
 from proxy.routes import MAX_ROUTES, PoolRoutes, RouteCache
 from proxy.routes import UNCACHED as _UNCACHED
 
@@ -286,7 +287,7 @@ class InprocPath:
             if type(rid) is not int and type(rid) is not str:
                 return None
         method, nodes, checked, _ = routed
-        node = nodes[0] if len(nodes) == 1 else self.engine.selector.pick(nodes)
+        node = nodes[0] if len(nodes) == 1 else self.engine.chooser.kept(nodes)
         # `_path`, inline; `healthy` need not be read (a property, ~0.1 µs): a change of it
         # starts the pool's routes afresh (`RouteCache.routes`), and candidates are healthy nodes
         breaker = node.breaker
@@ -378,7 +379,7 @@ class InprocPath:
             if tally is None:
                 return self._grouped(pool, routes, items, seen)
             return got, (method, elapsed, tally)
-        node = self.engine.selector.pick(route[1])  # one route: one pick (`_route`)
+        node = self.engine.chooser.kept(route[1])  # one route: one pick (`_route`)
         path = self._path(routes, node)
         if path is None:
             return None
@@ -472,7 +473,7 @@ class InprocPath:
             return None  # a tag on two nodes: the engine pins one head (docs/proxy.md)
         if first[1] is second[1]:
             return None  # one candidate list, one pick: one group
-        pick = self.engine.selector.pick
+        pick = self.engine.chooser.kept
         a, b = pick(first[1]), pick(second[1])
         one = self._path(routes, a)
         if one is None:
@@ -531,7 +532,7 @@ class InprocPath:
         first = routed[0]
         if routed.count(first) == len(routed):  # one route for every item: one pick
             method, nodes, checked, tagged = first
-            node = self.engine.selector.pick(nodes)
+            node = self.engine.chooser.kept(nodes)
             path = self._path(routes, node)
             if path is None:
                 return None
@@ -542,7 +543,7 @@ class InprocPath:
         self, routes: PoolRoutes, routed: list[tuple[str, list[Node], bool, bool]]
     ) -> tuple[list[Group], bool, bool, str | None] | None:
         """`_route`'s answer for items of several routes, item by item."""
-        pick = self.engine.selector.pick
+        pick = self.engine.chooser.kept
         # id of a candidate list → (the list, kept alive while its id is a key; the positions
         # of the group of the node picked from it)
         picked: dict[int, tuple[list[Node], list[int]]] = {}
