@@ -29,7 +29,6 @@ from proxy.events import Events
 from proxy.eventsettings import EventSettings
 from proxy.heads import Heads
 from proxy.health import HeadTracker
-from proxy.inprocpath import InprocPath
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import EntryError, Pool
@@ -245,12 +244,6 @@ def create_server(app: web.Application) -> HttpServer:
     lifecycle (it starts with the server and stops after it)."""
     proxy = app[PROXY]
     engine = proxy.engine
-    registry = proxy.upstream.registry
-    # With tracing on every body takes the engine's path (its spans); the tracer is the
-    # engine's for its life, so this is decided here, not per request.
-    inproc = None
-    if registry is not None and engine.tracer is None:
-        inproc = InprocPath(engine, registry)
     # The paths the data route took → their handler, which holds the path's chain id
     # (`/1337` → "1337") and, with nodes in process, what `Engine.resolve` found for it: the
     # route decides once per path. Bytes `count`, `in` and `decode` cost ~0.2-0.4 µs each per
@@ -271,7 +264,7 @@ def create_server(app: web.Application) -> HttpServer:
             if len(handlers) >= MAX_DATA_PATHS:
                 handlers.clear()
             chain_id = _chain_id(path)
-            handler = handlers[path] = _data(engine, inproc, chain_id)
+            handler = handlers[path] = _data(engine, chain_id)
             return handler
         return None
 
@@ -281,44 +274,23 @@ def create_server(app: web.Application) -> HttpServer:
     return HttpServer(route, limits=limits, fallback=app, name="proxy", kept_routes=True)
 
 
-def _data(engine: Engine, inproc: InprocPath | None, chain_id: str) -> Handler:
-    """The data route's handler of one path (`chain_id`): with nodes in this process
-    (`inproc`), plain reads answered at once by it, never queued, so not admitted
-    (proxy/inprocpath.py); the rest (everything without `inproc`: no node in this process,
-    or tracing on) the engine's coroutine, unwrapped; an unknown chain or an overloaded
-    pool is answered at once (no task for a refusal: 10,000 clients at once stay cheap).
-
-    The path's (chain, pool) as `Engine.resolve` found them (None: unknown) is kept until
-    the routing state changes (`RoutingState.changes`): resolving the path again for every
-    request cost ~3k instructions of it."""
+def _data(engine: Engine, chain_id: str) -> Handler:
+    """The data route's handler of one path (`chain_id`): the engine's synchronous start
+    (`Engine.start`: an answer at once, None when it answers later itself, or a coroutine
+    the server runs). The path's (chain, pool) as `Engine.resolve` found them (None:
+    unknown) is kept until the routing state changes (`RoutingState.changes`): resolving
+    the path again for every request cost ~3k instructions of it."""
     state = engine.state
-    answer = None if inproc is None else inproc.answer
+    start = engine.start
     found: tuple[str, Pool] | None = None
-    chain = ""  # (found's two parts, kept apart: no subscripts per request)
-    pool: Pool | None = None
     resolved_at = -1  # (`changes` counts from 0: resolved at the first request)
 
     def data(request: Request) -> Awaitable[Response] | Response | None:
-        nonlocal found, chain, pool, resolved_at
+        nonlocal found, resolved_at
         if resolved_at != state.changes:
             found = engine.resolve(chain_id)
-            chain, pool = found if found is not None else ("", None)
             resolved_at = state.changes
-        if answer is not None and pool is not None:
-            answered = answer(chain, pool, request.body, request.headers)
-            if answered is not None:
-                return answered
-        admitted = engine.admit_resolved(chain_id, found)
-        if type(admitted) is tuple:
-            return admitted
-        return engine.start(  # None: answered from the node's callback, or in a task
-            chain_id,
-            request.body,
-            request.headers,  # type: ignore[arg-type]
-            admitted,  # type: ignore[arg-type]
-            request.answer_early,
-            request.answer_later,
-        )
+        return start(chain_id, found, request)
 
     return data
 

@@ -167,7 +167,8 @@ class Attempts:
         early = ctx.answer_early
         if not self.upstream.send_now(url, None, self.ceiling, ctx, early, landed, items):
             return False
-        self._begin(ctx, node)
+        node.inflight += 1  # (the attempt is under way: `_begin`, inline)
+        ctx.nodes.append(node.key)
         return True
 
     def connection_now(self, pool: Any, node: Node, lkey: str, cands: int) -> Any:
@@ -193,7 +194,8 @@ class Attempts:
         node = group.node
         landed = self._landed(ctx, group, len(group.cands) > 1, started, then)
         self.upstream.expect_now(taken, node.entry.url, self.ceiling, ctx, ctx.answer_early, landed)
-        self._begin(ctx, node)
+        node.inflight += 1  # (the attempt is under way: `_begin`, inline)
+        ctx.nodes.append(node.key)
 
     def _landed(
         self,
@@ -207,7 +209,7 @@ class Attempts:
         node = group.node
 
         def landed(raw: bytes | None, exc: UpstreamError | None) -> None:
-            self._end(node)
+            node.inflight -= 1  # (`_end`, inline)
             elapsed = time.perf_counter() - started
             if exc is not None:
                 self._failed(ctx, node, exc, elapsed, None)
@@ -303,8 +305,9 @@ class Attempts:
 
     @staticmethod
     def _begin(ctx: Any, node: Node) -> None:
-        """An attempt to `node` is on its way: counted in flight (the one place a node's
-        in-flight count goes up; the selector's choice weighs it) and named in the log."""
+        """An attempt to `node` is on its way: counted in flight (a node's in-flight count,
+        which the selector's choice weighs, is kept by this class alone: here, and inline
+        where a first attempt is sent now) and named in the log."""
         node.inflight += 1
         ctx.nodes.append(node.key)
 

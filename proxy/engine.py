@@ -3,8 +3,10 @@
 `Engine.handle(chain_id, body, headers)` answers one client body, awaited: the in-process
 entry (the workspace, the events part, the aiohttp fallback). `Engine.start` is the data
 listener's entry: the same steps, run synchronously from the server's callback until one
-needs to wait (proxy/firstattempt.py). Both first admit the body (`admit`: its pool, and a
-place among the pool's requests in flight, or a refusal at once: proxy/admission.py).
+needs to wait (proxy/firstattempt.py, proxy/firstbatch.py). A body is admitted before its
+first attempt (`admit`: its pool, and a place among the pool's requests in flight, or a
+refusal at once: proxy/admission.py), unless a node in this process answers it at once
+(nothing then waits while it holds the place).
 
 The engine only assembles the steps and holds the entries; docs/architecture.md walks a
 request through them.
@@ -19,6 +21,7 @@ from typing import Any
 import orjson
 from opentelemetry import trace
 
+from chainstate.httpserver import Request, Response
 from chainstate.jsonrpc import INVALID_REQUEST, JsonRpcError
 from proxy.admission import Admission
 from proxy.answer import Answers
@@ -28,6 +31,9 @@ from proxy.choose import Chooser
 from proxy.classify import Classifier
 from proxy.face import Face
 from proxy.firstattempt import FirstAttempt
+from proxy.firstbatch import FirstBatch
+from proxy.inprocbooks import InprocBooks
+from proxy.kept import KeptRoutes
 from proxy.methods import MethodTable
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
@@ -71,7 +77,8 @@ class Engine:
         self.mirrors = mirrors
         self.methods = MethodTable(settings.extra_methods)
         self.tracer = None if tracer is None or isinstance(tracer, trace.NoOpTracer) else tracer
-        self.routes = RouteCache(selector)  # first attempts' candidates (proxy/routes.py)
+        # first attempts' candidates (proxy/routes.py)
+        self.routes = RouteCache(selector, upstream.registry)
         self.chooser = Chooser(selector, self.routes, metrics)
         self.attempts = Attempts(settings, upstream, self.chooser.second, metrics, self.tracer)
         self.admission = Admission(
@@ -95,14 +102,28 @@ class Engine:
             metrics,
             upstream,
         )
+        kept = KeptRoutes(self.methods, self.routes, self.chooser, reads, upstream)
+        self.books = InprocBooks(self.attempts, metrics)  # an in-process node's answers
         self.first = FirstAttempt(
             self.pipeline,
-            self.chooser,
+            kept,
             self.attempts,
-            self.routes,
+            self.books,
+            settings.max_answer_bytes,
+            self.admit_resolved,
+            self.admission.leave,
+            self.handle,
+        )
+        self.batches = FirstBatch(
+            self.pipeline,
+            kept,
+            self.attempts,
             self.methods,
             reads,
-            upstream,
+            self.books,
+            settings.max_batch_items,
+            settings.max_answer_bytes,
+            self.admit_resolved,
             self.admission.leave,
             self.handle,
         )
@@ -210,24 +231,37 @@ class Engine:
             self.admission.leave(admitted.pool)
 
     def start(
-        self,
-        chain_id: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        admitted: Admitted,
-        answer: Callable[[Answer], Any],
-        later: Callable[[Awaitable[Answer]], Any],
-    ) -> Answer | Awaitable[Answer] | None:
-        """`handle` for the data listener, without a task where none is needed: a request
-        object's steps run synchronously (proxy/firstattempt.py); None when its first
-        attempt went out, its answer then given to `answer` from a callback, or the rest of
-        its steps to `later` as a task. Anything else returns what `handle` does: a
-        coroutine (a batch, a read that waits for an identical one, ...) or an answer."""
-        if self.tracer is not None or body[:1] != b"{" or len(body) > self._max_body:
-            return self.handle(chain_id, body, headers, admitted, answer)
-        started = time.perf_counter()
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return self.handle(chain_id, body, headers, admitted, answer)
-        return self.first.start(chain_id, body, payload, headers, admitted, answer, later, started)
+        self, chain_id: str, found: tuple[str, Pool] | None, request: Request
+    ) -> Response | Awaitable[Response] | None:
+        """`handle` for the data listener (`found`: what `resolve(chain_id)` gave), without a
+        task where none is needed: the body's first attempt is made synchronously
+        (proxy/firstattempt.py, proxy/firstbatch.py). Its answer when made now; None when
+        the first attempt went out, its answer then given to `request.answer_early` from a
+        callback, or the rest of its steps to `request.answer_later` as a task; else the
+        rest of the pipeline as a coroutine."""
+        body = request.body
+        if self.tracer is None and len(body) <= self._max_body:
+            started = time.perf_counter()
+            try:
+                payload = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                payload = None
+            if type(payload) is dict:
+                return self.first.start(
+                    chain_id,
+                    found,
+                    payload,
+                    body,
+                    request.headers,
+                    request.answer_early,
+                    request.answer_later,
+                    started,
+                )
+            if type(payload) is list:
+                return self.batches.start(
+                    chain_id, found, payload, body, request.headers, request.answer_early, started
+                )
+        admitted = self.admit_resolved(chain_id, found)
+        if type(admitted) is tuple:
+            return admitted
+        return self.handle(chain_id, body, request.headers, admitted, request.answer_early)  # type: ignore[arg-type]

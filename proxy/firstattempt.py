@@ -1,41 +1,53 @@
-"""The pipeline's steps for a single request, run synchronously from the data listener's
-callback until one needs to wait.
+"""The first attempt of a single request, run synchronously from the data listener's
+callback until a step needs to wait.
 
-At c=1 every µs before the request is written to the node is the client's, so a request
-object is parsed, checked, planned and chosen for here without a task, and its first attempt
-is sent now when the node's transport can take it now (`Attempts.send_now`: an idle
-plain-http connection, or an in-process node's future; nothing to hedge or time out early;
-nothing the read path waits for). The node's answer then comes to a callback that classifies
-it and answers the client from there; an answer that needs another attempt (or none came in
-time) goes on in a task, in the retry loop from the round reached (proxy/rounds.py). A plain
-read whose route is kept (`kept_route`) is written before any of the request's objects is
-made: they are made after the write. Anything else is handed to `Pipeline.run` as a
-coroutine.
+At c=1 every µs before the request reaches the node is the client's, so a request object is
+parsed, checked, planned and chosen for here without a task, and its first attempt goes
+through the node's transport now when the transport can take it now:
+
+- an in-process node answers a plain read synchronously (`_now`): the answer is classified,
+  written and booked right here;
+- a plain-http node with an idle connection is written to now, and, for a plain read whose
+  route is kept (proxy/kept.py), before any of the request's objects is made (they are made
+  after the write); its answer comes to a callback that classifies it and answers the client
+  from there;
+- an in-process node's future of parsed items (`Attempts.send_now`) the same way.
+
+An answer that needs another attempt (or none came in time) goes on in a task, in the
+retry loop from the round reached (proxy/rounds.py). Anything else is handed to
+`Pipeline.run` as a coroutine.
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from time import perf_counter
 from typing import Any
 
 import orjson
 
+from chainstate.httpserver import Headers
 from chainstate.inproc import is_inproc
 from proxy.attempts import Attempts
+from proxy.books import access_log
 from proxy.breaker import CLOSED
-from proxy.choose import Chooser
-from proxy.methods import LocalMethod, MethodTable
+from proxy.face import public as face_public
+from proxy.inprocbooks import InprocBooks, Took
+from proxy.kept import CALL, KeptRoutes, retried
+from proxy.methods import LocalMethod
 from proxy.model import Node, Pool
 from proxy.outcome import UpstreamError
 from proxy.parse import MIN_BLOCK
 from proxy.pipeline import Pipeline
-from proxy.reads import Reads
 from proxy.request import Admitted, Answer, Ctx, Group, Item
-from proxy.routes import MAX_ROUTES, UNCACHED, PoolRoutes, QuickRoute, RouteCache
+from proxy.routes import KeptRoute, PoolRoutes
 from proxy.select import NoEligibleNode
-from proxy.upstream import Upstream
+from proxy.transport import HttpTransport
 
+_INFO = logging.INFO  # (an answer made now keeps no access log line: the general steps do)
 # The rest of a request as a coroutine, from `Pipeline.run` (chain id, body, headers,
 # admitted, early): the handler of bodies the synchronous start does not take.
 Run = Callable[..., Awaitable[Answer]]
@@ -45,67 +57,104 @@ class FirstAttempt:
     def __init__(
         self,
         pipeline: Pipeline,
-        chooser: Chooser,
+        kept: KeptRoutes,
         attempts: Attempts,
-        routes: RouteCache,
-        methods: MethodTable,
-        reads: Reads | None,
-        upstream: Upstream,
+        books: InprocBooks,
+        max_answer: int,
+        admit: Callable[[str, tuple[str, Pool] | None], Admitted | Answer],
         leave: Callable[[Pool], None],
         run: Run,
     ) -> None:
         self.pipeline = pipeline
-        self.chooser = chooser
+        self.kept = kept
+        self.chooser = kept.chooser
         self.attempts = attempts
-        self.routes = routes
-        self.methods = methods
-        self.reads = reads
-        self.upstream = upstream
-        self.leave = leave  # the request is no longer in flight (proxy/admission.py)
+        self.upstream = kept.upstream
+        self.transports = kept.upstream.transports  # node URL → its transport, once made
+        self.reads = kept.reads
+        self.books = books  # the books of answers an in-process node gave now
+        # (0 in the settings: no limit, here the largest size, so one compare decides)
+        self.max_answer = max_answer or sys.maxsize
+        self.admit = admit  # a place among the pool's requests in flight (proxy/admission.py)
+        self.leave = leave  # the request is no longer in flight
         self.run = run  # the whole pipeline as a coroutine, for a body not taken here
 
     def start(
         self,
         chain_id: str,
+        found: tuple[str, Pool] | None,
+        payload: dict[str, Any],
         body: bytes,
-        payload: Any,
-        headers: Mapping[str, str],
-        admitted: Admitted,
+        headers: Headers,
         answer: Callable[[Answer], Any],
         later: Callable[[Awaitable[Answer]], Any],
         started: float,
-    ) -> Answer | Awaitable[Answer] | None:
-        """A request object's steps (`payload`: `body` parsed), from parse on; None when
-        its first attempt went out (the answer then goes to `answer`, or a task given to
-        `later`)."""
-        pool = admitted.pool
+    ) -> Answer | Awaitable[Answer] | bytes | None:
+        """A request object's steps (`payload`: `body` parsed), from parse on: its answer
+        now (bytes: a 200), None when its first attempt went out (the answer then goes to
+        `answer`, or a task given to `later`), or the rest of its steps as a coroutine."""
+        route = node = None
         pipeline = self.pipeline
-        quick = None if pool.mirrors or pipeline.gates else self.kept_route(pool, payload)
+        if found is not None and not pipeline.gates:
+            chain, pool = found
+            kept = self.kept
+            routes = kept.routes(pool)
+            if not pool.mirrors:
+                # Steps 1-3 by the request's kept route (`KeptRoutes.single`, inline: a call
+                # less per request): its block text looked up, the node picked.
+                try:  # (subscripts: a try costs nothing until it raises)
+                    params = payload["params"]
+                    route = routes.kept[(payload["method"], len(params))][params[-1]]
+                except (KeyError, TypeError, IndexError):  # not kept yet, or no plain read
+                    route = kept.learn(pool, routes, payload)
+                else:
+                    rid = payload.get("id")
+                    if type(rid) is not int and type(rid) is not str:
+                        route = None  # (a notification, a null or float id: the general's)
+                if route is not None:
+                    nodes = route.nodes
+                    node = nodes[0] if len(nodes) == 1 else self.chooser.kept(nodes)
+                paths = routes.paths
+                if paths is None:
+                    paths = kept.paths(routes)
+                if paths and not access_log.isEnabledFor(_INFO):  # a node in process
+                    out = self._inproc(chain, pool, routes, route, node, payload, headers, started)
+                    if out is not None:
+                        return out
+            if route is not None and not self._checked(pool, route, payload):
+                route = node = None
+        admitted = self.admit(chain_id, found)
+        if type(admitted) is tuple:
+            return admitted
         chosen = None
-        if quick is not None:
-            route, node, taken = quick
+        if route is not None:
+            # Step 4 now when the node's transport can take it now: an idle plain-http
+            # connection (`_connection`, inline), no hedge or attempt timeout due.
+            taken = None
+            if node.breaker.state is CLOSED:  # type: ignore[union-attr]
+                if len(route.nodes) > 1:
+                    taken = self.attempts.connection_now(
+                        admitted.pool,
+                        node,  # type: ignore[arg-type]
+                        route.method,
+                        len(route.nodes),
+                    )
+                else:  # one candidate: no race due (`connection_now`'s answer, its calls less)
+                    transport = self.transports.get(node.entry.url)  # type: ignore[union-attr]
+                    if type(transport) is HttpTransport:
+                        conn = transport.pool.take()
+                        taken = None if conn is None else (transport.pool, conn)
             if taken is not None:  # written: the request's objects come after the write
                 sent = time.perf_counter()
                 taken[1].transport.write(taken[0].request(body))
-                self._sent_first(
-                    admitted,
-                    payload,
-                    body,
-                    route,
-                    node,
-                    taken,
-                    sent,
-                    started,
-                    headers,
-                    answer,
-                    later,
-                )
+                then = (answer, later, started, headers)
+                self._sent_first(admitted, payload, body, route, node, taken, sent, then)
                 pipeline.metrics.client(headers.get("client-id"))
                 return None
             chosen = node  # (picked already: the general steps go on with it)
         elif headers.get(MIN_BLOCK) is not None:  # (checked and kept by `Pipeline.run`)
             return self.run(chain_id, body, headers, admitted, answer)
-        ctx = Ctx(admitted.chain, pool, answer)
+        ctx = Ctx(admitted.chain, admitted.pool, answer)
         try:
             first = pipeline.item(ctx, payload, body, headers)
         except LocalMethod:  # raised only once a divert handler is set
@@ -124,6 +173,91 @@ class FirstAttempt:
         pipeline.metrics.client(headers.get("client-id"))
         return result
 
+    def _inproc(
+        self,
+        chain: str,
+        pool: Pool,
+        routes: PoolRoutes,
+        route: KeptRoute | None,
+        node: Node | None,
+        payload: dict[str, Any],
+        headers: Headers,
+        started: float,
+    ) -> bytes | None:
+        """Steps 3-7 for a plain read an in-process node answers synchronously (its
+        transport finishes synchronously): its answer, booked; or None, nothing counted
+        (the general steps take the body). `route`, `node`: its kept route and the node
+        picked, if it has one (else a route is made for it: a block hash, a blockCtx...).
+        Not admitted: nothing waits between taking a place among the pool's requests in
+        flight and giving it back, so the limit would protect nothing."""
+        kept = self.kept
+        if route is None:
+            route = kept.item(pool, routes, payload)
+            if route is None:
+                return None
+            node = self.chooser.kept(route.nodes)
+        method = route.method
+        if method == CALL:
+            return None  # (no plain read: the node answers it as a future)
+        # `KeptRoutes.usable`, inline: no failure lately, the breaker closed with none counted
+        breaker = node.breaker  # type: ignore[union-attr]
+        if node.fails or breaker.failures or breaker.state is not CLOSED:  # type: ignore[union-attr]
+            return None
+        path = routes.paths.get(node)  # type: ignore[union-attr, arg-type]
+        if path is None:
+            return None
+        errors: list[int] = []  # (the node tells which answers are errors)
+        t0 = perf_counter()
+        try:
+            # the item is a dict of `method` with an int or string id: the node's path for
+            # checked items skips its own checks of those (`NodePath.answer`, inline)
+            checked = path.checked
+            if checked is None:
+                got = path.items([payload], errors)
+            else:
+                got = checked(method, [payload], errors)
+        except Exception:  # the general steps send it again and count the failure
+            return None
+        elapsed = perf_counter() - t0
+        if got is None or (errors and (not route.checked or retried(got, errors))):
+            return None  # the general steps': params only the node checked, or a retry
+        if errors:
+            face_public(route.spec, got[0])
+        out = orjson.dumps(got[0])
+        if len(out) > self.max_answer:
+            return None  # the general steps answer it as too large: nothing was counted yet
+        seconds = perf_counter() - started
+        if not errors:  # (the node's own count, `items_answered`, folded in by the books)
+            self.books.single(chain, pool, node, path.answered, method, elapsed, seconds)  # type: ignore[arg-type]
+        else:
+            self.books.took(
+                chain, pool, [Took(node, path, method, [payload], [0], elapsed, method)]
+            )  # type: ignore[arg-type]
+            self.books.request(chain, "single", seconds)
+        client = headers.raw.get(b"client-id")  # (no `get` call, no decode)
+        if client:
+            self.pipeline.metrics.client(client.decode("latin-1"))
+        return out
+
+    def _checked(self, pool: Pool, route: KeptRoute, payload: dict[str, Any]) -> bool:
+        """Whether a request object taking its kept route (found by its block text alone)
+        is a valid one for a node that checks nothing (its other params pass the method
+        table's checks), and one the read path leaves as it is (no hash known for its
+        height: else it is pinned by hash and maybe cached)."""
+        if payload.get("jsonrpc") != "2.0":
+            return False
+        params = payload["params"]
+        try:
+            for index, check, name in route.checks:
+                check(params[index] if index < len(params) else None, name)
+        except Exception:  # the general steps answer it (the same error)
+            return False
+        height = route.height
+        if height is not None:
+            view = self.reads.heads.views.get(pool.id)  # type: ignore[union-attr]
+            return view is None or view.hashes.get(height) is None
+        return True
+
     def _first(
         self,
         ctx: Ctx,
@@ -140,7 +274,7 @@ class FirstAttempt:
         goes the same way in a pool with in-process readers when it waits for no identical
         read: it is sent pinned as planned, and its answer lands in the read path. (Over HTTP
         alone, planned items keep the task: choosing them at once moved the weighted shares,
-        tests/proxy/test_failsafe.py.) `chosen`: the node `kept_route` picked for it."""
+        tests/proxy/test_failsafe.py.) `chosen`: the node picked for its kept route."""
         plan = item.plan
         pipeline = self.pipeline
         if ctx.early is None or (
@@ -269,115 +403,34 @@ class FirstAttempt:
 
     def _leave(self, ctx: Ctx) -> None:
         """The request is no longer in flight (what `Engine.handle` does on its way out)."""
-        self.pipeline.release(ctx)
+        if ctx.reserved:
+            self.pipeline.release(ctx)
         self.leave(ctx.pool)
-
-    # ---- the first write before any object -----------------------------------------------
-
-    def kept_route(self, pool: Pool, payload: Any) -> tuple[QuickRoute, Node, Any] | None:
-        """A request object whose first attempt the general steps would write to its node at
-        once, unchanged, with nothing planned: (its kept route, the node picked, an idle
-        connection to it, or None when the attempt needs a task after all: the node picked
-        stays its choice); None for any other body, before anything is picked or counted.
-        A plain read needs none of the request's objects to know where its bytes go, and
-        at c=1 everything made before the write is on the client's wait."""
-        if type(payload) is not dict:
-            return None
-        try:  # (subscripts, not four `get` calls: a try costs nothing until it raises)
-            if payload["jsonrpc"] != "2.0":
-                return None
-            method, rid, params = payload["method"], payload["id"], payload["params"]
-        except KeyError:  # (a notification, a bad envelope: the general steps')
-            return None
-        if type(method) is not str or (type(rid) is not int and type(rid) is not str):
-            return None  # (a notification, a float id, a bad envelope: the general steps')
-        if type(params) is not list or not params or None in params:
-            return None
-        text = params[-1]
-        if type(text) is not str:
-            return None
-        routes = self.routes.routes(pool)
-        route = routes.quick.get((method, len(params), text))
-        if route is None:
-            route = self._keep_route(pool, routes, method, params)
-            if route is None:
-                return None
-        try:
-            for index, check, name in route.checks:  # what `MethodTable.target` checks
-                check(params[index] if index < len(params) else None, name)
-        except Exception:  # the general steps answer it (the same error)
-            return None
-        height = route.height
-        if height is not None:  # the read path pins a height whose hash it knows
-            view = self.reads.heads.views.get(pool.id)  # type: ignore[union-attr]
-            if view is not None and view.hashes.get(height) is not None:
-                return None
-        nodes = route.nodes
-        node = self.chooser.kept(nodes)
-        if node.breaker.state is not CLOSED:
-            return route, node, None
-        if len(nodes) > 1:
-            taken = self.attempts.connection_now(pool, node, method, len(nodes))
-            return route, node, taken
-        # One candidate (no race due: `connection_now`'s answer without its calls)
-        transport = self.upstream.http(node.entry.url)
-        conn = None if transport is None else transport.pool.take()
-        return route, node, None if conn is None else (transport.pool, conn)  # type: ignore[union-attr]
-
-    def _keep_route(
-        self, pool: Pool, routes: PoolRoutes, method: str, params: list[Any]
-    ) -> QuickRoute | None:
-        """The route of a request object as the general steps find it (the method table's
-        target, the read path's rule, the route cache's candidates), kept in `routes` when
-        every such request goes the same way: a read at a height or `Contains` named by its
-        last param, with eligible nodes. None (not kept): anything else."""
-        try:
-            spec, ref = self.methods.target(method, params)
-        except Exception:  # an invalid item, a diverted method: the general steps'
-            return None
-        if ref is None or spec.writer or spec.block is None or spec.block_at != len(params) - 1:
-            return None
-        if ref.tag is not None or ref.hash is not None or spec.block == "logs":
-            return None  # a tag is pinned per request, a hash looked up per request
-        nodes, cls = self.routes.candidates(pool, routes, method, spec, ref)
-        if not nodes or cls is UNCACHED:
-            return None
-        reads = self.reads
-        planned = reads is not None and method in reads.methods and not ref.contains
-        if planned and ref.number is None:
-            return None
-        route = QuickRoute(method, spec, ref, nodes, ref.number if planned else None)
-        quick = routes.quick
-        if len(quick) >= MAX_ROUTES:
-            quick.clear()
-        quick[(method, len(params), params[-1])] = route
-        return route
 
     def _sent_first(
         self,
         admitted: Admitted,
         payload: dict[str, Any],
         body: bytes,
-        route: QuickRoute,
+        route: KeptRoute,
         node: Node,
         taken: Any,
         sent: float,
-        started: float,
-        headers: Mapping[str, str],
-        answer: Callable[[Answer], Any],
-        later: Callable[[Awaitable[Answer]], Any],
+        then: tuple[Callable[[Answer], Any], Callable[[Awaitable[Answer]], Any], float, Any],
     ) -> None:
-        """After `start` wrote the client's bytes (at `sent`) to the node `kept_route`
-        picked, on its connection: the request's objects as `_first` makes them, and the
-        answer's wait (`Attempts.sent_now`)."""
+        """After `start` wrote the client's bytes (at `sent`) to the node picked for its kept
+        route, on its connection: the request's objects as `_first` makes them, and the
+        answer's wait (`Attempts.sent_now`). `then`: (the client's answer callback, the task
+        starter, when the request started, its headers)."""
+        answer, later, started, headers = then
         ctx = Ctx(admitted.chain, admitted.pool, answer)
         method = route.method
         ctx.methods.append(method)
         item = Item(0, payload, payload["id"], method, route.spec, route.ref, False)
         item.tried.append(node)
         group = Group(node, [item], route.nodes, method)
-        then = self._then(ctx, item, group, body, [None], started, headers, later)
-        self.attempts.sent_now(ctx, group, taken, sent, then)
+        landed = self._then(ctx, item, group, body, [None], started, headers, later)
+        self.attempts.sent_now(ctx, group, taken, sent, landed)
 
 
 async def _reraise(error: Exception) -> Any:

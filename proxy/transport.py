@@ -90,26 +90,10 @@ class HttpTransport:
 
     def take_now(self) -> tuple[HostPool, Any] | None:
         """An idle connection with its slot taken (the caller writes the request to its
-        `transport`, then calls `expect_now`), or None (nothing taken)."""
+        `transport`, then calls `Upstream.expect_now`), or None (nothing taken)."""
         pool = self.pool
         conn = pool.take()
         return None if conn is None else (pool, conn)
-
-    def expect_now(
-        self,
-        taken: tuple[HostPool, Any],
-        deadlines: Deadlines,
-        limit: float,
-        holder: Any,
-        early: Callable[[int, bytes], Any],
-        then: Landed,
-    ) -> None:
-        """After the write on `take_now`'s connection: the answer's wait and deadline (off
-        the client's wait: the answer can only come through the loop, after the caller)."""
-        pool, conn = taken
-        exchange = SentNow(pool, conn, self.url, limit, then)
-        conn.expect(holder, early, exchange)
-        deadlines.schedule(limit, exchange)
 
 
 class SessionTransport:

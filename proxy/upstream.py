@@ -28,6 +28,7 @@ from proxy.transport import (
     HttpTransport,
     InprocTransport,
     Landed,
+    SentNow,
     SessionTransport,
     Transport,
     count_whole,
@@ -59,7 +60,7 @@ class Upstream:
         self.budget = ByteBudget(max_buffered) if max_buffered else None
         self._max_answer = max_answer
         self._session: aiohttp.ClientSession | None = None
-        self._transports: dict[str, Transport] = {}
+        self.transports: dict[str, Transport] = {}  # node URL → its transport (`transport`)
         self._deadlines = Deadlines()
 
     async def start(self) -> None:
@@ -80,10 +81,10 @@ class Upstream:
 
     async def close(self) -> None:
         self._deadlines.close()
-        for transport in self._transports.values():
+        for transport in self.transports.values():
             if type(transport) is HttpTransport:
                 transport.pool.close()
-        self._transports.clear()
+        self.transports.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -96,16 +97,16 @@ class Upstream:
     def transport(self, url: str) -> Transport:
         """The node's transport (made on first use; an in-process one is resolved again
         once the registry changed). Raises ConnectFailed for a URL no transport serves."""
-        found = self._transports.get(url)
+        found = self.transports.get(url)
         if found is not None and (
             type(found) is not InprocTransport or found.version == self._version()
         ):
             return found
-        if len(self._transports) >= MAX_TRANSPORTS:
-            for old in self._transports.values():
+        if len(self.transports) >= MAX_TRANSPORTS:
+            for old in self.transports.values():
                 if type(old) is HttpTransport:
                     old.pool.close()
-            self._transports.clear()
+            self.transports.clear()
         made: Transport
         if url.startswith(HTTP):
             try:
@@ -120,13 +121,13 @@ class Upstream:
             made = InprocTransport(url, registry)
         else:
             made = SessionTransport(url, self._current_session)
-        self._transports[url] = made
+        self.transports[url] = made
         return made
 
     def http(self, url: str) -> HttpTransport | None:
         """The plain-http transport of `url` once made (None for any other URL, or before its
         first use): the first attempt written before any object looks a node up here."""
-        found = self._transports.get(url)
+        found = self.transports.get(url)
         return found if type(found) is HttpTransport else None
 
     def _version(self) -> int:
@@ -205,7 +206,7 @@ class Upstream:
             return False
         pool, conn = taken
         conn.transport.write(pool.request(body))
-        transport.expect_now(taken, self._deadlines, limit, holder, early, then)
+        self.expect_now(taken, url, limit, holder, early, then)
         return True
 
     def take_now(self, url: str) -> tuple[HostPool, Any] | None:
@@ -224,10 +225,12 @@ class Upstream:
         then: Landed,
     ) -> None:
         """`send_now`'s second half, once the request is written on the connection of
-        `take_now`: its answer and deadline."""
-        transport = self.http(url)
-        assert transport is not None
-        transport.expect_now(taken, self._deadlines, limit, holder, early, then)
+        `take_now`: its answer's wait and deadline (off the client's wait: the answer can
+        only come through the loop, after the caller)."""
+        pool, conn = taken
+        exchange = SentNow(pool, conn, url, limit, then)
+        conn.expect(holder, early, exchange)
+        self._deadlines.schedule(limit, exchange)
 
     def _later_now(
         self,
