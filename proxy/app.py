@@ -245,8 +245,8 @@ def create_server(app: web.Application) -> HttpServer:
     proxy = app[PROXY]
     engine = proxy.engine
     # The paths the data route took → their handler, which holds the path's chain id
-    # (`/1337` → "1337") and, with nodes in process, what `Engine.resolve` found for it: the
-    # route decides once per path. Bytes `count`, `in` and `decode` cost ~0.2-0.4 µs each per
+    # (`/1337` → "1337") and what `Engine.resolve` found for it: the route decides once per
+    # path. Bytes `count`, `in` and `decode` cost ~0.2-0.4 µs each per
     # request on these machines, a dict lookup ~0.05; a handler per path also saves the
     # handler's own lookup of the path.
     handlers: dict[bytes, Handler] = {}

@@ -74,7 +74,7 @@ class Attempts:
         race = self._race(ctx, group, body, usable) if len(group.cands) > 1 else None
         # The client may get the first attempt's answer from its connection's callback
         # (Ctx.answer_early: only an answer step 5 would return as it is). Never a second
-        # attempt's: it reaches the engine through the first one's future, and only then
+        # attempt's: it reaches the rounds through the first one's future, and only then
         # is it known to have won.
         early = ctx.answer_early if ctx.early is not None else None
         if race is None:
@@ -320,8 +320,7 @@ class Attempts:
         self, ctx: Any, node: Node, lkey: str, elapsed: float, label: str, span: Any = None
     ) -> None:
         """The node answered (whatever the answer says, it works): its books, and the
-        attempt counted as `label`. Also for answers got without `exchange` (the in-process
-        path, proxy/inprocpath.py)."""
+        attempt counted as `label`."""
         _in_rotation(node)
         ms = elapsed * 1000
         latency.observe(node, ms, time.monotonic(), self.tau)
@@ -390,7 +389,7 @@ class Attempts:
         self.metrics.upstream_error(node.key, "timeout")
 
     def penalise(self, ctx: Any, node: Node, result: outcome.Outcome, why: str) -> None:
-        """An answer the engine found unusable (e.g. a batch answer that is not JSON)."""
+        """An answer the classify step found unusable (e.g. a batch answer that is not JSON)."""
         if result.penalise:
             node.breaker.failure(node.key, why)
         self.metrics.upstream_error(node.key, result.name)

@@ -11,7 +11,6 @@ in-process answer), a retry (away from the nodes tried) and a hedge's second nod
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from proxy.metrics import ProxyMetrics
 from proxy.model import Node, Pool
@@ -188,7 +187,3 @@ class Chooser:
             if id(n) not in tried and n.entry.enabled and n.healthy and not n.blocked
         ]
         return self.selector.pick(others) if others else None
-
-    def pick(self, nodes: list[Any]) -> Any:
-        """The node among `nodes` (candidates of one route), for a step that found them."""
-        return self.selector.pick(nodes)
