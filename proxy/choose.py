@@ -27,6 +27,9 @@ class Chooser:
         self.selector = selector
         self.routes = routes
         self.metrics = metrics
+        # The node among a kept route's candidates (not empty): the selector's pick itself,
+        # bound here (no layer of its own: it is called once per request on the fast paths).
+        self.kept: Callable[[list[Node]], Node] = selector.pick
 
     # ---- first attempts ------------------------------------------------------------------
 
@@ -136,10 +139,6 @@ class Chooser:
                 return None
         assert first is not None
         return self.kept(first), first
-
-    def kept(self, nodes: list[Node]) -> Node:
-        """The node among a kept route's candidates (not empty)."""
-        return nodes[0] if len(nodes) == 1 else self.selector.pick(nodes)
 
     # ---- retries and hedges --------------------------------------------------------------
 

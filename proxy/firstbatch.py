@@ -22,7 +22,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Awaitable, Callable
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from time import perf_counter
 from typing import Any
 
@@ -33,8 +33,8 @@ from proxy.attempts import Attempts
 from proxy.books import access_log
 from proxy.breaker import CLOSED
 from proxy.face import public
-from proxy.inprocbooks import InprocBooks, Took
-from proxy.kept import CALL, Counted, KeptRoutes, Lanes, candidates_of, retried
+from proxy.inprocbooks import InprocBooks, Took, make_took
+from proxy.kept import CALL, Counted, KeptRoutes, Lanes, make_counted, retried
 from proxy.methods import MethodTable
 from proxy.model import Node, Pool
 from proxy.pipeline import Pipeline
@@ -52,6 +52,7 @@ _LAST = itemgetter(-1)
 _ID_TYPES = frozenset((int, str))
 _LIST = {list}
 _GENERAL: Any = object()  # `_keyed`: not for it, `_now`'s own way decides
+_NODES = attrgetter("nodes")  # a kept route's candidates
 _INFO = logging.INFO
 # (the answers to send, their books: the calls made, or one call shared by lanes)
 Answered = tuple[list[Any], list[Took] | tuple[str, float, list[Counted]]]
@@ -99,7 +100,7 @@ class FirstBatch:
         awaitable of it, or None (answered later through `early`)."""
         if found is not None and 0 < len(payload) <= self.max_batch:
             chain, pool = found
-            if not pool.mirrors and not self.pipeline.gates and _quiet():
+            if not (pool.mirrors or self.pipeline.gates or access_log.isEnabledFor(_INFO)):
                 routes = self.kept.routes(pool)
                 if routes.paths is None:
                     self.kept.paths(routes)
@@ -130,8 +131,23 @@ class FirstBatch:
         started: float,
     ) -> bytes | None:
         """The answer of a batch of plain reads the in-process nodes answer now, booked; or
-        None (nothing counted: the general steps answer it)."""
-        answered = self._answer(pool, routes, items)
+        None (nothing counted: the general steps answer it). Steps 1-3 by the items' kept
+        routes, step 4 by the nodes' synchronous paths (one call for the entries of one
+        node), step 5 on the error answers the nodes point at."""
+        answered = _GENERAL if routes.one is None else self._keyed(pool, routes, items)
+        if answered is _GENERAL:
+            kept = self.kept
+            seen = kept.seen_all(routes, items)
+            answered = None
+            if seen is not None:
+                nodes_of = list(map(_NODES, seen))
+                rest = len(nodes_of) - nodes_of.count(nodes_of[0])
+                if rest:  # several lists: two on one node in process are counted, not grouped
+                    two = kept.two(routes, nodes_of, rest)
+                    if two is not None:
+                        answered = self._shared(two, items, seen[0].method)
+            if answered is None:
+                answered = self._grouped(pool, routes, items, seen)
         if answered is None:
             return None
         out = orjson.dumps(answered[0])
@@ -148,32 +164,16 @@ class FirstBatch:
             self.pipeline.metrics.client(client.decode("latin-1"))
         return out
 
-    def _answer(self, pool: Pool, routes: PoolRoutes, items: list[Any]) -> Answered | None:
-        """The answers of a batch in its order and their books, or None."""
-        kept = self.kept
-        if routes.one is not None:
-            keyed = self._keyed(pool, routes, items)
-            if keyed is not _GENERAL:
-                return keyed  # type: ignore[no-any-return]
-        seen = kept.seen_all(routes, items)
-        if seen is not None:
-            nodes_of = candidates_of(seen)
-            rest = len(nodes_of) - nodes_of.count(nodes_of[0])
-            if rest:  # several lists: two on one node in process are counted, not grouped
-                two = kept.two(routes, nodes_of, rest)
-                if two is not None:
-                    return self._shared(two, items, seen[0].method)
-        return self._grouped(pool, routes, items, seen)
-
     def _keyed(self, pool: Pool, routes: PoolRoutes, items: list[Any]) -> Any:
-        """`_answer` when every reader is one node in process (`routes.one`) and the first
+        """`_now`'s answers when every reader is one node in process (`routes.one`) and the
+        first
         item's method and number of params have kept routes: the node checks the items while
         it answers them and gives each one's kept route (`NodePath.keyed`), in the loop it
         makes anyway, instead of `seen_all`'s passes before the call. Then the same choice
-        as `_answer`'s from those routes: one list, one pick; two, `KeptRoutes.two`; else
+        as `_now`'s from those routes: one list, one pick; two, `KeptRoutes.two`; else
         `_grouped`, which calls the node again (these answers are dropped, nothing was
-        counted). The answers or None as `_answer`; _GENERAL when an item is not such (a
-        block text not kept yet, another method, ...; or the node declines)."""
+        counted). The answers and their books, or None (declined); _GENERAL when an item is
+        not such (a block text not kept yet, another method, ...; or the node declines)."""
         for node in routes.readers:  # (`usable`'s checks: a node that failed lately is not
             breaker = node.breaker  # called here, whichever entry the picks would take)
             if node.fails or breaker.failures or breaker.state is not CLOSED:
@@ -197,7 +197,7 @@ class FirstBatch:
             return _GENERAL
         if errors:
             return None  # (params only the node checked: the general steps')
-        nodes_of = candidates_of(seen)
+        nodes_of = list(map(_NODES, seen))
         rest = len(nodes_of) - nodes_of.count(nodes_of[0])
         if rest:  # several lists: two on one node in process are counted, not grouped
             two = self.kept.two(routes, nodes_of, rest)
@@ -208,13 +208,13 @@ class FirstBatch:
         path = self.kept.usable(routes, node)
         if path is None:
             return None
-        return got, [Took(node, path, BATCH, items, errors, elapsed, method)]
+        return got, [make_took((node, path, BATCH, items, errors, elapsed, method))]
 
     def _grouped(
         self, pool: Pool, routes: PoolRoutes, items: list[Any], seen: list[Any] | None
     ) -> Answered | None:
-        """`_answer`'s answers from the lanes of its items (`seen`: their kept routes, or
-        None: item by item)."""
+        """The answers and books of a batch from the lanes of its items (`seen`: their kept
+        routes, or None: item by item)."""
         lanes = self.kept.lanes(pool, routes, items, seen)
         if lanes is None:
             return None
@@ -222,7 +222,7 @@ class FirstBatch:
             if lanes.tagged and self.reads is not None:
                 return None  # a tag on several nodes: the read path pins one head
             if _one_path(lanes):
-                counted = [Counted(n, p, len(positions)) for n, p, positions in lanes.lanes]
+                counted = [make_counted((n, p, len(positions))) for n, p, positions in lanes.lanes]
                 return self._shared(counted, items, lanes.method, lanes)
         return self._each(items, lanes)
 
@@ -246,7 +246,7 @@ class FirstBatch:
                 return None  # (an item whose params the node alone checked: the general's)
             if errors:
                 self._public(sent, got, errors)
-            done.append(Took(node, path, BATCH, sent, errors, elapsed, method))
+            done.append(make_took((node, path, BATCH, sent, errors, elapsed, method)))
             if one:
                 answers = got
             else:
@@ -284,7 +284,8 @@ class FirstBatch:
         done: list[Took] = []
         for node, own, positions in () if lanes is None else lanes.lanes:
             sent = [items[i] for i in positions]
-            done.append(Took(node, own, BATCH, sent, [], share * len(positions), method))
+            took = (node, own, BATCH, sent, [], share * len(positions), method)
+            done.append(make_took(took))
         return got, done
 
     def _public(self, items: list[Any], answers: list[Any], errors: list[int]) -> None:
@@ -483,8 +484,3 @@ def _one_path(lanes: Lanes) -> bool:
     return all(
         path.items is first.items and path.answered is first.answered for _, path, _ in lanes.lanes
     )
-
-
-def _quiet() -> bool:
-    """No access log to write per request (answers made here keep no log lines)."""
-    return not access_log.isEnabledFor(_INFO)

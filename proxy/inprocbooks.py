@@ -31,7 +31,7 @@ from chainstate.inproc import ItemsAnswered
 from proxy.attempts import Attempts
 from proxy.metrics import ProxyMetrics
 from proxy.model import Node, Pool
-from proxy.request import BATCH, Admitted
+from proxy.request import BATCH, Admitted, maker
 from proxy.transport import NodePath
 
 
@@ -46,6 +46,8 @@ class Took(NamedTuple):
     elapsed: float  # seconds
     method: str | None  # the method of every item (None: several)
 
+
+make_took = maker(Took)
 
 FOLD_EVERY = 64  # pending answers that are folded in at once
 FOLD_AFTER_S = 0.05  # the longest an answer's books wait, with fewer pending

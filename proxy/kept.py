@@ -26,6 +26,7 @@ from proxy.methods import LocalMethod, MethodSpec, MethodTable
 from proxy.model import Node, Pool
 from proxy.outcome import UpstreamError
 from proxy.reads import Reads
+from proxy.request import maker
 from proxy.routes import MAX_ROUTES, UNCACHED, KeptRoute, PoolRoutes, RouteCache
 from proxy.transport import InprocTransport, NodePath
 from proxy.upstream import Upstream
@@ -60,6 +61,9 @@ class Counted(NamedTuple):
     count: int
 
 
+make_lane, make_counted = maker(Lane), maker(Counted)
+
+
 class Lanes(NamedTuple):
     """A batch's items grouped by the node picked for them (`KeptRoutes.lanes`)."""
 
@@ -67,6 +71,9 @@ class Lanes(NamedTuple):
     checked: bool  # every item's params checked here (else the node alone checks some)
     tagged: bool  # an item reads at a tag or at the node's head
     method: str | None  # the method of every item (None: several)
+
+
+make_lanes = maker(Lanes)
 
 
 class KeptRoutes:
@@ -244,7 +251,8 @@ class KeptRoutes:
                 return None
             checked = seen is None and all(r.checked for r in routed)
             tagged = first.tagged if seen is not None else any(r.tagged for r in routed)
-            return Lanes([Lane(node, path, list(range(len(items))))], checked, tagged, first.method)
+            lane = make_lane((node, path, list(range(len(items)))))
+            return make_lanes(([lane], checked, tagged, first.method))
         return self._grouped(routes, routed)
 
     def _grouped(self, routes: PoolRoutes, routed: list[KeptRoute]) -> Lanes | None:
@@ -278,11 +286,11 @@ class KeptRoutes:
                         path = self.usable(routes, node)
                         if path is None:
                             return None
-                        lane = lanes[node] = Lane(node, path, [])
+                        lane = lanes[node] = make_lane((node, path, []))
                     slot = picked[id(nodes)] = (nodes, lane.positions)
                 last, positions = nodes, slot[1]
             positions.append(pos)
-        return Lanes(list(lanes.values()), checked, tagged, None if mixed else first)
+        return make_lanes((list(lanes.values()), checked, tagged, None if mixed else first))
 
     def two(
         self, routes: PoolRoutes, nodes_of: list[list[Node]], rest: int
@@ -303,11 +311,11 @@ class KeptRoutes:
         if one is None:
             return None
         if a is b:  # both lists picked one node: one lane, one attempt
-            return [Counted(a, one, len(nodes_of))]
+            return [make_counted((a, one, len(nodes_of)))]
         two = self.usable(routes, b)
         if two is None or one.items is not two.items or one.answered is not two.answered:
             return None  # (nodes in process that are not one: `_grouped` picks again)
-        return [Counted(a, one, len(nodes_of) - rest), Counted(b, two, rest)]
+        return [make_counted((a, one, len(nodes_of) - rest)), make_counted((b, two, rest))]
 
     def item(self, pool: Pool, routes: PoolRoutes, item: Any) -> KeptRoute | None:
         """Steps 1-3 for one item of a batch: its kept route (found now when it is the

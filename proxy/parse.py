@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import operator
 import re
-from functools import partial
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
@@ -29,7 +28,7 @@ from chainstate.jsonrpc import (
 )
 from proxy.methods import MethodTable
 from proxy.metrics import ProxyMetrics
-from proxy.request import Ctx, Item, Row
+from proxy.request import Ctx, Item, Row, make_row
 
 NO_NODE_KEY = "-"  # node label of items no node answered
 UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
@@ -44,7 +43,6 @@ _METHOD, _JSONRPC, _ID, _PARAMS = (
 _SPEC, _REF, _LAST = itemgetter(0), itemgetter(1), itemgetter(-1)
 _ID_TYPES = frozenset((int, str))  # (a float id is read from the body: item by item)
 _HAS_NONE = operator.contains
-_ROW = partial(tuple.__new__, Row)  # a Row from a tuple of its fields, with no Python call
 _OWN_ID_TYPES = {str, int}  # ids a sub-batch may keep (exact types: not bool, not a float)
 _HEIGHT_TEXT = re.compile(r"^(0x[0-9a-fA-F]{1,16}|[0-9]{1,19})$")
 
@@ -124,7 +122,7 @@ class Parser:
             if at >= 0 and type(params) is list and at < len(params):
                 text = params[at]
                 block = text if type(text) is str else None
-            rows.append(Row(pos, obj, rid, method, spec, ref, notif, block))
+            rows.append(make_row((pos, obj, rid, method, spec, ref, notif, block)))
             notified = notified or notif
         return rows, rids is None, notified
 
@@ -167,7 +165,7 @@ class Parser:
             repeat(False),
             texts,
         )
-        return list(map(_ROW, fields))
+        return list(map(make_row, fields))
 
 
 def least(text: str, ctx: Ctx) -> JsonRpcError | None:

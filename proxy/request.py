@@ -9,6 +9,7 @@ takes these types, so a single request and a batch item go the same way.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 from chainstate.blockref import BlockRef
@@ -90,6 +91,15 @@ class Row(NamedTuple):
     ref: BlockRef | None
     notif: bool
     block: str | None
+
+
+def maker(cls: type) -> Callable[[tuple[Any, ...]], Any]:
+    """`cls` (a named tuple) from one tuple of its fields, without the named tuple's own
+    constructor, which is a Python call: for records made per item or per request."""
+    return partial(tuple.__new__, cls)
+
+
+make_row = maker(Row)
 
 
 class Item:
