@@ -247,16 +247,7 @@ class Engine:
             except orjson.JSONDecodeError:
                 payload = None
             if type(payload) is dict:
-                return self.first.start(
-                    chain_id,
-                    found,
-                    payload,
-                    body,
-                    request.headers,
-                    request.answer_early,
-                    request.answer_later,
-                    started,
-                )
+                return self.first.start(chain_id, found, payload, request, started)
             if type(payload) is list:
                 return self.batches.start(
                     chain_id, found, payload, body, request.headers, request.answer_early, started

@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from chainstate.httpserver import Headers
+from chainstate.httpserver import Headers, Request
 from chainstate.inproc import is_inproc
 from proxy.attempts import Attempts
 from proxy.books import access_log
@@ -71,6 +71,8 @@ class FirstAttempt:
         self.attempts = attempts
         self.upstream = kept.upstream
         self.transports = kept.upstream.transports  # node URL → its transport, once made
+        self.pools = kept.cache.kept  # pool id → its routes (`KeptRoutes.routes`)
+        self.registry = kept.cache.registry
         self.reads = kept.reads
         self.books = books  # the books of answers an in-process node gave now
         # (0 in the settings: no limit, here the largest size, so one compare decides)
@@ -84,21 +86,29 @@ class FirstAttempt:
         chain_id: str,
         found: tuple[str, Pool] | None,
         payload: dict[str, Any],
-        body: bytes,
-        headers: Headers,
-        answer: Callable[[Answer], Any],
-        later: Callable[[Awaitable[Answer]], Any],
+        request: Request,
         started: float,
     ) -> Answer | Awaitable[Answer] | bytes | None:
-        """A request object's steps (`payload`: `body` parsed), from parse on: its answer
+        """A request object's steps (`payload`: its body parsed), from parse on: its answer
         now (bytes: a 200), None when its first attempt went out (the answer then goes to
-        `answer`, or a task given to `later`), or the rest of its steps as a coroutine."""
+        `request.answer_early`, or a task given to `request.answer_later`), or the rest of
+        its steps as a coroutine."""
         route = node = None
         pipeline = self.pipeline
         if found is not None and not pipeline.gates:
             chain, pool = found
             kept = self.kept
-            routes = kept.routes(pool)
+            # The pool's routes (`KeptRoutes.routes`' check of the kept ones, inline)
+            routes = self.pools.get(pool.id)
+            registry = self.registry
+            if (
+                routes is None
+                or routes.readers is not pool.readers
+                or (registry is not None and routes.version != registry.version)
+                or routes.changes is None
+                or routes.changes[0] != routes.changes_at
+            ):
+                routes = kept.routes(pool)
             if not pool.mirrors:
                 # Steps 1-3 by the request's kept route (`KeptRoutes.single`, inline: a call
                 # less per request): its block text looked up, the node picked.
@@ -118,6 +128,7 @@ class FirstAttempt:
                 if paths is None:
                     paths = kept.paths(routes)
                 if paths and not access_log.isEnabledFor(_INFO):  # a node in process
+                    headers = request.headers
                     out = self._inproc(chain, pool, routes, route, node, payload, headers, started)
                     if out is not None:
                         return out
@@ -126,6 +137,7 @@ class FirstAttempt:
         admitted = self.admit(chain_id, found)
         if type(admitted) is tuple:
             return admitted
+        body, headers = request.body, request.headers
         chosen = None
         if route is not None:
             # Step 4 now when the node's transport can take it now: an idle plain-http
@@ -147,14 +159,13 @@ class FirstAttempt:
             if taken is not None:  # written: the request's objects come after the write
                 sent = time.perf_counter()
                 taken[1].transport.write(taken[0].request(body))
-                then = (answer, later, started, headers)
-                self._sent_first(admitted, payload, body, route, node, taken, sent, then)
+                self._sent_first(admitted, payload, request, route, node, taken, sent, started)
                 pipeline.metrics.client(headers.get("client-id"))
                 return None
             chosen = node  # (picked already: the general steps go on with it)
         elif headers.get(MIN_BLOCK) is not None:  # (checked and kept by `Pipeline.run`)
-            return self.run(chain_id, body, headers, admitted, answer)
-        ctx = Ctx(admitted.chain, admitted.pool, answer)
+            return self.run(chain_id, body, headers, admitted, request.answer_early)
+        ctx = Ctx(admitted.chain, admitted.pool, request.answer_early)
         try:
             first = pipeline.item(ctx, payload, body, headers)
         except LocalMethod:  # raised only once a divert handler is set
@@ -165,7 +176,7 @@ class FirstAttempt:
         if type(first) is tuple:  # answered at once: invalid, or a ready result
             result = self._done(ctx, first, started, headers)
         elif type(first) is Item:
-            result = self._first(ctx, first, body, started, headers, later, chosen)
+            result = self._first(ctx, first, body, started, headers, request.answer_later, chosen)
         else:
             result = first  # type: ignore[assignment]
         # Counted once the node has the request (at c=1 every µs before the write is the
@@ -411,25 +422,25 @@ class FirstAttempt:
         self,
         admitted: Admitted,
         payload: dict[str, Any],
-        body: bytes,
+        request: Request,
         route: KeptRoute,
         node: Node,
         taken: Any,
         sent: float,
-        then: tuple[Callable[[Answer], Any], Callable[[Awaitable[Answer]], Any], float, Any],
+        started: float,
     ) -> None:
         """After `start` wrote the client's bytes (at `sent`) to the node picked for its kept
         route, on its connection: the request's objects as `_first` makes them, and the
-        answer's wait (`Attempts.sent_now`). `then`: (the client's answer callback, the task
-        starter, when the request started, its headers)."""
-        answer, later, started, headers = then
-        ctx = Ctx(admitted.chain, admitted.pool, answer)
+        answer's wait (`Attempts.sent_now`)."""
+        ctx = Ctx(admitted.chain, admitted.pool, request.answer_early)
         method = route.method
         ctx.methods.append(method)
         item = Item(0, payload, payload["id"], method, route.spec, route.ref, False)
         item.tried.append(node)
         group = Group(node, [item], route.nodes, method)
-        landed = self._then(ctx, item, group, body, [None], started, headers, later)
+        landed = self._then(
+            ctx, item, group, request.body, [None], started, request.headers, request.answer_later
+        )
         self.attempts.sent_now(ctx, group, taken, sent, landed)
 
 
