@@ -1,14 +1,16 @@
 """Head tracking and health: every node and write node is polled each `head_poll_interval` s.
 
 One batch per node: `eth_blockNumber` (the head), `blockx_range` (earliest held height, when
-the node has it) and the latest block header (its hash, so a later request naming that hash
-is routed by height). Write nodes get `eth_blockNumber` (their head is the last block they
-emitted) and `writer_health`: their execution client's head, their lag behind it, and whether
-they are healthy by their own account (a writer stalled on errors, or left behind by its
-client, says so with the reason). `unhealthy_after` consecutive failures (here or on the data
-path) mark a node unhealthy, and so does a writer that reports itself unhealthy (readers leave
-rotation; the admin API shows it and refuses to make an unhealthy writer the Leader); the next
-successful poll brings it back.
+the node has it), the latest block header (its hash, so a later request naming that hash
+is routed by height) and `blockx_health` (a state node's own report: one that says "stalled",
+failing the same block again and again, is taken out of rotation with its reason). Write
+nodes get `eth_blockNumber` (their head is the last block they emitted) and
+`writer_health`: their execution client's head, their lag behind it, and whether they are
+healthy by their own account (a writer stalled on errors, or left behind by its client, says
+so with the reason). `unhealthy_after` consecutive failures (here or on the data path) mark
+a node unhealthy, and so does a writer that reports itself unhealthy (readers leave
+rotation; the admin API shows it and refuses to make an unhealthy writer the Leader); the
+next successful poll brings it back.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ POLL_BODY = orjson.dumps(
         {"jsonrpc": "2.0", "id": 0, "method": "eth_blockNumber", "params": []},
         {"jsonrpc": "2.0", "id": 1, "method": "blockx_range", "params": []},
         {"jsonrpc": "2.0", "id": 2, "method": "eth_getBlockByNumber", "params": ["latest", False]},
+        {"jsonrpc": "2.0", "id": 3, "method": "blockx_health", "params": []},
     ]
 )
 WRITER_POLL_BODY = orjson.dumps(
@@ -129,7 +132,7 @@ class HeadTracker:
             await asyncio.gather(*readers, *writers)
 
     async def poll(self, node: Node, pool: Pool | None = None) -> None:
-        answers = await self._probe(node, POLL_BODY)
+        answers = await self._probe(node, POLL_BODY, _judge_reader)
         if answers is None:
             return
         rng = answers.get(1, {}).get("result")
@@ -198,6 +201,15 @@ class HeadTracker:
             log.warning("%s %s healthy again (head %s)", _what(node), node.key, head)
         node.last_error = None
         return answers
+
+
+def _judge_reader(node: Node, answers: dict[Any, dict[str, Any]]) -> str | None:
+    """A node's own report of a stall (a state node failing the same block); a node without
+    `blockx_health` is judged by its answers alone."""
+    report = answers.get(3, {}).get("result")
+    if isinstance(report, dict) and report.get("status") == "stalled":
+        return str(report.get("reason") or "the node reports itself stalled")
+    return None
 
 
 def _what(node: Node) -> str:

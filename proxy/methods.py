@@ -224,8 +224,9 @@ METHODS: dict[str, MethodSpec] = {
     "eth_syncing": _m(),
     "eth_getLogs": _m("filter", 1, "logs"),
     # state node: blocks, their transactions and receipts (not found: null)
-    "eth_getBlockByNumber": _m("blockNumber full", 1, "number", pending=True, missing_null=True),
-    "eth_getBlockByHash": _m("blockHash full", 1, "hash", missing_null=True),
+    # The full-transactions flag is required, as the spec and geth have it (-32602 without).
+    "eth_getBlockByNumber": _m("blockNumber full", 2, "number", pending=True, missing_null=True),
+    "eth_getBlockByHash": _m("blockHash full", 2, "hash", missing_null=True),
     "eth_getBlockTransactionCountByNumber": _m(
         "blockNumber", 1, "number", pending=True, missing_null=True
     ),
@@ -270,11 +271,13 @@ METHODS: dict[str, MethodSpec] = {
         "blockNumber options", 1, "number", ((1, _optional_object),), by_hash=False
     ),
     "debug_traceBlockByHash": _m("blockHash options", 1, "hash", ((1, _optional_object),)),
-    "trace_block": _m("blockNumber", 1, "number", by_hash=False),
+    # A block or transaction that does not exist is traced as `null`, as reth and erigon
+    # (the trace_* namespace's references) answer.
+    "trace_block": _m("blockNumber", 1, "number", by_hash=False, missing_null=True),
     "trace_replayBlockTransactions": _m(
         "blockNumber traceTypes", 2, "number", ((1, _list),), by_hash=False
     ),
-    "trace_transaction": _m("transactionHash", 1, checks=_HASH),
+    "trace_transaction": _m("transactionHash", 1, checks=_HASH, missing_null=True),
     "trace_filter": _m("filter", 1, "trace"),
     # state node: what clients ask to identify the node and network
     "web3_clientVersion": _m(),

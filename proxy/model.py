@@ -347,6 +347,7 @@ class Node:
         """What the failsafe parts observed (getAllNodes): breaker, checker verdict, cost."""
         return {
             "routable": self.entry.enabled and self.healthy and not self.blocked,
+            "last_error": self.last_error,  # why the health poll took it out, if it did
             "breaker": self.breaker.to_obj(),
             "diverged": self.diverged,
             "ignore_checker": self.entry.ignore_checker,

@@ -10,7 +10,6 @@ be called directly for debugging.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -57,6 +56,7 @@ class Stack:
         self.data_dir = resolve_path(config, config.get("data_dir", ".chainstate"))
         self.endpoints: list[tuple[str, str]] = []
         self.proxy_app: Any = None
+        self.devnet: Any = None  # nodes.devnet.devnet.Devnet, once started
         self.limits = node_limits(config)  # the nodes' data ports: [http]
 
     async def run(self) -> None:
@@ -112,6 +112,7 @@ class Stack:
             AnvilProcess,
             ensure_anvil,
         )
+        from nodes.devnet.devnet import Devnet
 
         sect = section(self.config, "devnet")
         say("• devnet: checking for anvil (installs it with npm on first run)…")
@@ -128,30 +129,22 @@ class Stack:
             state_interval=float(sect.get("state_interval", DEFAULT_STATE_INTERVAL)),
             state_history=int(sect.get("state_history", DEFAULT_STATE_HISTORY)),
         )
-        for line in await asyncio.to_thread(self.recover_chain, anvil):
-            say(f"• devnet: {line}")
-        say(f"• devnet: starting anvil (chain id {sect.get('chain_id', 1337)})…")
-        await anvil.start()
-        stack.push_async_callback(anvil.stop)
+        # After a crash, anvil is first brought back to the write nodes' head, and so again
+        # when it dies while the stack runs (nodes/devnet/devnet.py).
+        self.devnet = Devnet(anvil, self.writer_stores(), lambda line: say(f"• devnet: {line}"))
+        await self.devnet.start()
+        stack.push_async_callback(self.devnet.stop)
         self.endpoints.append(("anvil (execution client)", anvil.url))
 
-    def recover_chain(self, anvil: Any) -> list[str]:
-        """After a crash: let a left-over anvil finish its last dump, make anvil's state file
-        hold the write nodes' head, and give a write node behind the others the blocks anvil
-        can no longer replay (nodes/devnet/recovery.py), so no block a client could read
-        before the crash is lost and no write node stalls. Returns what was done."""
-        from nodes.devnet.recovery import catch_up_writers, restore_chain
+    def writer_stores(self) -> list[tuple[str, Path]]:
+        """(key, store file) of every write node: the devnet's durable record."""
         from nodes.writer.service import STORE_FILE
         from nodes.writer.settings import DEFAULT_KEY, writer_data_dir, writer_sections
 
-        lines = [anvil.settle_previous()]
         sections = writer_sections(self.config)
         dirs = [writer_data_dir(self.data_dir, sections, i) for i in range(len(sections))]
         keys = [str(sect.get("key", DEFAULT_KEY)) for sect in sections]
-        stores = [(key, path / STORE_FILE) for key, path in zip(keys, dirs, strict=True)]
-        lines.append(restore_chain(anvil.state_path, stores))
-        lines.extend(catch_up_writers(anvil.state_path, stores))
-        return [line for line in lines if line]
+        return [(key, path / STORE_FILE) for key, path in zip(keys, dirs, strict=True)]
 
     async def start_writers(self, stack: AsyncExitStack) -> None:
         from nodes.writer.service import WriterNode
@@ -159,14 +152,18 @@ class Stack:
 
         sections = writer_sections(self.config)
         dirs = [writer_data_dir(self.data_dir, sections, i) for i in range(len(sections))]
+        writers = []
         for sect, data_dir in zip(sections, dirs, strict=True):
             writer = WriterNode.from_config(sect, data_dir=data_dir, registry=self.registry)
             await writer.start()
             stack.push_async_callback(writer.close)
+            writers.append(writer)
             s = writer.settings
             listen = {"host": s.host, "port": s.port}
             name = f"write node {s.key}"
             await self.serve(stack, name, writer.make_app(), listen, writer.handle_body)
+        self.devnet.supervise(writers)  # anvil dying from now on: restored, writers paused
+        stack.push_async_callback(self.devnet.stop_watching)
 
     async def start_state_nodes(self, stack: AsyncExitStack) -> None:
         from nodes.state.service import StateNode

@@ -8,7 +8,8 @@ restart: anvil loads that file at start and writes its state (with the state of 
 `state_history` blocks, so blocks nobody traced yet can still be replayed) to a separate dump
 file every `state_interval` seconds and on exit. anvil does not write that file atomically,
 so the next start takes the dump only when it is complete, else keeps the previous file; an
-anvil left over from a crashed run (still writing its last dump) is waited for first. After a
+anvil left over from a crashed run (still writing its last dump) is waited for first, and
+the file keeps one block 0 before anvil loads it (`nodes/devnet/genesis.py`). After a
 kill -9 of anvil itself the file misses its last seconds of chain; `chainstate up` puts them
 back from the write nodes' stores (`nodes/devnet/recovery.py`).
 """
@@ -34,6 +35,8 @@ from typing import IO, Any
 
 import orjson
 import psutil
+
+from nodes.devnet.genesis import pin_genesis
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +153,13 @@ def _wait_for_left_over(pid_path: Path | None, state_path: Path, within: float) 
     if pid_path is None or not pid_path.exists():
         return None
     try:
-        proc = psutil.Process(int(pid_path.read_text().strip()))
-        if str(state_path) not in " ".join(proc.cmdline()):
+        fields = pid_path.read_text().split()
+        proc = psutil.Process(int(fields[0]))
+        if len(fields) > 1:  # pid and start time: the same process, not a reused pid
+            same = abs(proc.create_time() - float(fields[1])) < 0.01
+        else:
+            same = str(state_path) in " ".join(proc.cmdline())
+        if not same:
             raise psutil.NoSuchProcess(proc.pid)  # the pid was reused by something else
     except (ValueError, OSError, psutil.Error):
         pid_path.unlink(missing_ok=True)
@@ -238,6 +246,12 @@ class AnvilProcess:
         return self._proc.pid if self._proc else None
 
     @property
+    def exit_code(self) -> int | None:
+        """The started process's exit code once it has ended on its own (negative: the
+        signal), else None (running, or never started)."""
+        return self._proc.poll() if self._proc is not None else None
+
+    @property
     def dump_path(self) -> Path | None:
         """Where anvil writes its state (the next start loads it once it is complete)."""
         return self._beside_state(".dump.json")
@@ -276,15 +290,20 @@ class AnvilProcess:
         said = _wait_for_left_over(self.pid_path, self.state_path, self.left_over_wait)
         dump = self.dump_path
         assert dump is not None
-        if not dump.exists():
-            return said
-        try:
-            orjson.loads(dump.read_bytes())
-        except (OSError, orjson.JSONDecodeError):
-            damaged = damaged_state_path(self.state_path)
-            dump.replace(damaged)  # the previous (complete) state file stays
-            return f"anvil's last dump was cut short (kept as {damaged.name}); using the one before"
-        dump.replace(self.state_path)
+        if dump.exists():
+            try:
+                orjson.loads(dump.read_bytes())
+            except (OSError, orjson.JSONDecodeError):
+                damaged = damaged_state_path(self.state_path)
+                dump.replace(damaged)  # the previous (complete) state file stays
+                said = (
+                    f"anvil's last dump was cut short (kept as {damaged.name}); "
+                    "using the one before"
+                )
+            else:
+                dump.replace(self.state_path)
+        # Every reload adds a block 0 of anvil's own to its next dump: keep the chain's.
+        pin_genesis(self.state_path, self.genesis)
         return said
 
     def start_blocking(self) -> None:
@@ -299,8 +318,6 @@ class AnvilProcess:
             self.stop_blocking()
         self._spawn(binary)
         assert self._proc is not None
-        if self.pid_path is not None:
-            self.pid_path.write_text(str(self._proc.pid))
         log.info("anvil started", extra={"url": self.url, "pid": self._proc.pid})
 
     def _spawn(self, binary: Path) -> None:
@@ -312,6 +329,7 @@ class AnvilProcess:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: a wrapper's child stops with it
         )
+        self._record_pid(self._proc.pid)
         deadline = time.monotonic() + self.start_timeout
         try:
             while not self._probe():
@@ -321,6 +339,15 @@ class AnvilProcess:
         except BaseException:
             self.stop_blocking()
             raise
+
+    def _record_pid(self, pid: int) -> None:
+        """Note the process as soon as it runs: a kill of ours while anvil still starts
+        leaves an anvil that the next start must wait for (it holds the port, and dumps its
+        state on the way out)."""
+        if self.pid_path is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            self.pid_path.write_text(f"{pid} {psutil.Process(pid).create_time()!r}")
 
     async def start(self) -> None:
         await asyncio.to_thread(self.start_blocking)

@@ -139,20 +139,13 @@ def _restore(state_path: Path, chain: StoredChain, head: int) -> str:
             f"wrote it while mining the next block; kept as {_set_aside(state_path).name})"
         )
     else:
-        file_head = int(state.get("best_block_number", -1))
-        if holds(state, chain.block(head)):
-            unreplayable = unreplayable_above(state, head)
-            if not unreplayable:
-                more = f" and {file_head - head} blocks more" if file_head > head else ""
-                return f"anvil: its state file holds the write nodes' head {head}{more}: kept"
-            why = (
-                f"its state file has {len(unreplayable)} blocks above it that anvil can no "
-                f"longer replay (from block {unreplayable[0]}); their transactions are dropped"
-            )
-        elif 0 <= file_head < head and holds(state, chain.block(file_head)):
-            base, why = state, f"its state file ended at block {file_head}"
-        else:
-            why = f"its state file holds another chain (head {file_head})"
+        use, why = _judge(state, chain, head)
+        if use == KEEP:
+            return f"anvil: {why}: kept"
+        if use == EXTEND:
+            base = state
+        elif use == SET_ASIDE:
+            why += f"; kept as {_set_aside(state_path).name}"
     restored = extend(base, chain, head)
     write_state(state_path, restored)
     first = 0 if base is None else int(base["best_block_number"]) + 1
@@ -160,6 +153,90 @@ def _restore(state_path: Path, chain: StoredChain, head: int) -> str:
         f"anvil: restored to the write nodes' head {head} from {chain.key}'s blocks "
         f"({head - first + 1} blocks written; {why})"
     )
+
+
+KEEP, EXTEND, REBUILD, SET_ASIDE = "keep", "extend", "rebuild", "set aside"
+
+
+def _judge(state: dict[str, Any], chain: StoredChain, head: int) -> tuple[str, str]:
+    """What to do with the state file, and why: KEEP it as it is, EXTEND it with the stored
+    blocks above its head, or REBUILD it from the stored blocks alone (SET_ASIDE: the same,
+    keeping the file for inspection). anvil can run on the file as it is when the file has
+    the stored head block, every block it has above it is its child and replayable, and its
+    state at the head is what the stored blocks left: anvil writes its file in pieces, and
+    one written while it mined may pair blocks with accounts of another block (which the
+    file's own history does not always show)."""
+    file_head = int(state.get("best_block_number", -1))
+    block = chain.block(head)
+    if holds(state, block):
+        if leaves_at(state, block):
+            return REBUILD, (
+                f"its state file's blocks above {head} are not built on the write nodes' "
+                f"block {head}"
+            )
+        unreplayable = unreplayable_above(state, head)
+        if unreplayable:
+            return REBUILD, (
+                f"its state file has {len(unreplayable)} blocks above it that anvil can no "
+                f"longer replay (from block {unreplayable[0]}); their transactions are dropped"
+            )
+        if (differs := state_differs(state, chain, head)) is not None:
+            return SET_ASIDE, (
+                f"its state file's state at block {head} is not the one the write nodes' "
+                f"blocks left ({differs})"
+            )
+        more = f" and {file_head - head} blocks more" if file_head > head else ""
+        return KEEP, f"its state file holds the write nodes' head {head}{more}"
+    if 0 <= file_head < head and holds(state, chain.block(file_head)):
+        if (differs := state_differs(state, chain, file_head)) is not None:
+            return SET_ASIDE, (
+                f"its state file's state at its head {file_head} is not the one the write "
+                f"nodes' blocks left ({differs})"
+            )
+        return EXTEND, f"its state file ended at block {file_head}"
+    return REBUILD, f"its state file holds another chain (head {file_head})"
+
+
+def state_differs(state: dict[str, Any], chain: StoredChain, number: int) -> str | None:
+    """The first account whose balance, nonce, code or storage in the state file at block
+    `number` (its accounts at its head, else its kept state of that block) differs from
+    what `chain`'s blocks left after `number`; None when all agree or the file keeps no
+    state of that block."""
+    if number == int(state.get("best_block_number", -1)):
+        accounts = {
+            a.lower(): _account_of_dump(v) for a, v in (state.get("accounts") or {}).items()
+        }
+    elif (kept := _historical_state(state, number)) is not None:
+        accounts = _history_accounts(kept)
+    else:
+        return None
+    stored = stored_accounts(chain.store.state_at(number))
+    for address in sorted(accounts.keys() | stored.keys()):
+        if accounts.get(address, _EMPTY_ACCOUNT) != stored.get(address, _EMPTY_ACCOUNT):
+            return f"account {address}"
+    return None
+
+
+def stored_accounts(values: dict[str, str]) -> dict[str, tuple]:
+    """(balance, nonce, code hash, non-zero storage) per account from a store's values
+    (`BlockStore.state_at`), as `_account_of_dump` gives them for a state file."""
+    fields: dict[str, dict[str, str]] = {}
+    slots: dict[str, dict[str, str]] = {}
+    for key, value in values.items():
+        address, kind, *slot = key.split(":")
+        if slot:
+            slots.setdefault(address, {})[slot[0]] = value
+        else:
+            fields.setdefault(address, {})[kind] = value
+    return {
+        address: (
+            _int(fields.get(address, {}).get("balance")),
+            _int(fields.get(address, {}).get("nonce")),
+            keccak256(bytes.fromhex(fields.get(address, {}).get("code", "0x")[2:])),
+            _slots(slots.get(address) or {}),
+        )
+        for address in fields.keys() | slots.keys()
+    }
 
 
 def catch_up_writers(state_path: Path, stores: Sequence[tuple[str, Path]]) -> list[str]:
@@ -222,13 +299,24 @@ def _set_aside(state_path: Path) -> Path:
 
 
 def holds(state: dict[str, Any], block: dict[str, Any]) -> bool:
-    """Whether the state file has `block` (same header fields, hence same hash). anvil 1.7.1
-    reloaded from a file may list a fresh genesis of its own next to the loaded one: at
-    height 0 any match counts."""
+    """Whether the state file has `block` (same header fields, hence same hash) as its only
+    block at that height: anvil would take any other one as its block there (a dump of
+    anvil 1.7.1 lists a genesis of its own per reload; `pin_genesis` keeps one)."""
     want = header_of(block)
     number = int(block["number"], 16)
+    at = [b for b in state["blocks"] if _number(b["header"]) == number]
+    return len(at) == 1 and header_of(at[0]["header"]) == want
+
+
+def leaves_at(state: dict[str, Any], block: dict[str, Any]) -> bool:
+    """Whether the state file has a block above `block` that is not its child: a chain that
+    anvil mined on another block at that height (a reload that took its own genesis)."""
+    child = int(block["number"], 16) + 1
+    parent = str(block["hash"]).lower()
     return any(
-        header_of(b["header"]) == want for b in state["blocks"] if _number(b["header"]) == number
+        str(b["header"]["parentHash"]).lower() != parent
+        for b in state["blocks"]
+        if _number(b["header"]) == child
     )
 
 
@@ -251,11 +339,7 @@ def accounts_past_head(state: dict[str, Any]) -> int | None:
     if kept is None:
         return None
     accounts = {a.lower(): _account_of_dump(v) for a, v in (state.get("accounts") or {}).items()}
-    storage = {a.lower(): s for a, s in (kept.get("storage") or {}).items()}
-    expected = {
-        a.lower(): _account_of_history(v, storage.get(a.lower()) or {})
-        for a, v in (kept.get("accounts") or {}).items()
-    }
+    expected = _history_accounts(kept)
     empty = _EMPTY_ACCOUNT
     for address in accounts.keys() | expected.keys():
         if accounts.get(address, empty) != expected.get(address, empty):
@@ -264,6 +348,15 @@ def accounts_past_head(state: dict[str, Any]) -> int | None:
 
 
 _EMPTY_ACCOUNT = (0, 0, keccak256(b""), ())
+
+
+def _history_accounts(kept: dict[str, Any]) -> dict[str, tuple]:
+    """The accounts of one of anvil's kept block states, as `_account_of_dump` gives them."""
+    storage = {a.lower(): s for a, s in (kept.get("storage") or {}).items()}
+    return {
+        a.lower(): _account_of_history(v, storage.get(a.lower()) or {})
+        for a, v in (kept.get("accounts") or {}).items()
+    }
 
 
 def _historical_state(state: dict[str, Any], number: int) -> dict[str, Any] | None:

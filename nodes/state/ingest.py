@@ -53,6 +53,10 @@ class Ingest:
         self.source: str | None = settings.source
         self.last_error: str | None = None
         self.failures = 0  # failed rounds in a row (0 after a round succeeds)
+        # the next block to apply while it keeps failing (not the source's errors), and how
+        # many rounds in a row it failed: the node is stalled on it at `stall_failures`
+        self.stuck_at: int | None = None
+        self.block_failures = 0
         self._failing_since = 0.0
         self.source_head: int | None = None
         self._client: RpcClient | None = None
@@ -116,12 +120,16 @@ class Ingest:
 
     @property
     def stalled(self) -> str | None:
-        """Why the node cannot follow its source (`stall_failures` failed rounds in a row),
-        else None: `/health` then answers 503 with this reason."""
-        if self.failures < self.settings.stall_failures:
+        """Why the node cannot follow its source: the same block failed `stall_failures`
+        rounds in a row (its source being unreachable is not a stall: the node still holds
+        every block it had). Else None. `/health` then answers 503 with this reason, and the
+        proxy takes the node out of rotation."""
+        if self.block_failures < self.settings.stall_failures:
             return None
-        last = self.last_error
-        return f"ingest stalled: {self.failures} attempts in a row failed, the last with {last}"
+        return (
+            f"ingest stalled: block {self.stuck_at} failed {self.block_failures} attempts in "
+            f"a row, the last with {self.last_error}"
+        )
 
     def _failed(self, exc: Exception) -> None:
         """Count a failed round; log it when it says something new, and once when the
@@ -134,25 +142,33 @@ class Ingest:
         self.failures += 1
         if self.failures == 1:
             self._failing_since = time.monotonic()
+        on_block = isinstance(exc, VendorBlockError | StoreError)  # not its source's error
+        if on_block:
+            bounds = self.store.bounds()
+            at = bounds[1] + 1 if bounds is not None else 0
+            self.block_failures = self.block_failures + 1 if at == self.stuck_at else 1
+            self.stuck_at = at
         level = logging.ERROR if isinstance(exc, ReorgTooDeep) else logging.WARNING
         if error == self.last_error:  # the same failure again: once is enough
             level = logging.DEBUG
         self.last_error = error
         log.log(level, "state ingest %s from %s failed: %s", self.settings.key, self.source, error)
-        if self.failures == self.settings.stall_failures:
+        if on_block and self.block_failures == self.settings.stall_failures:
             log.error(
-                "state node %s stalled: %d ingest attempts in a row failed over %.0f s, the "
-                "last with %s; /health answers 503 until ingest recovers",
-                self.settings.key, self.failures, time.monotonic() - self._failing_since, error,
+                "state node %s stalled: block %s failed %d ingest attempts in a row over "
+                "%.0f s, the last with %s; /health answers 503 until ingest recovers",
+                self.settings.key, self.stuck_at, self.block_failures,
+                time.monotonic() - self._failing_since, error,
             )  # fmt: skip
 
     def _recovered(self) -> None:
-        if self.failures >= self.settings.stall_failures:
+        if self.stalled:
             log.warning(
                 "state node %s: ingest recovered after %d failed attempts (the last: %s)",
                 self.settings.key, self.failures, self.last_error,
             )  # fmt: skip
         self.failures, self.last_error = 0, None
+        self.stuck_at, self.block_failures = None, 0
 
     async def _sleep(self, seconds: float) -> None:
         self._wake.clear()

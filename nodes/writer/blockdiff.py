@@ -288,6 +288,21 @@ def make_state_diff(
     return {"pre": pre, "post": post}
 
 
+def diff_values(part: dict[str, Any]) -> list[tuple[str, str]]:
+    """(value key, value) of every field and slot in one side (`pre` or `post`) of a
+    StateDiff; the key names the field: `<address>:<kind>` or `<address>:storage:<slot>`."""
+    out: list[tuple[str, str]] = []
+    for addr, acct in part.items():
+        out += [(f"{addr}:{kind}", acct[kind]) for kind in ACCOUNT_FIELDS if kind in acct]
+        out += [(f"{addr}:storage:{slot}", v) for slot, v in (acct.get("storage") or {}).items()]
+    return out
+
+
+def zero_of_key(key: str) -> str:
+    """The value a field or slot has before anything wrote it (see `diff_values`)."""
+    return zero_of(key.split(":")[1])
+
+
 def assemble(block: dict[str, Any], receipts: list[Any], state_diff: dict[str, Any]) -> dict:
     """The complete `trace_vendorBlock` result for one block."""
     header = make_header(block)

@@ -111,6 +111,10 @@ class ChainFollower:
             if not progressed:
                 await asyncio.sleep(self.settings.poll_interval)
 
+    def announce(self) -> None:
+        """Have the next poll log where the stored head stands (after a pause)."""
+        self._announce = True
+
     async def prime(self) -> None:
         """One first poll. Any error is left for `run`, which meets it again on its first
         poll and retries or reports it."""
@@ -345,11 +349,33 @@ class ChainFollower:
             before = await self._read(reads, parent, number - 1)
             after = await self._read(reads, block_hash, number)
             state_diff = bd.make_state_diff(reads, before, after)
+        await self._check_pre(number, state_diff["pre"])
         output = bd.assemble(block, receipts, state_diff)
         await self._store(output)
         self.stats.blocks_built += 1
         self.stats.last_build_seconds = time.monotonic() - started
         return True
+
+    async def _check_pre(self, number: int, pre: dict[str, Any]) -> None:
+        """Refuse a StateDiff whose `pre` is not the state the stored blocks left at
+        `number - 1`: the client executed the block on other values (anvil loaded from a
+        state file that is not its blocks' state), and every state node would reject it
+        for good. The block is built again on the next poll; if it keeps failing, the node
+        reports itself stalled with this reason."""
+        claimed = bd.diff_values(pre)
+        if not claimed:
+            return
+        stored = await asyncio.to_thread(self.store.values_at, [k for k, _ in claimed], number - 1)
+        for key, value in claimed:
+            want = stored.get(key, bd.zero_of_key(key))
+            if value != want:
+                raise bd.BlockDataError(
+                    f"block {number} was executed on a state that the stored blocks did not "
+                    f"leave: its pre-state has {key} = {value}, the stored blocks leave {want} "
+                    f"after block {number - 1}; not emitted (the execution client's state "
+                    "differs from its own blocks, e.g. anvil loaded from a torn state file: "
+                    "a restart of the devnet restores it from the write nodes' blocks)"
+                )
 
     async def _parity_diff(
         self, number: int, block_hash: str, txs: list[Any]
@@ -439,8 +465,9 @@ class ChainFollower:
         header = output["Header"]
         number = int(header["number"], 16)
         encoded = bd.output_json(output)
+        values = bd.diff_values(output["StateDiff"]["post"])
         await asyncio.to_thread(
-            self.store.append, number, header["hash"], header["parentHash"], encoded
+            self.store.append, number, header["hash"], header["parentHash"], encoded, values
         )
         self._mark_progress()
         self.head_changed.set()

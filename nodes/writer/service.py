@@ -114,6 +114,7 @@ class WriterNode:
         self.client: EthClient | None = None
         self.follower: ChainFollower | None = None
         self._task: asyncio.Task[None] | None = None
+        self._paused = False
         self.metrics = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
             "chainstate_writer_requests",
@@ -146,6 +147,28 @@ class WriterNode:
         self._up.set(1)
         if self.registry is not None:
             self.registry.register(self.settings.key, self.handle_body)
+
+    async def pause(self) -> None:
+        """Stop following until `resume`, with no write to the store in flight: the devnet
+        restores its execution client from the write nodes' stores meanwhile."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+            self._paused = True
+            self._up.set(0)
+        if self.store is not None:
+            await asyncio.to_thread(self.store.wait_idle)
+
+    def resume(self) -> None:
+        """Follow again after `pause`; the first poll says where the stored head stands."""
+        if not self._paused or self.follower is None:
+            return
+        self._paused = False
+        self.follower.announce()
+        self._task = asyncio.create_task(self.follower.run(), name=f"follow {self.settings.key}")
+        self._up.set(1)
 
     async def close(self) -> None:
         if self.registry is not None:
@@ -297,7 +320,9 @@ class WriterNode:
             verdict = self.follower.verdict(head)
             stats = self.follower.stats
             healthy, reason, lag = verdict.healthy and following, verdict.reason, verdict.lag
-            state = stats.state if following else "stopped"
+            state = stats.state if following else "paused" if self._paused else "stopped"
+            if self._paused:
+                reason = "paused while the devnet's execution client is restored"
             client_head = stats.execution_head
         return {
             "status": "ok" if healthy else "error",

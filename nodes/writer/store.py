@@ -4,14 +4,24 @@ Each block's complete `trace_vendorBlock` result is stored as canonical JSON byt
 hash and parent hash, committed with `synchronous=FULL` before it is served: a restart
 neither re-traces nor loses a block. A reorg deletes the rows above the fork point in one
 transaction. Writes run in a worker thread on their own connection; reads use another.
+
+Every value a block's StateDiff writes (`post`) is also kept by field and height, in the same
+transaction as the block: the state after any stored block is then one indexed read per
+field, so a new block's `pre` can be checked against it before it is emitted, and anvil's
+state file against it before it is loaded.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+import orjson
+
+from nodes.writer.blockdiff import diff_values
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS blocks (
@@ -24,7 +34,19 @@ CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS vals (
+    key    TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    value  TEXT NOT NULL,
+    PRIMARY KEY (key, number)
+) WITHOUT ROWID;
 """
+VALUES_INDEXED = "values_indexed"  # meta key: every stored block's values are in `vals`
+
+
+def post_values(output: bytes) -> list[tuple[str, str]]:
+    """The values a stored `trace_vendorBlock` result's StateDiff writes."""
+    return diff_values(orjson.loads(output)["StateDiff"]["post"])
 
 
 class StoreError(RuntimeError):
@@ -46,7 +68,11 @@ class BlockStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._writer = self._connect()
         self._writer.executescript(SCHEMA)
+        self._index_values()
         self._reader = self._connect()
+        # values_at/state_at run in worker threads: a connection of their own
+        self._values = self._connect()
+        self._values_lock = threading.Lock()
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -57,6 +83,8 @@ class BlockStore:
 
     def close(self) -> None:
         self._reader.close()
+        with self._values_lock:
+            self._values.close()
         with self._write_lock:
             self._writer.close()
 
@@ -88,6 +116,28 @@ class BlockStore:
         row = self._reader.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
 
+    def values_at(self, keys: Iterable[str], number: int) -> dict[str, str]:
+        """The value of each field or slot (`diff_values` keys) after block `number`, for
+        those a stored block wrote (the others are still zero)."""
+        out: dict[str, str] = {}
+        query = "SELECT value FROM vals WHERE key = ? AND number <= ? ORDER BY number DESC LIMIT 1"
+        with self._values_lock:
+            for key in keys:
+                row = self._values.execute(query, (key, number)).fetchone()
+                if row is not None:
+                    out[key] = row[0]
+        return out
+
+    def state_at(self, number: int) -> dict[str, str]:
+        """Every field and slot a stored block up to `number` wrote, with its value then."""
+        with self._values_lock:
+            rows = self._values.execute(
+                "SELECT key, value FROM vals AS v WHERE number = "
+                "(SELECT MAX(number) FROM vals WHERE key = v.key AND number <= ?)",
+                (number,),
+            )
+            return dict(rows.fetchall())
+
     # -- writes (worker thread) ------------------------------------------------
 
     def set_meta(self, key: str, value: str) -> None:
@@ -98,8 +148,18 @@ class BlockStore:
                 (key, value),
             )
 
-    def append(self, number: int, block_hash: str, parent_hash: str, output: bytes) -> None:
-        """Store the next block; it must extend the stored head."""
+    def append(
+        self,
+        number: int,
+        block_hash: str,
+        parent_hash: str,
+        output: bytes,
+        values: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """Store the next block; it must extend the stored head. `values`: what its
+        StateDiff writes (`diff_values` of its `post`), read from `output` when not given."""
+        if values is None:
+            values = post_values(output)
         with self._write_lock:
             cur = self._writer.cursor()
             cur.execute("BEGIN IMMEDIATE")
@@ -116,13 +176,55 @@ class BlockStore:
                     "INSERT INTO blocks(number, hash, parent_hash, output) VALUES (?, ?, ?, ?)",
                     (number, block_hash, parent_hash, output),
                 )
+                cur.executemany(
+                    "INSERT INTO vals(key, number, value) VALUES (?, ?, ?)",
+                    [(key, number, value) for key, value in values],
+                )
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
 
+    def wait_idle(self) -> None:
+        """Return once no write is in flight (one cancelled half-way in its thread ends
+        first)."""
+        with self._write_lock:
+            pass
+
     def rewind(self, to_number: int) -> int:
         """Delete every block above `to_number` (-1 deletes all); returns how many."""
         with self._write_lock:
-            cur = self._writer.execute("DELETE FROM blocks WHERE number > ?", (to_number,))
-            return cur.rowcount
+            cur = self._writer.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                dropped = cur.execute("DELETE FROM blocks WHERE number > ?", (to_number,)).rowcount
+                cur.execute("DELETE FROM vals WHERE number > ?", (to_number,))
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            return dropped
+
+    def _index_values(self) -> None:
+        """A store written before `vals` existed gets its blocks' values once, at open."""
+        done = self._writer.execute("SELECT 1 FROM meta WHERE key = ?", (VALUES_INDEXED,))
+        if done.fetchone() is not None:
+            return
+        cur = self._writer.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            cur.execute("DELETE FROM vals")
+            for number, output in self._writer.execute(
+                "SELECT number, output FROM blocks ORDER BY number"
+            ):
+                cur.executemany(
+                    "INSERT INTO vals(key, number, value) VALUES (?, ?, ?)",
+                    [(key, number, value) for key, value in post_values(bytes(output))],
+                )
+            cur.execute(
+                "INSERT OR REPLACE INTO meta(key, value) VALUES (?, '1')", (VALUES_INDEXED,)
+            )
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise

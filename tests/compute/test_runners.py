@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
+from tests.compute.conftest import BUILD_UID, FAST, GO_CACHE
 from workspace.compute.records import build_run_record
-from workspace.compute.runners import CodeRunner, Outcome, SqlError
-from workspace.compute.sandbox import Limits
+from workspace.compute.runners import CodeRunner, Outcome, RunnerSettings, SqlError
+from workspace.compute.sandbox import Limits, Sandbox, WorkerPool
 
 SUCCESS = {
     "python": "def main(a, b):\n    print('adding')\n    return {'sum': a + b, 'args': [a, b]}\n",
@@ -51,6 +52,21 @@ async def test_success(runner: CodeRunner, lang: str) -> None:
     assert out.return_value == {"sum": 5, "args": [2, 3]}
     assert "adding" in out.text and out.failure is None
     assert out.execution_duration_ms > 0 and out.queue_wait_ms >= 0
+
+
+async def test_python_runs_when_the_start_probe_found_no_interpreter(
+    sandbox: Sandbox, pool: WorkerPool
+) -> None:
+    """The interpreter is probed again at a Python run while none has passed: one failed
+    probe (here: a configured interpreter that does not exist, and no probe at start) does
+    not fail every later run of the process."""
+    missing = RunnerSettings(
+        python="/nonexistent/python3", limits=FAST, cache_dir=GO_CACHE, build_uid=BUILD_UID
+    )
+    runner = CodeRunner(sandbox, pool, missing)
+    out = await runner.run("python", SUCCESS["python"], None, [2, 3])
+    assert out.status == "succeeded", out
+    assert out.return_value == {"sum": 5, "args": [2, 3]}
 
 
 @pytest.mark.parametrize("lang", LANGS)

@@ -24,6 +24,7 @@ from workspace.compute.sandbox import (
     UidPool,
     WorkerPool,
     probe_isolation,
+    process,
 )
 
 PY = "/usr/bin/python3"
@@ -184,6 +185,28 @@ async def test_fork_bomb_is_contained_and_swept(sandbox: Sandbox) -> None:
         if p.info["uids"] and p.info["uids"].real == uid and p.info["status"] != "zombie"
     ]
     assert alive == []
+
+
+async def test_a_kill_does_not_hold_the_event_loop(sandbox: Sandbox, monkeypatch) -> None:
+    """Killing a run also sweeps the machine's process table for what it left (for a fork
+    bomb's uid, pass after pass): that runs in a thread, so the server's other requests and
+    runs go on meanwhile, and the run still ends killed with its reason."""
+    real = process.kill_run_processes
+
+    def slow(*args: object) -> None:  # a long process table, a fork bomb in it
+        time.sleep(0.5)
+        real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(process, "kill_run_processes", slow)
+    sp = await sandbox.start(job("import time; time.sleep(30)"), uid=2_100_015)
+    try:
+        t0 = time.perf_counter()
+        sp.kill("canceled")
+        assert time.perf_counter() - t0 < 0.1
+        res = await sp.wait()
+        assert res.reason == "canceled" and res.exit_code is None
+    finally:
+        await sandbox.cleanup(sp)
 
 
 async def test_huge_allocation_fails_cleanly(sandbox: Sandbox) -> None:

@@ -1,15 +1,18 @@
 """`chainstate up` killed with SIGKILL at random moments while transactions flow, restarted
-on the same data dir, again and again (issue 13).
+on the same data dir, again and again; and anvil killed alone while the stack runs.
 
 After every restart: the stack follows the execution client again within 10 s of starting
 (the proxy's head reaches anvil's), every answer a client read through the proxy before a
 kill (block hashes, balances at those blocks, receipts of mined transactions) reads the same,
 the checker reports none of those blocks as a fork, parent links hold from block 0 to the
 head, both state nodes follow the Leader write node and say "ok" on /health, and each write
-node said in one log line where it stands. Every fourth kill also kills
-anvil itself with SIGKILL (a whole-machine crash: its state file misses its last seconds, or
-is cut short), which `chainstate up` repairs from the write nodes' stores; every fifth
-restart is also killed once while it is still starting (restoring, starting anvil, …).
+node said in one log line where it stands. The first start, on a fresh data dir, is killed
+0-3 s after it began (the devnet's first seconds); every fifth restart is also killed once
+while it is still starting (restoring, starting anvil, …). Of the kills while the stack runs,
+every fourth kills anvil with SIGKILL too (a whole-machine crash: its state file misses its
+last seconds, or is cut short), which `chainstate up` repairs from the write nodes' stores,
+and every fourth (another one) kills anvil alone: the running stack restores it from the
+write nodes' stores and follows it again within 10 s of the kill, without a restart.
 
 CHAINSTATE_CRASH_KILLS sets the number of kills (20 in the suite; the 100-kill run of
 docs/write-node.md uses 100), CHAINSTATE_CRASH_SEED the random seed (printed on failure),
@@ -87,6 +90,13 @@ class Crashable:
                 os.kill(anvil_pid, signal.SIGKILL)
         self.proc.wait()
 
+    def kill_anvil(self) -> None:
+        """SIGKILL anvil alone; the stack keeps running."""
+        pid = self.anvil_pid()
+        assert pid is not None, "anvil's pid file is missing"
+        self.started = time.monotonic()  # following again is timed from the kill
+        os.kill(pid, signal.SIGKILL)
+
     def stop(self) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGINT)
@@ -99,8 +109,8 @@ class Crashable:
     def anvil_pid(self) -> int | None:
         pid_file = self.config.parent / "data" / "anvil-state.pid"
         try:
-            return int(pid_file.read_text())
-        except (OSError, ValueError):
+            return int(pid_file.read_text().split()[0])  # "pid start-time"
+        except (OSError, ValueError, IndexError):
             return None
 
     def url(self, name: str) -> str:
@@ -206,13 +216,16 @@ class Seen:
             assert stack.rpc("blockIsValid", self.hashes[h], url=checker) is True, h
 
 
-def follow_again(stack: Crashable) -> float:
-    """Seconds from starting `chainstate up` until the proxy's head reached anvil's head as
-    it was when the stack came up; fails after FOLLOW_WITHIN."""
-    target = int(stack.rpc("eth_blockNumber", url=stack.url("8545")), 16)
+def follow_again(stack: Crashable, beyond: int = 0) -> float:
+    """Seconds from starting `chainstate up` (or from killing anvil alone) until the proxy's
+    head reached anvil's head as it was when anvil answered again, plus `beyond` blocks
+    (mined after that); fails after FOLLOW_WITHIN."""
+    target: int | None = None
     while True:
         took = time.monotonic() - stack.started
         try:
+            if target is None:
+                target = int(stack.rpc("eth_blockNumber", url=stack.url("8545")), 16) + beyond
             if int(stack.rpc("eth_blockNumber"), 16) >= target:
                 return took
         except (OSError, AssertionError):
@@ -225,11 +238,12 @@ def follow_again(stack: Crashable) -> float:
         time.sleep(0.05)
 
 
-def said_where_it_stands(stack: Crashable) -> None:
-    """Each write node logged one line saying whether it continues, waits or reorgs."""
+def said_where_it_stands(stack: Crashable, since: int = 0) -> None:
+    """Each write node logged one line saying whether it continues, waits or reorgs (in the
+    run's output after `since` characters)."""
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        out = stack.output()
+        out = stack.output()[since:]
         if all(f"write node {key}: " in out for key in ("writer-1", "writer-2")):
             return
         time.sleep(0.05)
@@ -276,18 +290,19 @@ def test_sigkill_at_random_moments_loses_no_answer(tmp_path: Path) -> None:
     sender = Sender(stack)
     sender.start()
     follow_times: list[float] = []
+    anvil_alone = False  # the last kill took anvil down, not the stack
     try:
         for kill in range(KILLS + 1):
-            if kill % 5 == 4:  # an extra kill while the stack is still starting
-                stack.spawn()
-                time.sleep(rng.uniform(0.0, 1.5))
-                stack.kill(anvil_too=rng.random() < 0.5)
-            stack.start()
-            follow_times.append(follow_again(stack))
-            if kill:
-                said_where_it_stands(stack)
-            else:  # a new chain: nothing to recover, so nothing said
-                assert "same chain: continuing" not in stack.output(), stack.output()[-3000:]
+            since = len(stack.output()) if anvil_alone else 0
+            if not anvil_alone:
+                if kill == 0 or kill % 5 == 4:  # a kill while the stack is still starting
+                    stack.spawn()
+                    time.sleep(rng.uniform(0.0, 3.0 if kill == 0 else 1.5))
+                    stack.kill(anvil_too=rng.random() < 0.5)
+                stack.start()
+            follow_times.append(follow_again(stack, beyond=1 if anvil_alone else 0))
+            if kill:  # (the first start's kill may come before any block is stored)
+                said_where_it_stands(stack, since)
             seen.check(stack)
             writers_healthy(stack)
             state_nodes_follow(stack)
@@ -298,18 +313,24 @@ def test_sigkill_at_random_moments_loses_no_answer(tmp_path: Path) -> None:
             while time.monotonic() < kill_at:
                 seen.record(stack, sender.sent, rng)
                 time.sleep(0.05)
-            stack.kill(anvil_too=kill % 4 == 3)
+            anvil_alone = kill % 4 == 1
+            if anvil_alone:
+                stack.kill_anvil()
+            else:
+                stack.kill(anvil_too=kill % 4 == 3)
         head = seen.check(stack)
         assert head >= KILLS, "the chain hardly moved"
         assert len(seen.receipts) >= KILLS, "too few transactions went through"
         log = stack.log.read_text(errors="replace")
         restored = log.count("anvil: restored to the write nodes' head")
         assert restored >= KILLS // 4 // 2, "anvil killed too, yet hardly anything restored"
+        restarted = log.count("anvil runs again")
+        assert restarted == KILLS // 4 + (KILLS % 4 > 1), "anvil killed alone, not restarted"
         print(
             f"{KILLS} kills (seed {SEED}): head {head}, {len(seen.receipts)} receipts, "
             f"follow again after {max(follow_times):.1f} s at most; anvil restored from the "
-            f"write nodes' blocks {restored} times, its own file kept "
-            f"{log.count('its state file holds the write nodes')} times, "
+            f"write nodes' blocks {restored} times ({restarted} times by the running stack), "
+            f"its own file kept {log.count('its state file holds the write nodes')} times, "
             f"{log.count('reorg')} reorg lines"
         )
     except BaseException:
@@ -321,3 +342,36 @@ def test_sigkill_at_random_moments_loses_no_answer(tmp_path: Path) -> None:
             assert stack.stop() == 0, stack.output()[-3000:]
         if os.environ.get("CHAINSTATE_CRASH_LOG"):  # keep every run's output (manual runs)
             shutil.copyfile(stack.log, os.environ["CHAINSTATE_CRASH_LOG"])
+
+
+FIRST_START_KILLS = ((0.2, 1.6), (1.6, 3.0))  # seconds after the first start: early, late
+
+
+@pytest.mark.timeout(120)
+def test_a_first_start_killed_early_follows_again_within_10_s(tmp_path: Path) -> None:
+    """`chainstate up` killed with SIGKILL 0.2-3 s after its first start on a fresh data dir
+    (anvil starting from the genesis file and reloading its first dump, the write nodes
+    storing block 0) and started again follows anvil within 10 s: once early in that window
+    and once late. A kill while the stores held only block 0 used to brick the data dir
+    (anvil reloaded took a genesis of its own as block 0: "another chain" for good)."""
+    rng = random.Random(SEED)
+    for i, (low, high) in enumerate(FIRST_START_KILLS):
+        folder = tmp_path / f"devnet-{i}"
+        folder.mkdir()
+        config, ports = write_config(folder)
+        stack = Crashable(config, ports, folder / "up.log")
+        stack.spawn()
+        time.sleep(rng.uniform(low, high))
+        stack.kill(anvil_too=False)  # anvil gets SIGTERM from the kernel and dumps its state
+        try:
+            stack.start()
+            took = follow_again(stack, beyond=1)
+            writers_healthy(stack)
+            state_nodes_follow(stack)
+            print(f"killed {low}-{high} s after the first start: following after {took:.1f} s")
+        except BaseException:
+            print(f"seed {SEED}; the output of both runs:\n{stack.log.read_text()[-8000:]}")
+            raise
+        finally:
+            if stack.proc is not None and stack.proc.poll() is None:
+                assert stack.stop() == 0, stack.output()[-3000:]

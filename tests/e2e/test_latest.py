@@ -88,17 +88,23 @@ async def test_latest_never_goes_backwards_through_chainstate_up(stack) -> None:
     started = time.monotonic()
     await alternate(url, REQUESTS, one, batch_every=7)
     two = Seen()
-    await asyncio.gather(
-        alternate(url, REQUESTS // 2, two, batch_every=5),
-        alternate(url, REQUESTS // 2, two),
-    )
+    # The requests take well under a second here and anvil mines one block a second: the
+    # two connections go on (REQUESTS more each round) until a block has arrived meanwhile.
+    deadline = time.monotonic() + 10
+    while True:
+        await asyncio.gather(
+            alternate(url, REQUESTS // 2, two, batch_every=5),
+            alternate(url, REQUESTS // 2, two),
+        )
+        if two.highest > (one.first or 0) or time.monotonic() > deadline:
+            break
     took = time.monotonic() - started
     print(
         f"{REQUESTS} requests on one connection, blocks {one.first}..{one.highest}; "
-        f"{REQUESTS} on two, blocks {two.first}..{two.highest}; {took:.1f} s; "
+        f"{two.answers} on two, blocks {two.first}..{two.highest}; {took:.1f} s; "
         f"lower answers: {len(one.lower)} and {len(two.lower)}"
     )
-    assert one.answers == REQUESTS and two.answers == 2 * (REQUESTS // 2)
+    assert one.answers == REQUESTS and two.answers % (2 * (REQUESTS // 2)) == 0
     assert not one.lower, one.lower[:10]
     assert not two.lower, two.lower[:10]
     assert two.highest > one.first, "no block arrived while the requests ran"

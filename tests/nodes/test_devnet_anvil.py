@@ -25,6 +25,7 @@ from nodes.devnet.anvil import (
     ensure_anvil,
     ensure_openzeppelin,
 )
+from nodes.devnet.genesis import header_hash
 from tests.conftest import free_port
 
 
@@ -104,6 +105,45 @@ async def test_state_path_keeps_the_chain_across_restarts(tmp_path) -> None:
     # anvil 1.7.1 after loading a state file sometimes answers block 0 with a fresh genesis
     # hash; the chain itself (block 1's parent) is the loaded one.
     assert block1["parentHash"] == genesis_block["hash"]
+
+
+async def test_block_zero_is_the_genesis_files_on_every_restart(tmp_path) -> None:
+    """anvil 1.7.1 loaded from a state file adds a genesis of its own, dumps it next to the
+    chain's block 0 in hash-map order, and on the next load takes the last block 0 listed:
+    with the head at 0 it answered that block and mined on it (a devnet killed in its first
+    seconds: the write nodes saw another chain). Listed last here on purpose: the start
+    keeps one block 0, the genesis file's, and the chain goes on from it."""
+    state = tmp_path / "anvil-state.json"
+    port = free_port()
+    async with AnvilProcess(port=port, genesis=GENESIS, state_path=state) as proc:
+        genesis_block = await rpc(proc.url, "eth_getBlockByNumber", ["0x0", False])
+    AnvilProcess(port=port, genesis=GENESIS, state_path=state).settle_previous()
+    dumped = json.loads(state.read_text())
+    zeros = [b for b in dumped["blocks"] if b["header"]["number"] == "0x0"]
+    assert len(zeros) == 1  # pinned when the dump was taken over
+    fresh = dict(zeros[0], header=dict(zeros[0]["header"], timestamp=hex(int(time.time()))))
+    dumped["blocks"].append(fresh)  # another block 0, listed after the chain's
+    state.write_text(json.dumps(dumped))
+    async with AnvilProcess(port=port, genesis=GENESIS, state_path=state) as proc:
+        assert await rpc(proc.url, "eth_getBlockByNumber", ["0x0", False]) == genesis_block
+        await rpc(proc.url, "evm_mine")
+        block1 = await rpc(proc.url, "eth_getBlockByNumber", ["0x1", False])
+        assert block1["parentHash"] == genesis_block["hash"]
+        assert await rpc(proc.url, "eth_getBlockByNumber", ["earliest", False]) == genesis_block
+
+
+async def test_header_hash_is_the_block_hash_anvil_gives(tmp_path) -> None:
+    """The hash of a dumped header: what tells which of a dump's blocks 0 block 1 is on."""
+    async with AnvilProcess(port=free_port(), genesis=GENESIS) as proc:
+        for _ in range(2):
+            await rpc(proc.url, "evm_mine")
+        hashes = [
+            (await rpc(proc.url, "eth_getBlockByNumber", [hex(n), False]))["hash"] for n in range(3)
+        ]
+        raw = await rpc(proc.url, "anvil_dumpState")
+    blocks = json.loads(gzip.decompress(bytes.fromhex(raw[2:])))["blocks"]
+    got = sorted((int(b["header"]["number"], 16), header_hash(b["header"])) for b in blocks)
+    assert got == list(enumerate(hashes))
 
 
 async def test_state_file_is_written_periodically(tmp_path) -> None:

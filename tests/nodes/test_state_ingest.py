@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestServer
 
 from chainstate.config import ConfigError
 from chainstate.inproc import InprocRegistry
+from chainstate.rpcclient import RpcClient
 from chainstate.rpcserver import rpc_handler
 from nodes.state.service import StateNode
 from nodes.writer.blockdiff import validation_hash
@@ -335,9 +336,12 @@ async def test_a_stalled_ingest_shows_in_health_and_is_logged_once(
             assert resp.status == 503
             health = await resp.json()
         assert health["status"] == "stalled" and health["head"] == 7
-        assert "attempts in a row failed" in health["reason"]
+        assert "block 8 failed" in health["reason"] and "attempts in a row" in health["reason"]
         assert "PreStateMismatch: block 8" in health["reason"]
         assert node.reader.range() == (0, 7)  # nothing of the bad block applied
+        # the same document over JSON-RPC, as the proxy's health poll reads it
+        polled = await RpcClient(f"inproc://{node.key}", registry=registry).call("blockx_health")
+        assert polled["status"] == "stalled" and polled["reason"] == health["reason"]
         stalls = [r for r in caplog.records if "stalled" in r.getMessage()]
         assert len(stalls) == 1 and stalls[0].levelno == logging.ERROR
         loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -352,6 +356,22 @@ async def test_a_stalled_ingest_shows_in_health_and_is_logged_once(
         assert_matches(node, chain, addrs)
     finally:
         await server.close()
+
+
+async def test_an_unreachable_source_is_not_a_stall(make_node: Any) -> None:
+    """A source that does not answer leaves the node with every block it holds: /health
+    stays "ok" (with the source's error shown) and the proxy keeps routing to it."""
+    chain, _ = random_chain(seed=49, blocks=6)
+    registry = InprocRegistry()
+    source = ChainSource(chain)
+    registry.register("w", source.handle_body)
+    node = await make_node("inproc://w", registry, kind="archive", stall_failures=2)
+    await node.ingest.wait_for_height(5, within=10)
+    registry.unregister("w")
+    await wait_until(lambda: node.ingest.failures >= 5)
+    ok, doc = node.health()
+    assert ok and doc["status"] == "ok" and "reason" not in doc, doc
+    assert doc["last_error"] and node.ingest.stalled is None
 
 
 async def test_stall_failures_must_be_positive(tmp_path: Path) -> None:

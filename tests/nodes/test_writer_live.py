@@ -191,3 +191,36 @@ async def test_a_block_with_hundreds_of_transactions(tmp_path: Path) -> None:
         finally:
             await eth.close()
             await writer.close()
+
+
+async def test_a_block_executed_on_state_no_block_left_is_not_emitted(tmp_path: Path) -> None:
+    """anvil's state changed outside its blocks (here anvil_setBalance; after a crash, a
+    torn state file) so the next block's pre-state is not what the stored blocks left: the
+    write node does not emit it (every state node would reject it for good), it says why in
+    its health, and the blocks before it stay served."""
+    async with AnvilProcess(port=free_port(), genesis=GENESIS) as anvil:
+        eth = EthClient(anvil.url)
+        section = {"execution_url": anvil.url, "poll_interval": 0.01, "key": "writer-live"}
+        writer = WriterNode.from_config(
+            section | {"max_retries": 2}, data_dir=tmp_path, registry=InprocRegistry()
+        )
+        try:
+            accounts = await eth.call("eth_accounts")
+            await writer.start()
+            await writer.wait_for_head(0, within=15)
+            await eth.call("anvil_setBalance", [accounts[4], hex(5 * 10**18)])
+            tx = {"from": accounts[4], "to": fresh_address(900), "value": "0x1"}
+            await eth.call("eth_sendTransaction", [tx])
+            async with asyncio.timeout(15):  # max_retries failed builds: stalled
+                while True:
+                    health = writer.health()
+                    if not health["healthy"]:
+                        break
+                    await asyncio.sleep(0.02)
+            assert health["head"] == 0 and health["execution_head"] == 1, health
+            assert f"{accounts[4].lower()}:balance" in health["last_error"], health
+            assert "not emitted" in health["last_error"], health
+            assert writer.store is not None and writer.store.hash_at(1) is None
+        finally:
+            await eth.close()
+            await writer.close()

@@ -17,6 +17,7 @@ import gzip
 import json
 import logging
 import shutil
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from chainstate.inproc import InprocRegistry
 from nodes.devnet.anvil import GENESIS, AnvilProcess
+from nodes.devnet.genesis import header_hash
 from nodes.devnet.recovery import (
+    _historical_state,
     accounts_past_head,
     catch_up_writers,
     read_state,
@@ -110,7 +113,9 @@ async def chain(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Chain
         {"from": accounts[2], "to": fresh_address(700), "value": "0x7"}
         | {"gasPrice": hex(3 * 10**9)},
     )
-    await eth.call("anvil_setBalance", [IMPERSONATED, hex(10**18)])
+    # funded by a transaction: a balance set outside blocks (anvil_setBalance) is in no
+    # StateDiff, and the write node refuses the next block that starts from it
+    await send(eth, {"from": accounts[3], "to": IMPERSONATED, "value": hex(10**18)})
     await eth.call("anvil_impersonateAccount", [IMPERSONATED])
     await send(eth, {"from": IMPERSONATED, "to": fresh_address(701), "value": "0x9"})
     head = int(await eth.call("eth_blockNumber"), 16)
@@ -574,3 +579,100 @@ async def test_a_file_without_its_heads_historical_state_is_taken_as_it_is() -> 
     same = {"accounts": {"0x" + "11" * 20: {"balance": "0x5", "nonce": 1}}, "storage": {}}
     same["block_hashes"] = {"0x3": "0xcc"}
     assert accounts_past_head(state | {"historical_states": [["0xCC", same]]}) is None
+
+
+async def test_a_torn_dump_without_the_history_to_show_it_is_not_loaded(
+    tmp_path: Path,
+) -> None:
+    """The same tear, in a dump that keeps no state of its head block (anvil serialised its
+    history before it began the next block, its accounts after): the file cannot show it,
+    the write node's store can. The file's accounts are not what the stored blocks left at
+    that block, so it is set aside and anvil restored from the store, and the writer goes
+    on from there instead of refusing the next block."""
+    state = tmp_path / "anvil-state.json"
+    store_path = tmp_path / "writer" / STORE_FILE
+    anvil = AnvilProcess(port=free_port(), genesis=GENESIS, state_path=state)
+    await anvil.start()
+    eth = EthClient(anvil.url)
+    writer = make_writer(anvil.url, tmp_path / "writer")
+    await writer.start()
+    try:
+        accounts = await eth.call("eth_accounts")
+        await send(eth, {"from": accounts[1], "to": fresh_address(740), "value": "0x1"})
+        head = int(await eth.call("eth_blockNumber"), 16)
+        await writer.wait_for_head(head)
+        await writer.close()
+        await send(eth, {"from": accounts[1], "to": fresh_address(741), "value": "0x2"})
+    finally:
+        await eth.close()
+        await anvil.stop()
+    anvil.settle_previous()
+    complete = read_state(state)
+    assert complete is not None
+    torn = tear(complete, head)
+    own = _historical_state(torn, head)
+    torn["historical_states"] = [e for e in torn["historical_states"] if e[1] is not own]
+    assert accounts_past_head(torn) is None  # the file alone does not show the tear
+    await asyncio.to_thread(state.write_bytes, orjson.dumps(torn))
+
+    said = restore_chain(state, [("writer-r", store_path)])
+    assert said is not None and f"restored to the write nodes' head {head}" in said, said
+    assert f"state at block {head} is not the one the write nodes' blocks left" in said, said
+    assert (tmp_path / "anvil-state.damaged.json").exists()
+    async with AnvilProcess(port=free_port(), genesis=GENESIS, state_path=state) as again:
+        eth = EthClient(again.url)
+        writer = make_writer(again.url, tmp_path / "writer")
+        await writer.start()
+        try:
+            await send(eth, {"from": accounts[1], "to": fresh_address(742), "value": "0x3"})
+            await writer.wait_for_head(head + 1, within=20)
+            assert writer.health()["healthy"] is True
+        finally:
+            await writer.close()
+            await eth.close()
+
+
+async def test_a_store_holding_only_block_zero_restores_a_file_on_another_block_zero(
+    tmp_path: Path,
+) -> None:
+    """A devnet killed in its first seconds, by an anvil that mined on a genesis of its own
+    (before block 0 was pinned): the write nodes hold only block 0, the state file a chain
+    on another block 0. A normal case of recovery: anvil is restored to the stored block 0
+    (nothing the write nodes emitted is lost), not "another chain" for good."""
+    state = tmp_path / "anvil-state.json"
+    async with followed(tmp_path) as (eth, writer, _):
+        try:
+            await writer.wait_for_head(0)
+            await dump_state(eth, state)
+        finally:
+            await writer.close()
+    dumped = read_state(state)
+    assert dumped is not None
+    (ours,) = [b for b in dumped["blocks"] if b["header"]["number"] == "0x0"]
+    fresh = dict(ours, header=dict(ours["header"], timestamp=hex(int(time.time()))))
+    child = dict(
+        ours, header=dict(ours["header"], number="0x1", parentHash=header_hash(fresh["header"]))
+    )
+    dumped["blocks"] += [fresh, child]
+    dumped["best_block_number"] = 1
+    await asyncio.to_thread(state.write_bytes, orjson.dumps(dumped))
+    said = restore_chain(state, [("writer-r", tmp_path / "writer" / STORE_FILE)])
+    assert said is not None and "restored to the write nodes' head 0" in said, said
+    assert "another chain" in said, said
+    restored = read_state(state)
+    assert restored is not None
+    assert [b["header"] for b in restored["blocks"]] == [
+        {k: v for k, v in ours["header"].items() if k != "hash"}
+    ]
+    async with AnvilProcess(port=free_port(), genesis=GENESIS, state_path=state) as again:
+        eth = EthClient(again.url)
+        writer = make_writer(again.url, tmp_path / "writer")
+        await writer.start()
+        try:
+            accounts = await eth.call("eth_accounts")
+            await send(eth, {"from": accounts[1], "to": fresh_address(750), "value": "0x1"})
+            await writer.wait_for_head(1, within=20)
+            assert writer.health()["healthy"] is True
+        finally:
+            await writer.close()
+            await eth.close()

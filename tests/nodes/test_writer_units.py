@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from chainstate.config import ConfigError
@@ -24,16 +25,60 @@ REPO = Path(__file__).resolve().parents[2]
 def test_store_refuses_a_block_that_does_not_extend_the_head(tmp_path: Path) -> None:
     store = BlockStore(tmp_path / "w.sqlite3")
     try:
-        store.append(0, "0xa", "0x0", b"{}")
+        store.append(0, "0xa", "0x0", b"{}", [])
         with pytest.raises(StoreError):
-            store.append(2, "0xc", "0xb", b"{}")
+            store.append(2, "0xc", "0xb", b"{}", [])
         with pytest.raises(StoreError):
-            store.append(1, "0xb", "0xwrong", b"{}")
-        store.append(1, "0xb", "0xa", b"{}")
+            store.append(1, "0xb", "0xwrong", b"{}", [])
+        store.append(1, "0xb", "0xa", b"{}", [])
         assert store.rewind(0) == 1
         assert store.head() is not None and store.head().number == 0  # type: ignore[union-attr]
     finally:
         store.close()
+
+
+def _output(post: dict) -> bytes:
+    return orjson.dumps({"StateDiff": {"pre": {}, "post": post}})
+
+
+def test_store_keeps_the_state_after_each_block_and_rewinds_it(tmp_path: Path) -> None:
+    """The values each block's StateDiff wrote, by height: what a new block's pre-state is
+    checked against; a rewind forgets the blocks' values, a store without them gets them at
+    open."""
+    a, b = "0x" + "aa" * 20, "0x" + "bb" * 20
+    slot = "0x" + "00" * 31 + "01"
+    outputs = [
+        _output({a: {"balance": "0x10", "nonce": "0x0", "code": "0x"}}),
+        _output({a: {"balance": "0xf", "nonce": "0x1"}, b: {"balance": "0x1"}}),
+        _output({b: {"storage": {slot: "0x" + "00" * 31 + "07"}}}),
+    ]
+    path = tmp_path / "w.sqlite3"
+    store = BlockStore(path)
+    try:
+        for n, raw in enumerate(outputs):
+            store.append(n, f"0x{n + 10:x}", f"0x{n + 9:x}" if n else "0x0", raw)
+        keys = [f"{a}:balance", f"{a}:nonce", f"{b}:balance", f"{b}:storage:{slot}"]
+        assert store.values_at(keys, 0) == {f"{a}:balance": "0x10", f"{a}:nonce": "0x0"}
+        at_two = {
+            f"{a}:balance": "0xf",
+            f"{a}:nonce": "0x1",
+            f"{b}:balance": "0x1",
+            f"{b}:storage:{slot}": "0x" + "00" * 31 + "07",
+        }
+        assert store.values_at(keys, 2) == at_two
+        assert store.state_at(2) == {**at_two, f"{a}:code": "0x"}
+        assert store.rewind(1) == 1
+        assert f"{b}:storage:{slot}" not in store.values_at(keys, 2)
+        # a store written before the values were kept: they are read from its blocks at open
+        store._writer.execute("DELETE FROM vals")
+        store._writer.execute("DELETE FROM meta")
+    finally:
+        store.close()
+    again = BlockStore(path)
+    try:
+        assert again.values_at(keys, 5) == {k: v for k, v in at_two.items() if ":storage:" not in k}
+    finally:
+        again.close()
 
 
 @pytest.mark.parametrize(

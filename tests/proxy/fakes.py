@@ -54,6 +54,7 @@ class FakeNode(fakenode.FakeNode):
         self.fail_every = 0  # answer every Nth data request with HTTP 503 (0: never)
         self.pad = 0  # characters of padding in every data answer (large answers)
         self.reverse = False  # answer batches in reverse order (JSON-RPC allows any order)
+        self.stalled: str | None = None  # blockx_health says "stalled" with this reason
         self.received: list[dict[str, Any]] = []  # data items (polls excluded)
         self.bodies: list[bytes] = []
 
@@ -153,6 +154,10 @@ class FakeNode(fakenode.FakeNode):
             return hex(self.head)
         if method == "blockx_range":
             return {"earliest": self.earliest, "latest": self.head}
+        if method == "blockx_health":  # as a state node reports itself
+            if self.stalled is not None:
+                return {"status": "stalled", "reason": self.stalled, "head": self.head}
+            return {"status": "ok", "head": self.head}
         if polling and method == "eth_getBlockByNumber":
             return self.header(self.head)
         if self.error_code is not None:

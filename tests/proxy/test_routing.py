@@ -204,6 +204,37 @@ async def test_dead_node_is_retried_then_taken_out_and_brought_back(
     assert served_by(await api.call("1337", "eth_getBalance", [OTHER])) == "b"
 
 
+async def test_a_node_that_reports_itself_stalled_is_routed_around(
+    make_api, fake_nodes, caplog
+) -> None:
+    """A state node failing the same block again and again says so in `blockx_health`: the
+    proxy takes it out of rotation with that reason (getAllNodes, one log line) while it
+    still answers polls, and brings it back once it no longer says so."""
+    caplog.set_level(logging.WARNING, logger="proxy")
+    a = await fake_nodes("a", "state")
+    b = await fake_nodes("b", "state")
+    api = await make_api()
+    await api.add("1337", a)
+    await api.add("1337", b)
+    await api.heads_known("1337")
+    b.stalled = "ingest stalled: block 1001 failed 5 attempts in a row, the last with X"
+    pool = api.proxy.state.pools["1337"]
+    await wait_until(lambda: not pool.find("b").healthy)
+    for i in range(6):
+        assert served_by(await api.call("1337", "eth_getBalance", [ADDR], rid=i)) == "a"
+    _, nodes = await api.get("/1337/getAllNodes")
+    shown = {n["key"]: n for n in nodes["nodes"]}
+    assert shown["b"]["healthy"] is False and shown["b"]["routable"] is False
+    assert shown["b"]["last_error"] == b.stalled
+    assert shown["a"]["routable"] is True and shown["a"]["last_error"] is None
+    said = [r.getMessage() for r in caplog.records if " b " in r.getMessage()]
+    assert len(said) == 1 and b.stalled in said[0], said
+    b.stalled = None
+    await wait_until(lambda: pool.find("b").healthy)
+    _, nodes = await api.get("/1337/getAllNodes")
+    assert all(n["routable"] and n["last_error"] is None for n in nodes["nodes"])
+
+
 async def test_slow_node_times_out_and_is_retried(make_api, fake_nodes) -> None:
     slow = await fake_nodes("slow", "state")
     fast = await fake_nodes("fast", "archive")

@@ -436,7 +436,7 @@ class InstanceManager:
         if self.env_for is not None:
             env.update(await self.env_for(doc))
         job = Job(
-            [self.runner.python, "-I", "-u", "-X", "utf8", harness],
+            [await self.runner.python_for(uid), "-I", "-u", "-X", "utf8", harness],
             {"job.json": json.dumps(job_doc), "main.py": doc["code"]},
             env,
             limits,

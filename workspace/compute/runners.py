@@ -38,6 +38,7 @@ from workspace.compute.sandbox.uids import ensure_owner
 from workspace.http import json_shape
 
 log = logging.getLogger("workspace.compute.runners")
+PROBE_AGAIN = 5.0  # seconds between probes for a Python interpreter while none has passed
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 LANGUAGES = ("python", "go", "javascript", "sql")
@@ -249,6 +250,9 @@ class CodeRunner:
         self.python = settings.python
         self.python_env: dict[str, str] = {}
         self.notes: list[str] = []
+        self._python_found = False
+        self._probed_at = -PROBE_AGAIN
+        self._probe_lock = asyncio.Lock()
 
     async def prepare(self) -> None:
         """Pick a Python interpreter the sandbox uid can execute, once at start.
@@ -257,31 +261,58 @@ class CodeRunner:
         /root); then the system python3 of the same minor version runs with the venv's
         site-packages on its path, and the choice is reported.
         """
+        async with self.pool.slot() as (uid, _):
+            await self._probe(uid)
+
+    async def python_for(self, uid: int) -> str:
+        """The interpreter a Python run starts. While no candidate has passed, the probe is
+        made again (with the run's own uid, at most every `PROBE_AGAIN` seconds): a probe that
+        failed once for a passing reason must not fail every later Python run of the process
+        (the first run after a failed start probe probes at once)."""
+        if not self._python_found and time.monotonic() - self._probed_at >= PROBE_AGAIN:
+            async with self._probe_lock:
+                if not self._python_found:
+                    self._probed_at = time.monotonic()
+                    await self._probe(uid)
+        return self.python
+
+    async def _probe(self, uid: int) -> None:
         candidates = [self.settings.python, "/usr/bin/python3"]
         want = f"{sys.version_info.major}.{sys.version_info.minor}"
         probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+        why_not: list[str] = []
         for exe in candidates:
             try:
-                async with self.pool.slot() as (uid, _):
-                    res = await self.sandbox.run(
-                        Job([exe, "-I", "-c", probe], limits=Limits(wall_seconds=20)), uid
-                    )
+                res = await self.sandbox.run(
+                    Job([exe, "-I", "-c", probe], limits=Limits(wall_seconds=20)), uid
+                )
             except OSError as exc:
-                self.notes.append(f"sandbox cannot run {exe}: {exc.strerror}")
+                why_not.append(f"{exe}: {exc.strerror}")
                 continue
-            if res.exit_code == 0 and res.output.decode().strip() == want:
-                self.python = exe
-                if exe != self.settings.python:
-                    site = _site_packages()
-                    for path in site.split(os.pathsep):
-                        self.sandbox.expose(Path(path))
-                    self.python_env = {"CHAINSTATE_SITE_PACKAGES": site}
-                    note = f"sandbox python: {exe} with the venv's site-packages"
-                    self.notes.append(note)
-                    log.info(note)
+            said = res.output.decode(errors="replace").strip()
+            if res.exit_code == 0 and said == want:
+                self._use(exe)
                 return
-        self.notes.append(f"no python {want} runnable in the sandbox; python runs will fail")
+            how = f"signal {res.signal}" if res.signal else f"exit code {res.exit_code}"
+            reason = f", {res.reason}" if res.reason else ""
+            why_not.append(f"{exe}: {how}{reason}, said {said[-300:]!r}")
+        self.notes.append(
+            f"no python {want} runnable in the sandbox ({'; '.join(why_not)}); "
+            f"probed again at the next Python run (after {PROBE_AGAIN:g} s)"
+        )
         log.warning(self.notes[-1])
+
+    def _use(self, exe: str) -> None:
+        self.python = exe
+        self._python_found = True
+        if exe != self.settings.python:
+            site = _site_packages()
+            for path in site.split(os.pathsep):
+                self.sandbox.expose(Path(path))
+            self.python_env = {"CHAINSTATE_SITE_PACKAGES": site}
+            note = f"sandbox python: {exe} with the venv's site-packages"
+            self.notes.append(note)
+            log.info(note)
 
     async def run(
         self,
@@ -303,7 +334,7 @@ class CodeRunner:
             return await self._run_sql(code, args, sql, limits)
         try:
             async with self.pool.slot() as (uid, wait_ms):
-                job = await self._job(language, code, entry, args, limits)
+                job = await self._job(language, code, entry, args, limits, uid)
                 if isinstance(job, Outcome):
                     job.queue_wait_ms = wait_ms
                     return job
@@ -318,12 +349,12 @@ class CodeRunner:
             return Outcome.failed("internal", f"cannot start the {language} runtime: {exc}")
 
     async def _job(
-        self, language: str, code: str, entry: str, args: list[Any], limits: Limits
+        self, language: str, code: str, entry: str, args: list[Any], limits: Limits, uid: int
     ) -> Job | Outcome:
         job_doc = json.dumps({"entry": entry, "args": args, "mode": "function"})
         if language == "python":
             harness = str(RUNTIME_DIR / "python_harness.py")
-            argv = [self.python, "-I", "-X", "utf8", harness]
+            argv = [await self.python_for(uid), "-I", "-X", "utf8", harness]
             files = {"job.json": job_doc, "main.py": code}
             return Job(argv, files, dict(self.python_env), limits)
         if language == "javascript":

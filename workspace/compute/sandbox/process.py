@@ -72,6 +72,11 @@ class SandboxProcess:
         self._kept = bytearray()
         self._size = 0
         self.reason: str | None = None
+        try:
+            self.created: float | None = psutil.Process(self.pid).create_time()
+        except psutil.Error:  # already gone: nothing of it to tell apart from a reused pid
+            self.created = None
+        self._sweep: asyncio.Future[None] | None = None  # the uid sweep `kill` started
         self._out_task = asyncio.ensure_future(self._pump_output())
         self._res_task = asyncio.ensure_future(self._read_result())
 
@@ -104,17 +109,27 @@ class SandboxProcess:
         process, the first one, left out)."""
         try:
             main = psutil.Process(self.pid)
+            if self.created is not None and main.create_time() != self.created:
+                return []  # the run was reaped and its pid given to another process
             return [main, *main.children(recursive=True)][self.wrappers :]
         except psutil.Error:
             return []
 
     def kill(self, reason: str) -> None:
-        """Kill the run and everything it started; the first reason given is kept."""
+        """Kill the run and everything it started; the first reason given is kept. Its
+        process group goes at once; the walk of the process table for whatever else it
+        started runs in a thread (on the event loop it stalled every other request and run
+        for up to a second while a fork bomb was killed), and `wait` waits for it."""
         if self.reason is None:
             self.reason = reason
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
-        kill_run_processes(self.pid, self.uid)
+        if self.proc.returncode is None:  # not reaped: the pid is still the run's
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+        if self._sweep is None or self._sweep.done():
+            self._sweep = asyncio.ensure_future(self._kill_rest())
+
+    async def _kill_rest(self) -> None:
+        await asyncio.to_thread(kill_run_processes, self.pid, self.uid, self.created)
 
     async def wait(self, wall_seconds: float | None = None) -> RunResult:
         """Wait for exit (killing at the wall clock), then collect output and result."""
@@ -131,7 +146,9 @@ class SandboxProcess:
         # leftovers (daemonized children) die too; off the loop: a fork bomb's kill walks every
         # process repeatedly, and a loop blocked that long let other runs' pipe-drain
         # windows expire before their results were read (recorded as `crashed`)
-        await asyncio.to_thread(kill_run_processes, self.pid, self.uid)
+        if self._sweep is not None:
+            await self._sweep
+        await self._kill_rest()
         finished = time.time()
         duration_ms = int((time.monotonic() - self._t0) * 1000)
         for task in (self._out_task, self._res_task):

@@ -206,7 +206,7 @@ class Sandbox:
 
     async def cleanup(self, sp: SandboxProcess) -> None:
         """Remove the run's folders and cgroup once it has ended (off the event loop)."""
-        await asyncio.to_thread(kill_run_processes, sp.pid, sp.uid)
+        await asyncio.to_thread(kill_run_processes, sp.pid, sp.uid, sp.created)
         await asyncio.to_thread(remove_run_dirs, sp.dirs)
         if sp.cgroup is not None:
             for _ in range(50):  # the kernel may need a moment after the last exit

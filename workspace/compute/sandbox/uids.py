@@ -45,12 +45,18 @@ class UidPool:
         self._free.append(uid)
 
 
-def kill_run_processes(pid: int, uid: int | None) -> None:
-    """SIGKILL the process tree and, with a private uid, every process of that uid."""
+def kill_run_processes(pid: int, uid: int | None, created: float | None = None) -> None:
+    """SIGKILL the process tree and, with a private uid, every process of that uid. This
+    walks the machine's process table (a fork bomb's uid up to 20 times): call it off the
+    event loop. `created`: the run's start time (`psutil.Process.create_time`); a process
+    with that pid but another start time is not the run (its pid was reused after it was
+    reaped) and its children are left alone."""
     with contextlib.suppress(psutil.Error):
-        for child in psutil.Process(pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                child.kill()
+        run = psutil.Process(pid)
+        if created is None or run.create_time() == created:
+            for child in run.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
     if uid is not None:
         kill_uid_processes(uid)
 

@@ -1,0 +1,2 @@
+// gets block 0
+>> {"jsonrpc":"2.0","id":1,"method":"debug_getRawHeader","params":["0x0"]}

@@ -1,0 +1,2 @@
+// gets the current blob fee in wei
+>> {"jsonrpc":"2.0","id":1,"method":"eth_blobBaseFee"}

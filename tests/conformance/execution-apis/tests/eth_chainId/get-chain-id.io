@@ -1,0 +1,2 @@
+// retrieves the client's current chain id
+>> {"jsonrpc":"2.0","id":1,"method":"eth_chainId"}

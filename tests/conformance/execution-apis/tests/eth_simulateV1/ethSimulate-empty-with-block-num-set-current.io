@@ -1,0 +1,2 @@
+// set block number otherwise empty with latest
+>> {"jsonrpc":"2.0","id":1,"method":"eth_simulateV1","params":[{"blockStateCalls":[{}]},"0x36"]}

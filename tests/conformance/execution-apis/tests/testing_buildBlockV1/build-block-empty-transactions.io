@@ -1,0 +1,2 @@
+// builds a block with empty transactions array using testing_buildBlockV1
+>> {"jsonrpc":"2.0","id":1,"method":"testing_buildBlockV1","params":["0xd226371d0b1551adb03fb52b71f08e3e11247fe9b1af994768af8cdaa8e7dcd7",{"parentBeaconBlockRoot":"0xcf8e0d4e9587369b2301d0790347320302cc0943d5a1884365149a42212e8822","prevRandao":"0x0000000000000000000000000000000000000000000000000000000000000000","suggestedFeeRecipient":"0x0000000000000000000000000000000000000000","timestamp":"0x228","withdrawals":[]},[],"0x"]}

@@ -1,0 +1,4 @@
+// builds a block from mempool using testing_buildBlockV1 with null transactions parameter
+// speconly: client response is only checked for schema validity.
+>> {"jsonrpc":"2.0","id":1,"method":"eth_sendRawTransaction","params":["0x02f871870c72dd9d5e883e808201f48401a2158b825208947dcd17433742f4c0ca53122ab541d0ba67fc27df8203e880c001a0974376cf8de695763aa07d3e9539e0e2fe26011dc50a3b4a4a0a409d2228d513a03cf3ceb921d3286bf1942c044ba3a8dcefb4ff276486d67de8b1d306e9179b09"]}
+>> {"jsonrpc":"2.0","id":2,"method":"testing_buildBlockV1","params":["0xd226371d0b1551adb03fb52b71f08e3e11247fe9b1af994768af8cdaa8e7dcd7",{"parentBeaconBlockRoot":"0xcf8e0d4e9587369b2301d0790347320302cc0943d5a1884365149a42212e8822","prevRandao":"0x0000000000000000000000000000000000000000000000000000000000000000","suggestedFeeRecipient":"0x0000000000000000000000000000000000000000","timestamp":"0x228","withdrawals":[]},null,"0x"]}
