@@ -50,6 +50,7 @@ from typing import Any
 import orjson
 
 from bench.suite import FAKE_HEAD, FAKE_WINDOW, SUITE_CHAIN_ID, balance_mix, proxy_config
+from bench.tenantkey import seed_store
 
 _TOGGLE_C = """
 #include <valgrind/callgrind.h>
@@ -245,11 +246,13 @@ async def _run(args: argparse.Namespace, marks: _Marks) -> dict[str, Any]:
         config = tomllib.loads(proxy_config(f"http://127.0.0.1:{fake_port}"))
         settings = ProxySettings.from_config(config)
         settings = dataclasses.replace(settings, port=proxy_port, store_path=":memory:")
-        app = create_app(settings, store=open_store(":memory:"))
+        store = open_store(":memory:")
+        key = await seed_store(store) if args.key else None
+        app = create_app(settings, store=store)
         server = create_server(app)
         await server.start("127.0.0.1", proxy_port)
         try:
-            return await _drive(args, marks, proxy_port)
+            return await _drive(args, marks, proxy_port, key)
         finally:
             await server.close()
     finally:
@@ -257,14 +260,19 @@ async def _run(args: argparse.Namespace, marks: _Marks) -> dict[str, Any]:
         await fake.wait()
 
 
-async def _drive(args: argparse.Namespace, marks: _Marks, port: int) -> dict[str, Any]:
+async def _drive(
+    args: argparse.Namespace, marks: _Marks, port: int, key: str | None = None
+) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     bodies = balance_mix(1).build(args.seed)
     rng = random.Random(args.seed)
     transport, client = await loop.create_connection(_Client, "127.0.0.1", port)
-    head = (
-        f"POST /{SUITE_CHAIN_ID} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-    )
+    path, auth = f"/{SUITE_CHAIN_ID}", ""
+    if args.key == "path":
+        path = f"{path}/{key}"
+    elif args.key == "header":
+        auth = f"Authorization: Bearer {key}\r\n"
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{auth}"
     await asyncio.sleep(args.settle)  # the proxy's first head polls: the node is healthy
     results = 0
     for i in range(args.warmup + args.requests):
@@ -323,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
         "--calls",
         action="store_true",
         help="count the Python and C function calls of each half (sys.setprofile; slow)",
+    )
+    parser.add_argument(
+        "--key",
+        choices=("path", "header"),
+        help="send with an API key that has two limits (bench/tenantkey.py), in the path "
+        "(POST /:chainId/:key) or as Authorization: Bearer; default: anonymous",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)

@@ -156,6 +156,8 @@ def balance_mix(batch: int) -> BodyPlan:
 
 C1_CASE = "single-c1"
 POLL_TARGET = "proxy-busy-poll"
+KEY_CASE = "single-key"
+KEY_TARGET = "proxy-key"  # the same proxy, with an API key with two limits in the path
 POLL_US = 250  # the busy polling window the latency option is measured with (µs)
 
 
@@ -187,6 +189,14 @@ class ProxySuite:
         proxy_url = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"
         services.start("proxy", self.proxy_command(proxy_port, config), proxy_url, proxy_cpus)
         targets = {"direct": fake_url, "proxy": proxy_url}
+        if opts.cases is None or KEY_CASE in opts.cases:
+            key = self.make_key(f"http://127.0.0.1:{proxy_port}")
+            targets[KEY_TARGET] = f"{proxy_url}/{key}"
+            self.note(
+                f"{KEY_TARGET}: the same proxy, the requests with an API key in the path whose "
+                "key and project each have a requests_per_second limit (never reached), "
+                f"measured in {KEY_CASE} only"
+            )
         if self.poll_wanted(opts):
             targets[POLL_TARGET] = self.start_poll_proxy(services, fake_url, proxy_cpus, opts)
         if opts.reference:
@@ -251,6 +261,12 @@ class ProxySuite:
         )
         return url
 
+    def make_key(self, admin_url: str) -> str:
+        """An API key with two limits on the proxy under test (bench/tenantkey.py)."""
+        from bench.tenantkey import create_over_admin
+
+        return create_over_admin(admin_url)
+
     def note(self, text: str) -> None:
         self.notes.append(text)
         print(f"suite proxy: {text}", file=sys.stderr, flush=True)
@@ -270,6 +286,8 @@ class ProxySuite:
             Case("batch100", balance_mix(100)),
             # the latency a proxy adds, by default and with busy polling on
             Case(C1_CASE, balance_mix(1), concurrency=1, also=(POLL_TARGET,)),
+            # what a key with two limits costs beside anonymous requests (docs/tenancy.md)
+            Case(KEY_CASE, balance_mix(1), also=(KEY_TARGET,)),
         ]
 
 

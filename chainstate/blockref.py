@@ -72,18 +72,18 @@ def parse_block_id(value: Any, *, contains: bool = False) -> BlockRef:
 def _text_block_id(value: str, contains: bool) -> BlockRef:
     if value in TAGS:
         return BlockRef(tag=value, contains=contains)
-    if _HASH.match(value):
+    if _HASH.fullmatch(value):
         return BlockRef(hash=value.lower(), contains=contains)
-    if _HEX_HEIGHT.match(value):
+    if _HEX_HEIGHT.fullmatch(value):
         return BlockRef(number=int(value, 16), contains=contains)
-    if _DEC_HEIGHT.match(value) and int(value) <= MAX_HEIGHT:
+    if _DEC_HEIGHT.fullmatch(value) and int(value) <= MAX_HEIGHT:
         return BlockRef(number=int(value), contains=contains)
     raise _bad(value)
 
 
 @functools.lru_cache(maxsize=4096)
 def _text_block_number(value: str) -> BlockRef:
-    if value in TAGS or _HASH.match(value) or _HEX_HEIGHT.match(value):
+    if value in TAGS or _HASH.fullmatch(value) or _HEX_HEIGHT.fullmatch(value):
         return _text_block_id(value, False)
     raise _bad(value)
 
@@ -99,7 +99,7 @@ def parse_block_number_param(value: Any, default: BlockRef | None = LATEST) -> B
     if isinstance(value, dict):
         if "blockHash" in value and "blockNumber" not in value:
             h = value["blockHash"]
-            if not (isinstance(h, str) and _HASH.match(h)):
+            if not (isinstance(h, str) and _HASH.fullmatch(h)):
                 raise _bad(value)
             return BlockRef(hash=h.lower(), require_canonical=bool(value.get("requireCanonical")))
         if "blockNumber" in value and "blockHash" not in value:

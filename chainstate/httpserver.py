@@ -154,12 +154,20 @@ MAX_NAME_KEYS = 256
 class Headers:
     """The headers of a request: `get(name)`, case-insensitive (the last one of a name wins)."""
 
-    __slots__ = ("raw",)
+    __slots__ = ("conn", "raw")
 
-    def __init__(self, raw: dict[bytes, bytes]) -> None:
+    def __init__(self, raw: dict[bytes, bytes], conn: Any = None) -> None:
         # lower-case name bytes → value bytes; a hot path that reads one header may read it
         # here without `get`'s call and decode (~1k instructions): never change it
         self.raw = raw
+        self.conn = conn  # the connection it came on (`peer`)
+
+    def peer(self) -> str:
+        """The client's address (quotas of the rare paths that keep state per client)."""
+        conn = self.conn
+        transport = conn.transport if conn is not None else None
+        name = transport.get_extra_info("peername") if transport is not None else None
+        return str(name[0]) if isinstance(name, tuple) else "unknown"
 
     def get(self, name: str, default: str | None = None) -> str | None:
         key = _NAME_KEYS.get(name)
@@ -320,12 +328,12 @@ class _Plain:
 MAX_KEPT_HEADERS = 32  # Headers a kept head holds (one per body length), then started afresh
 
 
-def _length_headers(plain: _Plain, digits: bytes) -> Headers:
+def _length_headers(plain: _Plain, digits: bytes, conn: Any) -> Headers:
     """The Headers of a request with `plain`'s head and `digits` as its Content-Length,
     kept in `plain.kept` for the next request of that length."""
     raw = plain.headers.copy()
     raw[b"content-length"] = digits
-    headers = Headers(raw)
+    headers = Headers(raw, conn)
     kept = plain.kept
     if len(kept) >= MAX_KEPT_HEADERS:
         kept.clear()
@@ -365,6 +373,7 @@ class _Connection(asyncio.Protocol):
         "plain",
         "plains",
         "query",
+        "reserved",
         "server",
         "started",
         "transport",
@@ -396,6 +405,7 @@ class _Connection(asyncio.Protocol):
         self.lingering = 0.0  # > 0: a request was refused; input is dropped until then
         self.paused = False
         self.write_paused = False
+        self.reserved = 0  # unread answer bytes counted in the server's `held` budget
         self.fallback: asyncio.Protocol | None = None  # aiohttp's protocol after a hand-off
         self.forwarding = False  # requests from here on go to the fallback
         self.forward: list[bytes] = []  # forwarded bytes held until earlier answers are out
@@ -420,28 +430,44 @@ class _Connection(asyncio.Protocol):
             )
         self.transport = None
         self.pending.clear()
+        self._unheld()
         if self.fallback is not None:
             self.fallback.connection_lost(exc)
 
     def eof_received(self) -> bool:
         self.eof = True
         if self.forwarding:
-            return True  # the fallback answers, then closes on its keep-alive timeout
+            if self.fallback is not None and not self.pending and not self.forward:
+                # aiohttp closes on the client's end of input: the handler of a request cut
+                # off midway is cancelled then (it would otherwise wait for the rest, and
+                # the socket would stay in CLOSE-WAIT).
+                return bool(self.fallback.eof_received())
+            return True  # answers owed here first; the fallback closes on its timeouts
         # Keep the write side open while answers are owed: a client that shut down its
         # sending side after a whole request still gets the answer.
         return bool(self.pending) and not self.in_message
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        held = self.server.held
+        if held is not None and self.fallback is None and self.transport is not None:
+            held.add(self.transport.get_write_buffer_size(), self)  # (`_unheld`)
         self._set_reading()
         if self.fallback is not None:
             self.fallback.pause_writing()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self._unheld()
         self._set_reading()
         if self.fallback is not None:
             self.fallback.resume_writing()
+
+    def _unheld(self) -> None:
+        """The answer bytes this client had not read are no longer counted: it read them
+        (the transport's buffer fell under its low-water mark), or it is gone."""
+        if self.reserved:
+            self.server.held.release(self)
 
     def data_received(self, data: bytes) -> None:
         poll = self.server.poll
@@ -560,7 +586,7 @@ class _Connection(asyncio.Protocol):
                     handler = server.not_found
             headers = plain.kept.get(digits)
             if headers is None:
-                headers = _length_headers(plain, digits)
+                headers = _length_headers(plain, digits, self)
             self._serve(
                 handler, plain.method, plain.path, plain.query, headers,
                 data[end : end + size], plain.persistent, plain.http10,
@@ -671,7 +697,7 @@ class _Connection(asyncio.Protocol):
         """A whole request llhttp read (`raw` its body; `persistent`: llhttp would keep the
         connection after it): its handler runs, its answer is written or queued."""
         self._serve(
-            self.handler, self.method, self.path, self.query, Headers(self.headers), raw,  # type: ignore[arg-type]
+            self.handler, self.method, self.path, self.query, Headers(self.headers, self), raw,  # type: ignore[arg-type]
             persistent, http10,
         )  # fmt: skip
 
@@ -818,7 +844,10 @@ class _Connection(asyncio.Protocol):
             slot = pending.popleft()
             if transport is None:
                 continue
+            held = self.reserved  # (a write that pauses writing counts itself there)
             transport.write(slot.data)  # type: ignore[arg-type]
+            if held:  # more for a client that does not read (`pause_writing`)
+                self.server.held.add(len(slot.data), self)  # type: ignore[arg-type]
             if slot.close:
                 pending.clear()
                 self._close()
@@ -978,8 +1007,14 @@ class HttpServer:
         fallback: Any = None,
         name: str = "http",
         kept_routes: bool = False,
+        held: Any = None,
     ) -> None:
         self.route = route
+        # A byte budget (`add(size, holder)`, `release(holder)`: the proxy's
+        # max_buffered_bytes) that counts the answers clients have not read: from the
+        # moment a connection's write buffer passes its high-water mark (the transport
+        # pauses writing) until it falls under its low-water mark.
+        self.held = held
         # `route` gives every request of a method and path the same handler for good: a
         # connection's kept head keeps its handler (no `route` call per request)
         self.kept_routes = kept_routes

@@ -40,6 +40,9 @@ UNSUPPORTED_PRECOMPILE = -39008
 
 # Codes the proxy retries on another node (spec rule 1 of "Errors").
 RETRYABLE_CODES = frozenset({BLOCK_NOT_FOUND, UNSUPPORTED_PRECOMPILE})
+# `data.reason` of an EVM_FAILED answer to a call stopped at the EVM's time limit by its own
+# cost (it ran the whole limit): final, another node would spend the same (docs/proxy.md).
+TIME_LIMIT = "time_limit"
 
 
 class JsonRpcError(Exception):
@@ -214,6 +217,13 @@ def _request_error(item: Any) -> JsonRpcError:
 Handler = Callable[[Any], Awaitable[Any]]
 
 
+# The answer bytes one batch may make on a node (more items are answered -32005 unrun), and
+# how many of its items run at once. Below the proxy's max_answer_bytes (64 MiB), so a batch
+# answer a node makes fits what the proxy takes from it.
+BATCH_ANSWER_BYTES = 32 * 1024 * 1024
+BATCH_WINDOW = 16
+
+
 class Dispatcher:
     """Answers JSON-RPC bodies (single or batch) by calling registered async method handlers.
 
@@ -222,13 +232,19 @@ class Dispatcher:
     """
 
     def __init__(
-        self, name: str = "jsonrpc", max_batch: int = 1000, error_code: int | None = None
+        self,
+        name: str = "jsonrpc",
+        max_batch: int = 1000,
+        error_code: int | None = None,
+        batch_answer_bytes: int = BATCH_ANSWER_BYTES,
     ) -> None:
         """`error_code`, when set, replaces the code of every error answered (the checker
-        answers every error as -39005); the message still says what went wrong."""
+        answers every error as -39005); the message still says what went wrong.
+        `batch_answer_bytes`: the answer bytes a batch may make (below)."""
         self.name = name
         self.max_batch = max_batch
         self.error_code = error_code
+        self.batch_answer_bytes = batch_answer_bytes
         self._methods: dict[str, Handler] = {}
 
     def register(self, method: str, handler: Handler) -> None:
@@ -281,11 +297,59 @@ class Dispatcher:
             if len(payload) > self.max_batch:
                 msg = f"batch too large: {len(payload)} items, at most {self.max_batch}"
                 return dumps(self.error(None, JsonRpcError(INVALID_REQUEST, msg)))
-            answers = await asyncio.gather(*(self.handle_item(it) for it in payload))
-            out = [a for a in answers if a is not None]
+            out = [a for a in await self.handle_items(payload) if a is not None]
             return dumps(out) if out else b""
         answer = await self.handle_item(payload)
         return dumps(answer) if answer is not None else b""
+
+    async def handle_items(self, payload: list[Any]) -> list[Any]:
+        """The answers of a batch's items (None for notifications; each made JSON once, as
+        an `orjson.Fragment`), their bytes counted as they are made: items run in order, at
+        most BATCH_WINDOW at once, and once the answers made pass `batch_answer_bytes` the
+        items not started yet are answered -32005 saying so (a batch of large answers, e.g.
+        eth_getLogs over big logs, cannot make gigabytes; what it holds at most is the
+        budget plus the items in flight)."""
+        parts: list[Any] = [None] * len(payload)
+        spent = 0
+        window = BATCH_WINDOW  # 1 once an answer was large: large ones are made one by one
+        large = self.batch_answer_bytes // BATCH_WINDOW
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(i: int, item: Any) -> None:
+            nonlocal spent, window
+            answer = await self.handle_item(item)
+            if answer is not None:
+                part = dumps(answer)
+                parts[i] = orjson.Fragment(part)
+                spent += len(part)
+                if len(part) > large:
+                    window = 1
+
+        try:
+            for i, item in enumerate(payload):
+                while len(running) >= window:
+                    _, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                if spent > self.batch_answer_bytes:
+                    if not (isinstance(item, dict) and is_notification(item)):
+                        parts[i] = self.error(request_id(item), self._spent())
+                    continue
+                task = asyncio.ensure_future(one(i, item))
+                running.add(task)
+                await asyncio.sleep(0)  # an item answered without waiting is counted now
+                running = {t for t in running if not t.done()}
+            if running:
+                await asyncio.gather(*running)
+        finally:
+            for task in running:
+                task.cancel()
+        return parts
+
+    def _spent(self) -> JsonRpcError:
+        return JsonRpcError(
+            SERVER_BUSY,
+            f"the answers of this batch passed {self.batch_answer_bytes} bytes "
+            "(batch_answer_bytes): this item was not run; ask for it in another request",
+        )
 
 
 def params_list(params: Any, names: list[str]) -> list[Any]:

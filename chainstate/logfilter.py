@@ -120,7 +120,7 @@ def parse_filter(value: Any, *, max_list: int = DEFAULT_MAX_LIST) -> LogFilter:
             raise _invalid(
                 "cannot specify both BlockHash and FromBlock/ToBlock, choose one or the other"
             )
-        if not isinstance(block_hash, str) or not _HASH.match(block_hash):
+        if not isinstance(block_hash, str) or not _HASH.fullmatch(block_hash):
             raise _invalid("invalid blockHash: expected a 32-byte 0x hash")
         return LogFilter(None, None, block_hash.lower(), addresses, topics)
     start, end = _block(from_raw, "fromBlock"), _block(to_raw, "toBlock")
@@ -138,7 +138,7 @@ def _block(value: Any, name: str) -> BlockRef:
     rpc.BlockNumber)."""
     if value is None:
         return LATEST
-    if isinstance(value, str) and (value in _TAGS or _HEIGHT.match(value)):
+    if isinstance(value, str) and (value in _TAGS or _HEIGHT.fullmatch(value)):
         return parse_block_id(value)
     shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
     raise JsonRpcError(
@@ -177,7 +177,7 @@ def _alternatives(
 ) -> frozenset[str] | None:
     """One value or a list of them (any of them matches), lowercased. None (any): an empty
     list, or a null inside the list where geth allows it (topics)."""
-    if type(value) is str and pattern.match(value):  # the common case: one value
+    if type(value) is str and pattern.fullmatch(value):  # the common case: one value
         return frozenset((value.lower(),))
     shape, plural = _SHAPES[what]
     items = [value] if isinstance(value, str) else value
@@ -189,7 +189,7 @@ def _alternatives(
     for item in items:
         if item is None and null_is_any:
             return None
-        if not isinstance(item, str) or not pattern.match(item):
+        if not isinstance(item, str) or not pattern.fullmatch(item):
             raise _invalid(f"invalid {what}: {item!r:.80} is not {shape}")
         out.add(item.lower())
     return frozenset(out) if out else None

@@ -13,7 +13,7 @@ import aiohttp
 import orjson
 
 from chainstate.inproc import InprocRegistry, is_inproc
-from chainstate.jsonrpc import JsonRpcError
+from chainstate.jsonrpc import INVALID_PARAMS, JsonRpcError
 
 
 class RpcUnavailable(ConnectionError):
@@ -47,7 +47,11 @@ class RpcClient:
     async def call(self, method: str, params: list[Any] | dict[str, Any] | None = None) -> Any:
         rid = next(self._ids)
         request = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params or []}
-        answer = await self._send(orjson.dumps(request))
+        try:
+            body = orjson.dumps(request)
+        except TypeError:  # params passed on from a client, nested deeper than orjson writes
+            raise JsonRpcError(INVALID_PARAMS, "invalid params: nested too deep") from None
+        answer = await self._send(body)
         if not isinstance(answer, dict):
             raise RpcUnavailable(f"{self.url}: unexpected answer to {method}")
         if "error" in answer:

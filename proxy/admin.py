@@ -10,7 +10,6 @@ every body and answer.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +20,7 @@ from aiohttp import web
 
 from chainstate.blockref import parse_block_ctx
 from chainstate.jsonrpc import JsonRpcError
+from proxy.adminguard import AdminGuard, admin_names
 from proxy.engine import Engine
 from proxy.health import HeadTracker
 from proxy.model import (
@@ -61,6 +61,23 @@ class AdminError(Exception):
         self.reason = reason
 
 
+async def json_object(request: web.Request) -> dict[str, Any]:
+    """An admin request's body: a JSON object of at most MAX_ADMIN_BODY bytes ({} when
+    empty); AdminError (413, 400) otherwise."""
+    raw = await request.read()
+    if len(raw) > MAX_ADMIN_BODY:
+        raise AdminError(413, f"body larger than {MAX_ADMIN_BODY} bytes")
+    if not raw.strip():
+        return {}
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise AdminError(400, f"body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise AdminError(400, "body must be a JSON object")
+    return body
+
+
 def reply(obj: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
 
@@ -82,6 +99,7 @@ class AdminApi:
         self.tracker = tracker  # polls a writer on the spot before it becomes the Leader
         self.reads = reads  # the response cache and the chain followed per pool
         self.token = settings.admin_token
+        self.guard = AdminGuard(settings.admin_token, admin_names(settings))
         self._write_lock = asyncio.Lock()
 
     # ---- plumbing ------------------------------------------------------------------------
@@ -119,23 +137,46 @@ class AdminApi:
             p("/{pool}/setVersion", self.set_version),
         ]
 
+    def guarded(self, method: str, path: str, handler: Handler) -> web.RouteDef:
+        """A route of another part (tenancy) under this API's guard: token, errors and, for
+        POSTs, one change at a time."""
+        return self._post(path, handler) if method == "POST" else self._get(path, handler)
+
     def _get(self, path: str, handler: Handler) -> web.RouteDef:
         return web.get(path, self._guard(handler), allow_head=False)
 
     def _post(self, path: str, handler: Handler) -> web.RouteDef:
         async def serialized(request: web.Request) -> web.StreamResponse:
+            # The body is read before the lock is taken (a client that stops sending holds
+            # nothing but its own request), within client_read_timeout.
+            await self._read_whole(request)
             # Changes are read-modify-write (e.g. a method's rule list): one at a time here.
             async with self._write_lock:
                 return await handler(request)
 
         return web.post(path, self._guard(serialized))
 
+    async def _read_whole(self, request: web.Request) -> None:
+        """The request's body read (aiohttp keeps it for `request.read()`), or AdminError."""
+        if request.content_length is not None and request.content_length > MAX_ADMIN_BODY:
+            raise AdminError(413, f"body larger than {MAX_ADMIN_BODY} bytes")
+        limit = self.settings.client_read_timeout
+        try:
+            await asyncio.wait_for(request.read(), limit)
+        except TimeoutError:
+            msg = f"body not received within {limit}s (client_read_timeout)"
+            raise AdminError(408, msg) from None
+        except web.HTTPRequestEntityTooLarge:
+            raise AdminError(413, f"body larger than {MAX_ADMIN_BODY} bytes") from None
+
     def _guard(self, handler: Handler) -> Handler:
-        """Token check and error mapping shared by every admin handler."""
+        """Host, Origin, content type and token checks (proxy/adminguard.py) and error
+        mapping shared by every admin handler."""
 
         async def guarded(request: web.Request) -> web.StreamResponse:
-            if self.token is not None and not self._authorized(request):
-                return reply({"error": "admin token required: Authorization: Bearer <token>"}, 401)
+            refused = self.guard.refusal(request)
+            if refused is not None:
+                return refused
             try:
                 response = await handler(request)
             except AdminError as exc:
@@ -158,13 +199,6 @@ class AdminApi:
     def _store_state(self) -> str:
         return "available" if self.store.available else "unavailable"
 
-    def _authorized(self, request: web.Request) -> bool:
-        header = request.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if scheme.lower() != "bearer" or not given:
-            return False
-        return hmac.compare_digest(given.strip().encode(), (self.token or "").encode())
-
     @staticmethod
     def _pool_id(request: web.Request) -> str:
         raw = request.match_info["pool"]
@@ -184,18 +218,7 @@ class AdminApi:
 
     @staticmethod
     async def _body(request: web.Request) -> dict[str, Any]:
-        raw = await request.read()
-        if len(raw) > MAX_ADMIN_BODY:
-            raise AdminError(413, f"body larger than {MAX_ADMIN_BODY} bytes")
-        if not raw.strip():
-            return {}
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise AdminError(400, f"body is not valid JSON: {exc}") from None
-        if not isinstance(body, dict):
-            raise AdminError(400, "body must be a JSON object")
-        return body
+        return await json_object(request)
 
     async def _put(self, key: str, obj: Any) -> int:
         self._check_store()

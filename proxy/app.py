@@ -9,7 +9,7 @@ Background work starts and stops through `cleanup_ctx`.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,11 @@ from proxy.settings import ProxySettings
 from proxy.state import RoutingState
 from proxy.store import ConfigStore
 from proxy.sync import StoreSync
+from proxy.tenancy.admin import TenancyAdmin
+from proxy.tenancy.gate import Gate, Ticket
+from proxy.tenancy.http import KEY_ROUTE, key_path, raw_headers
+from proxy.tenancy.service import Tenancy
+from proxy.tenancy.settings import TenancySettings
 from proxy.upstream import Upstream
 from proxy.verdicts import CheckerVerdicts
 
@@ -63,6 +68,7 @@ class Proxy:
     admin: AdminApi
     reads: Reads
     events: Events  # filters and WebSocket subscriptions (the engine diverts their bodies)
+    tenancy: Tenancy  # keys, limits, rules and usage: `Gate.admit` at admission
 
     @classmethod
     def build(
@@ -72,6 +78,7 @@ class Proxy:
         registry: InprocRegistry | None,
         tracer: trace.Tracer | None,
         event_settings: EventSettings,
+        tenancy_settings: TenancySettings | None = None,
     ) -> Proxy:
         s = settings
         real_tracer = None if tracer is None or isinstance(tracer, trace.NoOpTracer) else tracer
@@ -126,6 +133,8 @@ class Proxy:
         events = Events.for_engine(
             event_settings, s, engine, lambda: state.pools, registry, metrics.registry
         )
+        tenancy = Tenancy(tenancy_settings or TenancySettings(), store)
+        tenancy.register_metrics(metrics.registry)
         return cls(
             s,
             state,
@@ -141,6 +150,7 @@ class Proxy:
             admin,
             reads,
             events,
+            tenancy,
         )
 
     @staticmethod
@@ -170,8 +180,10 @@ class Proxy:
             await self.tracker.start()
             await self.verdicts.start()
             await self.events.start()
+            await self.tenancy.start()
             yield
         finally:
+            await self.tenancy.close()
             await self.events.close()
             await self.verdicts.close()
             await self.tracker.close()
@@ -212,20 +224,60 @@ def _data_handler(proxy: Proxy):
     """`POST /:chainId` for connections aiohttp already serves (after an admin call on the
     same connection); the lean server answers it otherwise (`create_server`)."""
     engine = proxy.engine
+    gate = proxy.tenancy.gate
     limits = server_limits(proxy.settings)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         body = await read_body(request, limits)
         if isinstance(body, web.Response):
             return body
-        answer = await engine.handle(request.match_info["chain"], body, request.headers)
+        chain = request.match_info["chain"]
+        found = engine.resolve(chain)
+        verdict = None
+        if found is not None:
+            raw = raw_headers(request.headers)
+            key = request.match_info.get("key")
+            verdict = gate.admit(found[1], key, raw, body, request)
+        if type(verdict) is tuple:
+            answer = verdict
+        else:
+            headers = PeerHeaders(request.headers, request.remote or "unknown")
+            answer = await engine.handle(chain, body, headers)
+            if type(verdict) is Ticket:
+                answer = verdict.finish(answer)
         status, out = answer[0], answer[1]
-        if status == 204:
-            return web.Response(status=204)
         headers = _header_lines(answer[2]) if len(answer) > 2 else None
+        if status == 204:
+            return web.Response(status=204, headers=headers)
         return web.Response(status=status, body=out, content_type=JSON, headers=headers)
 
     return handle
+
+
+class PeerHeaders(Mapping[str, str]):
+    """aiohttp's request headers (case-insensitive) and the client's address, `peer()`, as
+    the lean server's headers carry it: filters count against their client's quota."""
+
+    __slots__ = ("_headers", "_peer")
+
+    def __init__(self, headers: Mapping[str, str], peer: str) -> None:
+        self._headers = headers
+        self._peer = peer
+
+    def __getitem__(self, name: str) -> str:
+        return self._headers[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._headers)
+
+    def __len__(self) -> int:
+        return len(self._headers)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._headers.get(name, default)
+
+    def peer(self) -> str:
+        return self._peer
 
 
 def _header_lines(raw: bytes) -> dict[str, str]:
@@ -250,32 +302,41 @@ def create_server(app: web.Application) -> HttpServer:
     # request on these machines, a dict lookup ~0.05; a handler per path also saves the
     # handler's own lookup of the path.
     handlers: dict[bytes, Handler] = {}
+    gate = proxy.tenancy.gate
 
     def route(method: bytes, path: bytes) -> Any:
-        # One path segment: `/1337`, `/0x539`, `/1337-blue`; %-escapes go to aiohttp, which
-        # decodes them. (`find`, not `in`: bytes' `in` tries the operand as an int first and
-        # clears the TypeError, twice the cost.)
+        # One path segment: `/1337`, `/0x539`, `/1337-blue`, or two with a key in the second
+        # (`/1337/<key>`); %-escapes go to aiohttp, which decodes them. (`find`, not `in`:
+        # bytes' `in` tries the operand as an int first and clears the TypeError, twice the
+        # cost.)
         if method != b"POST":
-            return None
+            return _preflight(proxy, path) if method == b"OPTIONS" else None
         handler = handlers.get(path)
         if handler is not None:
             return handler
-        if path.count(b"/") == 1 and path.find(b"%") < 0:
+        if path.count(b"/") <= 2 and path.find(b"%") < 0:
+            found = key_path(path)
+            if found is None:
+                return None
             if len(handlers) >= MAX_DATA_PATHS:
                 handlers.clear()
-            chain_id = _chain_id(path)
-            handler = handlers[path] = _data(engine, chain_id)
+            handler = handlers[path] = _data(engine, found[0], gate, found[1])
             return handler
         return None
 
     # (A path's handler is the same for good, whichever object holds it: a connection's
     # kept head keeps it, no `route` call per request.)
     limits = server_limits(proxy.settings)
-    return HttpServer(route, limits=limits, fallback=app, name="proxy", kept_routes=True)
+    # Answers a client has not read count in max_buffered_bytes as the answers in flight do
+    # (its 503 refuses new requests while they hold it).
+    held = proxy.upstream.budget
+    return HttpServer(route, limits=limits, fallback=app, name="proxy", kept_routes=True, held=held)
 
 
-def _data(engine: Engine, chain_id: str) -> Handler:
-    """The data route's handler of one path (`chain_id`): the engine's synchronous start
+def _data(engine: Engine, chain_id: str, gate: Gate, path_key: str | None = None) -> Handler:
+    """The data route's handler of one path (`chain_id`, and a key in the path if any):
+    tenancy's admission first when it has anything to look at (`Gate.admit`: a refusal at
+    once, or a ticket that follows the answer), then the engine's synchronous start
     (`Engine.start`: an answer at once, None when it answers later itself, or a coroutine
     the server runs). The path's (chain, pool) as `Engine.resolve` found them (None:
     unknown) is kept until the routing state changes (`RoutingState.changes`): resolving
@@ -283,27 +344,76 @@ def _data(engine: Engine, chain_id: str) -> Handler:
     state = engine.state
     start = engine.start
     found: tuple[str, Pool] | None = None
+    pool: Pool | None = None
     resolved_at = -1  # (`changes` counts from 0: resolved at the first request)
 
     def data(request: Request) -> Awaitable[Response] | Response | None:
-        nonlocal found, resolved_at
+        nonlocal found, pool, resolved_at
         if resolved_at != state.changes:
             found = engine.resolve(chain_id)
+            pool = None if found is None else found[1]
             resolved_at = state.changes
+        # Tenancy first (proxy/tenancy/gate.py): with nothing configured only a browser's
+        # request (an Origin header) is looked at.
+        if pool is not None and (
+            gate.active or path_key is not None or b"origin" in request.headers.raw
+        ):
+            return gated(request)
         return start(chain_id, found, request)
+
+    def gated(request: Request) -> Awaitable[Response] | Response | None:
+        """`data` after `Gate.admit`: refused, or served by the same steps with the ticket
+        (when there is one) following the answer through its `early` and `later`."""
+        conn = request._conn
+        verdict = gate.admit(pool, path_key, request.headers.raw, request.body, conn)  # type: ignore[arg-type]
+        if verdict is None:
+            return start(chain_id, found, request)
+        if type(verdict) is tuple:
+            return verdict
+        return verdict.finish(start(chain_id, found, Ticketed(request, verdict)))  # type: ignore[union-attr, arg-type]
 
     return data
 
 
-def _chain_id(path: bytes) -> str:
-    """The chain id a data path names (`/1337` → "1337")."""
-    return path[1:].decode("latin-1")
+class Ticketed:
+    """A request whose answers go through its tenancy ticket (its usage, its place in
+    flight, the CORS headers a browser needs), as `Engine.start` reads a request."""
+
+    __slots__ = ("answer_early", "answer_later", "body", "headers")
+
+    def __init__(self, request: Request, ticket: Ticket) -> None:
+        ticket.request = request
+        self.body = request.body
+        self.headers = request.headers
+        self.answer_early = ticket.early
+        self.answer_later = ticket.later
+
+
+def _preflight(proxy: Proxy, path: bytes) -> Handler | None:
+    """`OPTIONS /:chainId[/:key]`: a CORS preflight, answered by the gate."""
+    found = key_path(path) if path.find(b"%") < 0 else None
+    if found is None:
+        return None
+    chain_id, key = found
+    engine, gate = proxy.engine, proxy.tenancy.gate
+
+    def preflight(request: Request) -> Response:
+        resolved = engine.resolve(chain_id)
+        return gate.preflight(None if resolved is None else resolved[1], key, request.headers.raw)
+
+    return preflight
 
 
 def _metrics_handler(proxy: Proxy):
+    """`GET /metrics` under the admin API's rules (proxy/adminguard.py: Host, Origin and
+    the admin token): where the admin API is served, since it names nodes and clients."""
     registry = proxy.metrics.registry
+    guard = proxy.admin.guard
 
-    async def handle(_request: web.Request) -> web.Response:
+    async def handle(request: web.Request) -> web.Response:
+        refused = guard.refusal(request)
+        if refused is not None:
+            return refused
         return web.Response(
             body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
@@ -318,24 +428,30 @@ def create_app(
     registry: InprocRegistry | None = None,
     tracer: trace.Tracer | None = None,
     events: EventSettings | None = None,
+    tenancy: TenancySettings | None = None,
 ) -> web.Application:
     """The proxy app: `POST /:chainId`, `GET /metrics`, the admin API unless
     `settings.admin_port` puts it on its own listener (then use `create_admin_app`), and
     `GET /:chainId` with an Upgrade: the WebSocket endpoint (`events`: `[proxy.events]`,
     `EventSettings.from_config`; defaults when None)."""
+    settings.check_exposure()
     events = events if events is not None else EventSettings()
-    proxy = Proxy.build(settings, store, registry, tracer, events)
+    proxy = Proxy.build(settings, store, registry, tracer, events, tenancy)
     # Bodies over the limit are refused by the handler with a JSON-RPC error, not by aiohttp.
     app = web.Application(client_max_size=settings.max_body_bytes + 1024)
     app[PROXY] = proxy
     # The data route first: aiohttp tries dynamic routes in order.
     app.router.add_post("/{chain}", _data_handler(proxy))
-    app.router.add_get("/metrics", _metrics_handler(proxy))
+    app.router.add_get("/health", _health_handler(proxy))
     if settings.admin_port is None:
-        app.router.add_routes(proxy.admin.routes())
+        app.router.add_get("/metrics", _metrics_handler(proxy))
+        app.router.add_routes(_admin_routes(proxy))
+    app.router.add_post(KEY_ROUTE, _data_handler(proxy))
     # After the admin API's one-segment GETs (`/getChains`): the lean server hands every
     # Upgrade request to this app, whatever its path.
-    app.router.add_get("/{chain}", proxy.events.websocket)
+    websocket = _gated_websocket(proxy)
+    app.router.add_get("/{chain}", websocket)
+    app.router.add_get(KEY_ROUTE, websocket)
     app.cleanup_ctx.append(proxy.lifecycle)
     return app
 
@@ -344,5 +460,50 @@ def create_admin_app(app: web.Application) -> web.Application:
     """The admin API alone, for a separate listener; it shares `app`'s state, and `app`
     (which owns the lifecycle) must be running too."""
     admin = web.Application(client_max_size=1024 * 1024)
-    admin.router.add_routes(app[PROXY].admin.routes())
+    admin.router.add_get("/metrics", _metrics_handler(app[PROXY]))
+    admin.router.add_routes(_admin_routes(app[PROXY]))
     return admin
+
+
+def _admin_routes(proxy: Proxy) -> list[web.RouteDef]:
+    """The admin API's routes and tenancy's, under the same guard."""
+    admin = proxy.admin
+    apply_timeout = proxy.settings.admin_apply_timeout
+    tenancy = TenancyAdmin(proxy.tenancy, proxy.store, apply_timeout)
+    return [*admin.routes(), *(admin.guarded(*r) for r in tenancy.routes())]
+
+
+def _gated_websocket(proxy: Proxy):
+    """The WebSocket upgrade after `Gate.admit` (the credential, the pool's anonymous access,
+    the rules and one token of the rates, as for one request)."""
+    engine, gate, websocket = proxy.engine, proxy.tenancy.gate, proxy.events.websocket
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        found = engine.resolve(request.match_info["chain"])
+        if found is not None:
+            key = request.match_info.get("key")
+            verdict = gate.admit(found[1], key, raw_headers(request.headers), b"", request)
+            if type(verdict) is tuple:
+                headers = _header_lines(verdict[2]) if len(verdict) > 2 else None
+                return web.Response(
+                    status=verdict[0], body=verdict[1], content_type=JSON, headers=headers
+                )
+            if verdict is not None:
+                verdict.finish((200, b""))  # type: ignore[union-attr]
+        return await websocket(request)
+
+    return handle
+
+
+def _health_handler(proxy: Proxy):
+    """`GET /health`: the proxy answers; whether its config store and shared limits do."""
+
+    async def handle(_request: web.Request) -> web.Response:
+        body = {
+            "status": "ok",
+            "config_store": "available" if proxy.store.available else "unavailable",
+            "tenancy": proxy.tenancy.health(),
+        }
+        return web.json_response(body)
+
+    return handle

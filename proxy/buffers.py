@@ -13,15 +13,45 @@ than `max_answer_bytes` fails at once (`too_large`): every node would send the s
 
 from __future__ import annotations
 
+import ctypes
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from chainstate.jsonrpc import SERVER_BUSY, JsonRpcError
+
+TRIM_AFTER = 32 * 1024 * 1024  # a peak of held answers past which freed memory is trimmed
+TRIM_EVERY = 1.0  # seconds between two trims at most
+
+
+def _libc_trim() -> Callable[[int], Any] | None:
+    """glibc's malloc_trim (None elsewhere: musl, macOS keep their own ways)."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _libc_trim()
+
+
+def over_budget(budget: ByteBudget | None) -> JsonRpcError | None:
+    """The refusal of a new client request while the answers in flight hold more than the
+    budget (503, before the process grows), or None."""
+    if budget is None or budget.used <= budget.limit:
+        return None
+    return JsonRpcError(
+        SERVER_BUSY,
+        f"the proxy holds {budget.used} bytes of answers in flight, more than "
+        f"{budget.limit} (max_buffered_bytes); retry after 1s",
+    )
 
 
 class ByteBudget:
     """Bytes reserved by holders (objects with an int `reserved` attribute)."""
 
-    __slots__ = ("_waiting", "limit", "peak", "used", "waits")
+    __slots__ = ("_since_trim", "_trimmed_at", "_waiting", "limit", "peak", "used", "waits")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -29,6 +59,8 @@ class ByteBudget:
         self.peak = 0  # highest `used` seen (metrics)
         self.waits = 0  # answers that had to wait for room (metrics)
         self._waiting: deque[list[Any]] = deque()  # [size, holder, on_grant] entries
+        self._since_trim = 0  # highest `used` since memory was last given back
+        self._trimmed_at = 0.0
 
     def reserve(self, size: int, holder: Any) -> bool:
         """Reserve `size` for `holder` now if it fits (or the holder already holds some);
@@ -39,6 +71,8 @@ class ByteBudget:
             self.used = used = self.used + size
             if used > self.peak:
                 self.peak = used
+            if used > self._since_trim:
+                self._since_trim = used
             return True
         return False
 
@@ -67,12 +101,27 @@ class ByteBudget:
             self.used -= holder.reserved
             holder.reserved = 0
             self._wake()
+            if not self.used and self._since_trim > TRIM_AFTER:
+                self._trim()
+
+    def _trim(self) -> None:
+        """Give the memory of a spike of large answers back to the system: CPython's
+        allocator frees large blocks itself, but glibc keeps freed heap pages (and
+        the arenas of other threads) until malloc_trim. At most every TRIM_EVERY s."""
+        now = time.monotonic()
+        if _TRIM is None or now - self._trimmed_at < TRIM_EVERY:
+            return
+        self._trimmed_at = now
+        self._since_trim = 0
+        _TRIM(0)
 
     def _grant(self, size: int, holder: Any) -> None:
         holder.reserved += size
         self.used += size
         if self.used > self.peak:
             self.peak = self.used
+        if self.used > self._since_trim:
+            self._since_trim = self.used
 
     def _wake(self) -> None:
         waiting = self._waiting

@@ -35,8 +35,10 @@ from typing import Any, Protocol
 import orjson
 
 from chainstate.jsonrpc import SERVER_BUSY, JsonRpcError
+from chainstate.logfilter import LogFilter
 from chainstate.rpcclient import RpcClient, RpcUnavailable
 from chainstate.tasks import stop_task
+from proxy.listeners import LogIndex, LogListener
 from proxy.model import Node, Pool
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,9 @@ def feed_block(block: dict[str, Any]) -> FeedBlock:
 class Listener(Protocol):
     """A consumer of a feed (a filter, a subscription). `since` is the announced head when
     it joined: blocks at or below it were never delivered to it, so their removal is not
-    either. Called in the event loop; must not block."""
+    either. One that `wants_logs` has a `flt` and gets its matching logs through
+    `on_logs(entries)` (proxy/listeners.py); the others get every step through
+    `on_blocks`. Called in the event loop; must not block."""
 
     wants_logs: bool
     since: int
@@ -107,6 +111,8 @@ class ChainFeed:
         self.settings = settings
         self.blocks: deque[FeedBlock] = deque(maxlen=settings.history_blocks)
         self.listeners: set[Listener] = set()
+        self.index = LogIndex()  # the listeners that want logs, by address and topic
+        self._encoded: dict[int, bytes] = {}  # id(log) → its JSON, for one announcement
         self.node_url: str | None = None  # the node followed
         self.last_error: str | None = None
         self._task: asyncio.Task[None] | None = None
@@ -118,7 +124,15 @@ class ChainFeed:
 
     @property
     def wants_logs(self) -> bool:
-        return any(listener.wants_logs for listener in self.listeners)
+        return len(self.index) > 0
+
+    def encode(self, entry: dict[str, Any]) -> bytes:
+        """A log's JSON, made once per announcement however many listeners send it."""
+        key = id(entry)
+        out = self._encoded.get(key)
+        if out is None:
+            out = self._encoded[key] = orjson.dumps(entry)
+        return out
 
     # listeners -------------------------------------------------------------------------
 
@@ -128,10 +142,10 @@ class ChainFeed:
         tip = self.tip
         if tip is not None and self._ready.is_set():
             listener.since = tip.number
-            self.listeners.add(listener)
+            self._join(listener)
             return tip.number
         listener.since = -1  # set when the first round sees the head
-        self.listeners.add(listener)
+        self._join(listener)
         if self._task is None or self._task.done():
             self._ready.clear()
             self.blocks.clear()
@@ -139,16 +153,24 @@ class ChainFeed:
         try:
             await asyncio.wait_for(self._ready.wait(), within)
         except TimeoutError:
-            self.listeners.discard(listener)
+            self.remove(listener)
             why = self.last_error or "no usable node"
             raise FeedError(f"pool {self.pool_id} has no readable head yet ({why})") from None
         return listener.since
 
+    def _join(self, listener: Listener) -> None:
+        self.listeners.add(listener)
+        if listener.wants_logs:
+            self.index.add(listener)  # type: ignore[arg-type]
+
     def remove(self, listener: Listener) -> None:
         self.listeners.discard(listener)
+        if listener.wants_logs:
+            self.index.remove(listener)  # type: ignore[arg-type]
 
     async def close(self) -> None:
         self.listeners.clear()
+        self.index = LogIndex()
         await stop_task(self._task)
         self._task = None
 
@@ -231,10 +253,48 @@ class ChainFeed:
         for block in removed:
             block.removed_logs = [{**lg, "removed": True} for lg in reversed(block.logs or [])]
         for listener in list(self.listeners):
+            if listener.wants_logs:
+                continue  # (below: only where its logs are)
             try:
                 listener.on_blocks(removed, added)
             except Exception:
                 log.exception("chain feed %s: a listener failed", self.pool_id)
+        self._encoded = {}
+        try:
+            for listener, entries in self._matches(removed, added).items():
+                try:
+                    listener.on_logs(entries)
+                except Exception:
+                    log.exception("chain feed %s: a listener failed", self.pool_id)
+        finally:
+            self._encoded = {}
+
+    def _matches(
+        self, removed: list[FeedBlock], added: list[FeedBlock]
+    ) -> dict[LogListener, list[dict[str, Any]]]:
+        """Each log listener's logs of one step, in geth's order: the removed ones first (of
+        blocks delivered after its `since`, newest first), then the new chain's. Only the
+        listeners the index finds for a log look at it."""
+        out: dict[LogListener, list[dict[str, Any]]] = {}
+        if not len(self.index):
+            return out
+        candidates = self.index.candidates
+        for block, entries, old in (
+            *((b, b.removed_logs, True) for b in removed),
+            *((b, b.logs or (), False) for b in added),
+        ):
+            for entry in entries:
+                for listener in candidates(entry):
+                    flt = listener.flt
+                    if old and block.number <= listener.since:
+                        continue
+                    if wanted(flt, block) and flt.matches(entry):
+                        found = out.get(listener)
+                        if found is None:
+                            out[listener] = [entry]
+                        else:
+                            found.append(entry)
+        return out
 
     async def _headers(self, client: RpcClient, start: int, end: int) -> list[FeedBlock]:
         if end < start:
@@ -300,6 +360,13 @@ async def follow(feed: ChainFeed, listener: Listener) -> int:
         return await feed.add(listener)
     except FeedError as exc:
         raise JsonRpcError(SERVER_BUSY, f"cannot follow the chain: {exc}") from None
+
+
+def wanted(flt: LogFilter, block: FeedBlock) -> bool:
+    """Whether a live filter looks at `block` at all (its blockHash, or its range)."""
+    if flt.block_hash is not None:
+        return block.hash == flt.block_hash
+    return flt.in_range(block.number)
 
 
 def _head(node: Node) -> int:

@@ -14,6 +14,7 @@ from chainstate.runner import run, start_server, start_site, wait_for_stop
 from proxy.eventsettings import EventSettings
 from proxy.settings import ProxySettings
 from proxy.store import ConfigStore
+from proxy.tenancy.settings import TenancySettings
 
 MEMORY = ":memory:"
 
@@ -37,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--admin-host", help="serve the admin API on its own address")
     p.add_argument("--admin-port", type=int, help="serve the admin API on its own port")
     p.add_argument(
+        "--insecure-admin",
+        action="store_true",
+        default=None,
+        help="allow a tokenless admin API on an address other than loopback",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -54,7 +61,7 @@ def settings_from_args(args: argparse.Namespace) -> ProxySettings:
     config = load_config(args.config)
     settings = ProxySettings.from_config(config)
     changes: dict[str, Any] = {}
-    for name in ("host", "port", "admin_token", "admin_host", "admin_port"):
+    for name in ("host", "port", "admin_token", "admin_host", "admin_port", "insecure_admin"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
@@ -64,6 +71,7 @@ def settings_from_args(args: argparse.Namespace) -> ProxySettings:
         raise ConfigError("--admin-host needs --admin-port")
     settings = dataclasses.replace(settings, **changes)
     settings.validate()
+    settings.check_exposure()
     return settings
 
 
@@ -115,11 +123,13 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     _check_tracing(config, args.trace)  # before starting anything (and before forking)
     events = EventSettings.from_config(config)
+    tenancy = TenancySettings.from_config(config, settings.store_path)
     if args.workers < 1:
         raise ConfigError("--workers must be at least 1")
     if args.workers == 1:
         store = open_store(settings.store_path)
-        run(lambda: serve(settings, store, build_tracer(config, args.trace), events=events))
+        tracer = build_tracer(config, args.trace)
+        run(lambda: serve(settings, store, tracer, events=events, tenancy=tenancy))
         return 0
     if not (settings.store_path or "").startswith("etcd://"):
         raise ConfigError(
@@ -131,7 +141,17 @@ def cmd_proxy(args: argparse.Namespace) -> int:
     def serve_one() -> None:  # in each forked worker: its own loop, store client, tracer
         store = open_store(settings.store_path)
         tracer = build_tracer(config, args.trace)
-        run(lambda: serve(settings, store, tracer, events=events, reuse_port=True, banner=False))
+        run(
+            lambda: serve(
+                settings,
+                store,
+                tracer,
+                events=events,
+                tenancy=tenancy,
+                reuse_port=True,
+                banner=False,
+            )
+        )
 
     url, admin_url = _urls(settings)
     print_banner(url, admin_url, settings, workers=args.workers)
@@ -151,12 +171,13 @@ async def serve(
     tracer: Any = None,
     *,
     events: EventSettings | None = None,
+    tenancy: TenancySettings | None = None,
     reuse_port: bool = False,
     banner: bool = True,
 ) -> None:
     from proxy.app import create_admin_app, create_app, create_server, get_proxy
 
-    app = create_app(settings, store=store, tracer=tracer, events=events)
+    app = create_app(settings, store=store, tracer=tracer, events=events, tenancy=tenancy)
     get_proxy(app).metrics.watch_store(lambda: store.available)
     async with AsyncExitStack() as stack:
         await _listen(stack, create_server(app), settings.host, settings.port, reuse_port)

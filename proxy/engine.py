@@ -14,6 +14,8 @@ request through them.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -23,6 +25,7 @@ from opentelemetry import trace
 
 from chainstate.httpserver import Request, Response
 from chainstate.jsonrpc import INVALID_REQUEST, JsonRpcError
+from proxy import buffers
 from proxy.admission import Admission
 from proxy.answer import Answers
 from proxy.attempts import Attempts
@@ -52,6 +55,10 @@ from proxy.state import RoutingState
 from proxy.upstream import Upstream
 
 MAX_CHAIN_IDS = 1024  # distinct raw chain ids whose normalized pool id is remembered
+# Bodies this large are parsed in a turn of the event loop of their own (`Engine._large`):
+# parsing 1 MiB takes ~1-3 ms, and a client sending many such bodies at once must not hold
+# the loop for all of their steps in one go.
+LARGE_BODY = 1 << 20
 
 __all__ = ["Admitted", "Answer", "Engine"]
 
@@ -130,6 +137,7 @@ class Engine:
         self._max_body = settings.max_body_bytes
         self._pool_ids: dict[str, str | None] = {}  # raw /:chainId → pool id (a pure function)
         self._admitted: dict[str, Admitted] = {}  # pool id → its Admitted (`admit_resolved`)
+        self._large_turn = asyncio.Lock()  # one large body parsed per turn (`_large`)
 
     @property
     def inflight(self) -> int:
@@ -183,6 +191,10 @@ class Engine:
         if found is None:
             return 404, dumps_error(None, JsonRpcError(INVALID_REQUEST, self._unknown(chain_id)))
         chain, pool = found
+        budget = self.upstream.budget  # (answers in flight, and those clients have not read)
+        if budget is not None and budget.used > budget.limit:  # the process's budget: 503 now
+            self.metrics.refused(chain)
+            return 503, dumps_error(None, buffers.over_budget(budget)), b"Retry-After: 1\r\n"
         if pool.inflight:  # (nothing in flight is under any limit: none worked out, as at c=1)
             admission, now = self.admission, time.perf_counter()
             limit = admission.limit(pool, now)  # (the refusal is worked out only when over it)
@@ -241,6 +253,8 @@ class Engine:
         rest of the pipeline as a coroutine."""
         body = request.body
         if self.tracer is None and len(body) <= self._max_body:
+            if len(body) >= LARGE_BODY:
+                return self._large(chain_id, found, request)
             started = time.perf_counter()
             try:
                 payload = orjson.loads(body)
@@ -249,10 +263,77 @@ class Engine:
             if type(payload) is dict:
                 return self.first.start(chain_id, found, payload, request, started)
             if type(payload) is list:
-                return self.batches.start(
-                    chain_id, found, payload, body, request.headers, request.answer_early, started
-                )
+                return self.batches.start(chain_id, found, payload, request, started)
         admitted = self.admit_resolved(chain_id, found)
         if type(admitted) is tuple:
             return admitted
         return self.handle(chain_id, body, request.headers, admitted, request.answer_early)  # type: ignore[arg-type]
+
+    async def _large(
+        self, chain_id: str, found: tuple[str, Pool] | None, request: Request
+    ) -> Response:
+        """`start` for a body of LARGE_BODY bytes or more: it is parsed in a turn of the
+        event loop of its own, one such body per turn, then its first attempt made as
+        `start` makes it. A turn runs every callback ready when it began before it reads the
+        sockets again, so eight 5 MB eth_calls arriving together would parse one after
+        another before any other client is read; one per turn, the others are served between
+        them. The body holds its place among the pool's requests in flight while it waits."""
+        admitted = self.admit_resolved(chain_id, found)
+        if type(admitted) is tuple:
+            return admitted
+        try:
+            async with self._large_turn:  # (its release wakes the next one a turn later)
+                try:
+                    payload = orjson.loads(request.body)
+                except orjson.JSONDecodeError:
+                    payload = None  # (`handle` answers the parse error)
+        finally:
+            self.admission.leave(admitted.pool)  # (the first attempt takes its own place)
+        if type(payload) is not dict and type(payload) is not list:
+            return await self.handle(chain_id, request.body, request.headers)  # type: ignore[arg-type]
+        settled = Settled(request)
+        started = time.perf_counter()
+        if type(payload) is dict:
+            step = self.first.start(chain_id, found, payload, settled, started)  # type: ignore[arg-type]
+        else:
+            step = self.batches.start(chain_id, found, payload, settled, started)  # type: ignore[arg-type]
+        if step is None:
+            return await settled.done
+        return await step if inspect.isawaitable(step) else step  # type: ignore[return-value]
+
+
+class Settled:
+    """A request, as `Engine.start` reads one, whose answer (written early, or given to a
+    task later) settles a future instead: `Engine._large` awaits it."""
+
+    __slots__ = ("body", "done", "headers")
+
+    def __init__(self, request: Request) -> None:
+        self.body = request.body
+        self.headers = request.headers
+        self.done: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+
+    def answer_early(self, result: Response) -> bool:
+        if not self.done.done():
+            self.done.set_result(result)
+        return True
+
+    def answer_later(self, step: Awaitable[Response]) -> None:
+        task = asyncio.ensure_future(step)
+        _RUNNING.add(task)  # (the loop keeps only a weak reference to a task)
+        task.add_done_callback(_RUNNING.discard)
+        task.add_done_callback(self._landed)
+
+    def _landed(self, task: asyncio.Future[Response]) -> None:
+        done = self.done
+        if done.done():
+            return
+        if task.cancelled():
+            done.cancel()
+        elif task.exception() is not None:
+            done.set_exception(task.exception())  # type: ignore[arg-type]
+        else:
+            done.set_result(task.result())
+
+
+_RUNNING: set[asyncio.Future[Any]] = set()

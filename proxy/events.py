@@ -15,6 +15,7 @@ are counted per client address and in total, each against a named limit.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from prometheus_client.core import GaugeMetricFamily
 from chainstate.inproc import InprocRegistry
 from chainstate.jsonrpc import (
     INTERNAL_ERROR,
+    INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     JsonRpcError,
@@ -36,11 +38,13 @@ from chainstate.jsonrpc import (
     request_id,
 )
 from chainstate.rpcclient import RpcClient
+from proxy import nesting
 from proxy.chainfeed import ChainFeed
 from proxy.eventsettings import EventSettings
-from proxy.filters import Filters
+from proxy.filters import NO_MEMPOOL, Filters
+from proxy.listeners import ListenerQuota
 from proxy.model import Pool
-from proxy.subscriptions import Session
+from proxy.subscriptions import Session, Unread
 
 if TYPE_CHECKING:
     from proxy.engine import Answer, Engine
@@ -58,10 +62,8 @@ FILTER_METHODS = (
 )
 SUBSCRIPTION_METHODS = ("eth_subscribe", "eth_unsubscribe")
 LOCAL_METHODS = frozenset(FILTER_METHODS + SUBSCRIPTION_METHODS)
-PENDING_FILTER_REFUSED = (
-    "eth_newPendingTransactionFilter is not served by the chainstate proxy: pending "
-    "transactions live in the Leader's execution client; use eth_newBlockFilter or eth_newFilter"
-)
+
+CLOSE_WAIT = 1.0  # seconds a closing WebSocket waits for the client's close frame
 
 # The engine's entry point: (chain id, body, headers) -> (HTTP status, body).
 Handle = Callable[[str, bytes, Mapping[str, str]], Awaitable["Answer"]]
@@ -91,7 +93,11 @@ class Events:
         self.max_batch = max_batch
         self.max_message_bytes = max_message_bytes
         self.feeds: dict[str, ChainFeed] = {}
-        self.filters = Filters(settings, self.feed, self._filter_logs)
+        self.quota = ListenerQuota(settings)  # filters and subscriptions, per client
+        self.unread = Unread()  # bytes the WebSocket clients have not read (ws_unread_max_bytes)
+        self.filters = Filters(
+            settings, self.feed, self._filter_logs, self.quota, leader=self._leader_call
+        )
         self.sessions: set[Session] = set()
         self.per_client: dict[str, int] = {}
         self._clients: dict[str, RpcClient] = {}
@@ -176,6 +182,15 @@ class Events:
         HTTP or from an in-process caller: no WebSocket, so no subscriptions."""
         return self._handle_local(chain, body, headers, None)
 
+    @staticmethod
+    def _client_of(headers: Mapping[str, str], session: Session | None) -> str:
+        """Who a filter or subscription counts against: the connection's peer address (the
+        lean server's headers carry it), `inproc` for callers in this process."""
+        if session is not None:
+            return session.client
+        peer = getattr(headers, "peer", None)
+        return peer() if callable(peer) else "inproc"
+
     async def _handle_local(
         self,
         chain: str,
@@ -192,13 +207,14 @@ class Events:
         if found is None or not any(_is_local(item) for item in items):
             return await self._engine_handle(chain, body, headers)
         pool = found[1]
+        client = self._client_of(headers, session)
         if isinstance(payload, dict):
-            answer = await self._local(pool, payload, session)
+            answer = await self._local(pool, payload, session, client)
             return (200, orjson.dumps(answer)) if answer is not None else (204, b"")
         if len(payload) > self.max_batch:
             msg = f"batch has {len(payload)} items, more than max_batch_items={self.max_batch}"
             return 200, orjson.dumps(error_response(None, INVALID_REQUEST, msg))
-        return await self._batch(chain, pool, payload, headers, session)
+        return await self._batch(chain, pool, payload, headers, session, client)
 
     async def _batch(
         self,
@@ -207,6 +223,7 @@ class Events:
         payload: list[Any],
         headers: Mapping[str, str],
         session: Session | None,
+        client: str,
     ) -> tuple[int, bytes]:
         answers: list[Any] = [None] * len(payload)
         routed = []
@@ -216,9 +233,9 @@ class Events:
                 answers[i] = error_response(request_id(item), bad.code, bad.message)
             elif not _is_local(item):
                 routed.append(i)
+        sub, routed = _writable(payload, routed, answers)
         if routed:  # first, so a subscription starts after everything else is answered
-            sub = [_with_id(payload[i], j) for j, i in enumerate(routed)]
-            out = (await self._engine_handle(chain, orjson.dumps(sub), headers))[1]
+            out = (await self._engine_handle(chain, sub, headers))[1]
             by_id = _answers_by_id(out)
             for j, i in enumerate(routed):
                 if "id" not in payload[i]:
@@ -227,30 +244,35 @@ class Events:
                 answers[i] = {**answer, "id": payload[i]["id"]}
         for i, item in enumerate(payload):
             if answers[i] is None and _is_local(item):
-                answers[i] = await self._local(pool, item, session)
+                answers[i] = await self._local(pool, item, session, client)
         out_items = [a for a in answers if a is not None]
         return (200, orjson.dumps(out_items)) if out_items else (204, b"")
 
-    async def _local(self, pool: Pool, item: dict[str, Any], session: Session | None) -> Any:
+    async def _local(
+        self, pool: Pool, item: dict[str, Any], session: Session | None, client: str
+    ) -> Any:
         """The answer to one filter/subscription request (None for a notification)."""
         bad = check_request(item)
         rid = item.get("id")
         if bad is not None:
             return error_response(request_id(item), bad.code, bad.message)
+        params = item.get("params", [])
         try:
-            result = await self._call(pool, item["method"], item.get("params", []), session)
+            result = await self._call(pool, item["method"], params, session, client)
         except JsonRpcError as exc:
             answer = error_response(rid, exc.code, exc.message, exc.data)
         else:
             answer = {"jsonrpc": "2.0", "id": rid, "result": result}
         return None if "id" not in item else answer
 
-    async def _call(self, pool: Pool, method: str, params: Any, session: Session | None) -> Any:
+    async def _call(
+        self, pool: Pool, method: str, params: Any, session: Session | None, client: str
+    ) -> Any:
         filters = self.filters
         if method == "eth_newFilter":
-            return await filters.new_filter(pool.id, params)
+            return await filters.new_filter(pool.id, params, client)
         if method == "eth_newBlockFilter":
-            return await filters.new_block_filter(pool.id, params)
+            return await filters.new_block_filter(pool.id, params, client)
         if method == "eth_getFilterChanges":
             return await filters.get_filter_changes(pool.id, params)
         if method == "eth_getFilterLogs":
@@ -258,7 +280,7 @@ class Events:
         if method == "eth_uninstallFilter":
             return await filters.uninstall_filter(pool.id, params)
         if method == "eth_newPendingTransactionFilter":
-            raise JsonRpcError(METHOD_NOT_FOUND, PENDING_FILTER_REFUSED)
+            return await filters.new_pending_transaction_filter(pool.id, params, client)
         if session is None:
             raise JsonRpcError(
                 METHOD_NOT_FOUND,
@@ -268,6 +290,16 @@ class Events:
         if method == "eth_subscribe":
             return await session.subscribe(params)
         return await session.unsubscribe(params)
+
+    async def _leader_call(self, pool_id: str, method: str, params: list[Any]) -> tuple[str, Any]:
+        """`method` asked of the pool's Leader write node (which passes it to its execution
+        client): its key and the result. Errors it answers raise JsonRpcError, a Leader that
+        cannot be reached RpcUnavailable."""
+        pool = self._pools().get(pool_id)
+        node = pool.leader_node() if pool is not None else None
+        if pool is None or node is None or pool.leader is None:
+            raise JsonRpcError(METHOD_NOT_FOUND, NO_MEMPOOL)
+        return pool.leader, await self._client(node.entry.url).call(method, params)
 
     async def _filter_logs(self, pool_id: str, raw: dict[str, Any]) -> orjson.Fragment:
         """eth_getFilterLogs: eth_getLogs with the filter's criteria, routed as usual."""
@@ -306,6 +338,9 @@ class Events:
             self.feed(found[1].id),
             lambda data, s: self._ws_answer(chain, data, headers, s),
             self.settings,
+            client,
+            self.quota,
+            self.unread,
         )
         self.sessions.add(session)
         reason = "client closed"
@@ -322,6 +357,8 @@ class Events:
         finally:
             if session.closed is not None and session.closed.startswith("slow consumer"):
                 reason = "slow_consumer"
+            elif session.closed is not None and session.closed.startswith("message too big"):
+                reason = "too_big"
             await session.close(reason)
             self.sessions.discard(session)
             self._leave(client)
@@ -387,7 +424,19 @@ class _AiohttpTransport:
         return 0 if transport is None else transport.get_write_buffer_size()
 
     async def close(self, code: int, reason: str) -> None:
-        await self.ws.close(code=code, message=reason.encode())
+        """A close frame with `code` and `reason` written as the messages are (no wait for
+        the socket to drain: the client may be one that does not read), then the
+        connection cut once it is read, or after CLOSE_WAIT seconds."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        payload = code.to_bytes(2, "big") + reason.encode()[:123]
+        transport.write(bytes((0x88, len(payload))) + payload)
+        waited = 0.0
+        while transport.get_write_buffer_size() and waited < CLOSE_WAIT:
+            await asyncio.sleep(0.05)
+            waited += 0.05
+        transport.abort()
 
 
 class _Gauges:
@@ -406,6 +455,11 @@ class _Gauges:
                 sum(len(s.subscriptions) for s in events.sessions),
             ),
             ("chainstate_proxy_filters", "installed filters", len(events.filters.installed)),
+            (
+                "chainstate_proxy_ws_unread_bytes",
+                "bytes written to WebSocket clients not read yet (as last seen per connection)",
+                events.unread.total,
+            ),
         ):
             gauge = GaugeMetricFamily(name, doc)
             gauge.add_metric([], value)
@@ -430,6 +484,20 @@ class _Gauges:
 
 def _is_local(item: Any) -> bool:
     return isinstance(item, dict) and item.get("method") in LOCAL_METHODS
+
+
+def _writable(payload: list[Any], routed: list[int], answers: list[Any]) -> tuple[bytes, list[int]]:
+    """The sub-batch of the items at `routed` for the engine (ids: their positions in it),
+    and those positions; items too deep to write again are left out, answered -32602
+    (proxy/nesting.py)."""
+    sub = [_with_id(payload[i], j) for j, i in enumerate(routed)]
+    try:
+        return orjson.dumps(sub), routed
+    except TypeError:
+        deep = {routed[j] for j in nesting.deep(sub)}
+    for i in deep:
+        answers[i] = error_response(request_id(payload[i]), INVALID_PARAMS, nesting.MESSAGE)
+    return _writable(payload, [i for i in routed if i not in deep], answers)
 
 
 def _with_id(item: Any, position: int) -> Any:

@@ -24,12 +24,27 @@ class EventSettings:
     max_filters: int = 10_000  # filters installed on one proxy process
     max_filter_changes: int = 10_000  # unpolled changes a filter keeps before it is removed
     max_log_query_list: int = DEFAULT_MAX_LIST  # addresses, or topics in one position
+    # filters and subscriptions together (proxy/listeners.py): per client address, per process
+    max_listeners_per_client: int = 1024  # filters + subscriptions of one client address
+    max_listener_bytes_per_client: int = 8 * 1024 * 1024  # their criteria's memory, one client
+    max_listener_bytes: int = 256 * 1024 * 1024  # their criteria's memory, the whole process
+    max_subscriptions: int = 100_000  # subscriptions on one proxy process
     # WebSocket connections on the data port (ws://host:port/:chainId)
     max_connections: int = 10_000  # WebSocket connections on one proxy process
     max_connections_per_client: int = 256  # from one client address
     max_subscriptions_per_connection: int = 1024  # as reth's default
     max_requests_in_flight: int = 64  # requests of one connection answered at once
-    ws_queue_bytes: int = 1024 * 1024  # unread bytes per connection before it is dropped
+    # A connection whose unread bytes stay above ws_queue_bytes for ws_slow_seconds, or pass
+    # ws_queue_max_bytes, is a slow consumer (closed); one message is always written whole.
+    ws_queue_bytes: int = 1024 * 1024
+    ws_slow_seconds: float = 5.0
+    ws_queue_max_bytes: int = 8 * 1024 * 1024
+    # Unread bytes of every WebSocket connection of the process together: past it, a
+    # connection holding more than the average is closed when a message comes for it.
+    ws_unread_max_bytes: int = 256 * 1024 * 1024
+    # The largest notification sent (more than the largest log a block can hold: data costs
+    # 8 gas a byte, so 60M gas holds < 7.5 MB, 15 MB as hex); a larger one closes with 1009.
+    max_notification_bytes: int = 16 * 1024 * 1024
     ws_heartbeat: float = 30.0  # seconds between pings (a dead client is closed)
 
     @classmethod

@@ -1,11 +1,16 @@
-"""Polling filters, kept by the proxy: eth_newFilter, eth_newBlockFilter, eth_getFilterChanges,
-eth_getFilterLogs, eth_uninstallFilter.
+"""Polling filters, kept by the proxy: eth_newFilter, eth_newBlockFilter,
+eth_newPendingTransactionFilter, eth_getFilterChanges, eth_getFilterLogs, eth_uninstallFilter.
 
 As in geth, a filter collects what happens after it is installed: a log filter the matching
 logs of each new block (and, after a reorg, the logs of the dropped blocks again with
 `removed: true`), a block filter the hashes of the new blocks. `eth_getFilterChanges` hands
 over what was collected since the last call. The chain comes from the pool's chain feed
 (proxy/chainfeed.py), so a filter never reports a block the pool cannot answer for yet.
+
+Pending transactions are known only to the mempool of the pool's Leader (its execution client),
+so a pending-transaction filter is a filter made there through the Leader write node, under an
+id of the proxy's own; each `eth_getFilterChanges` asks the Leader for its changes. When the
+Leader changes, or loses the filter (a restart), the filter is gone, as on a restarted node.
 
 Filters live in the memory of the proxy process that installed them (ids are random 16-byte
 hex). A filter not polled for `filter_timeout` seconds (geth: 5 minutes) is removed; so is
@@ -24,16 +29,30 @@ from typing import Any
 
 from cachetools import LRUCache
 
-from chainstate.jsonrpc import INVALID_PARAMS, SERVER_BUSY, JsonRpcError, params_list
+from chainstate.jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    SERVER_BUSY,
+    JsonRpcError,
+    params_list,
+)
 from chainstate.logfilter import LogFilter, parse_filter
+from chainstate.rpcclient import RpcUnavailable
 from chainstate.tasks import stop_task
 from proxy.chainfeed import ChainFeed, FeedBlock, follow
 from proxy.eventsettings import EventSettings
+from proxy.listeners import ListenerQuota, criteria_bytes
 
 log = logging.getLogger(__name__)
 
 FILTER_NOT_FOUND = -32000  # geth's code for "filter not found"
 REMEMBERED_REMOVALS = 4096  # ids whose removal reason is kept for the error message
+CLEANUP_WAIT = 1.0  # seconds a closing proxy waits for the Leader to drop its pending filters
+NO_MEMPOOL = (
+    "eth_newPendingTransactionFilter: this pool has no Leader write node, whose execution "
+    "client holds the pending transactions"
+)
 
 
 def new_id() -> str:
@@ -46,16 +65,21 @@ class Filter:
 
     wants_logs = False
 
-    def __init__(self, registry: Filters, pool_id: str) -> None:
+    def __init__(self, registry: Filters, pool_id: str, client: str = "") -> None:
         self.id = new_id()
         self.registry = registry
         self.pool_id = pool_id
+        self.client = client  # who installed it (proxy/listeners.py quotas)
+        self.size = criteria_bytes(None)
         self.since = -1
         self.polled = time.monotonic()
         self.changes: list[Any] = []
 
     def on_blocks(self, removed: list[FeedBlock], added: list[FeedBlock]) -> None:
         self.collect(removed, added)
+        self._check()
+
+    def _check(self) -> None:
         if len(self.changes) > self.registry.settings.max_filter_changes:
             limit = self.registry.settings.max_filter_changes
             self.registry.drop(
@@ -83,37 +107,41 @@ class LogsFilter(Filter):
 
     wants_logs = True
 
-    def __init__(self, registry: Filters, pool_id: str, raw: dict[str, Any], flt: LogFilter):
-        super().__init__(registry, pool_id)
+    def __init__(
+        self,
+        registry: Filters,
+        pool_id: str,
+        raw: dict[str, Any],
+        flt: LogFilter,
+        client: str = "",
+    ):
+        super().__init__(registry, pool_id, client)
         self.raw = raw  # the filter as the client gave it, for eth_getFilterLogs
         self.flt = flt
+        self.size = criteria_bytes(flt) * 2  # the parsed criteria and the raw object
+
+    def on_logs(self, entries: list[dict[str, Any]]) -> None:
+        """The matching logs of one feed step (the chain feed's index found them)."""
+        self.changes.extend(entries)
+        self._check()
+
+
+class PendingFilter(Filter):
+    """eth_newPendingTransactionFilter: a filter made in the Leader's execution client, under
+    this proxy's id; its changes are the Leader's (the hashes of new pending transactions)."""
+
+    def __init__(self, registry: Filters, pool_id: str, leader: str, client: str = "") -> None:
+        super().__init__(registry, pool_id, client)
+        self.leader = leader  # the write node's key: a new Leader does not have this filter
+        self.upstream = ""  # the filter id in the Leader's execution client
 
     def collect(self, removed: list[FeedBlock], added: list[FeedBlock]) -> None:
-        self.changes.extend(matching(self.flt, self.since, removed, added))
-
-
-def matching(
-    flt: LogFilter, since: int, removed: list[FeedBlock], added: list[FeedBlock]
-) -> list[dict[str, Any]]:
-    """The logs a filter delivers for one feed step, in geth's order: the removed ones first
-    (of blocks delivered after `since`, newest first), then the new chain's."""
-    out: list[dict[str, Any]] = []
-    for block in removed:
-        if block.number > since and _wanted(flt, block):
-            out.extend(lg for lg in block.removed_logs if flt.matches(lg))
-    for block in added:
-        if block.logs and _wanted(flt, block):
-            out.extend(lg for lg in block.logs if flt.matches(lg))
-    return out
-
-
-def _wanted(flt: LogFilter, block: FeedBlock) -> bool:
-    if flt.block_hash is not None:
-        return block.hash == flt.block_hash
-    return flt.in_range(block.number)
+        """(Not fed by the chain feed.)"""
 
 
 Forward = Callable[[str, dict[str, Any]], Awaitable[Any]]
+# (pool id, method, params) -> (the Leader's key, its result); JsonRpcError when it refuses.
+LeaderCall = Callable[[str, str, list[Any]], Awaitable[tuple[str, Any]]]
 
 
 class Filters:
@@ -121,14 +149,22 @@ class Filters:
     `forward(pool_id, filter)` runs eth_getLogs through the proxy's routing."""
 
     def __init__(
-        self, settings: EventSettings, feed: Callable[[str], ChainFeed], forward: Forward
+        self,
+        settings: EventSettings,
+        feed: Callable[[str], ChainFeed],
+        forward: Forward,
+        quota: ListenerQuota | None = None,
+        leader: LeaderCall | None = None,
     ) -> None:
         self.settings = settings
         self._feed = feed
         self._forward = forward
+        self._leader = leader
         self.installed: dict[str, Filter] = {}
+        self.quota = quota if quota is not None else ListenerQuota(settings)
         self.gone: LRUCache[str, str] = LRUCache(maxsize=REMEMBERED_REMOVALS)
         self._task: asyncio.Task[None] | None = None
+        self._cleanups: set[asyncio.Task[Any]] = set()
 
     # lifecycle -------------------------------------------------------------------------
 
@@ -140,6 +176,8 @@ class Filters:
         self._task = None
         for entry in list(self.installed.values()):
             self.drop(entry, "the proxy stopped")
+        if self._cleanups:  # the Leader's filters removed, within a moment
+            await asyncio.wait(list(self._cleanups), timeout=CLEANUP_WAIT)
 
     async def _expire_loop(self) -> None:
         every = min(max(self.settings.filter_timeout / 10, 0.05), 30.0)
@@ -157,19 +195,56 @@ class Filters:
 
     # the methods -----------------------------------------------------------------------
 
-    async def new_filter(self, pool_id: str, params: Any) -> str:
+    async def new_filter(self, pool_id: str, params: Any, client: str = "") -> str:
         (raw,) = params_list(params, ["filter"])
         if raw is None:
             raw = {}
         flt = parse_filter(raw, max_list=self.settings.max_log_query_list)
-        return await self._install(LogsFilter(self, pool_id, raw, flt))
+        return await self._install(LogsFilter(self, pool_id, raw, flt, client))
 
-    async def new_block_filter(self, pool_id: str, params: Any) -> str:
+    async def new_block_filter(self, pool_id: str, params: Any, client: str = "") -> str:
         params_list(params, [])
-        return await self._install(BlockFilter(self, pool_id))
+        return await self._install(BlockFilter(self, pool_id, client))
+
+    async def new_pending_transaction_filter(
+        self, pool_id: str, params: Any, client: str = ""
+    ) -> str:
+        params_list(params, [])
+        if self._leader is None:
+            raise JsonRpcError(METHOD_NOT_FOUND, NO_MEMPOOL)
+        entry = PendingFilter(self, pool_id, "", client)
+        entry.leader, entry.upstream = await self._leader(
+            pool_id, "eth_newPendingTransactionFilter", []
+        )
+        try:
+            return await self._install(entry)
+        except BaseException:
+            self._uninstall_upstream(entry)
+            raise
 
     async def get_filter_changes(self, pool_id: str, params: Any) -> list[Any]:
-        return self._find(params).take()
+        entry = self._find(params)
+        if isinstance(entry, PendingFilter):
+            return await self._pending_changes(entry)
+        return entry.take()
+
+    async def _pending_changes(self, entry: PendingFilter) -> list[Any]:
+        entry.polled = time.monotonic()
+        try:
+            leader, changes = await self._leader(  # type: ignore[misc]
+                entry.pool_id, "eth_getFilterChanges", [entry.upstream]
+            )
+        except RpcUnavailable as exc:  # kept: the next poll may reach the Leader again
+            raise JsonRpcError(INTERNAL_ERROR, f"the Leader did not answer: {exc}") from None
+        except JsonRpcError as exc:
+            self.drop(entry, f"the Leader's execution client lost it ({exc.message})")
+            raise JsonRpcError(
+                FILTER_NOT_FOUND, "filter not found: " + self.gone[entry.id]
+            ) from None
+        if leader != entry.leader:  # asked a new Leader: the old one's filter is not there
+            self.drop(entry, "the pool's Leader changed")
+            raise JsonRpcError(FILTER_NOT_FOUND, "filter not found: " + self.gone[entry.id])
+        return changes if isinstance(changes, list) else []
 
     async def get_filter_logs(self, pool_id: str, params: Any) -> Any:
         entry = self._find(params)
@@ -186,6 +261,25 @@ class Filters:
         self.drop(entry, "uninstalled")
         return True
 
+    def _gone(self, entry: PendingFilter, why: str) -> JsonRpcError:
+        self.drop(entry, why)
+        return JsonRpcError(FILTER_NOT_FOUND, f"filter not found: removed, {why}")
+
+    def _uninstall_upstream(self, entry: PendingFilter) -> None:
+        """The Leader's filter removed in the background (it expires there anyway)."""
+        if self._leader is None or not entry.upstream:
+            return
+        task = asyncio.create_task(
+            self._leader(entry.pool_id, "eth_uninstallFilter", [entry.upstream])
+        )
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanup_done)
+
+    def _cleanup_done(self, task: asyncio.Task[Any]) -> None:
+        self._cleanups.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("a pending filter's removal at the Leader failed: %s", task.exception())
+
     # helpers ---------------------------------------------------------------------------
 
     async def _install(self, entry: Filter) -> str:
@@ -196,7 +290,13 @@ class Filters:
                 f"too many filters on this proxy ({limit}, max_filters): uninstall unused ones "
                 "with eth_uninstallFilter",
             )
-        await follow(self._feed(entry.pool_id), entry)
+        self.quota.take(entry.client, entry.size)
+        try:
+            if not isinstance(entry, PendingFilter):
+                await follow(self._feed(entry.pool_id), entry)
+        except BaseException:
+            self.quota.give_back(entry.client, entry.size)
+            raise
         self.installed[entry.id] = entry
         return entry.id
 
@@ -214,6 +314,10 @@ class Filters:
     def drop(self, entry: Filter, why: str) -> None:
         if self.installed.pop(entry.id, None) is None:
             return
-        self._feed(entry.pool_id).remove(entry)
+        self.quota.give_back(entry.client, entry.size)
+        if isinstance(entry, PendingFilter):
+            self._uninstall_upstream(entry)
+        else:
+            self._feed(entry.pool_id).remove(entry)
         self.gone[entry.id] = why
         log.debug("filter %s removed: %s", entry.id, why)

@@ -36,7 +36,7 @@ from proxy.books import access_log
 from proxy.breaker import CLOSED
 from proxy.face import public as face_public
 from proxy.inprocbooks import InprocBooks, Took
-from proxy.kept import CALL, KeptRoutes, retried
+from proxy.kept import CALL, KeptRoutes, retried, too_large
 from proxy.methods import LocalMethod
 from proxy.model import Node, Pool
 from proxy.outcome import UpstreamError
@@ -73,6 +73,7 @@ class FirstAttempt:
         self.transports = kept.upstream.transports  # node URL → its transport, once made
         self.pools = kept.cache.kept  # pool id → its routes (`KeptRoutes.routes`)
         self.registry = kept.cache.registry
+        self.budget = kept.upstream.budget  # answer bytes held by the process
         self.reads = kept.reads
         self.books = books  # the books of answers an in-process node gave now
         # (0 in the settings: no limit, here the largest size, so one compare decides)
@@ -127,7 +128,12 @@ class FirstAttempt:
                 paths = routes.paths
                 if paths is None:
                     paths = kept.paths(routes)
-                if paths and not access_log.isEnabledFor(_INFO):  # a node in process
+                budget = self.budget  # (over it, admission answers 503: no answer made now)
+                if (
+                    paths
+                    and not access_log.isEnabledFor(_INFO)
+                    and (budget is None or budget.used <= budget.limit)
+                ):  # a node in process
                     headers = request.headers
                     out = self._inproc(chain, pool, routes, route, node, payload, headers, started)
                     if out is not None:
@@ -235,8 +241,8 @@ class FirstAttempt:
         if errors:
             face_public(route.spec, got[0])
         out = orjson.dumps(got[0])
-        if len(out) > self.max_answer:
-            return None  # the general steps answer it as too large: nothing was counted yet
+        if len(out) > self.max_answer:  # final (every node would make the same): not asked again
+            return too_large(payload, len(out), self.max_answer)
         seconds = perf_counter() - started
         if not errors:  # (the node's own count, `items_answered`, folded in by the books)
             self.books.single(chain, pool, node, path.answered, method, elapsed, seconds)  # type: ignore[arg-type]
@@ -292,12 +298,12 @@ class FirstAttempt:
             plan is not None and (plan.flight is not None or not _has_inproc(ctx.pool))
         ):
             return self._finish(ctx, pipeline.sent(ctx, item, body), started, headers)
+        answers: list[Any] = [None]
+        pinned = False
         if plan is not None:  # what `ReadPath.follow` does for an item that leads its read
             sent = item.obj
             item.obj, item.ref = plan.obj, plan.ref
-            if plan.obj is not sent:
-                body = orjson.dumps(plan.obj)
-        answers: list[Any] = [None]
+            pinned = plan.obj is not sent
         group = self.chooser.first_group(ctx, item, chosen)
         if type(group) is NoEligibleNode:  # answered as the rounds give it up
             pipeline.answers.give_up(ctx, item, answers, group)
@@ -305,6 +311,13 @@ class FirstAttempt:
             self._land(item, None, answers)
             return self._done(ctx, answer, started, headers)
         assert type(group) is Group
+        if pinned:  # written only for a node that takes bytes (in process: the objects)
+            written = None
+            if not is_inproc(group.node.entry.url):
+                written = pipeline.pinned_body(ctx, item, answers)
+                if type(written) is tuple:
+                    return self._done(ctx, written, started, headers)
+            body = written  # type: ignore[assignment]  (None: another attempt, a sub-batch)
         then = self._then(ctx, item, group, body, answers, started, headers, later)
         if self.attempts.send_now(ctx, group, body, then):
             return None

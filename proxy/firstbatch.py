@@ -28,13 +28,13 @@ from typing import Any
 
 import orjson
 
-from chainstate.httpserver import Headers, Response
+from chainstate.httpserver import Headers, Request, Response
 from proxy.attempts import Attempts
 from proxy.books import access_log
 from proxy.breaker import CLOSED
 from proxy.face import public
 from proxy.inprocbooks import InprocBooks, Took, make_took
-from proxy.kept import CALL, Counted, KeptRoutes, Lanes, make_counted, retried
+from proxy.kept import CALL, Counted, KeptRoutes, Lanes, make_counted, retried, too_large
 from proxy.methods import MethodTable
 from proxy.model import Node, Pool
 from proxy.pipeline import Pipeline
@@ -85,22 +85,28 @@ class FirstBatch:
         self.admit = admit
         self.leave = leave
         self.run = run  # the whole pipeline as a coroutine (`Engine.handle`)
+        self.budget = kept.upstream.budget  # answer bytes held by the process
 
     def start(
         self,
         chain_id: str,
         found: tuple[str, Pool] | None,
         payload: list[Any],
-        body: bytes,
-        headers: Headers,
-        early: Callable[[Any], Any],
+        request: Request,
         started: float,
     ) -> Response | Awaitable[Response] | None:
-        """A batch body's first attempt (`payload`: `body` parsed): its answer now, an
-        awaitable of it, or None (answered later through `early`)."""
+        """A batch body's first attempt (`payload`: its body parsed): its answer now, or an
+        awaitable of it."""
+        body, headers = request.body, request.headers
         if found is not None and 0 < len(payload) <= self.max_batch:
             chain, pool = found
-            if not (pool.mirrors or self.pipeline.gates or access_log.isEnabledFor(_INFO)):
+            budget = self.budget  # (over it, admission answers 503: no answer made here)
+            if not (
+                pool.mirrors
+                or self.pipeline.gates
+                or access_log.isEnabledFor(_INFO)
+                or (budget is not None and budget.used > budget.limit)
+            ):
                 routes = self.kept.routes(pool)
                 if routes.paths is None:
                     self.kept.paths(routes)
@@ -117,7 +123,7 @@ class FirstBatch:
         admitted = self.admit(chain_id, found)
         if type(admitted) is tuple:
             return admitted
-        return self.run(chain_id, body, headers, admitted, early)
+        return self.run(chain_id, body, headers, admitted, request.answer_early)
 
     # ---- plain reads answered now --------------------------------------------------------
 
@@ -151,8 +157,8 @@ class FirstBatch:
         if answered is None:
             return None
         out = orjson.dumps(answered[0])
-        if len(out) > self.max_answer:
-            return None  # the general steps answer it as too large: nothing was counted yet
+        if len(out) > self.max_answer:  # final (every node would make the same): not asked again
+            return too_large(items, len(out), self.max_answer)
         done = answered[1]
         if type(done) is tuple:  # one call of one method (`_shared`): one call books it all
             self.books.shared(chain, pool, *done, perf_counter() - started)

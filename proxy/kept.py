@@ -18,8 +18,16 @@ from __future__ import annotations
 from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
 
+import orjson
+
 from chainstate.blockref import BlockRef
-from chainstate.jsonrpc import RETRYABLE_CODES, JsonRpcError
+from chainstate.jsonrpc import (
+    INTERNAL_ERROR,
+    RETRYABLE_CODES,
+    JsonRpcError,
+    error_response,
+    request_id,
+)
 from proxy.breaker import CLOSED
 from proxy.choose import Chooser
 from proxy.methods import LocalMethod, MethodSpec, MethodTable
@@ -392,3 +400,20 @@ def retried(answers: list[Any], errors: list[int]) -> bool:
         if type(error) is not dict or error.get("code") in RETRYABLE_CODES:
             return True
     return False
+
+
+def too_large(payload: Any, size: int, limit: int) -> bytes:
+    """The answer to a body whose answer made in process is over max_answer_bytes: -32603
+    for each item (as the rounds answer `too_large`), never asked again: every node would
+    make the same answer."""
+    msg = f"answer of {size} bytes, more than max_answer_bytes ({limit}): not retried"
+    if type(payload) is list:
+        return orjson.dumps(
+            [error_response(request_id(it), INTERNAL_ERROR, msg) for it in payload if _asks(it)]
+        )
+    return orjson.dumps(error_response(request_id(payload), INTERNAL_ERROR, msg))
+
+
+def _asks(item: Any) -> bool:
+    """Whether an item of a batch gets an answer (anything but a notification)."""
+    return type(item) is not dict or "id" in item

@@ -15,6 +15,7 @@ import orjson
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
+from proxy import nesting
 from proxy.metrics import ProxyMetrics
 from proxy.model import Pool
 from proxy.upstream import Upstream, UpstreamError
@@ -61,7 +62,15 @@ class Mirrors:
         for mirror in pool.mirrors.values():
             chosen = [obj for method, obj in items if mirror.wants(method)]
             if chosen:
-                self._put(mirror.url, orjson.dumps(chosen))
+                try:
+                    body = orjson.dumps(chosen)
+                except TypeError:  # items too deep to write again are not copied
+                    gone = set(nesting.deep(chosen))
+                    chosen = [obj for i, obj in enumerate(chosen) if i not in gone]
+                    if not chosen:
+                        continue
+                    body = orjson.dumps(chosen)
+                self._put(mirror.url, body)
 
     def _put(self, url: str, body: bytes) -> None:
         try:

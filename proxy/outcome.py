@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from chainstate.jsonrpc import BLOCK_NOT_FOUND, RETRYABLE_CODES
+from chainstate.jsonrpc import BLOCK_NOT_FOUND, EVM_FAILED, RETRYABLE_CODES, TIME_LIMIT
 
 UNSUPPORTED_PRECOMPILE = -39008
 
@@ -58,6 +58,11 @@ BAD_RESPONSE = Outcome("bad_response", retry=True, penalise=True)
 SATURATED = Outcome("saturated", retry=True, penalise=False)
 # An answer larger than max_answer_bytes: every node would give the same one. Final.
 TOO_LARGE = Outcome("too_large", retry=False, penalise=False)
+# A call the node's EVM stopped at its time limit by the call's own cost (-39004 with
+# `data.reason` TIME_LIMIT): another node would spend the same. Final, not the node's fault.
+# (A call that only waited in a node's queue past the attempt's deadline is a `timeout`,
+# retried elsewhere: the node takes it off its queue.)
+CALL_TIMEOUT = Outcome("call_timeout", retry=False, penalise=False)
 
 _BY_CODE = {BLOCK_NOT_FOUND: BLOCK_MISSING, UNSUPPORTED_PRECOMPILE: PRECOMPILE}
 
@@ -133,7 +138,13 @@ def of_answer(answer: dict[str, Any]) -> Outcome:
         code = err.get("code")
         if code in RETRYABLE_CODES:
             return of_code(code)
+        if code == EVM_FAILED and _time_limit(err.get("data")):
+            return CALL_TIMEOUT
     return ERROR
+
+
+def _time_limit(data: Any) -> bool:
+    return isinstance(data, dict) and data.get("reason") == TIME_LIMIT
 
 
 def of_raw(raw: bytes) -> Outcome:

@@ -26,13 +26,15 @@ from typing import Any
 import orjson
 
 from chainstate.jsonrpc import INVALID_REQUEST, PARSE_ERROR, JsonRpcError, cut
+from proxy import nesting
 from proxy.answer import Answers
 from proxy.books import Books, access_log
 from proxy.methods import LocalMethod
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
-from proxy.parse import MIN_BLOCK, Parser, dumps_error, least, unique_ids
+from proxy.parse import MIN_BLOCK, NO_NODE_KEY, Parser, dumps_error, least, unique_ids
 from proxy.readpath import ReadPath
+from proxy.reads import MAX_KEYED_BYTES
 from proxy.request import Admitted, Answer, Ctx, Item, Row, items_of
 from proxy.rounds import Rounds
 from proxy.upstream import Upstream
@@ -154,7 +156,7 @@ class Pipeline:
         if item.notif or spec.writer or spec.mempool or type(item.rid) is orjson.Fragment:
             ctx.early = None  # the answer is not the node's bytes as they are
         if self.readpath is not None:
-            ready = self.readpath.plan(ctx, item)
+            ready = self.readpath.plan(ctx, item, len(body) <= MAX_KEYED_BYTES)
             if ready is not None:
                 return ready
         return item
@@ -179,11 +181,24 @@ class Pipeline:
             shared = await readpath.follow(ctx, item, plan)
             if shared is not None:
                 return 200, shared
-            sent = body if item.obj is payload else orjson.dumps(item.obj)
-            out = await readpath.route(ctx, [item], sent, answers, single=True)
+            sent = body if item.obj is payload else self.pinned_body(ctx, item, answers)
+            if type(sent) is tuple:
+                return sent
+            out = await readpath.route(ctx, [item], sent, answers, single=True)  # type: ignore[arg-type]
         else:
             out = await self.rounds.route(ctx, [item], body, answers, single=True)
         return self.answers.single(ctx, item, body, out, answers)
+
+    def pinned_body(self, ctx: Ctx, item: Item, answers: list[Any]) -> bytes | tuple[int, bytes]:
+        """The JSON of a single item the read path changed (its block pinned), or its
+        answer when it is too deep to write again: -32602, handed to the reads waiting for
+        it as none (proxy/nesting.py; the key checked its params, not other members)."""
+        try:
+            return orjson.dumps(item.obj)
+        except TypeError:
+            self.readpath.land(item, None, answers)  # type: ignore[union-attr]
+            self.metrics.request(ctx.chain, item.method, NO_NODE_KEY, "invalid")
+            return 200, dumps_error(item.rid, nesting.invalid())
 
     # ---- a batch -------------------------------------------------------------------------
 
@@ -262,7 +277,8 @@ class Pipeline:
                 # with the client's ids, in its order, are the body, and the node's answer
                 # may still be the client's as it is.
                 pinned = not waiting and len(items) == len(payload)
-                sent = orjson.dumps([it.obj for it in items]) if pinned else None
+                sent = _dumps_or_none([it.obj for it in items]) if pinned else None
+                pinned = sent is not None  # (else an item is too deep: `Rounds.sub_batch`)
             route = readpath.route
         if items:
             out = await route(ctx, items, sent, answers, single=False)
@@ -277,6 +293,14 @@ class Pipeline:
         if readpath is not None:
             readpath.keep(ctx, key, rows, len(payload), done, [*items, *waiting])
         return (200, orjson.dumps(done)) if done else (204, b"")
+
+
+def _dumps_or_none(objs: list[Any]) -> bytes | None:
+    """The JSON of `objs`, or None when one is too deep to write (proxy/nesting.py)."""
+    try:
+        return orjson.dumps(objs)
+    except TypeError:
+        return None
 
 
 def _merged(rows: list[Row], planned: list[Item]) -> list[Item]:

@@ -16,9 +16,11 @@ from typing import Any
 
 import orjson
 
+from chainstate.jsonrpc import JsonRpcError, error_response
 from proxy.face import Face
 from proxy.metrics import ProxyMetrics
 from proxy.model import Node
+from proxy.parse import NO_NODE_KEY
 from proxy.reads import Plan, Reads
 from proxy.request import Ctx, Group, Item, Row
 from proxy.rounds import Rounds
@@ -42,12 +44,20 @@ class ReadPath:
 
     # ---- a single request ----------------------------------------------------------------
 
-    def plan(self, ctx: Ctx, item: Item) -> tuple[int, bytes] | None:
+    def plan(self, ctx: Ctx, item: Item, keyed: bool = True) -> tuple[int, bytes] | None:
         """Plans a request object (`item.plan`), or gives its answer when the read path has
-        it ready (cached, or the pinned head)."""
+        it ready (cached, or the pinned head), or -32602 when its params are nested too deep
+        to be keyed (proxy/nesting.py). `keyed=False`: the body is longer than the read
+        path keys (MAX_KEYED_BYTES: neither cached nor coalesced)."""
         if item.notif:
             return None
-        plan = self.reads.plan(self.heads(ctx), item.method, item.spec, item.ref, item.obj)
+        try:
+            plan = self.reads.plan(
+                self.heads(ctx), item.method, item.spec, item.ref, item.obj, keyed
+            )
+        except JsonRpcError as exc:  # params too deep to key (proxy/nesting.py)
+            self.metrics.request(ctx.chain, item.method, NO_NODE_KEY, "invalid")
+            return 200, orjson.dumps(error_response(item.rid, exc.code, exc.message, exc.data))
         if plan is None:
             return None
         if type(plan) is not Plan:  # a ready result: cached, or the pinned head
@@ -133,7 +143,13 @@ class ReadPath:
             if pair is not None and pair in untouched:
                 plain.append(row)
                 continue
-            plan = plan_of(heads, row.method, row.spec, row.ref, row.obj)
+            try:
+                plan = plan_of(heads, row.method, row.spec, row.ref, row.obj)
+            except JsonRpcError as exc:  # params too deep to key (proxy/nesting.py)
+                self.metrics.request(ctx.chain, row.method, NO_NODE_KEY, "invalid")
+                answers[row.pos] = error_response(row.rid, exc.code, exc.message)
+                changed = True
+                continue
             if plan is None:
                 if pair is not None:
                     untouched.add(pair)

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from chainstate.blockref import BlockRef
+from proxy import nesting
 from proxy.cache import Key, ResponseCache
 from proxy.coalesce import Coalescer, Flight
 from proxy.heads import Heads, RequestHeads
@@ -36,6 +37,14 @@ HASH_FORMS = ("number", "ctx", "id")  # block params that can name a block by it
 EXACT_FORMS = (*HASH_FORMS, "hash")  # sent by hash: the answer is that block's
 Ready = orjson.Fragment | str  # a result answered without a node
 BATCH = ""  # the method part of a whole batch's cache key (no method has this name)
+# Reads whose params (as JSON) are longer are neither cached nor coalesced: hashing and
+# keeping megabytes of calldata per read costs the event loop more than an identical read
+# in flight would save (a 5 MB eth_call: ~20 ms). 128 KiB keeps calls as large as any
+# contract's initcode (48 KiB, hex) cached.
+MAX_KEYED_BYTES = 128 * 1024
+# Batch bodies longer are not cached as a whole (the body is the key): 1,000 reads with
+# small params take ~100-300 KB.
+MAX_BATCH_KEYED_BYTES = 1024 * 1024
 
 
 class Plan:
@@ -119,11 +128,14 @@ class Reads:
         spec: MethodSpec,
         ref: BlockRef | None,
         obj: dict[str, Any],
+        keyed: bool = True,
     ) -> Plan | Ready | None:
         """What to do with one read item: None (send it as it is), a ready result (a cached
         answer's `orjson.Fragment`, or the pinned height as a hex string for
-        `eth_blockNumber`), or a Plan."""
-        found = self._plan(heads, method, spec, ref, obj)
+        `eth_blockNumber`), or a Plan. -32602 (JsonRpcError) for params nested too deep to
+        be keyed or sent again (proxy/nesting.py). `keyed=False`: the item is known to be
+        longer than MAX_KEYED_BYTES (neither cached nor coalesced, its params not written)."""
+        found = self._plan(heads, method, spec, ref, obj, keyed)
         if heads.mixed is False and not _determined(heads, found, ref):
             heads.mixed = True  # the batch cannot be cached as a whole
         return found
@@ -135,6 +147,7 @@ class Reads:
         spec: MethodSpec,
         ref: BlockRef | None,
         obj: dict[str, Any],
+        keyed: bool = True,
     ) -> Plan | Ready | None:
         if spec.writer or spec.block == "logs":
             return None  # eth_getLogs: a range, routed by its oldest block (proxy/events.py)
@@ -168,11 +181,14 @@ class Reads:
         exact = block_hash is not None and kind in EXACT_FORMS and spec.by_hash
         store = False
         epoch = 0
+        params = nesting.key(without_block(obj, spec)) if cached and keyed else b""
+        if len(params) > MAX_KEYED_BYTES or not keyed:
+            cached = False  # (neither cached nor coalesced: see MAX_KEYED_BYTES)
         if cached:
             # The block (by hash where known, else by height) and the other params
             # determine the answer.
             where = block_hash if exact else height
-            key = (heads.pool.id, where, method, orjson.dumps(without_block(obj, spec)))
+            key = (heads.pool.id, where, method, params)
             store = exact and self.cache.enabled(heads.pool.id)
             epoch = self.cache.epochs.get(heads.pool.id, 0)
             if store:
@@ -195,12 +211,13 @@ class Reads:
 
     def batch_key(self, heads: RequestHeads, body: bytes) -> Key | None:
         """The cache key of a whole batch as the client sent it, at the request's `latest`
-        (None: the pool's answers are not cached, or no head is known). The head's hash
+        (None: the pool's answers are not cached, no head is known, or the body is longer
+        than MAX_BATCH_KEYED_BYTES). The head's hash
         determines every block such a batch may name when it is stored (`latest`, heights
         up to the head, hashes; see `ResponseCache.put_batch`), and the ids are in the
         body, so the answer's bytes are the same for the same key."""
         pool_id = heads.pool.id
-        if not self.cache.enabled(pool_id):
+        if len(body) > MAX_BATCH_KEYED_BYTES or not self.cache.enabled(pool_id):
             return None
         pin = heads.latest()
         if pin is None or pin[1] is None:

@@ -20,13 +20,15 @@ from typing import Any
 
 import orjson
 
-from proxy import outcome
+from chainstate.jsonrpc import INVALID_PARAMS, error_response
+from proxy import nesting, outcome
 from proxy.answer import Answers
 from proxy.attempts import Attempts
 from proxy.choose import Chooser
 from proxy.classify import Classifier, in_order, loads, place
 from proxy.model import Node
 from proxy.outcome import UpstreamError
+from proxy.parse import NO_NODE_KEY
 from proxy.request import BATCH, Ctx, Group, Item, Row, items_of
 
 
@@ -140,7 +142,15 @@ class Rounds:
             sub = [it.obj if it.notif else {**it.obj, "id": j} for j, it in enumerate(items)]
             keys = [None if it.notif else j for j, it in enumerate(items)]
         try:
-            node, raw = await self.attempts.exchange(ctx, group, orjson.dumps(sub), _usable_batch)
+            data = orjson.dumps(sub)
+        except TypeError:  # items too deep to write again: -32602 (proxy/nesting.py)
+            deep = set(nesting.deep(sub))
+            for i in deep:
+                self._refuse_deep(ctx, items[i], answers)
+            group.items = [it for i, it in enumerate(items) if i not in deep]
+            return await self.sub_batch(ctx, group, answers) if group.items else []
+        try:
+            node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)
         except UpstreamError as exc:
             return self.classifier.failed(ctx, items, exc, answers)
         return self.classifier.sub_batch(ctx, node, items, keys, raw, answers)
@@ -160,10 +170,19 @@ class Rounds:
         found = self.chooser.one_node(ctx.pool, rows)
         if found is None:
             return await self.route(ctx, items_of(rows), body, answers, False)
+        data = body
+        if data is None:
+            try:
+                data = orjson.dumps([row.obj for row in rows])
+            except TypeError:  # rows too deep to write again: -32602 (proxy/nesting.py)
+                deep = set(nesting.deep([row.obj for row in rows]))
+                for i in deep:
+                    self._refuse_deep(ctx, rows[i], answers)
+                rest = [row for i, row in enumerate(rows) if i not in deep]
+                return await self.plain(ctx, rest, None, answers)
         node, cands = found
         sent = _Sent(node)
         group = Group(node, [sent], cands, BATCH if len(rows) > 1 else rows[0].method)
-        data = body if body is not None else orjson.dumps([row.obj for row in rows])
         try:
             node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)
         except UpstreamError as exc:
@@ -173,6 +192,12 @@ class Rounds:
         return await self.plain_answered(
             ctx, rows, node, sent.tried, raw, body is not None, answers
         )
+
+    def _refuse_deep(self, ctx: Ctx, item: Item | Row, answers: list[Any]) -> None:
+        """An item too deep to write again (proxy/nesting.py): -32602, with its own id."""
+        self.answers.metrics.request(ctx.chain, item.method, NO_NODE_KEY, "invalid")
+        if not item.notif:
+            answers[item.pos] = error_response(item.rid, INVALID_PARAMS, nesting.MESSAGE)
 
     async def plain_answered(
         self,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from chainstate.config import ConfigError, resolve_path, section
+from proxy.adminguard import exposure_error
 from proxy.cache import DEFAULT_METHODS
 from proxy.methods import METHODS
 from proxy.model import normalize_pool
@@ -58,6 +59,11 @@ class ProxySettings:
     admin_port: int | None = None
     # When set, every admin call needs `Authorization: Bearer <admin_token>` (else HTTP 401).
     admin_token: str | None = None
+    # Host names the admin API answers to besides localhost, IP literals and the listen
+    # hosts (a Host header naming anything else is refused: DNS rebinding).
+    admin_hosts: tuple[str, ...] = ()
+    # A tokenless admin API on an address other than loopback refuses to start unless set.
+    insecure_admin: bool = False
     # File store path (None: in memory). `chainstate proxy --store` overrides it.
     store_path: str | None = None
     max_body_bytes: int = 10 * 1024 * 1024  # larger request bodies → HTTP 413
@@ -132,7 +138,7 @@ class ProxySettings:
             if not isinstance(extra, list) or not all(isinstance(m, str) for m in extra):
                 raise ConfigError("[proxy] extra_methods must be a list of method names")
             values["extra_methods"] = tuple(extra)
-        for name in ("cache_pools", "cache_methods"):
+        for name in ("cache_pools", "cache_methods", "admin_hosts"):
             if name in values:
                 listed = values[name]
                 if not isinstance(listed, list) or not all(isinstance(m, str) for m in listed):
@@ -203,6 +209,8 @@ class ProxySettings:
                 "on the data port, or give it a port of its own"
             )
         _check_token(self.admin_token)
+        if not isinstance(self.insecure_admin, bool):
+            raise ConfigError("[proxy] insecure_admin must be true or false")
         if not isinstance(self.state_window, int) or self.state_window < 0:
             raise ConfigError("[proxy] state_window must be an integer >= 0")
         if (
@@ -214,6 +222,13 @@ class ProxySettings:
         if self.client_id_top_n < 0:
             raise ConfigError("[proxy] client_id_top_n must be >= 0")
         self._validate_reads()
+
+    def check_exposure(self) -> None:
+        """Refuse to start a tokenless admin API off loopback (proxy/adminguard.py); called
+        by whatever starts a proxy, once the command line has had its say."""
+        exposed = exposure_error(self)
+        if exposed is not None:
+            raise ConfigError(f"[proxy] {exposed}")
 
     def _validate_reads(self) -> None:
         size = self.cache_max_bytes

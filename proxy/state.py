@@ -8,13 +8,13 @@ store (changes of every proxy process) both feed `apply`. Admin writes wait with
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
+from proxy.applied import AppliedRevision
 from proxy.breaker import BreakerSettings
 from proxy.model import (
     DEFAULT_BREAKER,
@@ -43,7 +43,7 @@ class RoutingState:
     ) -> None:
         self.pools: dict[str, Pool] = {}
         self.versions: dict[str, str] = {}  # chain id → V (chain routes to pool "C-V")
-        self.revision = 0
+        self.applied = AppliedRevision()  # the store revision applied, and who waits for one
         # Bumped whenever the pool a chain id names may change (pools added or removed,
         # versions set): the data route keeps what `Engine.resolve` found per path until then.
         self.changes = 0
@@ -52,7 +52,6 @@ class RoutingState:
         # reaches every proxy process sharing the store).
         self.on_cache_flush: Callable[[str], Any] | None = None
         self.breaker = breaker  # every node's breaker settings
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     # ---- lookups -------------------------------------------------------------------------
 
@@ -101,28 +100,16 @@ class RoutingState:
                 self.remove(pool.id)
         self._set_revision(event.revision)
 
+    @property
+    def revision(self) -> int:
+        return self.applied.revision
+
     def _set_revision(self, revision: int) -> None:
-        self.revision = max(self.revision, revision)
-        still = []
-        for wanted, fut in self._waiters:
-            if wanted <= self.revision:
-                if not fut.done():
-                    fut.set_result(None)
-            else:
-                still.append((wanted, fut))
-        self._waiters = still
+        self.applied.advance(revision)
 
     async def wait_applied(self, revision: int, within: float) -> bool:
         """True once the change at `revision` has been applied (False after `within` seconds)."""
-        if self.revision >= revision:
-            return True
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((revision, fut))
-        try:
-            await asyncio.wait_for(fut, within)
-        except TimeoutError:
-            return False
-        return True
+        return await self.applied.wait(revision, within)
 
     def _apply(self, key: str, value: bytes | None) -> Pool | None:
         """Apply one key; returns the pool it touched. Bad keys/values are logged, ignored."""

@@ -23,10 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
-
-import orjson
 
 from chainstate.jsonrpc import (
     INVALID_PARAMS,
@@ -38,18 +37,20 @@ from chainstate.jsonrpc import (
 from chainstate.logfilter import LogFilter, parse_filter
 from proxy.chainfeed import ChainFeed, FeedBlock, follow
 from proxy.eventsettings import EventSettings
-from proxy.filters import matching, new_id
+from proxy.filters import new_id
+from proxy.listeners import ListenerQuota, criteria_bytes
 
 log = logging.getLogger(__name__)
 
 CLOSE_POLICY = 1008  # WebSocket close code: the client broke a limit (slow consumer)
+CLOSE_TOO_BIG = 1009  # WebSocket close code: a message over the size limit
 _HEAD = b'{"jsonrpc":"2.0","method":"eth_subscription","params":{"subscription":"'
 _MID = b'","result":'
 _TAIL = b"}}"
 PENDING_REFUSED = (
-    "newPendingTransactions is not served by the chainstate proxy: pending transactions live "
-    "in the Leader's execution client, which the proxy does not expose; use eth_subscribe "
-    '("newHeads") or ("logs") for mined blocks'
+    "newPendingTransactions is not served as a subscription by the chainstate proxy: its "
+    "subscriptions come from mined blocks; poll eth_newPendingTransactionFilter for pending "
+    'transactions, or use eth_subscribe("newHeads") or ("logs")'
 )
 
 
@@ -81,20 +82,48 @@ class Subscription:
         self.flt = flt
         self.wants_logs = flt is not None
         self.since = -1
+        self.size = criteria_bytes(flt)
+
+    def on_logs(self, entries: list[dict[str, Any]]) -> None:
+        """The matching logs of one feed step (found by the chain feed's index)."""
+        push, encode = self.session.push, self.session.feed.encode
+        for entry in entries:
+            if not push(notification(self.raw_id, encode(entry))):
+                return
 
     def on_blocks(self, removed: list[FeedBlock], added: list[FeedBlock]) -> None:
-        push = self.session.push
-        if self.flt is None:
-            for block in added:
-                if not push(notification(self.raw_id, block.head)):
-                    return
-            return
-        for entry in matching(self.flt, self.since, removed, added):
-            if not push(notification(self.raw_id, orjson.dumps(entry))):
+        push = self.session.push  # (newHeads: logs come through `on_logs`)
+        for block in added:
+            if not push(notification(self.raw_id, block.head)):
                 return
 
 
 Answer = Callable[[bytes, "Session"], Awaitable[bytes]]
+
+
+class Unread:
+    """The bytes written to the process's WebSocket connections that their clients have not
+    read, as last seen per connection: each connection's figure is brought up to date when
+    a message is pushed to it (a connection that reads all only lowers its own figure at
+    its next message: the sum may be high for a while, never low for long)."""
+
+    __slots__ = ("connections", "total")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.connections = 0
+
+    def join(self) -> None:
+        self.connections += 1
+
+    def seen(self, session: Session, unread: int) -> None:
+        self.total += unread - session.unread
+        session.unread = unread
+
+    def leave(self, session: Session) -> None:
+        self.total -= session.unread
+        session.unread = 0
+        self.connections -= 1
 
 
 class Session:
@@ -106,11 +135,20 @@ class Session:
         feed: ChainFeed,
         answer: Answer,
         settings: EventSettings,
+        client: str = "",
+        quota: ListenerQuota | None = None,
+        unread: Unread | None = None,
     ) -> None:
         self.transport = transport
         self.feed = feed
         self._answer = answer
         self.settings = settings
+        self.client = client  # its address (quotas)
+        self.quota = quota if quota is not None else ListenerQuota(settings)
+        self.over_since: float | None = None  # since when unread bytes are over ws_queue_bytes
+        self.unread = 0  # what its client had not read when a message last came (`Unread`)
+        self.all_unread = unread if unread is not None else Unread()  # of the process
+        self.all_unread.join()
         self.subscriptions: dict[str, Subscription] = {}
         self.closed: str | None = None  # why, once closing
         self._slots = asyncio.Semaphore(settings.max_requests_in_flight)
@@ -123,6 +161,7 @@ class Session:
         if self.closed is None:
             self.closed = why
         self._unsubscribe_all()
+        self._forget_unread()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -131,9 +170,15 @@ class Session:
                 await task
         self._tasks.clear()
 
+    def _forget_unread(self) -> None:
+        if self.all_unread is not None:
+            self.all_unread.leave(self)
+            self.all_unread = None  # type: ignore[assignment]  (left once)
+
     def _unsubscribe_all(self) -> None:
         for sub in self.subscriptions.values():
             self.feed.remove(sub)
+            self.quota.give_back(self.client, sub.size, True)
         self.subscriptions.clear()
 
     # incoming --------------------------------------------------------------------------
@@ -162,21 +207,62 @@ class Session:
     # outgoing --------------------------------------------------------------------------
 
     def push(self, message: bytes) -> bool:
-        """Send a message; False (and the connection is being closed) when the client is
-        too slow: more than `ws_queue_bytes` would wait in the connection's buffer."""
+        """Send a message whole; False (and the connection is being closed) when the client
+        does not read: what it has not read yet passed `ws_queue_max_bytes`, or stayed over
+        `ws_queue_bytes` for `ws_slow_seconds` (a client that reads gets every message, a
+        large one too); or when the message is over `max_notification_bytes` (1009)."""
         if self.closed is not None:
             return False
-        limit = self.settings.ws_queue_bytes
-        if self.transport.buffered() + len(message) > limit:
-            self._drop_slow_consumer(limit)
+        s = self.settings
+        if len(message) > s.max_notification_bytes:
+            why = (
+                f"message too big: a notification of {len(message)} bytes, more than "
+                f"{s.max_notification_bytes} (max_notification_bytes)"
+            )
+            self._drop(why, CLOSE_TOO_BIG)
+            return False
+        unread = self.transport.buffered()
+        if unread > s.ws_queue_bytes:
+            now = time.monotonic()
+            if self.over_since is None:
+                self.over_since = now
+            if unread > s.ws_queue_max_bytes or now - self.over_since > s.ws_slow_seconds:
+                self._drop(
+                    f"slow consumer: {unread} bytes not read (more than "
+                    f"{s.ws_queue_bytes} for {s.ws_slow_seconds:g} s, ws_queue_bytes and "
+                    f"ws_slow_seconds, or more than {s.ws_queue_max_bytes}, ws_queue_max_bytes)",
+                    CLOSE_POLICY,
+                )
+                return False
+        else:
+            self.over_since = None
+        if self._over_process(unread):
             return False
         self.transport.write(message)
+        self.all_unread.seen(self, unread + len(message))
         return True
 
-    def _drop_slow_consumer(self, limit: int) -> None:
-        self.closed = f"slow consumer: more than {limit} bytes waiting to be read (ws_queue_bytes)"
+    def _over_process(self, unread: int) -> bool:
+        """Whether the process's WebSocket connections hold more unread bytes than
+        `ws_unread_max_bytes` and this one more than their average: then it is closed (the
+        connections that fall furthest behind go first; one that reads holds ~0)."""
+        shared = self.all_unread
+        shared.seen(self, unread)
+        limit = self.settings.ws_unread_max_bytes
+        if shared.total <= limit or not unread or unread * shared.connections < shared.total:
+            return False
+        self._drop(
+            f"slow consumer: {unread} bytes not read while the proxy's WebSocket connections "
+            f"hold {shared.total} (more than {limit}, ws_unread_max_bytes)",
+            CLOSE_POLICY,
+        )
+        return True
+
+    def _drop(self, why: str, code: int) -> None:
+        self.closed = why
         self._unsubscribe_all()
-        task = asyncio.create_task(self.transport.close(CLOSE_POLICY, self.closed[:120]))
+        self._forget_unread()
+        task = asyncio.create_task(self.transport.close(code, why[:120]))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -206,8 +292,22 @@ class Session:
                 f"too many subscriptions on this connection ({limit}, "
                 "max_subscriptions_per_connection)",
             )
+        total = self.settings.max_subscriptions
+        if self.quota.subscriptions >= total:
+            raise JsonRpcError(
+                SERVER_BUSY, f"too many subscriptions on this proxy ({total}, max_subscriptions)"
+            )
         sub = Subscription(self, name, flt)
-        await follow(self.feed, sub)
+        self.quota.take(self.client, sub.size, True)
+        try:
+            await follow(self.feed, sub)
+        except BaseException:
+            self.quota.give_back(self.client, sub.size, True)
+            raise
+        if self.closed is not None:  # the connection closed meanwhile
+            self.feed.remove(sub)
+            self.quota.give_back(self.client, sub.size, True)
+            raise JsonRpcError(SERVER_BUSY, "the connection is closing")
         self.subscriptions[sub.id] = sub
         return sub.id
 
@@ -230,4 +330,5 @@ class Session:
         if sub is None:
             return False
         self.feed.remove(sub)
+        self.quota.give_back(self.client, sub.size, True)
         return True

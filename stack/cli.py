@@ -19,6 +19,7 @@ from chainstate.logs import setup_logging
 COMMAND_MODULES = (
     "stack.up",
     "proxy.cli",
+    "proxy.tenancy.cli",
     "nodes.cli",
     "workspace.cli",
     "bench.cli",

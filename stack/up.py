@@ -200,11 +200,15 @@ class Stack:
         from proxy.eventsettings import EventSettings
         from proxy.settings import ProxySettings
         from proxy.store_file import FileStore
+        from proxy.tenancy.settings import TenancySettings
 
         settings = ProxySettings.from_config(self.config)
         events = EventSettings.from_config(self.config)
+        tenancy = TenancySettings.from_config(self.config, settings.store_path)
         store = FileStore(self.data_dir / "proxy-store.json")
-        app = create_app(settings, store=store, registry=self.registry, events=events)
+        app = create_app(
+            settings, store=store, registry=self.registry, events=events, tenancy=tenancy
+        )
         self.proxy_app = app
         proxy = section(self.config, "proxy")
         await self.serve(stack, "routing proxy", app, proxy, create_server(app))

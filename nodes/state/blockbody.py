@@ -23,7 +23,6 @@ zeros), transactions about 4, for ~2 ms of ingest CPU per block of 200 transacti
 
 from __future__ import annotations
 
-import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -31,8 +30,8 @@ from typing import Any
 
 import orjson
 
-_HASH = re.compile(r"^0x[0-9a-f]{64}$")
-_ADDRESS = re.compile(r"^0x[0-9a-f]{40}$")
+from chainstate.hexcodec import is_address, is_hash
+
 _U32 = struct.Struct(">I")
 COMPRESS_FROM = 1024  # bytes of a packed list from which it is stored compressed
 _RAW, _ZLIB = b"\x00", b"\x01"
@@ -184,7 +183,7 @@ def _check_transactions(txs: list[Any], header: dict[str, Any], where: str) -> l
         if not isinstance(tx, dict):
             raise BlockBodyError(f"{at}: not an object (the block must have full transactions)")
         tx_hash = tx.get("hash")
-        if not isinstance(tx_hash, str) or not _HASH.match(tx_hash):
+        if not is_hash(tx_hash, lower=True):
             raise BlockBodyError(f"{at}: hash must be a lowercase 32-byte 0x hash")
         if tx_hash in seen:
             raise BlockBodyError(f"{at}: {tx_hash} is listed twice")
@@ -245,9 +244,7 @@ def _lower(value: Any) -> Any:
 
 def _check_uncles(block: dict[str, Any], header: dict[str, Any], where: str) -> None:
     uncles = block.get("uncles", [])
-    if not isinstance(uncles, list) or not all(
-        isinstance(u, str) and _HASH.match(u.lower()) for u in uncles
-    ):
+    if not isinstance(uncles, list) or not all(is_hash(u) for u in uncles):
         raise BlockBodyError(f"{where}: uncles must be a list of block hashes")
     if not uncles and header.get("sha3Uncles", EMPTY_UNCLES) != EMPTY_UNCLES:
         raise BlockBodyError(f"{where}: no uncles, but the Header's sha3Uncles is not empty")
@@ -282,7 +279,7 @@ def withdrawals_root(withdrawals: list[Any], where: str) -> str:
         if not isinstance(w, dict):
             raise BlockBodyError(f"{at}: not an object")
         address = w.get("address")
-        if not isinstance(address, str) or not _ADDRESS.match(address.lower()):
+        if not is_address(address):
             raise BlockBodyError(f"{at}: address must be a 0x address")
         fields = [
             _quantity(w, "index", at),

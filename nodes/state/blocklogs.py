@@ -13,17 +13,14 @@ anvil's `blockTimestamp`), so eth_getLogs answers byte for byte what the client 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from Crypto.Hash import keccak
 
-_ADDRESS = re.compile(r"^0x[0-9a-f]{40}$")
-_HASH = re.compile(r"^0x[0-9a-f]{64}$")
-_DATA = re.compile(r"^0x([0-9a-f]{2})*$")
-_QUANTITY = re.compile(r"^0x(0|[1-9a-f][0-9a-f]*)$")
+from chainstate.hexcodec import is_address, is_data, is_hash, is_quantity
+
 MAX_TOPICS = 4
 
 
@@ -80,25 +77,25 @@ def _check(log: Any, number: int, block_hash: str, receipt: int) -> BlockLog:
     if not isinstance(log, dict):
         raise BlockLogsError(f"{where}: a log is not an object")
     address, topics, data = log.get("address"), log.get("topics"), log.get("data")
-    if not isinstance(address, str) or not _ADDRESS.match(address):
+    if not is_address(address, lower=True):
         raise BlockLogsError(f"{where}: log address must be a lowercase 0x address")
     if not isinstance(topics, list) or len(topics) > MAX_TOPICS:
         raise BlockLogsError(f"{where}: log topics must be a list of at most {MAX_TOPICS}")
     for topic in topics:
-        if not isinstance(topic, str) or not _HASH.match(topic):
+        if not is_hash(topic, lower=True):
             raise BlockLogsError(f"{where}: log topic must be a lowercase 32-byte 0x hash")
-    if not isinstance(data, str) or not _DATA.match(data):
+    if not is_data(data, lower=True):
         raise BlockLogsError(f"{where}: log data must be lowercase 0x hex bytes")
     if log.get("blockHash") != block_hash:
         raise BlockLogsError(f"{where}: log names block {log.get('blockHash')!r:.80}")
     for name in ("blockNumber", "transactionIndex", "logIndex"):
         value = log.get(name)
-        if not isinstance(value, str) or not _QUANTITY.match(value):
+        if not is_quantity(value, lower=True):
             raise BlockLogsError(f"{where}: log {name} must be a hex quantity")
     if int(log["blockNumber"], 16) != number:
         raise BlockLogsError(f"{where}: log names block number {log['blockNumber']}")
     tx_hash = log.get("transactionHash")
-    if not isinstance(tx_hash, str) or not _HASH.match(tx_hash):
+    if not is_hash(tx_hash, lower=True):
         raise BlockLogsError(f"{where}: log transactionHash must be a 32-byte 0x hash")
     return BlockLog(
         bytes.fromhex(address[2:]),

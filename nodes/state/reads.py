@@ -74,6 +74,11 @@ class _Call:
         self.wanted = wanted  # not a notification
 
 
+def _cancel(futures: list[Any]) -> None:
+    for future in futures:
+        future.cancel()
+
+
 _BLOCK_TAGS = {tag: (0 if tag == "earliest" else _HEAD) for tag in TAGS}
 
 
@@ -193,9 +198,8 @@ class ReadPath:
         slow = [i for i, answer in enumerate(answers) if answer is _SLOW]
         calls = [i for i, answer in enumerate(answers) if answer.__class__ is _Call]
         if slow or calls:
-            handled = self.dispatcher.handle_item
             slow_done, calls_done = await asyncio.gather(
-                asyncio.gather(*(handled(payload[i]) for i in slow)),
+                self.dispatcher.handle_items([payload[i] for i in slow]),  # (byte budget)
                 self._finish([answers[i] for i in calls]),
             )
             for i, answer in zip([*slow, *calls], [*slow_done, *calls_done], strict=True):
@@ -274,6 +278,10 @@ class ReadPath:
 
         for i in calls:
             answers[i].future.add_done_callback(landed)
+        # A caller that stops waiting (the proxy's attempt timed out: it asks another node)
+        # takes its calls off the EVM queue: a call not started yet is not run (`_take`).
+        futures = [answers[i].future for i in calls]
+        out.add_done_callback(lambda done: _cancel(futures) if done.cancelled() else None)
         return out
 
     def answer_now(self, body: bytes) -> bytes | None:

@@ -6,20 +6,15 @@ source is rejected as a whole and never half-applied.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from Crypto.Hash import keccak
 
+from chainstate.hexcodec import decode_data, is_address, is_hash, is_quantity
 from nodes.state.blockbody import BlockBody, BlockBodyError, parse_block_body
 from nodes.state.blocklogs import BlockLog, BlockLogsError, parse_block_logs
-
-_QUANTITY = re.compile(r"^0x(0|[1-9a-f][0-9a-f]*)$")
-_ADDRESS = re.compile(r"^0x[0-9a-f]{40}$")
-_HASH = re.compile(r"^0x[0-9a-f]{64}$")
-_DATA = re.compile(r"^0x([0-9a-f]{2})*$")
 
 ACCOUNT_FIELDS = ("balance", "nonce", "code", "storage")
 
@@ -125,24 +120,25 @@ def _diff_side(side: Any, name: str) -> dict[str, AccountDiff]:
 
 
 def _quantity(value: Any, what: str) -> int:
-    if isinstance(value, str) and _QUANTITY.match(value):
+    if is_quantity(value, lower=True):
         return int(value, 16)
     raise VendorBlockError(f"{what}: expected a lowercase 0x hex quantity, got {value!r:.80}")
 
 
 def _hash(value: Any, what: str) -> str:
-    if isinstance(value, str) and _HASH.match(value):
+    if is_hash(value, lower=True):
         return value
     raise VendorBlockError(f"{what}: expected a lowercase 32-byte 0x hash, got {value!r:.80}")
 
 
 def _address(value: Any, what: str) -> str:
-    if isinstance(value, str) and _ADDRESS.match(value):
+    if is_address(value, lower=True):
         return value
     raise VendorBlockError(f"{what}: expected a lowercase 0x address, got {value!r:.80}")
 
 
 def _data(value: Any, what: str) -> bytes:
-    if isinstance(value, str) and _DATA.match(value):
-        return bytes.fromhex(value[2:])
+    data = decode_data(value, lower=True)
+    if data is not None:
+        return data
     raise VendorBlockError(f"{what}: expected lowercase 0x hex bytes")

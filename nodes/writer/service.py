@@ -81,6 +81,11 @@ PASS_THROUGH: dict[str, tuple[str, ...]] = {
     "eth_createAccessList": ("transaction", "blockNumber"),
     "eth_simulateV1": ("payload", "blockNumber"),
     "debug_traceCall": ("request", "blockNumber", "options"),
+    # A pending-transaction filter lives in the execution client (the proxy keeps the id it
+    # hands its client and polls this one): only the mempool knows pending transactions.
+    "eth_newPendingTransactionFilter": (),
+    "eth_getFilterChanges": ("id",),
+    "eth_uninstallFilter": ("id",),
 }
 
 

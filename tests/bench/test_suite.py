@@ -23,6 +23,9 @@ class StandInSuite(ProxySuite):
         assert 'url = "http://127.0.0.1:' in config.read_text()
         return python_cmd("-m", "bench", "fake-node", "--port", str(port), "--head", "1000000")
 
+    def make_key(self, admin_url: str) -> str:
+        return "csk_standin"  # (a fake node answers any path)
+
 
 def alive(pid: int) -> bool:
     try:
@@ -48,7 +51,8 @@ def test_suite_measures_every_case_and_stops_everything(tmp_path: Path) -> None:
 
     suite.start = start  # type: ignore[method-assign]
     report = run_suite(suite, opts)
-    assert [c["case"] for c in report["cases"]] == ["single", "batch10", "batch100", "single-c1"]
+    names = ["single", "batch10", "batch100", "single-c1", "single-key"]
+    assert [c["case"] for c in report["cases"]] == names
     for case in report["cases"]:
         direct, proxy = case["targets"]["direct"], case["targets"]["proxy"]
         assert direct["ratio_req_per_s"] == 1.0
@@ -57,11 +61,12 @@ def test_suite_measures_every_case_and_stops_everything(tmp_path: Path) -> None:
         )
         assert direct["requests"] > 0 and not direct["errors"] and not proxy["errors"]
         assert direct["items_ok"] == direct["requests"] * case["batch"]
-        assert direct["cpu_us_per_req"] > 0 and proxy["cpu_us_per_req"] > 0  # pids known
+        assert direct["cpu_us_per_req"] > 0 and proxy["cpu_us_per_req"] > 0, case  # pids known
     assert "batch100" in render(report)
     # the proxy with busy polling is started too, and measured in the c=1 case alone
     measured = {c["case"]: "proxy-busy-poll" in c["targets"] for c in report["cases"]}
-    assert measured == {"single": False, "batch10": False, "batch100": False, "single-c1": True}
+    assert measured == {**dict.fromkeys(names, False), "single-c1": True}
+    assert [c["case"] for c in report["cases"] if "proxy-key" in c["targets"]] == ["single-key"]
     assert len(seen) == 3 and not any(alive(pid) for pid in seen)
     assert (tmp_path / "fake-node.log").read_text().startswith("fake node (FAKE DATA")
 

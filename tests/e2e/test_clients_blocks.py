@@ -213,3 +213,30 @@ def test_js_client_reads_blocks_like_anvil(
     assert len(ours["receipts"]) == 3
     assert ours["waited"]["polls"] > 1, "the block existed at once: nothing was waited for"
     assert ours["waited"]["hash"] == theirs["waited"]["hash"]
+
+
+def test_a_pending_transaction_filter_reports_a_sent_transaction(w3: Web3, anvil: Web3) -> None:
+    """web3.py's `eth.filter("pending")` through the proxy: the filter lives in the Leader's
+    execution client, so a transaction sent while it is installed is among its changes (held
+    in the mempool while anvil's interval mining is off); uninstalled, it is gone."""
+    pending = w3.eth.filter("pending")
+    me = Web3.to_checksum_address(DEV)
+    anvil.provider.make_request("evm_setIntervalMining", [0])
+    try:
+        nonce = w3.eth.get_transaction_count(me, "pending")
+        to = Web3.to_checksum_address(fresh_address(33))
+        sent = signed(
+            w3, {"chainId": 1337, "gas": 21_000, "gasPrice": 10 * GWEI, "nonce": nonce, "to": to}
+        )
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while sent not in seen and time.monotonic() < deadline:
+            seen += w3.eth.get_filter_changes(pending.filter_id)
+            time.sleep(0.1)
+        assert sent in seen
+        assert w3.eth.get_filter_changes(pending.filter_id) == []  # each change once
+    finally:
+        anvil.provider.make_request("evm_setIntervalMining", [1])
+    assert w3.eth.uninstall_filter(pending.filter_id) is True
+    answer = w3.provider.make_request("eth_getFilterChanges", [pending.filter_id])
+    assert answer["error"]["code"] == -32000 and "filter not found" in answer["error"]["message"]

@@ -209,6 +209,32 @@ async def test_bad_input(evm: Client, params: list, code: int) -> None:
     assert answer["error"]["code"] == code, answer
 
 
+async def test_long_calldata_is_decoded_by_the_worker(evm: Client, chain: Chain) -> None:
+    """Calldata past LAZY_DATA_CHARS goes to the worker as hex (off the event loop): the
+    answer equals anvil's, as `data` or `input`; text that is not hex is -32602 naming the
+    field, for that call alone when calls run together, and for an estimate too."""
+    from nodes.state.evm.methods import LAZY_DATA_CHARS
+
+    padding = "00" * (LAZY_DATA_CHARS // 2 + 10)
+    req = {"to": chain.erc20, "data": balance_of(A0) + padding}
+    expected = rpc(chain.url, "eth_call", [req, "latest"])
+    assert await evm.call("eth_call", [req, "latest"]) == expected
+    as_input = {"to": chain.erc20, "input": req["data"]}
+    assert await evm.call("eth_call", [as_input, "latest"]) == expected
+    bad = {"to": chain.erc20, "input": req["data"][:-2] + "zz"}
+    answers = await asyncio.gather(
+        *(evm.raw("eth_call", [r, "latest"]) for r in (req, bad, req, {**bad, "to": None}))
+    )
+    assert [a.get("result") for a in answers] == [expected, None, expected, None], answers
+    for answer in answers[1::2]:
+        assert answer["error"]["code"] == -32602, answer
+        assert "request.input" in answer["error"]["message"]
+    estimate = await evm.raw("estimateGas", [bad])
+    assert estimate["error"]["code"] == -32602, estimate
+    not_ascii = await evm.raw("eth_call", [{**req, "data": req["data"] + "é"}, "latest"])
+    assert not_ascii["error"]["code"] == -32602, not_ascii
+
+
 async def test_slow_calls_do_not_stall_the_node(chain: Chain) -> None:
     """Two calls that would run for minutes occupy both workers: the event loop keeps
     answering (batch reads), queued calls answer once the limit frees a worker, and the
@@ -260,6 +286,44 @@ async def test_time_limit_kills_only_that_call(chain: Chain) -> None:
         methods.settings  # noqa: B018
         ok = await client.raw("eth_call", [{"to": chain.erc20, "data": balance_of(A0)}])
         assert ok.get("result", "").startswith("0x"), ok
+    finally:
+        await methods.close()
+
+
+async def test_a_call_stopped_by_its_own_cost_is_not_run_again(chain: Chain) -> None:
+    """Calls at one block run together; the one that runs the whole time limit is answered
+    -39004 saying so (`data.reason`: time_limit, which the proxy does not retry) and is
+    not run again; the others, stopped with it, run again and answer."""
+    from nodes.state.evm.methods import EvmMethods
+    from nodes.state.evm.settings import EvmSettings
+    from tests.evm.conftest import AnvilReader, Client
+
+    settings = EvmSettings(workers=1, call_timeout=1.0, gas_cap=2**62, chain_id=1337)
+    methods = EvmMethods(AnvilReader(chain.url), settings)
+    await methods.start()
+    pool = methods.executor.pool
+    runs: list[int] = []  # loop calls in each job a worker was given
+    run_on = pool.run_on
+
+    async def counted(worker, job, limit):  # type: ignore[no-untyped-def]
+        jobs = job["jobs"] if job["kind"] == "groups" else [job]
+        runs.append(sum(c["to"] == chain.loop for one in jobs for c in one["calls"]))
+        return await run_on(worker, job, limit)
+
+    pool.run_on = counted  # type: ignore[method-assign]
+    try:
+        client = Client(methods)
+        ov = {"gasLimit": hex(2**62)}
+        fast = {"to": chain.erc20, "data": balance_of(A0)}
+        blocker = asyncio.create_task(client.raw("eth_call", [fast, "latest", None, ov]))
+        batch = [
+            asyncio.create_task(client.raw("eth_call", [req, "latest", None, ov]))
+            for req in [{"to": chain.loop}, fast, fast]
+        ]
+        answers = await asyncio.gather(blocker, *batch)
+        assert [a.get("error", {}).get("code") for a in answers] == [None, -39004, None, None]
+        assert answers[1]["error"]["data"] == {"reason": "time_limit", "seconds": 1.0}
+        assert sum(runs) == 1, runs  # the loop ran once: in the job that stopped
     finally:
         await methods.close()
 

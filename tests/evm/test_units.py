@@ -199,3 +199,41 @@ def test_basefee_verdicts() -> None:
     assert check.verdict({**clean, **suspect}, clean, None) == UNSURE
     assert check.verdict({}, {}, reads) == SUSPECT  # a creation whose init code reads it
     assert check.verdict(clean, clean, in_push) == CLEAN
+
+
+async def test_an_overrun_job_answers_its_own_culprit_and_queues_the_others() -> None:
+    """A combined job stopped at its time limit: the call it was running, having run the
+    whole limit, is answered -39004 with data.reason `time_limit` (final: never run again);
+    the calls that only shared its time wait again at the head of the queue, in order. A
+    call cut short (the others ate its time) waits again first, with the limit to itself."""
+    import asyncio
+
+    from nodes.state.evm.executor import Executor
+    from nodes.state.evm.pool import Overrun
+
+    executor = Executor(EvmSettings(workers=1))
+    loop = asyncio.get_running_loop()
+    block = {"hash": "0x" + "11" * 32, "gas_limit": 30_000_000}
+
+    def items(n: int) -> list:
+        job = executor.job("calls", "inproc://feed", 5, block, [{}])
+        return [(job, loop.create_future()) for _ in range(n)]
+
+    def queued() -> list:
+        return [future for waiting in executor._pending.values() for _, future in waiting]
+
+    try:
+        first = items(3)
+        executor._after_failure(first, Overrun(1.0, running=1, ran=0.95))
+        culprit = first[1][1].exception()
+        assert culprit.code == -39004 and culprit.data == {"reason": "time_limit", "seconds": 1.0}
+        assert queued() == [first[0][1], first[2][1]]
+        assert executor._pending_count == 2
+        cut = items(2)
+        executor._after_failure(cut, Overrun(1.0, running=1, ran=0.3))
+        assert queued() == [cut[1][1], cut[0][1], first[0][1], first[2][1]]
+        assert not any(future.done() for future in queued())
+    finally:
+        for task in list(executor._tasks):
+            task.cancel()
+        await executor.close()

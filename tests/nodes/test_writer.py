@@ -307,6 +307,18 @@ async def test_too_many_params_is_invalid_params(rpc: RpcClient) -> None:
     assert err.value.code == INVALID_PARAMS
 
 
+async def test_passed_through_params_nested_too_deep_are_invalid_params(writer: WriterNode) -> None:
+    """Params the write node passes on to its execution client are written again: nested
+    deeper than orjson writes, they are -32602 (not an internal error)."""
+    nested: Any = {"from": "0x" + "11" * 20}
+    for _ in range(260):
+        nested = {"a": nested}
+    body = {"jsonrpc": "2.0", "id": 3, "method": "eth_estimateGas", "params": [nested]}
+    handler = writer.registry.resolve("inproc://writer-t")  # type: ignore[union-attr]
+    answer = orjson.loads(await handler(json.dumps(body).encode()))
+    assert answer["id"] == 3 and answer["error"]["code"] == INVALID_PARAMS, answer
+
+
 async def test_send_passes_through_and_the_block_is_emitted(
     writer: WriterNode, rpc: RpcClient, eth: EthClient
 ) -> None:

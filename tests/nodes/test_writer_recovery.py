@@ -353,6 +353,7 @@ async def test_a_client_that_cannot_replay_makes_the_writer_unhealthy_with_the_r
             added = await proxy.post(
                 "/1337/writers/addWriter",
                 data=orjson.dumps({"key": "writer-r", "url": "inproc://writer-r", "leader": True}),
+                headers={"Content-Type": "application/json"},  # (admin POSTs: JSON only)
             )
             assert added.status == 201, await added.text()
             async with asyncio.timeout(10):

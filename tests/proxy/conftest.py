@@ -118,6 +118,7 @@ class Api:
 
     async def post(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
         data = body if isinstance(body, bytes) else orjson.dumps(body if body is not None else {})
+        kw["headers"] = {"Content-Type": "application/json", **kw.get("headers", {})}
         resp = await self.client.post(path, data=data, **kw)
         return resp.status, orjson.loads(await resp.read())
 

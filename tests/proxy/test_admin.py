@@ -381,6 +381,57 @@ async def test_admin_token(make_api) -> None:
     assert (await api.get("/getChains", headers=good))[0] == 200
     status, _ = await api.rpc("1", {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId"})
     assert status == 200  # the data path needs no token
+    assert (await api.client.get("/metrics")).status == 401  # /metrics is the admin's
+    assert (await api.client.get("/metrics", headers=good)).status == 200
+
+
+async def test_cross_site_and_rebinding_requests_are_refused(api: Api) -> None:
+    """What a web page could make the operator's browser send: a text/plain or form POST
+    (no CORS preflight), a request with a foreign Origin, a Host that is another name
+    (DNS rebinding); none of them changes anything, and a plain admin call still works."""
+    before = snapshot(api)
+    body = orjson.dumps({"url": "http://127.0.0.1:9"})
+    for headers in (
+        {"Content-Type": "text/plain"},
+        {"Content-Type": "application/x-www-form-urlencoded"},
+    ):
+        resp = await api.client.post("/1337/addMirror", data=body, headers=headers)
+        assert resp.status == 415, headers
+        assert "application/json" in (await resp.json())["error"]
+    resp = await api.client.post("/1337/deleteAllMirrors")  # no content type at all
+    assert resp.status == 415
+    evil = {"Content-Type": "application/json", "Origin": "http://evil.example"}
+    resp = await api.client.post("/1337/addMirror", data=body, headers=evil)
+    assert resp.status == 403 and "Origin" in (await resp.json())["error"]
+    rebound = {"Content-Type": "application/json", "Host": "evil.example:8663"}
+    resp = await api.client.post("/1337/addMirror", data=body, headers=rebound)
+    assert resp.status == 403 and "DNS rebinding" in (await resp.json())["error"]
+    assert (await api.client.get("/getChains", headers={"Host": "evil.example"})).status == 403
+    assert (await api.client.get("/metrics", headers={"Host": "evil.example"})).status == 403
+    assert snapshot(api) == before
+    port = api.client.server.port
+    same = {"Content-Type": "application/json", "Origin": f"http://127.0.0.1:{port}"}
+    resp = await api.client.post("/1337/addMirror", data=body, headers=same)
+    assert resp.status == 201  # the same origin (a page the proxy itself served) is fine
+    assert (await api.client.get("/getChains", headers={"Host": "localhost:1"})).status == 200
+
+
+def test_a_tokenless_admin_off_loopback_refuses_to_start() -> None:
+    from chainstate.config import ConfigError
+
+    for settings in (
+        ProxySettings(host="0.0.0.0"),
+        ProxySettings(host="127.0.0.1", admin_host="10.1.2.3", admin_port=8670),
+    ):
+        with pytest.raises(ConfigError, match="without a token"):
+            create_app(settings, store=FileStore(None))
+    for settings in (
+        ProxySettings(host="0.0.0.0", admin_token="s3cret"),
+        ProxySettings(host="0.0.0.0", insecure_admin=True),
+        ProxySettings(host="0.0.0.0", admin_host="127.0.0.1", admin_port=8670),
+        ProxySettings(host="::1"),
+    ):
+        settings.check_exposure()
 
 
 async def test_separate_admin_listener(aiohttp_client) -> None:
@@ -394,7 +445,8 @@ async def test_separate_admin_listener(aiohttp_client) -> None:
     assert (await data.client.get("/getChains")).status in (404, 405)
     resp = await data.client.post("/1/addNode", json={"key": "y", "url": URL})
     assert resp.status == 404
-    assert (await data.client.get("/metrics")).status == 200
+    assert (await data.client.get("/metrics")).status == 404  # with the admin API now
+    assert (await admin_client.get("/metrics")).status == 200
     status, _ = await data.rpc("1", {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId"})
     assert status == 200  # the data path sees the node added through the admin listener
     assert isinstance(app, web.Application)
@@ -457,3 +509,27 @@ async def test_file_store_compare_and_set() -> None:
     assert await store.replace("k", b"1", b"2") == 2
     assert await store.replace("k", b"2", None) == 3
     assert await store.snapshot() == ({}, 3)
+
+
+async def test_a_cut_off_admin_request_leaves_the_admin_api_answering(api: Api) -> None:
+    """A client that announces a body, sends part of it and closes: the hand-off from the
+    lean server passes the end of input on, the handler (waiting for the body, before the
+    write lock) ends, the socket is closed, and the next admin POST is answered."""
+    import asyncio
+
+    port = api.client.server.port
+    for _ in range(20):
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /1337/deleteWeight HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"key"'
+        )
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+    status, _ = await asyncio.wait_for(api.post("/1337/addNode", {"key": "n", "url": URL}), 5)
+    assert status == 201
+    status, _ = await asyncio.wait_for(api.post("/1337/setWeight", {"key": "n", "weight": 2}), 5)
+    assert status == 200
+    # every cut-off connection was closed on the server's side (none left in CLOSE-WAIT)
+    await wait_until(lambda: not api.client.server.shims)

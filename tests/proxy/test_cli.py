@@ -30,7 +30,8 @@ async def proxy_process(tmp_path):
         async with aiohttp.ClientSession() as s:
             for _ in range(200):
                 try:
-                    async with s.get(f"{url}/metrics") as resp:
+                    token = {"Authorization": "Bearer t0ken"}  # /metrics is the admin's
+                    async with s.get(f"{url}/metrics", headers=token) as resp:
                         if resp.status == 200:
                             break
                 except aiohttp.ClientError:

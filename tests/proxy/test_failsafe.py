@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import logging
 import random
+import socket
 import time
 from typing import Any
 
@@ -355,6 +356,35 @@ async def test_large_answers_wait_for_room_and_none_fails(make_api, fake_nodes) 
     budget = api.proxy.upstream.budget
     assert budget.waits > 0 and budget.used == 0  # some waited; all released
     assert budget.peak <= 1_000_000 + 300_000  # (at most one overshoot: a batch's overdraft)
+
+
+async def test_answers_a_client_does_not_read_count_in_the_budget(make_api, fake_nodes) -> None:
+    """An answer written to a client that does not read waits in its connection's buffer:
+    counted in max_buffered_bytes until the client reads it (or is gone), so while such
+    answers hold more, new requests get 503 before the process grows."""
+    settings = fast_settings(max_buffered_bytes=1_000_000, max_answer_bytes=40_000_000)
+    api = await make_api(settings)
+    a, b = await pool_of(api, fake_nodes, "a", "b")
+    a.pad = b.pad = 20_000_000  # more than the kernel's socket buffers take
+    budget = api.proxy.upstream.budget
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.connect(("127.0.0.1", api.client.server.port))
+    body = orjson.dumps(read(1))
+    slow.sendall(
+        b"POST /1337 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    try:
+        engine = api.proxy.engine  # (answered: the bytes wait in the client's connection)
+        await wait_until(lambda: engine.inflight == 0 and budget.used > 10_000_000, within=10)
+        assert budget.used < 21_000_000  # (the answer once: what waits, not counted twice)
+        status, answer = await api.rpc("1337", read(2))
+        assert status == 503 and "max_buffered_bytes" in answer["error"]["message"], answer
+    finally:
+        slow.close()
+    await wait_until(lambda: budget.used == 0, within=10)
+    assert (await api.rpc("1337", read(3)))[0] == 200
 
 
 async def test_an_answer_over_max_answer_bytes_is_refused_not_retried(make_api, fake_nodes) -> None:

@@ -5,6 +5,7 @@ including a reorg, expiry, the limits and bad input."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -111,8 +112,10 @@ async def test_limits_on_filters(stack: EventsStack) -> None:
     # More unpolled changes than max_filter_changes: the filter is removed and says why.
     flooded = await stack.rpc("eth_newFilter", {})
     start = stack.chain.head + 1
+    # (the blocks made at once and waited for once: well within the 0.5 s filter_timeout)
     while len(stack.logs(start)) <= 50:
-        await stack.add_blocks(5)
+        stack.chain.add_logs_block(stack.rng, stack.accounts)
+    await stack.readable(stack.chain.head)
     err = await error(stack, "eth_getFilterChanges", flooded)
     assert "more than 50 changes were not polled (max_filter_changes)" in err["message"]
     err = await error(stack, "eth_newFilter", {"address": ["0x" + "11" * 20] * 1001})
@@ -131,7 +134,7 @@ async def test_limits_on_filters(stack: EventsStack) -> None:
         ("eth_getFilterChanges", [5], -32602, "invalid filter id"),
         ("eth_getFilterChanges", ["0x1234"], -32000, "filter not found"),
         ("eth_getFilterLogs", ["0x1234"], -32000, "filter not found"),
-        ("eth_newPendingTransactionFilter", [], -32601, "Leader's execution client"),
+        ("eth_newPendingTransactionFilter", [], -32601, "no Leader write node"),
         ("eth_subscribe", ["newHeads"], -32601, "notifications not supported"),
         ("eth_unsubscribe", ["0x12"], -32601, "WebSocket"),
     ],
@@ -164,6 +167,26 @@ async def test_filter_methods_in_a_batch_with_routed_reads(stack: EventsStack) -
     assert answers[5]["error"]["code"] == -32600  # a bad id, as the engine answers it
 
 
+async def test_a_routed_item_nested_too_deep_beside_filter_methods(stack: EventsStack) -> None:
+    """A batch with filter methods is split here: an item too deep to write again for the
+    engine (and, alone, one the in-process node is given parsed) is -32602 by itself."""
+    nested: Any = {"to": EMITTERS[0]}
+    for _ in range(260):
+        nested = {"a": nested}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "eth_call", "params": [nested, "latest"]}
+    batch = [{"jsonrpc": "2.0", "id": 1, "method": "eth_newBlockFilter", "params": []}, call]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(stack.url, data=json.dumps(batch)) as resp:
+            assert resp.status == 200
+            answers = await resp.json()
+        assert answers[0]["id"] == 1 and answers[0]["result"].startswith("0x"), answers
+        assert answers[1]["id"] == 2 and answers[1]["error"]["code"] == -32602, answers
+        async with http.post(stack.url, data=json.dumps(call)) as resp:
+            assert resp.status == 200
+            answer = await resp.json()
+        assert answer["id"] == 2 and answer["error"]["code"] == -32602, answer
+
+
 async def test_filter_methods_on_a_connection_aiohttp_serves(stack: EventsStack) -> None:
     """A connection that carried an admin call is served by the aiohttp app from then on
     (docs/http-server.md): the filter methods answer there as on the lean data path."""
@@ -185,6 +208,8 @@ async def test_filter_methods_on_a_connection_aiohttp_serves(stack: EventsStack)
         assert answers[0]["result"] == block_hashes(stack, start)
         assert answers[1]["result"] == "0x539"
         assert len(stack.server.conns) == 0  # the one connection was aiohttp's
+    # its filter counts against the client's address, as on the lean path
+    assert stack.events.quota.items == {"127.0.0.1": 1}
 
 
 async def test_in_process_callers_get_the_filter_methods(stack: EventsStack) -> None:

@@ -177,3 +177,70 @@ async def test_a_call_that_hangs_times_out_and_is_retried(stack) -> None:
     assert grew("chainstate_proxy_upstream_attempts_total", outcome="timeout") == 1
     assert grew("chainstate_proxy_upstream_attempts_total", outcome="ok") == 1
     assert api.proxy.state.pools[CHAIN].inflight == 0
+
+
+LARGE = "0x" + "ab" * (1024 * 1024)  # 1 MiB of calldata: a body over LARGE_BODY (engine.py)
+
+
+async def test_large_calls_are_parsed_once_and_given_to_the_node_as_objects(stack) -> None:
+    """Bodies of LARGE_BODY bytes or more are parsed in a turn of their own (one per
+    turn), then go the same way: as objects to the node, not written again (no bytes to
+    the node), neither cached nor coalesced (MAX_KEYED_BYTES). Several at once are each
+    answered with their own id, as the node answers them."""
+    api, _, addrs, counted = await stack()
+    bodies = [eth_call(i, addrs[i % len(addrs)], "latest", LARGE) for i in range(4)]
+    # (the engine's usual path: the body through the node's handle_body)
+    expected = [await api.proxy.engine.handle(CHAIN, body, {}) for body in bodies]
+    counted.bodies = 0
+    answers = await asyncio.gather(*(raw_rpc(api, body) for body in bodies))
+    assert answers == expected
+    assert counted.later == 4 and counted.bodies == 0
+    assert await raw_rpc(api, bodies[0]) == expected[0]  # asked again: not kept
+    assert counted.later == 5
+    status, raw = await raw_rpc(api, b'{"jsonrpc": "2.0", "id": 1, "params": [' + LARGE.encode())
+    assert status == 200 and orjson.loads(raw)["error"]["code"] == -32700
+    assert api.proxy.state.pools[CHAIN].inflight == 0
+
+
+async def test_a_large_call_that_hangs_is_retried_as_a_sub_batch(stack) -> None:
+    """The first attempt of a large call gave the node objects and no bytes were written
+    for it: its retry writes the item then (a sub-batch of one), and is answered."""
+    api, _, addrs, counted = await stack(**NO_CACHE, upstream_timeout=0.5)
+    counted.hang = True
+    body = eth_call(8, addrs[0], "latest", LARGE)
+    status, raw = await raw_rpc(api, body)
+    assert len(counted.hanging) == 1 and counted.bodies == 1
+    assert (status, raw) == await api.proxy.engine.handle(CHAIN, body, {})
+    assert api.proxy.state.pools[CHAIN].inflight == 0
+
+
+async def test_calls_the_proxy_stops_waiting_for_leave_the_nodes_queue(stack) -> None:
+    """The proxy cancels the node's future when its attempt times out (and asks another
+    node): calls of it that have not started are taken off the EVM queue, not run."""
+    _, node, addrs, _ = await stack()
+    pool = node.evm.executor.pool
+    run_on, jobs = pool.run_on, []
+
+    async def counted(worker: Any, job: Any, limit: float) -> Any:
+        jobs.append(job)
+        return await run_on(worker, job, limit)
+
+    busy = asyncio.Event()  # every worker busy until set: the calls wait in the queue
+    acquire = pool.acquire
+
+    async def when_free(prefer: Any = None) -> Any:
+        await busy.wait()
+        return await acquire(prefer)
+
+    pool.run_on, pool.acquire = counted, when_free
+    items = [orjson.loads(eth_call(i, addrs[i], "0x3", f"0x{i:02x}")) for i in range(3)]
+    future = node.answer_later(items)
+    assert future is not None
+    await asyncio.sleep(0.05)
+    future.cancel()
+    await asyncio.sleep(0.05)
+    busy.set()
+    await asyncio.sleep(0.3)
+    assert jobs == []
+    kept = node.answer_later(items[:1])  # (and a call nobody cancels runs)
+    assert (await kept)[0]["id"] == 0 and len(jobs) == 1

@@ -26,6 +26,7 @@ from nodes.state.vendor import parse_vendor_block
 from proxy import inprocbooks
 from proxy.breaker import OPEN
 from proxy.inprocbooks import FOLD_EVERY
+from proxy.metrics import client_label
 from proxy.model import Pool
 from tests.nodes.test_state_chain import random_chain
 from tests.nodes.test_state_reads import make_node
@@ -520,8 +521,9 @@ async def counted_as_the_engine_counts(api, node, body: bytes) -> tuple[int, byt
 
 
 async def test_an_answer_over_max_answer_bytes_is_counted_once(tmp_path: Path, make_api) -> None:
-    """The node answers in process, the answer is over max_answer_bytes: the engine answers
-    the body (-32603 too large) and it is counted once, as the engine alone counts it."""
+    """The node answers in process, the answer is over max_answer_bytes: -32603 naming the
+    setting for every item, and the node is not asked again (every node would make the
+    same answer: `too_large` is final)."""
     chain, addrs = random_chain(seed=35, blocks=24)
     api, node, calls = await start_proxied(tmp_path, make_api, chain, 24, max_answer_bytes=3000)
     try:
@@ -529,9 +531,10 @@ async def test_an_answer_over_max_answer_bytes_is_counted_once(tmp_path: Path, m
         status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(small))
         assert status == 200 and b'"result"' in raw and calls["items"] == 1, raw
         batch = [item(i, "eth_getBalance", addrs[i % 3], hex(2 + i % 3)) for i in range(100)]
-        status, raw = await counted_as_the_engine_counts(api, node, orjson.dumps(batch))
-        assert calls["items"] == 2  # answered in process, then left to the engine: too large
+        status, raw = await raw_rpc(api, orjson.dumps(batch))
+        assert calls["items"] == 2  # answered in process once, not asked again
         answers = orjson.loads(raw)
+        assert [a["id"] for a in answers] == list(range(100))
         assert all(a["error"]["code"] == -32603 for a in answers), raw
         assert "max_answer_bytes" in answers[0]["error"]["message"], raw
     finally:
@@ -819,7 +822,14 @@ async def test_a_batch_on_one_nodes_entries_is_checked_by_the_node_as_it_answers
         state.breaker.failures = 0
         await sent(two_routes, 1, 1)
         # a third entry of the node through its path for parsed items alone: not one path
-        url = api.registry.register("plain", node.handle_body, answer_items=node.answer_items)
+        # (its answers counted by the node as the others': whichever entry the picks take,
+        # the books are the engine's)
+        url = api.registry.register(
+            "plain",
+            node.handle_body,
+            answer_items=node.answer_items,
+            items_answered=node.items_answered,
+        )
         status, answer = await api.post(
             f"/{CHAIN}/addNode", {"key": "plain", "url": url, "kind": "archive"}
         )
@@ -993,7 +1003,8 @@ async def test_client_ids_of_in_process_answers_are_counted(proxied) -> None:
                 assert resp.status == 200
     assert calls["items"] == 6  # all in process
     text = await metrics_text(api)
-    assert scraped(text, "chainstate_proxy_client_requests_total", client_id="zed") == 4
+    zed = client_label("zed")
+    assert scraped(text, "chainstate_proxy_client_requests_total", client_id=zed) == 4
 
 
 async def test_the_access_log_turned_on_later_takes_the_engine_path(proxied, caplog) -> None:

@@ -9,6 +9,7 @@ import base64
 import os
 import socket
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from chainstate.logfilter import parse_filter
 from proxy.chainfeed import NOT_IN_HEADS, ChainFeed, FeedSettings
 from proxy.eventsettings import EventSettings
-from proxy.subscriptions import CLOSE_POLICY, Session
+from proxy.subscriptions import CLOSE_POLICY, CLOSE_TOO_BIG, Session, Unread
 from tests.proxy.events_stack import EMITTERS, TOPIC_POOL, EventsStack, start_stack, stop_stack
 
 LIMITS = {"max_subscriptions_per_connection": 3, "max_connections_per_client": 4}
@@ -215,8 +216,15 @@ async def test_subscription_and_connection_limits(
 
 async def test_a_slow_consumer_is_disconnected_with_the_reason(tmp_path: Path) -> None:
     """A client that never reads: the kernel buffers fill, then the proxy's queue, then the
-    proxy closes the connection (1008, with why) instead of growing its memory."""
-    stack = await start_stack(tmp_path, ws_queue_bytes=50_000, max_subscriptions_per_connection=100)
+    proxy closes the connection (1008, with why) instead of growing its memory: once its
+    unread bytes pass ws_queue_max_bytes (or stay over ws_queue_bytes for ws_slow_seconds)."""
+    stack = await start_stack(
+        tmp_path,
+        ws_queue_bytes=50_000,
+        ws_queue_max_bytes=200_000,
+        ws_slow_seconds=600.0,
+        max_subscriptions_per_connection=100,
+    )
     try:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -243,7 +251,7 @@ async def test_a_slow_consumer_is_disconnected_with_the_reason(tmp_path: Path) -
             while session.closed is None:
                 await stack.add_blocks(20)
         assert session.closed.startswith("slow consumer") and "ws_queue_bytes" in session.closed
-        assert session.transport.buffered() <= 50_000 + 1000
+        assert session.transport.buffered() <= 200_000 + 1000
         for _ in range(200):
             if not stack.events.sessions:
                 break
@@ -296,7 +304,11 @@ class StuckTransport:
 
 
 async def test_the_unread_bytes_of_a_connection_are_bounded() -> None:
-    settings = EventSettings(ws_queue_bytes=1000)
+    """The slow-consumer rule looks at what the client fails to read: a message is written
+    whole while the unread bytes are under ws_queue_bytes, or over it for less than
+    ws_slow_seconds; past ws_queue_max_bytes, or over ws_queue_bytes for longer, the
+    connection is closed (1008); a message over max_notification_bytes closes it (1009)."""
+    settings = EventSettings(ws_queue_bytes=1000, ws_queue_max_bytes=2000, ws_slow_seconds=600.0)
     feed = ChainFeed("1", lambda: None, lambda url: None, FeedSettings())  # type: ignore[arg-type,return-value]
 
     async def answer(data: bytes, session: Session) -> bytes:
@@ -304,10 +316,62 @@ async def test_the_unread_bytes_of_a_connection_are_bounded() -> None:
 
     transport = StuckTransport()
     session = Session(transport, feed, answer, settings)
-    assert all(session.push(b"x" * 100) for _ in range(10))  # 1000 bytes: at the limit
-    assert not session.push(b"y")  # one more byte would pass it
+    assert session.push(b"z" * 1500)  # larger than ws_queue_bytes, but nothing unread yet
+    assert all(session.push(b"x" * 100) for _ in range(6))  # over 1000, under 2000: kept
+    assert not session.push(b"y")  # 2100 unread: past ws_queue_max_bytes
     await asyncio.sleep(0.01)
-    assert transport.closed == (CLOSE_POLICY, session.closed)
+    assert transport.closed == (CLOSE_POLICY, session.closed[:120])
     assert "slow consumer" in transport.closed[1] and "ws_queue_bytes" in transport.closed[1]
-    assert not session.push(b"after") and transport.buffered() == 1000
+    assert not session.push(b"after") and transport.buffered() == 2100
     await session.close()
+
+    slow = Session(StuckTransport(), feed, answer, replace(settings, ws_slow_seconds=0.05))
+    assert all(slow.push(b"x" * 100) for _ in range(12))  # 1200 unread from the 12th on
+    await asyncio.sleep(0.1)
+    assert not slow.push(b"y")  # over ws_queue_bytes for longer than ws_slow_seconds
+    await slow.close()
+
+    big = Session(StuckTransport(), feed, answer, replace(settings, max_notification_bytes=10))
+    assert not big.push(b"x" * 11)
+    await asyncio.sleep(0.01)
+    assert big.transport.closed[0] == CLOSE_TOO_BIG  # type: ignore[attr-defined]
+    assert "max_notification_bytes" in big.closed
+    await big.close()
+
+
+class ReadingTransport(StuckTransport):
+    """A connection whose peer reads everything at once."""
+
+    def buffered(self) -> int:
+        self.waiting.clear()
+        return 0
+
+
+async def test_the_unread_bytes_of_all_connections_are_bounded() -> None:
+    """Past ws_unread_max_bytes for the process, a connection holding more than the
+    average of unread bytes is closed when a message comes for it (each stays under its
+    own limits here); one that reads is never closed; a closed one no longer counts."""
+    settings = EventSettings(
+        ws_queue_bytes=10_000, ws_queue_max_bytes=20_000, ws_unread_max_bytes=5_000
+    )
+    feed = ChainFeed("1", lambda: None, lambda url: None, FeedSettings())  # type: ignore[arg-type,return-value]
+
+    async def answer(data: bytes, session: Session) -> bytes:
+        return data
+
+    unread = Unread()
+    stuck = [Session(StuckTransport(), feed, answer, settings, unread=unread) for _ in range(3)]
+    reader = Session(ReadingTransport(), feed, answer, settings, unread=unread)
+    for _ in range(2):
+        for session in stuck:
+            assert session.push(b"x" * 1000)
+    assert unread.total == 6000  # past the limit: the next message to a stuck one closes it
+    assert reader.push(b"x" * 1000)  # (nothing unread: kept)
+    assert not stuck[0].push(b"y")
+    await asyncio.sleep(0.01)
+    assert "ws_unread_max_bytes" in stuck[0].closed
+    assert unread.total == 5000 and unread.connections == 3  # (the reader: 1000 till it reads)
+    assert stuck[1].push(b"z" * 100)  # under the limit again
+    for session in [*stuck, reader]:
+        await session.close()
+    assert unread.total == 0 and unread.connections == 0

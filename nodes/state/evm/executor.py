@@ -15,13 +15,17 @@ from collections import OrderedDict
 from typing import Any
 
 from chainstate.jsonrpc import JsonRpcError
-from nodes.state.evm.pool import WorkerPool
+from nodes.state.evm.pool import Overrun, WorkerPool
 from nodes.state.evm.settings import EvmSettings
 from nodes.state.evm.worker import WarmKey, warm_key
 
 Pending = tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]
 AFFINITY_WAIT = 0.25  # seconds a block's calls may wait while a worker runs blocks it has warm
 AFFINITY_SCAN = 64  # pending blocks looked at when choosing what a free worker runs
+# A call of a combined job that overran, running for this share of the limit or more when
+# stopped, overran by its own cost (`Executor._after_failure`): it had (nearly) the whole
+# limit to itself, and would spend the same again.
+OWN_COST = 0.9
 
 
 def raise_error(err: dict[str, Any]) -> None:
@@ -253,13 +257,49 @@ class Executor:
                 future.set_result(answer["results"][i])
 
     def _after_failure(self, items: list[Pending], exc: JsonRpcError) -> None:
-        """A combined job overran or crashed: run each call alone, so only its culprit fails."""
+        """A combined job overran or crashed. Overran: the call it was running when it had
+        run (nearly) the whole limit is the culprit by its own cost, answered so and never
+        run again; the others only shared its time: queued again, that call first when it
+        was cut short (it then has the limit to itself). Crashed: each call runs alone, so
+        only its culprit fails."""
         if len(items) == 1:
             if not items[0][1].done():
                 items[0][1].set_exception(exc)
             return
+        if isinstance(exc, Overrun) and 0 <= exc.running < len(items):
+            culprit = items[exc.running]
+            rest = items[: exc.running] + items[exc.running + 1 :]
+            if exc.ran >= OWN_COST * exc.limit:
+                if not culprit[1].done():
+                    culprit[1].set_exception(Overrun(exc.limit))
+                self._requeue(rest)
+            else:
+                self._requeue([culprit, *rest])
+            return
         for job, future in items:
             task = asyncio.create_task(self._alone(job, future))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _requeue(self, items: list[Pending]) -> None:
+        """Calls of a job that overran for another call's cost, waiting again at the head of
+        their blocks' queues, in order (`enqueue` without a new future)."""
+        loop = asyncio.get_running_loop()
+        for job, future in reversed(items):
+            if future.done():  # (its caller left)
+                continue
+            key = _coalesce_key(job)
+            waiting = self._pending.get(key)
+            if waiting is None:
+                waiting = self._pending[key] = []
+                self._pending.move_to_end(key, last=False)
+                self._since[key] = loop.time()
+                self._warm_keys[key] = warm_key(job)
+            waiting.insert(0, (job, future))
+            self._pending_count += 1
+        if self._pending and self._drainers < self.pool.size:
+            self._drainers += 1
+            task = asyncio.create_task(self._drain())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 

@@ -13,15 +13,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from chainstate.jsonrpc import EVM_FAILED, SERVER_BUSY, JsonRpcError
+from chainstate.jsonrpc import EVM_FAILED, SERVER_BUSY, TIME_LIMIT, JsonRpcError
 from nodes.state.evm.settings import EvmSettings
-from nodes.state.evm.worker import READY, Limits, WarmKey, warm_key, worker_main
+from nodes.state.evm.worker import (
+    READY,
+    Limits,
+    WarmKey,
+    detached,
+    warm_key,
+    worker_main,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +46,11 @@ class _Worker:
         self.warm_blocks = max(1, warm_blocks)
         parent, child = ctx.Pipe(duplex=True)
         self.conn: Connection = parent
+        # [calls of the running job started, time.monotonic() the last one started]: the
+        # worker writes it (`Runner.progress`), an overrun reads it (`Overrun`)
+        self.progress: Any = ctx.RawArray("d", 2)
         self.proc: BaseProcess = ctx.Process(
-            target=worker_main, args=(child, limits, warm_blocks), daemon=True
+            target=worker_main, args=(child, limits, warm_blocks, self.progress), daemon=True
         )
         self.proc.start()
         child.close()
@@ -64,9 +75,19 @@ class _Worker:
             self.warm.popitem(last=False)
 
     def roundtrip(self, job: dict[str, Any]) -> dict[str, Any]:
-        """Blocking: send a job and wait for its answer (runs in a pool thread)."""
+        """Blocking: send a job and wait for its answer (runs in a pool thread). The hex of
+        long calldata follows the job as raw messages (`worker.detached`)."""
+        job, blobs = detached(job)
         self.conn.send(job)
+        for blob in blobs:
+            self.conn.send_bytes(blob)
         return self.conn.recv()
+
+    def running(self) -> tuple[int, float]:
+        """(position in its job of the call the worker is running, -1 when it runs no call
+        of a `calls` job; for how many seconds it has run)."""
+        started, since = self.progress[0], self.progress[1]
+        return int(started) - 1, time.monotonic() - since if started else 0.0
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -81,6 +102,21 @@ class _Worker:
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(timeout=2)
+
+
+class Overrun(JsonRpcError):
+    """A job stopped at its time limit: -39004, `data.reason` TIME_LIMIT (the call's own
+    cost: final, another node would spend the same). `running`: the position in the job of
+    the call it was running (-1: not a `calls` job, the job is one request's), `ran`: for
+    how long; the executor tells a combined job's culprit from the calls that only
+    shared its time (`Executor._after_failure`)."""
+
+    def __init__(self, limit: float, running: int = -1, ran: float = 0.0) -> None:
+        msg = f"execution exceeded the time limit of {limit:g}s"
+        super().__init__(EVM_FAILED, msg, {"reason": TIME_LIMIT, "seconds": limit})
+        self.limit = limit
+        self.running = running
+        self.ran = ran
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
@@ -173,7 +209,8 @@ class WorkerPool:
             self._idle.put_nowait(worker)
 
     async def run(self, job: dict[str, Any], time_limit: float) -> dict[str, Any]:
-        """The worker's answer dict; -32005 when too many jobs wait, -39004 on overrun."""
+        """The worker's answer dict; -32005 when too many jobs wait, -39004 on overrun
+        (`Overrun`)."""
         return await self.run_on(await self.acquire(warm_key(job)), job, time_limit)
 
     async def run_on(
@@ -188,9 +225,9 @@ class WorkerPool:
         try:
             answer = await asyncio.wait_for(asyncio.shield(future), time_limit)
         except TimeoutError:
+            overrun = Overrun(time_limit, *worker.running())
             await self._replace(worker)
-            msg = f"execution exceeded the time limit of {time_limit:g}s"
-            raise JsonRpcError(EVM_FAILED, msg) from None
+            raise overrun from None
         except (EOFError, OSError, BrokenPipeError):
             await self._replace(worker)
             raise JsonRpcError(EVM_FAILED, "EVM worker crashed during execution") from None

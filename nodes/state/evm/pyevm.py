@@ -212,7 +212,7 @@ class _Recording(CancunState):
         return {"accounts": accounts, "slots": slots}
 
 
-class _Hashes:
+class PreviousHashes:
     """BLOCKHASH's view of the previous 256 block hashes, read only when asked."""
 
     def __init__(self, height: int, hash_of: Callable[[int], bytes]) -> None:
@@ -301,7 +301,7 @@ def _state(
         difficulty=block.get("difficulty", 0),
         mix_hash=bytes.fromhex(block["prevrandao"][2:]),
         gas_limit=block["gas_limit"],
-        prev_hashes=_Hashes(block["number"], hash_of),
+        prev_hashes=PreviousHashes(block["number"], hash_of),
         chain_id=job["chain_id"],
         base_fee_per_gas=block["basefee"],
         excess_blob_gas=block.get("excess_blob_gas") or 0,

@@ -36,7 +36,7 @@ from eth.vm.spoof import SpoofTransaction
 from eth_hash.auto import keccak
 from eth_utils import int_to_big_endian, to_int
 
-from nodes.state.evm.pyevm import Source, initcode_gas, intrinsic_gas
+from nodes.state.evm.pyevm import PreviousHashes, Source, initcode_gas, intrinsic_gas
 
 BLOB_TX_TYPE = 3
 SELFDESTRUCT = 0xFF
@@ -239,18 +239,6 @@ class ReplayState(CancunState):
         return self._account_db  # type: ignore[return-value]
 
 
-class _Hashes:
-    """BLOCKHASH's view of the previous 256 block hashes, read only when asked."""
-
-    def __init__(self, height: int, hash_of: Callable[[int], bytes]) -> None:
-        self.height = height
-        self.hash_of = hash_of
-
-    def __iter__(self) -> Iterator[bytes]:
-        for h in range(self.height - 1, max(-1, self.height - 257), -1):
-            yield self.hash_of(h)
-
-
 def new_state(
     block: dict[str, Any], chain_id: int, source: Source, hash_of: Callable[[int], bytes]
 ) -> ReplayState:
@@ -262,7 +250,7 @@ def new_state(
         difficulty=block.get("difficulty", 0),
         mix_hash=bytes.fromhex(block["prevrandao"][2:]),
         gas_limit=block["gas_limit"],
-        prev_hashes=_Hashes(block["number"], hash_of),
+        prev_hashes=PreviousHashes(block["number"], hash_of),
         chain_id=chain_id,
         base_fee_per_gas=block["basefee"],
         excess_blob_gas=block.get("excess_blob_gas") or 0,

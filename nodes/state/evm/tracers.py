@@ -22,24 +22,10 @@ from nodes.state.evm.replay import (
     ReplayState,
     StepLimit,
 )
+from nodes.state.evm.revert import PANIC_REASONS, error_string, panic_code
 
 SLOAD, SSTORE = 0x54, 0x55
 INVALID = 0xFE
-ERROR_SELECTOR = bytes.fromhex("08c379a0")
-PANIC_SELECTOR = bytes.fromhex("4e487b71")
-# geth's wording of Solidity panic codes (what revm-inspectors answers as a revert reason)
-PANICS = {
-    0x00: "generic panic",
-    0x01: "assert(false)",
-    0x11: "arithmetic underflow or overflow",
-    0x12: "division or modulo by zero",
-    0x21: "enum overflow",
-    0x22: "invalid encoded storage byte array accessed",
-    0x31: "out-of-bounds array access; popping on an empty array",
-    0x32: "out-of-bounds access of an array or bytesN",
-    0x41: "out of memory",
-    0x51: "uninitialized function",
-}
 
 
 def _hex(data: bytes) -> str:
@@ -117,20 +103,13 @@ def revert_reason(output: bytes) -> str | None:
     """geth's UnpackRevert: the Error(string) message or the panic's words; None for other
     data or an empty message."""
     output = bytes(output)
-    if output[:4] == ERROR_SELECTOR and len(output) >= 68:
-        body = output[4:]
-        offset = int.from_bytes(body[0:32], "big")
-        if offset + 32 > len(body):
-            return None
-        length = int.from_bytes(body[offset : offset + 32], "big")
-        if offset + 32 + length > len(body):
-            return None
-        reason = body[offset + 32 : offset + 32 + length].decode("utf-8", errors="replace")
+    reason = error_string(output)
+    if reason is not None:
         return reason if reason.strip("\0") else None
-    if output[:4] == PANIC_SELECTOR and len(output) == 36:
-        code = int.from_bytes(output[4:36], "big")
-        return PANICS.get(code, f"unknown panic code: {code:#x}")
-    return None
+    code = panic_code(output)
+    if code is None:
+        return None
+    return PANIC_REASONS.get(code, f"unknown panic code: {code:#x}")
 
 
 # -- frames: who called whom -----------------------------------------------------------

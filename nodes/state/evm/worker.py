@@ -13,6 +13,7 @@ main process turns them into JsonRpcError. Nothing here imports the event loop.
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import ctypes
 import hashlib
@@ -21,6 +22,7 @@ import io
 import os
 import re
 import sys
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +45,7 @@ from chainstate.jsonrpc import (
 )
 from nodes.state.evm.basefee import SUSPECT, UNSURE, BasefeeCheck
 from nodes.state.evm.codec import effective_price
+from nodes.state.evm.revert import PANIC_REASONS, error_string, panic_code
 from nodes.state.store import F_BALANCE, F_CODE, F_NONCE, F_STORAGE, StateStore
 
 # Accounts preloaded into a new EVM: one feed request reads them all at once, which on the
@@ -65,20 +68,6 @@ _REVERT = re.compile(r"^Revert \{ gas_used: (\d+), output: 0x([0-9a-fA-F]*) \}")
 _HALT = re.compile(r"^Halt \{ reason: (\w+)(?:\((\w+)\))?, gas_used: (\d+) \}")
 READY = "ready"  # a worker's first message: imports done, jobs welcome
 _DB_ERROR = re.compile(r'JsonRpcError \{ code: (-?\d+), message: "((?:[^"\\]|\\.)*)"')
-ERROR_SELECTOR = bytes.fromhex("08c379a0")
-PANIC_SELECTOR = bytes.fromhex("4e487b71")
-PANIC_REASONS = {
-    0x00: "generic panic",
-    0x01: "assert(false)",
-    0x11: "arithmetic underflow or overflow",
-    0x12: "division or modulo by zero",
-    0x21: "enum overflow",
-    0x22: "invalid encoded storage byte array accessed",
-    0x31: "out-of-bounds array access; popping on an empty array",
-    0x32: "out-of-bounds access of an array or bytesN",
-    0x41: "out of memory",
-    0x51: "uninitialized function",
-}
 
 
 class CallFailed(Exception):
@@ -111,19 +100,13 @@ def error(code: int, message: str, data: Any = None) -> dict[str, Any]:
 
 def decode_revert(output: bytes) -> str | None:
     """The `Error(string)` or `Panic(uint256)` message of revert data, when it is one."""
-    if output[:4] == ERROR_SELECTOR and len(output) >= 68:
-        body = output[4:]
-        offset = int.from_bytes(body[0:32], "big")
-        if offset + 32 > len(body):
-            return None
-        length = int.from_bytes(body[offset : offset + 32], "big")
-        if offset + 32 + length > len(body):
-            return None
-        return body[offset + 32 : offset + 32 + length].decode("utf-8", errors="replace")
-    if output[:4] == PANIC_SELECTOR and len(output) == 36:
-        code = int.from_bytes(output[4:36], "big")
-        return f"panic: {PANIC_REASONS.get(code, 'unknown panic code')} (0x{code:x})"
-    return None
+    reason = error_string(output)
+    if reason is not None:
+        return reason
+    code = panic_code(output)
+    if code is None:
+        return None
+    return f"panic: {PANIC_REASONS.get(code, 'unknown panic code')} (0x{code:x})"
 
 
 def revert_error(output: bytes) -> dict[str, Any]:
@@ -345,6 +328,62 @@ def insert_preloaded(
         evm.revert(checkpoint)
 
 
+def with_bytes(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's long calldata decoded, in place: the node hands it over as the ASCII bytes
+    of its hex (`hex`), to decode off its event loop (`EvmMethods._lazy`). A call whose hex
+    is not hex gets -32602 (as the node answers it) under `invalid`, which `calls` answers
+    for it alone (the other calls of a job run); for a job of another kind (one call), the
+    error is returned."""
+    for one in job["jobs"] if job["kind"] == "groups" else (job,):
+        for call in one.get("calls") or ():
+            lazy = call.pop("hex", None)
+            if lazy is None:
+                continue
+            field, raw = lazy
+            try:
+                call["data"] = binascii.a2b_hex(memoryview(raw)[2:])
+            except (binascii.Error, ValueError):
+                msg = f"invalid {field}: expected 0x-prefixed hex bytes"
+                call["invalid"] = error(INVALID_PARAMS, msg)
+                if one["kind"] != "calls":
+                    return call["invalid"]  # type: ignore[no-any-return]
+    return None
+
+
+def detached(job: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
+    """`job` without the hex of its long calldata (`hex`), and those bytes in order: they
+    go to the worker as raw messages after it (`pool._Worker.roundtrip`), not pickled (a
+    copy made while the sending thread holds the GIL the event loop waits for). A copy of
+    the job where it has any (the caller's may run again); `attached` puts them back."""
+    blobs: list[bytes] = []
+
+    def strip(one: dict[str, Any]) -> dict[str, Any]:
+        calls = one.get("calls") or ()
+        if not any("hex" in call for call in calls):
+            return one
+        out = []
+        for call in calls:
+            if "hex" in call:
+                field, raw = call["hex"]
+                blobs.append(raw)
+                call = {**call, "hex": (field, None)}
+            out.append(call)
+        return {**one, "calls": out}
+
+    if job["kind"] == "groups":
+        return {**job, "jobs": [strip(one) for one in job["jobs"]]}, blobs
+    return strip(job), blobs
+
+
+def attached(job: dict[str, Any], conn: Any) -> None:
+    """The bytes `detached` took out of a job, read from the pipe back into it, in order."""
+    for one in job["jobs"] if job["kind"] == "groups" else (job,):
+        for call in one.get("calls") or ():
+            lazy = call.get("hex")
+            if lazy is not None and lazy[1] is None:
+                call["hex"] = (lazy[0], conn.recv_bytes())
+
+
 LearnKey = tuple[str | None, bytes]
 
 
@@ -467,9 +506,13 @@ def _trim_heap() -> None:
 class Runner:
     """Runs jobs inside one worker process; keeps the warm EVMs between jobs."""
 
-    def __init__(self, limits: Limits, warm_blocks: int) -> None:
+    def __init__(self, limits: Limits, warm_blocks: int, progress: Any = None) -> None:
         self.limits = limits
         self.warm_blocks = max(1, warm_blocks)
+        # Shared with the parent (pool.py): calls of the job started, and when the last one
+        # did (time.monotonic, one clock for every process): which call a job that overran
+        # its time limit was running, and for how long.
+        self.progress = progress
         self._warm: OrderedDict[WarmKey, EVM] = OrderedDict()
         self._uses: dict[WarmKey, int] = {}
         self.feed = FeedClient()
@@ -579,7 +622,12 @@ class Runner:
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
         """The answer to a job; to a `groups` job (calls at several blocks, sent together
         to save round trips) `{"answers": [answer of each]}`."""
+        if self.progress is not None:
+            self.progress[0] = 0
         try:
+            invalid = with_bytes(job)
+            if invalid is not None:
+                return {"error": invalid}
             if job["kind"] == "groups":
                 return {"answers": [self._run(one) for one in job["jobs"]]}
             return self._run(job)
@@ -874,6 +922,12 @@ class Runner:
         size = 0
         for call in job["calls"]:
             try:
+                progress = self.progress
+                if progress is not None:
+                    progress[1] = time.monotonic()
+                    progress[0] += 1
+                if "invalid" in call:  # (`with_bytes`)
+                    raise CallFailed(call["invalid"])
                 if size > self.limits.max_response_bytes:
                     limit = self.limits.max_response_bytes
                     raise CallFailed(error(EVM_FAILED, f"response exceeds {limit} bytes"))
@@ -1076,16 +1130,17 @@ class TraceSink(io.TextIOBase):
         return out
 
 
-def worker_main(conn: Any, limits: Limits, warm_blocks: int) -> None:
+def worker_main(conn: Any, limits: Limits, warm_blocks: int, progress: Any = None) -> None:
     """Entry point of a worker process: answer jobs from the pipe until it closes."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers end
-    runner = Runner(limits, warm_blocks)
+    runner = Runner(limits, warm_blocks, progress)
     conn.send(READY)
     while True:
         try:
             job = conn.recv()
+            attached(job, conn)
         except (EOFError, OSError):
             return
         try:
