@@ -96,7 +96,7 @@ class FirstAttempt:
         its steps as a coroutine."""
         route = node = None
         pipeline = self.pipeline
-        if found is not None and not pipeline.gates:
+        if found is not None:
             chain, pool = found
             kept = self.kept
             # The pool's routes (`KeptRoutes.routes`' check of the kept ones, inline)
@@ -173,7 +173,7 @@ class FirstAttempt:
             return self.run(chain_id, body, headers, admitted, request.answer_early)
         ctx = Ctx(admitted.chain, admitted.pool, request.answer_early)
         try:
-            first = pipeline.item(ctx, payload, body, headers)
+            first = pipeline.item(ctx, payload, body)
         except LocalMethod:  # raised only once a divert handler is set
             first = self._diverted(ctx, body, headers)  # type: ignore[assignment]
         except BaseException:

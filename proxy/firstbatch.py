@@ -103,7 +103,6 @@ class FirstBatch:
             budget = self.budget  # (over it, admission answers 503: no answer made here)
             if not (
                 pool.mirrors
-                or self.pipeline.gates
                 or access_log.isEnabledFor(_INFO)
                 or (budget is not None and budget.used > budget.limit)
             ):

@@ -7,7 +7,6 @@ without a task where none is needed and hands over the step it reached). Each st
 of its own:
 
     parse       proxy/parse.py      request objects checked: Items, or a batch's Rows
-    gate        `Pipeline.gates`    per-request admission (one call: client and item count)
     plan        proxy/readpath.py   heads, cache and coalescing (proxy/reads.py decides)
     choose      proxy/choose.py     the node per item (the one place nodes are picked)
     send        proxy/attempts.py   one attempt through the node's transport (+ hedging)
@@ -41,9 +40,6 @@ from proxy.upstream import Upstream
 
 # Answers a whole client body the pipeline hands over: (pool id, body, headers) -> Answer.
 Divert = Callable[[str, bytes, Mapping[str, str]], Awaitable[Answer]]
-# A per-request admission step: (the request, the client's id or None, its item count) ->
-# the error to answer instead (the request goes no further, no node is asked), or None.
-Gate = Callable[[Ctx, str | None, int], JsonRpcError | None]
 
 
 class Pipeline:
@@ -71,7 +67,6 @@ class Pipeline:
         self.metrics = metrics
         self.upstream = upstream
         self.divert: Divert | None = None
-        self.gates: list[Gate] = []  # per-request admission steps, in order
 
     # ---- the whole sequence --------------------------------------------------------------
 
@@ -100,7 +95,7 @@ class Pipeline:
                 status, out = 413, dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
             elif self.readpath is not None and body[:1] == b"[" and self.books.quiet():
                 shape = "batch"
-                status, out = await self.cached_batch(ctx, body, headers)
+                status, out = await self.cached_batch(ctx, body)
             else:
                 try:
                     payload = orjson.loads(body)
@@ -111,10 +106,10 @@ class Pipeline:
                 else:
                     if isinstance(payload, list):
                         shape, size = "batch", len(payload)
-                        status, out = await self.batch(ctx, payload, body, headers)
+                        status, out = await self.batch(ctx, payload, body)
                     else:
                         ctx.early = early
-                        status, out = await self.single(ctx, payload, body, headers)
+                        status, out = await self.single(ctx, payload, body)
         except LocalMethod:  # raised only once a divert handler is set
             assert self.divert is not None
             return await self.divert(admitted.pool.id, body, headers)
@@ -127,29 +122,15 @@ class Pipeline:
         if ctx.reserved:
             self.upstream.budget.release(ctx)  # type: ignore[union-attr]
 
-    def gate(self, ctx: Ctx, headers: Mapping[str, str], count: int) -> bytes | None:
-        """The per-request admission steps (`gates`): the answer of a request one refuses."""
-        for check in self.gates:
-            refused = check(ctx, headers.get("client-id"), count)
-            if refused is not None:
-                return dumps_error(None, refused)
-        return None
-
     # ---- a single request ----------------------------------------------------------------
 
-    def item(
-        self, ctx: Ctx, payload: Any, body: bytes, headers: Mapping[str, str]
-    ) -> Item | tuple[int, bytes]:
+    def item(self, ctx: Ctx, payload: Any, body: bytes) -> Item | tuple[int, bytes]:
         """Steps 1-2 of a request object, synchronous: its Item (planned by the read path,
-        if at all), or its answer when it is invalid, refused, or the read path has it
-        ready. Clears `ctx.early` when the answer will not be the node's bytes as they are."""
+        if at all), or its answer when it is invalid or the read path has it ready. Clears
+        `ctx.early` when the answer will not be the node's bytes as they are."""
         item = self.parser.single(ctx, payload, body)
         if type(item) is not Item:
             return item  # type: ignore[return-value]
-        if self.gates:
-            refused = self.gate(ctx, headers, 1)
-            if refused is not None:
-                return 200, refused
         if ctx.pool.mirrors:
             self.mirrors.offer_single(ctx.pool, item.method, body)
         spec = item.spec
@@ -161,12 +142,10 @@ class Pipeline:
                 return ready
         return item
 
-    async def single(
-        self, ctx: Ctx, payload: Any, body: bytes, headers: Mapping[str, str]
-    ) -> tuple[int, bytes]:
+    async def single(self, ctx: Ctx, payload: Any, body: bytes) -> tuple[int, bytes]:
         """One request object: forwarded as the client's bytes, answered with the node's
         bytes unless the attempts ran out or the answer must change."""
-        first = self.item(ctx, payload, body, headers)
+        first = self.item(ctx, payload, body)
         if type(first) is tuple:
             return first
         return await self.sent(ctx, first, body)  # type: ignore[arg-type]
@@ -202,9 +181,7 @@ class Pipeline:
 
     # ---- a batch -------------------------------------------------------------------------
 
-    async def cached_batch(
-        self, ctx: Ctx, body: bytes, headers: Mapping[str, str]
-    ) -> tuple[int, bytes]:
+    async def cached_batch(self, ctx: Ctx, body: bytes) -> tuple[int, bytes]:
         """A batch body answered as a whole from the cache when the same bytes were answered
         at the request's `latest` block before (a dapp polling the same batch every block);
         else parsed and answered item by item, and kept as a whole when every item's answer
@@ -219,19 +196,14 @@ class Pipeline:
             msg = f"Parse error: {cut(str(exc))}"
             return 200, dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
         if not isinstance(payload, list):
-            return await self.single(ctx, payload, body, headers)
+            return await self.single(ctx, payload, body)
         epoch = readpath.epoch(ctx)
-        status, out = await self.batch(ctx, payload, body, headers, key)
+        status, out = await self.batch(ctx, payload, body, key)
         readpath.store_batch(ctx, key, out, epoch)
         return status, out
 
     async def batch(
-        self,
-        ctx: Ctx,
-        payload: list[Any],
-        body: bytes,
-        headers: Mapping[str, str],
-        key: Any = None,
+        self, ctx: Ctx, payload: list[Any], body: bytes, key: Any = None
     ) -> tuple[int, bytes]:
         """A batch: every valid item through the steps, answers in the client's order."""
         if not payload:
@@ -241,10 +213,6 @@ class Pipeline:
         if len(payload) > self.max_batch:
             msg = f"batch has {len(payload)} items, more than max_batch_items={self.max_batch}"
             return 200, dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
-        if self.gates:
-            refused = self.gate(ctx, headers, len(payload))
-            if refused is not None:
-                return 200, refused
         answers: list[Any] = [None] * len(payload)
         rows, exact, notified = self.parser.rows(ctx, payload, answers, body)
         if self.books.tracer is not None or access_log.isEnabledFor(logging.INFO):

@@ -38,7 +38,6 @@ from proxy.select import NoEligibleNode, Selector
 from proxy.settings import ProxySettings
 from proxy.transport import InprocTransport, NodePath, http_answer
 from proxy.upstream import Upstream
-from tests.proxy.conftest import fast_settings
 
 ADDR = "0x" + "ab" * 20
 OTHER = "0x" + "cd" * 20
@@ -465,35 +464,3 @@ def test_a_requests_place_in_flight_is_counted_in_one_place() -> None:
     )
     admission.leave(pool)
     assert admission.check(pool, 0.0) is None and pool.inflight == admission.inflight == 1
-
-
-# ---- gates: the per-request admission steps --------------------------------------------------
-
-
-async def test_a_gate_refuses_a_request_before_any_node_is_asked(make_api, fake_nodes) -> None:
-    """A gate (`Pipeline.gates`: one call with the request's client id and item count) that
-    refuses answers with its error; no node is asked, single or batch, whatever the route."""
-    node_a = await fake_nodes("s", "state")
-    api = await make_api(fast_settings(cache_pools=()))
-    await api.add("1337", node_a)
-    await api.heads_known("1337")
-    seen: list[tuple[str | None, int]] = []
-
-    def gate(ctx: Ctx, client: str | None, count: int) -> JsonRpcError | None:
-        seen.append((client, count))
-        return JsonRpcError(-32005, "over the key's limit") if client == "noisy" else None
-
-    api.proxy.engine.pipeline.gates.append(gate)
-    one = req("eth_getBalance", [ADDR, hex(HEAD - 1)])
-    for _ in range(2):  # (the second: the route kept for its block text)
-        status, answer = await api.rpc("1337", one, {"client-id": "noisy"})
-        assert status == 200 and answer["error"] == {
-            "code": -32005,
-            "message": "over the key's limit",
-        }
-    status, answer = await api.rpc("1337", [one, {**one, "id": 2}], {"client-id": "noisy"})
-    assert answer["error"]["code"] == -32005
-    assert node_a.data_items("eth_getBalance") == []
-    status, answer = await api.rpc("1337", one, {"client-id": "quiet"})
-    assert status == 200 and "result" in answer and len(node_a.data_items("eth_getBalance")) == 1
-    assert seen == [("noisy", 1), ("noisy", 1), ("noisy", 2), ("quiet", 1)]
