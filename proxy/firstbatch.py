@@ -386,7 +386,7 @@ class FirstBatch:
         if known is None:
             known = []
             for one in params:
-                found = self.kept._target(CALL, one)  # (learns the text for next time)
+                found = self.kept.plain_read(CALL, one)  # (learns the text for next time)
                 if found is None:
                     return None
                 known.append(found)

@@ -344,7 +344,7 @@ class KeptRoutes:
                 found = texts.get(params[-1])
                 if found is not None:
                     return found
-        target = self._target(method, params)
+        target = self.plain_read(method, params)
         if target is None:
             return None
         spec, ref = target
@@ -360,7 +360,7 @@ class KeptRoutes:
         tagged = ref is None or ref.tag is not None
         return KeptRoute(method, spec, ref, nodes, None, checked=True, tagged=tagged)
 
-    def _target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None] | None:
+    def plain_read(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None] | None:
         """(spec, block ref) of a read with valid params. The rest of the envelope
         (`jsonrpc`, the params' type) is checked once, by the node: it declines an item
         that fails, and the general steps answer the body."""
