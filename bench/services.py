@@ -96,13 +96,24 @@ class Service:
         raise RuntimeError(f"{self.name} not ready after {timeout:g}s ({last}):\n{self.log_tail()}")
 
     def stop(self) -> None:
+        self.terminate()
+        self.reap(STOP_GRACE)
+
+    def terminate(self) -> None:
+        """SIGTERM to the service's process group (it stops gracefully)."""
         proc = self.proc
         if proc is None or proc.poll() is not None:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
+
+    def reap(self, grace: float) -> None:
+        """Wait up to `grace` seconds for the terminated service, then SIGKILL its group."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
         try:
-            proc.wait(STOP_GRACE)
+            proc.wait(grace)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -132,8 +143,15 @@ class Services:
         return svc
 
     def stop_all(self) -> None:
-        for svc in reversed(self.started):
-            svc.stop()
+        """Every service is sent SIGTERM at once (newest first), then given what is left of
+        one STOP_GRACE before SIGKILL: a Ctrl-C waits at most one grace period, not one per
+        service (on a loaded machine each may use most of it)."""
+        services = list(reversed(self.started))
+        for svc in services:
+            svc.terminate()
+        deadline = time.monotonic() + STOP_GRACE
+        for svc in services:
+            svc.reap(max(0.0, deadline - time.monotonic()))
         self.started.clear()
 
 

@@ -28,7 +28,7 @@ class BusyPoll:
     # `hot` and `spinning` are read and set by the server's hot path without a call: while
     # `spinning`, a kick is `hot = True`, one attribute store instead of a method call per
     # request and per answer (a call is the costlier part of a kick at c=1).
-    __slots__ = ("_call_soon", "_last", "hot", "spinning", "window")
+    __slots__ = ("_call_soon", "_last", "hot", "spinning", "stopped", "turns", "window")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, window: float) -> None:
         self.window = window
@@ -36,6 +36,10 @@ class BusyPoll:
         self.hot = False  # kicked since the last turn
         self.spinning = False  # a turn is scheduled
         self._last = 0.0
+        # what the loop did, whatever CPU it was given (a preempted loop turns less often but
+        # never sleeps through a window): turns polled so far, and when the last window ended
+        self.turns = 0
+        self.stopped = 0.0
 
     def kick(self) -> None:
         """Bytes arrived: keep polling for another window (one flag on the hot path)."""
@@ -46,6 +50,7 @@ class BusyPoll:
             self._call_soon(self._turn)
 
     def _turn(self) -> None:
+        self.turns += 1
         now = time.perf_counter()
         if self.hot:
             self.hot = False
@@ -54,6 +59,7 @@ class BusyPoll:
             self._call_soon(self._turn)
         else:
             self.spinning = False
+            self.stopped = now
 
     def stop(self) -> None:
         """No more polling (the listener is closing): the next turn ends it."""

@@ -24,6 +24,10 @@ CREATE TABLE IF NOT EXISTS diverged (
     replica TEXT PRIMARY KEY,
     height INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS skipped (
+    low INTEGER PRIMARY KEY,
+    high INTEGER NOT NULL
+);
 """
 
 
@@ -94,12 +98,29 @@ class Ledger:
 
     def demote_above(self, num: int) -> int:
         """Confirmed blocks above `num` that the replicas no longer hold: mark them fork;
-        returns how many."""
+        returns how many. Skipped heights above `num` are forgotten with them (the
+        heights may be confirmed again on the new chain)."""
         with self._db:
             cur = self._db.execute(
                 "UPDATE blocks SET is_fork = 1 WHERE num > ? AND is_fork = 0", (num,)
             )
+            self._db.execute("DELETE FROM skipped WHERE low > ?", (num,))
+            self._db.execute("UPDATE skipped SET high = ? WHERE high > ?", (num, num))
             return cur.rowcount
+
+    def skip(self, low: int, high: int) -> None:
+        """Record heights `low`..`high` as skipped: no replica held them any more when the
+        checker reached them, so they were never confirmed (nor will be)."""
+        with self._db:
+            self._db.execute("INSERT OR REPLACE INTO skipped VALUES (?, ?)", (low, high))
+
+    def skipped_at(self, num: int) -> tuple[int, int] | None:
+        """The skipped range that holds height `num`, or None."""
+        row = self._db.execute(
+            "SELECT low, high FROM skipped WHERE low <= ? AND high >= ? ORDER BY low DESC",
+            (num, num),
+        ).fetchone()
+        return (row[0], row[1]) if row else None
 
     def demote(self, num: int) -> None:
         """A confirmed block that the replicas no longer hold (a reorg below): mark it fork."""

@@ -55,7 +55,15 @@ def checker_methods(ledger: Ledger) -> dict[str, Handler]:
     async def get_block_by_height(params: Any) -> dict[str, object]:
         (height,) = _params(params, ["height"])
         h = _height(height)
-        return found(ledger.at_height(h), f"height {h}")
+        record = ledger.at_height(h)
+        skipped = ledger.skipped_at(h) if record is None else None
+        if skipped is not None:
+            low, high = skipped
+            raise _fail(
+                f"height {h} is not a confirmed block: it was skipped (heights {low}..{high}: "
+                "no replica held them any more when the checker reached them)"
+            )
+        return found(record, f"height {h}")
 
     async def get_block_by_id(params: Any) -> dict[str, object]:
         (block_hash,) = _params(params, ["hash"])

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from chainstate.jsonrpc import JsonRpcError
 from chainstate.rpcclient import RpcClient, RpcUnavailable
-from nodes.checker.confirm import Vote, decide, disagreement
+from nodes.checker.confirm import Decision, Vote, decide, disagreement
 from nodes.checker.ledger import BlockRecord, Ledger
 from nodes.checker.settings import CheckerSettings
 
@@ -66,6 +66,18 @@ class CheckerMetrics:
         )
         self.reorgs = Counter(
             "checker_reorgs", "Confirmed blocks later demoted to forks", registry=registry
+        )
+        self.bridged = Counter(
+            "checker_bridged_heights",
+            "Heights confirmed by descent: fewer than a quorum of replicas still held them; "
+            "those that did agreed, and their blocks link a quorum-confirmed block down to "
+            "the confirmed head",
+            registry=registry,
+        )
+        self.skipped = Counter(
+            "checker_skipped_heights",
+            "Heights skipped: no replica held them any more when the checker reached them",
+            registry=registry,
         )
         self.replica_diverged_at = Gauge(
             "checker_replica_diverged_at",
@@ -125,12 +137,127 @@ class Poller:
         await self._recheck_diverged(ranges)
         start = self._next_height(ranges, quorum)
         confirmed = 0
+        if start <= top and self._stranded(ranges, start, quorum):
+            confirmed = await self._bridge(ranges, start, quorum)
+            start = self._next_height(ranges, quorum) if confirmed else top + 1
         if start <= top:
             count = min(self.settings.batch, top - start + 1)
             views = await asyncio.gather(*(self._votes(r, start, count) for r in ranges))
-            confirmed = self._confirm_range(start, count, views, quorum)
+            confirmed += self._confirm_range(start, count, views, quorum)
         self._update_lag(ranges)
         return confirmed
+
+    def _stranded(self, ranges: dict[str, tuple[int, int]], height: int, quorum: int) -> bool:
+        """Fewer than a quorum of the replicas can ever vote at `height` again: the others
+        answer and hold only later heights (a `state` replica's window moved past it; a
+        replica never gets a pruned height back)."""
+        pruned = sum(1 for earliest, _ in ranges.values() if earliest > height)
+        return len(self.clients) - pruned < quorum
+
+    async def _bridge(self, ranges: dict[str, tuple[int, int]], start: int, quorum: int) -> int:
+        """Confirmation past heights a quorum no longer holds (docs/checker.md, "Heights a
+        quorum no longer holds"): the lowest height a quorum holds (the anchor) is confirmed
+        by a quorum as any height; each height below it down to `start` is confirmed by
+        descent when the replicas that still hold it agree on the block the height above
+        names as its parent; heights no replica holds any more are skipped (recorded, never
+        confirmed). All or nothing, in one round: nothing is confirmed while a replica that
+        may hold a height lags or does not answer, or while the holders disagree (a dispute,
+        as at any height). Returns how many heights were confirmed."""
+        anchor = sorted(earliest for earliest, _ in ranges.values())[quorum - 1]
+        views = await asyncio.gather(*(self._votes(r, anchor, 1) for r in ranges))
+        votes = [view[anchor] for view in views if anchor in view]
+        self._report_disagreement(anchor, votes)
+        top = decide(votes, quorum, len(self.clients))
+        if top.winner is None:
+            self._set_dispute(anchor, votes if disagreement(votes) else None)
+            return 0
+        lowest = min(earliest for earliest, _ in ranges.values())
+        if lowest > start and len(ranges) < len(self.clients):
+            return 0  # a replica that does not answer now may hold the heights below `lowest`
+        floor = max(start, lowest)  # start..floor-1: no replica holds them any more
+        held = await self._held(ranges, floor, anchor)
+        if held is None:
+            return 0  # a holder did not answer: next round
+        accepted = [(anchor, top)]
+        expected = top.winner.parent_id
+        for height in range(anchor - 1, floor - 1, -1):
+            decision = self._by_descent(height, held.get(height, []), expected)
+            if decision is None:
+                return 0
+            accepted.append((height, decision))
+            expected = decision.winner.parent_id  # type: ignore[union-attr]
+        below = self.ledger.at_height(floor - 1) if floor == start else None
+        if below is not None and below.id != expected:
+            log.warning("checker: reorg below %d, demoting confirmed block %s", floor, below.id)
+            self.ledger.demote(floor - 1)
+            self.metrics.reorgs.inc()
+            return 0
+        self._commit_bridge(start, floor, accepted)
+        return len(accepted)
+
+    def _commit_bridge(self, start: int, floor: int, accepted: list[tuple[int, Decision]]) -> None:
+        """Record `_bridge`'s outcome: heights `start`..`floor`-1 skipped, the accepted ones
+        (the anchor first in `accepted`, then downwards) confirmed from the lowest up, so a
+        checker stopped halfway continues from the highest one it recorded."""
+        anchor = accepted[0][0]
+        if floor > start:
+            self.ledger.skip(start, floor - 1)
+            self.metrics.skipped.inc(floor - start)
+            log.warning(
+                "checker: heights %d..%d skipped: no replica holds them any more (every "
+                "replica's earliest height is above them); they stay unconfirmed",
+                start,
+                floor - 1,
+            )
+        if anchor > floor:
+            self.metrics.bridged.inc(anchor - floor)
+            log.warning(
+                "checker: heights %d..%d confirmed by descent from %d: fewer than a quorum "
+                "of replicas still hold them",
+                floor,
+                anchor - 1,
+                anchor,
+            )
+        odd: set[str] = set()
+        for height, decision in reversed(accepted):
+            odd |= self._accept(height, decision)
+        self._flag_odd(odd)
+
+    def _by_descent(self, height: int, votes: list[Vote], expected: str) -> Decision | None:
+        """The decision at a height fewer than a quorum hold: the block must be `expected`
+        (the parent the confirmed height above names), and a majority of the replicas
+        holding it must agree on its validation hash; replicas holding another block lost.
+        None (nothing is confirmed this round) while no replica has it yet (one lags) or
+        when the holders disagree (reported as the dispute)."""
+        if not votes:
+            return None
+        self._report_disagreement(height, votes)
+        linked = [v for v in votes if v.id == expected]
+        decision = decide(linked, len(linked) // 2 + 1, len(linked))
+        if decision.winner is None:
+            self._set_dispute(height, votes)
+            return None
+        losers = [v for v in votes if v.id != expected]
+        return Decision(decision.winner, losers, decision.diverged, decision.final)
+
+    async def _held(
+        self, ranges: dict[str, tuple[int, int]], low: int, high: int
+    ) -> dict[int, list[Vote]] | None:
+        """Every replica's votes at heights `low`..`high`-1 it holds (fetched `batch` heights
+        at a time), per height; None when a replica did not answer."""
+        calls = []
+        for replica, (earliest, latest) in ranges.items():
+            first, last = max(low, earliest), min(high - 1, latest)
+            for at in range(first, last + 1, self.settings.batch):
+                count = min(self.settings.batch, last - at + 1)
+                calls.append(self._fetch(replica, at, count))
+        held: dict[int, list[Vote]] = {}
+        for view in await asyncio.gather(*calls):
+            if view is None:
+                return None
+            for height, vote in view.items():
+                held.setdefault(height, []).append(vote)
+        return held
 
     async def _unwind(self, ranges: dict[str, tuple[int, int]], top: int, quorum: int) -> None:
         """A reorg below the confirmed head (a write node rolled back and the replicas with
@@ -182,19 +309,30 @@ class Poller:
                 self.metrics.reorgs.inc()
                 done = height - start
                 break
-            forks = [self._record(v, fork=True) for v in decision.losers]
-            self.ledger.confirm(self._record(decision.winner, fork=False), forks)
-            self.metrics.confirmed_height.set(height)
-            self._set_dispute(height, None)
-            against = {*decision.diverged, *(v.replica for v in decision.losers)}
-            for replica in against:
-                self.metrics.replica_disagreements.labels(replica).inc()
-                self._mark_diverged(replica, height)
-            odd |= against
+            odd |= self._accept(height, decision)
         if done:
-            for replica in self.clients:
-                self.metrics.replica_diverged.labels(replica).set(1 if replica in odd else 0)
+            self._flag_odd(odd)
         return done
+
+    def _accept(self, height: int, decision: Decision) -> set[str]:
+        """Confirm the winner at `height` (the losers recorded as forks); returns the
+        replicas that held another block or validation hash there (flagged)."""
+        assert decision.winner is not None
+        forks = [self._record(v, fork=True) for v in decision.losers]
+        self.ledger.confirm(self._record(decision.winner, fork=False), forks)
+        self.metrics.confirmed_height.set(height)
+        self._set_dispute(height, None)
+        against = {*decision.diverged, *(v.replica for v in decision.losers)}
+        for replica in against:
+            self.metrics.replica_disagreements.labels(replica).inc()
+            self._mark_diverged(replica, height)
+        return against
+
+    def _flag_odd(self, odd: set[str]) -> None:
+        """checker_replica_diverged after a round that confirmed heights: 1 for the
+        replicas that disagreed with one of them."""
+        for replica in self.clients:
+            self.metrics.replica_diverged.labels(replica).set(1 if replica in odd else 0)
 
     def _mark_diverged(self, replica: str, height: int) -> None:
         if self.ledger.mark_diverged(replica, height):
@@ -307,6 +445,11 @@ class Poller:
         return earliest, latest
 
     async def _votes(self, replica: str, start: int, count: int) -> dict[int, Vote]:
+        """What `replica` holds at `start`..+count ({} when it did not answer)."""
+        return await self._fetch(replica, start, count) or {}
+
+    async def _fetch(self, replica: str, start: int, count: int) -> dict[int, Vote] | None:
+        """What `replica` holds at `start`..+count, or None when it did not answer."""
         try:
             items = await self.clients[replica].call("blockx_getValidation", [start, count])
             return {
@@ -317,4 +460,4 @@ class Poller:
             }
         except (RpcUnavailable, JsonRpcError, KeyError, TypeError, ValueError) as exc:
             log.info("checker: replica %s: blockx_getValidation failed: %s", replica, exc)
-            return {}
+            return None

@@ -207,7 +207,7 @@ class Ingest:
                 await self._apply(block)
             except ParentMismatch as exc:
                 log.info("state ingest: reorg at block %d: %s", block.number, exc)
-                await self._rollback()
+                await self._reorg(rpc, src_head)
                 return True
         return True
 
@@ -223,10 +223,49 @@ class Ingest:
         theirs = await self._parsed(raw, src_head)  # (a bad block still raises here)
         if theirs.hash == ours:
             return False
-        log.info("state ingest: source replaced block %d (reorg); rolling back", src_head)
-        while (mine := self.store.head_hash()) is not None and mine[0] >= src_head:
-            await self._rollback()
+        log.info("state ingest: source replaced block %d (reorg)", src_head)
+        await self._reorg(rpc, src_head)
         return True
+
+    async def _reorg(self, rpc: RpcClient, src_head: int) -> None:
+        """The source replaced blocks this node holds: find the fork point (the highest
+        height whose block the source still has), fetch the source's blocks above it (up to
+        this node's head at least, where the source has them) and replace this node's blocks
+        with them in one store transaction. Readers see the old chain or the new one, never
+        the fork point between: a reorg to a chain as long does not lower the node's head,
+        so a proxy that answered `latest` at that height finds it held while the node
+        reorganises. Nothing changes when a step fails (the next round tries again)."""
+        mine = self.store.head_hash()
+        bounds = self.store.bounds()
+        if mine is None or bounds is None:
+            return
+        head = mine[0]
+        fork = min(head, src_head)
+        while True:
+            ours = self.store.hash_at(fork) if fork >= bounds[0] else None
+            if ours is None:
+                raise ReorgTooDeep(
+                    f"the source replaced block {bounds[0]}, this node's earliest block (a "
+                    f"`{self.store.kind}` node keeps "
+                    f"{self.store.window if self.store.kind == 'state' else 'all'} blocks)"
+                )
+            if _header_hash(await rpc.call("trace_vendorBlock", [hex(fork)])) == ours:
+                break
+            fork -= 1
+        top = min(src_head, max(head, fork + self.settings.fetch_concurrency))
+        blocks = await asyncio.gather(*(self._fetch(rpc, h) for h in range(fork + 1, top + 1)))
+        if self.hot is not None:  # (above the fork point, reads go to the store meanwhile)
+            for height in range(head, fork, -1):
+                self.hot.rolled_back(height)
+        verify_pre = self.settings.verify_pre
+        await asyncio.to_thread(self.store.replace, head - fork, blocks, verify_pre=verify_pre)
+        if self.hot is not None:
+            earliest = self.store.bounds()
+            for block in blocks:
+                self.hot.applied(block.number, block_writes(block), earliest[0] if earliest else 0)
+        self.metrics.rollbacks.inc(head - fork)
+        self.metrics.applied.inc(len(blocks))
+        self.publish_metrics()
 
     async def _fetch(self, rpc: RpcClient, height: int) -> VendorBlock:
         return await self._parsed(await rpc.call("trace_vendorBlock", [hex(height)]), height)
@@ -251,6 +290,8 @@ class Ingest:
         self.publish_metrics()
 
     async def _rollback(self) -> None:
+        """Remove the head block (a rollback by hand; ingest replaces reorganised blocks in
+        one step, `_reorg`)."""
         new_head = await asyncio.to_thread(self.store.rollback)
         if self.hot is not None:
             self.hot.rolled_back(new_head + 1)

@@ -757,6 +757,25 @@ class StateStore:
         for extension in self.extensions:
             extension.pruned(txn, new_earliest)
 
+    def replace(self, depth: int, blocks: list[VendorBlock], *, verify_pre: bool = True) -> int:
+        """A reorg in one transaction: roll back the `depth` newest blocks and apply `blocks`
+        (the new chain above the fork point), so a reader sees the old chain or the new one,
+        never the fork point between; raises StoreError and changes nothing when a step
+        fails. Returns the new head height."""
+
+        def replace(txn: lmdb.Transaction) -> int:
+            for _ in range(depth):
+                self._rollback(txn)
+            for block in blocks:
+                self._apply(txn, block, verify_pre)
+            bounds = self._bounds(txn)
+            assert bounds is not None  # (a rollback keeps the earliest block)
+            return bounds[1]
+
+        new_head: int = self._write(replace)
+        self.rollbacks += depth
+        return new_head
+
     def rollback(self) -> int:
         """Remove the head block (one transaction); returns the new head height."""
         try:

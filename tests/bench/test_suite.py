@@ -61,7 +61,11 @@ def test_suite_measures_every_case_and_stops_everything(tmp_path: Path) -> None:
         )
         assert direct["requests"] > 0 and not direct["errors"] and not proxy["errors"]
         assert direct["items_ok"] == direct["requests"] * case["batch"]
-        assert direct["cpu_us_per_req"] > 0 and proxy["cpu_us_per_req"] > 0, case  # pids known
+        # pids known: every target's CPU was read. A 0.1 s run may read 0: the kernel counts
+        # CPU in clock ticks (10 ms), and a loaded machine may give a process less than one.
+        assert direct["cpu_us_per_req"] >= 0 and proxy["cpu_us_per_req"] >= 0
+    cpu = [t["cpu_us_per_req"] for c in report["cases"] for t in c["targets"].values()]
+    assert sum(cpu) > 0  # (read from the processes, not a constant)
     assert "batch100" in render(report)
     # the proxy with busy polling is started too, and measured in the c=1 case alone
     measured = {c["case"]: "proxy-busy-poll" in c["targets"] for c in report["cases"]}

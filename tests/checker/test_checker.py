@@ -29,6 +29,7 @@ class Replica:
 
     def __init__(self, registry: InprocRegistry, name: str, head: int, tag: str = "a") -> None:
         self.name, self.earliest, self.down = name, 0, False
+        self.refuse_below: int | None = None  # blockx_getValidation below it fails
         self.blocks: dict[int, tuple[str, str, str]] = {}
         self.extend(tag, 0, head)
         d = Dispatcher(name)
@@ -41,6 +42,12 @@ class Replica:
             parent = self.blocks[h - 1][0] if h > 0 else "0x" + "00" * 32
             self.blocks[h] = (bhash(tag, h), parent, vhash(tag, h))
         for h in [h for h in self.blocks if h > end]:
+            del self.blocks[h]
+
+    def prune(self, earliest: int) -> None:
+        """A `state` replica's window moved: heights below `earliest` are gone."""
+        self.earliest = earliest
+        for h in [h for h in self.blocks if h < earliest]:
             del self.blocks[h]
 
     def corrupt(self, height: int) -> None:
@@ -57,6 +64,8 @@ class Replica:
 
     async def _validation(self, params):
         start, count = params
+        if self.refuse_below is not None and start < self.refuse_below:
+            raise JsonRpcError(-32603, "replica failed")
         return [
             {"height": h, "id": b[0], "parent_id": b[1], "validation_hash": b[2]}
             for h in range(start, start + count)
@@ -391,5 +400,92 @@ async def test_replicas_only_behind_keep_the_confirmed_blocks(registry, tmp_path
         assert (await rpc(node, "getLatestBlock"))["id"] == bhash("a", 10)
         assert await rpc(node, "blockIsValid", bhash("a", 9)) is True
         assert metric(node, "checker_reorgs_total") in (None, 0.0)
+    finally:
+        await node.close()
+
+
+async def pruned_past_the_checker(registry, tmp_path, states: int, archives: int, quorum=0):
+    """`states` state replicas and `archives` archive replicas at head 4, confirmed by a
+    checker; then the chain grows to 12 at once and the state replicas keep 9..12 only."""
+    states_ = [Replica(registry, f"s{i}", head=4) for i in range(states)]
+    archives_ = [Replica(registry, f"a{i}", head=4) for i in range(archives)]
+    node = await make_checker(registry, [*states_, *archives_], tmp_path, quorum=quorum)
+    await settle(node, 1)
+    assert (await rpc(node, "getLatestBlock"))["num"] == 4
+    for r in (*states_, *archives_):
+        r.extend("a", 5, 12)
+    for r in states_:
+        r.prune(9)
+    return node, states_, archives_
+
+
+async def test_holders_of_pruned_heights_that_disagree_are_a_dispute(registry, tmp_path):
+    """Heights 5..8 only the two archives hold (quorum 3 of 4): at 6 they hold the same
+    block with other validation hashes, so nothing is confirmed by descent; the dispute is
+    reported as at any height, and confirmation goes on once it is resolved."""
+    node, _, archives = await pruned_past_the_checker(registry, tmp_path, 2, 2, quorum=3)
+    try:
+        archives[1].corrupt(6)
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["num"] == 4
+        health = node.health()
+        assert health["status"] == "disagreement" and health["disagreement"]["height"] == 6
+        archives[1].extend("a", 0, 12)  # resynced
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["num"] == 12
+        assert node.health()["status"] == "ok"
+        assert metric(node, "checker_bridged_heights_total") == 4
+    finally:
+        await node.close()
+
+
+async def test_a_holder_without_the_quorums_ancestor_is_a_dispute(registry, tmp_path):
+    """The archive, the only replica still holding 5..8, holds at 7 another block than the
+    one the quorum-confirmed 9 descends from: nothing is confirmed below 9 on its word."""
+    node, _, archives = await pruned_past_the_checker(registry, tmp_path, 1, 1)
+    try:
+        _, parent, _ = archives[0].blocks[7]
+        archives[0].blocks[7] = (bhash("z", 7), parent, vhash("z", 7))
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["num"] == 4
+        assert node.health()["disagreement"]["height"] == 7
+        assert metric(node, "checker_skipped_heights_total") == 0
+    finally:
+        await node.close()
+
+
+async def test_a_holder_that_does_not_answer_is_waited_for(registry, tmp_path):
+    node, _, archives = await pruned_past_the_checker(registry, tmp_path, 1, 1)
+    try:
+        archives[0].refuse_below = 9  # it answers its range, not the heights below 9
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["num"] == 4
+        assert metric(node, "checker_skipped_heights_total") == 0
+        archives[0].refuse_below = None
+        await settle(node)
+        assert (await rpc(node, "getLatestBlock"))["num"] == 12
+    finally:
+        await node.close()
+
+
+async def test_a_reorg_below_heights_a_quorum_no_longer_holds(registry, tmp_path):
+    """The replicas reorganised from height 3 while the state replica pruned to 9: the
+    archive's blocks link the quorum's 9 down to y3, whose parent is a2, so a3 and a4 are
+    demoted and 3..12 of the new chain confirmed."""
+    state, archive = Replica(registry, "s", head=4), Replica(registry, "a", head=4)
+    node = await make_checker(registry, [state, archive], tmp_path)
+    try:
+        await settle(node, 1)
+        for r in (state, archive):
+            r.extend("y", 3, 12)
+        state.prune(9)
+        await settle(node, 6)
+        assert (await rpc(node, "getLatestBlock"))["id"] == bhash("y", 12)
+        assert (await rpc(node, "getBlockByHeight", 3))["id"] == bhash("y", 3)
+        assert (await rpc(node, "getBlockByHeight", 2))["id"] == bhash("a", 2)
+        assert await rpc(node, "blockIsValid", bhash("a", 4)) is False
+        assert await rpc(node, "blockIsValid", bhash("a", 3)) is False
+        assert metric(node, "checker_reorgs_total") == 2
+        assert metric(node, "checker_bridged_heights_total") == 9 - 3
     finally:
         await node.close()

@@ -15,6 +15,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from chainstate.busypoll import BusyPoll
 from chainstate.httpserver import HttpServer, Request, Response, ServerLimits
 from tests.conftest import raw_post
 
@@ -515,47 +516,89 @@ async def test_idle_connections_past_the_fd_limit_do_not_lock_new_clients_out() 
 
 
 async def _cpu_while_waiting(seconds: float) -> float:
-    """CPU seconds this process used while its loop waited `seconds` for nothing."""
+    """CPU seconds this process used while its loop waited `seconds` for nothing (a bound
+    from above only: a loaded machine gives a process less CPU, never more)."""
     start = time.process_time()
     await asyncio.sleep(seconds)
     return time.process_time() - start
 
 
+# Turns a polling loop makes at least in a window of 0.3 s. The loop records its own turns, so
+# a loaded machine that preempts it lowers the count but cannot make it sleep: idle, ~100k
+# turns in 0.3 s on the project's VM, ~10k with ten CPU hogs beside it; a loop that sleeps
+# between turns makes a few.
+MANY_TURNS = 100
+
+
+async def _window_closed(poll: BusyPoll) -> None:
+    """Until the loop stopped polling by itself (bounded: its window and a loaded machine's
+    delays are far below it)."""
+    for _ in range(500):
+        if not poll.spinning:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("still polling 10 s after its last request or answer")
+
+
+async def _asleep(poll: BusyPoll) -> bool:
+    """Whether the loop makes no polling turn, and spends next to no CPU, for 0.2 s."""
+    turns = poll.turns
+    return await _cpu_while_waiting(0.2) < 0.05 and poll.turns == turns and not poll.spinning
+
+
 async def test_busy_poll_keeps_the_loop_polling_for_its_window_after_a_request(serve) -> None:
-    """With `busy_poll` the loop does not sleep for that long after a request's bytes (it
-    polls, spending CPU, so bytes from another core are seen without a wake-up), then stops by
-    itself; without it the loop sleeps at once; a close stops it."""
+    """With `busy_poll` the loop does not sleep for that long after a request's bytes: it
+    keeps turning (polling without blocking, so bytes from another core are seen without a
+    wake-up) until the window has passed, then stops by itself and sleeps; without it the
+    loop sleeps at once; a close stops it at its next turn. The loop's own record of its
+    turns is asserted, not the CPU it got, which a loaded machine takes away."""
     idle = await serve()
     client = await Client.open(idle.port)
     await client.send(raw_post(b"ping"))
     assert (await client.answer())[2] == b"ping"
-    assert await _cpu_while_waiting(0.2) < 0.05  # asleep: no busy polling by default
+    assert idle.poll is None and await _cpu_while_waiting(0.2) < 0.05  # no polling by default
     client.close()
 
     server = await serve(busy_poll=0.6)
+    poll = server.poll
+    assert poll is not None and poll.turns == 0  # (nothing to poll for before a request)
     client = await Client.open(server.port)
+    sent = time.perf_counter()
     await client.send(raw_post(b"ping"))
     assert (await client.answer())[2] == b"ping"
-    assert await _cpu_while_waiting(0.2) > 0.08  # polling through the window
-    await asyncio.sleep(0.5)
-    assert await _cpu_while_waiting(0.2) < 0.05  # the window closed: asleep again
+    turns = poll.turns
+    await _window_closed(poll)
+    assert poll.stopped - sent >= 0.6  # polled through its window
+    assert poll.turns - turns >= MANY_TURNS  # turning, not sleeping, after the answer too
+    assert await _asleep(poll)  # the window closed: asleep again
+
+    long = await serve(busy_poll=60.0)  # (a window no delay of a loaded machine closes)
+    assert long.poll is not None
+    client = await Client.open(long.port)
     await client.send(raw_post(b"again"))
     assert (await client.answer())[2] == b"again"
-    await server.close()
-    assert await _cpu_while_waiting(0.2) < 0.05  # a close ends the polling at once
+    assert long.poll.spinning
+    await long.close()
+    await asyncio.sleep(0)  # (the turn scheduled before the close runs first)
+    assert await _asleep(long.poll)  # a close ends the polling at once
 
 
 async def test_busy_poll_window_starts_again_when_an_answer_goes_out(serve) -> None:
     """An answer written later (a proxy's, once its node answered) opens the window again:
     the client's next request comes after the answer, so that is when polling pays."""
     server = await serve(busy_poll=0.3)
+    poll = server.poll
+    assert poll is not None
     client = await Client.open(server.port)
     post = b"POST /?delay=0.45 HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nslow"
+    sent = time.perf_counter()
     await client.send(post)  # the request's window closes at 0.3 s, the answer is at 0.45 s
     assert (await client.answer())[2] == b"slow"
-    assert await _cpu_while_waiting(0.2) > 0.08  # polling again after the answer
-    await asyncio.sleep(0.3)
-    assert await _cpu_while_waiting(0.2) < 0.05  # and asleep once that window closed
+    turns = poll.turns
+    await _window_closed(poll)
+    assert poll.stopped - sent >= 0.45 + 0.3  # polling again for a window after the answer
+    assert poll.turns - turns >= MANY_TURNS
+    assert await _asleep(poll)  # and asleep once that window closed
 
 
 # ---- the client's usual head, read without llhttp (`_Connection._plain`) -----------------
@@ -665,12 +708,17 @@ async def test_an_answer_while_polling_extends_the_window(serve) -> None:
     """An answer that goes out while the loop still polls for the request (the kick without
     its call: `hot` set) makes the window run from the answer, not from the request."""
     server = await serve(busy_poll=0.6)
+    poll = server.poll
+    assert poll is not None
     client = await Client.open(server.port)
     post = b"POST /?delay=0.3 HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nslow"
+    sent = time.perf_counter()
     await client.send(post)  # the request's window would close at 0.6 s, the answer's at 0.9
     assert (await client.answer())[2] == b"slow"
-    await asyncio.sleep(0.4)
-    assert await _cpu_while_waiting(0.2) > 0.08  # 0.7-0.9 s: still polling
+    turns = poll.turns
+    await _window_closed(poll)
+    assert poll.stopped - sent >= 0.3 + 0.6  # still polling past the request's window
+    assert poll.turns - turns >= MANY_TURNS
 
 
 async def test_a_handler_answers_early_once_and_its_own_result_is_dropped() -> None:

@@ -2,7 +2,10 @@
 archive node ingesting at their own pace): alternating `eth_blockNumber` and
 `eth_getBlockByNumber("latest")`, on one connection and on two at once, never answer a
 block lower than one already answered before the request was sent, and the two methods
-agree. `LATEST_REQUESTS` sets the number of requests (the issue's check: 10,000)."""
+agree. Each run of requests lasts until the chain moved by at least two blocks (and at least
+`LATEST_REQUESTS` requests were sent, the issue's check: 10,000), whatever the machine's
+speed: a fixed count sent on a fast machine, or before the stack made its first blocks, may
+see no block arrive at all."""
 
 from __future__ import annotations
 
@@ -19,6 +22,10 @@ import pytest
 from tests.e2e.stack import Stack, write_config
 
 REQUESTS = int(os.environ.get("LATEST_REQUESTS", "600"))
+NEW_BLOCKS = 2  # blocks that arrive while each run of requests goes on
+# The longest a run waits for them: the devnet makes a block a second, so this is only hit
+# when the chain stopped (then the test says so instead of running on).
+BLOCKS_WITHIN_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +62,30 @@ class Seen:
             self.first = got
 
 
-async def alternate(url: str, n: int, seen: Seen, batch_every: int = 0) -> None:
-    """`n` requests on one keep-alive connection, alternating the two methods (every
-    `batch_every`-th a batch of both, whose two answers must name the same block)."""
+class Run:
+    """When a run of requests (on one connection or several) is done: at least `minimum`
+    answers and NEW_BLOCKS blocks above the first one answered, or BLOCKS_WITHIN_S passed."""
+
+    def __init__(self, seen: Seen, minimum: int) -> None:
+        self.seen = seen
+        self.minimum = minimum
+        self.deadline = time.monotonic() + BLOCKS_WITHIN_S
+
+    def moved(self) -> bool:
+        first = self.seen.first
+        return first is not None and self.seen.highest >= first + NEW_BLOCKS
+
+    def done(self) -> bool:
+        if self.seen.answers >= self.minimum and self.moved():
+            return True
+        return time.monotonic() > self.deadline
+
+
+async def alternate(url: str, run: Run, batch_every: int = 0) -> None:
+    """Requests on one keep-alive connection until `run` is done, alternating the two
+    methods (every `batch_every`-th a batch of both, whose two answers must name the same
+    block)."""
+    seen = run.seen
     number = {"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber", "params": []}
     block = {
         "jsonrpc": "2.0",
@@ -68,8 +96,10 @@ async def alternate(url: str, n: int, seen: Seen, batch_every: int = 0) -> None:
     bodies = [orjson.dumps(number), orjson.dumps(block), orjson.dumps([number, block])]
     connector = aiohttp.TCPConnector(limit=1)
     async with aiohttp.ClientSession(connector=connector) as session:
-        for i in range(n):
+        i = 0
+        while not run.done():
             which = 2 if batch_every and i % batch_every == 0 else i % 2
+            i += 1
             before = seen.highest  # answered before this request was sent
             async with session.post(url, data=bodies[which]) as resp:
                 answer = orjson.loads(await resp.read())
@@ -81,30 +111,41 @@ async def alternate(url: str, n: int, seen: Seen, batch_every: int = 0) -> None:
                 seen.answered(height(answer), before)
 
 
+async def serving_blocks(url: str) -> int:
+    """The proxy's head once it is above block 0: the stack has made its first blocks and
+    its nodes ingested them (under load that takes a while after `chainstate up` is up)."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "eth_blockNumber", "params": []}
+    deadline = time.monotonic() + BLOCKS_WITHIN_S
+    async with aiohttp.ClientSession() as session:
+        while True:
+            async with session.post(url, json=body) as resp:
+                answer = await resp.json()
+            head = int(answer["result"], 16) if "result" in answer else 0
+            if head > 0:
+                return head
+            assert time.monotonic() < deadline, f"the proxy still serves block 0: {answer}"
+            await asyncio.sleep(0.2)
+
+
 @pytest.mark.timeout(600)
 async def test_latest_never_goes_backwards_through_chainstate_up(stack) -> None:
     url = stack.url("8663") + "/1337"
+    await serving_blocks(url)
     one = Seen()
     started = time.monotonic()
-    await alternate(url, REQUESTS, one, batch_every=7)
+    run_one = Run(one, REQUESTS)
+    await alternate(url, run_one, batch_every=7)
     two = Seen()
-    # The requests take well under a second here and anvil mines one block a second: the
-    # two connections go on (REQUESTS more each round) until a block has arrived meanwhile.
-    deadline = time.monotonic() + 10
-    while True:
-        await asyncio.gather(
-            alternate(url, REQUESTS // 2, two, batch_every=5),
-            alternate(url, REQUESTS // 2, two),
-        )
-        if two.highest > (one.first or 0) or time.monotonic() > deadline:
-            break
+    run_two = Run(two, 2 * (REQUESTS // 2))
+    await asyncio.gather(alternate(url, run_two, batch_every=5), alternate(url, run_two))
     took = time.monotonic() - started
     print(
-        f"{REQUESTS} requests on one connection, blocks {one.first}..{one.highest}; "
+        f"{one.answers} requests on one connection, blocks {one.first}..{one.highest}; "
         f"{two.answers} on two, blocks {two.first}..{two.highest}; {took:.1f} s; "
         f"lower answers: {len(one.lower)} and {len(two.lower)}"
     )
-    assert one.answers == REQUESTS and two.answers % (2 * (REQUESTS // 2)) == 0
     assert not one.lower, one.lower[:10]
     assert not two.lower, two.lower[:10]
-    assert two.highest > one.first, "no block arrived while the requests ran"
+    for run in (run_one, run_two):  # (else the deadline ended it: the chain stopped)
+        assert run.moved(), f"fewer than {NEW_BLOCKS} blocks arrived in {BLOCKS_WITHIN_S} s"
+    assert one.answers >= REQUESTS and two.answers >= 2 * (REQUESTS // 2)

@@ -225,9 +225,15 @@ def test_a_writer_added_to_an_existing_chain_can_lead(tmp_path):
         assert emitted[0] == emitted[1] and BEEF in emitted[0]["StateDiff"]["post"]
         answer = post(admin + "/writers/switchLeader", {"key": "writer-2"})
         assert answer["leader"]["key"] == "writer-2" and answer["forced"] is False
+        for port in STATE_NODES.values():  # (each looks the Leader up every second)
+            wait_for(
+                lambda p=port: get(stack.url(p) + "/health")["source"] == "inproc://writer-2",
+                what="the state nodes to follow writer-2",
+            )
+        before = metric(stack, "8669", VENDOR, method="trace_vendorBlock")
         head = int(stack.rpc("eth_blockNumber"), 16)
         wait_for(lambda: ingested(stack, head + 3), what="ingest from writer-2")
-        assert get(stack.url("8666") + "/health")["source"] == "inproc://writer-2"
+        assert metric(stack, "8669", VENDOR, method="trace_vendorBlock") > before
         assert "write node writer-2: new on an existing chain" in "".join(stack.output)
     finally:
         assert stack.stop() == 0, "".join(stack.output)

@@ -147,6 +147,11 @@ def etcd_not_started(tmp_path: Path) -> Iterator[EtcdServer]:
         server.stop()
 
 
+def _arg(args: tuple[str, ...], name: str) -> str | None:
+    """The value of option `name` in a command line, or None."""
+    return args[args.index(name) + 1] if name in args else None
+
+
 class ProxyProcess:
     """`chainstate proxy` as a subprocess, with stdout (banner, console spans) and stderr
     (JSON logs) kept in files for assertions."""
@@ -154,6 +159,12 @@ class ProxyProcess:
     def __init__(self, workdir: Path, name: str, *args: str, env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # readiness is `/metrics` answering: on the admin listener (its own port when given),
+        # behind the admin token when the proxy has one
+        token = _arg(args, "--admin-token")
+        self.auth = {"Authorization": f"Bearer {token}"} if token else {}
+        admin_port = _arg(args, "--admin-port")
+        self.admin_url = f"http://127.0.0.1:{admin_port}" if admin_port else self.url
         self.stdout_path = workdir / f"{name}.out"
         self.stderr_path = workdir / f"{name}.err"
         config = workdir / f"{name}.toml"
@@ -173,7 +184,9 @@ class ProxyProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"proxy exited {self.proc.returncode}: {self.stderr()}")
             try:
-                with urllib.request.urlopen(f"{url or self.url}/metrics", timeout=1):
+                metrics = f"{url or self.admin_url}/metrics"
+                ready = urllib.request.Request(metrics, headers=self.auth)
+                with urllib.request.urlopen(ready, timeout=1):
                     return self
             except (urllib.error.URLError, OSError):
                 time.sleep(0.05)

@@ -126,6 +126,39 @@ async def test_reorg_at_the_same_height_is_noticed_when_idle(make_node: Any) -> 
     assert_matches(node, fork, addrs)
 
 
+async def test_a_reorg_is_one_step_for_readers(make_node: Any) -> None:
+    """The source replaces its last 3 blocks by 3 others (anvil_reorg 3): a reader of the
+    node sees head 29 of the old chain, then head 29 of the new one, never a lower head
+    between (a proxy that answered `latest` at 29 keeps finding the height held)."""
+    chain, addrs = random_chain(seed=48, blocks=30)
+    registry = InprocRegistry()
+    source = ChainSource(chain)
+    registry.register("w", source.handle_body)
+    node = await make_node("inproc://w", registry, kind="state", window=20)
+    await node.ingest.wait_for_height(29, within=10)
+    fork = chain.fork(26, "same-length")
+    extend(fork, addrs, 3, seed=8)
+    assert fork.head == chain.head
+    heads: list[int] = []
+    stop = asyncio.Event()
+
+    async def read() -> None:
+        while not stop.is_set():
+            heads.append(node.reader.range()[1])
+            await asyncio.sleep(0)
+
+    reader = asyncio.create_task(read())
+    source.chain = fork
+    try:
+        await wait_until(lambda: node.store.hash_at(29) == fork.blocks[29]["Header"]["hash"])
+    finally:
+        stop.set()
+        await reader
+    assert len(heads) > 10 and min(heads) == 29, sorted(set(heads))
+    assert_matches(node, fork, addrs)
+    assert node.metrics.rollbacks._value.get() == 3
+
+
 async def test_a_source_outage_backs_off_and_recovers(make_node: Any) -> None:
     chain, addrs = random_chain(seed=44, blocks=10)
     registry = InprocRegistry()
@@ -176,8 +209,9 @@ async def test_a_reorg_deeper_than_the_window_keeps_the_old_answers(make_node: A
     extend(fork, addrs, 25, seed=5)
     source.chain = fork
     await wait_until(lambda: "ReorgTooDeep" in (node.ingest.last_error or ""))
-    assert node.reader.range() == (25, 25)  # rolled back to its earliest block, no further
-    assert node.reader.header(25).hash == chain.blocks[25]["Header"]["hash"]
+    assert node.reader.range() == (25, 29)  # nothing rolled back: the reorg is one step
+    for height in (25, 29):
+        assert node.reader.header(height).hash == chain.blocks[height]["Header"]["hash"]
 
 
 async def test_switching_sources_continues_from_the_own_head(make_node: Any) -> None:

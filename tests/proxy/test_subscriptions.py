@@ -173,7 +173,7 @@ async def test_json_rpc_over_the_websocket(stack: EventsStack, http: aiohttp.Cli
 @pytest.mark.parametrize(
     ("params", "code", "text"),
     [
-        (["newPendingTransactions"], -32601, "Leader's execution client"),
+        (["newPendingTransactions"], -32601, "poll eth_newPendingTransactionFilter"),
         (["syncing"], -32601, 'no "syncing" subscription'),
         (["logs", {"fromBlock": "0x1"}], -32602, "does not support history"),
         (["logs", {"fromBlock": "earliest"}], -32602, "does not support history"),
