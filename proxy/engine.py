@@ -221,13 +221,15 @@ class Engine:
         headers: Mapping[str, str],
         admitted: Admitted | None = None,
         early: Callable[[bytes], Any] | None = None,
+        parsed: Any = None,
     ) -> Answer:
         """Answer one client body: (HTTP status, response body; b"" with 204), and extra
         header lines when the pool refuses it (`Retry-After` with a 503). `admitted`: what
         `admit(chain_id)` gave, when the caller asked already. `early(body)`: writes a 200
         answer to the client before this returns (a single request's node answer, final
         as the node sent it, goes out from the node connection's callback); the returned
-        answer is then the same bytes, which the caller no longer writes."""
+        answer is then the same bytes, which the caller no longer writes. `parsed`: the
+        body's batch, when the caller parsed it already (nothing changed it since)."""
         started = time.perf_counter()
         if admitted is None:
             entry = self.admit(chain_id)
@@ -236,9 +238,13 @@ class Engine:
             admitted = entry  # type: ignore[assignment]
         try:
             if self.tracer is None:
-                return await self.pipeline.run(admitted, body, headers, None, started, early)
+                return await self.pipeline.run(
+                    admitted, body, headers, None, started, early, parsed
+                )
             with self.tracer.start_as_current_span("jsonrpc.request") as span:
-                return await self.pipeline.run(admitted, body, headers, span, started, early)
+                return await self.pipeline.run(
+                    admitted, body, headers, span, started, early, parsed
+                )
         finally:
             self.admission.leave(admitted.pool)
 

@@ -98,6 +98,7 @@ class FirstBatch:
         """A batch body's first attempt (`payload`: its body parsed): its answer now, or an
         awaitable of it."""
         body, headers = request.body, request.headers
+        parsed: list[Any] | None = payload  # (None once a node in process was given it)
         if found is not None and 0 < len(payload) <= self.max_batch:
             chain, pool = found
             budget = self.budget  # (over it, admission answers 503: no answer made here)
@@ -110,6 +111,7 @@ class FirstBatch:
                 if routes.paths is None:
                     self.kept.paths(routes)
                 if routes.paths:
+                    parsed = None
                     first = payload[0]
                     if type(first) is dict and first.get("method") == CALL:
                         called = self._calls(chain, pool, routes, payload, body, headers, started)
@@ -122,7 +124,7 @@ class FirstBatch:
         admitted = self.admit(chain_id, found)
         if type(admitted) is tuple:
             return admitted
-        return self.run(chain_id, body, headers, admitted, request.answer_early)
+        return self.run(chain_id, body, headers, admitted, request.answer_early, parsed)
 
     # ---- plain reads answered now --------------------------------------------------------
 

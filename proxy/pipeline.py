@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from operator import attrgetter
 from typing import Any
 
 import orjson
@@ -34,7 +35,7 @@ from proxy.mirror import Mirrors
 from proxy.parse import MIN_BLOCK, NO_NODE_KEY, Parser, dumps_error, least, unique_ids
 from proxy.readpath import ReadPath
 from proxy.reads import MAX_KEYED_BYTES
-from proxy.request import Admitted, Answer, Ctx, Item, Row, items_of
+from proxy.request import Admitted, Answer, Ctx, Item, Row, items_of, make_row
 from proxy.rounds import Rounds
 from proxy.upstream import Upstream
 
@@ -78,9 +79,11 @@ class Pipeline:
         span: Any,
         started: float,
         early: Callable[[bytes], Any] | None = None,
+        parsed: list[Any] | None = None,
     ) -> Answer:
         """Answers one admitted client body (its books closed); `early(body)` writes a
-        single request's node answer to the client from the node connection's callback."""
+        single request's node answer to the client from the node connection's callback;
+        `parsed`: the body's batch when the caller parsed it already (not parsed again)."""
         ctx = Ctx(admitted.chain, admitted.pool)
         self.metrics.client(headers.get("client-id"))
         shape = "single"
@@ -95,10 +98,10 @@ class Pipeline:
                 status, out = 413, dumps_error(None, JsonRpcError(INVALID_REQUEST, msg))
             elif self.readpath is not None and body[:1] == b"[" and self.books.quiet():
                 shape = "batch"
-                status, out = await self.cached_batch(ctx, body)
+                status, out = await self.cached_batch(ctx, body, parsed)
             else:
                 try:
-                    payload = orjson.loads(body)
+                    payload = orjson.loads(body) if parsed is None else parsed
                 except orjson.JSONDecodeError as exc:
                     payload = None
                     msg = f"Parse error: {cut(str(exc))}"
@@ -181,7 +184,9 @@ class Pipeline:
 
     # ---- a batch -------------------------------------------------------------------------
 
-    async def cached_batch(self, ctx: Ctx, body: bytes) -> tuple[int, bytes]:
+    async def cached_batch(
+        self, ctx: Ctx, body: bytes, parsed: list[Any] | None = None
+    ) -> tuple[int, bytes]:
         """A batch body answered as a whole from the cache when the same bytes were answered
         at the request's `latest` block before (a dapp polling the same batch every block);
         else parsed and answered item by item, and kept as a whole when every item's answer
@@ -191,7 +196,7 @@ class Pipeline:
         if out is not None:
             return 200, out
         try:
-            payload = orjson.loads(body)
+            payload = orjson.loads(body) if parsed is None else parsed
         except orjson.JSONDecodeError as exc:
             msg = f"Parse error: {cut(str(exc))}"
             return 200, dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
@@ -225,10 +230,19 @@ class Pipeline:
         plain, planned, waiting, changed = rows, [], [], False
         if readpath is not None and rows:
             plain, planned, waiting, changed = readpath.plan_rows(ctx, rows, answers)
-        if not (planned or waiting or notified or self.books.tracer) and ctx.own_ids:
-            # Nothing the read path follows: the plain rows go without per-item objects.
+        if not (waiting or notified or self.books.tracer) and ctx.own_ids and _lean(planned, key):
+            # Nothing waits for an identical read: the rows go as one body without an Item
+            # per row; the items the read path pinned go with their pinned objects.
             sent = body if whole and not changed else None
-            out = await self.rounds.plain(ctx, plain, sent, answers)
+            if planned:
+                plain = _pinned_rows(plain, planned)
+                if whole and len(plain) == len(payload):  # every item sent, in order
+                    sent = _dumps_or_none([row.obj for row in plain])
+            try:
+                out = await self.rounds.plain(ctx, plain, sent, answers, planned)
+            finally:
+                for it in planned:
+                    readpath.land(it, None, answers)  # type: ignore[union-attr]
             if out is not None:
                 return 200, out
             done = [a for a in answers if a is not None]
@@ -269,6 +283,27 @@ def _dumps_or_none(objs: list[Any]) -> bytes | None:
         return orjson.dumps(objs)
     except TypeError:
         return None
+
+
+def _lean(planned: list[Item], key: Any) -> bool:
+    """Whether a batch's planned items may go with its plain rows (`Rounds.plain`): none
+    is kept off some nodes, and the batch is not cached as a whole (`key`), which needs
+    every item's answer."""
+    if not planned:
+        return True
+    return key is None and not any(it.plan.avoid for it in planned)  # type: ignore[union-attr]
+
+
+def _pinned_rows(rows: list[Row], planned: list[Item]) -> list[Row]:
+    """`rows` and the `planned` items as rows (their objects pinned), in the client's
+    order."""
+    both = [*rows, *map(make_row, map(_FIELDS, planned))]
+    both.sort(key=_POS)
+    return both
+
+
+_FIELDS = attrgetter("pos", "obj", "rid", "method", "spec", "ref", "notif", "block")
+_POS = attrgetter("pos")
 
 
 def _merged(rows: list[Row], planned: list[Item]) -> list[Item]:

@@ -16,6 +16,8 @@ Items only when the loop must go on with them.
 from __future__ import annotations
 
 import asyncio
+from bisect import bisect_left
+from operator import attrgetter
 from typing import Any
 
 import orjson
@@ -156,7 +158,12 @@ class Rounds:
         return self.classifier.sub_batch(ctx, node, items, keys, raw, answers)
 
     async def plain(
-        self, ctx: Ctx, rows: list[Row], body: bytes | None, answers: list[Any]
+        self,
+        ctx: Ctx,
+        rows: list[Row],
+        body: bytes | None,
+        answers: list[Any],
+        planned: list[Item] | None = None,
     ) -> bytes | None:
         """A batch's rows the read path does not touch, every one with its own id and an
         answer, sent as one body to one node with no `Item` per row: their answer, when it
@@ -164,12 +171,14 @@ class Rounds:
         taken as it is; `body` (the client's bytes, when every row is here unchanged) is then
         the answer's. Anything else (rows for several nodes, none eligible, a failed
         attempt, an answer to match or classify row by row) goes on in the rounds with the
-        Items made then, from the step reached."""
+        Items made then, from the step reached. `planned`: the Items of rows the read path
+        planned (their objects pinned), which go on as they are and get their answers
+        placed (the read path lands them)."""
         if not rows:
             return None
         found = self.chooser.one_node(ctx.pool, rows)
         if found is None:
-            return await self.route(ctx, items_of(rows), body, answers, False)
+            return await self.route(ctx, _items(rows, planned, None), body, answers, False)
         data = body
         if data is None:
             try:
@@ -179,18 +188,19 @@ class Rounds:
                 for i in deep:
                     self._refuse_deep(ctx, rows[i], answers)
                 rest = [row for i, row in enumerate(rows) if i not in deep]
-                return await self.plain(ctx, rest, None, answers)
+                return await self.plain(ctx, rest, None, answers, planned)
         node, cands = found
         sent = _Sent(node)
         group = Group(node, [sent], cands, BATCH if len(rows) > 1 else rows[0].method)
         try:
             node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)
         except UpstreamError as exc:
-            failed = self.classifier.failed(ctx, items_of(rows, sent.tried), exc, answers)
+            items = _items(rows, planned, sent.tried)
+            failed = self.classifier.failed(ctx, items, exc, answers)
             await self.go_on(ctx, failed, answers)
             return None
         return await self.plain_answered(
-            ctx, rows, node, sent.tried, raw, body is not None, answers
+            ctx, rows, node, sent.tried, raw, body is not None, answers, planned
         )
 
     def _refuse_deep(self, ctx: Ctx, item: Item | Row, answers: list[Any]) -> None:
@@ -208,6 +218,7 @@ class Rounds:
         raw: bytes,
         whole: bool,
         answers: list[Any],
+        planned: list[Item] | None = None,
     ) -> bytes | None:
         """`plain` once `node` answered `raw`: the node's bytes when they are the answer
         as they are and `whole` (they answer the client's body), else None with the answers
@@ -219,10 +230,12 @@ class Rounds:
         if in_order(rids, methods, parsed, raw):
             classifier.count(ctx, node, methods, None, parsed, raw)
             if whole:
+                if planned:  # (their answers, for the read path)
+                    _place_planned(rows, planned, parsed, answers)
                 return raw
             place([row.pos for row in rows], rids, parsed, answers)
             return None
-        items = items_of(rows, tried)
+        items = _items(rows, planned, tried)
         if not isinstance(parsed, list | dict):
             parsed = classifier.decode(ctx, node, items, raw)  # penalises the node
         pending = items if parsed is None else []
@@ -230,6 +243,33 @@ class Rounds:
             pending = classifier.take(ctx, node, items, rids, parsed, answers)
         await self.go_on(ctx, pending, answers)
         return None
+
+
+def _items(rows: list[Row], planned: list[Item] | None, tried: list[Node] | None) -> list[Item]:
+    """`rows` as Items for the rounds, those the read path planned as their own Items."""
+    items = items_of(rows, tried)
+    if planned:
+        own = {it.pos: it for it in planned}
+        for j, it in enumerate(items):
+            mine = own.get(it.pos)
+            if mine is not None:
+                if tried:
+                    mine.tried = list(tried)
+                items[j] = mine
+    return items
+
+
+def _place_planned(
+    rows: list[Row], planned: list[Item], parsed: list[Any], answers: list[Any]
+) -> None:
+    """The answers of the `planned` items among `rows` (`parsed`: one per row, in order)."""
+    for it in planned:
+        answer = parsed[bisect_left(rows, it.pos, key=_POS)]
+        answer["id"] = it.rid
+        answers[it.pos] = answer
+
+
+_POS = attrgetter("pos")
 
 
 async def _gather(coros: list[Any]) -> list[Any]:
