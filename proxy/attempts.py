@@ -28,17 +28,19 @@ from opentelemetry import trace
 
 from proxy import latency, outcome
 from proxy.breaker import CLOSED, HALF_OPEN
-from proxy.hedge import HedgeBudget, Race
+from proxy.hedge import TIMEOUT, HedgeBudget, Race
 from proxy.latency import LatencyWindow
 from proxy.metrics import ProxyMetrics
 from proxy.model import Node, Pool
 from proxy.outcome import UpstreamError
 from proxy.request import Group
 from proxy.settings import ProxySettings
+from proxy.transport import SentNow
 from proxy.upstream import Upstream
 
 log = logging.getLogger(__name__)
 FAILURE_COST_MS = 1000.0  # a failed attempt counts as at least this slow in the node's cost
+READ_KINDS = ("state", "archive")  # a lone node of these may be raced with another kind
 
 
 class Attempts:
@@ -71,7 +73,10 @@ class Attempts:
         """Send `body` for `group` (its node, and maybe a second one): (node, answer).
         `usable(answer)` says whether a second attempt's answer may win the race."""
         node = group.node
-        race = self._race(ctx, group, body, usable) if len(group.cands) > 1 else None
+        lone = len(group.cands) == 1
+        race = None
+        if not lone or self._lone(ctx.pool, node):
+            race = self._race(ctx, group, body, usable, lone)
         # The client may get the first attempt's answer from its connection's callback
         # (Ctx.answer_early: only an answer step 5 would return as it is). Never a second
         # attempt's: it reaches the rounds through the first one's future, and only then
@@ -95,16 +100,22 @@ class Attempts:
         return (node, raw) if race.winner is None else (race.winner, raw)
 
     def _race(
-        self, ctx: Any, group: Group, body: bytes, usable: Callable[[bytes], bool]
+        self, ctx: Any, group: Group, body: bytes, usable: Callable[[bytes], bool], lone: bool
     ) -> Race | None:
         """A race for a hedgeable group (a plain-http node: a second attempt hands its answer
-        to the first one's connection future), or None."""
+        to the first one's connection future), or None. `lone`: its node is the only one of
+        its kind: raced at the attempt timeout alone (proxy/hedge.py)."""
         node = group.node
         if not node.entry.url.startswith("http://"):
             return None
         pool: Pool = ctx.pool
-        budget = self._earn(pool)
         timers = self._timers(pool, group.lkey)
+        if lone:  # (no hedge: it would take the budget other nodes' hedges are for)
+            timeout = None if timers is None else timers[1]
+            if timeout is None:
+                return None
+            timers = None, timeout
+        budget = pool.hedge if lone and pool.hedge is not None else self._earn(pool)
         if timers is None:
             return None
         hedge, timeout = timers
@@ -113,7 +124,22 @@ class Attempts:
         def slow() -> None:
             self._late(ctx, node, timeout)
 
-        return Race(self.upstream.deadlines, budget, launch, usable, slow, hedge, timeout)
+        deadlines = self.upstream.deadlines
+        return Race(deadlines, budget, launch, usable, slow, hedge, timeout, lone)
+
+    @staticmethod
+    def _lone(pool: Pool, node: Node) -> bool:
+        """Whether an attempt to `node`, the one eligible node, may be raced with another
+        reader (the next that holds the block is found only if the attempt is late)."""
+        return len(pool.readers) > 1 and node.entry.kind in READ_KINDS
+
+    def _lone_timeout(self, pool: Pool, group: Group) -> float | None:
+        """The attempt timeout of a first attempt sent now whose node is the only eligible
+        one, when another reader may take over once it passes (`_rescue`), else None."""
+        if len(group.cands) != 1 or len(group.items) != 1 or not self._lone(pool, group.node):
+            return None
+        timers = self._timers(pool, group.lkey)
+        return None if timers is None else timers[1]
 
     def _earn(self, pool: Pool) -> HedgeBudget:
         """A first attempt that may be hedged earns the pool's hedge budget its share."""
@@ -160,7 +186,7 @@ class Attempts:
                 return False
             started = time.perf_counter()
             taken[1].transport.write(taken[0].request(body))
-            self.sent_now(ctx, group, taken, started, then)
+            self.sent_now(ctx, group, taken, started, then, body)
             return True
         items = [it.obj for it in group.items]
         landed = self._landed(ctx, group, False, time.perf_counter(), then)
@@ -187,13 +213,24 @@ class Attempts:
         taken: Any,
         started: float,
         then: Callable[[Node, Any, Any], Any],
+        body: bytes | None = None,
     ) -> None:
         """The books of a first attempt written at `started` on `connection_now`'s
         connection, and its answer's wait: kept as `attempt` keeps them, then `then(node,
-        raw, error)` runs."""
+        raw, error)` runs. A single request (`body`) to the only node of its kind with
+        another reader beside it is raced at its attempt timeout (`Rescue`)."""
         node = group.node
-        landed = self._landed(ctx, group, len(group.cands) > 1, started, then)
-        self.upstream.expect_now(taken, node.entry.url, self.ceiling, ctx, ctx.answer_early, landed)
+        url = node.entry.url
+        soft = None if body is None else self._lone_timeout(ctx.pool, group)
+        if soft is None:
+            landed = self._landed(ctx, group, len(group.cands) > 1, started, then)
+            self.upstream.expect_now(taken, url, self.ceiling, ctx, ctx.answer_early, landed)
+        else:
+            rescue = Rescue(self, ctx, group, body, soft, started, then)  # type: ignore[arg-type]
+            early = ctx.answer_early
+            self.upstream.expect_now(
+                taken, url, self.ceiling, ctx, early, rescue.landed, soft, rescue.slow
+            )
         node.inflight += 1  # (the attempt is under way: `_begin`, inline)
         ctx.nodes.append(node.key)
 
@@ -229,7 +266,7 @@ class Attempts:
         context = contextvars.copy_context() if self.tracer is not None else None
 
         def launch(trigger: str) -> asyncio.Task[tuple[Node, bytes]] | None:
-            second = self.second(group)
+            second = self.second(ctx.pool, group)
             if second is None:
                 return None
             for it in group.items:
@@ -393,6 +430,110 @@ class Attempts:
         if result.penalise:
             node.breaker.failure(node.key, why)
         self.metrics.upstream_error(node.key, result.name)
+
+
+class Rescue:
+    """A first attempt sent now (no task) to the only eligible node of its kind, raced at its
+    attempt timeout: when it is late (`slow`, at the soft deadline of its exchange), a
+    second attempt goes in a task to the next node that holds the block (`Chooser.second`);
+    the first answer usable wins, as in a `Race` (proxy/hedge.py). Until then it costs no
+    task, no timer and no deadline entry more than any first attempt sent now."""
+
+    __slots__ = (
+        "attempts",
+        "body",
+        "ctx",
+        "group",
+        "held",
+        "sent",
+        "soft",
+        "started",
+        "task",
+        "then",
+        "winner",
+    )
+
+    def __init__(
+        self,
+        attempts: Attempts,
+        ctx: Any,
+        group: Group,
+        body: bytes,
+        soft: float,
+        started: float,
+        then: Callable[[Node, Any, Any], Any],
+    ) -> None:
+        self.attempts = attempts
+        self.ctx = ctx
+        self.group = group
+        self.body = body
+        self.soft = soft  # the attempt timeout
+        self.started = started
+        self.then = then
+        self.sent: SentNow | None = None  # the first attempt's exchange, once late
+        self.task: asyncio.Task[tuple[Node, bytes]] | None = None  # the second attempt
+        self.winner: Node | None = None  # the second attempt's node, when it won
+        self.held: tuple[bytes | None, UpstreamError | None] | None = None  # the first's
+
+    def slow(self, sent: SentNow) -> None:
+        """The first attempt passed its attempt timeout: the rest of the ceiling scheduled,
+        and a second attempt started when a node can take over (only then is the first
+        counted as a timeout against its node)."""
+        attempts, ctx, group = self.attempts, self.ctx, self.group
+        attempts.upstream.deadlines.schedule(round(attempts.ceiling - self.soft, 3), sent)
+        second = attempts.second(ctx.pool, group)
+        if second is None:
+            return
+        attempts._late(ctx, group.node, self.soft)
+        for it in group.items:
+            it.tried.append(second)
+        self.sent = sent
+        coro = attempts._second(ctx, second, self.body, group, TIMEOUT)
+        self.task = asyncio.get_running_loop().create_task(coro)
+        self.task.add_done_callback(self._second_done)
+
+    def landed(self, raw: bytes | None, exc: UpstreamError | None) -> None:
+        """The first attempt's outcome (or the second one's answer, handed to its exchange
+        when it won), booked as `Attempts._landed` books it."""
+        attempts, ctx, node = self.attempts, self.ctx, self.group.node
+        node.inflight -= 1
+        elapsed = time.perf_counter() - self.started
+        if self.winner is not None:  # (its timeout was counted when the second started)
+            attempts._cut_short(ctx, node, elapsed, "lost", None)
+            self.then(self.winner, raw, None)
+            return
+        task = self.task
+        if exc is not None:
+            attempts._failed(ctx, node, exc, elapsed, None)
+        elif raw is not None:
+            attempts.answered(ctx, node, self.group.lkey, elapsed, outcome.answered(raw))
+        elif task is None:
+            ctx.nodes.pop()  # the idle connection was closed: no attempt was made
+        if task is not None and not task.done():
+            if raw is None or outcome.of_raw(raw).retry:
+                self.held = (raw, exc)  # the second attempt's answer may serve: wait
+                return
+            task.cancel()
+        self.then(node, raw, exc)
+
+    def _second_done(self, task: asyncio.Task[tuple[Node, bytes]]) -> None:
+        if task.cancelled():
+            return  # the first attempt answered
+        failed = task.exception()
+        found = None if failed is not None else task.result()
+        usable = found is not None and not outcome.of_raw(found[1]).retry
+        held = self.held
+        if held is None:  # the first attempt still waits
+            sent = self.sent
+            if usable and sent is not None and not sent.finished:
+                self.winner = found[0]  # type: ignore[index]
+                sent.set_result((200, found[1]))  # type: ignore[index]  (ends the first)
+            return
+        self.held = None
+        if usable:
+            self.then(found[0], found[1], None)  # type: ignore[index]
+        else:
+            self.then(self.group.node, *held)
 
 
 def _in_rotation(node: Node) -> None:

@@ -11,13 +11,14 @@ in-process answer), a retry (away from the nodes tried) and a hedge's second nod
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from proxy.metrics import ProxyMetrics
 from proxy.model import Node, Pool
 from proxy.request import BATCH, Ctx, Group, Item, Row
 from proxy.routes import PoolRoutes, RouteCache
 from proxy.ryw import to_leader
-from proxy.select import NoEligibleNode, Selector
+from proxy.select import NoEligibleNode, Reason, Selector
 
 Found = tuple[Node, list[Node]] | NoEligibleNode  # (the node, its candidates), or why none
 
@@ -176,9 +177,12 @@ class Chooser:
             return exc
         return self.selector.pick(nodes), nodes
 
-    def second(self, group: Group) -> Node | None:
+    def second(self, pool: Pool, group: Group) -> Node | None:
         """A second node for a slow attempt of `group` (a hedge): an eligible one no item of
-        it tried, or None."""
+        it tried, or None. A group with one candidate (the only node of its kind) gets the
+        next node that holds what it reads (`_next`: another kind, as a retry would go)."""
+        if len(group.cands) == 1:
+            return self._next(pool, group)
         tried = {id(n) for it in group.items for n in it.tried}
         others = [
             n
@@ -186,3 +190,46 @@ class Chooser:
             if id(n) not in tried and n.entry.enabled and n.healthy and not n.blocked
         ]
         return self.selector.pick(others) if others else None
+
+    def _next(self, pool: Pool, group: Group) -> Node | None:
+        """The node a retry of every item of `group` would go to, when one is known to hold
+        each item's block (not one tried only because its head lags, or its breaker is open)
+        and the items are reads a reader answers (never the Leader's: writes, `pending`).
+        Called only once an attempt is late: never on the way of an answer in time."""
+        if group.node not in pool.readers:
+            return None
+        common: list[Node] | None = None
+        seen: set[tuple[str, str | None]] = set()  # rows' (method, block text) asked already
+        for it in group.items:
+            for method, spec, ref, exclude, archive, block in _targets(it):
+                if block is not None:
+                    if (method, block) in seen:
+                        continue
+                    seen.add((method, block))
+                if spec is None or self.selector.to_leader(pool, spec, ref):
+                    return None
+                try:
+                    nodes, why = self.selector.candidates(pool, method, spec, ref, exclude, archive)
+                except NoEligibleNode:
+                    return None
+                if isinstance(why, Reason) and "+" in why.note:
+                    return None  # not known to hold the block, or ejected: no rescue
+                common = nodes if common is None else [n for n in common if n in nodes]
+                if not common:
+                    return None
+        return self.selector.pick(common) if common else None
+
+
+def _targets(it: Any) -> list[tuple[str, Any, Any, list[Node], bool, str | None]]:
+    """(method, spec, block ref, nodes to avoid, prefer archive, block text) of an entry of a
+    group: an Item, or the rows sent as one body (`Rounds.plain`: an entry with `rows`)."""
+    rows = getattr(it, "rows", None)
+    if rows is not None:
+        return [(r.method, r.spec, r.ref, it.tried, False, r.block) for r in rows]
+    spec = getattr(it, "spec", None)
+    if spec is None:
+        return [("", None, None, it.tried, False, None)]
+    plan = it.plan
+    avoid = () if plan is None else plan.avoid
+    exclude = [*it.tried, *avoid] if avoid else it.tried
+    return [(it.method, spec, it.ref, exclude, it.prefer_archive, None)]

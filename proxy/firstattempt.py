@@ -157,7 +157,7 @@ class FirstAttempt:
                         route.method,
                         len(route.nodes),
                     )
-                else:  # one candidate: no race due (`connection_now`'s answer, its calls less)
+                else:  # one candidate: no race due until it is late (`Attempts.sent_now`)
                     transport = self.transports.get(node.entry.url)  # type: ignore[union-attr]
                     if type(transport) is HttpTransport:
                         conn = transport.pool.take()
@@ -454,7 +454,7 @@ class FirstAttempt:
         landed = self._then(
             ctx, item, group, request.body, [None], started, request.headers, request.answer_later
         )
-        self.attempts.sent_now(ctx, group, taken, sent, landed)
+        self.attempts.sent_now(ctx, group, taken, sent, landed, request.body)
 
 
 async def _reraise(error: Exception) -> Any:

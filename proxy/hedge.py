@@ -12,6 +12,12 @@ soft timers on the shared deadline lanes (proxy/deadlines.py, no timer per reque
    timeout against its node's breaker, and a second attempt starts if none has (a retry
    that does not wait for the first to be given up).
 
+A read whose only eligible node is the one of its kind (one `state` node in the pool) is
+raced at the attempt timeout alone (no hedge): its second attempt goes to the next node that
+holds the block (another kind: the archive node), as its retry would, so a silent node costs
+a read the attempt timeout, not `upstream_timeout`. The lone node is struck only when such
+a node took over.
+
 The first attempt keeps running until the ceiling: whichever answers first wins. A winning
 second attempt hands its answer to the first attempt's waiting future (the connection's
 own), so the request's task awaits exactly what it awaits without hedging — the common case
@@ -76,6 +82,7 @@ class Race:
         "_timeout_after",
         "_usable",
         "lane",
+        "lone",
         "stage",
         "struck",
         "task",
@@ -93,8 +100,10 @@ class Race:
         slow: Callable[[], None],
         hedge_delay: float | None,
         attempt_timeout: float | None,
+        lone: bool = False,
     ) -> None:
         self._deadlines = deadlines
+        self.lone = lone  # the first attempt's node is the only one of its kind
         self._budget = budget
         self._launch = launch
         self._usable = usable
@@ -139,11 +148,13 @@ class Race:
                 self._start(HEDGE)
         elif self.stage == TIMEOUT:
             self.stage = ""
-            if self.waiter is not None:  # sent (not waiting for a connection): the node's fault
-                self.struck = True
-                self._slow()
             if self.task is None:
                 self._start(TIMEOUT)
+            # Sent (not waiting for a connection): the node's fault. A lone node is not
+            # struck when no other node could take over: nothing was gained by counting it.
+            if self.waiter is not None and (self.task is not None or not self.lone):
+                self.struck = True
+                self._slow()
 
     def _start(self, trigger: str) -> None:
         task = self._launch(trigger)

@@ -45,12 +45,14 @@ def _usable_batch(raw: bytes) -> bool:
 
 class _Sent:
     """The rows `plain` sends as one body, as `Attempts.exchange` sees them: one entry
-    whose nodes tried are every row's (a hedge adds its node here)."""
+    whose nodes tried are every row's (a hedge adds its node here), and the rows (a lone
+    node's second attempt goes where every row may go: `Chooser.second`)."""
 
-    __slots__ = ("tried",)
+    __slots__ = ("rows", "tried")
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, rows: list[Row]) -> None:
         self.tried = [node]
+        self.rows = rows
 
 
 class Rounds:
@@ -190,7 +192,7 @@ class Rounds:
                 rest = [row for i, row in enumerate(rows) if i not in deep]
                 return await self.plain(ctx, rest, None, answers, planned)
         node, cands = found
-        sent = _Sent(node)
+        sent = _Sent(node, rows)
         group = Group(node, [sent], cands, BATCH if len(rows) > 1 else rows[0].method)
         try:
             node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)

@@ -195,14 +195,17 @@ class _Exchange:
 
 class SentNow(_Exchange):
     """One exchange written on an idle connection: the connection's waiter (a future's
-    `done`, `set_result` and `set_exception`) and its deadline (`expire`), in one object."""
+    `done`, `set_result` and `set_exception`) and its deadline (`expire`), in one object.
+    `slow(self)`, when set, is called instead at a sooner soft deadline (an attempt
+    timeout), and schedules the rest of the limit itself: one deadline entry either way."""
 
-    __slots__ = ("conn", "pool")
+    __slots__ = ("conn", "pool", "slow")
 
     def __init__(self, pool: HostPool, conn: Any, url: str, limit: float, then: Landed) -> None:
         super().__init__(url, limit, then)
         self.pool = pool
         self.conn = conn
+        self.slow: Callable[[SentNow], Any] | None = None
 
     def done(self) -> bool:
         return self.finished
@@ -229,6 +232,11 @@ class SentNow(_Exchange):
     def expire(self) -> None:
         """No answer within the limit (the lanes dropped this entry already)."""
         if self.finished:
+            return
+        slow = self.slow
+        if slow is not None:  # the soft deadline: the attempt goes on
+            self.slow = None
+            slow(self)
             return
         self.finished = True
         conn = self.conn

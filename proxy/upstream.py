@@ -223,13 +223,19 @@ class Upstream:
         holder: Any,
         early: Callable[[int, bytes], Any],
         then: Landed,
+        soft: float | None = None,
+        slow: Callable[[SentNow], Any] | None = None,
     ) -> None:
         """`send_now`'s second half, once the request is written on the connection of
         `take_now`: its answer's wait and deadline (off the client's wait: the answer can
-        only come through the loop, after the caller)."""
+        only come through the loop, after the caller). `slow(exchange)`: called at `soft`
+        seconds instead (an attempt timeout), it schedules the rest of `limit` itself."""
         pool, conn = taken
         exchange = SentNow(pool, conn, url, limit, then)
         conn.expect(holder, early, exchange)
+        if slow is not None:
+            exchange.slow = slow
+            limit = soft  # type: ignore[assignment]
         self._deadlines.schedule(limit, exchange)
 
     def _later_now(

@@ -209,6 +209,35 @@ def test_items_with_the_same_candidates_share_one_pick_and_a_retry_goes_elsewher
     assert type(chooser.retry(pool, lost)) is NoEligibleNode
 
 
+def test_the_only_node_of_its_kind_is_raced_with_the_next_that_holds_the_block() -> None:
+    s1, archive = node("s1"), node("a1", "archive")
+    pool = pool_of(s1, archive)
+    chooser = Chooser(selector(), RouteCache(selector()), ProxyMetrics())
+    spec = TABLE.spec("eth_getBalance")
+
+    def lone(ref: BlockRef, method: str = "eth_getBalance") -> Node | None:
+        it = Item(0, {}, 0, method, TABLE.spec(method), ref, False)
+        it.tried = [s1]
+        return chooser.second(pool, Group(s1, [it], [s1], method))
+
+    assert lone(BlockRef(number=HEAD)) is archive  # the archive node holds recent blocks too
+    assert lone(BlockRef(tag="latest")) is archive
+    archive.head = HEAD - 10  # (its last poll) it does not hold the block yet
+    assert lone(BlockRef(number=HEAD)) is None
+    assert lone(BlockRef(number=HEAD - 20)) is archive
+    archive.healthy = False
+    assert lone(BlockRef(number=HEAD - 20)) is None
+    archive.healthy = True
+    for _ in range(5):  # its breaker open: a retry would try it anyway, a race does not
+        archive.breaker.failure("a1", "test")
+    assert lone(BlockRef(number=HEAD - 20)) is None
+    # the Leader's: never sent twice, never raced with a reader
+    leader = node("w1", "writer")
+    it = Item(0, {}, 0, "eth_getBalance", spec, BlockRef(tag="pending"), False)
+    it.tried = [leader]
+    assert chooser.second(pool, Group(leader, [it], [leader], "eth_getBalance")) is None
+
+
 def test_a_hedge_goes_to_a_node_no_item_tried_and_one_node_takes_a_whole_batch() -> None:
     s1, s2 = node("s1"), node("s2")
     pool = pool_of(s1, s2)
@@ -217,9 +246,9 @@ def test_a_hedge_goes_to_a_node_no_item_tried_and_one_node_takes_a_whole_batch()
         0, {}, 0, "eth_getBalance", TABLE.spec("eth_getBalance"), BlockRef(number=HEAD), False
     )
     it.tried = [s1]
-    assert chooser.second(Group(s1, [it], [s1, s2], "eth_getBalance")) is s2
+    assert chooser.second(pool, Group(s1, [it], [s1, s2], "eth_getBalance")) is s2
     s2.healthy = False
-    assert chooser.second(Group(s1, [it], [s1, s2], "eth_getBalance")) is None
+    assert chooser.second(pool, Group(s1, [it], [s1, s2], "eth_getBalance")) is None
     s2.healthy = True
     parser = Parser(TABLE, ProxyMetrics())
     rows, _, _ = parser.rows(
