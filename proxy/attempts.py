@@ -95,6 +95,11 @@ class Attempts:
             if race.task is None:
                 raise
             return await race.second()  # the first failed while a second was running
+        except asyncio.CancelledError:
+            won = race.won_early()  # the second answered before the first was sent
+            if won is None:
+                raise
+            return race.winner, won
         finally:
             race.close()
         return (node, raw) if race.winner is None else (race.winner, raw)

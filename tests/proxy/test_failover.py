@@ -9,6 +9,7 @@ it before the health poll gives up on it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -117,6 +118,22 @@ async def test_half_open_probes_do_not_hold_reads_for_the_ceiling(
     assert silent.breaker.state is OPEN
     per_read = 2 if batch else 1
     assert len(state.received) >= sent + per_read * (2 + 2)  # 2 to open it, 2 probes
+
+
+async def test_a_read_still_waiting_for_a_connection_is_answered_by_the_race(
+    make_api, fake_nodes
+) -> None:
+    """Reads that have no connection to the silent node yet (its one connection slot is
+    held by a read it never answers) are answered by the archive node too: the second
+    attempt's answer does not wait for the first to be sent."""
+    api, state, _ = await pair(make_api, fake_nodes, upstream_connections=1)
+    silence(state)
+    t0 = time.monotonic()
+    answers = await asyncio.gather(*(api.rpc("1337", read(50_000 + i)) for i in range(3)))
+    took = time.monotonic() - t0
+    assert [served_by(x) for _, x in answers] == ["a", "a", "a"], answers
+    assert took < WELL_UNDER, took
+    await wait_until(lambda: node_of(api, "s").inflight == 0)
 
 
 async def test_a_lone_node_with_nobody_to_take_over_is_not_struck(make_api, fake_nodes) -> None:
