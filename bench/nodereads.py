@@ -4,12 +4,13 @@ Builds a store of synthetic blocks (accounts with balances and storage, every bl
 a few of them), then times `StateNode.handle_body` on the same bodies as
 `chainstate bench suite state` sends (eth_getBalance / eth_getStorageAt at random heights,
 single and batches of 10 and 100), with no HTTP server in between: what the read path costs
-per item, whatever server carries it. `--dispatcher` times the generic dispatcher path for
-the same bodies (every method through `Dispatcher.handle_body`), the way every read went
-before the read path existed. `--proxy` also times the node's synchronous path as its data
-port calls it (`answer_now`) and the routing proxy's data handler in front of the node in
-the same process (node registered `inproc://`, as a state and an archive node, as in
-`chainstate up`): what the proxy adds per body, with no HTTP either side.
+per item, whatever server carries it. `--dispatcher` times the generic dispatcher for the
+same bodies (`Dispatcher.handle_body`: a coroutine and a read transaction per item around
+the same read functions), i.e. what the read path's one loop per body saves. `--proxy`
+also times the node's synchronous path as its data port calls it (`answer_now`) and the
+routing proxy's data handler in front of the node in the same process (node registered
+`inproc://`, as a state and an archive node, as in `chainstate up`): what the proxy adds
+per body, with no HTTP either side.
 """
 
 from __future__ import annotations

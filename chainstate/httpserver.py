@@ -43,6 +43,7 @@ import httptools
 import orjson
 
 from chainstate.busypoll import BusyPoll
+from chainstate.http1 import MAX_PLAINS, KeptHead, head_parts
 from chainstate.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, cut
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,8 @@ def _status_line(status: int) -> bytes:
 _JSON = b"Content-Type: application/json\r\n"
 _JSON_HEAD = {status: _status_line(status) + _JSON for status in _REASONS}
 # The common answer's tail of the head, by body size: `Content-Length: N` and the blank line,
-# built once (the `%` formatting of the head per answer was ~1.3k instructions of a single
-# read's ~80k, bench/README.md "Issues 14/15, session 10"). Larger answers are formatted.
+# built once, because formatting it with `%` for every answer cost more than the rest of the
+# head together. Larger answers are formatted.
 _LENGTHS = [b"Content-Length: %d\r\n\r\n" % n for n in range(2048)]
 _OK_JSON = _JSON_HEAD[200]
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -203,8 +204,8 @@ _new = object.__new__
 
 class Request(_Slot):
     """One complete request as a handler sees it, and its answer's place in the
-    connection's queue (one object per request, not two: bench/README.md "Issue 14,
-    session 12")."""
+    connection's queue: one object per request, not two, as an allocation is a visible part
+    of a request's cost."""
 
     __slots__ = ("_conn", "body", "headers", "method", "path", "query")
 
@@ -257,67 +258,32 @@ class Request(_Slot):
 # What llhttp's way answers (after "malformed HTTP request: ") when a callback of a request
 # raised (httptools' HttpParserCallbackError): a kept head's reading answers the same.
 CALLBACK_FAILED = "User callback error"
-MAX_PLAINS = 16  # heads a connection may keep (a client whose head keeps changing: llhttp's)
 
 
-# A kept head's Content-Length digits → their value, for lengths under 2 KiB written without
-# leading zeros (`int` on bytes is ~0.6k instructions, a lookup a third of it); others: `int`
-SIZES: dict[bytes, int] = {b"%d" % n: n for n in range(2048)}
+class _Plain(KeptHead):
+    """A request head llhttp read on a connection, kept to read the client's next ones
+    without it (chainstate/http1.py), with what llhttp's callbacks made of it
+    (`_Connection._keep_plain`)."""
 
-
-def length_digits(chunk: bytes, end: int) -> tuple[int, int] | None:
-    """Where the Content-Length value of the head `chunk[:end]` (it ends with CRLF CRLF) is:
-    (start, stop) of its digits, right after `:` and optional spaces with nothing after them
-    on their line; None when there is no such header or its value is not only digits. A
-    connection keeping a head reads the next ones by these digits (`_Connection._plain`
-    here, the node client's in proxy/httpclient.py)."""
-    name = chunk[:end].lower().find(b"\r\ncontent-length:")
-    if name < 0:
-        return None
-    start = name + 17
-    while chunk[start : start + 1] in (b" ", b"\t"):
-        start += 1
-    stop = chunk.find(b"\r\n", start, end)
-    return (start, stop) if stop > start and chunk[start:stop].isdigit() else None
-
-
-class _Plain:
-    """A head llhttp read on a connection, kept to read the client's next ones without it:
-    the bytes before and after its Content-Length digits, and what llhttp's callbacks made
-    of it (`_Connection._keep_plain`)."""
-
-    __slots__ = (
-        "handler",
-        "headers",
-        "http10",
-        "kept",
-        "method",
-        "path",
-        "persistent",
-        "post",
-        "pre",
-        "query",
-    )
+    __slots__ = ("handler", "headers", "http10", "kept", "method", "path", "query")
 
     def __init__(
         self,
         pre: bytes,
         post: bytes,
+        persistent: bool,
         method: bytes,
         path: bytes,
         query: bytes,
         headers: dict[bytes, bytes],
-        persistent: bool,
         http10: bool,
         handler: Handler | None,
     ) -> None:
-        self.pre = pre  # from the request line to the Content-Length digits
-        self.post = post  # from the end of the digits to the end of the head (CRLF CRLF)
+        super().__init__(pre, post, persistent)
         self.method = method
         self.path = path
         self.query = query
         self.headers = headers
-        self.persistent = persistent  # llhttp's should_keep_alive
         self.http10 = http10  # HTTP/1.0 with a Connection header
         self.handler = handler  # the route's handler, when the server keeps routes (else None)
         # Content-Length digits → the head's Headers with them: a client's bodies have a
@@ -480,7 +446,7 @@ class _Connection(asyncio.Protocol):
             return  # a refused request's body, or bytes after the last request read
         if not self.in_message and not self.forwarding:
             plain = self.plain
-            if plain is not None and data.startswith(plain.pre):
+            if plain is not None:
                 try:
                     data = self._plain(plain, data)
                 except Exception:  # (a router's failure): answered as llhttp's way answers it
@@ -532,49 +498,28 @@ class _Connection(asyncio.Protocol):
             or self.parser.should_upgrade()
         ):
             return
-        end = chunk.find(b"\r\n\r\n") + 4
-        if end < 4 or len(chunk) - end != len(raw):
-            return  # the request was not all of the read
-        span = length_digits(chunk, end)
-        if span is None or chunk[span[0] : span[1]] != value:
+        parts = head_parts(chunk, len(raw), int(value))
+        if parts is None:
             return
-        start, stop = span
         self.plains += 1
         handler = self.handler if self.server.kept_routes else None
         self.plain = _Plain(
-            chunk[:start], chunk[stop:end], self.method, self.path, self.query, dict(headers),
-            persistent, http10, handler,
+            *parts, persistent, self.method, self.path, self.query, dict(headers), http10,
+            handler,
         )  # fmt: skip
 
     def _plain(self, plain: _Plain, data: bytes) -> bytes:
         """Serve the requests at the start of `data` whose head is `plain`'s but for the
         Content-Length digits (each with its whole body there) as llhttp's callbacks would,
         without them; give back the bytes from the first other request on, for llhttp
-        (which is between requests then too).
-
-        Why: llhttp's callbacks into Python (message begin, url, one per header, head,
-        body, end) cost ~8.5k of the ~68k instructions of a single request's way to the
-        node at c=1 (bench/README.md "Issue 14, session 12"), for a head a keep-alive client
-        sends unchanged but for its body's length."""
+        (which is between requests then too). Why: chainstate/http1.py."""
         server = self.server
-        pre, post = plain.pre, plain.post
-        at = len(pre)
-        after = at + 24 + len(post)  # (digits up to 24: more are over any limit anyway)
+        max_digits = server.body_digits - 1  # (more may be over the limit: llhttp's 413)
         while True:
-            # `post` starts with the CRLF ending the digits: its first place after them is
-            # where they end when they are all digits (one `find`, no `startswith`)
-            stop = data.find(post, at, after)
-            digits = data[at:stop]
-            if (
-                stop < 0
-                or not digits.isdigit()
-                or len(digits) >= server.body_digits  # (shorter: under the limit)
-            ):
+            found = plain.match(data, max_digits)
+            if found is None:
                 return data
-            end = stop + len(post)
-            size = SIZES.get(digits)
-            if size is None:
-                size = int(digits)
+            end, size, digits = found
             if len(data) - end < size:
                 return data  # the body comes in later reads: llhttp's
             handler = plain.handler
@@ -592,7 +537,7 @@ class _Connection(asyncio.Protocol):
                 data[end : end + size], plain.persistent, plain.http10,
             )  # fmt: skip
             data = data[end + size :]
-            if not data or self.closing or self.transport is None or not data.startswith(pre):
+            if not data or self.closing or self.transport is None:
                 return data
 
     # ---- httptools callbacks -------------------------------------------------------------
@@ -720,7 +665,7 @@ class _Connection(asyncio.Protocol):
         http10 = keep_alive and http10
         # `Request.__init__`'s stores without its call: a class whose `__init__` is Python is
         # called through `type.__call__` and a tuple of the arguments in CPython 3.11,
-        # ~0.6k instructions more per request (bench/README.md "Issue 14, session 13")
+        # ~0.6k instructions more per request
         slot = request = _new(Request)
         request.method = method
         request.path = path
@@ -782,9 +727,9 @@ class _Connection(asyncio.Protocol):
     def _render(self, result: Response, keep_alive: bool, http10: bool) -> bytes:
         if keep_alive and not http10:
             # the common answer (a 200 with a JSON body under 2 KiB, kept alive, no Connection
-            # header), as bytes or as (200, body) (the proxy's answers: ~1.6k instructions of
-            # % formatting less per answer, bench/README.md "Issue 15, session 11"): the same
-            # bytes as below from prebuilt parts
+            # header), as bytes or as (200, body) (the proxy's answers): the same bytes as
+            # below, joined from prebuilt parts instead of formatted with `%` (~1.6k
+            # instructions less per answer)
             if type(result) is bytes:
                 body = result
             elif len(result) == 2 and result[0] == 200:

@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
-from chainstate.httpserver import SIZES, length_digits
+from chainstate.http1 import MAX_PLAINS, KeptHead, head_parts
 from proxy.buffers import ByteBudget
 
 log = logging.getLogger(__name__)
@@ -43,21 +43,7 @@ class SlotWaitCancelled(asyncio.CancelledError):
     saturation, not the node's fault."""
 
 
-MAX_PLAINS = 16  # heads kept for nothing on a connection, then its answers are llhttp's
-
-
-class _Plain:
-    """A 200 answer's head llhttp read on a node connection, kept to read the next ones
-    without it: the bytes before and after its Content-Length digits, and whether llhttp
-    keeps the connection after it (`_Connection._keep_plain`)."""
-
-    __slots__ = ("persistent", "post", "pre")
-
-    def __init__(self, pre: bytes, post: bytes, persistent: bool) -> None:
-        self.pre = pre  # from the status line to the Content-Length digits
-        self.post = post  # from the end of the digits to the end of the head (CRLF CRLF)
-        self.persistent = persistent
-
+MAX_DIGITS = 24  # Content-Length digits a kept head reads (a longer one is llhttp's)
 
 # `Content-Length: ` is the end of a pool's head: each body size's rest of it, built once.
 _LENGTHS = [b"%d\r\n\r\n" % n for n in range(2048)]
@@ -114,7 +100,7 @@ class _Connection(asyncio.Protocol):
         self.waiting: list[Any] | None = None  # the budget entry while reading is paused
         self.between = True  # llhttp is between answers (no answer's first byte read yet)
         self.chunk: bytes | None = None  # the read an answer being parsed started with
-        self.plain: _Plain | None = None  # the node's usual answer head, llhttp's reading
+        self.plain: KeptHead | None = None  # the node's usual answer head (chainstate/http1.py)
         self.plain_hits = False  # `plain` read an answer since it was kept
         self.plains = 0  # heads kept that read nothing (at most MAX_PLAINS)
 
@@ -128,7 +114,7 @@ class _Connection(asyncio.Protocol):
         self.got_bytes = True
         if self.between:  # llhttp is between answers: `data` may be one like the last
             plain = self.plain
-            if plain is not None and data.startswith(plain.pre) and self._plain(plain, data):
+            if plain is not None and self._plain(plain, data):
                 return
             self.chunk = data  # an answer that is all of it may become `plain`
         try:
@@ -199,55 +185,31 @@ class _Connection(asyncio.Protocol):
         status, persistent = parser.get_status_code(), parser.should_keep_alive()
         self.between = True
         chunk, self.chunk = self.chunk, None
-        whole = chunk is not None and status == 200 and self._whole(chunk)
-        if whole and self.plains < MAX_PLAINS:
-            self._keep_plain(chunk, persistent)  # type: ignore[arg-type]
+        if chunk is not None and status == 200 and self.plains < MAX_PLAINS:
+            self._keep_plain(chunk, persistent)
         self._done(status, persistent)
 
-    def _whole(self, chunk: bytes) -> bool:
-        """Whether the answer llhttp just read was all of `chunk` (its head, then its body
-        as `on_body` gave it)."""
-        end = chunk.find(b"\r\n\r\n") + 4
+    def _keep_plain(self, chunk: bytes, persistent: bool) -> None:
+        """Keep the head of the 200 answer llhttp just read as this connection's `plain`
+        when it can be (`head_parts`: the answer was all of `chunk`, …)."""
         body = self._body
         size = len(body[0]) if len(body) == 1 else sum(map(len, body))
-        return end >= 4 and len(chunk) - end == size
-
-    def _keep_plain(self, chunk: bytes, persistent: bool) -> None:
-        """Keep the head of the 200 answer llhttp just read (all of `chunk`) as this
-        connection's `plain` when only its Content-Length's digits can differ in the next
-        answer without changing how llhttp reads it: the digits right after `:` and
-        optional spaces, nothing after them on their line, no Transfer-Encoding."""
-        end = chunk.find(b"\r\n\r\n") + 4
-        span = length_digits(chunk, end)
-        if span is None or chunk[:end].lower().find(b"\r\ntransfer-encoding:") >= 0:
-            return
-        start, stop = span
-        if int(chunk[start:stop]) != self.length:
+        parts = head_parts(chunk, size, self.length)
+        if parts is None:
             return
         if self.plain is not None and not self.plain_hits:
             self.plains += 1  # a head kept for nothing: a node whose head keeps changing
-        self.plain = _Plain(chunk[:start], chunk[stop:end], persistent)
+        self.plain = KeptHead(*parts, persistent)
         self.plain_hits = False
 
-    def _plain(self, plain: _Plain, data: bytes) -> bool:
+    def _plain(self, plain: KeptHead, data: bytes) -> bool:
         """Read `data` as llhttp's callbacks would when it is one whole answer with
         `plain`'s head but for the Content-Length digits (False, nothing done: llhttp's).
-
-        Why: llhttp's callbacks into Python (one per header, head, body, end) cost ~2k of
-        the ~27k instructions of an answer's way from the node to the client at c=1, for a
-        head a node sends unchanged but for the body's length (and its Date, once a
-        second)."""
-        at, post = len(plain.pre), plain.post
-        # `post` starts with the CRLF ending the digits: its first place after them is where
-        # they end when they are all digits (one `find`, no `startswith`)
-        stop = data.find(post, at, at + 24 + len(post))
-        digits = data[at:stop]
-        if stop < 0 or not digits.isdigit():
+        Why: chainstate/http1.py."""
+        found = plain.match(data, MAX_DIGITS)
+        if found is None:
             return False
-        end = stop + len(post)
-        size = SIZES.get(digits)
-        if size is None:
-            size = int(digits)
+        end, size, _ = found
         if len(data) - end != size:
             return False
         self.plain_hits = True

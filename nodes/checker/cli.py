@@ -64,8 +64,9 @@ async def serve(
         shown = settings.host or "0.0.0.0"
         print(f"checker listening on http://{shown}:{settings.port}  (metrics: /metrics)")
         print(f"  replicas: {', '.join(settings.replicas)}  quorum: {settings.effective_quorum}")
+        reach = "127.0.0.1" if shown == "0.0.0.0" else shown  # all interfaces: loopback works
         print(
-            f"  try: curl -s http://127.0.0.1:{settings.port} -H 'content-type: application/json'"
+            f"  try: curl -s http://{reach}:{settings.port} -H 'content-type: application/json'"
             """ -d '{"jsonrpc":"2.0","id":1,"method":"getLatestBlock","params":[]}'"""
         )
         await wait_for_stop()

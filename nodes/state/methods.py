@@ -1,8 +1,12 @@
-"""The state node's read methods (eth_*, vendor namespace, blockx_* for the checker).
+"""The state node's methods other than the plain reads (eth_*, vendor namespace, blockx_*
+for the checker), and the block resolution every read shares.
 
-Result shapes the spec leaves open are decided here and documented in docs/state-node.md:
-eth_* follow geth (hex quantities); vendor balances are hex quantities (U256 may exceed what
-JSON numbers carry safely), nonces are integers, code is 0x bytes, storage a 32-byte word.
+The plain reads (eth_blockNumber, balances, nonces, code, storage slots, in both namespaces)
+are the read path's (nodes/state/reads.py), which answers them in one loop per body and
+registers them on the dispatcher too. Result shapes the spec leaves open are decided there and
+here and documented in docs/state-node.md: eth_* follow geth (hex quantities); vendor balances
+are hex quantities (U256 may exceed what JSON numbers carry safely), nonces are integers, code
+is 0x bytes, storage a 32-byte word.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from typing import Any
 from chainstate import __version__
 from chainstate.blockref import (
     BlockRef,
-    parse_block_ctx,
     parse_block_id,
     parse_block_number_param,
 )
@@ -130,7 +133,8 @@ def vendor_block(header: dict[str, Any]) -> dict[str, Any]:
 
 
 class StateMethods:
-    """JSON-RPC handlers over a StateStore; `handlers()` is what the node registers."""
+    """JSON-RPC handlers over a StateStore; `handlers()` is what the node registers (with
+    the read path's `handlers()`: nodes/state/reads.py)."""
 
     def __init__(
         self,
@@ -158,12 +162,7 @@ class StateMethods:
     def handlers(self) -> dict[str, Handler]:
         return {
             **{method: _elsewhere(method) for method in ELSEWHERE},
-            "eth_blockNumber": self.eth_block_number,
             "eth_chainId": self.eth_chain_id,
-            "eth_getBalance": self.eth_get_balance,
-            "eth_getTransactionCount": self.eth_get_transaction_count,
-            "eth_getCode": self.eth_get_code,
-            "eth_getStorageAt": self.eth_get_storage_at,
             "eth_getStorageValues": self.eth_get_storage_values,
             "eth_baseFee": self.eth_base_fee,
             "eth_blobBaseFee": self.eth_blob_base_fee,
@@ -173,10 +172,6 @@ class StateMethods:
             "net_version": self.net_version,
             "net_listening": self.net_listening,
             "version": self.version,
-            "getAddressBalance": self.get_address_balance,
-            "getAddressNonce": self.get_address_nonce,
-            "getAddressCode": self.get_address_code,
-            "getStorageAt": self.get_storage_at,
             "getLatestBlock": self.get_latest_block,
             "getBlockByHeight": self.get_block_by_height,
             "getBlockById": self.get_block_by_id,
@@ -213,14 +208,7 @@ class StateMethods:
     def _eth_block(self, value: Any) -> int:
         return self.resolve(parse_block_number_param(value))
 
-    def _ctx(self, value: Any) -> int:
-        return self.resolve(parse_block_ctx(value))
-
     # eth namespace ---------------------------------------------------------------------
-
-    async def eth_block_number(self, params: Any) -> str:
-        params_list(params, [])
-        return to_hex(self.store.range()[1])
 
     def _known_chain_id(self) -> int:
         chain_id = self._chain_id()
@@ -248,27 +236,6 @@ class StateMethods:
         """True: the node is answering. It has no peer-to-peer side to report on."""
         params_list(params, [])
         return True
-
-    async def eth_get_balance(self, params: Any) -> str:
-        addr, block = params_list(params, ["address", "blockNumber"])
-        address = parse_address(_require(addr, "address"))
-        return to_hex(self.store.balance(address, self._eth_block(block)))
-
-    async def eth_get_transaction_count(self, params: Any) -> str:
-        addr, block = params_list(params, ["address", "blockNumber"])
-        address = parse_address(_require(addr, "address"))
-        return to_hex(self.store.nonce(address, self._eth_block(block)))
-
-    async def eth_get_code(self, params: Any) -> str:
-        addr, block = params_list(params, ["address", "blockNumber"])
-        address = parse_address(_require(addr, "address"))
-        return to_data(self.store.code(address, self._eth_block(block)))
-
-    async def eth_get_storage_at(self, params: Any) -> str:
-        addr, position, block = params_list(params, ["address", "position", "blockNumber"])
-        address = parse_address(_require(addr, "address"))
-        slot = _slot(position)
-        return to_hash32(self.store.storage(address, slot, self._eth_block(block)))
 
     async def eth_get_storage_values(self, params: Any) -> dict[str, list[str]]:
         """Many slots of many accounts at one block, as geth answers (lowercase addresses in
@@ -342,27 +309,6 @@ class StateMethods:
             "chain_id": self._chain_id(),
             "range": None if bounds is None else {"earliest": bounds[0], "latest": bounds[1]},
         }
-
-    async def get_address_balance(self, params: Any) -> str:
-        addr, ctx = params_list(params, ["address", "blockCtx"])
-        address = parse_address(_require(addr, "address"))
-        return to_hex(self.store.balance(address, self._ctx(ctx)))
-
-    async def get_address_nonce(self, params: Any) -> int:
-        addr, ctx = params_list(params, ["address", "blockCtx"])
-        address = parse_address(_require(addr, "address"))
-        return self.store.nonce(address, self._ctx(ctx))
-
-    async def get_address_code(self, params: Any) -> str:
-        addr, ctx = params_list(params, ["address", "blockCtx"])
-        address = parse_address(_require(addr, "address"))
-        return to_data(self.store.code(address, self._ctx(ctx)))
-
-    async def get_storage_at(self, params: Any) -> str:
-        addr, position, ctx = params_list(params, ["address", "position", "blockCtx"])
-        address = parse_address(_require(addr, "address"))
-        slot = _slot(position)
-        return to_hash32(self.store.storage(address, slot, self._ctx(ctx)))
 
     async def get_latest_block(self, params: Any) -> dict[str, Any]:
         params_list(params, [])

@@ -4,9 +4,11 @@ Why not the generic Dispatcher for these: a balance read is one LMDB seek (~2 µ
 dispatcher's per-item machinery (a coroutine and a gather task per item, a read transaction
 and a range read per item, regex parsing, int round trips) cost ten times that. Here:
 
-1. the body is parsed once (orjson); a batch is answered item by item, in order;
-2. the plain reads (`FAST` below) are plain functions called in a loop: no coroutine, no
-   task, no exception on the success path; every other method (EVM, headers, vendor
+1. the body is parsed once (orjson); a batch is answered item by item, in order, by one
+   loop (`ReadPath._answer`) that every entry point shares: a body, parsed items, and the
+   items the proxy in the same process checked or has the loop check;
+2. the plain reads (`ReadPath.fast`) are plain functions called in that loop: no coroutine,
+   no task, no exception on the success path; every other method (EVM, headers, vendor
    blocks, …) and every malformed envelope goes to the dispatcher, which answers exactly as
    before (errors included);
 3. all the fast items of one body share one LMDB read transaction and one cursor, and the
@@ -34,6 +36,7 @@ from chainstate.jsonrpc import (
     DATABASE_FAILED,
     INTERNAL_ERROR,
     Dispatcher,
+    Handler,
     JsonRpcError,
     params_list,
 )
@@ -54,7 +57,9 @@ log = logging.getLogger(__name__)
 PARSE_CACHE = 65_536  # parsed addresses / slots / block numbers kept (then the cache restarts)
 _HEAD = -1  # a cached block parameter meaning "the head"
 _SLOW = object()  # an item the dispatcher answers
-_IDS = (int, str)  # the id types `answer_keyed` takes (not bool, float or None)
+_IDS = (int, str)  # the ids of items checked or answered strictly (not bool, float or None)
+_ANY_IDS = (str, int, float)  # the ids the read path answers otherwise (and a missing one)
+_PARAMS = (list, dict)
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
@@ -94,12 +99,6 @@ def word(raw: bytes | None) -> str:
 
 def data(raw: bytes | None) -> str:
     return "0x" + raw.hex() if raw else "0x"
-
-
-def _method(item: dict[str, Any]) -> str:
-    """The method name of a request object, "" when it is not a string (not a fast one)."""
-    method = item.get("method")
-    return method if method.__class__ is str else ""
 
 
 def _args(params: Any, names: list[str]) -> list[Any]:
@@ -177,6 +176,26 @@ class ReadPath:
             "getStorageAt": self.get_storage_at,
         }
 
+    def handlers(self) -> dict[str, Handler]:
+        """The plain reads as the dispatcher's handlers, for callers of the dispatcher itself
+        (`Dispatcher.call`, a body given to it directly): the same functions as the read
+        path's loop, each call with its own read transaction. The read path sends the
+        dispatcher only what it does not answer itself, never a well-formed plain read."""
+        return {method: self._handler(read) for method, read in self.fast.items()}
+
+    def _handler(self, read: Fast) -> Handler:
+        async def handler(params: Any) -> Any:
+            snap = self.store.snapshot()  # (-39005 when it fails, as in the loop)
+            try:
+                return read(Reads(snap, self.hot), params)
+            except lmdb.Error as exc:
+                log.error("state store read failed: %s", exc)
+                raise JsonRpcError(DATABASE_FAILED, "state store read failed") from None
+            finally:
+                snap.close()
+
+        return handler
+
     # the body ----------------------------------------------------------------------------
 
     async def handle_body(self, body: bytes) -> bytes:
@@ -186,7 +205,7 @@ class ReadPath:
         except orjson.JSONDecodeError:
             return await self.dispatcher.handle_body(body)  # answers the parse error
         if payload.__class__ is dict:
-            answer = self._answer([payload])[0]
+            answer = self._answer(None, [payload], [], strict=False)[0]  # type: ignore[index]
             if answer is _SLOW:
                 answer = await self.dispatcher.handle_item(payload)
             elif answer.__class__ is _Call:
@@ -194,7 +213,7 @@ class ReadPath:
             return orjson.dumps(answer) if answer is not None else b""
         if payload.__class__ is not list or not payload or len(payload) > self.max_batch:
             return await self.dispatcher.handle_body(body)  # answers the envelope error
-        answers = self._answer(payload)
+        answers: list[Any] = self._answer(None, payload, [], strict=False)  # type: ignore[assignment]
         slow = [i for i, answer in enumerate(answers) if answer is _SLOW]
         calls = [i for i, answer in enumerate(answers) if answer.__class__ is _Call]
         if slow or calls:
@@ -246,10 +265,12 @@ class ReadPath:
         for item in items:
             if item.__class__ is not dict or item.get("id").__class__ is float:
                 return None
-            method = _method(item)
-            if fast.get(method) is None and (method != "eth_call" or not calls_ok):
+            method = item.get("method")
+            if method.__class__ is not str or (
+                fast.get(method) is None and (method != "eth_call" or not calls_ok)
+            ):
                 return None
-        answers = self._answer(items)
+        answers: list[Any] = self._answer(None, items, [], strict=False)  # type: ignore[assignment]
         calls = [i for i, answer in enumerate(answers) if answer.__class__ is _Call]
         if any(answer is _SLOW for answer in answers):
             for i in calls:
@@ -313,58 +334,7 @@ class ReadPath:
         or an id orjson may have changed (a float). For callers that parsed the body
         already: the data port above, and the proxy in the same process, which passes
         `errors` to be told the positions of the error answers (so it need not look)."""
-        fast = self.fast
-        for item in items:
-            if (
-                item.__class__ is not dict
-                or fast.get(_method(item)) is None
-                or item.get("id").__class__ is float
-            ):
-                return None
-        answers = self._answer(items, errors)
-        for answer in answers:
-            if answer is _SLOW:
-                return None
-        return answers
-
-    def answer_checked(self, method: str, items: list[Any], errors: list[int]) -> list[Any] | None:
-        """`answer_items(items, errors)` for items the caller checked already: every one a
-        request object (a dict) of `method` with an int or string id. For the proxy in the
-        same process, which looked at every item of a batch to route it: the method is looked
-        up once, not per item, and nothing the caller checked is checked again (~5 µs of a
-        10-item batch's ~24, bench/README.md "Issues 14/15, session 10"). The rest is
-        `_answer`'s loop for such items: the same answers, the same error positions, and None
-        when an item needs `handle_body` (not a plain read, no `"jsonrpc": "2.0"`, params
-        neither a list nor an object). Keep the two loops alike."""
-        fn = self.fast.get(method)
-        if fn is None:
-            return None
-        out: list[Any] = []
-        reads: Reads | None = None
-        snap: Snapshot | None = None  # opened by the first item, inside its `try` as in `_answer`
-        try:
-            for item in items:
-                params = item.get("params", [])
-                if item.get("jsonrpc") != "2.0" or params.__class__ not in (list, dict):
-                    return None  # (`_answer`'s _SLOW: `answer_items` gives None)
-                rid = item["id"]
-                try:
-                    if reads is None:
-                        snap = self.store.snapshot()
-                        reads = Reads(snap, self.hot)
-                    out.append({"jsonrpc": "2.0", "id": rid, "result": fn(reads, params)})
-                except JsonRpcError as exc:
-                    errors.append(len(out))
-                    out.append(self.dispatcher.error(rid, exc))
-                except lmdb.Error as exc:
-                    log.error("state store read failed: %s", exc)
-                    errors.append(len(out))
-                    failed = JsonRpcError(DATABASE_FAILED, "state store read failed")
-                    out.append(self.dispatcher.error(rid, failed))
-        finally:
-            if snap is not None:
-                snap.close()
-        return out
+        return self._answer(None, items, [] if errors is None else errors)
 
     def answer_keyed(
         self,
@@ -376,40 +346,99 @@ class ReadPath:
         found: list[Any],
     ) -> list[Any] | None:
         """`answer_checked(method, items, errors)` for items the caller has not checked: the
-        same loop checks each item too. Each must be a request object of `method` with an
-        int or string id, `"jsonrpc": "2.0"` and a list of `size` params whose last is a key
-        of `keys`; `found` gets `keys[last]` of each, in order (the proxy in the same
-        process keeps a route per block text: checking and looking up in this loop instead
-        of in passes of its own saves it ~30k instructions of a 10-item batch, bench/README.md
-        "Issue 15, session 12"). None as soon as an item is not such (or needs
-        `handle_body`, as `answer_checked`). Keep the loops alike."""
-        fn = self.fast.get(method)
-        if fn is None:
-            return None
+        loop that answers them checks each too. Each must be a request object of `method`
+        with an int or string id, `"jsonrpc": "2.0"` and a list of `size` params whose last
+        is a key of `keys`; `found` gets `keys[last]` of each, in order. For the proxy in the
+        same process, which keeps a route per block text: checking and looking up here, in
+        the loop the node makes anyway, costs it less than passes of its own over the items
+        before the call. None as soon as an item is not such (or needs `handle_body`, as
+        `answer_checked`)."""
+        return self._answer(method, items, errors, size, keys, found)
+
+    def _answer(
+        self,
+        method: str | None,
+        items: list[Any],
+        errors: list[int],
+        size: int = 0,
+        keys: dict[str, Any] | None = None,
+        found: list[Any] | None = None,
+        strict: bool = True,
+    ) -> list[Any] | None:
+        """The one loop of the read path: the answers of `items` in order (None for a
+        notification), the positions of the error answers of plain reads appended to
+        `errors`. Parameterised by what the caller knows of the items:
+
+        - `method` None: any items; each one's method is looked up;
+        - `method` given: every item is a request object of that method with an int or
+          string id (the caller checked it: `answer_checked`), None when it is no plain
+          read; with `keys`, the loop checks that itself (and `size`: as `answer_keyed`
+          says) and appends each item's route to `found`;
+        - `strict` (the default): None as soon as an item is not a plain read this loop
+          answers (the caller sends the body to `handle_body`), a float id included (orjson
+          may have changed how it was written); else (`handle_body`, `answer_later`) such an
+          item is _SLOW, for the dispatcher, or an eth_call queued on the EVM (`_Call`).
+
+        One read transaction and cursor for all the items, opened by the first read."""
+        fast = self.fast
+        one = None if method is None else fast.get(method)
+        if one is None and method is not None:
+            return None  # not a plain read
+        ids = _IDS if strict else _ANY_IDS
         out: list[Any] = []
         reads: Reads | None = None
-        snap: Snapshot | None = None  # opened by the first item, inside its `try` as in `_answer`
+        snap: Snapshot | None = None  # opened by the first read, inside its `try`
+        read = one  # (each item's, when `method` is None)
         try:
             for item in items:
-                try:
-                    params = item["params"]
-                    rid = item["id"]
-                    if (
-                        item["method"] != method
-                        or params.__class__ is not list
-                        or len(params) != size
-                        or rid.__class__ not in _IDS
-                        or item["jsonrpc"] != "2.0"
-                    ):
+                if keys is not None:  # (`answer_keyed`)
+                    try:
+                        params = item["params"]
+                        rid = item["id"]
+                        if (
+                            item["method"] != method
+                            or params.__class__ is not list
+                            or len(params) != size
+                            or rid.__class__ not in _IDS
+                            or item["jsonrpc"] != "2.0"
+                        ):
+                            return None
+                        found.append(keys[params[-1]])  # type: ignore[union-attr]
+                    except (KeyError, TypeError, IndexError):  # (not a dict, a key missing, …)
                         return None
-                    found.append(keys[params[-1]])
-                except (KeyError, TypeError, IndexError):  # (not a dict, a key missing, …)
-                    return None
+                elif one is not None:  # (`answer_checked`)
+                    params = item.get("params", [])
+                    if item.get("jsonrpc") != "2.0" or params.__class__ not in _PARAMS:
+                        return None
+                    rid = item["id"]
+                else:
+                    if item.__class__ is not dict or item.get("jsonrpc") != "2.0":
+                        if strict:
+                            return None
+                        out.append(_SLOW)
+                        continue
+                    name = item.get("method")
+                    read = fast.get(name) if name.__class__ is str else None
+                    rid = item.get("id")
+                    params = item.get("params", [])
+                    if not (rid is None or rid.__class__ in ids) or params.__class__ not in _PARAMS:
+                        if strict:
+                            return None
+                        out.append(_SLOW)
+                        continue
+                    if read is None:
+                        if strict:
+                            return None
+                        out.append(self._call(name, rid, params, "id" in item))
+                        continue
+                    if "id" not in item:  # a notification: no answer, nothing to read
+                        out.append(None)
+                        continue
                 try:
                     if reads is None:
                         snap = self.store.snapshot()
                         reads = Reads(snap, self.hot)
-                    out.append({"jsonrpc": "2.0", "id": rid, "result": fn(reads, params)})
+                    out.append({"jsonrpc": "2.0", "id": rid, "result": read(reads, params)})
                 except JsonRpcError as exc:
                     errors.append(len(out))
                     out.append(self.dispatcher.error(rid, exc))
@@ -423,53 +452,15 @@ class ReadPath:
                 snap.close()
         return out
 
-    def _answer(self, items: list[Any], errors: list[int] | None = None) -> list[Any]:
-        """Answers of the fast items (None for a notification), _SLOW for the others; the
-        positions of the error answers of plain reads appended to `errors` if given."""
-        fast = self.fast
-        out: list[Any] = []
-        reads: Reads | None = None
-        snap: Snapshot | None = None  # opened when the first fast item needs it
-        try:
-            for item in items:
-                if item.__class__ is not dict or item.get("jsonrpc") != "2.0":
-                    out.append(_SLOW)
-                    continue
-                method = _method(item)
-                fn = fast.get(method)
-                rid = item.get("id")
-                params = item.get("params", [])
-                if not (rid is None or rid.__class__ in (str, int, float)) or (
-                    params.__class__ not in (list, dict)
-                ):
-                    out.append(_SLOW)
-                    continue
-                wanted = "id" in item  # else a notification: no answer
-                if fn is None:
-                    out.append(self._call(method, rid, params, wanted))
-                    continue
-                try:
-                    if reads is None:
-                        snap = self.store.snapshot()
-                        reads = Reads(snap, self.hot)
-                    result = fn(reads, params)
-                except JsonRpcError as exc:
-                    if wanted and errors is not None:
-                        errors.append(len(out))
-                    out.append(self.dispatcher.error(rid, exc) if wanted else None)
-                    continue
-                except lmdb.Error as exc:
-                    log.error("state store read failed: %s", exc)
-                    failed = JsonRpcError(DATABASE_FAILED, "state store read failed")
-                    if wanted and errors is not None:
-                        errors.append(len(out))
-                    out.append(self.dispatcher.error(rid, failed) if wanted else None)
-                    continue
-                out.append({"jsonrpc": "2.0", "id": rid, "result": result} if wanted else None)
-        finally:
-            if snap is not None:
-                snap.close()
-        return out
+    # answer_checked(method, items, errors): `answer_items(items, errors)` for items the caller
+    # checked already, every one a request object (a dict) of `method` with an int or string
+    # id. For the proxy in the same process, which looked at every item of a batch to route
+    # it: the method is looked up once, not per item, and what the caller checked is not
+    # checked again (a fifth of a 10-item batch's cost). The same answers and error positions
+    # as `answer_items`, and None when an item needs `handle_body` (not a plain read, no
+    # `"jsonrpc": "2.0"`, params neither a list nor an object). It is the loop itself, with
+    # no call in between: it answers the proxy's single requests.
+    answer_checked = _answer
 
     def _call(self, method: str, rid: Any, params: Any, wanted: bool) -> Any:
         """An eth_call queued on the EVM executor (`_Call`), its error answer, or _SLOW

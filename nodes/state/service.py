@@ -165,6 +165,7 @@ class StateNode:
         if wanted is not None and stored is None:
             await asyncio.to_thread(self.store.set_chain_id, wanted)
         self.dispatcher.update(self.methods.handlers())
+        self.dispatcher.update(self.reads.handlers())
         self.dispatcher.update(self.blocks.handlers())
         self.dispatcher.update({"blockx_health": self._rpc_health})
         bounds = self.store.bounds()

@@ -176,6 +176,75 @@ async def test_every_answer_equals_the_generic_dispatchers(tmp_path: Path) -> No
         await node.close()
 
 
+# Plain reads whose envelope is malformed: (the item, the id answered, what is wrong)
+MALFORMED: list[tuple[Any, Any, str]] = [
+    ({"jsonrpc": "1.0", "id": 1, "method": "eth_getBalance", "params": [A, "latest"]}, 1,
+     '"jsonrpc" must be "2.0"'),
+    ({"id": 2, "method": "eth_getTransactionCount", "params": [A, "latest"]}, 2,
+     '"jsonrpc" must be "2.0"'),
+    ({"jsonrpc": 2.0, "id": 3, "method": "eth_blockNumber"}, 3, '"jsonrpc" must be "2.0"'),
+    ({"jsonrpc": "2.0", "id": True, "method": "eth_getCode", "params": [A, "latest"]}, None,
+     '"id" must be a string, number or null'),
+    ({"jsonrpc": "2.0", "id": [5], "method": "eth_getStorageAt", "params": [A, "0x0"]}, None,
+     '"id" must be a string, number or null'),
+    ({"jsonrpc": "2.0", "id": {"a": 6}, "method": "getAddressBalance", "params": [A]}, None,
+     '"id" must be a string, number or null'),
+    ({"jsonrpc": "2.0", "id": 7, "method": "getAddressNonce", "params": "0x11"}, 7,
+     '"params" must be an array or object'),
+    ({"jsonrpc": "2.0", "id": 8, "method": "getAddressCode", "params": 8}, 8,
+     '"params" must be an array or object'),
+    ({"jsonrpc": "2.0", "id": 9, "method": "getStorageAt", "params": None}, 9,
+     '"params" must be an array or object'),
+    ({"jsonrpc": "2.0", "method": "eth_blockNumber", "params": "x"}, None,  # no notification
+     '"params" must be an array or object'),
+    ({"jsonrpc": "2.0", "id": 11, "method": ["eth_getBalance"], "params": [A, "latest"]}, 11,
+     '"method" must be a non-empty string'),
+    ({"jsonrpc": "2.0", "id": 12, "method": {"eth_blockNumber": 1}}, 12,
+     '"method" must be a non-empty string'),
+    ({"jsonrpc": "2.0", "id": 13, "params": [A, "latest"]}, 13,
+     '"method" must be a non-empty string'),
+    ({"jsonrpc": "2.0", "id": 14, "method": "", "params": []}, 14,
+     '"method" must be a non-empty string'),
+    ("eth_getBalance", None, "expected a JSON object"),
+    (15, None, "expected a JSON object"),
+    (None, None, "expected a JSON object"),
+]  # fmt: skip
+
+
+async def test_malformed_envelopes_of_plain_reads_are_invalid_requests(tmp_path: Path) -> None:
+    """A plain read whose envelope is malformed is answered -32600 saying what is wrong,
+    with its id when it has a usable one (null otherwise, and a malformed notification is
+    answered too): alone, and in a batch between good reads, in order. No synchronous path
+    answers it (the node's own port then sends the body on to `handle_body`)."""
+    node = await make_node(tmp_path, kind="state", window=16, hot_blocks=4)
+    try:
+        chain, addrs = random_chain(seed=28, blocks=20)
+        await apply(node, chain, 0)
+        good = {"jsonrpc": "2.0", "id": "g", "method": "eth_getBalance", "params": [addrs[0]]}
+        balance = hex(chain.state(chain.head)[addrs[0]].balance)
+        for item, rid, what in MALFORMED:
+            want = {"jsonrpc": "2.0", "id": rid,
+                    "error": {"code": -32600, "message": f"Invalid Request: {what}"}}  # fmt: skip
+            body = orjson.dumps(item)
+            assert orjson.loads(await node.handle_body(body)) == want, item
+            assert node.answer_now(body) is None, item
+            assert node.answer_items([item], []) is None, item
+            batch = orjson.dumps([good, item, good])
+            ok = {"jsonrpc": "2.0", "id": "g", "result": balance}
+            assert orjson.loads(await node.handle_body(batch)) == [ok, want, ok], item
+            assert node.answer_now(batch) is None, item
+        nested = orjson.dumps([[good]])  # (a batch in a batch)
+        for body in (nested, b"[1]", b"1", b"null", b'"x"', b"true"):
+            answer = orjson.loads(await node.handle_body(body))
+            one = answer[0] if isinstance(answer, list) else answer
+            assert one["error"] == {
+                "code": -32600,
+                "message": "Invalid Request: expected a JSON object",
+            }
+    finally:
+        await node.close()
+
+
 async def test_plain_reads_are_answered_without_awaiting(tmp_path: Path) -> None:
     node = await make_node(tmp_path, kind="archive")
     try:
