@@ -41,6 +41,7 @@ _METHOD, _JSONRPC, _ID, _PARAMS = (
     itemgetter("params"),
 )
 _SPEC, _REF, _LAST = itemgetter(0), itemgetter(1), itemgetter(-1)
+_RID, _NOTIF = itemgetter(2), itemgetter(6)  # a Row's fields (proxy/request.py)
 _ID_TYPES = frozenset((int, str))  # (a float id is read from the body: item by item)
 _HAS_NONE = operator.contains
 _OWN_ID_TYPES = {str, int}  # ids a sub-batch may keep (exact types: not bool, not a float)
@@ -191,5 +192,8 @@ def exact_id(payload: Any, body: bytes, rid: Any) -> Any:
 def unique_ids(rows: list[Row]) -> bool:
     """Whether the answers of `rows` can be told apart by their ids: every id a string or
     an integer, no two the same (notifications have none and get no answer)."""
-    ids = [row.rid for row in rows if not row.notif]
-    return {type(rid) for rid in ids} <= _OWN_ID_TYPES and len(set(ids)) == len(ids)
+    if True in map(_NOTIF, rows):
+        ids = [row.rid for row in rows if not row.notif]
+    else:  # (C loops: no Python step per row)
+        ids = list(map(_RID, rows))
+    return _OWN_ID_TYPES.issuperset(map(type, ids)) and len(set(ids)) == len(ids)

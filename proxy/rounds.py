@@ -225,8 +225,8 @@ class Rounds:
         """`plain` once `node` answered `raw`: the node's bytes when they are the answer
         as they are and `whole` (they answer the client's body), else None with the answers
         placed, the rounds gone on for what is left."""
-        rids = [row.rid for row in rows]
-        methods = [row.method for row in rows]
+        rids = list(map(_RID, rows))
+        methods = list(map(_METHOD, rows))
         parsed = loads(raw)
         classifier = self.classifier
         if in_order(rids, methods, parsed, raw):
@@ -272,6 +272,7 @@ def _place_planned(
 
 
 _POS = attrgetter("pos")
+_RID, _METHOD = attrgetter("rid"), attrgetter("method")
 
 
 async def _gather(coros: list[Any]) -> list[Any]:
