@@ -140,7 +140,7 @@ class Attempts:
 
     def _lone_timeout(self, pool: Pool, group: Group) -> float | None:
         """The attempt timeout of a first attempt sent now whose node is the only eligible
-        one, when another reader may take over once it passes (`_rescue`), else None."""
+        one, when another reader may take over once it passes (`Rescue`), else None."""
         if len(group.cands) != 1 or len(group.items) != 1 or not self._lone(pool, group.node):
             return None
         timers = self._timers(pool, group.lkey)
