@@ -730,8 +730,7 @@ def _lagging(pool: Pool, node: Node) -> str | None:
 def _renewed(node: Node, entry: NodeEntry) -> Node:
     """The node with a changed entry; observations are kept while the URL stays the same."""
     if node.entry.url == entry.url:
-        node.entry = entry
-        node.update_blocked()  # ignore_checker may have changed
+        node.take_entry(entry)
         return node
     return Node(entry, local=node.local, breaker_settings=node.breaker_settings)
 

@@ -35,6 +35,7 @@ from proxy.model import EntryError, Pool
 from proxy.reads import Reads, ReadSettings
 from proxy.select import Selector
 from proxy.settings import ProxySettings
+from proxy.sharedcache import shared_tier, tier_health
 from proxy.state import RoutingState
 from proxy.store import ConfigStore
 from proxy.sync import StoreSync
@@ -43,6 +44,7 @@ from proxy.tenancy.gate import Gate, Ticket
 from proxy.tenancy.http import KEY_ROUTE, key_path, raw_headers
 from proxy.tenancy.service import Tenancy
 from proxy.tenancy.settings import TenancySettings
+from proxy.tenancy.websocket import message_gate
 from proxy.upstream import Upstream
 from proxy.verdicts import CheckerVerdicts
 
@@ -156,7 +158,7 @@ class Proxy:
     @staticmethod
     def build_reads(s: ProxySettings, upstream: Upstream, selector: Selector) -> Reads:
         """Heads, response cache and coalescing (docs/proxy.md: the read path)."""
-        cache = ResponseCache(s.cache_max_bytes, s.cache_pools)
+        cache = ResponseCache(s.cache_max_bytes, s.cache_pools, shared_tier(s))
         heads = Heads(
             upstream,
             selector,
@@ -165,6 +167,7 @@ class Proxy:
             interval=s.head_poll_interval,
             checkers={c.chain: c.url for c in s.checkers},
             on_dropped=cache.drop,
+            backfill=cache.tier is not None,
         )
         return Reads(heads, cache, ReadSettings(frozenset(s.cache_methods), s.coalesce))
 
@@ -177,6 +180,8 @@ class Proxy:
                 raise ConfigError(f"[proxy] {exc}") from None
             await self.mirrors.start()
             await self.reads.heads.start()
+            if self.reads.cache.tier is not None:
+                await self.reads.cache.tier.start()
             await self.tracker.start()
             await self.verdicts.start()
             await self.events.start()
@@ -188,6 +193,8 @@ class Proxy:
             await self.verdicts.close()
             await self.tracker.close()
             await self.reads.heads.close()
+            if self.reads.cache.tier is not None:
+                await self.reads.cache.tier.close()
             await self.mirrors.close()
             await self.sync.close()
             await self.upstream.close()
@@ -242,8 +249,9 @@ def _data_handler(proxy: Proxy):
             answer = verdict
         else:
             headers = PeerHeaders(request.headers, request.remote or "unknown")
-            answer = await engine.handle(chain, body, headers)
-            if type(verdict) is Ticket:
+            tally = None if verdict is None else verdict.tally
+            answer = await engine.handle(chain, body, headers, tally=tally)
+            if verdict is not None:
                 answer = verdict.finish(answer)
         status, out = answer[0], answer[1]
         headers = _header_lines(answer[2]) if len(answer) > 2 else None
@@ -370,7 +378,8 @@ def _data(engine: Engine, chain_id: str, gate: Gate, path_key: str | None = None
             return start(chain_id, found, request)
         if type(verdict) is tuple:
             return verdict
-        return verdict.finish(start(chain_id, found, Ticketed(request, verdict)))  # type: ignore[union-attr, arg-type]
+        ticketed = Ticketed(request, verdict)  # type: ignore[arg-type]
+        return verdict.finish(start(chain_id, found, ticketed, verdict.tally))  # type: ignore[union-attr]
 
     return data
 
@@ -474,23 +483,24 @@ def _admin_routes(proxy: Proxy) -> list[web.RouteDef]:
 
 
 def _gated_websocket(proxy: Proxy):
-    """The WebSocket upgrade after `Gate.admit` (the credential, the pool's anonymous access,
-    the rules and one token of the rates, as for one request)."""
+    """The WebSocket upgrade after `Gate.upgrade` (the credential, the pool's anonymous access
+    and the rules a message does not change), then each message after `Gate.admit`
+    (proxy/tenancy/websocket.py)."""
     engine, gate, websocket = proxy.engine, proxy.tenancy.gate, proxy.events.websocket
 
     async def handle(request: web.Request) -> web.StreamResponse:
         found = engine.resolve(request.match_info["chain"])
-        if found is not None:
-            key = request.match_info.get("key")
-            verdict = gate.admit(found[1], key, raw_headers(request.headers), b"", request)
-            if type(verdict) is tuple:
-                headers = _header_lines(verdict[2]) if len(verdict) > 2 else None
-                return web.Response(
-                    status=verdict[0], body=verdict[1], content_type=JSON, headers=headers
-                )
-            if verdict is not None:
-                verdict.finish((200, b""))  # type: ignore[union-attr]
-        return await websocket(request)
+        key = request.match_info.get("key")
+        if found is None or not (gate.active or key is not None or "Origin" in request.headers):
+            return await websocket(request)
+        raw = raw_headers(request.headers)
+        refused = gate.upgrade(found[1], key, raw, request)
+        if refused is not None:
+            headers = _header_lines(refused[2]) if len(refused) > 2 else None
+            return web.Response(
+                status=refused[0], body=refused[1], content_type=JSON, headers=headers
+            )
+        return await websocket(request, message_gate(gate, found[1], key, raw, request))
 
     return handle
 
@@ -503,6 +513,7 @@ def _health_handler(proxy: Proxy):
             "status": "ok",
             "config_store": "available" if proxy.store.available else "unavailable",
             "tenancy": proxy.tenancy.health(),
+            "cache_tier": tier_health(proxy.reads.cache.tier),
         }
         return web.json_response(body)
 

@@ -41,6 +41,7 @@ from proxy.upstream import Upstream
 log = logging.getLogger(__name__)
 FAILURE_COST_MS = 1000.0  # a failed attempt counts as at least this slow in the node's cost
 READ_KINDS = ("state", "archive")  # a lone node of these may be raced with another kind
+RATE_LIMITED = outcome.RATE_LIMITED.name
 
 
 class Attempts:
@@ -200,6 +201,8 @@ class Attempts:
             return False
         node.inflight += 1  # (the attempt is under way: `_begin`, inline)
         ctx.nodes.append(node.key)
+        if ctx.tally is not None:
+            ctx.tally.upstream += 1
         return True
 
     def connection_now(self, pool: Any, node: Node, lkey: str, cands: int) -> Any:
@@ -238,6 +241,8 @@ class Attempts:
             )
         node.inflight += 1  # (the attempt is under way: `_begin`, inline)
         ctx.nodes.append(node.key)
+        if ctx.tally is not None:
+            ctx.tally.upstream += 1
 
     def _landed(
         self,
@@ -259,6 +264,8 @@ class Attempts:
                 self.answered(ctx, node, group.lkey, elapsed, outcome.answered(raw))
             else:
                 ctx.nodes.pop()  # the idle connection was closed: no attempt was made
+                if ctx.tally is not None:
+                    ctx.tally.upstream -= 1
             if hedgeable and (raw is not None or exc is not None):
                 self._earn(ctx.pool)  # an attempt made earns its share, as `_race`'s does
             then(node, raw, exc)
@@ -349,9 +356,12 @@ class Attempts:
     def _begin(ctx: Any, node: Node) -> None:
         """An attempt to `node` is on its way: counted in flight (a node's in-flight count,
         which the selector's choice weighs, is kept by this class alone: here, and inline
-        where a first attempt is sent now) and named in the log."""
+        where a first attempt is sent now), named in the log and counted in the client's
+        upstream calls when tenancy follows the request."""
         node.inflight += 1
         ctx.nodes.append(node.key)
+        if ctx.tally is not None:
+            ctx.tally.upstream += 1
 
     @staticmethod
     def _end(node: Node) -> None:
@@ -364,6 +374,11 @@ class Attempts:
         """The node answered (whatever the answer says, it works): its books, and the
         attempt counted as `label`."""
         _in_rotation(node)
+        budget = node.budget
+        if label == RATE_LIMITED:
+            budget.rate_limited()
+        elif budget.strikes:
+            budget.answered()
         ms = elapsed * 1000
         latency.observe(node, ms, time.monotonic(), self.tau)
         node.observe_latency(ms)
@@ -405,7 +420,10 @@ class Attempts:
         return window
 
     def _failed(self, ctx: Any, node: Node, exc: UpstreamError, elapsed: float, span: Any) -> None:
-        if exc.outcome.penalise:
+        result = exc.outcome
+        if result is outcome.RATE_LIMITED:
+            node.budget.rate_limited()
+        if result.penalise:
             node.breaker.failure(node.key, str(exc))
             ms = max(elapsed * 1000, FAILURE_COST_MS)
             latency.observe(node, ms, time.monotonic(), self.tau)
@@ -514,6 +532,8 @@ class Rescue:
             attempts.answered(ctx, node, self.group.lkey, elapsed, outcome.answered(raw))
         elif task is None:
             ctx.nodes.pop()  # the idle connection was closed: no attempt was made
+            if ctx.tally is not None:
+                ctx.tally.upstream -= 1
         if task is not None and not task.done():
             if raw is None or outcome.of_raw(raw).retry:
                 self.held = (raw, exc)  # the second attempt's answer may serve: wait

@@ -108,7 +108,10 @@ class Chooser:
             except NoEligibleNode as exc:
                 return exc
         if len(nodes) == 1:
-            return nodes[0], nodes
+            node = nodes[0]
+            if node.budget.rate and chosen is None:  # (`Selector.pick` takes it in a choice)
+                node.budget.spend()
+            return node, nodes
         if picked is None:
             return chosen or self.selector.pick(nodes), nodes
         ids = tuple(nodes)

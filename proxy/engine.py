@@ -222,6 +222,7 @@ class Engine:
         admitted: Admitted | None = None,
         early: Callable[[bytes], Any] | None = None,
         parsed: Any = None,
+        tally: Any = None,
     ) -> Answer:
         """Answer one client body: (HTTP status, response body; b"" with 204), and extra
         header lines when the pool refuses it (`Retry-After` with a 503). `admitted`: what
@@ -229,7 +230,9 @@ class Engine:
         answer to the client before this returns (a single request's node answer, final
         as the node sent it, goes out from the node connection's callback); the returned
         answer is then the same bytes, which the caller no longer writes. `parsed`: the
-        body's batch, when the caller parsed it already (nothing changed it since)."""
+        body's batch, when the caller parsed it already (nothing changed it since).
+        `tally`: the client's usage tally when tenancy follows the request (each attempt
+        sent to a node adds one to its `upstream`: `Ctx.tally`)."""
         started = time.perf_counter()
         if admitted is None:
             entry = self.admit(chain_id)
@@ -239,44 +242,49 @@ class Engine:
         try:
             if self.tracer is None:
                 return await self.pipeline.run(
-                    admitted, body, headers, None, started, early, parsed
+                    admitted, body, headers, None, started, early, parsed, tally
                 )
             with self.tracer.start_as_current_span("jsonrpc.request") as span:
                 return await self.pipeline.run(
-                    admitted, body, headers, span, started, early, parsed
+                    admitted, body, headers, span, started, early, parsed, tally
                 )
         finally:
             self.admission.leave(admitted.pool)
 
     def start(
-        self, chain_id: str, found: tuple[str, Pool] | None, request: Request
+        self,
+        chain_id: str,
+        found: tuple[str, Pool] | None,
+        request: Request,
+        tally: Any = None,
     ) -> Response | Awaitable[Response] | None:
         """`handle` for the data listener (`found`: what `resolve(chain_id)` gave), without a
         task where none is needed: the body's first attempt is made synchronously
         (proxy/firstattempt.py, proxy/firstbatch.py). Its answer when made now; None when
         the first attempt went out, its answer then given to `request.answer_early` from a
         callback, or the rest of its steps to `request.answer_later` as a task; else the
-        rest of the pipeline as a coroutine."""
+        rest of the pipeline as a coroutine. `tally`: as `handle`'s."""
         body = request.body
         if self.tracer is None and len(body) <= self._max_body:
             if len(body) >= LARGE_BODY:
-                return self._large(chain_id, found, request)
+                return self._large(chain_id, found, request, tally)
             started = time.perf_counter()
             try:
                 payload = orjson.loads(body)
             except orjson.JSONDecodeError:
                 payload = None
             if type(payload) is dict:
-                return self.first.start(chain_id, found, payload, request, started)
+                return self.first.start(chain_id, found, payload, request, started, tally)
             if type(payload) is list:
-                return self.batches.start(chain_id, found, payload, request, started)
+                return self.batches.start(chain_id, found, payload, request, started, tally)
         admitted = self.admit_resolved(chain_id, found)
         if type(admitted) is tuple:
             return admitted
-        return self.handle(chain_id, body, request.headers, admitted, request.answer_early)  # type: ignore[arg-type]
+        early = request.answer_early
+        return self.handle(chain_id, body, request.headers, admitted, early, tally=tally)  # type: ignore[arg-type]
 
     async def _large(
-        self, chain_id: str, found: tuple[str, Pool] | None, request: Request
+        self, chain_id: str, found: tuple[str, Pool] | None, request: Request, tally: Any
     ) -> Response:
         """`start` for a body of LARGE_BODY bytes or more: it is parsed in a turn of the
         event loop of its own, one such body per turn, then its first attempt made as
@@ -296,13 +304,13 @@ class Engine:
         finally:
             self.admission.leave(admitted.pool)  # (the first attempt takes its own place)
         if type(payload) is not dict and type(payload) is not list:
-            return await self.handle(chain_id, request.body, request.headers)  # type: ignore[arg-type]
+            return await self.handle(chain_id, request.body, request.headers, tally=tally)  # type: ignore[arg-type]
         settled = Settled(request)
         started = time.perf_counter()
         if type(payload) is dict:
-            step = self.first.start(chain_id, found, payload, settled, started)  # type: ignore[arg-type]
+            step = self.first.start(chain_id, found, payload, settled, started, tally)  # type: ignore[arg-type]
         else:
-            step = self.batches.start(chain_id, found, payload, settled, started)  # type: ignore[arg-type]
+            step = self.batches.start(chain_id, found, payload, settled, started, tally)  # type: ignore[arg-type]
         if step is None:
             return await settled.done
         return await step if inspect.isawaitable(step) else step  # type: ignore[return-value]

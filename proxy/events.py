@@ -44,6 +44,7 @@ from proxy.eventsettings import EventSettings
 from proxy.filters import NO_MEMPOOL, Filters
 from proxy.listeners import ListenerQuota
 from proxy.model import Pool
+from proxy.subscriptions import Answer as SessionAnswer
 from proxy.subscriptions import Session, Unread
 
 if TYPE_CHECKING:
@@ -313,8 +314,12 @@ class Events:
 
     # WebSocket -------------------------------------------------------------------------
 
-    async def websocket(self, request: web.Request) -> web.StreamResponse:
-        """`GET /:chainId` with `Upgrade: websocket`: JSON-RPC and subscriptions."""
+    async def websocket(
+        self, request: web.Request, wrap: Callable[[SessionAnswer], SessionAnswer] | None = None
+    ) -> web.StreamResponse:
+        """`GET /:chainId` with `Upgrade: websocket`: JSON-RPC and subscriptions. `wrap`:
+        what answers each client message around the proxy's own answer (tenancy admits
+        every message against its key's limits)."""
         chain = request.match_info["chain"]
         found = self._resolve(chain)
         if found is None:
@@ -333,10 +338,14 @@ class Events:
             return _refuse(426, "this path takes JSON-RPC POSTs or a WebSocket upgrade")
         await ws.prepare(request)
         headers = dict(request.headers)
+
+        def answer(data: bytes, s: Session) -> Awaitable[bytes]:
+            return self._ws_answer(chain, data, headers, s)
+
         session = Session(
             _AiohttpTransport(ws, request.transport),
             self.feed(found[1].id),
-            lambda data, s: self._ws_answer(chain, data, headers, s),
+            answer if wrap is None else wrap(answer),
             self.settings,
             client,
             self.quota,

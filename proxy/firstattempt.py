@@ -89,11 +89,12 @@ class FirstAttempt:
         payload: dict[str, Any],
         request: Request,
         started: float,
+        tally: Any = None,
     ) -> Answer | Awaitable[Answer] | bytes | None:
         """A request object's steps (`payload`: its body parsed), from parse on: its answer
         now (bytes: a 200), None when its first attempt went out (the answer then goes to
         `request.answer_early`, or a task given to `request.answer_later`), or the rest of
-        its steps as a coroutine."""
+        its steps as a coroutine. `tally`: the client's usage tally (`Ctx.tally`), if any."""
         route = node = None
         pipeline = self.pipeline
         if found is not None:
@@ -124,7 +125,12 @@ class FirstAttempt:
                         route = None  # (a notification, a null or float id: the general's)
                 if route is not None:
                     nodes = route.nodes
-                    node = nodes[0] if len(nodes) == 1 else self.chooser.kept(nodes)
+                    if len(nodes) == 1:
+                        node = nodes[0]
+                        if node.budget.rate:  # (`Selector.pick` takes it when it chooses)
+                            node.budget.spend()
+                    else:
+                        node = self.chooser.kept(nodes)
                 paths = routes.paths
                 if paths is None:
                     paths = kept.paths(routes)
@@ -165,13 +171,15 @@ class FirstAttempt:
             if taken is not None:  # written: the request's objects come after the write
                 sent = time.perf_counter()
                 taken[1].transport.write(taken[0].request(body))
-                self._sent_first(admitted, payload, request, route, node, taken, sent, started)
+                self._sent_first(
+                    admitted, payload, request, route, node, taken, sent, started, tally
+                )
                 pipeline.metrics.client(headers.get("client-id"))
                 return None
             chosen = node  # (picked already: the general steps go on with it)
         elif headers.get(MIN_BLOCK) is not None:  # (checked and kept by `Pipeline.run`)
-            return self.run(chain_id, body, headers, admitted, request.answer_early)
-        ctx = Ctx(admitted.chain, admitted.pool, request.answer_early)
+            return self.run(chain_id, body, headers, admitted, request.answer_early, tally=tally)
+        ctx = Ctx(admitted.chain, admitted.pool, request.answer_early, tally)
         try:
             first = pipeline.item(ctx, payload, body)
         except LocalMethod:  # raised only once a divert handler is set
@@ -441,11 +449,12 @@ class FirstAttempt:
         taken: Any,
         sent: float,
         started: float,
+        tally: Any = None,
     ) -> None:
         """After `start` wrote the client's bytes (at `sent`) to the node picked for its kept
         route, on its connection: the request's objects as `_first` makes them, and the
         answer's wait (`Attempts.sent_now`)."""
-        ctx = Ctx(admitted.chain, admitted.pool, request.answer_early)
+        ctx = Ctx(admitted.chain, admitted.pool, request.answer_early, tally)
         method = route.method
         ctx.methods.append(method)
         item = Item(0, payload, payload["id"], method, route.spec, route.ref, False)

@@ -94,9 +94,10 @@ class FirstBatch:
         payload: list[Any],
         request: Request,
         started: float,
+        tally: Any = None,
     ) -> Response | Awaitable[Response] | None:
         """A batch body's first attempt (`payload`: its body parsed): its answer now, or an
-        awaitable of it."""
+        awaitable of it. `tally`: the client's usage tally (`Ctx.tally`), if any."""
         body, headers = request.body, request.headers
         parsed: list[Any] | None = payload  # (None once a node in process was given it)
         if found is not None and 0 < len(payload) <= self.max_batch:
@@ -114,7 +115,9 @@ class FirstBatch:
                     parsed = None
                     first = payload[0]
                     if type(first) is dict and first.get("method") == CALL:
-                        called = self._calls(chain, pool, routes, payload, body, headers, started)
+                        called = self._calls(
+                            chain, pool, routes, payload, body, headers, started, tally
+                        )
                         if called is not None:
                             return called
                     else:
@@ -124,7 +127,7 @@ class FirstBatch:
         admitted = self.admit(chain_id, found)
         if type(admitted) is tuple:
             return admitted
-        return self.run(chain_id, body, headers, admitted, request.answer_early, parsed)
+        return self.run(chain_id, body, headers, admitted, request.answer_early, parsed, tally)
 
     # ---- plain reads answered now --------------------------------------------------------
 
@@ -315,6 +318,7 @@ class FirstBatch:
         body: bytes,
         headers: Headers,
         started: float,
+        tally: Any = None,
     ) -> Response | Awaitable[Response] | None:
         """A batch of eth_calls the general steps would send as it is to one node, given
         to that node's future of answers: every item an eth_call request object with
@@ -349,7 +353,7 @@ class FirstBatch:
         admitted = self.admit(chain, (chain, pool))
         if type(admitted) is tuple:
             return admitted  # (refused: as `Engine.admit` would answer it)
-        ctx = Ctx(chain, pool)
+        ctx = Ctx(chain, pool, None, tally)
         group = Group(node, [_Held(item) for item in items], cands, BATCH)
         landed: list[Any] = []
         done = asyncio.get_running_loop().create_future()

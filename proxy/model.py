@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from proxy.breaker import HALF_OPEN, OPEN, Breaker, BreakerSettings
 from proxy.latency import LatencyWindow
+from proxy.tenancy.nodebudget import NodeBudget
 
 # `full`: a full or archive execution client (geth, reth, ...) answering what only a state
 # trie can (eth_getProof); it gets no other traffic unless a method route sends it there.
@@ -115,8 +116,9 @@ class NodeEntry:
     # Route to the node even while the consistency checker says it diverged (the operator's
     # override; docs/proxy.md "Lying replicas").
     ignore_checker: bool = False
+    budget: float = 0.0  # requests per second the node may be sent (0: no budget)
 
-    FIELDS = frozenset({"key", "url", "kind", "weight", "enabled", "ignore_checker"})
+    FIELDS = frozenset({"key", "url", "kind", "weight", "enabled", "ignore_checker", "budget"})
 
     @classmethod
     def from_obj(cls, obj: Any, max_weight: int = 1_000_000) -> NodeEntry:
@@ -130,6 +132,9 @@ class NodeEntry:
         ignore = o.get("ignore_checker", False)
         if not isinstance(enabled, bool) or not isinstance(ignore, bool):
             raise EntryError("enabled and ignore_checker must be true or false")
+        budget = o.get("budget", 0)
+        if isinstance(budget, bool) or not isinstance(budget, int | float) or not budget >= 0:
+            raise EntryError("budget must be a number of requests per second, 0 or more")
         return cls(
             key=check_key(o["key"]),
             url=check_url(o["url"]),
@@ -137,6 +142,7 @@ class NodeEntry:
             weight=check_weight(o.get("weight", 1), max_weight),
             enabled=enabled,
             ignore_checker=ignore,
+            budget=float(budget),
         )
 
     def to_obj(self) -> dict[str, Any]:
@@ -149,6 +155,8 @@ class NodeEntry:
         }
         if self.ignore_checker:  # stored (and shown) only when set
             obj["ignore_checker"] = True
+        if self.budget:
+            obj["budget"] = self.budget
         return obj
 
 
@@ -264,20 +272,34 @@ class Node:
     diverged: dict[str, Any] | None = None  # the checker's verdict, proxy/verdicts.py
     blocked: bool = False
     breaker: Breaker = field(init=False)
+    # its upstream budget and rate-limit backoff (proxy/tenancy/nodebudget.py)
+    budget: NodeBudget = field(init=False)
 
     def __post_init__(self) -> None:
         self.breaker = Breaker(self.breaker_settings, self.update_blocked)
+        self.budget = NodeBudget(self.entry.budget, self.update_blocked)
+
+    def take_entry(self, entry: NodeEntry) -> None:
+        """A changed entry of the same endpoint: what was observed is kept; its budget and
+        `ignore_checker` may have changed."""
+        if entry.budget != self.entry.budget:
+            self.budget.retune(entry.budget)
+        self.entry = entry
+        self.update_blocked()
 
     def update_blocked(self) -> None:
-        """Recompute `blocked` (after a breaker transition or a checker verdict)."""
+        """Recompute `blocked` (after a breaker transition, a checker verdict, a backoff or
+        a budget spent)."""
         state = self.breaker.state
         ejected = state is OPEN or (state is HALF_OPEN and self.breaker.probing)
-        self.blocked = ejected or self.distrusted
+        self.blocked = ejected or self.distrusted or self.budget.out
 
     @property
     def ejected(self) -> bool:
-        """Out of rotation by its breaker alone (open, or half-open with a probe out)."""
-        return self.blocked and not self.distrusted
+        """Out of rotation by its breaker alone (open, or half-open with a probe out): tried
+        anyway when every node is out. Never a node the checker distrusts, nor one backed off
+        or over its upstream budget (it would answer a rate limit)."""
+        return self.blocked and not self.distrusted and not self.budget.out
 
     @property
     def distrusted(self) -> bool:
@@ -352,6 +374,7 @@ class Node:
             "diverged": self.diverged,
             "ignore_checker": self.entry.ignore_checker,
             "cost_ms": None if cost_ms is None else round(cost_ms, 3),
+            "upstream_budget": self.budget.to_obj(),
         }
 
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import orjson
 
 from chainstate.jsonrpc import BLOCK_NOT_FOUND, EVM_FAILED, RETRYABLE_CODES, TIME_LIMIT
+from proxy.tenancy.nodebudget import limited, limited_error
 
 UNSUPPORTED_PRECOMPILE = -39008
 
@@ -46,6 +47,10 @@ RETRYABLE = Outcome("retryable", retry=True, penalise=False)  # another code of 
 MISSING = Outcome("missing_answer", retry=True, penalise=True)  # a batch answer without it
 # A transaction the state nodes do not hold (`null`): asked of the Leader next (a pending one)
 NOT_HELD = Outcome("not_held", retry=True, penalise=False)
+
+# The node's rate limit (HTTP 429, or a rate-limit error in its answer): the node is backed
+# off (proxy/tenancy/nodebudget.py) and the item retried elsewhere; not a fault of the node.
+RATE_LIMITED = Outcome("rate_limited", retry=True, penalise=False)
 
 # Transport: the attempt got no usable answer.
 CONNECT = Outcome("connect", retry=True, penalise=True)
@@ -124,6 +129,12 @@ class TooLarge(UpstreamError):
     outcome = TOO_LARGE
 
 
+class RateLimited(UpstreamError):
+    """The node's rate limit (HTTP 429): the node is backed off, the item retried elsewhere."""
+
+    outcome = RATE_LIMITED
+
+
 def of_code(code: int) -> Outcome:
     """The outcome of an answer carrying one of RETRYABLE_CODES."""
     return _BY_CODE.get(code, RETRYABLE)
@@ -140,6 +151,8 @@ def of_answer(answer: dict[str, Any]) -> Outcome:
             return of_code(code)
         if code == EVM_FAILED and _time_limit(err.get("data")):
             return CALL_TIMEOUT
+        if limited_error(err):
+            return RATE_LIMITED
     return ERROR
 
 
@@ -154,7 +167,9 @@ def of_raw(raw: bytes) -> Outcome:
     (`find`, never `in`: bytes' `in` first tries its operand as an int and formats the
     TypeError it clears, ~2k instructions per test, and this runs twice per answer.)"""
     if raw.find(b"-3900") < 0:
-        return ERROR if raw.find(b'"error"') >= 0 else OK
+        if raw.find(b'"error"') < 0:
+            return OK
+        return RATE_LIMITED if limited(raw) else ERROR
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -170,7 +185,7 @@ def answered(raw: bytes) -> str:
     of a single answer asking for a retry, or `retryable` for a batch answer with such an
     item (the engine classifies each item; this only names the attempt)."""
     if raw.find(b"-3900") < 0:
-        return OK.name
+        return RATE_LIMITED.name if raw.find(b'"error"') >= 0 and limited(raw) else OK.name
     if raw.lstrip()[:1] == b"[":
         return RETRYABLE.name if any(raw.find(mark) >= 0 for mark in _RETRY_MARKS) else OK.name
     result = of_raw(raw)

@@ -80,11 +80,13 @@ class Pipeline:
         started: float,
         early: Callable[[bytes], Any] | None = None,
         parsed: list[Any] | None = None,
+        tally: Any = None,
     ) -> Answer:
         """Answers one admitted client body (its books closed); `early(body)` writes a
         single request's node answer to the client from the node connection's callback;
-        `parsed`: the body's batch when the caller parsed it already (not parsed again)."""
-        ctx = Ctx(admitted.chain, admitted.pool)
+        `parsed`: the body's batch when the caller parsed it already (not parsed again);
+        `tally`: the client's usage tally (`Ctx.tally`), if any."""
+        ctx = Ctx(admitted.chain, admitted.pool, None, tally)
         self.metrics.client(headers.get("client-id"))
         shape = "single"
         size = 1

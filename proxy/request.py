@@ -17,6 +17,7 @@ from proxy.methods import MethodSpec
 from proxy.model import Node, Pool
 from proxy.outcome import Outcome
 from proxy.reads import Plan
+from proxy.tenancy.nodebudget import limited
 from proxy.upstream import UpstreamError
 
 # A client's answer: (HTTP status, body) or (status, body, extra header lines).
@@ -48,11 +49,21 @@ class Ctx:
         "own_ids",
         "pool",
         "reserved",
+        "tally",
     )
 
-    def __init__(self, chain: str, pool: Pool, early: Callable[[bytes], Any] | None = None) -> None:
+    def __init__(
+        self,
+        chain: str,
+        pool: Pool,
+        early: Callable[[bytes], Any] | None = None,
+        tally: Any = None,
+    ) -> None:
         self.chain = chain
         self.pool = pool
+        # The client's usage tally when tenancy follows the request (proxy/tenancy/usage.py):
+        # each attempt sent to a node adds one to its `upstream`.
+        self.tally = tally
         # Writes the client's answer now (the data listener's Request.answer_early); set
         # while a node's bytes, when final, are the answer exactly as the node sent them.
         self.early = early
@@ -74,6 +85,8 @@ class Ctx:
         # (An answer naming a -390xx code is never final as it is: it may be retried or, for
         # a standard method, shown with a standard code: proxy/face.py.)
         if write is not None and status == 200 and raw and raw.find(b"-390") < 0:
+            if raw.find(b'"error"') >= 0 and limited(raw):  # a rate limit: retried elsewhere
+                return
             self.early = None
             write(raw)
 

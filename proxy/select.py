@@ -7,14 +7,15 @@ proxy has not seen → `archive`. When no node of the wanted kind is eligible th
 is tried (an archive node holds recent blocks too; a state node answers -39006 when it
 lacks the block, which is retried). Method routes override the kind. Eligible nodes are
 enabled, healthy (the health poll), not blocked (an open breaker, a half-open one already
-probing, or a checker verdict the entry does not override), weight > 0, head ≥ height, and
+probing, a checker verdict the entry does not override, a rate-limit backoff or a spent
+upstream budget: proxy/tenancy/nodebudget.py), weight > 0, head ≥ height, and
 not already tried for this item. Among them the choice is latency-aware "power of two
 choices": two different nodes drawn by weight (without replacement), the one with the lower
 `cost × (in flight + 1) / weight` wins (cost: the node's peak-EWMA latency,
 proxy/latency.py). When no node is known to hold the height (heads are polled, so they lag),
 the choice is made again without that condition rather than refusing the item; when every
 otherwise eligible node has its breaker open, they are tried anyway (failing open beats
-refusing everything).
+refusing everything; not a node backed off or over its budget: it would answer a rate limit).
 
 Writer methods go to the pool's Leader write node. So does a state read at the `pending`
 block (`MethodSpec.pending`) when the pool has a Leader: pending state (the next nonce once a
@@ -282,7 +283,7 @@ class Selector:
             entry = node.entry
             if not (entry.enabled and node.healthy) or node in exclude:
                 continue
-            if node.blocked and not (ejected and not node.distrusted):
+            if node.blocked and not (ejected and node.ejected):
                 continue
             weight = entry.weight if node.weight_override is None else node.weight_override
             if weight <= 0 or (height is not None and not node.serves(height)):
@@ -300,7 +301,7 @@ class Selector:
     ) -> bool:
         if not (node.entry.enabled and node.healthy and node.weight > 0) or node in exclude:
             return False
-        if node.blocked and not (ejected and not node.distrusted):
+        if node.blocked and not (ejected and node.ejected):
             return False
         return height is None or node.serves(height)
 
@@ -310,21 +311,24 @@ class Selector:
         drawn into the pair, which its weight sets."""
         n = len(nodes)
         if n == 1:
-            return nodes[0]
-        if n == 2:
-            a, b = nodes
+            picked = nodes[0]
         else:
-            a, b = self._draw_two(nodes)
-        now = time.monotonic()
-        tau = self.tau
-        ca = latency.current(a, now, tau)
-        cb = latency.current(b, now, tau)
-        wa, wb = a.weight, b.weight
-        cost_a = (a.inflight + 1) * (UNKNOWN_COST_MS if ca is None else ca) / wa
-        cost_b = (b.inflight + 1) * (UNKNOWN_COST_MS if cb is None else cb) / wb
-        if cost_a == cost_b:  # (idle nodes with equal costs: the draw by weight decides)
-            return a if self.rng.random() * (wa + wb) < wa else b
-        return a if cost_a < cost_b else b
+            a, b = nodes if n == 2 else self._draw_two(nodes)
+            now = time.monotonic()
+            tau = self.tau
+            ca = latency.current(a, now, tau)
+            cb = latency.current(b, now, tau)
+            wa, wb = a.weight, b.weight
+            cost_a = (a.inflight + 1) * (UNKNOWN_COST_MS if ca is None else ca) / wa
+            cost_b = (b.inflight + 1) * (UNKNOWN_COST_MS if cb is None else cb) / wb
+            if cost_a == cost_b:  # (idle nodes with equal costs: the draw by weight decides)
+                picked = a if self.rng.random() * (wa + wb) < wa else b
+            else:
+                picked = a if cost_a < cost_b else b
+        budget = picked.budget
+        if budget.rate:  # taken when chosen: the attempt may be sent a turn later
+            budget.spend()
+        return picked
 
     def _draw_two(self, nodes: list[Node]) -> tuple[Node, Node]:
         """Two different nodes, each drawn with a probability proportional to its weight."""
@@ -399,7 +403,8 @@ class Selector:
     def _none_msg(pool: Pool, method: str, need: Need, why: str) -> str:
         states = ", ".join(
             f"{n.key}({n.entry.kind}, {'enabled' if n.entry.enabled else 'disabled'}, "
-            f"{'healthy' if n.healthy else 'unhealthy'}, head {n.head}, weight {n.weight})"
+            f"{'healthy' if n.healthy else 'unhealthy'}, head {n.head}, weight {n.weight}"
+            f"{', rate limited or over its budget' if n.budget.out else ''})"
             for n in pool.readers
         )
         at = "" if need.height is None else f" at block {need.height}"

@@ -200,8 +200,7 @@ class RoutingState:
             raise EntryError(f"node key {entry.key!r} does not match its store key {key!r}")
         old = pool.nodes.get(key)
         if old is not None and old.entry.url == entry.url:
-            old.entry = entry  # keep what was observed about the same endpoint
-            old.update_blocked()  # ignore_checker may have changed
+            old.take_entry(entry)  # keep what was observed about the same endpoint
         else:
             pool.nodes[key] = Node(entry, breaker_settings=self.breaker)
 

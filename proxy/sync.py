@@ -65,6 +65,7 @@ class StoreSync:
                     "kind": node.kind,
                     "weight": node.weight,
                     "enabled": node.enabled,
+                    "budget": node.budget,
                 },
                 self.settings.max_weight,
             )

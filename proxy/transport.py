@@ -39,6 +39,7 @@ from proxy.outcome import (
     ConnectFailed,
     HttpFailed,
     NodeFailed,
+    RateLimited,
     Saturated,
     TimedOut,
     TooLarge,
@@ -325,6 +326,8 @@ def http_answer(url: str, status: int, data: bytes) -> bytes:
     refusing the request itself, e.g. too large); 5xx and other 4xx are failures (retried)."""
     if status == 200 or status == 204:
         return data
+    if status == 429:  # the node's rate limit: backed off, retried elsewhere (outcome.py)
+        raise RateLimited(f"{url} answered HTTP 429 (rate limited)")
     if 400 <= status < 500 and b'"jsonrpc"' in data[:200]:
         return data
     raise HttpFailed(f"{url} answered HTTP {status}")

@@ -3,8 +3,8 @@
 Given the request's pool, credential (a path key, or the Authorization header), headers,
 body and client address, it answers:
 
-- None: admitted, nothing to follow (anonymous traffic on a pool without limits);
-- a `Ticket`: admitted; the caller routes its answers through it (usage, errors, in-flight
+- None: admitted, nothing to follow (anonymous traffic without in-flight limits);
+- a `Ticket`: admitted; the caller routes its answers through it (errors per key, in-flight
   counts, CORS headers);
 - an answer to send at once: 401 (no, unknown, revoked or expired credential), 403 (a rule:
   chain, method, origin, address, eth_getLogs range, batch size), 429 + Retry-After with a
@@ -13,6 +13,13 @@ body and client address, it answers:
 
 A credential is resolved once (hash lookup or JWT verification) and its subject kept until the
 registry changes, so a known key costs a dict lookup; limiters outlive those changes.
+
+A single request of a subject whose only checks are its rates and quotas takes one unit of a
+**lease**: a few tokens taken at once from every bucket and quota of the subject (at most
+`LEASE_SECONDS` of each bucket's rate, at least one), so most requests cost a decrement
+instead of a token-bucket update per limit, and are counted in the usage tally when the
+lease is settled. Leases are settled (what was used counted, the rest given back) before
+every sync of the limiters, every usage flush and every read of the counts.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from proxy.model import Pool
 from proxy.tenancy.http import peer_of
 from proxy.tenancy.identity import AuthError, ClientAddress, JwtVerifier, bearer, looks_like_jwt
 from proxy.tenancy.keys import key_hash, looks_like_key
-from proxy.tenancy.limits import Bucket, InFlight, Quota
+from proxy.tenancy.limits import MIN_RATE, Bucket, InFlight, Quota
 from proxy.tenancy.model import Limits, PoolAccess
 from proxy.tenancy.registry import Registry
 from proxy.tenancy.rules import Policy
@@ -41,8 +48,15 @@ UNAUTHORIZED = -32001  # no usable credential (HTTP 401)
 FORBIDDEN = -32002  # a rule refused the request (HTTP 403)
 LIMIT_EXCEEDED = SERVER_BUSY  # -32005, EIP-1474 "limit exceeded" (HTTP 429)
 MAX_SUBJECTS = 10_000  # credentials (and refusals of bad ones) kept resolved
+# A lease holds at most this many seconds of a bucket's rate (and at least one token), and at
+# most 1/QUOTA_LEASE_SHARE of a quota: what a lease may hold unused until it is settled.
+LEASE_SECONDS = 0.01
+QUOTA_LEASE_SHARE = 1000
+MAX_LEASE = 1 << 16  # requests of a subject without rates or quotas counted per lease
 Answer = tuple[int, bytes] | tuple[int, bytes, bytes]
 _METHOD = b'"method"'
+_ERROR = b'"error"'
+_WHITESPACE = b" \t\r\n"
 _new = object.__new__
 monotonic = time.monotonic
 
@@ -80,7 +94,8 @@ class Limiters:
                     Quota(f"{name}:{period}", f"{setting}={value}", value, period, wall)
                 )
         if limits.concurrent:
-            self.inflight = InFlight(limits.concurrent, f"concurrent={limits.concurrent}")
+            setting = f"concurrent={limits.concurrent}"
+            self.inflight = InFlight(limits.concurrent, setting, f"{name}:cc")
 
 
 class Subject:
@@ -89,9 +104,14 @@ class Subject:
     __slots__ = (
         "checks",
         "expires",
+        "fast",
         "follow",
         "inflight",
         "items",
+        "lease",
+        "leased",
+        "leases",
+        "left",
         "limiters",
         "name",
         "per_client",
@@ -123,43 +143,47 @@ class Subject:
         self.quotas = [q for lim in limiters for q in lim.quotas]
         self.inflight = [lim.inflight for lim in limiters if lim.inflight is not None]
         # keyed traffic is followed to its answer (errors per key); anonymous only when needed
-        self.follow = tally.key != ANONYMOUS or bool(self.inflight)
-        # more than plain rates to check (the rest of the request path's checks)
-        self.checks = bool(
+        self.follow = (
+            tally.key != ANONYMOUS
+            or bool(self.inflight)
+            or (per_client is not None and per_client.concurrent > 0)
+        )
+        # Single requests take a unit of the lease: nothing to check but rates and quotas
+        self.leases = not (
             policy.chains is not None
             or policy.networks
             or policy.needs_items
             or per_client is not None
-            or self.quotas
             or self.inflight
         )
+        # ... and with no expiry to check: `Gate.admit`'s first test suffices
+        self.fast = self.leases and not expires
+        # more than plain rates to check for a batch (or a single request without a lease)
+        self.checks = not self.leases or bool(self.quotas)
+        self.lease = 0  # units of the current lease
+        self.left = 0  # units of it not used yet
+        self.leased = False  # in the gate's list of subjects to settle
 
 
 class Ticket:
-    """One admitted request followed to its answer: counts its errors, gives back its place
-    in flight, and adds the CORS headers a browser needs to read the answer. (Made without
-    `__init__`'s call, by `Gate.admit`: one per keyed request.)"""
+    """One admitted request followed to its answer: an error answer counts for the key, once
+    the answer is written. (Made without `__init__`'s call, by `Gate.admit`; the caller sets
+    `request` before it hands `early`/`later` on.)"""
 
-    __slots__ = ("done", "extra", "inflight", "request", "tally")
+    __slots__ = ("request", "tally")
 
-    tally: Tally
-    inflight: list[InFlight]
-    extra: bytes  # header lines added to the answer
     request: Any
-    done: bool
+    tally: Tally
 
     def early(self, result: Any) -> bool:
         """`Request.answer_early` for the engine (a node's answer, final as it is)."""
-        if not self.done:
-            self.done = True
-            for slot in self.inflight:
-                slot.count -= 1
-            if type(result) is bytes and result.find(b'"error"') >= 0:
+        written = self.request.answer_early(result)
+        if type(result) is bytes:
+            if result.find(_ERROR) >= 0:
                 self.tally.errors += 1
-        extra = self.extra
-        if extra:
-            result = _with_headers(result, extra)
-        return self.request.answer_early(result)
+        elif result[0] >= 400 or result[1].find(_ERROR) >= 0:
+            self.tally.errors += 1
+        return written
 
     def later(self, answer: Awaitable[Any]) -> None:
         self.request.answer_later(self._watch(answer))
@@ -171,6 +195,34 @@ class Ticket:
         if type(result) is tuple or type(result) is bytes:
             return self._end(result)
         return self._watch(result)
+
+    async def _watch(self, answer: Awaitable[Any]) -> Any:
+        return self._end(await answer)
+
+    def _end(self, result: Any) -> Any:
+        if _failed(result):
+            self.tally.errors += 1
+        return result
+
+
+class HeldTicket(Ticket):
+    """A ticket that also holds places in flight (`concurrent`), given back with the answer,
+    and adds the CORS headers a browser needs to read the answer."""
+
+    __slots__ = ("done", "extra", "inflight")
+
+    inflight: list[InFlight]
+    extra: bytes  # header lines added to the answer
+    done: bool
+
+    def early(self, result: Any) -> bool:
+        extra = self.extra
+        written = self.request.answer_early(_with_headers(result, extra) if extra else result)
+        if not self.done:
+            self._release()
+            if _failed(result):
+                self.tally.errors += 1
+        return written
 
     async def _watch(self, answer: Awaitable[Any]) -> Any:
         try:
@@ -189,11 +241,17 @@ class Ticket:
     def _end(self, result: Any) -> Any:
         if not self.done:
             self._release()
-            body = result if type(result) is bytes else result[1]
-            if body.find(b'"error"') >= 0 or (type(result) is tuple and result[0] != 200):
+            if _failed(result):
                 self.tally.errors += 1
         extra = self.extra
         return _with_headers(result, extra) if extra else result
+
+
+def _failed(result: Any) -> bool:
+    """An answer holding an error object, or an HTTP error status."""
+    if type(result) is bytes:
+        return result.find(_ERROR) >= 0
+    return result[0] >= 400 or result[1].find(_ERROR) >= 0
 
 
 def _with_headers(result: Any, extra: bytes) -> Any:
@@ -202,6 +260,18 @@ def _with_headers(result: Any, extra: bytes) -> Any:
     if len(result) == 2:
         return (result[0], result[1], extra)
     return (result[0], result[1], result[2] + extra)
+
+
+def batch_items(body: bytes) -> int:
+    """Items of a batch: its "method" members (a scan, no parse), unless a member name may be
+    written with escapes (`"\\u006dethod"`), then the parsed array's length."""
+    if body.find(b"\\u") < 0:
+        return body.count(_METHOD) or 1
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return 1  # the engine answers the parse error
+    return len(payload) if type(payload) is list and payload else 1
 
 
 class Gate:
@@ -217,18 +287,26 @@ class Gate:
         # Anything to check at all; else only requests with an Origin header come here.
         self.active = False
         self._version = -1
-        self._subjects: dict[Any, Subject | Answer] = {}  # credential → subject or refusal
+        self._subjects: dict[Any, Subject] = {}  # credential → subject
+        self._refusals: dict[Any, Answer] = {}  # credential → its refusal
+        self._leased: list[Subject] = []  # subjects holding a lease (settled together)
+        # The in-flight places of the request being admitted when they are not its subject's
+        # alone (an anonymous address's), from `_take` to `_admit` in the same call
+        self._held: list[InFlight] | None = None
         self._limiters: dict[str, tuple[Limits, Limiters]] = {}  # outlive registry changes
         self._clients: LRUCache[tuple[str, str], Limiters] = LRUCache(settings.max_clients)
         self._refresh()
         registry.on_change = self._refresh  # (`active` may change: recomputed at once)
+        usage.settle = self.settle
 
     # ---- the registry's records, compiled ---------------------------------------------------
 
     def _refresh(self) -> None:
         reg = self.registry
+        self.settle()  # (the subjects are made again: what their leases counted is kept)
         self._version = reg.version
         self._subjects = {}
+        self._refusals = {}
         s = self.settings
         self.active = not (
             reg.empty
@@ -322,10 +400,12 @@ class Gate:
             self._refresh()
         found = self._subjects.get(cache_as)
         if found is not None:
-            if type(found) is Subject and found.expires and time.time() >= found.expires:
-                del self._subjects[cache_as]
-            else:
+            if not found.expires or time.time() < found.expires:
                 return found
+            self._forget(cache_as)
+        refused = self._refusals.get(cache_as)
+        if refused is not None:
+            return refused
         token = path_key
         if token is None:
             auth = raw.get(b"authorization")
@@ -339,10 +419,23 @@ class Gate:
             made = self._jwt_subject(token)
         else:
             made = self._key_subject(token)
-        if len(self._subjects) >= MAX_SUBJECTS:
-            self._subjects.clear()
-        self._subjects[cache_as] = made
+        if type(made) is Subject:
+            if len(self._subjects) >= MAX_SUBJECTS:
+                self.settle()
+                self._subjects.clear()
+            self._subjects[cache_as] = made
+        else:
+            if len(self._refusals) >= MAX_SUBJECTS:
+                self._refusals.clear()
+            self._refusals[cache_as] = made  # type: ignore[assignment]
         return made
+
+    def _forget(self, cache_as: Any) -> None:
+        subject = self._subjects.pop(cache_as, None)
+        if subject is not None and subject.leased:
+            _settle(subject)
+            subject.leased = False
+            self._leased.remove(subject)
 
     # ---- admission -----------------------------------------------------------------------
 
@@ -356,18 +449,46 @@ class Gate:
     ) -> Ticket | Answer | None:
         """The request path's one call (see the module's docstring). `raw`: lower-case
         header names → values; `conn`: the client's connection (its `transport` tells the
-        remote address, read only when a rule or limit needs it). Every request of a known
-        credential passes here: a dict lookup, the checks its subject has, no more."""
+        remote address, read only when a rule or limit needs it). A single request of a
+        known key with rates and quotas only costs a dict lookup, a decrement of its lease
+        and its ticket; everything else goes on in `_admit`."""
         if path_key is not None:
             cache_as: Any = path_key
         else:
             auth = raw.get(b"authorization")
             cache_as = pool.id if auth is None else auth
         subject = self._subjects.get(cache_as)
-        if subject is None or type(subject) is not Subject or subject.expires:
-            subject = self._subject(cache_as, path_key, raw, pool.id)
-            if type(subject) is not Subject:
-                return subject  # type: ignore[return-value]
+        if (
+            subject is not None
+            and subject.fast
+            and body
+            and body[0] == 123  # `{`: a single request
+            and b"origin" not in raw
+        ):
+            left = subject.left
+            if left:
+                subject.left = left - 1
+            else:
+                refused = self._renew(subject)
+                if refused is not None:
+                    return refused
+            if subject.follow:
+                ticket = _new(Ticket)
+                ticket.tally = subject.tally
+                return ticket
+            return None
+        return self._admit(subject, cache_as, pool, path_key, raw, body, conn)
+
+    def _admit(
+        self, subject: Subject | None, cache_as: Any, pool: Pool, path_key: str | None,
+        raw: Mapping[bytes, bytes], body: bytes, conn: Any,
+    ) -> Ticket | Answer | None:  # fmt: skip
+        """`admit` for everything but a fast subject's single request without an Origin."""
+        if subject is None or subject.expires:
+            found = self._subject(cache_as, path_key, raw, pool.id)
+            if type(found) is not Subject:
+                return found  # type: ignore[return-value]
+            subject = found
         origin = raw.get(b"origin")
         extra = b""
         if origin is not None:
@@ -376,12 +497,24 @@ class Gate:
                 why = f"origin {text[:100]} is not allowed"
                 return self._refuse(subject, 403, FORBIDDEN, "origin", why, b"")
             extra = b"Access-Control-Allow-Origin: %b\r\nVary: Origin\r\n" % origin
-        if subject.checks:
-            refused = self._check(subject, pool, raw, body, conn, extra)
+        first = body[:1]
+        if first in _WHITESPACE:
+            first = body.lstrip(_WHITESPACE)[:1]
+        batch = first == b"["
+        if not batch and subject.leases:
+            left = subject.left
+            if left:
+                subject.left = left - 1
+            else:
+                refused = self._renew(subject, extra)
+                if refused is not None:
+                    return refused
+        elif subject.checks:
+            refused = self._check(subject, pool, raw, body, batch, conn, extra)
             if refused is not None:
                 return refused
-        elif body and body[0] == 91:  # a batch: its "method" members (a scan, no parse)
-            items = body.count(_METHOD) or 1
+        else:  # a batch of a subject with rates alone
+            items = batch_items(body)
             if subject.single:
                 limited = self._take_rates(subject.rates, subject.items, items)
                 if limited is not None:
@@ -389,59 +522,138 @@ class Gate:
             tally = subject.tally
             tally.requests += 1
             tally.items += items
-        else:
-            # A single request takes one token of every bucket: `Bucket.take`, inline (two
-            # calls less per request; keep the two alike)
-            buckets = subject.single
-            if buckets:
+        slots = subject.inflight
+        if self._held is not None:  # (`_take`'s: a client address's own place too)
+            slots, self._held = self._held, None
+        if slots or extra:
+            held = _new(HeldTicket)
+            held.tally = subject.tally
+            held.inflight = slots
+            held.extra = extra
+            held.done = False
+            if slots:
                 now = monotonic()
-                for bucket in buckets:
-                    tokens = bucket.tokens + (now - bucket.stamp) * bucket.rate
-                    if tokens > bucket.cap:
-                        tokens = bucket.cap
-                    bucket.stamp = now
-                    if tokens < 1.0:
-                        bucket.tokens = tokens
-                        return self._short(subject, buckets, bucket, extra)
-                    bucket.tokens = tokens - 1.0
-                    bucket.pending += 1
-                    if not bucket.active:
-                        bucket.active = True
-                        self.active_limiters.buckets.append(bucket)
-            tally = subject.tally
-            tally.requests += 1
-            tally.items += 1
-        if subject.follow or extra:
+                active = self.active_limiters
+                for slot in slots:
+                    slot.count += 1
+                    slot.touched = now
+                    if not slot.active:
+                        slot.active = True
+                        active.inflight.append(slot)
+            return held
+        if subject.follow:
             ticket = _new(Ticket)
             ticket.tally = subject.tally
-            ticket.inflight = subject.inflight
-            ticket.extra = extra
-            ticket.request = None
-            ticket.done = False
-            if subject.inflight:
-                for slot in subject.inflight:
-                    slot.count += 1
             return ticket
         return None
 
-    def _short(
-        self, subject: Subject, buckets: list[Bucket], refused: Bucket, extra: bytes
-    ) -> Answer:
-        """A single request one of `buckets` (`refused`) has no token for: the tokens the
-        ones before it gave back, and the refusal."""
+    def upgrade(
+        self, pool: Pool, path_key: str | None, raw: Mapping[bytes, bytes], conn: Any
+    ) -> Answer | None:
+        """A WebSocket upgrade: the credential, the pool's anonymous access and the rules
+        that do not depend on a message (chain, origin, client address); None: admitted.
+        Its messages are admitted one by one (`admit`), as requests."""
+        cache_as: Any = path_key
+        if path_key is None:
+            auth = raw.get(b"authorization")
+            cache_as = pool.id if auth is None else auth
+        subject = self._subject(cache_as, path_key, raw, pool.id)
+        if type(subject) is not Subject:
+            return subject  # type: ignore[return-value]
+        policy = subject.policy
+        origin = raw.get(b"origin")
+        if origin is not None and not policy.allows_origin(origin.decode("latin-1")):
+            why = f"origin {origin.decode('latin-1')[:100]} is not allowed"
+            return self._refuse(subject, 403, FORBIDDEN, "origin", why, b"")
+        if policy.chains is not None and pool.id not in policy.chains:
+            why = f"chain {pool.id} is not allowed"
+            return self._refuse(subject, 403, FORBIDDEN, "chains", why, b"")
+        if policy.networks:
+            address = self.address.of(peer_of(conn), raw.get(b"x-forwarded-for"))
+            if not policy.allows_address(address):
+                why = f"address {address} is not allowed"
+                return self._refuse(subject, 403, FORBIDDEN, "ips", why, b"")
+        return None
+
+    # ---- leases -------------------------------------------------------------------------
+
+    def _renew(self, subject: Subject, extra: bytes = b"") -> Answer | None:
+        """A subject's lease is used up: what it used goes to its tally, and a new one is
+        taken from every bucket and quota of the subject, of which this request uses the
+        first unit; or the refusal of the first limiter that has no token left."""
+        lease = subject.lease
+        if lease:
+            tally = subject.tally
+            tally.requests += lease
+            tally.items += lease
+            subject.lease = 0
+        grant = MAX_LEASE
+        buckets = subject.single
+        if buckets:
+            now = monotonic()
+            for bucket in buckets:
+                rate = bucket.rate
+                tokens = bucket.tokens + (now - bucket.stamp) * rate
+                if tokens > bucket.cap:
+                    tokens = bucket.cap
+                bucket.tokens = tokens
+                bucket.stamp = now
+                if tokens < 1.0:
+                    wait = (1.0 - tokens) / max(rate, MIN_RATE)
+                    return self._limited(subject, (bucket.limit, wait), extra)
+                most = int(rate * LEASE_SECONDS)
+                grant = min(grant, int(tokens), most if most > 1 else 1)
+        quotas = subject.quotas
+        wall = 0.0
+        if quotas:
+            wall = time.time()
+            for quota in quotas:
+                if self.quota_closed:
+                    return self._limited(
+                        subject, (f"{quota.setting} (shared counts unavailable)", -1.0), extra
+                    )
+                room = quota.room(wall)
+                if room < 1:
+                    return self._limited(subject, (quota.setting, quota.reset_after(wall)), extra)
+                share = quota.limit // QUOTA_LEASE_SHARE
+                grant = min(grant, room, share if share > 1 else 1)
+        active = self.active_limiters
         for bucket in buckets:
-            if bucket is refused:
-                break
-            bucket.tokens += 1.0
-            bucket.pending -= 1
-        wait = (1.0 - refused.tokens) / max(refused.rate, 1e-9)
-        return self._limited(subject, (refused.limit, wait), extra)
+            bucket.tokens -= grant
+            bucket.pending += grant
+            if not bucket.active:
+                bucket.active = True
+                active.buckets.append(bucket)
+        for quota in quotas:
+            quota.pending += grant
+            quota.touched = wall
+            if not quota.active:
+                quota.active = True
+                active.quotas.append(quota)
+        subject.lease = grant
+        subject.left = grant - 1
+        if not subject.leased:
+            subject.leased = True
+            self._leased.append(subject)
+        return None
+
+    def settle(self) -> None:
+        """Every lease handed back: what its subject used goes to its tally, the rest back to
+        its buckets and quotas. Before a sync, a usage flush or a read of the counts."""
+        leased = self._leased
+        if leased:
+            self._leased = []
+            for subject in leased:
+                _settle(subject)
+                subject.leased = False
+
+    # ---- checks ---------------------------------------------------------------------------
 
     def _check(
-        self, subject: Subject, pool: Pool, raw: Mapping[bytes, bytes], body: bytes, conn: Any,
-        extra: bytes,
+        self, subject: Subject, pool: Pool, raw: Mapping[bytes, bytes], body: bytes,
+        batch: bool, conn: Any, extra: bytes,
     ) -> Answer | None:  # fmt: skip
-        """Everything but a plain rate: chains, addresses, items, quotas, in-flight counts."""
+        """Everything but a lease: chains, addresses, items, quotas, in-flight counts."""
         policy = subject.policy
         pool_id = pool.id
         if policy.chains is not None and pool_id not in policy.chains:
@@ -453,7 +665,7 @@ class Gate:
             if policy.networks and not policy.allows_address(address):
                 why = f"address {address} is not allowed"
                 return self._refuse(subject, 403, FORBIDDEN, "ips", why, extra)
-        items = 1 if body[:1] != b"[" else (body.count(_METHOD) or 1)
+        items = batch_items(body) if batch else 1
         if policy.needs_items:
             refused = self._check_items(policy, pool, body)
             if refused is not None:
@@ -541,7 +753,7 @@ class Gate:
             if client.inflight is not None:
                 inflight = [*inflight, client.inflight]
         for slot in inflight:
-            if slot.count >= slot.limit:
+            if slot.count + slot.others >= slot.limit:
                 return slot.setting, 1.0
         if quotas:
             wall = time.time()
@@ -559,6 +771,8 @@ class Gate:
         if limited is not None:
             for quota in quotas:
                 quota.pending -= items
+        elif inflight is not subject.inflight:
+            self._held = inflight  # (the places `_admit` takes)
         return limited
 
     def _limited(self, subject: Subject, limited: tuple[str, float], extra: bytes) -> Answer:
@@ -620,6 +834,24 @@ class Gate:
             b"Access-Control-Allow-Headers: %b\r\nAccess-Control-Max-Age: %d\r\n%b"
             % (origin, wanted[:512], self.settings.cors_max_age, allow),
         )
+
+
+def _settle(subject: Subject) -> None:
+    """A subject's lease handed back (`Gate.settle`)."""
+    left = subject.left
+    used = subject.lease - left
+    if used:
+        tally = subject.tally
+        tally.requests += used
+        tally.items += used
+    if left:
+        for bucket in subject.single:
+            tokens = bucket.tokens + left
+            bucket.tokens = tokens if tokens < bucket.cap else bucket.cap
+            bucket.pending -= left
+        for quota in subject.quotas:
+            quota.pending -= left
+    subject.lease = subject.left = 0
 
 
 def _cors_rules(origins: tuple[str, ...]) -> Any:

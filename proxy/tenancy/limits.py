@@ -92,14 +92,18 @@ class Quota:
         self.touched = 0.0
 
     def take(self, n: int, now: float) -> bool:
-        if now >= self.ends:  # a new day or month
-            self.ends = period_end(self.period, now)
-            self.known = self.pending = 0
         self.touched = now
-        if self.known + self.pending + n > self.limit:
+        if self.room(now) < n:
             return False
         self.pending += n
         return True
+
+    def room(self, now: float) -> int:
+        """Items this period still allows (from a new day or month on: all)."""
+        if now >= self.ends:  # a new day or month
+            self.ends = period_end(self.period, now)
+            self.known = self.pending = 0
+        return self.limit - self.known - self.pending
 
     def window(self, now: float) -> str:
         return period_of(self.period, now)
@@ -111,11 +115,16 @@ class Quota:
 
 @dataclass(slots=True)
 class InFlight:
-    """Requests of one subject in flight on this proxy."""
+    """Requests of one subject in flight on this proxy (`count`), and on the other proxies
+    of the fleet as they last reported it through Redis (`others`, proxy/tenancy/shared.py)."""
 
     limit: int
     setting: str
+    name: str = ""  # the shared hash's name
     count: int = 0
+    others: int = 0
+    active: bool = False  # in the sync's list
+    touched: float = 0.0  # (monotonic) its last request
 
 
 def period_of(period: str, now: float) -> str:

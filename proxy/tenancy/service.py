@@ -78,6 +78,7 @@ class Tenancy:
         closed = self.settings.quota_fail == "closed"
         while True:
             await asyncio.sleep(self.settings.sync_interval)
+            self.gate.settle()  # (what the leases hold unused goes back before the counts go)
             prune(active, time.monotonic(), time.time())
             shared = self.shared
             if shared is None:

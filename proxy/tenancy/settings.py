@@ -11,6 +11,8 @@ from chainstate.config import ConfigError, resolve_path
 from proxy.model import EntryError
 from proxy.tenancy.model import Limits, Rules
 
+USAGE_FILE = "tenancy-usage.sqlite"
+
 QUOTA_FAIL = ("open", "closed")
 
 
@@ -44,7 +46,8 @@ class TenancySettings:
     jwt_project_claim: str = "project"
     jwt_leeway: float = 5.0  # seconds of clock skew accepted on exp/nbf
     # Usage totals per key and hour: in Redis with redis_url, else in this SQLite file (None:
-    # in memory only). Defaults to tenancy-usage.sqlite beside the proxy's store file.
+    # in memory only). Defaults to tenancy-usage.sqlite beside the proxy's store file, or
+    # under data_dir (else ./.chainstate/) with etcd (`_usage_file`).
     usage_path: str | None = None
     usage_flush: float = 10.0  # seconds between writes of the usage totals
     usage_retention_days: int = 400  # hour and day totals older than this are dropped
@@ -75,9 +78,9 @@ class TenancySettings:
             values["jwt_public_key"] = str(resolve_path(config, values["jwt_public_key"]))
         if values.get("usage_path"):
             values["usage_path"] = str(resolve_path(config, values["usage_path"]))
-        elif "usage_path" not in table and _beside_store(store_path):
-            assert store_path is not None
-            values["usage_path"] = str(Path(store_path).parent / "tenancy-usage.sqlite")
+        elif "usage_path" not in table:
+            found = _usage_file(config, store_path)
+            values["usage_path"] = None if found is None else str(found)
         try:
             settings = cls(**values)
         except TypeError as exc:
@@ -117,6 +120,14 @@ class TenancySettings:
             raise ConfigError(f"[proxy.tenancy] jwt_public_key {self.jwt_public_key} not found")
 
 
-def _beside_store(store_path: str | None) -> bool:
-    """A file store: usage totals go in a file beside it (none for etcd or :memory:)."""
-    return bool(store_path) and store_path != ":memory:" and not store_path.startswith("etcd://")
+def _usage_file(config: dict[str, Any], store_path: str | None) -> Path | None:
+    """Where usage totals are kept without Redis: beside a file store; with etcd (or the
+    default store) under the config's `data_dir`, else ./.chainstate/ (the default store's
+    folder); nowhere with `:memory:` (tests, benchmarks)."""
+    if store_path == ":memory:":
+        return None
+    if store_path and not store_path.startswith("etcd://"):
+        return Path(store_path).parent / USAGE_FILE
+    if "data_dir" in config:
+        return resolve_path(config, config["data_dir"]) / USAGE_FILE
+    return Path(".chainstate") / USAGE_FILE

@@ -18,7 +18,7 @@ import time
 import uuid
 from typing import Any
 
-from proxy.tenancy.limits import Bucket, Quota, period_end
+from proxy.tenancy.limits import Bucket, InFlight, Quota, period_end
 
 log = logging.getLogger(__name__)
 IDLE_S = 10.0  # a limiter untouched this long leaves the sync (its bucket is full again)
@@ -26,6 +26,8 @@ COUNTER_TTL_S = 3600  # a rate counter unused this long expires
 FLEET_EVERY_S = 1.0  # seconds between announcements of this proxy
 FLEET_WINDOW_S = 5.0  # proxies announced within this many seconds count as the fleet
 OUTAGE_S = 0.5  # syncs failing this long are an outage, not one slow answer
+INFLIGHT_STALE_S = 2.0  # another proxy's in-flight count older than this is ignored
+INFLIGHT_TTL_S = 60  # an in-flight hash unused this long expires
 
 
 class Active:
@@ -35,6 +37,7 @@ class Active:
     def __init__(self) -> None:
         self.buckets: list[Bucket] = []
         self.quotas: list[Quota] = []
+        self.inflight: list[InFlight] = []
 
 
 class Shared:
@@ -63,6 +66,7 @@ class Shared:
         now = time.time()
         buckets = active.buckets
         quotas = active.quotas
+        inflight = active.inflight
         sent_b = [b.pending for b in buckets]
         sent_q = [q.pending for q in quotas]
         pipe = self.redis.pipeline(transaction=False)
@@ -76,6 +80,11 @@ class Shared:
             key = f"{prefix}q:{quota.name}:{window}"
             pipe.incrby(key, n)
             pipe.expireat(key, int(period_end(quota.period, now)) + 86400)
+        for slot in inflight:  # this proxy's count, and every proxy's as they reported it
+            key = f"{prefix}cc:{slot.name}"
+            pipe.hset(key, self.id, f"{slot.count}:{now:.3f}")
+            pipe.expire(key, INFLIGHT_TTL_S)
+            pipe.hgetall(key)
         announce = now - self._announced >= FLEET_EVERY_S
         if announce:
             fleet = f"{prefix}fleet"
@@ -86,8 +95,11 @@ class Shared:
             results = await asyncio.wait_for(pipe.execute(), self.timeout * 2)
         except Exception as exc:  # any failure of the round trip: Redis is down for us
             self._down(exc, buckets)
+            for slot in inflight:
+                slot.others = 0  # (local only until a sync works)
             return
         self._apply(results, buckets, sent_b, quotas, sent_q)
+        self._others(results, len(buckets) * 2 + len(quotas) * 2, inflight, now)
         if announce:
             self._announced = now
             self.fleet = max(1, int(results[-1]))
@@ -121,6 +133,24 @@ class Shared:
             quota.pending -= n
             quota.known = int(results[i])
             i += 2
+
+    def _others(self, results: list[Any], at: int, inflight: list[InFlight], now: float) -> None:
+        """Each in-flight limit's count on the other proxies, from their recent reports."""
+        me = self.id.encode()
+        for slot in inflight:
+            reports = results[at + 2]
+            at += 3
+            others = 0
+            for proxy, value in reports.items():
+                if proxy == me:
+                    continue
+                count, _, stamp = value.partition(b":")
+                try:
+                    if now - float(stamp) <= INFLIGHT_STALE_S:
+                        others += int(count)
+                except ValueError:
+                    continue  # (not ours to read)
+            slot.others = others
 
     def _down(self, exc: BaseException, buckets: list[Bucket]) -> None:
         self.failures += 1
@@ -164,3 +194,11 @@ def prune(active: Active, mono: float, wall: float) -> None:
         else:
             quota.active = False
     active.quotas = quotas
+    slots = []
+    for slot in active.inflight:
+        if slot.count or mono - slot.touched < IDLE_S:
+            slots.append(slot)
+        else:  # (its last report, a count of 0, goes stale for the others)
+            slot.active = False
+            slot.others = 0
+    active.inflight = slots

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -216,6 +216,9 @@ class Usage:
         self.sink: Sink | None = None
         self.max_projects = max_projects
         self.failures = 0
+        # Brings the tallies up to date before they are read (the gate's leases count the
+        # requests they admitted when they are settled)
+        self.settle: Callable[[], None] | None = None
 
     def tally(self, project: str, key: str) -> Tally:
         tally = self.tallies.get((project, key))
@@ -226,6 +229,8 @@ class Usage:
     async def flush(self, now: float | None = None) -> None:
         if self.sink is None:
             return
+        if self.settle is not None:
+            self.settle()
         hour = hour_of(time.time() if now is None else now)
         taken = [(t, t.delta()) for t in list(self.tallies.values())]
         rows = [(t.project, t.key, d) for t, d in taken if d]
@@ -259,6 +264,8 @@ class _UsageCollector(Collector):
             "client requests refused by a limit or rule, by project and limit",
             labels=["project", "limit"],
         )
+        if self.usage.settle is not None:
+            self.usage.settle()
         sums: dict[str, list[int]] = {}
         refusals: dict[tuple[str, str], int] = {}
         named: set[str] = set()

@@ -76,7 +76,7 @@ async def fleet(proxies: tuple[ProxyProcess, ProxyProcess]) -> AsyncIterator[dic
         )
         for proxy in (a, b):
             await wait_for(lambda p=proxy: served(http, p.url, made["key"]), 10)
-        yield {"a": a.url, "b": b.url, "key": made["key"], "id": made["id"]}
+        yield {"a": a.url, "b": b.url, "key": made["key"], "id": made["id"], "node": node}
     await node.stop()
 
 
@@ -179,6 +179,29 @@ async def test_a_revoked_key_is_refused_on_every_proxy_within_a_second(
         for url in urls:
             await wait_for(lambda u=url: _status_is(http, u, 401), 5)
         assert time.monotonic() - revoked_at < 1.0
+
+
+async def test_a_keys_concurrent_requests_are_counted_across_the_fleet(
+    fleet: dict[str, Any],
+) -> None:
+    node = fleet["node"]
+    async with aiohttp.ClientSession() as http:
+        made = await admin(
+            http, fleet["a"], "/tenancy/keys", {"project": "fleet", "limits": {"concurrent": 2}}
+        )
+        on_a, on_b = (f"{base}/{CHAIN}/{made['key']}" for base in (fleet["a"], fleet["b"]))
+        for url in (on_a, on_b):
+            await wait_for(lambda u=url: _status_is(http, u, 200), 5)
+        node.delay = 1.5
+        try:
+            held = [asyncio.create_task(rpc(http, on_a)) for _ in range(2)]
+            await asyncio.sleep(0.5)  # (a's syncs report its two in flight)
+            status, answer = await rpc(http, on_b)
+            assert status == 429 and "concurrent=2" in answer["error"]["message"], answer
+            assert [s for s, _ in await asyncio.gather(*held)] == [200, 200]
+        finally:
+            node.delay = 0.0
+        await wait_for(lambda: _status_is(http, on_b, 200), 2)
 
 
 async def test_redis_killed_mid_run_fails_no_request(

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from proxy.tenancy.settings import TenancySettings
-from tests.proxy.conftest import balance, req
+from tests.proxy.conftest import ADDR, balance, req
 
 SECRET = "jwt-test-secret-of-32-bytes-long!"
 
@@ -137,6 +137,10 @@ async def test_a_key_over_its_rate_gets_429_with_retry_after_naming_the_limit(ma
     assert answer["error"]["code"] == -32005
     assert "requests_per_second=5" in answer["error"]["message"]
     assert int(headers["Retry-After"]) >= 1
+    async with api.client.data.post(f"/1337/{key}", data=orjson.dumps(balance())) as resp:
+        assert (resp.status, resp.reason) == (429, "Too Many Requests")
+    async with api.client.data.post("/1337/csk_unknownunknownunknown", data=b"{}") as resp:
+        assert (resp.status, resp.reason) == (401, "Unauthorized")
     # anonymous traffic is not this key's
     assert (await post(api, "/1337", balance()))[0] == 200
 
@@ -266,6 +270,23 @@ async def test_concurrent_requests_of_a_key(make_tenant) -> None:
             assert resp.status == 200  # its place was given back
 
 
+async def test_concurrent_requests_of_an_anonymous_address(make_tenant) -> None:
+    api, node = await make_tenant(
+        trusted_proxies=("127.0.0.0/8",), anonymous_limits=_limits(concurrent=1)
+    )
+    node.delay = 0.3
+    one = {"X-Forwarded-For": "198.51.100.1"}
+    first = asyncio.ensure_future(post(api, "/1337", balance(), **one))
+    await asyncio.sleep(0.1)
+    status, answer, _ = await post(api, "/1337", balance(rid=2), **one)
+    assert status == 429 and "concurrent=1" in answer["error"]["message"], answer
+    two = {"X-Forwarded-For": "198.51.100.2"}
+    assert (await post(api, "/1337", balance(rid=3), **two))[0] == 200
+    assert (await first)[0] == 200
+    node.delay = 0
+    assert (await post(api, "/1337", balance(rid=4), **one))[0] == 200  # its place given back
+
+
 def _limits(**values: Any):
     from proxy.tenancy.model import Limits
 
@@ -314,6 +335,7 @@ async def test_usage_per_key_and_metrics_name_projects_only(make_tenant, caplog)
     made = await new_key(api, limits={"requests_per_second": 3, "burst_seconds": 1})
     key = made["key"]
     node.method_errors["eth_chainId"] = -32000
+    before = len(node.received)
     for _ in range(2):
         await post(api, f"/1337/{key}", balance())
     await post(api, f"/1337/{key}", req("eth_chainId"))
@@ -323,11 +345,16 @@ async def test_usage_per_key_and_metrics_name_projects_only(make_tenant, caplog)
     [row] = usage["usage"]
     assert (row["project"], row["key"], row["requests"], row["items"]) == ("acme", made["id"], 3, 3)
     assert row["errors"] == 1 and row["refused"] == {"requests_per_second": 1}
+    # a call to the node for each request it answered (not the refused one, nor one the
+    # response cache answered)
+    called = len(node.received) - before
+    assert row["upstream"] == called and called >= 2
     status, daily = await api.get("/tenancy/usage?project=acme&by=day")
     assert daily["usage"][0]["requests"] == 3
     resp = await api.client.get("/metrics")
     text = await resp.text()
     assert 'chainstate_tenancy_requests_total{project="acme"} 3.0' in text
+    assert f'chainstate_tenancy_upstream_total{{project="acme"}} {called}.0' in text
     assert (
         'chainstate_tenancy_refused_total{limit="requests_per_second",project="acme"} 1.0' in text
     )
@@ -371,3 +398,64 @@ async def test_a_websocket_upgrade_needs_a_key_where_requests_do(make_tenant) ->
             await ws.send_bytes(orjson.dumps(req("eth_blockNumber")))
             answer = orjson.loads((await ws.receive()).data)
             assert answer["result"] == "0x3e8"
+
+
+async def test_usage_is_exact_for_a_key_whose_requests_take_a_lease(make_tenant) -> None:
+    """A key with a high rate takes tokens a few at a time; what it did not use goes back
+    and what it used is counted before anything reads the counts."""
+    api, _ = await make_tenant()
+    await project(api, limits={"requests_per_second": 100_000})
+    made = await new_key(api, limits={"requests_per_second": 50_000})
+    for sent in (7, 30):
+        for _ in range(7 if sent == 7 else 23):
+            status, _, _ = await post(api, f"/1337/{made['key']}", balance())
+            assert status == 200
+        status, usage = await api.get(f"/tenancy/usage?key={made['id']}")
+        [row] = usage["usage"]
+        assert (row["requests"], row["items"]) == (sent, sent)
+        text = await (await api.client.get("/metrics")).text()
+        assert f'chainstate_tenancy_requests_total{{project="acme"}} {sent}.0' in text
+
+
+async def test_a_daily_quota_is_exact_for_single_requests(make_tenant) -> None:
+    api, _ = await make_tenant()
+    await project(api, limits={"daily_items": 12})
+    key = (await new_key(api, limits={"requests_per_second": 50_000}))["key"]
+    statuses = [(await post(api, f"/1337/{key}", balance()))[0] for _ in range(14)]
+    assert statuses == [200] * 12 + [429] * 2
+    status, answer, headers = await post(api, f"/1337/{key}", balance())
+    assert status == 429 and "daily_items=12" in answer["error"]["message"]
+    assert int(headers["Retry-After"]) >= 1
+
+
+async def test_each_websocket_message_counts_against_the_keys_limits(make_tenant) -> None:
+    api, _ = await make_tenant()
+    await project(api)
+    made = await new_key(
+        api,
+        limits={"requests_per_second": 3, "burst_seconds": 1},
+        rules={"methods_denied": ["eth_getCode"]},
+    )
+    base = f"http://127.0.0.1:{api.client.server.port}"
+    async with aiohttp.ClientSession() as http, http.ws_connect(f"{base}/1337/{made['key']}") as ws:
+        for rid in range(6):
+            await ws.send_bytes(orjson.dumps(req("eth_blockNumber", rid=rid)))
+        answers = {}
+        for _ in range(6):
+            answer = orjson.loads((await ws.receive()).data)
+            answers[answer["id"]] = answer
+        refused = [a for a in answers.values() if "error" in a]
+        assert sorted(answers) == list(range(6)) and 2 <= len(refused) <= 3, answers
+        assert all(a["error"]["code"] == -32005 for a in refused)
+        assert "requests_per_second=3" in refused[0]["error"]["message"]
+        await ws.send_bytes(orjson.dumps(req("eth_getCode", [ADDR, "latest"], rid=7)))
+        await asyncio.sleep(1.1)  # (the refusal took no token: the rate refills meanwhile)
+        answer = orjson.loads((await ws.receive()).data)
+        assert answer["id"] == 7 and answer["error"]["code"] == -32002
+        await ws.send_bytes(orjson.dumps(req("eth_blockNumber", rid=8)))
+        answer = orjson.loads((await ws.receive()).data)
+        assert answer == {"jsonrpc": "2.0", "id": 8, "result": "0x3e8"}
+    _, usage = await api.get(f"/tenancy/usage?key={made['id']}")
+    [row] = usage["usage"]
+    assert row["requests"] == 6 - len(refused) + 1
+    assert row["refused"] == {"requests_per_second": len(refused), "methods": 1}
