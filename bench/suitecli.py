@@ -25,7 +25,9 @@ from bench.suite import (
 
 
 def add_suite_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("suite", choices=sorted([*SUITES, "faults"]), help="which suite to run")
+    p.add_argument(
+        "suite", choices=sorted([*SUITES, "faults", "cache-tier"]), help="which suite to run"
+    )
     p.add_argument("-d", "--duration", type=float, default=5.0, help="seconds per measurement")
     p.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per measurement")
     p.add_argument("-c", "--concurrency", type=int, default=64, help="connections (default 64)")
@@ -88,6 +90,10 @@ def cmd_suite(args: argparse.Namespace) -> int:
             from bench import faults
 
             report, shown = faults.FaultSuite().run(opts), faults.render
+        elif args.suite == "cache-tier":  # a cold proxy joining a warm fleet
+            from bench import cachetier
+
+            report, shown = cachetier.CacheTierSuite().run(opts), cachetier.render
         else:
             report = run_suite(SUITES[args.suite](), opts)
     except RuntimeError as exc:

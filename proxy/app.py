@@ -35,6 +35,7 @@ from proxy.model import EntryError, Pool
 from proxy.reads import Reads, ReadSettings
 from proxy.select import Selector
 from proxy.settings import ProxySettings
+from proxy.sharedcache import shared_tier, tier_health
 from proxy.state import RoutingState
 from proxy.store import ConfigStore
 from proxy.sync import StoreSync
@@ -156,7 +157,7 @@ class Proxy:
     @staticmethod
     def build_reads(s: ProxySettings, upstream: Upstream, selector: Selector) -> Reads:
         """Heads, response cache and coalescing (docs/proxy.md: the read path)."""
-        cache = ResponseCache(s.cache_max_bytes, s.cache_pools)
+        cache = ResponseCache(s.cache_max_bytes, s.cache_pools, shared_tier(s))
         heads = Heads(
             upstream,
             selector,
@@ -165,6 +166,7 @@ class Proxy:
             interval=s.head_poll_interval,
             checkers={c.chain: c.url for c in s.checkers},
             on_dropped=cache.drop,
+            backfill=cache.tier is not None,
         )
         return Reads(heads, cache, ReadSettings(frozenset(s.cache_methods), s.coalesce))
 
@@ -177,6 +179,8 @@ class Proxy:
                 raise ConfigError(f"[proxy] {exc}") from None
             await self.mirrors.start()
             await self.reads.heads.start()
+            if self.reads.cache.tier is not None:
+                await self.reads.cache.tier.start()
             await self.tracker.start()
             await self.verdicts.start()
             await self.events.start()
@@ -188,6 +192,8 @@ class Proxy:
             await self.verdicts.close()
             await self.tracker.close()
             await self.reads.heads.close()
+            if self.reads.cache.tier is not None:
+                await self.reads.cache.tier.close()
             await self.mirrors.close()
             await self.sync.close()
             await self.upstream.close()
@@ -503,6 +509,7 @@ def _health_handler(proxy: Proxy):
             "status": "ok",
             "config_store": "available" if proxy.store.available else "unavailable",
             "tenancy": proxy.tenancy.health(),
+            "cache_tier": tier_health(proxy.reads.cache.tier),
         }
         return web.json_response(body)
 

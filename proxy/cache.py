@@ -10,6 +10,10 @@ them, so their entries stay until evicted.
 
 Only `result` answers are stored: errors, `pending` reads and methods with side effects never
 reach the cache (proxy/reads.py decides what is asked).
+
+With `cache_tier_url` set, a shared tier in Redis lies under this cache (proxy/sharedcache.py):
+answers the fleet may share are written there too (`put(..., share=True)`), a local miss of
+such an answer may be found there (`fetch_shared`), and drops and flushes reach every proxy.
 """
 
 from __future__ import annotations
@@ -17,8 +21,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import orjson
+
+if TYPE_CHECKING:
+    from proxy.sharedcache import SharedTier
 
 # Pure reads at a block, answered by state/archive nodes: what may be cached by default.
 DEFAULT_METHODS = (
@@ -60,6 +68,8 @@ class CacheStats:
     evicted: int = 0  # entries evicted to stay within max_bytes
     dropped: int = 0  # entries of blocks a reorg dropped
     flushed: int = 0  # entries removed by a flush
+    shared_hits: int = 0  # local misses found in the shared tier (stored here too)
+    shared_misses: int = 0  # local misses looked up in the shared tier and not found there
     entries: int = 0  # held now
     bytes: int = 0  # held now (answers, keys and a fixed overhead per entry)
 
@@ -117,7 +127,9 @@ class ByteLru:
 class ResponseCache:
     """The cache of one proxy process, shared by its pools (one byte budget)."""
 
-    def __init__(self, max_bytes: int, pools: Iterable[str] = ("*",)) -> None:
+    def __init__(
+        self, max_bytes: int, pools: Iterable[str] = ("*",), tier: SharedTier | None = None
+    ) -> None:
         self.max_bytes = max_bytes
         self.pools = frozenset(pools)
         self._lru = ByteLru(max_bytes, self._evicted)
@@ -126,6 +138,10 @@ class ResponseCache:
         # pool id → how many times it was flushed: an answer asked for before a flush is
         # not stored after it (proxy/reads.py), nor shared with reads made after it
         self.epochs: dict[str, int] = {}
+        self.tier = tier  # the shared tier under this cache (None: this process's alone)
+        if tier is not None:
+            tier.on_flush = self.flush_local
+            tier.on_drop = self.drop_local
 
     def enabled(self, pool_id: str) -> bool:
         """Whether answers of this pool are cached (`cache_pools`, `cache_max_bytes`)."""
@@ -154,12 +170,44 @@ class ResponseCache:
         stats.hits += 1
         return orjson.Fragment(value)
 
-    def put(self, key: Key, result: bytes) -> None:
-        """Keep `result` (the JSON of an answer's `result`) for `key`."""
+    def put(self, key: Key, result: bytes, share: bool = False) -> None:
+        """Keep `result` (the JSON of an answer's `result`) for `key`; `share`: the fleet
+        may use it too (written to the shared tier behind the request path)."""
         size = len(result) + len(key[3]) + len(key[1]) + len(key[2]) + ENTRY_OVERHEAD
         if size > self.max_bytes or key in self._lru:
             return  # larger than the whole budget, or there already
         self._put(key, result, size)
+        tier = self.tier
+        if share and tier is not None:
+            tier.put(key[0], key[1], tier.field(key[2], key[3]), result)
+
+    def shares(self, pool_id: str) -> bool:
+        """Whether a local miss of this pool may be looked up in the shared tier now."""
+        tier = self.tier
+        return tier is not None and tier.ready(pool_id)
+
+    def fetch_shared(
+        self, key: Key, epoch: int, done: Callable[[orjson.Fragment | None], None]
+    ) -> None:
+        """Look `key` up in the shared tier: `done` gets its answer (kept here too), or None
+        (not there, the tier did not answer in time, or the pool was flushed since
+        `epoch`)."""
+        tier = self.tier
+        if tier is None:
+            done(None)
+            return
+
+        def found(value: bytes | None) -> None:
+            stats = self.stats_of(key[0])
+            if value is None or self.epochs.get(key[0], 0) != epoch:
+                stats.shared_misses += 1
+                done(None)
+                return
+            stats.shared_hits += 1
+            self.put(key, value)
+            done(orjson.Fragment(value))
+
+        tier.get(key[0], key[1], tier.field(key[2], key[3]), found)
 
     def _put(self, key: Key, value: bytes, size: int) -> None:
         self._lru.put(key, value, size)
@@ -206,13 +254,31 @@ class ResponseCache:
                 del self._blocks[block]
 
     def drop(self, pool_id: str, hashes: Iterable[str]) -> int:
-        """Remove the entries of blocks a reorg dropped; how many."""
+        """Remove the entries of blocks a reorg dropped, here and in the shared tier (the
+        other proxies are told); how many here."""
+        hashes = list(hashes)
+        if self.tier is not None:
+            self.tier.drop(pool_id, hashes)
+        return self.drop_local(pool_id, hashes)
+
+    def drop_local(self, pool_id: str, hashes: Iterable[str]) -> int:
+        """Remove the entries of blocks a reorg dropped from this process; how many."""
         removed = self._remove(pool_id, [(pool_id, h) for h in hashes])
         self.stats_of(pool_id).dropped += removed
         return removed
 
     def flush(self, pool_id: str) -> int:
-        """Remove every entry of a pool (and start its next epoch); how many."""
+        """Remove every entry of a pool (and start its next epoch), and flush the shared
+        tier's (the other proxies are told); how many here."""
+        if self.tier is not None:
+            self.tier.flush(pool_id)
+        return self.flush_local(pool_id)
+
+    def flush_local(self, pool_id: str | None) -> int:
+        """Remove every entry of a pool from this process (and start its next epoch); None:
+        of every pool (the shared tier was flushed while this proxy could not hear it)."""
+        if pool_id is None:
+            return sum(self.flush_local(p) for p in list(self.stats))
         self.epochs[pool_id] = self.epochs.get(pool_id, 0) + 1
         removed = self._remove(pool_id, [b for b in self._blocks if b[0] == pool_id])
         self.stats_of(pool_id).flushed += removed

@@ -277,6 +277,7 @@ class Heads:
         interval: float = 1.0,
         checkers: dict[str, str] | None = None,
         on_dropped: Callable[[str, list[str]], None] | None = None,
+        backfill: bool = False,
     ) -> None:
         self.upstream = upstream
         self.selector = selector
@@ -285,6 +286,9 @@ class Heads:
         self.interval = interval
         self.checkers = dict(checkers or {})  # pool id → checker URL
         self.on_dropped = on_dropped
+        # Read the `history` blocks below a pool's first head (with a shared cache tier: a
+        # proxy that starts cold then finds the fleet's answers at those heights at once).
+        self.backfill = backfill
         self.views: dict[str, ChainView] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._checker_task: asyncio.Task[None] | None = None
@@ -370,18 +374,49 @@ class Heads:
     def observe(self, pool: Pool, node: Node, raw: Any) -> None:
         """A node's latest block, as the head tracker polled it."""
         block = parse_block(raw)
-        if block is None:
-            return
+        if block is not None:
+            self._take(pool, node, block)
+
+    def _take(self, pool: Pool, node: Node, block: Block) -> None:
         view = self.view(pool.id)
+        first = view.tip is None
         if self._quick(view, node, block):
+            if first and self.backfill:
+                view.busy = True  # (reports that do not link wait for it)
+                self._spawn(self._backfill(pool, view, node, block))
             return
         if view.busy:
             view.queued[node.key] = (node, block)
             return
         view.busy = True
-        task = asyncio.create_task(self._reconcile(pool, view, node, block))
+        self._spawn(self._reconcile(pool, view, node, block))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _backfill(self, pool: Pool, view: ChainView, node: Node, block: Block) -> None:
+        """The blocks below a pool's first head, down to `history`, read from the node that
+        reported it (FETCH_CHUNK a round trip): reads at those heights are then keyed
+        (cached, coalesced, looked up in the shared tier) from the proxy's start."""
+        target = max(0, block.number - self.history + 1)
+        try:
+            while (low := view.low) is not None and low > target:
+                start = max(target, low - FETCH_CHUNK)
+                fetched = await self._fetch(node, start, low - 1)
+                if fetched[-1].hash != view.parents.get(low):
+                    break  # the known chain changed meanwhile
+                view.extend(fetched)
+                if fetched[0].number != start:
+                    break  # the node holds nothing lower
+        except (FetchError, UpstreamError) as exc:
+            log.info("pool %s: blocks below the first head not read: %s", view.pool_id, exc)
+        finally:
+            view.busy = False
+        while view.queued and not view.busy:
+            _, (queued_node, queued) = view.queued.popitem()
+            self._take(pool, queued_node, queued)
 
     async def _reconcile(self, pool: Pool, view: ChainView, node: Node, block: Block) -> None:
         """Settle one report, then the reports that came in meanwhile (one task per view)."""

@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from chainstate.histogram import count_sorted
 from proxy.breaker import STATE_VALUE
 from proxy.model import Pool
+from proxy.sharedcache import tier_metrics
 
 if TYPE_CHECKING:
     from proxy.reads import Reads
@@ -192,6 +193,7 @@ class _ReadCollector(Collector):
         yield GaugeMetricFamily(
             "chainstate_proxy_cache_max_bytes", "the cache's byte budget", value=cache.max_bytes
         )
+        yield from tier_metrics(cache.tier, cache.stats)
         yield from self._chain()
 
     def _chain(self) -> Iterator[Any]:

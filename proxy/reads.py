@@ -10,7 +10,11 @@ The engine asks `Reads.plan` about every read item of a client request before ro
    what a node answers after a reorg the proxy has not seen yet. `eth_blockNumber` is
    answered with the resolved height, `getLatestBlock` is asked as `getBlockByHeight` of it.
 2. **cache**: an item of a cached method that names a block the proxy knows the hash of is
-   looked up (proxy/cache.py) and, when found, answered without a node.
+   looked up (proxy/cache.py) and, when found, answered without a node. With a shared tier
+   (proxy/sharedcache.py), a local miss of an answer the fleet shares (`Plan.share`) is
+   looked up there (the lookups of one event-loop turn in one round trip), and the item
+   waits for it as it would for an identical read in flight (`Lookup`): the pipeline needs
+   no step of its own; not found, it goes to a node.
 3. **coalesce**: an identical read already in flight (proxy/coalesce.py) is waited for.
 
 The rest goes to a node as usual; `land` stores a good answer and hands it to the waiting
@@ -47,6 +51,13 @@ MAX_KEYED_BYTES = 128 * 1024
 MAX_BATCH_KEYED_BYTES = 1024 * 1024
 
 
+class Lookup(Flight):
+    """A look-up in the shared tier that reads of one key wait for as for a read in flight:
+    its answer when found, else None (they then go to a node, one of them leading)."""
+
+    __slots__ = ()
+
+
 class Plan:
     """What the read path decided for one item."""
 
@@ -62,6 +73,7 @@ class Plan:
         "missing",
         "obj",
         "ref",
+        "share",
         "store",
     )
 
@@ -85,6 +97,9 @@ class Plan:
         self.epoch = 0  # the pool's cache epoch when planned (`ResponseCache.flush`)
         self.exact = False  # its answer is the block's named by the key (cacheable)
         self.missing: list[Node] | None = None  # nodes that did not know the pinned hash
+        # its answer may be shared with the fleet (proxy/sharedcache.py): the block named by
+        # hash by the client, or at or below the checker's confirmed head; never `latest`
+        self.share = False
 
     def unpin(self) -> dict[str, Any] | None:
         """The request object to ask again by height after -39006 on the pinned hash (None:
@@ -179,25 +194,30 @@ class Reads:
         kind = spec.block
         key = None
         exact = block_hash is not None and kind in EXACT_FORMS and spec.by_hash
-        store = False
+        store = share = False
         epoch = 0
         params = nesting.key(without_block(obj, spec)) if cached and keyed else b""
         if len(params) > MAX_KEYED_BYTES or not keyed:
             cached = False  # (neither cached nor coalesced: see MAX_KEYED_BYTES)
+        cache = self.cache
         if cached:
             # The block (by hash where known, else by height) and the other params
             # determine the answer.
             where = block_hash if exact else height
             key = (heads.pool.id, where, method, params)
-            store = exact and self.cache.enabled(heads.pool.id)
-            epoch = self.cache.epochs.get(heads.pool.id, 0)
+            store = exact and cache.enabled(heads.pool.id)
+            epoch = cache.epochs.get(heads.pool.id, 0)
             if store:
-                hit = self.cache.get(key)  # type: ignore[arg-type]
+                hit = cache.get(key)  # type: ignore[arg-type]
                 if hit is not None:
                     return hit
+                if cache.tier is not None:
+                    share = _shared(heads, ref, height)
         coalescer = self.coalescer
         # (A flush starts a new epoch: reads then never share a call made before it.)
         flight = None if coalescer is None or key is None else coalescer.join((epoch, key))
+        if flight is None and share and cache.shares(heads.pool.id):
+            flight = self._look_up(key, epoch)  # type: ignore[arg-type]
         if flight is not None:  # the item is only pinned if it has to be sent after all
             plan = Plan(obj, ref, key)
             plan.flight, plan.later = flight, (spec, height, block_hash)
@@ -205,9 +225,29 @@ class Reads:
             plan = self._pinned(spec, ref, obj, height, block_hash, key)
             plan.lead = coalescer is not None and key is not None
             plan.store = store
-        plan.epoch, plan.exact = epoch, store
+        plan.epoch, plan.exact, plan.share = epoch, store, share
         plan.avoid = heads.avoid()
         return plan
+
+    def _look_up(self, key: Key, epoch: int) -> Lookup:
+        """`key` looked up in the shared tier, and the flight the reads of `key` wait for
+        meanwhile (in the coalescer's place of this read, which would lead)."""
+        lookup = Lookup()
+        coalescer = self.coalescer
+        if coalescer is not None:
+            coalescer.flights[(epoch, key)] = lookup
+
+        def done(found: orjson.Fragment | None) -> None:
+            answer = None if found is None else {"jsonrpc": "2.0", "id": None, "result": found}
+            if coalescer is not None:
+                coalescer.land((epoch, key), answer)
+                return
+            lookup.answer = answer
+            if lookup.future is not None and not lookup.future.done():
+                lookup.future.set_result(answer)
+
+        self.cache.fetch_shared(key, epoch, done)
+        return lookup
 
     def batch_key(self, heads: RequestHeads, body: bytes) -> Key | None:
         """The cache key of a whole batch as the client sent it, at the request's `latest`
@@ -226,12 +266,18 @@ class Reads:
         return (pool_id, pin[1], BATCH, body)
 
     def unfollow(self, plan: Plan) -> Plan:
-        """A follower whose leader got no answer: the item as it is sent by itself."""
+        """A follower whose leader got no answer: the item as it is sent by itself. After a
+        shared-tier look-up that found nothing, the first such read leads the key's read
+        (the others are sent too), and each may store its answer."""
         if plan.later is None:
             return plan
         spec, height, block_hash = plan.later
         own = self._pinned(spec, plan.ref, plan.obj, height, block_hash, plan.key)  # type: ignore[arg-type]
         own.avoid, own.epoch, own.exact = plan.avoid, plan.epoch, plan.exact
+        if type(plan.flight) is Lookup:
+            coalescer = self.coalescer
+            own.lead = coalescer is not None and coalescer.join((plan.epoch, plan.key)) is None
+            own.store, own.share = plan.exact, plan.share
         return own
 
     def _headless(
@@ -283,7 +329,7 @@ class Reads:
         if plan.store and answer is not None and self.cache.epochs.get(key[0], 0) == plan.epoch:
             result = _result_json(answer)
             if result is not None:
-                self.cache.put(key, result)
+                self.cache.put(key, result, plan.share)
         if plan.lead:
             plan.lead = False
             self.coalescer.land((plan.epoch, key), answer)  # type: ignore[union-attr]
@@ -299,6 +345,20 @@ class Reads:
             return None
         self.cache.stats_of(pool.id).coalesced += 1
         return {**answer, "id": rid}
+
+
+def _shared(heads: RequestHeads, ref: BlockRef, height: int) -> bool:
+    """Whether the fleet may share the answer of a read at `ref` (pinned at `height`): the
+    client named the block by hash, or it is at or below the checker's confirmed head
+    (`safe`/`finalized` with a checker, a height); a `latest` read stays this proxy's."""
+    tag = ref.tag
+    if tag == "latest":
+        return False
+    if tag is None and ref.number is None:
+        return True  # by hash
+    view = heads.view
+    confirmed = None if view is None else view.confirmed
+    return confirmed is not None and height <= confirmed[0]
 
 
 def _determined(heads: RequestHeads, found: Plan | Ready | None, ref: BlockRef | None) -> bool:

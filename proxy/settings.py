@@ -116,6 +116,15 @@ class ProxySettings:
     cache_pools: tuple[str, ...] = ("*",)  # pools whose answers are cached ("*": every pool)
     cache_methods: tuple[str, ...] = DEFAULT_METHODS  # methods cached and coalesced
     coalesce: bool = True  # identical reads in flight share one upstream call
+    # The response cache's shared tier in Redis (docs/proxy.md "The shared cache tier"):
+    cache_tier_url: str | None = None  # redis://host:port[/db]; None: each proxy's cache alone
+    cache_tier_prefix: str = "chainstate:cache:"  # prefix of the tier's Redis keys and channel
+    cache_tier_timeout: float = 0.1  # seconds a lookup may take; then the node is asked
+    cache_tier_ttl: int = 86400  # seconds a shared entry lives after its last write
+    cache_tier_failures: int = 3  # consecutive failures that turn the tier off
+    cache_tier_retry: float = 1.0  # seconds between probes of Redis while the tier is off
+    cache_tier_queue: int = 10000  # answers waiting to be written; more are not written
+    cache_tier_connections: int = 32  # Redis connections of this proxy at most
     head_history: int = 256  # recent block hashes kept per pool (pinning, reorg detection)
     nodes: tuple[SeedNode, ...] = ()
     writers: tuple[SeedWriter, ...] = ()
@@ -250,10 +259,33 @@ class ProxySettings:
             raise ConfigError("[proxy] hedge_quantile must be between 0 and 1 (e.g. 0.95)")
         if not 0 <= self.hedge_budget <= 1:
             raise ConfigError("[proxy] hedge_budget must be between 0 (no hedging) and 1")
+        self._validate_tier()
         for name, zero in (("max_pool_inflight", "derived"), ("busy_poll_us", "off")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"[proxy] {name} must be an integer >= 0 (0: {zero})")
+
+    def _validate_tier(self) -> None:
+        url = self.cache_tier_url
+        if url is not None and (
+            not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://"))
+        ):
+            raise ConfigError("[proxy] cache_tier_url must be redis://host:port[/db] (or unset)")
+        if not isinstance(self.cache_tier_prefix, str) or not self.cache_tier_prefix:
+            raise ConfigError("[proxy] cache_tier_prefix must be a non-empty string")
+        for name in ("cache_tier_timeout", "cache_tier_retry"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"[proxy] {name} must be a positive number, got {value!r}")
+        for name in (
+            "cache_tier_ttl",
+            "cache_tier_failures",
+            "cache_tier_queue",
+            "cache_tier_connections",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"[proxy] {name} must be a positive integer, got {value!r}")
 
     def default_store_path(self) -> Path:
         return Path(".chainstate") / "proxy-store.json"

@@ -27,6 +27,7 @@ import yaml
 
 from tests.conftest import free_port
 from tests.e2e.stack import DEV, Stack, wait_for, write_config
+from tests.tenancy.redisserver import RedisServer, redis_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "chainstate.json"
@@ -238,14 +239,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 class SecondProxy:
     """`chainstate proxy` in its own process, reaching the stack's nodes, write node and
     checker over HTTP, as a fleet's other proxies do (it also exports what only a
-    standalone proxy has: the config store's reachability)."""
+    standalone proxy has: the config store's reachability), with a shared cache tier in a
+    real Redis so that the tier's panel and alert have series."""
 
-    def __init__(self, workdir: Path, stack: Stack) -> None:
+    def __init__(self, workdir: Path, stack: Stack, tier: str) -> None:
         port = stack.ports["proxy-2"] = free_port()
         node = '[[proxy.nodes]]\nchain = "1337"\nkey = "{}"\nurl = "{}"\nkind = "{}"\n'
         config = workdir / "proxy-2.toml"
         config.write_text(
             f'[proxy]\nhost = "127.0.0.1"\nport = {port}\nadmin_token = "{TOKEN}"\n'
+            + f'cache_tier_url = "{tier}"\n'
             + node.format("state-1", stack.url("8665"), "state")
             + node.format("archive-1", stack.url("8666"), "archive")
             + f'[[proxy.writers]]\nchain = "1337"\nkey = "writer-1"\nurl = "{stack.url("8664")}"\n'
@@ -281,9 +284,14 @@ class SecondProxy:
 
 @pytest.fixture(scope="module")
 def second_proxy(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecondProxy]:
-    proxy = SecondProxy(tmp_path_factory.mktemp("proxy-2"), stack)
-    yield proxy
-    proxy.stop()
+    redis = RedisServer(redis_binary(), tmp_path_factory.mktemp("redis"))
+    redis.start()
+    try:
+        proxy = SecondProxy(tmp_path_factory.mktemp("proxy-2"), stack, redis.url)
+        yield proxy
+        proxy.stop()
+    finally:
+        redis.stop()
 
 
 @pytest.fixture(scope="module")
