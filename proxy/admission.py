@@ -41,7 +41,19 @@ class Admission:
         self.connections = connections
         self.retry_after = max(1, math.ceil(wait))
         self.refused = 0
+        self.inflight = 0  # client requests in flight in this process, every pool's
         self._limits: dict[str, tuple[float, int]] = {}  # pool id → (computed at, limit)
+
+    def enter(self, pool: Pool) -> None:
+        """A client request takes its place among the pool's requests in flight: the one
+        place these counts go up (`leave` is the one place they go down)."""
+        pool.inflight += 1
+        self.inflight += 1
+
+    def leave(self, pool: Pool) -> None:
+        """The request `enter` counted is answered (or gave up)."""
+        pool.inflight -= 1
+        self.inflight -= 1
 
     def check(self, pool: Pool, now: float) -> Overloaded | None:
         """None when `pool` may take one more request now, else the refusal."""

@@ -29,7 +29,6 @@ from proxy.events import Events
 from proxy.eventsettings import EventSettings
 from proxy.heads import Heads
 from proxy.health import HeadTracker
-from proxy.inprocpath import InprocPath
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
 from proxy.model import EntryError, Pool
@@ -41,7 +40,7 @@ from proxy.state import RoutingState
 from proxy.store import ConfigStore
 from proxy.sync import StoreSync
 from proxy.tenancy.admin import TenancyAdmin
-from proxy.tenancy.gate import Gate
+from proxy.tenancy.gate import Gate, Ticket
 from proxy.tenancy.http import KEY_ROUTE, key_path, raw_headers
 from proxy.tenancy.service import Tenancy
 from proxy.tenancy.settings import TenancySettings
@@ -305,15 +304,9 @@ def create_server(app: web.Application) -> HttpServer:
     lifecycle (it starts with the server and stops after it)."""
     proxy = app[PROXY]
     engine = proxy.engine
-    registry = proxy.upstream.registry
-    # With tracing on every body takes the engine's path (its spans); the tracer is the
-    # engine's for its life, so this is decided here, not per request.
-    inproc = None
-    if registry is not None and engine.tracer is None:
-        inproc = InprocPath(engine, registry)
     # The paths the data route took → their handler, which holds the path's chain id
-    # (`/1337` → "1337") and, with nodes in process, what `Engine.resolve` found for it: the
-    # route decides once per path. Bytes `count`, `in` and `decode` cost ~0.2-0.4 µs each per
+    # (`/1337` → "1337") and what `Engine.resolve` found for it: the route decides once per
+    # path. Bytes `count`, `in` and `decode` cost ~0.2-0.4 µs each per
     # request on these machines, a dict lookup ~0.05; a handler per path also saves the
     # handler's own lookup of the path.
     handlers: dict[bytes, Handler] = {}
@@ -335,7 +328,7 @@ def create_server(app: web.Application) -> HttpServer:
                 return None
             if len(handlers) >= MAX_DATA_PATHS:
                 handlers.clear()
-            handler = handlers[path] = _data(engine, inproc, found[0], gate, found[1])
+            handler = handlers[path] = _data(engine, found[0], gate, found[1])
             return handler
         return None
 
@@ -348,35 +341,25 @@ def create_server(app: web.Application) -> HttpServer:
     return HttpServer(route, limits=limits, fallback=app, name="proxy", kept_routes=True, held=held)
 
 
-def _data(
-    engine: Engine,
-    inproc: InprocPath | None,
-    chain_id: str,
-    gate: Gate,
-    path_key: str | None = None,
-) -> Handler:
-    """The data route's handler of one path (`chain_id`): with nodes in this process
-    (`inproc`), plain reads answered at once by it, never queued, so not admitted
-    (proxy/inprocpath.py); the rest (everything without `inproc`: no node in this process,
-    or tracing on) the engine's coroutine, unwrapped; an unknown chain or an overloaded
-    pool is answered at once (no task for a refusal: 10,000 clients at once stay cheap).
-
-    The path's (chain, pool) as `Engine.resolve` found them (None: unknown) is kept until
-    the routing state changes (`RoutingState.changes`): resolving the path again for every
-    request cost ~3k instructions of it."""
+def _data(engine: Engine, chain_id: str, gate: Gate, path_key: str | None = None) -> Handler:
+    """The data route's handler of one path (`chain_id`, and a key in the path if any):
+    tenancy's admission first when it has anything to look at (`Gate.admit`: a refusal at
+    once, or a ticket that follows the answer), then the engine's synchronous start
+    (`Engine.start`: an answer at once, None when it answers later itself, or a coroutine
+    the server runs). The path's (chain, pool) as `Engine.resolve` found them (None:
+    unknown) is kept until the routing state changes (`RoutingState.changes`): resolving
+    the path again for every request cost ~3k instructions of it."""
     state = engine.state
-    answer = None if inproc is None else inproc.answer
-    held = engine.upstream.budget  # (over it, the engine's admission answers 503)
+    start = engine.start
     found: tuple[str, Pool] | None = None
-    chain = ""  # (found's two parts, kept apart: no subscripts per request)
     pool: Pool | None = None
     resolved_at = -1  # (`changes` counts from 0: resolved at the first request)
 
     def data(request: Request) -> Awaitable[Response] | Response | None:
-        nonlocal found, chain, pool, resolved_at
+        nonlocal found, pool, resolved_at
         if resolved_at != state.changes:
             found = engine.resolve(chain_id)
-            chain, pool = found if found is not None else ("", None)
+            pool = None if found is None else found[1]
             resolved_at = state.changes
         # Tenancy first (proxy/tenancy/gate.py): with nothing configured only a browser's
         # request (an Origin header) is looked at.
@@ -384,58 +367,35 @@ def _data(
             gate.active or path_key is not None or b"origin" in request.headers.raw
         ):
             return gated(request)
-        if answer is not None and pool is not None and (held is None or held.used <= held.limit):
-            answered = answer(chain, pool, request.body, request.headers)
-            if answered is not None:
-                return answered
-        admitted = engine.admit_resolved(chain_id, found)
-        if type(admitted) is tuple:
-            return admitted
-        return engine.start(  # None: answered from the node's callback, or in a task
-            chain_id,
-            request.body,
-            request.headers,  # type: ignore[arg-type]
-            admitted,  # type: ignore[arg-type]
-            request.answer_early,
-            request.answer_later,
-        )
+        return start(chain_id, found, request)
 
     def gated(request: Request) -> Awaitable[Response] | Response | None:
         """`data` after `Gate.admit`: refused, or served by the same steps with the ticket
         (when there is one) following the answer through its `early` and `later`."""
         conn = request._conn
         verdict = gate.admit(pool, path_key, request.headers.raw, request.body, conn)  # type: ignore[arg-type]
-        tally = None
         if verdict is None:
-            early, later = request.answer_early, request.answer_later
-        elif type(verdict) is tuple:
+            return start(chain_id, found, request)
+        if type(verdict) is tuple:
             return verdict
-        else:
-            verdict.request = request  # type: ignore[union-attr]
-            early, later = verdict.early, verdict.later  # type: ignore[union-attr]
-            tally = verdict.tally  # type: ignore[union-attr]
-        result = None
-        if answer is not None:
-            result = answer(chain, pool, request.body, request.headers)  # type: ignore[arg-type]
-        if result is None:
-            admitted = engine.admit_resolved(chain_id, found)
-            if type(admitted) is tuple:
-                result = admitted
-            else:
-                result = engine.start(
-                    chain_id,
-                    request.body,
-                    request.headers,  # type: ignore[arg-type]
-                    admitted,  # type: ignore[arg-type]
-                    early,
-                    later,
-                    tally=tally,
-                )
-                if result is None:
-                    return None
-        return result if verdict is None else verdict.finish(result)  # type: ignore[union-attr]
+        ticketed = Ticketed(request, verdict)  # type: ignore[arg-type]
+        return verdict.finish(start(chain_id, found, ticketed, verdict.tally))  # type: ignore[union-attr]
 
     return data
+
+
+class Ticketed:
+    """A request whose answers go through its tenancy ticket (its usage, its place in
+    flight, the CORS headers a browser needs), as `Engine.start` reads a request."""
+
+    __slots__ = ("answer_early", "answer_later", "body", "headers")
+
+    def __init__(self, request: Request, ticket: Ticket) -> None:
+        ticket.request = request
+        self.body = request.body
+        self.headers = request.headers
+        self.answer_early = ticket.early
+        self.answer_later = ticket.later
 
 
 def _preflight(proxy: Proxy, path: bytes) -> Handler | None:
@@ -451,11 +411,6 @@ def _preflight(proxy: Proxy, path: bytes) -> Handler | None:
         return gate.preflight(None if resolved is None else resolved[1], key, request.headers.raw)
 
     return preflight
-
-
-def _chain_id(path: bytes) -> str:
-    """The chain id a data path names (`/1337` → "1337")."""
-    return path[1:].decode("latin-1")
 
 
 def _metrics_handler(proxy: Proxy):

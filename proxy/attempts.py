@@ -6,11 +6,12 @@ raises `UpstreamError`. Around every attempt it keeps the node's books: in-fligh
 latency (peak EWMA for the choice, the pool's window for hedge delays and attempt timeouts),
 breaker (success, or a penalised outcome), metrics and the `upstream.attempt` span. When the
 group may be hedged (an idempotent read on a plain-http node with another eligible node), a
-`Race` (proxy/hedge.py) lets a second node join a slow attempt. `send_now` is the same first
-attempt without a task, for the engine's synchronous start when no race is due.
+`Race` (proxy/hedge.py) lets a second node join a slow attempt (its node chosen by
+proxy/choose.py). `send_now` is the same first attempt without a task, for the pipeline's
+synchronous start when no race is due.
 
-Nothing here decides whether an *answer* is retried: the engine classifies answers
-(proxy/outcome.py) and runs the one retry loop.
+Nothing here decides whether an *answer* is retried: proxy/classify.py classifies answers
+(proxy/outcome.py) and proxy/rounds.py runs the one retry loop.
 """
 
 from __future__ import annotations
@@ -25,41 +26,22 @@ from typing import Any
 
 from opentelemetry import trace
 
-from chainstate.inproc import is_inproc
 from proxy import latency, outcome
 from proxy.breaker import CLOSED, HALF_OPEN
-from proxy.hedge import HedgeBudget, Race
+from proxy.hedge import TIMEOUT, HedgeBudget, Race
 from proxy.latency import LatencyWindow
 from proxy.metrics import ProxyMetrics
 from proxy.model import Node, Pool
-from proxy.select import Selector
+from proxy.outcome import UpstreamError
+from proxy.request import Group
 from proxy.settings import ProxySettings
-from proxy.upstream import Upstream, UpstreamError
+from proxy.transport import SentNow
+from proxy.upstream import Upstream
 
 log = logging.getLogger(__name__)
 FAILURE_COST_MS = 1000.0  # a failed attempt counts as at least this slow in the node's cost
-BATCH = "batch"  # latency window of sub-batches (single requests use their method's)
+READ_KINDS = ("state", "archive")  # a lone node of these may be raced with another kind
 RATE_LIMITED = outcome.RATE_LIMITED.name
-
-
-class Group:
-    """Items of one client request sent together to one node in one round."""
-
-    __slots__ = ("cands", "items", "lkey", "node", "round")
-
-    def __init__(
-        self, node: Node, items: list[Any], cands: list[Node], lkey: str, round_: int = 1
-    ) -> None:
-        self.node = node
-        self.items = items  # objects with a `tried` list (the engine's Items)
-        self.cands = cands  # the nodes every item of the group may go to (hedging)
-        self.lkey = lkey  # the latency window: the method of a single request, or BATCH
-        self.round = round_  # the attempt round of the engine's loop (spans)
-
-    def add(self, item: Any, cands: list[Node]) -> None:
-        self.items.append(item)
-        if cands is not self.cands:  # items with other candidates: keep what all allow
-            self.cands = [n for n in self.cands if n in cands]
 
 
 class Attempts:
@@ -67,13 +49,13 @@ class Attempts:
         self,
         settings: ProxySettings,
         upstream: Upstream,
-        selector: Selector,
+        second: Callable[[Group], Node | None],
         metrics: ProxyMetrics,
         tracer: trace.Tracer | None = None,
     ) -> None:
         s = settings
         self.upstream = upstream
-        self.selector = selector
+        self.second = second  # a hedge's node (proxy/choose.py `Chooser.second`)
         self.metrics = metrics
         self.tracer = tracer
         self.ceiling = s.upstream_timeout
@@ -92,10 +74,13 @@ class Attempts:
         """Send `body` for `group` (its node, and maybe a second one): (node, answer).
         `usable(answer)` says whether a second attempt's answer may win the race."""
         node = group.node
-        race = self._race(ctx, group, body, usable) if len(group.cands) > 1 else None
+        lone = len(group.cands) == 1
+        race = None
+        if not lone or self._lone(ctx.pool, node):
+            race = self._race(ctx, group, body, usable, lone)
         # The client may get the first attempt's answer from its connection's callback
         # (Ctx.answer_early: only an answer step 5 would return as it is). Never a second
-        # attempt's: it reaches the engine through the first one's future, and only then
+        # attempt's: it reaches the rounds through the first one's future, and only then
         # is it known to have won.
         early = ctx.answer_early if ctx.early is not None else None
         if race is None:
@@ -111,21 +96,32 @@ class Attempts:
             if race.task is None:
                 raise
             return await race.second()  # the first failed while a second was running
+        except asyncio.CancelledError:
+            won = race.won_early()  # the second answered before the first was sent
+            if won is None:
+                raise
+            return race.winner, won
         finally:
             race.close()
         return (node, raw) if race.winner is None else (race.winner, raw)
 
     def _race(
-        self, ctx: Any, group: Group, body: bytes, usable: Callable[[bytes], bool]
+        self, ctx: Any, group: Group, body: bytes, usable: Callable[[bytes], bool], lone: bool
     ) -> Race | None:
         """A race for a hedgeable group (a plain-http node: a second attempt hands its answer
-        to the first one's connection future), or None."""
+        to the first one's connection future), or None. `lone`: its node is the only one of
+        its kind: raced at the attempt timeout alone (proxy/hedge.py)."""
         node = group.node
         if not node.entry.url.startswith("http://"):
             return None
         pool: Pool = ctx.pool
-        budget = self._earn(pool)
         timers = self._timers(pool, group.lkey)
+        if lone:  # (no hedge: it would take the budget other nodes' hedges are for)
+            timeout = None if timers is None else timers[1]
+            if timeout is None:
+                return None
+            timers = None, timeout
+        budget = pool.hedge if lone and pool.hedge is not None else self._earn(pool)
         if timers is None:
             return None
         hedge, timeout = timers
@@ -134,7 +130,22 @@ class Attempts:
         def slow() -> None:
             self._late(ctx, node, timeout)
 
-        return Race(self.upstream.deadlines, budget, launch, usable, slow, hedge, timeout)
+        deadlines = self.upstream.deadlines
+        return Race(deadlines, budget, launch, usable, slow, hedge, timeout, lone)
+
+    @staticmethod
+    def _lone(pool: Pool, node: Node) -> bool:
+        """Whether an attempt to `node`, the one eligible node, may be raced with another
+        reader (the next that holds the block is found only if the attempt is late)."""
+        return len(pool.readers) > 1 and node.entry.kind in READ_KINDS
+
+    def _lone_timeout(self, pool: Pool, group: Group) -> float | None:
+        """The attempt timeout of a first attempt sent now whose node is the only eligible
+        one, when another reader may take over once it passes (`Rescue`), else None."""
+        if len(group.cands) != 1 or len(group.items) != 1 or not self._lone(pool, group.node):
+            return None
+        timers = self._timers(pool, group.lkey)
+        return None if timers is None else timers[1]
 
     def _earn(self, pool: Pool) -> HedgeBudget:
         """A first attempt that may be hedged earns the pool's hedge budget its share."""
@@ -181,16 +192,14 @@ class Attempts:
                 return False
             started = time.perf_counter()
             taken[1].transport.write(taken[0].request(body))
-            self.sent_now(ctx, group, taken, started, then)
+            self.sent_now(ctx, group, taken, started, then, body)
             return True
-        if not is_inproc(url):
-            return False
         items = [it.obj for it in group.items]
         landed = self._landed(ctx, group, False, time.perf_counter(), then)
         early = ctx.answer_early
-        if not self.upstream.send_now(url, body, self.ceiling, ctx, early, landed, items):
+        if not self.upstream.send_now(url, None, self.ceiling, ctx, early, landed, items):
             return False
-        node.inflight += 1
+        node.inflight += 1  # (the attempt is under way: `_begin`, inline)
         ctx.nodes.append(node.key)
         if ctx.tally is not None:
             ctx.tally.upstream += 1
@@ -212,14 +221,25 @@ class Attempts:
         taken: Any,
         started: float,
         then: Callable[[Node, Any, Any], Any],
+        body: bytes | None = None,
     ) -> None:
         """The books of a first attempt written at `started` on `connection_now`'s
         connection, and its answer's wait: kept as `attempt` keeps them, then `then(node,
-        raw, error)` runs."""
+        raw, error)` runs. A single request (`body`) to the only node of its kind with
+        another reader beside it is raced at its attempt timeout (`Rescue`)."""
         node = group.node
-        landed = self._landed(ctx, group, len(group.cands) > 1, started, then)
-        self.upstream.expect_now(taken, node.entry.url, self.ceiling, ctx, ctx.answer_early, landed)
-        node.inflight += 1
+        url = node.entry.url
+        soft = None if body is None else self._lone_timeout(ctx.pool, group)
+        if soft is None:
+            landed = self._landed(ctx, group, len(group.cands) > 1, started, then)
+            self.upstream.expect_now(taken, url, self.ceiling, ctx, ctx.answer_early, landed)
+        else:
+            rescue = Rescue(self, ctx, group, body, soft, started, then)  # type: ignore[arg-type]
+            early = ctx.answer_early
+            self.upstream.expect_now(
+                taken, url, self.ceiling, ctx, early, rescue.landed, soft, rescue.slow
+            )
+        node.inflight += 1  # (the attempt is under way: `_begin`, inline)
         ctx.nodes.append(node.key)
         if ctx.tally is not None:
             ctx.tally.upstream += 1
@@ -236,7 +256,7 @@ class Attempts:
         node = group.node
 
         def landed(raw: bytes | None, exc: UpstreamError | None) -> None:
-            node.inflight -= 1
+            node.inflight -= 1  # (`_end`, inline)
             elapsed = time.perf_counter() - started
             if exc is not None:
                 self._failed(ctx, node, exc, elapsed, None)
@@ -258,15 +278,9 @@ class Attempts:
         context = contextvars.copy_context() if self.tracer is not None else None
 
         def launch(trigger: str) -> asyncio.Task[tuple[Node, bytes]] | None:
-            tried = {id(n) for it in group.items for n in it.tried}
-            others = [
-                n
-                for n in group.cands
-                if id(n) not in tried and n.entry.enabled and n.healthy and not n.blocked
-            ]
-            if not others:
+            second = self.second(ctx.pool, group)
+            if second is None:
                 return None
-            second = self.selector.pick(others)
             for it in group.items:
                 it.tried.append(second)
             coro = self._second(ctx, second, body, group, trigger)
@@ -316,10 +330,7 @@ class Attempts:
         breaker = node.breaker
         if breaker.state is HALF_OPEN:
             breaker.start_probe()
-        node.inflight += 1
-        ctx.nodes.append(node.key)
-        if ctx.tally is not None:
-            ctx.tally.upstream += 1
+        self._begin(ctx, node)
         started = time.perf_counter()
         try:
             raw = await self.upstream.send(node.entry.url, body, self.ceiling, race, ctx, early)
@@ -330,7 +341,7 @@ class Attempts:
             self._cut_short(ctx, node, time.perf_counter() - started, "cancelled", span)
             raise
         finally:
-            node.inflight -= 1
+            self._end(node)
         elapsed = time.perf_counter() - started
         if race is not None and race.winner is not None:  # the second attempt answered first
             self._cut_short(ctx, node, elapsed, "lost", span)
@@ -341,12 +352,27 @@ class Attempts:
         self.answered(ctx, node, lkey, elapsed, outcome.answered(raw), span)
         return raw
 
+    @staticmethod
+    def _begin(ctx: Any, node: Node) -> None:
+        """An attempt to `node` is on its way: counted in flight (a node's in-flight count,
+        which the selector's choice weighs, is kept by this class alone: here, and inline
+        where a first attempt is sent now), named in the log and counted in the client's
+        upstream calls when tenancy follows the request."""
+        node.inflight += 1
+        ctx.nodes.append(node.key)
+        if ctx.tally is not None:
+            ctx.tally.upstream += 1
+
+    @staticmethod
+    def _end(node: Node) -> None:
+        """The attempt `_begin` counted ended, answered or not."""
+        node.inflight -= 1
+
     def answered(
         self, ctx: Any, node: Node, lkey: str, elapsed: float, label: str, span: Any = None
     ) -> None:
         """The node answered (whatever the answer says, it works): its books, and the
-        attempt counted as `label`. Also for answers got without `exchange` (the in-process
-        path, proxy/inprocpath.py)."""
+        attempt counted as `label`."""
         _in_rotation(node)
         budget = node.budget
         if label == RATE_LIMITED:
@@ -394,7 +420,7 @@ class Attempts:
         return window
 
     def _failed(self, ctx: Any, node: Node, exc: UpstreamError, elapsed: float, span: Any) -> None:
-        result = outcome.of_failure(exc.kind)
+        result = exc.outcome
         if result is outcome.RATE_LIMITED:
             node.budget.rate_limited()
         if result.penalise:
@@ -423,10 +449,116 @@ class Attempts:
         self.metrics.upstream_error(node.key, "timeout")
 
     def penalise(self, ctx: Any, node: Node, result: outcome.Outcome, why: str) -> None:
-        """An answer the engine found unusable (e.g. a batch answer that is not JSON)."""
+        """An answer the classify step found unusable (e.g. a batch answer that is not JSON)."""
         if result.penalise:
             node.breaker.failure(node.key, why)
         self.metrics.upstream_error(node.key, result.name)
+
+
+class Rescue:
+    """A first attempt sent now (no task) to the only eligible node of its kind, raced at its
+    attempt timeout: when it is late (`slow`, at the soft deadline of its exchange), a
+    second attempt goes in a task to the next node that holds the block (`Chooser.second`);
+    the first answer usable wins, as in a `Race` (proxy/hedge.py). Until then it costs no
+    task, no timer and no deadline entry more than any first attempt sent now."""
+
+    __slots__ = (
+        "attempts",
+        "body",
+        "ctx",
+        "group",
+        "held",
+        "sent",
+        "soft",
+        "started",
+        "task",
+        "then",
+        "winner",
+    )
+
+    def __init__(
+        self,
+        attempts: Attempts,
+        ctx: Any,
+        group: Group,
+        body: bytes,
+        soft: float,
+        started: float,
+        then: Callable[[Node, Any, Any], Any],
+    ) -> None:
+        self.attempts = attempts
+        self.ctx = ctx
+        self.group = group
+        self.body = body
+        self.soft = soft  # the attempt timeout
+        self.started = started
+        self.then = then
+        self.sent: SentNow | None = None  # the first attempt's exchange, once late
+        self.task: asyncio.Task[tuple[Node, bytes]] | None = None  # the second attempt
+        self.winner: Node | None = None  # the second attempt's node, when it won
+        self.held: tuple[bytes | None, UpstreamError | None] | None = None  # the first's
+
+    def slow(self, sent: SentNow) -> None:
+        """The first attempt passed its attempt timeout: the rest of the ceiling scheduled,
+        and a second attempt started when a node can take over (only then is the first
+        counted as a timeout against its node)."""
+        attempts, ctx, group = self.attempts, self.ctx, self.group
+        attempts.upstream.deadlines.schedule(round(attempts.ceiling - self.soft, 3), sent)
+        second = attempts.second(ctx.pool, group)
+        if second is None:
+            return
+        attempts._late(ctx, group.node, self.soft)
+        for it in group.items:
+            it.tried.append(second)
+        self.sent = sent
+        coro = attempts._second(ctx, second, self.body, group, TIMEOUT)
+        self.task = asyncio.get_running_loop().create_task(coro)
+        self.task.add_done_callback(self._second_done)
+
+    def landed(self, raw: bytes | None, exc: UpstreamError | None) -> None:
+        """The first attempt's outcome (or the second one's answer, handed to its exchange
+        when it won), booked as `Attempts._landed` books it."""
+        attempts, ctx, node = self.attempts, self.ctx, self.group.node
+        node.inflight -= 1
+        elapsed = time.perf_counter() - self.started
+        if self.winner is not None:  # (its timeout was counted when the second started)
+            attempts._cut_short(ctx, node, elapsed, "lost", None)
+            self.then(self.winner, raw, None)
+            return
+        task = self.task
+        if exc is not None:
+            attempts._failed(ctx, node, exc, elapsed, None)
+        elif raw is not None:
+            attempts.answered(ctx, node, self.group.lkey, elapsed, outcome.answered(raw))
+        elif task is None:
+            ctx.nodes.pop()  # the idle connection was closed: no attempt was made
+            if ctx.tally is not None:
+                ctx.tally.upstream -= 1
+        if task is not None and not task.done():
+            if raw is None or outcome.of_raw(raw).retry:
+                self.held = (raw, exc)  # the second attempt's answer may serve: wait
+                return
+            task.cancel()
+        self.then(node, raw, exc)
+
+    def _second_done(self, task: asyncio.Task[tuple[Node, bytes]]) -> None:
+        if task.cancelled():
+            return  # the first attempt answered
+        failed = task.exception()
+        found = None if failed is not None else task.result()
+        usable = found is not None and not outcome.of_raw(found[1]).retry
+        held = self.held
+        if held is None:  # the first attempt still waits
+            sent = self.sent
+            if usable and sent is not None and not sent.finished:
+                self.winner = found[0]  # type: ignore[index]
+                sent.set_result((200, found[1]))  # type: ignore[index]  (ends the first)
+            return
+        self.held = None
+        if usable:
+            self.then(found[0], found[1], None)  # type: ignore[index]
+        else:
+            self.then(self.group.node, *held)
 
 
 def _in_rotation(node: Node) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 
+from chainstate.blockref import BlockRef
 from chainstate.jsonrpc import (
     BLOCK_NOT_FOUND,
     DATABASE_FAILED,
@@ -36,6 +37,9 @@ from chainstate.jsonrpc import (
     INVALID_PARAMS,
 )
 from proxy.methods import MethodSpec
+from proxy.model import Pool
+from proxy.reads import Reads
+from proxy.select import Selector
 
 REVERTED = 3  # geth's code for a revert (with the revert data)
 SERVER_ERROR = -32000  # geth's code for a call or read that failed on the node
@@ -81,3 +85,40 @@ def public_raw(spec: MethodSpec, raw: bytes, held: Callable[[], bool] | None = N
     if type(error) is not dict or public(spec, answer, held).get("error") is error:
         return raw
     return orjson.dumps(answer)
+
+
+class Face:
+    """`public` and `public_raw` for an item of a pool, with what the proxy knows of the
+    pool's chain to tell a block no node holds from a block that does not exist."""
+
+    def __init__(self, selector: Selector, reads: Reads | None) -> None:
+        self.selector = selector
+        self.reads = reads
+
+    def answer(self, spec: MethodSpec, answer: Any, pool: Pool, ref: BlockRef | None) -> Any:
+        """`public` of an answer object to an item of `pool` naming block `ref`."""
+        return public(spec, answer, lambda: self.held(pool, ref))
+
+    def raw(self, spec: MethodSpec, raw: bytes, pool: Pool, ref: BlockRef | None) -> bytes:
+        """`public_raw` of a single answer's bytes (peeked at first: most pass untouched)."""
+        if not spec.standard or raw.find(b"-390") < 0:
+            return raw
+        return public_raw(spec, raw, lambda: self.held(pool, ref))
+
+    def held(self, pool: Pool, ref: BlockRef | None) -> bool:
+        """Whether the block `ref` names exists on the pool's chain as far as the proxy knows
+        (a height up to the known head, a hash it has seen, a tag): a -39006 for it then
+        means no node holds it, not that there is no such block."""
+        if ref is None:
+            return False  # a transaction by hash: unknown means null
+        if ref.tag is not None:
+            return True
+        view = None if self.reads is None else self.reads.heads.views.get(pool.id)
+        if ref.hash is not None:
+            if view is not None and ref.hash in view.heights:
+                return True
+            return self.selector.hashes.get(ref.hash) is not None
+        tip = pool.head()
+        if view is not None and view.tip is not None:
+            tip = view.tip if tip is None else max(tip, view.tip)
+        return tip is not None and ref.number is not None and ref.number <= tip

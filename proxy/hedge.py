@@ -12,10 +12,20 @@ soft timers on the shared deadline lanes (proxy/deadlines.py, no timer per reque
    timeout against its node's breaker, and a second attempt starts if none has (a retry
    that does not wait for the first to be given up).
 
+A read whose only eligible node is the one of its kind (one `state` node in the pool) is
+raced at the attempt timeout alone (no hedge): its second attempt goes to the next node that
+holds the block (another kind: the archive node), as its retry would, so a silent node costs
+a read the attempt timeout, not `upstream_timeout`. The lone node is struck only when such
+a node is there (a second attempt started).
+
 The first attempt keeps running until the ceiling: whichever answers first wins. A winning
 second attempt hands its answer to the first attempt's waiting future (the connection's
 own), so the request's task awaits exactly what it awaits without hedging — the common case
-costs one entry in a deadline lane, no task and no extra timer. The loser is cancelled.
+costs one entry in a deadline lane, no task and no extra timer. The loser is cancelled. A
+first attempt with no future yet (still connecting to a host that drops packets, or waiting
+for a connection slot) is cancelled when the second one wins, and the request's task takes
+the winner's answer (`won_early`), as `Deadline.expired` turns its cancellation into a
+timeout.
 
 The budget is a token bucket per pool: each first attempt adds `hedge_budget` of a token
 (0.1: at most about 10 % more upstream requests), a hedge takes one; the bucket holds at
@@ -69,13 +79,18 @@ class Race:
 
     __slots__ = (
         "_budget",
+        "_cancelling",
         "_deadlines",
         "_launch",
         "_result",
         "_slow",
         "_timeout_after",
         "_usable",
+        "connecting",
+        "cut",
+        "first",
         "lane",
+        "lone",
         "stage",
         "struck",
         "task",
@@ -93,8 +108,16 @@ class Race:
         slow: Callable[[], None],
         hedge_delay: float | None,
         attempt_timeout: float | None,
+        lone: bool = False,
     ) -> None:
         self._deadlines = deadlines
+        self.lone = lone  # the first attempt's node is the only one of its kind
+        # The task awaiting the first attempt (the request's), cancelled when a second
+        # attempt wins before the first has a future to hand the answer to (`cut`).
+        self.first = asyncio.current_task()
+        self._cancelling = 0 if self.first is None else self.first.cancelling()
+        self.cut = False
+        self.connecting = False  # the first attempt is opening its connection
         self._budget = budget
         self._launch = launch
         self._usable = usable
@@ -120,6 +143,11 @@ class Race:
 
     # ---- the first attempt ---------------------------------------------------------------
 
+    def connect(self) -> None:
+        """The first attempt has its connection slot and opens a connection: a late answer
+        from here on is the node's fault, as after the request was sent."""
+        self.connecting = True
+
     def attach(self, waiter: asyncio.Future[tuple[int, bytes]]) -> None:
         """The first attempt was sent; `waiter` gets its (status, body)."""
         self.waiter = waiter
@@ -139,11 +167,14 @@ class Race:
                 self._start(HEDGE)
         elif self.stage == TIMEOUT:
             self.stage = ""
-            if self.waiter is not None:  # sent (not waiting for a connection): the node's fault
-                self.struck = True
-                self._slow()
             if self.task is None:
                 self._start(TIMEOUT)
+            # Sent (not waiting for a connection): the node's fault. A lone node is not
+            # struck when no other node could take over: nothing was gained by counting it.
+            sent = self.waiter is not None or self.connecting
+            if sent and (self.task is not None or not self.lone):
+                self.struck = True
+                self._slow()
 
     def _start(self, trigger: str) -> None:
         task = self._launch(trigger)
@@ -162,11 +193,24 @@ class Race:
         if waiter is None:
             if self._result is None:
                 self.winner, self._result = node, (200, raw)
+                first = self.first
+                if first is not None and not first.done():
+                    self.cut = True
+                    first.cancel()  # (no future to end its wait: `won_early`)
         elif not waiter.done():
             self.winner = node
             waiter.set_result((200, raw))
 
     # ---- ending --------------------------------------------------------------------------
+
+    def won_early(self) -> bytes | None:
+        """After a CancelledError in the first attempt: the second attempt's answer when
+        its win caused it (the cancellation is then withdrawn), else None."""
+        if not self.cut or self.first is None or self._result is None:
+            return None
+        if self.first.uncancel() > self._cancelling:
+            return None  # cancelled by someone else as well: that one stands
+        return self._result[1]
 
     async def second(self) -> tuple[Any, bytes]:
         """The second attempt's (node, answer) after the first failed; raises as it did, or

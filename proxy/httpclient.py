@@ -343,6 +343,8 @@ class HostPool:
             fresh = conn is None
             while True:
                 if conn is None:
+                    if race is not None:
+                        race.connect()
                     conn = await self._connect()
                 try:
                     waiter = conn.send(data, holder, early)

@@ -25,13 +25,29 @@ failure counted (`InprocPath._path`), where an answer changes neither.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, NamedTuple
 
 from chainstate.inproc import ItemsAnswered
-from proxy.attempts import BATCH, Attempts
-from proxy.engine import Admitted
+from proxy.attempts import Attempts
 from proxy.metrics import ProxyMetrics
 from proxy.model import Node, Pool
+from proxy.request import BATCH, Admitted, maker
+from proxy.transport import NodePath
+
+
+class Took(NamedTuple):
+    """One synchronous call of an in-process node, booked once its answers are kept."""
+
+    node: Node
+    path: NodePath
+    lkey: str  # the latency window: the method of a single request, or BATCH
+    items: list[Any]  # the items it answered
+    errors: list[int]  # positions of its error answers among them
+    elapsed: float  # seconds
+    method: str | None  # the method of every item (None: several)
+
+
+make_took = maker(Took)
 
 FOLD_EVERY = 64  # pending answers that are folded in at once
 FOLD_AFTER_S = 0.05  # the longest an answer's books wait, with fewer pending
@@ -158,6 +174,25 @@ class InprocBooks:
             self.fold()
         elif self._timer is None:
             self._answered_later()
+
+    def took(self, chain: str, pool: Pool, done: list[Took]) -> None:
+        """The books of calls whose answers were kept: the attempts, the requests per
+        method and outcome, and the node's own count of what it answered."""
+        request = self.metrics.request
+        for node, path, lkey, sent, errors, elapsed, method in done:
+            self.attempt(chain, pool, node, lkey, elapsed)
+            if method is not None and not errors:  # one method, no error: one count
+                request(chain, method, node.key, "ok", len(sent))
+            else:
+                counts: dict[tuple[str, str], int] = {}
+                failed = set(errors)
+                for i, item in enumerate(sent):
+                    key = (item["method"], "error" if i in failed else "ok")
+                    counts[key] = counts.get(key, 0) + 1
+                for (name, outcome), n in counts.items():
+                    request(chain, name, node.key, outcome, n)
+            if path.answered is not None:
+                path.answered([elapsed])  # the node's own count (`items_answered`)
 
     def request(self, chain: str, shape: str, seconds: float) -> None:
         """`ProxyMetrics.observe(chain, shape, seconds)`, folded in later; one answer."""

@@ -1,15 +1,16 @@
 """Step 5 of routing in one place: what an attempt's result means for the item and the node.
 
-Every result of an upstream attempt — a transport failure, an HTTP status, a JSON-RPC answer
-— is turned into one `Outcome` here, and the engine's single retry loop acts on its flags
-only: `retry` (send the item again, to another node), `prefer_archive` (that next node should
-be an archive node), `penalise` (count it against the node's breaker: the node, not the
-request, is at fault). Nothing else in the proxy decides what a result means.
+Every result of an upstream attempt — a transport failure (an `UpstreamError` subclass, which
+carries its outcome), an HTTP status, a JSON-RPC answer — is one `Outcome` here, and the
+pipeline's retry loop acts on its flags only: `retry` (send the item again, to another
+node), `prefer_archive` (that next node should be an archive node), `penalise` (count it
+against the node's breaker: the node, not the request, is at fault). Nothing else in the
+proxy decides what a result means.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 
@@ -68,16 +69,70 @@ TOO_LARGE = Outcome("too_large", retry=False, penalise=False)
 # retried elsewhere: the node takes it off its queue.)
 CALL_TIMEOUT = Outcome("call_timeout", retry=False, penalise=False)
 
-_BY_KIND = {
-    o.name: o
-    for o in (CONNECT, TIMEOUT, HTTP, INPROC, BAD_RESPONSE, SATURATED, TOO_LARGE, RATE_LIMITED)
-}
 _BY_CODE = {BLOCK_NOT_FOUND: BLOCK_MISSING, UNSUPPORTED_PRECOMPILE: PRECOMPILE}
 
 
-def of_failure(kind: str) -> Outcome:
-    """The outcome of an attempt that raised `UpstreamError(kind)`."""
-    return _BY_KIND.get(kind, BAD_RESPONSE)
+class UpstreamError(Exception):
+    """An attempt that got no usable answer; each subclass carries what that means
+    (`outcome`: retried or final, the node penalised or not)."""
+
+    outcome: ClassVar[Outcome] = BAD_RESPONSE
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{self.outcome.name}: {detail}")
+
+    @property
+    def kind(self) -> str:
+        """The failure's label in metrics and spans."""
+        return self.outcome.name
+
+
+class ConnectFailed(UpstreamError):
+    """No connection, or it broke before the answer was complete."""
+
+    outcome = CONNECT
+
+
+class TimedOut(UpstreamError):
+    """No answer within the attempt's limit."""
+
+    outcome = TIMEOUT
+
+
+class HttpFailed(UpstreamError):
+    """An HTTP status that carries no JSON-RPC answer (5xx, most 4xx)."""
+
+    outcome = HTTP
+
+
+class NodeFailed(UpstreamError):
+    """An in-process node raised, or dropped the request."""
+
+    outcome = INPROC
+
+
+class BadResponse(UpstreamError):
+    """An answer that is not JSON-RPC, or lacks an item's answer."""
+
+    outcome = BAD_RESPONSE
+
+
+class Saturated(UpstreamError):
+    """The proxy's own limit held the attempt up until its deadline."""
+
+    outcome = SATURATED
+
+
+class TooLarge(UpstreamError):
+    """An answer over max_answer_bytes."""
+
+    outcome = TOO_LARGE
+
+
+class RateLimited(UpstreamError):
+    """The node's rate limit (HTTP 429): the node is backed off, the item retried elsewhere."""
+
+    outcome = RATE_LIMITED
 
 
 def of_code(code: int) -> Outcome:

@@ -1,5 +1,5 @@
 """The selector's candidates per (method, block class), kept while nothing they depend on
-changes: one cache for the engine's first attempts over HTTP and the in-process path.
+changes: one cache for every first attempt (proxy/choose.py, proxy/kept.py).
 
 Why: the candidates of an item (`Selector.candidates`: the kind its block needs, then every
 reader's health, breaker, head and weight) cost as much Python as the rest of the first
@@ -12,8 +12,8 @@ Leader is chosen by the selector each time).
 
 A pool's entry is dropped when its readers list is rebuilt (every config change: nodes,
 weights, routes, Leader) or a reader's head, earliest block, health, breaker (`blocked`) or
-checker verdict changed, or when the caller's own `version` changed (the in-process
-registry's). Those changes are pushed, not pulled: every assignment of one of those fields
+checker verdict changed, or when a node (un)registered in process (the registry's
+`version`). Those changes are pushed, not pulled: every assignment of one of those fields
 bumps the pool's `changes` counter (proxy/model.py `WATCHED`), so a request checks one int
 instead of a tuple over every reader. A readers list whose nodes do not share the pool's
 counter (assembled without `Pool.rebuild`) falls back to comparing `signature`. The pick
@@ -27,6 +27,7 @@ from bisect import bisect_right
 from typing import Any
 
 from chainstate.blockref import BlockRef
+from chainstate.inproc import InprocRegistry
 from proxy.methods import MethodSpec
 from proxy.model import Node, Pool
 from proxy.select import NoEligibleNode, Selector
@@ -38,19 +39,16 @@ CONTAINS: Any = object()  # the class of a blockCtx `Contains` (not `True`: `Tru
 
 class PoolRoutes:
     """One pool's candidates per (method, block class), valid for one `signature` of its
-    readers and one caller `version`."""
+    readers and one `version` of the in-process registry."""
 
     __slots__ = (
         "changes",
         "changes_at",
-        "heights",
+        "kept",
         "one",
         "paths",
         "points",
-        "quick",
         "readers",
-        "seen",
-        "shared",
         "signature",
         "table",
         "version",
@@ -72,47 +70,45 @@ class PoolRoutes:
         self.points = points  # the selector's breakpoints at the pool head of `signature`
         self.version = version
         self.table: dict[tuple[str, Any], list[Node] | None] = {}
-        # (method, number of params) → {the block param's text → (the method, the candidates
-        # found for it, False: its params are not checked again, whether it reads at a
-        # tag)}: the in-process path's shortcut (`InprocPath._item` returns it as it is; a
-        # batch of one method looks its texts up in one dict, proxy/inprocpath.py)
-        self.seen: dict[tuple[str, int], dict[str, tuple[str, list[Node], bool, bool]]] = {}
-        # the same for the texts that do not read at a tag: the routes a batch may take
-        # without a look at its tags (`InprocPath._keyed`)
-        self.heights: dict[tuple[str, int], dict[str, tuple[str, list[Node], bool, bool]]] = {}
-        # (method, id of the candidates, tagged) → the one `seen` value for them: items of
-        # one route share one object, so a batch compares them by identity
-        self.shared: dict[tuple[str, int, bool], tuple[str, list[Node], bool, bool]] = {}
-        self.paths: dict[Node, Any] | None = None  # what the caller keeps per reader, if any
-        self.one: Any = None  # what the caller keeps when every reader shares one of those
-        # (method, number of params, the block param's text) → the route of a plain single
-        # request whose first write needs no Ctx or Item (`Engine._quick`)
-        self.quick: dict[tuple[str, int, str], QuickRoute] = {}
+        # (method, number of params) → {the block param's text → its KeptRoute}: the route
+        # of a plain read found once per text (proxy/kept.py); a batch of one method looks
+        # its texts up in one dict
+        self.kept: dict[tuple[str, int], dict[str, KeptRoute]] = {}
+        # reader → its in-process synchronous path (transport.NodePath), for readers that
+        # have one; None until looked up (proxy/kept.py `paths`)
+        self.paths: dict[Node, Any] | None = None
+        self.one: Any = None  # the path every reader answers through, when they share one
 
 
-class QuickRoute:
-    """What the engine's general path decides for a single request object whose block is
-    its last param, a height (or a blockCtx `Contains`): the same for every such request
-    with the same method, number of params and block text while the pool's candidates are
-    kept (`Engine._quick`). Its other params are still checked per request, and the
-    read path's only per-request input, whether the height's hash is known (`height`; None:
-    the read path never plans it), is looked up per request."""
+class KeptRoute:
+    """The route of a plain read found once for its method, number of params and block text
+    (the last param: a height, or a blockCtx `Contains`), valid while the pool's candidates
+    are kept. Its other params are still checked per request where the node does not check
+    them, and the read path's only per-request input, whether the height's hash is known
+    (`height`; None: the read path never plans it), is looked up per request."""
 
-    __slots__ = ("checks", "height", "method", "nodes", "ref", "spec")
+    __slots__ = ("checked", "checks", "height", "method", "nodes", "ref", "spec", "tagged")
 
     def __init__(
         self,
         method: str,
         spec: MethodSpec,
-        ref: BlockRef,
+        ref: BlockRef | None,
         nodes: list[Node],
         height: int | None,
+        checked: bool = False,
+        tagged: bool = False,
     ) -> None:
         self.method = method
         self.spec = spec
         self.ref = ref
-        self.nodes = nodes  # the first attempt's candidates (not empty)
+        self.nodes = nodes  # the first attempt's candidates (not empty; one list per class)
         self.height = height  # a pinned read when its hash is known (proxy/reads.py `_plan`)
+        # Made for one item whose params the method table checked (not kept: a block hash,
+        # a tag, no block); a kept route's items are checked per request (`checks`) or by
+        # an in-process node.
+        self.checked = checked
+        self.tagged = tagged  # reads at a tag or at the node's head (no block named)
         # (index, check, name) of every param but the block (the method table's checks)
         self.checks = tuple(
             (index, check, spec.params[index])
@@ -143,14 +139,19 @@ def block_class(points: list[int], ref: BlockRef | None) -> Any:
 class RouteCache:
     """`routes(pool)`, then `candidates(pool, routes, method, spec, ref)` per item."""
 
-    def __init__(self, selector: Selector) -> None:
+    def __init__(self, selector: Selector, registry: InprocRegistry | None = None) -> None:
         self.selector = selector
+        # the in-process registry: a node (un)registered there starts the routes afresh
+        self.registry = registry
         self.kept: dict[str, PoolRoutes] = {}  # pool id → its cached candidates
 
-    def routes(self, pool: Pool, version: int = 0) -> PoolRoutes:
+    def routes(self, pool: Pool) -> PoolRoutes:
         """The pool's cached candidates, started afresh when its readers list was rebuilt,
-        a reader's head, health, breaker or verdict changed, or `version` did."""
+        a reader's head, health, breaker or verdict changed, or a node (un)registered in
+        process."""
         readers = pool.readers
+        registry = self.registry
+        version = 0 if registry is None else registry.version
         routes = self.kept.get(pool.id)
         if routes is not None and routes.readers is readers and routes.version == version:
             changes = routes.changes

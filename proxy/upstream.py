@@ -1,12 +1,11 @@
-"""Step 4 of routing: sending bytes to a node.
+"""Step 4 of routing: sending to a node through its transport (proxy/transport.py).
 
-Plain `http://` nodes go through `proxy.httpclient` (pooled keep-alive connections, about a
-third of aiohttp's client cost per request, see that module); `https://` nodes through one
-aiohttp ClientSession with a tuned TCPConnector per app; `inproc://name` URLs call the
-node's handler in this process (no HTTP hop). Bodies go out and come back as raw bytes:
-nothing is decoded here. Every attempt's time limit is kept by one `Deadlines` timer (no
-per-attempt `asyncio.timeout`). `send_now` writes to an idle plain-http connection without a
-task (the engine's synchronous first attempt); its answer or failure comes to a callback.
+`Upstream` keeps one transport per node URL (pooled keep-alive connections for `http://`,
+one aiohttp session for `https://`, the handler in this process for `inproc://`), the one
+deadline timer every attempt shares (proxy/deadlines.py: no per-attempt `asyncio.timeout`)
+and the buffered-bytes budget. Bodies go out and come back as raw bytes: nothing is decoded
+here. `send_now` is the first attempt without a task: written to an idle connection, or
+given to an in-process node's future, its outcome comes to a callback.
 """
 
 from __future__ import annotations
@@ -17,27 +16,32 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-import orjson
-from yarl import URL
 
 from chainstate.inproc import InprocRegistry, is_inproc
 from proxy.buffers import ByteBudget
 from proxy.deadlines import Deadlines
-from proxy.httpclient import AnswerTooLarge, HostPool, HttpError, SlotWaitCancelled
+from proxy.httpclient import HostPool, SlotWaitCancelled
+from proxy.outcome import ConnectFailed, UpstreamError
+from proxy.transport import (
+    HTTP,
+    AwaitedNow,
+    HttpTransport,
+    InprocTransport,
+    Landed,
+    SentNow,
+    SessionTransport,
+    Transport,
+    count_whole,
+    timed_out,
+)
+
+__all__ = ["Upstream", "UpstreamError"]
 
 log = logging.getLogger(__name__)
 _HEADERS = {"Content-Type": "application/json"}
 # Headers aiohttp would add to every request; nodes need none of them (bodies stay raw bytes).
 _SKIP_HEADERS = ("User-Agent", "Accept", "Accept-Encoding")
-
-
-class UpstreamError(Exception):
-    """An attempt that got no usable answer: `kind` is connect, timeout, http, inproc,
-    bad_response, saturated or too_large (proxy/outcome.py says what each means)."""
-
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
+MAX_TRANSPORTS = 10_000  # node URLs come from config; bound them anyway
 
 
 class Upstream:
@@ -56,11 +60,7 @@ class Upstream:
         self.budget = ByteBudget(max_buffered) if max_buffered else None
         self._max_answer = max_answer
         self._session: aiohttp.ClientSession | None = None
-        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
-        self._urls: dict[str, URL] = {}  # parsed once: yarl parsing costs per request
-        # plain-http node URL → its connections (only such URLs: the engine's first write
-        # looks a node up here, `Engine._quick`)
-        self.hosts: dict[str, HostPool] = {}
+        self.transports: dict[str, Transport] = {}  # node URL → its transport (`transport`)
         self._deadlines = Deadlines()
 
     async def start(self) -> None:
@@ -81,23 +81,61 @@ class Upstream:
 
     async def close(self) -> None:
         self._deadlines.close()
-        for pool in self.hosts.values():
-            pool.close()
-        self.hosts.clear()
+        for transport in self.transports.values():
+            if type(transport) is HttpTransport:
+                transport.pool.close()
+        self.transports.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-    def _timeout(self, seconds: float) -> aiohttp.ClientTimeout:
-        t = self._timeouts.get(seconds)
-        if t is None:
-            t = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
-        return t
 
     @property
     def deadlines(self) -> Deadlines:
         """The deadline lanes every attempt uses (hedge timers share them)."""
         return self._deadlines
+
+    def transport(self, url: str) -> Transport:
+        """The node's transport (made on first use; an in-process one is resolved again
+        once the registry changed). Raises ConnectFailed for a URL no transport serves."""
+        found = self.transports.get(url)
+        if found is not None and (
+            type(found) is not InprocTransport or found.version == self._version()
+        ):
+            return found
+        if len(self.transports) >= MAX_TRANSPORTS:
+            for old in self.transports.values():
+                if type(old) is HttpTransport:
+                    old.pool.close()
+            self.transports.clear()
+        made: Transport
+        if url.startswith(HTTP):
+            try:
+                pool = HostPool(url, self._connections, self.budget, self._max_answer)
+            except ValueError as exc:
+                raise ConnectFailed(str(exc)) from None
+            made = HttpTransport(url, pool)
+        elif is_inproc(url):
+            registry = self.registry
+            if registry is None:
+                raise ConnectFailed(f"{url}: no such in-process node")
+            made = InprocTransport(url, registry)
+        else:
+            made = SessionTransport(url, self._current_session)
+        self.transports[url] = made
+        return made
+
+    def http(self, url: str) -> HttpTransport | None:
+        """The plain-http transport of `url` once made (None for any other URL, or before its
+        first use): the first attempt written before any object looks a node up here."""
+        found = self.transports.get(url)
+        return found if type(found) is HttpTransport else None
+
+    def _version(self) -> int:
+        registry = self.registry
+        return -1 if registry is None else registry.version
+
+    def _current_session(self) -> aiohttp.ClientSession | None:
+        return self._session
 
     async def send(
         self,
@@ -108,7 +146,7 @@ class Upstream:
         holder: Any = None,
         early: Callable[[int, bytes], Any] | None = None,
     ) -> bytes:
-        """The raw response body (b"" for a 204) within `limit` seconds. Raises
+        """The raw response body (b"" for a 204) within `limit` seconds. Raises an
         UpstreamError. `race` (proxy/hedge.py, plain-http nodes only) may end the wait
         early with another node's answer; the answer's bytes count for `holder` (an object
         with a `reserved` int, released by the caller) in the buffered-bytes budget.
@@ -116,37 +154,22 @@ class Upstream:
         complete, before this coroutine resumes: the engine answers its client from there."""
         deadline = self._deadlines.start(limit)
         try:
-            if url.startswith("http://"):
-                pool = self.hosts.get(url) or self._pool(url)
-                try:
-                    status, data = await pool.post(body, race, holder, early)
-                except AnswerTooLarge as exc:
-                    raise UpstreamError("too_large", f"{url}: {exc}") from None
-                except (HttpError, OSError) as exc:
-                    raise UpstreamError("connect", f"{url}: {exc}") from None
-                return _answer(url, status, data)
-            if is_inproc(url):
-                registry = self.registry
-                handler = registry.resolve(url) if registry is not None else None
-                if handler is None:
-                    raise UpstreamError("connect", f"{url}: no such in-process node")
-                try:
-                    now = registry.resolve_now(url)  # type: ignore[union-attr]
-                    answer = None if now is None else now(body)  # plain reads: no await
-                    data = answer if answer is not None else await handler(body)
-                except Exception as exc:  # a failing in-process node is an unusable answer
-                    raise UpstreamError("inproc", f"{url}: {type(exc).__name__}: {exc}") from None
+            transport = self.transport(url)
+            if type(transport) is HttpTransport:
+                return await transport.exchange(body, race, holder, early)
+            if type(transport) is InprocTransport:
+                data = await transport.exchange(body)
             else:
-                data = await self._send_session(url, body, limit)
-            self._count(url, data, holder)
+                data = await transport.exchange(body, limit)  # type: ignore[call-arg]
+            count_whole(self.budget, self._max_answer, url, data, holder)
             return data
         except SlotWaitCancelled:
             if deadline.expired():
-                raise _timed_out(url, limit, saturated=True) from None
+                raise timed_out(url, limit, saturated=True) from None
             raise
         except asyncio.CancelledError:
             if deadline.expired():
-                raise _timed_out(url, limit, saturated=False) from None
+                raise timed_out(url, limit, saturated=False) from None
             raise
         finally:
             self._deadlines.stop(deadline)
@@ -154,27 +177,31 @@ class Upstream:
     def send_now(
         self,
         url: str,
-        body: bytes,
+        body: bytes | None,
         limit: float,
         holder: Any,
         early: Callable[[int, bytes], Any],
         then: Landed,
         items: list[Any] | None = None,
     ) -> bool:
-        """`send` without a task, for a plain-http node with an idle connection and a free
-        slot: `body` is written now and False returned when it cannot be (nothing done).
-        The outcome goes to `then(raw, error)` from the connection's callback or the
-        deadline timer, after `early(status, body)` saw the answer as `send` gives it;
-        `then(None, None)`: the node had closed the idle connection (nothing was answered:
-        send it again the usual way, which retries on a fresh connection).
-
-        An in-process node that answers parsed items as a future (`InprocRegistry.
-        resolve_later`: eth_calls, plain reads) is given `items` (the objects `body` holds)
-        instead of the bytes: its answers come to `then` as bytes from the future's callback,
-        within the same limit; False when it declines them (`send` then takes the body)."""
-        if items is not None and is_inproc(url):
-            return self._later_now(url, items, limit, holder, early, then)
-        taken = self.take_now(url)
+        """`send` without a task: `body` written now to an idle plain-http connection, or
+        the parsed `items` (the objects `body` holds) given to an in-process node's future
+        of answers; False when neither can be done now (nothing done: `send` then takes
+        the body). The outcome goes to `then(raw, error)` from the connection's (or the
+        future's) callback or the deadline timer, after `early(status, body)` saw the
+        answer as `send` gives it; `then(None, None)`: the node had closed the idle
+        connection (nothing was answered: send it again the usual way)."""
+        try:
+            transport = self.transport(url)
+        except UpstreamError:
+            return False
+        if type(transport) is InprocTransport:
+            if items is None:
+                return False
+            return self._later_now(transport, items, limit, holder, early, then)
+        if type(transport) is not HttpTransport or body is None:
+            return False
+        taken = transport.take_now()
         if taken is None:
             return False
         pool, conn = taken
@@ -185,9 +212,8 @@ class Upstream:
     def take_now(self, url: str) -> tuple[HostPool, Any] | None:
         """An idle connection to a plain-http node with its slot taken (its `transport`
         is written to by the caller, then `expect_now` given it), or None (nothing taken)."""
-        pool = self.hosts.get(url)
-        conn = None if pool is None else pool.take()
-        return None if conn is None else (pool, conn)  # type: ignore[return-value]
+        transport = self.http(url)
+        return None if transport is None else transport.take_now()
 
     def expect_now(
         self,
@@ -197,18 +223,24 @@ class Upstream:
         holder: Any,
         early: Callable[[int, bytes], Any],
         then: Landed,
+        soft: float | None = None,
+        slow: Callable[[SentNow], Any] | None = None,
     ) -> None:
         """`send_now`'s second half, once the request is written on the connection of
-        `take_now`: its answer and deadline. (After the write: the answer comes through the
-        loop, after the caller's callback ends, so none of this is on the client's wait.)"""
+        `take_now`: its answer's wait and deadline (off the client's wait: the answer can
+        only come through the loop, after the caller). `slow(exchange)`: called at `soft`
+        seconds instead (an attempt timeout), it schedules the rest of `limit` itself."""
         pool, conn = taken
         exchange = SentNow(pool, conn, url, limit, then)
         conn.expect(holder, early, exchange)
+        if slow is not None:
+            exchange.slow = slow
+            limit = soft  # type: ignore[assignment]
         self._deadlines.schedule(limit, exchange)
 
     def _later_now(
         self,
-        url: str,
+        transport: InprocTransport,
         items: list[Any],
         limit: float,
         holder: Any,
@@ -216,217 +248,15 @@ class Upstream:
         then: Landed,
     ) -> bool:
         """`send_now` to an in-process node's future of parsed items' answers."""
-        registry = self.registry
-        later = None if registry is None else registry.resolve_later(url)
-        if later is None:
-            return False
-        try:
-            future = later(items)
-        except Exception:  # `send` asks it again, with the body, and counts the failure
-            return False
+        future = transport.later_now(items)
         if future is None:
             return False
-        exchange = AwaitedNow(self, url, limit, holder, early, then, future, len(items) == 1)
+        url = transport.url
+
+        def count(raw: bytes) -> None:
+            count_whole(self.budget, self._max_answer, url, raw, holder)
+
+        exchange = AwaitedNow(url, limit, count, early, then, future, len(items) == 1)
         self._deadlines.schedule(limit, exchange)
         future.add_done_callback(exchange.landed)
         return True
-
-    async def _send_session(self, url: str, body: bytes, limit: float) -> bytes:
-        session = self._session
-        if session is None:
-            raise UpstreamError("connect", "upstream session is closed")
-        target = self._urls.get(url)
-        if target is None:
-            if len(self._urls) > 10_000:  # URLs come from config; bound it anyway
-                self._urls.clear()
-            target = self._urls[url] = URL(url)
-        try:
-            async with session.post(target, data=body, timeout=self._timeout(limit)) as resp:
-                data = await resp.read()
-                status = resp.status
-        except TimeoutError:
-            raise UpstreamError("timeout", f"no answer from {url} within {limit}s") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError("connect", f"{url}: {type(exc).__name__}: {exc}") from None
-        return _answer(url, status, data)
-
-    def _count(self, url: str, data: bytes, holder: Any) -> None:
-        """An answer that came whole (in process, or through aiohttp): checked against
-        max_answer_bytes and counted in the budget."""
-        if self._max_answer and len(data) > self._max_answer:
-            msg = f"{url}: answer of {len(data)} bytes, more than max_answer_bytes"
-            raise UpstreamError("too_large", msg)
-        if self.budget is not None and holder is not None:
-            self.budget.add(len(data), holder)
-
-    def _pool(self, url: str) -> HostPool:
-        pool = self.hosts.get(url)
-        if pool is None:
-            if len(self.hosts) > 10_000:  # URLs come from config; bound it anyway
-                for old in self.hosts.values():
-                    old.close()
-                self.hosts.clear()
-            try:
-                pool = self.hosts[url] = HostPool(
-                    url, self._connections, self.budget, self._max_answer
-                )
-            except ValueError as exc:
-                raise UpstreamError("connect", str(exc)) from None
-        return pool
-
-
-# `Upstream.send_now`'s outcome: (the node's answer, or None; the failure, or None)
-Landed = Callable[[bytes | None, UpstreamError | None], Any]
-
-
-class _Exchange:
-    """What both exchanges of `Upstream.send_now` keep: the node, the limit, the deadline's
-    lane, whether it ended, and `then`, told the outcome once."""
-
-    __slots__ = ("finished", "lane", "limit", "then", "url")
-
-    def __init__(self, url: str, limit: float, then: Landed) -> None:
-        self.url = url
-        self.limit = limit
-        self.then = then
-        self.finished = False
-        self.lane: Any = None  # set by Deadlines.schedule
-
-    def _land(self, raw: bytes | None, exc: UpstreamError | None) -> None:
-        try:
-            self.then(raw, exc)
-        except Exception:  # a callback: nobody above it would see the error
-            log.exception("finishing a request after its node's answer failed")
-
-
-class SentNow(_Exchange):
-    """One exchange of `Upstream.send_now`: the connection's waiter (a future's `done`,
-    `set_result` and `set_exception`) and its deadline (`expire`), in one object."""
-
-    __slots__ = ("conn", "pool")
-
-    def __init__(self, pool: HostPool, conn: Any, url: str, limit: float, then: Landed) -> None:
-        super().__init__(url, limit, then)
-        self.pool = pool
-        self.conn = conn
-
-    def done(self) -> bool:
-        return self.finished
-
-    def set_result(self, result: tuple[int, bytes]) -> None:
-        self._end()
-        try:
-            raw = _answer(self.url, *result)
-        except UpstreamError as exc:
-            self._land(None, exc)
-        else:
-            self._land(raw, None)
-
-    def set_exception(self, exc: BaseException) -> None:
-        stale = not self.conn.got_bytes
-        self._end()
-        if isinstance(exc, AnswerTooLarge):
-            self._land(None, UpstreamError("too_large", f"{self.url}: {exc}"))
-        elif stale and isinstance(exc, HttpError):
-            self._land(None, None)
-        else:
-            self._land(None, UpstreamError("connect", f"{self.url}: {exc}"))
-
-    def expire(self) -> None:
-        """No answer within the limit (the lanes dropped this entry already)."""
-        if self.finished:
-            return
-        self.finished = True
-        conn = self.conn
-        saturated = conn.waiting is not None  # the answer waits for room in the budget
-        conn.close()  # cut off mid-answer: its state is unknown
-        self.pool.give_back(conn)
-        self._land(None, _timed_out(self.url, self.limit, saturated))
-
-    def _end(self) -> None:
-        self.finished = True
-        Deadlines.stop(self)
-        self.pool.give_back(self.conn)
-
-
-class AwaitedNow(_Exchange):
-    """One exchange of `Upstream.send_now` with an in-process node's future: its answers
-    rendered as the node's body would be, or its failure, or the deadline (`expire`)."""
-
-    __slots__ = ("early", "future", "holder", "single", "upstream")
-
-    def __init__(
-        self,
-        upstream: Upstream,
-        url: str,
-        limit: float,
-        holder: Any,
-        early: Callable[[int, bytes], Any],
-        then: Landed,
-        future: asyncio.Future[list[Any]],
-        single: bool,
-    ) -> None:
-        super().__init__(url, limit, then)
-        self.upstream = upstream
-        self.holder = holder
-        self.early = early
-        self.future = future
-        self.single = single  # the items of a request object: its answer alone, not a list
-
-    def landed(self, future: asyncio.Future[list[Any]]) -> None:
-        if self.finished:
-            return
-        self.finished = True
-        Deadlines.stop(self)
-        try:
-            raw = self._raw(future)
-        except UpstreamError as exc:
-            self._land(None, exc)
-            return
-        self.early(200, raw)
-        self._land(raw, None)
-
-    def _raw(self, future: asyncio.Future[list[Any]]) -> bytes:
-        """The answers as the node's body would carry them (b"": nothing to answer)."""
-        url = self.url
-        if future.cancelled():
-            raise UpstreamError("inproc", f"{url}: the node dropped the request")
-        exc = future.exception()
-        if exc is not None:
-            raise UpstreamError("inproc", f"{url}: {type(exc).__name__}: {exc}")
-        answers = future.result()
-        if self.single:
-            answer = answers[0]
-            raw = b"" if answer is None else orjson.dumps(answer)
-        else:
-            kept = [answer for answer in answers if answer is not None]
-            raw = orjson.dumps(kept) if kept else b""
-        self.upstream._count(url, raw, self.holder)
-        return raw
-
-    def expire(self) -> None:
-        """No answer within the limit (the lanes dropped this entry already)."""
-        if self.finished:
-            return
-        self.finished = True
-        self.future.cancel()  # its answers would come to nobody
-        self._land(None, _timed_out(self.url, self.limit, saturated=False))
-
-
-def _timed_out(url: str, limit: float, saturated: bool) -> UpstreamError:
-    if saturated:
-        msg = f"no free connection to {url} within {limit}s (upstream_connections)"
-        return UpstreamError("saturated", msg)
-    return UpstreamError("timeout", f"no answer from {url} within {limit}s")
-
-
-def _answer(url: str, status: int, data: bytes) -> bytes:
-    """The body of a usable answer: 2xx, or a 4xx that carries a JSON-RPC answer (a node
-    refusing the request itself, e.g. too large); 5xx and other 4xx are failures (retried)."""
-    if status == 200 or status == 204:
-        return data
-    if status == 429:  # the node's rate limit: backed off, retried elsewhere (outcome.py)
-        raise UpstreamError("rate_limited", f"{url} answered HTTP 429 (rate limited)")
-    if 400 <= status < 500 and b'"jsonrpc"' in data[:200]:
-        return data
-    raise UpstreamError("http", f"{url} answered HTTP {status}")

@@ -33,9 +33,6 @@ FORBIDDEN = {
 # Cycles known and left for later, each with why; a cycle not listed fails the test, and so
 # does a listed one that is gone (take it out of this list).
 KNOWN_CYCLES = {
-    # the proxy's in-process single and batch paths call each other (inproccalls names
-    # InprocPath for type checkers); they are to become one pipeline with the engine
-    frozenset({"proxy.inprocpath", "proxy.inproccalls"}),
     # the state node's traces are methods of its EVM methods' host: methods.py builds
     # TraceMethods, traces.py names EvmMethods for type checkers (a protocol would end it)
     frozenset({"nodes.state.evm.methods", "nodes.state.evm.traces"}),

@@ -20,9 +20,6 @@ TOKEN = "fleet-admin-token"
 CHAIN = "1337"
 PORTS = {"etcd": 2379, "peer": 2380, "writer": 8664, "state": 8665, "checker": 8667}
 PROXY_PORT = 8663
-# Seconds a health poll (eth_blockNumber) may take: the default is upstream_timeout (10 s),
-# so a node whose host vanished would stay in rotation for up to 3 x 10 s.
-POLL_TIMEOUT = 2.0
 
 
 def http(
@@ -163,7 +160,6 @@ class Fleet:
         path.write_text(
             f"""[proxy]
 head_poll_interval = 0.5
-poll_timeout = {POLL_TIMEOUT}
 
 [[proxy.nodes]]
 chain = "{CHAIN}"

@@ -27,7 +27,9 @@ STARTUP = 45.0  # seconds for ten hosts' processes to start on a loaded 2-core m
 SPREAD = 5.0  # seconds an admin change may take to show on the other proxy
 SLOW = 1.0  # seconds: a read answered later than this counts as slow
 ATTEMPT_WINDOW = 6.0  # seconds a client request may take: two attempts of 3 s
-EJECT = 20.0  # seconds both proxies' health polls may take to eject a node whose host is gone
+# seconds both proxies' health polls may take to eject a node whose host is gone: 3 polls
+# (unhealthy_after) of poll_timeout (10 s) each, and room for a loaded machine
+EJECT = 45.0
 ETCD_FAILOVER = 10.0  # seconds a proxy may refuse admin changes after an etcd member dies
 
 
@@ -77,11 +79,11 @@ def stats(records: list[dict[str, Any]], began: float, ended: float) -> dict[str
     }
 
 
-def healthy(fleet: Fleet, proxy: Host, key: str) -> bool | None:
-    """Whether `proxy`'s health poll holds node `key` healthy (None: not known)."""
+def shown(fleet: Fleet, proxy: Host, key: str) -> dict[str, Any]:
+    """Node `key` as `proxy` shows it (getAllNodes: healthy, routable, breaker...), or {}."""
     status, answer = fleet.admin(proxy, f"{CHAIN}/getAllNodes")
     nodes = {n["key"]: n for n in answer.get("nodes", [])} if status == 200 else {}
-    return nodes[key]["healthy"] if key in nodes else None
+    return nodes.get(key, {})
 
 
 def set_weight(fleet: Fleet, proxy: Host, weight: int) -> None:
@@ -178,21 +180,30 @@ def kill_the_etcd_leader(fleet: Fleet, phases: Phases) -> dict[str, Any]:
     return {"killed": leader, "proxies_used": connected, "refused_s": refused}
 
 
-def cut_the_state_node_host(fleet: Fleet, phases: Phases) -> tuple[float, float]:
+def cut_the_state_node_host(fleet: Fleet, phases: Phases) -> tuple[float, dict[str, Any]]:
     """The state node's host is cut off until both proxies' health polls have ejected it,
-    and ATTEMPT_WINDOW more. (when it was cut, seconds until both had ejected it)"""
+    and ATTEMPT_WINDOW more. (when it was cut; per proxy, seconds until it first routed
+    around the node — its breaker open, or ejected — and until its health poll ejected it)"""
     p1, p2 = fleet.proxies
     phases.begin("state node host cut off")
+    cut_at = phases.began
     fleet.net.cut(fleet.state)
     spreads(fleet, p1, p2, 7)
     spreads(fleet, p2, p1, 8)
-    for proxy in (p1, p2):
-        what = f"{proxy.name} taking the cut-off state node out of rotation"
-        wait_for(what, lambda p=proxy: healthy(fleet, p, "state-1") is False, EJECT)
-    cut_at = phases.began
-    ejected = time.time() - cut_at
+    seen: dict[str, dict[str, float]] = {p.name: {} for p in (p1, p2)}
+
+    def ejected() -> bool:
+        for proxy in (p1, p2):
+            node, when = shown(fleet, proxy, "state-1"), seen[proxy.name]
+            if node.get("routable") is False and "routed_around_s" not in when:
+                when["routed_around_s"] = round(time.time() - cut_at, 1)
+            if node.get("healthy") is False and "ejected_s" not in when:
+                when["ejected_s"] = round(time.time() - cut_at, 1)
+        return all("ejected_s" in when for when in seen.values())
+
+    wait_for("both proxies' health polls taking the cut-off state node out", ejected, EJECT)
     run_for(ATTEMPT_WINDOW)  # the requests in flight at the ejection end in the span
-    return cut_at, ejected
+    return cut_at, seen
 
 
 def check_acknowledged_mined(fleet: Fleet, records: list[dict[str, Any]]) -> int:
@@ -230,8 +241,9 @@ def test_fleet_survives_a_cut_proxy_a_dead_etcd_member_and_a_cut_state_node(
     run_for(4, lambda: (spreads(fleet, p1, p2, 2), spreads(fleet, p2, p1, 3)))
     cut_a_proxy_host(fleet, phases)
     print(f"etcd: {kill_the_etcd_leader(fleet, phases)}")
-    cut_at, ejected = cut_the_state_node_host(fleet, phases)
-    print(f"state node out of both proxies' rotation after {ejected:.1f} s")
+    cut_at, seen = cut_the_state_node_host(fleet, phases)
+    print(f"state node cut off: {seen}")
+    ejected = max(when["ejected_s"] for when in seen.values())
     phases.end()
     client.send_signal(signal.SIGTERM)
     client.wait(15)
@@ -242,8 +254,8 @@ def test_fleet_survives_a_cut_proxy_a_dead_etcd_member_and_a_cut_state_node(
         print(f"{name:<26} {json.dumps(row)}")
     for name, row in table.items():
         assert row["answered"] > 0 and row["tx_acked"] > 0, (name, row)
-    for name in ("steady", "proxy-1 host cut off", "proxy-1 back", "etcd leader killed"):
-        assert table[name]["failed"] == 0, (name, table[name])  # the other proxy answered
+    for name in table:  # the other proxy, or another node, answered
+        assert table[name]["failed"] == 0, (name, table[name])
     # once the state node is out of rotation, it costs nothing more
     after = [r for r in records if r["op"] == "read" and r["t0"] > cut_at + ejected]
     assert after and all(r["ok"] for r in after), [r for r in after if not r["ok"]][:5]

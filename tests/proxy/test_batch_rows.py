@@ -1,4 +1,4 @@
-"""A batch's items checked with C loops (`Engine._uniform_rows`, `MethodTable.known_targets`).
+"""A batch's items checked with C loops (`Parser.uniform_rows`, `MethodTable.known_targets`).
 
 A batch of one method whose block texts the method table remembers is checked without a
 Python step per item; any item that is not such a plain valid request object sends the batch
@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.engine import Engine
+from proxy.parse import Parser
 from tests.proxy.conftest import fast_settings, req
 from tests.proxy.test_dataport import raw_rpc
 
@@ -84,7 +84,7 @@ async def answered_both_ways(api, node, monkeypatch, batch: list[Any]) -> bytes:
     status, raw = await raw_rpc(api, body)
     sent = node.bodies[-1]
     with monkeypatch.context() as m:
-        m.setattr(Engine, "_uniform_rows", lambda self, payload: None)
+        m.setattr(Parser, "uniform_rows", lambda self, payload: None)
         status_slow, raw_slow = await raw_rpc(api, body)
     assert (status, raw) == (status_slow, raw_slow), batch
     assert sent == node.bodies[-1], (sent, node.bodies[-1])

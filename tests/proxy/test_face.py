@@ -3,7 +3,7 @@ heads.py): `null` for a block, transaction or receipt not found, geth's error co
 the spec's -39xxx (vendor methods keep those), `latest` never lower than an answer before.
 Every rule on every route: a single request (the first of a block text takes the general
 path, the next one the kept route), a batch, over the data port (HTTP) and in process
-(`Engine.handle`); the in-process path to a real state node is in test_inprocpath.py."""
+(`Engine.handle`); answers made in process by a real state node are in test_inprocpath.py."""
 
 from __future__ import annotations
 

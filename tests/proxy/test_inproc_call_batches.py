@@ -1,7 +1,7 @@
 """A batch of eth_calls through the proxy to a state node in its own process.
 
-The in-process path (proxy/inproccalls.py) gives the batch's parsed items to the node's
-future (`answer_later`) by the engine's first attempt, instead of the engine's parse, plan,
+The batch's first attempt (proxy/firstbatch.py `_calls`) gives its parsed items to the node's
+future (`answer_later`) through `Attempts.send_now`, instead of the general steps' parse, plan,
 route and the body through the node's `handle_body`. Every answer here is compared with the
 engine's usual path (`Engine.handle`) and its books with the engine's, on a real state node
 (a synthetic chain, its real EVM workers) entered as a state and an archive node.

@@ -1,10 +1,12 @@
-"""The proxy's synchronous path to state nodes in its own process (proxy/inprocpath.py).
+"""The first attempt answered synchronously by state nodes in the proxy's own process (the
+in-process transport: proxy/firstattempt.py `_inproc`, proxy/firstbatch.py `_now`).
 
 A real state node (a synthetic chain in LMDB) registered `inproc://` as a state and an
 archive node behind the proxy's real data listener, as in `chainstate up`. Every body is
 answered twice, once through the data port (the synchronous path when it applies) and once
-by the engine itself (`Engine.handle`, which never takes it): the answers must be the same
-bytes, and the path must have served exactly the bodies it is for.
+by the engine's awaited entry (`Engine.handle`, which never takes it): the answers must be
+the same bytes, and the synchronous answers must have served exactly the bodies they are
+for.
 """
 
 from __future__ import annotations
@@ -217,7 +219,7 @@ async def test_bodies_at_a_seen_block_text_that_are_not_plain_reads_go_to_the_en
     proxied,
 ) -> None:
     """A single whose last param is a block text seen before takes its kept route without
-    the method table's checks (`InprocPath._single`): what is not a plain read with an int
+    the method table's checks (`FirstAttempt.start`): what is not a plain read with an int
     or string id still goes to the engine, answered as the engine answers it."""
     api, _, addrs, calls = proxied
     seen = item(1, "eth_getBalance", addrs[0], "0x3")

@@ -507,6 +507,30 @@ async def test_a_stale_pin_is_asked_again_by_height(make_api, fake_nodes) -> Non
     assert (await figures(api))["cache"]["stores"] == 0
 
 
+async def test_a_stale_pin_in_a_batch_is_asked_again_by_height(make_api, fake_nodes) -> None:
+    """The same in a batch sent as one body with its pinned items (cache off): only the
+    items whose pinned block the node no longer knows are asked again, by height, and
+    every answer keeps its place and id."""
+    node = await fake_nodes("state-1", "state")
+    api = await make_api(fast_settings(**NO_CACHE))
+    await api.add("1337", node)
+    await chain_known(api)
+    api.proxy.tracker.interval = 60.0  # no more polls after the one under way
+    await asyncio.sleep(0.2)
+    node.reorg(1000, fork=3)
+    batch = [
+        req("eth_getBalance", [account(3), "latest"], "a"),
+        req("eth_getBalance", [account(4), "0x3e7"], 7),
+        req("eth_getBalance", [account(5), "0x3e8"], "c"),
+    ]
+    status, answers = await api.rpc("1337", batch)
+    assert status == 200 and [a["id"] for a in answers] == ["a", 7, "c"]
+    assert [a["result"]["height"] for a in answers] == [1000, 999, 1000]
+    sent = [i["params"][1] for i in node.data_items("eth_getBalance")]
+    pinned = {"blockHash": block_hash(1000)}  # (999: sent as it is, its hash not kept)
+    assert sent[:3] == [pinned, "0x3e7", pinned] and sent[3:] == ["0x3e8", "0x3e8"]
+
+
 async def test_a_node_without_the_pinned_block_is_not_asked_by_height_first(
     make_api, fake_nodes
 ) -> None:

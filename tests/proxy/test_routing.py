@@ -758,7 +758,7 @@ async def test_in_process_engine_and_inproc_nodes(make_api, fake_nodes) -> None:
     assert status == 200 and orjson.loads(body)["result"] == "inproc"
 
 
-# ---- batches of items the read path does not touch (`Engine._send_plain`) ---------------
+# ---- batches of items the read path does not touch (`Rounds.plain`) ---------------------
 
 
 def at_heights(n: int, method: str = "eth_getBalance", first_id: int = 0) -> list[dict]:

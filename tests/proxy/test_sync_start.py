@@ -47,6 +47,10 @@ async def metric(api, name: str, **labels: str) -> float:
     return 0.0
 
 
+# Coroutines of the proxy's request path that a task may run (their classes' qualnames).
+PROXY_TASKS = ("Engine.", "FirstAttempt.", "Pipeline.", "Rounds.", "ReadPath.", "_Connection.")
+
+
 class TaskNames:
     """Names of the proxy's own tasks created while installed (the loop's task factory)."""
 
@@ -58,7 +62,7 @@ class TaskNames:
     def __enter__(self) -> list[str]:
         def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task:
             name = getattr(coro, "__qualname__", "")
-            if name.startswith(("Engine.", "_Connection.")):
+            if name.startswith(PROXY_TASKS):
                 self.names.append(name)
             return asyncio.Task(coro, loop=loop, **kw)
 
@@ -234,7 +238,7 @@ async def test_an_idle_connection_the_node_closed_is_replaced(make_api) -> None:
         server.close()
 
 
-# ---- the first write before the request's objects (`Engine._quick`, `_sent_first`) ------
+# ---- the first write before the request's objects (`FirstAttempt.kept_route`) -------------
 
 
 async def test_a_kept_route_still_checks_the_other_params_of_every_request(make_api, fake_nodes):
@@ -261,20 +265,20 @@ async def test_a_kept_route_still_checks_the_other_params_of_every_request(make_
 
 async def test_a_lone_plain_http_node_is_written_to_before_any_object(make_api, fake_nodes):
     """A pool of one plain-http node: once its connection is open, each plain read is
-    written to it by `_quick` itself (the general path's first attempt is never asked),
+    written to it from its kept route (the general steps' first attempt is never asked),
     and answered as the general path answers it."""
     node = await fake_nodes("s", "state")
     api = await make_api(fast_settings(**NO_CACHE))
     await api.add("1337", node)
     engine = get_proxy(api.client.app).engine
-    general = engine._first_attempt
+    general = engine.first._first
     asked: list[int] = []
 
     def first_attempt(ctx: Any, item: Any, *args: Any, **kw: Any) -> Any:
         asked.append(item.rid)
         return general(ctx, item, *args, **kw)
 
-    engine._first_attempt = first_attempt  # type: ignore[method-assign]
+    engine.first._first = first_attempt  # type: ignore[method-assign]
     reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
     for rid in range(4):  # the first opens the node connection, the others take it
         writer.write(HEAD % len(body(rid)) + body(rid))

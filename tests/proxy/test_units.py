@@ -15,7 +15,6 @@ from chainstate.txmethods import PENDING_READS, TX_LIFECYCLE
 from nodes.writer.service import PASS_THROUGH
 from proxy import methods, outcome
 from proxy.app import server_limits
-from proxy.engine import hide_unreadable
 from proxy.events import LOCAL_METHODS
 from proxy.methods import MethodTable
 from proxy.model import (
@@ -28,6 +27,7 @@ from proxy.model import (
     normalize_chain,
     normalize_pool,
 )
+from proxy.ryw import hide_unreadable
 from proxy.select import NoEligibleNode, Selector
 from proxy.settings import ProxySettings
 from proxy.state import RoutingState
@@ -468,11 +468,14 @@ def test_one_classification_of_answers_and_failures() -> None:
     assert outcome.of_raw(own) is outcome.CALL_TIMEOUT
     assert outcome.CALL_TIMEOUT.final and not outcome.CALL_TIMEOUT.penalise
     assert outcome.of_raw(b'{"id":1,"error":{"code":-39004,"message":"halted"}}') is outcome.ERROR
-    for kind in ("connect", "timeout", "http", "inproc", "bad_response"):
-        assert outcome.of_failure(kind).retry and outcome.of_failure(kind).penalise
-    saturated = outcome.of_failure("saturated")  # the proxy's own queue: not the node's fault
+    # transport failures carry their outcome
+    failures = (outcome.ConnectFailed, outcome.TimedOut, outcome.HttpFailed, outcome.NodeFailed)
+    for failure in (*failures, outcome.BadResponse):
+        assert failure("x").outcome.retry and failure("x").outcome.penalise
+    saturated = outcome.Saturated("x").outcome  # the proxy's own queue: not the node's fault
     assert saturated.retry and not saturated.penalise
-    assert outcome.of_failure("too_large").final
+    assert outcome.TooLarge("x").outcome.final
+    assert outcome.TimedOut("no answer").kind == "timeout"  # (the metrics label)
     # the label of an answered attempt (metrics, spans): what a retryable answer asked
     assert outcome.answered(b'{"jsonrpc":"2.0","id":1,"result":"0x1"}') == "ok"
     assert outcome.answered(b'{"id":1,"error":{"code":-39006,"message":"x"}}') == "block_not_found"
@@ -535,7 +538,8 @@ async def test_file_store_refuses_unreadable_file(tmp_path) -> None:
 
 
 def test_upstream_status_handling() -> None:
-    from proxy.upstream import UpstreamError, _answer
+    from proxy.transport import http_answer as _answer
+    from proxy.upstream import UpstreamError
 
     rpc = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"too large"}}'
     assert _answer("http://n", 200, b"x") == b"x"

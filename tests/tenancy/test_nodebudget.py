@@ -6,7 +6,9 @@ import orjson
 import pytest
 
 from proxy import outcome
+from proxy.outcome import RateLimited
 from proxy.tenancy.nodebudget import BACKOFF_MAX, NodeBudget, limited
+from proxy.transport import http_answer
 
 
 def _error(code: int, message: str, rid: int = 1) -> dict:
@@ -51,7 +53,9 @@ def test_answers_that_are_no_rate_limit(answer: object) -> None:
 
 
 def test_an_http_429_is_a_rate_limit_retried_without_penalty() -> None:
-    result = outcome.of_failure("rate_limited")
+    with pytest.raises(RateLimited) as caught:
+        http_answer("http://node:8545", 429, b"Too Many Requests")
+    result = caught.value.outcome
     assert result is outcome.RATE_LIMITED and result.retry and not result.penalise
 
 

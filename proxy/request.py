@@ -1,0 +1,218 @@
+"""The pipeline's data model: one client request (`Ctx`) and its request objects (`Row`, `Item`).
+
+A batch's items are parsed into `Row`s (a named tuple, made with C loops for the common batch);
+a row becomes an `Item`, with its retry bookkeeping, only when a step needs one (the read path
+planned it, or it is matched, classified or retried on its own). Every step of the pipeline
+takes these types, so a single request and a batch item go the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any, NamedTuple
+
+from chainstate.blockref import BlockRef
+from proxy.methods import MethodSpec
+from proxy.model import Node, Pool
+from proxy.outcome import Outcome
+from proxy.reads import Plan
+from proxy.tenancy.nodebudget import limited
+from proxy.upstream import UpstreamError
+
+# A client's answer: (HTTP status, body) or (status, body, extra header lines).
+Answer = tuple[int, bytes] | tuple[int, bytes, bytes]
+BATCH = "batch"  # latency window of sub-batches (single requests use their method's)
+
+
+class Admitted:
+    """A client body's pool, its place among the pool's requests in flight taken."""
+
+    __slots__ = ("chain", "pool")
+
+    def __init__(self, chain: str, pool: Pool) -> None:
+        self.chain = chain
+        self.pool = pool
+
+
+class Ctx:
+    """One client request as it goes through the steps."""
+
+    __slots__ = (
+        "chain",
+        "early",
+        "heads",
+        "keep",
+        "least",
+        "methods",
+        "nodes",
+        "own_ids",
+        "pool",
+        "reserved",
+        "tally",
+    )
+
+    def __init__(
+        self,
+        chain: str,
+        pool: Pool,
+        early: Callable[[bytes], Any] | None = None,
+        tally: Any = None,
+    ) -> None:
+        self.chain = chain
+        self.pool = pool
+        # The client's usage tally when tenancy follows the request (proxy/tenancy/usage.py):
+        # each attempt sent to a node adds one to its `upstream`.
+        self.tally = tally
+        # Writes the client's answer now (the data listener's Request.answer_early); set
+        # while a node's bytes, when final, are the answer exactly as the node sent them.
+        self.early = early
+        self.methods: list[str] = []
+        self.nodes: list[str] = []  # every node tried (access log)
+        self.reserved = 0  # answer bytes held for it in the buffered-bytes budget
+        self.heads: Any = None  # the request's resolved heads (proxy/heads.RequestHeads)
+        self.least: int | None = None  # the client's lowest acceptable `latest` (x-min-block)
+        self.keep: tuple[tuple[str, int], ...] | None = None  # a whole batch to cache: methods
+        # Every item of the batch has its own int or string id (no two alike): sub-batches
+        # go with the client's ids rather than positions.
+        self.own_ids = False
+
+    def answer_early(self, status: int, raw: bytes) -> None:
+        """A node's answer, the moment it is complete (from its connection's callback): when
+        it is final as it is (a 200 whose bytes ask for no retry), the client gets it now,
+        and the request's books follow after the write instead of before it."""
+        write = self.early
+        # (An answer naming a -390xx code is never final as it is: it may be retried or, for
+        # a standard method, shown with a standard code: proxy/face.py.)
+        if write is not None and status == 200 and raw and raw.find(b"-390") < 0:
+            if raw.find(b'"error"') >= 0 and limited(raw):  # a rate limit: retried elsewhere
+                return
+            self.early = None
+            write(raw)
+
+
+class Row(NamedTuple):
+    """One valid request object of a batch as parsed. `block` is the text that names its
+    block (its block param, when a string; None when the item names no block, or names it
+    otherwise): items with the same method and text have the same route within a request."""
+
+    pos: int  # its place in the client's batch
+    obj: dict[str, Any]
+    rid: Any  # the client's id as sent (orjson.Fragment where a float would change it)
+    method: str
+    spec: MethodSpec
+    ref: BlockRef | None
+    notif: bool
+    block: str | None
+
+
+def maker(cls: type) -> Callable[[tuple[Any, ...]], Any]:
+    """`cls` (a named tuple) from one tuple of its fields, without the named tuple's own
+    constructor, which is a Python call: for records made per item or per request."""
+    return partial(tuple.__new__, cls)
+
+
+make_row = maker(Row)
+
+
+class Item:
+    """One request object (of a batch, or the single one) and its retry bookkeeping."""
+
+    __slots__ = (
+        "block",
+        "err",
+        "last",
+        "method",
+        "notif",
+        "obj",
+        "plan",
+        "pos",
+        "prefer_archive",
+        "reason",
+        "ref",
+        "rid",
+        "spec",
+        "tried",
+    )
+
+    def __init__(
+        self,
+        pos: int,
+        obj: dict[str, Any],
+        rid: Any,
+        method: str,
+        spec: MethodSpec,
+        ref: BlockRef | None,
+        notif: bool,
+        block: str | None = None,
+    ) -> None:
+        self.pos = pos
+        self.obj = obj
+        self.rid = rid
+        self.method = method
+        self.spec = spec
+        self.ref = ref
+        self.notif = notif
+        self.block = block
+        self.tried: list[Node] = []
+        self.prefer_archive = False
+        # The last answer that asked for a retry: a dict, or the node's bytes for a single
+        # request (answered as they are when the attempts run out).
+        self.last: dict[str, Any] | bytes | None = None
+        self.err: UpstreamError | None = None  # last transport failure
+        self.reason = ""  # the outcome that asked for the next attempt (retry metric label)
+        self.plan: Plan | None = None  # what the read path decided (proxy/reads.py)
+
+    def retry_later(self, node: Node, answer: dict[str, Any] | bytes, result: Outcome) -> None:
+        """Keep an answer that asks for another attempt (and, for an item pinned to a block
+        by hash, a node that does not know that block: `Chooser.retry`)."""
+        self.last, self.reason, self.prefer_archive = answer, result.name, result.prefer_archive
+        plan = self.plan
+        if result.prefer_archive and plan is not None and plan.fallback is not None:
+            if plan.missing is None:
+                plan.missing = [node]
+            else:
+                plan.missing.append(node)
+
+    def failed(self, exc: UpstreamError) -> None:
+        """The attempt got no answer: `exc` says why and what it means."""
+        self.err, self.reason = exc, exc.outcome.name
+
+    def route_key(self) -> tuple[str, str | None, bool] | None:
+        """What decides the item's first-attempt node within its request (None: only the
+        item itself): its method, the text naming its block, and whether the read path
+        keeps it off some nodes."""
+        block = self.block
+        if block is None and self.ref is not None:
+            return None  # a block named by an object: no text to share its route by
+        plan = self.plan
+        return self.method, block, plan is not None and bool(plan.avoid)
+
+
+def items_of(rows: list[Row], tried: list[Node] | None = None) -> list[Item]:
+    """`rows` as Items (each having tried `tried`, when given)."""
+    items = [Item(*row) for row in rows]
+    if tried:
+        for it in items:
+            it.tried = list(tried)
+    return items
+
+
+class Group:
+    """Items of one client request sent together to one node in one round."""
+
+    __slots__ = ("cands", "items", "lkey", "node", "round")
+
+    def __init__(
+        self, node: Node, items: list[Any], cands: list[Node], lkey: str, round_: int = 1
+    ) -> None:
+        self.node = node
+        self.items = items  # objects with a `tried` list (Items)
+        self.cands = cands  # the nodes every item of the group may go to (hedging)
+        self.lkey = lkey  # the latency window: the method of a single request, or BATCH
+        self.round = round_  # the attempt round of the retry loop (spans)
+
+    def add(self, item: Any, cands: list[Node]) -> None:
+        self.items.append(item)
+        if cands is not self.cands:  # items with other candidates: keep what all allow
+            self.cands = [n for n in self.cands if n in cands]

@@ -1,0 +1,282 @@
+"""Steps 3-6 in rounds: choose, send, classify, and retry what the outcomes say.
+
+`Rounds.route` is the one retry loop, for single requests and batch items alike: each round
+chooses a node per pending item (proxy/choose.py), sends one body per chosen node through
+`Attempts.exchange` (proxy/attempts.py: hedging, deadlines and the node's books), classifies
+every answer (proxy/classify.py) and keeps what asks for another attempt for the next round,
+for at most `max_attempts` rounds; an item left then is given up (proxy/answer.py).
+
+A body goes as the client's bytes when it can (a single request, or a batch whose ids tell the
+answers apart, all for one node), and the node's bytes are then the answer as they came;
+otherwise as a sub-batch per node with ids rewritten to positions (or the client's own ids
+when they are unique). `plain` sends a batch's rows that need no `Item` as one body, making
+Items only when the loop must go on with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from bisect import bisect_left
+from operator import attrgetter
+from typing import Any
+
+import orjson
+
+from chainstate.jsonrpc import INVALID_PARAMS, error_response
+from proxy import nesting, outcome
+from proxy.answer import Answers
+from proxy.attempts import Attempts
+from proxy.choose import Chooser
+from proxy.classify import Classifier, in_order, loads, place
+from proxy.model import Node
+from proxy.outcome import UpstreamError
+from proxy.parse import NO_NODE_KEY
+from proxy.request import BATCH, Ctx, Group, Item, Row, items_of
+
+
+def _usable_single(raw: bytes) -> bool:
+    """A second attempt's answer to a single request may win unless it asks for a retry."""
+    return not outcome.of_raw(raw).retry
+
+
+def _usable_batch(raw: bytes) -> bool:
+    return True
+
+
+class _Sent:
+    """The rows `plain` sends as one body, as `Attempts.exchange` sees them: one entry
+    whose nodes tried are every row's (a hedge adds its node here), and the rows (a lone
+    node's second attempt goes where every row may go: `Chooser.second`)."""
+
+    __slots__ = ("rows", "tried")
+
+    def __init__(self, node: Node, rows: list[Row]) -> None:
+        self.tried = [node]
+        self.rows = rows
+
+
+class Rounds:
+    def __init__(
+        self,
+        rounds: int,
+        chooser: Chooser,
+        attempts: Attempts,
+        classifier: Classifier,
+        answers: Answers,
+    ) -> None:
+        self.rounds = rounds  # max_attempts
+        self.chooser = chooser
+        self.attempts = attempts
+        self.classifier = classifier
+        self.answers = answers
+
+    async def route(
+        self,
+        ctx: Ctx,
+        items: list[Item],
+        body: bytes | None,
+        answers: list[Any],
+        single: bool,
+        first: int = 1,
+        chosen: dict[Node, Group] | None = None,
+    ) -> bytes | None:
+        """The rounds for the items of one client request. `body` is the client's bytes
+        when they may go as they are to a round whose items all go to one node; the node's
+        bytes are then returned when they are the whole answer as they are. Otherwise (None)
+        the answers are in `answers`. `first`: the round to start with (the synchronous
+        start made round 1); `chosen`: its groups, when they were chosen already."""
+        pending = items
+        sent = items[0].obj  # the object `body` holds, for a single request
+        give_up = self.answers.give_up
+
+        def refuse(it: Item, why: Any) -> None:
+            give_up(ctx, it, answers, why)
+
+        for attempt in range(first, self.rounds + 1):
+            groups = chosen or self.chooser.groups(ctx, pending, attempt, refuse)
+            chosen = None
+            if not groups:
+                return None
+            if body is not None and len(groups) == 1:
+                (group,) = groups.values()
+                if single and group.items[0].obj is not sent:
+                    sent = group.items[0].obj  # asked by height after all (`Chooser.retry`)
+                    body = orjson.dumps(sent)
+                pending, out = await self.raw(ctx, group, body, answers, single)
+                if out is not None:
+                    return out
+                if not single:
+                    body = None  # a batch's retry sends only the items it retries
+            else:
+                body = None
+                sends = [self.sub_batch(ctx, group, answers) for group in groups.values()]
+                pending = [it for retry in await _gather(sends) for it in retry]
+            if not pending:
+                return None
+        for it in pending:
+            give_up(ctx, it, answers, None)
+        return None
+
+    async def go_on(self, ctx: Ctx, pending: list[Item], answers: list[Any]) -> None:
+        """The rounds from the second on, for the items a first attempt left."""
+        if pending:
+            await self.route(ctx, pending, None, answers, single=False, first=2)
+
+    async def raw(
+        self, ctx: Ctx, group: Group, body: bytes, answers: list[Any], single: bool
+    ) -> tuple[list[Item], bytes | None]:
+        """Send the client's bytes unchanged to one node: `Classifier.raw`'s result."""
+        items = group.items
+        try:
+            node, raw = await self.attempts.exchange(
+                ctx, group, body, _usable_single if single else _usable_batch
+            )
+        except UpstreamError as exc:
+            return self.classifier.failed(ctx, items, exc, answers), None
+        return self.classifier.raw(ctx, group, node, raw, answers, single)
+
+    async def sub_batch(self, ctx: Ctx, group: Group, answers: list[Any]) -> list[Item]:
+        """Send one sub-batch with the client's ids when they tell the answers apart, else
+        with ids rewritten to positions; returns the items to retry."""
+        items = group.items
+        if ctx.own_ids:
+            sub = [it.obj for it in items]
+            keys = [None if it.notif else it.rid for it in items]
+        else:
+            sub = [it.obj if it.notif else {**it.obj, "id": j} for j, it in enumerate(items)]
+            keys = [None if it.notif else j for j, it in enumerate(items)]
+        try:
+            data = orjson.dumps(sub)
+        except TypeError:  # items too deep to write again: -32602 (proxy/nesting.py)
+            deep = set(nesting.deep(sub))
+            for i in deep:
+                self._refuse_deep(ctx, items[i], answers)
+            group.items = [it for i, it in enumerate(items) if i not in deep]
+            return await self.sub_batch(ctx, group, answers) if group.items else []
+        try:
+            node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)
+        except UpstreamError as exc:
+            return self.classifier.failed(ctx, items, exc, answers)
+        return self.classifier.sub_batch(ctx, node, items, keys, raw, answers)
+
+    async def plain(
+        self,
+        ctx: Ctx,
+        rows: list[Row],
+        body: bytes | None,
+        answers: list[Any],
+        planned: list[Item] | None = None,
+    ) -> bytes | None:
+        """A batch's rows the read path does not touch, every one with its own id and an
+        answer, sent as one body to one node with no `Item` per row: their answer, when it
+        comes one per row in their order with nothing to retry or hide (`in_order`), is
+        taken as it is; `body` (the client's bytes, when every row is here unchanged) is then
+        the answer's. Anything else (rows for several nodes, none eligible, a failed
+        attempt, an answer to match or classify row by row) goes on in the rounds with the
+        Items made then, from the step reached. `planned`: the Items of rows the read path
+        planned (their objects pinned), which go on as they are and get their answers
+        placed (the read path lands them)."""
+        if not rows:
+            return None
+        found = self.chooser.one_node(ctx.pool, rows)
+        if found is None:
+            return await self.route(ctx, _items(rows, planned, None), body, answers, False)
+        data = body
+        if data is None:
+            try:
+                data = orjson.dumps([row.obj for row in rows])
+            except TypeError:  # rows too deep to write again: -32602 (proxy/nesting.py)
+                deep = set(nesting.deep([row.obj for row in rows]))
+                for i in deep:
+                    self._refuse_deep(ctx, rows[i], answers)
+                rest = [row for i, row in enumerate(rows) if i not in deep]
+                return await self.plain(ctx, rest, None, answers, planned)
+        node, cands = found
+        sent = _Sent(node, rows)
+        group = Group(node, [sent], cands, BATCH if len(rows) > 1 else rows[0].method)
+        try:
+            node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)
+        except UpstreamError as exc:
+            items = _items(rows, planned, sent.tried)
+            failed = self.classifier.failed(ctx, items, exc, answers)
+            await self.go_on(ctx, failed, answers)
+            return None
+        return await self.plain_answered(
+            ctx, rows, node, sent.tried, raw, body is not None, answers, planned
+        )
+
+    def _refuse_deep(self, ctx: Ctx, item: Item | Row, answers: list[Any]) -> None:
+        """An item too deep to write again (proxy/nesting.py): -32602, with its own id."""
+        self.answers.metrics.request(ctx.chain, item.method, NO_NODE_KEY, "invalid")
+        if not item.notif:
+            answers[item.pos] = error_response(item.rid, INVALID_PARAMS, nesting.MESSAGE)
+
+    async def plain_answered(
+        self,
+        ctx: Ctx,
+        rows: list[Row],
+        node: Node,
+        tried: list[Node],
+        raw: bytes,
+        whole: bool,
+        answers: list[Any],
+        planned: list[Item] | None = None,
+    ) -> bytes | None:
+        """`plain` once `node` answered `raw`: the node's bytes when they are the answer
+        as they are and `whole` (they answer the client's body), else None with the answers
+        placed, the rounds gone on for what is left."""
+        rids = list(map(_RID, rows))
+        methods = list(map(_METHOD, rows))
+        parsed = loads(raw)
+        classifier = self.classifier
+        if in_order(rids, methods, parsed, raw):
+            classifier.count(ctx, node, methods, None, parsed, raw)
+            if whole:
+                if planned:  # (their answers, for the read path)
+                    _place_planned(rows, planned, parsed, answers)
+                return raw
+            place([row.pos for row in rows], rids, parsed, answers)
+            return None
+        items = _items(rows, planned, tried)
+        if not isinstance(parsed, list | dict):
+            parsed = classifier.decode(ctx, node, items, raw)  # penalises the node
+        pending = items if parsed is None else []
+        if parsed is not None:
+            pending = classifier.take(ctx, node, items, rids, parsed, answers)
+        await self.go_on(ctx, pending, answers)
+        return None
+
+
+def _items(rows: list[Row], planned: list[Item] | None, tried: list[Node] | None) -> list[Item]:
+    """`rows` as Items for the rounds, those the read path planned as their own Items."""
+    items = items_of(rows, tried)
+    if planned:
+        own = {it.pos: it for it in planned}
+        for j, it in enumerate(items):
+            mine = own.get(it.pos)
+            if mine is not None:
+                if tried:
+                    mine.tried = list(tried)
+                items[j] = mine
+    return items
+
+
+def _place_planned(
+    rows: list[Row], planned: list[Item], parsed: list[Any], answers: list[Any]
+) -> None:
+    """The answers of the `planned` items among `rows` (`parsed`: one per row, in order)."""
+    for it in planned:
+        answer = parsed[bisect_left(rows, it.pos, key=_POS)]
+        answer["id"] = it.rid
+        answers[it.pos] = answer
+
+
+_POS = attrgetter("pos")
+_RID, _METHOD = attrgetter("rid"), attrgetter("method")
+
+
+async def _gather(coros: list[Any]) -> list[Any]:
+    """gather() without a task when there is one sub-batch (the common case)."""
+    if len(coros) == 1:
+        return [await coros[0]]
+    return list(await asyncio.gather(*coros))
