@@ -251,7 +251,9 @@ async def test_a_slow_consumer_is_disconnected_with_the_reason(tmp_path: Path) -
             while session.closed is None:
                 await stack.add_blocks(20)
         assert session.closed.startswith("slow consumer") and "ws_queue_bytes" in session.closed
-        assert session.transport.buffered() <= 200_000 + 1000
+        # The check runs before each write, so the buffer passes the limit by at most the one
+        # notification written last (a newHeads header is 1-2 KB) and the close frame.
+        assert session.transport.buffered() <= 200_000 + 4096
         for _ in range(200):
             if not stack.events.sessions:
                 break
