@@ -52,8 +52,12 @@ DEFAULT_MAX_LOGS_PER_RESPONSE = 20_000  # reth's --rpc.max-logs-per-response
 # A query over at most INLINE_BLOCKS blocks is first tried on the event loop and given up
 # after INLINE_LOGS logs (then it runs again in a thread): a small answer costs microseconds,
 # less than the hop to a thread and back, and a large one never blocks the loop for long.
+# The port's read loop (`in_loop`) also gives a query up past INLINE_BYTES of logs: only the
+# dispatcher's batch counts answer bytes against batch_answer_bytes, so a batch of big answers
+# must not be made in that loop.
 INLINE_BLOCKS = 128
 INLINE_LOGS = 256
+INLINE_BYTES = 128 * 1024
 FILTER_CACHE = 4096  # parsed filters kept (then the cache restarts)
 FILTER_CACHE_BYTES = 1024  # a filter longer than this as JSON is not kept
 
@@ -123,7 +127,7 @@ class LogMethods:
         loop, `ReadPath.add_port_read`): a small answer costs less than the coroutine and
         task the dispatcher would spend on it. `Deferred` when the range or the answer is
         larger than the loop should read (INLINE_*): the dispatcher answers it then."""
-        small = self._query(txn, self._parsed(params), True)
+        small = self._query(txn, self._parsed(params), True, INLINE_BYTES)
         if small is None:
             raise Deferred
         return orjson.Fragment(small)
@@ -163,11 +167,13 @@ class LogMethods:
             log.error("log index read failed: %s", exc)
             raise JsonRpcError(DATABASE_FAILED, "log index read failed") from None
 
-    def _query(self, txn: lmdb.Transaction, query: _Query, inline: bool) -> bytes | None:
+    def _query(
+        self, txn: lmdb.Transaction, query: _Query, inline: bool, max_bytes: int | None = None
+    ) -> bytes | None:
         start, end = self._range(txn, query.filter)
         if inline and end - start >= INLINE_BLOCKS:
             return None
-        return self._collect(txn, query, start, end, INLINE_LOGS if inline else None)
+        return self._collect(txn, query, start, end, INLINE_LOGS if inline else None, max_bytes)
 
     def _range(self, txn: lmdb.Transaction, flt: LogFilter) -> tuple[int, int]:
         lo, hi = self.index.covered(txn)
@@ -191,15 +197,26 @@ class LogMethods:
         return start, end
 
     def _collect(
-        self, txn: lmdb.Transaction, query: _Query, start: int, end: int, budget: int | None
+        self,
+        txn: lmdb.Transaction,
+        query: _Query,
+        start: int,
+        end: int,
+        budget: int | None,
+        max_bytes: int | None = None,
     ) -> bytes | None:
         limit = self.settings.max_logs_per_response
         out: list[bytes] = []
+        size = 0
         for height, raw in self.index.scan(txn, start, end, query.addresses, query.topics):
             if len(out) == limit:
                 raise _too_many_logs(limit, start, height)
             if len(out) == budget:
                 return None
+            if max_bytes is not None:
+                size += len(raw)
+                if size > max_bytes:
+                    return None
             out.append(raw)
         return b"[" + b",".join(out) + b"]"
 
