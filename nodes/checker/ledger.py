@@ -8,9 +8,10 @@ outlives the round that found it.
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
+
+from chainstate.sqlitewal import connect_wal
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS blocks (
@@ -52,8 +53,7 @@ class Ledger:
     def __init__(self, path: Path | None) -> None:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path) if path else ":memory:", isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db = connect_wal(str(path) if path else ":memory:", isolation_level=None)
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import orjson
 
+from chainstate.sqlitewal import connect_wal
 from nodes.writer.blockdiff import diff_values
 
 SCHEMA = """
@@ -75,8 +76,7 @@ class BlockStore:
         self._values_lock = threading.Lock()
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
+        conn = connect_wal(self.path, check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA busy_timeout=5000")
         return conn

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +19,8 @@ from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+from chainstate.sqlitewal import connect_wal
 
 log = logging.getLogger(__name__)
 FIELDS = ("requests", "items", "errors", "upstream")
@@ -86,8 +87,7 @@ class SqliteSink:
         self.retention = retention_days
         if path is not None:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(path or ":memory:", check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db = connect_wal(path or ":memory:", check_same_thread=False)
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS usage (project TEXT, key TEXT, hour TEXT, field TEXT, "
             "n INTEGER, PRIMARY KEY (project, key, hour, field))"

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from chainstate.sqlitewal import connect_wal
 from workspace.db import Conn, Database, QueryDenied, QueryGuard, QueryTimeout, ReaderPool
 
 T = TypeVar("T")
@@ -37,8 +38,7 @@ def _connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
         )
         raw.execute("PRAGMA case_sensitive_like = ON")  # LIKE as on PostgreSQL
     else:
-        raw = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        raw.execute("PRAGMA journal_mode=WAL")
+        raw = connect_wal(str(path), isolation_level=None, check_same_thread=False)
         raw.execute("PRAGMA synchronous=FULL")  # a committed write survives a crash
     raw.execute("PRAGMA busy_timeout=10000")
     return raw
