@@ -33,14 +33,22 @@ from typing import Any
 
 import orjson
 
-from bench.nodereads import STORAGE_CONTRACT, STORAGE_SLOTS, proxy_runner, synthetic_node
+from bench.nodereads import (
+    LOG_TOKEN,
+    STORAGE_CONTRACT,
+    STORAGE_SLOTS,
+    TRANSFER_TOPIC,
+    proxy_runner,
+    synthetic_node,
+)
 from chainstate.httpserver import HttpServer, _Connection
 from chainstate.inproc import InprocRegistry
 from chainstate.rpcserver import rpc_route
 from nodes.state.service import StateNode
 
 CHAIN = "1337"
-METHODS = ("eth_getBalance", "eth_getStorageAt")
+METHODS = ("eth_getBalance", "eth_getStorageAt", "eth_getLogs", "eth_getLogs1000")
+LOG_SPANS = {"eth_getLogs": 1, "eth_getLogs1000": 1000}  # blocks per eth_getLogs query
 MARK = os.getppid  # a C call the process makes nowhere else: callgrind dumps before it
 
 
@@ -86,10 +94,19 @@ def requests(path: bytes, bodies: list[bytes]) -> list[bytes]:
 def read_bodies(method: str, n: int, head: int, accounts: list[str]) -> list[bytes]:
     """Single `method` bodies at random heights 1..head (ints for ids): eth_getBalance of
     `accounts`, or eth_getStorageAt of slots 0..16 of the chain's storage contract (as
-    `bench suite state`'s `balance` and `storage` cases)."""
+    `bench suite state`'s `balance` and `storage` cases), or eth_getLogs of the token's
+    Transfers over one block or 1000 (`bench suite logs`' `logs1` and `logs1000`)."""
     rng = random.Random(7)
     out = []
     for i in range(n):
+        if method in LOG_SPANS:  # the token's Transfers over a range (`bench suite logs`)
+            span = LOG_SPANS[method]
+            start = rng.randint(0, max(0, head + 1 - span))
+            flt = {"fromBlock": hex(start), "toBlock": hex(start + span - 1)}
+            params = [{**flt, "address": LOG_TOKEN, "topics": [TRANSFER_TOPIC]}]
+            item = {"jsonrpc": "2.0", "id": i, "method": "eth_getLogs", "params": params}
+            out.append(orjson.dumps(item))
+            continue
         if method == "eth_getStorageAt":
             slot = hex(rng.randrange(STORAGE_SLOTS))
             params = [STORAGE_CONTRACT, slot, hex(rng.randint(1, head))]
@@ -133,7 +150,9 @@ async def build(
     tmp: Path, blocks: int, n_bodies: int, method: str
 ) -> tuple[StateNode, Any, list[bytes]]:
     """(node, proxy app runner, bodies): the node holds `blocks` synthetic blocks."""
-    node, accounts = await synthetic_node(tmp, blocks, {"map_size_mb": 256})
+    node, accounts = await synthetic_node(
+        tmp, blocks, {"map_size_mb": 256}, logs=method in LOG_SPANS
+    )
     runner = await proxy_runner(node, InprocRegistry())
     return node, runner, read_bodies(method, n_bodies, blocks - 1, accounts)
 

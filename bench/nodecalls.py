@@ -44,6 +44,12 @@ def tree_cpu_seconds(pid: int) -> float:
     return cpu_seconds(psutil.Process(pid)) or 0.0
 
 
+def own_cpu_seconds() -> float:
+    """CPU seconds of this process alone (the node's event loop and its threads)."""
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
+
+
 def blocks(count: int, rng: random.Random) -> list[VendorBlock]:
     out = []
     parent = "0x" + "00" * 32
@@ -128,20 +134,29 @@ async def main_async(args: argparse.Namespace) -> None:
         for name, to in (("one-slot", ONE_SLOT), ("view", VIEW)):
             for old in (False, True):
                 for batch in (1, 10):
+                    label = f"{name}{'x10' if batch > 1 else ''}{'-old' if old else ''}"
+                    if args.case and label not in args.case:
+                        continue
                     bodies = call_bodies(to, old, head, batch, rng)
                     await load(node, bodies, args.concurrency, 0.5)  # warm-up
                     if profile:
                         profile.enable()
                     started = time.perf_counter()
-                    cpu = tree_cpu_seconds(os.getpid())
+                    cpu, own = tree_cpu_seconds(os.getpid()), own_cpu_seconds()
                     n = await load(node, bodies, args.concurrency, args.duration)
                     wall = time.perf_counter() - started
                     rate = n * batch / wall
                     cores = (tree_cpu_seconds(os.getpid()) - cpu) / wall
+                    own = (own_cpu_seconds() - own) / wall
                     if profile:
                         profile.disable()
-                    label = f"{name}{'x10' if batch > 1 else ''}{'-old' if old else ''}"
-                    print(f"{label:<16} {rate:>10,.0f}   cores {cores:.2f}")
+                    us = cores * 1e6 / rate if rate else 0.0
+                    loop_us = own * 1e6 / rate if rate else 0.0
+                    print(
+                        f"{label:<16} {rate:>10,.0f}   cores {cores:.2f}   CPU µs per call "
+                        f"{us:.1f} (the node's process {loop_us:.1f}, workers and feed "
+                        f"{us - loop_us:.1f})"
+                    )
         if profile:
             profile.dump_stats(args.profile)
 
@@ -152,6 +167,7 @@ def main() -> None:
     p.add_argument("-c", "--concurrency", type=int, default=64, help="calls in flight (64)")
     p.add_argument("-d", "--duration", type=float, default=2.0, help="seconds per case")
     p.add_argument("--profile", help="write a cProfile of the run to this file")
+    p.add_argument("--case", action="append", help="only this case (repeatable), e.g. one-slot-old")
     asyncio.run(main_async(p.parse_args()))
 
 

@@ -30,6 +30,7 @@ import orjson
 
 from chainstate.httpserver import Headers, Request
 from chainstate.inproc import InprocRegistry
+from nodes.state.blocklogs import BlockLog
 from nodes.state.service import StateNode
 from nodes.state.vendor import AccountDiff, VendorBlock
 
@@ -39,13 +40,33 @@ KINDS = ("state", "archive")
 # non-zero values, so reads at random heights find real values of varying age, not zeros.
 STORAGE_CONTRACT = "0x" + "5707a9e0" * 5
 STORAGE_SLOTS = 17
+# With `logs`, every LOG_EVERY-th block holds one ERC20 Transfer log of LOG_TOKEN (the shape
+# of `bench suite logs`' chain: a per-block poll finds one in four blocks holding a log).
+LOG_TOKEN = "0x" + "70ce" * 10
+TRANSFER_TOPIC = "0xddf252ad1be2c89b69c2b068fc378daa952ba7f163c4a11628f55a4df523b3ef"
+LOG_EVERY = 4
+
+
+def synthetic_log(height: int, block_hash: str, sender: str, to: str) -> BlockLog:
+    """A Transfer log of LOG_TOKEN as anvil answers it (its key order, its fields)."""
+    topics = [TRANSFER_TOPIC, "0x" + sender[2:].rjust(64, "0"), "0x" + to[2:].rjust(64, "0")]
+    entry = {
+        "address": LOG_TOKEN, "topics": topics,
+        "data": "0x" + (height + 1).to_bytes(32, "big").hex(),
+        "blockHash": block_hash, "blockNumber": hex(height),
+        "blockTimestamp": hex(1_700_000_000 + height),
+        "transactionHash": "0x" + (height + 7).to_bytes(32, "big").hex(),
+        "transactionIndex": "0x0", "logIndex": "0x0", "removed": False,
+    }  # fmt: skip
+    raw_topics = tuple(bytes.fromhex(t[2:]) for t in topics)
+    return BlockLog(bytes.fromhex(LOG_TOKEN[2:]), raw_topics, orjson.dumps(entry))
 
 
 def synthetic_block(
-    height: int, parent: str, rng: random.Random, accounts: list[str]
+    height: int, parent: str, rng: random.Random, accounts: list[str], logs: bool = False
 ) -> VendorBlock:
     """A block writing a balance and a storage slot of a few accounts, and two slots of the
-    storage contract."""
+    storage contract; with `logs`, every LOG_EVERY-th one a Transfer log."""
     post = {}
     for address in rng.sample(accounts, 8):
         post[address] = AccountDiff(
@@ -56,11 +77,14 @@ def synthetic_block(
     post[STORAGE_CONTRACT] = AccountDiff(storage=slots)
     block_hash = "0x" + height.to_bytes(32, "big").hex()
     header = {"hash": block_hash, "parentHash": parent, "number": hex(height)}
-    return VendorBlock(height, block_hash, parent, header, "0x" + "00" * 32, {}, post)
+    entries: tuple[BlockLog, ...] = ()
+    if logs and height % LOG_EVERY == 0:
+        entries = (synthetic_log(height, block_hash, accounts[height % 4], accounts[height % 5]),)
+    return VendorBlock(height, block_hash, parent, header, "0x" + "00" * 32, {}, post, entries)
 
 
 async def synthetic_node(
-    data_dir: Path, blocks: int, section: dict[str, Any]
+    data_dir: Path, blocks: int, section: dict[str, Any], logs: bool = False
 ) -> tuple[StateNode, list[str]]:
     """A started archive state node (chain 1337, more `[state_nodes]` settings in `section`)
     holding `blocks` synthetic blocks, and the 200 accounts they touch: the same chain on
@@ -73,7 +97,7 @@ async def synthetic_node(
     try:
         parent = "0x" + "00" * 32
         for height in range(blocks):
-            block = synthetic_block(height, parent, rng, accounts)
+            block = synthetic_block(height, parent, rng, accounts, logs)
             await node.ingest._apply(block)
             parent = block.hash
     except BaseException:
