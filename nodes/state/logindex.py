@@ -32,6 +32,7 @@ from nodes.state.vendor import VendorBlock
 _BE = struct.Struct(">Q")
 _Q = struct.Struct(">q")  # the covered range's bounds (`hi` may be -1)
 _POS = struct.Struct(">I")
+_AT = struct.Struct(">QI")  # a log's key: height, position
 _KEY = 12  # height(8) + position(4)
 _LO = b"lo"
 _HI = b"hi"
@@ -43,11 +44,16 @@ class LogIndex:
 
     def __init__(self) -> None:
         self.env: lmdb.Environment | None = None
+        # (id of the write transaction a read sees, its covered range): a read transaction
+        # sees the state of one commit, and only a commit can move the range, so reads of
+        # the same commit share one look-up.
+        self._covered: tuple[int, tuple[int, int]] = (-1, (_NO_BLOCK, _NO_BLOCK))
 
     # StoreExtension --------------------------------------------------------------------
 
     def attached(self, env: lmdb.Environment, txn: lmdb.Transaction, bounds: Any) -> None:
         self.env = env
+        self._covered = (-1, (_NO_BLOCK, _NO_BLOCK))
         self._logs = env.open_db(b"logs", txn=txn)
         self._keys = env.open_db(b"logkeys", txn=txn)
         self._blocks = env.open_db(b"logblocks", txn=txn)
@@ -96,6 +102,17 @@ class LogIndex:
             _NO_BLOCK if hi is None else _Q.unpack(hi)[0],
         )
 
+    def covered_read(self, txn: lmdb.Transaction) -> tuple[int, int]:
+        """`covered` in a read transaction (never a write one: its id is not yet a commit's,
+        and it may still change the range or abort)."""
+        seen = txn.id()
+        known = self._covered
+        if known[0] == seen:
+            return known[1]
+        found = self.covered(txn)
+        self._covered = (seen, found)
+        return found
+
     def height_of(self, txn: lmdb.Transaction, block_hash: str) -> int | None:
         raw = txn.get(b"#" + bytes.fromhex(block_hash[2:]), db=self._blocks)
         return None if raw is None else _BE.unpack(raw)[0]
@@ -110,15 +127,17 @@ class LogIndex:
     ) -> Iterator[tuple[int, bytes]]:
         """(height, log JSON) of the logs in `[lo, hi]` that match, in chain order.
         `addresses` empty = any; `topics[i]` None = any."""
+        return self.scan_prefixed(txn, lo, hi, criteria_prefixes(addresses, topics))
+
+    def scan_prefixed(
+        self, txn: lmdb.Transaction, lo: int, hi: int, prefixes: list[list[bytes]]
+    ) -> Iterator[tuple[int, bytes]]:
+        """`scan` with the criteria as their index key prefixes (`criteria_prefixes`), which
+        a caller that sends the same filter again and again builds once."""
         start, end = _BE.pack(lo) + _POS.pack(0), _BE.pack(hi + 1) + _POS.pack(0)
         # Every seek positions the cursor afresh (`set_range`), so the criteria share one.
         keys = txn.cursor(db=self._keys)
-        criteria: list[_Prefix | _Union] = []
-        if addresses:
-            criteria.append(_criterion(keys, [b"a" + a for a in addresses], end))
-        for i, options in enumerate(topics):
-            if options is not None:
-                criteria.append(_criterion(keys, [b"t" + bytes([i]) + t for t in options], end))
+        criteria = [_criterion(keys, options, end) for options in prefixes]
         if not criteria:
             cur = txn.cursor(db=self._logs)
             if not cur.set_range(start):
@@ -130,6 +149,52 @@ class LogIndex:
             return
         for key in _intersect(criteria, start):
             yield _BE.unpack_from(key)[0], txn.get(key, db=self._logs)
+
+    def keys_single(
+        self, txn: lmdb.Transaction, prefixes: list[bytes], lo: int, hi: int, most: int
+    ) -> list[bytes]:
+        """The `height | position` keys of the logs in `[lo, hi]` under every one of
+        `prefixes` (criteria of one prefix each, at least one), in chain order, at most
+        `most` of them: `scan` for the filters most are (one address, single topics), as
+        a list from one loop, with no generator or object per criterion in between."""
+        start, end = _AT.pack(lo, 0), _AT.pack(hi + 1, 0)
+        cur = txn.cursor(db=self._keys)
+        set_range, current = cur.set_range, cur.key
+        heads = [b""] * len(prefixes)  # each prefix's last answer (kept while ≥ `at`)
+        sizes = [len(p) for p in prefixes]
+        out: list[bytes] = []
+        at = start
+        while True:  # the leapfrog of `_intersect`
+            agreed = True
+            for i, prefix in enumerate(prefixes):
+                head = heads[i]
+                if head < at:
+                    if not set_range(prefix + at):
+                        return out
+                    key = current()
+                    size = sizes[i]
+                    if key[:size] != prefix:
+                        return out
+                    head = key[size:]
+                    if head >= end:
+                        return out
+                    heads[i] = head
+                if head != at:
+                    at, agreed = head, False
+            if agreed:
+                out.append(at)
+                if len(out) >= most:
+                    return out
+                at = _next(at)
+
+    def logs_of(self, txn: lmdb.Transaction, keys: list[bytes]) -> list[bytes]:
+        """The stored log JSON of each key (`keys_single`'s)."""
+        get, logs = txn.get, self._logs
+        return [get(key, db=logs) for key in keys]
+
+    @staticmethod
+    def height_of_key(key: bytes) -> int:
+        return int(_BE.unpack_from(key)[0])
 
     # helpers ---------------------------------------------------------------------------
 
@@ -174,6 +239,18 @@ def _keys_of(raw: bytes) -> tuple[bytes, list[bytes]]:
     """The address and topics of a stored log (to delete its index keys)."""
     log = orjson.loads(raw)
     return bytes.fromhex(log["address"][2:]), [bytes.fromhex(t[2:]) for t in log["topics"]]
+
+
+def criteria_prefixes(
+    addresses: list[bytes], topics: list[list[bytes] | None]
+) -> list[list[bytes]]:
+    """The index key prefixes of a filter's criteria: one list per criterion (the addresses,
+    then each constrained topic position), any of whose prefixes matches."""
+    out = [[b"a" + a for a in addresses]] if addresses else []
+    for i, options in enumerate(topics):
+        if options is not None:
+            out.append([b"t" + bytes([i]) + t for t in options])
+    return out
 
 
 def _criterion(cur: lmdb.Cursor, prefixes: list[bytes], end: bytes) -> _Prefix | _Union:

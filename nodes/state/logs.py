@@ -40,7 +40,7 @@ from chainstate.logfilter import (
 )
 from chainstate.tasks import stop_task
 from nodes.state.backfill import Backfill as BlockBackfill
-from nodes.state.logindex import LogIndex
+from nodes.state.logindex import LogIndex, criteria_prefixes
 from nodes.state.reads import Deferred
 from nodes.state.store import StateStore
 from nodes.state.vendor import VendorBlock
@@ -88,11 +88,14 @@ class LogSettings:
 
 
 class _Query(NamedTuple):
-    """A parsed filter and its criteria as the index keys them (sorted raw bytes)."""
+    """A parsed filter and its criteria as the index keys them (sorted raw bytes), and
+    their key prefixes (`criteria_prefixes`)."""
 
     filter: LogFilter
     addresses: list[bytes]
     topics: list[list[bytes] | None]
+    prefixes: list[list[bytes]]
+    single: list[bytes] | None  # the prefixes when each criterion has one (`keys_single`)
 
 
 def _filter_key(value: Any) -> bytes | None:
@@ -147,7 +150,11 @@ class LogMethods:
             topics = [
                 None if t is None else [bytes.fromhex(x[2:]) for x in sorted(t)] for t in flt.topics
             ]
-            query = _Query(flt, addresses, topics)
+            prefixes = criteria_prefixes(addresses, topics)
+            single = None
+            if prefixes and all(len(options) == 1 for options in prefixes):
+                single = [options[0] for options in prefixes]
+            query = _Query(flt, addresses, topics, prefixes, single)
             if key is not None:
                 if len(self._filters) >= FILTER_CACHE:
                     self._filters.clear()
@@ -176,7 +183,7 @@ class LogMethods:
         return self._collect(txn, query, start, end, INLINE_LOGS if inline else None, max_bytes)
 
     def _range(self, txn: lmdb.Transaction, flt: LogFilter) -> tuple[int, int]:
-        lo, hi = self.index.covered(txn)
+        lo, hi = self.index.covered_read(txn)
         if flt.block_hash is not None:
             height = self.index.height_of(txn, flt.block_hash)
             if height is None:
@@ -206,9 +213,11 @@ class LogMethods:
         max_bytes: int | None = None,
     ) -> bytes | None:
         limit = self.settings.max_logs_per_response
+        if query.single is not None:
+            return self._collect_single(txn, query.single, start, end, budget, max_bytes)
         out: list[bytes] = []
         size = 0
-        for height, raw in self.index.scan(txn, start, end, query.addresses, query.topics):
+        for height, raw in self.index.scan_prefixed(txn, start, end, query.prefixes):
             if len(out) == limit:
                 raise _too_many_logs(limit, start, height)
             if len(out) == budget:
@@ -219,6 +228,29 @@ class LogMethods:
                     return None
             out.append(raw)
         return b"[" + b",".join(out) + b"]"
+
+    def _collect_single(
+        self,
+        txn: lmdb.Transaction,
+        single: list[bytes],
+        start: int,
+        end: int,
+        budget: int | None,
+        max_bytes: int | None,
+    ) -> bytes | None:
+        """`_collect` for criteria of one prefix each: the matching keys as a list (one more
+        than may be answered), then their logs; the same answers and limits."""
+        limit = self.settings.max_logs_per_response
+        most = limit if budget is None else min(limit, budget)
+        keys = self.index.keys_single(txn, single, start, end, most + 1)
+        if len(keys) > limit:
+            raise _too_many_logs(limit, start, self.index.height_of_key(keys[limit]))
+        if budget is not None and len(keys) > budget:
+            return None
+        raws = self.index.logs_of(txn, keys)
+        if max_bytes is not None and sum(map(len, raws)) > max_bytes:
+            return None
+        return b"[" + b",".join(raws) + b"]"
 
     def _unknown_block(self, block_hash: str) -> JsonRpcError:
         height = self.store.height_of(block_hash)
