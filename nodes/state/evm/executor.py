@@ -225,7 +225,11 @@ class Executor:
                 if not groups:
                     self.pool.release(worker)
                     continue
-                jobs = [{**g[0][0], "calls": [j["calls"][0] for j, _ in g]} for g in groups]
+                # (a pending job holds its one call: a block's single call goes as it is)
+                jobs = [
+                    g[0][0] if len(g) == 1 else {**g[0][0], "calls": [j["calls"][0] for j, _ in g]}
+                    for g in groups
+                ]
                 job = jobs[0] if len(jobs) == 1 else {"kind": "groups", "jobs": jobs}
                 try:
                     answer = await self.pool.run_on(worker, job, self._limit(jobs[0]))

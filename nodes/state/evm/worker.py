@@ -394,19 +394,28 @@ _SLOT_GIVEN = "slot"
 
 def learn_key(call: dict[str, Any]) -> LearnKey:
     """What a call's slots are remembered under: callee and the start of the calldata."""
-    return (call["to"], bytes(call["data"][:LEARN_DATA]))
+    data = call["data"]
+    if data.__class__ is not bytes or len(data) > LEARN_DATA:  # (short bytes: themselves)
+        data = bytes(data[:LEARN_DATA])
+    return (call["to"], data)
 
 
 VerdictKey = tuple[Any, ...]
 
 
-def verdict_key(job: dict[str, Any], call: dict[str, Any]) -> VerdictKey:
+def verdict_key(
+    job: dict[str, Any], call: dict[str, Any], env: tuple[Any, ...] | None = None
+) -> VerdictKey:
     """What a BASEFEE verdict is kept under on a warm EVM: the whole call and the block env
     (blockOverrides), since any of them can change the path and so the code run; calldata
-    longer than LEARN_DATA bytes by its digest."""
-    data = bytes(call["data"])
+    longer than LEARN_DATA bytes by its digest. `env`: the block env's values, when the
+    caller has them."""
+    data = call["data"]
+    if data.__class__ is not bytes:
+        data = bytes(data)
     digest: Any = data if len(data) <= LEARN_DATA else hashlib.blake2b(data).digest()
-    env = tuple(job["block"].values())
+    if env is None:
+        env = tuple(job["block"].values())
     fees = (call["max_fee"], call["tip"])
     access = tuple((a, tuple(slots)) for a, slots in call["access_list"])
     return (call["from"], call["to"], digest, call["value"], call["gas"], fees, access, env)
@@ -527,20 +536,25 @@ class Runner:
         self._basefee = BasefeeCheck()
         self._suspects: dict[WarmKey, dict[VerdictKey, bool]] = {}  # verdicts per warm EVM
         self._job: dict[str, Any] = {}  # the job being run
+        # its warm key and its block env's values (`verdict_key`), taken once per job
+        self._key: WarmKey | None = None
+        self._env_key: tuple[Any, ...] | None = None
         self._memory_checked = -MEMORY_CHECK_S  # when `_bound_memory` last read /proc
         # The block env each warm EVM runs with (the EVM, the job's block dict): a job at
         # the same block with the same env (no blockOverrides) does not build it again.
         self._envs: dict[WarmKey, tuple[EVM, dict[str, Any]]] = {}
 
-    def evm_for(self, job: dict[str, Any]) -> EVM:
+    def evm_for(self, job: dict[str, Any], key: Any = ...) -> EVM:
         """A warm EVM for the job's block, or a fresh one when the job must not share.
 
         A warm EVM is rebuilt after `warm_max_calls` calls, which bounds what its cache of
         fetched accounts and slots can grow to. An EVM is given, before it runs a call it
         has not run yet, the accounts that call touches and the slots it read before
         (`_preload`), whether the EVM is new or warm from other calls at its block.
+        `key`: the job's `warm_key`, when the caller has it.
         """
-        key = warm_key(job)
+        if key is ...:
+            key = warm_key(job)
         if key is None:
             evm = new_evm(job)
             self._preload(evm, job, job["calls"])
@@ -567,10 +581,12 @@ class Runner:
             self._suspects.pop(old, None)
         return evm
 
-    def _set_block_env(self, evm: EVM, job: dict[str, Any]) -> None:
-        """The job's block env on `evm`, unless it has it already (a warm EVM)."""
+    def _set_block_env(self, evm: EVM, job: dict[str, Any], key: Any = ...) -> None:
+        """The job's block env on `evm`, unless it has it already (a warm EVM); `key`: the
+        job's `warm_key`, when the caller has it."""
         block = job["block"]
-        key = warm_key(job)
+        if key is ...:
+            key = warm_key(job)
         if key is not None:
             known = self._envs.get(key)
             if known is not None and known[0] is evm and known[1] == block:
@@ -692,11 +708,13 @@ class Runner:
     def _run(self, job: dict[str, Any]) -> dict[str, Any]:
         kind = job["kind"]
         self._job = job
+        self._env_key = None
         try:
             if kind in TRACE_JOBS:
                 return self._traces(job)
-            evm = self.evm_for(job)
-            self._set_block_env(evm, job)
+            key = self._key = warm_key(job)
+            evm = self.evm_for(job, key)
+            self._set_block_env(evm, job, key)
             if kind == "calls":
                 return {"results": self.calls(evm, job)}
             if kind == "estimate":
@@ -851,9 +869,11 @@ class Runner:
         job = self._job
         if not job["block"]["basefee"]:
             return None
-        key = warm_key(job)
+        key = self._key if job["kind"] not in TRACE_JOBS else warm_key(job)
         verdicts = self._suspects.setdefault(key, {}) if key is not None else {}
-        ck = verdict_key(job, call)
+        if self._env_key is None:
+            self._env_key = tuple(job["block"].values())
+        ck = verdict_key(job, call, self._env_key)
         suspect = verdicts.get(ck)
         if suspect is None:  # a fresh EVM of one call holds only what that call loaded
             alone = key is None and len(job["calls"]) == 1
