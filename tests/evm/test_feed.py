@@ -457,3 +457,34 @@ async def test_a_killed_worker_frees_its_store_reader_slots(store: Any) -> None:
         assert len(freed) == 1
     finally:
         await methods.close()
+
+
+@module_loop
+async def test_the_same_call_twice_in_a_job_runs_once_with_the_same_answer(
+    store: Any, process: FeedProcess
+) -> None:
+    """Calls of one job run on the block's state and are undone, so a call repeated in the
+    job (clients polling one view at the head, coalesced) runs once; each position still
+    gets the answer the call has alone, a failure included."""
+    from nodes.state.evm.worker import Limits, Runner
+
+    url = process.url_if_running()
+    assert url is not None
+    job = sum_job(store, url, 4)
+    call = job["calls"][0]
+    starved = {**call, "gas": 21_100}  # out of gas after the intrinsic cost
+    limits = Limits(100, 10**6, 10**6, 10**6, 1000)
+    alone = [
+        (await asyncio.to_thread(Runner(limits, 8).run, {**job, "calls": [c]}))["results"][0]
+        for c in (call, starved)
+    ]
+    runner = Runner(limits, 8)
+    ran: list[int] = []
+    isolated = runner._isolated
+    runner._isolated = lambda evm, c: ran.append(c["gas"]) or isolated(evm, c)  # type: ignore[method-assign]
+    calls = [call, dict(call), starved, dict(call), dict(starved)]
+    answer = await asyncio.to_thread(runner.run, {**job, "calls": calls})
+    expected = [alone[0], alone[0], alone[1], alone[0], alone[1]]
+    assert answer["results"] == expected
+    assert alone[1]["ok"] is False and alone[0]["ok"] is True
+    assert ran == [call["gas"], starved["gas"]]
