@@ -47,8 +47,7 @@ from chainstate.rpcserver import rpc_route
 from nodes.state.service import StateNode
 
 CHAIN = "1337"
-METHODS = ("eth_getBalance", "eth_getStorageAt", "eth_getLogs", "eth_getLogs1000")
-LOG_SPANS = {"eth_getLogs": 1, "eth_getLogs1000": 1000}  # blocks per eth_getLogs query
+METHODS = ("eth_getBalance", "eth_getStorageAt", "eth_getLogs")
 MARK = os.getppid  # a C call the process makes nowhere else: callgrind dumps before it
 
 
@@ -95,14 +94,13 @@ def read_bodies(method: str, n: int, head: int, accounts: list[str]) -> list[byt
     """Single `method` bodies at random heights 1..head (ints for ids): eth_getBalance of
     `accounts`, or eth_getStorageAt of slots 0..16 of the chain's storage contract (as
     `bench suite state`'s `balance` and `storage` cases), or eth_getLogs of the token's
-    Transfers over one block or 1000 (`bench suite logs`' `logs1` and `logs1000`)."""
+    Transfers in one block (`bench suite logs`' `logs1`)."""
     rng = random.Random(7)
     out = []
     for i in range(n):
-        if method in LOG_SPANS:  # the token's Transfers over a range (`bench suite logs`)
-            span = LOG_SPANS[method]
-            start = rng.randint(0, max(0, head + 1 - span))
-            flt = {"fromBlock": hex(start), "toBlock": hex(start + span - 1)}
+        if method == "eth_getLogs":  # the token's Transfers in one block (`logs1`)
+            start = rng.randint(0, head)
+            flt = {"fromBlock": hex(start), "toBlock": hex(start)}
             params = [{**flt, "address": LOG_TOKEN, "topics": [TRANSFER_TOPIC]}]
             item = {"jsonrpc": "2.0", "id": i, "method": "eth_getLogs", "params": params}
             out.append(orjson.dumps(item))
@@ -151,7 +149,7 @@ async def build(
 ) -> tuple[StateNode, Any, list[bytes]]:
     """(node, proxy app runner, bodies): the node holds `blocks` synthetic blocks."""
     node, accounts = await synthetic_node(
-        tmp, blocks, {"map_size_mb": 256}, logs=method in LOG_SPANS
+        tmp, blocks, {"map_size_mb": 256}, logs=method == "eth_getLogs"
     )
     runner = await proxy_runner(node, InprocRegistry())
     return node, runner, read_bodies(method, n_bodies, blocks - 1, accounts)
@@ -187,19 +185,29 @@ async def main_async(args: argparse.Namespace) -> None:
             proxy = Port(create_server(runner.app), f"/{CHAIN}".encode(), bodies)
             own = HttpServer(rpc_route(node.handle_body, node.answer_now), name="node")
             port = Port(own, b"/", bodies)
-            await ready(proxy, port)
             ports = {"proxy": proxy, "node": port}
+            if args.node_only:
+                del ports["proxy"]
+                for raw in port.raw:
+                    if b'"error"' in port.answer(raw):
+                        raise RuntimeError(f"the node answers an error: {port.answer(raw)[:200]!r}")
+            else:
+                await ready(proxy, port)
             if args.marks:  # under callgrind: one dump per segment
                 MARK()
                 for _ in range(args.passes):
-                    for name in ("proxy", "node"):
+                    for name in ports:
                         ports[name].run(args.n)
                         MARK()
                 return
-            best = {"proxy": float("inf"), "node": float("inf")}
+            best = {name: float("inf") for name in ports}
             for _ in range(args.passes):
-                for name in ("proxy", "node"):
+                for name in ports:
                     best[name] = min(best[name], cpu_us(ports[name], args.n))
+            if args.node_only:
+                runs = f"best of {args.passes} x {args.n}"
+                print(f"CPU µs per request ({runs}): node {best['node']:.2f}")
+                return
             print(
                 f"CPU µs per request (best of {args.passes} x {args.n}): proxy "
                 f"{best['proxy']:.2f}, node {best['node']:.2f}; node / proxy "
@@ -233,6 +241,7 @@ def callgrind(args: argparse.Namespace) -> int:
             str(args.bodies),
             "--method",
             args.method,
+            *(["--node-only"] if args.node_only else []),
         ]
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         subprocess.run(cmd, check=True, env=env, stderr=subprocess.DEVNULL)
@@ -241,6 +250,10 @@ def callgrind(args: argparse.Namespace) -> int:
             found = re.search(rb"^summary: (\d+)", dump.read_bytes(), re.M)
             counts.append(int(found.group(1)) if found else 0)
     # dump 1: the set-up; then proxy, node, proxy, node … (the last dump: the exit)
+    if args.node_only:
+        node = [c / args.n for c in counts[1 : 1 + args.passes]]
+        print("instructions per request, node:  " + ", ".join(f"{c:,.0f}" for c in node))
+        return 0
     segments = counts[1 : 1 + 2 * args.passes]
     proxy = [c / args.n for c in segments[0::2]]
     node = [c / args.n for c in segments[1::2]]
@@ -259,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--method", choices=METHODS, default=METHODS[0], help="the reads sent")
     p.add_argument(
         "--callgrind", action="store_true", help="count instructions under valgrind instead"
+    )
+    p.add_argument(
+        "--node-only", action="store_true", help="the node's own port alone (no proxy in front)"
     )
     p.add_argument("--marks", action="store_true", help=argparse.SUPPRESS)  # (the run inside)
     args = p.parse_args(argv)
