@@ -142,7 +142,9 @@ class Attempts:
     def _lone_timeout(self, pool: Pool, group: Group) -> float | None:
         """The attempt timeout of a first attempt sent now whose node is the only eligible
         one, when another reader may take over once it passes (`Rescue`), else None."""
-        if len(group.cands) != 1 or len(group.items) != 1 or not self._lone(pool, group.node):
+        if len(group.cands) != 1 or len(group.items) != 1 or len(pool.readers) < 2:
+            return None  # (the last: `_lone`'s first test, before its call)
+        if not self._lone(pool, group.node):
             return None
         timers = self._timers(pool, group.lkey)
         return None if timers is None else timers[1]
@@ -200,7 +202,7 @@ class Attempts:
         if not self.upstream.send_now(url, None, self.ceiling, ctx, early, landed, items):
             return False
         node.inflight += 1  # (the attempt is under way: `_begin`, inline)
-        ctx.nodes.append(node.key)
+        ctx.nodes.append(node.entry.key)
         if ctx.tally is not None:
             ctx.tally.upstream += 1
         return True
@@ -240,7 +242,7 @@ class Attempts:
                 taken, url, self.ceiling, ctx, early, rescue.landed, soft, rescue.slow
             )
         node.inflight += 1  # (the attempt is under way: `_begin`, inline)
-        ctx.nodes.append(node.key)
+        ctx.nodes.append(node.entry.key)
         if ctx.tally is not None:
             ctx.tally.upstream += 1
 
@@ -373,7 +375,9 @@ class Attempts:
     ) -> None:
         """The node answered (whatever the answer says, it works): its books, and the
         attempt counted as `label`."""
-        _in_rotation(node)
+        breaker = node.breaker  # (`_in_rotation`'s tests first: a healthy node needs no call)
+        if node.fails or not node.healthy or breaker.failures or breaker.state is not CLOSED:
+            _in_rotation(node)
         budget = node.budget
         if label == RATE_LIMITED:
             budget.rate_limited()
@@ -382,8 +386,11 @@ class Attempts:
         ms = elapsed * 1000
         latency.observe(node, ms, time.monotonic(), self.tau)
         node.observe_latency(ms)
-        self._window(ctx.pool, lkey).add(elapsed)
-        self.metrics.attempt(ctx.chain, node.key, label, elapsed)
+        window = ctx.pool.latency.get(lkey)  # (`_window`, inline)
+        if window is None:
+            window = self._window(ctx.pool, lkey)
+        window.add(elapsed)
+        self.metrics.attempt(ctx.chain, node.entry.key, label, elapsed)
         if span is not None:
             span.set_attribute("outcome", label)
 

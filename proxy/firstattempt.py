@@ -174,7 +174,9 @@ class FirstAttempt:
                 self._sent_first(
                     admitted, payload, request, route, node, taken, sent, started, tally
                 )
-                pipeline.metrics.client(headers.get("client-id"))
+                client = headers.raw.get(b"client-id")  # (no `get` call, no decode)
+                if client:
+                    pipeline.metrics.client(client.decode("latin-1"))
                 return None
             chosen = node  # (picked already: the general steps go on with it)
         elif headers.get(MIN_BLOCK) is not None:  # (checked and kept by `Pipeline.run`)
@@ -385,7 +387,8 @@ class FirstAttempt:
             return self._resume(ctx, item, body, answers, 1, [item], {node: group})
         if pending:
             return self._resume(ctx, item, body, answers, 2, pending)
-        self._land(item, out, answers)
+        if item.plan is not None:  # (an item the read path left alone has nothing to land)
+            self._land(item, out, answers)
         return self.pipeline.answers.single(ctx, item, body, out, answers)
 
     def _land(self, item: Item, out: bytes | None, answers: list[Any]) -> None:
@@ -430,7 +433,9 @@ class FirstAttempt:
     def _done(
         self, ctx: Ctx, answer: tuple[int, bytes], started: float, headers: Mapping[str, str]
     ) -> tuple[int, bytes]:
-        self._leave(ctx)
+        if ctx.reserved:  # (`_leave`, inline)
+            self.pipeline.release(ctx)
+        self.leave(ctx.pool)
         return self.pipeline.books.close(ctx, "single", 1, answer, started, headers)
 
     def _leave(self, ctx: Ctx) -> None:
