@@ -231,7 +231,8 @@ class Attempts:
         another reader beside it is raced at its attempt timeout (`Rescue`)."""
         node = group.node
         url = node.entry.url
-        soft = None if body is None else self._lone_timeout(ctx.pool, group)
+        pool = ctx.pool  # (a pool of one reader has no rescue: `_lone_timeout` not called)
+        soft = None if body is None or len(pool.readers) < 2 else self._lone_timeout(pool, group)
         if soft is None:
             landed = self._landed(ctx, group, len(group.cands) > 1, started, then)
             self.upstream.expect_now(taken, url, self.ceiling, ctx, ctx.answer_early, landed)

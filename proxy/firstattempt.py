@@ -433,8 +433,8 @@ class FirstAttempt:
     def _done(
         self, ctx: Ctx, answer: tuple[int, bytes], started: float, headers: Mapping[str, str]
     ) -> tuple[int, bytes]:
-        if ctx.reserved:  # (`_leave`, inline)
-            self.pipeline.release(ctx)
+        if ctx.reserved:  # (`_leave` and `Pipeline.release`, inline)
+            self.budget.release(ctx)  # type: ignore[union-attr]
         self.leave(ctx.pool)
         return self.pipeline.books.close(ctx, "single", 1, answer, started, headers)
 

@@ -219,8 +219,11 @@ class SentNow(_Exchange):
     def set_result(self, result: tuple[int, bytes]) -> None:
         self._end()
         status, data = result
-        if status == 200:  # (`http_answer`'s first case, without its call)
-            self._land(data, None)
+        if status == 200:  # (`http_answer`'s first case and `_land`, without their calls)
+            try:
+                self.then(data, None)
+            except Exception:  # a callback: nobody above it would see the error
+                log.exception("finishing a request after its node's answer failed")
             return
         try:
             raw = http_answer(self.url, status, data)
