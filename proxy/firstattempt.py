@@ -169,8 +169,10 @@ class FirstAttempt:
                         conn = transport.pool.take()
                         taken = None if conn is None else (transport.pool, conn)
             if taken is not None:  # written: the request's objects come after the write
-                sent = time.perf_counter()
                 taken[1].transport.write(taken[0].request(body))
+                # (the attempt's clock starts once the node has the bytes: at c=1 a clock
+                # read before the write is the client's wait, and the write is not the node's)
+                sent = time.perf_counter()
                 self._sent_first(
                     admitted, payload, request, route, node, taken, sent, started, tally
                 )
