@@ -256,24 +256,7 @@ class Attempts:
         then: Callable[[Node, Any, Any], Any],
     ) -> Callable[[bytes | None, UpstreamError | None], None]:
         """What a first attempt `send_now` made (at `started`) does with its outcome."""
-        node = group.node
-
-        def landed(raw: bytes | None, exc: UpstreamError | None) -> None:
-            node.inflight -= 1  # (`_end`, inline)
-            elapsed = time.perf_counter() - started
-            if exc is not None:
-                self._failed(ctx, node, exc, elapsed, None)
-            elif raw is not None:
-                self.answered(ctx, node, group.lkey, elapsed, outcome.answered(raw))
-            else:
-                ctx.nodes.pop()  # the idle connection was closed: no attempt was made
-                if ctx.tally is not None:
-                    ctx.tally.upstream -= 1
-            if hedgeable and (raw is not None or exc is not None):
-                self._earn(ctx.pool)  # an attempt made earns its share, as `_race`'s does
-            then(node, raw, exc)
-
-        return landed
+        return _Landed(self, ctx, group, hedgeable, started, then).landed
 
     def _launcher(
         self, ctx: Any, group: Group, body: bytes
@@ -567,6 +550,46 @@ class Rescue:
             self.then(found[0], found[1], None)  # type: ignore[index]
         else:
             self.then(self.group.node, *held)
+
+
+class _Landed:
+    """`Attempts._landed`'s callback and what it needs: one object and its bound method
+    cost about half of a closure over as many cells (one per first attempt sent now)."""
+
+    __slots__ = ("attempts", "ctx", "group", "hedgeable", "node", "started", "then")
+
+    def __init__(
+        self,
+        attempts: Attempts,
+        ctx: Any,
+        group: Group,
+        hedgeable: bool,
+        started: float,
+        then: Callable[[Node, Any, Any], Any],
+    ) -> None:
+        self.attempts = attempts
+        self.ctx = ctx
+        self.group = group
+        self.node = group.node  # (the node it was sent to, whatever the group holds later)
+        self.hedgeable = hedgeable
+        self.started = started
+        self.then = then
+
+    def landed(self, raw: bytes | None, exc: UpstreamError | None) -> None:
+        attempts, ctx, node = self.attempts, self.ctx, self.node
+        node.inflight -= 1  # (`_end`, inline)
+        elapsed = time.perf_counter() - self.started
+        if exc is not None:
+            attempts._failed(ctx, node, exc, elapsed, None)
+        elif raw is not None:
+            attempts.answered(ctx, node, self.group.lkey, elapsed, outcome.answered(raw))
+        else:
+            ctx.nodes.pop()  # the idle connection was closed: no attempt was made
+            if ctx.tally is not None:
+                ctx.tally.upstream -= 1
+        if self.hedgeable and (raw is not None or exc is not None):
+            attempts._earn(ctx.pool)  # an attempt made earns its share, as `_race`'s does
+        self.then(node, raw, exc)
 
 
 def _in_rotation(node: Node) -> None:
