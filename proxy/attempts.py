@@ -197,7 +197,7 @@ class Attempts:
             self.sent_now(ctx, group, taken, started, then, body)
             return True
         items = [it.obj for it in group.items]
-        landed = self._landed(ctx, group, False, time.perf_counter(), then)
+        landed = _Landed(self, ctx, group, False, time.perf_counter(), then).landed
         early = ctx.answer_early
         if not self.upstream.send_now(url, None, self.ceiling, ctx, early, landed, items):
             return False
@@ -234,7 +234,7 @@ class Attempts:
         pool = ctx.pool  # (a pool of one reader has no rescue: `_lone_timeout` not called)
         soft = None if body is None or len(pool.readers) < 2 else self._lone_timeout(pool, group)
         if soft is None:
-            landed = self._landed(ctx, group, len(group.cands) > 1, started, then)
+            landed = _Landed(self, ctx, group, len(group.cands) > 1, started, then).landed
             self.upstream.expect_now(taken, url, self.ceiling, ctx, ctx.answer_early, landed)
         else:
             rescue = Rescue(self, ctx, group, body, soft, started, then)  # type: ignore[arg-type]
@@ -246,17 +246,6 @@ class Attempts:
         ctx.nodes.append(node.entry.key)
         if ctx.tally is not None:
             ctx.tally.upstream += 1
-
-    def _landed(
-        self,
-        ctx: Any,
-        group: Group,
-        hedgeable: bool,
-        started: float,
-        then: Callable[[Node, Any, Any], Any],
-    ) -> Callable[[bytes | None, UpstreamError | None], None]:
-        """What a first attempt `send_now` made (at `started`) does with its outcome."""
-        return _Landed(self, ctx, group, hedgeable, started, then).landed
 
     def _launcher(
         self, ctx: Any, group: Group, body: bytes
@@ -508,7 +497,7 @@ class Rescue:
 
     def landed(self, raw: bytes | None, exc: UpstreamError | None) -> None:
         """The first attempt's outcome (or the second one's answer, handed to its exchange
-        when it won), booked as `Attempts._landed` books it."""
+        when it won), booked as `_Landed` books it."""
         attempts, ctx, node = self.attempts, self.ctx, self.group.node
         node.inflight -= 1
         elapsed = time.perf_counter() - self.started
@@ -553,8 +542,9 @@ class Rescue:
 
 
 class _Landed:
-    """`Attempts._landed`'s callback and what it needs: one object and its bound method
-    cost about half of a closure over as many cells (one per first attempt sent now)."""
+    """What a first attempt `send_now` or `sent_now` made (at `started`) does with its
+    outcome: the attempt's books, then `then(node, raw, error)`. One object and its bound
+    method cost about half of a closure over as many cells (one per first attempt)."""
 
     __slots__ = ("attempts", "ctx", "group", "hedgeable", "node", "started", "then")
 

@@ -330,26 +330,11 @@ class FirstAttempt:
                 if type(written) is tuple:
                     return self._done(ctx, written, started, headers)
             body = written  # type: ignore[assignment]  (None: another attempt, a sub-batch)
-        then = self._then(ctx, item, group, body, answers, started, headers, later)
+        then = _Then(self, ctx, item, group, body, answers, started, headers, later).then
         if self.attempts.send_now(ctx, group, body, then):
             return None
         resumed = self._resume(ctx, item, body, answers, 1, [item], {group.node: group})
         return self._finish(ctx, resumed, started, headers)
-
-    def _then(
-        self,
-        ctx: Ctx,
-        item: Item,
-        group: Group,
-        body: bytes,
-        answers: list[Any],
-        started: float,
-        headers: Mapping[str, str],
-        later: Callable[[Awaitable[Answer]], Any],
-    ) -> Callable[[Node, bytes | None, UpstreamError | None], None]:
-        """What a first attempt sent now does with its outcome: the answer and the books,
-        or the rest of the steps in a task given to `later`."""
-        return _Then(self, ctx, item, group, body, answers, started, headers, later).then
 
     def _landed(
         self,
@@ -451,15 +436,15 @@ class FirstAttempt:
         item = Item(0, payload, payload["id"], method, route.spec, route.ref, False)
         item.tried.append(node)
         group = Group(node, [item], route.nodes, method)
-        landed = self._then(
-            ctx, item, group, request.body, [None], started, request.headers, request.answer_later
-        )
+        body, headers, later = request.body, request.headers, request.answer_later
+        landed = _Then(self, ctx, item, group, body, [None], started, headers, later).then
         self.attempts.sent_now(ctx, group, taken, sent, landed, request.body)
 
 
 class _Then:
-    """`FirstAttempt._then`'s callback and what it needs: one object and its bound method
-    cost about half of a closure over as many cells (one per first attempt sent now)."""
+    """What a first attempt sent now does with its outcome (`then`): the answer and the
+    books, or the rest of the steps in a task given to `later`. One object and its bound
+    method cost about half of a closure over as many cells (one per first attempt)."""
 
     __slots__ = ("answers", "body", "ctx", "first", "group", "headers", "item", "later", "started")
 
