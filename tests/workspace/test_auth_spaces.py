@@ -179,33 +179,15 @@ def test_cli_accounts_and_access_keys(ws: Workspace) -> None:
     db_args = ["--data-dir", str(ws.settings.data_dir), "--database", ws.settings.database]
     cli = [sys.executable, "-m", "stack.cli"]
 
-    def start(*args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [*cli, *args, *db_args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+    def run(*args: str) -> dict:
+        out = subprocess.run([*cli, *args, *db_args], capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.splitlines()[-1])
 
-    def result(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-        out, err = proc.communicate(timeout=60)
-        return proc.returncode, out, err
-
-    def run(*procs: subprocess.Popen[str]) -> list[dict]:
-        answers = []
-        for code, out, err in map(result, procs):
-            assert code == 0, err
-            answers.append(json.loads(out.splitlines()[-1]))
-        return answers
-
-    # Commands that do not depend on each other run at once (each pays the CLI's start-up).
-    bad = start("token", "create", "--account", "0" * 32)
-    dup = start("account", "create", "--slug", "alice")
-    [org] = run(start("account", "create", "--type", "org", "--slug", uid("org")))
-    dave, key_made = run(
-        start("account", "create", "--slug", uid("dave"), "--member-of", org["id"]),
-        start("access-key", "create", "--account", org["id"]),
-    )
+    org = run("account", "create", "--type", "org", "--slug", uid("org"))
+    dave = run("account", "create", "--slug", uid("dave"), "--member-of", org["id"])
     assert org["type"] == "org" and len(dave["id"]) == 32
-    [made] = run(start("token", "create", "--account", dave["id"]))
-    token, key = made["token"], key_made["access_key"]
+    token = run("token", "create", "--account", dave["id"])["token"]
+    key = run("access-key", "create", "--account", org["id"])["access_key"]
     as_org = ws.api(token, org["id"])
     as_org.ok("POST", "/v1/space/create", {"id": uid()})
     r = as_org.session.post(
@@ -215,10 +197,14 @@ def test_cli_accounts_and_access_keys(ws: Workspace) -> None:
         timeout=10,
     )
     assert r.status_code == 200 and "result" in r.json()
-    code, _, err = result(bad)
-    assert code == 1 and "does not exist" in err
-    code, _, err = result(dup)
-    assert code == 1 and "already exists" in err
+    bad = subprocess.run(
+        [*cli, "token", "create", "--account", "0" * 32, *db_args], capture_output=True, text=True
+    )
+    assert bad.returncode == 1 and "does not exist" in bad.stderr
+    dup = subprocess.run(
+        [*cli, "account", "create", "--slug", "alice", *db_args], capture_output=True, text=True
+    )
+    assert dup.returncode == 1 and "already exists" in dup.stderr
 
 
 def test_tables_rows_and_stats_follow_space_visibility(ws: Workspace) -> None:
