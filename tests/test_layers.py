@@ -13,6 +13,7 @@ checkers only, under `if TYPE_CHECKING:`, counts: the two modules still know eac
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,9 +55,15 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def imports(name: str, path: Path) -> Iterator[tuple[int, str]]:
+@functools.cache
+def imports(name: str, path: Path) -> tuple[tuple[int, str], ...]:
     """(line, imported name) of every import in the module, relative ones made absolute;
-    `from a import b` yields `a` and `a.b` (b may be a module)."""
+    `from a import b` gives `a` and `a.b` (b may be a module). Kept: both tests read every
+    module, and parsing them is most of their time."""
+    return tuple(_imports(name, path))
+
+
+def _imports(name: str, path: Path) -> Iterator[tuple[int, str]]:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):

@@ -14,7 +14,7 @@ from tests.tenancy.redisserver import redis_binary
 def test_a_cold_proxy_on_the_warm_tier_spares_the_nodes(tmp_path: Path) -> None:
     redis_binary()  # skipped without redis-server locally, failed under CI
     opts = SuiteOptions(concurrency=8, keep_dir=str(tmp_path))
-    report = CacheTierSuite(warm_s=4.0, window_s=3.0).run(opts)
+    report = CacheTierSuite(warm_s=2.0, window_s=1.5).run(opts)
     warm, cold, empty = report["warm"], report["cold"], report["empty"]
     for name, run in (("warm", warm), ("cold", cold), ("empty", empty)):
         assert run["items"] > 0 and run["failed"] == 0, (name, run)

@@ -13,7 +13,7 @@ from bench.suite import SuiteOptions
 def test_kill_hang_and_lies_cost_no_client_request(tmp_path: Path) -> None:
     opts = SuiteOptions(
         duration=4.0,
-        warmup=1.0,
+        warmup=0.5,  # hundreds of requests at c=8: latency windows filled, connections open
         concurrency=8,
         cases=["kill", "hang", "wrong"],
         keep_dir=str(tmp_path),

@@ -105,5 +105,5 @@ def wait_for(url: str, method: str, *params: Any, timeout: float = 60) -> dict[s
             last = answer
         except (OSError, urllib.error.URLError, ValueError) as exc:
             last = exc
-        time.sleep(0.5)
+        time.sleep(0.1)
     raise AssertionError(f"{method} at {url} gave no result in {timeout}s; last: {last!r}")

@@ -129,7 +129,7 @@ def test_both_proxies_reach_etcd_and_share_redis_limits_and_cache(fleet: Fleet) 
         tenancy = [h["tenancy"] for h in healths]
         if all(t["redis"] == "up" and t.get("fleet") == 2 for t in tenancy):
             break
-        time.sleep(0.5)
+        time.sleep(0.1)
     for health in healths:
         assert health["config_store"] == "available", health
         assert health["tenancy"]["redis"] == "up", health
@@ -141,7 +141,7 @@ def test_both_proxies_reach_etcd_and_share_redis_limits_and_cache(fleet: Fleet) 
             metrics = fleet.text(url.removesuffix("/1337") + "/metrics")
             if tier_up in metrics:
                 break
-            time.sleep(0.5)
+            time.sleep(0.1)
         assert tier_up in metrics, url
 
 
@@ -152,7 +152,7 @@ def test_the_checker_confirms_blocks_both_replicas_hold(fleet: Fleet) -> None:
         report = fleet.admin(fleet.urls()[1] + "/getAllNodes")["checker"]
         if report and report["error"] is None and (report["confirmed"] or 0) > 0:
             break
-        time.sleep(0.5)
+        time.sleep(0.1)
     assert report and report["error"] is None and (report["confirmed"] or 0) > 0, report
 
 

@@ -99,10 +99,12 @@ def get(url: str) -> Any:
 
 
 def wait_for(check, timeout: float = 30, what: str = "condition"):
+    """The first true value of `check()`, asked every 50 ms (the checks are single reads:
+    a coarser poll only adds its interval to each wait)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(0.05)
     pytest.fail(f"timed out waiting for {what}")

@@ -45,6 +45,17 @@ FOLLOW_WITHIN = 10.0  # seconds from starting `chainstate up` until the proxy re
 RECIPIENTS = [f"0x{0xC0FFEE00 + i:040x}" for i in range(8)]
 
 
+HEAD_POLL = 0.1  # the proxy's head polls (default 1 s): each restart waits for the next one
+
+
+def crash_config(folder: Path) -> tuple[Path, dict[str, int]]:
+    """devnet.toml on free ports, the proxy polling its nodes' heads every HEAD_POLL s."""
+    config, ports = write_config(folder)
+    text = config.read_text().replace("[proxy]\n", f"[proxy]\nhead_poll_interval = {HEAD_POLL}\n")
+    config.write_text(text)
+    return config, ports
+
+
 class Crashable:
     """One `chainstate up` process group at a time on one config and data dir."""
 
@@ -284,7 +295,7 @@ def state_nodes_follow(stack: Crashable) -> None:
 @pytest.mark.timeout(120 + 20 * KILLS)
 def test_sigkill_at_random_moments_loses_no_answer(tmp_path: Path) -> None:
     rng = random.Random(SEED)
-    config, ports = write_config(tmp_path)
+    config, ports = crash_config(tmp_path)
     stack = Crashable(config, ports, tmp_path / "up.log")
     seen = Seen()
     sender = Sender(stack)
@@ -358,7 +369,7 @@ def test_a_first_start_killed_early_follows_again_within_10_s(tmp_path: Path) ->
     for i, (low, high) in enumerate(FIRST_START_KILLS):
         folder = tmp_path / f"devnet-{i}"
         folder.mkdir()
-        config, ports = write_config(folder)
+        config, ports = crash_config(folder)
         stack = Crashable(config, ports, folder / "up.log")
         stack.spawn()
         time.sleep(rng.uniform(low, high))
