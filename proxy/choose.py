@@ -10,12 +10,14 @@ in-process answer), a retry (away from the nodes tried) and a hedge's second nod
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from proxy.metrics import ProxyMetrics
 from proxy.model import Node, Pool
-from proxy.request import BATCH, Ctx, Group, Item, Row
+from proxy.request import BATCH, Ctx, Group, Item, Row, heights
 from proxy.routes import PoolRoutes, RouteCache
 from proxy.ryw import to_leader
 from proxy.select import NoEligibleNode, Reason, Selector
@@ -125,6 +127,12 @@ class Chooser:
         None when they do not all have the same eligible nodes, or none is eligible."""
         routes = self.routes.routes(pool)
         candidates = self.routes.candidates
+        numbers = heights(rows)
+        if numbers is not None and not (rows[0].spec.writer or rows[0].spec.trie):
+            # One method at plain heights: the candidates are those of a class of heights
+            # (proxy/routes.py), so one row per class is looked up, found with C loops.
+            classes = map(bisect_right, repeat(routes.points), numbers)
+            rows = list(dict(zip(classes, rows, strict=True)).values())
         seen: set[tuple[str, str | None]] = set()  # (method, block text) looked up already
         first: list[Node] | None = None
         for row in rows:

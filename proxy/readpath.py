@@ -12,6 +12,8 @@ determines is kept for next time (`keep`).
 from __future__ import annotations
 
 from collections import Counter
+from itertools import compress
+from operator import attrgetter, not_
 from typing import Any
 
 import orjson
@@ -22,7 +24,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.model import Node
 from proxy.parse import NO_NODE_KEY
 from proxy.reads import Plan, Reads
-from proxy.request import Ctx, Group, Item, Row
+from proxy.request import Ctx, Group, Item, Row, heights
 from proxy.rounds import Rounds
 
 COALESCED = "coalesced"  # node label of items that shared an identical read's answer
@@ -124,11 +126,21 @@ class ReadPath:
         read in flight; whether any item changed or left, so the client's bytes can no
         longer go as they are)."""
         heads = self.heads(ctx)
+        numbers = heights(rows)
+        if numbers is not None:  # one method at plain heights: decided for all rows at once
+            first = rows[0]
+            known = self.reads.planned_at(heads, first.method, first.spec, numbers)
+            if known is None:
+                return rows, [], [], False
+            plain = list(compress(rows, map(not_, known)))
+            rows = list(compress(rows, known))  # (planned one by one below)
+        else:
+            plain = []
         plan_of = self.reads.plan
-        plain: list[Row] = []
         send: list[Item] = []
         waiting: list[Item] = []
         changed = False
+        added = False  # a row left as it is by the loop (after those left before it)
         ready: dict[tuple[str, str], int] = {}  # (method, source) → items answered at once
         # (method, block text) pairs the read path leaves as they are: that depends on
         # nothing else within a request (the same method and block, the same heads), so
@@ -154,6 +166,7 @@ class ReadPath:
                 if pair is not None:
                     untouched.add(pair)
                 plain.append(row)
+                added = True
                 continue
             if type(plan) is not Plan:  # a ready result
                 answers[row.pos] = {"jsonrpc": "2.0", "id": row.rid, "result": plan}
@@ -170,6 +183,8 @@ class ReadPath:
                 changed = True
             else:
                 send.append(it)
+        if added and numbers is not None:
+            plain.sort(key=_POS)  # (rare: a height whose hash is known, left as it is)
         for (method, source), n in ready.items():
             self.metrics.request(ctx.chain, method, source, "ok", n)
         return plain, send, waiting, changed
@@ -229,6 +244,9 @@ class ReadPath:
         none asked by height after all (`items`: those planned)."""
         if key is not None and len(rows) == size and ctx.heads.mixed is False and _exact(items):
             ctx.keep = _kept_as_a_whole([row.method for row in rows], out)
+
+
+_POS = attrgetter("pos")
 
 
 def _source(ready: Any) -> str:

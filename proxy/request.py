@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from chainstate.blockref import BlockRef
@@ -187,6 +188,43 @@ class Item:
             return None  # a block named by an object: no text to share its route by
         plan = self.plan
         return self.method, block, plan is not None and bool(plan.avoid)
+
+
+class Rows(list):  # type: ignore[type-arg]
+    """A batch's rows as the parser made them for the common batch (proxy/parse.py
+    `uniform_rows`): request objects of one method with int or string ids, none a
+    notification. The columns the later steps read are kept beside them, made once with C
+    loops, so those steps need no pass of their own over the rows (each pass over 100 rows
+    costs about as much as parsing them): the ids, and the block heights when every row
+    names a plain height (else None). A list made from these rows is a plain list again."""
+
+    __slots__ = ("heights", "rids")
+
+    rids: list[Any]
+    heights: list[int] | None
+
+
+_HEIGHT, _CONTAINS = attrgetter("ref.number"), attrgetter("ref.contains")
+_METHOD, _NOTIF = attrgetter("method"), attrgetter("notif")
+
+
+def heights(rows: list[Row]) -> list[int] | None:
+    """Every row's block height, when the rows are request objects (no notification) of one
+    method that each name a plain height (not a tag, a hash or `Contains`); else None.
+    Made with C loops: a batch's steps then decide per batch, or per class of heights,
+    what they would decide per row."""
+    if type(rows) is Rows:
+        return rows.heights
+    try:
+        numbers = list(map(_HEIGHT, rows))
+    except AttributeError:  # a row that names no block
+        return None
+    if not numbers or None in numbers or True in map(_CONTAINS, rows) or True in map(_NOTIF, rows):
+        return None
+    methods = list(map(_METHOD, rows))
+    if methods.count(methods[0]) != len(methods):
+        return None
+    return numbers
 
 
 def items_of(rows: list[Row], tried: list[Node] | None = None) -> list[Item]:
