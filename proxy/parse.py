@@ -156,28 +156,15 @@ class Parser:
         if known is None:
             return None
         refs = list(map(_REF, known))
-        fields = zip(
-            range(n),
-            payload,
-            rids,
-            repeat(method),
-            repeat(known[0][0]),  # (one method: one spec)
-            refs,
-            repeat(False),
-            texts,
-        )
-        rows = Rows(map(make_row, fields))
-        rows.rids = rids
-        rows.heights = _heights(refs)
-        return rows
+        return Rows(payload, rids, method, known[0][0], refs, texts, _heights(refs))
 
 
-def _heights(refs: list[Any]) -> list[int] | None:
-    """Every ref's height when each is a plain height (not a tag, hash or `Contains`)."""
-    numbers = list(map(_NUMBER, refs))
-    if None in numbers or True in map(_CONTAINS, refs):
+def _heights(refs: list[Any]) -> list[int | None] | None:
+    """Each ref's height, None where it names a tag or a hash; None when one names
+    `Contains` (a height answered at the node's head)."""
+    if True in map(_CONTAINS, refs):
         return None
-    return numbers
+    return list(map(_NUMBER, refs))
 
 
 def least(text: str, ctx: Ctx) -> JsonRpcError | None:

@@ -12,7 +12,7 @@ determines is kept for next time (`keep`).
 from __future__ import annotations
 
 from collections import Counter
-from itertools import compress
+from itertools import compress, count
 from operator import attrgetter, not_
 from typing import Any
 
@@ -24,7 +24,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.model import Node
 from proxy.parse import NO_NODE_KEY
 from proxy.reads import Plan, Reads
-from proxy.request import Ctx, Group, Item, Row, heights
+from proxy.request import Ctx, Group, Item, Row, Rows, heights
 from proxy.rounds import Rounds
 
 COALESCED = "coalesced"  # node label of items that shared an identical read's answer
@@ -132,15 +132,16 @@ class ReadPath:
             known = self.reads.planned_at(heads, first.method, first.spec, numbers)
             if known is None:
                 return rows, [], [], False
-            plain = list(compress(rows, map(not_, known)))
-            rows = list(compress(rows, known))  # (planned one by one below)
-        else:
-            plain = []
+            if type(rows) is Rows:  # (its columns: no row made for those left alone)
+                plain, rows = rows.without(known), [rows[i] for i in compress(count(), known)]
+            else:
+                plain = list(compress(rows, map(not_, known)))
+                rows = list(compress(rows, known))  # (planned one by one below)
         plan_of = self.reads.plan
         send: list[Item] = []
         waiting: list[Item] = []
         changed = False
-        added = False  # a row left as it is by the loop (after those left before it)
+        left: list[Row] = []  # rows the loop leaves as they are
         ready: dict[tuple[str, str], int] = {}  # (method, source) → items answered at once
         # (method, block text) pairs the read path leaves as they are: that depends on
         # nothing else within a request (the same method and block, the same heads), so
@@ -148,12 +149,12 @@ class ReadPath:
         untouched: set[tuple[str, str | None]] = set()
         for row in rows:
             if row.notif:
-                plain.append(row)
+                left.append(row)
                 continue
             block = row.block
             pair = (row.method, block) if block is not None or row.ref is None else None
             if pair is not None and pair in untouched:
-                plain.append(row)
+                left.append(row)
                 continue
             try:
                 plan = plan_of(heads, row.method, row.spec, row.ref, row.obj)
@@ -165,8 +166,7 @@ class ReadPath:
             if plan is None:
                 if pair is not None:
                     untouched.add(pair)
-                plain.append(row)
-                added = True
+                left.append(row)
                 continue
             if type(plan) is not Plan:  # a ready result
                 answers[row.pos] = {"jsonrpc": "2.0", "id": row.rid, "result": plan}
@@ -183,8 +183,10 @@ class ReadPath:
                 changed = True
             else:
                 send.append(it)
-        if added and numbers is not None:
-            plain.sort(key=_POS)  # (rare: a height whose hash is known, left as it is)
+        if numbers is None:
+            plain = left
+        elif left:  # (rare: a height whose hash is known, left as it is)
+            plain = sorted([*plain, *left], key=_POS)
         for (method, source), n in ready.items():
             self.metrics.request(ctx.chain, method, source, "ok", n)
         return plain, send, waiting, changed

@@ -184,7 +184,7 @@ class Rounds:
         data = body
         if data is None:
             try:
-                data = orjson.dumps([row.obj for row in rows])
+                data = orjson.dumps(rows.objs if type(rows) is Rows else [row.obj for row in rows])
             except TypeError:  # rows too deep to write again: -32602 (proxy/nesting.py)
                 deep = set(nesting.deep([row.obj for row in rows]))
                 for i in deep:
