@@ -424,10 +424,8 @@ class MethodTable:
         if by_text is None:
             return None
         try:
-            known = list(map(by_text.get, texts))
-            if None in known:
-                return None
-            spec = known[0][0]  # type: ignore[index]
+            known = list(map(by_text.__getitem__, texts))  # (one not remembered: KeyError)
+            spec = known[0][0]
             for index, check in spec.checks:
                 if index == spec.block_at:
                     continue  # (the block param's text passed already)
@@ -439,9 +437,9 @@ class MethodTable:
                     name = spec.params[index]
                     for value in map(itemgetter(index), params):
                         check(value, name)
-        except (JsonRpcError, TypeError):  # (TypeError: an unhashable param)
+        except (JsonRpcError, TypeError, KeyError):  # (TypeError: an unhashable param)
             return None
-        return known  # type: ignore[return-value]
+        return known
 
     def _remember(
         self, key: tuple[str, int, str], found: tuple[MethodSpec, BlockRef | None]
