@@ -31,6 +31,22 @@ LIMIT_CODES = frozenset({-32005, -32007, -32029, 429})
 # ... and texts of their messages, whatever the code (lower case)
 LIMIT_TEXTS = ("rate limit", "too many requests", "request limit", "limit exceeded", "rate-limit")
 _MARKS = (b"-32005", b"-32007", b"-32029", b"429", b"limit", b"too many")  # (lower case)
+# ... but an answer refusing the request's size is no rate limit, whatever its code: the
+# node is well and any other would refuse the same request (our nodes' budgets, named by
+# their settings, and providers' "query returned more than N results")
+TOO_LARGE_TEXTS = (
+    "batch_answer_bytes",
+    "max_logs_per_response",
+    "max_blocks_per_query",
+    "max addresses or topics",
+    "too many slots",
+    "query returned more than",
+)
+_TOO_LARGE_MARKS = tuple(t.encode() for t in TOO_LARGE_TEXTS)
+# Answers above this size are peeked at near each `"error"` only (its code and message), not
+# lower-cased whole: a batch of big eth_getLogs answers is tens of MB.
+WHOLE_PEEK_BYTES = 64 * 1024
+ERROR_WINDOW = 4096
 
 
 def limited(raw: bytes) -> bool:
@@ -38,10 +54,7 @@ def limited(raw: bytes) -> bool:
     with one of LIMIT_CODES, or a message with one of LIMIT_TEXTS (not a revert's, whose
     text is the contract's). Peeks before it decodes: an answer without an error costs one
     `find`, an error without a mark a few more."""
-    if raw.find(b'"error"') < 0:
-        return False
-    low = raw.lower()  # (only an answer holding an error pays for the copy)
-    if not any(low.find(mark) >= 0 for mark in _MARKS):
+    if not _may_be_limited(raw):
         return False
     try:
         obj = orjson.loads(raw)
@@ -51,17 +64,45 @@ def limited(raw: bytes) -> bool:
     return any(isinstance(a, dict) and limited_error(a.get("error")) for a in answers)
 
 
+def _may_be_limited(raw: bytes) -> bool:
+    """Whether some error in `raw` holds a rate-limit mark and is not a size refusal (then
+    `raw` is decoded to be sure): small answers are peeked at whole, big ones at each error
+    (from its `"error"` key to the next, at most ERROR_WINDOW bytes)."""
+    at = raw.find(b'"error"')
+    if at < 0:
+        return False
+    if len(raw) <= WHOLE_PEEK_BYTES:  # (only an answer holding an error pays for the copy)
+        return _marked(raw.lower())
+    while at >= 0:
+        following = raw.find(b'"error"', at + 7)
+        end = at + ERROR_WINDOW if following < 0 else min(following, at + ERROR_WINDOW)
+        if _marked(raw[at:end].lower()):
+            return True
+        at = following
+    return False
+
+
+def _marked(low: bytes) -> bool:
+    """Whether errors (lower case) hold a rate-limit mark, unless each refuses a size."""
+    if not any(low.find(mark) >= 0 for mark in _MARKS):
+        return False
+    too_large = sum(low.count(mark) for mark in _TOO_LARGE_MARKS)
+    return too_large < low.count(b'"error"')
+
+
 def limited_error(err: Any) -> bool:
     """Whether one JSON-RPC error object is a rate limit."""
     if not isinstance(err, dict):
         return False
     code = err.get("code")
+    message = err.get("message")
+    text = message.lower() if isinstance(message, str) else ""
+    if any(t in text for t in TOO_LARGE_TEXTS):
+        return False
     if code in LIMIT_CODES and code is not True:
         return True
-    message = err.get("message")
-    if not isinstance(message, str) or code == 3:  # 3: a revert, its text the contract's
+    if not text or code == 3:  # 3: a revert, its text the contract's
         return False
-    text = message.lower()
     return "revert" not in text and any(t in text for t in LIMIT_TEXTS)
 
 

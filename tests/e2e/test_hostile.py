@@ -171,7 +171,9 @@ def test_a_batch_of_big_answers_is_bounded(stack: Stack, contract: str) -> None:
     """Six blocks with one 2 MB log each, then a batch of 32 eth_getLogs over all six (each
     answer 24 MB, 768 MB together): the batch stops once its answers pass the node's
     32 MiB batch budget and answers the rest -32005; RSS grows by at most 400 MB (the
-    unbounded: 1.5 GB) and the probe is answered within 2 s throughout."""
+    unbounded: 1.5 GB), the probe is answered within 2 s throughout, and the refusals,
+    though -32005, back no node off as a rate limit would (each retried elsewhere made
+    more 24 MB answers)."""
     blocks = emit(stack, contract, 1, 2 * 1024 * 1024, txs=6)
     flt = {"fromBlock": hex(min(blocks)), "toBlock": hex(max(blocks)), "address": contract}
     batch = [req("eth_getLogs", flt, rid=i) for i in range(32)]
@@ -185,7 +187,13 @@ def test_a_batch_of_big_answers_is_bounded(stack: Stack, contract: str) -> None:
     assert all(a["error"]["code"] == -32005 for a in refused)
     assert "batch_answer_bytes" in refused[0]["error"]["message"]
     assert probe.rss_peak - probe.rss_before <= 400 * 1024 * 1024, probe.rss_peak
+    grew = (probe.rss_peak - probe.rss_before) >> 20
+    print(f"probe slowest {probe.slowest:.2f} s, RSS +{grew} MB")
     assert probe.slowest < 2.0, probe.slowest
+    # the node's refusals of the batch's size are no rate limit: no node was backed off
+    with urllib.request.urlopen(stack.url("8663") + "/1337/getAllNodes", timeout=10) as resp:
+        nodes = json.loads(resp.read())["nodes"]
+    assert [n["key"] for n in nodes if n["upstream_budget"]["rate_limited"]] == [], nodes
 
 
 def test_a_600_kb_log_reaches_a_reading_subscriber(stack: Stack, contract: str) -> None:

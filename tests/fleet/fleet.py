@@ -160,6 +160,7 @@ class Fleet:
         path.write_text(
             f"""[proxy]
 head_poll_interval = 0.5
+poll_timeout = 2.0
 
 [[proxy.nodes]]
 chain = "{CHAIN}"

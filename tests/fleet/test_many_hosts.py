@@ -28,8 +28,9 @@ SPREAD = 5.0  # seconds an admin change may take to show on the other proxy
 SLOW = 1.0  # seconds: a read answered later than this counts as slow
 ATTEMPT_WINDOW = 6.0  # seconds a client request may take: two attempts of 3 s
 # seconds both proxies' health polls may take to eject a node whose host is gone: 3 polls
-# (unhealthy_after) of poll_timeout (10 s) each, and room for a loaded machine
-EJECT = 45.0
+# (unhealthy_after) of the fleet's poll_timeout (2 s, a LAN's) each, and room for a loaded
+# machine
+EJECT = 30.0
 ETCD_FAILOVER = 10.0  # seconds a proxy may refuse admin changes after an etcd member dies
 
 

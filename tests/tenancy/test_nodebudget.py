@@ -83,3 +83,36 @@ async def test_a_budget_takes_the_node_out_when_spent() -> None:
     assert budget.out and budget.to_obj()["budget_spent"] == 1
     budget.retune(0)
     assert budget.to_obj()["budget_per_s"] is None
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "the answers of this batch passed 33554432 bytes (batch_answer_bytes): this item was "
+        "not run; ask for it in another request",
+        "query exceeds max results 10000 (max_logs_per_response)",
+        "query exceeds max block range 10000: 20001 blocks [0x0, 0x4e20] (max_blocks_per_query)",
+        "query returned more than 10000 results",  # Infura's, also -32005
+    ],
+)
+def test_a_refusal_of_the_requests_size_is_no_rate_limit(message: str) -> None:
+    """-32005 is also what nodes answer a request too large for them: the node is well (no
+    backoff) and any other would refuse the same request (no retry)."""
+    raw = orjson.dumps(_error(-32005, message))
+    assert not limited(raw)
+    assert outcome.of_raw(raw) is outcome.ERROR
+    assert outcome.answered(raw) == "ok"
+
+
+def _big_batch(*errors: dict) -> bytes:
+    big = {"jsonrpc": "2.0", "id": 0, "result": [{"data": "0x" + "ab" * 200_000}]}
+    return orjson.dumps([big, *errors, big])
+
+
+def test_a_big_batch_answer_is_peeked_at_each_error() -> None:
+    refused = _error(-32005, "the answers of this batch passed 1 bytes (batch_answer_bytes)", 2)
+    assert not limited(_big_batch(*[refused] * 30))
+    assert limited(_big_batch(*[refused] * 30, _error(-32005, "limit exceeded", 3)))
+    assert limited(_big_batch(_error(-32000, "Too Many Requests", 3), *[refused] * 3))
+    revert = _error(3, "execution reverted: rate limit exceeded", 3)
+    assert not limited(_big_batch(revert))
