@@ -772,7 +772,12 @@ class _Connection(asyncio.Protocol):
         if keep_alive and self.closing and pending and slot is pending[-1]:
             keep_alive = False  # the last answer of a connection being shut down
             slot.close = True
-        slot.data = self._render(result, keep_alive, http10)
+        if keep_alive and not http10 and type(result) is bytes and 0 < len(result) < 2048:
+            # `_render`'s first case without its call: a proxy's single answer written from
+            # the node connection's callback, on the client's wait at c=1
+            slot.data = b"".join((_OK_JSON, self.server.date, _LENGTHS[len(result)], result))
+        else:
+            slot.data = self._render(result, keep_alive, http10)
         if pending and pending[0] is slot:
             self._write_ready()
 

@@ -142,7 +142,9 @@ class Attempts:
     def _lone_timeout(self, pool: Pool, group: Group) -> float | None:
         """The attempt timeout of a first attempt sent now whose node is the only eligible
         one, when another reader may take over once it passes (`Rescue`), else None."""
-        if len(group.cands) != 1 or len(group.items) != 1 or not self._lone(pool, group.node):
+        if len(group.cands) != 1 or len(group.items) != 1 or len(pool.readers) < 2:
+            return None  # (the last: `_lone`'s first test, before its call)
+        if not self._lone(pool, group.node):
             return None
         timers = self._timers(pool, group.lkey)
         return None if timers is None else timers[1]
@@ -195,12 +197,12 @@ class Attempts:
             self.sent_now(ctx, group, taken, started, then, body)
             return True
         items = [it.obj for it in group.items]
-        landed = self._landed(ctx, group, False, time.perf_counter(), then)
+        landed = _Landed(self, ctx, group, False, time.perf_counter(), then).landed
         early = ctx.answer_early
         if not self.upstream.send_now(url, None, self.ceiling, ctx, early, landed, items):
             return False
         node.inflight += 1  # (the attempt is under way: `_begin`, inline)
-        ctx.nodes.append(node.key)
+        ctx.nodes.append(node.entry.key)
         if ctx.tally is not None:
             ctx.tally.upstream += 1
         return True
@@ -229,9 +231,10 @@ class Attempts:
         another reader beside it is raced at its attempt timeout (`Rescue`)."""
         node = group.node
         url = node.entry.url
-        soft = None if body is None else self._lone_timeout(ctx.pool, group)
+        pool = ctx.pool  # (a pool of one reader has no rescue: `_lone_timeout` not called)
+        soft = None if body is None or len(pool.readers) < 2 else self._lone_timeout(pool, group)
         if soft is None:
-            landed = self._landed(ctx, group, len(group.cands) > 1, started, then)
+            landed = _Landed(self, ctx, group, len(group.cands) > 1, started, then).landed
             self.upstream.expect_now(taken, url, self.ceiling, ctx, ctx.answer_early, landed)
         else:
             rescue = Rescue(self, ctx, group, body, soft, started, then)  # type: ignore[arg-type]
@@ -240,37 +243,9 @@ class Attempts:
                 taken, url, self.ceiling, ctx, early, rescue.landed, soft, rescue.slow
             )
         node.inflight += 1  # (the attempt is under way: `_begin`, inline)
-        ctx.nodes.append(node.key)
+        ctx.nodes.append(node.entry.key)
         if ctx.tally is not None:
             ctx.tally.upstream += 1
-
-    def _landed(
-        self,
-        ctx: Any,
-        group: Group,
-        hedgeable: bool,
-        started: float,
-        then: Callable[[Node, Any, Any], Any],
-    ) -> Callable[[bytes | None, UpstreamError | None], None]:
-        """What a first attempt `send_now` made (at `started`) does with its outcome."""
-        node = group.node
-
-        def landed(raw: bytes | None, exc: UpstreamError | None) -> None:
-            node.inflight -= 1  # (`_end`, inline)
-            elapsed = time.perf_counter() - started
-            if exc is not None:
-                self._failed(ctx, node, exc, elapsed, None)
-            elif raw is not None:
-                self.answered(ctx, node, group.lkey, elapsed, outcome.answered(raw))
-            else:
-                ctx.nodes.pop()  # the idle connection was closed: no attempt was made
-                if ctx.tally is not None:
-                    ctx.tally.upstream -= 1
-            if hedgeable and (raw is not None or exc is not None):
-                self._earn(ctx.pool)  # an attempt made earns its share, as `_race`'s does
-            then(node, raw, exc)
-
-        return landed
 
     def _launcher(
         self, ctx: Any, group: Group, body: bytes
@@ -373,7 +348,9 @@ class Attempts:
     ) -> None:
         """The node answered (whatever the answer says, it works): its books, and the
         attempt counted as `label`."""
-        _in_rotation(node)
+        breaker = node.breaker  # (`_in_rotation`'s tests first: a healthy node needs no call)
+        if node.fails or not node.healthy or breaker.failures or breaker.state is not CLOSED:
+            _in_rotation(node)
         budget = node.budget
         if label == RATE_LIMITED:
             budget.rate_limited()
@@ -382,8 +359,11 @@ class Attempts:
         ms = elapsed * 1000
         latency.observe(node, ms, time.monotonic(), self.tau)
         node.observe_latency(ms)
-        self._window(ctx.pool, lkey).add(elapsed)
-        self.metrics.attempt(ctx.chain, node.key, label, elapsed)
+        window = ctx.pool.latency.get(lkey)  # (`_window`, inline)
+        if window is None:
+            window = self._window(ctx.pool, lkey)
+        window.add(elapsed)
+        self.metrics.attempt(ctx.chain, node.entry.key, label, elapsed)
         if span is not None:
             span.set_attribute("outcome", label)
 
@@ -517,7 +497,7 @@ class Rescue:
 
     def landed(self, raw: bytes | None, exc: UpstreamError | None) -> None:
         """The first attempt's outcome (or the second one's answer, handed to its exchange
-        when it won), booked as `Attempts._landed` books it."""
+        when it won), booked as `_Landed` books it."""
         attempts, ctx, node = self.attempts, self.ctx, self.group.node
         node.inflight -= 1
         elapsed = time.perf_counter() - self.started
@@ -559,6 +539,47 @@ class Rescue:
             self.then(found[0], found[1], None)  # type: ignore[index]
         else:
             self.then(self.group.node, *held)
+
+
+class _Landed:
+    """What a first attempt `send_now` or `sent_now` made (at `started`) does with its
+    outcome: the attempt's books, then `then(node, raw, error)`. One object and its bound
+    method cost about half of a closure over as many cells (one per first attempt)."""
+
+    __slots__ = ("attempts", "ctx", "group", "hedgeable", "node", "started", "then")
+
+    def __init__(
+        self,
+        attempts: Attempts,
+        ctx: Any,
+        group: Group,
+        hedgeable: bool,
+        started: float,
+        then: Callable[[Node, Any, Any], Any],
+    ) -> None:
+        self.attempts = attempts
+        self.ctx = ctx
+        self.group = group
+        self.node = group.node  # (the node it was sent to, whatever the group holds later)
+        self.hedgeable = hedgeable
+        self.started = started
+        self.then = then
+
+    def landed(self, raw: bytes | None, exc: UpstreamError | None) -> None:
+        attempts, ctx, node = self.attempts, self.ctx, self.node
+        node.inflight -= 1  # (`_end`, inline)
+        elapsed = time.perf_counter() - self.started
+        if exc is not None:
+            attempts._failed(ctx, node, exc, elapsed, None)
+        elif raw is not None:
+            attempts.answered(ctx, node, self.group.lkey, elapsed, outcome.answered(raw))
+        else:
+            ctx.nodes.pop()  # the idle connection was closed: no attempt was made
+            if ctx.tally is not None:
+                ctx.tally.upstream -= 1
+        if self.hedgeable and (raw is not None or exc is not None):
+            attempts._earn(ctx.pool)  # an attempt made earns its share, as `_race`'s does
+        self.then(node, raw, exc)
 
 
 def _in_rotation(node: Node) -> None:

@@ -100,7 +100,8 @@ class ByteBudget:
         if holder.reserved:
             self.used -= holder.reserved
             holder.reserved = 0
-            self._wake()
+            if self._waiting:  # (`_wake`'s own test first: nobody waits, no call)
+                self._wake()
             if not self.used and self._since_trim > TRIM_AFTER:
                 self._trim()
 

@@ -67,7 +67,7 @@ class Classifier:
                 if it.spec.mempool and not_held_raw(raw) and to_leader(ctx.pool, it):
                     it.retry_later(node, raw, outcome.NOT_HELD)
                     return [it], None
-                self.metrics.request(ctx.chain, it.method, node.key, result.name)
+                self.metrics.request(ctx.chain, it.method, node.entry.key, result.name)
                 return [], raw
             it.retry_later(node, raw, result)
             return [it], None

@@ -389,9 +389,17 @@ class HostPool:
         return None
 
     def give_back(self, conn: _Connection) -> None:
-        """The end of an exchange on a connection from `take`, answered or not."""
-        self._keep(conn)
-        self._release()
+        """The end of an exchange on a connection from `take`, answered or not (`_keep` and
+        `_release` inline: once per single request sent now)."""
+        idle = self._idle
+        if not conn.closed and conn._complete and conn.keep_alive and len(idle) < self._limit:
+            idle.append(conn)
+        else:
+            conn.close()
+        if self._waiters:
+            self._release()
+        else:
+            self._busy -= 1
 
     def _keep(self, conn: _Connection) -> None:
         if conn.reusable and len(self._idle) < self._limit:

@@ -164,10 +164,12 @@ def of_raw(raw: bytes) -> Outcome:
     """The outcome of a single answer's bytes, peeking before decoding anything: an answer
     without `-3900` in it is never retried, so it is not decoded.
 
-    (`find`, never `in`: bytes' `in` first tries its operand as an int and formats the
-    TypeError it clears, ~2k instructions per test, and this runs twice per answer.)"""
-    if raw.find(b"-3900") < 0:
-        if raw.find(b'"error"') < 0:
+    (`partition`, never `in`: bytes' `in` first tries its operand as an int and formats the
+    TypeError it clears, ~2k instructions per test, and this runs twice per answer; and not
+    `find`, whose arguments are parsed as a tuple: `partition`'s one argument costs a third
+    of that.)"""
+    if not raw.partition(b"-3900")[1]:
+        if not raw.partition(b'"error"')[1]:
             return OK
         return RATE_LIMITED if limited(raw) else ERROR
     try:
@@ -184,8 +186,8 @@ def answered(raw: bytes) -> str:
     """The label of an attempt the node answered (metrics and spans): `ok`, or the outcome
     of a single answer asking for a retry, or `retryable` for a batch answer with such an
     item (the engine classifies each item; this only names the attempt)."""
-    if raw.find(b"-3900") < 0:
-        return RATE_LIMITED.name if raw.find(b'"error"') >= 0 and limited(raw) else OK.name
+    if not raw.partition(b"-3900")[1]:  # (`partition`: see `of_raw`)
+        return RATE_LIMITED.name if raw.partition(b'"error"')[1] and limited(raw) else OK.name
     if raw.lstrip()[:1] == b"[":
         return RETRYABLE.name if any(raw.find(mark) >= 0 for mark in _RETRY_MARKS) else OK.name
     result = of_raw(raw)

@@ -203,7 +203,12 @@ class SentNow(_Exchange):
     __slots__ = ("conn", "pool", "slow")
 
     def __init__(self, pool: HostPool, conn: Any, url: str, limit: float, then: Landed) -> None:
-        super().__init__(url, limit, then)
+        # `_Exchange.__init__`'s stores without its call (one per single request sent now)
+        self.url = url
+        self.limit = limit
+        self.then = then
+        self.finished = False
+        self.lane: Any = None
         self.pool = pool
         self.conn = conn
         self.slow: Callable[[SentNow], Any] | None = None
@@ -213,8 +218,15 @@ class SentNow(_Exchange):
 
     def set_result(self, result: tuple[int, bytes]) -> None:
         self._end()
+        status, data = result
+        if status == 200:  # (`http_answer`'s first case and `_land`, without their calls)
+            try:
+                self.then(data, None)
+            except Exception:  # a callback: nobody above it would see the error
+                log.exception("finishing a request after its node's answer failed")
+            return
         try:
-            raw = http_answer(self.url, *result)
+            raw = http_answer(self.url, status, data)
         except UpstreamError as exc:
             self._land(None, exc)
         else:
@@ -248,7 +260,7 @@ class SentNow(_Exchange):
 
     def _end(self) -> None:
         self.finished = True
-        Deadlines.stop(self)
+        self.lane.pop(self, None)  # (`Deadlines.stop`, inline)
         self.pool.give_back(self.conn)
 
 
