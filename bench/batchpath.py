@@ -6,6 +6,8 @@ per body (start-up, the store's blocks and the warm-up cancel out):
 
     valgrind --tool=callgrind python -m bench.batchpath --path proxy --batch 10 -n 500
     (the same with -n 1000; "Collected" on stderr: instructions)
+    valgrind --tool=callgrind python -m bench.batchpath --path http --node URL \
+        --batch 100 --proxy 'cache_pools=[]' -n 100      (and -n 300)
 
 Paths (bodies of `--method` at random heights: eth_getBalance of the chain's accounts, or
 eth_getStorageAt of slots 0..16 of its storage contract, as `bench suite state`'s `balance*`
@@ -41,6 +43,7 @@ import orjson
 
 from bench.bodies import BlockRange, BodyPlan, fake_addresses
 from bench.nodereads import STORAGE_CONTRACT, bodies, proxy_in_front, synthetic_node
+from bench.suite import parse_toml_setting
 from chainstate.inproc import InprocRegistry
 
 FAKE_HEAD = 1_000_000  # `chainstate bench fake-node`'s head and state window (bench/suite.py)
@@ -98,7 +101,7 @@ async def over_http(args: argparse.Namespace) -> Any:
     if not args.node:
         raise SystemExit("--path http needs --node URL (chainstate bench fake-node)")
     nodes = [{"chain": "1337", "key": "bench-state", "url": args.node, "kind": "state"}]
-    settings = ProxySettings.from_config({"proxy": {"nodes": nodes}})
+    settings = ProxySettings.from_config({"proxy": {"nodes": nodes, **dict(args.proxy)}})
     app = create_app(settings, store=FileStore(None))
     runner = web.AppRunner(app)
     await runner.setup()
@@ -137,6 +140,15 @@ def main(argv: list[str] | None = None) -> int:
         "--settle", type=float, default=1.5, help="seconds for the proxy's head polls (proxy)"
     )
     p.add_argument("--node", help="the node's URL for --path http")
+    p.add_argument(
+        "--proxy",
+        action="append",
+        type=parse_toml_setting,
+        default=[],
+        metavar="NAME=VALUE",
+        help="a [proxy] setting for --path http, as `bench suite proxy --proxy` takes it "
+        "(e.g. 'cache_pools=[]': the response cache off; repeatable)",
+    )
     args = p.parse_args(argv)
     if args.batch < 1 or args.n < 0:
         p.error("--batch >= 1 and -n >= 0")

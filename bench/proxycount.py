@@ -31,7 +31,7 @@ from pathlib import Path
 import bench.suite as suite
 from bench.loadgen import LoadSettings, run_bench
 from bench.realprocs import VALGRIND_READY, callgrind_control, callgrind_totals, dump
-from bench.services import free_port, python_cmd, running, split_cpus
+from bench.services import free_port, running, split_cpus
 from bench.suitecli import parse_toml_setting
 
 
@@ -40,18 +40,7 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     proxy_cpus, load_cpus = split_cpus()
     plan = suite.balance_mix(args.batch)
     with running() as services:
-        fake_port, proxy_port = free_port(), free_port()
-        fake_url = f"http://127.0.0.1:{fake_port}"
-        services.start(
-            "fake-node",
-            python_cmd(
-                "-m", "bench", "fake-node", "--port", str(fake_port),
-                "--kind", "state", "--head", str(suite.FAKE_HEAD),
-                "--window", str(suite.FAKE_WINDOW), "--chain-id", str(suite.SUITE_CHAIN_ID),
-            ),
-            fake_url,
-            load_cpus,
-        )  # fmt: skip
+        fake_url, proxy_port = suite.start_fake_node(services, load_cpus), free_port()
         config = services.workdir / "proxy.toml"
         config.write_text(suite.proxy_config(fake_url, extra=suite.setting_lines(dict(args.proxy))))
         tool = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]

@@ -163,6 +163,23 @@ KEY_TARGET = "proxy-key"  # the same proxy, with an API key with two limits in t
 POLL_US = 250  # the busy polling window the latency option is measured with (µs)
 
 
+def start_fake_node(services: Services, cpus: list[int] | None) -> str:
+    """The suite's fake state node (FAKE_HEAD, FAKE_WINDOW, SUITE_CHAIN_ID); its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    services.start(
+        "fake-node",
+        python_cmd(
+            "-m", "bench", "fake-node", "--port", str(port),
+            "--kind", "state", "--head", str(FAKE_HEAD), "--window", str(FAKE_WINDOW),
+            "--chain-id", str(SUITE_CHAIN_ID),
+        ),
+        url,
+        cpus,
+    )  # fmt: skip
+    return url
+
+
 class ProxySuite:
     """The proxy in front of a fake node vs the fake node directly, and vs Go's reverse proxy
     on the same core (the compiled reference of what one core can do)."""
@@ -174,18 +191,7 @@ class ProxySuite:
 
     def start(self, services: Services, opts: SuiteOptions) -> dict[str, str]:
         proxy_cpus, load_cpus = split_cpus() if opts.pin else (None, None)
-        fake_port, proxy_port = free_port(), free_port()
-        fake_url = f"http://127.0.0.1:{fake_port}"
-        services.start(
-            "fake-node",
-            python_cmd(
-                "-m", "bench", "fake-node", "--port", str(fake_port),
-                "--kind", "state", "--head", str(FAKE_HEAD), "--window", str(FAKE_WINDOW),
-                "--chain-id", str(SUITE_CHAIN_ID),
-            ),
-            fake_url,
-            load_cpus,
-        )  # fmt: skip
+        fake_url, proxy_port = start_fake_node(services, load_cpus), free_port()
         config = services.workdir / "proxy.toml"
         config.write_text(proxy_config(fake_url, extra=setting_lines(opts.proxy)))
         proxy_url = f"http://127.0.0.1:{proxy_port}/{SUITE_CHAIN_ID}"

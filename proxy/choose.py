@@ -10,12 +10,15 @@ in-process answer), a retry (away from the nodes tried) and a hedge's second nod
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Iterable
+from itertools import compress, repeat
+from operator import is_, is_not
 from typing import Any
 
 from proxy.metrics import ProxyMetrics
 from proxy.model import Node, Pool
-from proxy.request import BATCH, Ctx, Group, Item, Row
+from proxy.request import BATCH, Ctx, Group, Item, Row, Rows, heights
 from proxy.routes import PoolRoutes, RouteCache
 from proxy.ryw import to_leader
 from proxy.select import NoEligibleNode, Reason, Selector
@@ -125,6 +128,19 @@ class Chooser:
         None when they do not all have the same eligible nodes, or none is eligible."""
         routes = self.routes.routes(pool)
         candidates = self.routes.candidates
+        numbers = rows.heights if type(rows) is Rows else heights(rows)
+        if numbers is not None and not (rows[0].spec.writer or rows[0].spec.trie):
+            # One method at plain heights: the candidates are those of a class of heights
+            # (proxy/routes.py), so one row per class is looked up, found with C loops (a
+            # row the read path pinned by hash, with no height here, is looked up alone).
+            places: Iterable[int] = range(len(numbers))
+            apart: list[int] = []
+            if None in numbers:
+                apart = list(compress(places, map(is_, numbers, repeat(None))))
+                places = compress(places, map(is_not, numbers, repeat(None)))
+                numbers = [n for n in numbers if n is not None]
+            classes = map(bisect_right, repeat(routes.points), numbers)
+            rows = [rows[i] for i in (*dict(zip(classes, places, strict=True)).values(), *apart)]
         seen: set[tuple[str, str | None]] = set()  # (method, block text) looked up already
         first: list[Node] | None = None
         for row in rows:

@@ -388,7 +388,7 @@ class FirstBatch:
                 return None
         except (KeyError, TypeError, IndexError):  # (not a dict, a key missing, unhashable)
             return None
-        known = self.methods.known_targets(CALL, 2, params)
+        known = self.methods.known_targets(CALL, 2, params, list(map(_LAST, params)))
         if known is None:
             known = []
             for one in params:

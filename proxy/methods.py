@@ -23,7 +23,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -371,7 +370,7 @@ class LocalMethod(Exception):
 
 
 _LAST = itemgetter(-1)
-MAX_TARGETS = 4096  # remembered (method, params, block text) targets; then cleared
+MAX_TARGETS = 4096  # remembered block texts per (method, number of params); then cleared
 
 
 class MethodTable:
@@ -387,7 +386,9 @@ class MethodTable:
         for name in extra_methods:
             self.specs.setdefault(name, EXTRA)
         self.local: frozenset[str] = frozenset()  # LocalMethod names (Engine.divert)
-        self._known: dict[tuple[str, int, str], tuple[MethodSpec, BlockRef]] = {}
+        # (method, number of params) → block text → target: a batch looks its texts up in
+        # one dict, with no key made per item
+        self._known: dict[tuple[str, int], dict[str, tuple[MethodSpec, BlockRef]]] = {}
 
     def spec(self, method: str) -> MethodSpec:
         spec = self.specs.get(method)
@@ -398,9 +399,10 @@ class MethodTable:
     def target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None]:
         """The spec of `method` and the block its params target (None: no block named)."""
         if type(params) is list and params and type(params[-1]) is str and None not in params:
-            key = (method, len(params), params[-1])
-            known = self._known.get(key)
+            by_text = self._known.get((method, len(params)))
+            known = None if by_text is None else by_text.get(params[-1])
             if known is None:
+                key = (method, len(params), params[-1])
                 return self._remember(key, self._target(method, params))
             spec = known[0]
             for index, check in spec.checks:  # (the block param's text passed already)
@@ -410,19 +412,20 @@ class MethodTable:
         return self._target(method, params)
 
     def known_targets(
-        self, method: str, size: int, params: list[list[Any]]
+        self, method: str, size: int, params: list[list[Any]], texts: list[Any]
     ) -> list[tuple[MethodSpec, BlockRef]] | None:
         """`target(method, p)` for every `p` of `params` (lists of `size` params, none of
-        them null), each found by its block text among the targets remembered, with C loops
-        over the items (a batch of one method: no Python step per item for the common
-        check, an address seen before); None when one is not remembered or a check fails
-        (then `target` per item finds the same targets, or the error)."""
+        them null; `texts`: each one's last param), each found by its block text among the
+        targets remembered, with C loops over the items (a batch of one method: no Python
+        step per item for the common check, an address seen before); None when one is not
+        remembered or a check fails (then `target` per item finds the same targets, or the
+        error)."""
+        by_text = self._known.get((method, size))
+        if by_text is None:
+            return None
         try:
-            keys = zip(repeat(method), repeat(size), map(_LAST, params))
-            known = list(map(self._known.get, keys))
-            if None in known:
-                return None
-            spec = known[0][0]  # type: ignore[index]
+            known = list(map(by_text.__getitem__, texts))  # (one not remembered: KeyError)
+            spec = known[0][0]
             for index, check in spec.checks:
                 if index == spec.block_at:
                     continue  # (the block param's text passed already)
@@ -434,9 +437,9 @@ class MethodTable:
                     name = spec.params[index]
                     for value in map(itemgetter(index), params):
                         check(value, name)
-        except (JsonRpcError, TypeError):  # (TypeError: an unhashable param)
+        except (JsonRpcError, TypeError, KeyError):  # (TypeError: an unhashable param)
             return None
-        return known  # type: ignore[return-value]
+        return known
 
     def _remember(
         self, key: tuple[str, int, str], found: tuple[MethodSpec, BlockRef | None]
@@ -444,10 +447,13 @@ class MethodTable:
         """`found` (a valid target of `key`'s params) kept when its block is the last param."""
         spec, ref = found
         if ref is not None and spec.block_at == key[1] - 1:
-            known = self._known
-            if len(known) >= MAX_TARGETS:
-                known.clear()
-            known[key] = found  # type: ignore[assignment]
+            method, size, text = key
+            by_text = self._known.get((method, size))
+            if by_text is None:
+                by_text = self._known[(method, size)] = {}
+            elif len(by_text) >= MAX_TARGETS:
+                by_text.clear()
+            by_text[text] = found  # type: ignore[assignment]
         return found
 
     def _target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 import re
 from itertools import repeat
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 import orjson
@@ -28,7 +28,7 @@ from chainstate.jsonrpc import (
 )
 from proxy.methods import MethodTable
 from proxy.metrics import ProxyMetrics
-from proxy.request import Ctx, Item, Row, make_row
+from proxy.request import Ctx, Item, Row, Rows, make_row
 
 NO_NODE_KEY = "-"  # node label of items no node answered
 UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
@@ -40,7 +40,8 @@ _METHOD, _JSONRPC, _ID, _PARAMS = (
     itemgetter("id"),
     itemgetter("params"),
 )
-_SPEC, _REF, _LAST = itemgetter(0), itemgetter(1), itemgetter(-1)
+_REF, _LAST = itemgetter(1), itemgetter(-1)
+_NUMBER, _CONTAINS = attrgetter("number"), attrgetter("contains")
 _RID, _NOTIF = itemgetter(2), itemgetter(6)  # a Row's fields (proxy/request.py)
 _ID_TYPES = frozenset((int, str))  # (a float id is read from the body: item by item)
 _HAS_NONE = operator.contains
@@ -127,7 +128,7 @@ class Parser:
             notified = notified or notif
         return rows, rids is None, notified
 
-    def uniform_rows(self, payload: list[Any]) -> list[Row] | None:
+    def uniform_rows(self, payload: list[Any]) -> Rows | None:
         """`rows`' rows made with C loops over the items (no Python step per item), for the
         common batch: request objects of one method, each with `"jsonrpc": "2.0"`, an int or
         string id and a list of as many params, none null, whose block text (the last
@@ -148,25 +149,22 @@ class Parser:
                 return None
             if len(sizes) != 1 or any(map(_HAS_NONE, params, repeat(None))):
                 return None
-            texts = list(map(_LAST, params))
-            if set(map(type, texts)) != {str}:
-                return None
+            texts = list(map(_LAST, params))  # (only texts are remembered: no type check)
         except (TypeError, KeyError, IndexError):  # (not a dict, a key missing, no params)
             return None
-        known = self.methods.known_targets(method, sizes.pop(), params)
+        known = self.methods.known_targets(method, sizes.pop(), params, texts)
         if known is None:
             return None
-        fields = zip(
-            range(n),
-            payload,
-            rids,
-            repeat(method),
-            map(_SPEC, known),
-            map(_REF, known),
-            repeat(False),
-            texts,
-        )
-        return list(map(make_row, fields))
+        refs = list(map(_REF, known))
+        return Rows(payload, rids, method, known[0][0], refs, texts, _heights(refs))
+
+
+def _heights(refs: list[Any]) -> list[int | None] | None:
+    """Each ref's height, None where it names a tag or a hash; None when one names
+    `Contains` (a height answered at the node's head)."""
+    if True in map(_CONTAINS, refs):
+        return None
+    return list(map(_NUMBER, refs))
 
 
 def least(text: str, ctx: Ctx) -> JsonRpcError | None:
@@ -192,6 +190,8 @@ def exact_id(payload: Any, body: bytes, rid: Any) -> Any:
 def unique_ids(rows: list[Row]) -> bool:
     """Whether the answers of `rows` can be told apart by their ids: every id a string or
     an integer, no two the same (notifications have none and get no answer)."""
+    if type(rows) is Rows:  # (int or string ids, no notification: checked as parsed)
+        return len(set(rows.rids)) == len(rows)
     if True in map(_NOTIF, rows):
         ids = [row.rid for row in rows if not row.notif]
     else:  # (C loops: no Python step per row)

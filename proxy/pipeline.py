@@ -35,7 +35,7 @@ from proxy.mirror import Mirrors
 from proxy.parse import MIN_BLOCK, NO_NODE_KEY, Parser, dumps_error, least, unique_ids
 from proxy.readpath import ReadPath
 from proxy.reads import MAX_KEYED_BYTES
-from proxy.request import Admitted, Answer, Ctx, Item, Row, items_of, make_row
+from proxy.request import Admitted, Answer, Ctx, Item, Row, Rows, items_of, make_row
 from proxy.rounds import Rounds
 from proxy.upstream import Upstream
 
@@ -239,7 +239,7 @@ class Pipeline:
             if planned:
                 plain = _pinned_rows(plain, planned)
                 if whole and len(plain) == len(payload):  # every item sent, in order
-                    sent = _dumps_or_none([row.obj for row in plain])
+                    sent = _dumps_or_none(_objs(plain))
             try:
                 out = await self.rounds.plain(ctx, plain, sent, answers, planned)
             finally:
@@ -296,9 +296,17 @@ def _lean(planned: list[Item], key: Any) -> bool:
     return key is None and not any(it.plan.avoid for it in planned)  # type: ignore[union-attr]
 
 
+def _objs(rows: list[Row]) -> list[Any]:
+    """The request objects of `rows`, in their order."""
+    return rows.objs if type(rows) is Rows else [row.obj for row in rows]
+
+
 def _pinned_rows(rows: list[Row], planned: list[Item]) -> list[Row]:
     """`rows` and the `planned` items as rows (their objects pinned), in the client's
     order."""
+    source = rows.source if type(rows) is Rows else None
+    if source is not None and len(rows) + len(planned) == len(source):
+        return source.pinned(planned)  # (the parser's columns, the pinned items in place)
     both = [*rows, *map(make_row, map(_FIELDS, planned))]
     both.sort(key=_POS)
     return both

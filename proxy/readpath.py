@@ -12,6 +12,8 @@ determines is kept for next time (`keep`).
 from __future__ import annotations
 
 from collections import Counter
+from itertools import compress, count
+from operator import attrgetter, not_
 from typing import Any
 
 import orjson
@@ -22,7 +24,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.model import Node
 from proxy.parse import NO_NODE_KEY
 from proxy.reads import Plan, Reads
-from proxy.request import Ctx, Group, Item, Row
+from proxy.request import Ctx, Group, Item, Row, Rows, heights
 from proxy.rounds import Rounds
 
 COALESCED = "coalesced"  # node label of items that shared an identical read's answer
@@ -124,11 +126,22 @@ class ReadPath:
         read in flight; whether any item changed or left, so the client's bytes can no
         longer go as they are)."""
         heads = self.heads(ctx)
+        numbers = heights(rows)
+        if numbers is not None:  # one method at plain heights: decided for all rows at once
+            first = rows[0]
+            known = self.reads.planned_at(heads, first.method, first.spec, numbers)
+            if known is None:
+                return rows, [], [], False
+            if type(rows) is Rows:  # (its columns: no row made for those left alone)
+                plain, rows = rows.without(known), [rows[i] for i in compress(count(), known)]
+            else:
+                plain = list(compress(rows, map(not_, known)))
+                rows = list(compress(rows, known))  # (planned one by one below)
         plan_of = self.reads.plan
-        plain: list[Row] = []
         send: list[Item] = []
         waiting: list[Item] = []
         changed = False
+        left: list[Row] = []  # rows the loop leaves as they are
         ready: dict[tuple[str, str], int] = {}  # (method, source) → items answered at once
         # (method, block text) pairs the read path leaves as they are: that depends on
         # nothing else within a request (the same method and block, the same heads), so
@@ -136,12 +149,12 @@ class ReadPath:
         untouched: set[tuple[str, str | None]] = set()
         for row in rows:
             if row.notif:
-                plain.append(row)
+                left.append(row)
                 continue
             block = row.block
             pair = (row.method, block) if block is not None or row.ref is None else None
             if pair is not None and pair in untouched:
-                plain.append(row)
+                left.append(row)
                 continue
             try:
                 plan = plan_of(heads, row.method, row.spec, row.ref, row.obj)
@@ -153,7 +166,7 @@ class ReadPath:
             if plan is None:
                 if pair is not None:
                     untouched.add(pair)
-                plain.append(row)
+                left.append(row)
                 continue
             if type(plan) is not Plan:  # a ready result
                 answers[row.pos] = {"jsonrpc": "2.0", "id": row.rid, "result": plan}
@@ -170,6 +183,10 @@ class ReadPath:
                 changed = True
             else:
                 send.append(it)
+        if numbers is None:
+            plain = left
+        elif left:  # (rare: a height whose hash is known, left as it is)
+            plain = sorted([*plain, *left], key=_POS)
         for (method, source), n in ready.items():
             self.metrics.request(ctx.chain, method, source, "ok", n)
         return plain, send, waiting, changed
@@ -229,6 +246,9 @@ class ReadPath:
         none asked by height after all (`items`: those planned)."""
         if key is not None and len(rows) == size and ctx.heads.mixed is False and _exact(items):
             ctx.keep = _kept_as_a_whole([row.method for row in rows], out)
+
+
+_POS = attrgetter("pos")
 
 
 def _source(ready: Any) -> str:

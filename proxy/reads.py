@@ -155,6 +155,28 @@ class Reads:
             heads.mixed = True  # the batch cannot be cached as a whole
         return found
 
+    def planned_at(
+        self, heads: RequestHeads, method: str, spec: MethodSpec, numbers: list[int]
+    ) -> list[bool] | None:
+        """For items of one method at plain heights (`numbers`), which ones `plan` may plan:
+        those whose block hash the proxy knows. None when `plan` leaves every one as it is
+        (then each would make `heads.mixed` True, which is done here)."""
+        hashes = None if heads.view is None else heads.view.hashes
+        if (
+            hashes is None
+            or spec.writer
+            or spec.block == "logs"
+            or method not in self.methods
+            or hashes.keys().isdisjoint(numbers)
+        ):
+            if heads.mixed is False:
+                heads.mixed = True
+            return None
+        known = list(map(hashes.__contains__, numbers))
+        if heads.mixed is False and False in known:
+            heads.mixed = True
+        return known
+
     def _plan(
         self,
         heads: RequestHeads,

@@ -8,8 +8,10 @@ takes these types, so a single request and a batch item go the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
+from itertools import compress, repeat
+from operator import attrgetter, not_
 from typing import Any, NamedTuple
 
 from chainstate.blockref import BlockRef
@@ -117,6 +119,111 @@ def maker(cls: type) -> Callable[[tuple[Any, ...]], Any]:
 make_row = maker(Row)
 
 
+class Rows:
+    """A batch's rows as the parser makes them for the common batch (proxy/parse.py
+    `uniform_rows`: request objects of one method with int or string ids, none a
+    notification), kept as columns: a `Row` is made only when a step reads one (indexed or
+    iterated). The steps of a batch whose items all go to one node read the columns alone
+    (the ids, the objects, the heights), so such a batch makes no object per item beyond
+    the parsed JSON: making and freeing 100 rows cost about as much as parsing them.
+
+    `heights`: each row's block height where it names a plain height (None where it names
+    a tag or a hash), or None for the whole batch when a row names `Contains`. `positions`:
+    the rows' places in the batch (None: 0..n-1). `source`: the rows these were taken
+    from (`without`), to put back together with the items the read path pinned."""
+
+    __slots__ = (
+        "heights",
+        "method",
+        "objs",
+        "positions",
+        "refs",
+        "rids",
+        "source",
+        "spec",
+        "texts",
+    )
+
+    def __init__(
+        self,
+        objs: list[Any],
+        rids: list[Any],
+        method: str,
+        spec: MethodSpec,
+        refs: list[BlockRef | None],
+        texts: list[Any],
+        heights: list[int | None] | None,
+        positions: list[int] | None = None,
+        source: Rows | None = None,
+    ) -> None:
+        self.objs = objs
+        self.rids = rids
+        self.method = method
+        self.spec = spec
+        self.refs = refs
+        self.texts = texts
+        self.heights = heights
+        self.positions = positions
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.objs)
+
+    def __getitem__(self, i: int) -> Row:
+        if i < 0:
+            i += len(self.objs)
+        pos = i if self.positions is None else self.positions[i]
+        fields = (pos, self.objs[i], self.rids[i], self.method, self.spec, self.refs[i])
+        return make_row((*fields, False, self.texts[i]))
+
+    def __iter__(self) -> Iterator[Row]:
+        n = len(self.objs)
+        return map(
+            make_row,
+            zip(
+                range(n) if self.positions is None else self.positions,
+                self.objs,
+                self.rids,
+                repeat(self.method, n),
+                repeat(self.spec, n),
+                self.refs,
+                repeat(False, n),
+                self.texts,
+                strict=True,
+            ),
+        )
+
+    def without(self, drop: list[bool]) -> Rows:
+        """These rows but those at the places `drop` marks (C loops over the columns)."""
+        keep = list(map(not_, drop))
+        positions = range(len(self.objs)) if self.positions is None else self.positions
+        heights = self.heights
+        return Rows(
+            list(compress(self.objs, keep)),
+            list(compress(self.rids, keep)),
+            self.method,
+            self.spec,
+            list(compress(self.refs, keep)),
+            list(compress(self.texts, keep)),
+            None if heights is None else list(compress(heights, keep)),
+            list(compress(positions, keep)),
+            self,
+        )
+
+    def pinned(self, items: list[Item]) -> Rows:
+        """These rows (all of a batch's) with the `items` the read path pinned in their
+        places: their objects and blocks as pinned (a height named by hash: no height)."""
+        objs, refs, texts = list(self.objs), list(self.refs), list(self.texts)
+        heights = None if self.heights is None else list(self.heights)
+        for it in items:
+            pos = it.pos
+            objs[pos], refs[pos], texts[pos] = it.obj, it.ref, it.block
+            if heights is not None:
+                ref = it.ref
+                heights[pos] = None if ref is None or ref.contains else ref.number
+        return Rows(objs, self.rids, self.method, self.spec, refs, texts, heights)
+
+
 class Item:
     """One request object (of a batch, or the single one) and its retry bookkeeping."""
 
@@ -189,6 +296,30 @@ class Item:
             return None  # a block named by an object: no text to share its route by
         plan = self.plan
         return self.method, block, plan is not None and bool(plan.avoid)
+
+
+_HEIGHT, _CONTAINS = attrgetter("ref.number"), attrgetter("ref.contains")
+_METHOD, _NOTIF = attrgetter("method"), attrgetter("notif")
+
+
+def heights(rows: list[Row]) -> list[int] | None:
+    """Every row's block height, when the rows are request objects (no notification) of one
+    method that each name a plain height (not a tag, a hash or `Contains`); else None.
+    Made with C loops: a batch's steps then decide per batch, or per class of heights,
+    what they would decide per row."""
+    if type(rows) is Rows:
+        found = rows.heights
+        return None if found is None or None in found else found  # type: ignore[return-value]
+    try:
+        numbers = list(map(_HEIGHT, rows))
+    except AttributeError:  # a row that names no block
+        return None
+    if not numbers or None in numbers or True in map(_CONTAINS, rows) or True in map(_NOTIF, rows):
+        return None
+    methods = list(map(_METHOD, rows))
+    if methods.count(methods[0]) != len(methods):
+        return None
+    return numbers
 
 
 def items_of(rows: list[Row], tried: list[Node] | None = None) -> list[Item]:

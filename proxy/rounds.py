@@ -31,7 +31,7 @@ from proxy.classify import Classifier, in_order, loads, place
 from proxy.model import Node
 from proxy.outcome import UpstreamError
 from proxy.parse import NO_NODE_KEY
-from proxy.request import BATCH, Ctx, Group, Item, Row, items_of
+from proxy.request import BATCH, Ctx, Group, Item, Row, Rows, items_of
 
 
 def _usable_single(raw: bytes) -> bool:
@@ -184,7 +184,7 @@ class Rounds:
         data = body
         if data is None:
             try:
-                data = orjson.dumps([row.obj for row in rows])
+                data = orjson.dumps(rows.objs if type(rows) is Rows else [row.obj for row in rows])
             except TypeError:  # rows too deep to write again: -32602 (proxy/nesting.py)
                 deep = set(nesting.deep([row.obj for row in rows]))
                 for i in deep:
@@ -225,8 +225,10 @@ class Rounds:
         """`plain` once `node` answered `raw`: the node's bytes when they are the answer
         as they are and `whole` (they answer the client's body), else None with the answers
         placed, the rounds gone on for what is left."""
-        rids = list(map(_RID, rows))
-        methods = list(map(_METHOD, rows))
+        if type(rows) is Rows:  # (its ids kept as parsed, one method)
+            rids, methods = rows.rids, [rows[0].method] * len(rows)
+        else:
+            rids, methods = list(map(_RID, rows)), list(map(_METHOD, rows))
         parsed = loads(raw)
         classifier = self.classifier
         if in_order(rids, methods, parsed, raw):

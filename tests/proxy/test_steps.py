@@ -28,9 +28,10 @@ from proxy.metrics import ProxyMetrics
 from proxy.model import Node, NodeEntry, Pool
 from proxy.outcome import TimedOut, TooLarge
 from proxy.parse import Parser, least, unique_ids
+from proxy.pipeline import _pinned_rows
 from proxy.readpath import ReadPath
 from proxy.reads import Plan, Reads, ReadSettings
-from proxy.request import Ctx, Group, Item
+from proxy.request import Ctx, Group, Item, Rows
 from proxy.rounds import Rounds
 from proxy.routes import RouteCache
 from proxy.ryw import ReadYourWrites
@@ -99,7 +100,7 @@ def test_a_batch_becomes_rows_the_same_with_c_loops_or_item_by_item() -> None:
     answers: list[Any] = [None] * 6
     slow, exact, notified = parser.rows(ctx, [*batch, {"bad": 1}][:6], answers, b"")
     fast = parser.uniform_rows(batch)  # (the texts are remembered now)
-    assert fast == slow and exact and not notified
+    assert list(fast) == slow and exact and not notified
     assert [row.block for row in fast] == [hex(900 + i % 3) for i in range(6)]
     mixed = [*batch[:2], {"id": 9}, req("eth_nope", [], 10)]
     answers = [None] * 4
@@ -167,6 +168,46 @@ def test_the_read_path_pins_latest_once_per_request_and_asks_once_per_block_text
     assert pinned == [{"blockHash": block_hash(HEAD)}] * 2  # one `latest` for the request
     assert all(type(it.plan) is Plan for it in planned)
     assert answers[4]["result"] == hex(HEAD)  # the pinned head itself
+
+
+def test_a_batch_at_plain_heights_is_planned_as_a_whole_as_it_is_row_by_row() -> None:
+    """The common batch's rows kept as columns (`Rows`) get the same plan and the same node
+    as the same rows in a list (each asked row by row): the heights whose hash the read
+    path knows are pinned, the rest left as they are, in the client's order."""
+    pool = pool_of(node("s"))
+    reads = reads_over(pool, 4)  # hashes known from HEAD - 4 up
+    metrics = ProxyMetrics()
+    parser = Parser(TABLE, metrics)
+    readpath = ReadPath(reads, None, Face(selector(), reads), metrics)  # type: ignore[arg-type]
+    chooser = Chooser(selector(), RouteCache(selector()), metrics)
+    heights = [HEAD - 9, HEAD - 2, HEAD - 8, HEAD - 9, HEAD, HEAD - 7]
+    batch = [req("eth_getBalance", [ADDR, hex(h)], i) for i, h in enumerate(heights)]
+    parser.rows(Ctx("1", pool), batch, [None] * 6, b"")  # (the texts remembered)
+    rows, exact, _ = parser.rows(Ctx("1", pool), batch, [None] * 6, b"")
+    assert type(rows) is Rows and exact and len(rows) == 6 and rows[-1].pos == 5
+    outcomes = []
+    for given in (rows, list(rows)):
+        ctx = Ctx("1", pool)
+        plain, planned, waiting, changed = readpath.plan_rows(ctx, given, [None] * 6)
+        reads.coalescer.flights.clear()  # type: ignore[union-attr]
+        assert changed and not waiting and ctx.heads.mixed is None
+        both = _pinned_rows(plain, planned)
+        found = chooser.one_node(pool, both)
+        assert found is not None
+        outcomes.append(
+            (
+                [row.pos for row in plain],
+                [(it.pos, it.obj) for it in planned],
+                [row.obj for row in both],
+                found[1],
+            )
+        )
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0] == [0, 2, 3, 5]  # (no hash known at those heights)
+    assert [obj["params"][1] for _, obj in outcomes[0][1]] == [
+        {"blockHash": block_hash(HEAD - 2)},
+        {"blockHash": block_hash(HEAD)},
+    ]
 
 
 # ---- step 3: choose --------------------------------------------------------------------------
