@@ -165,6 +165,11 @@ def running(keep_dir: str | None = None) -> Iterator[Services]:
         os.kill(os.getpid(), signal.SIGINT)
 
     previous = signal.signal(signal.SIGTERM, on_term)
+    # A suite started in the background by a script inherits SIGINT ignored: SIGTERM (made
+    # SIGINT above) and SIGINT must still stop it, so SIGINT is Python's own while it runs.
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     tmp = None if keep_dir else tempfile.TemporaryDirectory(prefix="chainstate-bench-")
     workdir = Path(keep_dir or tmp.name)  # type: ignore[union-attr]
     workdir.mkdir(parents=True, exist_ok=True)
@@ -174,6 +179,8 @@ def running(keep_dir: str | None = None) -> Iterator[Services]:
     finally:
         services.stop_all()
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if tmp is not None:
             tmp.cleanup()
 

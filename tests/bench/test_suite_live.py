@@ -110,9 +110,16 @@ def _post(url: str, body: bytes) -> Any:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_suite_stops_its_services(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGINT or SIGTERM stop the suite and every service it started, also when it was
+    started as a script's background job is (SIGINT ignored, inherited)."""
     cmd = [sys.executable, "-m", "bench.suitecli", "proxy", "-d", "30", "--warmup", "0"]
     cmd += ["-c", "2", "--no-reference", "--keep-dir", str(tmp_path)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     children: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 30
