@@ -202,17 +202,26 @@ class Executor:
         if len(groups) >= share or room <= 0 or not self._pending:
             return groups
         others = [w.warm for w in self.pool.workers() if w is not worker]
+        mine = worker.warm
+        warm_keys = self._warm_keys
         for key in list(itertools.islice(self._pending, AFFINITY_SCAN)):
-            wanted = self._warm_keys[key]
-            if wanted in worker.warm or not any(wanted in o for o in others):
-                if len(self._pending[key]) > room:
-                    break
-                more = self._take(worker, key)
-                if more:
-                    groups.append(more)
-                    room -= len(more)
-                    if len(groups) >= share or room <= 0:
+            wanted = warm_keys[key]
+            if wanted not in mine:
+                claimed = False
+                for warm in others:  # (a loop, not any(): no generator per block)
+                    if wanted in warm:
+                        claimed = True
                         break
+                if claimed:
+                    continue
+            if len(self._pending[key]) > room:
+                break
+            more = self._take(worker, key)
+            if more:
+                groups.append(more)
+                room -= len(more)
+                if len(groups) >= share or room <= 0:
+                    break
         return groups
 
     async def _drain(self) -> None:

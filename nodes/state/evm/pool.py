@@ -27,11 +27,11 @@ import time
 from collections import OrderedDict
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from chainstate.jsonrpc import EVM_FAILED, SERVER_BUSY, TIME_LIMIT, JsonRpcError
 from nodes.state.evm.settings import EvmSettings
+from nodes.state.evm.wire import HELD_ENVS, HeldEnvs, pack
 from nodes.state.evm.worker import (
     READY,
     Limits,
@@ -78,7 +78,7 @@ class _Pipe(asyncio.Protocol):
         if self.closed or self.transport is None or self.transport.is_closing():
             future.set_exception(EOFError("the worker's pipe is closed"))
             return future
-        parts = _frame(ForkingPickler.dumps(obj))
+        parts = _frame(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))  # (no fds to reduce)
         for blob in blobs:
             parts += _frame(blob)
         self.waiter = future
@@ -126,11 +126,12 @@ class _Pipe(asyncio.Protocol):
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, ctx: Any, limits: Limits, warm_blocks: int) -> None:
+    def __init__(self, ctx: Any, limits: Limits, warm_blocks: int, coalesce_max: int = 0) -> None:
         # The parent's view of the worker's warm EVMs (same keys, same LRU rule); it only
         # steers work to a worker that has the block warm, so a stale entry costs time only.
         self.warm: OrderedDict[WarmKey, None] = OrderedDict()
         self.warm_blocks = max(1, warm_blocks)
+        self.envs = HeldEnvs(max(HELD_ENVS, 2 * coalesce_max))  # the block envs it holds
         parent, child = ctx.Pipe(duplex=True)
         self.conn: Connection = parent  # until `attach`: the start-up handshake
         self.pipe = _Pipe()
@@ -157,23 +158,27 @@ class _Worker:
 
     def note(self, job: dict[str, Any]) -> None:
         """Record that `job` is about to run here (mirrors Runner.evm_for's LRU)."""
-        if job["kind"] == "groups":
-            for one in job["jobs"]:
-                self.note(one)
-            return
-        key = warm_key(job)
-        if key is None:
-            return
-        self.warm[key] = None
-        self.warm.move_to_end(key)
-        while len(self.warm) > self.warm_blocks:
-            self.warm.popitem(last=False)
+        warm = self.warm
+        for one in job["jobs"] if job["kind"] == "groups" else (job,):
+            key = warm_key(one)
+            if key is None:
+                continue
+            if key in warm:
+                warm.move_to_end(key)
+            else:
+                warm[key] = None
+        while len(warm) > self.warm_blocks:
+            warm.popitem(last=False)
 
     def send(self, job: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
         """Send a job; the future of its answer (EOFError when the worker dies first). The
         hex of long calldata follows the job as raw messages (`worker.detached`)."""
         job, blobs = detached(job)
-        return self.pipe.send(job, blobs)
+        try:
+            return self.pipe.send(pack(job, self.envs), blobs)
+        except BaseException:
+            self.envs.held.clear()  # (not sent: the worker is told every env again)
+            raise
 
     def running(self) -> tuple[int, float]:
         """(position in its job of the call the worker is running, -1 when it runs no call
@@ -254,7 +259,11 @@ class WorkerPool:
     async def _spawn(self) -> _Worker:
         """A new worker, started (in a thread: it waits for the process) and attached."""
         worker = await asyncio.to_thread(
-            _Worker, self._ctx, self._limits, self.settings.warm_blocks
+            _Worker,
+            self._ctx,
+            self._limits,
+            self.settings.warm_blocks,
+            self.settings.coalesce_max,
         )
         try:
             await worker.attach()

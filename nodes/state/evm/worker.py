@@ -20,6 +20,7 @@ import hashlib
 import http.client
 import io
 import os
+import pickle
 import re
 import sys
 import time
@@ -46,6 +47,7 @@ from chainstate.jsonrpc import (
 from nodes.state.evm.basefee import SUSPECT, UNSURE, BasefeeCheck
 from nodes.state.evm.codec import effective_price
 from nodes.state.evm.revert import PANIC_REASONS, error_string, panic_code
+from nodes.state.evm.wire import WorkerEnvs, unpack
 from nodes.state.store import F_BALANCE, F_CODE, F_NONCE, F_STORAGE, StateStore
 
 # Accounts preloaded into a new EVM: one feed request reads them all at once, which on the
@@ -562,6 +564,7 @@ class Runner:
         # The block env each warm EVM runs with (the EVM, the job's block dict): a job at
         # the same block with the same env (no blockOverrides) does not build it again.
         self._envs: dict[WarmKey, tuple[EVM, dict[str, Any]]] = {}
+        self._env_values_of: dict[int, tuple[dict[str, Any], tuple[Any, ...]]] = {}
 
     def evm_for(self, job: dict[str, Any], key: Any = ...) -> EVM:
         """A warm EVM for the job's block, or a fresh one when the job must not share.
@@ -590,8 +593,12 @@ class Runner:
         if calls:
             self._preload(evm, job, calls, given)
             given.update(learn_key(c) for c in calls)
-        self._warm[key] = evm
-        self._warm.move_to_end(key)
+        warm = self._warm
+        if warm.get(key) is evm:
+            warm.move_to_end(key)
+        else:
+            warm[key] = evm
+            warm.move_to_end(key)
         self._uses[key] = used
         while len(self._warm) > self.warm_blocks:
             old, _ = self._warm.popitem(last=False)
@@ -608,12 +615,25 @@ class Runner:
             key = warm_key(job)
         if key is not None:
             known = self._envs.get(key)
-            if known is not None and known[0] is evm and known[1] == block:
+            # (the node sends a block's env once: the same dict for every job at it)
+            if known is not None and known[0] is evm and (known[1] is block or known[1] == block):
                 return
             if len(self._envs) >= 2 * self.warm_blocks:
                 self._envs.clear()
             self._envs[key] = (evm, block)
         evm.set_block_env(_block_env(block))
+
+    def _env_values(self, block: dict[str, Any]) -> tuple[Any, ...]:
+        """A block env's values (`verdict_key`), made once per env dict: the worker keeps
+        one dict per block env it was sent (`wire.WorkerEnvs`), which never changes."""
+        known = self._env_values_of.get(id(block))
+        if known is not None and known[0] is block:
+            return known[1]
+        values = tuple(block.values())
+        if len(self._env_values_of) >= 4 * self.warm_blocks:
+            self._env_values_of.clear()
+        self._env_values_of[id(block)] = (block, values)  # (holding it: its id stays its)
+        return values
 
     def _discard(self, evm: EVM) -> None:
         """Stop keeping an EVM warm (its journal can no longer be trusted)."""
@@ -891,7 +911,7 @@ class Runner:
         key = self._key if job["kind"] not in TRACE_JOBS else warm_key(job)
         verdicts = self._suspects.setdefault(key, {}) if key is not None else {}
         if self._env_key is None:
-            self._env_key = tuple(job["block"].values())
+            self._env_key = self._env_values(job["block"])
         ck = verdict_key(job, call, self._env_key)
         suspect = verdicts.get(ck)
         if suspect is None:  # a fresh EVM of one call holds only what that call loaded
@@ -1237,10 +1257,24 @@ def worker_main(conn: Any, limits: Limits, warm_blocks: int, progress: Any = Non
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers end
     runner = Runner(limits, warm_blocks, progress)
+    envs = WorkerEnvs()
     conn.send(READY)
     while True:
         try:
-            job = conn.recv()
+            wire = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            job = unpack(wire, envs)
+        except Exception as exc:
+            # A job this worker cannot read (an env it was never sent): answered so, and
+            # the worker ends, since raw messages of the job may follow in the pipe; the
+            # node starts a fresh one, which it tells every env again.
+            answer = {"error": error(EVM_FAILED, f"worker error: {str(exc)[:200]}")}
+            with contextlib.suppress(BrokenPipeError, OSError):
+                conn.send_bytes(pickle.dumps(answer, pickle.HIGHEST_PROTOCOL))
+            return
+        try:
             attached(job, conn)
         except (EOFError, OSError):
             return
@@ -1249,6 +1283,6 @@ def worker_main(conn: Any, limits: Limits, warm_blocks: int, progress: Any = Non
         except Exception as exc:
             answer = {"error": error(EVM_FAILED, f"worker error: {str(exc)[:200]}")}
         try:
-            conn.send(answer)
+            conn.send_bytes(pickle.dumps(answer, pickle.HIGHEST_PROTOCOL))
         except (BrokenPipeError, OSError):
             return
