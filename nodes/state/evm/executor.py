@@ -179,13 +179,17 @@ class Executor:
         if key is None:
             key = self._pick(worker)
         items = self._pending[key]
-        taken, rest = items[: self.settings.coalesce_max], items[self.settings.coalesce_max :]
-        if rest:
-            self._pending[key] = rest
-        else:
+        limit = self.settings.coalesce_max
+        if len(items) <= limit:  # (the usual case: no copies)
+            taken = items
             del self._pending[key], self._since[key], self._warm_keys[key]
+        else:
+            taken, self._pending[key] = items[:limit], items[limit:]
         self._pending_count -= len(taken)
-        return [(j, f) for j, f in taken if not f.done()]
+        for _, future in taken:
+            if future.done():  # (a caller left: its call is not run)
+                return [(j, f) for j, f in taken if not f.done()]
+        return taken
 
     def _take_groups(self, worker: Any) -> list[list[Pending]]:
         """What a free worker runs next as one job: the calls of one block (`_take`), then

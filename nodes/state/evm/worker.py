@@ -358,6 +358,16 @@ def detached(job: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
     go to the worker as raw messages after it (`pool._Worker.roundtrip`), not pickled (a
     copy made while the sending thread holds the GIL the event loop waits for). A copy of
     the job where it has any (the caller's may run again); `attached` puts them back."""
+    ones = job["jobs"] if job["kind"] == "groups" else (job,)
+    for one in ones:  # (loops, not any(): most jobs have none, looked at per group)
+        for call in one.get("calls") or ():
+            if "hex" in call:
+                break
+        else:
+            continue
+        break
+    else:
+        return job, []
     blobs: list[bytes] = []
 
     def strip(one: dict[str, Any]) -> dict[str, Any]:
