@@ -107,7 +107,8 @@ async def main_async(args: argparse.Namespace) -> None:
         return send(self, job)
 
     pool._Worker.send = record  # type: ignore[method-assign]
-    async with synthetic_node(args.blocks, rng, map_size_mb=256) as node:
+    evm = {"warm_answers": args.answers} if args.answers is not None else None
+    async with synthetic_node(args.blocks, rng, map_size_mb=256, evm=evm) as node:
         head = args.blocks - 1
         bodies = call_bodies(TARGETS[args.to], args.old, head, 1, rng)
         await segment(node, bodies, max(args.n, len(bodies)), args.concurrency)  # warm-up
@@ -209,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks", type=int, default=400, help="chain length (default 400)")
     p.add_argument("--to", choices=tuple(TARGETS), default="one-slot", help="the contract")
     p.add_argument("--latest", dest="old", action="store_false", help="calls at latest")
+    p.add_argument(
+        "--answers",
+        type=int,
+        help="[evm] warm_answers (default: the setting's); 0: every call runs in the replays",
+    )
     p.add_argument("--callgrind", action="store_true", help="count under valgrind")
     p.add_argument("--profile", help="a cProfile of the node's passes to this file")
     p.add_argument("--worker-profile", help="a cProfile of the replays to this file")

@@ -3,10 +3,12 @@ and calls compact, and a worker never runs a call with another block's env."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pickle
 import random
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -154,40 +156,60 @@ def replaced(block: VendorBlock, slot_value: int, timestamp: int) -> VendorBlock
     return dataclasses.replace(block, hash=block_hash, header=header, post=post)
 
 
-async def eth_call(node: StateNode, height: int) -> int:
+async def eth_call(node: StateNode, height: int, overrides: dict | None = None) -> int:
     data = "0x" + (1).to_bytes(32, "big").hex()
-    body = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "eth_call",
-        "params": [{"from": CALLER, "to": TARGET, "data": data}, hex(height)],
-    }
+    params: list[Any] = [{"from": CALLER, "to": TARGET, "data": data}, hex(height)]
+    if overrides is not None:
+        params += [None, overrides]
+    body = {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": params}
     answer = orjson.loads(await node.handle_body(orjson.dumps(body)))
     assert "result" in answer, answer
     return int(answer["result"], 16)
 
 
-async def test_calls_after_a_reorg_run_on_the_new_block_env_and_state() -> None:
-    """Through the node's workers: a height called before and after its block is replaced
-    answers from the new block (its timestamp and state), though each worker holds the
-    old block's env and a warm EVM of it."""
+@contextlib.asynccontextmanager
+async def started(**evm: Any) -> AsyncIterator[StateNode]:
     with tempfile.TemporaryDirectory() as tmp:
-        section = {"kind": "archive", "chain_id": 1337, "map_size_mb": 64}
+        section = {"kind": "archive", "chain_id": 1337, "map_size_mb": 64, "evm": evm}
         node = StateNode.from_config(section, data_dir=Path(tmp))
         await node.start()
         try:
-            built = chain(6)
-            for block in built:
-                await node.ingest._apply(block)
-            head = built[-1]
-            start = int(head.header["timestamp"], 16)
-            for _ in range(4):  # every worker has the block warm
-                assert await eth_call(node, head.number) == 1000 + start
-                assert await eth_call(node, head.number - 1) == 1000 + start - 1
-            await node.ingest._rollback()
-            await node.ingest._apply(replaced(head, 2000, start + 77))
-            for _ in range(4):
-                assert await eth_call(node, head.number) == 2000 + start + 77
-                assert await eth_call(node, head.number - 1) == 1000 + start - 1
+            yield node
         finally:
             await node.close()
+
+
+@pytest.mark.parametrize("answers", [256, 0])
+async def test_calls_after_a_reorg_run_on_the_new_block_env_and_state(answers: int) -> None:
+    """Through the node's workers: a height called before and after its block is replaced
+    answers from the new block (its timestamp and state), though each worker holds the
+    old block's env, a warm EVM of it and (`warm_answers`) the answer of the same call."""
+    async with started(warm_answers=answers) as node:
+        built = chain(6)
+        for block in built:
+            await node.ingest._apply(block)
+        head = built[-1]
+        start = int(head.header["timestamp"], 16)
+        for _ in range(4):  # every worker has the block warm
+            assert await eth_call(node, head.number) == 1000 + start
+            assert await eth_call(node, head.number - 1) == 1000 + start - 1
+        await node.ingest._rollback()
+        await node.ingest._apply(replaced(head, 2000, start + 77))
+        for _ in range(4):
+            assert await eth_call(node, head.number) == 2000 + start + 77
+            assert await eth_call(node, head.number - 1) == 1000 + start - 1
+
+
+async def test_a_call_with_block_overrides_is_not_answered_as_without() -> None:
+    """The same call at the same block, answered and kept by the worker, then with another
+    timestamp (blockOverrides): run with that env, and the plain one answered as before."""
+    async with started() as node:
+        for block in chain(4):
+            await node.ingest._apply(block)
+        height = 2
+        plain = await eth_call(node, height)
+        for _ in range(3):
+            assert await eth_call(node, height) == plain
+            later = await eth_call(node, height, {"time": hex(1_900_000_000)})
+            assert later == 1000 + 1_900_000_000
+            assert await eth_call(node, height) == plain

@@ -238,6 +238,7 @@ class WorkerPool:
             max_response_bytes=settings.max_response_bytes,
             warm_max_calls=settings.warm_max_calls,
             warm_memory_bytes=settings.warm_memory_mb * 1024 * 1024,
+            warm_answers=settings.warm_answers,
         )
         self._idle: asyncio.Queue[_Worker] | None = None
         self._all: set[_Worker] = set()

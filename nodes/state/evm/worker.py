@@ -60,6 +60,7 @@ PRELOAD_SLOTS = 1024
 LEARNED_CALLS = 4096  # (callee, calldata) whose slots a worker remembers
 LEARN_DATA = 260  # calldata bytes that key a learned call (selector and 8 words)
 MEMORY_CHECK_S = 0.25  # seconds between two looks at the worker's resident memory
+ANSWER_BYTES = 1024  # return data up to which a warm EVM keeps a call's answer
 NO_WARM = frozenset(
     {"trace", "replay", "trace_call", "access_list"}
 )  # jobs that never run on a warm EVM
@@ -163,6 +164,7 @@ class Limits:
     max_response_bytes: int  # return data of all calls of one job together
     warm_max_calls: int  # calls a warm EVM serves before it is dropped (bounds its cache)
     warm_memory_bytes: int = 0  # worker RSS above which every warm EVM is dropped (0: never)
+    warm_answers: int = 0  # answers of calls kept per warm EVM (`Runner._answers_for`)
 
 
 def _block_env(block: dict[str, Any]) -> BlockEnv:
@@ -575,6 +577,8 @@ class Runner:
         # the same block with the same env (no blockOverrides) does not build it again.
         self._envs: dict[WarmKey, tuple[EVM, dict[str, Any]]] = {}
         self._env_values_of: dict[int, tuple[dict[str, Any], tuple[Any, ...]]] = {}
+        # Answers of calls run on each warm EVM with one block env (`_answers_for`)
+        self._answers: dict[WarmKey, tuple[dict[str, Any], dict[Any, dict[str, Any]]]] = {}
 
     def evm_for(self, job: dict[str, Any], key: Any = ...) -> EVM:
         """A warm EVM for the job's block, or a fresh one when the job must not share.
@@ -598,6 +602,7 @@ class Runner:
             used = len(job["calls"])
             self._given[key] = set()
             self._suspects[key] = {}
+            self._answers.pop(key, None)
         given = self._given.setdefault(key, set())
         calls = [c for c in job["calls"] if learn_key(c) not in given]
         if calls:
@@ -613,6 +618,7 @@ class Runner:
         while len(self._warm) > self.warm_blocks:
             old, _ = self._warm.popitem(last=False)
             self._uses.pop(old, None)
+            self._answers.pop(old, None)
             self._given.pop(old, None)
             self._suspects.pop(old, None)
         return evm
@@ -645,11 +651,24 @@ class Runner:
         self._env_values_of[id(block)] = (block, values)  # (holding it: its id stays its)
         return values
 
+    def _answers_for(self, key: WarmKey, block: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+        """The answers of calls run on the warm EVM `key` with the block env `block`, by
+        `same_call_key`: a call runs on the block's state and is undone, so the same call
+        with the same env answers the same (as within one job, `calls`). A job with
+        another env (blockOverrides) starts them anew; they go with the EVM."""
+        known = self._answers.get(key)
+        if known is not None and (known[0] is block or known[0] == block):
+            return known[1]
+        answers: dict[Any, dict[str, Any]] = {}
+        self._answers[key] = (block, answers)
+        return answers
+
     def _discard(self, evm: EVM) -> None:
         """Stop keeping an EVM warm (its journal can no longer be trusted)."""
         for key in [k for k, v in self._warm.items() if v is evm]:
             del self._warm[key]
             self._uses.pop(key, None)
+            self._answers.pop(key, None)
             self._given.pop(key, None)
             self._suspects.pop(key, None)
 
@@ -749,6 +768,7 @@ class Runner:
         self._memory_checked = now
         if resident_bytes() > limit:
             self._warm.clear()
+            self._answers.clear()
             self._given.clear()
             self._suspects.clear()
             self._uses.clear()
@@ -775,11 +795,13 @@ class Runner:
             return {"error": exc.error}
         except Unusable:
             self._warm.clear()
+            self._answers.clear()
             self._given.clear()
             self._suspects.clear()
             return {"error": error(EVM_FAILED, "EVM failed; the execution state was reset")}
         except Exception as exc:  # fork-mode connection failures land here
             self._warm.clear()
+            self._answers.clear()
             self._given.clear()
             self._suspects.clear()
             return {"error": classify(exc).error}
@@ -1038,8 +1060,15 @@ class Runner:
         # head come as one coalesced job). Not for simulated transactions (`collect`): each
         # sees the writes of the ones before it.
         done: dict[Any, dict[str, Any]] | None = {} if len(job["calls"]) > 1 else None
+        # Across jobs too, on a warm EVM (its block's state) with the same block env: the
+        # answers of successful calls with short return data, at most `warm_answers`.
+        kept: dict[Any, dict[str, Any]] | None = None
+        room = self.limits.warm_answers
+        if room and self._key is not None and job["kind"] == "calls":
+            kept = self._answers_for(self._key, job["block"])
         if collect:
-            done = None
+            done = kept = None
+        keyed = done is not None or kept is not None
         for call in job["calls"]:
             key = None
             try:
@@ -1054,21 +1083,34 @@ class Runner:
                     raise CallFailed(error(EVM_FAILED, f"response exceeds {limit} bytes"))
                 if collect:  # a fresh EVM: nothing to revert, the journal holds the writes
                     out.append({"ok": True, **self._collected(evm, call)})
-                elif done is not None and (key := same_call_key(call)) in done:
+                    size += (len(out[-1]["output"]) - 2) // 2
+                    continue
+                if keyed:
+                    key = same_call_key(call)
+                if key is not None and done is not None and key in done:
                     out.append(done[key])
                     if not done[key]["ok"]:
                         if job.get("fast_fail"):
                             break
                         continue
+                elif key is not None and kept is not None and key in kept:
+                    out.append(kept[key])  # (only successful answers are kept)
                 else:
                     out.append({"ok": True, **self._isolated(evm, call)})
-                    if key is not None and done is not None:
-                        done[key] = out[-1]
+                    if key is not None:
+                        if done is not None:
+                            done[key] = out[-1]
+                        if (
+                            kept is not None
+                            and len(kept) < room
+                            and len(out[-1]["output"]) <= 2 + 2 * ANSWER_BYTES
+                        ):
+                            kept[key] = out[-1]
                 size += (len(out[-1]["output"]) - 2) // 2
             except CallFailed as exc:
                 out.append({"ok": False, "error": exc.error, "gas_used": exc.gas_used})
                 if key is not None and done is not None:
-                    done[key] = out[-1]
+                    done[key] = out[-1]  # (within the job only: a failed read may not last)
                 if job.get("fast_fail"):
                     break
         return out
