@@ -304,10 +304,49 @@ class ReadPath:
         except orjson.JSONDecodeError:
             return None
         if payload.__class__ is dict:
+            if payload.get("method") == "eth_call" and self.evm is not None:
+                return self._one_call(payload)
             return self._later([payload], self.port, _as_one)
         if payload.__class__ is not list or not payload or len(payload) > self.max_batch:
             return None
         return self._later(payload, self.port, _as_batch)
+
+    def _one_call(self, item: dict[str, Any]) -> bytes | asyncio.Future[bytes] | None:
+        """`_later([item], self.port, _as_one)` for a single eth_call (the most common body
+        that waits for the EVM), without the loop over items: the same answer, or None when
+        `handle_body` answers it (no `"jsonrpc": "2.0"`, an id or params of another type,
+        a call the EVM methods take the usual way)."""
+        rid = item.get("id")
+        params = item.get("params", [])
+        if (
+            item.get("jsonrpc") != "2.0"
+            or not (rid is None or rid.__class__ in _IDS)
+            or params.__class__ not in _PARAMS
+        ):
+            return None
+        wanted = "id" in item
+        try:
+            future = self.evm.call_now(params)
+        except JsonRpcError as exc:
+            return orjson.dumps(self.dispatcher.error(rid, exc)) if wanted else b""
+        if future is None:
+            return None
+        call = _Call(rid, future, wanted)
+        out: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        def landed(_: Any) -> None:
+            if out.done():
+                return
+            try:
+                answer = self._call_answer(call, future.exception() or future.result())
+                out.set_result(orjson.dumps(answer) if answer is not None else b"")
+            except asyncio.CancelledError:
+                out.cancel()
+
+        future.add_done_callback(landed)
+        # A caller that stops waiting takes its call off the EVM queue (as `_later`).
+        out.add_done_callback(lambda done: future.cancel() if done.cancelled() else None)
+        return out
 
     def _later(
         self, items: list[Any], table: dict[str, Fast], shape: Callable[[list[Any]], Any]

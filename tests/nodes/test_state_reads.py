@@ -479,5 +479,13 @@ async def test_the_port_answers_eth_calls_from_their_futures(tmp_path: Path) -> 
             assert node.answer_port(orjson.dumps(declined)) is None, declined
         bad = node.answer_port(orjson.dumps(call(7, "0x12", "latest")))  # refused, not queued
         assert isinstance(bad, bytes) and orjson.loads(bad)["error"]["code"] == -32602
+        # a single eth_call notification: run, nothing answered; one without the version
+        # and one with an id of another type go to `handle_body`
+        note = {k: v for k, v in call(8, addrs[1], "0x2").items() if k != "id"}
+        got = node.answer_port(orjson.dumps(note))
+        assert isinstance(got, asyncio.Future) and await got == b""
+        unversioned = {k: v for k, v in call(9, addrs[1], "0x2").items() if k != "jsonrpc"}
+        for declined in (unversioned, call(True, addrs[0], "0x2"), call([1], addrs[0], "0x2")):
+            assert node.answer_port(orjson.dumps(declined)) is None, declined
     finally:
         await node.close()
