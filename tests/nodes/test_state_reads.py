@@ -468,11 +468,15 @@ async def test_the_port_answers_eth_calls_from_their_futures(tmp_path: Path) -> 
             [call(4, addrs[0], "0x2"), {"jsonrpc": "2.0", "method": "eth_call",
                                          "params": call(0, addrs[1], "0x2")["params"]}],
         ]  # fmt: skip
+        seen = node.metrics.request_seconds.counts
         for body in bodies:
             raw = orjson.dumps(body)
+            before = sum(seen)
             answer = node.answer_port(raw)
             assert isinstance(answer, asyncio.Future), body
-            assert await answer == await node.handle_body(raw), body
+            got = await answer
+            assert sum(seen) == before + 1, body  # the port's answer timed once
+            assert got == await node.handle_body(raw), body
         assert node.answer_port(orjson.dumps(balance)) == node.answer_now(orjson.dumps(balance))
         chain_id = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
         for declined in (call(1.5, addrs[0], "latest"), [call(1, addrs[0], "latest"), 5], chain_id):
