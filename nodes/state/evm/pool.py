@@ -218,10 +218,18 @@ class Overrun(JsonRpcError):
         self.ran = ran
 
 
-def _consume(future: asyncio.Future[Any]) -> None:
-    """Mark a roundtrip's exception as seen (a killed worker's pipe raises EOFError)."""
+def _settle(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _answered(future: asyncio.Future[Any], waiter: asyncio.Future[Any]) -> None:
+    """A job's answer came (or its pipe failed: its exception marked as seen, a killed
+    worker's pipe raises EOFError): its waiter settled."""
     if not future.cancelled():
         future.exception()
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class WorkerPool:
@@ -332,24 +340,33 @@ class WorkerPool:
         deadline = loop.time() + time_limit
         worker.note(job)
         future = worker.send(job)
-        future.add_done_callback(_consume)
+        # Waited for through `waiter`, which the answer or the deadline settles: the caller
+        # leaving cancels only `waiter`, never the job's own future (what asyncio.shield and
+        # wait_for did, with three more callbacks and futures per job).
+        waiter = loop.create_future()
+        future.add_done_callback(lambda done: _answered(done, waiter))
+        timer = loop.call_at(deadline, _settle, waiter)
         try:
-            answer = await asyncio.wait_for(asyncio.shield(future), time_limit)
-        except TimeoutError:
-            overrun = Overrun(time_limit, *worker.running())
-            await self._replace(worker)
-            raise overrun from None
-        except (EOFError, OSError, BrokenPipeError):
-            await self._replace(worker)
-            raise JsonRpcError(EVM_FAILED, "EVM worker crashed during execution") from None
+            await waiter
         except asyncio.CancelledError:
+            timer.cancel()
             # The caller left; the worker finishes the job (within its limit) and is reused.
             task = loop.create_task(self._finish(worker, future, deadline))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             raise
+        timer.cancel()
+        if not future.done():
+            overrun = Overrun(time_limit, *worker.running())
+            await self._replace(worker)
+            raise overrun from None
+        try:
+            answer = future.result()
+        except (EOFError, OSError, BrokenPipeError):
+            await self._replace(worker)
+            raise JsonRpcError(EVM_FAILED, "EVM worker crashed during execution") from None
         self.release(worker)
-        return answer
+        return answer  # type: ignore[no-any-return]
 
     async def _finish(self, worker: _Worker, future: asyncio.Future[Any], deadline: float) -> None:
         remaining = max(0.0, deadline - asyncio.get_running_loop().time())
