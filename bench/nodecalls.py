@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import psutil
@@ -107,11 +108,14 @@ async def load(node: StateNode, bodies: list[bytes], concurrency: int, seconds: 
 
 @contextlib.asynccontextmanager
 async def synthetic_node(
-    count: int, rng: random.Random, map_size_mb: int = 1024
+    count: int, rng: random.Random, map_size_mb: int = 1024, evm: dict[str, Any] | None = None
 ) -> AsyncIterator[StateNode]:
-    """An archive state node in a temporary folder holding `blocks(count, rng)`."""
+    """An archive state node in a temporary folder holding `blocks(count, rng)`; `evm`: its
+    [evm] settings."""
     with tempfile.TemporaryDirectory() as tmp:
         section = {"kind": "archive", "chain_id": 1337, "map_size_mb": map_size_mb}
+        if evm:
+            section["evm"] = evm
         node = StateNode.from_config(section, data_dir=Path(tmp))
         await node.start()
         try:

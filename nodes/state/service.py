@@ -252,12 +252,10 @@ class StateNode:
         """For the node's own port: `answer_now`'s answer, or the future of it when the body
         holds eth_calls (the server writes it from the future's callback), else None."""
         started = time.perf_counter()
-        answer = self.reads.answer_port(body)
+        observe = self.metrics.request_seconds.observe
+        answer = self.reads.answer_port(body, lambda: observe(time.perf_counter() - started))
         if answer.__class__ is bytes:
-            self.metrics.request_seconds.observe(time.perf_counter() - started)
-        elif answer is not None:
-            observe = self.metrics.request_seconds.observe
-            answer.add_done_callback(lambda _: observe(time.perf_counter() - started))  # type: ignore[union-attr]
+            observe(time.perf_counter() - started)
         return answer
 
     def answer_later(self, items: list[Any]) -> asyncio.Future[list[Any]] | None:

@@ -468,16 +468,28 @@ async def test_the_port_answers_eth_calls_from_their_futures(tmp_path: Path) -> 
             [call(4, addrs[0], "0x2"), {"jsonrpc": "2.0", "method": "eth_call",
                                          "params": call(0, addrs[1], "0x2")["params"]}],
         ]  # fmt: skip
+        seen = node.metrics.request_seconds.counts
         for body in bodies:
             raw = orjson.dumps(body)
+            before = sum(seen)
             answer = node.answer_port(raw)
             assert isinstance(answer, asyncio.Future), body
-            assert await answer == await node.handle_body(raw), body
+            got = await answer
+            assert sum(seen) == before + 1, body  # the port's answer timed once
+            assert got == await node.handle_body(raw), body
         assert node.answer_port(orjson.dumps(balance)) == node.answer_now(orjson.dumps(balance))
         chain_id = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
         for declined in (call(1.5, addrs[0], "latest"), [call(1, addrs[0], "latest"), 5], chain_id):
             assert node.answer_port(orjson.dumps(declined)) is None, declined
         bad = node.answer_port(orjson.dumps(call(7, "0x12", "latest")))  # refused, not queued
         assert isinstance(bad, bytes) and orjson.loads(bad)["error"]["code"] == -32602
+        # a single eth_call notification: run, nothing answered; one without the version
+        # and one with an id of another type go to `handle_body`
+        note = {k: v for k, v in call(8, addrs[1], "0x2").items() if k != "id"}
+        got = node.answer_port(orjson.dumps(note))
+        assert isinstance(got, asyncio.Future) and await got == b""
+        unversioned = {k: v for k, v in call(9, addrs[1], "0x2").items() if k != "jsonrpc"}
+        for declined in (unversioned, call(True, addrs[0], "0x2"), call([1], addrs[0], "0x2")):
+            assert node.answer_port(orjson.dumps(declined)) is None, declined
     finally:
         await node.close()

@@ -179,13 +179,17 @@ class Executor:
         if key is None:
             key = self._pick(worker)
         items = self._pending[key]
-        taken, rest = items[: self.settings.coalesce_max], items[self.settings.coalesce_max :]
-        if rest:
-            self._pending[key] = rest
-        else:
+        limit = self.settings.coalesce_max
+        if len(items) <= limit:  # (the usual case: no copies)
+            taken = items
             del self._pending[key], self._since[key], self._warm_keys[key]
+        else:
+            taken, self._pending[key] = items[:limit], items[limit:]
         self._pending_count -= len(taken)
-        return [(j, f) for j, f in taken if not f.done()]
+        for _, future in taken:
+            if future.done():  # (a caller left: its call is not run)
+                return [(j, f) for j, f in taken if not f.done()]
+        return taken
 
     def _take_groups(self, worker: Any) -> list[list[Pending]]:
         """What a free worker runs next as one job: the calls of one block (`_take`), then
@@ -202,17 +206,26 @@ class Executor:
         if len(groups) >= share or room <= 0 or not self._pending:
             return groups
         others = [w.warm for w in self.pool.workers() if w is not worker]
+        mine = worker.warm
+        warm_keys = self._warm_keys
         for key in list(itertools.islice(self._pending, AFFINITY_SCAN)):
-            wanted = self._warm_keys[key]
-            if wanted in worker.warm or not any(wanted in o for o in others):
-                if len(self._pending[key]) > room:
-                    break
-                more = self._take(worker, key)
-                if more:
-                    groups.append(more)
-                    room -= len(more)
-                    if len(groups) >= share or room <= 0:
+            wanted = warm_keys[key]
+            if wanted not in mine:
+                claimed = False
+                for warm in others:  # (a loop, not any(): no generator per block)
+                    if wanted in warm:
+                        claimed = True
                         break
+                if claimed:
+                    continue
+            if len(self._pending[key]) > room:
+                break
+            more = self._take(worker, key)
+            if more:
+                groups.append(more)
+                room -= len(more)
+                if len(groups) >= share or room <= 0:
+                    break
         return groups
 
     async def _drain(self) -> None:

@@ -244,8 +244,8 @@ class EvmMethods:
         lazy = _lazy_text(obj)
         if lazy is not None:
             return self._lazy(obj, lazy)
-        try:
-            key = tuple(sorted(obj.items())) if obj.__class__ is dict else None
+        try:  # (keyed in the client's order of fields: one entry per order it uses)
+            key = tuple(obj.items()) if obj.__class__ is dict else None
             cached = self._calls.get(key) if key is not None else None
         except TypeError:  # a list or object inside (accessList): not cached
             key = cached = None

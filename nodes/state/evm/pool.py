@@ -27,11 +27,11 @@ import time
 from collections import OrderedDict
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from chainstate.jsonrpc import EVM_FAILED, SERVER_BUSY, TIME_LIMIT, JsonRpcError
 from nodes.state.evm.settings import EvmSettings
+from nodes.state.evm.wire import HELD_ENVS, HeldEnvs, pack
 from nodes.state.evm.worker import (
     READY,
     Limits,
@@ -78,7 +78,7 @@ class _Pipe(asyncio.Protocol):
         if self.closed or self.transport is None or self.transport.is_closing():
             future.set_exception(EOFError("the worker's pipe is closed"))
             return future
-        parts = _frame(ForkingPickler.dumps(obj))
+        parts = _frame(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))  # (no fds to reduce)
         for blob in blobs:
             parts += _frame(blob)
         self.waiter = future
@@ -126,11 +126,12 @@ class _Pipe(asyncio.Protocol):
 class _Worker:
     """One worker process and the parent's end of its pipe."""
 
-    def __init__(self, ctx: Any, limits: Limits, warm_blocks: int) -> None:
+    def __init__(self, ctx: Any, limits: Limits, warm_blocks: int, coalesce_max: int = 0) -> None:
         # The parent's view of the worker's warm EVMs (same keys, same LRU rule); it only
         # steers work to a worker that has the block warm, so a stale entry costs time only.
         self.warm: OrderedDict[WarmKey, None] = OrderedDict()
         self.warm_blocks = max(1, warm_blocks)
+        self.envs = HeldEnvs(max(HELD_ENVS, 2 * coalesce_max))  # the block envs it holds
         parent, child = ctx.Pipe(duplex=True)
         self.conn: Connection = parent  # until `attach`: the start-up handshake
         self.pipe = _Pipe()
@@ -157,23 +158,27 @@ class _Worker:
 
     def note(self, job: dict[str, Any]) -> None:
         """Record that `job` is about to run here (mirrors Runner.evm_for's LRU)."""
-        if job["kind"] == "groups":
-            for one in job["jobs"]:
-                self.note(one)
-            return
-        key = warm_key(job)
-        if key is None:
-            return
-        self.warm[key] = None
-        self.warm.move_to_end(key)
-        while len(self.warm) > self.warm_blocks:
-            self.warm.popitem(last=False)
+        warm = self.warm
+        for one in job["jobs"] if job["kind"] == "groups" else (job,):
+            key = warm_key(one)
+            if key is None:
+                continue
+            if key in warm:
+                warm.move_to_end(key)
+            else:
+                warm[key] = None
+        while len(warm) > self.warm_blocks:
+            warm.popitem(last=False)
 
     def send(self, job: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
         """Send a job; the future of its answer (EOFError when the worker dies first). The
         hex of long calldata follows the job as raw messages (`worker.detached`)."""
         job, blobs = detached(job)
-        return self.pipe.send(job, blobs)
+        try:
+            return self.pipe.send(pack(job, self.envs), blobs)
+        except BaseException:
+            self.envs.held.clear()  # (not sent: the worker is told every env again)
+            raise
 
     def running(self) -> tuple[int, float]:
         """(position in its job of the call the worker is running, -1 when it runs no call
@@ -213,10 +218,18 @@ class Overrun(JsonRpcError):
         self.ran = ran
 
 
-def _consume(future: asyncio.Future[Any]) -> None:
-    """Mark a roundtrip's exception as seen (a killed worker's pipe raises EOFError)."""
+def _settle(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _answered(future: asyncio.Future[Any], waiter: asyncio.Future[Any]) -> None:
+    """A job's answer came (or its pipe failed: its exception marked as seen, a killed
+    worker's pipe raises EOFError): its waiter settled."""
     if not future.cancelled():
         future.exception()
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class WorkerPool:
@@ -233,6 +246,7 @@ class WorkerPool:
             max_response_bytes=settings.max_response_bytes,
             warm_max_calls=settings.warm_max_calls,
             warm_memory_bytes=settings.warm_memory_mb * 1024 * 1024,
+            warm_answers=settings.warm_answers,
         )
         self._idle: asyncio.Queue[_Worker] | None = None
         self._all: set[_Worker] = set()
@@ -254,7 +268,11 @@ class WorkerPool:
     async def _spawn(self) -> _Worker:
         """A new worker, started (in a thread: it waits for the process) and attached."""
         worker = await asyncio.to_thread(
-            _Worker, self._ctx, self._limits, self.settings.warm_blocks
+            _Worker,
+            self._ctx,
+            self._limits,
+            self.settings.warm_blocks,
+            self.settings.coalesce_max,
         )
         try:
             await worker.attach()
@@ -322,24 +340,33 @@ class WorkerPool:
         deadline = loop.time() + time_limit
         worker.note(job)
         future = worker.send(job)
-        future.add_done_callback(_consume)
+        # Waited for through `waiter`, which the answer or the deadline settles: the caller
+        # leaving cancels only `waiter`, never the job's own future (what asyncio.shield and
+        # wait_for did, with three more callbacks and futures per job).
+        waiter = loop.create_future()
+        future.add_done_callback(lambda done: _answered(done, waiter))
+        timer = loop.call_at(deadline, _settle, waiter)
         try:
-            answer = await asyncio.wait_for(asyncio.shield(future), time_limit)
-        except TimeoutError:
-            overrun = Overrun(time_limit, *worker.running())
-            await self._replace(worker)
-            raise overrun from None
-        except (EOFError, OSError, BrokenPipeError):
-            await self._replace(worker)
-            raise JsonRpcError(EVM_FAILED, "EVM worker crashed during execution") from None
+            await waiter
         except asyncio.CancelledError:
+            timer.cancel()
             # The caller left; the worker finishes the job (within its limit) and is reused.
             task = loop.create_task(self._finish(worker, future, deadline))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             raise
+        timer.cancel()
+        if not future.done():
+            overrun = Overrun(time_limit, *worker.running())
+            await self._replace(worker)
+            raise overrun from None
+        try:
+            answer = future.result()
+        except (EOFError, OSError, BrokenPipeError):
+            await self._replace(worker)
+            raise JsonRpcError(EVM_FAILED, "EVM worker crashed during execution") from None
         self.release(worker)
-        return answer
+        return answer  # type: ignore[no-any-return]
 
     async def _finish(self, worker: _Worker, future: asyncio.Future[Any], deadline: float) -> None:
         remaining = max(0.0, deadline - asyncio.get_running_loop().time())

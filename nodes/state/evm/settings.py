@@ -23,6 +23,7 @@ DEFAULT_WARM_MEMORY_MB = 1024  # per worker: resident memory above which warm EV
 DEFAULT_QUEUE_LIMIT = 1024  # jobs (or single calls) waiting for a worker before -32005 "busy"
 DEFAULT_MAX_TRACE_FILTER_BLOCKS = 300  # blocks after fromBlock in one trace_filter (anvil's)
 DEFAULT_COALESCE_MAX = 256  # single calls run together as one worker job (one or more blocks)
+DEFAULT_WARM_ANSWERS = 256  # per warm block: answers of calls kept (return data up to 1 KiB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,7 @@ class EvmSettings:
     warm_memory_mb: int = DEFAULT_WARM_MEMORY_MB
     queue_limit: int = DEFAULT_QUEUE_LIMIT
     coalesce_max: int = DEFAULT_COALESCE_MAX
+    warm_answers: int = DEFAULT_WARM_ANSWERS
     max_trace_filter_blocks: int = DEFAULT_MAX_TRACE_FILTER_BLOCKS
     workers: int = 0  # 0 = one per CPU core
     chain_id: int = 1337

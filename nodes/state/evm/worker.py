@@ -20,6 +20,7 @@ import hashlib
 import http.client
 import io
 import os
+import pickle
 import re
 import sys
 import time
@@ -46,6 +47,7 @@ from chainstate.jsonrpc import (
 from nodes.state.evm.basefee import SUSPECT, UNSURE, BasefeeCheck
 from nodes.state.evm.codec import effective_price
 from nodes.state.evm.revert import PANIC_REASONS, error_string, panic_code
+from nodes.state.evm.wire import WorkerEnvs, unpack
 from nodes.state.store import F_BALANCE, F_CODE, F_NONCE, F_STORAGE, StateStore
 
 # Accounts preloaded into a new EVM: one feed request reads them all at once, which on the
@@ -58,6 +60,7 @@ PRELOAD_SLOTS = 1024
 LEARNED_CALLS = 4096  # (callee, calldata) whose slots a worker remembers
 LEARN_DATA = 260  # calldata bytes that key a learned call (selector and 8 words)
 MEMORY_CHECK_S = 0.25  # seconds between two looks at the worker's resident memory
+ANSWER_BYTES = 1024  # return data up to which a warm EVM keeps a call's answer
 NO_WARM = frozenset(
     {"trace", "replay", "trace_call", "access_list"}
 )  # jobs that never run on a warm EVM
@@ -161,6 +164,7 @@ class Limits:
     max_response_bytes: int  # return data of all calls of one job together
     warm_max_calls: int  # calls a warm EVM serves before it is dropped (bounds its cache)
     warm_memory_bytes: int = 0  # worker RSS above which every warm EVM is dropped (0: never)
+    warm_answers: int = 0  # answers of calls kept per warm EVM (`Runner._answers_for`)
 
 
 def _block_env(block: dict[str, Any]) -> BlockEnv:
@@ -356,6 +360,16 @@ def detached(job: dict[str, Any]) -> tuple[dict[str, Any], list[bytes]]:
     go to the worker as raw messages after it (`pool._Worker.roundtrip`), not pickled (a
     copy made while the sending thread holds the GIL the event loop waits for). A copy of
     the job where it has any (the caller's may run again); `attached` puts them back."""
+    ones = job["jobs"] if job["kind"] == "groups" else (job,)
+    for one in ones:  # (loops, not any(): most jobs have none, looked at per group)
+        for call in one.get("calls") or ():
+            if "hex" in call:
+                break
+        else:
+            continue
+        break
+    else:
+        return job, []
     blobs: list[bytes] = []
 
     def strip(one: dict[str, Any]) -> dict[str, Any]:
@@ -562,6 +576,9 @@ class Runner:
         # The block env each warm EVM runs with (the EVM, the job's block dict): a job at
         # the same block with the same env (no blockOverrides) does not build it again.
         self._envs: dict[WarmKey, tuple[EVM, dict[str, Any]]] = {}
+        self._env_values_of: dict[int, tuple[dict[str, Any], tuple[Any, ...]]] = {}
+        # Answers of calls run on each warm EVM with one block env (`_answers_for`)
+        self._answers: dict[WarmKey, tuple[dict[str, Any], dict[Any, dict[str, Any]]]] = {}
 
     def evm_for(self, job: dict[str, Any], key: Any = ...) -> EVM:
         """A warm EVM for the job's block, or a fresh one when the job must not share.
@@ -585,17 +602,23 @@ class Runner:
             used = len(job["calls"])
             self._given[key] = set()
             self._suspects[key] = {}
+            self._answers.pop(key, None)
         given = self._given.setdefault(key, set())
         calls = [c for c in job["calls"] if learn_key(c) not in given]
         if calls:
             self._preload(evm, job, calls, given)
             given.update(learn_key(c) for c in calls)
-        self._warm[key] = evm
-        self._warm.move_to_end(key)
+        warm = self._warm
+        if warm.get(key) is evm:
+            warm.move_to_end(key)
+        else:
+            warm[key] = evm
+            warm.move_to_end(key)
         self._uses[key] = used
         while len(self._warm) > self.warm_blocks:
             old, _ = self._warm.popitem(last=False)
             self._uses.pop(old, None)
+            self._answers.pop(old, None)
             self._given.pop(old, None)
             self._suspects.pop(old, None)
         return evm
@@ -608,18 +631,44 @@ class Runner:
             key = warm_key(job)
         if key is not None:
             known = self._envs.get(key)
-            if known is not None and known[0] is evm and known[1] == block:
+            # (the node sends a block's env once: the same dict for every job at it)
+            if known is not None and known[0] is evm and (known[1] is block or known[1] == block):
                 return
             if len(self._envs) >= 2 * self.warm_blocks:
                 self._envs.clear()
             self._envs[key] = (evm, block)
         evm.set_block_env(_block_env(block))
 
+    def _env_values(self, block: dict[str, Any]) -> tuple[Any, ...]:
+        """A block env's values (`verdict_key`), made once per env dict: the worker keeps
+        one dict per block env it was sent (`wire.WorkerEnvs`), which never changes."""
+        known = self._env_values_of.get(id(block))
+        if known is not None and known[0] is block:
+            return known[1]
+        values = tuple(block.values())
+        if len(self._env_values_of) >= 4 * self.warm_blocks:
+            self._env_values_of.clear()
+        self._env_values_of[id(block)] = (block, values)  # (holding it: its id stays its)
+        return values
+
+    def _answers_for(self, key: WarmKey, block: dict[str, Any]) -> dict[Any, dict[str, Any]]:
+        """The answers of calls run on the warm EVM `key` with the block env `block`, by
+        `same_call_key`: a call runs on the block's state and is undone, so the same call
+        with the same env answers the same (as within one job, `calls`). A job with
+        another env (blockOverrides) starts them anew; they go with the EVM."""
+        known = self._answers.get(key)
+        if known is not None and (known[0] is block or known[0] == block):
+            return known[1]
+        answers: dict[Any, dict[str, Any]] = {}
+        self._answers[key] = (block, answers)
+        return answers
+
     def _discard(self, evm: EVM) -> None:
         """Stop keeping an EVM warm (its journal can no longer be trusted)."""
         for key in [k for k, v in self._warm.items() if v is evm]:
             del self._warm[key]
             self._uses.pop(key, None)
+            self._answers.pop(key, None)
             self._given.pop(key, None)
             self._suspects.pop(key, None)
 
@@ -719,6 +768,7 @@ class Runner:
         self._memory_checked = now
         if resident_bytes() > limit:
             self._warm.clear()
+            self._answers.clear()
             self._given.clear()
             self._suspects.clear()
             self._uses.clear()
@@ -745,11 +795,13 @@ class Runner:
             return {"error": exc.error}
         except Unusable:
             self._warm.clear()
+            self._answers.clear()
             self._given.clear()
             self._suspects.clear()
             return {"error": error(EVM_FAILED, "EVM failed; the execution state was reset")}
         except Exception as exc:  # fork-mode connection failures land here
             self._warm.clear()
+            self._answers.clear()
             self._given.clear()
             self._suspects.clear()
             return {"error": classify(exc).error}
@@ -891,7 +943,7 @@ class Runner:
         key = self._key if job["kind"] not in TRACE_JOBS else warm_key(job)
         verdicts = self._suspects.setdefault(key, {}) if key is not None else {}
         if self._env_key is None:
-            self._env_key = tuple(job["block"].values())
+            self._env_key = self._env_values(job["block"])
         ck = verdict_key(job, call, self._env_key)
         suspect = verdicts.get(ck)
         if suspect is None:  # a fresh EVM of one call holds only what that call loaded
@@ -1008,8 +1060,15 @@ class Runner:
         # head come as one coalesced job). Not for simulated transactions (`collect`): each
         # sees the writes of the ones before it.
         done: dict[Any, dict[str, Any]] | None = {} if len(job["calls"]) > 1 else None
+        # Across jobs too, on a warm EVM (its block's state) with the same block env: the
+        # answers of successful calls with short return data, at most `warm_answers`.
+        kept: dict[Any, dict[str, Any]] | None = None
+        room = self.limits.warm_answers
+        if room and self._key is not None and job["kind"] == "calls":
+            kept = self._answers_for(self._key, job["block"])
         if collect:
-            done = None
+            done = kept = None
+        keyed = done is not None or kept is not None
         for call in job["calls"]:
             key = None
             try:
@@ -1024,21 +1083,34 @@ class Runner:
                     raise CallFailed(error(EVM_FAILED, f"response exceeds {limit} bytes"))
                 if collect:  # a fresh EVM: nothing to revert, the journal holds the writes
                     out.append({"ok": True, **self._collected(evm, call)})
-                elif done is not None and (key := same_call_key(call)) in done:
+                    size += (len(out[-1]["output"]) - 2) // 2
+                    continue
+                if keyed:
+                    key = same_call_key(call)
+                if key is not None and done is not None and key in done:
                     out.append(done[key])
                     if not done[key]["ok"]:
                         if job.get("fast_fail"):
                             break
                         continue
+                elif key is not None and kept is not None and key in kept:
+                    out.append(kept[key])  # (only successful answers are kept)
                 else:
                     out.append({"ok": True, **self._isolated(evm, call)})
-                    if key is not None and done is not None:
-                        done[key] = out[-1]
+                    if key is not None:
+                        if done is not None:
+                            done[key] = out[-1]
+                        if (
+                            kept is not None
+                            and len(kept) < room
+                            and len(out[-1]["output"]) <= 2 + 2 * ANSWER_BYTES
+                        ):
+                            kept[key] = out[-1]
                 size += (len(out[-1]["output"]) - 2) // 2
             except CallFailed as exc:
                 out.append({"ok": False, "error": exc.error, "gas_used": exc.gas_used})
                 if key is not None and done is not None:
-                    done[key] = out[-1]
+                    done[key] = out[-1]  # (within the job only: a failed read may not last)
                 if job.get("fast_fail"):
                     break
         return out
@@ -1237,10 +1309,24 @@ def worker_main(conn: Any, limits: Limits, warm_blocks: int, progress: Any = Non
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers end
     runner = Runner(limits, warm_blocks, progress)
+    envs = WorkerEnvs()
     conn.send(READY)
     while True:
         try:
-            job = conn.recv()
+            wire = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            job = unpack(wire, envs)
+        except Exception as exc:
+            # A job this worker cannot read (an env it was never sent): answered so, and
+            # the worker ends, since raw messages of the job may follow in the pipe; the
+            # node starts a fresh one, which it tells every env again.
+            answer = {"error": error(EVM_FAILED, f"worker error: {str(exc)[:200]}")}
+            with contextlib.suppress(BrokenPipeError, OSError):
+                conn.send_bytes(pickle.dumps(answer, pickle.HIGHEST_PROTOCOL))
+            return
+        try:
             attached(job, conn)
         except (EOFError, OSError):
             return
@@ -1249,6 +1335,6 @@ def worker_main(conn: Any, limits: Limits, warm_blocks: int, progress: Any = Non
         except Exception as exc:
             answer = {"error": error(EVM_FAILED, f"worker error: {str(exc)[:200]}")}
         try:
-            conn.send(answer)
+            conn.send_bytes(pickle.dumps(answer, pickle.HIGHEST_PROTOCOL))
         except (BrokenPipeError, OSError):
             return
