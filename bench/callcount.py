@@ -23,23 +23,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import os
 import pickle
 import random
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.marks import MARK, segment_counts
 from bench.nodecalls import ONE_SLOT, VIEW, call_bodies, synthetic_node
 from nodes.state.evm import pool
 from nodes.state.evm.wire import HeldEnvs, WorkerEnvs, pack, unpack
 from nodes.state.evm.worker import Runner
 from nodes.state.service import StateNode
 
-MARK = os.getppid  # a C call the process makes nowhere else: callgrind dumps before it
 TARGETS = {"one-slot": ONE_SLOT, "view": VIEW}
 
 
@@ -167,26 +164,8 @@ async def main_async(args: argparse.Namespace) -> None:
 def callgrind(args: argparse.Namespace) -> int:
     """This script under callgrind, a dump per segment; instructions per call of each."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "cg.out"
-        cmd = [
-            "valgrind",
-            "--tool=callgrind",
-            "--dump-before=getppid",
-            f"--callgrind-out-file={out}",
-            sys.executable,
-            "-m",
-            "bench.callcount",
-            "--marks",
-            f"--tmp={tmp}",
-            *sys.argv[1:],
-        ]
-        cmd.remove("--callgrind")
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        subprocess.run(cmd, check=True, env=env, stderr=subprocess.DEVNULL)
-        counts = []
-        for dump in sorted(Path(tmp).glob("cg.out.*"), key=lambda p: int(p.name.rsplit(".", 1)[1])):
-            found = re.search(rb"^summary: (\d+)", dump.read_bytes(), re.M)
-            counts.append(int(found.group(1)) if found else 0)
+        argv = [f"--tmp={tmp}", *(a for a in sys.argv[1:] if a != "--callgrind")]
+        counts = segment_counts("bench.callcount", argv, Path(tmp))
         calls = int((Path(tmp) / "calls").read_text())
     # dump 1: the set-up; then the node's passes, the recording pass, the replay's warm-up,
     # the replays; the exit

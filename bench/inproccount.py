@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +30,7 @@ from typing import Any
 
 import orjson
 
+from bench.marks import MARK, segment_counts
 from bench.nodereads import (
     LOG_TOKEN,
     STORAGE_CONTRACT,
@@ -48,7 +46,6 @@ from nodes.state.service import StateNode
 
 CHAIN = "1337"
 METHODS = ("eth_getBalance", "eth_getStorageAt", "eth_getLogs")
-MARK = os.getppid  # a C call the process makes nowhere else: callgrind dumps before it
 
 
 class Sink(asyncio.Transport):
@@ -220,35 +217,21 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def callgrind(args: argparse.Namespace) -> int:
     """Run this script under callgrind, one dump per segment; print instructions per request."""
+    argv = [
+        "-n",
+        str(args.n),
+        "--passes",
+        str(args.passes),
+        "--blocks",
+        str(args.blocks),
+        "--bodies",
+        str(args.bodies),
+        "--method",
+        args.method,
+        *(["--node-only"] if args.node_only else []),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "cg.out"
-        cmd = [
-            "valgrind",
-            "--tool=callgrind",
-            "--dump-before=getppid",
-            f"--callgrind-out-file={out}",
-            sys.executable,
-            "-m",
-            "bench.inproccount",
-            "--marks",
-            "-n",
-            str(args.n),
-            "--passes",
-            str(args.passes),
-            "--blocks",
-            str(args.blocks),
-            "--bodies",
-            str(args.bodies),
-            "--method",
-            args.method,
-            *(["--node-only"] if args.node_only else []),
-        ]
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
-        subprocess.run(cmd, check=True, env=env, stderr=subprocess.DEVNULL)
-        counts = []
-        for dump in sorted(Path(tmp).glob("cg.out.*"), key=lambda p: int(p.name.rsplit(".", 1)[1])):
-            found = re.search(rb"^summary: (\d+)", dump.read_bytes(), re.M)
-            counts.append(int(found.group(1)) if found else 0)
+        counts = segment_counts("bench.inproccount", argv, Path(tmp))
     # dump 1: the set-up; then proxy, node, proxy, node … (the last dump: the exit)
     if args.node_only:
         node = [c / args.n for c in counts[1 : 1 + args.passes]]
