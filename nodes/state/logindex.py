@@ -187,10 +187,58 @@ class LogIndex:
                     return out
                 at = _next(at)
 
+    def block_keys(self, txn: lmdb.Transaction, seeks: list[bytes], most: int) -> list[bytes]:
+        """`keys_single` over one block: `seeks` are the criteria's prefixes each followed by
+        the block's height (`block_seeks`). Every key sought lies in that block, so a
+        criterion with no log there (most blocks, for a selective filter) ends the query
+        after one seek, with no range bounds to build or compare."""
+        cur = txn.cursor(db=self._keys)
+        seek = seeks[0]
+        if not cur.set_range(seek):
+            return []
+        key = cur.key()
+        if not key.startswith(seek):
+            return []
+        set_range, current, following = cur.set_range, cur.key, cur.next
+        height = seek[-8:]
+        at = key[len(seek) :]  # the position (4 bytes) every criterion must reach
+        count = len(seeks)
+        agreed, i = 1, 0  # criteria at `at` so far; the one the cursor is on
+        out: list[bytes] = []
+        while True:  # the leapfrog of `_intersect`, over positions in the block
+            if agreed == count:
+                out.append(height + at)
+                if len(out) >= most:
+                    return out
+                # The cursor is on criterion i's key at `at`: its next key is that
+                # criterion's next log, with no seek from the root.
+                if not following():
+                    return out
+                key = current()
+                if not key.startswith(seek):
+                    return out
+                at, agreed = key[len(seek) :], 1
+                continue
+            i = i + 1 if i + 1 < count else 0
+            seek = seeks[i]
+            if not set_range(seek + at):
+                return out
+            key = current()
+            if not key.startswith(seek):
+                return out
+            found = key[len(seek) :]
+            if found == at:
+                agreed += 1
+            else:
+                at, agreed = found, 1
+
     def logs_of(self, txn: lmdb.Transaction, keys: list[bytes]) -> list[bytes]:
         """The stored log JSON of each key (`keys_single`'s)."""
         get, logs = txn.get, self._logs
-        return [get(key, db=logs) for key in keys]
+        out = []
+        for key in keys:  # (a loop: a comprehension costs a call, and most answers are short)
+            out.append(get(key, db=logs))
+        return out
 
     @staticmethod
     def height_of_key(key: bytes) -> int:
@@ -251,6 +299,12 @@ def criteria_prefixes(
         if options is not None:
             out.append([b"t" + bytes([i]) + t for t in options])
     return out
+
+
+def block_seeks(prefixes: list[bytes], height: int) -> list[bytes]:
+    """`block_keys`' seeks: each of `prefixes` (one per criterion) followed by `height`."""
+    hb = _BE.pack(height)
+    return [prefix + hb for prefix in prefixes]
 
 
 def _criterion(cur: lmdb.Cursor, prefixes: list[bytes], end: bytes) -> _Prefix | _Union:

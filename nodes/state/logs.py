@@ -40,8 +40,8 @@ from chainstate.logfilter import (
 )
 from chainstate.tasks import stop_task
 from nodes.state.backfill import Backfill as BlockBackfill
-from nodes.state.logindex import LogIndex, criteria_prefixes
-from nodes.state.reads import Deferred
+from nodes.state.logindex import LogIndex, block_seeks, criteria_prefixes
+from nodes.state.reads import Deferred, Reads
 from nodes.state.store import StateStore
 from nodes.state.vendor import VendorBlock
 
@@ -60,6 +60,7 @@ INLINE_LOGS = 256
 INLINE_BYTES = 128 * 1024
 FILTER_CACHE = 4096  # parsed filters kept (then the cache restarts)
 FILTER_CACHE_BYTES = 1024  # a filter longer than this as JSON is not kept
+_NONE = orjson.Fragment(b"[]")  # no matching log
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,17 +97,8 @@ class _Query(NamedTuple):
     topics: list[list[bytes] | None]
     prefixes: list[list[bytes]]
     single: list[bytes] | None  # the prefixes when each criterion has one (`keys_single`)
-
-
-def _filter_key(value: Any) -> bytes | None:
-    """A filter object as the key it is kept under: its JSON (orjson's, from the parsed
-    object: the same filter written the same way gives the same bytes; values of other
-    types never do), None when it is not an object or longer than FILTER_CACHE_BYTES (kept
-    filters stay small)."""
-    if value.__class__ is not dict:
-        return None
-    key = orjson.dumps(value)
-    return key if len(key) <= FILTER_CACHE_BYTES else None
+    block: int  # the one height `fromBlock` and `toBlock` both name, else -1
+    seeks: list[bytes] | None  # with `block` and `single`: `block_seeks` (`block_keys`)
 
 
 class LogMethods:
@@ -125,41 +117,72 @@ class LogMethods:
             small = await asyncio.to_thread(self.query, query)
         return orjson.Fragment(small)
 
-    def in_loop(self, txn: lmdb.Transaction, params: Any) -> orjson.Fragment:
-        """eth_getLogs answered inside a read transaction of the store (the read path's
-        loop, `ReadPath.add_port_read`): a small answer costs less than the coroutine and
-        task the dispatcher would spend on it. `Deferred` when the range or the answer is
-        larger than the loop should read (INLINE_*): the dispatcher answers it then."""
-        small = self._query(txn, self._parsed(params), True, INLINE_BYTES)
+    def port_read(self, reads: Reads, params: Any) -> orjson.Fragment:
+        """eth_getLogs answered inside the read transaction of the read path's loop
+        (`ReadPath.add_port_read`): a small answer costs less than the coroutine and task
+        the dispatcher would spend on it. `Deferred` when the range or the answer is larger
+        than the loop should read (INLINE_*): the dispatcher answers it then.
+
+        One block by number (a poll block by block, most queries) is read here without
+        `_query`'s range and limit checks, which one block cannot fail: only the index's
+        covered range is looked at."""
+        query = self._parsed(params)
+        txn = reads.snap.txn
+        seeks = query.seeks
+        if seeks is not None:
+            lo, hi = self.index.covered_read(txn)
+            block = query.block
+            if lo <= block <= hi:
+                limit = self.settings.max_logs_per_response
+                most = min(INLINE_LOGS, limit)
+                keys = self.index.block_keys(txn, seeks, most + 1)
+                if not keys:
+                    return _NONE
+                small = self._answer_keys(txn, keys, block, INLINE_LOGS, INLINE_BYTES)
+                if small is None:
+                    raise Deferred
+                return orjson.Fragment(small)
+        small = self._query(txn, query, True, INLINE_BYTES)
         if small is None:
             raise Deferred
         return orjson.Fragment(small)
 
     def _parsed(self, params: Any) -> _Query:
         """The request's filter parsed, with its addresses and topics as the index keys
-        them; remembered by the filter's value (dapps send the same filters again and
-        again, and parsing one costs more than reading a block's logs)."""
-        (value,) = params_list(params, ["filter"])
+        them; remembered by the filter's value, as orjson writes it (dapps send the same
+        filters again and again, and parsing one costs more than reading a block's logs).
+        Only filters of at most FILTER_CACHE_BYTES are kept (the cache stays small)."""
+        if params.__class__ is list and len(params) == 1:
+            value = params[0]
+        else:
+            (value,) = params_list(params, ["filter"])
+        key = orjson.dumps(value) if value.__class__ is dict else None
+        query = self._filters.get(key) if key is not None else None
+        if query is not None:
+            return query
         if value is None:
             raise JsonRpcError(INVALID_PARAMS, "missing required parameter: filter")
-        key = _filter_key(value)
-        query = self._filters.get(key) if key is not None else None
-        if query is None:
-            flt = parse_filter(value, max_list=self.settings.max_log_query_list)
-            addresses = [bytes.fromhex(a[2:]) for a in sorted(flt.addresses or ())]
-            topics = [
-                None if t is None else [bytes.fromhex(x[2:]) for x in sorted(t)] for t in flt.topics
-            ]
-            prefixes = criteria_prefixes(addresses, topics)
-            single = None
-            if prefixes and all(len(options) == 1 for options in prefixes):
-                single = [options[0] for options in prefixes]
-            query = _Query(flt, addresses, topics, prefixes, single)
-            if key is not None:
-                if len(self._filters) >= FILTER_CACHE:
-                    self._filters.clear()
-                self._filters[key] = query
+        query = self._parse(value)
+        if key is not None and len(key) <= FILTER_CACHE_BYTES:
+            if len(self._filters) >= FILTER_CACHE:
+                self._filters.clear()
+            self._filters[key] = query
         return query
+
+    def _parse(self, value: Any) -> _Query:
+        flt = parse_filter(value, max_list=self.settings.max_log_query_list)
+        addresses = [bytes.fromhex(a[2:]) for a in sorted(flt.addresses or ())]
+        topics = [
+            None if t is None else [bytes.fromhex(x[2:]) for x in sorted(t)] for t in flt.topics
+        ]
+        prefixes = criteria_prefixes(addresses, topics)
+        single = None
+        if prefixes and all(len(options) == 1 for options in prefixes):
+            single = [options[0] for options in prefixes]
+        block, seeks = _one_block(flt), None
+        if single is not None and block >= 0:
+            seeks = block_seeks(single, block)
+        return _Query(flt, addresses, topics, prefixes, single, block, seeks)
 
     def query(self, query: _Query, inline: bool = False) -> bytes | None:
         """The JSON array of matching logs (raises JsonRpcError); `inline`: None instead
@@ -177,6 +200,14 @@ class LogMethods:
     def _query(
         self, txn: lmdb.Transaction, query: _Query, inline: bool, max_bytes: int | None = None
     ) -> bytes | None:
+        seeks = query.seeks
+        if seeks is not None:  # one block by number (a poll block by block): no `_range`
+            lo, hi = self.index.covered_read(txn)
+            block = query.block
+            if lo <= block <= hi:
+                budget = INLINE_LOGS if inline else None
+                keys = self.index.block_keys(txn, seeks, self._most(budget) + 1)
+                return self._answer_keys(txn, keys, block, budget, max_bytes) if keys else b"[]"
         start, end = self._range(txn, query.filter)
         if inline and end - start >= INLINE_BLOCKS:
             return None
@@ -240,9 +271,29 @@ class LogMethods:
     ) -> bytes | None:
         """`_collect` for criteria of one prefix each: the matching keys as a list (one more
         than may be answered), then their logs; the same answers and limits."""
+        most = self._most(budget) + 1
+        if start == end:  # (a block by hash or by tag)
+            keys = self.index.block_keys(txn, block_seeks(single, start), most)
+        else:
+            keys = self.index.keys_single(txn, single, start, end, most)
+        return self._answer_keys(txn, keys, start, budget, max_bytes)
+
+    def _most(self, budget: int | None) -> int:
+        """How many logs an answer may hold: the limit, or the inline budget below it."""
         limit = self.settings.max_logs_per_response
-        most = limit if budget is None else min(limit, budget)
-        keys = self.index.keys_single(txn, single, start, end, most + 1)
+        return limit if budget is None else min(limit, budget)
+
+    def _answer_keys(
+        self,
+        txn: lmdb.Transaction,
+        keys: list[bytes],
+        start: int,
+        budget: int | None,
+        max_bytes: int | None,
+    ) -> bytes | None:
+        """The answer of the matching logs' keys (one more than may be answered: the
+        limit's error, or None past the inline budget), their logs read."""
+        limit = self.settings.max_logs_per_response
         if len(keys) > limit:
             raise _too_many_logs(limit, start, self.index.height_of_key(keys[limit]))
         if budget is not None and len(keys) > budget:
@@ -273,6 +324,14 @@ class LogMethods:
             BLOCK_NOT_FOUND,
             f"block range [{start}, {end}] is outside this node's logs range [{lo}, {hi}]{note}",
         )
+
+
+def _one_block(flt: LogFilter) -> int:
+    """The height when the filter names one block by number in both ends, else -1."""
+    start, end = flt.from_ref, flt.to_ref
+    if start is None or end is None or start.number is None or start.number != end.number:
+        return -1
+    return start.number
 
 
 def _height(ref: BlockRef | None, head: int) -> int:
@@ -339,6 +398,5 @@ def register(node: Any) -> LogService:
     when small, in the loop of the node's port (`node.reads`)."""
     service = LogService(node, LogSettings.from_config(node.settings.logs))
     node.dispatcher.register("eth_getLogs", service.methods.eth_get_logs)
-    in_loop = service.methods.in_loop
-    node.reads.add_port_read("eth_getLogs", lambda reads, params: in_loop(reads.snap.txn, params))
+    node.reads.add_port_read("eth_getLogs", service.methods.port_read)
     return service

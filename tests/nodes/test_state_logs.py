@@ -421,3 +421,54 @@ async def test_small_queries_are_answered_by_the_port_without_waiting(
     assert bad["error"]["code"] == -39007
     outside = orjson.loads(node.answer_now(orjson.dumps(body(one(head + 1)))) or b"null")
     assert outside["error"]["code"] == -39006
+
+
+async def test_one_block_queries_equal_the_model_with_the_limits_of_any_range(
+    make_node: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A query over one block (by number, by hash or as `latest`) with one address or topic
+    per criterion is read from that block's keys alone: every block of the chain answers as
+    the model, through the port's loop and the dispatcher alike, and the logs limit, the
+    inline budget and the covered range apply as to any range."""
+    monkeypatch.setattr(logs_module, "INLINE_LOGS", 2)
+    chain, _ = log_chain(seed=11, blocks=60)
+    node = await make_node(chain, kind="archive", logs={"max_logs_per_response": 3})
+    head = chain.head
+    shapes: list[dict[str, Any]] = [
+        {"address": EMITTERS[0]},
+        {"address": EMITTERS[1], "topics": [TOPIC_POOL[0][1]]},
+        {"topics": [TOPIC_POOL[0][2]]},
+        {"topics": [None, TOPIC_POOL[1][0]]},
+        {"address": [EMITTERS[2]], "topics": [TOPIC_POOL[0][0], None, [TOPIC_POOL[2][3]]]},
+    ]
+    seen = {"loop": 0, "dispatcher": 0, "too many": 0}
+    for height in range(head + 1):
+        for shape in shapes:
+            for flt in (
+                shape | {"fromBlock": hex(height), "toBlock": hex(height)},
+                shape | {"blockHash": chain.blocks[height]["Header"]["hash"]},
+            ):
+                want = model(chain, flt, height, height)
+                body = {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [flt]}
+                raw = orjson.dumps(body)
+                now, answer = node.answer_now(raw), orjson.loads(await node.handle_body(raw))
+                if len(want) > 3:  # the limit: this block alone has more
+                    seen["too many"] += 1
+                    assert answer["error"]["code"] == -32005, flt
+                    assert f"block {height:#x} alone has more" in answer["error"]["message"]
+                    assert now is None  # (past INLINE_LOGS first: the dispatcher says so)
+                    continue
+                assert answer["result"] == want, flt
+                if len(want) > 2:  # past INLINE_LOGS: answered by the dispatcher
+                    seen["dispatcher"] += 1
+                    assert now is None, flt
+                else:
+                    seen["loop"] += 1
+                    assert orjson.loads(now or b"null")["result"] == want, flt
+    assert min(seen.values()) > 0, seen
+    latest = {"fromBlock": "latest", "toBlock": "latest"} | shapes[2]
+    assert await get_logs(node, latest) == model(chain, latest, head, head)
+    # A block the node does not hold: -39006, so the proxy asks another node.
+    beyond = shapes[1] | {"fromBlock": hex(head + 1), "toBlock": hex(head + 1)}
+    code, _ = await error(node, [beyond])
+    assert code == -39006
