@@ -40,7 +40,10 @@ _NO_BLOCK = -1  # `hi` before the first block
 
 
 class LogIndex:
-    """The log index of one store; reads open their own transaction on the store's env."""
+    """The log index of one store; reads open their own transaction on the store's env.
+
+    Reads pass `txn.cursor` and `txn.get` their database positionally: py-lmdb parses a
+    keyword argument at a cost near that of the seek itself."""
 
     def __init__(self) -> None:
         self.env: lmdb.Environment | None = None
@@ -136,10 +139,10 @@ class LogIndex:
         a caller that sends the same filter again and again builds once."""
         start, end = _BE.pack(lo) + _POS.pack(0), _BE.pack(hi + 1) + _POS.pack(0)
         # Every seek positions the cursor afresh (`set_range`), so the criteria share one.
-        keys = txn.cursor(db=self._keys)
+        keys = txn.cursor(self._keys)
         criteria = [_criterion(keys, options, end) for options in prefixes]
         if not criteria:
-            cur = txn.cursor(db=self._logs)
+            cur = txn.cursor(self._logs)
             if not cur.set_range(start):
                 return
             for key, raw in cur:
@@ -148,7 +151,7 @@ class LogIndex:
                 yield _BE.unpack_from(key)[0], raw
             return
         for key in _intersect(criteria, start):
-            yield _BE.unpack_from(key)[0], txn.get(key, db=self._logs)
+            yield _BE.unpack_from(key)[0], txn.get(key, None, self._logs)
 
     def keys_single(
         self, txn: lmdb.Transaction, prefixes: list[bytes], lo: int, hi: int, most: int
@@ -158,7 +161,7 @@ class LogIndex:
         `most` of them: `scan` for the filters most are (one address, single topics), as
         a list from one loop, with no generator or object per criterion in between."""
         start, end = _AT.pack(lo, 0), _AT.pack(hi + 1, 0)
-        cur = txn.cursor(db=self._keys)
+        cur = txn.cursor(self._keys)
         set_range, current = cur.set_range, cur.key
         heads = [b""] * len(prefixes)  # each prefix's last answer (kept while ≥ `at`)
         sizes = [len(p) for p in prefixes]
@@ -192,7 +195,7 @@ class LogIndex:
         the block's height (`block_seeks`). Every key sought lies in that block, so a
         criterion with no log there (most blocks, for a selective filter) ends the query
         after one seek, with no range bounds to build or compare."""
-        cur = txn.cursor(db=self._keys)
+        cur = txn.cursor(self._keys)
         seek = seeks[0]
         if not cur.set_range(seek):
             return []
@@ -237,7 +240,7 @@ class LogIndex:
         get, logs = txn.get, self._logs
         out = []
         for key in keys:  # (a loop: a comprehension costs a call, and most answers are short)
-            out.append(get(key, db=logs))
+            out.append(get(key, None, logs))
         return out
 
     @staticmethod

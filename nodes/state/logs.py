@@ -134,7 +134,7 @@ class LogMethods:
             block = query.block
             if lo <= block <= hi:
                 limit = self.settings.max_logs_per_response
-                most = min(INLINE_LOGS, limit)
+                most = limit if limit < INLINE_LOGS else INLINE_LOGS
                 keys = self.index.block_keys(txn, seeks, most + 1)
                 if not keys:
                     return _NONE
