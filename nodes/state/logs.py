@@ -58,7 +58,7 @@ DEFAULT_MAX_LOGS_PER_RESPONSE = 20_000  # reth's --rpc.max-logs-per-response
 INLINE_BLOCKS = 128
 INLINE_LOGS = 256
 INLINE_BYTES = 128 * 1024
-FILTER_CACHE = 4096  # parsed filters kept (then the cache restarts)
+FILTER_CACHE = 4096  # parsed filters kept, and filter shapes (then each cache restarts)
 FILTER_CACHE_BYTES = 1024  # a filter longer than this as JSON is not kept
 _NONE = orjson.Fragment(b"[]")  # no matching log
 
@@ -109,6 +109,7 @@ class LogMethods:
         self.index = index
         self.settings = settings
         self._filters: dict[bytes, _Query] = {}  # parsed filters by their JSON
+        self._shapes: dict[bytes, _Query] = {}  # the same, by their JSON without blocks
 
     async def eth_get_logs(self, params: Any) -> orjson.Fragment:
         query = self._parsed(params)
@@ -162,23 +163,54 @@ class LogMethods:
             return query
         if value is None:
             raise JsonRpcError(INVALID_PARAMS, "missing required parameter: filter")
-        query = self._parse(value)
+        query = self._by_shape(value) if key is not None else None
+        if query is None:
+            query = self._query_of(parse_filter(value, max_list=self.settings.max_log_query_list))
         if key is not None and len(key) <= FILTER_CACHE_BYTES:
-            if len(self._filters) >= FILTER_CACHE:
-                self._filters.clear()
-            self._filters[key] = query
+            _keep(self._filters, key, query)
         return query
 
-    def _parse(self, value: Any) -> _Query:
-        flt = parse_filter(value, max_list=self.settings.max_log_query_list)
-        addresses = [bytes.fromhex(a[2:]) for a in sorted(flt.addresses or ())]
-        topics = [
-            None if t is None else [bytes.fromhex(x[2:]) for x in sorted(t)] for t in flt.topics
-        ]
-        prefixes = criteria_prefixes(addresses, topics)
-        single = None
-        if prefixes and all(len(options) == 1 for options in prefixes):
-            single = [options[0] for options in prefixes]
+    def _by_shape(self, value: dict[str, Any]) -> _Query | None:
+        """A filter whose fields but its blocks were parsed before (a poll block by block
+        sends the same criteria with new heights): the kept criteria, and the blocks parsed
+        alone, with the same checks and errors as the whole filter (the criteria's come
+        first either way). None for a filter with a `blockHash` or without blocks."""
+        if "blockHash" in value:
+            return None
+        blocks: dict[str, Any] = {}
+        rest: dict[str, Any] = {}
+        for name, item in value.items():
+            if name == "fromBlock" or name == "toBlock":
+                blocks[name] = item
+            else:
+                rest[name] = item
+        if not blocks:
+            return None
+        key = orjson.dumps(rest)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._query_of(parse_filter(rest, max_list=self.settings.max_log_query_list))
+            if len(key) <= FILTER_CACHE_BYTES:
+                _keep(self._shapes, key, shape)
+        ends = parse_filter(blocks)
+        criteria = shape.filter
+        flt = LogFilter(ends.from_ref, ends.to_ref, None, criteria.addresses, criteria.topics)
+        return self._query_of(flt, shape)
+
+    def _query_of(self, flt: LogFilter, shape: _Query | None = None) -> _Query:
+        """`flt` with its criteria as the index keys them (`shape`'s, when given: a query
+        of the same criteria)."""
+        if shape is not None:
+            addresses, topics, prefixes, single = shape[1:5]
+        else:
+            addresses = [bytes.fromhex(a[2:]) for a in sorted(flt.addresses or ())]
+            topics = [
+                None if t is None else [bytes.fromhex(x[2:]) for x in sorted(t)] for t in flt.topics
+            ]
+            prefixes = criteria_prefixes(addresses, topics)
+            single = None
+            if prefixes and all(len(options) == 1 for options in prefixes):
+                single = [options[0] for options in prefixes]
         block, seeks = _one_block(flt), None
         if single is not None and block >= 0:
             seeks = block_seeks(single, block)
@@ -324,6 +356,12 @@ class LogMethods:
             BLOCK_NOT_FOUND,
             f"block range [{start}, {end}] is outside this node's logs range [{lo}, {hi}]{note}",
         )
+
+
+def _keep(cache: dict[bytes, _Query], key: bytes, query: _Query) -> None:
+    if len(cache) >= FILTER_CACHE:
+        cache.clear()
+    cache[key] = query
 
 
 def _one_block(flt: LogFilter) -> int:

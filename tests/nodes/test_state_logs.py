@@ -472,3 +472,40 @@ async def test_one_block_queries_equal_the_model_with_the_limits_of_any_range(
     beyond = shapes[1] | {"fromBlock": hex(head + 1), "toBlock": hex(head + 1)}
     code, _ = await error(node, [beyond])
     assert code == -39006
+
+
+async def test_a_poll_block_by_block_answers_and_refuses_as_a_new_filter(make_node: Any) -> None:
+    """A filter that differs from one seen before only in its blocks (a dapp polling each new
+    block) is answered from the criteria parsed then, with the blocks' own checks: the same
+    answers, and the same errors in the same order, as a filter never seen."""
+    chain, _ = log_chain(seed=12, blocks=30)
+    node = await make_node(chain, kind="archive")
+    head = chain.head
+    criteria = [
+        {"address": EMITTERS[3], "topics": [TOPIC_POOL[0][0]]},
+        {"topics": [None, [TOPIC_POOL[1][1], TOPIC_POOL[1][2]]]},
+        {"address": EMITTERS[:2]},
+    ]
+    for shape in criteria:
+        for start in range(head + 1):
+            for end in (start, min(start + 3, head)):
+                flt = shape | {"fromBlock": hex(start), "toBlock": hex(end)}
+                assert await get_logs(node, flt) == model(chain, flt, start, end), flt
+        tail = shape | {"fromBlock": hex(head - 2)}  # toBlock omitted: latest
+        assert await get_logs(node, tail) == model(chain, tail, head - 2, head)
+        # The blocks' errors, with the criteria's kept: as a filter never seen.
+        for blocks, code, text in (
+            ({"fromBlock": "foo", "toBlock": "0x1"}, -39007, "invalid fromBlock"),
+            ({"fromBlock": "0x1", "toBlock": 5}, -39007, "invalid toBlock"),
+            ({"fromBlock": "0x5", "toBlock": "0x2"}, -32602, "invalid block range params"),
+            ({"fromBlock": hex(head + 1), "toBlock": hex(head + 1)}, -39006, "outside"),
+            ({"fromBlock": "0x1", "blockHash": "0x" + "11" * 32}, -32602, "cannot specify both"),
+        ):
+            got_code, message = await error(node, [shape | blocks])
+            assert (got_code, text in message) == (code, True), (shape, blocks, message)
+    # Criteria that fail are refused before the blocks, whichever blocks come with them.
+    for blocks in ({"fromBlock": "0x1", "toBlock": "0x1"}, {"fromBlock": "foo"}):
+        code, message = await error(node, [{"address": "0x12"} | blocks])
+        assert code == -32602 and "invalid address" in message
+        code, message = await error(node, [blocks | {"foo": 1}])
+        assert code == -32602 and "unknown field `foo`" in message
