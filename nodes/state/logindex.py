@@ -236,7 +236,7 @@ class LogIndex:
                 at, agreed = found, 1
 
     def logs_of(self, txn: lmdb.Transaction, keys: list[bytes]) -> list[bytes]:
-        """The stored log JSON of each key (`keys_single`'s)."""
+        """The stored log JSON of each key (`keys_single`'s or `block_keys`')."""
         get, logs = txn.get, self._logs
         out = []
         for key in keys:  # (a loop: a comprehension costs a call, and most answers are short)
