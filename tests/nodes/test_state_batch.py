@@ -11,7 +11,12 @@ import pytest
 
 from nodes.state.service import StateNode
 from nodes.state.store import PreStateMismatch, StateStore
-from nodes.state.vendor import VendorBlockError, compute_validation_hash, parse_vendor_block
+from nodes.state.vendor import (
+    VendorBlockError,
+    _checked_side,
+    compute_validation_hash,
+    parse_vendor_block,
+)
 from tests.nodes.test_state_chain import random_chain
 from tests.nodes.test_state_store import assert_state
 
@@ -93,3 +98,64 @@ def test_a_bad_slot_among_many_is_named() -> None:
         bad["ValidationHash"] = compute_validation_hash(bad["Header"], bad["StateDiff"])
         with pytest.raises(VendorBlockError, match="storage must be an object"):
             parse_vendor_block(bad)
+
+
+def test_the_bulk_check_decodes_as_the_account_by_account_one() -> None:
+    chain, _ = random_chain(seed=34, blocks=20)
+    with_code = copy.deepcopy(chain.blocks[1])
+    with_code["StateDiff"]["post"]["0x" + "cd" * 20] = {"code": "0x6001", "nonce": "0x1"}
+    with_code["ValidationHash"] = compute_validation_hash(
+        with_code["Header"], with_code["StateDiff"]
+    )
+    for raw in [*chain.blocks, with_code]:
+        block = parse_vendor_block(raw)
+        for name, side in (("pre", block.pre), ("post", block.post)):
+            assert side == _checked_side(raw["StateDiff"].get(name, {}), name)
+
+
+WORD = "0x" + "11" * 32
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"balance": None}, "balance"),
+        ({"nonce": None}, "nonce"),
+        ({"code": None}, "code"),
+        ({"storage": None}, "storage must be an object"),
+        ({"balance": "0x1,0x2"}, "balance"),  # two quantities in one value
+        ({"balance": "0x01"}, "balance"),
+        ({"nonce": "0xA"}, "nonce"),
+        ({"code": "0x6"}, "code"),
+        ({"code": "0x6G"}, "code"),
+        ({"storage": {"": WORD + WORD}}, "slot"),  # an empty key and a double value
+        ({"storage": {WORD + WORD: ""}}, "slot"),
+        ({"storage": {WORD: 1}}, "slot"),
+    ],
+)
+def test_values_the_bulk_check_must_refuse(fields: dict[str, Any], error: str) -> None:
+    chain, _ = random_chain(seed=35, blocks=2)
+    for name in ("pre", "post"):
+        bad = copy.deepcopy(chain.blocks[1])
+        bad["StateDiff"].setdefault(name, {})["0x" + "cd" * 20] = fields
+        bad["ValidationHash"] = compute_validation_hash(bad["Header"], bad["StateDiff"])
+        with pytest.raises(VendorBlockError, match=error):
+            parse_vendor_block(bad)
+
+
+@pytest.mark.parametrize(
+    "addresses",
+    [
+        ["0x" + "CD" * 20],  # uppercase
+        ["0x" + "cd" * 19],  # short
+        ["", "0x" + "cd" * 40],  # an empty one and a double one: the right total length
+    ],
+)
+def test_addresses_the_bulk_check_must_refuse(addresses: list[str]) -> None:
+    chain, _ = random_chain(seed=36, blocks=2)
+    bad = copy.deepcopy(chain.blocks[1])
+    for address in addresses:
+        bad["StateDiff"]["post"][address] = {"balance": "0x1"}
+    bad["ValidationHash"] = compute_validation_hash(bad["Header"], bad["StateDiff"])
+    with pytest.raises(VendorBlockError, match="address"):
+        parse_vendor_block(bad)
