@@ -619,12 +619,19 @@ class StateStore:
         block rewrites it and syncs each time (most of a block's cost on a slow disk)."""
 
         def apply(txn: lmdb.Transaction) -> None:
+            bounds = self._bounds(txn)
             for block in blocks:
-                self._apply(txn, block, verify_pre)
+                self._apply(txn, block, verify_pre, prune=False)
+            if blocks:  # (a store's first block is block 0, its earliest)
+                self._prune(txn, 0 if bounds is None else bounds[0], blocks[-1].number)
 
         self._write(apply)
 
-    def _apply(self, txn: lmdb.Transaction, block: VendorBlock, verify_pre: bool) -> None:
+    def _apply(
+        self, txn: lmdb.Transaction, block: VendorBlock, verify_pre: bool, *, prune: bool = True
+    ) -> None:
+        """Write one block; `prune=False` leaves the window's move to the caller, which
+        prunes once for every block of its transaction (`_prune`)."""
         bounds = self._bounds(txn)
         height = block.number
         if bounds is None:
@@ -658,7 +665,8 @@ class StateStore:
             txn.put(META_EARLIEST, hb, db=self._meta)
         for extension in self.extensions:
             extension.applied(txn, block)
-        self._prune(txn, earliest, height)
+        if prune:
+            self._prune(txn, earliest, height)
 
     def _put_body(
         self, txn: lmdb.Transaction, hb: bytes, height: int, body: BlockBody | None
@@ -727,23 +735,31 @@ class StateStore:
 
     def _prune(self, txn: lmdb.Transaction, old_earliest: int, head: int) -> None:
         """Move a `state` node's window: keep, per field and slot, only the newest version
-        at or below the new earliest height (and everything above it)."""
+        at or below the new earliest height (and everything above it).
+
+        Once for all the heights leaving the window in one transaction: a key written at
+        several of them is pruned once, from its newest, and the keys are visited in order
+        (each seek mostly lands on the page the previous one left)."""
         if self.kind != "state":
             return
         new_earliest = max(old_earliest, head - self.window + 1)
         if new_earliest == old_earliest:
             return
-        cur = txn.cursor(db=self._ver)
+        newest: dict[bytes, bytes] = {}  # prefix → its newest version key leaving the window
         for height in range(old_earliest + 1, new_earliest + 1):
             hb = _BE.pack(height)
             for prefix in _split_prefixes(txn.get(hb, db=self._undo) or b""):
-                if not cur.set_key(prefix + hb):
-                    continue
-                while cur.prev():
-                    key = cur.key()
-                    if len(key) != len(prefix) + 8 or not key.startswith(prefix):
-                        break
-                    cur.delete()  # moves to the next key: the version we came from
+                newest[prefix] = hb
+        cur = txn.cursor(db=self._ver)
+        for prefix in sorted(newest):
+            if not cur.set_key(prefix + newest[prefix]):
+                continue
+            size = len(prefix) + 8
+            while cur.prev():
+                key = cur.key()
+                if len(key) != size or not key.startswith(prefix):
+                    break
+                cur.delete()  # moves to the next key: the version we came from
         for height in range(old_earliest, new_earliest + 1):
             txn.delete(_BE.pack(height), db=self._undo)
         for height in range(old_earliest, new_earliest):
@@ -764,10 +780,12 @@ class StateStore:
         def replace(txn: lmdb.Transaction) -> int:
             for _ in range(depth):
                 self._rollback(txn)
+            earliest = self._bounds(txn)
             for block in blocks:
-                self._apply(txn, block, verify_pre)
+                self._apply(txn, block, verify_pre, prune=False)
             bounds = self._bounds(txn)
-            assert bounds is not None  # (a rollback keeps the earliest block)
+            assert earliest is not None and bounds is not None  # (the earliest block stays)
+            self._prune(txn, earliest[0], bounds[1])
             return bounds[1]
 
         new_head: int = self._write(replace)

@@ -159,3 +159,28 @@ def test_addresses_the_bulk_check_must_refuse(addresses: list[str]) -> None:
     bad["ValidationHash"] = compute_validation_hash(bad["Header"], bad["StateDiff"])
     with pytest.raises(VendorBlockError, match="address"):
         parse_vendor_block(bad)
+
+
+def _contents(store: StateStore) -> dict[str, list[tuple[bytes, bytes]]]:
+    with store._reading() as txn:
+        return {
+            name: list(txn.cursor(db=db))
+            for name, db in (("versions", store._ver), ("undo", store._undo), ("meta", store._meta))
+        }
+
+
+def test_a_batch_prunes_to_the_same_store_as_blocks_one_by_one(tmp_path: Path) -> None:
+    chain, _ = random_chain(seed=37, blocks=60)  # few accounts: most written at many heights
+    blocks = [parse_vendor_block(raw) for raw in chain.blocks]
+    one = StateStore(tmp_path / "one", kind="state", window=5, map_size_mb=64)
+    many = StateStore(tmp_path / "many", kind="state", window=5, map_size_mb=64)
+    one.open()
+    many.open()
+    for block in blocks:
+        one.apply(block)
+    for start in range(0, len(blocks), 8):  # batches longer than the window
+        many.apply_many(blocks[start : start + 8])
+    assert many.range() == one.range() == (55, 59)
+    assert _contents(many) == _contents(one)
+    many.replace(2, blocks[58:])  # a reorg to the same blocks prunes nothing more
+    assert _contents(many) == _contents(one)
