@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from itertools import chain
 from typing import Any
 
 import orjson
@@ -23,7 +23,6 @@ _FIELDS = frozenset(ACCOUNT_FIELDS)
 _WORDS = re.compile(r"(?:0x[0-9a-f]{64})*")  # lowercase 32-byte hashes, back to back
 _ADDRESSES = re.compile(r"(?:0x[0-9a-f]{40})*")  # lowercase addresses, back to back
 _QUANTITIES = re.compile(r"(?:0x(?:0|[1-9a-f][0-9a-f]*),)*")  # lowercase quantities, each + ","
-_BASE16 = repeat(16)  # the base of every int() of a map over hex strings
 
 
 class VendorBlockError(ValueError):
@@ -149,9 +148,7 @@ def _decoded_side(side: dict[str, dict[str, Any]]) -> dict[str, AccountDiff] | N
             None if balance is None else int(balance, 16),
             None if nonce is None else int(nonce, 16),
             code,
-            dict(zip(map(int, storage, _BASE16), map(int, storage.values(), _BASE16), strict=True))
-            if storage
-            else {},
+            {int(slot, 16): int(value, 16) for slot, value in storage.items()} if storage else {},
         )
     return out
 
