@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from bench.marks import MARK, segment_counts
+from bench.scale import node_gc
 
 KINDS = ("archive", "state")
 
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.callgrind:
         return callgrind(args)
+    node_gc()  # as the node's process collects (bench/scale.py)
     report = asyncio.run(_run(args))
     if args.json:
         print(json.dumps(report))
