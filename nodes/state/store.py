@@ -100,10 +100,6 @@ class StoreExtension(Protocol):
     def pruned(self, txn: lmdb.Transaction, earliest: int) -> None: ...
 
 
-def _int_bytes(value: int) -> bytes:
-    return value.to_bytes((value.bit_length() + 7) // 8, "big")
-
-
 def _addr(address: str) -> bytes:
     return bytes.fromhex(address[2:])
 
@@ -623,12 +619,19 @@ class StateStore:
         block rewrites it and syncs each time (most of a block's cost on a slow disk)."""
 
         def apply(txn: lmdb.Transaction) -> None:
+            bounds = self._bounds(txn)
             for block in blocks:
-                self._apply(txn, block, verify_pre)
+                self._apply(txn, block, verify_pre, prune=False)
+            if blocks:  # (a store's first block is block 0, its earliest)
+                self._prune(txn, 0 if bounds is None else bounds[0], blocks[-1].number)
 
         self._write(apply)
 
-    def _apply(self, txn: lmdb.Transaction, block: VendorBlock, verify_pre: bool) -> None:
+    def _apply(
+        self, txn: lmdb.Transaction, block: VendorBlock, verify_pre: bool, *, prune: bool = True
+    ) -> None:
+        """Write one block; `prune=False` leaves the window's move to the caller, which
+        prunes once for every block of its transaction (`_prune`)."""
         bounds = self._bounds(txn)
         height = block.number
         if bounds is None:
@@ -647,7 +650,7 @@ class StateStore:
             if verify_pre:
                 self._verify_pre(txn, block)
         hb = _BE.pack(height)
-        writes = sorted(block_writes(block))
+        writes = block_writes(block)
         # in key order: each leaf page is reached once, from the branch pages just used
         txn.cursor(db=self._ver).putmulti([(prefix + hb, value) for prefix, value in writes])
         if bounds is not None:  # the first block's record would never be read: it is the
@@ -662,7 +665,8 @@ class StateStore:
             txn.put(META_EARLIEST, hb, db=self._meta)
         for extension in self.extensions:
             extension.applied(txn, block)
-        self._prune(txn, earliest, height)
+        if prune:
+            self._prune(txn, earliest, height)
 
     def _put_body(
         self, txn: lmdb.Transaction, hb: bytes, height: int, body: BlockBody | None
@@ -717,48 +721,45 @@ class StateStore:
         return _BE.unpack(txn.get(META_BODIES_FROM, db=self._meta))[0]
 
     def _verify_pre(self, txn: lmdb.Transaction, block: VendorBlock) -> None:
+        """Every `pre` value equals the stored one at the parent height. Compared encoded
+        (integers are stored minimal, so equal bytes are equal values), in key order: one
+        cursor, whose seeks mostly land on the page the previous one read."""
         parent = block.number - 1
-        cur = txn.cursor(db=self._ver)  # one cursor for every check, not one per value
-        for address, acc in block.pre.items():
-            a = _addr(address)
-            checks: list[tuple[str, bytes, Any, Any]] = []
-            if acc.balance is not None:
-                checks.append(("balance", a + F_BALANCE, acc.balance, int))
-            if acc.nonce is not None:
-                checks.append(("nonce", a + F_NONCE, acc.nonce, int))
-            if acc.code is not None:
-                checks.append(("code", a + F_CODE, acc.code, bytes))
-            for slot, value in acc.storage.items():
-                slot_key = a + F_STORAGE + slot.to_bytes(32, "big")
-                checks.append((f"slot {slot:#066x}", slot_key, value, int))
-            for what, prefix, expected, kind in checks:
-                raw = seek(cur, prefix, parent) or b""
-                have: Any = int.from_bytes(raw, "big") if kind is int else raw
-                if have != expected:
-                    raise PreStateMismatch(
-                        f"block {block.number}: pre {what} of {address} differs from the "
-                        f"stored state at block {parent}"
-                    )
+        cur = txn.cursor(db=self._ver)
+        for prefix, expected in sorted(_encoded(block.pre)):
+            if (seek(cur, prefix, parent) or b"") != expected:
+                raise PreStateMismatch(
+                    f"block {block.number}: pre {_field_name(prefix)} of 0x{prefix[:20].hex()} "
+                    f"differs from the stored state at block {parent}"
+                )
 
     def _prune(self, txn: lmdb.Transaction, old_earliest: int, head: int) -> None:
         """Move a `state` node's window: keep, per field and slot, only the newest version
-        at or below the new earliest height (and everything above it)."""
+        at or below the new earliest height (and everything above it).
+
+        Once for all the heights leaving the window in one transaction: a key written at
+        several of them is pruned once, from its newest, and the keys are visited in order
+        (each seek mostly lands on the page the previous one left)."""
         if self.kind != "state":
             return
         new_earliest = max(old_earliest, head - self.window + 1)
         if new_earliest == old_earliest:
             return
-        cur = txn.cursor(db=self._ver)
+        newest: dict[bytes, bytes] = {}  # prefix → its newest version key leaving the window
         for height in range(old_earliest + 1, new_earliest + 1):
             hb = _BE.pack(height)
             for prefix in _split_prefixes(txn.get(hb, db=self._undo) or b""):
-                if not cur.set_key(prefix + hb):
-                    continue
-                while cur.prev():
-                    key = cur.key()
-                    if len(key) != len(prefix) + 8 or not key.startswith(prefix):
-                        break
-                    cur.delete()  # moves to the next key: the version we came from
+                newest[prefix] = hb
+        cur = txn.cursor(db=self._ver)
+        for prefix in sorted(newest):
+            if not cur.set_key(prefix + newest[prefix]):
+                continue
+            size = len(prefix) + 8
+            while cur.prev():
+                key = cur.key()
+                if len(key) != size or not key.startswith(prefix):
+                    break
+                cur.delete()  # moves to the next key: the version we came from
         for height in range(old_earliest, new_earliest + 1):
             txn.delete(_BE.pack(height), db=self._undo)
         for height in range(old_earliest, new_earliest):
@@ -779,10 +780,12 @@ class StateStore:
         def replace(txn: lmdb.Transaction) -> int:
             for _ in range(depth):
                 self._rollback(txn)
+            earliest = self._bounds(txn)
             for block in blocks:
-                self._apply(txn, block, verify_pre)
+                self._apply(txn, block, verify_pre, prune=False)
             bounds = self._bounds(txn)
-            assert bounds is not None  # (a rollback keeps the earliest block)
+            assert earliest is not None and bounds is not None  # (the earliest block stays)
+            self._prune(txn, earliest[0], bounds[1])
             return bounds[1]
 
         new_head: int = self._write(replace)
@@ -823,19 +826,43 @@ class StateStore:
         return head - 1
 
 
-def block_writes(block: VendorBlock) -> Iterator[tuple[bytes, bytes]]:
-    """(prefix, raw value) of everything a block's `post` writes, as `apply` stores it."""
-    for address, acc in block.post.items():
-        yield from _versions(_addr(address), acc)
+def _field_name(prefix: bytes) -> str:
+    """What a version prefix names, for error messages: balance, nonce, code or a slot."""
+    if prefix[20:21] == F_STORAGE:
+        return f"slot 0x{prefix[21:].hex()}"
+    return {F_BALANCE: "balance", F_NONCE: "nonce", F_CODE: "code"}[prefix[20:21]]
 
 
-def _versions(address: bytes, acc: AccountDiff) -> Iterator[tuple[bytes, bytes]]:
-    """(prefix, encoded value) of every field and slot an account's `post` sets."""
-    if acc.balance is not None:
-        yield address + F_BALANCE, _int_bytes(acc.balance)
-    if acc.nonce is not None:
-        yield address + F_NONCE, _int_bytes(acc.nonce)
-    if acc.code is not None:
-        yield address + F_CODE, acc.code
-    for slot, value in acc.storage.items():
-        yield address + F_STORAGE + slot.to_bytes(32, "big"), _int_bytes(value)
+def block_writes(block: VendorBlock) -> tuple[tuple[bytes, bytes], ...]:
+    """(prefix, raw value) of everything a block's `post` writes, in key order, as `apply`
+    stores it; encoded once per block (kept in `block.writes`)."""
+    writes = block.writes
+    if writes is None:
+        writes = tuple(sorted(_encoded(block.post)))
+        object.__setattr__(block, "writes", writes)  # a cache of the frozen block's `post`
+    return writes
+
+
+def _encoded(side: dict[str, AccountDiff]) -> list[tuple[bytes, bytes]]:
+    """(prefix, encoded value) of every field and slot the accounts of `side` list: integers
+    as minimal big-endian bytes, code as it is. A block lists thousands of slots, so each is
+    encoded inline, without a call per value."""
+    out: list[tuple[bytes, bytes]] = []
+    append, extend = out.append, out.extend
+    for address, acc in side.items():
+        a = bytes.fromhex(address[2:])
+        if (value := acc.balance) is not None:
+            append((a + F_BALANCE, value.to_bytes((value.bit_length() + 7) // 8, "big")))
+        if (value := acc.nonce) is not None:
+            append((a + F_NONCE, value.to_bytes((value.bit_length() + 7) // 8, "big")))
+        if acc.code is not None:
+            append((a + F_CODE, acc.code))
+        if acc.storage:
+            a4 = a + F_STORAGE
+            extend(
+                [
+                    (a4 + slot.to_bytes(32, "big"), v.to_bytes((v.bit_length() + 7) // 8, "big"))
+                    for slot, v in acc.storage.items()
+                ]
+            )
+    return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import orjson
@@ -20,6 +21,8 @@ from nodes.state.blocklogs import BlockLog, BlockLogsError, parse_block_logs
 ACCOUNT_FIELDS = ("balance", "nonce", "code", "storage")
 _FIELDS = frozenset(ACCOUNT_FIELDS)
 _WORDS = re.compile(r"(?:0x[0-9a-f]{64})*")  # lowercase 32-byte hashes, back to back
+_ADDRESSES = re.compile(r"(?:0x[0-9a-f]{40})*")  # lowercase addresses, back to back
+_QUANTITIES = re.compile(r"(?:0x(?:0|[1-9a-f][0-9a-f]*),)*")  # lowercase quantities, each + ","
 
 
 class VendorBlockError(ValueError):
@@ -47,6 +50,10 @@ class VendorBlock:
     post: dict[str, AccountDiff]
     logs: tuple[BlockLog, ...] = ()  # from BlockFile's receipts, checked against the Header
     body: BlockBody | None = None  # BlockFile's block and receipts, checked against the Header
+    # (key prefix, value) of every version `post` writes, in key order, as the store encodes
+    # them (nodes.state.store.block_writes): encoded once, by the first store to apply the
+    # block, for the hot view and any other store applying it too. `post` must not change.
+    writes: tuple[tuple[bytes, bytes], ...] | None = field(default=None, compare=False, repr=False)
 
 
 def keccak256(data: bytes) -> bytes:
@@ -95,6 +102,59 @@ def parse_vendor_block(obj: Any, *, verify_hash: bool = True) -> VendorBlock:
 def _diff_side(side: Any, name: str) -> dict[str, AccountDiff]:
     if not isinstance(side, dict):
         raise VendorBlockError(f"StateDiff.{name} must be an object")
+    accounts = _decoded_side(side) if _side_ok(side) else None
+    return _checked_side(side, name) if accounts is None else accounts
+
+
+def _side_ok(side: dict[Any, Any]) -> bool:
+    """Whether every address, quantity and slot of a side is well formed, checked in bulk:
+    one match over all addresses, one over all balances and nonces, one over all slots and
+    their values (a block lists thousands; a call and a match for each cost more than the
+    block's decoding). Codes are checked as they are decoded."""
+    try:
+        # each exactly as long as a valid one (an empty string and a double one would pass
+        # the match of their concatenation), then the match
+        if not set(map(len, side)) <= {42} or _ADDRESSES.fullmatch("".join(side)) is None:
+            return False
+        fields_ = list(side.values())
+        for f in fields_:
+            if type(f) is not dict or not f.keys() <= _FIELDS:
+                return False
+        quantities = [f["balance"] for f in fields_ if "balance" in f]
+        quantities += [f["nonce"] for f in fields_ if "nonce" in f]
+        joined = ",".join([*quantities, ""])  # (a value holding a comma changes the count)
+        if joined.count(",") != len(quantities) or _QUANTITIES.fullmatch(joined) is None:
+            return False
+        storages = [f["storage"] for f in fields_ if "storage" in f]
+        for storage in storages:
+            if type(storage) is not dict:
+                return False
+        slots = list(chain.from_iterable(storages))
+        slots += chain.from_iterable(map(dict.values, storages))
+        return set(map(len, slots)) <= {66} and _WORDS.fullmatch("".join(slots)) is not None
+    except TypeError:  # a key or value that is not a string
+        return False
+
+
+def _decoded_side(side: dict[str, dict[str, Any]]) -> dict[str, AccountDiff] | None:
+    """The accounts of a side `_side_ok` passed; None when a code is not hex bytes."""
+    out: dict[str, AccountDiff] = {}
+    for addr, f in side.items():
+        balance, nonce, storage = f.get("balance"), f.get("nonce"), f.get("storage")
+        code = None
+        if "code" in f and (code := decode_data(f["code"], lower=True)) is None:
+            return None
+        out[addr] = AccountDiff(
+            None if balance is None else int(balance, 16),
+            None if nonce is None else int(nonce, 16),
+            code,
+            {int(slot, 16): int(value, 16) for slot, value in storage.items()} if storage else {},
+        )
+    return out
+
+
+def _checked_side(side: dict[Any, Any], name: str) -> dict[str, AccountDiff]:
+    """A side that failed the bulk check, account by account, to name what is wrong."""
     out: dict[str, AccountDiff] = {}
     for addr, fields_ in side.items():
         if not (
@@ -145,9 +205,10 @@ def _storage(storage: dict[Any, Any], where: str) -> dict[int, int]:
     concatenation (a wrong one is then looked for one by one, to name it)."""
     try:
         joined = "".join(storage) + "".join(storage.values())
+        lengths = set(map(len, storage)) | set(map(len, storage.values()))
     except TypeError:  # a value that is not a string
-        joined = ""
-    if len(joined) != 132 * len(storage) or _WORDS.fullmatch(joined) is None:
+        joined, lengths = "", {0}
+    if not lengths <= {66} or _WORDS.fullmatch(joined) is None:
         for slot, value in storage.items():
             _hash(slot, f"{where} slot")
             _hash(value, f"{where} slot value")

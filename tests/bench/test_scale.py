@@ -59,3 +59,24 @@ def test_suite_scale_refuses_a_shape_that_cannot_be() -> None:
     )  # fmt: skip
     assert done.returncode != 0
     assert "distinct contract and holder pairs" in done.stderr
+
+
+def test_scale_ingest_measures_a_saved_chain(tmp_path: Path) -> None:
+    sizes = ["--accounts", "400", "--slots", "1500", "--contracts", "10", "--blocks", "12"]
+    sizes += ["--txs", "20", "--storage-writes", "60", "--account-changes", "50"]
+    run = [sys.executable, "-m", "bench.scale_ingest", *sizes, "--map-size-mb", "256"]
+    saved = subprocess.run(
+        [*run, "--save", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    assert len((tmp_path / "blocks.jsonl").read_bytes().splitlines()) == 12
+    done = subprocess.run(
+        [*run, "--load", str(tmp_path), "--window", "4", "--batch", "4", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["blocks"] == 12 and len(report["runs"]) == 2
+    for run_ in report["runs"]:
+        assert run_["parse_ms"] > 0
+        assert run_["apply_ms"]["archive"] > 0 and run_["apply_ms"]["state"] > 0

@@ -11,7 +11,12 @@ import pytest
 
 from nodes.state.service import StateNode
 from nodes.state.store import PreStateMismatch, StateStore
-from nodes.state.vendor import VendorBlockError, compute_validation_hash, parse_vendor_block
+from nodes.state.vendor import (
+    VendorBlockError,
+    _checked_side,
+    compute_validation_hash,
+    parse_vendor_block,
+)
 from tests.nodes.test_state_chain import random_chain
 from tests.nodes.test_state_store import assert_state
 
@@ -93,3 +98,89 @@ def test_a_bad_slot_among_many_is_named() -> None:
         bad["ValidationHash"] = compute_validation_hash(bad["Header"], bad["StateDiff"])
         with pytest.raises(VendorBlockError, match="storage must be an object"):
             parse_vendor_block(bad)
+
+
+def test_the_bulk_check_decodes_as_the_account_by_account_one() -> None:
+    chain, _ = random_chain(seed=34, blocks=20)
+    with_code = copy.deepcopy(chain.blocks[1])
+    with_code["StateDiff"]["post"]["0x" + "cd" * 20] = {"code": "0x6001", "nonce": "0x1"}
+    with_code["ValidationHash"] = compute_validation_hash(
+        with_code["Header"], with_code["StateDiff"]
+    )
+    for raw in [*chain.blocks, with_code]:
+        block = parse_vendor_block(raw)
+        for name, side in (("pre", block.pre), ("post", block.post)):
+            assert side == _checked_side(raw["StateDiff"].get(name, {}), name)
+
+
+WORD = "0x" + "11" * 32
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"balance": None}, "balance"),
+        ({"nonce": None}, "nonce"),
+        ({"code": None}, "code"),
+        ({"storage": None}, "storage must be an object"),
+        ({"balance": "0x1,0x2"}, "balance"),  # two quantities in one value
+        ({"balance": "0x01"}, "balance"),
+        ({"nonce": "0xA"}, "nonce"),
+        ({"code": "0x6"}, "code"),
+        ({"code": "0x6G"}, "code"),
+        ({"storage": {"": WORD + WORD}}, "slot"),  # an empty key and a double value
+        ({"storage": {WORD + WORD: ""}}, "slot"),
+        ({"storage": {WORD: 1}}, "slot"),
+    ],
+)
+def test_values_the_bulk_check_must_refuse(fields: dict[str, Any], error: str) -> None:
+    chain, _ = random_chain(seed=35, blocks=2)
+    for name in ("pre", "post"):
+        bad = copy.deepcopy(chain.blocks[1])
+        bad["StateDiff"].setdefault(name, {})["0x" + "cd" * 20] = fields
+        bad["ValidationHash"] = compute_validation_hash(bad["Header"], bad["StateDiff"])
+        with pytest.raises(VendorBlockError, match=error):
+            parse_vendor_block(bad)
+
+
+@pytest.mark.parametrize(
+    "addresses",
+    [
+        ["0x" + "CD" * 20],  # uppercase
+        ["0x" + "cd" * 19],  # short
+        ["", "0x" + "cd" * 40],  # an empty one and a double one: the right total length
+    ],
+)
+def test_addresses_the_bulk_check_must_refuse(addresses: list[str]) -> None:
+    chain, _ = random_chain(seed=36, blocks=2)
+    bad = copy.deepcopy(chain.blocks[1])
+    for address in addresses:
+        bad["StateDiff"]["post"][address] = {"balance": "0x1"}
+    bad["ValidationHash"] = compute_validation_hash(bad["Header"], bad["StateDiff"])
+    with pytest.raises(VendorBlockError, match="address"):
+        parse_vendor_block(bad)
+
+
+def _contents(store: StateStore) -> dict[str, list[tuple[bytes, bytes]]]:
+    with store._reading() as txn:
+        return {
+            name: list(txn.cursor(db=db))
+            for name, db in (("versions", store._ver), ("undo", store._undo), ("meta", store._meta))
+        }
+
+
+def test_a_batch_prunes_to_the_same_store_as_blocks_one_by_one(tmp_path: Path) -> None:
+    chain, _ = random_chain(seed=37, blocks=60)  # few accounts: most written at many heights
+    blocks = [parse_vendor_block(raw) for raw in chain.blocks]
+    one = StateStore(tmp_path / "one", kind="state", window=5, map_size_mb=64)
+    many = StateStore(tmp_path / "many", kind="state", window=5, map_size_mb=64)
+    one.open()
+    many.open()
+    for block in blocks:
+        one.apply(block)
+    for start in range(0, len(blocks), 8):  # batches longer than the window
+        many.apply_many(blocks[start : start + 8])
+    assert many.range() == one.range() == (55, 59)
+    assert _contents(many) == _contents(one)
+    many.replace(2, blocks[58:])  # a reorg to the same blocks prunes nothing more
+    assert _contents(many) == _contents(one)

@@ -1,0 +1,218 @@
+"""Ingest CPU per block, parse and apply apart, in process (`python -m bench.scale_ingest`).
+
+`suite scale` measures ingest while it also reads, checkpoints and grows a chain for hours;
+this measures only what one block costs the state node to ingest, on a chain of the same
+shape (bench/scalegen.py), so that a change to the parse or the store can be compared
+before and after in minutes. The blocks are generated first (their bytes kept; `--save DIR`
+keeps them and the two stores after genesis on disk, `--load DIR` starts from there), then
+each repetition ingests all of them into an `archive` and a `state` node (genesis applied
+first, not measured), `--batch` blocks at a time through `Ingest.apply_blocks`, as `suite
+scale` does. Figures are CPU ms per block of this process (its threads included): parse =
+`orjson.loads` + `Ingest._parsed`, apply = `apply_blocks` per node. `--callgrind` counts
+instructions per block instead (from `--load DIR`: generating under valgrind takes hours),
+which the machine's load does not change; the kernel's share of a commit is not in them.
+
+    python -m bench.scale_ingest --save /tmp/chain --blocks 120     # 100 k accounts, 1 M slots
+    python -m bench.scale_ingest --load /tmp/chain --repeat 2
+    python -m bench.scale_ingest --load /tmp/chain --callgrind --blocks 48 --window 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.marks import MARK, segment_counts
+from bench.scale import node_gc
+
+KINDS = ("archive", "state")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.scale_ingest", description=__doc__)
+    p.add_argument("--accounts", type=int, default=100_000)
+    p.add_argument("--slots", type=int, default=1_000_000)
+    p.add_argument("--contracts", type=int, default=1_000)
+    p.add_argument("--blocks", type=int, default=120, help="blocks after genesis (120)")
+    p.add_argument("--txs", type=int, default=200)
+    p.add_argument("--storage-writes", type=int, default=1_500)
+    p.add_argument("--account-changes", type=int, default=400)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--window", type=int, default=32, help="the state node's window (32)")
+    p.add_argument("--batch", type=int, default=8, help="blocks applied at once (8)")
+    p.add_argument("--repeat", type=int, default=2, help="ingests of the same blocks (2)")
+    p.add_argument("--map-size-mb", type=int, default=16384, help="each store's LMDB map")
+    p.add_argument("--save", type=Path, help="generate the chain into this folder and stop")
+    p.add_argument("--load", type=Path, help="ingest the chain saved in this folder")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument("--callgrind", action="store_true", help="count instructions (with --load)")
+    p.add_argument("--marks", action="store_true", help=argparse.SUPPRESS)  # (the run inside)
+    args = p.parse_args(argv)
+    if args.callgrind:
+        return callgrind(args)
+    node_gc()  # as the node's process collects (bench/scale.py)
+    report = asyncio.run(_run(args))
+    if args.json:
+        print(json.dumps(report))
+    elif not (args.save or args.marks):
+        for row in report["runs"]:
+            print(
+                f"parse {row['parse_ms']:.1f} ms/block   apply archive "
+                f"{row['apply_ms']['archive']:.1f}   apply state {row['apply_ms']['state']:.1f}"
+            )
+    return 0
+
+
+def callgrind(args: argparse.Namespace) -> int:
+    """Run one ingest of the saved chain under callgrind; print instructions per block."""
+    if args.load is None:
+        raise SystemExit("--callgrind needs --load DIR (a chain saved with --save)")
+    argv = ["--load", str(args.load), "--blocks", str(args.blocks), "--window", str(args.window)]
+    argv += ["--batch", str(args.batch), "--repeat", "1", "--map-size-mb", "2048"]
+    with tempfile.TemporaryDirectory() as tmp:
+        counts = segment_counts("bench.scale_ingest", argv, Path(tmp))
+    # dumps: the set-up, the parse, the archive's apply, the state's apply, the exit
+    parse, archive, state = (c / args.blocks / 1e6 for c in counts[1:4])
+    print(
+        f"M instructions per block: parse {parse:.1f}   apply archive {archive:.1f}   "
+        f"apply state {state:.1f}"
+    )
+    return 0
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.load is not None:
+        raws = (args.load / "blocks.jsonl").read_bytes().splitlines()[: args.blocks]
+        genesis = None
+    else:
+        genesis, raws = _generate(args)
+    if args.save is not None:
+        args.save.mkdir(parents=True, exist_ok=True)
+        (args.save / "blocks.jsonl").write_bytes(b"\n".join(raws) + b"\n")
+        await _genesis_stores(args, genesis, args.save)
+        _say(f"chain saved in {args.save}")
+        return {}
+    runs = []
+    for rep in range(args.repeat):
+        runs.append(await _ingest(args, genesis, raws))
+        _say(f"run {rep + 1}: {runs[-1]}")
+    return {"blocks": len(raws), "runs": runs}
+
+
+def _generate(args: argparse.Namespace) -> tuple[Any, list[bytes]]:
+    from bench.scalegen import ChainShape, SyntheticChain
+
+    shape = ChainShape(
+        accounts=args.accounts, slots=args.slots, contracts=args.contracts, blocks=args.blocks,
+        txs=args.txs, storage_writes=args.storage_writes,
+        account_changes=args.account_changes, seed=args.seed,
+    )  # fmt: skip
+    _say(f"chain: {asdict(shape)}")
+    chain = SyntheticChain(shape, _say)
+    genesis = chain.genesis()
+    raws = [chain.next_block() for _ in range(shape.blocks)]
+    _say(f"{len(raws)} blocks generated, {sum(map(len, raws)) / len(raws) / 1024:.0f} KiB each")
+    return genesis, raws
+
+
+async def _nodes(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """An archive and a state node on the stores under `root` (new or as saved), started."""
+    from nodes.state.service import StateNode
+
+    nodes: dict[str, Any] = {}
+    for kind in KINDS:
+        section: dict[str, Any] = {"key": f"{kind}-1", "kind": kind, "chain_id": 1337}
+        section["map_size_mb"] = args.map_size_mb
+        if kind == "state":
+            section["window"] = args.window
+        nodes[kind] = StateNode.from_config(section, data_dir=root / kind)
+        try:
+            await nodes[kind].start()
+        except BaseException:
+            del nodes[kind]
+            await _close(nodes)
+            raise
+    return nodes
+
+
+async def _close(nodes: dict[str, Any]) -> None:
+    for node in nodes.values():
+        await node.close()
+
+
+async def _genesis_stores(args: argparse.Namespace, genesis: Any, root: Path) -> None:
+    nodes = await _nodes(args, root)
+    try:
+        for node in nodes.values():
+            await asyncio.to_thread(node.store.apply, genesis, verify_pre=False)
+    finally:
+        await _close(nodes)
+
+
+async def _ingest(args: argparse.Namespace, genesis: Any, raws: list[bytes]) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="chainstate-ingest-"))
+    try:
+        if genesis is None:  # saved: a copy of the stores after genesis
+            for kind in KINDS:
+                shutil.copytree(args.load / kind, root / kind)
+        else:
+            await _genesis_stores(args, genesis, root)
+        nodes = await _nodes(args, root)
+        try:
+            return await _measure(args, nodes, raws)
+        finally:
+            await _close(nodes)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def _measure(args: argparse.Namespace, nodes: dict[str, Any], raws: list[bytes]) -> Any:
+    """Parse every block, then apply them to each node in turn (callgrind: a segment each)."""
+    mark = MARK if args.marks else _nothing
+    ingest = nodes["archive"].ingest
+    mark()
+    started = time.process_time()
+    blocks = [await ingest._parsed(orjson.loads(raw), h) for h, raw in enumerate(raws, 1)]
+    parse = time.process_time() - started
+    apply = {}
+    for kind, node in nodes.items():
+        own = [_own(block) for block in blocks]
+        mark()
+        started = time.process_time()
+        for start in range(0, len(own), args.batch):
+            await node.ingest.apply_blocks(own[start : start + args.batch])
+        apply[kind] = time.process_time() - started
+    mark()
+    n = len(raws)
+    return {
+        "parse_ms": round(1000 * parse / n, 2),
+        "apply_ms": {kind: round(1000 * cpu / n, 2) for kind, cpu in apply.items()},
+    }
+
+
+def _own(block: Any) -> Any:
+    """The block without the writes another node encoded: each node encodes its own, as when
+    it parses its own copy (a store from before they were kept on the block has none)."""
+    return block if getattr(block, "writes", None) is None else replace(block, writes=None)
+
+
+def _nothing() -> None:
+    return None
+
+
+def _say(text: str) -> None:
+    print(f"[ingest {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
