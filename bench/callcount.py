@@ -33,7 +33,7 @@ from typing import Any
 from bench.marks import MARK, segment_counts
 from bench.nodecalls import ONE_SLOT, VIEW, call_bodies, synthetic_node
 from nodes.state.evm import pool
-from nodes.state.evm.wire import HeldEnvs, WorkerEnvs, pack, unpack
+from nodes.state.evm.wire import HeldEnvs, WorkerEnvs, pack, pack_answer, unpack
 from nodes.state.evm.worker import Runner
 from nodes.state.service import StateNode
 
@@ -89,7 +89,7 @@ def replay(runner: Runner, envs: WorkerEnvs, jobs: list[bytes]) -> None:
     """Each job as a worker runs it: read from its bytes, run, its answer pickled."""
     for raw in jobs:
         answer = runner.run(unpack(pickle.loads(raw), envs))
-        pickle.dumps(answer, pickle.HIGHEST_PROTOCOL)
+        pickle.dumps(pack_answer(answer), pickle.HIGHEST_PROTOCOL)
 
 
 async def main_async(args: argparse.Namespace) -> None:

@@ -15,6 +15,9 @@ env dict. An env is named by the id of the node's env dict, which the node keeps
 (`HeldEnvs.held`) until the worker was told to drop it, so a number never names two envs
 while the worker holds it; the node never changes an env dict once built (overrides make a
 copy), so the worker's copy stays equal to it.
+
+Answers come back compact too (`pack_answer`): a call's plain success (output, gas used, no
+logs) as a pair, a group's results as a tuple, a job of groups as a list of those.
 """
 
 from __future__ import annotations
@@ -123,17 +126,48 @@ class WorkerEnvs:
         self.envs: dict[int, dict[str, Any]] = {}
 
 
+def _unpack_call(call: Any) -> dict[str, Any]:
+    if call.__class__ is not tuple:
+        return call  # type: ignore[no-any-return]
+    # (a dict display, not dict(zip()): a zip, its tuples and keyword parsing cost more)
+    sender, to, data, value, gas, max_fee, tip, nonce, chain_id, access_list = call
+    return {
+        "from": sender,
+        "to": to,
+        "data": data,
+        "value": value,
+        "gas": gas,
+        "max_fee": max_fee,
+        "tip": tip,
+        "nonce": nonce,
+        "chain_id": chain_id,
+        "access_list": access_list,
+    }
+
+
 def _unpack_one(one: Any, envs: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    job = dict(zip(JOB_KEYS, one, strict=True)) if one.__class__ is tuple else one
-    block = job.get("block")
+    if one.__class__ is tuple:
+        kind, fork_url, height, block, chain_id, spec_id, calls, store = one
+        job = {
+            "kind": kind,
+            "fork_url": fork_url,
+            "height": height,
+            "block": block,
+            "chain_id": chain_id,
+            "spec_id": spec_id,
+            "calls": calls,
+            "store": store,
+        }
+    else:
+        job = one
+        block, calls = job.get("block"), job.get("calls")
     if block.__class__ is int:
         job["block"] = envs[block]
-    calls = job.get("calls")
     if calls is not None:
-        job["calls"] = [
-            dict(zip(CALL_KEYS, call, strict=True)) if call.__class__ is tuple else call
-            for call in calls
-        ]
+        if len(calls) == 1:  # (most groups: one call, no list made by a comprehension)
+            calls[0] = _unpack_call(calls[0])
+        else:
+            job["calls"] = [_unpack_call(call) for call in calls]
     return job
 
 
@@ -149,3 +183,44 @@ def unpack(wire: tuple[Any, ...], held: WorkerEnvs) -> dict[str, Any]:
     if groups:
         return {"kind": "groups", "jobs": [_unpack_one(one, envs) for one in body]}
     return _unpack_one(body, envs)
+
+
+def _pack_results(answer: dict[str, Any]) -> Any:
+    """A `calls` answer as a tuple of its results, each plain success as (output, gas
+    used); any other answer as it is (a dict)."""
+    results = answer.get("results")
+    if results is None or len(answer) != 1:
+        return answer
+    out = []
+    for r in results:
+        # (an error, logs, writes, a trace's steps: the dict as it is)
+        if r.__class__ is dict and len(r) == 4 and r.get("ok") is True and r.get("logs") == []:
+            out.append((r["output"], r["gas_used"]))
+        else:
+            out.append(r)
+    return tuple(out)
+
+
+def pack_answer(answer: dict[str, Any]) -> Any:
+    """A worker's answer as it goes back to the node (`unpack_answer` reverses it): one
+    group's results a tuple (`_pack_results`), a job of groups a list of those."""
+    answers = answer.get("answers")
+    if answers is not None and len(answer) == 1:
+        return [_pack_results(one) for one in answers]
+    return _pack_results(answer)
+
+
+def result_of(r: Any) -> dict[str, Any]:
+    """One call's result dict, from a result of a packed answer."""
+    if r.__class__ is tuple:
+        return {"ok": True, "output": r[0], "gas_used": r[1], "logs": []}
+    return r  # type: ignore[no-any-return]
+
+
+def unpack_answer(wire: Any) -> dict[str, Any]:
+    """The answer `pack_answer` made `wire` of."""
+    if wire.__class__ is dict:
+        return wire  # type: ignore[no-any-return]
+    if wire.__class__ is list:
+        return {"answers": [unpack_answer(one) for one in wire]}
+    return {"results": [result_of(r) for r in wire]}
