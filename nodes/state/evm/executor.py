@@ -17,7 +17,6 @@ from typing import Any
 from chainstate.jsonrpc import JsonRpcError
 from nodes.state.evm.pool import Overrun, WorkerPool
 from nodes.state.evm.settings import EvmSettings
-from nodes.state.evm.wire import result_of
 from nodes.state.evm.worker import WarmKey, warm_key
 
 Pending = tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]
@@ -303,7 +302,10 @@ class Executor:
             answer = answer["results"]
         for i, (_, future) in enumerate(items):  # (a result per call sent)
             if not future.done():
-                future.set_result(result_of(answer[i]))
+                result = answer[i]
+                if result.__class__ is tuple:  # (`wire.result_of`, inline: one per call)
+                    result = {"ok": True, "output": result[0], "gas_used": result[1], "logs": []}
+                future.set_result(result)
 
     def _after_failure(self, items: list[Pending], exc: JsonRpcError) -> None:
         """A combined job overran or crashed. Overran: the call it was running when it had
