@@ -692,9 +692,6 @@ class Runner:
         while len(self._learned) > LEARNED_CALLS:
             self._learned.popitem(last=False)
 
-    def _unlearned(self, call: dict[str, Any]) -> bool:
-        return call["to"] is not None and learn_key(call) not in self._learned
-
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
         """The answer to a job; to a `groups` job (calls at several blocks, sent together
         to save round trips) `{"answers": [answer of each]}`."""
@@ -733,7 +730,8 @@ class Runner:
                 return self._traces(job)
             key = self._key = warm_key(job)
             warm = self._now = self.warm_for(job, key)
-            warm.run_with(job["block"])
+            if warm.env is not job["block"]:  # (most groups: the env it has)
+                warm.run_with(job["block"])
             evm = warm.evm
             if kind == "calls":
                 return {"results": self.calls(evm, job)}
@@ -850,7 +848,7 @@ class Runner:
                 return self._on_pyevm(call, seeds)
             raise
         seeds = self._basefee_seeds(evm, call, key)
-        if self._unlearned(call):
+        if call["to"] is not None and learn_key(call) not in self._learned:  # (new to it)
             self._learn(call, evm)
         self._revert(evm, checkpoint)
         if seeds is not None:
