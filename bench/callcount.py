@@ -7,7 +7,8 @@ clients keep single eth_calls in flight through the node's own port (`answer_por
 HTTP server calls it) at random old heights (`--old`, the default) or at latest, `-n` calls
 per segment after a warm-up. The jobs the node sends its workers during the last segment are
 recorded and then replayed on a `Runner` in this process, as a worker runs them (the pickled
-job read, run, the answer pickled), once to warm it and then `--replays` times counted.
+job read, run, the answer packed and pickled as `worker_main` sends it), once to warm it and
+then `--replays` times counted.
 
     python -m bench.callcount --callgrind              # runs itself under valgrind
     python -m bench.callcount --callgrind -c 1         # one call in flight: a job per call
@@ -33,7 +34,7 @@ from typing import Any
 from bench.marks import MARK, segment_counts
 from bench.nodecalls import ONE_SLOT, VIEW, call_bodies, synthetic_node
 from nodes.state.evm import pool
-from nodes.state.evm.wire import HeldEnvs, WorkerEnvs, pack, unpack
+from nodes.state.evm.wire import HeldEnvs, WorkerEnvs, pack, pack_answer, unpack
 from nodes.state.evm.worker import Runner
 from nodes.state.service import StateNode
 
@@ -86,10 +87,11 @@ def wires(jobs: list[bytes], held: HeldEnvs, envs: dict[Any, Any]) -> list[bytes
 
 
 def replay(runner: Runner, envs: WorkerEnvs, jobs: list[bytes]) -> None:
-    """Each job as a worker runs it: read from its bytes, run, its answer pickled."""
+    """Each job as a worker runs it: read from its bytes, run, its answer packed and
+    pickled."""
     for raw in jobs:
         answer = runner.run(unpack(pickle.loads(raw), envs))
-        pickle.dumps(answer, pickle.HIGHEST_PROTOCOL)
+        pickle.dumps(pack_answer(answer), pickle.HIGHEST_PROTOCOL)
 
 
 async def main_async(args: argparse.Namespace) -> None:

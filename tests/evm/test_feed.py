@@ -481,7 +481,7 @@ async def test_the_same_call_twice_in_a_job_runs_once_with_the_same_answer(
     runner = Runner(limits, 8)
     ran: list[int] = []
     isolated = runner._isolated
-    runner._isolated = lambda evm, c: ran.append(c["gas"]) or isolated(evm, c)  # type: ignore[method-assign]
+    runner._isolated = lambda evm, c, *key: ran.append(c["gas"]) or isolated(evm, c, *key)  # type: ignore[method-assign]
     calls = [call, dict(call), starved, dict(call), dict(starved)]
     answer = await asyncio.to_thread(runner.run, {**job, "calls": calls})
     expected = [alone[0], alone[0], alone[1], alone[0], alone[1]]

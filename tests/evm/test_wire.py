@@ -96,6 +96,27 @@ def test_odd_jobs_and_calls_arrive_unchanged() -> None:
         assert sent(pack(one, held), worker) == one
 
 
+def test_plain_and_other_groups_in_one_job_arrive_as_they_were_sent() -> None:
+    """Single plain calls travel as their own fields only; a group that differs from the
+    job's first in any way (value, fee, access list, state URL, store, two calls) goes
+    whole, and every group arrives equal to what was sent."""
+    held, worker = HeldEnvs(), WorkerEnvs()
+    plain = job(env(1), call(b"\x01"))
+    others = [
+        job(env(2), {**call(b"\x02"), "value": 5}),
+        job(env(3), {**call(b"\x03"), "max_fee": 9, "tip": 1}),
+        job(env(4), {**call(b"\x04"), "access_list": [("0x" + "07" * 20, [1])]}),
+        {**job(env(5), call(b"\x05")), "fork_url": "http://127.0.0.1:2"},
+        {**job(env(6), call(b"\x06")), "store": ["/elsewhere", 64]},
+        job(env(7), call(b"\x07"), call(b"\x08")),
+        job(env(8), {**call(b"\x09"), "nonce": 3, "chain_id": 1337}),
+    ]
+    groups = {"kind": "groups", "jobs": [plain, *others, job(env(9), call(b"\x0a"))]}
+    wire = pack(groups, held)
+    assert [len(g) if g.__class__ is tuple else None for g in wire[3]] == [6, *[8] * 7, 6]
+    assert sent(wire, worker) == groups
+
+
 def test_a_worker_drops_the_envs_the_node_stops_holding() -> None:
     held, worker = HeldEnvs(size=2), WorkerEnvs()
     envs = [env(h) for h in range(4)]

@@ -17,8 +17,8 @@ A warm EVM's cache also holds what earlier calls at its block read: a suspect co
 that this call's journal does not show is ambiguous (loaded by this call in a frame that
 reverted, or by another call), and the worker settles it by running the call once on a
 fresh EVM, whose cache holds only what this call loads. Verdicts are kept per code hash,
-and per warm EVM and whole call (`worker.verdict_key`), so a warm call pays a dictionary
-look-up.
+and per warm EVM, block env and whole call (`worker.Warm.verdicts`, by `worker.call_key`),
+so a warm call pays a dictionary look-up.
 
 Running them (`nodes/state/evm/pyevm.py`, imported only when a call needs it: py-evm takes
 1.5 s to import): py-evm's Cancun state in memory, filled with the accounts and

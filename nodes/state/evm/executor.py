@@ -28,6 +28,17 @@ AFFINITY_SCAN = 64  # pending blocks looked at when choosing what a free worker 
 OWN_COST = 0.9
 
 
+class Waiting(list[Pending]):
+    """The calls waiting at one block (one coalescing key), with when the first came and
+    the warm EVM they run on (`warm_key`), taken once: a block's calls are looked up by
+    their key once when queued and once when taken."""
+
+    __slots__ = ("since", "warm")
+
+    since: float
+    warm: WarmKey | None
+
+
 def raise_error(err: dict[str, Any]) -> None:
     raise JsonRpcError(err["code"], err["message"], err.get("data"))
 
@@ -53,9 +64,7 @@ class Executor:
     def __init__(self, settings: EvmSettings) -> None:
         self.settings = settings
         self.pool = WorkerPool(settings)
-        self._pending: OrderedDict[tuple[Any, ...], list[Pending]] = OrderedDict()
-        self._since: dict[tuple[Any, ...], float] = {}  # when a block's first call came
-        self._warm_keys: dict[tuple[Any, ...], WarmKey | None] = {}
+        self._pending: OrderedDict[tuple[Any, ...], Waiting] = OrderedDict()
         self._pending_count = 0
         self._drainers = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -137,10 +146,12 @@ class Executor:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         key = _coalesce_key(job)
-        if key not in self._pending:
-            self._since[key] = loop.time()
-            self._warm_keys[key] = warm_key(job)
-        self._pending.setdefault(key, []).append((job, future))
+        waiting = self._pending.get(key)
+        if waiting is None:
+            waiting = self._pending[key] = Waiting()
+            waiting.since = loop.time()
+            waiting.warm = warm_key(job)
+        waiting.append((job, future))
         self._pending_count += 1
         if self._drainers < self.pool.size:
             self._drainers += 1
@@ -161,8 +172,8 @@ class Executor:
             return oldest
         others = [w.warm for w in self.pool.workers() if w is not worker]
         unclaimed = None
-        for key in itertools.islice(self._pending, AFFINITY_SCAN):
-            wanted = self._warm_keys[key]
+        for key, waiting in itertools.islice(self._pending.items(), AFFINITY_SCAN):
+            wanted = waiting.warm
             if wanted in worker.warm:
                 return key
             if unclaimed is None and not any(wanted in o for o in others):
@@ -170,7 +181,7 @@ class Executor:
         return oldest if unclaimed is None else unclaimed
 
     def _age(self, key: tuple[Any, ...]) -> float:
-        return asyncio.get_running_loop().time() - self._since[key]
+        return asyncio.get_running_loop().time() - self._pending[key].since
 
     def _take(self, worker: Any = None, key: tuple[Any, ...] | None = None) -> list[Pending]:
         """One block's waiting calls (see `_pick`), at most `coalesce_max` of them."""
@@ -178,38 +189,49 @@ class Executor:
             return []
         if key is None:
             key = self._pick(worker)
-        items = self._pending[key]
+        return self._taken(key, self._pending[key])
+
+    def _taken(self, key: tuple[Any, ...], items: Waiting) -> list[Pending]:
+        """`_take` of the calls `items` waiting under `key`."""
         limit = self.settings.coalesce_max
+        taken: list[Pending]
         if len(items) <= limit:  # (the usual case: no copies)
             taken = items
-            del self._pending[key], self._since[key], self._warm_keys[key]
+            del self._pending[key]
         else:
-            taken, self._pending[key] = items[:limit], items[limit:]
+            taken = items[:limit]
+            del items[:limit]
         self._pending_count -= len(taken)
         for _, future in taken:
             if future.done():  # (a caller left: its call is not run)
                 return [(j, f) for j, f in taken if not f.done()]
         return taken
 
-    def _take_groups(self, worker: Any) -> list[list[Pending]]:
+    def _take_groups(self, worker: Any) -> tuple[list[list[Pending]], list[WarmKey | None]]:
         """What a free worker runs next as one job: the calls of one block (`_take`), then
         of more blocks while they fit in `coalesce_max` calls: blocks warm on `worker` or
         on no other worker (so blocks keep their worker), in one pass over the AFFINITY_SCAN
         oldest. Calls at many heights (old blocks read at random) then share one pipe round
-        trip instead of paying one each."""
+        trip instead of paying one each. With each group's warm key (`pool._Worker.note`)."""
         share = -(-len(self._pending) // self.pool.size)  # leave the other workers theirs
         groups = []
-        first = self._take(worker)
-        if first:
-            groups.append(first)
+        keys: list[WarmKey | None] = []  # their warm keys
+        if self._pending:
+            key = self._pick(worker)
+            waiting = self._pending[key]
+            first = self._taken(key, waiting)
+            if first:
+                groups.append(first)
+                keys.append(waiting.warm)
+        else:
+            first = []
         room = self.settings.coalesce_max - len(first)
         if len(groups) >= share or room <= 0 or not self._pending:
-            return groups
+            return groups, keys
         others = [w.warm for w in self.pool.workers() if w is not worker]
         mine = worker.warm
-        warm_keys = self._warm_keys
-        for key in list(itertools.islice(self._pending, AFFINITY_SCAN)):
-            wanted = warm_keys[key]
+        for key, waiting in list(itertools.islice(self._pending.items(), AFFINITY_SCAN)):
+            wanted = waiting.warm
             if wanted not in mine:
                 claimed = False
                 for warm in others:  # (a loop, not any(): no generator per block)
@@ -218,23 +240,24 @@ class Executor:
                         break
                 if claimed:
                     continue
-            if len(self._pending[key]) > room:
+            if len(waiting) > room:
                 break
-            more = self._take(worker, key)
+            more = self._taken(key, waiting)
             if more:
                 groups.append(more)
+                keys.append(wanted)
                 room -= len(more)
                 if len(groups) >= share or room <= 0:
                     break
-        return groups
+        return groups, keys
 
     async def _drain(self) -> None:
         """Hand waiting calls to free workers until none wait."""
         try:
             while self._pending:
-                oldest = self._warm_keys[next(iter(self._pending))]
+                oldest = next(iter(self._pending.values())).warm
                 worker = await self.pool.acquire(prefer=oldest)
-                groups = self._take_groups(worker)
+                groups, warm = self._take_groups(worker)
                 if not groups:
                     self.pool.release(worker)
                     continue
@@ -243,17 +266,22 @@ class Executor:
                     g[0][0] if len(g) == 1 else {**g[0][0], "calls": [j["calls"][0] for j, _ in g]}
                     for g in groups
                 ]
-                job = jobs[0] if len(jobs) == 1 else {"kind": "groups", "jobs": jobs}
+                # ("warm": the groups' warm keys, as taken, for `pool._Worker.note`)
+                job = jobs[0] if len(jobs) == 1 else {"kind": "groups", "jobs": jobs, "warm": warm}
                 try:
                     answer = await self.pool.run_on(worker, job, self._limit(jobs[0]))
                 except JsonRpcError as exc:
                     self._after_failure([item for g in groups for item in g], exc)
                     continue
-                answers = [answer] if len(jobs) == 1 else answer.get("answers")
-                if answers is None:  # the worker failed the whole job
-                    answers = [answer] * len(groups)
-                for items, one in zip(groups, answers, strict=True):
-                    self._deliver(items, one)
+                # (`wire.pack_answer`: a list of each group's answer; a dict for a whole
+                # job the worker failed)
+                if len(jobs) == 1:
+                    self._deliver(groups[0], answer)
+                    continue
+                if answer.__class__ is not list:
+                    answer = [answer] * len(groups)
+                for i, items in enumerate(groups):  # (an answer per group sent)
+                    self._deliver(items, answer[i])
         except JsonRpcError as exc:  # acquire refused: fail what waits
             while self._pending:
                 for _, future in self._take():
@@ -262,14 +290,22 @@ class Executor:
             self._drainers -= 1
 
     @staticmethod
-    def _deliver(items: list[Pending], answer: dict[str, Any]) -> None:
-        for i, (_, future) in enumerate(items):
-            if future.done():
-                continue
+    def _deliver(items: list[Pending], answer: Any) -> None:
+        """Each call's result to its future, from its group's answer: its results (a tuple,
+        `wire.pack_answer`, or a `results` dict) or an error for them all."""
+        if answer.__class__ is dict:
             if "error" in answer:
-                future.set_result({"ok": False, "error": answer["error"], "gas_used": 0})
-            else:
-                future.set_result(answer["results"][i])
+                for _, future in items:
+                    if not future.done():
+                        future.set_result({"ok": False, "error": answer["error"], "gas_used": 0})
+                return
+            answer = answer["results"]
+        for i, (_, future) in enumerate(items):  # (a result per call sent)
+            if not future.done():
+                result = answer[i]
+                if result.__class__ is tuple:  # (`wire.result_of`, inline: one per call)
+                    result = {"ok": True, "output": result[0], "gas_used": result[1], "logs": []}
+                future.set_result(result)
 
     def _after_failure(self, items: list[Pending], exc: JsonRpcError) -> None:
         """A combined job overran or crashed. Overran: the call it was running when it had
@@ -306,10 +342,10 @@ class Executor:
             key = _coalesce_key(job)
             waiting = self._pending.get(key)
             if waiting is None:
-                waiting = self._pending[key] = []
+                waiting = self._pending[key] = Waiting()
                 self._pending.move_to_end(key, last=False)
-                self._since[key] = loop.time()
-                self._warm_keys[key] = warm_key(job)
+                waiting.since = loop.time()
+                waiting.warm = warm_key(job)
             waiting.insert(0, (job, future))
             self._pending_count += 1
         if self._pending and self._drainers < self.pool.size:

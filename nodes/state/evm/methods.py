@@ -227,12 +227,16 @@ class EvmMethods:
         **extra: Any,
     ) -> dict[str, Any]:
         """The worker job (the feed and workers started)."""
+        chain_id = self._known_chain_id
+        if chain_id is None:
+            if self._chain_id is not None:
+                chain_id = self._known_chain_id = self._chain_id()  # kept once known
+            if chain_id is None:
+                chain_id = self.settings.chain_id
+        if len(calls) != 1 or calls[0].get("chain_id") is not None:  # (one call: most often)
+            check_chain_id(calls, chain_id)
         job = self.executor.job(kind, self.feed.state_url(), height, env, calls, **extra)
-        if self._known_chain_id is None and self._chain_id is not None:
-            self._known_chain_id = self._chain_id()  # kept once known: it never changes
-        if self._known_chain_id is not None:
-            job["chain_id"] = self._known_chain_id
-        check_chain_id(calls, job["chain_id"])
+        job["chain_id"] = chain_id
         if self._store is not None:
             job["store"] = self._store
         return job

@@ -31,7 +31,7 @@ from typing import Any
 
 from chainstate.jsonrpc import EVM_FAILED, SERVER_BUSY, TIME_LIMIT, JsonRpcError
 from nodes.state.evm.settings import EvmSettings
-from nodes.state.evm.wire import HELD_ENVS, HeldEnvs, pack
+from nodes.state.evm.wire import HELD_ENVS, HeldEnvs, pack, unpack_answer
 from nodes.state.evm.worker import (
     READY,
     Limits,
@@ -157,10 +157,14 @@ class _Worker:
         await loop.create_unix_connection(lambda: self.pipe, sock=sock)
 
     def note(self, job: dict[str, Any]) -> None:
-        """Record that `job` is about to run here (mirrors Runner.evm_for's LRU)."""
+        """Record that `job` is about to run here (mirrors Runner.warm_for's LRU); a job of
+        groups may carry their warm keys (`warm`), as the executor took them."""
         warm = self.warm
-        for one in job["jobs"] if job["kind"] == "groups" else (job,):
-            key = warm_key(one)
+        if job["kind"] == "groups":
+            keys = job.get("warm") or [warm_key(one) for one in job["jobs"]]
+        else:
+            keys = [warm_key(job)]
+        for key in keys:
             if key is None:
                 continue
             if key in warm:
@@ -330,12 +334,12 @@ class WorkerPool:
     async def run(self, job: dict[str, Any], time_limit: float) -> dict[str, Any]:
         """The worker's answer dict; -32005 when too many jobs wait, -39004 on overrun
         (`Overrun`)."""
-        return await self.run_on(await self.acquire(warm_key(job)), job, time_limit)
+        answer = await self.run_on(await self.acquire(warm_key(job)), job, time_limit)
+        return unpack_answer(answer)
 
-    async def run_on(
-        self, worker: _Worker, job: dict[str, Any], time_limit: float
-    ) -> dict[str, Any]:
-        """Run on an acquired worker, which goes back to the pool (or is replaced)."""
+    async def run_on(self, worker: _Worker, job: dict[str, Any], time_limit: float) -> Any:
+        """Run on an acquired worker, which goes back to the pool (or is replaced); the
+        answer as it came (`wire.pack_answer`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + time_limit
         worker.note(job)
@@ -366,7 +370,7 @@ class WorkerPool:
             await self._replace(worker)
             raise JsonRpcError(EVM_FAILED, "EVM worker crashed during execution") from None
         self.release(worker)
-        return answer  # type: ignore[no-any-return]
+        return answer
 
     async def _finish(self, worker: _Worker, future: asyncio.Future[Any], deadline: float) -> None:
         remaining = max(0.0, deadline - asyncio.get_running_loop().time())

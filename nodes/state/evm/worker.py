@@ -47,7 +47,7 @@ from chainstate.jsonrpc import (
 from nodes.state.evm.basefee import SUSPECT, UNSURE, BasefeeCheck
 from nodes.state.evm.codec import effective_price
 from nodes.state.evm.revert import PANIC_REASONS, error_string, panic_code
-from nodes.state.evm.wire import WorkerEnvs, unpack
+from nodes.state.evm.wire import WorkerEnvs, pack_answer, unpack
 from nodes.state.store import F_BALANCE, F_CODE, F_NONCE, F_STORAGE, StateStore
 
 # Accounts preloaded into a new EVM: one feed request reads them all at once, which on the
@@ -164,7 +164,7 @@ class Limits:
     max_response_bytes: int  # return data of all calls of one job together
     warm_max_calls: int  # calls a warm EVM serves before it is dropped (bounds its cache)
     warm_memory_bytes: int = 0  # worker RSS above which every warm EVM is dropped (0: never)
-    warm_answers: int = 0  # answers of calls kept per warm EVM (`Runner._answers_for`)
+    warm_answers: int = 0  # answers of calls kept per warm EVM (`Warm.answers`)
 
 
 def _block_env(block: dict[str, Any]) -> BlockEnv:
@@ -414,35 +414,22 @@ def learn_key(call: dict[str, Any]) -> LearnKey:
     return (call["to"], data)
 
 
-VerdictKey = tuple[Any, ...]
+CallKey = tuple[Any, ...]
 
 
-def verdict_key(
-    job: dict[str, Any], call: dict[str, Any], env: tuple[Any, ...] | None = None
-) -> VerdictKey:
-    """What a BASEFEE verdict is kept under on a warm EVM: the whole call and the block env
-    (blockOverrides), since any of them can change the path and so the code run; calldata
-    longer than LEARN_DATA bytes by its digest. `env`: the block env's values, when the
-    caller has them."""
+def call_key(call: dict[str, Any]) -> CallKey:
+    """What `Runner._isolated` reads of a call, as a key: equal keys run the same on one
+    EVM with one block env, so they get the same answer and the same BASEFEE verdict (any
+    field can change the path and so the code run). Calldata longer than LEARN_DATA bytes
+    goes by its digest (keys are kept with their warm EVM)."""
     data = call["data"]
     if data.__class__ is not bytes:
         data = bytes(data)
-    digest: Any = data if len(data) <= LEARN_DATA else hashlib.blake2b(data).digest()
-    if env is None:
-        env = tuple(job["block"].values())
-    fees = (call["max_fee"], call["tip"])
-    access = tuple((a, tuple(slots)) for a, slots in call["access_list"])
-    return (call["from"], call["to"], digest, call["value"], call["gas"], fees, access, env)
-
-
-def same_call_key(call: dict[str, Any]) -> tuple[Any, ...] | None:
-    """What `Runner._isolated` reads of a call, as a key (equal keys: the same answer on
-    one EVM); None for a call with an access list (not keyed: rare, and a list)."""
-    if call["access_list"]:
-        return None
-    data = call["data"]
-    if data.__class__ is not bytes:
-        data = bytes(data)
+    if len(data) > LEARN_DATA:
+        data = ("blake2b", hashlib.blake2b(data).digest())
+    access = call["access_list"]
+    if access:
+        access = tuple((a, tuple(slots)) for a, slots in access)
     return (
         call["from"],
         call["to"],
@@ -451,6 +438,7 @@ def same_call_key(call: dict[str, Any]) -> tuple[Any, ...] | None:
         call["gas"],
         call["max_fee"],
         call["tip"],
+        access or None,
     )
 
 
@@ -550,6 +538,36 @@ def _trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+class Warm:
+    """One EVM at one block's state (`warm_key`, or a fresh one) and what the worker keeps
+    with it, in one place (a group at a warm block looks it up once): the calls it ran, what
+    it was given (`Runner._preload`), the block env dict it runs with, and for that env the
+    BASEFEE verdicts and kept answers of calls (`call_key`)."""
+
+    __slots__ = ("answers", "env", "evm", "given", "uses", "verdicts")
+
+    def __init__(self, evm: EVM, env: dict[str, Any]) -> None:
+        self.evm = evm
+        self.uses = 0
+        self.given: set[Any] = set()
+        self.env = env  # (`new_evm` builds the EVM with it)
+        self.verdicts: dict[CallKey, bool] = {}
+        self.answers: dict[CallKey, dict[str, Any]] = {}
+
+    def run_with(self, block: dict[str, Any]) -> None:
+        """Run the next calls with the block env `block`: set on the EVM unless it has it
+        (the node sends a block's env once: the same dict for every job at it). Verdicts
+        and answers are those of one env: another (blockOverrides) starts them anew."""
+        env = self.env
+        if env is block:
+            return
+        if env != block:
+            self.evm.set_block_env(_block_env(block))
+            self.verdicts = {}
+            self.answers = {}
+        self.env = block
+
+
 class Runner:
     """Runs jobs inside one worker process; keeps the warm EVMs between jobs."""
 
@@ -560,117 +578,54 @@ class Runner:
         # did (time.monotonic, one clock for every process): which call a job that overran
         # its time limit was running, and for how long.
         self.progress = progress
-        self._warm: OrderedDict[WarmKey, EVM] = OrderedDict()
-        self._uses: dict[WarmKey, int] = {}
+        self._warm: OrderedDict[WarmKey, Warm] = OrderedDict()
         self.feed = FeedClient()
         self._stores: dict[str, StoreReads | None] = {}
         self._learned: OrderedDict[LearnKey, list[tuple[str, int]]] = OrderedDict()
-        self._given: dict[WarmKey, set[Any]] = {}  # calls each warm EVM was prepared for
         self._basefee = BasefeeCheck()
-        self._suspects: dict[WarmKey, dict[VerdictKey, bool]] = {}  # verdicts per warm EVM
         self._job: dict[str, Any] = {}  # the job being run
-        # its warm key and its block env's values (`verdict_key`), taken once per job
-        self._key: WarmKey | None = None
-        self._env_key: tuple[Any, ...] | None = None
+        self._key: WarmKey | None = None  # its warm key
+        self._now: Warm | None = None  # the EVM it runs on and what is kept with it
         self._memory_checked = -MEMORY_CHECK_S  # when `_bound_memory` last read /proc
-        # The block env each warm EVM runs with (the EVM, the job's block dict): a job at
-        # the same block with the same env (no blockOverrides) does not build it again.
-        self._envs: dict[WarmKey, tuple[EVM, dict[str, Any]]] = {}
-        self._env_values_of: dict[int, tuple[dict[str, Any], tuple[Any, ...]]] = {}
-        # Answers of calls run on each warm EVM with one block env (`_answers_for`)
-        self._answers: dict[WarmKey, tuple[dict[str, Any], dict[Any, dict[str, Any]]]] = {}
 
-    def evm_for(self, job: dict[str, Any], key: Any = ...) -> EVM:
-        """A warm EVM for the job's block, or a fresh one when the job must not share.
+    def warm_for(self, job: dict[str, Any], key: WarmKey | None) -> Warm:
+        """A warm EVM for the job's block (`key`: its `warm_key`), or a fresh one when the
+        job must not share (`key` None).
 
         A warm EVM is rebuilt after `warm_max_calls` calls, which bounds what its cache of
         fetched accounts and slots can grow to. An EVM is given, before it runs a call it
         has not run yet, the accounts that call touches and the slots it read before
         (`_preload`), whether the EVM is new or warm from other calls at its block.
-        `key`: the job's `warm_key`, when the caller has it.
         """
-        if key is ...:
-            key = warm_key(job)
+        calls = job["calls"]
         if key is None:
-            evm = new_evm(job)
-            self._preload(evm, job, job["calls"])
-            return evm
-        evm = self._warm.get(key)
-        used = self._uses.get(key, 0) + len(job["calls"])
-        if evm is None or used > self.limits.warm_max_calls:
-            evm = new_evm(job)
-            used = len(job["calls"])
-            self._given[key] = set()
-            self._suspects[key] = {}
-            self._answers.pop(key, None)
-        given = self._given.setdefault(key, set())
-        calls = [c for c in job["calls"] if learn_key(c) not in given]
-        if calls:
-            self._preload(evm, job, calls, given)
-            given.update(learn_key(c) for c in calls)
-        warm = self._warm
-        if warm.get(key) is evm:
-            warm.move_to_end(key)
-        else:
-            warm[key] = evm
-            warm.move_to_end(key)
-        self._uses[key] = used
-        while len(self._warm) > self.warm_blocks:
-            old, _ = self._warm.popitem(last=False)
-            self._uses.pop(old, None)
-            self._answers.pop(old, None)
-            self._given.pop(old, None)
-            self._suspects.pop(old, None)
-        return evm
-
-    def _set_block_env(self, evm: EVM, job: dict[str, Any], key: Any = ...) -> None:
-        """The job's block env on `evm`, unless it has it already (a warm EVM); `key`: the
-        job's `warm_key`, when the caller has it."""
-        block = job["block"]
-        if key is ...:
-            key = warm_key(job)
-        if key is not None:
-            known = self._envs.get(key)
-            # (the node sends a block's env once: the same dict for every job at it)
-            if known is not None and known[0] is evm and (known[1] is block or known[1] == block):
-                return
-            if len(self._envs) >= 2 * self.warm_blocks:
-                self._envs.clear()
-            self._envs[key] = (evm, block)
-        evm.set_block_env(_block_env(block))
-
-    def _env_values(self, block: dict[str, Any]) -> tuple[Any, ...]:
-        """A block env's values (`verdict_key`), made once per env dict: the worker keeps
-        one dict per block env it was sent (`wire.WorkerEnvs`), which never changes."""
-        known = self._env_values_of.get(id(block))
-        if known is not None and known[0] is block:
-            return known[1]
-        values = tuple(block.values())
-        if len(self._env_values_of) >= 4 * self.warm_blocks:
-            self._env_values_of.clear()
-        self._env_values_of[id(block)] = (block, values)  # (holding it: its id stays its)
-        return values
-
-    def _answers_for(self, key: WarmKey, block: dict[str, Any]) -> dict[Any, dict[str, Any]]:
-        """The answers of calls run on the warm EVM `key` with the block env `block`, by
-        `same_call_key`: a call runs on the block's state and is undone, so the same call
-        with the same env answers the same (as within one job, `calls`). A job with
-        another env (blockOverrides) starts them anew; they go with the EVM."""
-        known = self._answers.get(key)
-        if known is not None and (known[0] is block or known[0] == block):
-            return known[1]
-        answers: dict[Any, dict[str, Any]] = {}
-        self._answers[key] = (block, answers)
-        return answers
+            fresh = Warm(new_evm(job), job["block"])
+            self._preload(fresh.evm, job, calls)
+            return fresh
+        warms = self._warm
+        warm = warms.get(key)
+        if warm is None or warm.uses + len(calls) > self.limits.warm_max_calls:
+            warm = warms[key] = Warm(new_evm(job), job["block"])
+        warms.move_to_end(key)
+        warm.uses += len(calls)
+        given = warm.given
+        new = None
+        for call in calls:  # (a loop, not a comprehension: no function made per group)
+            if learn_key(call) not in given:
+                if new is None:
+                    new = []
+                new.append(call)
+        if new is not None:
+            self._preload(warm.evm, job, new, given)
+            given.update(learn_key(c) for c in new)
+        while len(warms) > self.warm_blocks:
+            warms.popitem(last=False)
+        return warm
 
     def _discard(self, evm: EVM) -> None:
         """Stop keeping an EVM warm (its journal can no longer be trusted)."""
-        for key in [k for k, v in self._warm.items() if v is evm]:
+        for key in [k for k, warm in self._warm.items() if warm.evm is evm]:
             del self._warm[key]
-            self._uses.pop(key, None)
-            self._answers.pop(key, None)
-            self._given.pop(key, None)
-            self._suspects.pop(key, None)
 
     def _preload(
         self,
@@ -737,9 +692,6 @@ class Runner:
         while len(self._learned) > LEARNED_CALLS:
             self._learned.popitem(last=False)
 
-    def _unlearned(self, call: dict[str, Any]) -> bool:
-        return call["to"] is not None and learn_key(call) not in self._learned
-
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
         """The answer to a job; to a `groups` job (calls at several blocks, sent together
         to save round trips) `{"answers": [answer of each]}`."""
@@ -768,22 +720,19 @@ class Runner:
         self._memory_checked = now
         if resident_bytes() > limit:
             self._warm.clear()
-            self._answers.clear()
-            self._given.clear()
-            self._suspects.clear()
-            self._uses.clear()
             _trim_heap()
 
     def _run(self, job: dict[str, Any]) -> dict[str, Any]:
         kind = job["kind"]
         self._job = job
-        self._env_key = None
         try:
             if kind in TRACE_JOBS:
                 return self._traces(job)
             key = self._key = warm_key(job)
-            evm = self.evm_for(job, key)
-            self._set_block_env(evm, job, key)
+            warm = self._now = self.warm_for(job, key)
+            if warm.env is not job["block"]:  # (most groups: the env it has)
+                warm.run_with(job["block"])
+            evm = warm.evm
             if kind == "calls":
                 return {"results": self.calls(evm, job)}
             if kind == "estimate":
@@ -795,15 +744,9 @@ class Runner:
             return {"error": exc.error}
         except Unusable:
             self._warm.clear()
-            self._answers.clear()
-            self._given.clear()
-            self._suspects.clear()
             return {"error": error(EVM_FAILED, "EVM failed; the execution state was reset")}
         except Exception as exc:  # fork-mode connection failures land here
             self._warm.clear()
-            self._answers.clear()
-            self._given.clear()
-            self._suspects.clear()
             return {"error": classify(exc).error}
 
     # -- one call ---------------------------------------------------------------------
@@ -818,8 +761,10 @@ class Runner:
         anvil and geth; nothing is charged in the end (the call is undone, or a simulated
         transaction is charged by the node). The access list is applied (warm accounts and
         slots, its intrinsic gas)."""
-        price = effective_price(call, self._job["block"]["basefee"])
-        charged = self._charge(evm, call, price) if call["max_fee"] else 0
+        price = charged = 0  # (no max fee: price 0, whatever the base fee and tip)
+        if call["max_fee"]:
+            price = effective_price(call, self._job["block"]["basefee"])
+            charged = self._charge(evm, call, price)
         if call["access_list"]:
             evm.set_tx_env(TxEnv(access_list=call["access_list"]))
         try:
@@ -833,7 +778,7 @@ class Runner:
                     call["from"],
                     call["to"],
                     call["data"],
-                    call["value"],
+                    call["value"] or None,  # (None: zero, without converting an int)
                     call["gas"],
                     price or None,
                 )
@@ -854,10 +799,12 @@ class Runner:
         if len(output) > self.limits.max_return_bytes:
             msg = f"return data of {len(output)} bytes exceeds {self.limits.max_return_bytes}"
             raise CallFailed(error(EVM_FAILED, msg), result.gas_used)
+        logs = result.logs
         return {
-            "output": "0x" + bytes(output).hex(),
+            "ok": True,
+            "output": "0x" + (output.hex() if output.__class__ is bytes else bytes(output).hex()),
             "gas_used": result.gas_used,
-            "logs": [_log(x) for x in result.logs],
+            "logs": [_log(x) for x in logs] if logs else [],
         }
 
     @staticmethod
@@ -881,7 +828,11 @@ class Runner:
         evm.set_balance(call["from"], balance - cost)
         return cost
 
-    def _isolated(self, evm: EVM, call: dict[str, Any]) -> dict[str, Any]:
+    def _isolated(
+        self, evm: EVM, call: dict[str, Any], key: CallKey | None = None
+    ) -> dict[str, Any]:
+        """One call run on `evm` and undone (`key`: its `call_key`, when the caller has
+        it); on py-evm when it may read BASEFEE."""
         checkpoint = evm.snapshot()
         try:
             result = self._call(evm, call)
@@ -889,15 +840,15 @@ class Runner:
             self._revert(evm, checkpoint)
             return self._on_pyevm(call, [])
         except CallFailed as exc:  # executed (gas used) or refused before running
-            seeds = self._basefee_seeds(evm, call) if exc.gas_used else None
+            seeds = self._basefee_seeds(evm, call, key) if exc.gas_used else None
             self._revert(evm, checkpoint)
             if evm.journal_depth:  # a failed state read leaves a call frame open in revm
                 self._discard(evm)
             if seeds is not None:
                 return self._on_pyevm(call, seeds)
             raise
-        seeds = self._basefee_seeds(evm, call)
-        if self._unlearned(call):
+        seeds = self._basefee_seeds(evm, call, key)
+        if call["to"] is not None and learn_key(call) not in self._learned:  # (new to it)
             self._learn(call, evm)
         self._revert(evm, checkpoint)
         if seeds is not None:
@@ -933,24 +884,25 @@ class Runner:
         evm.set_balance(call["from"], evm.get_balance(call["from"]) + fee)
         evm.set_balance(coinbase, evm.get_balance(coinbase) - fee)
 
-    def _basefee_seeds(self, evm: EVM, call: dict[str, Any]) -> list[tuple[str, int]] | None:
+    def _basefee_seeds(
+        self, evm: EVM, call: dict[str, Any], key: CallKey | None = None
+    ) -> list[tuple[str, int]] | None:
         """When revm's answer may be wrong because the call may read BASEFEE (pyrevm makes
         it 0) and the block's base fee is not 0: the slots revm read (to start py-evm with);
-        else None. Verdicts are kept per warm EVM and call."""
+        else None. Verdicts are kept per warm EVM, block env and call (`key`: its
+        `call_key`, when the caller has it)."""
         job = self._job
         if not job["block"]["basefee"]:
             return None
-        key = self._key if job["kind"] not in TRACE_JOBS else warm_key(job)
-        verdicts = self._suspects.setdefault(key, {}) if key is not None else {}
-        if self._env_key is None:
-            self._env_key = self._env_values(job["block"])
-        ck = verdict_key(job, call, self._env_key)
-        suspect = verdicts.get(ck)
-        if suspect is None:  # a fresh EVM of one call holds only what that call loaded
-            alone = key is None and len(job["calls"]) == 1
-            suspect = self._may_read_basefee(evm, call, fresh=alone)
-            if key is not None:
-                verdicts[ck] = suspect
+        if self._key is None:  # a fresh EVM of one call holds only what that call loaded
+            suspect = self._may_read_basefee(evm, call, fresh=len(job["calls"]) == 1)
+        else:
+            verdicts = self._now.verdicts  # type: ignore[union-attr]
+            if key is None:
+                key = call_key(call)
+            suspect = verdicts.get(key)
+            if suspect is None:
+                suspect = verdicts[key] = self._may_read_basefee(evm, call)
         return storage_read(evm.journal_str) if suspect else None
 
     def _may_read_basefee(self, evm: EVM, call: dict[str, Any], fresh: bool = False) -> bool:
@@ -1027,7 +979,8 @@ class Runner:
             if len(output) > self.limits.max_return_bytes:
                 msg = f"return data of {len(output)} bytes exceeds {self.limits.max_return_bytes}"
                 raise CallFailed(error(EVM_FAILED, msg), gas)
-            answer = {"output": "0x" + bytes(output).hex(), "gas_used": gas, "logs": r["logs"]}
+            output = "0x" + bytes(output).hex()
+            answer = {"ok": True, "output": output, "gas_used": gas, "logs": r["logs"]}
             return {**answer, "writes": r["writes"]} if collect else answer
         kind = r["kind"]
         if kind == "revert":
@@ -1053,64 +1006,82 @@ class Runner:
     def calls(self, evm: EVM, job: dict[str, Any]) -> list[dict[str, Any]]:
         """Independent calls on the block's state; `fast_fail` stops at the first failure."""
         out: list[dict[str, Any]] = []
-        collect = bool(job.get("collect_writes"))
+        if job.get("collect_writes"):
+            return self._collect(evm, job, out)
         size = 0
+        limits = self.limits
         # Each call runs on the block's state and is undone, so the same call twice in one
         # job has the same answer: it runs once (many clients polling the same view at the
-        # head come as one coalesced job). Not for simulated transactions (`collect`): each
-        # sees the writes of the ones before it.
-        done: dict[Any, dict[str, Any]] | None = {} if len(job["calls"]) > 1 else None
+        # head come as one coalesced job).
+        done: dict[CallKey, dict[str, Any]] | None = {} if len(job["calls"]) > 1 else None
         # Across jobs too, on a warm EVM (its block's state) with the same block env: the
         # answers of successful calls with short return data, at most `warm_answers`.
-        kept: dict[Any, dict[str, Any]] | None = None
-        room = self.limits.warm_answers
+        kept: dict[CallKey, dict[str, Any]] | None = None
+        room = limits.warm_answers
         if room and self._key is not None and job["kind"] == "calls":
-            kept = self._answers_for(self._key, job["block"])
-        if collect:
-            done = kept = None
-        keyed = done is not None or kept is not None
+            kept = self._now.answers  # type: ignore[union-attr]
+        progress = self.progress
         for call in job["calls"]:
             key = None
             try:
-                progress = self.progress
                 if progress is not None:
                     progress[1] = time.monotonic()
                     progress[0] += 1
                 if "invalid" in call:  # (`with_bytes`)
                     raise CallFailed(call["invalid"])
-                if size > self.limits.max_response_bytes:
-                    limit = self.limits.max_response_bytes
+                if size > limits.max_response_bytes:
+                    limit = limits.max_response_bytes
                     raise CallFailed(error(EVM_FAILED, f"response exceeds {limit} bytes"))
-                if collect:  # a fresh EVM: nothing to revert, the journal holds the writes
-                    out.append({"ok": True, **self._collected(evm, call)})
-                    size += (len(out[-1]["output"]) - 2) // 2
-                    continue
-                if keyed:
-                    key = same_call_key(call)
-                if key is not None and done is not None and key in done:
-                    out.append(done[key])
-                    if not done[key]["ok"]:
+                key = call_key(call)
+                answer = done.get(key) if done is not None else None
+                if answer is not None:
+                    out.append(answer)
+                    if not answer["ok"]:
                         if job.get("fast_fail"):
                             break
                         continue
-                elif key is not None and kept is not None and key in kept:
-                    out.append(kept[key])  # (only successful answers are kept)
+                elif kept is not None and key in kept:
+                    out.append(answer := kept[key])  # (only successful answers are kept)
                 else:
-                    out.append({"ok": True, **self._isolated(evm, call)})
-                    if key is not None:
-                        if done is not None:
-                            done[key] = out[-1]
-                        if (
-                            kept is not None
-                            and len(kept) < room
-                            and len(out[-1]["output"]) <= 2 + 2 * ANSWER_BYTES
-                        ):
-                            kept[key] = out[-1]
+                    out.append(answer := self._isolated(evm, call, key))
+                    if done is not None:
+                        done[key] = answer
+                    if (
+                        kept is not None
+                        and len(kept) < room
+                        and len(answer["output"]) <= 2 + 2 * ANSWER_BYTES
+                    ):
+                        kept[key] = answer
+                size += (len(answer["output"]) - 2) // 2
+            except CallFailed as exc:
+                out.append(failed := {"ok": False, "error": exc.error, "gas_used": exc.gas_used})
+                if key is not None and done is not None:
+                    done[key] = failed  # (within the job only: a failed read may not last)
+                if job.get("fast_fail"):
+                    break
+        return out
+
+    def _collect(
+        self, evm: EVM, job: dict[str, Any], out: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Simulated transactions (`collect_writes`) on a fresh EVM: each sees the writes
+        of the ones before it, so none is undone and none is answered as another."""
+        size = 0
+        progress = self.progress
+        for call in job["calls"]:
+            try:
+                if progress is not None:
+                    progress[1] = time.monotonic()
+                    progress[0] += 1
+                if "invalid" in call:
+                    raise CallFailed(call["invalid"])
+                if size > self.limits.max_response_bytes:
+                    limit = self.limits.max_response_bytes
+                    raise CallFailed(error(EVM_FAILED, f"response exceeds {limit} bytes"))
+                out.append(self._collected(evm, call))
                 size += (len(out[-1]["output"]) - 2) // 2
             except CallFailed as exc:
                 out.append({"ok": False, "error": exc.error, "gas_used": exc.gas_used})
-                if key is not None and done is not None:
-                    done[key] = out[-1]  # (within the job only: a failed read may not last)
                 if job.get("fast_fail"):
                     break
         return out
@@ -1335,6 +1306,6 @@ def worker_main(conn: Any, limits: Limits, warm_blocks: int, progress: Any = Non
         except Exception as exc:
             answer = {"error": error(EVM_FAILED, f"worker error: {str(exc)[:200]}")}
         try:
-            conn.send_bytes(pickle.dumps(answer, pickle.HIGHEST_PROTOCOL))
+            conn.send_bytes(pickle.dumps(pack_answer(answer), pickle.HIGHEST_PROTOCOL))
         except (BrokenPipeError, OSError):
             return
