@@ -58,6 +58,15 @@ _INFO = logging.INFO
 Answered = tuple[list[Any], list[Took] | tuple[str, float, list[Counted]]]
 
 
+def _parsed_batch(body: bytes) -> list[Any] | None:
+    """`body` parsed when it is a JSON array, else None (the pipeline answers the rest)."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return payload if type(payload) is list else None
+
+
 class FirstBatch:
     def __init__(
         self,
@@ -91,16 +100,21 @@ class FirstBatch:
         self,
         chain_id: str,
         found: tuple[str, Pool] | None,
-        payload: list[Any],
+        payload: list[Any] | None,
         request: Request,
         started: float,
         tally: Any = None,
     ) -> Response | Awaitable[Response] | None:
-        """A batch body's first attempt (`payload`: its body parsed): its answer now, or an
-        awaitable of it. `tally`: the client's usage tally (`Ctx.tally`), if any."""
+        """A batch body's first attempt (`payload`: its body parsed, or None when it starts
+        with `[` and was not parsed yet): its answer now, or an awaitable of it. `tally`:
+        the client's usage tally (`Ctx.tally`), if any.
+
+        A body is parsed here only for the nodes in process; otherwise the pipeline's
+        whole-batch cache may answer it from its bytes, without the parse (a dapp polling
+        the same batch every block), and the pipeline parses it on a miss."""
         body, headers = request.body, request.headers
         parsed: list[Any] | None = payload  # (None once a node in process was given it)
-        if found is not None and 0 < len(payload) <= self.max_batch:
+        if found is not None:
             chain, pool = found
             budget = self.budget  # (over it, admission answers 503: no answer made here)
             if not (
@@ -112,18 +126,21 @@ class FirstBatch:
                 if routes.paths is None:
                     self.kept.paths(routes)
                 if routes.paths:
-                    parsed = None
-                    first = payload[0]
-                    if type(first) is dict and first.get("method") == CALL:
-                        called = self._calls(
-                            chain, pool, routes, payload, body, headers, started, tally
-                        )
-                        if called is not None:
-                            return called
-                    else:
-                        out = self._now(chain, pool, routes, payload, headers, started)
-                        if out is not None:
-                            return out
+                    if payload is None:
+                        payload = _parsed_batch(body)
+                    if payload is not None and 0 < len(payload) <= self.max_batch:
+                        parsed = None
+                        first = payload[0]
+                        if type(first) is dict and first.get("method") == CALL:
+                            called = self._calls(
+                                chain, pool, routes, payload, body, headers, started, tally
+                            )
+                            if called is not None:
+                                return called
+                        else:
+                            out = self._now(chain, pool, routes, payload, headers, started)
+                            if out is not None:
+                                return out
         admitted = self.admit(chain_id, found)
         if type(admitted) is tuple:
             return admitted
