@@ -8,10 +8,8 @@ block text the method table remembers) and item by item otherwise, with the same
 
 from __future__ import annotations
 
-import operator
 import re
-from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -40,11 +38,9 @@ _METHOD, _JSONRPC, _ID, _PARAMS = (
     itemgetter("id"),
     itemgetter("params"),
 )
-_REF, _LAST = itemgetter(1), itemgetter(-1)
-_NUMBER, _CONTAINS = attrgetter("number"), attrgetter("contains")
+_LAST = itemgetter(-1)
 _RID, _NOTIF = itemgetter(2), itemgetter(6)  # a Row's fields (proxy/request.py)
 _ID_TYPES = frozenset((int, str))  # (a float id is read from the body: item by item)
-_HAS_NONE = operator.contains
 _OWN_ID_TYPES = {str, int}  # ids a sub-batch may keep (exact types: not bool, not a float)
 _HEIGHT_TEXT = re.compile(r"^(0x[0-9a-fA-F]{1,16}|[0-9]{1,19})$")
 
@@ -147,24 +143,17 @@ class Parser:
             sizes = set(map(len, params))
             if not set(map(type, rids)) <= _ID_TYPES or set(map(type, params)) != {list}:
                 return None
-            if len(sizes) != 1 or any(map(_HAS_NONE, params, repeat(None))):
+            if len(sizes) != 1:
                 return None
             texts = list(map(_LAST, params))  # (only texts are remembered: no type check)
         except (TypeError, KeyError, IndexError):  # (not a dict, a key missing, no params)
             return None
+        # (a null param: `known_targets` declines it; a block text never names `Contains`)
         known = self.methods.known_targets(method, sizes.pop(), params, texts)
         if known is None:
             return None
-        refs = list(map(_REF, known))
-        return Rows(payload, rids, method, known[0][0], refs, texts, _heights(refs))
-
-
-def _heights(refs: list[Any]) -> list[int | None] | None:
-    """Each ref's height, None where it names a tag or a hash; None when one names
-    `Contains` (a height answered at the node's head)."""
-    if True in map(_CONTAINS, refs):
-        return None
-    return list(map(_NUMBER, refs))
+        spec, refs, heights = known
+        return Rows(payload, rids, method, spec, refs, texts, heights)
 
 
 def least(text: str, ctx: Ctx) -> JsonRpcError | None:
