@@ -390,6 +390,9 @@ class _Texts:
         self.refs: dict[str, BlockRef] = {}
         self.numbers: dict[str, int | None] = {}
 
+    def __len__(self) -> int:
+        return len(self.targets)
+
     def add(self, text: str, found: tuple[MethodSpec, BlockRef]) -> None:
         ref = found[1]
         self.targets[text] = found
@@ -484,7 +487,7 @@ class MethodTable:
             known = self._known.get((method, size))
             if known is None:
                 known = self._known[(method, size)] = _Texts(spec, size)
-            elif len(known.targets) >= MAX_TARGETS:
+            elif len(known) >= MAX_TARGETS:
                 known.clear()
             known.add(text, found)  # type: ignore[arg-type]
         return found
