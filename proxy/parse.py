@@ -180,7 +180,11 @@ def unique_ids(rows: list[Row]) -> bool:
     """Whether the answers of `rows` can be told apart by their ids: every id a string or
     an integer, no two the same (notifications have none and get no answer)."""
     if type(rows) is Rows:  # (int or string ids, no notification: checked as parsed)
-        return len(set(rows.rids)) == len(rows)
+        rids = rows.rids
+        first = rids[0] if rids else None
+        if type(first) is int and rids == list(range(first, first + len(rids))):
+            return True  # (the usual ids, 0..n-1: no set made)
+        return len(set(rids)) == len(rows)
     if True in map(_NOTIF, rows):
         ids = [row.rid for row in rows if not row.notif]
     else:  # (C loops: no Python step per row)
