@@ -25,6 +25,27 @@ from proxy.select import NoEligibleNode, Reason, Selector
 Found = tuple[Node, list[Node]] | NoEligibleNode  # (the node, its candidates), or why none
 
 
+def _one_per_class(numbers: list[int | None], points: list[int]) -> list[int]:
+    """A row's index for each class of heights among `numbers` (the breakpoints `points`),
+    and every row without a height. The heights' set is made with one C loop: when the
+    lowest and the highest are in one class (the common batch), one row stands for all;
+    else a row per height, then the class of each height."""
+    heights = set(numbers)
+    apart: list[int] = []
+    if None in heights:
+        heights.discard(None)
+        apart = [i for i, n in enumerate(numbers) if n is None]
+    if not heights:
+        return apart
+    low, high = min(heights), max(heights)  # type: ignore[type-var]
+    if bisect_right(points, low) == bisect_right(points, high):  # (classes are ranges)
+        return [numbers.index(low), *apart]
+    at = dict(zip(numbers, range(len(numbers)), strict=True))  # height → a row
+    at.pop(None, None)
+    classes = map(bisect_right, repeat(points), at)
+    return [*dict(zip(classes, at.values(), strict=True)).values(), *apart]
+
+
 class Chooser:
     def __init__(self, selector: Selector, routes: RouteCache, metrics: ProxyMetrics) -> None:
         self.selector = selector
@@ -131,18 +152,9 @@ class Chooser:
         spec = None if numbers is None else rows[0].spec
         if spec is not None and not (spec.writer or spec.trie):
             # One method at plain heights: the candidates are those of a class of heights
-            # (proxy/routes.py), so one row per class is looked up: a row per height found
-            # with a C loop, then the class of each height (a row the read path pinned by
-            # hash, with no height here, is looked up alone).
-            at = dict(zip(numbers, range(len(numbers)), strict=True))  # height → a row
-            apart: list[int] = []
-            if None in at:
-                del at[None]
-                apart = [i for i, n in enumerate(numbers) if n is None]
-            classes = map(bisect_right, repeat(routes.points), at)
-            rows = [
-                rows[i] for i in (*dict(zip(classes, at.values(), strict=True)).values(), *apart)
-            ]
+            # (proxy/routes.py), so one row per class is looked up (a row the read path
+            # pinned by hash, with no height here, is looked up alone).
+            rows = [rows[i] for i in _one_per_class(numbers, routes.points)]
         seen: set[tuple[str, str | None]] = set()  # (method, block text) looked up already
         first: list[Node] | None = None
         for row in rows:

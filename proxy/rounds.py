@@ -277,7 +277,7 @@ def _place_planned(
 ) -> None:
     """The answers of the `planned` items among `rows` (`parsed`: one per row, in order)."""
     for it in planned:
-        answer = parsed[bisect_left(rows, it.pos, key=_POS)]
+        answer = parsed[_index(rows, it.pos)]
         answer["id"] = it.rid
         answers[it.pos] = answer
 
@@ -288,8 +288,17 @@ def _place_found(
     """The answers of the `planned` items among `rows` from `results_in_order`'s match
     (group k: the result text of row k - 1)."""
     for it in planned:
-        text = found.group(bisect_left(rows, it.pos, key=_POS) + 1).decode("ascii")
+        text = found.group(_index(rows, it.pos) + 1).decode("ascii")
         answers[it.pos] = {"jsonrpc": "2.0", "id": it.rid, "result": text}
+
+
+def _index(rows: list[Row], pos: int) -> int:
+    """The index among `rows` (in the client's order) of the row at `pos` in the batch:
+    `pos` itself for a whole batch's columns, else found by bisection (which makes a `Row`
+    per probe of columns)."""
+    if type(rows) is Rows and rows.positions is None:
+        return pos
+    return bisect_left(rows, pos, key=_POS)
 
 
 _POS = attrgetter("pos")
