@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy import rounds
+from proxy import classify, rounds
 from proxy.classify import loads, results_in_order
 from tests.proxy.conftest import fast_settings, req
 from tests.proxy.test_dataport import raw_rpc
@@ -59,10 +59,17 @@ async def test_a_string_result_per_id_in_order_is_the_answer_as_the_node_wrote_i
         return written[-1]
 
     node.batch_answer = answer
-    for ids in (list(range(N)), list(range(5, 5 + N)), [0, 2, 4, 6, 8, 1, 3, 5, 7, 9]):
+    for ids in (list(range(N)), list(range(1, N + 1))):  # taken by the expression
         status, raw = await raw_rpc(api, orjson.dumps(reads(ids)))
         assert status == 200 and raw == written[-1], raw
-    assert decoded[0] == 1  # consecutive ids: taken by the expression, not decoded
+    assert decoded[0] == 0
+    made = len(classify._SHAPES)
+    # ids counted on across requests (as some clients do), or in another order: decoded,
+    # and no expression is made for them
+    for ids in (list(range(5, 5 + N)), list(range(15, 15 + N)), [0, 2, 4, 6, 8, 1, 3, 5, 7, 9]):
+        status, raw = await raw_rpc(api, orjson.dumps(reads(ids)))
+        assert status == 200 and raw == written[-1], raw
+    assert decoded[0] == 3 and len(classify._SHAPES) == made
     # escaped or non-ASCII texts and other results are decoded: still the node's bytes
     for text in ("0x\\u0031", "caf\u00e9", {"balance": "0x1"}, None, 7):
 
@@ -129,6 +136,9 @@ def test_the_expression_takes_only_consecutive_int_ids_and_plain_texts() -> None
     assert found is not None and found.group(N) == hex(7000 + N - 1).encode()
     assert results_in_order(list(range(N)), raw + b" \r\n") is not None
     assert results_in_order(list(range(1, N + 1)), raw) is None  # other ids
+    shifted = orjson.dumps(results(reads(list(range(5, 5 + N)))))
+    assert results_in_order(list(range(5, 5 + N)), shifted) is None  # not 0.. or 1..: decoded
+    assert results_in_order([True, *range(1, N)], raw) is None
     assert results_in_order([str(i) for i in range(N)], raw) is None
     assert results_in_order([], b"[]") is None
     for bad in (raw + b"x", raw[:-1], raw.replace(b'"2.0"', b'"1.0"', 1), b" " + raw):
