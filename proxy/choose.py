@@ -11,9 +11,8 @@ in-process answer), a retry (away from the nodes tried) and a hedge's second nod
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Iterable
-from itertools import compress, repeat
-from operator import is_, is_not
+from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from proxy.metrics import ProxyMetrics
@@ -24,6 +23,27 @@ from proxy.ryw import to_leader
 from proxy.select import NoEligibleNode, Reason, Selector
 
 Found = tuple[Node, list[Node]] | NoEligibleNode  # (the node, its candidates), or why none
+
+
+def _one_per_class(numbers: list[int | None], points: list[int]) -> list[int]:
+    """A row's index for each class of heights among `numbers` (the breakpoints `points`),
+    and every row without a height. The heights' set is made with one C loop: when the
+    lowest and the highest are in one class (the common batch), one row stands for all;
+    else a row per height, then the class of each height."""
+    heights = set(numbers)
+    apart: list[int] = []
+    if None in heights:
+        heights.discard(None)
+        apart = [i for i, n in enumerate(numbers) if n is None]
+    if not heights:
+        return apart
+    low, high = min(heights), max(heights)  # type: ignore[type-var]
+    if bisect_right(points, low) == bisect_right(points, high):  # (classes are ranges)
+        return [numbers.index(low), *apart]
+    at = dict(zip(numbers, range(len(numbers)), strict=True))  # height → a row
+    at.pop(None, None)
+    classes = map(bisect_right, repeat(points), at)
+    return [*dict(zip(classes, at.values(), strict=True)).values(), *apart]
 
 
 class Chooser:
@@ -129,18 +149,12 @@ class Chooser:
         routes = self.routes.routes(pool)
         candidates = self.routes.candidates
         numbers = rows.heights if type(rows) is Rows else heights(rows)
-        if numbers is not None and not (rows[0].spec.writer or rows[0].spec.trie):
+        spec = None if numbers is None else rows[0].spec
+        if spec is not None and not (spec.writer or spec.trie):
             # One method at plain heights: the candidates are those of a class of heights
-            # (proxy/routes.py), so one row per class is looked up, found with C loops (a
-            # row the read path pinned by hash, with no height here, is looked up alone).
-            places: Iterable[int] = range(len(numbers))
-            apart: list[int] = []
-            if None in numbers:
-                apart = list(compress(places, map(is_, numbers, repeat(None))))
-                places = compress(places, map(is_not, numbers, repeat(None)))
-                numbers = [n for n in numbers if n is not None]
-            classes = map(bisect_right, repeat(routes.points), numbers)
-            rows = [rows[i] for i in (*dict(zip(classes, places, strict=True)).values(), *apart)]
+            # (proxy/routes.py), so one row per class is looked up (a row the read path
+            # pinned by hash, with no height here, is looked up alone).
+            rows = [rows[i] for i in _one_per_class(numbers, routes.points)]
         seen: set[tuple[str, str | None]] = set()  # (method, block text) looked up already
         first: list[Node] | None = None
         for row in rows:

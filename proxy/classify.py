@@ -10,6 +10,7 @@ to retry; final answers land in the request's `answers` list.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from operator import itemgetter
 from typing import Any
@@ -196,12 +197,7 @@ class Classifier:
         """Metrics of a batch answered as it is (`in_order`; `notifs`: which items are
         notifications, when any is): one increment per method and outcome."""
         if raw.find(b'"error"') < 0:  # every item ok: count by method alone
-            n = len(methods)
-            if n and methods.count(methods[0]) == n:  # (one method: no Counter)
-                self.metrics.request(ctx.chain, methods[0], node.key, "ok", n)
-                return
-            for method, n in Counter(methods).items():
-                self.metrics.request(ctx.chain, method, node.key, "ok", n)
+            self.ok(ctx, node, methods)
             return
         answered = iter(parsed)
         outcomes = [
@@ -210,6 +206,55 @@ class Classifier:
         ]
         for (method, result), n in Counter(outcomes).items():
             self.metrics.request(ctx.chain, method, node.key, result, n)
+
+    def ok(self, ctx: Ctx, node: Node, methods: list[str]) -> None:
+        """Metrics of a batch whose every item got a result (one increment per method)."""
+        n = len(methods)
+        if n and methods.count(methods[0]) == n:  # (one method: no Counter)
+            self.metrics.request(ctx.chain, methods[0], node.key, "ok", n)
+            return
+        for method, n in Counter(methods).items():
+            self.metrics.request(ctx.chain, method, node.key, "ok", n)
+
+
+def results_in_order(rids: list[Any], raw: bytes) -> re.Match[bytes] | None:
+    """A node's answer to items sent with the client's ids (`rids`: int or str, no bool),
+    checked without decoding it when the ids are `0..n-1` or `1..n` (n up to
+    MAX_SHAPE_ITEMS): a match when it is one `{"jsonrpc":"2.0","id":ID,"result":"TEXT"}`
+    per id, in their order, each TEXT printable ASCII with no escape (every quantity and
+    data result), each TEXT its group; else None (then decoded: `in_order`). Such an
+    answer is final as it is (no error, no transaction to show as pending), and one regular
+    expression over its bytes costs about half of decoding it into objects and reading
+    their ids back. An expression is made once per first id and size (8 ms for 100 items)
+    and kept: at most 2 × MAX_SHAPE_ITEMS of them, so no client makes one per request
+    (ids counted on across requests are decoded)."""
+    n = len(rids)
+    if not 0 < n <= MAX_SHAPE_ITEMS:
+        return None
+    first = rids[0]
+    if (first != 0 and first != 1) or type(first) is not int:
+        return None
+    if rids != list(range(first, first + n)):
+        return None
+    shape = _SHAPES.get((first, n))
+    if shape is None:
+        shape = _SHAPES[(first, n)] = _shape(first, n)
+    return shape.fullmatch(raw)
+
+
+def _shape(first: int, n: int) -> re.Pattern[bytes]:
+    """The expression `results_in_order` matches for ids `first` .. `first + n - 1`."""
+    items = [
+        rb'\{"jsonrpc":"2\.0","id":%d,"result":' % i + _TEXT + rb"\}"
+        for i in range(first, first + n)
+    ]
+    return re.compile(rb"\[" + rb",".join(items) + rb"\][ \t\r\n]*")
+
+
+# A JSON string with no escape, of printable ASCII: the result text as Python reads it.
+_TEXT = rb'"([\x20\x21\x23-\x5b\x5d-\x7e]*)"'
+MAX_SHAPE_ITEMS = 100  # larger batches' answers are decoded (no expression made for them)
+_SHAPES: dict[tuple[int, int], re.Pattern[bytes]] = {}  # (first id, size): bounded by both
 
 
 def in_order(rids: list[Any], methods: list[str], parsed: Any, raw: bytes) -> bool:

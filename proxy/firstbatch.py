@@ -22,6 +22,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Awaitable, Callable
+from itertools import repeat
 from operator import attrgetter, itemgetter
 from time import perf_counter
 from typing import Any
@@ -405,8 +406,11 @@ class FirstBatch:
                 return None
         except (KeyError, TypeError, IndexError):  # (not a dict, a key missing, unhashable)
             return None
-        known = self.methods.known_targets(CALL, 2, params, list(map(_LAST, params)))
-        if known is None:
+        found_all = self.methods.known_targets(CALL, 2, params, list(map(_LAST, params)))
+        known: list[Any]
+        if found_all is not None:
+            known = list(zip(repeat(found_all[0], n), found_all[1], strict=True))
+        else:
             known = []
             for one in params:
                 found = self.kept.plain_read(CALL, one)  # (learns the text for next time)

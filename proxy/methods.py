@@ -190,6 +190,7 @@ _ADDRESSES_SEEN: set[str] = set()  # address texts that passed `_ADDRESS` (valid
 
 
 _ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
+_ADDRESS_CHECKS = (_address,)  # a param whose one check is `_address` (`known_targets`)
 _ADDR = ((0, _address),)
 _HASH = ((0, parse_hash),)
 _INDEX = ((1, parse_quantity),)
@@ -373,6 +374,37 @@ _LAST = itemgetter(-1)
 MAX_TARGETS = 4096  # remembered block texts per (method, number of params); then cleared
 
 
+class _Texts:
+    """The block texts remembered for one (method, number of params): each one's target,
+    block and height (None: a tag or a hash), and the checks of the other params by index,
+    so a batch finds each column with one C loop."""
+
+    __slots__ = ("checks", "numbers", "refs", "spec", "targets")
+
+    def __init__(self, spec: MethodSpec, size: int) -> None:
+        self.spec = spec
+        self.checks: list[tuple[Check, ...]] = [
+            tuple(check for at, check in spec.checks if at == index) for index in range(size)
+        ]
+        self.targets: dict[str, tuple[MethodSpec, BlockRef]] = {}
+        self.refs: dict[str, BlockRef] = {}
+        self.numbers: dict[str, int | None] = {}
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def add(self, text: str, found: tuple[MethodSpec, BlockRef]) -> None:
+        ref = found[1]
+        self.targets[text] = found
+        self.refs[text] = ref
+        self.numbers[text] = ref.number
+
+    def clear(self) -> None:
+        self.targets.clear()
+        self.refs.clear()
+        self.numbers.clear()
+
+
 class MethodTable:
     """The allowed methods (spec + `extra_methods`) and how to read their target block.
 
@@ -386,9 +418,9 @@ class MethodTable:
         for name in extra_methods:
             self.specs.setdefault(name, EXTRA)
         self.local: frozenset[str] = frozenset()  # LocalMethod names (Engine.divert)
-        # (method, number of params) → block text → target: a batch looks its texts up in
-        # one dict, with no key made per item
-        self._known: dict[tuple[str, int], dict[str, tuple[MethodSpec, BlockRef]]] = {}
+        # (method, number of params) → the block texts remembered: a batch looks its texts
+        # up in one dict, with no key made per item
+        self._known: dict[tuple[str, int], _Texts] = {}
 
     def spec(self, method: str) -> MethodSpec:
         spec = self.specs.get(method)
@@ -399,8 +431,8 @@ class MethodTable:
     def target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None]:
         """The spec of `method` and the block its params target (None: no block named)."""
         if type(params) is list and params and type(params[-1]) is str and None not in params:
-            by_text = self._known.get((method, len(params)))
-            known = None if by_text is None else by_text.get(params[-1])
+            texts = self._known.get((method, len(params)))
+            known = None if texts is None else texts.targets.get(params[-1])
             if known is None:
                 key = (method, len(params), params[-1])
                 return self._remember(key, self._target(method, params))
@@ -413,47 +445,51 @@ class MethodTable:
 
     def known_targets(
         self, method: str, size: int, params: list[list[Any]], texts: list[Any]
-    ) -> list[tuple[MethodSpec, BlockRef]] | None:
-        """`target(method, p)` for every `p` of `params` (lists of `size` params, none of
-        them null; `texts`: each one's last param), each found by its block text among the
-        targets remembered, with C loops over the items (a batch of one method: no Python
-        step per item for the common check, an address seen before); None when one is not
-        remembered or a check fails (then `target` per item finds the same targets, or the
-        error)."""
-        by_text = self._known.get((method, size))
-        if by_text is None:
+    ) -> tuple[MethodSpec, list[BlockRef], list[int | None]] | None:
+        """`target(method, p)` for every `p` of `params` (lists of `size` params; `texts`:
+        each one's last param), each found by its block text among the targets remembered,
+        with C loops over the items (a batch of one method: no Python step per item for the
+        common check, an address seen before): the method's spec, each item's block and its
+        height (None: a tag or a hash). None when a text is not remembered, a param is null
+        or a check fails (then `target` per item finds the same targets, or the error)."""
+        known = self._known.get((method, size))
+        if known is None:
             return None
         try:
-            known = list(map(by_text.__getitem__, texts))  # (one not remembered: KeyError)
-            spec = known[0][0]
+            refs = list(map(known.refs.__getitem__, texts))  # (one not remembered: KeyError)
+            spec = known.spec
+            for index in range(size - 1):  # (the last is the block text: a key, not null)
+                column = list(map(itemgetter(index), params))
+                checks = known.checks[index]
+                if checks == _ADDRESS_CHECKS and _ADDRESSES_SEEN.issuperset(column):
+                    continue  # (addresses that passed: none of them null)
+                if None in column:
+                    return None  # (a null param: `target` fills or refuses it)
+                for check in checks:
+                    name = spec.params[index]
+                    for value in column:
+                        check(value, name)
             for index, check in spec.checks:
-                if index == spec.block_at:
-                    continue  # (the block param's text passed already)
                 if index >= size:
                     check(None, spec.params[index])
-                elif check is not _address or not _ADDRESSES_SEEN.issuperset(
-                    map(itemgetter(index), params)
-                ):
-                    name = spec.params[index]
-                    for value in map(itemgetter(index), params):
-                        check(value, name)
         except (JsonRpcError, TypeError, KeyError):  # (TypeError: an unhashable param)
             return None
-        return known
+        return spec, refs, list(map(known.numbers.__getitem__, texts))
 
     def _remember(
         self, key: tuple[str, int, str], found: tuple[MethodSpec, BlockRef | None]
     ) -> tuple[MethodSpec, BlockRef | None]:
-        """`found` (a valid target of `key`'s params) kept when its block is the last param."""
+        """`found` (a valid target of `key`'s params) kept when its block is the last param
+        (a text: never `Contains`, which only an object names)."""
         spec, ref = found
-        if ref is not None and spec.block_at == key[1] - 1:
+        if ref is not None and spec.block_at == key[1] - 1 and not ref.contains:
             method, size, text = key
-            by_text = self._known.get((method, size))
-            if by_text is None:
-                by_text = self._known[(method, size)] = {}
-            elif len(by_text) >= MAX_TARGETS:
-                by_text.clear()
-            by_text[text] = found  # type: ignore[assignment]
+            known = self._known.get((method, size))
+            if known is None:
+                known = self._known[(method, size)] = _Texts(spec, size)
+            elif len(known) >= MAX_TARGETS:
+                known.clear()
+            known.add(text, found)  # type: ignore[arg-type]
         return found
 
     def _target(self, method: str, params: Any) -> tuple[MethodSpec, BlockRef | None]:

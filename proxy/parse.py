@@ -8,10 +8,8 @@ block text the method table remembers) and item by item otherwise, with the same
 
 from __future__ import annotations
 
-import operator
 import re
-from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -40,11 +38,9 @@ _METHOD, _JSONRPC, _ID, _PARAMS = (
     itemgetter("id"),
     itemgetter("params"),
 )
-_REF, _LAST = itemgetter(1), itemgetter(-1)
-_NUMBER, _CONTAINS = attrgetter("number"), attrgetter("contains")
+_LAST = itemgetter(-1)
 _RID, _NOTIF = itemgetter(2), itemgetter(6)  # a Row's fields (proxy/request.py)
 _ID_TYPES = frozenset((int, str))  # (a float id is read from the body: item by item)
-_HAS_NONE = operator.contains
 _OWN_ID_TYPES = {str, int}  # ids a sub-batch may keep (exact types: not bool, not a float)
 _HEIGHT_TEXT = re.compile(r"^(0x[0-9a-fA-F]{1,16}|[0-9]{1,19})$")
 
@@ -147,24 +143,17 @@ class Parser:
             sizes = set(map(len, params))
             if not set(map(type, rids)) <= _ID_TYPES or set(map(type, params)) != {list}:
                 return None
-            if len(sizes) != 1 or any(map(_HAS_NONE, params, repeat(None))):
+            if len(sizes) != 1:
                 return None
             texts = list(map(_LAST, params))  # (only texts are remembered: no type check)
         except (TypeError, KeyError, IndexError):  # (not a dict, a key missing, no params)
             return None
+        # (a null param: `known_targets` declines it; a block text never names `Contains`)
         known = self.methods.known_targets(method, sizes.pop(), params, texts)
         if known is None:
             return None
-        refs = list(map(_REF, known))
-        return Rows(payload, rids, method, known[0][0], refs, texts, _heights(refs))
-
-
-def _heights(refs: list[Any]) -> list[int | None] | None:
-    """Each ref's height, None where it names a tag or a hash; None when one names
-    `Contains` (a height answered at the node's head)."""
-    if True in map(_CONTAINS, refs):
-        return None
-    return list(map(_NUMBER, refs))
+        spec, refs, heights = known
+        return Rows(payload, rids, method, spec, refs, texts, heights)
 
 
 def least(text: str, ctx: Ctx) -> JsonRpcError | None:
@@ -191,7 +180,11 @@ def unique_ids(rows: list[Row]) -> bool:
     """Whether the answers of `rows` can be told apart by their ids: every id a string or
     an integer, no two the same (notifications have none and get no answer)."""
     if type(rows) is Rows:  # (int or string ids, no notification: checked as parsed)
-        return len(set(rows.rids)) == len(rows)
+        rids = rows.rids
+        first = rids[0] if rids else None
+        if type(first) is int and rids == list(range(first, first + len(rids))):
+            return True  # (the usual ids, 0..n-1: no set made)
+        return len(set(rids)) == len(rows)
     if True in map(_NOTIF, rows):
         ids = [row.rid for row in rows if not row.notif]
     else:  # (C loops: no Python step per row)

@@ -130,15 +130,19 @@ class Rows:
     `heights`: each row's block height where it names a plain height (None where it names
     a tag or a hash), or None for the whole batch when a row names `Contains`. `positions`:
     the rows' places in the batch (None: 0..n-1). `source`: the rows these were taken
-    from (`without`), to put back together with the items the read path pinned."""
+    from (`without`), to put back together with the items the read path pinned; their
+    columns are taken from it only when a step reads one (a batch whose pinned items go
+    with it is put back together from the source alone)."""
 
     __slots__ = (
+        "drop",
         "heights",
         "method",
         "objs",
         "positions",
         "refs",
         "rids",
+        "size",
         "source",
         "spec",
         "texts",
@@ -165,9 +169,18 @@ class Rows:
         self.heights = heights
         self.positions = positions
         self.source = source
+        self.size = len(objs)
+        self.drop: list[bool] | None = None  # (`without`: the source's rows left out)
 
     def __len__(self) -> int:
-        return len(self.objs)
+        return self.size
+
+    def __getattr__(self, name: str) -> Any:
+        """A column of rows made by `without` (slots not set yet), taken on first use."""
+        if self.drop is None or name not in _COLUMNS:
+            raise AttributeError(name)
+        self._take()
+        return getattr(self, name)
 
     def __getitem__(self, i: int) -> Row:
         if i < 0:
@@ -194,21 +207,26 @@ class Rows:
         )
 
     def without(self, drop: list[bool]) -> Rows:
-        """These rows but those at the places `drop` marks (C loops over the columns)."""
-        keep = list(map(not_, drop))
-        positions = range(len(self.objs)) if self.positions is None else self.positions
-        heights = self.heights
-        return Rows(
-            list(compress(self.objs, keep)),
-            list(compress(self.rids, keep)),
-            self.method,
-            self.spec,
-            list(compress(self.refs, keep)),
-            list(compress(self.texts, keep)),
-            None if heights is None else list(compress(heights, keep)),
-            list(compress(positions, keep)),
-            self,
-        )
+        """These rows but those at the places `drop` marks (their columns made from these,
+        with C loops, when a step first reads one)."""
+        rows = Rows.__new__(Rows)
+        rows.method, rows.spec, rows.source = self.method, self.spec, self
+        rows.size, rows.drop = self.size - drop.count(True), drop
+        return rows
+
+    def _take(self) -> None:
+        """The columns of rows made by `without`, from the source's."""
+        source, keep = self.source, list(map(not_, self.drop))  # type: ignore[arg-type]
+        assert source is not None
+        positions = range(source.size) if source.positions is None else source.positions
+        heights = source.heights
+        self.objs = list(compress(source.objs, keep))
+        self.rids = list(compress(source.rids, keep))
+        self.refs = list(compress(source.refs, keep))
+        self.texts = list(compress(source.texts, keep))
+        self.heights = None if heights is None else list(compress(heights, keep))
+        self.positions = list(compress(positions, keep))
+        self.drop = None
 
     def pinned(self, items: list[Item]) -> Rows:
         """These rows (all of a batch's) with the `items` the read path pinned in their
@@ -222,6 +240,9 @@ class Rows:
                 ref = it.ref
                 heights[pos] = None if ref is None or ref.contains else ref.number
         return Rows(objs, self.rids, self.method, self.spec, refs, texts, heights)
+
+
+_COLUMNS = frozenset(("heights", "objs", "positions", "refs", "rids", "texts"))
 
 
 class Item:

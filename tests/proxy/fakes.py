@@ -12,7 +12,7 @@ it was sent and can be made slow, failing or dead.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -54,6 +54,8 @@ class FakeNode(fakenode.FakeNode):
         self.fail_every = 0  # answer every Nth data request with HTTP 503 (0: never)
         self.pad = 0  # characters of padding in every data answer (large answers)
         self.reverse = False  # answer batches in reverse order (JSON-RPC allows any order)
+        # the bytes of every data batch's answer, made from its items (a node's own shapes)
+        self.batch_answer: Callable[[list[dict[str, Any]]], bytes] | None = None
         self.stalled: str | None = None  # blockx_health says "stalled" with this reason
         self.received: list[dict[str, Any]] = []  # data items (polls excluded)
         self.bodies: list[bytes] = []
@@ -130,6 +132,8 @@ class FakeNode(fakenode.FakeNode):
         return self._reply(payload, polling)
 
     def _reply(self, payload: Any, polling: bool) -> Response:
+        if self.batch_answer is not None and not polling and isinstance(payload, list):
+            return 200, self.batch_answer(payload)
         items = payload if isinstance(payload, list) else [payload]
         answers = [a for a in (self._answer(i, polling) for i in items) if a is not None]
         if not answers:

@@ -124,3 +124,27 @@ async def test_any_other_item_sends_the_batch_item_by_item(solo, monkeypatch, wh
         raw = await answered_both_ways(api, node, monkeypatch, batch)
         answers = orjson.loads(raw)
         assert len(answers) == 10 - (name == "notification"), (name, raw)
+
+
+async def test_a_null_param_the_method_table_does_not_check_sends_the_batch_item_by_item(
+    solo, monkeypatch
+) -> None:
+    """`eth_getStorageAt`'s position has no check of its own: a null one among remembered
+    block texts is refused (-32602, "missing param") as item by item refuses it, and the
+    other items are answered."""
+    api, node = solo
+    storage = [
+        req("eth_getStorageAt", [f"0x{i + 1:040x}", hex(i), hex(900 + i % 50)], i)
+        for i in range(10)
+    ]
+    await answered_both_ways(api, node, monkeypatch, storage)  # (the texts remembered)
+    calls = counting_targets(api, monkeypatch)
+    await answered_both_ways(api, node, monkeypatch, storage)
+    assert calls[0] == 10  # the twin alone: remembered texts, checked with C loops
+    storage[4]["params"][1] = None
+    calls[0] = 0
+    raw = await answered_both_ways(api, node, monkeypatch, storage)
+    assert calls[0] == 2 * 10  # item by item both times
+    answers = orjson.loads(raw)
+    assert answers[4]["error"]["code"] == -32602 and "position" in answers[4]["error"]["message"]
+    assert all("result" in a for i, a in enumerate(answers) if i != 4), raw

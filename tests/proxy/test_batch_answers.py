@@ -1,0 +1,170 @@
+"""A node's answer to a batch, checked without decoding it when it is the common one
+(`classify.results_in_order`: a string result per id, in order) and decoded and matched item
+by item otherwise: either way the client gets what the decoded checks give. A real proxy
+app in front of a fake state node answering each batch with the bytes a test makes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy import classify, rounds
+from proxy.classify import loads, results_in_order
+from tests.proxy.conftest import fast_settings, req
+from tests.proxy.test_dataport import raw_rpc
+
+N = 10
+
+
+def reads(ids: list[int] | None = None) -> list[dict[str, Any]]:
+    """Balance reads at heights in the fake node's window, with ids 0..N-1 (or `ids`)."""
+    ids = list(range(N)) if ids is None else ids
+    return [
+        req("eth_getBalance", [f"0x{i + 1:040x}", hex(900 + i)], rid) for i, rid in enumerate(ids)
+    ]
+
+
+def results(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"jsonrpc": "2.0", "id": it["id"], "result": hex(7000 + it["id"])} for it in items]
+
+
+@pytest.fixture
+async def node_api(make_api, fake_nodes):
+    """(api, node): one fake state node behind a proxy with the response cache off."""
+    node = await fake_nodes("one", "state")
+    api = await make_api(fast_settings(cache_pools=[]))
+    await api.add("1337", node)
+    await api.heads_known("1337")
+    return api, node
+
+
+async def test_a_string_result_per_id_in_order_is_the_answer_as_the_node_wrote_it(
+    node_api, monkeypatch
+) -> None:
+    api, node = node_api
+    written: list[bytes] = []
+    decoded = [0]
+
+    def counted(raw: bytes) -> Any:
+        decoded[0] += 1
+        return loads(raw)
+
+    monkeypatch.setattr(rounds, "loads", counted)
+
+    def answer(items: list[dict[str, Any]]) -> bytes:
+        written.append(orjson.dumps(results(items)) + b"\n")
+        return written[-1]
+
+    node.batch_answer = answer
+    for ids in (list(range(N)), list(range(1, N + 1))):  # taken by the expression
+        status, raw = await raw_rpc(api, orjson.dumps(reads(ids)))
+        assert status == 200 and raw == written[-1], raw
+    assert decoded[0] == 0
+    made = len(classify._SHAPES)
+    # ids counted on across requests (as some clients do), or in another order: decoded,
+    # and no expression is made for them
+    for ids in (list(range(5, 5 + N)), list(range(15, 15 + N)), [0, 2, 4, 6, 8, 1, 3, 5, 7, 9]):
+        status, raw = await raw_rpc(api, orjson.dumps(reads(ids)))
+        assert status == 200 and raw == written[-1], raw
+    assert decoded[0] == 3 and len(classify._SHAPES) == made
+    # escaped or non-ASCII texts and other results are decoded: still the node's bytes
+    for text in ("0x\\u0031", "caf\u00e9", {"balance": "0x1"}, None, 7):
+
+        def other(items: list[dict[str, Any]], text: Any = text) -> bytes:
+            got = results(items)
+            got[3]["result"] = text
+            written.append(orjson.dumps(got).replace(b"\\\\u", b"\\u"))
+            return written[-1]
+
+        node.batch_answer = other
+        status, raw = await raw_rpc(api, orjson.dumps(reads()))
+        assert status == 200 and raw == written[-1], (text, raw)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["missing", "error", "reversed", "extra member", "float id", "truncated", "control char"],
+)
+async def test_any_other_answer_is_matched_item_by_item(node_api, name: str) -> None:
+    """Each kind of answer the expression does not take gets the decoded steps' answers:
+    ids in the client's order, a result or an error for every item, never bytes a client
+    cannot decode."""
+    api, node = node_api
+
+    def answer(items: list[dict[str, Any]]) -> bytes:
+        got: list[Any] = results(items)
+        if name == "missing":
+            del got[4]
+        elif name == "error":
+            got[4] = {"jsonrpc": "2.0", "id": 4, "error": {"code": -32000, "message": "no"}}
+        elif name == "reversed":
+            got.reverse()
+        elif name == "extra member":
+            got[4]["node"] = "one"
+        elif name == "float id":
+            return orjson.dumps(got).replace(b'"id":4,', b'"id":4.0,')
+        elif name == "truncated":
+            return orjson.dumps(got)[:-30]
+        elif name == "control char":
+            return orjson.dumps(got).replace(b'"0x1b5c"', b'"0x1b\x015c"')
+        return orjson.dumps(got)
+
+    node.batch_answer = answer
+    sent = reads()
+    status, raw = await raw_rpc(api, orjson.dumps(sent))
+    answers = orjson.loads(raw)
+    assert status == 200 and [a["id"] for a in answers] == list(range(N)), raw
+    if name in ("truncated", "control char"):  # not JSON: the node is penalised
+        assert all("error" in a for a in answers), raw
+        return
+    fine = [a for a in answers if a["id"] != 4]
+    assert [a["result"] for a in fine] == [hex(7000 + a["id"]) for a in fine], raw
+    if name == "missing":
+        assert "error" in answers[4]  # given up: the one node had no answer for it
+    elif name == "error":
+        assert answers[4]["error"]["code"] == -32000
+    else:
+        assert answers[4]["result"] == hex(7004), raw
+
+
+def test_the_expression_takes_only_consecutive_int_ids_and_plain_texts() -> None:
+    raw = orjson.dumps(results(reads()))
+    found = results_in_order(list(range(N)), raw)
+    assert found is not None and found.group(N) == hex(7000 + N - 1).encode()
+    assert results_in_order(list(range(N)), raw + b" \r\n") is not None
+    assert results_in_order(list(range(1, N + 1)), raw) is None  # other ids
+    shifted = orjson.dumps(results(reads(list(range(5, 5 + N)))))
+    assert results_in_order(list(range(5, 5 + N)), shifted) is None  # not 0.. or 1..: decoded
+    assert results_in_order([True, *range(1, N)], raw) is None
+    assert results_in_order([str(i) for i in range(N)], raw) is None
+    assert results_in_order([], b"[]") is None
+    for bad in (raw + b"x", raw[:-1], raw.replace(b'"2.0"', b'"1.0"', 1), b" " + raw):
+        assert results_in_order(list(range(N)), bad) is None, bad
+
+
+async def test_an_item_pinned_by_hash_hands_its_result_to_an_identical_read_waiting(
+    node_api,
+) -> None:
+    """An item at the head (its hash known: pinned and led by the read path) in a batch
+    whose answer the expression took: a single identical read sent meanwhile gets the same
+    result without asking the node."""
+    api, node = node_api
+    node.batch_answer = lambda items: orjson.dumps(results(items))
+    node.delay = 0.3
+    batch = reads()
+    batch[6]["params"][1] = hex(node.head)
+    task = asyncio.ensure_future(raw_rpc(api, orjson.dumps(batch)))
+    await asyncio.sleep(0.1)
+    single = req("eth_getBalance", batch[6]["params"], "single")
+    status, raw = await raw_rpc(api, orjson.dumps(single))
+    _, whole = await task
+    assert orjson.loads(whole)[6]["result"] == hex(7006), whole
+    assert status == 200 and orjson.loads(raw) == {
+        "jsonrpc": "2.0",
+        "id": "single",
+        "result": hex(7006),
+    }, raw
+    assert len(node.bodies) == 1  # the single read was not sent
