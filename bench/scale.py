@@ -229,7 +229,7 @@ class ScaleRun:
                 meter.parse += time.process_time() - t1
             for kind, node in self.nodes.items():
                 # each node encodes the block's writes, as when it parses its own copy
-                own = [replace(block, writes=None) for block in batch]
+                own = [replace(block) for block in batch]
                 before, io = time.process_time(), _written()
                 await node.ingest.apply_blocks(own)
                 meter.apply[kind] += time.process_time() - before

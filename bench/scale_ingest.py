@@ -203,7 +203,7 @@ async def _measure(args: argparse.Namespace, nodes: dict[str, Any], raws: list[b
 def _own(block: Any) -> Any:
     """The block without the writes another node encoded: each node encodes its own, as when
     it parses its own copy (a store from before they were kept on the block has none)."""
-    return block if getattr(block, "writes", None) is None else replace(block, writes=None)
+    return block if getattr(block, "writes", None) is None else replace(block)
 
 
 def _nothing() -> None:

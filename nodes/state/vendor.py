@@ -52,8 +52,11 @@ class VendorBlock:
     body: BlockBody | None = None  # BlockFile's block and receipts, checked against the Header
     # (key prefix, value) of every version `post` writes, in key order, as the store encodes
     # them (nodes.state.store.block_writes): encoded once, by the first store to apply the
-    # block, for the hot view and any other store applying it too. `post` must not change.
-    writes: tuple[tuple[bytes, bytes], ...] | None = field(default=None, compare=False, repr=False)
+    # block, for the hot view and any other store applying it too. Not an init field, so a
+    # block made from another with `dataclasses.replace` (another `post`) encodes its own.
+    writes: tuple[tuple[bytes, bytes], ...] | None = field(
+        default=None, init=False, compare=False, repr=False
+    )
 
 
 def keccak256(data: bytes) -> bytes:
