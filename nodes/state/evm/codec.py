@@ -11,6 +11,7 @@ from typing import Any
 from chainstate.hexcodec import UINT256_MAX, parse_address, parse_data, parse_quantity
 from chainstate.jsonrpc import INVALID_PARAMS, JsonRpcError
 from nodes.state.evm.feed import Overlay
+from nodes.state.evm.wire import call_fields
 from nodes.state.reader import HeaderInfo
 
 ZERO_ADDRESS = "0x0000000000000000000000000000000000000000"
@@ -111,18 +112,8 @@ def parse_call(obj: Any, gas_limit: int, what: str = "request") -> dict[str, Any
     if obj.get("type") is not None:
         _u64(obj["type"], f"{what}.type")
     chain_id = None if obj.get("chainId") is None else _u64(obj["chainId"], f"{what}.chainId")
-    return {
-        "from": sender,
-        "to": to,
-        "data": data,
-        "value": value,
-        "gas": gas,
-        "max_fee": max_fee,
-        "tip": tip,
-        "nonce": nonce,
-        "chain_id": chain_id,
-        "access_list": parse_access_list(obj.get("accessList"), f"{what}.accessList"),
-    }
+    access_list = parse_access_list(obj.get("accessList"), f"{what}.accessList")
+    return call_fields(sender, to, data, value, gas, max_fee, tip, nonce, chain_id, access_list)
 
 
 def _fees(obj: dict[str, Any], what: str) -> tuple[int, int | None]:

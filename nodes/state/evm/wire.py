@@ -174,11 +174,21 @@ class WorkerEnvs:
         self.envs: dict[int, dict[str, Any]] = {}
 
 
-def _unpack_call(call: Any) -> dict[str, Any]:
-    if call.__class__ is not tuple:
-        return call  # type: ignore[no-any-return]
-    # (a dict display, not dict(zip()): a zip, its tuples and keyword parsing cost more)
-    sender, to, data, value, gas, max_fee, tip, nonce, chain_id, access_list = call
+def call_fields(
+    sender: Any,
+    to: Any,
+    data: Any,
+    value: Any,
+    gas: Any,
+    max_fee: Any,
+    tip: Any,
+    nonce: Any,
+    chain_id: Any,
+    access_list: Any,
+) -> dict[str, Any]:
+    """A call as the EVM methods and the worker read it (CALL_KEYS), from its values: made
+    where a call is parsed (`codec`) and where the worker reads one off the wire. (A dict
+    display, not dict(zip()): a zip, its tuples and keyword parsing cost more.)"""
     return {
         "from": sender,
         "to": to,
@@ -191,6 +201,12 @@ def _unpack_call(call: Any) -> dict[str, Any]:
         "chain_id": chain_id,
         "access_list": access_list,
     }
+
+
+def _unpack_call(call: Any) -> dict[str, Any]:
+    if call.__class__ is not tuple:
+        return call  # type: ignore[no-any-return]
+    return call_fields(*call)
 
 
 def _unpack_one(one: Any, envs: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -223,18 +239,7 @@ def _unpack_plain(one: tuple[Any, ...], head: tuple[Any, ...], envs: dict[int, A
     """A plain group (`_plain`) as the job dict it was."""
     height, block, sender, to, data, gas = one
     kind, fork_url, chain_id, spec_id, store = head
-    call = {
-        "from": sender,
-        "to": to,
-        "data": data,
-        "value": 0,
-        "gas": gas,
-        "max_fee": 0,
-        "tip": None,
-        "nonce": None,
-        "chain_id": None,
-        "access_list": [],
-    }
+    call = call_fields(sender, to, data, 0, gas, 0, None, None, None, [])
     return {
         "kind": kind,
         "fork_url": fork_url,
