@@ -8,7 +8,9 @@ keeps them and the two stores after genesis on disk, `--load DIR` starts from th
 each repetition ingests all of them into an `archive` and a `state` node (genesis applied
 first, not measured), `--batch` blocks at a time through `Ingest.apply_blocks`, as `suite
 scale` does. Figures are CPU ms per block of this process (its threads included): parse =
-`orjson.loads` + `Ingest._parsed`, apply = `apply_blocks` per node. `--callgrind` counts
+`orjson.loads` + `Ingest._parsed`, apply = `apply_blocks` per node (with, per block, its
+page faults, kernel CPU ms and disk writes, and with `--span N` the apply ms of each N
+blocks, to see what grows with the store). `--callgrind` counts
 instructions per block instead (from `--load DIR`: generating under valgrind takes hours),
 which the machine's load does not change; the kernel's share of a commit is not in them.
 
@@ -22,6 +24,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import mmap
+import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -54,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--map-size-mb", type=int, default=16384, help="each store's LMDB map")
     p.add_argument("--save", type=Path, help="generate the chain into this folder and stop")
     p.add_argument("--load", type=Path, help="ingest the chain saved in this folder")
+    p.add_argument("--span", type=int, default=0, help="also apply ms per span of N blocks")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--callgrind", action="store_true", help="count instructions (with --load)")
     p.add_argument("--marks", action="store_true", help=argparse.SUPPRESS)  # (the run inside)
@@ -165,6 +171,7 @@ async def _ingest(args: argparse.Namespace, genesis: Any, raws: list[bytes]) -> 
         if genesis is None:  # saved: a copy of the stores after genesis
             for kind in KINDS:
                 shutil.copytree(args.load / kind, root / kind)
+                _settle(root / kind)
         else:
             await _genesis_stores(args, genesis, root)
         nodes = await _nodes(args, root)
@@ -176,6 +183,28 @@ async def _ingest(args: argparse.Namespace, genesis: Any, raws: list[bytes]) -> 
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _settle(folder: Path) -> None:
+    """Cache a copied store page by page, as the node's random-access map reads it.
+
+    The copy leaves its file in the page cache as large folios (Linux 6.16+ on ext4), and a
+    4 KiB write into a large folio makes the kernel write back all of it (up to MiBs): the
+    run would pay for how the copy was made. So the copy is dropped from the cache and read
+    back one page at a time (MADV_RANDOM, as LMDB maps it with readahead off), unmeasured."""
+    for path in folder.rglob("*.mdb"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            size = os.fstat(fd).st_size
+            if size == 0:
+                continue
+            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as view:
+                view.madvise(mmap.MADV_RANDOM)
+                sum(view[i] for i in range(0, size, mmap.PAGESIZE))
+        finally:
+            os.close(fd)
+
+
 async def _measure(args: argparse.Namespace, nodes: dict[str, Any], raws: list[bytes]) -> Any:
     """Parse every block, then apply them to each node in turn (callgrind: a segment each)."""
     mark = MARK if args.marks else _nothing
@@ -184,20 +213,56 @@ async def _measure(args: argparse.Namespace, nodes: dict[str, Any], raws: list[b
     started = time.process_time()
     blocks = [await ingest._parsed(orjson.loads(raw), h) for h, raw in enumerate(raws, 1)]
     parse = time.process_time() - started
-    apply = {}
+    apply, spans, io = {}, {}, {}
     for kind, node in nodes.items():
         own = [_own(block) for block in blocks]
         mark()
-        started = time.process_time()
+        before, started = _usage(), time.process_time()
+        cpus = []
         for start in range(0, len(own), args.batch):
             await node.ingest.apply_blocks(own[start : start + args.batch])
+            cpus.append(time.process_time())
         apply[kind] = time.process_time() - started
+        io[kind] = _per_block(before, _usage(), len(own))
+        spans[kind] = _spans(args, started, cpus)
     mark()
     n = len(raws)
-    return {
+    report = {
         "parse_ms": round(1000 * parse / n, 2),
         "apply_ms": {kind: round(1000 * cpu / n, 2) for kind, cpu in apply.items()},
+        "per_block": io,
     }
+    if args.span:
+        report["apply_ms_by_span"] = spans
+    return report
+
+
+def _spans(args: argparse.Namespace, started: float, cpus: list[float]) -> list[float]:
+    """Apply CPU ms per block over each `--span` blocks (whole batches), to see it grow."""
+    per = max(1, args.span // args.batch)
+    out, last = [], started
+    for i in range(per - 1, len(cpus), per):
+        out.append(round(1000 * (cpus[i] - last) / (per * args.batch), 2))
+        last = cpus[i]
+    return out
+
+
+def _usage() -> dict[str, float]:
+    """The process's page faults, kernel CPU and disk writes so far (/proc/self/io counts
+    every page-cache folio a write dirtied, whole: more than the bytes written when the
+    folios are large)."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return {
+        "minor_faults": ru.ru_minflt,
+        "major_faults": ru.ru_majflt,
+        "sys_ms": 1000 * ru.ru_stime,
+        "mb_written": int(io["write_bytes"]) / 1e6,
+    }
+
+
+def _per_block(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, float]:
+    return {key: round((after[key] - before[key]) / n, 2) for key in after}
 
 
 def _own(block: Any) -> Any:
