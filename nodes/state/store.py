@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import struct
 import threading
 from collections.abc import Iterator
@@ -46,8 +47,6 @@ F_BALANCE = b"\x01"
 F_NONCE = b"\x02"
 F_CODE = b"\x03"
 F_STORAGE = b"\x04"
-_ACCOUNT_PREFIX = 21
-_STORAGE_PREFIX = 53
 
 META_HEAD = b"head"
 META_EARLIEST = b"earliest"
@@ -104,13 +103,14 @@ def _addr(address: str) -> bytes:
     return bytes.fromhex(address[2:])
 
 
-def _split_prefixes(blob: bytes) -> Iterator[bytes]:
-    """The prefixes of an undo record (account prefixes are 21 bytes, storage ones 53)."""
-    i = 0
-    while i < len(blob):
-        size = _STORAGE_PREFIX if blob[i + 20 : i + 21] == F_STORAGE else _ACCOUNT_PREFIX
-        yield blob[i : i + size]
-        i += size
+# An undo record's prefixes: an address, then a field byte, then a slot after F_STORAGE.
+_PREFIX = re.compile(rb"(?s).{20}(?:\x04.{32}|.)")
+
+
+def _split_prefixes(blob: bytes) -> list[bytes]:
+    """The prefixes of an undo record (account prefixes are 21 bytes, storage ones 53), split
+    by one regex call: a block's record holds thousands, a Python step each cost ~1 ms."""
+    return _PREFIX.findall(blob)
 
 
 def out_of_range(height: int, bounds: tuple[int, int] | None) -> JsonRpcError:
@@ -748,18 +748,18 @@ class StateStore:
         newest: dict[bytes, bytes] = {}  # prefix → its newest version key leaving the window
         for height in range(old_earliest + 1, new_earliest + 1):
             hb = _BE.pack(height)
-            for prefix in _split_prefixes(txn.get(hb, db=self._undo) or b""):
-                newest[prefix] = hb
+            newest.update(dict.fromkeys(_split_prefixes(txn.get(hb, db=self._undo) or b""), hb))
         cur = txn.cursor(db=self._ver)
         for prefix in sorted(newest):
-            if not cur.set_key(prefix + newest[prefix]):
-                continue
-            size = len(prefix) + 8
-            while cur.prev():
+            keep, size = prefix + newest[prefix], len(prefix) + 8
+            # from the oldest version up, deleting each older than `keep`: with the usual
+            # one obsolete version, four cursor calls instead of six walking down from `keep`
+            found = cur.set_range(prefix)
+            while found:
                 key = cur.key()
-                if len(key) != size or not key.startswith(prefix):
+                if key >= keep or len(key) != size or not key.startswith(prefix):
                     break
-                cur.delete()  # moves to the next key: the version we came from
+                found = cur.delete()  # moves to the next key
         for height in range(old_earliest, new_earliest + 1):
             txn.delete(_BE.pack(height), db=self._undo)
         for height in range(old_earliest, new_earliest):
