@@ -71,7 +71,7 @@ def test_scale_ingest_measures_a_saved_chain(tmp_path: Path) -> None:
     assert saved.returncode == 0, saved.stderr[-3000:]
     assert len((tmp_path / "blocks.jsonl").read_bytes().splitlines()) == 12
     done = subprocess.run(
-        [*run, "--load", str(tmp_path), "--window", "4", "--batch", "4", "--json"],
+        [*run, "--load", str(tmp_path), "--window", "4", "--batch", "4", "--span", "4", "--json"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -80,3 +80,9 @@ def test_scale_ingest_measures_a_saved_chain(tmp_path: Path) -> None:
     for run_ in report["runs"]:
         assert run_["parse_ms"] > 0
         assert run_["apply_ms"]["archive"] > 0 and run_["apply_ms"]["state"] > 0
+        for kind in ("archive", "state"):  # a span per batch of 4 blocks
+            assert len(run_["apply_ms_by_span"][kind]) == 3
+            assert all(ms > 0 for ms in run_["apply_ms_by_span"][kind])
+            usage = run_["per_block"][kind]
+            assert set(usage) == {"minor_faults", "major_faults", "sys_ms", "mb_written"}
+            assert all(value >= 0 for value in usage.values())
