@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from chainstate.httpserver import Headers
 from chainstate.jsonrpc import INVALID_REQUEST, PARSE_ERROR, JsonRpcError, cut
 from proxy import nesting
 from proxy.answer import Answers
@@ -32,6 +33,7 @@ from proxy.books import Books, access_log
 from proxy.methods import LocalMethod
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
+from proxy.model import Pool
 from proxy.parse import MIN_BLOCK, NO_NODE_KEY, Parser, dumps_error, least, unique_ids
 from proxy.readpath import ReadPath
 from proxy.reads import MAX_KEYED_BYTES
@@ -41,6 +43,7 @@ from proxy.upstream import Upstream
 
 # Answers a whole client body the pipeline hands over: (pool id, body, headers) -> Answer.
 Divert = Callable[[str, bytes, Mapping[str, str]], Awaitable[Answer]]
+_MIN_BLOCK = MIN_BLOCK.encode()  # (the header's key in `Headers.raw`)
 
 
 class Pipeline:
@@ -185,6 +188,31 @@ class Pipeline:
             return 200, dumps_error(item.rid, nesting.invalid())
 
     # ---- a batch -------------------------------------------------------------------------
+
+    def cached_now(
+        self, chain: str, pool: Pool, body: bytes, headers: Headers, started: float
+    ) -> tuple[int, bytes] | None:
+        """`cached_batch`'s hit without a task (the synchronous start, proxy/firstbatch.py,
+        which checked that nothing is mirrored, traced or logged per item): the answer of a
+        batch body the whole-batch cache holds for its bytes at the request's `latest`,
+        booked as `run` books it; None, nothing counted, for `run` to take the body (a
+        miss, no read path, an `x-min-block` that is not a height). Nothing waits, so the
+        body is not admitted, as an in-process node's answer is not."""
+        readpath = self.readpath
+        if readpath is None:
+            return None
+        ctx = Ctx(chain, pool)
+        raw = headers.raw
+        floor = raw.get(_MIN_BLOCK)
+        if floor is not None and least(floor.decode("latin-1"), ctx) is not None:
+            return None  # (`run` answers the bad header)
+        out = readpath.batch_cached(ctx, body)[1]
+        if out is None:
+            return None
+        client = raw.get(b"client-id")  # (as `run` counts it, without `Headers.get`'s call)
+        if client:
+            self.metrics.client(client.decode("latin-1"))
+        return self.books.close(ctx, "batch", 1, (200, out), started, headers)
 
     async def cached_batch(
         self, ctx: Ctx, body: bytes, parsed: list[Any] | None = None
