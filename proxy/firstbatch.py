@@ -118,6 +118,7 @@ class FirstBatch:
         pipeline parses it on a miss."""
         body, headers = request.body, request.headers
         parsed: list[Any] | None = payload  # (None once a node in process was given it)
+        ctx: Any = None  # the request's, when the whole-batch cache was asked (a miss)
         if found is not None:
             chain, pool = found
             budget = self.budget  # (over it, admission answers 503: no answer made here)
@@ -145,13 +146,14 @@ class FirstBatch:
                             out = self._now(chain, pool, routes, payload, headers, started)
                             if out is not None:
                                 return out
-                cached = self.pipeline.cached_now(chain, pool, body, headers, started)
-                if cached is not None:
-                    return cached
+                ctx = self.pipeline.cached_now(chain, pool, body, headers, started, tally)
+                if type(ctx) is tuple:
+                    return ctx
         admitted = self.admit(chain_id, found)
         if type(admitted) is tuple:
             return admitted
-        return self.run(chain_id, body, headers, admitted, request.answer_early, parsed, tally)
+        early = request.answer_early
+        return self.run(chain_id, body, headers, admitted, early, parsed, tally, ctx)
 
     # ---- plain reads answered now --------------------------------------------------------
 

@@ -84,12 +84,15 @@ class Pipeline:
         early: Callable[[bytes], Any] | None = None,
         parsed: list[Any] | None = None,
         tally: Any = None,
+        ctx: Ctx | None = None,
     ) -> Answer:
         """Answers one admitted client body (its books closed); `early(body)` writes a
         single request's node answer to the client from the node connection's callback;
         `parsed`: the body's batch when the caller parsed it already (not parsed again);
-        `tally`: the client's usage tally (`Ctx.tally`), if any."""
-        ctx = Ctx(admitted.chain, admitted.pool, None, tally)
+        `tally`: the client's usage tally (`Ctx.tally`), if any; `ctx`: the request's, when
+        `cached_now` made it (with that `tally`)."""
+        if ctx is None:
+            ctx = Ctx(admitted.chain, admitted.pool, None, tally)
         self.metrics.client(headers.get("client-id"))
         shape = "single"
         size = 1
@@ -190,25 +193,26 @@ class Pipeline:
     # ---- a batch -------------------------------------------------------------------------
 
     def cached_now(
-        self, chain: str, pool: Pool, body: bytes, headers: Headers, started: float
-    ) -> tuple[int, bytes] | None:
+        self, chain: str, pool: Pool, body: bytes, headers: Headers, started: float, tally: Any
+    ) -> tuple[int, bytes] | Ctx | None:
         """`cached_batch`'s hit without a task (the synchronous start, proxy/firstbatch.py,
         which checked that nothing is mirrored, traced or logged per item): the answer of a
         batch body the whole-batch cache holds for its bytes at the request's `latest`,
-        booked as `run` books it; None, nothing counted, for `run` to take the body (a
-        miss, no read path, an `x-min-block` that is not a height). Nothing waits, so the
-        body is not admitted, as an in-process node's answer is not."""
+        booked as `run` books it. Nothing waits, so the body is not admitted, as an
+        in-process node's answer is not. Else nothing is counted and `run` takes the body:
+        with the request's Ctx made here on a miss (its `latest` resolved once), or afresh
+        (None: no read path, not a `[` body, an `x-min-block` that is not a height)."""
         readpath = self.readpath
-        if readpath is None:
+        if readpath is None or body[:1] != b"[":
             return None
-        ctx = Ctx(chain, pool)
+        ctx = Ctx(chain, pool, None, tally)
         raw = headers.raw
         floor = raw.get(_MIN_BLOCK)
         if floor is not None and least(floor.decode("latin-1"), ctx) is not None:
             return None  # (`run` answers the bad header)
         out = readpath.batch_cached(ctx, body)[1]
         if out is None:
-            return None
+            return ctx
         client = raw.get(b"client-id")  # (as `run` counts it, without `Headers.get`'s call)
         if client:
             self.metrics.client(client.decode("latin-1"))
