@@ -201,9 +201,10 @@ class Pipeline:
         booked as `run` books it. Nothing waits, so the body is not admitted, as an
         in-process node's answer is not. Else nothing is counted and `run` takes the body:
         with the request's Ctx made here on a miss (its `latest` resolved once), or afresh
-        (None: no read path, not a `[` body, an `x-min-block` that is not a height)."""
+        (None: no read path, the pool's answers not cached, not a `[` body, an
+        `x-min-block` that is not a height)."""
         readpath = self.readpath
-        if readpath is None or body[:1] != b"[":
+        if readpath is None or body[:1] != b"[" or not readpath.reads.cache.enabled(pool.id):
             return None
         ctx = Ctx(chain, pool, None, tally)
         raw = headers.raw
