@@ -382,3 +382,31 @@ async def test_a_batch_cached_as_a_whole_is_answered_without_a_task(make_api, fa
     status, answer = await read_answer(reader)
     writer.close()
     assert status == 200 and "x-min-block" in answer["error"]["message"], answer
+
+
+async def test_a_pool_at_its_limit_still_answers_a_batch_the_cache_holds_whole(
+    make_api, fake_nodes
+):
+    """Nothing waits for a whole-batch cache hit, so it is not admitted: with the pool at
+    its in-flight limit, the cached batch is answered while a read for a node gets 503."""
+    node = await fake_nodes("s", "state")
+    api = await make_api(fast_settings(max_pool_inflight=1))
+    await api.add("1337", node)
+    await api.heads_known("1337")
+    engine = get_proxy(api.client.app).engine
+    await wait_until(lambda: 1000 in engine.reads.heads.views["1337"].hashes)
+    batch = [
+        {"jsonrpc": "2.0", "id": i, "method": "eth_getBalance", "params": [ADDR, "latest"]}
+        for i in range(2)
+    ]
+    first = await api.rpc("1337", batch)
+    assert first[0] == 200
+    node.delay = 0.5
+    other = f"0x{7:040x}"
+    slow = asyncio.create_task(api.call("1337", "eth_getBalance", [other, "latest"]))
+    pool = engine.state.pool_for_chain("1337")
+    await wait_until(lambda: pool.inflight == 1)
+    assert await api.rpc("1337", batch) == first
+    status, refused = await api.rpc("1337", [*batch, batch[0] | {"id": 9}])
+    assert status == 503 and refused["error"]["code"] == -32005, refused
+    assert (await slow)["result"]
