@@ -300,6 +300,9 @@ async def test_a_read_after_a_commit_sees_the_new_block(tmp_path: Path) -> None:
         again = store.snapshot()
         assert again is first  # no write since: the same transaction
         again.close()
+        other = await asyncio.to_thread(store.snapshot)  # another thread: its own
+        assert other is not first and other.bounds == first.bounds
+        other.close()
         await asyncio.to_thread(store.apply, parse_vendor_block(chain.blocks[12]))
         after = store.snapshot()
         try:
