@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from proxy.parse import Parser
+from proxy.scan import Scanner
 from tests.proxy.conftest import fast_settings, req
 from tests.proxy.test_dataport import raw_rpc
 
@@ -85,6 +86,7 @@ async def answered_both_ways(api, node, monkeypatch, batch: list[Any]) -> bytes:
     sent = node.bodies[-1]
     with monkeypatch.context() as m:
         m.setattr(Parser, "uniform_rows", lambda self, payload: None)
+        m.setattr(Scanner, "scan", lambda self, body: None)
         status_slow, raw_slow = await raw_rpc(api, body)
     assert (status, raw) == (status_slow, raw_slow), batch
     assert sent == node.bodies[-1], (sent, node.bodies[-1])

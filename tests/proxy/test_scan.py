@@ -1,0 +1,131 @@
+"""A batch read from its bytes (`proxy/scan.py`): the common compact batch of address reads
+becomes the rows the parser's checks make, without parsing it into objects; any other body
+is declined and parsed. Either way the client's answers and the bytes a node receives are
+those of the parsed path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.methods import MethodTable
+from proxy.metrics import ProxyMetrics
+from proxy.parse import Parser
+from proxy.request import Rows
+from proxy.scan import Scanner
+from tests.proxy.conftest import req
+from tests.proxy.test_batch_rows import answered_both_ways, plain, solo  # noqa: F401
+
+ADDR = "0x" + "ab" * 20
+
+
+def batch(n: int, first: int = 0, method: str = "eth_getBalance") -> list[dict[str, Any]]:
+    return [req(method, [f"0x{i + 1:040x}", hex(900 + i % 7)], first + i) for i in range(n)]
+
+
+def scanner(*bodies: list[dict[str, Any]]) -> tuple[Scanner, Parser]:
+    """A scanner whose method table remembers the block texts of `bodies` (the parser's
+    checks of a first batch remember them)."""
+    table = MethodTable()
+    for body in bodies:
+        for it in body:
+            table.target(it["method"], it["params"])
+    return Scanner(table, 1000), Parser(table, ProxyMetrics())
+
+
+@pytest.mark.parametrize(("n", "first"), [(1, 0), (2, 1), (100, 0), (100, 1)])
+def test_a_compact_batch_becomes_the_rows_the_parsers_checks_make(n: int, first: int) -> None:
+    items = batch(n, first)
+    scan, parser = scanner(items)
+    body = orjson.dumps(items)
+    rows = scan.scan(body)
+    assert type(rows) is Rows
+    checked = parser.uniform_rows(orjson.loads(body))
+    assert checked is not None
+    for column in ("rids", "refs", "texts", "heights"):
+        assert getattr(rows, column) == getattr(checked, column), column
+    assert (rows.method, rows.spec, len(rows)) == (checked.method, checked.spec, n)
+    assert [rows[i].obj for i in range(n)] == items  # each row's object alone
+    assert [row.obj for row in rows] == items  # all of them, parsed once
+    # The parser takes the rows as they are: ids exact, no notification.
+    assert parser.rows(None, rows, [], body) == (rows, True, False)  # type: ignore[arg-type]
+
+
+def declined() -> dict[str, bytes]:
+    """Bodies the scanner leaves to the parse, each but for one detail the scanned one's."""
+    body = orjson.dumps(batch(10))
+    hexed = body.replace(b'"0x385"', b'"0x\\u0033385"', 1)  # (an escape in a block text)
+    mixed = batch(10)
+    mixed[3]["method"] = "eth_getCode"
+    return {
+        "space after a comma": body.replace(b'","', b'", "', 1),
+        "key order": orjson.dumps([{"id": it["id"], **it} for it in batch(10)]),
+        "first id 2": orjson.dumps(batch(10, 2)),
+        "ids not consecutive": orjson.dumps(batch(5) + batch(5, 6)),
+        "an id twice": orjson.dumps(batch(5) + batch(5)),
+        "a string id": body.replace(b'"id":4,', b'"id":"4",'),
+        "a float id": body.replace(b'"id":4,', b'"id":4.0,'),
+        "an escape in a block text": hexed,
+        "a short address": body.replace(b'"0x' + b"0" * 39 + b'1"', b'"0x' + b"0" * 38 + b'1"'),
+        "a non-hex address": body.replace(b'"0x' + b"0" * 39 + b'3"', b'"0x' + b"0" * 39 + b'g"'),
+        "0X": body.replace(b'"0x' + b"0" * 39, b'"0X' + b"0" * 39, 1),
+        "a block text not remembered": body.replace(b'"0x385"', b'"0x3e8"', 1),
+        "a tag": orjson.dumps([req("eth_getBalance", [ADDR, "latest"], i) for i in range(3)]),
+        "two methods": orjson.dumps(mixed),
+        "three params": body.replace(b'"0x385"]', b'"0x385","0x1"]', 1),
+        "a notification": body.replace(b'"id":4,', b""),
+        "another key": body.replace(b'"0x385"]}', b'"0x385"],"x":1}', 1),
+        "a trailing newline": body + b"\n",
+        "jsonrpc 1.0": body.replace(b'"2.0"', b'"1.0"', 1),
+        "not a batch": orjson.dumps(batch(1)[0]),
+        "more than 100 items": orjson.dumps(batch(101)),
+        "a method not for it": orjson.dumps(
+            [req("eth_getStorageAt", [ADDR, "0x0", "0x385"], i) for i in range(3)]
+        ),
+        "not JSON": body[:-1],
+    }
+
+
+@pytest.mark.parametrize("name", sorted(declined()))
+def test_any_other_body_is_left_to_the_parse(name: str) -> None:
+    scan, _ = scanner(
+        batch(101),
+        [req("eth_getBalance", [ADDR, "latest"], 0)],
+        [req("eth_getStorageAt", [ADDR, "0x0", "0x385"], 0)],
+    )
+    assert scan.scan(orjson.dumps(batch(10))) is not None  # (the body they differ from)
+    assert scan.scan(declined()[name]) is None
+
+
+async def test_the_node_gets_the_parsed_paths_bytes_and_the_client_its_answers(
+    solo,  # noqa: F811
+    monkeypatch,
+) -> None:
+    """Through a real proxy app and a fake node: a batch of remembered texts is read from
+    its bytes, and the answers and the body sent are the parsed path's, also when the read
+    path pins items at the head by hash (their objects written into the client's bytes)."""
+    api, node = solo
+    scanned = []
+    scan = Scanner.scan
+
+    def counted(self: Scanner, body: bytes) -> Rows | None:
+        rows = scan(self, body)
+        scanned.append(rows is not None)
+        return rows
+
+    monkeypatch.setattr(Scanner, "scan", counted)
+    items = plain(100)
+    await answered_both_ways(api, node, monkeypatch, items)
+    assert scanned[0]  # (the twin's scan is switched off)
+    head = hex(node.head)
+    items[0]["params"][1] = items[41]["params"][1] = items[99]["params"][1] = head
+    await answered_both_ways(api, node, monkeypatch, items)  # (the head's text remembered)
+    scanned.clear()
+    raw = await answered_both_ways(api, node, monkeypatch, items)
+    assert scanned == [True]
+    sent = orjson.loads(node.bodies[-1])
+    pinned = [i for i, it in enumerate(sent) if it["params"][1] != items[i]["params"][1]]
+    assert pinned == [0, 41, 99], sent  # pinned by hash (EIP-1898), the others as sent
+    assert [a["id"] for a in orjson.loads(raw)] == list(range(100))
