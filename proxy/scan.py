@@ -26,6 +26,7 @@ from proxy.request import Rows
 HEAD = b'[{"jsonrpc":"2.0","id":'  # the body's first bytes, up to the first id
 OPEN = b'{"jsonrpc":"2.0","id":'  # an item's first bytes, up to its id
 MAX_SCAN_ITEMS = 100  # larger batches are parsed (no expression made for them)
+MAX_SHAPES = 256  # expressions kept (about 12 MB at most); then new shapes are parsed
 _MAX_METHOD = 64  # longer method names are not looked up here
 # A block text as Python reads it: printable ASCII, no quote, no escape.
 _TEXT = rb'"([\x20\x21\x23-\x5b\x5d-\x7e]{1,80})"'
@@ -36,9 +37,10 @@ class Scanner:
     """`Rows` from a batch body's bytes (`scan`), for the batches described above.
 
     An expression is made the first time a (method, first id, size) is seen, about 10 ms
-    for 100 items, and kept: first ids 0 and 1, sizes up to MAX_SCAN_ITEMS, and only the
-    methods whose params are addresses and a block, so at most 200 per such method (about
-    10 MB for one method's 200)."""
+    for 100 items, and kept: first ids 0 and 1, sizes up to MAX_SCAN_ITEMS, only the
+    methods whose params are addresses and a block, and MAX_SHAPES in all (200 of them
+    took 9.5 MB); once that many are kept, a batch of another shape is parsed, so no
+    client makes one per request."""
 
     def __init__(self, methods: MethodTable, max_items: int) -> None:
         self.methods = methods
@@ -72,6 +74,8 @@ class Scanner:
         key = (name, first, n)
         shape = self._shapes.get(key)
         if shape is None:
+            if len(self._shapes) >= MAX_SHAPES:
+                return None
             shape = self._shapes[key] = _shape(name, method[1], first, n)
         found = shape.fullmatch(body)
         if found is None:

@@ -129,3 +129,14 @@ async def test_the_node_gets_the_parsed_paths_bytes_and_the_client_its_answers(
     pinned = [i for i, it in enumerate(sent) if it["params"][1] != items[i]["params"][1]]
     assert pinned == [0, 41, 99], sent  # pinned by hash (EIP-1898), the others as sent
     assert [a["id"] for a in orjson.loads(raw)] == list(range(100))
+
+
+def test_past_the_kept_expressions_a_new_shape_is_parsed(monkeypatch) -> None:
+    """The expressions are bounded: once MAX_SHAPES are kept, a batch of a size not seen
+    yet is left to the parse (none made per request), and the kept ones still match."""
+    monkeypatch.setattr("proxy.scan.MAX_SHAPES", 3)
+    scan, _ = scanner(batch(10))
+    for n in (1, 2, 3):
+        assert scan.scan(orjson.dumps(batch(n))) is not None
+    assert scan.scan(orjson.dumps(batch(4))) is None
+    assert scan.scan(orjson.dumps(batch(2))) is not None
