@@ -389,9 +389,9 @@ class _Texts:
         self.targets: dict[str, tuple[MethodSpec, BlockRef]] = {}
         self.refs: dict[str, BlockRef] = {}
         self.numbers: dict[str, int | None] = {}
-        # each text by its UTF-8 bytes: as a JSON body writes it when it needs no escape
-        # (a batch read from its bytes, proxy/scan.py)
-        self.raw: dict[bytes, str] = {}
+        # each text, its block and height by the text's UTF-8 bytes: as a JSON body writes
+        # it when it needs no escape (a batch read from its bytes, proxy/scan.py)
+        self.raw: dict[bytes, tuple[str, BlockRef, int | None]] = {}
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -401,7 +401,7 @@ class _Texts:
         self.targets[text] = found
         self.refs[text] = ref
         self.numbers[text] = ref.number
-        self.raw[text.encode()] = text
+        self.raw[text.encode()] = (text, ref, ref.number)
 
     def clear(self) -> None:
         self.targets.clear()

@@ -81,14 +81,13 @@ class Scanner:
         if found is None:
             return None
         known = method[2]
-        try:  # (each text as the method table keeps it: its hash made already)
-            texts = list(map(known.raw.__getitem__, found.groups()))
+        try:  # (each text's (text, block, height), as the method table keeps them)
+            entries = map(known.raw.__getitem__, found.groups())
+            texts, refs, heights = map(list, zip(*entries, strict=True))
         except KeyError:  # a text not remembered (or not one at all): checked as objects
             return None
-        heights = list(map(known.numbers.__getitem__, texts))
         if None in heights:  # a tag or a hash: the read path plans each such row from its
             return None  # object, so the batch is parsed at once instead
-        refs = list(map(known.refs.__getitem__, texts))
         rids = list(range(first, first + n))
         return Rows.scanned(body, found, rids, method[0], known.spec, refs, texts, heights)
 
