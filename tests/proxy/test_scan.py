@@ -140,3 +140,38 @@ def test_past_the_kept_expressions_a_new_shape_is_parsed(monkeypatch) -> None:
         assert scan.scan(orjson.dumps(batch(n))) is not None
     assert scan.scan(orjson.dumps(batch(4))) is None
     assert scan.scan(orjson.dumps(batch(2))) is not None
+
+
+@pytest.mark.parametrize("answer", ["reversed", "an error", "one missing"])
+async def test_a_scanned_batch_whose_answer_is_not_plain_is_matched_as_the_parsed_ones(
+    solo,  # noqa: F811
+    monkeypatch,
+    answer: str,
+) -> None:
+    """A node answering a scanned batch out of order, with an error or short of an item:
+    its items (their objects parsed then, the pinned ones as pinned) are matched, retried
+    and answered as the parsed path does."""
+    api, node = solo
+    items = plain(20)
+    items[3]["params"][1] = items[11]["params"][1] = hex(node.head)
+    await answered_both_ways(api, node, monkeypatch, items)  # (the head's text remembered)
+
+    def odd(sent: list[dict[str, Any]]) -> bytes:
+        out = [{"jsonrpc": "2.0", "id": it["id"], "result": hex(7000 + it["id"])} for it in sent]
+        if answer == "reversed":
+            out.reverse()
+        elif answer == "an error":
+            out[5] = {"jsonrpc": "2.0", "id": 5, "error": {"code": -32000, "message": "no"}}
+        elif len(out) > 1:
+            out.pop(7)
+        return orjson.dumps(out)
+
+    node.batch_answer = odd
+    scanned = []
+    scan = Scanner.scan
+    monkeypatch.setattr(Scanner, "scan", lambda self, body: scanned.append(1) or scan(self, body))
+    raw = await answered_both_ways(api, node, monkeypatch, items)
+    assert scanned == [1]
+    got = orjson.loads(raw)
+    assert [a["id"] for a in got] == list(range(20)), got
+    assert (got[5].get("error") is not None) == (answer == "an error"), got[5]
