@@ -45,7 +45,7 @@ class Scanner:
     def __init__(self, methods: MethodTable, max_items: int) -> None:
         self.methods = methods
         self.max_items = min(max_items, MAX_SCAN_ITEMS)
-        # method name as written → (method, number of params, remembered texts) or None
+        # method name as written → (method, number of params, its remembered texts)
         self._methods: dict[bytes, tuple[str, int, Any]] = {}
         self._shapes: dict[tuple[bytes, int, int], re.Pattern[bytes]] = {}
 
