@@ -481,11 +481,12 @@ class MethodTable:
             return None
         return spec, refs, list(map(known.numbers.__getitem__, texts))
 
-    def address_layout(self, method: str) -> tuple[int, _Texts] | None:
-        """For a batch read from its bytes (proxy/scan.py): the number of params and the
-        remembered block texts of `method` when every param before its block text (the
-        last) is an address and nothing else is checked (the params after them are absent
-        and optional); None otherwise (then the batch is parsed and checked as objects)."""
+    def address_layout(self, method: str) -> tuple[_Texts, tuple[bool, ...]] | None:
+        """For a batch read from its bytes (proxy/scan.py): the remembered block texts of
+        `method` and, for each param before its block text (the last), whether it is an
+        address (else it has no check: any value but null passes), when no other param is
+        checked (the params after them are absent and optional); None otherwise (then the
+        batch is parsed and checked as objects)."""
         spec = self.specs.get(method)
         if spec is None:
             return None
@@ -493,10 +494,11 @@ class MethodTable:
             known = self._known.get((method, size))
             if known is None:
                 continue
-            if all(checks == _ADDRESS_CHECKS for checks in known.checks[: size - 1]) and not any(
+            kinds = known.checks[: size - 1]
+            if all(checks in (_ADDRESS_CHECKS, ()) for checks in kinds) and not any(
                 at >= size for at, _ in spec.checks
             ):
-                return size, known
+                return known, tuple(checks == _ADDRESS_CHECKS for checks in kinds)
         return None
 
     def _remember(

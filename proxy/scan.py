@@ -1,6 +1,7 @@
 """Step 1 for the most common batch, read from its bytes instead of parsed into objects.
 
-A batch of reads of one method whose params are addresses and a block text, written
+A batch of reads of one method whose params are addresses (or params the method table does
+not check, as strings) and a block text, written
 compactly with the ids 0..n-1 or 1..n, as libraries write them:
 
     [{"jsonrpc":"2.0","id":0,"method":"eth_getBalance","params":["0x…","0x…"]},…]
@@ -31,6 +32,7 @@ _MAX_METHOD = 64  # longer method names are not looked up here
 # A block text as Python reads it: printable ASCII, no quote, no escape.
 _TEXT = rb'"([\x20\x21\x23-\x5b\x5d-\x7e]{1,80})"'
 _ADDRESS = rb'"0x[0-9a-fA-F]{40}",'
+_STRING = rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*",'  # a param with no check: any string, unescaped
 
 
 class Scanner:
@@ -38,15 +40,15 @@ class Scanner:
 
     An expression is made the first time a (method, first id, size) is seen, about 10 ms
     for 100 items, and kept: first ids 0 and 1, sizes up to MAX_SCAN_ITEMS, only the
-    methods whose params are addresses and a block, and MAX_SHAPES in all (200 of them
+    methods whose params are addresses or unchecked and a block, and MAX_SHAPES in all (200 of them
     took 9.5 MB); once that many are kept, a batch of another shape is parsed, so no
     client makes one per request."""
 
     def __init__(self, methods: MethodTable, max_items: int) -> None:
         self.methods = methods
         self.max_items = min(max_items, MAX_SCAN_ITEMS)
-        # method name as written → (method, number of params, its remembered texts)
-        self._methods: dict[bytes, tuple[str, int, Any]] = {}
+        # method name as written → (method, its remembered texts, its params' kinds)
+        self._methods: dict[bytes, tuple[str, Any, tuple[bool, ...]]] = {}
         self._shapes: dict[tuple[bytes, int, int], re.Pattern[bytes]] = {}
 
     def scan(self, body: bytes) -> Rows | None:
@@ -76,11 +78,11 @@ class Scanner:
         if shape is None:
             if len(self._shapes) >= MAX_SHAPES:
                 return None
-            shape = self._shapes[key] = _shape(name, method[1], first, n)
+            shape = self._shapes[key] = _shape(name, method[2], first, n)
         found = shape.fullmatch(body)
         if found is None:
             return None
-        known = method[2]
+        known = method[1]
         try:  # (each text's (text, block, height), as the method table keeps them)
             entries = map(known.raw.__getitem__, found.groups())
             texts, refs, heights = map(list, zip(*entries, strict=True))
@@ -91,10 +93,10 @@ class Scanner:
         rids = list(range(first, first + n))
         return Rows.scanned(body, found, rids, method[0], known.spec, refs, texts, heights)
 
-    def _method(self, name: bytes) -> tuple[str, int, Any] | None:
-        """The method named `name` (as the body writes it), its number of params and its
-        remembered texts, once the method table remembers block texts for it with address
-        params only."""
+    def _method(self, name: bytes) -> tuple[str, Any, tuple[bool, ...]] | None:
+        """The method named `name` (as the body writes it), its remembered texts and
+        whether each param before the block is an address (else unchecked), once the method
+        table remembers block texts for it (`MethodTable.address_layout`)."""
         if not name.isascii():
             return None
         method = name.decode("ascii")
@@ -105,9 +107,11 @@ class Scanner:
         return found
 
 
-def _shape(name: bytes, size: int, first: int, n: int) -> re.Pattern[bytes]:
-    """The expression a batch of `n` items of method `name` with `size` params (addresses,
-    then a block text) and ids from `first` matches; group k: item k - 1's block text."""
-    rest = rb',"method":"' + re.escape(name) + rb'","params":\[' + _ADDRESS * (size - 1) + _TEXT
+def _shape(name: bytes, addresses: tuple[bool, ...], first: int, n: int) -> re.Pattern[bytes]:
+    """The expression a batch of `n` items of method `name` (params: an address or an
+    unchecked string for each of `addresses`, then a block text) with ids from `first`
+    matches; group k: item k - 1's block text."""
+    params = b"".join(_ADDRESS if address else _STRING for address in addresses)
+    rest = rb',"method":"' + re.escape(name) + rb'","params":\[' + params + _TEXT
     items = [rb'\{"jsonrpc":"2\.0","id":%d' % i + rest + rb"\]\}" for i in range(first, first + n)]
     return re.compile(rb"\[" + rb",".join(items) + rb"\]")

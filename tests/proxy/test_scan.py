@@ -35,9 +35,20 @@ def scanner(*bodies: list[dict[str, Any]]) -> tuple[Scanner, Parser]:
     return Scanner(table, 1000), Parser(table, ProxyMetrics())
 
 
-@pytest.mark.parametrize(("n", "first"), [(1, 0), (2, 1), (100, 0), (100, 1)])
-def test_a_compact_batch_becomes_the_rows_the_parsers_checks_make(n: int, first: int) -> None:
-    items = batch(n, first)
+@pytest.mark.parametrize(
+    ("n", "first", "method"),
+    [(1, 0, "eth_getBalance"), (2, 1, "eth_getCode"), (100, 0, "eth_getBalance"), (100, 1, "")],
+)
+def test_a_compact_batch_becomes_the_rows_the_parsers_checks_make(
+    n: int, first: int, method: str
+) -> None:
+    if method:
+        items = batch(n, first, method)
+    else:  # (a position the method table does not check, before the block)
+        items = [
+            req("eth_getStorageAt", [f"0x{i:040x}", hex(i), hex(900 + i % 7)], first + i)
+            for i in range(n)
+        ]
     scan, parser = scanner(items)
     body = orjson.dumps(items)
     rows = scan.scan(body)
@@ -82,7 +93,13 @@ def declined() -> dict[str, bytes]:
         "not a batch": orjson.dumps(batch(1)[0]),
         "more than 100 items": orjson.dumps(batch(101)),
         "a method not for it": orjson.dumps(
-            [req("eth_getStorageAt", [ADDR, "0x0", "0x385"], i) for i in range(3)]
+            [req("eth_getProof", [ADDR, [], "0x385"], i) for i in range(3)]
+        ),
+        "a position not a string": orjson.dumps(
+            [req("eth_getStorageAt", [ADDR, 0, "0x385"], i) for i in range(3)]
+        ),
+        "an escape in a position": orjson.dumps(
+            [req("eth_getStorageAt", [ADDR, "0x\n", "0x385"], i) for i in range(3)]
         ),
         "not JSON": body[:-1],
     }
@@ -90,12 +107,15 @@ def declined() -> dict[str, bytes]:
 
 @pytest.mark.parametrize("name", sorted(declined()))
 def test_any_other_body_is_left_to_the_parse(name: str) -> None:
+    storage = [req("eth_getStorageAt", [ADDR, "0x0", "0x385"], i) for i in range(3)]
     scan, _ = scanner(
         batch(101),
         [req("eth_getBalance", [ADDR, "latest"], 0)],
-        [req("eth_getStorageAt", [ADDR, "0x0", "0x385"], 0)],
+        storage,
+        [req("eth_getProof", [ADDR, [], "0x385"], 0)],
     )
     assert scan.scan(orjson.dumps(batch(10))) is not None  # (the body they differ from)
+    assert scan.scan(orjson.dumps(storage)) is not None  # (an unchecked position: a string)
     assert scan.scan(declined()[name]) is None
 
 
