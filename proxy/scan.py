@@ -88,8 +88,6 @@ class Scanner:
             texts, refs, heights = map(list, zip(*entries, strict=True))
         except KeyError:  # a text not remembered (or not one at all): checked as objects
             return None
-        if None in heights:  # a tag or a hash: the read path plans each such row from its
-            return None  # object, so the batch is parsed at once instead
         rids = list(range(first, first + n))
         return Rows.scanned(body, found, rids, method[0], known.spec, refs, texts, heights)
 

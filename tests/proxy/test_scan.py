@@ -83,7 +83,6 @@ def declined() -> dict[str, bytes]:
         "a non-hex address": body.replace(b'"0x' + b"0" * 39 + b'3"', b'"0x' + b"0" * 39 + b'g"'),
         "0X": body.replace(b'"0x' + b"0" * 39, b'"0X' + b"0" * 39, 1),
         "a block text not remembered": body.replace(b'"0x385"', b'"0x3e8"', 1),
-        "a tag": orjson.dumps([req("eth_getBalance", [ADDR, "latest"], i) for i in range(3)]),
         "two methods": orjson.dumps(mixed),
         "three params": body.replace(b'"0x385"]', b'"0x385","0x1"]', 1),
         "a notification": body.replace(b'"id":4,', b""),
@@ -139,6 +138,12 @@ async def test_the_node_gets_the_parsed_paths_bytes_and_the_client_its_answers(
     items = plain(100)
     await answered_both_ways(api, node, monkeypatch, items)
     assert scanned[0]  # (the twin's scan is switched off)
+    tagged = plain(10)
+    tagged[2]["params"][1] = tagged[6]["params"][1] = "latest"
+    await answered_both_ways(api, node, monkeypatch, tagged)  # ("latest" remembered)
+    scanned.clear()
+    await answered_both_ways(api, node, monkeypatch, tagged)
+    assert scanned == [True]  # (a tag: planned row by row, from the objects then parsed)
     head = hex(node.head)
     items[0]["params"][1] = items[41]["params"][1] = items[99]["params"][1] = head
     await answered_both_ways(api, node, monkeypatch, items)  # (the head's text remembered)
