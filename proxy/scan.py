@@ -12,8 +12,8 @@ expression per method, first id and size matches the whole body, checking every 
 envelope, id, method and addresses, and gives each block text: the result is the `Rows` the
 parser's checks make (proxy/request.py), each item's object made only when a step reads
 it. Anything else in the body (whitespace, another key order, an escape, a bad address, a
-block text the method table has not remembered, ...) is parsed and checked as objects: this
-is a shortcut of the parse step, never another answer.
+block text that is not a block, ...) is parsed and checked as objects: this is a shortcut
+of the parse step, never another answer.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from chainstate.jsonrpc import JsonRpcError
 from proxy.methods import MethodTable
 from proxy.request import Rows
 
@@ -32,6 +33,7 @@ _MAX_METHOD = 64  # longer method names are not looked up here
 # A block text as Python reads it: printable ASCII, no quote, no escape.
 _TEXT = rb'"([\x20\x21\x23-\x5b\x5d-\x7e]{1,80})"'
 _ADDRESS = rb'"0x[0-9a-fA-F]{40}",'
+_ANY_ADDRESS = "0x" + "00" * 20  # an address param the expression checked, standing in
 _STRING = rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*",'  # a param with no check: any string, unescaped
 
 
@@ -83,13 +85,36 @@ class Scanner:
         if found is None:
             return None
         known = method[1]
+        groups = found.groups()
         try:  # (each text's (text, block, height), as the method table keeps them)
-            entries = map(known.raw.__getitem__, found.groups())
-            texts, refs, heights = map(list, zip(*entries, strict=True))
-        except KeyError:  # a text not remembered (or not one at all): checked as objects
-            return None
+            entries = list(map(known.raw.__getitem__, groups))
+        except KeyError:  # a text not remembered yet: checked once, as the parse would
+            if not self._remember(method, groups):
+                return None  # (not a block: the parse answers the item's error)
+            try:
+                entries = list(map(known.raw.__getitem__, groups))
+            except KeyError:  # (the method table started afresh meanwhile)
+                return None
+        texts, refs, heights = map(list, zip(*entries, strict=True))
         rids = list(range(first, first + n))
         return Rows.scanned(body, found, rids, method[0], known.spec, refs, texts, heights)
+
+    def _remember(
+        self, method: tuple[str, Any, tuple[bool, ...]], texts: tuple[bytes, ...]
+    ) -> bool:
+        """Whether every block text of `texts` the method table does not remember yet is a
+        valid one, each checked by the method table's own `target` (which remembers it):
+        its other params, which the expression checked already, stand in as a valid
+        address or an unchecked string. False at the first that is not."""
+        name, known, addresses = method
+        stand_in = [_ANY_ADDRESS if address else "0x0" for address in addresses]
+        target = self.methods.target
+        for raw in set(texts).difference(known.raw):
+            try:
+                target(name, [*stand_in, raw.decode("ascii")])
+            except JsonRpcError:
+                return False
+        return True
 
     def _method(self, name: bytes) -> tuple[str, Any, tuple[bool, ...]] | None:
         """The method named `name` (as the body writes it), its remembered texts and

@@ -82,7 +82,7 @@ def declined() -> dict[str, bytes]:
         "a short address": body.replace(b'"0x' + b"0" * 39 + b'1"', b'"0x' + b"0" * 38 + b'1"'),
         "a non-hex address": body.replace(b'"0x' + b"0" * 39 + b'3"', b'"0x' + b"0" * 39 + b'g"'),
         "0X": body.replace(b'"0x' + b"0" * 39, b'"0X' + b"0" * 39, 1),
-        "a block text not remembered": body.replace(b'"0x385"', b'"0x3e8"', 1),
+        "a block text not a block": body.replace(b'"0x385"', b'"0xzz"', 1),
         "two methods": orjson.dumps(mixed),
         "three params": body.replace(b'"0x385"]', b'"0x385","0x1"]', 1),
         "a notification": body.replace(b'"id":4,', b""),
@@ -102,6 +102,24 @@ def declined() -> dict[str, bytes]:
         ),
         "not JSON": body[:-1],
     }
+
+
+def test_a_block_text_not_remembered_yet_is_checked_once_and_remembered() -> None:
+    """A valid text the method table has not seen: checked alone by its `target` (as the
+    parse would check its item) and read from the bytes; an invalid one leaves the body to
+    the parse, which answers the item's error."""
+    scan, parser = scanner(batch(10))
+    table = scan.methods
+    items = batch(10)
+    items[4]["params"][1] = "0x3e8"
+    body = orjson.dumps(items)
+    rows = scan.scan(body)
+    assert rows is not None and rows.heights[4] == 1000 and rows.texts[4] == "0x3e8"
+    assert table.known_targets("eth_getBalance", 2, [it["params"] for it in items], rows.texts)
+    checked = parser.uniform_rows(orjson.loads(body))
+    assert checked is not None and checked.refs == rows.refs
+    items[4]["params"][1] = "0x3e9x"
+    assert scan.scan(orjson.dumps(items)) is None
 
 
 @pytest.mark.parametrize("name", sorted(declined()))
