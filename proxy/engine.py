@@ -100,7 +100,7 @@ class Engine:
         self.pipeline = Pipeline(
             settings.max_body_bytes,
             settings.max_batch_items,
-            Parser(self.methods, metrics),
+            Parser(self.methods, metrics, settings.max_batch_items),
             readpath,
             rounds,
             answers,

@@ -109,13 +109,16 @@ class Pipeline:
                 status, out = await self.cached_batch(ctx, body, parsed)
             else:
                 try:
-                    payload = orjson.loads(body) if parsed is None else parsed
+                    payload = parsed
+                    if payload is None:
+                        batch = body[:1] == b"["
+                        payload = self.parser.batch(body) if batch else orjson.loads(body)
                 except orjson.JSONDecodeError as exc:
                     payload = None
                     msg = f"Parse error: {cut(str(exc))}"
                     status, out = 200, dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
                 else:
-                    if isinstance(payload, list):
+                    if isinstance(payload, list | Rows):
                         shape, size = "batch", len(payload)
                         status, out = await self.batch(ctx, payload, body)
                     else:
@@ -231,11 +234,11 @@ class Pipeline:
         if out is not None:
             return 200, out
         try:
-            payload = orjson.loads(body) if parsed is None else parsed
+            payload = self.parser.batch(body) if parsed is None else parsed
         except orjson.JSONDecodeError as exc:
             msg = f"Parse error: {cut(str(exc))}"
             return 200, dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
-        if not isinstance(payload, list):
+        if not isinstance(payload, list | Rows):
             return await self.single(ctx, payload, body)
         epoch = readpath.epoch(ctx)
         status, out = await self.batch(ctx, payload, body, key)
@@ -243,9 +246,10 @@ class Pipeline:
         return status, out
 
     async def batch(
-        self, ctx: Ctx, payload: list[Any], body: bytes, key: Any = None
+        self, ctx: Ctx, payload: list[Any] | Rows, body: bytes, key: Any = None
     ) -> tuple[int, bytes]:
-        """A batch: every valid item through the steps, answers in the client's order."""
+        """A batch: every valid item through the steps, answers in the client's order
+        (`payload`: parsed, or the rows read from its bytes, `Parser.batch`)."""
         if not payload:
             return 200, dumps_error(
                 None, JsonRpcError(INVALID_REQUEST, "Invalid Request: empty batch")
@@ -272,7 +276,7 @@ class Pipeline:
             if planned:
                 plain = _pinned_rows(plain, planned)
                 if whole and len(plain) == len(payload):  # every item sent, in order
-                    sent = _dumps_or_none(_objs(plain))
+                    sent = _written(plain)
             try:
                 out = await self.rounds.plain(ctx, plain, sent, answers, planned)
             finally:
@@ -318,6 +322,15 @@ def _dumps_or_none(objs: list[Any]) -> bytes | None:
         return orjson.dumps(objs)
     except TypeError:
         return None
+
+
+def _written(rows: list[Row]) -> bytes | None:
+    """The JSON of the request objects of `rows`, in their order (the bytes they were
+    read from when they were, with the pinned items written in: `Rows.pinned`); None when
+    one is too deep to write."""
+    if type(rows) is Rows and rows.raw is not None:
+        return rows.raw
+    return _dumps_or_none(_objs(rows))
 
 
 def _lean(planned: list[Item], key: Any) -> bool:
