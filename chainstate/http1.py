@@ -58,11 +58,12 @@ def head_parts(chunk: bytes, size: int, length: int | None) -> tuple[bytes, byte
 class KeptHead:
     """A head llhttp read on a connection, kept to read the peer's next ones without it."""
 
-    __slots__ = ("persistent", "post", "pre")
+    __slots__ = ("fixed", "persistent", "post", "pre")
 
     def __init__(self, pre: bytes, post: bytes, persistent: bool) -> None:
         self.pre = pre  # from the first line to the Content-Length digits
         self.post = post  # from the end of the digits to the end of the head (CRLF CRLF)
+        self.fixed = len(pre) + len(post)  # the head's bytes but for the digits
         self.persistent = persistent  # llhttp's should_keep_alive after it
 
     def match(self, data: bytes, max_digits: int) -> tuple[int, int, bytes] | None:

@@ -203,6 +203,7 @@ class _Slot:
 
 
 _new = object.__new__
+_monotonic = time.monotonic
 
 
 class Request(_Slot):
@@ -268,7 +269,7 @@ class _Plain(KeptHead):
     without it (chainstate/http1.py), with what llhttp's callbacks made of it
     (`_Connection._keep_plain`)."""
 
-    __slots__ = ("handler", "headers", "http10", "kept", "method", "path", "query")
+    __slots__ = ("handler", "headers", "heads", "http10", "kept", "method", "path", "query")
 
     def __init__(
         self,
@@ -292,9 +293,33 @@ class _Plain(KeptHead):
         # Content-Length digits → the head's Headers with them: a client's bodies have a
         # few lengths, and a request's Headers are never changed (shared, not copied)
         self.kept: dict[bytes, Headers] = {}
+        # body size → (the whole head with that size's digits, its Headers): a read that is
+        # one such request whole is told by one `removeprefix` (`_Connection._plain`)
+        self.heads: dict[int, tuple[bytes, Headers]] = {}
 
 
 MAX_KEPT_HEADERS = 32  # Headers a kept head holds (one per body length), then started afresh
+
+
+# A read that is one request whole with a kept head is `pre`, the size's digits, `post` and
+# the body: its length less the head's fixed bytes is the size plus its digit count, which
+# tells the size (n + len(str(n)) grows with n). That sum → the size, for sizes under 2 KiB.
+_SIZE_BY_SPAN: list[int | None] = [None] * (2048 + 5)
+for _n in range(2048):
+    _SIZE_BY_SPAN[_n + len(str(_n))] = _n
+del _n
+
+
+def _whole_head(plain: _Plain, size: int, conn: Any) -> tuple[bytes, Headers]:
+    """The head `plain` reads for a body of `size` bytes written without leading zeros, with
+    that request's Headers; kept in `plain.heads` for the next request of that size."""
+    digits = b"%d" % size
+    headers = plain.kept.get(digits) or _length_headers(plain, digits, conn)
+    heads = plain.heads
+    if len(heads) >= MAX_KEPT_HEADERS:
+        heads.clear()
+    heads[size] = kept = (plain.pre + digits + plain.post, headers)
+    return kept
 
 
 def _length_headers(plain: _Plain, digits: bytes, conn: Any) -> Headers:
@@ -517,6 +542,22 @@ class _Connection(asyncio.Protocol):
         without them; give back the bytes from the first other request on, for llhttp
         (which is between requests then too). Why: chainstate/http1.py."""
         server = self.server
+        # The usual read, one request whole: its size from the read's length, then one
+        # `removeprefix` checks the head, digits included, and gives the body.
+        span = len(data) - plain.fixed
+        size = _SIZE_BY_SPAN[span] if 0 < span < 2053 else None
+        if size is not None and size < server.plain_sizes:
+            kept = plain.heads.get(size) or _whole_head(plain, size, self)
+            body = data.removeprefix(kept[0])
+            if len(body) == size and body is not data:
+                handler = plain.handler or self._plain_handler(plain)
+                if handler is None:
+                    return data  # llhttp's way hands it to the fallback
+                self._serve(
+                    handler, plain.method, plain.path, plain.query, kept[1], body,
+                    plain.persistent, plain.http10,
+                )  # fmt: skip
+                return b""
         max_digits = server.body_digits - 1  # (more may be over the limit: llhttp's 413)
         while True:
             found = plain.match(data, max_digits)
@@ -525,13 +566,9 @@ class _Connection(asyncio.Protocol):
             end, size, digits = found
             if len(data) - end < size:
                 return data  # the body comes in later reads: llhttp's
-            handler = plain.handler
+            handler = plain.handler or self._plain_handler(plain)
             if handler is None:
-                handler = server.route(plain.method, plain.path)
-                if handler is None:
-                    if server.fallback is not None:
-                        return data  # llhttp's way hands it to the fallback
-                    handler = server.not_found
+                return data  # llhttp's way hands it to the fallback
             headers = plain.kept.get(digits)
             if headers is None:
                 headers = _length_headers(plain, digits, self)
@@ -542,6 +579,15 @@ class _Connection(asyncio.Protocol):
             data = data[end + size :]
             if not data or self.closing or self.transport is None:
                 return data
+
+    def _plain_handler(self, plain: _Plain) -> Handler | None:
+        """The handler of a kept head's request when the server does not keep routes; None
+        when it goes to the fallback application."""
+        server = self.server
+        handler = server.route(plain.method, plain.path)
+        if handler is None and server.fallback is None:
+            return server.not_found
+        return handler
 
     # ---- httptools callbacks -------------------------------------------------------------
 
@@ -694,7 +740,18 @@ class _Connection(asyncio.Protocol):
         if answered and not pending:  # answered at once, nothing before it
             if self.closing:
                 keep_alive = False
-            self.transport.write(self._render(result, keep_alive, http10))  # type: ignore[arg-type]
+            if keep_alive and not http10 and type(result) is bytes and 0 < len(result) < 2048:
+                # `_render`'s first case and `_drained`'s usual one without their calls: a
+                # node's read answered at once, on the client's wait
+                self.transport.write(  # type: ignore[union-attr]
+                    b"".join((_OK_JSON, self.server.date, _LENGTHS[len(result)], result))
+                )
+                if self.forward or self.paused or self.eof or self.server.closing:
+                    self._drained()
+                else:
+                    self.idle_since = _monotonic()
+                return
+            self.transport.write(self._render(result, keep_alive, http10))  # type: ignore[arg-type,union-attr]
             if keep_alive:
                 self._drained()
             else:
@@ -973,6 +1030,7 @@ class HttpServer:
         self.kept_routes = kept_routes
         self.limits = limits or ServerLimits()
         self.body_digits = len(str(self.limits.max_body))  # (a shorter length is under it)
+        self.plain_sizes = 10 ** (self.body_digits - 1)  # sizes a kept head reads (fewer digits)
         self.fallback = fallback  # an aiohttp web.Application, or None
         self.name = name
         self.conns: set[_Connection] = set()  # served here (timeouts, cap, graceful close)
