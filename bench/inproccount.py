@@ -180,7 +180,8 @@ async def main_async(args: argparse.Namespace) -> None:
         node, runner, bodies = await build(Path(tmp), args.blocks, args.bodies, args.method)
         try:
             proxy = Port(create_server(runner.app), f"/{CHAIN}".encode(), bodies)
-            own = HttpServer(rpc_route(node.handle_body, node.answer_now), name="node")
+            route = rpc_route(node.handle_body, node.answer_now)
+            own = HttpServer(route, name="node", kept_routes=True)  # (as `serve_rpc`'s)
             port = Port(own, b"/", bodies)
             ports = {"proxy": proxy, "node": port}
             if args.node_only:
