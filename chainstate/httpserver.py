@@ -43,7 +43,7 @@ import httptools
 import orjson
 
 from chainstate.busypoll import BusyPoll
-from chainstate.http1 import MAX_PLAINS, KeptHead, head_parts
+from chainstate.http1 import MAX_PLAINS, MAX_SPAN, SIZE_BY_SPAN, KeptHead, head_parts
 from chainstate.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, cut
 
 log = logging.getLogger(__name__)
@@ -301,15 +301,6 @@ class _Plain(KeptHead):
 MAX_KEPT_HEADERS = 32  # Headers a kept head holds (one per body length), then started afresh
 
 
-# A read that is one request whole with a kept head is `pre`, the size's digits, `post` and
-# the body: its length less the head's fixed bytes is the size plus its digit count, which
-# tells the size (n + len(str(n)) grows with n). That sum → the size, for sizes under 2 KiB.
-_SIZE_BY_SPAN: list[int | None] = [None] * (2048 + 5)
-for _n in range(2048):
-    _SIZE_BY_SPAN[_n + len(str(_n))] = _n
-del _n
-
-
 def _whole_head(plain: _Plain, size: int, conn: Any) -> tuple[bytes, Headers]:
     """The head `plain` reads for a body of `size` bytes written without leading zeros, with
     that request's Headers; kept in `plain.heads` for the next request of that size."""
@@ -318,7 +309,7 @@ def _whole_head(plain: _Plain, size: int, conn: Any) -> tuple[bytes, Headers]:
     heads = plain.heads
     if len(heads) >= MAX_KEPT_HEADERS:
         heads.clear()
-    heads[size] = kept = (plain.pre + digits + plain.post, headers)
+    heads[size] = kept = (plain.sized.get(size) or plain.head_of(size), headers)
     return kept
 
 
@@ -542,10 +533,10 @@ class _Connection(asyncio.Protocol):
         without them; give back the bytes from the first other request on, for llhttp
         (which is between requests then too). Why: chainstate/http1.py."""
         server = self.server
-        # The usual read, one request whole: its size from the read's length, then one
-        # `removeprefix` checks the head, digits included, and gives the body.
+        # The usual read, one request whole: `KeptHead.whole`'s reading, with the request's
+        # Headers kept beside each size's head (and no call).
         span = len(data) - plain.fixed
-        size = _SIZE_BY_SPAN[span] if 0 < span < 2053 else None
+        size = SIZE_BY_SPAN[span] if 0 < span < MAX_SPAN else None
         if size is not None and size < server.plain_sizes:
             kept = plain.heads.get(size) or _whole_head(plain, size, self)
             body = data.removeprefix(kept[0])
