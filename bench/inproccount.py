@@ -117,7 +117,7 @@ class Port:
 
     def __init__(self, server: HttpServer, path: bytes, bodies: list[bytes]) -> None:
         server.loop = asyncio.get_running_loop()
-        server.date = b"Date: Wed, 25 Nov 2026 00:00:00 GMT\r\n"
+        server.set_date(b"Date: Wed, 25 Nov 2026 00:00:00 GMT\r\n")
         self.sink = Sink()
         self.conn = _Connection(server)
         self.conn.connection_made(self.sink)

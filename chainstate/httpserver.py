@@ -88,6 +88,7 @@ _JSON_HEAD = {status: _status_line(status) + _JSON for status in _REASONS}
 # head together. Larger answers are formatted.
 _LENGTHS = [b"Content-Length: %d\r\n\r\n" % n for n in range(2048)]
 _OK_JSON = _JSON_HEAD[200]
+OK_SIZES = len(_LENGTHS)  # bodies under this size get a whole head kept per second
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _KEEP_ALIVE = b"Connection: keep-alive\r\n"
 _CLOSE = b"Connection: close\r\n"
@@ -734,9 +735,8 @@ class _Connection(asyncio.Protocol):
             if keep_alive and not http10 and type(result) is bytes and 0 < len(result) < 2048:
                 # `_render`'s first case and `_drained`'s usual one without their calls: a
                 # node's read answered at once, on the client's wait
-                self.transport.write(  # type: ignore[union-attr]
-                    b"".join((_OK_JSON, self.server.date, _LENGTHS[len(result)], result))
-                )
+                head = self.server.ok_heads[len(result)] or self.server.ok_head(len(result))
+                self.transport.write(head + result)  # type: ignore[union-attr]
                 if self.forward or self.paused or self.eof or self.server.closing:
                     self._drained()
                 else:
@@ -788,7 +788,7 @@ class _Connection(asyncio.Protocol):
             else:
                 body = b""
             if 0 < len(body) < 2048:
-                return b"".join((_OK_JSON, self.server.date, _LENGTHS[len(body)], body))
+                return (self.server.ok_heads[len(body)] or self.server.ok_head(len(body))) + body
         extra = b""
         if type(result) is bytes:
             status, body = (200, result) if result else (204, b"")
@@ -823,7 +823,8 @@ class _Connection(asyncio.Protocol):
         if keep_alive and not http10 and type(result) is bytes and 0 < len(result) < 2048:
             # `_render`'s first case without its call: a proxy's single answer written from
             # the node connection's callback, on the client's wait at c=1
-            slot.data = b"".join((_OK_JSON, self.server.date, _LENGTHS[len(result)], result))
+            server = self.server
+            slot.data = (server.ok_heads[len(result)] or server.ok_head(len(result))) + result
         else:
             slot.data = self._render(result, keep_alive, http10)
         if pending and pending[0] is slot:
@@ -1029,7 +1030,8 @@ class HttpServer:
         self._all_closed: asyncio.Event | None = None
         self.closing = False
         self.now = time.monotonic()
-        self.date = b""
+        self.date = b""  # (`set_date`)
+        self.ok_heads: list[bytes | None] = [None] * OK_SIZES  # (`ok_head`)
         self._cap = self.limits.connection_cap()
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -1151,10 +1153,23 @@ class HttpServer:
         path = request.path.decode("latin-1")
         return 404, error_body(INVALID_REQUEST, f"no such path: {cut(path)}")
 
+    def set_date(self, date: bytes) -> None:
+        """The Date header line every answer carries from now on (heads of the old one
+        are dropped)."""
+        self.date = date
+        self.ok_heads = [None] * OK_SIZES
+
+    def ok_head(self, size: int) -> bytes:
+        """The whole head of a kept-alive 200 with a JSON body of `size` bytes (under
+        OK_SIZES): kept in `ok_heads` until the Date changes, so the common answer is one
+        concatenation of head and body."""
+        self.ok_heads[size] = head = b"".join((_OK_JSON, self.date, _LENGTHS[size]))
+        return head
+
     def _tick(self) -> None:
         """Once a second: the clock and the Date header every answer carries, and timeouts."""
         self.now = now = time.monotonic()
-        self.date = b"Date: %b\r\n" % formatdate(usegmt=True).encode()
+        self.set_date(b"Date: %b\r\n" % formatdate(usegmt=True).encode())
         for conn in list(self.conns):
             conn.sweep(now)
         assert self.loop is not None

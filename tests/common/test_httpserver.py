@@ -170,6 +170,21 @@ async def test_keep_alive_and_pipelining_answer_in_order(serve) -> None:
     client.close()
 
 
+async def test_the_common_answers_head_carries_the_date_of_the_second(serve) -> None:
+    """A body's kept whole head is dropped when the Date changes: the same answer (read by
+    a kept head, answered at once) carries the new Date line."""
+    server = await serve()
+    server._sweeper.cancel()  # (its once-a-second clock would set the real Date)
+    client = await Client.open(server.port)
+    for date in (b"Date: Sun, 29 Nov 2026 12:00:00 GMT", b"Date: Sun, 29 Nov 2026 12:00:01 GMT"):
+        server.set_date(date + b"\r\n")
+        for _ in range(2):
+            await client.send(raw_post(b"same"))
+            head = await asyncio.wait_for(client.reader.readuntil(b"\r\n\r\n"), 5)
+            assert date + b"\r\n" in head and await client.reader.readexactly(4) == b"same"
+    client.close()
+
+
 async def test_answers_of_every_size_have_the_same_head_as_a_status_and_body(serve) -> None:
     """A handler's bytes and its `(200, body)` (the common answers: their head from prebuilt
     parts for bodies under 2 KiB) give the same answer bytes as `(200, body, b"")` (formatted
