@@ -32,13 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.marks import MARK, segment_counts
-from bench.nodecalls import ONE_SLOT, VIEW, call_bodies, synthetic_node
+from bench.nodecalls import ERC20, ONE_SLOT, VIEW, call_bodies, synthetic_node
 from nodes.state.evm import pool
 from nodes.state.evm.wire import HeldEnvs, WorkerEnvs, pack, pack_answer, unpack
 from nodes.state.evm.worker import Runner
 from nodes.state.service import StateNode
 
-TARGETS = {"one-slot": ONE_SLOT, "view": VIEW}
+TARGETS = {"one-slot": ONE_SLOT, "view": VIEW, "erc20": ERC20}
 
 
 async def segment(node: StateNode, bodies: list[bytes], n: int, concurrency: int) -> None:
@@ -107,7 +107,8 @@ async def main_async(args: argparse.Namespace) -> None:
 
     pool._Worker.send = record  # type: ignore[method-assign]
     evm = {"warm_answers": args.answers} if args.answers is not None else None
-    async with synthetic_node(args.blocks, rng, map_size_mb=256, evm=evm) as node:
+    erc20 = args.to == "erc20"
+    async with synthetic_node(args.blocks, rng, map_size_mb=256, evm=evm, erc20=erc20) as node:
         head = args.blocks - 1
         bodies = call_bodies(TARGETS[args.to], args.old, head, 1, rng)
         await segment(node, bodies, max(args.n, len(bodies)), args.concurrency)  # warm-up
@@ -189,7 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--passes", type=int, default=2, help="segments through the node (2)")
     p.add_argument("--replays", type=int, default=2, help="counted replays of the jobs (2)")
     p.add_argument("--blocks", type=int, default=400, help="chain length (default 400)")
-    p.add_argument("--to", choices=tuple(TARGETS), default="one-slot", help="the contract")
+    p.add_argument(
+        "--to",
+        choices=tuple(TARGETS),
+        default="one-slot",
+        help="the contract: one-slot (a one-SLOAD read), view (64 SLOADs), erc20 "
+        "(OpenZeppelin's balanceOf; its code from npm)",
+    )
     p.add_argument("--latest", dest="old", action="store_false", help="calls at latest")
     p.add_argument(
         "--answers",

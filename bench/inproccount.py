@@ -117,7 +117,7 @@ class Port:
 
     def __init__(self, server: HttpServer, path: bytes, bodies: list[bytes]) -> None:
         server.loop = asyncio.get_running_loop()
-        server.date = b"Date: Wed, 25 Nov 2026 00:00:00 GMT\r\n"
+        server.set_date(b"Date: Wed, 25 Nov 2026 00:00:00 GMT\r\n")
         self.sink = Sink()
         self.conn = _Connection(server)
         self.conn.connection_made(self.sink)
@@ -180,7 +180,8 @@ async def main_async(args: argparse.Namespace) -> None:
         node, runner, bodies = await build(Path(tmp), args.blocks, args.bodies, args.method)
         try:
             proxy = Port(create_server(runner.app), f"/{CHAIN}".encode(), bodies)
-            own = HttpServer(rpc_route(node.handle_body, node.answer_now), name="node")
+            route = rpc_route(node.handle_body, node.answer_now)
+            own = HttpServer(route, name="node", kept_routes=True)  # (as `serve_rpc`'s)
             port = Port(own, b"/", bodies)
             ports = {"proxy": proxy, "node": port}
             if args.node_only:

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 import psutil
+from Crypto.Hash import keccak
 
 from bench.contracts import VIEW_RUNTIME
 from bench.services import cpu_seconds
@@ -37,7 +38,27 @@ ONE_SLOT_RUNTIME = bytes.fromhex("600035546000526020" + "6000f3")
 ONE_SLOT = "0x" + "01" * 20
 VIEW = "0x" + "02" * 20
 CALLER = "0x" + "03" * 20
+ERC20 = "0x" + "04" * 20  # OpenZeppelin's ERC20 (`erc20=True`), nonce 1 as once deployed
 HOLDERS = 64
+BALANCE_OF = "70a08231"  # balanceOf(address)
+
+
+def holder(i: int) -> bytes:
+    """The i-th ERC20 holder's address, as a 32-byte word."""
+    return (0x1000 + i).to_bytes(32, "big")
+
+
+def balance_slot(i: int) -> int:
+    """The i-th holder's slot in OpenZeppelin ERC20's `_balances` (mapping at slot 0)."""
+    return int.from_bytes(keccak.new(digest_bits=256, data=holder(i) + bytes(32)).digest(), "big")
+
+
+def erc20_runtime() -> bytes:
+    """OpenZeppelin ERC20's runtime code (ERC20PresetFixedSupply: no immutables)."""
+    from nodes.devnet.anvil import ensure_openzeppelin
+
+    path = ensure_openzeppelin() / "ERC20PresetFixedSupply.json"
+    return bytes.fromhex(orjson.loads(path.read_bytes())["deployedBytecode"][2:])
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -51,7 +72,9 @@ def own_cpu_seconds() -> float:
     return times.user + times.system
 
 
-def blocks(count: int, rng: random.Random) -> list[VendorBlock]:
+def blocks(count: int, rng: random.Random, erc20: bool = False) -> list[VendorBlock]:
+    """The synthetic chain; with `erc20`, also the ERC20 with a holder's balance changed
+    per block (drawing nothing from `rng`: the other contracts' blocks stay the same)."""
     out = []
     parent = "0x" + "00" * 32
     for height in range(count):
@@ -59,12 +82,17 @@ def blocks(count: int, rng: random.Random) -> list[VendorBlock]:
             ONE_SLOT: AccountDiff(storage={rng.randrange(HOLDERS): rng.randrange(1, 10**12)}),
             VIEW: AccountDiff(storage={height % 64: height + 1}),
         }
+        if erc20:
+            post[ERC20] = AccountDiff(storage={balance_slot(height % HOLDERS): height + 1})
         if height == 0:
             post[ONE_SLOT] = AccountDiff(
                 code=ONE_SLOT_RUNTIME, storage={i: i for i in range(HOLDERS)}
             )
             post[VIEW] = AccountDiff(code=VIEW_RUNTIME, storage={i: i + 1 for i in range(64)})
             post[CALLER] = AccountDiff(balance=10**20)
+            if erc20:
+                storage = {balance_slot(i): 10**18 + i for i in range(HOLDERS)}
+                post[ERC20] = AccountDiff(nonce=1, code=erc20_runtime(), storage=storage)
         block_hash = "0x" + (height + 1).to_bytes(32, "big").hex()
         header = {
             "hash": block_hash, "parentHash": parent, "number": hex(height),
@@ -83,7 +111,12 @@ def call_bodies(to: str, old: bool, head: int, batch: int, rng: random.Random) -
         items = []
         for i in range(batch):
             block = hex(rng.randint(1, head - 128)) if old else "latest"
-            data = "0x" if to == VIEW else "0x" + rng.randrange(HOLDERS).to_bytes(32, "big").hex()
+            if to == VIEW:
+                data = "0x"
+            elif to == ERC20:
+                data = "0x" + BALANCE_OF + holder(rng.randrange(HOLDERS)).hex()
+            else:
+                data = "0x" + rng.randrange(HOLDERS).to_bytes(32, "big").hex()
             call = {"from": CALLER, "to": to, "data": data}
             items.append({"jsonrpc": "2.0", "id": i, "method": "eth_call", "params": [call, block]})
         bodies.append(orjson.dumps(items if batch > 1 else items[0]))
@@ -108,10 +141,14 @@ async def load(node: StateNode, bodies: list[bytes], concurrency: int, seconds: 
 
 @contextlib.asynccontextmanager
 async def synthetic_node(
-    count: int, rng: random.Random, map_size_mb: int = 1024, evm: dict[str, Any] | None = None
+    count: int,
+    rng: random.Random,
+    map_size_mb: int = 1024,
+    evm: dict[str, Any] | None = None,
+    erc20: bool = False,
 ) -> AsyncIterator[StateNode]:
-    """An archive state node in a temporary folder holding `blocks(count, rng)`; `evm`: its
-    [evm] settings."""
+    """An archive state node in a temporary folder holding `blocks(count, rng, erc20)`;
+    `evm`: its [evm] settings."""
     with tempfile.TemporaryDirectory() as tmp:
         section = {"kind": "archive", "chain_id": 1337, "map_size_mb": map_size_mb}
         if evm:
@@ -119,7 +156,7 @@ async def synthetic_node(
         node = StateNode.from_config(section, data_dir=Path(tmp))
         await node.start()
         try:
-            for block in blocks(count, rng):
+            for block in blocks(count, rng, erc20):
                 await node.ingest._apply(block)
             yield node
         finally:

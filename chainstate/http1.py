@@ -9,8 +9,11 @@ request's instructions on the server side and a tenth of an answer's on the clie
 Once llhttp has read a message that was all of one read, its head is kept as the bytes
 before and after those digits (`KeptHead`); a next message that starts with the same bytes,
 has only digits where they were and the rest of the head right after them is read by one
-`startswith` and one `find` (`KeptHead.match`). Anything else goes to llhttp, which is
-between messages then too: what a kept head reads, llhttp would have read the same way.
+`startswith` and one `find` (`KeptHead.match`). The usual read, one such message whole with
+a body under 2 KiB, is read by less: its length tells its body's size (`SIZE_BY_SPAN`), and
+one `removeprefix` of the head with that size's digits checks it (`KeptHead.whole`).
+Anything else goes to llhttp, which is between messages then too: what a kept head reads,
+llhttp would have read the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +23,17 @@ MAX_PLAINS = 16  # heads a connection keeps (a peer whose head keeps changing: l
 # Content-Length digits → their value, for lengths under 2 KiB written without leading
 # zeros: a lookup costs a third of `int` on bytes. Other digits are read by `int`.
 SIZES: dict[bytes, int] = {b"%d" % n: n for n in range(2048)}
+
+# A read that is one message whole with a kept head is `pre`, the size's digits, `post` and
+# the body: its length less the head's fixed bytes is the size plus its digit count, which
+# tells the size (n + len(str(n)) grows with n). That sum → the size, for sizes under 2 KiB;
+# None for a sum no size gives.
+SIZE_BY_SPAN: list[int | None] = [None] * (2048 + 5)
+for _n in range(2048):
+    SIZE_BY_SPAN[_n + len(str(_n))] = _n
+del _n
+MAX_SPAN = len(SIZE_BY_SPAN)
+MAX_SIZED = 32  # whole heads a kept head holds (one per body size), then started afresh
 
 
 def length_digits(chunk: bytes, end: int) -> tuple[int, int] | None:
@@ -58,12 +72,34 @@ def head_parts(chunk: bytes, size: int, length: int | None) -> tuple[bytes, byte
 class KeptHead:
     """A head llhttp read on a connection, kept to read the peer's next ones without it."""
 
-    __slots__ = ("persistent", "post", "pre")
+    __slots__ = ("fixed", "persistent", "post", "pre", "sized")
 
     def __init__(self, pre: bytes, post: bytes, persistent: bool) -> None:
         self.pre = pre  # from the first line to the Content-Length digits
         self.post = post  # from the end of the digits to the end of the head (CRLF CRLF)
+        self.fixed = len(pre) + len(post)  # the head's bytes but for the digits
         self.persistent = persistent  # llhttp's should_keep_alive after it
+        # body size → the whole head with its digits (no leading zeros), as `whole` reads it
+        self.sized: dict[int, bytes] = {}
+
+    def head_of(self, size: int) -> bytes:
+        """This head with the digits of `size` (kept in `sized` for the next message)."""
+        sized = self.sized
+        if len(sized) >= MAX_SIZED:
+            sized.clear()
+        sized[size] = head = b"%b%d%b" % (self.pre, size, self.post)
+        return head
+
+    def whole(self, data: bytes) -> bytes | None:
+        """The body of the message `data` is when it is one whole message with this head
+        and a body under 2 KiB (its length written without leading zeros); else None.
+        One `removeprefix` checks the head, digits included; `match` reads the others."""
+        span = len(data) - self.fixed
+        size = SIZE_BY_SPAN[span] if 0 < span < MAX_SPAN else None
+        if size is None:
+            return None
+        body = data.removeprefix(self.sized.get(size) or self.head_of(size))
+        return body if len(body) == size and body is not data else None
 
     def match(self, data: bytes, max_digits: int) -> tuple[int, int, bytes] | None:
         """The message at the start of `data`, when its head is this one but for the

@@ -43,7 +43,7 @@ import httptools
 import orjson
 
 from chainstate.busypoll import BusyPoll
-from chainstate.http1 import MAX_PLAINS, KeptHead, head_parts
+from chainstate.http1 import MAX_PLAINS, MAX_SPAN, SIZE_BY_SPAN, KeptHead, head_parts
 from chainstate.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, cut
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ _JSON_HEAD = {status: _status_line(status) + _JSON for status in _REASONS}
 # head together. Larger answers are formatted.
 _LENGTHS = [b"Content-Length: %d\r\n\r\n" % n for n in range(2048)]
 _OK_JSON = _JSON_HEAD[200]
+OK_SIZES = len(_LENGTHS)  # bodies under this size get a whole head kept per second
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _KEEP_ALIVE = b"Connection: keep-alive\r\n"
 _CLOSE = b"Connection: close\r\n"
@@ -203,6 +204,7 @@ class _Slot:
 
 
 _new = object.__new__
+_monotonic = time.monotonic
 
 
 class Request(_Slot):
@@ -268,7 +270,7 @@ class _Plain(KeptHead):
     without it (chainstate/http1.py), with what llhttp's callbacks made of it
     (`_Connection._keep_plain`)."""
 
-    __slots__ = ("handler", "headers", "http10", "kept", "method", "path", "query")
+    __slots__ = ("handler", "headers", "heads", "http10", "kept", "method", "path", "query")
 
     def __init__(
         self,
@@ -292,9 +294,24 @@ class _Plain(KeptHead):
         # Content-Length digits → the head's Headers with them: a client's bodies have a
         # few lengths, and a request's Headers are never changed (shared, not copied)
         self.kept: dict[bytes, Headers] = {}
+        # body size → (the whole head with that size's digits, its Headers): a read that is
+        # one such request whole is told by one `removeprefix` (`_Connection._plain`)
+        self.heads: dict[int, tuple[bytes, Headers]] = {}
 
 
 MAX_KEPT_HEADERS = 32  # Headers a kept head holds (one per body length), then started afresh
+
+
+def _whole_head(plain: _Plain, size: int, conn: Any) -> tuple[bytes, Headers]:
+    """The head `plain` reads for a body of `size` bytes written without leading zeros, with
+    that request's Headers; kept in `plain.heads` for the next request of that size."""
+    digits = b"%d" % size
+    headers = plain.kept.get(digits) or _length_headers(plain, digits, conn)
+    heads = plain.heads
+    if len(heads) >= MAX_KEPT_HEADERS:
+        heads.clear()
+    heads[size] = kept = (plain.sized.get(size) or plain.head_of(size), headers)
+    return kept
 
 
 def _length_headers(plain: _Plain, digits: bytes, conn: Any) -> Headers:
@@ -517,6 +534,22 @@ class _Connection(asyncio.Protocol):
         without them; give back the bytes from the first other request on, for llhttp
         (which is between requests then too). Why: chainstate/http1.py."""
         server = self.server
+        # The usual read, one request whole: `KeptHead.whole`'s reading, with the request's
+        # Headers kept beside each size's head (and no call).
+        span = len(data) - plain.fixed
+        size = SIZE_BY_SPAN[span] if 0 < span < MAX_SPAN else None
+        if size is not None and size < server.plain_sizes:
+            kept = plain.heads.get(size) or _whole_head(plain, size, self)
+            body = data.removeprefix(kept[0])
+            if len(body) == size and body is not data:
+                handler = plain.handler or self._plain_handler(plain)
+                if handler is None:
+                    return data  # llhttp's way hands it to the fallback
+                self._serve(
+                    handler, plain.method, plain.path, plain.query, kept[1], body,
+                    plain.persistent, plain.http10,
+                )  # fmt: skip
+                return b""
         max_digits = server.body_digits - 1  # (more may be over the limit: llhttp's 413)
         while True:
             found = plain.match(data, max_digits)
@@ -525,13 +558,9 @@ class _Connection(asyncio.Protocol):
             end, size, digits = found
             if len(data) - end < size:
                 return data  # the body comes in later reads: llhttp's
-            handler = plain.handler
+            handler = plain.handler or self._plain_handler(plain)
             if handler is None:
-                handler = server.route(plain.method, plain.path)
-                if handler is None:
-                    if server.fallback is not None:
-                        return data  # llhttp's way hands it to the fallback
-                    handler = server.not_found
+                return data  # llhttp's way hands it to the fallback
             headers = plain.kept.get(digits)
             if headers is None:
                 headers = _length_headers(plain, digits, self)
@@ -542,6 +571,15 @@ class _Connection(asyncio.Protocol):
             data = data[end + size :]
             if not data or self.closing or self.transport is None:
                 return data
+
+    def _plain_handler(self, plain: _Plain) -> Handler | None:
+        """The handler of a kept head's request when the server does not keep routes; None
+        when it goes to the fallback application."""
+        server = self.server
+        handler = server.route(plain.method, plain.path)
+        if handler is None and server.fallback is None:
+            return server.not_found
+        return handler
 
     # ---- httptools callbacks -------------------------------------------------------------
 
@@ -694,7 +732,17 @@ class _Connection(asyncio.Protocol):
         if answered and not pending:  # answered at once, nothing before it
             if self.closing:
                 keep_alive = False
-            self.transport.write(self._render(result, keep_alive, http10))  # type: ignore[arg-type]
+            if keep_alive and not http10 and type(result) is bytes and 0 < len(result) < 2048:
+                # `_render`'s first case and `_drained`'s usual one without their calls: a
+                # node's read answered at once, on the client's wait
+                head = self.server.ok_heads[len(result)] or self.server.ok_head(len(result))
+                self.transport.write(head + result)  # type: ignore[union-attr]
+                if self.forward or self.paused or self.eof or self.server.closing:
+                    self._drained()
+                else:
+                    self.idle_since = _monotonic()
+                return
+            self.transport.write(self._render(result, keep_alive, http10))  # type: ignore[arg-type,union-attr]
             if keep_alive:
                 self._drained()
             else:
@@ -740,7 +788,7 @@ class _Connection(asyncio.Protocol):
             else:
                 body = b""
             if 0 < len(body) < 2048:
-                return b"".join((_OK_JSON, self.server.date, _LENGTHS[len(body)], body))
+                return (self.server.ok_heads[len(body)] or self.server.ok_head(len(body))) + body
         extra = b""
         if type(result) is bytes:
             status, body = (200, result) if result else (204, b"")
@@ -775,7 +823,8 @@ class _Connection(asyncio.Protocol):
         if keep_alive and not http10 and type(result) is bytes and 0 < len(result) < 2048:
             # `_render`'s first case without its call: a proxy's single answer written from
             # the node connection's callback, on the client's wait at c=1
-            slot.data = b"".join((_OK_JSON, self.server.date, _LENGTHS[len(result)], result))
+            server = self.server
+            slot.data = (server.ok_heads[len(result)] or server.ok_head(len(result))) + result
         else:
             slot.data = self._render(result, keep_alive, http10)
         if pending and pending[0] is slot:
@@ -973,6 +1022,7 @@ class HttpServer:
         self.kept_routes = kept_routes
         self.limits = limits or ServerLimits()
         self.body_digits = len(str(self.limits.max_body))  # (a shorter length is under it)
+        self.plain_sizes = 10 ** (self.body_digits - 1)  # sizes a kept head reads (fewer digits)
         self.fallback = fallback  # an aiohttp web.Application, or None
         self.name = name
         self.conns: set[_Connection] = set()  # served here (timeouts, cap, graceful close)
@@ -980,7 +1030,8 @@ class HttpServer:
         self._all_closed: asyncio.Event | None = None
         self.closing = False
         self.now = time.monotonic()
-        self.date = b""
+        self.date = b""  # (`set_date`)
+        self.ok_heads: list[bytes | None] = [None] * OK_SIZES  # (`ok_head`)
         self._cap = self.limits.connection_cap()
         self._server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -1102,10 +1153,23 @@ class HttpServer:
         path = request.path.decode("latin-1")
         return 404, error_body(INVALID_REQUEST, f"no such path: {cut(path)}")
 
+    def set_date(self, date: bytes) -> None:
+        """The Date header line every answer carries from now on (heads of the old one
+        are dropped)."""
+        self.date = date
+        self.ok_heads = [None] * OK_SIZES
+
+    def ok_head(self, size: int) -> bytes:
+        """The whole head of a kept-alive 200 with a JSON body of `size` bytes (under
+        OK_SIZES): kept in `ok_heads` until the Date changes, so the common answer is one
+        concatenation of head and body."""
+        self.ok_heads[size] = head = b"".join((_OK_JSON, self.date, _LENGTHS[size]))
+        return head
+
     def _tick(self) -> None:
         """Once a second: the clock and the Date header every answer carries, and timeouts."""
         self.now = now = time.monotonic()
-        self.date = b"Date: %b\r\n" % formatdate(usegmt=True).encode()
+        self.set_date(b"Date: %b\r\n" % formatdate(usegmt=True).encode())
         for conn in list(self.conns):
             conn.sweep(now)
         assert self.loop is not None

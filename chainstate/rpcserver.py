@@ -111,7 +111,7 @@ def rpc_route(handle_body: BodyHandler, answer_now: AnswerNow | AnswerSoon | Non
             if answer is not None:
                 if answer.__class__ is bytes:
                     return answer
-                answer.add_done_callback(lambda done: request.answer_early(_settled(done)))  # type: ignore[union-attr]
+                _answer_when_done(request, answer)  # type: ignore[arg-type]
                 return None  # (answered from the callback)
         return restored(body) if may_change_ids(body) else handle_body(body)
 
@@ -119,6 +119,12 @@ def rpc_route(handle_body: BodyHandler, answer_now: AnswerNow | AnswerSoon | Non
         return handler if method == b"POST" and path == b"/" else None
 
     return route
+
+
+def _answer_when_done(request: Request, answer: asyncio.Future[bytes]) -> None:
+    """Answer `request` from `answer`'s callback. A function of its own: a closure over the
+    request in the route's handler would make a cell for every request, futures or not."""
+    answer.add_done_callback(lambda done: request.answer_early(_settled(done)))
 
 
 def _settled(done: asyncio.Future[bytes]) -> Response:
@@ -145,5 +151,6 @@ async def serve_rpc(
     """Serve `handle_body` (and `answer_now`) on `POST /` and `app` for every other request
     on host:port; stopped (gracefully) when `stack` closes."""
     route = rpc_route(handle_body, answer_now)
-    server = HttpServer(route, limits=limits, fallback=app, name=name)
+    # (`rpc_route` gives a method and path the same handler for good: kept heads keep it)
+    server = HttpServer(route, limits=limits, fallback=app, name=name, kept_routes=True)
     return await start_server(stack, server, host, port)

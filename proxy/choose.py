@@ -149,7 +149,7 @@ class Chooser:
         routes = self.routes.routes(pool)
         candidates = self.routes.candidates
         numbers = rows.heights if type(rows) is Rows else heights(rows)
-        spec = None if numbers is None else rows[0].spec
+        spec = None if numbers is None else rows.spec if type(rows) is Rows else rows[0].spec
         if spec is not None and not (spec.writer or spec.trie):
             # One method at plain heights: the candidates are those of a class of heights
             # (proxy/routes.py), so one row per class is looked up (a row the read path

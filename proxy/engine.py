@@ -45,7 +45,7 @@ from proxy.parse import Parser, dumps_error
 from proxy.pipeline import Divert, Pipeline
 from proxy.readpath import ReadPath
 from proxy.reads import Reads
-from proxy.request import Admitted, Answer
+from proxy.request import Admitted, Answer, Ctx
 from proxy.rounds import Rounds
 from proxy.routes import RouteCache
 from proxy.ryw import ReadYourWrites
@@ -100,7 +100,7 @@ class Engine:
         self.pipeline = Pipeline(
             settings.max_body_bytes,
             settings.max_batch_items,
-            Parser(self.methods, metrics),
+            Parser(self.methods, metrics, settings.max_batch_items),
             readpath,
             rounds,
             answers,
@@ -223,6 +223,7 @@ class Engine:
         early: Callable[[bytes], Any] | None = None,
         parsed: Any = None,
         tally: Any = None,
+        ctx: Ctx | None = None,
     ) -> Answer:
         """Answer one client body: (HTTP status, response body; b"" with 204), and extra
         header lines when the pool refuses it (`Retry-After` with a 503). `admitted`: what
@@ -232,7 +233,8 @@ class Engine:
         answer is then the same bytes, which the caller no longer writes. `parsed`: the
         body's batch, when the caller parsed it already (nothing changed it since).
         `tally`: the client's usage tally when tenancy follows the request (each attempt
-        sent to a node adds one to its `upstream`: `Ctx.tally`)."""
+        sent to a node adds one to its `upstream`: `Ctx.tally`). `ctx`: the request's, made
+        by a step of the synchronous start (`Pipeline.cached_now`)."""
         started = time.perf_counter()
         if admitted is None:
             entry = self.admit(chain_id)
@@ -242,11 +244,11 @@ class Engine:
         try:
             if self.tracer is None:
                 return await self.pipeline.run(
-                    admitted, body, headers, None, started, early, parsed, tally
+                    admitted, body, headers, None, started, early, parsed, tally, ctx
                 )
             with self.tracer.start_as_current_span("jsonrpc.request") as span:
                 return await self.pipeline.run(
-                    admitted, body, headers, span, started, early, parsed, tally
+                    admitted, body, headers, span, started, early, parsed, tally, ctx
                 )
         finally:
             self.admission.leave(admitted.pool)

@@ -13,6 +13,8 @@ unless the nodes are in this process: then
   `later_now`, through `Attempts.send_now`), and its answer is classified by the rounds'
   own steps (`Rounds.plain_answered`), which go on with the items left.
 
+A batch the pipeline's whole-batch cache holds (its bytes at the request's `latest`) is
+answered from it now by the pipeline's own cached-batch step (`Pipeline.cached_now`).
 Anything else returns the whole pipeline as a coroutine.
 """
 
@@ -112,9 +114,11 @@ class FirstBatch:
 
         A body is parsed here only for the nodes in process; otherwise the pipeline's
         whole-batch cache may answer it from its bytes, without the parse (a dapp polling
-        the same batch every block), and the pipeline parses it on a miss."""
+        the same batch every block): here, without a task (`Pipeline.cached_now`), and the
+        pipeline parses it on a miss."""
         body, headers = request.body, request.headers
         parsed: list[Any] | None = payload  # (None once a node in process was given it)
+        ctx: Any = None  # the request's, when the whole-batch cache was asked (a miss)
         if found is not None:
             chain, pool = found
             budget = self.budget  # (over it, admission answers 503: no answer made here)
@@ -142,10 +146,14 @@ class FirstBatch:
                             out = self._now(chain, pool, routes, payload, headers, started)
                             if out is not None:
                                 return out
+                ctx = self.pipeline.cached_now(chain, pool, body, headers, started, tally)
+                if type(ctx) is tuple:
+                    return ctx
         admitted = self.admit(chain_id, found)
         if type(admitted) is tuple:
             return admitted
-        return self.run(chain_id, body, headers, admitted, request.answer_early, parsed, tally)
+        early = request.answer_early
+        return self.run(chain_id, body, headers, admitted, early, parsed, tally, ctx)
 
     # ---- plain reads answered now --------------------------------------------------------
 

@@ -339,24 +339,29 @@ class Heads:
         nodes out by their breaker alone only when no other is left)."""
         tips = view.tips
         hashes = view.hashes
-        states: list[Node] = []
-        others: list[Node] = []
-        ejected: list[Node] = []  # breaker open: only when no other node is left
+        # The highest of each class in one pass (heights are >= 0; -1: none in the class),
+        # no list of nodes nor generator per request.
+        states = others = ejected = -1  # ejected: breaker open, only when no other is left
         for node in pool.readers:
             entry = node.entry
             if not (entry.enabled and node.healthy and node.weight > 0) or node.distrusted:
                 continue  # a replica the checker flags must not set the head others answer at
             tip = tips.get(entry.key)
-            if tip is None or hashes.get(tip.number) != tip.hash:
+            if tip is None:
+                continue
+            number = tip.number
+            if hashes.get(number) != tip.hash:
                 continue
             if node.blocked:
-                ejected.append(node)
-                continue
-            (states if entry.kind == "state" else others).append(node)
-        nodes = states or others or ejected
-        if not nodes:
-            return None
-        return max(tips[node.entry.key].number for node in nodes)
+                if number > ejected:
+                    ejected = number
+            elif entry.kind == "state":
+                if number > states:
+                    states = number
+            elif number > others:
+                others = number
+        highest = states if states >= 0 else others if others >= 0 else ejected
+        return None if highest < 0 else highest
 
     # ---- feeding -------------------------------------------------------------------------
 

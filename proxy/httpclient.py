@@ -206,17 +206,20 @@ class _Connection(asyncio.Protocol):
         """Read `data` as llhttp's callbacks would when it is one whole answer with
         `plain`'s head but for the Content-Length digits (False, nothing done: llhttp's).
         Why: chainstate/http1.py."""
-        found = plain.match(data, MAX_DIGITS)
-        if found is None:
-            return False
-        end, size, _ = found
-        if len(data) - end != size:
-            return False
+        body = plain.whole(data)
+        if body is None:
+            found = plain.match(data, MAX_DIGITS)
+            if found is None:
+                return False
+            end, size, _ = found
+            if len(data) - end != size:
+                return False
+            body = data[end:]
         self.plain_hits = True
         self._framed = True  # on_header's (Content-Length)
-        self.length = size
+        self.length = len(body)
         self.on_headers_complete()
-        self._body.append(data[end:])  # on_body's (a length was announced)
+        self._body.append(body)  # on_body's (a length was announced)
         self._done(200, plain.persistent)
         return True
 

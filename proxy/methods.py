@@ -379,7 +379,7 @@ class _Texts:
     block and height (None: a tag or a hash), and the checks of the other params by index,
     so a batch finds each column with one C loop."""
 
-    __slots__ = ("checks", "numbers", "refs", "spec", "targets")
+    __slots__ = ("checks", "numbers", "raw", "refs", "spec", "targets")
 
     def __init__(self, spec: MethodSpec, size: int) -> None:
         self.spec = spec
@@ -389,6 +389,9 @@ class _Texts:
         self.targets: dict[str, tuple[MethodSpec, BlockRef]] = {}
         self.refs: dict[str, BlockRef] = {}
         self.numbers: dict[str, int | None] = {}
+        # each text, its block and height by the text's UTF-8 bytes: as a JSON body writes
+        # it when it needs no escape (a batch read from its bytes, proxy/scan.py)
+        self.raw: dict[bytes, tuple[str, BlockRef, int | None]] = {}
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -398,11 +401,13 @@ class _Texts:
         self.targets[text] = found
         self.refs[text] = ref
         self.numbers[text] = ref.number
+        self.raw[text.encode()] = (text, ref, ref.number)
 
     def clear(self) -> None:
         self.targets.clear()
         self.refs.clear()
         self.numbers.clear()
+        self.raw.clear()
 
 
 class MethodTable:
@@ -475,6 +480,26 @@ class MethodTable:
         except (JsonRpcError, TypeError, KeyError):  # (TypeError: an unhashable param)
             return None
         return spec, refs, list(map(known.numbers.__getitem__, texts))
+
+    def address_layout(self, method: str) -> tuple[_Texts, tuple[bool, ...]] | None:
+        """For a batch read from its bytes (proxy/scan.py): the remembered block texts of
+        `method` and, for each param before its block text (the last), whether it is an
+        address (else it has no check: any value but null passes), when no other param is
+        checked (the params after them are absent and optional); None otherwise (then the
+        batch is parsed and checked as objects)."""
+        spec = self.specs.get(method)
+        if spec is None:
+            return None
+        for size in range(1, len(spec.params) + 1):
+            known = self._known.get((method, size))
+            if known is None:
+                continue
+            kinds = known.checks[: size - 1]
+            if all(checks in (_ADDRESS_CHECKS, ()) for checks in kinds) and not any(
+                at >= size for at, _ in spec.checks
+            ):
+                return known, tuple(checks == _ADDRESS_CHECKS for checks in kinds)
+        return None
 
     def _remember(
         self, key: tuple[str, int, str], found: tuple[MethodSpec, BlockRef | None]

@@ -27,6 +27,7 @@ from chainstate.jsonrpc import (
 from proxy.methods import MethodTable
 from proxy.metrics import ProxyMetrics
 from proxy.request import Ctx, Item, Row, Rows, make_row
+from proxy.scan import Scanner
 
 NO_NODE_KEY = "-"  # node label of items no node answered
 UNKNOWN_METHOD = "unknown"  # method label of items whose method is not served
@@ -42,6 +43,7 @@ _LAST = itemgetter(-1)
 _RID, _NOTIF = itemgetter(2), itemgetter(6)  # a Row's fields (proxy/request.py)
 _ID_TYPES = frozenset((int, str))  # (a float id is read from the body: item by item)
 _OWN_ID_TYPES = {str, int}  # ids a sub-batch may keep (exact types: not bool, not a float)
+MAX_BATCH_ITEMS = 1000  # the max_batch_items setting's default (proxy/settings.py)
 _HEIGHT_TEXT = re.compile(r"^(0x[0-9a-fA-F]{1,16}|[0-9]{1,19})$")
 
 
@@ -52,9 +54,19 @@ def dumps_error(rid: Any, exc: JsonRpcError) -> bytes:
 class Parser:
     """Request objects checked (`single`, `rows`), invalid ones counted and answered."""
 
-    def __init__(self, methods: MethodTable, metrics: ProxyMetrics) -> None:
+    def __init__(
+        self, methods: MethodTable, metrics: ProxyMetrics, max_batch: int = MAX_BATCH_ITEMS
+    ) -> None:
         self.methods = methods
         self.metrics = metrics
+        self.scanner = Scanner(methods, max_batch)
+
+    def batch(self, body: bytes) -> list[Any] | Rows | Any:
+        """A body that starts with `[` as the steps take it: the rows of the common batch
+        read from its bytes (proxy/scan.py), else the body parsed (orjson.JSONDecodeError
+        when it is not JSON)."""
+        rows = self.scanner.scan(body)
+        return orjson.loads(body) if rows is None else rows
 
     def single(self, ctx: Ctx, payload: Any, body: bytes) -> Item | tuple[int, bytes]:
         """A request object's Item, or its answer when it is invalid (LocalMethod for a
@@ -80,11 +92,13 @@ class Parser:
         return Item(0, payload, rid, method, spec, ref, notif)
 
     def rows(
-        self, ctx: Ctx, payload: list[Any], answers: list[Any], body: bytes
+        self, ctx: Ctx, payload: list[Any] | Rows, answers: list[Any], body: bytes
     ) -> tuple[list[Row], bool, bool]:
         """Every item of a batch: the valid ones as `Row`s (invalid ones answered in
         `answers` at once), whether every id is as orjson read it (else they are read from
         `body`), and whether a valid item is a notification."""
+        if type(payload) is Rows:  # (read from its bytes: checked as it was read)
+            return payload, True, False
         rows = self.uniform_rows(payload)
         if rows is not None:
             return rows, True, False

@@ -25,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from chainstate.httpserver import Headers
 from chainstate.jsonrpc import INVALID_REQUEST, PARSE_ERROR, JsonRpcError, cut
 from proxy import nesting
 from proxy.answer import Answers
@@ -32,6 +33,7 @@ from proxy.books import Books, access_log
 from proxy.methods import LocalMethod
 from proxy.metrics import ProxyMetrics
 from proxy.mirror import Mirrors
+from proxy.model import Pool
 from proxy.parse import MIN_BLOCK, NO_NODE_KEY, Parser, dumps_error, least, unique_ids
 from proxy.readpath import ReadPath
 from proxy.reads import MAX_KEYED_BYTES
@@ -41,6 +43,7 @@ from proxy.upstream import Upstream
 
 # Answers a whole client body the pipeline hands over: (pool id, body, headers) -> Answer.
 Divert = Callable[[str, bytes, Mapping[str, str]], Awaitable[Answer]]
+_MIN_BLOCK = MIN_BLOCK.encode()  # (the header's key in `Headers.raw`)
 
 
 class Pipeline:
@@ -81,12 +84,15 @@ class Pipeline:
         early: Callable[[bytes], Any] | None = None,
         parsed: list[Any] | None = None,
         tally: Any = None,
+        ctx: Ctx | None = None,
     ) -> Answer:
         """Answers one admitted client body (its books closed); `early(body)` writes a
         single request's node answer to the client from the node connection's callback;
         `parsed`: the body's batch when the caller parsed it already (not parsed again);
-        `tally`: the client's usage tally (`Ctx.tally`), if any."""
-        ctx = Ctx(admitted.chain, admitted.pool, None, tally)
+        `tally`: the client's usage tally (`Ctx.tally`), if any; `ctx`: the request's, when
+        `cached_now` made it (with that `tally`)."""
+        if ctx is None:
+            ctx = Ctx(admitted.chain, admitted.pool, None, tally)
         self.metrics.client(headers.get("client-id"))
         shape = "single"
         size = 1
@@ -103,13 +109,16 @@ class Pipeline:
                 status, out = await self.cached_batch(ctx, body, parsed)
             else:
                 try:
-                    payload = orjson.loads(body) if parsed is None else parsed
+                    payload = parsed
+                    if payload is None:
+                        batch = body[:1] == b"["
+                        payload = self.parser.batch(body) if batch else orjson.loads(body)
                 except orjson.JSONDecodeError as exc:
                     payload = None
                     msg = f"Parse error: {cut(str(exc))}"
                     status, out = 200, dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
                 else:
-                    if isinstance(payload, list):
+                    if isinstance(payload, list | Rows):
                         shape, size = "batch", len(payload)
                         status, out = await self.batch(ctx, payload, body)
                     else:
@@ -186,6 +195,33 @@ class Pipeline:
 
     # ---- a batch -------------------------------------------------------------------------
 
+    def cached_now(
+        self, chain: str, pool: Pool, body: bytes, headers: Headers, started: float, tally: Any
+    ) -> tuple[int, bytes] | Ctx | None:
+        """`cached_batch`'s hit without a task (the synchronous start, proxy/firstbatch.py,
+        which checked that nothing is mirrored, traced or logged per item): the answer of a
+        batch body the whole-batch cache holds for its bytes at the request's `latest`,
+        booked as `run` books it. Nothing waits, so the body is not admitted, as an
+        in-process node's answer is not. Else nothing is counted and `run` takes the body:
+        with the request's Ctx made here on a miss (its `latest` resolved once), or afresh
+        (None: no read path, the pool's answers not cached, not a `[` body, an
+        `x-min-block` that is not a height)."""
+        readpath = self.readpath
+        if readpath is None or body[:1] != b"[" or not readpath.reads.cache.enabled(pool.id):
+            return None
+        ctx = Ctx(chain, pool, None, tally)
+        raw = headers.raw
+        floor = raw.get(_MIN_BLOCK)
+        if floor is not None and least(floor.decode("latin-1"), ctx) is not None:
+            return None  # (`run` answers the bad header)
+        out = readpath.batch_cached(ctx, body)[1]
+        if out is None:
+            return ctx
+        client = raw.get(b"client-id")  # (as `run` counts it, without `Headers.get`'s call)
+        if client:
+            self.metrics.client(client.decode("latin-1"))
+        return self.books.close(ctx, "batch", 1, (200, out), started, headers)
+
     async def cached_batch(
         self, ctx: Ctx, body: bytes, parsed: list[Any] | None = None
     ) -> tuple[int, bytes]:
@@ -198,11 +234,11 @@ class Pipeline:
         if out is not None:
             return 200, out
         try:
-            payload = orjson.loads(body) if parsed is None else parsed
+            payload = self.parser.batch(body) if parsed is None else parsed
         except orjson.JSONDecodeError as exc:
             msg = f"Parse error: {cut(str(exc))}"
             return 200, dumps_error(None, JsonRpcError(PARSE_ERROR, msg))
-        if not isinstance(payload, list):
+        if not isinstance(payload, list | Rows):
             return await self.single(ctx, payload, body)
         epoch = readpath.epoch(ctx)
         status, out = await self.batch(ctx, payload, body, key)
@@ -210,9 +246,10 @@ class Pipeline:
         return status, out
 
     async def batch(
-        self, ctx: Ctx, payload: list[Any], body: bytes, key: Any = None
+        self, ctx: Ctx, payload: list[Any] | Rows, body: bytes, key: Any = None
     ) -> tuple[int, bytes]:
-        """A batch: every valid item through the steps, answers in the client's order."""
+        """A batch: every valid item through the steps, answers in the client's order
+        (`payload`: parsed, or the rows read from its bytes, `Parser.batch`)."""
         if not payload:
             return 200, dumps_error(
                 None, JsonRpcError(INVALID_REQUEST, "Invalid Request: empty batch")
@@ -239,7 +276,7 @@ class Pipeline:
             if planned:
                 plain = _pinned_rows(plain, planned)
                 if whole and len(plain) == len(payload):  # every item sent, in order
-                    sent = _dumps_or_none(_objs(plain))
+                    sent = _written(plain)
             try:
                 out = await self.rounds.plain(ctx, plain, sent, answers, planned)
             finally:
@@ -285,6 +322,15 @@ def _dumps_or_none(objs: list[Any]) -> bytes | None:
         return orjson.dumps(objs)
     except TypeError:
         return None
+
+
+def _written(rows: list[Row]) -> bytes | None:
+    """The JSON of the request objects of `rows`, in their order (the bytes they were
+    read from when they were, with the pinned items written in: `Rows.pinned`); None when
+    one is too deep to write."""
+    if type(rows) is Rows and rows.raw is not None:
+        return rows.raw
+    return _dumps_or_none(_objs(rows))
 
 
 def _lean(planned: list[Item], key: Any) -> bool:

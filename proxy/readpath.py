@@ -245,7 +245,10 @@ class ReadPath:
         every item was valid and answered at a block the request's `latest` determines,
         none asked by height after all (`items`: those planned)."""
         if key is not None and len(rows) == size and ctx.heads.mixed is False and _exact(items):
-            ctx.keep = _kept_as_a_whole([row.method for row in rows], out)
+            # (rows of one method as columns: no row made, nor their objects parsed)
+            one = type(rows) is Rows
+            methods = [rows.method] * size if one else [row.method for row in rows]  # type: ignore[attr-defined]
+            ctx.keep = _kept_as_a_whole(methods, out)
 
 
 _POS = attrgetter("pos")

@@ -8,11 +8,14 @@ takes these types, so a single request and a batch item go the same way.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import compress, repeat
 from operator import attrgetter, not_
 from typing import Any, NamedTuple
+
+import orjson
 
 from chainstate.blockref import BlockRef
 from proxy.methods import MethodSpec
@@ -136,10 +139,13 @@ class Rows:
 
     __slots__ = (
         "drop",
+        "found",
         "heights",
         "method",
         "objs",
+        "own",
         "positions",
+        "raw",
         "refs",
         "rids",
         "size",
@@ -171,12 +177,45 @@ class Rows:
         self.source = source
         self.size = len(objs)
         self.drop: list[bool] | None = None  # (`without`: the source's rows left out)
+        # The JSON array of these rows' objects as bytes, when known (a batch read from its
+        # bytes, proxy/scan.py: its body, or that body with pinned items written in), and
+        # the expression's match over the body (where each item is; the pinned items'
+        # objects in `own`): `objs` is then parsed only when a step reads it, one row's
+        # object when a step reads that row.
+        self.raw: bytes | None = None
+        self.found: re.Match[bytes] | None = None
+        self.own: dict[int, Any] | None = None  # (pinned items' objects, by position)
+
+    @classmethod
+    def scanned(
+        cls,
+        raw: bytes,
+        found: re.Match[bytes],
+        rids: list[Any],
+        method: str,
+        spec: MethodSpec,
+        refs: list[BlockRef | None],
+        texts: list[Any],
+        heights: list[int | None] | None,
+    ) -> Rows:
+        """The rows of a batch read from its bytes (proxy/scan.py `Scanner.scan`), their
+        objects not made yet."""
+        rows = cls.__new__(cls)
+        rows.rids, rows.method, rows.spec = rids, method, spec
+        rows.refs, rows.texts, rows.heights = refs, texts, heights
+        rows.positions = rows.source = rows.drop = None
+        rows.size, rows.raw, rows.found, rows.own = len(rids), raw, found, None
+        return rows
 
     def __len__(self) -> int:
         return self.size
 
     def __getattr__(self, name: str) -> Any:
-        """A column of rows made by `without` (slots not set yet), taken on first use."""
+        """A column not made yet, made on first use: the columns of rows made by `without`
+        from the source's; the objects of rows read from their bytes by parsing them."""
+        if name == "objs" and self.raw is not None:
+            self.objs = orjson.loads(self.raw)
+            return self.objs
         if self.drop is None or name not in _COLUMNS:
             raise AttributeError(name)
         self._take()
@@ -184,9 +223,18 @@ class Rows:
 
     def __getitem__(self, i: int) -> Row:
         if i < 0:
-            i += len(self.objs)
+            i += self.size
         pos = i if self.positions is None else self.positions[i]
-        fields = (pos, self.objs[i], self.rids[i], self.method, self.spec, self.refs[i])
+        found = self.found
+        if found is None:
+            obj = self.objs[i]
+        else:  # (read from its bytes: this row's object alone is parsed, unless pinned)
+            own = self.own
+            obj = own.get(i) if own is not None else None
+            if obj is None:
+                start, end = item_span(found, i)
+                obj = orjson.loads(found.string[start:end])
+        fields = (pos, obj, self.rids[i], self.method, self.spec, self.refs[i])
         return make_row((*fields, False, self.texts[i]))
 
     def __iter__(self) -> Iterator[Row]:
@@ -212,6 +260,7 @@ class Rows:
         rows = Rows.__new__(Rows)
         rows.method, rows.spec, rows.source = self.method, self.spec, self
         rows.size, rows.drop = self.size - drop.count(True), drop
+        rows.raw = rows.found = rows.own = None
         return rows
 
     def _take(self) -> None:
@@ -230,19 +279,52 @@ class Rows:
 
     def pinned(self, items: list[Item]) -> Rows:
         """These rows (all of a batch's) with the `items` the read path pinned in their
-        places: their objects and blocks as pinned (a height named by hash: no height)."""
-        objs, refs, texts = list(self.objs), list(self.refs), list(self.texts)
+        places: their objects and blocks as pinned (a height named by hash: no height).
+        Rows read from their bytes keep them: the pinned items' objects written in place
+        of theirs, the rest not parsed."""
+        refs, texts = list(self.refs), list(self.texts)
         heights = None if self.heights is None else list(self.heights)
         for it in items:
             pos = it.pos
-            objs[pos], refs[pos], texts[pos] = it.obj, it.ref, it.block
+            refs[pos], texts[pos] = it.ref, it.block
             if heights is not None:
                 ref = it.ref
                 heights[pos] = None if ref is None or ref.contains else ref.number
-        return Rows(objs, self.rids, self.method, self.spec, refs, texts, heights)
+        args = (self.rids, self.method, self.spec, refs, texts, heights)
+        found = self.found
+        if found is not None:
+            rows = Rows.scanned(_spliced(found, items), found, *args)
+            rows.own = {it.pos: it.obj for it in items}
+            return rows
+        objs = list(self.objs)
+        for it in items:
+            objs[it.pos] = it.obj
+        return Rows(objs, *args)
 
 
 _COLUMNS = frozenset(("heights", "objs", "positions", "refs", "rids", "texts"))
+
+
+def item_span(found: re.Match[bytes], i: int) -> tuple[int, int]:
+    """Where item `i` (from 0) of a batch `Scanner.scan` matched is in its body (group
+    k of the match: item k - 1's block text, the item's last param)."""
+    start = 1 if i == 0 else found.end(i) + 4  # (after the previous item's `"]},`)
+    return start, found.end(i + 1) + 3
+
+
+def _spliced(found: re.Match[bytes], items: list[Item]) -> bytes:
+    """The body `Scanner.scan` matched (`found`) with each of `items` written in place of
+    the item at its position."""
+    raw = found.string
+    pieces: list[bytes] = []
+    at = 0  # (the bytes of `raw` up to here are in `pieces`)
+    for it in sorted(items, key=_ITEM_POS):
+        start, end = item_span(found, it.pos)
+        pieces.append(raw[at:start])
+        pieces.append(orjson.dumps(it.obj))
+        at = end
+    pieces.append(raw[at:])
+    return b"".join(pieces)
 
 
 class Item:
@@ -320,6 +402,7 @@ class Item:
 
 
 _HEIGHT, _CONTAINS = attrgetter("ref.number"), attrgetter("ref.contains")
+_ITEM_POS = attrgetter("pos")
 _METHOD, _NOTIF = attrgetter("method"), attrgetter("notif")
 
 

@@ -190,12 +190,21 @@ class LogIndex:
                     return out
                 at = _next(at)
 
-    def block_keys(self, txn: lmdb.Transaction, seeks: list[bytes], most: int) -> list[bytes]:
+    def keys_cursor(self, txn: lmdb.Transaction) -> lmdb.Cursor:
+        """A cursor on the index's keys, for `block_keys` (a caller reading many blocks in one
+        transaction keeps one: every seek positions it afresh)."""
+        return txn.cursor(self._keys)
+
+    def block_keys(
+        self, txn: lmdb.Transaction, seeks: list[bytes], most: int, cur: lmdb.Cursor | None = None
+    ) -> list[bytes]:
         """`keys_single` over one block: `seeks` are the criteria's prefixes each followed by
         the block's height (`block_seeks`). Every key sought lies in that block, so a
         criterion with no log there (most blocks, for a selective filter) ends the query
-        after one seek, with no range bounds to build or compare."""
-        cur = txn.cursor(self._keys)
+        after one seek, with no range bounds to build or compare. `cur`: a `keys_cursor` of
+        `txn` to use (else one is opened)."""
+        if cur is None:
+            cur = txn.cursor(self._keys)
         seek = seeks[0]
         if not cur.set_range(seek):
             return []

@@ -42,7 +42,7 @@ from chainstate.tasks import stop_task
 from nodes.state.backfill import Backfill as BlockBackfill
 from nodes.state.logindex import LogIndex, block_seeks, criteria_prefixes
 from nodes.state.reads import Deferred, Reads
-from nodes.state.store import StateStore
+from nodes.state.store import Snapshot, StateStore
 from nodes.state.vendor import VendorBlock
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,9 @@ class LogMethods:
         self.index = index
         self.settings = settings
         self._filters: dict[bytes, _Query] = {}  # parsed filters by their JSON
+        # The index cursor of the port's last snapshot: the store keeps one snapshot for the
+        # loop's reads until a write begins, and opening a cursor costs more than a seek.
+        self._cursor: tuple[Snapshot, lmdb.Cursor] | None = None
         self._shapes: dict[bytes, _Query] = {}  # the same, by their JSON without blocks
 
     async def eth_get_logs(self, params: Any) -> orjson.Fragment:
@@ -128,7 +131,8 @@ class LogMethods:
         `_query`'s range and limit checks, which one block cannot fail: only the index's
         covered range is looked at."""
         query = self._parsed(params)
-        txn = reads.snap.txn
+        snap = reads.snap
+        txn = snap.txn
         seeks = query.seeks
         if seeks is not None:
             lo, hi = self.index.covered_read(txn)
@@ -136,7 +140,10 @@ class LogMethods:
             if lo <= block <= hi:
                 limit = self.settings.max_logs_per_response
                 most = limit if limit < INLINE_LOGS else INLINE_LOGS
-                keys = self.index.block_keys(txn, seeks, most + 1)
+                kept = self._cursor
+                if kept is None or kept[0] is not snap:
+                    kept = self._cursor = (snap, self.index.keys_cursor(txn))
+                keys = self.index.block_keys(txn, seeks, most + 1, kept[1])
                 if not keys:
                     return _NONE
                 small = self._answer_keys(txn, keys, block, INLINE_LOGS, INLINE_BYTES)

@@ -12,7 +12,8 @@ and a range read per item, regex parsing, int round trips) cost ten times that. 
    blocks, …) and every malformed envelope goes to the dispatcher, which answers exactly as
    before (errors included);
 3. all the fast items of one body share one LMDB read transaction and one cursor, and the
-   node's bounds are read once;
+   node's bounds are read once; on the event loop, the bodies between two writes share the
+   store's kept one (`StateStore.snapshot`);
 4. values stay in the store's encoding (minimal big-endian bytes) up to the answer's hex;
    parsed addresses, slots and block numbers are cached by their request text;
 5. heights the hot view covers (`nodes/state/hot.py`) are answered from memory.
@@ -183,6 +184,7 @@ class ReadPath:
         self._addresses: dict[str, bytes] = {}
         self._slots: dict[str, bytes] = {}
         self._heights: dict[str, int] = dict(_BLOCK_TAGS)
+        self._last: Reads | None = None  # the reads of the last snapshot (`_reads`)
         self.fast: dict[str, Fast] = {
             "eth_blockNumber": self.eth_block_number,
             "eth_getBalance": self.eth_get_balance,
@@ -214,13 +216,22 @@ class ReadPath:
         dispatcher only what it does not answer itself, never a well-formed plain read."""
         return {method: self._handler(read) for method, read in self.fast.items()}
 
+    def _reads(self, snap: Snapshot) -> Reads:
+        """The reads over `snap`: the last ones again while the store keeps the same
+        snapshot (until a write begins), so a body costs no new object."""
+        last = self._last
+        if last is None or last.snap is not snap:
+            last = self._last = Reads(snap, self.hot)
+        return last
+
     def _handler(self, read: Fast) -> Handler:
         async def handler(params: Any) -> Any:
             snap = self.store.snapshot()  # (-39005 when it fails, as in the loop)
             try:
-                return read(Reads(snap, self.hot), params)
+                return read(self._reads(snap), params)
             except lmdb.Error as exc:
                 log.error("state store read failed: %s", exc)
+                self.store.discard(snap)
                 raise JsonRpcError(DATABASE_FAILED, "state store read failed") from None
             finally:
                 snap.close()
@@ -549,7 +560,7 @@ class ReadPath:
                 try:
                     if reads is None:
                         snap = self.store.snapshot()
-                        reads = Reads(snap, self.hot)
+                        reads = self._reads(snap)
                     out.append({"jsonrpc": "2.0", "id": rid, "result": read(reads, params)})
                 except Deferred:
                     if strict:
@@ -560,6 +571,8 @@ class ReadPath:
                     out.append(self.dispatcher.error(rid, exc))
                 except lmdb.Error as exc:
                     log.error("state store read failed: %s", exc)
+                    if snap is not None:
+                        self.store.discard(snap)
                     errors.append(len(out))
                     failed = JsonRpcError(DATABASE_FAILED, "state store read failed")
                     out.append(self.dispatcher.error(rid, failed))

@@ -22,11 +22,13 @@ Commits are durable (LMDB `sync`): kill -9 leaves either the whole block or none
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
 import struct
 import threading
+from _thread import get_ident
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -199,6 +201,33 @@ class Snapshot:
         return seek(self.cursor, prefix, height)
 
 
+class KeptSnapshot(Snapshot):
+    """The snapshot the store keeps for the reads of one event loop's thread until the next
+    write begins (`StateStore.snapshot`): the store ends it, so `close` leaves it open."""
+
+    __slots__ = ("generation", "loop", "thread")
+
+    def __init__(
+        self,
+        txn: lmdb.Transaction,
+        bounds: tuple[int, int] | None,
+        cursor: lmdb.Cursor,
+        generation: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        super().__init__(txn, bounds, cursor)
+        self.generation = generation
+        self.loop = loop
+        self.thread = get_ident()
+
+    def close(self) -> None:
+        pass
+
+    def end(self) -> None:
+        with contextlib.suppress(lmdb.Error):
+            self.txn.abort()
+
+
 class BodyReads:
     """Block bodies inside one read transaction (a commit cannot tear what it reads).
 
@@ -272,8 +301,9 @@ class BodyReads:
 class StateStore:
     """Implements nodes.state.reader.StateReader over LMDB.
 
-    Reads run in any thread (each opens a short read transaction); writes (`apply`,
-    `rollback`) are serialised by a lock and are each one LMDB write transaction.
+    Reads run in any thread (each opens a short read transaction, but for the event loop's
+    reads, which share one until the next write: `snapshot`); writes (`apply`, `rollback`)
+    are serialised by a lock and are each one LMDB write transaction.
     """
 
     def __init__(
@@ -299,6 +329,10 @@ class StateStore:
         # they are read from the store once per commit, not twice per request (`snapshot`).
         self._generation = 0
         self._snapshot_bounds: tuple[int, tuple[int, int] | None] | None = None
+        # The read snapshot of the current generation that the event loop's reads share
+        # (`snapshot`); ended by the loop once a write commits, so it never pins old pages
+        # for longer than a commit.
+        self._kept: KeptSnapshot | None = None
 
     # lifecycle -------------------------------------------------------------------------
 
@@ -333,6 +367,7 @@ class StateStore:
         self._env = env
         self._writer = True
         self._snapshot_bounds = None  # another process may have written it while closed
+        self._kept = None
         self._known_range = self.bounds()
 
     def open_readonly(self) -> None:
@@ -375,6 +410,7 @@ class StateStore:
 
     def close(self) -> None:
         with self._write_lock:
+            self._kept = None  # (closing the environment ends its transaction)
             if self._env is not None:
                 self._env.close()
                 self._env = None
@@ -478,17 +514,73 @@ class StateStore:
 
     def snapshot(self) -> Snapshot:
         """One read transaction for a batch of reads at any heights (bounds read once);
-        the caller must `close()` it. -39005 when the store is closed or fails."""
+        the caller must `close()` it and must not await before it does. -39005 when the
+        store is closed or fails.
+
+        In an event loop's thread of the store's writing process, every snapshot until the
+        next write begins is one kept transaction and cursor (`KeptSnapshot`): no write
+        began since it did, so it sees exactly what a new transaction would, and beginning
+        one costs more than most reads. Other threads get a transaction of their own."""
+        kept = self._kept
+        if kept is not None and kept.generation == self._generation and kept.thread == get_ident():
+            return kept
         env = self._env
         if env is None:
             raise JsonRpcError(DATABASE_FAILED, "state store is closed")
         try:
             generation = self._generation
             txn = env.begin()
-            return Snapshot(txn, self._bounds_of(txn, generation), txn.cursor(db=self._ver))
+            bounds = self._bounds_of(txn, generation)
+            cursor = txn.cursor(self._ver)
         except lmdb.Error as exc:
             log.error("state store read failed: %s", exc)
             raise JsonRpcError(DATABASE_FAILED, "state store read failed") from None
+        if self._writer:
+            loop = self._keeping_loop(generation)
+            if loop is not None:
+                if kept is not None:
+                    kept.end()  # (this thread's, of an older generation)
+                kept = self._kept = KeptSnapshot(txn, bounds, cursor, generation, loop)
+                if self._generation != generation:  # a write began meanwhile: its commit
+                    loop.call_soon(self._end_stale, kept)  # may have missed this one
+                return kept
+        return Snapshot(txn, bounds, cursor)
+
+    def _keeping_loop(self, generation: int) -> asyncio.AbstractEventLoop | None:
+        """The running event loop when a transaction begun at `generation` may be kept: no
+        write began before or since it did (`_bounds_of`; this process is the store's only
+        writer), and no other thread keeps one; else None."""
+        if generation & 1 or self._generation != generation:
+            return None
+        old = self._kept
+        if old is not None and old.thread != get_ident():
+            return None
+        return asyncio._get_running_loop()  # (None outside a loop, without raising)
+
+    def discard(self, snap: Snapshot) -> None:
+        """Stop keeping `snap` (a read in it failed): the next read begins a new one."""
+        if snap is self._kept:
+            self._kept = None
+            snap.end()  # type: ignore[attr-defined]
+
+    def _release_kept(self) -> None:
+        """After a commit: end the kept snapshot in its own thread (at once when that is
+        this one, else from its loop), so it holds the pages of an old version no longer
+        than that. A loop that has closed ends nothing: its thread ends the snapshot at its
+        next read, when it sees the new generation."""
+        kept = self._kept
+        if kept is None:
+            return
+        if kept.thread == get_ident():
+            self._end_stale(kept)
+            return
+        with contextlib.suppress(RuntimeError):  # (the loop closed)
+            kept.loop.call_soon_threadsafe(self._end_stale, kept)
+
+    def _end_stale(self, kept: KeptSnapshot) -> None:
+        if self._kept is kept and kept.generation != self._generation:
+            self._kept = None
+            kept.end()
 
     def _bounds_of(self, txn: lmdb.Transaction, generation: int) -> tuple[int, int] | None:
         """The bounds `txn` sees, `generation` read just before it began. When this process
@@ -605,6 +697,7 @@ class StateStore:
                 raise StoreFailure(f"state store write failed: {exc}") from exc
             finally:
                 self._generation += 1  # even again: committed (or aborted)
+                self._release_kept()
                 with contextlib.suppress(JsonRpcError):
                     self._known_range = self.bounds()
 

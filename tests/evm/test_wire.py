@@ -117,6 +117,25 @@ def test_plain_and_other_groups_in_one_job_arrive_as_they_were_sent() -> None:
     assert sent(wire, worker) == groups
 
 
+def test_groups_with_the_usual_number_of_keys_but_others_go_whole() -> None:
+    """A group or call with as many keys as the usual but one of them another (long
+    calldata's `hex` in place of `data`, `fresh` in place of `store`) is not plain: it goes
+    whole and arrives as it was sent."""
+    held, worker = HeldEnvs(), WorkerEnvs()
+    swapped = call(b"\x01")
+    del swapped["data"]
+    swapped["hex"] = ("request.data", b"0x01")
+    fresh = job(env(2), call(b"\x02"), fresh=True)
+    del fresh["store"]
+    first = job(env(1), swapped)
+    for one in (first, fresh):
+        assert len(one) == 8 and len(one["calls"][0]) == 10
+    groups = {"kind": "groups", "jobs": [job(env(3), call(b"\x03")), first, fresh]}
+    wire = pack(groups, held)
+    assert [len(g) if g.__class__ is tuple else None for g in wire[3]] == [6, 8, None]
+    assert sent(wire, worker) == groups
+
+
 def test_a_worker_drops_the_envs_the_node_stops_holding() -> None:
     held, worker = HeldEnvs(size=2), WorkerEnvs()
     envs = [env(h) for h in range(4)]

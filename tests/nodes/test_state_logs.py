@@ -423,6 +423,52 @@ async def test_small_queries_are_answered_by_the_port_without_waiting(
     assert outside["error"]["code"] == -39006
 
 
+async def test_a_port_read_after_a_commit_sees_the_new_block(make_node: Any) -> None:
+    """The port's reads between two writes share the store's kept read transaction (and the
+    log index cursor kept with it): once ingest commits, the same one-block queries of one
+    emitter and a balance read answer from the new blocks: one replacing the head (a
+    reorg) and one above the old head."""
+    rng = random.Random(3)
+    emitter = {"address": EMITTERS[0]}
+    chain, accounts = log_chain(seed=12, blocks=20)
+    while not model(chain, emitter, chain.head, chain.head):
+        chain.add_logs_block(rng, accounts)  # a head block with the emitter's logs
+    node = await make_node(chain, kind="archive")
+    head = chain.head
+
+    def one(height: int, rid: int) -> dict[str, Any]:
+        flt = {**emitter, "fromBlock": hex(height), "toBlock": hex(height)}
+        return {"jsonrpc": "2.0", "id": rid, "method": "eth_getLogs", "params": [flt]}
+
+    balance = {"jsonrpc": "2.0", "id": 3, "method": "eth_getBalance",
+               "params": [accounts[0], "latest"]}  # fmt: skip
+    body = orjson.dumps([one(head, 1), one(head + 1, 2), balance])
+
+    def port() -> list[dict[str, Any]]:
+        raw = node.answer_now(body)
+        assert raw is not None
+        return orjson.loads(raw)
+
+    first = port()
+    assert first[0]["result"] == model(chain, emitter, head, head) != []
+    assert first[1]["error"]["code"] == -39006  # not there yet
+    assert first[2]["result"] == hex(chain.state(head)[accounts[0]].balance)
+
+    fork = chain.fork(head - 1, "fork")
+    while model(fork, emitter, head, head) in ([], first[0]["result"]):
+        fork = chain.fork(head - 1, "fork")
+        fork.add_logs_block(rng, accounts)  # other logs of the emitter in the head block
+    while not model(fork, emitter, head + 1, head + 1):
+        fork = fork.fork(head, "fork")
+        fork.add_logs_block(rng, accounts)  # and a block above with some: the longer chain
+    node.test_source.chain = fork  # type: ignore[attr-defined]
+    await node.ingest.wait_for_height(head + 1, within=30)
+    after = port()
+    assert after[0]["result"] == model(fork, emitter, head, head)
+    assert after[1]["result"] == model(fork, emitter, head + 1, head + 1)
+    assert after[2]["result"] == hex(fork.state(head + 1)[accounts[0]].balance)
+
+
 async def test_one_block_queries_equal_the_model_with_the_limits_of_any_range(
     make_node: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

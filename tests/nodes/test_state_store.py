@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import random
 from pathlib import Path
@@ -282,3 +283,114 @@ def test_snapshots_see_their_own_bounds_while_blocks_commit(tmp_path: Path) -> N
     snap = store.snapshot()
     assert snap.bounds == store._bounds(snap.txn) == (400 - 16, 399)
     snap.close()
+
+
+async def test_a_read_after_a_commit_sees_the_new_block(tmp_path: Path) -> None:
+    """On the event loop, reads between two writes share one kept read transaction; a
+    commit (here from another thread, as ingest does) must end it: the next read sees the
+    new block, and the old version is not held by any reader once the loop has run."""
+    chain, addrs = random_chain(seed=43, blocks=12)
+    store = open_store(tmp_path, kind="state", window=4)
+    try:
+        apply_all(store, chain, start=0)
+        chain.add_block({addrs[0]: {"balance": 10**20 + 7}})
+        first = store.snapshot()
+        assert first.bounds == (8, 11)
+        first.close()
+        again = store.snapshot()
+        assert again is first  # no write since: the same transaction
+        again.close()
+        other = await asyncio.to_thread(store.snapshot)  # another thread: its own
+        assert other is not first and other.bounds == first.bounds
+        other.close()
+        await asyncio.to_thread(store.apply, parse_vendor_block(chain.blocks[12]))
+        after = store.snapshot()
+        try:
+            assert after is not first
+            assert after.bounds == (9, 12)
+            balance = after.value(bytes.fromhex(addrs[0][2:]) + b"\x01", 12)
+            assert balance == (10**20 + 7).to_bytes(9, "big")
+        finally:
+            after.close()
+        assert store.balance(addrs[0], 12) == 10**20 + 7
+        await asyncio.to_thread(store.rollback)
+        assert store.snapshot().bounds == (9, 11)
+        with pytest.raises(JsonRpcError) as exc:
+            store.balance(addrs[0], 12)
+        assert exc.value.code == BLOCK_NOT_FOUND
+        # a commit with no read after it: the loop ends the kept transaction itself
+        await asyncio.to_thread(store.apply, parse_vendor_block(chain.blocks[12]))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert _reader_count(store) == 0
+    finally:
+        store.close()
+
+
+async def test_loop_reads_never_see_a_version_older_than_the_last_commit(
+    tmp_path: Path,
+) -> None:
+    """While another thread applies blocks, every snapshot the loop takes is consistent
+    (its bounds are its transaction's) and at least as new as the last commit that
+    returned before it was taken."""
+    import threading
+
+    chain, _ = random_chain(seed=44, blocks=300)
+    store = open_store(tmp_path, kind="state", window=16)
+    store.apply(parse_vendor_block(chain.blocks[0]))
+    committed = [0]
+    done = threading.Event()
+
+    def write() -> None:
+        try:
+            for i, raw in enumerate(chain.blocks[1:], start=1):
+                store.apply(parse_vendor_block(raw))
+                committed[0] = i
+        finally:
+            done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    heads = set()
+    try:
+        while not done.is_set():
+            before = committed[0]
+            snap = store.snapshot()
+            try:
+                assert snap.bounds is not None
+                assert snap.bounds == store._bounds(snap.txn)
+                assert snap.bounds[1] >= before
+                heads.add(snap.bounds[1])
+            finally:
+                snap.close()
+            await asyncio.sleep(0)
+    finally:
+        writer.join()
+    assert len(heads) > 10
+    snap = store.snapshot()
+    assert snap.bounds == (300 - 16, 299)
+    snap.close()
+    store.close()
+
+
+def test_snapshots_outside_a_loop_are_their_own(tmp_path: Path) -> None:
+    chain, _ = random_chain(seed=45, blocks=3)
+    store = open_store(tmp_path)
+    try:
+        apply_all(store, chain)
+        first = store.snapshot()
+        second = store.snapshot()
+        assert first is not second
+        first.close()
+        second.close()
+        assert _reader_count(store) == 0
+    finally:
+        store.close()
+
+
+def _reader_count(store: StateStore) -> int:
+    """How many reader slots hold a transaction (LMDB's reader table, as `mdb_stat -r`
+    lists it): a slot left open keeps the pages of its version from reuse."""
+    assert store._env is not None
+    lines = store._env.readers().strip().splitlines()[1:]  # (a header line first)
+    return sum(1 for line in lines if line.split()[-1] != "-")

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from proxy.parse import Parser
+from proxy.scan import Scanner
 from tests.proxy.conftest import fast_settings, req
 from tests.proxy.test_dataport import raw_rpc
 
@@ -85,6 +86,7 @@ async def answered_both_ways(api, node, monkeypatch, batch: list[Any]) -> bytes:
     sent = node.bodies[-1]
     with monkeypatch.context() as m:
         m.setattr(Parser, "uniform_rows", lambda self, payload: None)
+        m.setattr(Scanner, "scan", lambda self, body: None)
         status_slow, raw_slow = await raw_rpc(api, body)
     assert (status, raw) == (status_slow, raw_slow), batch
     assert sent == node.bodies[-1], (sent, node.bodies[-1])
@@ -103,14 +105,20 @@ async def test_a_batch_of_remembered_block_texts_is_checked_without_a_step_per_i
     answers = orjson.loads(raw)
     assert [a["id"] for a in answers] == [i["id"] for i in batch]
     assert [a["result"]["height"] for a in answers] == [900 + i % 50 for i in range(100)]
-    # A text not remembered yet: item by item (and remembered from then on).
+    # A text not remembered yet: checked once, alone (and remembered from then on), when
+    # the batch is read from its bytes (proxy/scan.py); item by item when it is parsed.
     fresh = [*plain(10), req("eth_getBalance", ["0x" + "ab" * 20, hex(960)], 10)]
     calls[0] = 0
     await answered_both_ways(api, node, monkeypatch, fresh)
-    assert calls[0] == 2 * 11
+    assert calls[0] == 1 + 11
     calls[0] = 0
     await answered_both_ways(api, node, monkeypatch, fresh)
     assert calls[0] == 11  # the twin alone
+    fresh[0]["params"][1] = hex(961)
+    fresh[0]["id"] = 0.0  # (not read from its bytes: parsed, then checked item by item)
+    calls[0] = 0
+    await answered_both_ways(api, node, monkeypatch, fresh)
+    assert calls[0] == 2 * 11
 
 
 @pytest.mark.parametrize("where", [0, 5, 9])

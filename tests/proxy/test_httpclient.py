@@ -314,6 +314,21 @@ async def test_a_kept_head_with_a_line_after_its_length_goes_to_llhttp(server) -
     pool.close()
 
 
+async def test_a_kept_head_reads_a_length_with_leading_zeros_as_llhttp(server) -> None:
+    """`Content-Length: 02` (and `0002`): its size plus digits is that of a 3 (5) byte body
+    written without zeros, which the whole-answer shortcut must not take it for."""
+    zeros = [
+        headed(b"cd").replace(b"Length: 2\r\n", b"Length: %b\r\n" % n) for n in (b"02", b"0002")
+    ]
+    answers = iter([headed(b"ab"), headed(b"ab"), *zeros])
+    url, stats = await server(lambda req: next(answers, headed(b"gh")))
+    pool = HostPool(url, limit=1)
+    got = [await pool.post(b"{}") for _ in range(5)]
+    assert got == [(200, b"ab"), (200, b"ab"), (200, b"cd"), (200, b"cd"), (200, b"gh")]
+    assert stats["connections"] == 1
+    pool.close()
+
+
 async def test_a_kept_head_with_its_body_in_later_reads_goes_to_llhttp() -> None:
     """The answer's body comes after a pause: the kept head does not take half an answer."""
     sent = asyncio.Event()

@@ -137,6 +137,38 @@ def block_hash(height: int) -> str:
     return f"0x{height:064x}"
 
 
+def test_latest_is_the_highest_usable_state_head_then_other_kinds_then_a_blocked_one() -> None:
+    """`latest`'s height: the highest head on the known chain among usable state nodes;
+    other kinds only when no state node is usable; a node out by its breaker only when no
+    other is left; never a node off the known chain, disabled, unhealthy, of weight 0 or
+    distrusted; and never below a height resolved before."""
+    s1, s2, a, b = (
+        node("s1", head=HEAD - 2),
+        node("s2", head=HEAD - 1),
+        node("a", "archive"),
+        node("b"),
+    )
+    pool = pool_of(s1, s2, a, b)
+    heads = reads_over(pool, 4).heads
+    view = heads.views[pool.id]
+    for n, height in ((s1, HEAD - 2), (s2, HEAD - 1), (a, HEAD), (b, HEAD)):
+        view.tips[n.key] = Block(height, block_hash(height), block_hash(height - 1))
+    b.blocked = True  # its breaker open: only when no other node is left
+    assert heads._highest(pool, view) == HEAD - 1  # state nodes first, not the archive's head
+    s2.healthy = False
+    assert heads._highest(pool, view) == HEAD - 2
+    s1.weight_override = 0
+    assert heads._highest(pool, view) == HEAD  # the archive's: no state node usable
+    a.diverged = {"at": HEAD}
+    assert heads._highest(pool, view) == HEAD  # b, though its breaker is open
+    view.tips[b.key] = Block(HEAD, "0x" + "ee" * 32, block_hash(HEAD - 1))  # off the chain
+    assert heads._highest(pool, view) is None
+    s2.healthy = True
+    assert heads.latest(pool, view) == (HEAD - 1, block_hash(HEAD - 1))
+    s2.healthy = False
+    assert heads.latest(pool, view) == (HEAD - 1, block_hash(HEAD - 1))  # never back
+
+
 def test_the_read_path_pins_latest_once_per_request_and_asks_once_per_block_text() -> None:
     pool = pool_of(node("s"))
     reads = reads_over(pool, 4)

@@ -13,6 +13,7 @@ import orjson
 
 from chainstate.jsonrpc import BLOCK_NOT_FOUND
 from proxy.app import get_proxy
+from proxy.metrics import client_label
 from tests.proxy.conftest import ADDR, fast_settings, wait_until
 
 # No cache: a read at a height is then always sent to a node (the read path plans nothing).
@@ -335,3 +336,77 @@ async def test_a_request_written_first_is_logged_with_its_method_node_and_client
     for record in logged:
         assert record.methods == ["eth_getBalance"] and record.nodes == ["s"]
         assert (record.client_id, record.x_vendor_biz, record.status) == ("alice", "shop", 200)
+
+
+async def test_a_batch_cached_as_a_whole_is_answered_without_a_task(make_api, fake_nodes):
+    """The same batch bytes again at the same `latest`: the whole-batch cache answers them
+    in the listener's callback (no task, not admitted), booked as the pipeline books a hit
+    (its items counted as the cache's, one batch latency, the client's id); a bad
+    `x-min-block` on those bytes is still answered with its error by the general steps."""
+    node = await fake_nodes("s", "state")
+    api = await make_api(fast_settings())
+    await api.add("1337", node)
+    await api.heads_known("1337")
+    reads = get_proxy(api.client.app).reads
+    await wait_until(lambda: 1000 in reads.heads.views["1337"].hashes)
+    items = [
+        {"jsonrpc": "2.0", "id": i, "method": "eth_getBalance", "params": [ADDR, "latest"]}
+        for i in range(3)
+    ]
+    batch = orjson.dumps(items)
+    head = b"POST /1337 HTTP/1.1\r\nHost: x\r\nclient-id: bob\r\nContent-Length: %d\r\n\r\n"
+    reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
+    writer.write(head % len(batch) + batch)  # a miss: asked of the node, kept whole
+    status, first = await read_answer(reader)
+    assert status == 200 and [a["id"] for a in first] == [0, 1, 2], first
+    asked = len(node.received)
+    with TaskNames() as tasks:
+        for _ in range(3):
+            writer.write(head % len(batch) + batch)
+            assert await read_answer(reader) == (200, first)
+    assert tasks == [], tasks
+    assert len(node.received) == asked
+    hits = await metric(
+        api, "chainstate_proxy_requests_total",
+        chain="1337", method="eth_getBalance", node="cache", outcome="ok",
+    )  # fmt: skip
+    assert hits == 9
+    seconds = "chainstate_proxy_request_seconds_count"
+    assert await metric(api, seconds, chain="1337", shape="batch") == 4
+    bob = client_label("bob")
+    assert await metric(api, "chainstate_proxy_client_requests_total", client_id=bob) == 4
+    engine = get_proxy(api.client.app).engine
+    assert engine.inflight == 0 and engine.state.pool_for_chain("1337").inflight == 0
+    bad = b"POST /1337 HTTP/1.1\r\nHost: x\r\nx-min-block: soon\r\nContent-Length: %d\r\n\r\n"
+    writer.write(bad % len(batch) + batch)
+    status, answer = await read_answer(reader)
+    writer.close()
+    assert status == 200 and "x-min-block" in answer["error"]["message"], answer
+
+
+async def test_a_pool_at_its_limit_still_answers_a_batch_the_cache_holds_whole(
+    make_api, fake_nodes
+):
+    """Nothing waits for a whole-batch cache hit, so it is not admitted: with the pool at
+    its in-flight limit, the cached batch is answered while a read for a node gets 503."""
+    node = await fake_nodes("s", "state")
+    api = await make_api(fast_settings(max_pool_inflight=1))
+    await api.add("1337", node)
+    await api.heads_known("1337")
+    engine = get_proxy(api.client.app).engine
+    await wait_until(lambda: 1000 in engine.reads.heads.views["1337"].hashes)
+    batch = [
+        {"jsonrpc": "2.0", "id": i, "method": "eth_getBalance", "params": [ADDR, "latest"]}
+        for i in range(2)
+    ]
+    first = await api.rpc("1337", batch)
+    assert first[0] == 200
+    node.delay = 0.5
+    other = f"0x{7:040x}"
+    slow = asyncio.create_task(api.call("1337", "eth_getBalance", [other, "latest"]))
+    pool = engine.state.pool_for_chain("1337")
+    await wait_until(lambda: pool.inflight == 1)
+    assert await api.rpc("1337", batch) == first
+    status, refused = await api.rpc("1337", [*batch, batch[0] | {"id": 9}])
+    assert status == 503 and refused["error"]["code"] == -32005, refused
+    assert (await slow)["result"]

@@ -44,6 +44,7 @@ from chainstate.jsonrpc import (
     INVALID_PARAMS,
     NONCE_ERROR,
 )
+from nodes.state.evm.analysed import AnalysedCode
 from nodes.state.evm.basefee import SUSPECT, UNSURE, BasefeeCheck
 from nodes.state.evm.codec import effective_price
 from nodes.state.evm.revert import PANIC_REASONS, error_string, panic_code
@@ -312,6 +313,7 @@ def insert_preloaded(
     infos: list[tuple[int, int, bytes]],
     slots: list[tuple[str, int]],
     values: list[int],
+    analysed: AnalysedCode | None = None,
 ) -> None:
     """Put accounts and storage slots into a new EVM's database cache, where fork mode
     would keep them after reading them, so they stay cold to the EVM.
@@ -321,12 +323,16 @@ def insert_preloaded(
     code hash). `insert_account_storage` on such an account writes the slot to the CacheDB
     too, but then loads the account into the journal (warm); inside a snapshot that is
     reverted right away, only the CacheDB write remains. So results and gas are exactly
-    those of lazy reads (tested against anvil); only the reads are saved.
+    those of lazy reads (tested against anvil); only the reads are saved. With `analysed`,
+    a contract's code goes in analysed where it can (analysed.py), as revm runs it.
     """
     for address, (balance, nonce, code) in zip(addresses, infos, strict=True):
-        # no hash for empty code: pyrevm then uses KECCAK_EMPTY, as EthersDB does
-        code_hash = keccak.new(digest_bits=256, data=code).digest() if code else None
-        evm.insert_account_info(address, AccountInfo(balance, nonce, code_hash, code))
+        info = analysed.info(balance, nonce, code) if analysed is not None else None
+        if info is None:
+            # no hash for empty code: pyrevm then uses KECCAK_EMPTY, as EthersDB does
+            code_hash = keccak.new(digest_bits=256, data=code).digest() if code else None
+            info = AccountInfo(balance, nonce, code_hash, code)
+        evm.insert_account_info(address, info)
     for (address, slot), value in zip(slots, values, strict=True):
         checkpoint = evm.snapshot()
         evm.insert_account_storage(address, slot, value)
@@ -583,6 +589,7 @@ class Runner:
         self._stores: dict[str, StoreReads | None] = {}
         self._learned: OrderedDict[LearnKey, list[tuple[str, int]]] = OrderedDict()
         self._basefee = BasefeeCheck()
+        self._analysed = AnalysedCode()  # contract codes given to EVMs analysed
         self._job: dict[str, Any] = {}  # the job being run
         self._key: WarmKey | None = None  # its warm key
         self._now: Warm | None = None  # the EVM it runs on and what is kept with it
@@ -657,7 +664,7 @@ class Runner:
             infos, values = reads.preload(addresses, slots, job["height"])
         else:
             infos, values = self.feed.preload(job["fork_url"], addresses, slots, job["height"])
-        insert_preloaded(evm, addresses, infos, slots, values)
+        insert_preloaded(evm, addresses, infos, slots, values, self._analysed)
 
     def _store_reads(self, store: list[Any] | None) -> StoreReads | None:
         """The store a job names, opened once; None (read through the feed) when the job
