@@ -129,8 +129,12 @@ class LogMethods:
 
         One block by number (a poll block by block, most queries) is read here without
         `_query`'s range and limit checks, which one block cannot fail: only the index's
-        covered range is looked at."""
-        query = self._parsed(params)
+        covered range is looked at. A kept filter is looked up here, not in `_parsed`: the
+        call would cost more than the lookup."""
+        value = params[0] if params.__class__ is list and len(params) == 1 else None
+        query = self._filters.get(orjson.dumps(value)) if value.__class__ is dict else None
+        if query is None:
+            query = self._parsed(params)
         snap = reads.snap
         txn = snap.txn
         seeks = query.seeks
