@@ -129,8 +129,13 @@ class LogMethods:
 
         One block by number (a poll block by block, most queries) is read here without
         `_query`'s range and limit checks, which one block cannot fail: only the index's
-        covered range is looked at."""
-        query = self._parsed(params)
+        covered range is looked at. A kept filter is looked up here, not in `_parsed`: the
+        call would cost more than the lookup."""
+        value = params[0] if params.__class__ is list and len(params) == 1 else None
+        key = orjson.dumps(value) if value.__class__ is dict else None
+        query = self._filters.get(key) if key is not None else None
+        if query is None:
+            query = self._parsed(params, key)
         snap = reads.snap
         txn = snap.txn
         seeks = query.seeks
@@ -155,19 +160,21 @@ class LogMethods:
             raise Deferred
         return orjson.Fragment(small)
 
-    def _parsed(self, params: Any) -> _Query:
+    def _parsed(self, params: Any, key: bytes | None = None) -> _Query:
         """The request's filter parsed, with its addresses and topics as the index keys
         them; remembered by the filter's value, as orjson writes it (dapps send the same
         filters again and again, and parsing one costs more than reading a block's logs).
-        Only filters of at most FILTER_CACHE_BYTES are kept (the cache stays small)."""
+        Only filters of at most FILTER_CACHE_BYTES are kept (the cache stays small).
+        `key`: the JSON of `params`' one filter, already looked up and not kept."""
         if params.__class__ is list and len(params) == 1:
             value = params[0]
         else:
             (value,) = params_list(params, ["filter"])
-        key = orjson.dumps(value) if value.__class__ is dict else None
-        query = self._filters.get(key) if key is not None else None
-        if query is not None:
-            return query
+        if key is None:
+            key = orjson.dumps(value) if value.__class__ is dict else None
+            query = self._filters.get(key) if key is not None else None
+            if query is not None:
+                return query
         if value is None:
             raise JsonRpcError(INVALID_PARAMS, "missing required parameter: filter")
         query = self._by_shape(value) if key is not None else None

@@ -555,3 +555,45 @@ async def test_a_poll_block_by_block_answers_and_refuses_as_a_new_filter(make_no
         assert code == -32602 and "invalid address" in message
         code, message = await error(node, [blocks | {"foo": 1}])
         assert code == -32602 and "unknown field `foo`" in message
+
+
+async def test_kept_filters_that_differ_in_what_they_select_answer_apart(make_node: Any) -> None:
+    """Parsed filters are kept by their JSON: filters that differ only in one selecting detail
+    (an address list or a single one, a null or nested OR in the topics, a block by hash or
+    by number) each answer their own logs, through the port's loop and the dispatcher, on
+    first ask and again once kept; a bad filter like a kept one still answers its error."""
+    chain, _ = log_chain(seed=13, blocks=30)
+    node = await make_node(chain, kind="archive")
+    t0, t1 = TOPIC_POOL[0][0], TOPIC_POOL[0][1]
+    criteria: list[dict[str, Any]] = [
+        {"address": EMITTERS[0]},
+        {"address": [EMITTERS[0]]},
+        {"address": [EMITTERS[0], EMITTERS[1]]},
+        {"address": EMITTERS[0].upper().replace("0X", "0x")},
+        {"topics": [t0]},
+        {"topics": [[t0, t1]]},
+        {"topics": [None, t0]},
+        {"topics": [t0, None]},
+        {"topics": [[t0], None, [TOPIC_POOL[2][0]]]},
+        {},
+    ]
+
+    def distinct(h: int) -> int:
+        return len({orjson.dumps(model(chain, c, h, h)) for c in criteria})
+
+    height = max(range(chain.head + 1), key=distinct)
+    assert distinct(height) >= 5  # the filters do select different logs
+    one = {"fromBlock": hex(height), "toBlock": hex(height)}
+    by_hash = {"blockHash": chain.blocks[height]["Header"]["hash"]}
+    for _ in range(2):  # the second round is answered from kept filters
+        for flt in [c | ends for c in criteria for ends in (one, by_hash)]:
+            want = model(chain, flt, height, height)
+            body = orjson.dumps(
+                {"jsonrpc": "2.0", "id": 1, "method": "eth_getLogs", "params": [flt]}
+            )
+            now = node.answer_now(body)
+            assert now is not None and orjson.loads(now)["result"] == want, flt
+            assert orjson.loads(await node.handle_body(body))["result"] == want, flt
+    bad = {"address": EMITTERS[0][:-1], **one}  # one hex digit short of a kept filter's
+    code, _ = await error(node, [bad])
+    assert code == -32602
