@@ -243,16 +243,25 @@ def results_in_order(rids: list[Any], raw: bytes) -> re.Match[bytes] | None:
 
 
 def _shape(first: int, n: int) -> re.Pattern[bytes]:
-    """The expression `results_in_order` matches for ids `first` .. `first + n - 1`."""
-    items = [
-        rb'\{"jsonrpc":"2\.0","id":%d,"result":' % i + _TEXT + rb"\}"
-        for i in range(first, first + n)
-    ]
-    return re.compile(rb"\[" + rb",".join(items) + rb"\][ \t\r\n]*")
+    """The expression `results_in_order` matches for ids `first` .. `first + n - 1`. The
+    seams every item repeats (`,"result":"` and `"},{"jsonrpc":"2.0","id":`) are captured
+    once and matched again by reference, which `_sre` compares in a tighter loop than one
+    literal byte per step; `result_text` finds the result texts' groups among them."""
+    out = [rb'\[\{"jsonrpc":"2\.0","id":%d(?P<r>,"result":")' % first + _TEXT]
+    for i in range(first + 1, first + n):
+        seam = rb'(?P<s>"\},\{"jsonrpc":"2\.0","id":)' if i == first + 1 else rb"(?P=s)"
+        out.append(seam + rb"%d(?P=r)" % i + _TEXT)
+    return re.compile(rb"".join(out) + rb'"\}\][ \t\r\n]*')
+
+
+def result_text(found: re.Match[bytes], k: int) -> bytes:
+    """The result text of item `k` (from 0) in `results_in_order`'s match: group 1 is the
+    `,"result":"` seam, group 2 item 0's text, group 3 the seam between items."""
+    return found.group(2 if k == 0 else k + 3)
 
 
 # A JSON string with no escape, of printable ASCII: the result text as Python reads it.
-_TEXT = rb'"([\x20\x21\x23-\x5b\x5d-\x7e]*)"'
+_TEXT = rb"([\x20\x21\x23-\x5b\x5d-\x7e]*)"  # (its quotes are the seams')
 MAX_SHAPE_ITEMS = 100  # larger batches' answers are decoded (no expression made for them)
 _SHAPES: dict[tuple[int, int], re.Pattern[bytes]] = {}  # (first id, size): bounded by both
 

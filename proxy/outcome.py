@@ -185,9 +185,12 @@ _RETRY_MARKS = tuple(b"%d" % code for code in RETRYABLE_CODES)
 def answered(raw: bytes) -> str:
     """The label of an attempt the node answered (metrics and spans): `ok`, or the outcome
     of a single answer asking for a retry, or `retryable` for a batch answer with such an
-    item (the engine classifies each item; this only names the attempt)."""
-    if not raw.partition(b"-3900")[1]:  # (`partition`: see `of_raw`)
-        return RATE_LIMITED.name if raw.partition(b'"error"')[1] and limited(raw) else OK.name
+    item (the engine classifies each item; this only names the attempt). An answer without
+    `"error"` is `ok` after one scan: a retry and a rate limit are both errors."""
+    if not raw.partition(b'"error"')[1]:  # (`partition`: see `of_raw`)
+        return OK.name
+    if not raw.partition(b"-3900")[1]:
+        return RATE_LIMITED.name if limited(raw) else OK.name
     if raw.lstrip()[:1] == b"[":
         return RETRYABLE.name if any(raw.find(mark) >= 0 for mark in _RETRY_MARKS) else OK.name
     result = of_raw(raw)

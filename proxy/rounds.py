@@ -28,7 +28,7 @@ from proxy import nesting, outcome
 from proxy.answer import Answers
 from proxy.attempts import Attempts
 from proxy.choose import Chooser
-from proxy.classify import Classifier, in_order, loads, place, results_in_order
+from proxy.classify import Classifier, in_order, loads, place, result_text, results_in_order
 from proxy.model import Node
 from proxy.outcome import UpstreamError
 from proxy.parse import NO_NODE_KEY
@@ -286,9 +286,9 @@ def _place_found(
     rows: list[Row], planned: list[Item], found: re.Match[bytes], answers: list[Any]
 ) -> None:
     """The answers of the `planned` items among `rows` from `results_in_order`'s match
-    (group k: the result text of row k - 1)."""
+    (`result_text`)."""
     for it in planned:
-        text = found.group(_index(rows, it.pos) + 1).decode("ascii")
+        text = result_text(found, _index(rows, it.pos)).decode("ascii")
         answers[it.pos] = {"jsonrpc": "2.0", "id": it.rid, "result": text}
 
 

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from proxy import classify, rounds
-from proxy.classify import loads, results_in_order
+from proxy.classify import loads, result_text, results_in_order
 from tests.proxy.conftest import fast_settings, req
 from tests.proxy.test_dataport import raw_rpc
 
@@ -133,7 +133,11 @@ async def test_any_other_answer_is_matched_item_by_item(node_api, name: str) -> 
 def test_the_expression_takes_only_consecutive_int_ids_and_plain_texts() -> None:
     raw = orjson.dumps(results(reads()))
     found = results_in_order(list(range(N)), raw)
-    assert found is not None and found.group(N) == hex(7000 + N - 1).encode()
+    assert found is not None
+    assert [result_text(found, k) for k in range(N)] == [hex(7000 + k).encode() for k in range(N)]
+    one = orjson.dumps(results(reads()[:1]))
+    found = results_in_order([0], one)
+    assert found is not None and result_text(found, 0) == b"0x1b58"
     assert results_in_order(list(range(N)), raw + b" \r\n") is not None
     assert results_in_order(list(range(1, N + 1)), raw) is None  # other ids
     shifted = orjson.dumps(results(reads(list(range(5, 5 + N)))))
@@ -141,8 +145,18 @@ def test_the_expression_takes_only_consecutive_int_ids_and_plain_texts() -> None
     assert results_in_order([True, *range(1, N)], raw) is None
     assert results_in_order([str(i) for i in range(N)], raw) is None
     assert results_in_order([], b"[]") is None
-    for bad in (raw + b"x", raw[:-1], raw.replace(b'"2.0"', b'"1.0"', 1), b" " + raw):
+    last = raw.rindex(b'"jsonrpc"')  # the seams an item repeats, wrong in the last one only
+    later = (raw[:last] + raw[last:].replace(seam, to) for seam, to in _LATE_FAULTS)
+    for bad in (raw + b"x", raw[:-1], raw.replace(b'"2.0"', b'"1.0"', 1), b" " + raw, *later):
         assert results_in_order(list(range(N)), bad) is None, bad
+
+
+_LATE_FAULTS = (
+    (b'"2.0"', b'"1.0"'),
+    (b'"result"', b'"error"'),
+    (b'"result":"', b'"result": "'),
+    (b'"id"', b'"ID"'),
+)
 
 
 async def test_an_item_pinned_by_hash_hands_its_result_to_an_identical_read_waiting(
