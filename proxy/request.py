@@ -156,7 +156,7 @@ class Rows:
 
     def __init__(
         self,
-        objs: list[Any],
+        objs: list[Any] | None,
         rids: list[Any],
         method: str,
         spec: MethodSpec,
@@ -165,8 +165,11 @@ class Rows:
         heights: list[int | None] | None,
         positions: list[int] | None = None,
         source: Rows | None = None,
+        raw: bytes | None = None,
+        found: re.Match[bytes] | None = None,
     ) -> None:
-        self.objs = objs
+        if objs is not None:  # (None: rows read from their bytes, `raw` and `found`)
+            self.objs = objs
         self.rids = rids
         self.method = method
         self.spec = spec
@@ -175,37 +178,16 @@ class Rows:
         self.heights = heights
         self.positions = positions
         self.source = source
-        self.size = len(objs)
+        self.size = len(rids)
         self.drop: list[bool] | None = None  # (`without`: the source's rows left out)
         # The JSON array of these rows' objects as bytes, when known (a batch read from its
         # bytes, proxy/scan.py: its body, or that body with pinned items written in), and
         # the expression's match over the body (where each item is; the pinned items'
         # objects in `own`): `objs` is then parsed only when a step reads it, one row's
         # object when a step reads that row.
-        self.raw: bytes | None = None
-        self.found: re.Match[bytes] | None = None
+        self.raw = raw
+        self.found = found
         self.own: dict[int, Any] | None = None  # (pinned items' objects, by position)
-
-    @classmethod
-    def scanned(
-        cls,
-        raw: bytes,
-        found: re.Match[bytes],
-        rids: list[Any],
-        method: str,
-        spec: MethodSpec,
-        refs: list[BlockRef | None],
-        texts: list[Any],
-        heights: list[int | None] | None,
-    ) -> Rows:
-        """The rows of a batch read from its bytes (proxy/scan.py `Scanner.scan`), their
-        objects not made yet."""
-        rows = cls.__new__(cls)
-        rows.rids, rows.method, rows.spec = rids, method, spec
-        rows.refs, rows.texts, rows.heights = refs, texts, heights
-        rows.positions = rows.source = rows.drop = None
-        rows.size, rows.raw, rows.found, rows.own = len(rids), raw, found, None
-        return rows
 
     def __len__(self) -> int:
         return self.size
@@ -293,7 +275,7 @@ class Rows:
         args = (self.rids, self.method, self.spec, refs, texts, heights)
         found = self.found
         if found is not None:
-            rows = Rows.scanned(_spliced(found, items), found, *args)
+            rows = Rows(None, *args, raw=_spliced(found, items), found=found)
             rows.own = {it.pos: it.obj for it in items}
             return rows
         objs = list(self.objs)

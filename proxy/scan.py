@@ -97,7 +97,7 @@ class Scanner:
                 return None
         texts, refs, heights = map(list, zip(*entries, strict=True))
         rids = list(range(first, first + n))
-        return Rows.scanned(body, found, rids, method[0], known.spec, refs, texts, heights)
+        return Rows(None, rids, method[0], known.spec, refs, texts, heights, raw=body, found=found)
 
     def _remember(
         self, method: tuple[str, Any, tuple[bool, ...]], texts: tuple[bytes, ...]

@@ -290,16 +290,23 @@ async def test_a_lone_plain_http_node_is_written_to_before_any_object(make_api, 
     assert len(node.data_items("eth_getBalance")) == 4
 
 
-async def test_a_height_whose_hash_the_proxy_knows_is_still_pinned_and_cached(make_api, fake_nodes):
-    """A kept route does not keep the read path's decision: a read at a height whose
-    hash the proxy knows is sent by that hash and its answer cached, so the node is asked
-    once for three identical reads."""
+async def proxy_knowing_head(make_api, fake_nodes):
+    """A proxy (cache on) in front of one fake state node, once it knows the hash of the
+    node's head (block 1000): the node, the API client and the proxy's read path."""
     node = await fake_nodes("s", "state")
     api = await make_api(fast_settings())
     await api.add("1337", node)
     await api.heads_known("1337")
     reads = get_proxy(api.client.app).reads
     await wait_until(lambda: 1000 in reads.heads.views["1337"].hashes)
+    return node, api, reads
+
+
+async def test_a_height_whose_hash_the_proxy_knows_is_still_pinned_and_cached(make_api, fake_nodes):
+    """A kept route does not keep the read path's decision: a read at a height whose
+    hash the proxy knows is sent by that hash and its answer cached, so the node is asked
+    once for three identical reads."""
+    node, api, reads = await proxy_knowing_head(make_api, fake_nodes)
     reader, writer = await asyncio.open_connection("127.0.0.1", api.client.server.port)
     answers = []
     for rid in range(3):
@@ -343,12 +350,7 @@ async def test_a_batch_cached_as_a_whole_is_answered_without_a_task(make_api, fa
     in the listener's callback (no task, not admitted), booked as the pipeline books a hit
     (its items counted as the cache's, one batch latency, the client's id); a bad
     `x-min-block` on those bytes is still answered with its error by the general steps."""
-    node = await fake_nodes("s", "state")
-    api = await make_api(fast_settings())
-    await api.add("1337", node)
-    await api.heads_known("1337")
-    reads = get_proxy(api.client.app).reads
-    await wait_until(lambda: 1000 in reads.heads.views["1337"].hashes)
+    node, api, _ = await proxy_knowing_head(make_api, fake_nodes)
     items = [
         {"jsonrpc": "2.0", "id": i, "method": "eth_getBalance", "params": [ADDR, "latest"]}
         for i in range(3)
