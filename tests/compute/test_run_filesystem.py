@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -17,7 +18,11 @@ from pathlib import Path
 import pytest
 
 from workspace.compute.sandbox import Job, Limits, Sandbox, UidPool
-from workspace.compute.sandbox.rundirs import create_run_dirs, remove_leftover_run_dirs
+from workspace.compute.sandbox.rundirs import (
+    create_run_dirs,
+    remove_leftover_run_dirs,
+    remove_run_dirs,
+)
 from workspace.compute.sandbox.uids import remove_uid_files
 
 PY = "/usr/bin/python3"
@@ -67,7 +72,17 @@ async def test_the_machine_is_read_only_and_temp_folders_private(
     # what the run wrote in its temp folders and home went with it, and so did its folder
     folders = ["/tmp", "/var/tmp", "/run/lock", "/dev/shm", str(work_root), checkout]
     assert await asyncio.to_thread(host_files, folders, f"cs-probe-{marker}") == []
-    assert await asyncio.to_thread(os.listdir, work_root) == []
+    assert await asyncio.to_thread(leftovers, work_root) == []
+
+
+def leftovers(work_root: Path) -> list[str]:
+    """What runs left in the work root: anything but the empty, unmounted folders kept for
+    their uids' next runs."""
+    return [
+        str(path)
+        for path in work_root.iterdir()
+        if not path.name.startswith("run-") or os.path.ismount(path) or any(path.iterdir())
+    ]
 
 
 def host_files(folders: list[str], name: str) -> list[str]:
@@ -162,18 +177,63 @@ async def test_a_uid_is_cleaned_before_it_is_handed_out_again(
 
 
 def test_leftover_run_folders_are_unmounted_and_removed(sandbox: Sandbox) -> None:
-    """A server killed mid-run leaves its runs' tmpfs mounts: the next start removes them."""
+    """A server killed mid-run leaves its runs' tmpfs mounts: the next start unmounts and
+    empties them (the kept folders of its own uids) and deletes per-run folders of the older
+    layout its uids own; another server's are left alone."""
     if not sandbox.isolation.run_tmpfs:
         pytest.skip("no tmpfs per run here")
-    sandbox.work_root.mkdir(parents=True, exist_ok=True)
-    left = create_run_dirs(sandbox.work_root, UID, Limits(), tmpfs=True)
+    root = sandbox.work_root
+    root.mkdir(parents=True, exist_ok=True)
+    left = create_run_dirs(root, UID, Limits(), tmpfs=True)
     (left.home / "file").write_text("x")
-    other = create_run_dirs(sandbox.work_root, UID + 1, Limits(), tmpfs=True)
+    other = create_run_dirs(root, UID + 1, Limits(), tmpfs=True)
+    older = root / "run-abc123"  # a folder of the older layout, left by one of UID's runs
+    older.mkdir()
+    os.chown(older, UID, UID)
     try:
-        assert os.path.ismount(left.root)
-        remove_leftover_run_dirs(sandbox.work_root, range(UID, UID + 1))
-        assert not left.root.exists()
-        assert other.root.exists()  # another server's uid: not this one's to remove
+        assert os.path.ismount(left.root) and left.root.name == f"run-{UID}"
+        remove_leftover_run_dirs(root, range(UID, UID + 1))
+        assert not os.path.ismount(left.root) and os.listdir(left.root) == []
+        assert not older.exists()
+        assert os.path.ismount(other.root)  # another server's uid: not this one's to remove
+        assert (other.home).is_dir()
     finally:
-        remove_leftover_run_dirs(sandbox.work_root, range(UID + 1, UID + 2))
-    assert os.listdir(sandbox.work_root) == []
+        remove_leftover_run_dirs(root, range(UID + 1, UID + 2))
+    assert leftovers(root) == []
+    assert sorted(os.listdir(root)) == [f"run-{UID}", f"run-{UID + 1}"]
+
+
+# In a new mount namespace whose mounts are slaves of the machine's (as bwrap makes it): copy
+# every mount recursively, wait, then remount the copy of $2 read-only, as bwrap does to each
+# copy right after its `--ro-bind / /`.
+BWRAP_STEPS = (
+    'mkdir -p "$1" && mount --rbind / "$1" && echo copied && read go'
+    ' && mount -o remount,bind,ro "$1$2" && echo remounted'
+)
+
+
+def test_a_run_ending_leaves_a_starting_runs_copies_alone(sandbox: Sandbox, tmp_path: Path) -> None:
+    """A run starting copies every mount of the machine, other runs' tmpfs included, and then
+    remounts each copy read-only: another run ending between the two must not make that
+    remount fail (bwrap then failed the start with 'Unable to apply mount flags: remount
+    .../run-...: No such file or directory')."""
+    if not sandbox.isolation.run_tmpfs or shutil.which("unshare") is None:
+        pytest.skip("no tmpfs per run here, or no unshare(1)")
+    root = sandbox.work_root
+    ending = create_run_dirs(root, UID, Limits(), tmpfs=True)
+    argv = ["unshare", "-m", "--propagation", "slave", "sh", "-c", BWRAP_STEPS, "sh"]
+    starting = subprocess.Popen(
+        [*argv, str(tmp_path / "newroot"), str(ending.root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert starting.stdout is not None and starting.stdout.readline() == "copied\n"
+        remove_run_dirs(ending)
+        out, err = starting.communicate("go\n", timeout=10)
+    finally:
+        starting.kill()
+        starting.wait()
+    assert (starting.returncode, out) == (0, "remounted\n"), err

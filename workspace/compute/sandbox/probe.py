@@ -35,9 +35,11 @@ from workspace.compute.sandbox.namespaces import (
     unshare,
 )
 from workspace.compute.sandbox.rundirs import (
+    PROBE_SLOT,
     RunDirs,
     can_mount_tmpfs,
     create_run_dirs,
+    probe_lock,
     remove_run_dirs,
 )
 
@@ -120,7 +122,8 @@ def _probe_child(setup: Callable[[], None]) -> int:
 def _probe_dirs(work_root: Path, root: bool, tmpfs: bool) -> Any:
     work_root.mkdir(parents=True, exist_ok=True)
     work_root.chmod(0o711)
-    dirs = create_run_dirs(work_root, PROBE_UID if root else None, PROBE_LIMITS, tmpfs)
+    uid = PROBE_UID if root else None
+    dirs = create_run_dirs(work_root, uid, PROBE_LIMITS, tmpfs, slot=PROBE_SLOT)
     try:
         yield dirs
     finally:
@@ -291,10 +294,11 @@ def probe_isolation(
         notes.append("network namespaces unavailable: user code can reach the network")
     if not root:
         notes.append("not root: runs share this user's uid and RLIMIT_NPROC budget")
-    tmpfs_why = can_mount_tmpfs(work_root)
-    processes, bwrap_path, filesystem, more = _probe_processes(
-        bwrap, root, network, work_root, tmpfs_why is None
-    )
+    with probe_lock(work_root):
+        tmpfs_why = can_mount_tmpfs(work_root)
+        processes, bwrap_path, filesystem, more = _probe_processes(
+            bwrap, root, network, work_root, tmpfs_why is None
+        )
     notes += more
     if tmpfs_why is not None:
         notes.append(

@@ -5,14 +5,23 @@ With a root server the whole folder is a tmpfs of its own, mounted for the run, 
 run's write budget (`write_bytes`, `write_files` as tmpfs `size` and `nr_inodes`), owned by
 the run's uid: everything the run can write is in it, and unmounting it at the end leaves
 nothing behind. Without root it is a plain folder and bubblewrap sizes the temp folders.
+
+A run's tmpfs is mounted on `run-<uid>` (a uid serves one run at a time), a private mount,
+and that folder is kept, empty and unmounted, after the run for the uid's next run. bwrap
+copies every mount of the machine into a starting run's namespace and then remounts each
+copy read-only: a copy whose mount point was removed meanwhile (rmdir detaches the mounts of
+other namespaces on it) or unmounted (a shared mount's unmount reaches the copies) fails that
+start with "Unable to apply mount flags". A kept folder and a private mount change neither.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +29,7 @@ from workspace.compute.sandbox.limits import Limits
 from workspace.compute.sandbox.namespaces import (
     MS_NODEV,
     MS_NOSUID,
+    MS_PRIVATE,
     TEMP_MOUNTS,
     FsView,
     mount,
@@ -36,6 +46,7 @@ class RunDirs:
 
     root: Path
     tmpfs: bool  # root is a tmpfs mounted for this run
+    kept: bool = False  # root stays (empty, unmounted) after the run: see the module docstring
 
     @property
     def home(self) -> Path:
@@ -52,9 +63,20 @@ class RunDirs:
         return FsView(self.home, (home,), exposed, temp_sizes=limits.write_bytes, extra=extra)
 
 
-def create_run_dirs(work_root: Path, uid: int | None, limits: Limits, tmpfs: bool) -> RunDirs:
-    """Make a run's folders, owned by `uid` (mode 0700); a sized tmpfs when `tmpfs`."""
-    root = Path(tempfile.mkdtemp(prefix="run-", dir=work_root))
+def create_run_dirs(
+    work_root: Path, uid: int | None, limits: Limits, tmpfs: bool, slot: str | None = None
+) -> RunDirs:
+    """Make a run's folders, owned by `uid` (mode 0700); a sized tmpfs when `tmpfs`, on the
+    kept folder `run-<slot or uid>` (the caller makes sure no other run uses it now)."""
+    name = slot or (None if uid is None else str(uid))
+    if tmpfs and name is not None:
+        root = work_root / f"run-{name}"
+        root.mkdir(mode=0o700, exist_ok=True)
+        if os.path.ismount(root):  # a crashed run's: nothing of it may reach this one
+            remove_run_dirs(RunDirs(root, True, kept=True))
+    else:
+        root = Path(tempfile.mkdtemp(prefix="run-", dir=work_root))
+    dirs = RunDirs(root, tmpfs, kept=tmpfs and name is not None)
     try:
         if tmpfs:
             owner = uid if uid is not None else os.getuid()
@@ -63,7 +85,7 @@ def create_run_dirs(work_root: Path, uid: int | None, limits: Limits, tmpfs: boo
                 f"mode=0700,uid={owner},gid={owner}"
             )
             mount("tmpfs", str(root), "tmpfs", MS_NOSUID | MS_NODEV, options)
-        dirs = RunDirs(root, tmpfs)
+            mount(None, str(root), None, MS_PRIVATE, None)
         folders = [dirs.home, *(root / name for name in TEMP_FOLDERS), root / "run" / "lock"]
         for folder in folders:
             folder.mkdir()
@@ -75,45 +97,72 @@ def create_run_dirs(work_root: Path, uid: int | None, limits: Limits, tmpfs: boo
         root.chmod(0o700)
         return dirs
     except BaseException:
-        remove_run_dirs(RunDirs(root, tmpfs))
+        remove_run_dirs(dirs)
         raise
 
 
 def remove_run_dirs(dirs: RunDirs) -> None:
-    """Delete a run's folders and unmount its tmpfs; safe to call twice.
+    """Delete a run's folders and unmount its tmpfs (a kept folder stays, empty); safe to
+    call twice.
 
     The files go first, while the tmpfs is still mounted: runs started meanwhile hold a copy
     of every mount in their own mount namespace, so unmounting alone would keep this run's
     files in memory until the last of them ends."""
     mounted = dirs.tmpfs or os.path.ismount(dirs.root)
-    if mounted:
+    if mounted or dirs.kept:
         for entry in list(dirs.root.iterdir()) if dirs.root.is_dir() else []:
             shutil.rmtree(entry, ignore_errors=True)
+    if mounted:
         with contextlib.suppress(OSError):
             umount(str(dirs.root))
-    shutil.rmtree(dirs.root, ignore_errors=True)
+    if not dirs.kept:
+        shutil.rmtree(dirs.root, ignore_errors=True)
 
 
 def can_mount_tmpfs(work_root: Path) -> str | None:
-    """None when this process may mount a run's tmpfs under `work_root`, otherwise why not."""
+    """None when this process may mount a run's tmpfs under `work_root`, otherwise why not.
+    Uses the kept folder `run-probe`: call it under `probe_lock`."""
     if os.geteuid() != 0:
         return "not root"
     try:
         work_root.mkdir(parents=True, exist_ok=True)
-        probe = create_run_dirs(work_root, None, Limits(write_bytes=1 << 20, write_files=8), True)
+        limits = Limits(write_bytes=1 << 20, write_files=8)
+        probe = create_run_dirs(work_root, None, limits, True, slot=PROBE_SLOT)
     except OSError as exc:
         return f"cannot mount a tmpfs: {exc.strerror or exc}"
     remove_run_dirs(probe)
     return None
 
 
+PROBE_SLOT = "probe"
+
+
+@contextlib.contextmanager
+def probe_lock(work_root: Path) -> Iterator[None]:
+    """Held while probing: servers sharing `work_root` take turns with the `run-probe`
+    folder."""
+    work_root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(work_root / "probe.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def remove_leftover_run_dirs(work_root: Path, owned: range) -> None:
-    """Run folders left by a server that died (kill -9): unmount and delete those whose owner
-    is one of this server's uids (or this server's own uid when runs share it)."""
+    """Run folders left by a server that died (kill -9): unmount and empty the kept
+    `run-<uid>` folders of this server's uids; delete older per-run folders whose owner is
+    one of them (or this server's own uid when runs share it)."""
     if not work_root.is_dir():
         return
     for entry in work_root.iterdir():
         if not entry.name.startswith("run-"):
+            continue
+        slot = entry.name.removeprefix("run-")
+        if slot.isdigit():
+            if int(slot) in owned:
+                remove_run_dirs(RunDirs(entry, os.path.ismount(entry), kept=True))
             continue
         try:
             mine = entry.stat().st_uid in owned
