@@ -203,6 +203,23 @@ def test_leftover_run_folders_are_unmounted_and_removed(sandbox: Sandbox) -> Non
     assert sorted(os.listdir(root)) == [f"run-{UID}", f"run-{UID + 1}"]
 
 
+def test_a_uid_folder_in_use_is_never_taken_over(sandbox: Sandbox) -> None:
+    """A uid serves one run at a time: a second run asking for a live run's uid is refused,
+    and the live run's files stay."""
+    if not sandbox.isolation.run_tmpfs:
+        pytest.skip("no tmpfs per run here")
+    sandbox.work_root.mkdir(parents=True, exist_ok=True)
+    live = create_run_dirs(sandbox.work_root, UID, Limits(), tmpfs=True)
+    try:
+        (live.home / "file").write_text("x")
+        with pytest.raises(FileExistsError):
+            create_run_dirs(sandbox.work_root, UID, Limits(), tmpfs=True)
+        assert (live.home / "file").read_text() == "x"
+    finally:
+        remove_run_dirs(live)
+    assert leftovers(sandbox.work_root) == []
+
+
 # In a new mount namespace whose mounts are slaves of the machine's (as bwrap makes it): copy
 # every mount recursively, wait, then remount the copy of $2 read-only, as bwrap does to each
 # copy right after its `--ro-bind / /`.

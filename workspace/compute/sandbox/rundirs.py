@@ -17,6 +17,7 @@ start with "Unable to apply mount flags". A kept folder and a private mount chan
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
@@ -67,12 +68,16 @@ def create_run_dirs(
     work_root: Path, uid: int | None, limits: Limits, tmpfs: bool, slot: str | None = None
 ) -> RunDirs:
     """Make a run's folders, owned by `uid` (mode 0700); a sized tmpfs when `tmpfs`, on the
-    kept folder `run-<slot or uid>` (the caller makes sure no other run uses it now)."""
+    kept folder `run-<slot or uid>`. A `slot` is the caller's alone (it holds a lock): what a
+    crashed holder left there goes. A uid's folder still mounted is another run's: the uid
+    serves two runs at once, which is refused (FileExistsError)."""
     name = slot or (None if uid is None else str(uid))
     if tmpfs and name is not None:
         root = work_root / f"run-{name}"
         root.mkdir(mode=0o700, exist_ok=True)
-        if os.path.ismount(root):  # a crashed run's: nothing of it may reach this one
+        if os.path.ismount(root):
+            if slot is None:
+                raise FileExistsError(errno.EEXIST, "a live run holds this folder", str(root))
             remove_run_dirs(RunDirs(root, True, kept=True))
     else:
         root = Path(tempfile.mkdtemp(prefix="run-", dir=work_root))
