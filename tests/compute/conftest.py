@@ -201,7 +201,12 @@ async def running_stack(
     svc = app[COMPUTE_KEY]
     svc.settings = replace(svc.settings, **{**TEST_COMPUTE, **compute})  # type: ignore[arg-type]
     runner = web.AppRunner(app)
-    await runner.setup()
+    try:
+        await runner.setup()
+    except BaseException:  # a start that fails (e.g. UidsInUse) leaves nothing open
+        await runner.cleanup()
+        db.close_sync()
+        raise
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     base = f"http://127.0.0.1:{port}"

@@ -35,7 +35,7 @@ from workspace.compute.sandbox import (
 )
 from workspace.compute.sandbox.probe import default_work_root
 from workspace.compute.sandbox.rundirs import remove_leftover_run_dirs
-from workspace.compute.sandbox.uids import kill_uid_processes, remove_uid_files
+from workspace.compute.sandbox.uids import claim_uids, kill_uid_processes, remove_uid_files
 from workspace.compute.scheduler import Scheduler
 from workspace.compute.sdk import SdkGateway
 from workspace.compute.sqlfunc import SqlFunctionRunner, compile_sql, own_table_lookup
@@ -154,6 +154,7 @@ class ComputeService:
         self.notes: list[str] = []
         self._started = False
         self._background: set[asyncio.Task[Any]] = set()
+        self._uid_lock: int | None = None  # held for the server's life: see claim_uids
 
     # lifecycle -------------------------------------------------------------------------
 
@@ -174,6 +175,20 @@ class ComputeService:
         base = s.uid_base if s.uid_base is not None else UID_ROOT + UID_BLOCK * s.port
         uids = range(base, base + UID_BLOCK)
         self.instance_settings = replace(s.instance, uid_base=base + UID_HALF)
+        try:
+            if iso.drop_uid:
+                self._uid_lock = await asyncio.to_thread(claim_uids, root, uids)
+            await self._start_with(iso, root, uids, base)
+        except BaseException:
+            self._release_uids()
+            release_isolation(iso)
+            raise
+        self._started = True
+        log.info("compute started", extra={"isolation": iso.as_dict(), "notes": self.notes})
+
+    async def _start_with(self, iso: Isolation, root: Path, uids: range, base: int) -> None:
+        """The rest of `start`, holding the sandbox uids (as root)."""
+        s = self.settings
         await asyncio.to_thread(self._remove_leftovers, iso, root, uids)
         self.sandbox = Sandbox(iso, work_root=root)
         function_uids = UidPool(base, s.workers)
@@ -240,8 +255,11 @@ class ComputeService:
             tick_seconds=s.scheduler_tick_seconds,
         )
         await self.scheduler.start()
-        self._started = True
-        log.info("compute started", extra={"isolation": iso.as_dict(), "notes": self.notes})
+
+    def _release_uids(self) -> None:
+        if self._uid_lock is not None:
+            os.close(self._uid_lock)
+            self._uid_lock = None
 
     def _require(self, iso: Isolation) -> None:
         """Refuse to start when an isolation the settings require is missing here."""
@@ -262,7 +280,8 @@ class ComputeService:
     def _remove_leftovers(self, iso: Isolation, root: Path, uids: range) -> None:
         """What a crashed predecessor on the same port left: processes of its uids, run
         folders (tmpfs mounts included), files its uids left in shared temp folders, and
-        SDK sockets of dead servers."""
+        SDK sockets of dead servers. Called holding the uids' lock, so that predecessor is
+        gone."""
         if not iso.drop_uid:
             return
         killed = sweep_uids(uids)
@@ -290,6 +309,7 @@ class ComputeService:
         await self.manager.close()
         await self.gateway.close()
         await self.sql.close()
+        self._release_uids()
         if self.isolation is not None:
             release_isolation(self.isolation)
 

@@ -13,7 +13,8 @@ Modules by concern:
 - `limits`: per-run limits and the rlimits applied in the child;
 - `namespaces`: the bubblewrap command and the mount-namespace fallback (the run's view);
 - `rundirs`: the run's folders (a sized tmpfs as root), created and removed;
-- `uids`: the uid pool, killing a run's processes, removing a uid's leftover files;
+- `uids`: the uid pool, the lock a server holds on its uids, killing a run's processes,
+  removing a uid's leftover files;
 - `probe`: what this machine allows (`Isolation`);
 - `process`: a spawned run (output, result, wall clock, exit);
 - `spawn`: `Job` and `Sandbox`, which puts it all together;

@@ -9,6 +9,8 @@ that uid left in the machine's temp folders are deleted before the next run gets
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import logging
 import os
 import shutil
@@ -43,6 +45,30 @@ class UidPool:
         for clean in self.on_release:
             clean(uid)
         self._free.append(uid)
+
+
+class UidsInUse(RuntimeError):
+    """Another live server on this machine holds the same sandbox uids."""
+
+
+def claim_uids(work_root: Path, uids: range) -> int:
+    """Lock `<work_root>/uids-<first>.lock` for as long as the returned descriptor stays open
+    (the server's life; the kernel drops the lock when the process dies). Only a server
+    holding it may sweep those uids' processes and run folders: the lock is free only when
+    the server that used them is gone. UidsInUse when a live server holds it."""
+    work_root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(work_root / f"uids-{uids.start}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+        raise UidsInUse(
+            f"sandbox uids {uids.start}..{uids.stop - 1} are used by another live server on "
+            f"this machine (same port or [compute] uid_base): give each server its own"
+        ) from None
+    return fd
 
 
 def kill_run_processes(pid: int, uid: int | None, created: float | None = None) -> None:
