@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from tests.compute.conftest import running_stack
-from workspace.compute.sandbox.uids import UidsInUse, claim_uids
+from workspace.compute.sandbox import Limits, Sandbox
+from workspace.compute.sandbox.rundirs import (
+    create_run_dirs,
+    remove_leftover_run_dirs,
+    remove_run_dirs,
+)
+from workspace.compute.sandbox.uids import UidsInUse, claim_uids, sweep_free_blocks
 
 BASE = 2_400_000  # a uid block no port-derived one reaches (those start at 2_000_000 + 64 × port)
 SLOW = "import time\n\ndef main():\n    time.sleep(1.0)\n    return 'done'\n"
@@ -60,3 +66,37 @@ def test_the_claim_is_free_again_when_its_holder_is_gone(tmp_path: Path) -> None
     os.close(held)
     os.close(claim_uids(tmp_path, uids))
     os.close(other)
+
+
+def test_a_gone_servers_folders_are_swept_and_a_live_ones_left(sandbox: Sandbox) -> None:
+    """At start a server also clears the kept folders of blocks whose lock is free (their
+    server closed or died, on another port): a crashed run's tmpfs is unmounted and emptied
+    (its folder, unmounted just now, goes at a later start, and the lock file with it), an
+    unmounted folder goes; a live server's block is not touched."""
+    if not sandbox.isolation.run_tmpfs:
+        pytest.skip("no tmpfs per run here")
+    root = sandbox.work_root
+    root.mkdir(parents=True, exist_ok=True)
+    live, gone = range(BASE, BASE + 64), range(BASE + 64, BASE + 128)
+    live_lock, gone_lock = claim_uids(root, live), claim_uids(root, gone)
+    live_run = create_run_dirs(root, live[0], Limits(), tmpfs=True)
+    crashed = create_run_dirs(root, gone[0], Limits(), tmpfs=True)
+    (crashed.home / "file").write_text("x")
+    finished = create_run_dirs(root, gone[1], Limits(), tmpfs=True)
+    remove_run_dirs(finished)
+    os.close(gone_lock)  # that server is gone
+
+    def sweep() -> None:
+        sweep_free_blocks(root, lambda block: remove_leftover_run_dirs(root, block, keep=False))
+
+    try:
+        sweep()
+        assert os.path.ismount(live_run.root) and live_run.home.is_dir()
+        assert not os.path.ismount(crashed.root) and os.listdir(crashed.root) == []
+        assert not finished.root.exists()
+        sweep()
+        assert not crashed.root.exists() and os.path.ismount(live_run.root)
+        assert sorted(p.name for p in root.glob("uids-*")) == [f"uids-{BASE}-{BASE + 63}.lock"]
+    finally:
+        remove_run_dirs(live_run)
+        os.close(live_lock)

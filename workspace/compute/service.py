@@ -35,7 +35,12 @@ from workspace.compute.sandbox import (
 )
 from workspace.compute.sandbox.probe import default_work_root
 from workspace.compute.sandbox.rundirs import remove_leftover_run_dirs
-from workspace.compute.sandbox.uids import claim_uids, kill_uid_processes, remove_uid_files
+from workspace.compute.sandbox.uids import (
+    claim_uids,
+    kill_uid_processes,
+    remove_uid_files,
+    sweep_free_blocks,
+)
 from workspace.compute.scheduler import Scheduler
 from workspace.compute.sdk import SdkGateway
 from workspace.compute.sqlfunc import SqlFunctionRunner, compile_sql, own_table_lookup
@@ -291,6 +296,8 @@ class ComputeService:
         if not iso.filesystem_private:
             remove_uid_files(uids)
         _remove_dead_sockets(root)
+        # the kept folders of servers gone for good (another port): nobody reuses them
+        sweep_free_blocks(root, lambda block: remove_leftover_run_dirs(root, block, keep=False))
 
     def _clean_uid(self, uid: int) -> None:
         """Before a sandbox uid is handed out again: nothing of its last run may remain. Its

@@ -155,19 +155,24 @@ def probe_lock(work_root: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def remove_leftover_run_dirs(work_root: Path, owned: range) -> None:
+def remove_leftover_run_dirs(work_root: Path, owned: range, keep: bool = True) -> int:
     """Run folders left by a server that died (kill -9): unmount and empty the kept
-    `run-<uid>` folders of this server's uids; delete older per-run folders whose owner is
-    one of them (or this server's own uid when runs share it)."""
+    `run-<uid>` folders of the uids `owned` (deleted too unless `keep` or mounted until now:
+    nobody uses them any more, and an unmounted folder is in no mount bwrap copies); delete
+    older per-run folders whose owner is one of them (or this server's own uid when runs
+    share it). Returns how many `run-<uid>` folders stay."""
     if not work_root.is_dir():
-        return
+        return 0
+    kept = 0
     for entry in work_root.iterdir():
         if not entry.name.startswith("run-"):
             continue
         slot = entry.name.removeprefix("run-")
         if slot.isdigit():
             if int(slot) in owned:
-                remove_run_dirs(RunDirs(entry, os.path.ismount(entry), kept=True))
+                mounted = os.path.ismount(entry)
+                remove_run_dirs(RunDirs(entry, mounted, kept=keep or mounted))
+                kept += keep or mounted
             continue
         try:
             mine = entry.stat().st_uid in owned
@@ -175,3 +180,4 @@ def remove_leftover_run_dirs(work_root: Path, owned: range) -> None:
             continue
         if mine:
             remove_run_dirs(RunDirs(entry, os.path.ismount(entry)))
+    return kept

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import stat
+import time
 from collections.abc import Callable, Container, Iterable
 from pathlib import Path
 
@@ -51,24 +52,63 @@ class UidsInUse(RuntimeError):
     """Another live server on this machine holds the same sandbox uids."""
 
 
+CLAIM_WAIT_SECONDS = 2.0  # a starting server's sweep holds a free block's lock this briefly
+
+
 def claim_uids(work_root: Path, uids: range) -> int:
-    """Lock `<work_root>/uids-<first>.lock` for as long as the returned descriptor stays open
-    (the server's life; the kernel drops the lock when the process dies). Only a server
-    holding it may sweep those uids' processes and run folders: the lock is free only when
-    the server that used them is gone. UidsInUse when a live server holds it."""
+    """Lock `<work_root>/uids-<first>-<last>.lock` for as long as the returned descriptor
+    stays open (the server's life; the kernel drops the lock when the process dies). Only a
+    server holding it may sweep those uids' processes and run folders: the lock is free only
+    when the server that used them is gone. UidsInUse when a live server holds it."""
     work_root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(work_root / f"uids-{uids.start}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + CLAIM_WAIT_SECONDS
+    while (fd := _lock(work_root / _lock_name(uids))) is None:
+        if time.monotonic() >= deadline:
+            raise UidsInUse(
+                f"sandbox uids {uids.start}..{uids.stop - 1} are used by another live server "
+                f"on this machine (same port or [compute] uid_base): give each server its own"
+            )
+        time.sleep(0.05)
+    return fd
+
+
+def sweep_free_blocks(work_root: Path, remove: Callable[[range], int]) -> None:
+    """For each uid block whose lock is free (its server closed or died): `remove(uids)`
+    while holding the lock; once that keeps nothing (it returns how many folders it kept),
+    the lock file goes too."""
+    for path in work_root.glob("uids-*.lock"):
+        bounds = path.name.removeprefix("uids-").removesuffix(".lock").split("-")
+        if len(bounds) != 2 or not all(b.isdigit() for b in bounds):
+            continue
+        fd = _lock(path)
+        if fd is None:
+            continue
+        try:
+            if not remove(range(int(bounds[0]), int(bounds[1]) + 1)):
+                path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+
+def _lock_name(uids: range) -> str:
+    return f"uids-{uids.start}-{uids.stop - 1}.lock"
+
+
+def _lock(path: Path) -> int | None:
+    """An exclusive lock on `path` (made if missing), or None while another holds it. The
+    locked file must still be the one at `path`: a sweeper deletes a free block's file while
+    holding its lock, and a lock on the deleted file would guard nothing."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.stat(path).st_ino == os.fstat(fd).st_ino:
+            return fd
     except OSError as exc:
-        os.close(fd)
-        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+        if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.ENOENT):
+            os.close(fd)
             raise
-        raise UidsInUse(
-            f"sandbox uids {uids.start}..{uids.stop - 1} are used by another live server on "
-            f"this machine (same port or [compute] uid_base): give each server its own"
-        ) from None
-    return fd
+    os.close(fd)
+    return None
 
 
 def kill_run_processes(pid: int, uid: int | None, created: float | None = None) -> None:
