@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from workspace.compute.sandbox import Job, Limits, Sandbox, UidPool
+from workspace.compute.sandbox import Job, Limits, Sandbox, UidPool, probe_isolation
+from workspace.compute.sandbox.probe import PROBE_UID
 from workspace.compute.sandbox.rundirs import (
+    PROBE_SLOT,
     create_run_dirs,
     remove_leftover_run_dirs,
     remove_run_dirs,
@@ -218,6 +220,24 @@ def test_a_uid_folder_in_use_is_never_taken_over(sandbox: Sandbox) -> None:
     finally:
         remove_run_dirs(live)
     assert leftovers(sandbox.work_root) == []
+
+
+def test_the_probe_clears_what_killed_probes_left(sandbox: Sandbox) -> None:
+    """A probe killed mid-way leaves its folder mounted: the next probe takes `run-probe`
+    over (emptied, unmounted) and removes per-probe folders of the older layout."""
+    if not sandbox.isolation.run_tmpfs:
+        pytest.skip("no tmpfs per run here")
+    root = sandbox.work_root
+    root.mkdir(parents=True, exist_ok=True)
+    older = create_run_dirs(root, None, Limits(), tmpfs=True)  # a per-run folder
+    os.chown(older.root, PROBE_UID, PROBE_UID)
+    crashed = create_run_dirs(root, PROBE_UID, Limits(), tmpfs=True, slot=PROBE_SLOT)
+    (crashed.home / "file").write_text("x")
+    iso = probe_isolation(use_cgroups=False, work_root=root)
+    assert iso.run_tmpfs and iso.filesystem_private, iso.notes
+    assert not older.root.exists()
+    assert not os.path.ismount(crashed.root) and os.listdir(crashed.root) == []
+    assert leftovers(root) == [str(root / "probe.lock")]
 
 
 # In a new mount namespace whose mounts are slaves of the machine's (as bwrap makes it): copy

@@ -40,6 +40,7 @@ from workspace.compute.sandbox.rundirs import (
     can_mount_tmpfs,
     create_run_dirs,
     probe_lock,
+    remove_leftover_run_dirs,
     remove_run_dirs,
 )
 
@@ -295,6 +296,8 @@ def probe_isolation(
     if not root:
         notes.append("not root: runs share this user's uid and RLIMIT_NPROC budget")
     with probe_lock(work_root):
+        if root:  # per-probe folders of the older layout that a killed probe left mounted
+            remove_leftover_run_dirs(work_root, range(PROBE_UID, PROBE_UID + 1), keep=False)
         tmpfs_why = can_mount_tmpfs(work_root)
         processes, bwrap_path, filesystem, more = _probe_processes(
             bwrap, root, network, work_root, tmpfs_why is None

@@ -168,6 +168,8 @@ def remove_leftover_run_dirs(work_root: Path, owned: range, keep: bool = True) -
         if not entry.name.startswith("run-"):
             continue
         slot = entry.name.removeprefix("run-")
+        if slot == PROBE_SLOT:  # the probe's own: taken over under its lock
+            continue
         if slot.isdigit():
             if int(slot) in owned:
                 mounted = os.path.ismount(entry)
