@@ -1,7 +1,8 @@
 """Hedged attempts: a slow first attempt is joined by a second one on another node, not cut.
 
-For an idempotent read sent to a plain-http node with another eligible node (never the
-transaction lifecycle, never a write node), one `Race` watches the first attempt with two
+For an idempotent read sent to a plain-http node with an eligible node on another server
+(another URL: one node entered under two kinds is one server; never the transaction
+lifecycle, never a write node), one `Race` watches the first attempt with two
 soft timers on the shared deadline lanes (proxy/deadlines.py, no timer per request):
 
 1. at the **hedge delay** (the pool's recent `hedge_quantile` of this method's attempt times,

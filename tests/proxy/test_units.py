@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 
@@ -27,6 +28,7 @@ from proxy.model import (
     normalize_chain,
     normalize_pool,
 )
+from proxy.rounds import _gather
 from proxy.ryw import hide_unreadable
 from proxy.select import NoEligibleNode, Selector
 from proxy.settings import ProxySettings
@@ -675,3 +677,36 @@ def test_busy_poll_setting_reaches_the_data_listener() -> None:
     for bad in (-1, 2.5, True, "x"):
         with pytest.raises(ConfigError, match="busy_poll_us"):
             ProxySettings.from_config({"proxy": {"busy_poll_us": bad}})
+
+
+async def test_sub_batches_are_awaited_in_order_and_cancelled_with_their_request() -> None:
+    """A batch's sub-batches (one per node) run at once and give their items in order; when
+    the request's task is cancelled, or one sub-batch fails, the ones still running are
+    cancelled, not left to the loop."""
+    loop = asyncio.get_running_loop()
+    cancelled: list[int] = []
+
+    async def sub(i: int, delay: float) -> list[int]:
+        try:
+            await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            cancelled.append(i)
+            raise
+        return [i]
+
+    assert await _gather([sub(0, 0.02), sub(1, 0.0), sub(2, 0.01)], loop) == [[0], [1], [2]]
+    request = loop.create_task(_gather([sub(3, 10), sub(4, 10), sub(5, 10)], loop))
+    await asyncio.sleep(0.01)  # every sub-batch started
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    assert sorted(cancelled) == [3, 4, 5]
+
+    async def broken() -> list[int]:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("a defect in a step")
+
+    with pytest.raises(RuntimeError):
+        await _gather([broken(), sub(6, 10)], loop)
+    await asyncio.sleep(0)
+    assert cancelled[-1] == 6
