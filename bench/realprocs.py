@@ -17,7 +17,9 @@ the suite's own services and bodies (bench/README.md, "Tools for one path").
   its `stack.cli proxy`, or `chainstate.cli proxy` where it has no `stack/`). Per case and
   tree: the proxy's instructions per body under callgrind (counted as in `callgrind`), then,
   natively, its CPU µs per body and its syscalls per body (`strace -c -f` attached for the
-  row; the CPU figure depends on the machine's load, the counts do not).
+  row; the CPU figure depends on the machine's load, the counts do not). `--twin`: the
+  archive entry's URL gets a user part (`http://twin@…`), so the proxy takes the two
+  entries for two servers (hedges, a lone node's rescue) while one node answers both.
 - `callgrind`: the state node and proxy-inproc run under callgrind with instrumentation off;
   per case and target, `-n` bodies after a warm-up are measured with it on
   (`callgrind_control`). Per row: instructions per body, also without the background work
@@ -50,6 +52,7 @@ from bench.loadgen import LoadSettings, run_bench
 from bench.services import running, split_cpus
 
 TARGETS = ("state-node", "proxy-inproc")
+TWIN_USER = "twin"  # `http --twin`: the archive entry's URL, user part added (ignored by the node)
 STRACE_ATTACH = 1.0  # seconds for strace to attach to every thread before a row
 SYSCALLS_SHOWN = ("getpid", "epoll_wait", "read", "write", "recvfrom", "sendto")
 PROBE_DIR = Path(__file__).parent / "gcprobe"
@@ -247,7 +250,13 @@ def run_http(args: argparse.Namespace) -> None:
         _, node = state.start_chain(services, suite.SuiteOptions(), "archive")
         config = services.workdir / "proxy.toml"
         extra = suite.setting_lines(args.proxy)
-        config.write_text(suite.proxy_config(node, kinds=("state", "archive"), extra=extra))
+        text = suite.proxy_config(node, kinds=("state", "archive"), extra=extra)
+        if args.twin:  # the archive entry's URL another server's to the proxy
+            twin = node.replace("http://", f"http://{TWIN_USER}@")
+            text = text.replace(
+                f'url = "{node}"\nkind = "archive"', f'url = "{twin}"\nkind = "archive"'
+            )
+        config.write_text(text)
         cases = [c for c in state.cases() if c.name in args.case]
         for i, tree in enumerate(trees):
             label = f"{i}:{tree.name}"
@@ -315,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     http_p.add_argument("--cache-sim", action="store_true", help="simulate L1 and last level")
     http_p.add_argument("--LL", help="callgrind's --LL=size,assoc,line")
     http_p.add_argument("--idle", type=float, default=10.0, help="seconds of idle counting")
+    http_p.add_argument(
+        "--twin",
+        action="store_true",
+        help="the archive entry as another URL of the same node (races as with two servers)",
+    )
     http_p.add_argument(
         "--tree", action="append", help="a checkout whose proxy is measured (repeatable; .)"
     )
