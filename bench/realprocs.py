@@ -190,6 +190,16 @@ def tree_proxy(tree: Path, port: int, config: Path, tool: tuple[str, ...] = ()) 
     ]
 
 
+def http_config(node: str, extra: str, twin: bool) -> str:
+    """The suite's proxy.toml (`node` entered as state and archive); `twin`: the archive
+    entry's URL with a user part, another server's to the proxy."""
+    text = suite.proxy_config(node, kinds=("state", "archive"), extra=extra)
+    if not twin:
+        return text
+    other = node.replace("http://", f"http://{TWIN_USER}@", 1)
+    return text.replace(f'url = "{node}"\nkind = "archive"', f'url = "{other}"\nkind = "archive"')
+
+
 def start_tree_proxy(
     services: Any, name: str, tree: Path, config: Path, tool: tuple[str, ...], ready: float
 ) -> tuple[str, int]:
@@ -250,13 +260,7 @@ def run_http(args: argparse.Namespace) -> None:
         _, node = state.start_chain(services, suite.SuiteOptions(), "archive")
         config = services.workdir / "proxy.toml"
         extra = suite.setting_lines(args.proxy)
-        text = suite.proxy_config(node, kinds=("state", "archive"), extra=extra)
-        if args.twin:  # the archive entry's URL another server's to the proxy
-            twin = node.replace("http://", f"http://{TWIN_USER}@")
-            text = text.replace(
-                f'url = "{node}"\nkind = "archive"', f'url = "{twin}"\nkind = "archive"'
-            )
-        config.write_text(text)
+        config.write_text(http_config(node, extra, args.twin))
         cases = [c for c in state.cases() if c.name in args.case]
         for i, tree in enumerate(trees):
             label = f"{i}:{tree.name}"
