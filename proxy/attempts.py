@@ -97,6 +97,7 @@ class Attempts:
         except UpstreamError:
             if race.task is None:
                 raise
+            race.failed()
             return await race.second()  # the first failed while a second was running
         except asyncio.CancelledError:
             won = race.won_early()  # the second answered before the first was sent

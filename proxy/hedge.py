@@ -211,6 +211,12 @@ class Race:
 
     # ---- ending --------------------------------------------------------------------------
 
+    def failed(self) -> None:
+        """The first attempt failed (before it was sent, say: its connection refused): the
+        request's task now awaits the second attempt itself (`second`), and its win must not
+        cancel that task as it ends a first attempt still waiting to be sent."""
+        self.first = None
+
     def won_early(self) -> bytes | None:
         """After a CancelledError in the first attempt: the second attempt's answer when
         its win caused it (the cancellation is then withdrawn), else None."""

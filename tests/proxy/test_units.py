@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+from typing import Any
 
 import orjson
 import pytest
@@ -16,7 +17,9 @@ from chainstate.txmethods import PENDING_READS, TX_LIFECYCLE
 from nodes.writer.service import PASS_THROUGH
 from proxy import methods, outcome
 from proxy.app import server_limits
+from proxy.deadlines import Deadlines
 from proxy.events import LOCAL_METHODS
+from proxy.hedge import HedgeBudget, Race
 from proxy.methods import MethodTable
 from proxy.model import (
     EntryError,
@@ -710,3 +713,62 @@ async def test_sub_batches_are_awaited_in_order_and_cancelled_with_their_request
         await _gather([broken(), sub(6, 10)], loop)
     await asyncio.sleep(0)
     assert cancelled[-1] == 6
+
+
+class _SecondAttempts:
+    """What a `Race` asks of `Attempts` when its hedge delay passes: a second attempt, here
+    a task answering `b"won"` from node "b" after a short while."""
+
+    def __init__(self) -> None:
+        self.launched = 0
+
+    def launch(self, sent: Any, trigger: str) -> asyncio.Task[tuple[Any, bytes]]:
+        self.launched += 1
+
+        async def second() -> tuple[Any, bytes]:
+            await asyncio.sleep(0.02)
+            return "b", b"won"
+
+        return asyncio.get_running_loop().create_task(second())
+
+    def late(self, ctx: Any, node: Any, timeout: float | None) -> None:
+        pass
+
+
+@pytest.mark.parametrize("first_fails", [False, True])
+async def test_a_second_attempt_that_wins_ends_an_unsent_first_one_or_is_awaited(
+    first_fails: bool,
+) -> None:
+    """The hedge delay passes while the first attempt is still waiting to be sent: the
+    second attempt's win ends the first one's wait (its task cancelled, `won_early` the
+    answer); when the first one failed meanwhile (its connection refused), the request's
+    task awaits the second one and gets its answer, not a cancellation."""
+    attempts = _SecondAttempts()
+    deadlines = Deadlines()
+
+    def usable(raw: bytes) -> bool:
+        return True
+
+    async def first_attempt() -> tuple[Any, bytes]:  # as `Attempts.exchange` runs a race
+        race = Race(deadlines, HedgeBudget(0.1), attempts, (None, None, b"", None), usable,
+                    0.005, None)  # fmt: skip
+        try:
+            await asyncio.sleep(0.01)  # waiting for a connection: the hedge starts
+            assert attempts.launched == 1
+            if first_fails:
+                raise outcome.ConnectFailed("connection refused")
+            await asyncio.sleep(10)  # never sent: the second attempt's win ends this
+            raise AssertionError("not ended")
+        except outcome.UpstreamError:
+            race.failed()
+            return await race.second()
+        except asyncio.CancelledError:
+            won = race.won_early()
+            if won is None:
+                raise
+            return race.winner, won
+        finally:
+            race.close()
+
+    assert await asyncio.wait_for(first_attempt(), 5) == ("b", b"won")
+    deadlines.close()
