@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 FAILURE_COST_MS = 1000.0  # a failed attempt counts as at least this slow in the node's cost
 READ_KINDS = ("state", "archive")  # a lone node of these may be raced with another kind
 RATE_LIMITED = outcome.RATE_LIMITED.name
+# A raced attempt as its second attempt needs it: (ctx, group, body, tracing context or None).
+Sent = tuple[Any, Group, bytes, contextvars.Context | None]
 
 
 class Attempts:
@@ -95,6 +97,7 @@ class Attempts:
         except UpstreamError:
             if race.task is None:
                 raise
+            race.failed()
             return await race.second()  # the first failed while a second was running
         except asyncio.CancelledError:
             won = race.won_early()  # the second answered before the first was sent
@@ -110,9 +113,14 @@ class Attempts:
     ) -> Race | None:
         """A race for a hedgeable group (a plain-http node: a second attempt hands its answer
         to the first one's connection future), or None. `lone`: its node is the only one of
-        its kind: raced at the attempt timeout alone (proxy/hedge.py)."""
+        its kind: raced at the attempt timeout alone (proxy/hedge.py). None too when every
+        other candidate is the same server (one URL entered under two kinds): a second
+        attempt there would wait on the server the first one waits on."""
         node = group.node
-        if not node.entry.url.startswith("http://"):
+        url = node.entry.url
+        if not url.startswith("http://"):
+            return None
+        if not lone and not _elsewhere(group.cands, url):
             return None
         pool: Pool = ctx.pool
         timers = self._timers(pool, group.lkey)
@@ -124,26 +132,23 @@ class Attempts:
         budget = pool.hedge if lone and pool.hedge is not None else self._earn(pool)
         if timers is None:
             return None
-        hedge, timeout = timers
-        launch = self._launcher(ctx, group, body)
-
-        def slow() -> None:
-            self._late(ctx, node, timeout)
-
         deadlines = self.upstream.deadlines
-        return Race(deadlines, budget, launch, usable, slow, hedge, timeout, lone)
+        # (traced: the request's context now, the parent of a second attempt's span)
+        context = contextvars.copy_context() if self.tracer is not None else None
+        return Race(deadlines, budget, self, (ctx, group, body, context), usable, *timers, lone)
 
     @staticmethod
     def _lone(pool: Pool, node: Node) -> bool:
         """Whether an attempt to `node`, the one eligible node, may be raced with another
-        reader (the next that holds the block is found only if the attempt is late)."""
-        return len(pool.readers) > 1 and node.entry.kind in READ_KINDS
+        reader (the next that holds the block is found only if the attempt is late): one
+        of another server (a URL entered under two kinds is one server)."""
+        return node.entry.kind in READ_KINDS and _elsewhere(pool.readers, node.entry.url)
 
     def _lone_timeout(self, pool: Pool, group: Group) -> float | None:
         """The attempt timeout of a first attempt sent now whose node is the only eligible
         one, when another reader may take over once it passes (`Rescue`), else None."""
         if len(group.cands) != 1 or len(group.items) != 1 or len(pool.readers) < 2:
-            return None  # (the last: `_lone`'s first test, before its call)
+            return None  # (the last: a reader other than the node, before `_lone`'s loop)
         if not self._lone(pool, group.node):
             return None
         timers = self._timers(pool, group.lkey)
@@ -189,7 +194,7 @@ class Attempts:
         if node.breaker.state is not CLOSED:
             return False
         if url.startswith("http://"):
-            taken = self.connection_now(ctx.pool, node, group.lkey, len(group.cands))
+            taken = self.connection_now(ctx.pool, node, group.lkey, group.cands)
             if taken is None:
                 return False
             started = time.perf_counter()
@@ -207,14 +212,15 @@ class Attempts:
             ctx.tally.upstream += 1
         return True
 
-    def connection_now(self, pool: Any, node: Node, lkey: str, cands: int) -> Any:
-        """For a first attempt to a plain-http `node` whose breaker is closed, among `cands`
-        eligible nodes: an idle connection to write the request to now (`Upstream.
+    def connection_now(self, pool: Any, node: Node, lkey: str, cands: list[Node]) -> Any:
+        """For a first attempt to a plain-http `node` whose breaker is closed, among the
+        eligible nodes `cands`: an idle connection to write the request to now (`Upstream.
         take_now`, its slot taken: `sent_now` must follow the write), or None when the
         attempt needs `exchange` (a hedge or attempt timeout is due, no idle connection)."""
-        if cands > 1 and self._timers(pool, lkey) is not None:
+        url = node.entry.url
+        if len(cands) > 1 and self._timers(pool, lkey) is not None and _elsewhere(cands, url):
             return None  # a race is due: `exchange` runs it
-        return self.upstream.take_now(node.entry.url)
+        return self.upstream.take_now(url)
 
     def sent_now(
         self,
@@ -247,21 +253,17 @@ class Attempts:
         if ctx.tally is not None:
             ctx.tally.upstream += 1
 
-    def _launcher(
-        self, ctx: Any, group: Group, body: bytes
-    ) -> Callable[[str], asyncio.Task[tuple[Node, bytes]] | None]:
-        context = contextvars.copy_context() if self.tracer is not None else None
-
-        def launch(trigger: str) -> asyncio.Task[tuple[Node, bytes]] | None:
-            second = self.second(ctx.pool, group)
-            if second is None:
-                return None
-            for it in group.items:
-                it.tried.append(second)
-            coro = self._second(ctx, second, body, group, trigger)
-            return asyncio.get_running_loop().create_task(coro, context=context)
-
-        return launch
+    def launch(self, sent: Sent, trigger: str) -> asyncio.Task[tuple[Node, bytes]] | None:
+        """A race's second attempt of what `sent` holds (`trigger`: why), in a task on
+        another node, or None when none is eligible now."""
+        ctx, group, body, context = sent
+        second = self.second(ctx.pool, group)
+        if second is None:
+            return None
+        for it in group.items:
+            it.tried.append(second)
+        coro = self._second(ctx, second, body, group, trigger)
+        return self.upstream.deadlines.loop.create_task(coro, context=context)
 
     async def _second(
         self, ctx: Any, node: Node, body: bytes, group: Group, trigger: str
@@ -422,7 +424,7 @@ class Attempts:
         if span is not None:
             span.set_attribute("outcome", why)
 
-    def _late(self, ctx: Any, node: Node, timeout: float | None) -> None:
+    def late(self, ctx: Any, node: Node, timeout: float | None) -> None:
         """A sent attempt passed its attempt timeout: a timeout against its node."""
         node.breaker.failure(node.key, f"timeout: no answer within the attempt timeout {timeout}s")
         latency.observe(node, (timeout or self.ceiling) * 1000, time.monotonic(), self.tau)
@@ -487,7 +489,7 @@ class Rescue:
         second = attempts.second(ctx.pool, group)
         if second is None:
             return
-        attempts._late(ctx, group.node, self.soft)
+        attempts.late(ctx, group.node, self.soft)
         for it in group.items:
             it.tried.append(second)
         self.sent = sent
@@ -580,6 +582,17 @@ class _Landed:
         if self.hedgeable and (raw is not None or exc is not None):
             attempts._earn(ctx.pool)  # an attempt made earns its share, as `_race`'s does
         self.then(node, raw, exc)
+
+
+def _elsewhere(nodes: list[Node], url: str) -> bool:
+    """Whether one of `nodes` is another server than `url`'s (a loop, not `any()` over a
+    generator: this runs for every raced attempt)."""
+    for other in nodes:
+        if other.entry.url != url:
+            break
+    else:
+        return False
+    return True
 
 
 def _in_rotation(node: Node) -> None:

@@ -83,6 +83,12 @@ class Deadlines:
         if due < self._timer_at:
             self._arm(due)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, found once: `asyncio.get_running_loop()` makes a getpid()
+        system call every time."""
+        return self._loop or self._bind()
+
     def _bind(self) -> asyncio.AbstractEventLoop:
         self._loop = asyncio.get_running_loop()
         return self._loop

@@ -161,7 +161,7 @@ class FirstAttempt:
                         admitted.pool,
                         node,  # type: ignore[arg-type]
                         route.method,
-                        len(route.nodes),
+                        route.nodes,
                     )
                 else:  # one candidate: no race due until it is late (`Attempts.sent_now`)
                     transport = self.transports.get(node.entry.url)  # type: ignore[union-attr]

@@ -1,7 +1,8 @@
 """Hedged attempts: a slow first attempt is joined by a second one on another node, not cut.
 
-For an idempotent read sent to a plain-http node with another eligible node (never the
-transaction lifecycle, never a write node), one `Race` watches the first attempt with two
+For an idempotent read sent to a plain-http node with an eligible node on another server
+(another URL: one node entered under two kinds is one server; never the transaction
+lifecycle, never a write node), one `Race` watches the first attempt with two
 soft timers on the shared deadline lanes (proxy/deadlines.py, no timer per request):
 
 1. at the **hedge delay** (the pool's recent `hedge_quantile` of this method's attempt times,
@@ -36,6 +37,7 @@ do not take tokens (they are retries; `max_attempts` and the breaker bound them)
 from __future__ import annotations
 
 import asyncio
+from asyncio import current_task
 from collections.abc import Callable
 from typing import Any
 
@@ -71,19 +73,22 @@ class HedgeBudget:
 class Race:
     """One first attempt and the second attempt that may join it (see the module doc).
 
-    `launch(trigger)` starts the second attempt and returns its task (or None when no other
-    node is eligible now); the task returns `(node, raw)`. `usable(raw)` says whether an
-    answer may win (a retryable error does not: the first attempt may still do better).
-    `slow()` is called when the first attempt passes its attempt timeout after it was sent.
+    Built for every hedgeable attempt, so it holds references only: the second attempt's
+    launch (`attempts.launch`) and the first one's strike (`attempts.late`) are looked up
+    when a timer fires, which most attempts never see. `launch` returns the second
+    attempt's task (or None when no other node is eligible now), the task `(node, raw)`.
+    `usable(raw)` says whether an answer may win (a retryable error does not: the first
+    attempt may still do better).
     """
 
     __slots__ = (
+        "_attempts",
         "_budget",
         "_cancelling",
         "_deadlines",
-        "_launch",
         "_result",
-        "_slow",
+        "_sent",
+        "_timeout",
         "_timeout_after",
         "_usable",
         "connecting",
@@ -103,9 +108,9 @@ class Race:
         self,
         deadlines: Deadlines,
         budget: HedgeBudget,
-        launch: Callable[[str], asyncio.Task[tuple[Any, bytes]] | None],
+        attempts: Any,
+        sent: tuple[Any, Any, bytes, Any],
         usable: Callable[[bytes], bool],
-        slow: Callable[[], None],
         hedge_delay: float | None,
         attempt_timeout: float | None,
         lone: bool = False,
@@ -113,15 +118,17 @@ class Race:
         self._deadlines = deadlines
         self.lone = lone  # the first attempt's node is the only one of its kind
         # The task awaiting the first attempt (the request's), cancelled when a second
-        # attempt wins before the first has a future to hand the answer to (`cut`).
-        self.first = asyncio.current_task()
-        self._cancelling = 0 if self.first is None else self.first.cancelling()
+        # attempt wins before the first has a future to hand the answer to (`cut`). Found
+        # with the loop given: without it `current_task` makes a getpid() system call.
+        first = self.first = current_task(deadlines.loop)
+        self._cancelling = 0 if first is None else first.cancelling()
         self.cut = False
         self.connecting = False  # the first attempt is opening its connection
         self._budget = budget
-        self._launch = launch
+        self._attempts = attempts
+        self._sent = sent  # (ctx, group, body, tracing context): `attempts.launch` reads it
         self._usable = usable
-        self._slow = slow
+        self._timeout = attempt_timeout
         self.lane: dict[Any, float] | None = None
         self.waiter: asyncio.Future[tuple[int, bytes]] | None = None  # the first attempt's
         self.task: asyncio.Task[tuple[Any, bytes]] | None = None  # the second attempt
@@ -174,10 +181,11 @@ class Race:
             sent = self.waiter is not None or self.connecting
             if sent and (self.task is not None or not self.lone):
                 self.struck = True
-                self._slow()
+                ctx, group = self._sent[0], self._sent[1]
+                self._attempts.late(ctx, group.node, self._timeout)
 
     def _start(self, trigger: str) -> None:
-        task = self._launch(trigger)
+        task = self._attempts.launch(self._sent, trigger)
         if task is not None:
             self.task = task
             self.trigger = trigger
@@ -202,6 +210,12 @@ class Race:
             waiter.set_result((200, raw))
 
     # ---- ending --------------------------------------------------------------------------
+
+    def failed(self) -> None:
+        """The first attempt failed (before it was sent, say: its connection refused): the
+        request's task now awaits the second attempt itself (`second`), and its win must not
+        cancel that task as it ends a first attempt still waiting to be sent."""
+        self.first = None
 
     def won_early(self) -> bytes | None:
         """After a CancelledError in the first attempt: the second attempt's answer when

@@ -112,7 +112,8 @@ class Rounds:
             else:
                 body = None
                 sends = [self.sub_batch(ctx, group, answers) for group in groups.values()]
-                pending = [it for retry in await _gather(sends) for it in retry]
+                loop = self.attempts.upstream.deadlines.loop
+                pending = [it for retry in await _gather(sends, loop) for it in retry]
             if not pending:
                 return None
         for it in pending:
@@ -305,8 +306,20 @@ _POS = attrgetter("pos")
 _RID, _METHOD = attrgetter("rid"), attrgetter("method")
 
 
-async def _gather(coros: list[Any]) -> list[Any]:
-    """gather() without a task when there is one sub-batch (the common case)."""
+async def _gather(coros: list[Any], loop: asyncio.AbstractEventLoop) -> list[Any]:
+    """The sub-batches' results in order, all sent at once: the first awaited in the
+    current task, the others in tasks of their own (`asyncio.gather` would make a task for
+    each, a future for all and a getpid() system call to find the loop). When one fails or
+    the request's task is cancelled, the ones still running are cancelled."""
     if len(coros) == 1:
         return [await coros[0]]
-    return list(await asyncio.gather(*coros))
+    rest = [loop.create_task(coro) for coro in coros[1:]]
+    try:
+        out = [await coros[0]]
+        for task in rest:
+            out.append(await task)
+    except BaseException:
+        for task in rest:
+            task.cancel()
+        raise
+    return out

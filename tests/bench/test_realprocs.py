@@ -51,3 +51,46 @@ def test_probe_does_nothing_without_its_folder() -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr  # SIG_DFL
+
+
+def test_http_mode_runs_each_trees_own_proxy_cli(tmp_path: Path) -> None:
+    """A tree with `stack/` runs `stack.cli proxy`, an older one `chainstate.cli proxy`, from
+    that tree (its directory first on the path)."""
+    from bench.realprocs import tree_proxy
+
+    config = tmp_path / "proxy.toml"
+    old = tree_proxy(tmp_path, 8000, config)
+    assert old[:4] == ["env", "-C", str(tmp_path), f"PYTHONPATH={tmp_path}"]
+    assert old[old.index("-m") + 1] == "chainstate.cli"
+    (tmp_path / "stack").mkdir()
+    new = tree_proxy(tmp_path, 8000, config, ("valgrind",))
+    assert new[4] == "valgrind" and new[new.index("-m") + 1] == "stack.cli"
+
+
+def test_http_mode_twin_makes_the_archive_entry_another_url() -> None:
+    import tomllib
+
+    from bench.realprocs import TWIN_USER, http_config
+
+    node = "http://127.0.0.1:8545"
+    plain = tomllib.loads(http_config(node, "", twin=False))["proxy"]["nodes"]
+    assert [(n["kind"], n["url"]) for n in plain] == [("state", node), ("archive", node)]
+    twin = tomllib.loads(http_config(node, "", twin=True))["proxy"]["nodes"]
+    other = f"http://{TWIN_USER}@127.0.0.1:8545"
+    assert [(n["kind"], n["url"]) for n in twin] == [("state", node), ("archive", other)]
+
+
+def test_strace_table_is_read_per_syscall(tmp_path: Path) -> None:
+    from bench.realprocs import strace_counts
+
+    table = tmp_path / "strace.txt"
+    table.write_text(
+        "% time     seconds  usecs/call     calls    errors syscall\n"
+        "------ ----------- ----------- --------- --------- ----------------\n"
+        " 41.00    0.004100           1      3000           write\n"
+        " 30.00    0.003000           1      3010        12 read\n"
+        "  1.00    0.000100           0      1000           getpid\n"
+        "------ ----------- ----------- --------- --------- ----------------\n"
+        "100.00    0.010000           1      7010        12 total\n"
+    )
+    assert strace_counts(table) == {"write": 3000, "read": 3010, "getpid": 1000}

@@ -191,6 +191,37 @@ async def test_without_budget_the_attempt_timeout_starts_the_retry(make_api, fak
     assert node_of(api, "a").breaker.failures == failures + 1  # the timeout counts against a
 
 
+@pytest.mark.parametrize("batch", [False, True])
+async def test_one_server_entered_under_two_kinds_is_not_hedged_to_itself(
+    make_api, fake_nodes, batch: bool
+) -> None:
+    """A slow read whose other candidate is the same URL (one archive node entered as a
+    state and an archive node) waits for its answer: a second attempt would wait on the
+    same server, so none is sent, by hedge or attempt timeout."""
+    api = await make_api(fast_settings(upstream_timeout=5.0, attempt_timeout_min=0.2))
+    node = await fake_nodes("a", "archive")
+    await api.add("1337", node)
+    twin = {**node.entry(), "key": "a-state", "kind": "state"}
+    assert (await api.post("/1337/addNode", twin))[0] == 201
+    await api.heads_known("1337")
+    for i in range(MIN_SAMPLES + 16):  # latency samples: hedge delays and timeouts known
+        body = [fresh(2 * i), fresh(2 * i + 1)] if batch else fresh(i)
+        await api.rpc("1337", body)
+    before = await metrics_text(api)
+    sent = len(node.received)
+    node.delay = 0.5  # past any hedge delay and the 0.2 s attempt timeout, within the ceiling
+    if batch:
+        _, answers = await api.rpc("1337", [fresh(1), fresh(2)])
+    else:
+        answers = [await api.call("1337", "eth_getBalance", [ADDR])]
+    assert [served_by(x) for x in answers] == ["a"] * len(answers)
+    assert len(node.received) == sent + len(answers)  # each item sent once
+    text = await metrics_text(api)
+    for trigger in ("hedge", "timeout"):
+        series = f'chainstate_proxy_hedges_total{{chain="1337",trigger="{trigger}"}}'
+        assert sample(text, series) == sample(before, series), series
+
+
 async def test_the_transaction_lifecycle_is_never_hedged(make_api, fake_nodes) -> None:
     api = await make_api(fast_settings(upstream_timeout=5.0, attempt_timeout_min=0.2))
     await pool_of(api, fake_nodes, "a", "b")

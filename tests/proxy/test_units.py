@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
+from typing import Any
 
 import orjson
 import pytest
@@ -15,7 +17,9 @@ from chainstate.txmethods import PENDING_READS, TX_LIFECYCLE
 from nodes.writer.service import PASS_THROUGH
 from proxy import methods, outcome
 from proxy.app import server_limits
+from proxy.deadlines import Deadlines
 from proxy.events import LOCAL_METHODS
+from proxy.hedge import HedgeBudget, Race
 from proxy.methods import MethodTable
 from proxy.model import (
     EntryError,
@@ -27,6 +31,7 @@ from proxy.model import (
     normalize_chain,
     normalize_pool,
 )
+from proxy.rounds import _gather
 from proxy.ryw import hide_unreadable
 from proxy.select import NoEligibleNode, Selector
 from proxy.settings import ProxySettings
@@ -675,3 +680,95 @@ def test_busy_poll_setting_reaches_the_data_listener() -> None:
     for bad in (-1, 2.5, True, "x"):
         with pytest.raises(ConfigError, match="busy_poll_us"):
             ProxySettings.from_config({"proxy": {"busy_poll_us": bad}})
+
+
+async def test_sub_batches_are_awaited_in_order_and_cancelled_with_their_request() -> None:
+    """A batch's sub-batches (one per node) run at once and give their items in order; when
+    the request's task is cancelled, or one sub-batch fails, the ones still running are
+    cancelled, not left to the loop."""
+    loop = asyncio.get_running_loop()
+    cancelled: list[int] = []
+
+    async def sub(i: int, delay: float) -> list[int]:
+        try:
+            await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            cancelled.append(i)
+            raise
+        return [i]
+
+    assert await _gather([sub(0, 0.02), sub(1, 0.0), sub(2, 0.01)], loop) == [[0], [1], [2]]
+    request = loop.create_task(_gather([sub(3, 10), sub(4, 10), sub(5, 10)], loop))
+    await asyncio.sleep(0.01)  # every sub-batch started
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    assert sorted(cancelled) == [3, 4, 5]
+
+    async def broken() -> list[int]:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("a defect in a step")
+
+    with pytest.raises(RuntimeError):
+        await _gather([broken(), sub(6, 10)], loop)
+    await asyncio.sleep(0)
+    assert cancelled[-1] == 6
+
+
+class _SecondAttempts:
+    """What a `Race` asks of `Attempts` when its hedge delay passes: a second attempt, here
+    a task answering `b"won"` from node "b" after a short while."""
+
+    def __init__(self) -> None:
+        self.launched = 0
+
+    def launch(self, sent: Any, trigger: str) -> asyncio.Task[tuple[Any, bytes]]:
+        self.launched += 1
+
+        async def second() -> tuple[Any, bytes]:
+            await asyncio.sleep(0.02)
+            return "b", b"won"
+
+        return asyncio.get_running_loop().create_task(second())
+
+    def late(self, ctx: Any, node: Any, timeout: float | None) -> None:
+        pass
+
+
+@pytest.mark.parametrize("first_fails", [False, True])
+async def test_a_second_attempt_that_wins_ends_an_unsent_first_one_or_is_awaited(
+    first_fails: bool,
+) -> None:
+    """The hedge delay passes while the first attempt is still waiting to be sent: the
+    second attempt's win ends the first one's wait (its task cancelled, `won_early` the
+    answer); when the first one failed meanwhile (its connection refused), the request's
+    task awaits the second one and gets its answer, not a cancellation."""
+    attempts = _SecondAttempts()
+    deadlines = Deadlines()
+
+    def usable(raw: bytes) -> bool:
+        return True
+
+    async def first_attempt() -> tuple[Any, bytes]:  # as `Attempts.exchange` runs a race
+        race = Race(deadlines, HedgeBudget(0.1), attempts, (None, None, b"", None), usable,
+                    0.005, None)  # fmt: skip
+        try:
+            await asyncio.sleep(0.01)  # waiting for a connection: the hedge starts
+            assert attempts.launched == 1
+            if first_fails:
+                raise outcome.ConnectFailed("connection refused")
+            await asyncio.sleep(10)  # never sent: the second attempt's win ends this
+            raise AssertionError("not ended")
+        except outcome.UpstreamError:
+            race.failed()
+            return await race.second()
+        except asyncio.CancelledError:
+            won = race.won_early()
+            if won is None:
+                raise
+            return race.winner, won
+        finally:
+            race.close()
+
+    assert await asyncio.wait_for(first_attempt(), 5) == ("b", b"won")
+    deadlines.close()
