@@ -194,6 +194,8 @@ class FirstAttempt:
             raise
         if type(first) is tuple:  # answered at once: invalid, or a ready result
             result = self._done(ctx, first, started, headers)
+            if first[0] == 200 and first[1]:
+                result = first[1]  # (a 200's bytes: the server writes them with no render call)
         elif type(first) is Item:
             result = self._first(ctx, first, body, started, headers, request.answer_later, chosen)
         else:
