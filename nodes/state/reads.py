@@ -85,17 +85,17 @@ class _Landing:
     of a future (`Executor.enqueue`'s sink): its result becomes the answer's bytes in `out`
     as the executor delivers it, with no future and callback of its own per call."""
 
-    __slots__ = ("out", "reads", "rid", "settled", "wanted")
+    __slots__ = ("out", "path", "rid", "settled", "wanted")
 
     def __init__(
         self,
-        reads: Reads,
+        path: ReadPath,
         rid: Any,
         wanted: bool,
         out: asyncio.Future[bytes],
         settled: Callable[[], Any] | None,
     ) -> None:
-        self.reads = reads
+        self.path = path
         self.rid = rid
         self.wanted = wanted  # not a notification (read with `rid` by `_call_answer`)
         self.out = out
@@ -109,7 +109,7 @@ class _Landing:
         if out.done():
             return
         try:
-            answer = self.reads._call_answer(self, result)  # type: ignore[arg-type]
+            answer = self.path._call_answer(self, result)  # type: ignore[arg-type]
             if self.settled is not None:
                 self.settled()
             out.set_result(orjson.dumps(answer) if answer is not None else b"")
