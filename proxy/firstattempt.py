@@ -47,6 +47,7 @@ from proxy.routes import KeptRoute, PoolRoutes
 from proxy.select import NoEligibleNode
 from proxy.transport import HttpTransport
 
+_MIN_BLOCK = MIN_BLOCK.encode()  # (the header's key in `Headers.raw`)
 _INFO = logging.INFO  # (an answer made now keeps no access log line: the general steps do)
 # The rest of a request as a coroutine, from `Pipeline.run` (chain id, body, headers,
 # admitted, early): the handler of bodies the synchronous start does not take.
@@ -181,7 +182,7 @@ class FirstAttempt:
                     pipeline.metrics.client(client.decode("latin-1"))
                 return None
             chosen = node  # (picked already: the general steps go on with it)
-        elif headers.get(MIN_BLOCK) is not None:  # (checked and kept by `Pipeline.run`)
+        elif headers.raw.get(_MIN_BLOCK) is not None:  # (checked and kept by `Pipeline.run`)
             return self.run(chain_id, body, headers, admitted, request.answer_early, tally=tally)
         ctx = Ctx(admitted.chain, admitted.pool, request.answer_early, tally)
         try:
@@ -193,13 +194,17 @@ class FirstAttempt:
             raise
         if type(first) is tuple:  # answered at once: invalid, or a ready result
             result = self._done(ctx, first, started, headers)
+            if first[0] == 200 and first[1]:
+                result = first[1]  # (a 200's bytes: the server writes them with no render call)
         elif type(first) is Item:
             result = self._first(ctx, first, body, started, headers, request.answer_later, chosen)
         else:
             result = first  # type: ignore[assignment]
         # Counted once the node has the request (at c=1 every µs before the write is the
         # client's): the same count as `Pipeline.run` makes first.
-        pipeline.metrics.client(headers.get("client-id"))
+        client = headers.raw.get(b"client-id")  # (no `get` call, no decode)
+        if client:
+            pipeline.metrics.client(client.decode("latin-1"))
         return result
 
     def _inproc(

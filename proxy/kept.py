@@ -148,14 +148,22 @@ class KeptRoutes:
         text = params[-1]
         if type(text) is not str:
             return None
+        general = (method, len(params), text)
+        if general in routes.general:  # (its method table target worked out once)
+            return None
         try:
             spec, ref = self.methods.target(method, params)
         except Exception:  # an invalid item, a diverted method: the general steps'
             return None
         if ref is None or spec.writer or spec.block is None or spec.block_at != len(params) - 1:
             return None
-        if ref.tag is not None or ref.hash is not None or spec.block == "logs":
-            return None  # a tag is pinned per request, a hash looked up per request
+        if ref.tag is not None:  # pinned per request: so is every object with this text
+            if len(routes.general) >= MAX_ROUTES:
+                routes.general.clear()
+            routes.general.add(general)
+            return None
+        if ref.hash is not None or spec.block == "logs":
+            return None  # a hash looked up per request, a range by its oldest block
         nodes, cls = self.cache.candidates(pool, routes, method, spec, ref)
         if not nodes or cls is UNCACHED:
             return None

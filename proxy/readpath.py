@@ -33,6 +33,7 @@ COALESCED = "coalesced"  # node label of items that shared an identical read's a
 class ReadPath:
     def __init__(self, reads: Reads, rounds: Rounds, face: Face, metrics: ProxyMetrics) -> None:
         self.reads = reads
+        self.chain_heads = reads.heads  # (`Reads.request`'s, called without it: a frame less)
         self.rounds = rounds
         self.face = face
         self.metrics = metrics
@@ -41,7 +42,7 @@ class ReadPath:
         """The request's heads, made on first use (each tag is resolved once per request)."""
         heads = ctx.heads
         if heads is None:
-            heads = ctx.heads = self.reads.request(ctx.pool, ctx.least)
+            heads = ctx.heads = self.chain_heads.request(ctx.pool, ctx.least)
         return heads
 
     # ---- a single request ----------------------------------------------------------------

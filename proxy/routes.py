@@ -44,6 +44,7 @@ class PoolRoutes:
     __slots__ = (
         "changes",
         "changes_at",
+        "general",
         "kept",
         "one",
         "paths",
@@ -74,6 +75,9 @@ class PoolRoutes:
         # of a plain read found once per text (proxy/kept.py); a batch of one method looks
         # its texts up in one dict
         self.kept: dict[tuple[str, int], dict[str, KeptRoute]] = {}
+        # (method, number of params, block text) of request objects no kept route takes
+        # whatever their other params (a tag, pinned per request): not worked out again
+        self.general: set[tuple[str, int, str]] = set()
         # reader → its in-process synchronous path (transport.NodePath), for readers that
         # have one; None until looked up (proxy/kept.py `paths`)
         self.paths: dict[Node, Any] | None = None

@@ -80,6 +80,47 @@ class _Call:
         self.wanted = wanted  # not a notification
 
 
+class _Landing:
+    """A single eth_call of the node's port, queued on the EVM executor with this in place
+    of a future (`Executor.enqueue`'s sink): its result becomes the answer's bytes in `out`
+    as the executor delivers it, with no future and callback of its own per call."""
+
+    __slots__ = ("out", "path", "rid", "settled", "wanted")
+
+    def __init__(
+        self,
+        path: ReadPath,
+        rid: Any,
+        wanted: bool,
+        out: asyncio.Future[bytes],
+        settled: Callable[[], Any] | None,
+    ) -> None:
+        self.path = path
+        self.rid = rid
+        self.wanted = wanted  # not a notification (read with `rid` by `_call_answer`)
+        self.out = out
+        self.settled = settled
+
+    def done(self) -> bool:
+        return self.out.done()
+
+    def set_result(self, result: Any) -> None:
+        out = self.out
+        if out.done():
+            return
+        try:
+            answer = self.path._call_answer(self, result)  # type: ignore[arg-type]
+            if self.settled is not None:
+                self.settled()
+            out.set_result(orjson.dumps(answer) if answer is not None else b"")
+        except asyncio.CancelledError:
+            out.cancel()
+        except Exception as exc:  # (never into the executor's loop over a job's calls)
+            out.set_exception(exc)
+
+    set_exception = set_result  # (`_call_answer` answers an exception too)
+
+
 def _as_list(answers: list[Any]) -> list[Any]:
     return answers
 
@@ -341,29 +382,16 @@ class ReadPath:
         ):
             return None
         wanted = "id" in item
+        out: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        landing = _Landing(self, rid, wanted, out, settled)
         try:
-            future = self.evm.call_now(params)
+            queued = self.evm.call_now(params, landing)
         except JsonRpcError as exc:
             return orjson.dumps(self.dispatcher.error(rid, exc)) if wanted else b""
-        if future is None:
+        if queued is None:
             return None
-        call = _Call(rid, future, wanted)
-        out: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-
-        def landed(_: Any) -> None:
-            if out.done():
-                return
-            try:
-                answer = self._call_answer(call, future.exception() or future.result())
-                if settled is not None:
-                    settled()
-                out.set_result(orjson.dumps(answer) if answer is not None else b"")
-            except asyncio.CancelledError:
-                out.cancel()
-
-        future.add_done_callback(landed)
-        # (The port's server never gives up on this future, so unlike `_later`'s it does not
-        # take the call off the EVM queue when cancelled: a callback less per call.)
+        # (The port's server never gives up on `out`, so unlike `_later`'s it does not take
+        # the call off the EVM queue when cancelled.)
         return out
 
     def _later(

@@ -462,11 +462,14 @@ async def test_the_port_answers_eth_calls_from_their_futures(tmp_path: Path) -> 
         balance = {"jsonrpc": "2.0", "id": "b", "method": "eth_getBalance",
                    "params": [addrs[0], "0x3"]}  # fmt: skip
         await node.handle_body(orjson.dumps(call(0, addrs[0], "latest")))  # starts the workers
+        poor = call(10, addrs[0], "latest")
+        poor["params"][0] |= {"gas": "0x1"}  # (below the intrinsic gas)
         bodies = [
             call(1, addrs[1], "latest"),
             [call(2, addrs[2], "0x4"), balance, call(3, addrs[3], "0x5")],
             [call(4, addrs[0], "0x2"), {"jsonrpc": "2.0", "method": "eth_call",
                                          "params": call(0, addrs[1], "0x2")["params"]}],
+            poor,  # run, and failed in the EVM: its error answer
         ]  # fmt: skip
         seen = node.metrics.request_seconds.counts
         for body in bodies:
@@ -477,6 +480,7 @@ async def test_the_port_answers_eth_calls_from_their_futures(tmp_path: Path) -> 
             got = await answer
             assert sum(seen) == before + 1, body  # the port's answer timed once
             assert got == await node.handle_body(raw), body
+        assert "error" in orjson.loads(got)  # (the last body's: `poor`)
         assert node.answer_port(orjson.dumps(balance)) == node.answer_now(orjson.dumps(balance))
         chain_id = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
         for declined in (call(1.5, addrs[0], "latest"), [call(1, addrs[0], "latest"), 5], chain_id):

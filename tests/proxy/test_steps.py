@@ -361,6 +361,38 @@ def test_a_plain_reads_route_is_kept_by_its_block_text_and_nothing_else_is() -> 
     assert kept.routes(pool) is not routes
 
 
+def test_a_tag_is_found_to_take_the_general_steps_once_per_method_and_text() -> None:
+    class Counted(MethodTable):
+        targets = 0
+
+        def target(self, method: str, params: Any) -> Any:
+            Counted.targets += 1
+            return super().target(method, params)
+
+    table = Counted()
+    s = node("s")
+    pool = pool_of(s)
+    cache = RouteCache(selector(), InprocRegistry())
+    kept = KeptRoutes(
+        table, cache, Chooser(selector(), cache, ProxyMetrics()), None, Upstream(InprocRegistry())
+    )
+    routes = kept.routes(pool)
+    call = {"to": ADDR, "data": "0x70a08231" + "00" * 32}
+    for rid in range(3):  # (another account, another id: the same tag text)
+        assert (
+            kept.single(pool, routes, req("eth_call", [{**call, "from": OTHER}, "latest"], rid))
+            is None
+        )
+    assert Counted.targets == 1
+    # an invalid call with that text: still the general steps' (which answer its error)
+    assert kept.single(pool, routes, req("eth_call", [{"to": "0x12"}, "latest"])) is None
+    # the same method at a height, or another tag, is worked out as before
+    route = kept.single(pool, routes, req("eth_call", [call, hex(HEAD)]))
+    assert route is not None and route.ref == BlockRef(number=HEAD)
+    assert kept.single(pool, routes, req("eth_call", [call, "safe"])) is None
+    assert Counted.targets == 3
+
+
 def test_a_batchs_lanes_have_one_pick_per_candidate_list() -> None:
     registry = InprocRegistry()
 

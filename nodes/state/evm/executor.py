@@ -138,13 +138,16 @@ class Executor:
     async def _coalesced(self, job: dict[str, Any]) -> dict[str, Any]:
         return await self.enqueue(job)
 
-    def enqueue(self, job: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
+    def enqueue(self, job: dict[str, Any], sink: Any = None) -> asyncio.Future[dict[str, Any]]:
         """Queue one call (coalesced with others at its block): the future of its result
-        dict (`{"ok", "output" | "error", …}`); -32005 when too many wait."""
+        dict (`{"ok", "output" | "error", …}`); -32005 when too many wait. `sink`: the
+        caller's own receiver in place of the future (`done`, `set_result`,
+        `set_exception`, as a future has them), given the result when it comes rather than
+        through a callback the loop runs later."""
         if self._pending_count >= self.settings.queue_limit:
             raise JsonRpcError(-32005, "EVM executor busy: too many queued calls")
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future() if sink is None else sink
         key = _coalesce_key(job)
         waiting = self._pending.get(key)
         if waiting is None:

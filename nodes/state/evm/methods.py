@@ -377,10 +377,11 @@ class EvmMethods:
         with self._overlaid(job, overlay) as job:
             return (await self.executor.call(job))["output"]
 
-    def call_now(self, params: Any) -> asyncio.Future[dict[str, Any]] | None:
+    def call_now(self, params: Any, sink: Any = None) -> asyncio.Future[dict[str, Any]] | None:
         """eth_call without a coroutine, for a read path answering many at once: the call
-        validated and queued, the future of its result dict; None when it must go the
-        usual way (EVM not started yet or closing, a state override)."""
+        validated and queued, the future of its result dict (or `sink`, `Executor.enqueue`'s);
+        None when it must go the usual way (EVM not started yet or closing, a state
+        override)."""
         if not self._started or self._closed:
             return None
         request, block, state_override, block_overrides = params_list(
@@ -389,7 +390,7 @@ class EvmMethods:
         if state_override is not None:
             return None
         height, env, calls = self._checked(self._ref(block), request, True, block_overrides)
-        return self.executor.enqueue(self._build("calls", height, env, calls))
+        return self.executor.enqueue(self._build("calls", height, env, calls), sink)
 
     async def eth_multi_call(self, params: Any) -> list[dict[str, Any]]:
         names = ["requests", "blockNumber", "fastFail", "useParallel", "disableCache"]
