@@ -360,6 +360,65 @@ async def test_warm_evms_are_dropped_past_the_memory_limit(
     )
 
 
+MAPPED_MB = 64
+
+
+def _touch_mapped(path: Path) -> Any:
+    """A file of MAPPED_MB mapped read-only with every page read, as a worker's reads map
+    the LMDB store's pages into it; the map is returned (the pages stay mapped while it is
+    open)."""
+    import mmap
+
+    path.write_bytes(b"\x01" * (MAPPED_MB << 20))
+    with path.open("rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    assert sum(mapped[i] for i in range(0, len(mapped), mmap.PAGESIZE)) > 0
+    return mapped
+
+
+def _resident() -> int:
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux /proc")
+def test_own_memory_counts_the_heap_not_mapped_file_pages(tmp_path: Path) -> None:
+    from nodes.state.evm.worker import own_bytes
+
+    own, resident = own_bytes(), _resident()
+    mapped = _touch_mapped(tmp_path / "mapped")
+    try:
+        assert _resident() - resident >= (MAPPED_MB - 8) << 20  # resident, but not own
+        assert own_bytes() - own < 8 << 20
+        heap = bytearray(b"\x01" * (MAPPED_MB << 20))
+        assert own_bytes() - own >= (MAPPED_MB - 8) << 20
+        del heap
+    finally:
+        mapped.close()
+
+
+@module_loop
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="Linux /proc")
+async def test_warm_evms_stay_when_only_mapped_store_pages_pass_the_limit(
+    store: Any, process: FeedProcess, tmp_path: Path
+) -> None:
+    """The pages of a big store a worker has read make its resident memory pass the limit
+    while its own memory stays under it: its warm EVMs (and kept answers) stay."""
+    from nodes.state.evm.worker import Limits, Runner, own_bytes
+
+    url = process.url_if_running()
+    assert url is not None
+    mapped = _touch_mapped(tmp_path / "mapped")
+    try:
+        limit = own_bytes() + (MAPPED_MB // 2 << 20)
+        assert _resident() > limit
+        runner = Runner(Limits(100, 10**6, 10**6, 10**6, 1000, warm_memory_bytes=limit), 8)
+        await asyncio.to_thread(runner.run, sum_job(store, url, 4))
+        assert len(runner._warm) == 1
+    finally:
+        mapped.close()
+
+
 def test_bench_evm_settings_reach_the_state_node(tmp_path: Path) -> None:
     """`chainstate bench suite call --evm warm_blocks=4` (how the cold path is measured
     alone) gives the benchmarked state node those [evm] settings."""

@@ -60,7 +60,7 @@ PRELOAD_ACCOUNTS = 64
 PRELOAD_SLOTS = 1024
 LEARNED_CALLS = 4096  # (callee, calldata) whose slots a worker remembers
 LEARN_DATA = 260  # calldata bytes that key a learned call (selector and 8 words)
-MEMORY_CHECK_S = 0.25  # seconds between two looks at the worker's resident memory
+MEMORY_CHECK_S = 0.25  # seconds between two looks at the worker's own memory
 ANSWER_BYTES = 1024  # return data up to which a warm EVM keeps a call's answer
 NO_WARM = frozenset(
     {"trace", "replay", "trace_call", "access_list"}
@@ -164,7 +164,7 @@ class Limits:
     max_return_bytes: int
     max_response_bytes: int  # return data of all calls of one job together
     warm_max_calls: int  # calls a warm EVM serves before it is dropped (bounds its cache)
-    warm_memory_bytes: int = 0  # worker RSS above which every warm EVM is dropped (0: never)
+    warm_memory_bytes: int = 0  # own memory above which every warm EVM is dropped (0: never)
     warm_answers: int = 0  # answers of calls kept per warm EVM (`Warm.answers`)
 
 
@@ -529,11 +529,15 @@ def warm_key(job: dict[str, Any]) -> WarmKey | None:
     return (job["fork_url"], job["height"], job["block"]["hash"], job["block"]["gas_limit"])
 
 
-def resident_bytes() -> int:
-    """This process's resident memory (Linux /proc; 0 where unknown)."""
+def own_bytes() -> int:
+    """This process's own resident memory: resident pages less the file-backed and shared
+    ones (Linux /proc; 0 where unknown). The LMDB store a worker reads is mapped into it,
+    and the pages its reads touch count as resident; on a store of a few GB they alone pass
+    any limit, though the kernel drops them at will and dropping warm EVMs frees none."""
     try:
         with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -715,8 +719,9 @@ class Runner:
             self._bound_memory()
 
     def _bound_memory(self) -> None:
-        """Drop every warm EVM when the process has grown past `warm_memory_bytes`: what
-        warm EVMs cache is only bounded per EVM by calls (`warm_max_calls`), not by size.
+        """Drop every warm EVM when the process's own memory (`own_bytes`) has grown past
+        `warm_memory_bytes`: what warm EVMs cache is only bounded per EVM by calls
+        (`warm_max_calls`), not by size.
         Looked at most every MEMORY_CHECK_S (reading /proc costs as much as a warm call)."""
         limit = self.limits.warm_memory_bytes
         if not limit or not self._warm:
@@ -725,7 +730,7 @@ class Runner:
         if now < self._memory_checked + MEMORY_CHECK_S:
             return
         self._memory_checked = now
-        if resident_bytes() > limit:
+        if own_bytes() > limit:
             self._warm.clear()
             _trim_heap()
 
