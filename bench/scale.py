@@ -41,7 +41,7 @@ from bench.services import cpu_seconds
 KINDS = ("archive", "state")
 METHODS = ("eth_getBalance", "eth_getStorageAt", "eth_call")
 CHECKPOINTS = (0.01, 0.1, 1.0)
-BODIES = 4096  # distinct request bodies per read case (random heights and keys)
+BODIES = 200_000  # request bodies per read case, each sent once (random heights and keys)
 CHECKED = 64  # answers at `latest` compared with the generator's state per checkpoint
 PROGRESS_S = 10.0  # seconds between progress lines while ingesting
 DEFAULT_PLOT = "docs/scale-growth.png"
