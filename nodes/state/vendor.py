@@ -17,10 +17,10 @@ from Crypto.Hash import keccak
 from chainstate.hexcodec import decode_data, is_address, is_hash, is_quantity
 from nodes.state.blockbody import BlockBody, BlockBodyError, parse_block_body
 from nodes.state.blocklogs import BlockLog, BlockLogsError, parse_block_logs
+from nodes.state.hexbulk import all_hex
 
 ACCOUNT_FIELDS = ("balance", "nonce", "code", "storage")
 _FIELDS = frozenset(ACCOUNT_FIELDS)
-_HEX_DIGITS = b"0123456789abcdef"
 _QUANTITIES = re.compile(r"(?:0x(?:0|[1-9a-f][0-9a-f]*),)*")  # lowercase quantities, each + ","
 
 
@@ -114,9 +114,7 @@ def _side_ok(side: dict[Any, Any]) -> bool:
     their values (a block lists thousands; a call and a match for each cost more than the
     block's decoding). Codes are checked as they are decoded."""
     try:
-        # each exactly as long as a valid one (an empty string and a double one would pass
-        # the match of their concatenation), then the match
-        if not _all_hex(list(side), 42):
+        if not all_hex(list(side), 42):
             return False
         fields_ = list(side.values())
         for f in fields_:
@@ -133,31 +131,9 @@ def _side_ok(side: dict[Any, Any]) -> bool:
                 return False
         slots = list(chain.from_iterable(storages))
         slots += chain.from_iterable(map(dict.values, storages))
-        return _all_hex(slots, 66)
+        return all_hex(slots, 66)
     except TypeError:  # a key or value that is not a string
         return False
-
-
-def _all_hex(items: list[str], width: int) -> bool:
-    """Whether every item is `0x` and `width - 2` lowercase hex digits, in a few passes over
-    their concatenation in C (a regular expression walks it a character at a time in
-    Python's engine, and a call per item costs more than the block's decoding). Raises
-    TypeError when an item is not a string."""
-    count = len(items)
-    # each exactly `width` long (an empty string and a double one would pass the checks of
-    # their concatenation), ASCII (so each character is one byte of the encoding)
-    if not set(map(len, items)) <= {width}:
-        return False
-    joined = "".join(items)
-    if not joined.isascii():
-        return False
-    raw, prefixes = joined.encode(), b"x" * count
-    # "0x" at the start of each, and nothing but lowercase hex digits besides those x
-    return (
-        raw[1::width] == prefixes
-        and raw[0::width] == b"0" * count
-        and raw.translate(None, _HEX_DIGITS) == prefixes
-    )
 
 
 def _decoded_side(side: dict[str, dict[str, Any]]) -> dict[str, AccountDiff] | None:
@@ -228,7 +204,7 @@ def _storage(storage: dict[Any, Any], where: str) -> dict[int, int]:
     A block writes thousands of slots: all of them are checked by one match over their
     concatenation (a wrong one is then looked for one by one, to name it)."""
     try:
-        ok = _all_hex([*storage, *storage.values()], 66)
+        ok = all_hex([*storage, *storage.values()], 66)
     except TypeError:  # a value that is not a string
         ok = False
     if not ok:
