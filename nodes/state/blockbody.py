@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from typing import Any
 import orjson
 
 from chainstate.hexcodec import is_address, is_hash
-from nodes.state.hexbulk import all_hex
+from nodes.state.hexbulk import all_hex, column, quantities
 
 _U32 = struct.Struct(">I")
 COMPRESS_FROM = 1024  # bytes of a packed list from which it is stored compressed
@@ -182,30 +181,10 @@ def _quantity(obj: dict[str, Any], name: str, where: str) -> int:
     return value
 
 
-_QUANTITIES = re.compile(r"(?:0x(?:0|[1-9a-f][0-9a-f]*),)*")  # lowercase quantities, each + ","
-
-
 @functools.lru_cache(maxsize=8)
 def _indices(count: int) -> list[str]:
     """`0x0`, `0x1`, … : the transaction indices of a block of `count` transactions."""
     return [hex(i) for i in range(count)]
-
-
-def _column(items: list[dict[str, Any]], name: str) -> list[Any]:
-    """Each item's `name` (None where it has none), in one pass in C."""
-    return list(map(dict.get, items, repeat(name)))
-
-
-def _quantities(values: list[Any]) -> list[int] | None:
-    """The numbers of lowercase hex quantities, checked by one match over all of them; None
-    when one is not (the item-by-item check then names it)."""
-    try:
-        joined = ",".join([*values, ""])
-    except TypeError:  # not a string
-        return None
-    if joined.count(",") != len(values) or _QUANTITIES.fullmatch(joined) is None:
-        return None
-    return list(map(int, values, repeat(16)))
 
 
 def _names_block_all(items: list[dict[str, Any]], header: dict[str, Any]) -> bool:
@@ -213,8 +192,8 @@ def _names_block_all(items: list[dict[str, Any]], header: dict[str, Any]) -> boo
     number (a number written another way is left to the item-by-item check)."""
     count = len(items)
     return (
-        _column(items, "blockHash").count(header["hash"]) == count
-        and _column(items, "blockNumber").count(header["number"]) == count
+        column(items, "blockHash").count(header["hash"]) == count
+        and column(items, "blockNumber").count(header["number"]) == count
     )
 
 
@@ -224,7 +203,7 @@ def _transactions_ok(txs: list[Any], header: dict[str, Any]) -> list[str] | None
     its body); None when a check fails, and `_check_transactions` names the failure."""
     if not all(map(isinstance, txs, repeat(dict))):
         return None
-    hashes = _column(txs, "hash")
+    hashes = column(txs, "hash")
     try:
         if not all_hex(hashes, 66):
             return None
@@ -232,7 +211,7 @@ def _transactions_ok(txs: list[Any], header: dict[str, Any]) -> list[str] | None
         return None
     if len(set(hashes)) != len(hashes) or not _names_block_all(txs, header):
         return None
-    return hashes if _column(txs, "transactionIndex") == _indices(len(txs)) else None
+    return hashes if column(txs, "transactionIndex") == _indices(len(txs)) else None
 
 
 def _receipts_ok(
@@ -243,14 +222,14 @@ def _receipts_ok(
     count = len(txs)
     if len(receipts) != count or not all(map(isinstance, receipts, repeat(dict))):
         return False
-    if _column(receipts, "transactionHash") != hashes or not _names_block_all(receipts, header):
+    if column(receipts, "transactionHash") != hashes or not _names_block_all(receipts, header):
         return False
-    if _column(receipts, "transactionIndex") != _indices(count):
+    if column(receipts, "transactionIndex") != _indices(count):
         return False
-    if _column(receipts, "from") != _column(txs, "from"):
+    if column(receipts, "from") != column(txs, "from"):
         return False
-    totals = _quantities(_column(receipts, "cumulativeGasUsed"))
-    used = _quantities(_column(receipts, "gasUsed"))
+    totals = quantities(column(receipts, "cumulativeGasUsed"))
+    used = quantities(column(receipts, "gasUsed"))
     if totals is None or used is None:
         return False
     # each receipt's gas is its cumulative gas less the one before (so they never go down)
@@ -263,15 +242,15 @@ def _receipts_ok(
 
 def _logs_name_their_transactions(receipts: list[dict[str, Any]], hashes: list[str]) -> bool:
     indices = _indices(len(hashes))
-    for logs, tx_hash, index in zip(_column(receipts, "logs"), hashes, indices, strict=True):
+    for logs, tx_hash, index in zip(column(receipts, "logs"), hashes, indices, strict=True):
         if not logs:
             continue
         if type(logs) is not list or not all(map(isinstance, logs, repeat(dict))):
             return False
         count = len(logs)
-        if _column(logs, "transactionHash").count(tx_hash) != count:
+        if column(logs, "transactionHash").count(tx_hash) != count:
             return False
-        if _column(logs, "transactionIndex").count(index) != count:
+        if column(logs, "transactionIndex").count(index) != count:
             return False
     return True
 
