@@ -110,9 +110,9 @@ def _diff_side(side: Any, name: str) -> dict[str, AccountDiff]:
 
 def _side_ok(side: dict[Any, Any]) -> bool:
     """Whether every address, quantity and slot of a side is well formed, checked in bulk:
-    one match over all addresses, one over all balances and nonces, one over all slots and
-    their values (a block lists thousands; a call and a match for each cost more than the
-    block's decoding). Codes are checked as they are decoded."""
+    all addresses at once, all balances and nonces, all slots and their values (a block
+    lists thousands; a call and a match for each cost more than the block's decoding).
+    Codes are checked as they are decoded."""
     try:
         if not all_hex(list(side), 42):
             return False
