@@ -241,6 +241,7 @@ def _receipts_ok(
 
 
 def _logs_name_their_transactions(receipts: list[dict[str, Any]], hashes: list[str]) -> bool:
+    """Whether each receipt's logs name its transaction's hash and index as written."""
     indices = _indices(len(hashes))
     for logs, tx_hash, index in zip(column(receipts, "logs"), hashes, indices, strict=True):
         if not logs:
