@@ -17,11 +17,10 @@ from Crypto.Hash import keccak
 from chainstate.hexcodec import decode_data, is_address, is_hash, is_quantity
 from nodes.state.blockbody import BlockBody, BlockBodyError, parse_block_body
 from nodes.state.blocklogs import BlockLog, BlockLogsError, parse_block_logs
+from nodes.state.hexbulk import all_hex
 
 ACCOUNT_FIELDS = ("balance", "nonce", "code", "storage")
 _FIELDS = frozenset(ACCOUNT_FIELDS)
-_WORDS = re.compile(r"(?:0x[0-9a-f]{64})*")  # lowercase 32-byte hashes, back to back
-_ADDRESSES = re.compile(r"(?:0x[0-9a-f]{40})*")  # lowercase addresses, back to back
 _QUANTITIES = re.compile(r"(?:0x(?:0|[1-9a-f][0-9a-f]*),)*")  # lowercase quantities, each + ","
 
 
@@ -111,13 +110,11 @@ def _diff_side(side: Any, name: str) -> dict[str, AccountDiff]:
 
 def _side_ok(side: dict[Any, Any]) -> bool:
     """Whether every address, quantity and slot of a side is well formed, checked in bulk:
-    one match over all addresses, one over all balances and nonces, one over all slots and
-    their values (a block lists thousands; a call and a match for each cost more than the
-    block's decoding). Codes are checked as they are decoded."""
+    all addresses at once, all balances and nonces, all slots and their values (a block
+    lists thousands; a call and a match for each cost more than the block's decoding).
+    Codes are checked as they are decoded."""
     try:
-        # each exactly as long as a valid one (an empty string and a double one would pass
-        # the match of their concatenation), then the match
-        if not set(map(len, side)) <= {42} or _ADDRESSES.fullmatch("".join(side)) is None:
+        if not all_hex(list(side), 42):
             return False
         fields_ = list(side.values())
         for f in fields_:
@@ -134,7 +131,7 @@ def _side_ok(side: dict[Any, Any]) -> bool:
                 return False
         slots = list(chain.from_iterable(storages))
         slots += chain.from_iterable(map(dict.values, storages))
-        return set(map(len, slots)) <= {66} and _WORDS.fullmatch("".join(slots)) is not None
+        return all_hex(slots, 66)
     except TypeError:  # a key or value that is not a string
         return False
 
@@ -207,11 +204,10 @@ def _storage(storage: dict[Any, Any], where: str) -> dict[int, int]:
     A block writes thousands of slots: all of them are checked by one match over their
     concatenation (a wrong one is then looked for one by one, to name it)."""
     try:
-        joined = "".join(storage) + "".join(storage.values())
-        lengths = set(map(len, storage)) | set(map(len, storage.values()))
+        ok = all_hex([*storage, *storage.values()], 66)
     except TypeError:  # a value that is not a string
-        joined, lengths = "", {0}
-    if not lengths <= {66} or _WORDS.fullmatch(joined) is None:
+        ok = False
+    if not ok:
         for slot, value in storage.items():
             _hash(slot, f"{where} slot")
             _hash(value, f"{where} slot value")

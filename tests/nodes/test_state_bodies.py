@@ -312,3 +312,36 @@ async def test_a_node_from_before_bodies_fills_them_in_from_its_source(tmp_path:
             assert bodies.whole_chain()
     finally:
         await node.close()
+
+
+def _lenient_forms() -> list[Any]:
+    """Fields an execution client may write another way than the Header does, and that the
+    node accepts as the same value."""
+
+    def txs(raw: dict[str, Any]) -> list[dict[str, Any]]:
+        return raw["BlockFile"]["block"]["transactions"]
+
+    def receipts(raw: dict[str, Any]) -> list[dict[str, Any]]:
+        return raw["BlockFile"]["receipts"]
+
+    return [
+        lambda b: txs(b)[-1].update(blockNumber="0x0" + b["Header"]["number"][2:]),
+        lambda b: receipts(b)[0].update(blockNumber=b["Header"]["number"].upper()),
+        lambda b: txs(b)[1].update(transactionIndex="0x01"),
+        lambda b: receipts(b)[-1].update(**{"from": receipts(b)[-1]["from"].upper()}),
+        lambda b: [r.pop("gasUsed") for r in receipts(b)],
+        lambda b: receipts(b)[0].update(cumulativeGasUsed="0X" + receipts(b)[0]["gasUsed"][2:]),
+    ]
+
+
+@pytest.mark.parametrize("mutate", _lenient_forms())
+def test_fields_written_another_way_are_the_same_body(mutate: Any) -> None:
+    chain = chain_with_transactions(seed=9, blocks=12)
+    raw = next(b for b in chain.blocks[1:] if len(b["BlockFile"]["receipts"]) > 1)
+    before = parse_vendor_block(raw).body
+    assert before is not None
+    raw = copy.deepcopy(raw)
+    mutate(raw)
+    after = parse_vendor_block(retag(raw)).body
+    assert after is not None and after.tx_hashes == before.tx_hashes
+    assert packed_count(unstored(after.receipts)) == packed_count(unstored(before.receipts))
