@@ -261,7 +261,9 @@ def result_text(found: re.Match[bytes], k: int) -> bytes:
 
 
 # A JSON string with no escape, of printable ASCII: the result text as Python reads it.
-_TEXT = rb"([\x20\x21\x23-\x5b\x5d-\x7e]*)"  # (its quotes are the seams')
+# Possessive (`*+`): its closing quote is outside the class, and `_sre` matches the rest
+# without a nested frame per item.
+_TEXT = rb"([\x20\x21\x23-\x5b\x5d-\x7e]*+)"  # (its quotes are the seams')
 MAX_SHAPE_ITEMS = 100  # larger batches' answers are decoded (no expression made for them)
 _SHAPES: dict[tuple[int, int], re.Pattern[bytes]] = {}  # (first id, size): bounded by both
 

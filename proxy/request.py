@@ -288,10 +288,17 @@ _COLUMNS = frozenset(("heights", "objs", "positions", "refs", "rids", "texts"))
 
 
 def item_span(found: re.Match[bytes], i: int) -> tuple[int, int]:
-    """Where item `i` (from 0) of a batch `Scanner.scan` matched is in its body (group
-    k of the match: item k - 1's block text, the item's last param)."""
-    start = 1 if i == 0 else found.end(i) + 4  # (after the previous item's `"]},`)
-    return start, found.end(i + 1) + 3
+    """Where item `i` (from 0) of a batch `Scanner.scan` matched is in its body (after
+    its block text, the item's last param, come its `"]}`: `text_group`)."""
+    start = 1 if i == 0 else found.end(text_group(i - 1)) + 4  # (after the previous `"]},`)
+    return start, found.end(text_group(i)) + 3
+
+
+def text_group(k: int) -> int:
+    """The group of item `k`'s (from 0) block text in `Scanner.scan`'s match (proxy/scan.py
+    `_shape`): group 1 is the method's seam, group 2 item 0's text, group 3 the seam
+    between items."""
+    return 2 if k == 0 else k + 3
 
 
 def _spliced(found: re.Match[bytes], items: list[Item]) -> bytes:

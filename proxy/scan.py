@@ -30,11 +30,15 @@ OPEN = b'{"jsonrpc":"2.0","id":'  # an item's first bytes, up to its id
 MAX_SCAN_ITEMS = 100  # larger batches are parsed (no expression made for them)
 MAX_SHAPES = 256  # expressions kept (about 12 MB at most); then new shapes are parsed
 _MAX_METHOD = 64  # longer method names are not looked up here
-# A block text as Python reads it: printable ASCII, no quote, no escape.
-_TEXT = rb'"([\x20\x21\x23-\x5b\x5d-\x7e]{1,80})"'
-_ADDRESS = rb'"0x[0-9a-fA-F]{40}",'
+# A block text's bytes, up to its closing quote: its lookup among the texts the method
+# table remembered (valid blocks, all printable ASCII) checks it, which a class of allowed
+# bytes would repeat at ~17 instructions a byte; a text not remembered is checked by the
+# method table (`Scanner._remember`), an escape or a byte it cannot read left to the parse.
+# (The addresses keep their class: their 40 hex digits are not looked up anywhere else.)
+_TEXT = rb'"([^"]{1,80}+)"'
+_ADDRESS = rb'"0x[0-9a-fA-F]{40}+",'
 _ANY_ADDRESS = "0x" + "00" * 20  # an address param the expression checked, standing in
-_STRING = rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*",'  # a param with no check: any string, unescaped
+_STRING = rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*+",'  # a param with no check: any string, unescaped
 
 
 class Scanner:
@@ -86,6 +90,7 @@ class Scanner:
             return None
         known = method[1]
         groups = found.groups()
+        groups = groups[1:2] + groups[3:]  # (the block texts: the seams' groups left out)
         try:  # (each text's (text, block, height), as the method table keeps them)
             entries = list(map(known.raw.__getitem__, groups))
         except KeyError:  # a text not remembered yet: checked once, as the parse would
@@ -110,8 +115,11 @@ class Scanner:
         stand_in = [_ANY_ADDRESS if address else "0x0" for address in addresses]
         target = self.methods.target
         for raw in set(texts).difference(known.raw):
+            text = raw.decode("ascii") if raw.isascii() else "\x00"
+            if not text.isprintable() or "\\" in text:  # (as Python reads it: no escape)
+                return False
             try:
-                target(name, [*stand_in, raw.decode("ascii")])
+                target(name, [*stand_in, text])
             except JsonRpcError:
                 return False
         return True
@@ -133,8 +141,19 @@ class Scanner:
 def _shape(name: bytes, addresses: tuple[bool, ...], first: int, n: int) -> re.Pattern[bytes]:
     """The expression a batch of `n` items of method `name` (params: an address or an
     unchecked string for each of `addresses`, then a block text) with ids from `first`
-    matches; group k: item k - 1's block text."""
-    params = b"".join(_ADDRESS if address else _STRING for address in addresses)
-    rest = rb',"method":"' + re.escape(name) + rb'","params":\[' + params + _TEXT
-    items = [rb'\{"jsonrpc":"2\.0","id":%d' % i + rest + rb"\]\}" for i in range(first, first + n)]
-    return re.compile(rb"\[" + rb",".join(items) + rb"\]")
+    matches; item k's block text is group `text_group(k)`. The seams every item repeats
+    (from `,"method":` to its first param's digits, and from one item's `]}` to the next
+    one's id) are captured once and matched again by reference, which `_sre` compares in a
+    tighter loop than one literal byte per step. Every repeat is possessive (`{40}+`): the
+    byte after it (a quote) is one it cannot take, so giving bytes back never helps, and
+    `_sre` then matches the rest in the same frame instead of a nested one per repeat."""
+    head = rb',"method":"' + re.escape(name) + rb'","params":\['
+    params = [_ADDRESS if address else _STRING for address in addresses]
+    if addresses and addresses[0]:  # (the first address's `"0x` goes into the seam)
+        head, params[0] = head + params[0][:3], params[0][3:]
+    rest = b"".join(params) + _TEXT + rb"\]"
+    out = [rb'\[\{"jsonrpc":"2\.0","id":%d(?P<m>' % first + head + rb")" + rest]
+    for i in range(first + 1, first + n):
+        seam = rb'(?P<s>\},\{"jsonrpc":"2\.0","id":)' if i == first + 1 else rb"(?P=s)"
+        out.append(seam + rb"%d(?P=m)" % i + rest)
+    return re.compile(b"".join(out) + rb"\}\]")

@@ -37,12 +37,20 @@ def scanner(*bodies: list[dict[str, Any]]) -> tuple[Scanner, Parser]:
 
 @pytest.mark.parametrize(
     ("n", "first", "method"),
-    [(1, 0, "eth_getBalance"), (2, 1, "eth_getCode"), (100, 0, "eth_getBalance"), (100, 1, "")],
+    [
+        (1, 0, "eth_getBalance"),
+        (2, 1, "eth_getCode"),
+        (100, 0, "eth_getBalance"),
+        (100, 1, ""),
+        (3, 0, "eth_getBlockReceipts"),
+    ],
 )
 def test_a_compact_batch_becomes_the_rows_the_parsers_checks_make(
     n: int, first: int, method: str
 ) -> None:
-    if method:
+    if method == "eth_getBlockReceipts":  # (the block alone)
+        items = [req(method, [hex(900 + i % 7)], first + i) for i in range(n)]
+    elif method:
         items = batch(n, first, method)
     else:  # (a position the method table does not check, before the block)
         items = [
@@ -83,6 +91,11 @@ def declined() -> dict[str, bytes]:
         "a non-hex address": body.replace(b'"0x' + b"0" * 39 + b'3"', b'"0x' + b"0" * 39 + b'g"'),
         "0X": body.replace(b'"0x' + b"0" * 39, b'"0X' + b"0" * 39, 1),
         "a block text not a block": body.replace(b'"0x385"', b'"0xzz"', 1),
+        "a tab in a block text": body.replace(b'"0x385"', b'"0x385\t"', 1),
+        "a control byte in a block text": body.replace(b'"0x385"', b'"\x010x385"', 1),
+        "a non-ASCII block text": body.replace(b'"0x385"', b'"0x385\xc3\xa9"', 1),
+        "an escaped backslash in a block text": body.replace(b'"0x385"', b'"0x385\\\\"', 1),
+        "a quote in a block text": body.replace(b'"0x385"', b'"0x3\\"85"', 1),
         "two methods": orjson.dumps(mixed),
         "three params": body.replace(b'"0x385"]', b'"0x385","0x1"]', 1),
         "a notification": body.replace(b'"id":4,', b""),
