@@ -56,6 +56,16 @@ def crash_config(folder: Path) -> tuple[Path, dict[str, int]]:
     return config, ports
 
 
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` is still running (zombies hold no sockets)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
 class Crashable:
     """One `chainstate up` process group at a time on one config and data dir."""
 
@@ -100,6 +110,15 @@ class Crashable:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(anvil_pid, signal.SIGKILL)
         self.proc.wait()
+        self._wait_group_gone()
+
+    def _wait_group_gone(self) -> None:
+        """The group's other processes (proxy workers holding the listening sockets) die a
+        moment after its leader: a start before they are gone finds its ports taken."""
+        assert self.proc is not None
+        deadline = time.monotonic() + 10
+        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def kill_anvil(self) -> None:
         """SIGKILL anvil alone; the stack keeps running."""
