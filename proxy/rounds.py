@@ -307,19 +307,18 @@ _RID, _METHOD = attrgetter("rid"), attrgetter("method")
 
 
 async def _gather(coros: list[Any], loop: asyncio.AbstractEventLoop) -> list[Any]:
-    """The sub-batches' results in order, all sent at once: the first awaited in the
-    current task, the others in tasks of their own (`asyncio.gather` would make a task for
-    each, a future for all and a getpid() system call to find the loop). When one fails or
-    the request's task is cancelled, the ones still running are cancelled."""
+    """The sub-batches' results in order, each in a task of its own so that all start in
+    the same loop turn and their writes reach the nodes together (awaiting the first in the
+    current task sent it a turn ahead of the others: ~10 % more of the proxy's CPU per batch
+    beside a node on the same core); no `asyncio.gather` (a future for all and a getpid()
+    system call). When one fails or the request's task is cancelled, the others are
+    cancelled."""
     if len(coros) == 1:
         return [await coros[0]]
-    rest = [loop.create_task(coro) for coro in coros[1:]]
+    tasks = [loop.create_task(coro) for coro in coros]
     try:
-        out = [await coros[0]]
-        for task in rest:
-            out.append(await task)
+        return [await task for task in tasks]
     except BaseException:
-        for task in rest:
+        for task in tasks:
             task.cancel()
         raise
-    return out
