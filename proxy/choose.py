@@ -28,8 +28,8 @@ Found = tuple[Node, list[Node]] | NoEligibleNode  # (the node, its candidates), 
 def _one_per_class(numbers: list[int | None], points: list[int]) -> list[int]:
     """A row's index for each class of heights among `numbers` (the breakpoints `points`),
     and every row without a height. The heights' set is made with one C loop: when the
-    lowest and the highest are in one class (the common batch), one row stands for all;
-    else a row per height, then the class of each height."""
+    lowest and the highest are in one class, one row stands for all; else a row per
+    height, then the class of each height."""
     heights = set(numbers)
     apart: list[int] = []
     if None in heights:
@@ -44,6 +44,31 @@ def _one_per_class(numbers: list[int | None], points: list[int]) -> list[int]:
     at.pop(None, None)
     classes = map(bisect_right, repeat(points), at)
     return [*dict(zip(classes, at.values(), strict=True)).values(), *apart]
+
+
+def _lookups(rows: list[Row], points: list[int]) -> list[tuple[str, Any, Any, str | None]]:
+    """(method, spec, block ref, block text) of the rows whose candidates decide a batch's
+    node: one row per class of heights when the rows are of one method at plain heights
+    (proxy/routes.py), else every row. A batch's columns are read as they are, no `Row`
+    made (which would parse the row's object, which no candidate depends on); when every
+    row names a plain height, the lowest and the highest (`Rows.bounds`, found once per
+    batch) in one class let the first row stand for all."""
+    if type(rows) is Rows:
+        method, spec, refs, texts = rows.method, rows.spec, rows.refs, rows.texts
+        if spec.writer or spec.trie:
+            return list(zip(repeat(method), repeat(spec), refs, texts))
+        span = rows.bounds()
+        if span is not None and bisect_right(points, span[0]) == bisect_right(points, span[1]):
+            return [(method, spec, refs[0], texts[0])]
+        numbers = rows.heights
+        if numbers is None:
+            return list(zip(repeat(method), repeat(spec), refs, texts))
+        return [(method, spec, refs[i], texts[i]) for i in _one_per_class(numbers, points)]
+    numbers = heights(rows)
+    spec = None if numbers is None else rows[0].spec
+    if spec is not None and not (spec.writer or spec.trie):
+        rows = [rows[i] for i in _one_per_class(numbers, points)]  # type: ignore[arg-type]
+    return [(row.method, row.spec, row.ref, row.block) for row in rows]
 
 
 class Chooser:
@@ -148,23 +173,15 @@ class Chooser:
         None when they do not all have the same eligible nodes, or none is eligible."""
         routes = self.routes.routes(pool)
         candidates = self.routes.candidates
-        numbers = rows.heights if type(rows) is Rows else heights(rows)
-        spec = None if numbers is None else rows.spec if type(rows) is Rows else rows[0].spec
-        if spec is not None and not (spec.writer or spec.trie):
-            # One method at plain heights: the candidates are those of a class of heights
-            # (proxy/routes.py), so one row per class is looked up (a row the read path
-            # pinned by hash, with no height here, is looked up alone).
-            rows = [rows[i] for i in _one_per_class(numbers, routes.points)]
         seen: set[tuple[str, str | None]] = set()  # (method, block text) looked up already
         first: list[Node] | None = None
-        for row in rows:
-            block = row.block
-            if block is not None or row.ref is None:
-                key = (row.method, block)
+        for method, spec, ref, block in _lookups(rows, routes.points):
+            if block is not None or ref is None:
+                key = (method, block)
                 if key in seen:
                     continue
                 seen.add(key)
-            nodes = candidates(pool, routes, row.method, row.spec, row.ref)[0]
+            nodes = candidates(pool, routes, method, spec, ref)[0]
             if nodes is None:
                 return None
             if first is None:

@@ -134,7 +134,8 @@ class ReadPath:
             if known is None:
                 return rows, [], [], False
             if type(rows) is Rows:  # (its columns: no row made for those left alone)
-                plain, rows = rows.without(known), [rows[i] for i in compress(count(), known)]
+                picked = list(compress(count(), known))
+                plain, rows = rows.without(known, len(picked)), list(map(rows.__getitem__, picked))
             else:
                 plain = list(compress(rows, map(not_, known)))
                 rows = list(compress(rows, known))  # (planned one by one below)

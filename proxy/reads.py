@@ -162,18 +162,15 @@ class Reads:
         those whose block hash the proxy knows. None when `plan` leaves every one as it is
         (then each would make `heads.mixed` True, which is done here)."""
         hashes = None if heads.view is None else heads.view.hashes
-        if (
-            hashes is None
-            or spec.writer
-            or spec.block == "logs"
-            or method not in self.methods
-            or hashes.keys().isdisjoint(numbers)
-        ):
-            if heads.mixed is False:
-                heads.mixed = True
-            return None
-        known = list(map(hashes.__contains__, numbers))
-        if heads.mixed is False and False in known:
+        known = None
+        plain = spec.writer or spec.block == "logs" or method not in self.methods
+        if hashes is not None and not plain:
+            # One pass over the heights (their places are needed as soon as one is known),
+            # then one over the flags: no pass asking first whether any is known.
+            known = list(map(hashes.__contains__, numbers))
+            if not any(known):
+                known = None
+        if heads.mixed is False and (known is None or False in known):
             heads.mixed = True
         return known
 

@@ -150,6 +150,7 @@ class Rows:
         "rids",
         "size",
         "source",
+        "span",
         "spec",
         "texts",
     )
@@ -188,6 +189,7 @@ class Rows:
         self.raw = raw
         self.found = found
         self.own: dict[int, Any] | None = None  # (pinned items' objects, by position)
+        self.span: tuple[int, int] | bool | None = False  # (`bounds`; False: not found yet)
 
     def __len__(self) -> int:
         return self.size
@@ -236,13 +238,33 @@ class Rows:
             ),
         )
 
-    def without(self, drop: list[bool]) -> Rows:
-        """These rows but those at the places `drop` marks (their columns made from these,
-        with C loops, when a step first reads one)."""
+    def bounds(self) -> tuple[int, int] | None:
+        """The lowest and the highest height of these rows when every one names a plain
+        height, else None: found once (two C loops over the column; a pass asking whether
+        a height is missing costs as much as one of them), for the steps that decide per
+        batch, or per class of heights, what they would decide per row. (Rows `pinned`
+        made may keep the heights of the rows they replaced within theirs: bounds as wide
+        or wider, which hold the same class or more.)"""
+        span = self.span
+        if span is False:
+            numbers = self.heights
+            try:
+                span = (min(numbers), max(numbers)) if numbers else None  # type: ignore[type-var]
+            except TypeError:  # a row without a height among them
+                span = None
+            if span is not None and span[0] is None:  # (one row, without a height)
+                span = None
+            self.span = span
+        return span  # type: ignore[return-value]
+
+    def without(self, drop: list[bool], dropped: int) -> Rows:
+        """These rows but the `dropped` ones at the places `drop` marks (their columns made
+        from these, with C loops, when a step first reads one)."""
         rows = Rows.__new__(Rows)
         rows.method, rows.spec, rows.source = self.method, self.spec, self
-        rows.size, rows.drop = self.size - drop.count(True), drop
+        rows.size, rows.drop = self.size - dropped, drop
         rows.raw = rows.found = rows.own = None
+        rows.span = False
         return rows
 
     def _take(self) -> None:
@@ -266,22 +288,29 @@ class Rows:
         of theirs, the rest not parsed."""
         refs, texts = list(self.refs), list(self.texts)
         heights = None if self.heights is None else list(self.heights)
+        span = self.span
         for it in items:
             pos = it.pos
             refs[pos], texts[pos] = it.ref, it.block
             if heights is not None:
                 ref = it.ref
-                heights[pos] = None if ref is None or ref.contains else ref.number
+                height = heights[pos] = None if ref is None or ref.contains else ref.number
+                if height is None:
+                    span = None
+                elif span:  # (bounds that may be wider than these rows': still one class)
+                    span = (min(span[0], height), max(span[1], height))  # type: ignore[index]
         args = (self.rids, self.method, self.spec, refs, texts, heights)
         found = self.found
         if found is not None:
             rows = Rows(None, *args, raw=_spliced(found, items), found=found)
             rows.own = {it.pos: it.obj for it in items}
-            return rows
-        objs = list(self.objs)
-        for it in items:
-            objs[it.pos] = it.obj
-        return Rows(objs, *args)
+        else:
+            objs = list(self.objs)
+            for it in items:
+                objs[it.pos] = it.obj
+            rows = Rows(objs, *args)
+        rows.span = False if span is None and self.span is None else span
+        return rows
 
 
 _COLUMNS = frozenset(("heights", "objs", "positions", "refs", "rids", "texts"))
@@ -303,9 +332,10 @@ def text_group(k: int) -> int:
 
 def _spliced(found: re.Match[bytes], items: list[Item]) -> bytes:
     """The body `Scanner.scan` matched (`found`) with each of `items` written in place of
-    the item at its position."""
-    raw = found.string
-    pieces: list[bytes] = []
+    the item at its position. The client's bytes between them are joined as views: copied
+    once, into the new body (slices of bytes would copy them twice)."""
+    raw = memoryview(found.string)
+    pieces: list[bytes | memoryview] = []
     at = 0  # (the bytes of `raw` up to here are in `pieces`)
     for it in sorted(items, key=_ITEM_POS):
         start, end = item_span(found, it.pos)
@@ -401,8 +431,7 @@ def heights(rows: list[Row]) -> list[int] | None:
     Made with C loops: a batch's steps then decide per batch, or per class of heights,
     what they would decide per row."""
     if type(rows) is Rows:
-        found = rows.heights
-        return None if found is None or None in found else found  # type: ignore[return-value]
+        return None if rows.bounds() is None else rows.heights  # type: ignore[return-value]
     try:
         numbers = list(map(_HEIGHT, rows))
     except AttributeError:  # a row that names no block

@@ -334,6 +334,82 @@ def test_a_hedge_goes_to_a_node_no_item_tried_and_one_node_takes_a_whole_batch()
     assert found is not None and found[0] in (s1, s2) and found[1] == [s1, s2]
 
 
+def test_one_node_takes_a_batch_only_when_every_row_has_the_same_candidates() -> None:
+    """A batch of plain heights goes to one node when its heights are in one class of
+    candidates, whatever their order or repeats; heights on either side of the state
+    window (the state node does not hold the older ones) or a row at a tag among heights
+    the archive node alone holds leave it to the rounds (None), the same for the batch's
+    columns (`Rows`) and for its rows in a list."""
+    s, archive = node("s"), node("a", "archive")
+    pool = pool_of(s, archive)
+    chooser = Chooser(selector(), RouteCache(selector()), ProxyMetrics())
+    parser = Parser(TABLE, ProxyMetrics())
+
+    def found(blocks: list[str]) -> Any:
+        batch = [req("eth_getBalance", [ADDR, b], i) for i, b in enumerate(blocks)]
+        parser.rows(Ctx("1", pool), batch, [None] * len(batch), b"")  # (texts remembered)
+        rows, _, _ = parser.rows(Ctx("1", pool), batch, [None] * len(batch), b"")
+        both = [chooser.one_node(pool, given) for given in (rows, list(rows))]
+        assert [None if f is None else f[1] for f in both] == [
+            None if f is None else f[1] for f in reversed(both)
+        ]
+        return both[0]
+
+    recent = found([hex(HEAD - 3), hex(HEAD), hex(HEAD - 3), hex(HEAD - 100)])
+    assert recent is not None and recent[1] == [s] and recent[0] is s  # (the state node's)
+    old = found([hex(5), hex(7), hex(5)])
+    assert old is not None and old[1] == [archive] and old[0] is archive
+    assert found([hex(HEAD), hex(5)]) is None  # two classes: two sub-batches
+    assert found([hex(HEAD), "latest", hex(HEAD - 1)]) is not None  # (one node holds all)
+    assert found([hex(5), "latest"]) is None
+
+
+def test_one_node_follows_the_nodes_heads_and_health() -> None:
+    """The candidates one_node picks among are kept per class of heights only while the
+    readers' heads, health and breakers stay as they were: a node whose head falls behind
+    a batch's heights, or that turns unhealthy, is no longer chosen for it, and is again
+    once it is back."""
+    s1, s2 = node("s1"), node("s2")
+    pool = pool_of(s1, s2)
+    chooser = Chooser(selector(), RouteCache(selector()), ProxyMetrics())
+    parser = Parser(TABLE, ProxyMetrics())
+    batch = [req("eth_getBalance", [ADDR, hex(HEAD - i % 2)], i) for i in range(4)]
+    parser.rows(Ctx("1", pool), batch, [None] * 4, b"")
+    rows, _, _ = parser.rows(Ctx("1", pool), batch, [None] * 4, b"")
+
+    def candidates() -> list[str] | None:
+        found = chooser.one_node(pool, rows)
+        return None if found is None else sorted(n.key for n in found[1])
+
+    assert candidates() == ["s1", "s2"]
+    s2.head = HEAD - 2  # (its last poll) it does not hold the newest rows' blocks
+    assert candidates() == ["s1"] and chooser.one_node(pool, rows)[0] is s1  # type: ignore[index]
+    s2.head = HEAD
+    s1.healthy = False
+    assert candidates() == ["s2"]
+    s1.healthy = True
+    assert candidates() == ["s1", "s2"]
+
+
+def test_the_read_path_plans_the_rows_whose_hash_it_knows_and_no_other() -> None:
+    """`planned_at`: which rows of plain heights the read path plans (those whose block
+    hash it knows), None when it knows none of them or the method is not one it keeps;
+    either way a batch with a row it leaves alone is not cached as a whole."""
+    pool = pool_of(node("s"))
+    reads = reads_over(pool, 4)  # hashes known from HEAD - 4 up
+    spec = TABLE.spec("eth_getBalance")
+
+    def planned(numbers: list[int], method: str = "eth_getBalance") -> Any:
+        heads = reads.request(pool)
+        heads.mixed = False
+        return reads.planned_at(heads, method, spec, numbers), heads.mixed
+
+    assert planned([HEAD, HEAD - 4, HEAD]) == ([True, True, True], False)
+    assert planned([HEAD - 9, HEAD, HEAD - 5]) == ([False, True, False], True)
+    assert planned([HEAD - 9, HEAD - 5]) == (None, True)
+    assert planned([HEAD], "eth_getCode") == (None, True)  # not a method it keeps
+
+
 # ---- steps 1-3 by kept routes ----------------------------------------------------------------
 
 
