@@ -194,6 +194,8 @@ def unique_ids(rows: list[Row]) -> bool:
     """Whether the answers of `rows` can be told apart by their ids: every id a string or
     an integer, no two the same (notifications have none and get no answer)."""
     if type(rows) is Rows:  # (int or string ids, no notification: checked as parsed)
+        if rows.found is not None:
+            return True  # (read from its bytes: the expression matched the ids first..n-1)
         rids = rows.rids
         first = rids[0] if rids else None
         if type(first) is int and rids == list(range(first, first + len(rids))):
