@@ -86,6 +86,8 @@ class Attempts:
         # is it known to have won.
         early = ctx.answer_early if ctx.early is not None else None
         if race is None:
+            if self.tracer is None:  # (`attempt`'s own way untraced: a coroutine less)
+                return node, await self._send(ctx, node, body, group.lkey, None, None, early)
             return node, await self.attempt(ctx, node, body, group, None, early)
         try:
             raw = await self.attempt(ctx, node, body, group, race, early)
