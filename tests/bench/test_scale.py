@@ -21,7 +21,7 @@ TINY = [
     "--bodies", "20000",
 ]  # fmt: skip
 # --bodies: drawing the default 200,000 request bodies per read case was most of the run;
-# 20,000 outlast the 0.3 s warm-up and the 0.1 s measured of each case here.
+# the warm-up sends at most half of them, so each measurement has 10,000 to send.
 
 
 def test_suite_scale_runs_end_to_end(tmp_path: Path) -> None:
