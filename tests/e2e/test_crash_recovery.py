@@ -15,8 +15,9 @@ and every fourth (another one) kills anvil alone: the running stack restores it 
 write nodes' stores and follows it again within 10 s of the kill, without a restart.
 
 CHAINSTATE_CRASH_KILLS sets the number of kills (12 in the suite: each kind of kill three
-times or more, each run with its own seed; the 100-kill run of docs/write-node.md uses 100), CHAINSTATE_CRASH_SEED the random seed (printed on failure),
-CHAINSTATE_CRASH_LOG a file that keeps the output of every run.
+times or more, each run with its own seed; the 100-kill run of docs/write-node.md uses 100),
+CHAINSTATE_CRASH_SEED the random seed (printed on failure), CHAINSTATE_CRASH_LOG a file that
+keeps the output of every run.
 """
 
 from __future__ import annotations
