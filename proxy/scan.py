@@ -19,6 +19,7 @@ of the parse step, never another answer.
 from __future__ import annotations
 
 import re
+from operator import itemgetter
 from typing import Any
 
 from chainstate.jsonrpc import JsonRpcError
@@ -38,6 +39,7 @@ _MAX_METHOD = 64  # longer method names are not looked up here
 _TEXT = rb'"([^"]{1,80}+)"'
 _ADDRESS = rb'"0x[0-9a-fA-F]{40}+",'
 _ANY_ADDRESS = "0x" + "00" * 20  # an address param the expression checked, standing in
+_HEIGHT = itemgetter(2)  # (an entry's height: `_Texts.raw`'s (text, block, height))
 _STRING = rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*+",'  # a param with no check: any string, unescaped
 
 
@@ -100,9 +102,10 @@ class Scanner:
                 entries = list(map(known.raw.__getitem__, groups))
             except KeyError:  # (the method table started afresh meanwhile)
                 return None
-        texts, refs, heights = map(list, zip(*entries, strict=True))
+        heights = list(map(_HEIGHT, entries))  # (the texts and blocks: when a step reads them)
         rids = list(range(first, first + n))
-        return Rows(None, rids, method[0], known.spec, refs, texts, heights, raw=body, found=found)
+        args = (rids, method[0], known.spec, [], [], heights)
+        return Rows(None, *args, raw=body, found=found, entries=entries)
 
     def _remember(
         self, method: tuple[str, Any, tuple[bool, ...]], texts: tuple[bytes, ...]
