@@ -9,7 +9,7 @@ takes these types, so a single request and a batch item go the same way.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from itertools import compress, repeat
 from operator import attrgetter, itemgetter, not_
@@ -168,7 +168,7 @@ class Rows:
         source: Rows | None = None,
         raw: bytes | None = None,
         found: re.Match[bytes] | None = None,
-        entries: list[tuple[str, BlockRef, int | None]] | None = None,
+        entries: Sequence[tuple[str, BlockRef | None, int | None]] | None = None,
     ) -> None:
         if objs is not None:  # (None: rows read from their bytes, `raw` and `found`)
             self.objs = objs
