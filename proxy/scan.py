@@ -94,15 +94,14 @@ class Scanner:
         groups = found.groups()
         groups = groups[1:2] + groups[3:]  # (the block texts: the seams' groups left out)
         try:  # (each text's (text, block, height), as the method table keeps them)
-            entries = _entries(known.raw, groups)
+            entries, heights = _columns(known.raw, groups)
         except KeyError:  # a text not remembered yet: checked once, as the parse would
             if not self._remember(method, groups):
                 return None  # (not a block: the parse answers the item's error)
             try:
-                entries = _entries(known.raw, groups)
+                entries, heights = _columns(known.raw, groups)
             except KeyError:  # (the method table started afresh meanwhile)
                 return None
-        heights = list(map(_HEIGHT, entries))  # (the texts and blocks: when a step reads them)
         rids = list(range(first, first + n))
         args = (rids, method[0], known.spec, [], [], heights)
         return Rows(None, *args, raw=body, found=found, entries=entries)
@@ -141,15 +140,19 @@ class Scanner:
         return found
 
 
-def _entries(
+def _columns(
     raw: dict[bytes, tuple[str, Any, int | None]], texts: tuple[bytes, ...]
-) -> tuple[tuple[str, Any, int | None], ...]:
-    """Each of `texts`' entry in `raw` (KeyError: one is not there), all found in one C
-    call: an `itemgetter` of the texts makes no call per text, as a `map` over `raw`'s
-    `__getitem__` does (15k of ~330k instructions per batch of 100)."""
-    if len(texts) == 1:  # (an itemgetter of one key gives its value, not a tuple)
-        return (raw[texts[0]],)
-    return itemgetter(*texts)(raw)
+) -> tuple[tuple[tuple[str, Any, int | None], ...], list[int | None]]:
+    """Each of `texts`' entry in `raw` (KeyError: one is not there) and each one's height.
+    A batch at one block (all at `latest`, say) looks its text up once; else the entries
+    are found in one C call: an `itemgetter` of the texts makes no call per text, as a
+    `map` over `raw.__getitem__` does (15k of ~330k instructions per batch of 100)."""
+    text, n = texts[0], len(texts)
+    if text == texts[-1] and texts.count(text) == n:
+        entry = raw[text]
+        return (entry,) * n, [entry[2]] * n
+    entries = itemgetter(*texts)(raw)  # (a tuple: n > 1 here, as the texts differ)
+    return entries, list(map(_HEIGHT, entries))
 
 
 def _shape(name: bytes, addresses: tuple[bool, ...], first: int, n: int) -> re.Pattern[bytes]:
