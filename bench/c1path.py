@@ -49,6 +49,7 @@ from typing import Any
 
 import orjson
 
+from bench.services import free_port
 from bench.suite import FAKE_HEAD, FAKE_WINDOW, SUITE_CHAIN_ID, balance_mix, proxy_config
 from bench.tenantkey import seed_store
 
@@ -66,14 +67,6 @@ def _toggler() -> Any:
     source = str(folder / "t.c")
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", str(lib), source], check=True)
     return ctypes.CDLL(str(lib)).toggle
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _wait_up(port: int) -> None:
@@ -233,7 +226,7 @@ async def _run(args: argparse.Namespace, marks: _Marks) -> dict[str, Any]:
     from proxy.cli import open_store
     from proxy.settings import ProxySettings
 
-    fake_port, proxy_port = _free_port(), _free_port()
+    fake_port, proxy_port = free_port(), free_port()
     fake = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench", "fake-node", "--port", str(fake_port),
         "--kind", "state", "--head", str(FAKE_HEAD), "--window", str(FAKE_WINDOW),

@@ -70,6 +70,13 @@ def add_scale_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--report", help="also write the report as JSON to this file")
     g.add_argument("--window", type=int, default=128, help="the state node's window (128)")
     g.add_argument(
+        "--bodies",
+        type=int,
+        default=BODIES,
+        help=f"request bodies drawn per read case ({BODIES:,}); each is sent once, so a "
+        "measurement ends early when they run out",
+    )
+    g.add_argument(
         "--batch",
         type=int,
         default=8,
@@ -162,6 +169,7 @@ class ScaleRun:
     def __init__(self, shape: Any, root: Path, args: argparse.Namespace, opts: Any) -> None:
         self.shape, self.root, self.opts = shape, root, opts
         self.window, self.batch, self.say = args.window, args.batch, _say
+        self.bodies = args.bodies
         self.nodes: dict[str, Any] = {}
         self.meter = Meter()
         self.points: list[dict[str, Any]] = []
@@ -281,7 +289,7 @@ class ScaleRun:
         out = {}
         earliest, head = node.store.range()
         for method in METHODS:
-            bodies = read_bodies(self.chain, method, earliest, head, BODIES)
+            bodies = read_bodies(self.chain, method, earliest, head, self.bodies)
             out[method] = await measure(node, bodies, self.opts.duration, self.opts.concurrency)
         return out
 

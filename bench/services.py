@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,11 +28,40 @@ STOP_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when stopping a service
 PROBE = b'{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}'
 
 
+PORTS_FROM = 20000  # free_port's lowest port: above the well-known services' (5432, 8545, ...)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback TCP port that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port that is free right now, drawn below the kernel's ephemeral range.
+
+    A port the kernel hands out for `bind(0)` comes from the range it also uses for the local
+    end of outgoing connections, so a service started a moment later could find it taken by
+    one of those (the started stack's own connections to anvil or etcd); ports below the range
+    are only ever taken by someone binding them on purpose. A port is handed out once per
+    process."""
+    low = _ephemeral_low()
+    for _ in range(1000):
+        port = random.randrange(PORTS_FROM, low) if low > PORTS_FROM + 1000 else 0
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        _handed_out.add(port)
+        return port
+    raise OSError("no free loopback port found")
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (0 when it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def split_cpus() -> tuple[list[int] | None, list[int] | None]:

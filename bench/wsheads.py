@@ -41,6 +41,7 @@ import orjson
 import psutil
 
 from bench.fakenode import FakeNode, FakeNodeSettings
+from bench.services import free_port
 
 DEFAULT_SUBSCRIBERS = 1000
 DEFAULT_BLOCKS = 20
@@ -48,14 +49,6 @@ DEFAULT_BLOCK_TIME = 1.0
 DEFAULT_POLL_INTERVAL = 0.02  # the proxy's [proxy.events] poll_interval (its default)
 CONNECT_BATCH = 100  # connections opened at once
 _NUMBER = b'"number":"0x'
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -54,12 +54,15 @@ def _lookups(rows: list[Row], points: list[int]) -> list[tuple[str, Any, Any, st
     row names a plain height, the lowest and the highest (`Rows.bounds`, found once per
     batch) in one class let the first row stand for all."""
     if type(rows) is Rows:
-        method, spec, refs, texts = rows.method, rows.spec, rows.refs, rows.texts
+        method, spec = rows.method, rows.spec
+        span = None if spec.writer or spec.trie else rows.bounds()
+        if span is not None and bisect_right(points, span[0]) == bisect_right(points, span[1]):
+            entries = rows.entries  # (rows read from their bytes: no whole column made)
+            text, ref = (rows.texts[0], rows.refs[0]) if entries is None else entries[0][:2]
+            return [(method, spec, ref, text)]
+        refs, texts = rows.refs, rows.texts
         if spec.writer or spec.trie:
             return list(zip(repeat(method), repeat(spec), refs, texts))
-        span = rows.bounds()
-        if span is not None and bisect_right(points, span[0]) == bisect_right(points, span[1]):
-            return [(method, spec, refs[0], texts[0])]
         numbers = rows.heights
         if numbers is None:
             return list(zip(repeat(method), repeat(spec), refs, texts))

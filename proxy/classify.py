@@ -234,12 +234,15 @@ def results_in_order(rids: list[Any], raw: bytes) -> re.Match[bytes] | None:
     first = rids[0]
     if (first != 0 and first != 1) or type(first) is not int:
         return None
-    if rids != list(range(first, first + n)):
+    kept = _SHAPES.get((first, n))
+    if kept is None:
+        ids = list(range(first, first + n))
+        if rids != ids:
+            return None
+        kept = _SHAPES[(first, n)] = (_shape(first, n), ids)
+    elif rids != kept[1]:  # (the ids kept with it: no list of them made per answer)
         return None
-    shape = _SHAPES.get((first, n))
-    if shape is None:
-        shape = _SHAPES[(first, n)] = _shape(first, n)
-    return shape.fullmatch(raw)
+    return kept[0].fullmatch(raw)
 
 
 def _shape(first: int, n: int) -> re.Pattern[bytes]:
@@ -265,7 +268,8 @@ def result_text(found: re.Match[bytes], k: int) -> bytes:
 # without a nested frame per item.
 _TEXT = rb"([\x20\x21\x23-\x5b\x5d-\x7e]*+)"  # (its quotes are the seams')
 MAX_SHAPE_ITEMS = 100  # larger batches' answers are decoded (no expression made for them)
-_SHAPES: dict[tuple[int, int], re.Pattern[bytes]] = {}  # (first id, size): bounded by both
+# (first id, size) → the expression and its ids: bounded by both
+_SHAPES: dict[tuple[int, int], tuple[re.Pattern[bytes], list[int]]] = {}
 
 
 def in_order(rids: list[Any], methods: list[str], parsed: Any, raw: bytes) -> bool:

@@ -9,10 +9,10 @@ takes these types, so a single request and a batch item go the same way.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from itertools import compress, repeat
-from operator import attrgetter, not_
+from operator import attrgetter, itemgetter, not_
 from typing import Any, NamedTuple
 
 import orjson
@@ -139,6 +139,7 @@ class Rows:
 
     __slots__ = (
         "drop",
+        "entries",
         "found",
         "heights",
         "method",
@@ -168,14 +169,20 @@ class Rows:
         source: Rows | None = None,
         raw: bytes | None = None,
         found: re.Match[bytes] | None = None,
+        entries: Sequence[tuple[str, BlockRef | None, int | None]] | None = None,
     ) -> None:
         if objs is not None:  # (None: rows read from their bytes, `raw` and `found`)
             self.objs = objs
         self.rids = rids
         self.method = method
         self.spec = spec
-        self.refs = refs
-        self.texts = texts
+        # Rows read from their bytes give each row's (text, block, height) as the method
+        # table keeps them (`entries`): the texts and blocks columns are made from them only
+        # when a step reads a whole column (most read the heights alone, and a row or two).
+        self.entries = entries
+        if entries is None:
+            self.refs = refs
+            self.texts = texts
         self.heights = heights
         self.positions = positions
         self.source = source
@@ -200,6 +207,10 @@ class Rows:
         if name == "objs" and self.raw is not None:
             self.objs = orjson.loads(self.raw)
             return self.objs
+        if name in _ENTRY_COLUMNS and self.entries is not None:
+            column = list(map(_ENTRY_COLUMNS[name], self.entries))
+            setattr(self, name, column)
+            return column
         if self.drop is None or name not in _COLUMNS:
             raise AttributeError(name)
         self._take()
@@ -218,8 +229,12 @@ class Rows:
             if obj is None:
                 start, end = item_span(found, i)
                 obj = orjson.loads(found.string[start:end])
-        fields = (pos, obj, self.rids[i], self.method, self.spec, self.refs[i])
-        return make_row((*fields, False, self.texts[i]))
+        entries = self.entries
+        if entries is None:
+            ref, text = self.refs[i], self.texts[i]
+        else:
+            text, ref = entries[i][:2]
+        return make_row((pos, obj, self.rids[i], self.method, self.spec, ref, False, text))
 
     def __iter__(self) -> Iterator[Row]:
         n = len(self.objs)
@@ -263,7 +278,7 @@ class Rows:
         rows = Rows.__new__(Rows)
         rows.method, rows.spec, rows.source = self.method, self.spec, self
         rows.size, rows.drop = self.size - dropped, drop
-        rows.raw = rows.found = rows.own = None
+        rows.raw = rows.found = rows.own = rows.entries = None
         rows.span = False
         return rows
 
@@ -286,34 +301,36 @@ class Rows:
         places: their objects and blocks as pinned (a height named by hash: no height).
         Rows read from their bytes keep them: the pinned items' objects written in place
         of theirs, the rest not parsed."""
-        refs, texts = list(self.refs), list(self.texts)
         heights = None if self.heights is None else list(self.heights)
         span = self.span
-        for it in items:
-            pos = it.pos
-            refs[pos], texts[pos] = it.ref, it.block
-            if heights is not None:
+        if heights is not None:
+            for it in items:
                 ref = it.ref
-                height = heights[pos] = None if ref is None or ref.contains else ref.number
+                height = heights[it.pos] = None if ref is None or ref.contains else ref.number
                 if height is None:
                     span = None
                 elif span:  # (bounds that may be wider than these rows': still one class)
                     span = (min(span[0], height), max(span[1], height))  # type: ignore[index]
-        args = (self.rids, self.method, self.spec, refs, texts, heights)
-        found = self.found
-        if found is not None:
-            rows = Rows(None, *args, raw=_spliced(found, items), found=found)
+        found, entries = self.found, self.entries
+        if found is not None and entries is not None:
+            entries = list(entries)
+            for it in items:  # (an entry's height is not read: `heights` has it)
+                entries[it.pos] = (it.block, it.ref, None)
+            args = (self.rids, self.method, self.spec, [], [], heights)
+            rows = Rows(None, *args, raw=_spliced(found, items), found=found, entries=entries)
             rows.own = {it.pos: it.obj for it in items}
         else:
-            objs = list(self.objs)
+            refs, texts, objs = list(self.refs), list(self.texts), list(self.objs)
             for it in items:
-                objs[it.pos] = it.obj
-            rows = Rows(objs, *args)
+                pos = it.pos
+                refs[pos], texts[pos], objs[pos] = it.ref, it.block, it.obj
+            rows = Rows(objs, self.rids, self.method, self.spec, refs, texts, heights)
         rows.span = False if span is None and self.span is None else span
         return rows
 
 
 _COLUMNS = frozenset(("heights", "objs", "positions", "refs", "rids", "texts"))
+_ENTRY_COLUMNS = {"texts": itemgetter(0), "refs": itemgetter(1)}  # (`entries`' columns)
 
 
 def item_span(found: re.Match[bytes], i: int) -> tuple[int, int]:

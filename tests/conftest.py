@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
+from bench.services import free_port
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["free_port"]
 
 
 @pytest.fixture

@@ -27,6 +27,8 @@ TARGET = "0x000000000000000000000000000000000000cafe"  # its balance changes blo
 SENDER = "0x70997970c51812dc3a010c7d01b50e0d17dc79c8"  # the second dev account
 REORGS = 3
 REORG_DEPTH = 3
+READS = 15  # batches read (and checked) on each chain: before, between and after the reorgs
+HEAD_POLL = 0.1  # the proxy's head polls (default 1 s): it learns of each reorg from them
 
 
 @dataclass
@@ -57,6 +59,15 @@ class Readers:
     def start(self) -> None:
         for thread in self.threads:
             thread.start()
+
+    def read(self, count: int, since: float, fixed: int | None = None) -> None:
+        """Waits until `count` batches sent after `since` were answered (at height `fixed`)."""
+
+        def done() -> bool:
+            mine = [r for r in self.records if r.sent > since]
+            return len([r for r in mine if fixed is None or r.fixed == fixed]) >= count
+
+        wait_for(done, 30, f"{count} batches read through the proxy")
 
     def join(self) -> None:
         self.stop.set()
@@ -142,6 +153,8 @@ def chain_view(stack: Stack) -> dict[str, Any]:
 
 def test_no_answer_from_a_dropped_block_once_the_proxy_knows(tmp_path) -> None:
     config, ports = write_config(tmp_path)
+    text = config.read_text().replace("[proxy]\n", f"[proxy]\nhead_poll_interval = {HEAD_POLL}\n")
+    config.write_text(text)
     stack = Stack(config, ports)
     stack.start()
     anvil = stack.url("8545")
@@ -160,9 +173,10 @@ def test_no_answer_from_a_dropped_block_once_the_proxy_knows(tmp_path) -> None:
         sender.start()
         readers.start()
         for k in range(REORGS):
-            time.sleep(1.5)
+            readers.read(READS, since=learned[-1][1] if learned else 0.0)
             readers.fixed = int(rpc(anvil, "eth_blockNumber"), 16) - 1  # replaced by the reorg
-            time.sleep(1.5)  # the proxy caches answers at the fixed height and at latest
+            # the proxy caches answers at the fixed height (the second read is a hit)
+            readers.read(2, since=time.monotonic(), fixed=readers.fixed)
             with readers.lock:
                 head = int(rpc(anvil, "eth_blockNumber"), 16)
                 # deep enough to replace the fixed height (more blocks may have come meanwhile)
@@ -180,7 +194,7 @@ def test_no_answer_from_a_dropped_block_once_the_proxy_knows(tmp_path) -> None:
 
             wait_for(knows, 30, "the proxy to follow the reorganised chain")
             learned.append((issued, time.monotonic()))
-        time.sleep(1.5)
+        readers.read(READS, since=learned[-1][1])
     finally:
         stop_sending.set()
         readers.join()

@@ -4,6 +4,7 @@ same `chainstate` commands an operator runs, talking over the hosts' 10.x addres
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 import urllib.error
@@ -116,7 +117,10 @@ class Fleet:
             "--logger=zap",
             "--log-level=warn",
         ]
-        self.etcd_procs[host.name] = self.net.start(host, "etcd", cmd)
+        # SIGKILL at the end: a leader stopped gracefully first hands its leadership to a
+        # member, which waits out etcd's timeout while the other members stop too (the
+        # cluster's data is thrown away with the test's)
+        self.etcd_procs[host.name] = self.net.start(host, "etcd", cmd, stop_signal=signal.SIGKILL)
 
     def start_writer(self) -> None:
         anvil = ["devnet", "anvil", "--host", "127.0.0.1", "--port", "8545", "--block-time", "1"]

@@ -106,6 +106,7 @@ class Network:
         self.bridge = f"{self.tag}b"
         self.operator = f"{self.net}.1"  # this process, in the root namespace
         self.hosts: dict[str, Host] = {}
+        self.stop_signals: dict[int, int] = {}  # pid -> the signal `close()` stops it with
         ip("link", "add", self.bridge, "type", "bridge")
         ip("addr", "add", f"{self.operator}/24", "dev", self.bridge)
         ip("link", "set", self.bridge, "up")
@@ -134,9 +135,15 @@ class Network:
         return host
 
     def start(
-        self, host: Host, name: str, argv: list[str], env: dict[str, str] | None = None
+        self,
+        host: Host,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        stop_signal: int = signal.SIGTERM,
     ) -> subprocess.Popen[bytes]:
-        """Run argv inside the host; output goes to logs/<host>-<name>.log."""
+        """Run argv inside the host; output goes to logs/<host>-<name>.log. `close()` stops
+        it with `stop_signal`."""
         log = (self.logs / f"{host.name}-{name}.log").open("ab")
         proc = subprocess.Popen(
             ["ip", "netns", "exec", host.ns, *argv],
@@ -147,6 +154,7 @@ class Network:
         )
         log.close()
         host.procs.append(proc)
+        self.stop_signals[proc.pid] = stop_signal
         return proc
 
     def cut(self, host: Host) -> None:
@@ -177,7 +185,7 @@ class Network:
             for proc in host.procs:
                 if proc.poll() is None:
                     with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGTERM)
+                        os.killpg(proc.pid, self.stop_signals.get(proc.pid, signal.SIGTERM))
         deadline = time.monotonic() + 5
         for host in self.hosts.values():
             for proc in host.procs:

@@ -6,6 +6,7 @@ app in front of a fake state node answering each batch with the bytes a test mak
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import orjson
@@ -14,6 +15,7 @@ import pytest
 from proxy import classify, rounds
 from proxy.classify import loads, result_text, results_in_order
 from tests.proxy.conftest import fast_settings, req
+from tests.proxy.mutate import mutated
 from tests.proxy.test_dataport import raw_rpc
 
 N = 10
@@ -182,3 +184,31 @@ async def test_an_item_pinned_by_hash_hands_its_result_to_an_identical_read_wait
         "result": hex(7006),
     }, raw
     assert len(node.bodies) == 1  # the single read was not sent
+
+
+def test_an_answer_the_expression_takes_decodes_to_a_plain_result_per_id_over_mutations() -> None:
+    """Over answers mutated at random (mutate.py): whenever `results_in_order` takes one,
+    it decodes to one `{"jsonrpc": "2.0", "id": ID, "result": TEXT}` per id in order, TEXT
+    a string without escapes whose bytes `result_text` gives; anything else is decoded."""
+    rng = random.Random(36)
+    taken = 0
+    for _ in range(3000):
+        first, n = rng.randint(0, 1), rng.randint(1, 12)
+        rids = list(range(first, first + n))
+        raw = orjson.dumps(
+            [{"jsonrpc": "2.0", "id": rid, "result": hex(rng.getrandbits(64))} for rid in rids]
+        )
+        assert results_in_order(rids, raw) is not None
+        bad = mutated(raw, rng)
+        found = results_in_order(rids, bad)
+        if found is None:
+            continue
+        taken += 1
+        parsed = orjson.loads(bad)  # (an answer the expression takes is JSON)
+        assert type(parsed) is list and len(parsed) == n, bad
+        for k, (rid, answer) in enumerate(zip(rids, parsed, strict=True)):
+            assert list(answer) == ["jsonrpc", "id", "result"], bad
+            assert answer["jsonrpc"] == "2.0" and answer["id"] == rid, bad
+            assert type(answer["id"]) is int and type(answer["result"]) is str, bad
+            assert result_text(found, k) == answer["result"].encode(), bad
+    assert taken > 100  # (mutations of a result's digits, trailing whitespace, ...)

@@ -5,6 +5,7 @@ those of the parsed path."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import orjson
@@ -16,6 +17,7 @@ from proxy.parse import Parser
 from proxy.request import Rows
 from proxy.scan import Scanner
 from tests.proxy.conftest import req
+from tests.proxy.mutate import mutated
 from tests.proxy.test_batch_rows import answered_both_ways, plain, solo  # noqa: F401
 
 ADDR = "0x" + "ab" * 20
@@ -231,3 +233,64 @@ async def test_a_scanned_batch_whose_answer_is_not_plain_is_matched_as_the_parse
     got = orjson.loads(raw)
     assert [a["id"] for a in got] == list(range(20)), got
     assert (got[5].get("error") is not None) == (answer == "an error"), got[5]
+
+
+def fuzz_bodies(rng: random.Random) -> list[dict[str, Any]]:
+    """A batch as a library writes it: 1 to 12 balance reads at a few heights, `latest` or
+    one block for all, ids from 0 or 1."""
+    n, first = rng.randint(1, 12), rng.randint(0, 1)
+    blocks = rng.choice([["latest"], ["0x385"], ["0x385", "0x386", "latest", "0x3e8"]])
+    return [
+        req("eth_getBalance", [f"0x{rng.getrandbits(160):040x}", rng.choice(blocks)], first + i)
+        for i in range(n)
+    ]
+
+
+def test_a_scanned_body_is_read_as_its_parse_checks_it_over_mutated_bodies() -> None:
+    """Over bodies mutated at random (mutate.py): whenever the scan reads one, it is valid
+    JSON whose parse makes the same rows (ids, blocks, heights, objects); anything else is
+    left to the parse. Unmutated bodies and most mutated addresses are read."""
+    rng = random.Random(36)
+    scan, parser = scanner(
+        [req("eth_getBalance", [ADDR, block], 0) for block in ("latest", "0x385", "0x386")]
+    )
+    read = 0
+    for _ in range(3000):
+        items = fuzz_bodies(rng)
+        body = orjson.dumps(items)
+        assert scan.scan(body) is not None, body
+        bad = edited(items, rng) if rng.random() < 0.3 else mutated(body, rng)
+        rows = scan.scan(bad)
+        if rows is None:
+            continue
+        read += 1
+        payload = orjson.loads(bad)  # (a body the scan reads is JSON)
+        checked = parser.uniform_rows(payload)
+        assert checked is not None, bad
+        for column in ("rids", "refs", "texts", "heights"):
+            assert getattr(rows, column) == getattr(checked, column), (column, bad)
+        assert (rows.method, rows.spec, len(rows)) == (checked.method, checked.spec, len(payload))
+        assert [rows[i].obj for i in range(len(rows))] == payload, bad
+        assert [(row.ref, row.block) for row in rows] == [(r.ref, r.block) for r in checked]
+    assert read > 200  # (edits that keep a valid batch, mutations of a hex digit, ...)
+
+
+def edited(items: list[dict[str, Any]], rng: random.Random) -> bytes:
+    """`items` with one item's id, address or block changed to another valid or invalid
+    value (of another type, case, length, ...), or two items swapped, written compactly."""
+    items = [dict(it, params=list(it["params"])) for it in items]
+    it = rng.choice(items)
+    kind = rng.randrange(4)
+    if kind == 0:
+        it["id"] = rng.choice([it["id"] + 1, str(it["id"]), float(it["id"]), None, True, -1])
+    elif kind == 1:
+        address = it["params"][0]
+        it["params"][0] = rng.choice(
+            [address.upper().replace("0X", "0x"), address[:-1], address + "0", address.upper()]
+        )
+    elif kind == 2:
+        it["params"][1] = rng.choice(["0x386", "0x3e8", "latest", "pending", "0x", "0x0385", 7])
+    else:
+        j, k = rng.randrange(len(items)), rng.randrange(len(items))
+        items[j], items[k] = items[k], items[j]
+    return orjson.dumps(items)
