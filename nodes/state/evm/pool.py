@@ -43,7 +43,7 @@ from nodes.state.evm.worker import (
 
 log = logging.getLogger(__name__)
 
-WORKER_START_TIMEOUT = 60.0  # seconds for a spawned worker to import pyrevm and report ready
+WORKER_START_TIMEOUT = 60.0  # seconds for a spawned worker to import its EVMs and report ready
 
 
 _SIZE = struct.Struct("!i")  # multiprocessing's frame header: the payload's size
@@ -143,8 +143,8 @@ class _Worker:
         )
         self.proc.start()
         child.close()
-        # Wait until the worker has imported pyrevm, so startup never counts against a job's
-        # time limit.
+        # Wait until the worker has imported pyrevm and py-evm, so startup never counts
+        # against a job's time limit.
         if not self.conn.poll(WORKER_START_TIMEOUT) or self.conn.recv() != READY:
             self.kill()
             raise RuntimeError(f"EVM worker did not start within {WORKER_START_TIMEOUT:g}s")
