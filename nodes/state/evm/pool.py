@@ -2,7 +2,7 @@
 
 Why our own pool and not ProcessPoolExecutor: a job that runs past its time limit must be
 stopped without stopping the others, and ProcessPoolExecutor cannot kill one task. Here each
-worker is one process (a fork of the forkserver: `worker_context`) with its own pipe; a job
+worker is one process (a fork of the forkserver: `procs.py`) with its own pipe; a job
 that overruns gets its worker killed and replaced, and the caller gets -39004. Workers are
 separate processes because pyrevm holds the GIL while it runs and while it waits for state
 reads; the event loop and the state feed it reads from must stay free. One worker per core
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
 import pickle
 import socket
@@ -31,6 +30,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from chainstate.jsonrpc import EVM_FAILED, SERVER_BUSY, TIME_LIMIT, JsonRpcError
+from nodes.state.evm import procs
 from nodes.state.evm.settings import EvmSettings
 from nodes.state.evm.wire import HELD_ENVS, HeldEnvs, pack, unpack_answer
 from nodes.state.evm.worker import (
@@ -45,19 +45,6 @@ from nodes.state.evm.worker import (
 log = logging.getLogger(__name__)
 
 WORKER_START_TIMEOUT = 60.0  # seconds for a new worker to report ready (its imports done)
-# What the forkserver imports once, so that each worker, a fork of it, starts with pyrevm and
-# py-evm loaded (~0.8 s of CPU per worker otherwise, spent again on every replacement).
-PRELOAD = ["nodes.state.evm.worker", "nodes.state.evm.pyevm", "nodes.state.evm.tracing"]
-
-
-def worker_context() -> Any:
-    """The start method of workers: a forkserver (a clean single-threaded process that has
-    never opened the store or run an event loop, so its forks are as isolated as spawned
-    processes), one per node process, shared by every pool in it."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
-
 
 _SIZE = struct.Struct("!i")  # multiprocessing's frame header: the payload's size
 _HUGE = struct.Struct("!Q")  # after a size of -1: the size of a payload over 2 GiB
@@ -255,7 +242,7 @@ class WorkerPool:
     def __init__(self, settings: EvmSettings) -> None:
         self.settings = settings
         self.size = settings.worker_count
-        self._ctx = worker_context()
+        self._ctx = procs.context()
         self._limits = Limits(
             max_trace_steps=settings.max_trace_steps,
             max_trace_bytes=settings.max_trace_bytes,

@@ -1292,7 +1292,7 @@ def worker_main(conn: Any, limits: Limits, warm_blocks: int, progress: Any = Non
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers end
     # py-evm (traces, eth_createAccessList, calls whose base fee matters) takes ~0.6 s of
-    # CPU to import: done before READY (the forkserver has it loaded already, `PRELOAD`),
+    # CPU to import: done before READY (the forkserver has it loaded already: procs.py),
     # so it never delays nor counts against a job.
     from nodes.state.evm import pyevm, tracing  # noqa: F401
 
