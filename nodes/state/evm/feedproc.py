@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import signal
 import time
 from collections.abc import Callable
@@ -25,14 +24,16 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from nodes.state.evm import procs
+
 log = logging.getLogger(__name__)
 
-START_TIMEOUT = 60.0  # seconds for a spawned feed process to open the store and listen
+START_TIMEOUT = 60.0  # seconds for a new feed process to open the store and listen
 RETRY_AFTER = 5.0  # seconds between two attempts to start it (a crash loop stays cheap)
 
 
 def feed_main(conn: Connection, path: str, map_size_mb: int, chain_id: int) -> None:
-    """Entry point of the feed process (spawned)."""
+    """Entry point of the feed process."""
     import uvloop
 
     from nodes.state.evm.feed import FeedCore
@@ -81,7 +82,7 @@ class FeedProcess:
         self._next_try = 0.0  # time.monotonic() before which no new start is tried
         self.map_size_mb = map_size_mb
         self.chain_id = chain_id
-        self._ctx = multiprocessing.get_context("spawn")
+        self._ctx = procs.context()  # a fork of the forkserver with its imports done
         self._proc: Any = None
         self._conn: Connection | None = None
         self._url: str | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,6 +43,8 @@ from nodes.state.evm.settings import EvmSettings
 from nodes.state.evm.traces import TraceMethods
 from nodes.state.reader import StateReader
 from nodes.state.store import StateStore
+
+log = logging.getLogger(__name__)
 
 ENV_CACHE = 4096  # block envs kept (by height)
 CALL_CACHE = 4096  # parsed call objects and block parameters kept
@@ -87,7 +90,8 @@ def _lazy_text(obj: Any) -> str | None:
 
 
 class EvmMethods:
-    """Handlers of the EVM methods for one node; lazy start of the feed and the workers."""
+    """Handlers of the EVM methods for one node; the feed and the workers start in the
+    background (`start_soon`) or on first use, whichever comes first."""
 
     def __init__(
         self,
@@ -120,6 +124,7 @@ class EvmMethods:
         self._start_lock = asyncio.Lock()
         self._started = False
         self._closed = False
+        self._starting: asyncio.Task[None] | None = None
 
     def handlers(self) -> dict[str, Callable[[Any], Any]]:
         return {
@@ -137,15 +142,30 @@ class EvmMethods:
 
     async def start(self) -> None:
         async with self._start_lock:
-            if self._started:
+            if self._started or self._closed:
                 return
             await self.feed.start()
             await self.executor.start()
             self._started = True
 
+    def start_soon(self) -> None:
+        """Start the feed and the workers in the background: a worker takes a second or two
+        to spawn and import its EVMs, which a node's first EVM request would otherwise wait
+        for (once per worker), while plain reads need none of it."""
+        if self._starting is None and not self._started and not self._closed:
+            self._starting = asyncio.get_running_loop().create_task(self._start_in_background())
+
+    async def _start_in_background(self) -> None:
+        try:
+            await self.start()
+        except Exception as exc:  # the first EVM request tries again and answers the error
+            log.error("evm workers did not start: %s", exc)
+
     async def close(self) -> None:
         """Stop for good: later EVM requests answer -32005 instead of starting workers."""
         self._closed = True
+        if self._starting is not None:  # (workers it is spawning are stopped below)
+            await self._starting
         await self.executor.close()
         await self.feed.close()
         self._started = False
@@ -540,8 +560,9 @@ class EvmMethods:
 
 
 def register(node: Any, settings: EvmSettings | None = None) -> EvmMethods:
-    """Register the EVM methods on `node.dispatcher`; they start on first use and stop
-    when `node.close()` is awaited (workers also exit on their own when the node dies)."""
+    """Register the EVM methods on `node.dispatcher`; their workers start in the background
+    at once and stop when `node.close()` is awaited (workers also exit on their own when the
+    node dies)."""
     if settings is None:
         settings = getattr(node, "evm_settings", None) or EvmSettings()
     chain_id_fn = getattr(node, "chain_id", None)
@@ -551,6 +572,7 @@ def register(node: Any, settings: EvmSettings | None = None) -> EvmMethods:
     node.dispatcher.update(methods.handlers())
     node.evm = methods
     _close_with(node, methods)
+    methods.start_soon()
     return methods
 
 

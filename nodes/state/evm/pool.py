@@ -2,10 +2,11 @@
 
 Why our own pool and not ProcessPoolExecutor: a job that runs past its time limit must be
 stopped without stopping the others, and ProcessPoolExecutor cannot kill one task. Here each
-worker is one spawned process with its own pipe; a job that overruns gets its worker killed
-and replaced, and the caller gets -39004. Workers are separate processes because pyrevm
-holds the GIL while it runs and while it waits for state reads; the event loop and the
-state feed it reads from must stay free. One worker per core uses every core.
+worker is one process (a fork of the forkserver: `procs.py`) with its own pipe; a job
+that overruns gets its worker killed and replaced, and the caller gets -39004. Workers are
+separate processes because pyrevm holds the GIL while it runs and while it waits for state
+reads; the event loop and the state feed it reads from must stay free. One worker per core
+uses every core.
 
 The parent's end of each worker's pipe is read and written by the event loop itself (a
 protocol on the socket, `_Pipe`), in multiprocessing's framing, which the worker reads and
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
 import pickle
 import socket
@@ -30,6 +30,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from chainstate.jsonrpc import EVM_FAILED, SERVER_BUSY, TIME_LIMIT, JsonRpcError
+from nodes.state.evm import procs
 from nodes.state.evm.settings import EvmSettings
 from nodes.state.evm.wire import HELD_ENVS, HeldEnvs, pack, unpack_answer
 from nodes.state.evm.worker import (
@@ -43,8 +44,7 @@ from nodes.state.evm.worker import (
 
 log = logging.getLogger(__name__)
 
-WORKER_START_TIMEOUT = 60.0  # seconds for a spawned worker to import pyrevm and report ready
-
+WORKER_START_TIMEOUT = 60.0  # seconds for a new worker to report ready (its imports done)
 
 _SIZE = struct.Struct("!i")  # multiprocessing's frame header: the payload's size
 _HUGE = struct.Struct("!Q")  # after a size of -1: the size of a payload over 2 GiB
@@ -143,8 +143,8 @@ class _Worker:
         )
         self.proc.start()
         child.close()
-        # Wait until the worker has imported pyrevm, so startup never counts against a job's
-        # time limit.
+        # Wait until the worker has imported pyrevm and py-evm, so startup never counts
+        # against a job's time limit.
         if not self.conn.poll(WORKER_START_TIMEOUT) or self.conn.recv() != READY:
             self.kill()
             raise RuntimeError(f"EVM worker did not start within {WORKER_START_TIMEOUT:g}s")
@@ -242,7 +242,7 @@ class WorkerPool:
     def __init__(self, settings: EvmSettings) -> None:
         self.settings = settings
         self.size = settings.worker_count
-        self._ctx = multiprocessing.get_context("spawn")
+        self._ctx = procs.context()
         self._limits = Limits(
             max_trace_steps=settings.max_trace_steps,
             max_trace_bytes=settings.max_trace_bytes,

@@ -948,7 +948,7 @@ class Runner:
         feed); with `trace_steps`, with its struct logs (at most that many)."""
         job = self._job
         source, hash_of = self._sources(job)
-        from nodes.state.evm import pyevm  # ~1.5 s the first time: only if needed
+        from nodes.state.evm import pyevm  # (imported before the worker said READY)
 
         try:
             return pyevm.run_on_pyevm(job, call, source, seeds, hash_of, trace_steps)
@@ -970,7 +970,7 @@ class Runner:
 
     def _traces(self, job: dict[str, Any]) -> dict[str, Any]:
         """A trace job (tracing.py) on py-evm: `{"results": [...]}` or `{"error"}`."""
-        from nodes.state.evm import tracing  # imports py-evm (~1.5 s the first time)
+        from nodes.state.evm import tracing  # (imported before the worker said READY)
 
         source, hash_of = self._sources(job)
         try:
@@ -1291,6 +1291,11 @@ def worker_main(conn: Any, limits: Limits, warm_blocks: int, progress: Any = Non
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when workers end
+    # py-evm (traces, eth_createAccessList, calls whose base fee matters) takes ~0.6 s of
+    # CPU to import: done before READY (the forkserver has it loaded already: procs.py),
+    # so it never delays nor counts against a job.
+    from nodes.state.evm import pyevm, tracing  # noqa: F401
+
     runner = Runner(limits, warm_blocks, progress)
     envs = WorkerEnvs()
     conn.send(READY)
