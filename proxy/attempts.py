@@ -21,7 +21,7 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from opentelemetry import trace
@@ -86,8 +86,6 @@ class Attempts:
         # is it known to have won.
         early = ctx.answer_early if ctx.early is not None else None
         if race is None:
-            if self.tracer is None:  # (`attempt`'s own way untraced: a coroutine less)
-                return node, await self._send(ctx, node, body, group.lkey, None, None, early)
             return node, await self.attempt(ctx, node, body, group, None, early)
         try:
             raw = await self.attempt(ctx, node, body, group, race, early)
@@ -277,7 +275,7 @@ class Attempts:
 
     # ---- one attempt ---------------------------------------------------------------------
 
-    async def attempt(
+    def attempt(
         self,
         ctx: Any,
         node: Node,
@@ -285,11 +283,24 @@ class Attempts:
         group: Group,
         race: Race | None = None,
         early: Callable[[int, bytes], Any] | None = None,
-    ) -> bytes:
-        """One upstream try with its bookkeeping: the raw answer, or UpstreamError.
-        `early(status, body)` sees the answer first (Upstream.send)."""
+    ) -> Awaitable[bytes]:
+        """One upstream try with its bookkeeping, to await: the raw answer, or
+        UpstreamError. `early(status, body)` sees the answer first (Upstream.send). Untraced,
+        the send's own coroutine (no coroutine around it)."""
         if self.tracer is None:
-            return await self._send(ctx, node, body, group.lkey, race, None, early)
+            return self._send(ctx, node, body, group.lkey, race, None, early)
+        return self._traced(ctx, node, body, group, race, early)
+
+    async def _traced(
+        self,
+        ctx: Any,
+        node: Node,
+        body: bytes,
+        group: Group,
+        race: Race | None,
+        early: Callable[[int, bytes], Any] | None,
+    ) -> bytes:
+        assert self.tracer is not None
         with self.tracer.start_as_current_span("upstream.attempt") as span:
             span.set_attribute("node", node.key)
             span.set_attribute("attempt", group.round)
