@@ -843,16 +843,16 @@ class StateStore:
             hb = _BE.pack(height)
             newest.update(dict.fromkeys(_split_prefixes(txn.get(hb, db=self._undo) or b""), hb))
         cur = txn.cursor(db=self._ver)
+        set_range, key, delete = cur.set_range, cur.key, cur.delete
         for prefix in sorted(newest):
-            keep, size = prefix + newest[prefix], len(prefix) + 8
+            keep = prefix + newest[prefix]
             # from the oldest version up, deleting each older than `keep`: with the usual
-            # one obsolete version, four cursor calls instead of six walking down from `keep`
-            found = cur.set_range(prefix)
-            while found:
-                key = cur.key()
-                if key >= keep or len(key) != size or not key.startswith(prefix):
-                    break
-                found = cur.delete()  # moves to the next key
+            # one obsolete version, four cursor calls instead of six walking down from `keep`.
+            # A key from `prefix` up to `keep` is a version of it: it starts with the prefix,
+            # and every key of a field or slot is its prefix and a height.
+            found = set_range(prefix)
+            while found and key() < keep:
+                found = delete()  # moves to the next key
         for height in range(old_earliest, new_earliest + 1):
             txn.delete(_BE.pack(height), db=self._undo)
         for height in range(old_earliest, new_earliest):
