@@ -295,7 +295,7 @@ class Rounds:
         found = followed.check(raw)
         if found is None:
             return False
-        self.classifier.ok(ctx, node, [method] * len(followed.rows))
+        self.classifier.ok_all(ctx, node, method, len(followed.rows))
         for it in planned or ():
             text = result_text(found, it.pos).decode("ascii")
             answers[it.pos] = {"jsonrpc": "2.0", "id": it.rid, "result": text}
@@ -321,18 +321,25 @@ class Rounds:
         """`plain` once `node` answered `raw`: the node's bytes when they are the answer
         as they are and `whole` (they answer the client's body), else None with the answers
         placed, the rounds gone on for what is left."""
-        if type(rows) is Rows:  # (its ids kept as parsed, one method)
-            rids, methods = rows.rids, [rows.method] * len(rows)
+        classifier = self.classifier
+        methods: list[str] | None = None  # (None: the rows' one method, `rows.method`)
+        if type(rows) is Rows:  # (its ids kept as parsed, one method: asked about once)
+            rids, taken = rows.rids, whole and rows.method not in UNMINED_FIELDS
         else:
             rids, methods = list(map(_RID, rows)), list(map(_METHOD, rows))
-        classifier = self.classifier
-        if whole and UNMINED_FIELDS.keys().isdisjoint(methods):
+            taken = whole and UNMINED_FIELDS.keys().isdisjoint(methods)
+        if taken:
             found = results_in_order(rids, raw)  # (the common answer: not decoded)
             if found is not None:
-                classifier.ok(ctx, node, methods)
+                if methods is None:
+                    classifier.ok_all(ctx, node, rows.method, len(rids))  # type: ignore[attr-defined]
+                else:
+                    classifier.ok(ctx, node, methods)
                 if planned:  # (their answers, for the read path)
                     _place_found(rows, planned, found, answers)
                 return raw
+        if methods is None:
+            methods = [rows.method] * len(rows)  # type: ignore[attr-defined]
         parsed = loads(raw)
         if in_order(rids, methods, parsed, raw):
             classifier.count(ctx, node, methods, None, parsed, raw)
