@@ -207,6 +207,11 @@ class Classifier:
         for (method, result), n in Counter(outcomes).items():
             self.metrics.request(ctx.chain, method, node.key, result, n)
 
+    def ok_all(self, ctx: Ctx, node: Node, method: str, n: int) -> None:
+        """Metrics of a batch of `n` items of one method, every one answered with a result
+        (one increment: no list of methods made and counted)."""
+        self.metrics.request(ctx.chain, method, node.key, "ok", n)
+
     def ok(self, ctx: Ctx, node: Node, methods: list[str]) -> None:
         """Metrics of a batch whose every item got a result (one increment per method)."""
         n = len(methods)

@@ -38,7 +38,7 @@ from proxy.parse import MIN_BLOCK, NO_NODE_KEY, Parser, dumps_error, least, uniq
 from proxy.readpath import ReadPath
 from proxy.reads import MAX_KEYED_BYTES
 from proxy.request import Admitted, Answer, Ctx, Item, Row, Rows, items_of, make_row
-from proxy.rounds import Rounds
+from proxy.rounds import Followed, Rounds
 from proxy.upstream import Upstream
 
 # Answers a whole client body the pipeline hands over: (pool id, body, headers) -> Answer.
@@ -269,21 +269,32 @@ class Pipeline:
         plain, planned, waiting, changed = rows, [], [], False
         if readpath is not None and rows:
             plain, planned, waiting, changed = readpath.plan_rows(ctx, rows, answers)
-        if not (waiting or notified or self.books.tracer) and ctx.own_ids and _lean(planned, key):
-            # Nothing waits for an identical read: the rows go as one body without an Item
-            # per row; the items the read path pinned go with their pinned objects.
+        lean = not (notified or self.books.tracer) and ctx.own_ids and _lean(planned, key)
+        followed = None
+        if lean and waiting:
+            followed = _followed(plain, planned, waiting, len(payload), whole and key is None)
+        if lean and (followed is not None or not waiting):
+            # The rows go as one body without an Item per row; the items the read path
+            # pinned go with their pinned objects, those waiting for an identical read in
+            # flight are left out of it and their answers put in the node's (`Followed`).
             sent = body if whole and not changed else None
-            if planned:
+            if followed is not None:
+                plain, sent = followed.rows, followed.rows.raw
+            elif planned:
                 plain = _pinned_rows(plain, planned)
                 if whole and len(plain) == len(payload):  # every item sent, in order
                     sent = _written(plain)
             try:
-                out = await self.rounds.plain(ctx, plain, sent, answers, planned)
+                out = await self.rounds.plain(ctx, plain, sent, answers, planned, followed)
             finally:
                 for it in planned:
                     readpath.land(it, None, answers)  # type: ignore[union-attr]
             if out is not None:
                 return 200, out
+            if waiting:
+                await readpath.wait(ctx, waiting, answers)  # type: ignore[union-attr]
+                if followed is not None and followed.found is not None:
+                    return 200, followed.joined(answers)
             done = [a for a in answers if a is not None]
             if readpath is not None:
                 readpath.keep(ctx, key, rows, len(payload), done, [])
@@ -331,6 +342,20 @@ def _written(rows: list[Row]) -> bytes | None:
     if type(rows) is Rows and rows.raw is not None:
         return rows.raw
     return _dumps_or_none(_objs(rows))
+
+
+def _followed(
+    rows: list[Row], planned: list[Item], waiting: list[Item], n: int, whole: bool
+) -> Followed | None:
+    """The rows of a whole batch read from its bytes that go as one body while the
+    `waiting` items wait for identical reads in flight (`Followed`), or None when the
+    batch's rows are not such (then it takes the rounds item by item)."""
+    source = rows.source if type(rows) is Rows else None
+    if not whole or source is None or source.found is None or source.positions is not None:
+        return None
+    if len(rows) + len(planned) + len(waiting) != n or len(source) != n:
+        return None
+    return Followed(source.rids, source.pinned(planned, waiting), [it.pos for it in waiting])
 
 
 def _lean(planned: list[Item], key: Any) -> bool:

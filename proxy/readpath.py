@@ -129,7 +129,8 @@ class ReadPath:
         heads = self.heads(ctx)
         numbers = heights(rows)
         if numbers is not None:  # one method at plain heights: decided for all rows at once
-            first = rows[0]
+            # (a batch's columns name its method: no row made, whose object is parsed)
+            first = rows if type(rows) is Rows else rows[0]
             known = self.reads.planned_at(heads, first.method, first.spec, numbers)
             if known is None:
                 return rows, [], [], False

@@ -296,11 +296,14 @@ class Rows:
         self.positions = list(compress(positions, keep))
         self.drop = None
 
-    def pinned(self, items: list[Item]) -> Rows:
+    def pinned(self, items: list[Item], cut: list[Item] | None = None) -> Rows:
         """These rows (all of a batch's) with the `items` the read path pinned in their
         places: their objects and blocks as pinned (a height named by hash: no height).
         Rows read from their bytes keep them: the pinned items' objects written in place
-        of theirs, the rest not parsed."""
+        of theirs, the rest not parsed. `cut`: items left out (they wait for an identical
+        read in flight), for rows read from their bytes only (`_without`)."""
+        if cut:
+            return self._without(items, cut)
         heights = None if self.heights is None else list(self.heights)
         span = self.span
         if heights is not None:
@@ -327,6 +330,28 @@ class Rows:
             rows = Rows(objs, self.rids, self.method, self.spec, refs, texts, heights)
         rows.span = False if span is None and self.span is None else span
         return rows
+
+    def _without(self, items: list[Item], cut: list[Item]) -> Rows:
+        """`pinned(items)` less the `cut` items, for rows read from their bytes: the body
+        is the client's with the pinned items written in and the cut ones left out, and
+        the columns are the rows left's (`positions`: their places in the batch)."""
+        found, entries = self.found, self.entries
+        assert found is not None and entries is not None and self.positions is None
+        gone = {it.pos for it in cut}
+        keep = [pos not in gone for pos in range(self.size)]
+        heights = None if self.heights is None else list(self.heights)
+        entries = list(entries)
+        for it in items:
+            ref = it.ref
+            if heights is not None:
+                heights[it.pos] = None if ref is None or ref.contains else ref.number
+            entries[it.pos] = (it.block, ref, None)
+        raw = _spliced_without(found, items, sorted(gone), self.size)
+        kept = list(compress(entries, keep))
+        args = (list(compress(self.rids, keep)), self.method, self.spec, [], [])
+        heights = None if heights is None else list(compress(heights, keep))
+        positions = list(compress(range(self.size), keep))
+        return Rows(None, *args, heights, positions, raw=raw, entries=kept)
 
 
 _COLUMNS = frozenset(("heights", "objs", "positions", "refs", "rids", "texts"))
@@ -361,6 +386,26 @@ def _spliced(found: re.Match[bytes], items: list[Item]) -> bytes:
         at = end
     pieces.append(raw[at:])
     return b"".join(pieces)
+
+
+def _spliced_without(found: re.Match[bytes], items: list[Item], gone: list[int], n: int) -> bytes:
+    """The body `Scanner.scan` matched (`found`, `n` items) with each of `items` written in
+    place of the item at its position and the items at the positions `gone` (sorted) left
+    out: the runs of items kept as they are are views of the client's bytes."""
+    raw = memoryview(found.string)
+    written = {it.pos: it for it in items}
+    pieces: list[bytes | memoryview] = []
+    at = 0  # (the items before it are in `pieces`)
+    for pos in sorted([*written, *gone]):
+        if pos > at:
+            pieces.append(raw[item_span(found, at)[0] : item_span(found, pos - 1)[1]])
+        it = written.get(pos)
+        if it is not None:
+            pieces.append(orjson.dumps(it.obj))
+        at = pos + 1
+    if at < n:
+        pieces.append(raw[item_span(found, at)[0] : item_span(found, n - 1)[1]])
+    return b"[" + b",".join(pieces) + b"]"
 
 
 class Item:

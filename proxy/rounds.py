@@ -57,6 +57,71 @@ class _Sent:
         self.rows = rows
 
 
+class Followed:
+    """A whole batch read from its bytes (proxy/scan.py) whose `rows` go as one body while
+    the items at `gaps` (positions, in order) wait for identical reads in flight: the
+    node's answer is checked as the batch's whole answer (`results_in_order`, over all the
+    client's ids) with an empty result standing in each gap's place, and the followers'
+    answers are written into those places. The node's answer, once so checked, is what
+    `orjson.dumps` would write of its items, so the joined bytes are those of the answers
+    placed one by one and dumped, without decoding the node's."""
+
+    __slots__ = ("at", "found", "gaps", "raw", "rids", "rows")
+
+    def __init__(self, rids: list[Any], rows: Rows, gaps: list[int]) -> None:
+        self.rids = rids  # the whole batch's ids
+        self.rows = rows  # the rows sent (their body: `rows.raw`)
+        self.gaps = gaps
+        self.raw = b""  # the node's answer, once checked (`found`: the match)
+        self.found: re.Match[bytes] | None = None
+        self.at: list[int] = []  # where each gap's answer goes in `raw`
+
+    def check(self, raw: bytes) -> re.Match[bytes] | None:
+        """The match of the node's answer `raw` with the gaps filled, when it is the
+        results of the rows sent, in order (then kept for `joined`); else None."""
+        rids = self.rids
+        first = rids[0]
+        if raw[-1:] != b"]" or type(first) is not int:
+            return None
+        gaps, at, pieces, done = self.gaps, [], [], 0
+        for k, pos in enumerate(gaps):
+            following = pos + 1  # (the next item sent: its answer's start, or the end)
+            while k + 1 < len(gaps) and gaps[k + 1] == following:
+                following, k = following + 1, k + 1
+            if following < len(rids):
+                where = raw.find(_OPEN % rids[following], done)
+                if where < 0:
+                    return None
+                piece = _EMPTY % rids[pos] + b","
+            else:
+                where, piece = len(raw) - 1, b"," + _EMPTY % rids[pos]
+            at.append(where)
+            pieces += (raw[done:where], piece)
+            done = where
+        found = results_in_order(rids, b"".join([*pieces, raw[done:]]))
+        if found is not None:
+            self.raw, self.found, self.at = raw, found, at
+        return found
+
+    def joined(self, answers: list[Any]) -> bytes:
+        """The checked answer with each gap's answer written in (`answers`: by position)."""
+        raw, at, pieces, done = self.raw, self.at, [], 0
+        last = len(raw) - 1
+        for where, pos in zip(at, self.gaps, strict=True):
+            answer = answers[pos]
+            if answer is None:  # (none: left out, as the answers' list leaves it out)
+                continue
+            text = orjson.dumps(answer)
+            pieces += (raw[done:where], b"," + text if where == last else text + b",")
+            done = where
+        pieces.append(raw[done:])
+        return b"".join(pieces)
+
+
+_OPEN = b'{"jsonrpc":"2.0","id":%d,'  # (an answer's start, as `results_in_order` takes it)
+_EMPTY = b'{"jsonrpc":"2.0","id":%d,"result":""}'
+
+
 class Rounds:
     def __init__(
         self,
@@ -169,6 +234,7 @@ class Rounds:
         body: bytes | None,
         answers: list[Any],
         planned: list[Item] | None = None,
+        followed: Followed | None = None,
     ) -> bytes | None:
         """A batch's rows the read path does not touch, every one with its own id and an
         answer, sent as one body to one node with no `Item` per row: their answer, when it
@@ -178,12 +244,16 @@ class Rounds:
         attempt, an answer to match or classify row by row) goes on in the rounds with the
         Items made then, from the step reached. `planned`: the Items of rows the read path
         planned (their objects pinned), which go on as they are and get their answers
-        placed (the read path lands them)."""
+        placed (the read path lands them). `followed`: the batch's items left out of
+        `body`, which is then these rows' bytes, not the client's (their answers are
+        placed, and the node's bytes kept in `followed` when they can be joined)."""
         if not rows:
             return None
+        whole = body is not None and followed is None
         found = self.chooser.one_node(ctx.pool, rows)
         if found is None:
-            return await self.route(ctx, _items(rows, planned, None), body, answers, False)
+            items = _items(rows, planned, None)
+            return await self.route(ctx, items, body if whole else None, answers, False)
         data = body
         if data is None:
             try:
@@ -204,9 +274,32 @@ class Rounds:
             failed = self.classifier.failed(ctx, items, exc, answers)
             await self.go_on(ctx, failed, answers)
             return None
-        return await self.plain_answered(
-            ctx, rows, node, sent.tried, raw, body is not None, answers, planned
-        )
+        if followed is not None and self._followed(ctx, node, followed, raw, answers, planned):
+            return None
+        return await self.plain_answered(ctx, rows, node, sent.tried, raw, whole, answers, planned)
+
+    def _followed(
+        self,
+        ctx: Ctx,
+        node: Node,
+        followed: Followed,
+        raw: bytes,
+        answers: list[Any],
+        planned: list[Item] | None,
+    ) -> bool:
+        """Whether `raw` answers the rows sent as `followed` checks it (then counted, and
+        the pinned items' answers placed, for the read path)."""
+        method = followed.rows.method
+        if method in UNMINED_FIELDS:
+            return False
+        found = followed.check(raw)
+        if found is None:
+            return False
+        self.classifier.ok_all(ctx, node, method, len(followed.rows))
+        for it in planned or ():
+            text = result_text(found, it.pos).decode("ascii")
+            answers[it.pos] = {"jsonrpc": "2.0", "id": it.rid, "result": text}
+        return True
 
     def _refuse_deep(self, ctx: Ctx, item: Item | Row, answers: list[Any]) -> None:
         """An item too deep to write again (proxy/nesting.py): -32602, with its own id."""
@@ -228,18 +321,25 @@ class Rounds:
         """`plain` once `node` answered `raw`: the node's bytes when they are the answer
         as they are and `whole` (they answer the client's body), else None with the answers
         placed, the rounds gone on for what is left."""
-        if type(rows) is Rows:  # (its ids kept as parsed, one method)
-            rids, methods = rows.rids, [rows.method] * len(rows)
+        classifier = self.classifier
+        methods: list[str] | None = None  # (None: the rows' one method, `rows.method`)
+        if type(rows) is Rows:  # (its ids kept as parsed, one method: asked about once)
+            rids, taken = rows.rids, whole and rows.method not in UNMINED_FIELDS
         else:
             rids, methods = list(map(_RID, rows)), list(map(_METHOD, rows))
-        classifier = self.classifier
-        if whole and UNMINED_FIELDS.keys().isdisjoint(methods):
+            taken = whole and UNMINED_FIELDS.keys().isdisjoint(methods)
+        if taken:
             found = results_in_order(rids, raw)  # (the common answer: not decoded)
             if found is not None:
-                classifier.ok(ctx, node, methods)
+                if methods is None:
+                    classifier.ok_all(ctx, node, rows.method, len(rids))  # type: ignore[attr-defined]
+                else:
+                    classifier.ok(ctx, node, methods)
                 if planned:  # (their answers, for the read path)
                     _place_found(rows, planned, found, answers)
                 return raw
+        if methods is None:
+            methods = [rows.method] * len(rows)  # type: ignore[attr-defined]
         parsed = loads(raw)
         if in_order(rids, methods, parsed, raw):
             classifier.count(ctx, node, methods, None, parsed, raw)

@@ -212,3 +212,116 @@ def test_an_answer_the_expression_takes_decodes_to_a_plain_result_per_id_over_mu
             assert type(answer["id"]) is int and type(answer["result"]) is str, bad
             assert result_text(found, k) == answer["result"].encode(), bad
     assert taken > 100  # (mutations of a result's digits, trailing whitespace, ...)
+
+
+async def test_a_batch_whose_items_wait_for_identical_reads_sends_the_rest_as_one_body(
+    node_api, monkeypatch
+) -> None:
+    """Items of a scanned batch identical to single reads in flight (at the head, whose
+    hash the proxy knows) wait for those reads' answers; the other items go as one body,
+    and the client gets every id in order with the waiting items' answers in their places,
+    the bytes the item-by-item steps would write, without decoding the node's answer."""
+    api, node = node_api
+    decoded = [0]
+
+    def counted(raw: bytes) -> Any:
+        decoded[0] += 1
+        return loads(raw)
+
+    monkeypatch.setattr(rounds, "loads", counted)
+    monkeypatch.setattr(classify, "loads", counted)
+    node.batch_answer = lambda items: orjson.dumps(results(items))
+    node.delay = 0.3
+    batch = reads()
+    head = hex(node.head)
+    for k in (0, 4, 5, N - 1):  # (the first, two together, the last)
+        batch[k]["params"][1] = head
+    singles = [
+        asyncio.ensure_future(raw_rpc(api, orjson.dumps(req("eth_getBalance", it["params"], "s"))))
+        for it in (batch[0], batch[4], batch[5], batch[N - 1])
+    ]
+    await asyncio.sleep(0.1)
+    status, raw = await raw_rpc(api, orjson.dumps(batch))
+    leaders = [orjson.loads((await s)[1])["result"] for s in singles]
+    answers = orjson.loads(raw)
+    assert status == 200 and [a["id"] for a in answers] == list(range(N)), raw
+    assert [answers[k]["result"] for k in (0, 4, 5, N - 1)] == leaders, raw
+    assert all(answers[k]["result"] == hex(7000 + k) for k in (1, 2, 3, 6, 7, 8)), raw
+    assert raw == orjson.dumps(answers)  # (as the answers dumped one by one are written)
+    sent = orjson.loads(node.bodies[-1])
+    assert [it["id"] for it in sent] == [1, 2, 3, 6, 7, 8]  # the waiting items left out
+    assert len(node.bodies) == 5  # four singles, one batch
+    assert decoded[0] == 0
+
+
+@pytest.mark.parametrize("name", ["error", "missing", "whitespace", "reversed"])
+async def test_a_batch_with_waiting_items_takes_any_other_answer_item_by_item(
+    node_api, name: str
+) -> None:
+    """The rest of such a batch answered otherwise than one result per id in order: the
+    decoded steps' answers, the waiting items' answers among them."""
+    api, node = node_api
+
+    def answer(items: list[dict[str, Any]]) -> bytes:
+        got: list[Any] = results(items)
+        if name == "error":
+            got[1] = {"jsonrpc": "2.0", "id": got[1]["id"], "error": {"code": -32000, "m": 1}}
+        elif name == "missing":
+            del got[1]
+        elif name == "reversed":
+            got.reverse()
+        return orjson.dumps(got) + (b"\n" if name == "whitespace" else b"")
+
+    node.batch_answer = answer
+    node.delay = 0.3
+    batch = reads()
+    batch[3]["params"][1] = hex(node.head)
+    single = asyncio.ensure_future(
+        raw_rpc(api, orjson.dumps(req("eth_getBalance", batch[3]["params"], "s")))
+    )
+    await asyncio.sleep(0.1)
+    status, raw = await raw_rpc(api, orjson.dumps(batch))
+    leader = orjson.loads((await single)[1])["result"]
+    answers = orjson.loads(raw)
+    assert status == 200 and [a["id"] for a in answers] == list(range(N)), raw
+    assert answers[3]["result"] == leader, raw
+    assert raw == orjson.dumps(answers)
+    if name == "error":
+        assert answers[1]["error"]["code"] == -32000, raw
+    elif name == "missing":
+        assert "error" in answers[1], raw  # given up: the one node had no answer for it
+    else:
+        assert answers[1]["result"] == hex(7001), raw
+    rest = [a for a in answers if a["id"] not in (1, 3)]
+    assert [a["result"] for a in rest] == [hex(7000 + a["id"]) for a in rest], raw
+
+
+def test_an_answer_around_waiting_items_is_joined_only_when_the_expression_takes_it() -> None:
+    """Over answers to a batch less some items, mutated at random: whenever `Followed`
+    takes one, the joined bytes are the node's answers decoded, the waiting items' answers
+    put in their places, dumped; anything else is left to the decoded steps."""
+    rng = random.Random(37)
+    taken = 0
+    for _ in range(2000):
+        first, n = rng.randint(0, 1), rng.randint(2, 12)
+        rids = list(range(first, first + n))
+        gaps = sorted(rng.sample(range(n), rng.randint(1, n - 1)))
+        sent = [rid for k, rid in enumerate(rids) if k not in gaps]
+        raw = orjson.dumps([{"jsonrpc": "2.0", "id": r, "result": hex(r * 77)} for r in sent])
+        if rng.random() < 0.8:
+            raw = mutated(raw, rng)
+        followed = rounds.Followed(rids, None, gaps)  # type: ignore[arg-type]
+        found = followed.check(raw)
+        if found is None:
+            continue
+        taken += 1
+        waiting = {k: {"jsonrpc": "2.0", "id": rids[k], "result": {"k": k}} for k in gaps}
+        answers: list[Any] = [waiting.get(k) for k in range(n)]
+        node = iter(orjson.loads(raw))
+        whole = [answers[k] if k in waiting else next(node) for k in range(n)]
+        assert next(node, None) is None and [a["id"] for a in whole] == rids, raw
+        assert followed.joined(answers) == orjson.dumps(whole), raw
+        for k in range(n):
+            if k not in waiting:
+                assert result_text(found, k) == whole[k]["result"].encode(), raw
+    assert taken > 300
