@@ -45,6 +45,11 @@ def test_suite_scale_runs_end_to_end(tmp_path: Path) -> None:
     assert last["archive"]["disk"]["txs"]["entries"] == 20
     assert last["state"]["disk"]["txs"]["entries"] == 8
     assert len(report["ratios"]) == 3
+    # the collector's CPU, the part of it during the parse, and the objects it tracks
+    collector = last["ingest"]["gc"]
+    assert 0 <= collector["in_parse_ms"] <= collector["ms"] and len(collector["passes"]) == 3
+    assert sum(collector["passes"]) > 0 and min(last["gc_objects"]) >= 0
+    assert last["gc_objects"][2] > 1000  # at least the modules' functions and classes
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "eth_getStorageAt" in done.stdout and "archive" in done.stdout
 
