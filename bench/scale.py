@@ -214,7 +214,6 @@ class ScaleRun:
             node = StateNode.from_config(section, data_dir=self.root / kind)
             await node.start()
             self.nodes[kind] = node
-        gc.callbacks.append(self.meter.gc)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -230,6 +229,7 @@ class ScaleRun:
         self.chain = SyntheticChain(self.shape, self.say)
         self.say(f"generator ready in {time.perf_counter() - started:.0f} s")
         await self._genesis()
+        gc.callbacks.append(self.meter.gc)  # (from the first block: the meter is per block)
         targets = sorted({max(1, round(f * self.shape.blocks)) for f in checkpoints})
         for target in targets:
             await self._ingest_to(target)
