@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 
 from bench.marks import MARK, segment_counts
-from bench.scale import node_gc
+from bench.scale import collect_young, node_gc
 
 KINDS = ("archive", "state")
 
@@ -267,6 +267,8 @@ async def _interleaved(args: argparse.Namespace, nodes: dict[str, Any], raws: li
                 own = [_own(block) for block in batch]
                 started = time.process_time()
                 await node.ingest.apply_blocks(own)
+                del own
+                collect_young()  # (as suite scale: each apply pays for its young objects)
                 apply[kind] += time.process_time() - started
     finally:
         gc.callbacks.remove(meter)
