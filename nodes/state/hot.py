@@ -123,7 +123,10 @@ class HotState:
         MISSING when the view does not know it (not covered, or no base value cached)."""
         versions = self.versions.get(prefix)
         if versions is not None:
-            for i in range(len(versions) - 2, -1, -2):
+            if versions[-2] <= height:  # the newest version (reads at the head: the most)
+                newest: bytes = versions[-1]
+                return newest
+            for i in range(len(versions) - 4, -1, -2):
                 if versions[i] <= height:
                     value: bytes = versions[i + 1]
                     return value
