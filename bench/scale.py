@@ -85,6 +85,29 @@ def add_scale_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+class GcMeter:
+    """CPU seconds of the collector's passes (`gc.callbacks`), all of them and those during
+    the parse: the parse allocates most of ingest's objects, so most passes start in it, and
+    each pass walks what the process holds young (its cost, not the parse's own, is what a
+    parse gains when the process holds more)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.in_parse = 0.0
+        self.passes = [0, 0, 0]  # per generation
+        self.parsing = False
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":  # (a pass runs in one thread: its CPU is that thread's)
+            self._started = time.thread_time()
+            return
+        spent = time.thread_time() - self._started
+        self.seconds += spent
+        self.in_parse += spent if self.parsing else 0.0
+        self.passes[info["generation"]] += 1
+
+
 @dataclass
 class Meter:
     """CPU seconds spent per stage while ingesting, and blocks done."""
@@ -95,6 +118,7 @@ class Meter:
     apply: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 0.0))
     written: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     wall: float = 0.0
+    gc: GcMeter = field(default_factory=GcMeter)
 
     def rates(self, writes_per_block: int) -> dict[str, Any]:
         """Per node: blocks and state writes per CPU second of its ingest (parse + apply)."""
@@ -111,6 +135,11 @@ class Meter:
                 "written_per_block": round(self.written[kind] / max(self.blocks, 1)),
             }
         out["generate_ms"] = round(1000 * self.generate / max(self.blocks, 1), 2)
+        out["gc"] = {
+            "ms": round(1000 * self.gc.seconds / max(self.blocks, 1), 2),
+            "in_parse_ms": round(1000 * self.gc.in_parse / max(self.blocks, 1), 2),
+            "passes": list(self.gc.passes),
+        }
         return out
 
 
@@ -188,6 +217,8 @@ class ScaleRun:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self.meter.gc in gc.callbacks:
+            gc.callbacks.remove(self.meter.gc)
         for node in self.nodes.values():
             await node.close()
 
@@ -198,6 +229,7 @@ class ScaleRun:
         self.chain = SyntheticChain(self.shape, self.say)
         self.say(f"generator ready in {time.perf_counter() - started:.0f} s")
         await self._genesis()
+        gc.callbacks.append(self.meter.gc)  # (from the first block: the meter is per block)
         targets = sorted({max(1, round(f * self.shape.blocks)) for f in checkpoints})
         for target in targets:
             await self._ingest_to(target)
@@ -233,13 +265,17 @@ class ScaleRun:
                 t1 = time.process_time()
                 meter.generate += t1 - t0
                 ingest = self.nodes["archive"].ingest
+                meter.gc.parsing = True
                 batch.append(await ingest._parsed(orjson.loads(raw), chain.height))
+                meter.gc.parsing = False
                 meter.parse += time.process_time() - t1
             for kind, node in self.nodes.items():
                 # each node encodes the block's writes, as when it parses its own copy
                 own = [replace(block) for block in batch]
                 before, io = time.process_time(), _written()
                 await node.ingest.apply_blocks(own)
+                del own
+                collect_young()
                 meter.apply[kind] += time.process_time() - before
                 meter.written[kind] += _written() - io
             meter.blocks += len(batch)
@@ -249,7 +285,9 @@ class ScaleRun:
                 self.say(
                     f"block {chain.height:,}/{self.shape.blocks:,}: archive "
                     f"{rates['archive']['blocks_per_cpu_s']} blocks/CPU s, state "
-                    f"{rates['state']['blocks_per_cpu_s']}; generating "
+                    f"{rates['state']['blocks_per_cpu_s']}; parse "
+                    f"{rates['archive']['parse_ms']} ms/block (collector "
+                    f"{rates['gc']['in_parse_ms']}, in all {rates['gc']['ms']}); generating "
                     f"{rates['generate_ms']} ms/block; rss "
                     f"{_memory()['rss'] / 2**20:,.0f} MiB"
                 )
@@ -261,6 +299,7 @@ class ScaleRun:
             "blocks": height,
             "ingest": self.meter.rates(self.shape.writes_per_block),
             "memory": _memory(),
+            "gc_objects": [len(gc.get_objects(g)) for g in range(3)],  # per generation
         }
         last = self.points[-1] if self.points else None
         for kind, node in self.nodes.items():
@@ -345,6 +384,17 @@ async def run_scale(args: argparse.Namespace, opts: Any) -> dict[str, Any]:
     finally:
         if not opts.keep_dir:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def collect_young() -> None:
+    """Collect the young objects a node's apply left, counted in that node's apply.
+
+    Both nodes share this process and one parse, which counts for each of them; collections
+    that started in the parse walked both nodes' new objects (their hot views' entries, the
+    writes they encoded) and were charged twice, where a node in its own process pays only
+    for its own. Collected here, the young objects of each apply are walked once, by the
+    node that made them, and the parse's passes walk the parse's."""
+    gc.collect(0)
 
 
 def node_gc() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import mmap
 import os
@@ -38,7 +39,7 @@ from typing import Any
 import orjson
 
 from bench.marks import MARK, segment_counts
-from bench.scale import node_gc
+from bench.scale import collect_young, node_gc
 
 KINDS = ("archive", "state")
 
@@ -62,9 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--span", type=int, default=0, help="also apply ms per span of N blocks")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument("--callgrind", action="store_true", help="count instructions (with --load)")
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="parse each batch just before applying it, as suite scale does (CPU only)",
+    )
     p.add_argument("--marks", action="store_true", help=argparse.SUPPRESS)  # (the run inside)
     args = p.parse_args(argv)
     if args.callgrind:
+        if args.interleave:
+            raise SystemExit("--interleave counts CPU only: not with --callgrind")
         return callgrind(args)
     node_gc()  # as the node's process collects (bench/scale.py)
     report = asyncio.run(_run(args))
@@ -207,6 +215,8 @@ def _settle(folder: Path) -> None:
 
 async def _measure(args: argparse.Namespace, nodes: dict[str, Any], raws: list[bytes]) -> Any:
     """Parse every block, then apply them to each node in turn (callgrind: a segment each)."""
+    if args.interleave:
+        return await _interleaved(args, nodes, raws)
     mark = MARK if args.marks else _nothing
     ingest = nodes["archive"].ingest
     mark()
@@ -235,6 +245,43 @@ async def _measure(args: argparse.Namespace, nodes: dict[str, Any], raws: list[b
     if args.span:
         report["apply_ms_by_span"] = spans
     return report
+
+
+async def _interleaved(args: argparse.Namespace, nodes: dict[str, Any], raws: list[bytes]) -> Any:
+    """Parse each batch just before it is applied to each node, as `suite scale` and a node
+    catching up do: the parse then runs while the hot views are full, and pays the
+    collections that start in it (the collector's CPU is reported apart, as in the suite)."""
+    from bench.scale import GcMeter
+
+    ingest, meter = nodes["archive"].ingest, GcMeter()
+    parse, apply = 0.0, dict.fromkeys(nodes, 0.0)
+    gc.callbacks.append(meter)
+    try:
+        for start in range(0, len(raws), args.batch):
+            started, meter.parsing = time.process_time(), True
+            heights = range(start + 1, min(start + args.batch, len(raws)) + 1)
+            batch = [await ingest._parsed(orjson.loads(raws[h - 1]), h) for h in heights]
+            parse += time.process_time() - started
+            meter.parsing = False
+            for kind, node in nodes.items():
+                own = [_own(block) for block in batch]
+                started = time.process_time()
+                await node.ingest.apply_blocks(own)
+                del own
+                collect_young()  # (as suite scale: each apply pays for its young objects)
+                apply[kind] += time.process_time() - started
+    finally:
+        gc.callbacks.remove(meter)
+    n = len(raws)
+    return {
+        "parse_ms": round(1000 * parse / n, 2),
+        "apply_ms": {kind: round(1000 * cpu / n, 2) for kind, cpu in apply.items()},
+        "gc": {
+            "ms": round(1000 * meter.seconds / n, 2),
+            "in_parse_ms": round(1000 * meter.in_parse / n, 2),
+            "passes": list(meter.passes),
+        },
+    }
 
 
 def _spans(args: argparse.Namespace, started: float, cpus: list[float]) -> list[float]:

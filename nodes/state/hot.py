@@ -6,8 +6,11 @@ them. Reads and updates all run in the node's event loop, so a read never sees h
 
 It holds, for the covered heights `[lo, hi]` (at most `blocks` of them):
 
-- `versions`: store key prefix → `[(height, raw value), …]` in height order, the values the
-  covered blocks wrote (raw = the store's encoding: minimal big-endian integers, raw code);
+- `versions`: store key prefix → `(height, raw value, height, raw value, …)` in height
+  order, the values the covered blocks wrote (raw = the store's encoding: minimal big-endian
+  integers, raw code). One flat tuple per key, not a list of pairs: the collector untracks a
+  tuple of ints and bytes, so the view's hundreds of thousands of keys are not walked by the
+  collections that ingest's next blocks trigger, and a block's write allocates one object;
 - `base`: store key prefix → raw value as of height `lo - 1`, filled by reads (one LMDB
   read per key, then memory) and moved forward exactly when the oldest block leaves: the
   values that block wrote become the new base values, every other base value stays true.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from typing import Any
 
 MISSING = None  # what `value` answers when the view cannot answer (the caller reads LMDB)
 
@@ -36,7 +40,7 @@ class HotState:
         self.base_entries = max(0, base_entries)
         self.lo = 0
         self.hi = -1  # empty: hi < lo
-        self.versions: dict[bytes, list[tuple[int, bytes]]] = {}
+        self.versions: dict[bytes, tuple[Any, ...]] = {}
         self.base: dict[bytes, bytes] = {}
         self._written: deque[list[bytes]] = deque()  # per covered height, oldest first
 
@@ -70,12 +74,12 @@ class HotState:
         for prefix, value in writes:
             versions = self.versions.get(prefix)
             if versions is None:
-                self.versions[prefix] = [(height, value)]
-            elif versions[-1][0] == height:  # the same field twice in one block: last wins
-                versions[-1] = (height, value)
+                self.versions[prefix] = (height, value)
+            elif versions[-2] == height:  # the same field twice in one block: last wins
+                self.versions[prefix] = (*versions[:-1], value)
                 continue
             else:
-                versions.append((height, value))
+                self.versions[prefix] = (*versions, height, value)
             prefixes.append(prefix)
         self._written.append(prefixes)
         self.hi = height
@@ -86,9 +90,11 @@ class HotState:
         """The oldest covered block leaves: its values become the base values."""
         for prefix in self._written.popleft():
             versions = self.versions[prefix]
-            _, value = versions.pop(0)
-            if not versions:
+            value = versions[1]
+            if len(versions) == 2:
                 del self.versions[prefix]
+            else:
+                self.versions[prefix] = versions[2:]
             if prefix in self.base or len(self.base) < self.base_entries:
                 self.base[prefix] = value
         self.lo += 1
@@ -102,9 +108,10 @@ class HotState:
             return
         for prefix in self._written.pop():
             versions = self.versions[prefix]
-            versions.pop()
-            if not versions:
+            if len(versions) == 2:
                 del self.versions[prefix]
+            else:
+                self.versions[prefix] = versions[:-2]
         self.hi -= 1
         if self.empty:  # nothing covered: the base (values at lo - 1 = hi) is still true
             self.lo = self.hi + 1
@@ -116,8 +123,12 @@ class HotState:
         MISSING when the view does not know it (not covered, or no base value cached)."""
         versions = self.versions.get(prefix)
         if versions is not None:
-            for h, value in reversed(versions):
-                if h <= height:
+            if versions[-2] <= height:  # the newest version (reads at the head: the most)
+                newest: bytes = versions[-1]
+                return newest
+            for i in range(len(versions) - 4, -1, -2):
+                if versions[i] <= height:
+                    value: bytes = versions[i + 1]
                     return value
         return self.base.get(prefix)
 

@@ -45,6 +45,11 @@ def test_suite_scale_runs_end_to_end(tmp_path: Path) -> None:
     assert last["archive"]["disk"]["txs"]["entries"] == 20
     assert last["state"]["disk"]["txs"]["entries"] == 8
     assert len(report["ratios"]) == 3
+    # the collector's CPU, the part of it during the parse, and the objects it tracks
+    collector = last["ingest"]["gc"]
+    assert 0 <= collector["in_parse_ms"] <= collector["ms"] and len(collector["passes"]) == 3
+    assert all(passes >= 0 for passes in collector["passes"]) and min(last["gc_objects"]) >= 0
+    assert last["gc_objects"][2] > 1000  # at least the modules' functions and classes
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "eth_getStorageAt" in done.stdout and "archive" in done.stdout
 
@@ -89,3 +94,19 @@ def test_scale_ingest_measures_a_saved_chain(tmp_path: Path) -> None:
             usage = run_["per_block"][kind]
             assert set(usage) == {"minor_faults", "major_faults", "sys_ms", "mb_written"}
             assert all(value >= 0 for value in usage.values())
+    # parsed a batch at a time, just before it is applied, with the collector's share
+    done = subprocess.run(
+        [*run, "--load", str(tmp_path), "--window", "4", "--batch", "5", "--repeat", "1",
+         "--interleave", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_,) = json.loads(done.stdout)["runs"]
+    assert run_["parse_ms"] > 0
+    assert run_["apply_ms"]["archive"] > 0 and run_["apply_ms"]["state"] > 0
+    assert 0 <= run_["gc"]["in_parse_ms"] <= run_["gc"]["ms"] and len(run_["gc"]["passes"]) == 3
+    refused = subprocess.run(
+        [*run, "--load", str(tmp_path), "--interleave", "--callgrind"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "not with --callgrind" in refused.stderr

@@ -9,6 +9,7 @@ answers exactly what the generic dispatcher answers.
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 from pathlib import Path
 from typing import Any
@@ -425,6 +426,27 @@ def test_hot_view_keeps_its_bounds() -> None:
     off = HotState(blocks=0, base_entries=10)
     off.applied(0, [(key[0], b"\x01")], earliest=0)
     assert off.empty and not off.versions
+
+
+def test_hot_view_entries_are_not_traversed_by_the_collector() -> None:
+    """The view's versions (a block's writes for `blocks` blocks) are tuples the collector
+    untracks, so collections during ingest do not walk them; written twice in a block, the
+    last value wins, and dropping and rolling back blocks keeps the other versions."""
+    hot = HotState(blocks=3, base_entries=10)
+    key = [bytes([i]) * 21 for i in range(2)]
+    hot.applied(1, [(key[0], b"\x01"), (key[0], b"\x11"), (key[1], b"\x21")], earliest=0)
+    hot.applied(2, [(key[0], b"\x02")], earliest=0)
+    hot.applied(3, [(key[0], b"\x03"), (key[1], b"\x23")], earliest=0)
+    hot.applied(4, [(key[0], b"\x04")], earliest=0)  # block 1 leaves: its values are the base
+    gc.collect()
+    assert not any(gc.is_tracked(versions) for versions in hot.versions.values())
+    assert [hot.value(key[0], h) for h in (2, 3, 4)] == [b"\x02", b"\x03", b"\x04"]
+    assert hot.value(key[1], 2) == b"\x21" and hot.value(key[1], 4) == b"\x23"
+    hot.rolled_back(4)
+    hot.rolled_back(3)
+    assert (hot.lo, hot.hi) == (2, 2)
+    assert hot.value(key[0], 2) == b"\x02" and hot.value(key[1], 2) == b"\x21"
+    assert key[1] not in hot.versions  # its only covered version was rolled back
 
 
 @pytest.mark.parametrize("kind", ["archive", "state"])
