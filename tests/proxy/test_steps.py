@@ -28,7 +28,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.model import Node, NodeEntry, Pool
 from proxy.outcome import TimedOut, TooLarge
 from proxy.parse import Parser, least, unique_ids
-from proxy.pipeline import _pinned_rows
+from proxy.pipeline import _pinned_rows, _written
 from proxy.readpath import ReadPath
 from proxy.reads import Plan, Reads, ReadSettings
 from proxy.request import Ctx, Group, Item, Rows
@@ -217,8 +217,10 @@ def test_a_batch_at_plain_heights_is_planned_as_a_whole_as_it_is_row_by_row() ->
     parser.rows(Ctx("1", pool), batch, [None] * 6, b"")  # (the texts remembered)
     rows, exact, _ = parser.rows(Ctx("1", pool), batch, [None] * 6, b"")
     assert type(rows) is Rows and exact and len(rows) == 6 and rows[-1].pos == 5
+    scanned = parser.batch(orjson.dumps(batch))  # (the same rows read from their bytes)
+    assert type(scanned) is Rows and scanned.found is not None
     outcomes = []
-    for given in (rows, list(rows)):
+    for given in (rows, list(rows), scanned):
         ctx = Ctx("1", pool)
         plain, planned, waiting, changed = readpath.plan_rows(ctx, given, [None] * 6)
         reads.coalescer.flights.clear()  # type: ignore[union-attr]
@@ -226,17 +228,21 @@ def test_a_batch_at_plain_heights_is_planned_as_a_whole_as_it_is_row_by_row() ->
         both = _pinned_rows(plain, planned)
         found = chooser.one_node(pool, both)
         assert found is not None
+        objs = [row.obj for row in both]
+        if given is scanned:  # (the body sent: the client's bytes, the pinned items in)
+            assert _written(both) == orjson.dumps(objs)
+            assert (both.heights, both.bounds()) == (heights, (HEAD - 9, HEAD))
         outcomes.append(
             (
                 [row.pos for row in plain],
-                [(it.pos, it.obj) for it in planned],
-                [row.obj for row in both],
+                [(it.pos, it.obj, it.rid, it.ref, it.block) for it in planned],
+                objs,
                 found[1],
             )
         )
-    assert outcomes[0] == outcomes[1]
+    assert outcomes[0] == outcomes[1] == outcomes[2]
     assert outcomes[0][0] == [0, 2, 3, 5]  # (no hash known at those heights)
-    assert [obj["params"][1] for _, obj in outcomes[0][1]] == [
+    assert [planned[1]["params"][1] for planned in outcomes[0][1]] == [
         {"blockHash": block_hash(HEAD - 2)},
         {"blockHash": block_hash(HEAD)},
     ]
