@@ -202,6 +202,19 @@ def test_the_read_path_pins_latest_once_per_request_and_asks_once_per_block_text
     assert answers[4]["result"] == hex(HEAD)  # the pinned head itself
 
 
+def test_a_node_off_the_known_chain_is_avoided_only_while_another_is_on_it() -> None:
+    """A reader whose head is on a fork the known chain dropped gets no item pinned to a
+    block of that chain while another reader is on it; a lone reader is never avoided (no
+    other node may answer)."""
+    on, off = node("on"), node("off")
+    for readers, avoided in (([on, off], (off,)), ([off], ())):
+        pool = pool_of(*readers)
+        reads = reads_over(pool, 4)
+        fork = Block(HEAD, "0x" + "ee" * 32, block_hash(HEAD - 1))
+        reads.heads.view(pool.id).tips[off.key] = fork
+        assert reads.request(pool).avoid() == avoided
+
+
 def test_a_batch_at_plain_heights_is_planned_as_a_whole_as_it_is_row_by_row() -> None:
     """The common batch's rows kept as columns (`Rows`) get the same plan and the same node
     as the same rows in a list (each asked row by row): the heights whose hash the read
