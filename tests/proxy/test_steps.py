@@ -427,6 +427,21 @@ def test_the_read_path_plans_the_rows_whose_hash_it_knows_and_no_other() -> None
     assert planned([HEAD - 9, HEAD, HEAD - 5]) == ([False, True, False], True)
     assert planned([HEAD - 9, HEAD - 5]) == (None, True)
     assert planned([HEAD], "eth_getCode") == (None, True)  # not a method it keeps
+    # The rows planned, by their places: a few, or nearly all of a batch's.
+    metrics = ProxyMetrics()
+    readpath = ReadPath(reads, None, Face(selector(), reads), metrics)  # type: ignore[arg-type]
+    parser = Parser(TABLE, metrics)
+    for known in ([3, 7], [i for i in range(12) if i != 5]):
+        heights = [HEAD - i % 3 if i in known else HEAD - 9 for i in range(12)]
+        batch = [
+            req("eth_getBalance", [f"0x{i + 1:040x}", hex(h)], i) for i, h in enumerate(heights)
+        ]
+        parser.rows(Ctx("1", pool), batch, [None] * 12, b"")  # (the texts remembered)
+        rows = parser.batch(orjson.dumps(batch))
+        plain, planned_items, _, _ = readpath.plan_rows(Ctx("1", pool), rows, [None] * 12)
+        reads.coalescer.flights.clear()  # type: ignore[union-attr]
+        assert [it.pos for it in planned_items] == known
+        assert [row.pos for row in plain] == [i for i in range(12) if i not in known]
 
 
 # ---- steps 1-3 by kept routes ----------------------------------------------------------------
