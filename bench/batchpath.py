@@ -22,7 +22,9 @@ and `storage*` cases send them):
 - `http`: the proxy's engine (`Engine.handle`) in front of a node over HTTP (`--node URL`,
   e.g. `chainstate bench fake-node --port 8546`), one body at a time, the bodies of `bench
   suite proxy`'s batch case: the proxy's CPU per batch over HTTP (the node runs in its own
-  process and is not counted).
+  process and is not counted); `--head K`: exactly K items of each body at the head, which
+  the proxy pins by hash and coalesces (`--head 0` against `--head 1`: what such an item
+  costs a batch).
 
 It prints the bodies answered and the answer of the last one's size; every answer is
 checked to be a batch of results with the request's ids (an error answer fails the run).
@@ -59,6 +61,19 @@ def check(body: bytes, answer: Any) -> None:
         sent, got = [sent], [got]
     if [a.get("id") for a in got] != [s["id"] for s in sent] or any("result" not in a for a in got):
         raise SystemExit(f"bad answer: {raw[:300]!r}")
+
+
+def at_head(body: bytes, k: int, seed: int) -> bytes:
+    """`body` with exactly `k` items (spread by `seed`) at the fake node's head and the
+    others one block below it: the proxy knows the head's hash, so such an item is pinned
+    by hash and coalesced (`--head 0` and `--head 1` counted apart: what one costs)."""
+    items = orjson.loads(body)
+    for it in items:
+        if it["params"][-1] == hex(FAKE_HEAD):
+            it["params"][-1] = hex(FAKE_HEAD - 1)
+    for i in range(min(k, len(items))):
+        items[(seed * 37 + i * 41) % len(items)]["params"][-1] = hex(FAKE_HEAD)
+    return orjson.dumps(items)
 
 
 def run_sync(handle: Callable[[bytes], Any], payloads: list[bytes], n: int) -> Any:
@@ -114,6 +129,8 @@ async def over_http(args: argparse.Namespace) -> Any:
             addresses=fake_addresses(1000),
         )
         payloads = plan.build()[:50]
+        if args.head is not None:
+            payloads = [at_head(body, args.head, j) for j, body in enumerate(payloads)]
         headers: dict[str, str] = {}
         for body in payloads:
             check(body, await engine.handle("1337", body, headers))
@@ -140,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         "--settle", type=float, default=1.5, help="seconds for the proxy's head polls (proxy)"
     )
     p.add_argument("--node", help="the node's URL for --path http")
+    p.add_argument(
+        "--head",
+        type=int,
+        metavar="K",
+        help="--path http: exactly K items of each body at the node's head (default: as drawn)",
+    )
     p.add_argument(
         "--proxy",
         action="append",

@@ -247,8 +247,10 @@ class RequestHeads:
             off: list[Node] = []
             on = False
             view = self.view
-            if view is not None:
-                for node in self.pool.readers:
+            readers = self.pool.readers
+            # (a lone reader is never avoided: no other node may be on the chain)
+            if view is not None and len(readers) > 1:
+                for node in readers:
                     tip = view.tips.get(node.entry.key)
                     if tip is None:
                         continue

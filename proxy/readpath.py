@@ -24,7 +24,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.model import Node
 from proxy.parse import NO_NODE_KEY
 from proxy.reads import Plan, Reads
-from proxy.request import Ctx, Group, Item, Row, Rows, heights
+from proxy.request import Ctx, Group, Item, Row, Rows, heights, make_row
 from proxy.rounds import Rounds
 
 COALESCED = "coalesced"  # node label of items that shared an identical read's answer
@@ -136,7 +136,10 @@ class ReadPath:
                 return rows, [], [], False
             if type(rows) is Rows:  # (its columns: no row made for those left alone)
                 picked = list(compress(count(), known))
-                plain, rows = rows.without(known, len(picked)), list(map(rows.__getitem__, picked))
+                plain = rows.without(known, len(picked))
+                # (rows read from their bytes: each an Item at once, most are planned)
+                make = rows.__getitem__ if rows.found is None else rows.item
+                rows = list(map(make, picked))  # type: ignore[arg-type]
             else:
                 plain = list(compress(rows, map(not_, known)))
                 rows = list(compress(rows, known))  # (planned one by one below)
@@ -157,7 +160,7 @@ class ReadPath:
             block = row.block
             pair = (row.method, block) if block is not None or row.ref is None else None
             if pair is not None and pair in untouched:
-                left.append(row)
+                left.append(_row(row))
                 continue
             try:
                 plan = plan_of(heads, row.method, row.spec, row.ref, row.obj)
@@ -169,7 +172,7 @@ class ReadPath:
             if plan is None:
                 if pair is not None:
                     untouched.add(pair)
-                left.append(row)
+                left.append(_row(row))
                 continue
             if type(plan) is not Plan:  # a ready result
                 answers[row.pos] = {"jsonrpc": "2.0", "id": row.rid, "result": plan}
@@ -177,7 +180,7 @@ class ReadPath:
                 ready[counted] = ready.get(counted, 0) + 1
                 changed = True
                 continue
-            it = Item(*row)
+            it = row if type(row) is Item else Item(*row)
             it.plan = plan
             if plan.obj is not it.obj:
                 it.obj, it.ref, changed = plan.obj, plan.ref, True
@@ -255,6 +258,13 @@ class ReadPath:
 
 
 _POS = attrgetter("pos")
+_FIELDS = attrgetter("pos", "obj", "rid", "method", "spec", "ref", "notif", "block")
+
+
+def _row(row: Row | Item) -> Row:
+    """A row the read path leaves as it is, as a `Row` (a batch read from its bytes gives
+    its planned rows as Items)."""
+    return make_row(_FIELDS(row)) if type(row) is Item else row  # type: ignore[return-value]
 
 
 def _source(ready: Any) -> str:

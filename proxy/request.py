@@ -253,6 +253,15 @@ class Rows:
             ),
         )
 
+    def item(self, i: int) -> Item:
+        """Row `i` of rows read from their bytes as an `Item` (what the read path plans),
+        from the columns and that row's bytes alone: no `Row` made first."""
+        found = self.found
+        start, end = item_span(found, i)  # type: ignore[arg-type]
+        text, ref = self.entries[i][:2]  # type: ignore[index]
+        obj = orjson.loads(found.string[start:end])  # type: ignore[union-attr]
+        return Item(i, obj, self.rids[i], self.method, self.spec, ref, False, text)
+
     def bounds(self) -> tuple[int, int] | None:
         """The lowest and the highest height of these rows when every one names a plain
         height, else None: found once (two C loops over the column; a pass asking whether
@@ -304,6 +313,21 @@ class Rows:
         read in flight), for rows read from their bytes only (`_without`)."""
         if cut:
             return self._without(items, cut)
+        found, entries = self.found, self.entries
+        if found is not None and entries is not None and _same_blocks(entries, items):
+            # (plain heights pinned by hash, the common case: every column as it was, the
+            # slots set here rather than by `__init__`, whose call with keywords costs more)
+            rows = Rows.__new__(Rows)
+            rows.rids, rows.method, rows.spec, rows.entries = (
+                self.rids,
+                self.method,
+                self.spec,
+                entries,
+            )
+            rows.heights, rows.positions, rows.source = self.heights, self.positions, None
+            rows.size, rows.drop, rows.span, rows.found = self.size, None, self.span, found
+            rows.raw, rows.own = _spliced(found, items), {it.pos: it.obj for it in items}
+            return rows
         heights = None if self.heights is None else list(self.heights)
         span = self.span
         if heights is not None:
@@ -314,7 +338,6 @@ class Rows:
                     span = None
                 elif span:  # (bounds that may be wider than these rows': still one class)
                     span = (min(span[0], height), max(span[1], height))  # type: ignore[index]
-        found, entries = self.found, self.entries
         if found is not None and entries is not None:
             entries = list(entries)
             for it in items:  # (an entry's height is not read: `heights` has it)
@@ -370,6 +393,15 @@ def text_group(k: int) -> int:
     `_shape`): group 1 is the method's seam, group 2 item 0's text, group 3 the seam
     between items."""
     return 2 if k == 0 else k + 3
+
+
+def _same_blocks(
+    entries: Sequence[tuple[str, BlockRef | None, int | None]], items: list[Item]
+) -> bool:
+    """Whether every one of `items` names the block its row named (the same `BlockRef`,
+    which the read path keeps for a plain height it names by hash): the rows' heights
+    and entries are then theirs as they are."""
+    return all(entries[it.pos][1] is it.ref for it in items)
 
 
 def _spliced(found: re.Match[bytes], items: list[Item]) -> bytes:

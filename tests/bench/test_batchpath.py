@@ -7,6 +7,7 @@ from pathlib import Path
 
 import orjson
 
+from bench.batchpath import FAKE_HEAD, at_head
 from bench.batchpath import main as batchpath
 from bench.inproccount import read_bodies
 from bench.nodereads import STORAGE_CONTRACT, STORAGE_SLOTS, bodies, synthetic_node
@@ -43,3 +44,21 @@ def test_batchpath_runs_the_storage_bodies_through_the_proxy(capsys) -> None:
     argv = ["--path", "proxy", "--method", "eth_getStorageAt", "--batch", "10", "-n", "20"]
     assert batchpath([*argv, "--blocks", "40", "--settle", "0.3"]) == 0
     assert "proxy batch 10: 20 bodies" in capsys.readouterr().out
+
+
+def test_head_bodies_have_exactly_k_items_at_the_head() -> None:
+    """`--head K`: K items of each body name the fake node's head, the rest one below it;
+    ids, methods and addresses as drawn."""
+    items = [
+        {"jsonrpc": "2.0", "id": i, "method": "eth_getBalance", "params": [f"0x{i:040x}", h]}
+        for i, h in enumerate([hex(FAKE_HEAD)] * 3 + [hex(FAKE_HEAD - 5)] * 97)
+    ]
+    body = orjson.dumps(items)
+    for k in (0, 1, 4):
+        got = orjson.loads(at_head(body, k, 3))
+        at = [it["params"][1] for it in got]
+        assert at.count(hex(FAKE_HEAD)) == k
+        assert set(at) <= {hex(FAKE_HEAD), hex(FAKE_HEAD - 1), hex(FAKE_HEAD - 5)}
+        assert [(it["id"], it["params"][0]) for it in got] == [
+            (it["id"], it["params"][0]) for it in items
+        ]

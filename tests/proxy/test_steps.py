@@ -28,7 +28,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.model import Node, NodeEntry, Pool
 from proxy.outcome import TimedOut, TooLarge
 from proxy.parse import Parser, least, unique_ids
-from proxy.pipeline import _pinned_rows
+from proxy.pipeline import _pinned_rows, _written
 from proxy.readpath import ReadPath
 from proxy.reads import Plan, Reads, ReadSettings
 from proxy.request import Ctx, Group, Item, Rows
@@ -202,6 +202,19 @@ def test_the_read_path_pins_latest_once_per_request_and_asks_once_per_block_text
     assert answers[4]["result"] == hex(HEAD)  # the pinned head itself
 
 
+def test_a_node_off_the_known_chain_is_avoided_only_while_another_is_on_it() -> None:
+    """A reader whose head is on a fork the known chain dropped gets no item pinned to a
+    block of that chain while another reader is on it; a lone reader is never avoided (no
+    other node may answer)."""
+    on, off = node("on"), node("off")
+    for readers, avoided in (([on, off], (off,)), ([off], ())):
+        pool = pool_of(*readers)
+        reads = reads_over(pool, 4)
+        fork = Block(HEAD, "0x" + "ee" * 32, block_hash(HEAD - 1))
+        reads.heads.view(pool.id).tips[off.key] = fork
+        assert reads.request(pool).avoid() == avoided
+
+
 def test_a_batch_at_plain_heights_is_planned_as_a_whole_as_it_is_row_by_row() -> None:
     """The common batch's rows kept as columns (`Rows`) get the same plan and the same node
     as the same rows in a list (each asked row by row): the heights whose hash the read
@@ -217,8 +230,10 @@ def test_a_batch_at_plain_heights_is_planned_as_a_whole_as_it_is_row_by_row() ->
     parser.rows(Ctx("1", pool), batch, [None] * 6, b"")  # (the texts remembered)
     rows, exact, _ = parser.rows(Ctx("1", pool), batch, [None] * 6, b"")
     assert type(rows) is Rows and exact and len(rows) == 6 and rows[-1].pos == 5
+    scanned = parser.batch(orjson.dumps(batch))  # (the same rows read from their bytes)
+    assert type(scanned) is Rows and scanned.found is not None
     outcomes = []
-    for given in (rows, list(rows)):
+    for given in (rows, list(rows), scanned):
         ctx = Ctx("1", pool)
         plain, planned, waiting, changed = readpath.plan_rows(ctx, given, [None] * 6)
         reads.coalescer.flights.clear()  # type: ignore[union-attr]
@@ -226,17 +241,21 @@ def test_a_batch_at_plain_heights_is_planned_as_a_whole_as_it_is_row_by_row() ->
         both = _pinned_rows(plain, planned)
         found = chooser.one_node(pool, both)
         assert found is not None
+        objs = [row.obj for row in both]
+        if given is scanned:  # (the body sent: the client's bytes, the pinned items in)
+            assert _written(both) == orjson.dumps(objs)
+            assert (both.heights, both.bounds()) == (heights, (HEAD - 9, HEAD))
         outcomes.append(
             (
                 [row.pos for row in plain],
-                [(it.pos, it.obj) for it in planned],
-                [row.obj for row in both],
+                [(it.pos, it.obj, it.rid, it.ref, it.block) for it in planned],
+                objs,
                 found[1],
             )
         )
-    assert outcomes[0] == outcomes[1]
+    assert outcomes[0] == outcomes[1] == outcomes[2]
     assert outcomes[0][0] == [0, 2, 3, 5]  # (no hash known at those heights)
-    assert [obj["params"][1] for _, obj in outcomes[0][1]] == [
+    assert [planned[1]["params"][1] for planned in outcomes[0][1]] == [
         {"blockHash": block_hash(HEAD - 2)},
         {"blockHash": block_hash(HEAD)},
     ]
@@ -408,6 +427,21 @@ def test_the_read_path_plans_the_rows_whose_hash_it_knows_and_no_other() -> None
     assert planned([HEAD - 9, HEAD, HEAD - 5]) == ([False, True, False], True)
     assert planned([HEAD - 9, HEAD - 5]) == (None, True)
     assert planned([HEAD], "eth_getCode") == (None, True)  # not a method it keeps
+    # The rows planned, by their places: a few, or nearly all of a batch's.
+    metrics = ProxyMetrics()
+    readpath = ReadPath(reads, None, Face(selector(), reads), metrics)  # type: ignore[arg-type]
+    parser = Parser(TABLE, metrics)
+    for known in ([3, 7], [i for i in range(12) if i != 5]):
+        heights = [HEAD - i % 3 if i in known else HEAD - 9 for i in range(12)]
+        batch = [
+            req("eth_getBalance", [f"0x{i + 1:040x}", hex(h)], i) for i, h in enumerate(heights)
+        ]
+        parser.rows(Ctx("1", pool), batch, [None] * 12, b"")  # (the texts remembered)
+        rows = parser.batch(orjson.dumps(batch))
+        plain, planned_items, _, _ = readpath.plan_rows(Ctx("1", pool), rows, [None] * 12)
+        reads.coalescer.flights.clear()  # type: ignore[union-attr]
+        assert [it.pos for it in planned_items] == known
+        assert [row.pos for row in plain] == [i for i in range(12) if i not in known]
 
 
 # ---- steps 1-3 by kept routes ----------------------------------------------------------------
