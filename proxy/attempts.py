@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -31,7 +32,7 @@ from proxy.breaker import CLOSED, HALF_OPEN
 from proxy.hedge import TIMEOUT, HedgeBudget, Race
 from proxy.latency import LatencyWindow
 from proxy.metrics import ProxyMetrics
-from proxy.model import Node, Pool
+from proxy.model import EWMA, Node, Pool
 from proxy.outcome import UpstreamError
 from proxy.request import Group
 from proxy.settings import ProxySettings
@@ -179,13 +180,11 @@ class Attempts:
             return None
         return hedge, timeout
 
-    def send_now(
-        self, ctx: Any, group: Group, body: bytes, then: Callable[[Node, Any, Any], Any]
-    ) -> bool:
+    def send_now(self, ctx: Any, group: Group, body: bytes, landed: Landed) -> bool:
         """`exchange` without a task, when nothing needs one: a first attempt to a
         plain-http node whose breaker is closed, with no hedge or attempt timeout due and an
         idle connection (`Upstream.send_now`); False (nothing done) otherwise. The node's
-        books are kept as `attempt` keeps them, then `then(node, raw, error)` runs;
+        books are kept as `attempt` keeps them, then `landed.then(node, raw, error)` runs;
         `then(node, None, None)`: not sent after all (nothing counted). An in-process node
         gets the group's items as objects when it answers them as a future (no race there
         either: only plain-http attempts are hedged or timed by the latency window)."""
@@ -199,12 +198,12 @@ class Attempts:
                 return False
             started = time.perf_counter()
             taken[1].transport.write(taken[0].request(body))
-            self.sent_now(ctx, group, taken, started, then, body)
+            self.sent_now(ctx, group, taken, started, landed, body)
             return True
         items = [it.obj for it in group.items]
-        landed = _Landed(self, ctx, group, False, time.perf_counter(), then).landed
+        landed.arm(self, ctx, group, False, time.perf_counter())
         early = ctx.answer_early
-        if not self.upstream.send_now(url, None, self.ceiling, ctx, early, landed, items):
+        if not self.upstream.send_now(url, None, self.ceiling, ctx, early, landed.landed, items):
             return False
         node.inflight += 1  # (the attempt is under way: `_begin`, inline)
         ctx.nodes.append(node.entry.key)
@@ -228,21 +227,23 @@ class Attempts:
         group: Group,
         taken: Any,
         started: float,
-        then: Callable[[Node, Any, Any], Any],
+        landed: Landed,
         body: bytes | None = None,
     ) -> None:
         """The books of a first attempt written at `started` on `connection_now`'s
-        connection, and its answer's wait: kept as `attempt` keeps them, then `then(node,
-        raw, error)` runs. A single request (`body`) to the only node of its kind with
-        another reader beside it is raced at its attempt timeout (`Rescue`)."""
+        connection, and its answer's wait: kept as `attempt` keeps them, then `landed.
+        then(node, raw, error)` runs. A single request (`body`) to the only node of its kind
+        with another reader beside it is raced at its attempt timeout (`Rescue`)."""
         node = group.node
         url = node.entry.url
         pool = ctx.pool  # (a pool of one reader has no rescue: `_lone_timeout` not called)
         soft = None if body is None or len(pool.readers) < 2 else self._lone_timeout(pool, group)
+        landed.arm(self, ctx, group, len(group.cands) > 1, started)  # (its `then` reads them)
         if soft is None:
-            landed = _Landed(self, ctx, group, len(group.cands) > 1, started, then).landed
-            self.upstream.expect_now(taken, url, self.ceiling, ctx, ctx.answer_early, landed)
+            early = ctx.answer_early
+            self.upstream.expect_now(taken, url, self.ceiling, ctx, early, landed.landed)
         else:
+            then = landed.then
             rescue = Rescue(self, ctx, group, body, soft, started, then)  # type: ignore[arg-type]
             early = ctx.answer_early
             self.upstream.expect_now(
@@ -372,8 +373,16 @@ class Attempts:
         elif budget.strikes:
             budget.answered()
         ms = elapsed * 1000
-        latency.observe(node, ms, time.monotonic(), self.tau)
-        node.observe_latency(ms)
+        # (`latency.observe` and `Node.observe_latency`, inline: two calls less per answer)
+        now, cost = time.monotonic(), node.cost
+        if cost is None or ms >= cost:
+            node.cost = ms
+        else:
+            w = math.exp((node.cost_at - now) / self.tau)
+            node.cost = cost * w + ms * (1.0 - w)
+        node.cost_at = now
+        prev = node.latency_ms
+        node.latency_ms = ms if prev is None else prev + EWMA * (ms - prev)
         window = ctx.pool.latency.get(lkey)  # (`_window`, inline)
         if window is None:
             window = self._window(ctx.pool, lkey)
@@ -512,7 +521,7 @@ class Rescue:
 
     def landed(self, raw: bytes | None, exc: UpstreamError | None) -> None:
         """The first attempt's outcome (or the second one's answer, handed to its exchange
-        when it won), booked as `_Landed` books it."""
+        when it won), booked as `Landed` books it."""
         attempts, ctx, node = self.attempts, self.ctx, self.group.node
         node.inflight -= 1
         elapsed = time.perf_counter() - self.started
@@ -556,29 +565,28 @@ class Rescue:
             self.then(self.group.node, *held)
 
 
-class _Landed:
+class Landed:
     """What a first attempt `send_now` or `sent_now` made (at `started`) does with its
-    outcome: the attempt's books, then `then(node, raw, error)`. One object and its bound
-    method cost about half of a closure over as many cells (one per first attempt)."""
+    outcome: the attempt's books, then `then(node, raw, error)`, a subclass's method: the
+    caller's own state and these books are one object per first attempt (one object and
+    its bound method cost about half of a closure over as many cells)."""
 
-    __slots__ = ("attempts", "ctx", "group", "hedgeable", "node", "started", "then")
+    __slots__ = ("attempts", "ctx", "group", "hedgeable", "node", "started")
 
-    def __init__(
-        self,
-        attempts: Attempts,
-        ctx: Any,
-        group: Group,
-        hedgeable: bool,
-        started: float,
-        then: Callable[[Node, Any, Any], Any],
+    def arm(
+        self, attempts: Attempts, ctx: Any, group: Group, hedgeable: bool, started: float
     ) -> None:
+        """The attempt's books to keep once it lands (set by `Attempts` when it is sent)."""
         self.attempts = attempts
         self.ctx = ctx
         self.group = group
         self.node = group.node  # (the node it was sent to, whatever the group holds later)
         self.hedgeable = hedgeable
         self.started = started
-        self.then = then
+
+    def then(self, node: Node, raw: bytes | None, exc: UpstreamError | None) -> None:
+        """What follows the attempt's books."""
+        raise NotImplementedError
 
     def landed(self, raw: bytes | None, exc: UpstreamError | None) -> None:
         attempts, ctx, node = self.attempts, self.ctx, self.node
@@ -595,6 +603,15 @@ class _Landed:
         if self.hedgeable and (raw is not None or exc is not None):
             attempts._earn(ctx.pool)  # an attempt made earns its share, as `_race`'s does
         self.then(node, raw, exc)
+
+
+class LandedThen(Landed):
+    """`Landed` whose `then` is a callable given (its slot shadows the method)."""
+
+    __slots__ = ("then",)
+
+    def __init__(self, then: Callable[[Node, Any, Any], Any]) -> None:
+        self.then = then  # type: ignore[assignment]
 
 
 def _elsewhere(nodes: list[Node], url: str) -> bool:

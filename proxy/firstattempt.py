@@ -31,7 +31,7 @@ import orjson
 
 from chainstate.httpserver import Headers, Request
 from chainstate.inproc import is_inproc
-from proxy.attempts import Attempts
+from proxy.attempts import Attempts, Landed
 from proxy.books import access_log
 from proxy.breaker import CLOSED
 from proxy.face import public as face_public
@@ -335,8 +335,8 @@ class FirstAttempt:
                 if type(written) is tuple:
                     return self._done(ctx, written, started, headers)
             body = written  # type: ignore[assignment]  (None: another attempt, a sub-batch)
-        then = _Then(self, ctx, item, group, body, answers, started, headers, later).then
-        if self.attempts.send_now(ctx, group, body, then):
+        landed = _Then(self, ctx, item, body, answers, started, headers, later)
+        if self.attempts.send_now(ctx, group, body, landed):
             return None
         resumed = self._resume(ctx, item, body, answers, 1, [item], {group.node: group})
         return self._finish(ctx, resumed, started, headers)
@@ -442,36 +442,35 @@ class FirstAttempt:
         item.tried.append(node)
         group = Group(node, [item], route.nodes, method)
         body, headers, later = request.body, request.headers, request.answer_later
-        landed = _Then(self, ctx, item, group, body, [None], started, headers, later).then
+        landed = _Then(self, ctx, item, body, [None], started, headers, later)
         self.attempts.sent_now(ctx, group, taken, sent, landed, request.body)
 
 
-class _Then:
-    """What a first attempt sent now does with its outcome (`then`): the answer and the
-    books, or the rest of the steps in a task given to `later`. One object and its bound
-    method cost about half of a closure over as many cells (one per first attempt)."""
+class _Then(Landed):
+    """What a first attempt sent now does with its outcome after the attempt's books
+    (`then`): the answer and the books, or the rest of the steps in a task given to
+    `later`. The attempt's books (`Landed`) are kept in the same object: one object per
+    first attempt, and no bound method of another between the two."""
 
-    __slots__ = ("answers", "body", "ctx", "first", "group", "headers", "item", "later", "started")
+    __slots__ = ("answers", "began", "body", "first", "headers", "item", "later")
 
     def __init__(
         self,
         first: FirstAttempt,
         ctx: Ctx,
         item: Item,
-        group: Group,
         body: bytes,
         answers: list[Any],
-        started: float,
+        began: float,
         headers: Mapping[str, str],
         later: Callable[[Awaitable[Answer]], Any],
     ) -> None:
         self.first = first
         self.ctx = ctx
         self.item = item
-        self.group = group
         self.body = body
         self.answers = answers
-        self.started = started
+        self.began = began  # the request's start (`Landed.started`: the attempt's)
         self.headers = headers
         self.later = later
 
@@ -483,11 +482,11 @@ class _Then:
             first._land(item, None, answers)
             step = _reraise(error)
         if type(step) is not tuple:
-            self.later(first._finish(ctx, step, self.started, self.headers))  # type: ignore[arg-type]
+            self.later(first._finish(ctx, step, self.began, self.headers))  # type: ignore[arg-type]
             return
         respond = ctx.early  # None when written from the node connection's callback
         ctx.early = None
-        result = first._done(ctx, step, self.started, self.headers)  # type: ignore[arg-type]
+        result = first._done(ctx, step, self.began, self.headers)  # type: ignore[arg-type]
         if respond is not None:
             respond(result)
 

@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from chainstate.httpserver import Headers, Request, Response
-from proxy.attempts import Attempts
+from proxy.attempts import Attempts, LandedThen
 from proxy.books import access_log
 from proxy.breaker import CLOSED
 from proxy.face import public
@@ -389,7 +389,7 @@ class FirstBatch:
             if not done.done():
                 done.set_result(None)
 
-        if not self.attempts.send_now(ctx, group, body, then):  # declined: nothing counted
+        if not self.attempts.send_now(ctx, group, body, LandedThen(then)):  # declined: none counted
             self.leave(pool)
             return None
         return self._finish(ctx, admitted, rows, landed, done, headers, started)  # type: ignore[arg-type]

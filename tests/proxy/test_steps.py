@@ -13,7 +13,7 @@ import pytest
 from chainstate.blockref import BlockRef
 from chainstate.inproc import InprocRegistry
 from chainstate.jsonrpc import BLOCK_NOT_FOUND, INTERNAL_ERROR, JsonRpcError
-from proxy import outcome
+from proxy import latency, outcome
 from proxy.admission import Admission
 from proxy.answer import Answers
 from proxy.attempts import Attempts
@@ -708,3 +708,21 @@ def test_a_requests_place_in_flight_is_counted_in_one_place() -> None:
     )
     admission.leave(pool)
     assert admission.check(pool, 0.0) is None and pool.inflight == admission.inflight == 1
+
+
+def test_an_answered_attempt_keeps_the_nodes_latency_figures() -> None:
+    """The node's cost (the choice's peak EWMA, decayed over time) and its `latency_ms` (the
+    admin view) move with each answer as `latency.observe` and `Node.observe_latency` move
+    them: a slower answer raises the cost at once, a faster one pulls it down by its decay."""
+    pool = pool_of(node("a"))
+    _, _, _, metrics = parts(pool, InprocRegistry())
+    attempts = Attempts(ProxySettings(), Upstream(InprocRegistry()), lambda group: None, metrics)
+    ctx = Ctx("1", pool, None)
+    seen, twin = pool.readers[0], node("b")
+    for seconds in (0.004, 0.010, 0.002, 0.002):
+        attempts.answered(ctx, seen, "eth_getBalance", seconds, "ok")
+        latency.observe(twin, seconds * 1000, seen.cost_at, attempts.tau)
+        twin.observe_latency(seconds * 1000)
+        assert (seen.cost, seen.latency_ms) == (twin.cost, twin.latency_ms)
+    assert seen.cost is not None and 2.0 < seen.cost <= 10.0
+    assert seen.latency_ms is not None and 2.0 < seen.latency_ms < 10.0
