@@ -394,6 +394,10 @@ class StateSuite:
             services.start("proxy", ProxySuite().proxy_command(proxy_port, config), proxy, svc_cpus)
             targets["proxy"] = proxy
             targets["proxy-inproc"] = self._start_inproc(services, self.writer, svc_cpus, opts)
+            # a proxy learns the head by polling its nodes (head_poll_interval): `latest`
+            # through it is the workload's head only once it has
+            for url in (proxy, targets["proxy-inproc"]):
+                self._wait_synced(url)
         targets["anvil"] = anvil
         return targets
 
