@@ -13,7 +13,7 @@ import bisect
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -54,7 +54,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     config.write_text(text)
     running = Stack(config, ports)
     running.start()
-    wait_for(lambda: running.rpc("eth_blockNumber"), what="a first head")
+    # the nodes past their start (a few blocks ingested), so the chain moves while measured
+    wait_for(lambda: int(running.rpc("eth_blockNumber") or "0x0", 16) >= 3, what="block 3")
     yield running
     assert running.stop() == 0, "".join(running.output[-50:])
 
@@ -88,20 +89,30 @@ def moved(answers: list[Answer]) -> int:
     return max(heights) - min(heights)
 
 
+def asked(one: Callable[[int], Answer], n: int = REQUESTS) -> list[Answer]:
+    """`one(i)` for `n` requests, and on (up to a minute) until the chain has moved 5
+    blocks while they were asked: a fast machine sends them all within a few blocks."""
+    answers = [one(i) for i in range(n)]
+    deadline = time.monotonic() + 60
+    while moved(answers) < 5 and time.monotonic() < deadline:
+        answers.append(one(len(answers)))
+    return answers
+
+
 def test_one_connection_alternating(stack: Stack) -> None:
     rpc = proxy(stack)
-    answers = [ask(rpc, METHODS[i % 2]) for i in range(REQUESTS)]
+    answers = asked(lambda i: ask(rpc, METHODS[i % 2]))
     assert moved(answers) >= 5, "the chain hardly moved: the test proves nothing"
     wrong = backwards(answers)
-    assert not wrong, f"{len(wrong)} of {REQUESTS} went backwards: {wrong[:5]}"
+    assert not wrong, f"{len(wrong)} of {len(answers)} went backwards: {wrong[:5]}"
 
 
 def test_two_connections_taking_turns(stack: Stack) -> None:
     rpcs = (proxy(stack), proxy(stack))
-    answers = [ask(rpcs[i % 2], METHODS[(i // 2) % 2]) for i in range(REQUESTS)]
+    answers = asked(lambda i: ask(rpcs[i % 2], METHODS[(i // 2) % 2]))
     assert moved(answers) >= 5, "the chain hardly moved: the test proves nothing"
     wrong = backwards(answers)
-    assert not wrong, f"{len(wrong)} of {REQUESTS} went backwards: {wrong[:5]}"
+    assert not wrong, f"{len(wrong)} of {len(answers)} went backwards: {wrong[:5]}"
 
 
 def test_two_connections_at_once(stack: Stack) -> None:
@@ -110,7 +121,7 @@ def test_two_connections_at_once(stack: Stack) -> None:
 
     def client(first: int) -> None:
         rpc = proxy(stack)
-        mine = [ask(rpc, METHODS[(first + i) % 2]) for i in range(REQUESTS // 2)]
+        mine = asked(lambda i: ask(rpc, METHODS[(first + i) % 2]), REQUESTS // 2)
         with lock:
             answers.extend(mine)
 
@@ -119,10 +130,10 @@ def test_two_connections_at_once(stack: Stack) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(answers) == REQUESTS
+    assert len(answers) >= REQUESTS
     assert moved(answers) >= 5, "the chain hardly moved: the test proves nothing"
     wrong = backwards(answers)
-    assert not wrong, f"{len(wrong)} of {REQUESTS} went backwards: {wrong[:5]}"
+    assert not wrong, f"{len(wrong)} of {len(answers)} went backwards: {wrong[:5]}"
 
 
 def test_backwards_counts_only_answers_sent_after_a_higher_one_arrived() -> None:
