@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,7 +31,7 @@ from proxy.breaker import CLOSED, HALF_OPEN
 from proxy.hedge import TIMEOUT, HedgeBudget, Race
 from proxy.latency import LatencyWindow
 from proxy.metrics import ProxyMetrics
-from proxy.model import EWMA, Node, Pool
+from proxy.model import Node, Pool
 from proxy.outcome import UpstreamError
 from proxy.request import Group
 from proxy.settings import ProxySettings
@@ -373,16 +372,8 @@ class Attempts:
         elif budget.strikes:
             budget.answered()
         ms = elapsed * 1000
-        # (`latency.observe` and `Node.observe_latency`, inline: two calls less per answer)
-        now, cost = time.monotonic(), node.cost
-        if cost is None or ms >= cost:
-            node.cost = ms
-        else:
-            w = math.exp((node.cost_at - now) / self.tau)
-            node.cost = cost * w + ms * (1.0 - w)
-        node.cost_at = now
-        prev = node.latency_ms
-        node.latency_ms = ms if prev is None else prev + EWMA * (ms - prev)
+        latency.observe(node, ms, time.monotonic(), self.tau)
+        node.observe_latency(ms)
         window = ctx.pool.latency.get(lkey)  # (`_window`, inline)
         if window is None:
             window = self._window(ctx.pool, lkey)
