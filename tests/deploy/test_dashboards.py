@@ -164,9 +164,11 @@ def admin(stack: Stack, path: str, body: dict[str, Any]) -> Any:
 def set_up(stack: Stack) -> str:
     """A dead node in the up-proxy's pool (connection refused: failed attempts, retries, the
     node-down alert) and an API key whose project allows one request a second;
-    returns the key."""
+    returns the key. The dead node's weight outweighs the cost its failures add (the
+    selector would otherwise keep to the live node while it is idle: no attempt fails)."""
     dead = f"http://127.0.0.1:{free_port()}"
-    admin(stack, "/1337/addNode", {"key": "dead-1", "url": dead, "kind": "state"})
+    node = {"key": "dead-1", "url": dead, "kind": "state", "weight": 1_000_000}
+    admin(stack, "/1337/addNode", node)
     admin(stack, "/tenancy/projects", {"id": "dash", "limits": {"requests_per_second": 1}})
     return admin(stack, "/tenancy/keys", {"project": "dash", "name": "test"})["key"]
 
