@@ -139,7 +139,8 @@ async def main_async(args: argparse.Namespace) -> None:
         copy.mkdir()
         node.store._env.copy(str(copy))  # type: ignore[union-attr]
         jobs = [pickle.dumps(with_store(pickle.loads(raw), str(copy))) for raw in jobs]
-        runner, held, envs = Runner(limits, node.evm.settings.warm_blocks), HeldEnvs(), WorkerEnvs()
+        runner = Runner(limits, node.evm.settings.worker_warm_blocks)
+        held, envs = HeldEnvs(), WorkerEnvs()
         canon: dict[Any, Any] = {}
         replay(runner, envs, wires(jobs, held, canon))
         jobs = wires(jobs, held, canon)  # (every env held now, as by a worker that ran them)

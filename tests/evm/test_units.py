@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from Crypto.Hash import keccak
 from pyrevm import AccountInfo
@@ -18,6 +20,31 @@ def test_settings_defaults_and_overrides() -> None:
     s = EvmSettings.from_config({"gas_cap": 1000, "call_timeout": 2, "workers": 3})
     assert (s.gas_cap, s.call_timeout, s.worker_count) == (1000, 2, 3)
     assert EvmSettings().worker_count >= 1
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_default_workers_are_the_cores_the_node_may_use() -> None:
+    """A node pinned to one core (taskset, a cpuset) starts one worker by default, not one
+    per core of the machine; a `workers` setting is kept as it is."""
+    cpus = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(cpus)})
+        assert EvmSettings().worker_count == 1
+        assert EvmSettings(workers=3).worker_count == 3
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert EvmSettings().worker_count == len(cpus)
+
+
+def test_a_node_with_fewer_workers_keeps_as_many_warm_blocks() -> None:
+    """By default a worker keeps 256 warm blocks, and a node's workers at least 512 in all:
+    one worker (a node given one core) keeps the 512 that two kept; `warm_blocks` given is
+    each worker's, whatever their number."""
+    assert EvmSettings(workers=1).worker_warm_blocks == 512
+    assert EvmSettings(workers=2).worker_warm_blocks == 256
+    assert EvmSettings(workers=8).worker_warm_blocks == 256
+    assert EvmSettings(workers=1, warm_blocks=4).worker_warm_blocks == 4
+    assert EvmSettings.from_config({"warm_blocks": 300}).worker_warm_blocks == 300
 
 
 @pytest.mark.parametrize(

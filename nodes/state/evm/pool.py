@@ -275,7 +275,7 @@ class WorkerPool:
             _Worker,
             self._ctx,
             self._limits,
-            self.settings.warm_blocks,
+            self.settings.worker_warm_blocks,
             self.settings.coalesce_max,
         )
         try:

@@ -19,11 +19,26 @@ DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # return data of all calls of one
 DEFAULT_WARM_MAX_CALLS = 200_000  # calls a warm EVM serves before it is rebuilt (memory)
 DEFAULT_MAX_BSRB_READS = 10_000  # reads per blockx_stateReadBatch payload
 DEFAULT_WARM_BLOCKS = 256  # per worker: blocks whose fetched state stays cached (~150 KB each)
+# By default at least this many over all of a node's workers (what two workers keep): a node
+# given one core runs one worker (`usable_cores`), which keeps them all.
+NODE_WARM_BLOCKS = 512
 DEFAULT_WARM_MEMORY_MB = 1024  # per worker: own memory (not file pages) past which warm EVMs go
 DEFAULT_QUEUE_LIMIT = 1024  # jobs (or single calls) waiting for a worker before -32005 "busy"
 DEFAULT_MAX_TRACE_FILTER_BLOCKS = 300  # blocks after fromBlock in one trace_filter (anvil's)
 DEFAULT_COALESCE_MAX = 256  # single calls run together as one worker job (one or more blocks)
 DEFAULT_WARM_ANSWERS = 256  # per warm block: answers of calls kept (return data up to 1 KiB)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a cpuset, `taskset`), not the
+    machine's count. A worker beyond them runs on a core another worker runs on: it only
+    takes turns with it, and the calls waiting for a worker go as two jobs, two pipe round
+    trips and two wake-ups instead of one (on a node pinned to one core, two workers cost
+    20-30 % more CPU per eth_call at old heights than one: `python -m bench.portcalls`)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # (no affinity on this platform)
+        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,20 +55,28 @@ class EvmSettings:
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     warm_max_calls: int = DEFAULT_WARM_MAX_CALLS
     max_bsrb_reads: int = DEFAULT_MAX_BSRB_READS
-    warm_blocks: int = DEFAULT_WARM_BLOCKS
+    warm_blocks: int = 0  # per worker; 0: `worker_warm_blocks`' default
     warm_memory_mb: int = DEFAULT_WARM_MEMORY_MB
     queue_limit: int = DEFAULT_QUEUE_LIMIT
     coalesce_max: int = DEFAULT_COALESCE_MAX
     warm_answers: int = DEFAULT_WARM_ANSWERS
     max_trace_filter_blocks: int = DEFAULT_MAX_TRACE_FILTER_BLOCKS
-    workers: int = 0  # 0 = one per CPU core
+    workers: int = 0  # 0 = one per CPU core the node may run on (`usable_cores`)
     chain_id: int = 1337
     spec_id: str = "Cancun"  # pyrevm spec names are CamelCase; others silently mean latest
     feed: str = "process"  # where workers read block state: "process" (LMDB store) or "loop"
 
     @property
     def worker_count(self) -> int:
-        return self.workers if self.workers > 0 else max(1, os.cpu_count() or 1)
+        return self.workers if self.workers > 0 else usable_cores()
+
+    @property
+    def worker_warm_blocks(self) -> int:
+        """Warm blocks each worker keeps: `warm_blocks`, by default DEFAULT_WARM_BLOCKS and
+        at least NODE_WARM_BLOCKS over the node's workers."""
+        if self.warm_blocks > 0:
+            return self.warm_blocks
+        return max(DEFAULT_WARM_BLOCKS, -(-NODE_WARM_BLOCKS // self.worker_count))
 
     @classmethod
     def from_config(cls, cfg: dict[str, Any] | None) -> EvmSettings:
