@@ -157,6 +157,22 @@ def data(raw: bytes | None) -> str:
     return "0x" + raw.hex() if raw else "0x"
 
 
+def _hex_bytes(value: Any, size: int) -> bytes | None:
+    """The `size` bytes `value` spells when it is "0x" and exactly `2 * size` hex digits (how
+    clients write addresses and storage keys), else None: the full parser then answers, with
+    its errors. A store of millions of keys read at random misses the parse caches on most
+    reads, and this costs a third of the parsers' regex matches (~160 against 440 and 550
+    ns). `bytes.fromhex` skips whitespace, which the exact length and size rule out."""
+    if value.__class__ is str and len(value) == 2 + 2 * size and value[:2] == "0x":
+        try:
+            raw = bytes.fromhex(value[2:])
+        except ValueError:
+            return None
+        if len(raw) == size:
+            return raw
+    return None
+
+
 def _args(params: Any, names: list[str]) -> list[Any]:
     """`params_list`, without a copy when the params are already a full positional list."""
     if params.__class__ is list and len(params) == len(names):
@@ -636,7 +652,9 @@ class ReadPath:
     def _address(self, value: Any) -> bytes:
         key = self._addresses.get(value) if value.__class__ is str else None
         if key is None:
-            key = bytes.fromhex(parse_address(_require(value, "address"))[2:])
+            key = _hex_bytes(value, 20)
+            if key is None:
+                key = bytes.fromhex(parse_address(_require(value, "address"))[2:])
             if len(self._addresses) >= PARSE_CACHE:
                 self._addresses.clear()
             self._addresses[value] = key
@@ -645,7 +663,9 @@ class ReadPath:
     def _slot(self, value: Any) -> bytes:
         key = self._slots.get(value) if value.__class__ is str else None
         if key is None:
-            key = _slot(value).to_bytes(32, "big")
+            key = _hex_bytes(value, 32)
+            if key is None:
+                key = _slot(value).to_bytes(32, "big")
             if len(self._slots) >= PARSE_CACHE:
                 self._slots.clear()
             self._slots[value] = key

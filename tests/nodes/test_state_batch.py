@@ -165,7 +165,12 @@ def _contents(store: StateStore) -> dict[str, list[tuple[bytes, bytes]]]:
     with store._reading() as txn:
         return {
             name: list(txn.cursor(db=db))
-            for name, db in (("versions", store._ver), ("undo", store._undo), ("meta", store._meta))
+            for name, db in (
+                ("accounts", store._acct),
+                ("versions", store._ver),
+                ("undo", store._undo),
+                ("meta", store._meta),
+            )
         }
 
 

@@ -213,6 +213,53 @@ MALFORMED: list[tuple[Any, Any, str]] = [
 ]  # fmt: skip
 
 
+async def test_addresses_and_slots_of_the_exact_length_are_checked(tmp_path: Path) -> None:
+    """The read path decodes a 42-character address and a 66-character slot itself (the
+    parse caches miss on most reads of a large store): one that is not hex, has whitespace
+    or starts "0X" gets the parsers' -32602; upper case reads what lower case does."""
+    node = await make_node(tmp_path, kind="archive", hot_blocks=0)
+    try:
+        chain, addrs = random_chain(seed=29, blocks=5)
+        await apply(node, chain, 0)
+        state = chain.state(4)
+        rich = next(a for a in addrs if a in state and state[a].balance)
+        holder = next(a for a in addrs if a in state and state[a].storage)
+        slot = min(state[holder].storage)
+
+        async def answer(method: str, *params: str) -> Any:
+            item = {"jsonrpc": "2.0", "id": 1, "method": method, "params": [*params, "0x4"]}
+            out = orjson.loads(await node.handle_body(orjson.dumps(item)))
+            return out.get("result", out.get("error"))
+
+        bad_address = {"code": -32602, "message": "invalid address: expected a 20-byte 0x address"}
+        for text in (
+            "0x" + rich[2:40] + "  ",
+            "0x" + rich[2:40] + " a",
+            "0x" + rich[2:40] + "zz",
+            "0X" + rich[2:],
+        ):
+            assert await answer("eth_getBalance", text) == bad_address, text
+        for text in (rich, "0x" + rich[2:].upper()):
+            assert await answer("eth_getBalance", text) == hex(state[rich].balance), text
+        bad_slot = {
+            "code": -32602,
+            "message": "invalid storage position: expected a 0x-prefixed hex quantity",
+        }
+        word = f"{slot:064x}"
+        for text in (
+            "0x" + word[:62] + "\t\n",
+            "0x" + word[:62] + "zz",
+            "0x" + word[:63] + "\u0661",
+        ):
+            assert await answer("eth_getStorageAt", holder, text) == bad_slot, text
+        value = "0x" + f"{state[holder].storage[slot]:064x}"
+        assert value != "0x" + "0" * 64
+        for text in ("0x" + word, "0x" + word.upper(), hex(slot)):
+            assert await answer("eth_getStorageAt", holder, text) == value, text
+    finally:
+        await node.close()
+
+
 async def test_malformed_envelopes_of_plain_reads_are_invalid_requests(tmp_path: Path) -> None:
     """A plain read whose envelope is malformed is answered -32600 saying what is wrong,
     with its id when it has a usable one (null otherwise, and a malformed notification is

@@ -11,11 +11,14 @@ import pytest
 
 from chainstate.jsonrpc import BLOCK_NOT_FOUND, JsonRpcError
 from nodes.state.store import (
+    FORMAT,
+    META_FORMAT,
     OutOfOrder,
     ParentMismatch,
     PreStateMismatch,
     ReorgTooDeep,
     StateStore,
+    StoreError,
 )
 from nodes.state.vendor import (
     VendorBlockError,
@@ -89,8 +92,9 @@ def test_state_kind_keeps_a_window_and_prunes_older_versions(tmp_path: Path) -> 
     # Each field keeps at most window + 1 versions (the newest at or below earliest).
     counts: dict[bytes, int] = {}
     with store._reading() as txn:
-        for key, _ in txn.cursor(db=store._ver):
-            counts[key[:-8]] = counts.get(key[:-8], 0) + 1
+        for db in (store._acct, store._ver):
+            for key, _ in txn.cursor(db=db):
+                counts[key[:-8]] = counts.get(key[:-8], 0) + 1
     assert counts and max(counts.values()) <= 17
     # Hashes stay known below the window (blockIsValid), headers do not.
     assert store.height_of(chain.blocks[3]["Header"]["hash"]) == 3
@@ -394,3 +398,52 @@ def _reader_count(store: StateStore) -> int:
     assert store._env is not None
     lines = store._env.readers().strip().splitlines()[1:]  # (a header line first)
     return sum(1 for line in lines if line.split()[-1] != "-")
+
+
+def _as_format_1(store: StateStore) -> None:
+    """Put the store back in format 1: every account field's version in `versions`, no
+    `format` in `meta` (what a store written before the accounts' own database holds)."""
+
+    def back(txn: object) -> None:
+        moved = list(txn.cursor(db=store._acct))  # type: ignore[attr-defined]
+        txn.cursor(db=store._ver).putmulti(moved)  # type: ignore[attr-defined]
+        txn.drop(store._acct, delete=False)  # type: ignore[attr-defined]
+        txn.delete(META_FORMAT, db=store._meta)  # type: ignore[attr-defined]
+
+    store.write(back)
+
+
+def test_a_store_of_the_earlier_format_is_moved_to_this_one_when_opened(tmp_path: Path) -> None:
+    chain, addrs = random_chain(seed=21, blocks=40)
+    store = open_store(tmp_path / "s")
+    apply_all(store, chain)
+    with store._reading() as txn:
+        accounts = txn.stat(store._acct)["entries"]
+    assert accounts > 0
+    _as_format_1(store)
+    store.close()
+    reader = StateStore(tmp_path / "s", map_size_mb=64)
+    with pytest.raises(StoreError, match="format is 1, this program reads 2: open it once"):
+        reader.open_readonly()  # (an EVM worker cannot move it: it does not write)
+    store = open_store(tmp_path / "s")
+    with store._reading() as txn:
+        assert txn.stat(store._acct)["entries"] == accounts
+        assert all(len(key) == 61 for key, _ in txn.cursor(db=store._ver))
+        assert txn.get(META_FORMAT, db=store._meta) == str(FORMAT).encode()
+    for height in range(0, 40, 3):
+        assert_state(store, chain, height, addrs)
+    apply_all(store, random_chain(seed=21, blocks=45)[0], start=40)  # and it takes blocks on
+    store.close()
+    reader.open_readonly()
+    assert reader.snapshot().value(bytes.fromhex(addrs[0][2:]) + b"\x01", 44) is not None
+
+
+def test_a_store_of_a_newer_format_is_refused(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s")
+    apply_all(store, random_chain(seed=22, blocks=3)[0])
+    store.write(lambda txn: txn.put(META_FORMAT, b"3", db=store._meta))
+    store.close()
+    with pytest.raises(StoreError, match="format is 3, newer than this program's"):
+        open_store(tmp_path / "s")
+    with pytest.raises(StoreError, match="format is 3, newer"):
+        StateStore(tmp_path / "s", map_size_mb=64).open_readonly()
