@@ -231,8 +231,8 @@ class Rows:
             if obj is None:
                 start, end = item_span(found, i)
                 obj = orjson.loads(found.string[start:end])
-            elif type(obj) is bytes:  # (an item pinned in the bytes: `pin_by_hash`)
-                obj = orjson.loads(obj)
+            elif type(obj) is bytes:  # (an item pinned in the bytes: its block's, `pin_by_hash`)
+                obj = orjson.loads(_pinned_item(found, i, obj))
         entries = self.entries
         if entries is None:
             ref, text = self.refs[i], self.texts[i]
@@ -365,8 +365,8 @@ class Rows:
         orjson writes them, and the block text is the last param."""
         found = self.found
         body = found.string  # type: ignore[union-attr]
-        start, text = item_span(found, i)[0], found.start(text_group(i))  # type: ignore[arg-type, union-attr]
-        at = body.find(b'"params":[', start, text) + 10
+        text = found.start(text_group(i))  # type: ignore[union-attr]
+        at = body.rfind(b'"params":[', 0, text) + 10  # (this item's: no param holds a quote)
         return b"[[[" + body[at : text - 2] + b"]]]" if text - 2 > at else b"[[[]]]"
 
     def pin_by_hash(self, pins: list[Pin]) -> Rows:
@@ -376,18 +376,15 @@ class Rows:
         pinned so, without the items parsed. The columns stay these rows' (a plain height
         by hash keeps its row's height and entry, as in `pinned`)."""
         found = self.found
-        body = found.string  # type: ignore[union-attr]
-        raw = memoryview(body)
+        raw = memoryview(found.string)  # type: ignore[union-attr]
         pieces: list[bytes | memoryview] = []
-        own: dict[int, Any] = {}
+        own: dict[int, Any] = {}  # (each pinned item's block as written: `__getitem__`)
         at = 0  # (the bytes of `raw` up to here are in `pieces`)
         for pin in pins:
             pos = pin.pos
-            start, end = item_span(found, pos)  # type: ignore[arg-type]
             text, after = found.span(text_group(pos))  # type: ignore[union-attr]
-            form = b'{"blockHash":"%s"}' % pin.key[1].encode()
+            own[pos] = form = b'{"blockHash":"%s"}' % pin.key[1].encode()
             pieces += (raw[at : text - 1], form)
-            own[pos] = b"".join((body[start : text - 1], form, body[after + 1 : end]))
             at = after + 1
         pieces.append(raw[at:])
         rows = Rows.__new__(Rows)
@@ -455,6 +452,15 @@ def text_group(k: int) -> int:
     `_shape`): group 1 is the method's seam, group 2 item 0's text, group 3 the seam
     between items."""
     return 2 if k == 0 else k + 3
+
+
+def _pinned_item(found: re.Match[bytes], i: int, block: bytes) -> bytes:
+    """Item `i` of the body `found` matched with `block` written in place of its block
+    text (with its quotes): the item as `Rows.pin_by_hash` sent it."""
+    body = found.string
+    start, end = item_span(found, i)
+    text, after = found.span(text_group(i))
+    return b"".join((body[start : text - 1], block, body[after + 1 : end]))
 
 
 def _same_blocks(

@@ -12,7 +12,10 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.reads import Reads
+from proxy import nesting
+from proxy.methods import MethodTable
+from proxy.reads import Pin, Reads, with_block, without_block
+from proxy.scan import Scanner
 from tests.proxy.conftest import fast_settings, req
 from tests.proxy.test_dataport import raw_rpc
 
@@ -178,3 +181,36 @@ async def test_an_item_pinned_in_the_rows_is_asked_by_height_after_an_unseen_reo
     assert first[4]["params"][1] == {"blockHash": old}
     assert node.received[-1] == batch[4]  # by height, the client's object
     assert not api.proxy.reads.coalescer.flights
+
+
+@pytest.mark.parametrize("method", ["eth_getBalance", "eth_getStorageAt", "eth_getBlockReceipts"])
+@pytest.mark.parametrize("n", [1, 3])
+def test_rows_pinned_in_their_bytes_read_as_the_read_path_writes_each_item(
+    method: str, n: int
+) -> None:
+    """The key's params cut from each item's bytes are `nesting.key` of its params but the
+    block, and the rows pinned in their bytes give the objects, rows and body that the read
+    path's `with_block` of each item gives (one item: the row a lone item's group reads)."""
+    table = MethodTable()
+    if method == "eth_getBlockReceipts":  # (the block alone)
+        items = [req(method, [hex(900 + i)], i) for i in range(n)]
+    else:
+        items = reads(method, 1000, ())[:n]
+    for it in items:
+        table.target(it["method"], it["params"])
+    rows = Scanner(table, 1000).scan(orjson.dumps(items))
+    assert rows is not None
+    spec = rows.spec
+    for i, it in enumerate(items):
+        assert rows.key_params(i) == nesting.key(without_block(it, spec))
+    block_hash = "0x" + "cd" * 32
+    pins = [Pin(i, ("1337", block_hash, method, rows.key_params(i)), 0) for i in range(0, n, 2)]
+    pinned_rows = rows.pin_by_hash(pins)
+    sent = [
+        with_block(it, spec, {"blockHash": block_hash}) if i % 2 == 0 else it
+        for i, it in enumerate(items)
+    ]
+    assert pinned_rows.raw == orjson.dumps(sent)
+    assert [pinned_rows[i].obj for i in range(n)] == sent == pinned_rows.objs
+    assert [pinned_rows[i].block for i in range(n)] == [rows[i].block for i in range(n)]
+    assert pinned_rows.heights == rows.heights and pinned_rows.pins == pins
