@@ -319,20 +319,9 @@ class Rows:
             return self._without(items, cut)
         found, entries = self.found, self.entries
         if found is not None and entries is not None and _same_blocks(entries, items):
-            # (plain heights pinned by hash, the common case: every column as it was, the
-            # slots set here rather than by `__init__`, whose call with keywords costs more)
-            rows = Rows.__new__(Rows)
-            rows.rids, rows.method, rows.spec, rows.entries = (
-                self.rids,
-                self.method,
-                self.spec,
-                entries,
-            )
-            rows.heights, rows.positions, rows.source = self.heights, self.positions, None
-            rows.size, rows.drop, rows.span, rows.found = self.size, None, self.span, found
-            rows.raw, rows.own = _spliced(found, items), {it.pos: it.obj for it in items}
-            rows.pins = None
-            return rows
+            # (plain heights pinned by hash, the common case: every column as it was)
+            own = {it.pos: it.obj for it in items}
+            return self._rewritten(_spliced(found, items), own, None)
         heights = None if self.heights is None else list(self.heights)
         span = self.span
         if heights is not None:
@@ -387,6 +376,12 @@ class Rows:
             pieces += (raw[at : text - 1], form)
             at = after + 1
         pieces.append(raw[at:])
+        return self._rewritten(b"".join(pieces), own, pins)
+
+    def _rewritten(self, raw: bytes, own: dict[int, Any], pins: list[Pin] | None) -> Rows:
+        """These rows (read from their bytes) sent as `raw`, their items' blocks written
+        in it (`own`: their objects or blocks, by position): every column as it was. The
+        slots are set here rather than by `__init__`, whose call with keywords costs more."""
         rows = Rows.__new__(Rows)
         rows.rids, rows.method, rows.spec, rows.entries = (
             self.rids,
@@ -395,8 +390,8 @@ class Rows:
             self.entries,
         )
         rows.heights, rows.positions, rows.source = self.heights, self.positions, None
-        rows.size, rows.drop, rows.span, rows.found = self.size, None, self.span, found
-        rows.raw, rows.own, rows.pins = b"".join(pieces), own, pins
+        rows.size, rows.drop, rows.span, rows.found = self.size, None, self.span, self.found
+        rows.raw, rows.own, rows.pins = raw, own, pins
         return rows
 
     def plan_pins(self, items: list[Item]) -> None:
