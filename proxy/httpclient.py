@@ -249,7 +249,7 @@ class _Connection(asyncio.Protocol):
 
     def send(
         self,
-        data: bytes,
+        data: bytes | tuple[bytes, bytes],
         holder: Any = None,
         early: Callable[[int, bytes], Any] | None = None,
         waiter: Any = None,
@@ -259,9 +259,13 @@ class _Connection(asyncio.Protocol):
         `waiter`: an object with a future's `done`, `set_result` and `set_exception` to
         hand the answer to instead (no task awaits it: `Upstream.send_now`). The bytes go
         first: the answer can only come through the loop, after the caller's callback, and
-        at c=1 everything before the write is on the client's wait."""
+        at c=1 everything before the write is on the client's wait. A (head, body) pair
+        goes as two buffers (`HttpClient.parts`)."""
         assert self.transport is not None
-        self.transport.write(data)
+        if type(data) is tuple:
+            self.transport.writelines(data)
+        else:
+            self.transport.write(data)  # type: ignore[arg-type]
         return self.expect(holder, early, waiter)
 
     def expect(
@@ -336,7 +340,7 @@ class HostPool:
         bytes are reserved for `holder` in the buffered-bytes budget (proxy/buffers.py);
         `early(status, body)` sees the answer as soon as it is complete, before this
         coroutine resumes (the engine writes a final answer to its client from there)."""
-        data = self.request(body)
+        data = self.request(body) if len(body) < 2048 else self.parts(body)
         if self._busy < self._limit and not self._waiters:
             self._busy += 1
         else:
@@ -377,6 +381,12 @@ class HostPool:
         if size < 2048:
             return b"".join((self._head, _LENGTHS[size], body))
         return b"%b%d\r\n\r\n%b" % (self._head, size, body)
+
+    def parts(self, body: bytes) -> tuple[bytes, bytes]:
+        """A larger body's POST as its head and the body itself, written as two buffers:
+        no copy of the body joined to its head (~13k instructions for a batch of 100
+        reads, 11.8 KB)."""
+        return b"%b%d\r\n\r\n" % (self._head, len(body)), body
 
     def take(self) -> _Connection | None:
         """An idle connection with its slot taken, now, or None when none is idle or every

@@ -267,9 +267,11 @@ class Pipeline:
         whole = len(rows) == len(payload) and ctx.own_ids
         readpath = self.readpath
         plain, planned, waiting, changed = rows, [], [], False
+        lean = not (notified or self.books.tracer) and ctx.own_ids
         if readpath is not None and rows:
-            plain, planned, waiting, changed = readpath.plan_rows(ctx, rows, answers)
-        lean = not (notified or self.books.tracer) and ctx.own_ids and _lean(planned, key)
+            in_rows = lean and key is None
+            plain, planned, waiting, changed = readpath.plan_rows(ctx, rows, answers, in_rows)
+        lean = lean and _lean(planned, key)
         followed = None
         if lean and waiting:
             followed = _followed(plain, planned, waiting, len(payload), whole and key is None)
@@ -280,15 +282,18 @@ class Pipeline:
             sent = body if whole and not changed else None
             if followed is not None:
                 plain, sent = followed.rows, followed.rows.raw
-            elif planned:
-                plain = _pinned_rows(plain, planned)
+            elif planned or changed:
+                if planned:
+                    plain = _pinned_rows(plain, planned)
                 if whole and len(plain) == len(payload):  # every item sent, in order
-                    sent = _written(plain)
+                    sent = _written(plain)  # (pinned in the rows' bytes: `Rows.pins`)
             try:
                 out = await self.rounds.plain(ctx, plain, sent, answers, planned, followed)
             finally:
                 for it in planned:
                     readpath.land(it, None, answers)  # type: ignore[union-attr]
+                if readpath is not None:
+                    readpath.land_pins(plain, answers)
             if out is not None:
                 return 200, out
             if waiting:

@@ -96,6 +96,12 @@ class ReadPath:
         if plan is not None and (plan.lead or plan.store):
             self.reads.land(plan, out if out is not None else answers[item.pos])
 
+    def land_pins(self, rows: list[Row], answers: list[Any]) -> None:
+        """`land` for the items pinned in `rows` (`Reads.pin_rows`), if any."""
+        pins = rows.pins if type(rows) is Rows else None
+        if pins:
+            self.reads.land_pins(pins, answers)
+
     async def route(
         self,
         ctx: Ctx,
@@ -120,12 +126,14 @@ class ReadPath:
     # ---- a batch -------------------------------------------------------------------------
 
     def plan_rows(
-        self, ctx: Ctx, rows: list[Row], answers: list[Any]
+        self, ctx: Ctx, rows: list[Row], answers: list[Any], in_rows: bool = False
     ) -> tuple[list[Row], list[Item], list[Item], bool]:
         """The read path for every row of a batch: rows answered at once get their answer;
         (rows it does not touch; items it planned, to send; items waiting for an identical
         read in flight; whether any item changed or left, so the client's bytes can no
-        longer go as they are)."""
+        longer go as they are). `in_rows`: the rows go as one body (`Rounds.plain`), so
+        items of a batch read from its bytes may be pinned in the rows themselves
+        (`Reads.pin_rows`: no Item each; then the rows left carry them, `Rows.pins`)."""
         heads = self.heads(ctx)
         numbers = heights(rows)
         if numbers is not None:  # one method at plain heights: decided for all rows at once
@@ -136,6 +144,10 @@ class ReadPath:
                 return rows, [], [], False
             if type(rows) is Rows:  # (its columns: no row made for those left alone)
                 picked = list(compress(count(), known))
+                if in_rows and rows.found is not None and rows.positions is None:
+                    pinned = self.reads.pin_rows(heads, rows, picked)
+                    if pinned is not None:
+                        return pinned, [], [], True
                 plain = rows.without(known, len(picked))
                 # (rows read from their bytes: each an Item at once, most are planned)
                 make = rows.__getitem__ if rows.found is None else rows.item

@@ -25,7 +25,7 @@ reads. Writer methods (the transaction lifecycle), `pending` reads and methods n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
@@ -36,6 +36,9 @@ from proxy.coalesce import Coalescer, Flight
 from proxy.heads import Heads, RequestHeads
 from proxy.methods import MethodSpec
 from proxy.model import Node, Pool
+
+if TYPE_CHECKING:
+    from proxy.request import Rows
 
 HASH_FORMS = ("number", "ctx", "id")  # block params that can name a block by its hash
 EXACT_FORMS = (*HASH_FORMS, "hash")  # sent by hash: the answer is that block's
@@ -111,6 +114,16 @@ class Plan:
         return fallback
 
 
+class Pin(NamedTuple):
+    """An item of a batch read from its bytes that `Reads.pin_rows` named by hash in the
+    bytes sent, with no `Item` or `Plan` of its own unless the rounds go on with it
+    (`Rows.plan_pins`): its place, its read's key and the cache epoch it was planned in."""
+
+    pos: int
+    key: Key
+    epoch: int
+
+
 @dataclass(frozen=True, slots=True)
 class ReadSettings:
     methods: frozenset[str]  # cached and coalesced
@@ -173,6 +186,44 @@ class Reads:
         if heads.mixed is False and (known is None or False in known):
             heads.mixed = True
         return known
+
+    def pin_rows(self, heads: RequestHeads, rows: Rows, picked: list[int]) -> Rows | None:
+        """The rows of a batch read from its bytes (proxy/scan.py) with the items at
+        `picked` (plain heights whose hash `planned_at` found) planned as `plan` plans them
+        when nothing is cached and no node is avoided: each named by hash in the bytes sent
+        (`Rows.pin_by_hash`, no item parsed, its key's params cut from its bytes) and
+        leading its read's flight (`land_pins`). None when any of them would do otherwise:
+        the pool's answers cached, a method asked by height, an identical read in flight
+        (in this batch too: a follower), params too long to key; then `plan` plans them."""
+        spec, pool_id, cache = rows.spec, heads.pool.id, self.cache
+        if spec.block != "number" or not spec.by_hash or cache.enabled(pool_id) or heads.avoid():
+            return None
+        # (`heads.mixed` is False only under a whole-batch key, which a cached pool needs)
+        epoch = cache.epochs.get(pool_id, 0)
+        hashes = heads.view.hashes  # type: ignore[union-attr]
+        heights, method, coalescer = rows.heights, rows.method, self.coalescer
+        flights = {} if coalescer is None else coalescer.flights
+        pins: list[Pin] = []
+        for i in picked:
+            params = rows.key_params(i)
+            key = (pool_id, hashes[heights[i]], method, params)  # type: ignore[index]
+            if len(params) > MAX_KEYED_BYTES or (epoch, key) in flights:
+                return None
+            pins.append(Pin(i, key, epoch))
+        if coalescer is not None:
+            if len({pin.key for pin in pins}) < len(pins):
+                return None  # (two reads alike: the second follows the first)
+            for pin in pins:
+                coalescer.join((epoch, pin.key))  # (None: each leads its read)
+        return rows.pin_by_hash(pins)
+
+    def land_pins(self, pins: list[Pin], answers: list[Any]) -> None:
+        """`land` for the items `pin_rows` pinned: each one's answer (by position in
+        `answers`, None when it got none) handed to the reads that followed it."""
+        coalescer = self.coalescer
+        if coalescer is not None:
+            for pin in pins:
+                coalescer.land((pin.epoch, pin.key), answers[pin.pos])
 
     def _plan(
         self,

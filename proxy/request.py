@@ -21,7 +21,7 @@ from chainstate.blockref import BlockRef
 from proxy.methods import MethodSpec
 from proxy.model import Node, Pool
 from proxy.outcome import Outcome
-from proxy.reads import Plan
+from proxy.reads import Pin, Plan
 from proxy.tenancy.nodebudget import limited
 from proxy.upstream import UpstreamError
 
@@ -145,6 +145,7 @@ class Rows:
         "method",
         "objs",
         "own",
+        "pins",
         "positions",
         "raw",
         "refs",
@@ -196,6 +197,7 @@ class Rows:
         self.raw = raw
         self.found = found
         self.own: dict[int, Any] | None = None  # (pinned items' objects, by position)
+        self.pins: list[Pin] | None = None  # (items pinned in the bytes: `pin_by_hash`)
         self.span: tuple[int, int] | bool | None = False  # (`bounds`; False: not found yet)
 
     def __len__(self) -> int:
@@ -229,6 +231,8 @@ class Rows:
             if obj is None:
                 start, end = item_span(found, i)
                 obj = orjson.loads(found.string[start:end])
+            elif type(obj) is bytes:  # (an item pinned in the bytes: its block's, `pin_by_hash`)
+                obj = orjson.loads(_pinned_item(found, i, obj))
         entries = self.entries
         if entries is None:
             ref, text = self.refs[i], self.texts[i]
@@ -287,7 +291,7 @@ class Rows:
         rows = Rows.__new__(Rows)
         rows.method, rows.spec, rows.source = self.method, self.spec, self
         rows.size, rows.drop = self.size - dropped, drop
-        rows.raw = rows.found = rows.own = rows.entries = None
+        rows.raw = rows.found = rows.own = rows.entries = rows.pins = None
         rows.span = False
         return rows
 
@@ -315,19 +319,9 @@ class Rows:
             return self._without(items, cut)
         found, entries = self.found, self.entries
         if found is not None and entries is not None and _same_blocks(entries, items):
-            # (plain heights pinned by hash, the common case: every column as it was, the
-            # slots set here rather than by `__init__`, whose call with keywords costs more)
-            rows = Rows.__new__(Rows)
-            rows.rids, rows.method, rows.spec, rows.entries = (
-                self.rids,
-                self.method,
-                self.spec,
-                entries,
-            )
-            rows.heights, rows.positions, rows.source = self.heights, self.positions, None
-            rows.size, rows.drop, rows.span, rows.found = self.size, None, self.span, found
-            rows.raw, rows.own = _spliced(found, items), {it.pos: it.obj for it in items}
-            return rows
+            # (plain heights pinned by hash, the common case: every column as it was)
+            own = {it.pos: it.obj for it in items}
+            return self._rewritten(_spliced(found, items), own, None)
         heights = None if self.heights is None else list(self.heights)
         span = self.span
         if heights is not None:
@@ -353,6 +347,66 @@ class Rows:
             rows = Rows(objs, self.rids, self.method, self.spec, refs, texts, heights)
         rows.span = False if span is None and self.span is None else span
         return rows
+
+    def key_params(self, i: int) -> bytes:
+        """The read path's key of row `i`'s params but its block (`nesting.key` of them)
+        cut from the bytes it was read from: the expression (proxy/scan.py) took them as
+        orjson writes them, and the block text is the last param."""
+        found = self.found
+        body = found.string  # type: ignore[union-attr]
+        text = found.start(text_group(i))  # type: ignore[union-attr]
+        at = body.rfind(b'"params":[', 0, text) + 10  # (this item's: no param holds a quote)
+        return b"[[[" + body[at : text - 2] + b"]]]" if text - 2 > at else b"[[[]]]"
+
+    def pin_by_hash(self, pins: list[Pin]) -> Rows:
+        """These rows (all of a batch read from its bytes) with the block text of each of
+        `pins` (in position order) replaced, in the bytes, by `{"blockHash": …}` naming the
+        block by the hash in its key: the bytes `pinned` writes for items the read path
+        pinned so, without the items parsed. The columns stay these rows' (a plain height
+        by hash keeps its row's height and entry, as in `pinned`)."""
+        found = self.found
+        raw = memoryview(found.string)  # type: ignore[union-attr]
+        pieces: list[bytes | memoryview] = []
+        own: dict[int, Any] = {}  # (each pinned item's block as written: `__getitem__`)
+        at = 0  # (the bytes of `raw` up to here are in `pieces`)
+        for pin in pins:
+            pos = pin.pos
+            text, after = found.span(text_group(pos))  # type: ignore[union-attr]
+            own[pos] = form = b'{"blockHash":"%s"}' % pin.key[1].encode()
+            pieces += (raw[at : text - 1], form)
+            at = after + 1
+        pieces.append(raw[at:])
+        return self._rewritten(b"".join(pieces), own, pins)
+
+    def _rewritten(self, raw: bytes, own: dict[int, Any], pins: list[Pin] | None) -> Rows:
+        """These rows (read from their bytes) sent as `raw`, their items' blocks written
+        in it (`own`: their objects or blocks, by position): every column as it was. The
+        slots are set here rather than by `__init__`, whose call with keywords costs more."""
+        rows = Rows.__new__(Rows)
+        rows.rids, rows.method, rows.spec, rows.entries = (
+            self.rids,
+            self.method,
+            self.spec,
+            self.entries,
+        )
+        rows.heights, rows.positions, rows.source = self.heights, self.positions, None
+        rows.size, rows.drop, rows.span, rows.found = self.size, None, self.span, self.found
+        rows.raw, rows.own, rows.pins = raw, own, pins
+        return rows
+
+    def plan_pins(self, items: list[Item]) -> None:
+        """The Items of these rows (`items`, in their order) that `pin_by_hash` pinned given
+        the Plan the read path makes for such an item, for the rounds that go on with them:
+        asked by the block's hash, and by height (the client's object) when a node does not
+        know it. (The rows land their reads themselves: `Reads.land_pins`.)"""
+        found = self.found
+        body = found.string  # type: ignore[union-attr]
+        for pin in self.pins or ():
+            it = items[pin.pos]
+            start, end = item_span(found, pin.pos)  # type: ignore[arg-type]
+            plan = Plan(it.obj, it.ref, pin.key, fallback=orjson.loads(body[start:end]))
+            plan.epoch = pin.epoch
+            it.plan = plan
 
     def _without(self, items: list[Item], cut: list[Item]) -> Rows:
         """`pinned(items)` less the `cut` items, for rows read from their bytes: the body
@@ -393,6 +447,15 @@ def text_group(k: int) -> int:
     `_shape`): group 1 is the method's seam, group 2 item 0's text, group 3 the seam
     between items."""
     return 2 if k == 0 else k + 3
+
+
+def _pinned_item(found: re.Match[bytes], i: int, block: bytes) -> bytes:
+    """Item `i` of the body `found` matched with `block` written in place of its block
+    text (with its quotes): the item as `Rows.pin_by_hash` sent it."""
+    body = found.string
+    start, end = item_span(found, i)
+    text, after = found.span(text_group(i))
+    return b"".join((body[start : text - 1], block, body[after + 1 : end]))
 
 
 def _same_blocks(

@@ -337,6 +337,7 @@ class Rounds:
                     classifier.ok(ctx, node, methods)
                 if planned:  # (their answers, for the read path)
                     _place_found(rows, planned, found, answers)
+                _place_pins(rows, found, answers)
                 return raw
         if methods is None:
             methods = [rows.method] * len(rows)  # type: ignore[attr-defined]
@@ -346,6 +347,9 @@ class Rounds:
             if whole:
                 if planned:  # (their answers, for the read path)
                     _place_planned(rows, planned, parsed, answers)
+                pins = rows.pins if type(rows) is Rows else None
+                for pin in pins or ():  # (the same, for those pinned in the rows' bytes)
+                    answers[pin.pos] = parsed[pin.pos]
                 return raw
             place([row.pos for row in rows], rids, parsed, answers)
             return None
@@ -360,8 +364,11 @@ class Rounds:
 
 
 def _items(rows: list[Row], planned: list[Item] | None, tried: list[Node] | None) -> list[Item]:
-    """`rows` as Items for the rounds, those the read path planned as their own Items."""
+    """`rows` as Items for the rounds, those the read path planned as their own Items (or,
+    pinned in the rows' bytes, with their Plans made now: `Rows.plan_pins`)."""
     items = items_of(rows, tried)
+    if type(rows) is Rows and rows.pins:
+        rows.plan_pins(items)
     if planned:
         own = {it.pos: it for it in planned}
         for j, it in enumerate(items):
@@ -391,6 +398,17 @@ def _place_found(
     for it in planned:
         text = result_text(found, _index(rows, it.pos)).decode("ascii")
         answers[it.pos] = {"jsonrpc": "2.0", "id": it.rid, "result": text}
+
+
+def _place_pins(rows: list[Row], found: re.Match[bytes], answers: list[Any]) -> None:
+    """`_place_found` for the items pinned in the rows' bytes (`Rows.pins`: a whole batch's
+    rows, each at its position)."""
+    pins = rows.pins if type(rows) is Rows else None
+    if pins:
+        rids = rows.rids  # type: ignore[attr-defined]
+        for pin in pins:
+            text = result_text(found, pin.pos).decode("ascii")
+            answers[pin.pos] = {"jsonrpc": "2.0", "id": rids[pin.pos], "result": text}
 
 
 def _index(rows: list[Row], pos: int) -> int:

@@ -1,0 +1,216 @@
+"""Items at the head in a batch read from its bytes (proxy/scan.py), pinned by hash in the
+rows' bytes (`Reads.pin_rows`) rather than each planned as an Item: the node gets the bytes
+and the client the answer that planning each item gives, identical reads follow them, and
+after a reorg the proxy has not seen they are asked by height. A real proxy app in front of
+fake state nodes, the response cache off."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy import nesting
+from proxy.methods import MethodTable
+from proxy.reads import Pin, Reads, with_block, without_block
+from proxy.scan import Scanner
+from tests.proxy.conftest import fast_settings, req
+from tests.proxy.test_dataport import raw_rpc
+
+N = 10
+
+
+def reads(method: str, head: int, at_head: tuple[int, ...]) -> list[dict[str, Any]]:
+    """Reads of `method` at heights below the head, those at `at_head` (places) at it."""
+    items = []
+    for i in range(N):
+        block = hex(head if i in at_head else head - 1 - i)
+        extra = [hex(i)] if method == "eth_getStorageAt" else []
+        items.append(req(method, [f"0x{i + 1:040x}", *extra, block], i))
+    return items
+
+
+def pinned(batch: list[dict[str, Any]], head: int, block_hash: str) -> list[dict[str, Any]]:
+    """`batch` as the read path sends it: each item at the head named by its hash."""
+    out = []
+    for item in batch:
+        params = list(item["params"])
+        if params[-1] == hex(head):
+            params[-1] = {"blockHash": block_hash}
+        out.append({**item, "params": params})
+    return out
+
+
+@pytest.fixture
+async def node_api(make_api, fake_nodes):
+    node = await fake_nodes("one", "state")
+    api = await make_api(fast_settings(cache_pools=[]))
+    await api.add("1337", node)
+    await api.heads_known("1337")
+    return api, node
+
+
+def item_by_item(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every batch planned item by item (`pin_rows` declines); its calls counted."""
+    calls = [0]
+
+    def declined(self: Reads, *args: Any) -> None:
+        calls[0] += 1
+
+    monkeypatch.setattr(Reads, "pin_rows", declined)
+    return calls
+
+
+def in_rows(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each call of `pin_rows` pinned the items in the rows."""
+    pinned_each: list[bool] = []
+    real = Reads.pin_rows
+
+    def spied(self: Reads, *args: Any) -> Any:
+        rows = real(self, *args)
+        pinned_each.append(rows is not None)
+        return rows
+
+    monkeypatch.setattr(Reads, "pin_rows", spied)
+    return pinned_each
+
+
+async def scanned(api: Any, method: str, head: int) -> None:
+    """A first batch of `method`, parsed (the method table then knows its shape): the
+    next ones are read from their bytes (proxy/scan.py)."""
+    status, _ = await raw_rpc(api, orjson.dumps(reads(method, head, ())))
+    assert status == 200
+
+
+@pytest.mark.parametrize("method", ["eth_getBalance", "eth_getStorageAt"])
+@pytest.mark.parametrize("at_head", [(0,), (6,), (N - 1,), (0, 4, 5, N - 1)])
+async def test_items_at_the_head_go_by_hash_as_planning_each_item_writes_them(
+    node_api, monkeypatch, method: str, at_head: tuple[int, ...]
+) -> None:
+    """The node gets the client's bytes with each item at the head named by the head's
+    hash, and the client the node's answer: the same bytes both ways."""
+    api, node = node_api
+    head = node.head
+    await scanned(api, method, head)
+    batch = orjson.dumps(reads(method, head, at_head))
+    pinned_each = in_rows(monkeypatch)
+    got = []
+    for way in ("in rows", "item by item"):
+        if way == "item by item":
+            calls = item_by_item(monkeypatch)
+        status, raw = await raw_rpc(api, batch)
+        assert status == 200
+        got.append((node.bodies[-1], raw))
+        assert not api.proxy.reads.coalescer.flights  # every read landed
+    assert pinned_each == [True] and calls[0] == 1
+    assert got[0] == got[1]
+    sent = pinned(reads(method, head, at_head), head, node.hash_at(head))
+    assert got[0][0] == orjson.dumps(sent)
+    answers = orjson.loads(got[0][1])
+    assert [a["id"] for a in answers] == list(range(N))
+    assert [a["result"]["height"] for a in answers] == [
+        head if i in at_head else head - 1 - i for i in range(N)
+    ]
+
+
+@pytest.mark.parametrize("method", ["eth_getBalance", "eth_getStorageAt"])
+async def test_an_identical_read_follows_an_item_pinned_in_the_rows(
+    node_api, monkeypatch, method: str
+) -> None:
+    """A single read identical to a batch's item at the head, sent while the batch is at
+    the node, gets the item's answer without asking the node; the read that follows after
+    the batch's answer asks the node itself."""
+    api, node = node_api
+    await scanned(api, method, node.head)
+    pinned_each = in_rows(monkeypatch)
+    node.delay = 0.3
+    batch = reads(method, node.head, (3,))
+    task = asyncio.ensure_future(raw_rpc(api, orjson.dumps(batch)))
+    await asyncio.sleep(0.1)
+    single = orjson.dumps(req(method, batch[3]["params"], "s"))
+    status, raw = await raw_rpc(api, single)
+    _, whole = await task
+    assert status == 200 and orjson.loads(raw) == {
+        "jsonrpc": "2.0",
+        "id": "s",
+        "result": orjson.loads(whole)[3]["result"],
+    }
+    assert len(node.bodies) == 2 and pinned_each == [True]  # (the first batch, this one)
+    node.delay = 0.0
+    await raw_rpc(api, single)
+    assert len(node.bodies) == 3 and not api.proxy.reads.coalescer.flights
+
+
+async def test_items_in_flight_already_are_followed_not_pinned_again(node_api, monkeypatch) -> None:
+    """A batch with two identical items at the head: the second follows the first (the
+    read path plans such a batch item by item), one read of it reaches the node."""
+    api, node = node_api
+    await scanned(api, "eth_getBalance", node.head)
+    pinned_each = in_rows(monkeypatch)
+    asked = len(node.received)
+    batch = reads("eth_getBalance", node.head, (2, 7))
+    batch[7]["params"] = batch[2]["params"]
+    status, raw = await raw_rpc(api, orjson.dumps(batch))
+    answers = orjson.loads(raw)
+    assert status == 200 and [a["id"] for a in answers] == list(range(N))
+    assert answers[7]["result"] == answers[2]["result"]
+    assert len(node.received) == asked + N - 1 and pinned_each == [False]
+
+
+async def test_an_item_pinned_in_the_rows_is_asked_by_height_after_an_unseen_reorg(
+    node_api, monkeypatch
+) -> None:
+    """The node replaced the head block before the proxy saw it: it does not know the
+    pinned hash (-39006), and the item is asked again by height, as the client sent it."""
+    api, node = node_api
+    head = node.head
+    await scanned(api, "eth_getBalance", head)
+    pinned_each = in_rows(monkeypatch)
+    old = node.hash_at(head)
+    node.poll_delay = 5.0  # (the proxy does not learn the new block meanwhile)
+    node.reorg(head, fork=1)
+    batch = reads("eth_getBalance", head, (4,))
+    status, raw = await raw_rpc(api, orjson.dumps(batch))
+    answers = orjson.loads(raw)
+    assert status == 200 and [a["id"] for a in answers] == list(range(N)), raw
+    assert answers[4]["result"]["height"] == head, raw
+    assert pinned_each == [True]
+    first = orjson.loads(node.bodies[-2])
+    assert first[4]["params"][1] == {"blockHash": old}
+    assert node.received[-1] == batch[4]  # by height, the client's object
+    assert not api.proxy.reads.coalescer.flights
+
+
+@pytest.mark.parametrize("method", ["eth_getBalance", "eth_getStorageAt", "eth_getBlockReceipts"])
+@pytest.mark.parametrize("n", [1, 3])
+def test_rows_pinned_in_their_bytes_read_as_the_read_path_writes_each_item(
+    method: str, n: int
+) -> None:
+    """The key's params cut from each item's bytes are `nesting.key` of its params but the
+    block, and the rows pinned in their bytes give the objects, rows and body that the read
+    path's `with_block` of each item gives (one item: the row a lone item's group reads)."""
+    table = MethodTable()
+    if method == "eth_getBlockReceipts":  # (the block alone)
+        items = [req(method, [hex(900 + i)], i) for i in range(n)]
+    else:
+        items = reads(method, 1000, ())[:n]
+    for it in items:
+        table.target(it["method"], it["params"])
+    rows = Scanner(table, 1000).scan(orjson.dumps(items))
+    assert rows is not None
+    spec = rows.spec
+    for i, it in enumerate(items):
+        assert rows.key_params(i) == nesting.key(without_block(it, spec))
+    block_hash = "0x" + "cd" * 32
+    pins = [Pin(i, ("1337", block_hash, method, rows.key_params(i)), 0) for i in range(0, n, 2)]
+    pinned_rows = rows.pin_by_hash(pins)
+    sent = [
+        with_block(it, spec, {"blockHash": block_hash}) if i % 2 == 0 else it
+        for i, it in enumerate(items)
+    ]
+    assert pinned_rows.raw == orjson.dumps(sent)
+    assert [pinned_rows[i].obj for i in range(n)] == sent == pinned_rows.objs
+    assert [pinned_rows[i].block for i in range(n)] == [rows[i].block for i in range(n)]
+    assert pinned_rows.heights == rows.heights and pinned_rows.pins == pins
