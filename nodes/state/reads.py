@@ -164,21 +164,6 @@ def data(raw: bytes | None) -> str:
     return "0x" + raw.hex() if raw else "0x"
 
 
-def _hex_bytes(value: Any, size: int) -> bytes | None:
-    """The `size` bytes `value` spells when it is "0x" and exactly `2 * size` hex digits (how
-    clients write addresses and storage keys), else None: the full parser then answers, with
-    its errors. A store of millions of keys read at random misses the parse caches on most
-    reads, and this costs a third of the parsers' regex matches (~160 against 440 and 550
-    ns). `unhexlify` takes exactly hex digit pairs (no whitespace, unlike `bytes.fromhex`,
-    which costs twice as much), so the exact length makes exactly `size` bytes."""
-    if value.__class__ is str and len(value) == 2 + 2 * size and value[:2] == "0x":
-        try:
-            return unhexlify(value[2:])
-        except ValueError:  # (binascii.Error: a character that is no hex digit)
-            return None
-    return None
-
-
 def _args(params: Any, names: list[str]) -> list[Any]:
     """`params_list`, without a copy when the params are already a full positional list."""
     if params.__class__ is list and len(params) == len(names):
@@ -658,10 +643,21 @@ class ReadPath:
 
     # parsing with caches ---------------------------------------------------------------
 
+    # An address or slot missing from its cache that is "0x" and exactly 40 / 64 hex digits
+    # (how clients write them) is decoded by `unhexlify`, the parsers (and their errors) for
+    # the rest. A store of millions of keys read at random misses the caches on most reads:
+    # this costs a third of the parsers' regex matches, and `unhexlify` half of
+    # `bytes.fromhex` (it skips no whitespace; the exact length makes exactly the bytes). The
+    # test is inline: a call would cost as much as the decoding.
+
     def _address(self, value: Any) -> bytes:
         key = self._addresses.get(value) if value.__class__ is str else None
         if key is None:
-            key = _hex_bytes(value, 20)
+            if value.__class__ is str and len(value) == 42 and value[:2] == "0x":
+                try:
+                    key = unhexlify(value[2:])
+                except ValueError:  # (binascii.Error: a character that is no hex digit)
+                    key = None
             if key is None:
                 key = bytes.fromhex(parse_address(_require(value, "address"))[2:])
             if len(self._addresses) < PARSE_CACHE:
@@ -676,7 +672,11 @@ class ReadPath:
     def _slot(self, value: Any) -> bytes:
         key = self._slots.get(value) if value.__class__ is str else None
         if key is None:
-            key = _hex_bytes(value, 32)
+            if value.__class__ is str and len(value) == 66 and value[:2] == "0x":
+                try:
+                    key = unhexlify(value[2:])
+                except ValueError:
+                    key = None
             if key is None:
                 key = _slot(value).to_bytes(32, "big")
             if len(self._slots) < PARSE_CACHE:

@@ -181,14 +181,13 @@ class StateView:
 
 def seek(cur: lmdb.Cursor, prefix: bytes, height: int) -> bytes | None:
     """The newest version of `prefix` at or below `height` (a cursor on `versions`): seek
-    to the first key after `prefix | height` and step back once; None if never written.
-    (`item` gives key and value in one call: the value is nearly always the answer.)"""
+    to the first key after `prefix | height` and step back once; None if never written."""
     found = cur.prev() if cur.set_range(prefix + _BE.pack(height + 1)) else cur.last()
     if not found:
         return None
-    key, value = cur.item()
+    key = cur.key()
     if len(key) == len(prefix) + 8 and key.startswith(prefix):
-        return value
+        return cur.value()
     return None
 
 
