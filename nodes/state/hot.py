@@ -14,7 +14,11 @@ It holds, for the covered heights `[lo, hi]` (at most `blocks` of them):
 - `base`: store key prefix → raw value as of height `lo - 1`, filled by reads (one LMDB
   read per key, then memory) and moved forward exactly when the oldest block leaves: the
   values that block wrote become the new base values, every other base value stays true.
-  At most `base_entries` entries (cleared when full: a cache, not the truth).
+  At most `base_entries` entries (a cache, not the truth). Once full it admits nothing
+  until `RESTART` times as many further misses have passed, then starts again empty: reads
+  spread over far more keys than it holds (a big store's) would otherwise insert, evict and
+  free on nearly every read for a few percent of hits, while a working set that fits stays
+  in it, and one that moves is learnt again at the next restart.
 
 A read at `h` in `[lo, hi]` takes the newest version at or below `h`; without one the key
 was not written in `[lo, h]`, so its value is the base value. A rollback of the newest
@@ -30,6 +34,7 @@ from collections.abc import Iterable
 from typing import Any
 
 MISSING = None  # what `value` answers when the view cannot answer (the caller reads LMDB)
+RESTART = 4  # a full base cache starts again after this many times its size in misses
 
 
 class HotState:
@@ -42,6 +47,7 @@ class HotState:
         self.hi = -1  # empty: hi < lo
         self.versions: dict[bytes, tuple[Any, ...]] = {}
         self.base: dict[bytes, bytes] = {}
+        self._unadmitted = 0  # misses not cached since the base cache was last full
         self._written: deque[list[bytes]] = deque()  # per covered height, oldest first
 
     @property
@@ -55,6 +61,7 @@ class HotState:
         """Forget everything; the next block applied after `head` starts the view again."""
         self.versions.clear()
         self.base.clear()
+        self._unadmitted = 0
         self._written.clear()
         self.lo, self.hi = head + 1, head
 
@@ -133,9 +140,12 @@ class HotState:
         return self.base.get(prefix)
 
     def remember_base(self, prefix: bytes, value: bytes) -> None:
-        """Cache the value at `lo - 1` read from the store (bounded by `base_entries`)."""
-        if len(self.base) >= self.base_entries:
-            if self.base_entries == 0:
-                return
+        """Cache the value at `lo - 1` read from the store, unless the cache is full (see
+        the module: it then restarts empty after `RESTART * base_entries` such misses)."""
+        if len(self.base) < self.base_entries:
+            self.base[prefix] = value
+            return
+        self._unadmitted += 1
+        if self._unadmitted >= RESTART * self.base_entries:
+            self._unadmitted = 0
             self.base.clear()
-        self.base[prefix] = value

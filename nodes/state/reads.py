@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from binascii import unhexlify
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,7 @@ from chainstate.jsonrpc import (
 from nodes.state.hot import HotState
 from nodes.state.methods import StateMethods, _require, _slot
 from nodes.state.store import (
+    ACCOUNT_PREFIX,
     F_BALANCE,
     F_CODE,
     F_NONCE,
@@ -51,11 +53,16 @@ from nodes.state.store import (
     Snapshot,
     StateStore,
     out_of_range,
+    seek,
 )
 
 log = logging.getLogger(__name__)
 
 PARSE_CACHE = 65_536  # parsed addresses / slots / block numbers kept (then the cache restarts)
+# A full address or slot cache admits nothing for this many misses, then restarts: requests
+# spread over far more keys than it holds would otherwise insert and free on most reads
+# (the same policy as the hot view's base cache).
+PARSE_RESTART = 4 * PARSE_CACHE
 _HEAD = -1  # a cached block parameter meaning "the head"
 _SLOW = object()  # an item the dispatcher answers
 _IDS = (int, str)  # the ids of items checked or answered strictly (not bool, float or None)
@@ -157,22 +164,6 @@ def data(raw: bytes | None) -> str:
     return "0x" + raw.hex() if raw else "0x"
 
 
-def _hex_bytes(value: Any, size: int) -> bytes | None:
-    """The `size` bytes `value` spells when it is "0x" and exactly `2 * size` hex digits (how
-    clients write addresses and storage keys), else None: the full parser then answers, with
-    its errors. A store of millions of keys read at random misses the parse caches on most
-    reads, and this costs a third of the parsers' regex matches (~160 against 440 and 550
-    ns). `bytes.fromhex` skips whitespace, which the exact length and size rule out."""
-    if value.__class__ is str and len(value) == 2 + 2 * size and value[:2] == "0x":
-        try:
-            raw = bytes.fromhex(value[2:])
-        except ValueError:
-            return None
-        if len(raw) == size:
-            return raw
-    return None
-
-
 def _args(params: Any, names: list[str]) -> list[Any]:
     """`params_list`, without a copy when the params are already a full positional list."""
     if params.__class__ is list and len(params) == len(names):
@@ -206,7 +197,9 @@ class Reads:
             # Not written in [lo, height] and not cached: the value as of lo - 1 holds.
             base_height = hot.lo - 1
             if base_height >= self.earliest:
-                value = self.snap.value(prefix, base_height) or b""
+                snap = self.snap  # (its `value`, without the call: most reads of a big store)
+                cur = snap.accounts if len(prefix) == ACCOUNT_PREFIX else snap.cursor
+                value = seek(cur, prefix, base_height) or b""
                 hot.remember_base(prefix, value)
                 return value
         return self.snap.value(prefix, height)
@@ -240,6 +233,7 @@ class ReadPath:
         self.evm: Any = None  # the EVM methods (`call_now`), set when the node registers them
         self._addresses: dict[str, bytes] = {}
         self._slots: dict[str, bytes] = {}
+        self._misses_full = 0  # parses not cached (a full cache) since a cache last restarted
         self._heights: dict[str, int] = dict(_BLOCK_TAGS)
         self._last: Reads | None = None  # the reads of the last snapshot (`_reads`)
         self.fast: dict[str, Fast] = {
@@ -649,26 +643,49 @@ class ReadPath:
 
     # parsing with caches ---------------------------------------------------------------
 
+    # An address or slot missing from its cache that is "0x" and exactly 40 / 64 hex digits
+    # (how clients write them) is decoded by `unhexlify`, the parsers (and their errors) for
+    # the rest. A store of millions of keys read at random misses the caches on most reads:
+    # this costs a third of the parsers' regex matches, and `unhexlify` half of
+    # `bytes.fromhex` (it skips no whitespace; the exact length makes exactly the bytes). The
+    # test is inline: a call would cost as much as the decoding.
+
     def _address(self, value: Any) -> bytes:
         key = self._addresses.get(value) if value.__class__ is str else None
         if key is None:
-            key = _hex_bytes(value, 20)
+            if value.__class__ is str and len(value) == 42 and value[:2] == "0x":
+                try:
+                    key = unhexlify(value[2:])
+                except ValueError:  # (binascii.Error: a character that is no hex digit)
+                    key = None
             if key is None:
                 key = bytes.fromhex(parse_address(_require(value, "address"))[2:])
-            if len(self._addresses) >= PARSE_CACHE:
-                self._addresses.clear()
-            self._addresses[value] = key
+            if len(self._addresses) < PARSE_CACHE:
+                self._addresses[value] = key
+            else:  # (full: `PARSE_RESTART`)
+                self._misses_full += 1
+                if self._misses_full >= PARSE_RESTART:
+                    self._misses_full = 0
+                    self._addresses.clear()
         return key
 
     def _slot(self, value: Any) -> bytes:
         key = self._slots.get(value) if value.__class__ is str else None
         if key is None:
-            key = _hex_bytes(value, 32)
+            if value.__class__ is str and len(value) == 66 and value[:2] == "0x":
+                try:
+                    key = unhexlify(value[2:])
+                except ValueError:
+                    key = None
             if key is None:
                 key = _slot(value).to_bytes(32, "big")
-            if len(self._slots) >= PARSE_CACHE:
-                self._slots.clear()
-            self._slots[value] = key
+            if len(self._slots) < PARSE_CACHE:
+                self._slots[value] = key
+            else:  # (full: `PARSE_RESTART`)
+                self._misses_full += 1
+                if self._misses_full >= PARSE_RESTART:
+                    self._misses_full = 0
+                    self._slots.clear()
         return key
 
     def _height(self, reads: Reads, value: Any) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from nodes.state.hot import HotState
+from nodes.state.hot import MISSING, RESTART, HotState
 from nodes.state.service import StateNode
 from nodes.state.vendor import parse_vendor_block
 from tests.nodes.test_state_chain import Account, SyntheticChain, random_chain
@@ -473,6 +473,25 @@ def test_hot_view_keeps_its_bounds() -> None:
     off = HotState(blocks=0, base_entries=10)
     off.applied(0, [(key[0], b"\x01")], earliest=0)
     assert off.empty and not off.versions
+
+
+def test_a_full_base_cache_keeps_its_values_then_restarts() -> None:
+    """Misses past a full base cache do not evict what it holds (reads spread over far more
+    keys than it holds would only churn it); after `RESTART` times its size in such misses
+    it starts again empty and learns the keys read since."""
+    hot = HotState(blocks=3, base_entries=2)
+    hot.applied(1, [], earliest=0)
+    key = [bytes([i]) * 21 for i in range(12)]
+    hot.remember_base(key[0], b"\x00")
+    hot.remember_base(key[1], b"\x01")
+    for i in range(2, 2 + RESTART * 2 - 1):
+        hot.remember_base(key[i % 10 + 2], b"\xff")
+    assert hot.value(key[0], 1) == b"\x00" and hot.value(key[1], 1) == b"\x01"
+    assert hot.value(key[2], 1) is MISSING
+    hot.remember_base(key[11], b"\x0b")  # the RESTART * 2-th miss: the cache restarts
+    assert hot.value(key[0], 1) is MISSING
+    hot.remember_base(key[11], b"\x0b")
+    assert hot.value(key[11], 1) == b"\x0b"
 
 
 def test_hot_view_entries_are_not_traversed_by_the_collector() -> None:
