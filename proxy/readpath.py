@@ -145,9 +145,9 @@ class ReadPath:
             if type(rows) is Rows:  # (its columns: no row made for those left alone)
                 picked = list(compress(count(), known))
                 if in_rows and rows.found is not None and rows.positions is None:
-                    pinned = self.reads.pin_rows(heads, rows, picked)
-                    if pinned is not None:
-                        return pinned, [], [], True
+                    pins = self.reads.pin_rows(heads, rows, picked)
+                    if pins is not None:
+                        return rows.pin_by_hash(pins), [], [], True
                 plain = rows.without(known, len(picked))
                 # (rows read from their bytes: each an Item at once, most are planned)
                 make = rows.__getitem__ if rows.found is None else rows.item

@@ -25,7 +25,7 @@ reads. Writer methods (the transaction lifecycle), `pending` reads and methods n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -36,9 +36,6 @@ from proxy.coalesce import Coalescer, Flight
 from proxy.heads import Heads, RequestHeads
 from proxy.methods import MethodSpec
 from proxy.model import Node, Pool
-
-if TYPE_CHECKING:
-    from proxy.request import Rows
 
 HASH_FORMS = ("number", "ctx", "id")  # block params that can name a block by its hash
 EXACT_FORMS = (*HASH_FORMS, "hash")  # sent by hash: the answer is that block's
@@ -114,6 +111,18 @@ class Plan:
         return fallback
 
 
+class ByteRows(Protocol):
+    """What `Reads.pin_rows` reads of a batch's rows read from its bytes (proxy/request.py's
+    `Rows`, which imports this module): their method, its spec, each row's height, and the
+    params of a row's read key cut from its bytes."""
+
+    method: str
+    spec: MethodSpec
+    heights: list[int | None] | None
+
+    def key_params(self, i: int) -> bytes: ...
+
+
 class Pin(NamedTuple):
     """An item of a batch read from its bytes that `Reads.pin_rows` named by hash in the
     bytes sent, with no `Item` or `Plan` of its own unless the rounds go on with it
@@ -187,10 +196,10 @@ class Reads:
             heads.mixed = True
         return known
 
-    def pin_rows(self, heads: RequestHeads, rows: Rows, picked: list[int]) -> Rows | None:
-        """The rows of a batch read from its bytes (proxy/scan.py) with the items at
-        `picked` (plain heights whose hash `planned_at` found) planned as `plan` plans them
-        when nothing is cached and no node is avoided: each named by hash in the bytes sent
+    def pin_rows(self, heads: RequestHeads, rows: ByteRows, picked: list[int]) -> list[Pin] | None:
+        """The pins of the items at `picked` of a batch read from its bytes (proxy/scan.py;
+        plain heights whose hash `planned_at` found), planned as `plan` plans them when
+        nothing is cached and no node is avoided: each to be named by hash in the bytes sent
         (`Rows.pin_by_hash`, no item parsed, its key's params cut from its bytes) and
         leading its read's flight (`land_pins`). None when any of them would do otherwise:
         the pool's answers cached, a method asked by height, an identical read in flight
@@ -215,7 +224,7 @@ class Reads:
                 return None  # (two reads alike: the second follows the first)
             for pin in pins:
                 coalescer.join((epoch, pin.key))  # (None: each leads its read)
-        return rows.pin_by_hash(pins)
+        return pins
 
     def land_pins(self, pins: list[Pin], answers: list[Any]) -> None:
         """`land` for the items `pin_rows` pinned: each one's answer (by position in
