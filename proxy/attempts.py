@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 FAILURE_COST_MS = 1000.0  # a failed attempt counts as at least this slow in the node's cost
 READ_KINDS = ("state", "archive")  # a lone node of these may be raced with another kind
 RATE_LIMITED = outcome.RATE_LIMITED.name
+OK = outcome.OK.name
 # A raced attempt as its second attempt needs it: (ctx, group, body, tracing context or None).
 Sent = tuple[Any, Group, bytes, contextvars.Context | None]
 
@@ -350,7 +351,8 @@ class Attempts:
                 why = f"slow: another node answered first after {elapsed:.3f}s (hedged)"
                 node.breaker.failure(node.key, why)
             return raw
-        self.answered(ctx, node, lkey, elapsed, label(raw), span)
+        # (bytes written early are final as they are: `ok`, never scanned again)
+        self.answered(ctx, node, lkey, elapsed, OK if ctx.written is raw else label(raw), span)
         return raw
 
     @staticmethod
@@ -535,7 +537,8 @@ class Rescue:
         if exc is not None:
             attempts._failed(ctx, node, exc, elapsed, None)
         elif raw is not None:
-            attempts.answered(ctx, node, self.group.lkey, elapsed, outcome.answered(raw))
+            label = OK if ctx.written is raw else outcome.answered(raw)
+            attempts.answered(ctx, node, self.group.lkey, elapsed, label)
         elif task is None:
             ctx.nodes.pop()  # the idle connection was closed: no attempt was made
             if ctx.tally is not None:
@@ -596,8 +599,9 @@ class Landed:
         elapsed = time.perf_counter() - self.started
         if exc is not None:
             attempts._failed(ctx, node, exc, elapsed, None)
-        elif raw is not None:
-            attempts.answered(ctx, node, self.group.lkey, elapsed, outcome.answered(raw))
+        elif raw is not None:  # (bytes written early are final as they are: `ok`)
+            label = OK if ctx.written is raw else outcome.answered(raw)
+            attempts.answered(ctx, node, self.group.lkey, elapsed, label)
         else:
             ctx.nodes.pop()  # the idle connection was closed: no attempt was made
             if ctx.tally is not None:
