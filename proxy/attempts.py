@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 FAILURE_COST_MS = 1000.0  # a failed attempt counts as at least this slow in the node's cost
 READ_KINDS = ("state", "archive")  # a lone node of these may be raced with another kind
 RATE_LIMITED = outcome.RATE_LIMITED.name
+OK = outcome.OK.name
 # A raced attempt as its second attempt needs it: (ctx, group, body, tracing context or None).
 Sent = tuple[Any, Group, bytes, contextvars.Context | None]
 
@@ -71,10 +72,17 @@ class Attempts:
     # ---- one group -----------------------------------------------------------------------
 
     async def exchange(
-        self, ctx: Any, group: Group, body: bytes, usable: Callable[[bytes], bool]
+        self,
+        ctx: Any,
+        group: Group,
+        body: bytes,
+        usable: Callable[[bytes], bool],
+        label: Callable[[bytes], str] = outcome.answered,
     ) -> tuple[Node, bytes]:
         """Send `body` for `group` (its node, and maybe a second one): (node, answer).
-        `usable(answer)` says whether a second attempt's answer may win the race."""
+        `usable(answer)` says whether a second attempt's answer may win the race;
+        `label(answer)` names the first attempt's answer in its books (a caller that checks
+        the answer anyway checks it there, once)."""
         node = group.node
         lone = len(group.cands) == 1
         race = None
@@ -86,9 +94,9 @@ class Attempts:
         # is it known to have won.
         early = ctx.answer_early if ctx.early is not None else None
         if race is None:
-            return node, await self.attempt(ctx, node, body, group, None, early)
+            return node, await self.attempt(ctx, node, body, group, None, early, label)
         try:
-            raw = await self.attempt(ctx, node, body, group, race, early)
+            raw = await self.attempt(ctx, node, body, group, race, early, label)
             if race.task is not None and race.winner is None and not usable(raw):
                 # The first answer asks for a retry while a second attempt runs: the second
                 # one's answer serves (its node counts as tried: a retry would skip it).
@@ -283,13 +291,15 @@ class Attempts:
         group: Group,
         race: Race | None = None,
         early: Callable[[int, bytes], Any] | None = None,
+        label: Callable[[bytes], str] = outcome.answered,
     ) -> Awaitable[bytes]:
         """One upstream try with its bookkeeping, to await: the raw answer, or
-        UpstreamError. `early(status, body)` sees the answer first (Upstream.send). Untraced,
-        the send's own coroutine (no coroutine around it)."""
+        UpstreamError. `early(status, body)` sees the answer first (Upstream.send);
+        `label(answer)` names it in the books. Untraced, the send's own coroutine (no
+        coroutine around it)."""
         if self.tracer is None:
-            return self._send(ctx, node, body, group.lkey, race, None, early)
-        return self._traced(ctx, node, body, group, race, early)
+            return self._send(ctx, node, body, group.lkey, race, None, early, label)
+        return self._traced(ctx, node, body, group, race, early, label)
 
     async def _traced(
         self,
@@ -299,13 +309,14 @@ class Attempts:
         group: Group,
         race: Race | None,
         early: Callable[[int, bytes], Any] | None,
+        label: Callable[[bytes], str],
     ) -> bytes:
         assert self.tracer is not None
         with self.tracer.start_as_current_span("upstream.attempt") as span:
             span.set_attribute("node", node.key)
             span.set_attribute("attempt", group.round)
             span.set_attribute("items", len(group.items))
-            return await self._send(ctx, node, body, group.lkey, race, span, early)
+            return await self._send(ctx, node, body, group.lkey, race, span, early, label)
 
     async def _send(
         self,
@@ -316,6 +327,7 @@ class Attempts:
         race: Race | None,
         span: Any,
         early: Callable[[int, bytes], Any] | None = None,
+        label: Callable[[bytes], str] = outcome.answered,
     ) -> bytes:
         breaker = node.breaker
         if breaker.state is HALF_OPEN:
@@ -339,7 +351,8 @@ class Attempts:
                 why = f"slow: another node answered first after {elapsed:.3f}s (hedged)"
                 node.breaker.failure(node.key, why)
             return raw
-        self.answered(ctx, node, lkey, elapsed, outcome.answered(raw), span)
+        # (bytes written early are final as they are: `ok`, never scanned again)
+        self.answered(ctx, node, lkey, elapsed, OK if ctx.written is raw else label(raw), span)
         return raw
 
     @staticmethod
@@ -524,7 +537,8 @@ class Rescue:
         if exc is not None:
             attempts._failed(ctx, node, exc, elapsed, None)
         elif raw is not None:
-            attempts.answered(ctx, node, self.group.lkey, elapsed, outcome.answered(raw))
+            label = OK if ctx.written is raw else outcome.answered(raw)
+            attempts.answered(ctx, node, self.group.lkey, elapsed, label)
         elif task is None:
             ctx.nodes.pop()  # the idle connection was closed: no attempt was made
             if ctx.tally is not None:
@@ -585,8 +599,9 @@ class Landed:
         elapsed = time.perf_counter() - self.started
         if exc is not None:
             attempts._failed(ctx, node, exc, elapsed, None)
-        elif raw is not None:
-            attempts.answered(ctx, node, self.group.lkey, elapsed, outcome.answered(raw))
+        elif raw is not None:  # (bytes written early are final as they are: `ok`)
+            label = OK if ctx.written is raw else outcome.answered(raw)
+            attempts.answered(ctx, node, self.group.lkey, elapsed, label)
         else:
             ctx.nodes.pop()  # the idle connection was closed: no attempt was made
             if ctx.tally is not None:

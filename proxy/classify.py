@@ -63,7 +63,8 @@ class Classifier:
         items = group.items
         if single:
             it = items[0]
-            result = outcome.of_raw(raw)
+            # (bytes written early were peeked at then: their verdict is kept with them)
+            result = ctx.verdict if ctx.written is raw else outcome.of_raw(raw)
             if not result.retry:
                 if it.spec.mempool and not_held_raw(raw) and to_leader(ctx.pool, it):
                     it.retry_later(node, raw, outcome.NOT_HELD)

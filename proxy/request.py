@@ -20,7 +20,7 @@ import orjson
 from chainstate.blockref import BlockRef
 from proxy.methods import MethodSpec
 from proxy.model import Node, Pool
-from proxy.outcome import Outcome
+from proxy.outcome import ERROR, OK, Outcome
 from proxy.reads import Pin, Plan
 from proxy.tenancy.nodebudget import limited
 from proxy.upstream import UpstreamError
@@ -55,6 +55,8 @@ class Ctx:
         "pool",
         "reserved",
         "tally",
+        "verdict",
+        "written",
     )
 
     def __init__(
@@ -72,6 +74,11 @@ class Ctx:
         # Writes the client's answer now (the data listener's Request.answer_early); set
         # while a node's bytes, when final, are the answer exactly as the node sent them.
         self.early = early
+        # The node's bytes `answer_early` wrote, and what its peek found them to be (OK or
+        # ERROR, set with them): the attempt's books and step 5 take that verdict for the
+        # same bytes instead of scanning them again.
+        self.written: bytes | None = None
+        self.verdict: Outcome
         self.methods: list[str] = []
         self.nodes: list[str] = []  # every node tried (access log)
         self.reserved = 0  # answer bytes held for it in the buffered-bytes budget
@@ -92,9 +99,11 @@ class Ctx:
         # `partition`, not `find`: its one argument is not parsed as a tuple, which was most
         # of `find`'s cost on an answer this short; `in` on bytes is dearer still.)
         if write is not None and status == 200 and raw and not raw.partition(b"-390")[1]:
-            if raw.partition(b'"error"')[1] and limited(raw):  # a rate limit: retried elsewhere
+            erred = raw.partition(b'"error"')[1]
+            if erred and limited(raw):  # a rate limit: retried elsewhere
                 return
             self.early = None
+            self.written, self.verdict = raw, ERROR if erred else OK
             write(raw)
 
 

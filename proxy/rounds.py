@@ -57,6 +57,28 @@ class _Sent:
         self.rows = rows
 
 
+class _Checked:
+    """A whole batch's answer checked once, as its attempt is booked: `label` runs
+    `results_in_order` over it (a match is results only: `ok`, the label `outcome.answered`
+    gives such an answer), and `plain_answered` reads the match back for the same bytes
+    instead of matching them again (a hedge's answer, other bytes, is matched then)."""
+
+    __slots__ = ("found", "raw", "rids")
+
+    def __init__(self, rids: list[Any]) -> None:
+        self.rids = rids
+        self.raw: bytes | None = None  # the answer checked, and its match (or None)
+        self.found: re.Match[bytes] | None = None
+
+    def label(self, raw: bytes) -> str:
+        found = self.found = results_in_order(self.rids, raw)
+        self.raw = raw
+        return _OK if found is not None else outcome.answered(raw)
+
+
+_OK = outcome.OK.name
+
+
 class Followed:
     """A whole batch read from its bytes (proxy/scan.py) whose `rows` go as one body while
     the items at `gaps` (positions, in order) wait for identical reads in flight: the
@@ -267,8 +289,15 @@ class Rounds:
         node, cands = found
         sent = _Sent(node, rows)
         group = Group(node, [sent], cands, BATCH if len(rows) > 1 else rows[0].method)
+        checked = None
         try:
-            node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)
+            if whole:
+                checked = _Checked(rows.rids if type(rows) is Rows else list(map(_RID, rows)))
+                node, raw = await self.attempts.exchange(
+                    ctx, group, data, _usable_batch, checked.label
+                )
+            else:
+                node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)
         except UpstreamError as exc:
             items = _items(rows, planned, sent.tried)
             failed = self.classifier.failed(ctx, items, exc, answers)
@@ -276,7 +305,9 @@ class Rounds:
             return None
         if followed is not None and self._followed(ctx, node, followed, raw, answers, planned):
             return None
-        return await self.plain_answered(ctx, rows, node, sent.tried, raw, whole, answers, planned)
+        return await self.plain_answered(
+            ctx, rows, node, sent.tried, raw, whole, answers, planned, checked
+        )
 
     def _followed(
         self,
@@ -317,10 +348,12 @@ class Rounds:
         whole: bool,
         answers: list[Any],
         planned: list[Item] | None = None,
+        checked: _Checked | None = None,
     ) -> bytes | None:
         """`plain` once `node` answered `raw`: the node's bytes when they are the answer
         as they are and `whole` (they answer the client's body), else None with the answers
-        placed, the rounds gone on for what is left."""
+        placed, the rounds gone on for what is left. `checked`: the answer's check made as
+        its attempt was booked, if any."""
         classifier = self.classifier
         methods: list[str] | None = None  # (None: the rows' one method, `rows.method`)
         if type(rows) is Rows:  # (its ids kept as parsed, one method: asked about once)
@@ -329,7 +362,10 @@ class Rounds:
             rids, methods = list(map(_RID, rows)), list(map(_METHOD, rows))
             taken = whole and UNMINED_FIELDS.keys().isdisjoint(methods)
         if taken:
-            found = results_in_order(rids, raw)  # (the common answer: not decoded)
+            if checked is not None and checked.raw is raw:
+                found = checked.found  # (matched as the attempt was booked)
+            else:
+                found = results_in_order(rids, raw)  # (the common answer: not decoded)
             if found is not None:
                 if methods is None:
                     classifier.ok_all(ctx, node, rows.method, len(rids))  # type: ignore[attr-defined]

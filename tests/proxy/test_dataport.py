@@ -230,6 +230,30 @@ async def test_early_answers_keep_pipelined_order_and_the_books(make_api, fake_n
     assert counted.get('chain="1338",node="fast",outcome="ok"') == 1.0, counted
 
 
+async def test_an_error_written_early_is_counted_as_an_error(make_api, fake_nodes) -> None:
+    """A node's final error answer goes to the client as it is from the node connection's
+    callback, and its books still say what it was: an `ok` attempt (the node answered) and
+    an `error` request, beside a result's `ok` one."""
+    node = await fake_nodes("solo", "state")
+    node.method_errors["eth_getCode"] = -32000  # final: not retried
+    api = await make_api()
+    await api.add("1337", node)
+    for rid, method in ((b"1", b"eth_getCode"), (b"2", b"eth_getBalance")):
+        status, raw = await raw_rpc(api, call(rid, method))
+        assert status == 200 and raw.startswith(b'{"jsonrpc":"2.0","id":%s,' % rid), raw
+        assert (b'"error"' in raw) == (method == b"eth_getCode"), raw
+    text = await (await api.client.get("/metrics")).text()
+    counted = {
+        line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(("chainstate_proxy_requests_total{", "chainstate_proxy_upstream_"))
+    }
+    labels = 'chain="1337",method="%s",node="solo",outcome="%s"'
+    assert counted.get(labels % ("eth_getCode", "error")) == 1.0, counted
+    assert counted.get(labels % ("eth_getBalance", "ok")) == 1.0, counted
+    assert counted.get('chain="1337",node="solo",outcome="ok"') == 2.0, counted
+
+
 async def test_a_path_follows_its_chain_as_pools_come_and_go(make_api, fake_nodes) -> None:
     """The data route keeps what a path resolved to until the routing state changes: a
     chain unknown at first is served once a node is added for it (over HTTP: no node in

@@ -31,7 +31,7 @@ from proxy.model import (
     normalize_chain,
     normalize_pool,
 )
-from proxy.rounds import _gather
+from proxy.rounds import _Checked, _gather
 from proxy.ryw import hide_unreadable
 from proxy.select import NoEligibleNode, Selector
 from proxy.settings import ProxySettings
@@ -489,6 +489,20 @@ def test_one_classification_of_answers_and_failures() -> None:
         "retryable"
     )
     assert outcome.answered(b'[{"id":0,"error":{"code":-39000,"message":"x"}}]') == "ok"
+
+
+def test_a_whole_batch_checked_as_its_attempt_is_booked_keeps_the_attempts_label() -> None:
+    """A whole batch's answer is matched once, as its attempt is booked: the label is the
+    one `outcome.answered` gives, and the match is kept for the same bytes only."""
+    results = b'[{"jsonrpc":"2.0","id":1,"result":"0x1"},{"jsonrpc":"2.0","id":2,"result":"0x"}]'
+    retry = b'[{"jsonrpc":"2.0","id":1,"result":"0x1"},{"id":2,"error":{"code":-39006}}]'
+    error = b'[{"jsonrpc":"2.0","id":1,"result":"0x1"},{"id":2,"error":{"code":-32000}}]'
+    limited = b'[{"jsonrpc":"2.0","id":1,"error":{"code":-32005,"message":"rate limit"}}]'
+    for raw, label in ((results, "ok"), (retry, "retryable"), (error, "ok"), (limited, None)):
+        checked = _Checked([1, 2])
+        assert checked.label(raw) == (label or outcome.answered(raw))
+        assert checked.raw is raw and (checked.found is not None) == (raw is results)
+    assert outcome.answered(limited) == "rate_limited"
 
 
 # ---- state applied from store events -----------------------------------------------------
