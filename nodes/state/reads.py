@@ -660,14 +660,19 @@ class ReadPath:
                     key = None
             if key is None:
                 key = bytes.fromhex(parse_address(_require(value, "address"))[2:])
-            if len(self._addresses) < PARSE_CACHE:
-                self._addresses[value] = key
-            else:  # (full: `PARSE_RESTART`)
-                self._misses_full += 1
-                if self._misses_full >= PARSE_RESTART:
-                    self._misses_full = 0
-                    self._addresses.clear()
+            self._keep(self._addresses, value, key)
         return key
+
+    def _keep(self, cache: dict[str, bytes], value: str, key: bytes) -> None:
+        """`key` kept as `value`'s parse, unless `cache` is full: then it admits nothing
+        until `PARSE_RESTART` misses have passed, and starts again empty."""
+        if len(cache) < PARSE_CACHE:
+            cache[value] = key
+            return
+        self._misses_full += 1
+        if self._misses_full >= PARSE_RESTART:
+            self._misses_full = 0
+            cache.clear()
 
     def _slot(self, value: Any) -> bytes:
         key = self._slots.get(value) if value.__class__ is str else None
@@ -679,13 +684,7 @@ class ReadPath:
                     key = None
             if key is None:
                 key = _slot(value).to_bytes(32, "big")
-            if len(self._slots) < PARSE_CACHE:
-                self._slots[value] = key
-            else:  # (full: `PARSE_RESTART`)
-                self._misses_full += 1
-                if self._misses_full >= PARSE_RESTART:
-                    self._misses_full = 0
-                    self._slots.clear()
+            self._keep(self._slots, value, key)
         return key
 
     def _height(self, reads: Reads, value: Any) -> int:

@@ -165,6 +165,16 @@ async def make_api() -> AsyncIterator[Callable[..., Awaitable[Api]]]:
 
 
 @pytest.fixture
+async def node_api(make_api, fake_nodes):
+    """(api, node): one fake state node behind a proxy with the response cache off."""
+    node = await fake_nodes("one", "state")
+    api = await make_api(fast_settings(cache_pools=[]))
+    await api.add("1337", node)
+    await api.heads_known("1337")
+    return api, node
+
+
+@pytest.fixture
 async def two(make_api, fake_nodes):
     """A proxy with one state node (window 128) and one archive node, heads at 1000."""
     state = await fake_nodes("state-1", "state")

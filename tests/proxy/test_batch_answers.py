@@ -14,7 +14,7 @@ import pytest
 
 from proxy import classify, rounds
 from proxy.classify import loads, result_text, results_in_order
-from tests.proxy.conftest import fast_settings, req
+from tests.proxy.conftest import req
 from tests.proxy.mutate import mutated
 from tests.proxy.test_dataport import raw_rpc
 
@@ -31,16 +31,6 @@ def reads(ids: list[int] | None = None) -> list[dict[str, Any]]:
 
 def results(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"jsonrpc": "2.0", "id": it["id"], "result": hex(7000 + it["id"])} for it in items]
-
-
-@pytest.fixture
-async def node_api(make_api, fake_nodes):
-    """(api, node): one fake state node behind a proxy with the response cache off."""
-    node = await fake_nodes("one", "state")
-    api = await make_api(fast_settings(cache_pools=[]))
-    await api.add("1337", node)
-    await api.heads_known("1337")
-    return api, node
 
 
 async def test_a_string_result_per_id_in_order_is_the_answer_as_the_node_wrote_it(

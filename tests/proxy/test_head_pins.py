@@ -16,7 +16,7 @@ from proxy import nesting
 from proxy.methods import MethodTable
 from proxy.reads import Pin, Reads, with_block, without_block
 from proxy.scan import Scanner
-from tests.proxy.conftest import fast_settings, req
+from tests.proxy.conftest import req
 from tests.proxy.test_dataport import raw_rpc
 
 N = 10
@@ -41,15 +41,6 @@ def pinned(batch: list[dict[str, Any]], head: int, block_hash: str) -> list[dict
             params[-1] = {"blockHash": block_hash}
         out.append({**item, "params": params})
     return out
-
-
-@pytest.fixture
-async def node_api(make_api, fake_nodes):
-    node = await fake_nodes("one", "state")
-    api = await make_api(fast_settings(cache_pools=[]))
-    await api.add("1337", node)
-    await api.heads_known("1337")
-    return api, node
 
 
 def item_by_item(monkeypatch: pytest.MonkeyPatch) -> list[int]:
