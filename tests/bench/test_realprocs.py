@@ -40,7 +40,8 @@ def test_probe_records_each_generations_passes(tmp_path: Path) -> None:
     assert passes == {"0": 2, "1": 1, "2": 3}
     assert all(after["passes"][g][1] > before["passes"][g][1] for g in ("0", "1", "2"))
     assert len(after["objects"]) == 3 and sum(after["objects"]) > 1000
-    assert after["cpu"] >= before["cpu"] > 0
+    # (the process CPU clock ticks every 10 ms: a fast machine may not have used a tick yet)
+    assert after["cpu"] >= before["cpu"] >= 0
 
 
 def test_probe_does_nothing_without_its_folder() -> None:
