@@ -10,7 +10,9 @@ N and 2N calls and take the difference per call:
 
 The bodies are `bench suite proxy`'s batch case (eth_getBalance of the fake node's
 addresses at heights in its window), the answers the fake node's to them; `--one-block`
-writes every item of a body at its first item's block.
+writes every item of a body at its first item's block. `--step rows` is the scan and then
+the rows' bounds (`Rows.bounds`: the lowest and highest height, which the node choice
+asks of every batch next).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--step", choices=("scan", "check"), required=True)
+    p.add_argument("--step", choices=("scan", "rows", "check"), required=True)
     p.add_argument("--batch", type=int, default=100, help="items per body (2..100)")
     p.add_argument("-n", type=int, default=200, help="calls after the warm-up")
     p.add_argument("--one-block", action="store_true", help="every item at one block")
@@ -80,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         scan = scanner.scan
         for i in range(args.n):
             scan(payloads[i % k])
+    elif args.step == "rows":
+        scan = scanner.scan
+        for i in range(args.n):
+            scan(payloads[i % k]).bounds()  # type: ignore[union-attr]
     else:
         for i in range(args.n):
             results_in_order(rids, answers[i % k])

@@ -10,7 +10,7 @@ import pytest
 from bench.scancount import bodies, main
 
 
-@pytest.mark.parametrize("step", ["scan", "check"])
+@pytest.mark.parametrize("step", ["scan", "rows", "check"])
 @pytest.mark.parametrize("batch", [10, 100])
 def test_both_steps_run_on_bodies_they_take(step: str, batch: int, capsys) -> None:
     assert main(["--step", step, "--batch", str(batch), "-n", "3"]) == 0

@@ -74,6 +74,23 @@ def test_a_compact_batch_becomes_the_rows_the_parsers_checks_make(
     assert parser.rows(None, rows, [], body) == (rows, True, False)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("blocks", [["0x385"], ["latest"], ["0x385", "0x386"], ["0x386", "latest"]])
+@pytest.mark.parametrize("n", [1, 2, 100])
+def test_a_scanned_batchs_bounds_are_the_parsed_ones(blocks: list[str], n: int) -> None:
+    """The lowest and highest height of a batch read from its bytes (what the node choice
+    decides a batch by): those of its parse, for a batch at one block (found with its one
+    text), at one tag (none), and at several blocks."""
+    items = [req("eth_getBalance", [ADDR, blocks[i % len(blocks)]], i) for i in range(n)]
+    scan, parser = scanner(items)
+    body = orjson.dumps(items)
+    rows = scan.scan(body)
+    checked = parser.uniform_rows(orjson.loads(body))
+    assert rows is not None and checked is not None
+    assert rows.bounds() == checked.bounds()
+    used = [None if b == "latest" else int(b, 16) for b in blocks[:n]]
+    assert rows.bounds() == (None if None in used else (min(used), max(used)))  # type: ignore[type-var]
+
+
 def declined() -> dict[str, bytes]:
     """Bodies the scanner leaves to the parse, each but for one detail the scanned one's."""
     body = orjson.dumps(batch(10))
@@ -269,6 +286,7 @@ def test_a_scanned_body_is_read_as_its_parse_checks_it_over_mutated_bodies() -> 
         assert checked is not None, bad
         for column in ("rids", "refs", "texts", "heights"):
             assert getattr(rows, column) == getattr(checked, column), (column, bad)
+        assert rows.bounds() == checked.bounds(), bad
         assert (rows.method, rows.spec, len(rows)) == (checked.method, checked.spec, len(payload))
         assert [rows[i].obj for i in range(len(rows))] == payload, bad
         assert [(row.ref, row.block) for row in rows] == [(r.ref, r.block) for r in checked]
