@@ -406,10 +406,6 @@ def attached(job: dict[str, Any], conn: Any) -> None:
 
 
 LearnKey = tuple[str | None, bytes]
-# What else a warm EVM's `given` set records (beside learn keys): accounts and slots it was
-# given, as (_ACCOUNT, address) and (_SLOT_GIVEN, address, slot).
-_ACCOUNT = "account"
-_SLOT_GIVEN = "slot"
 
 
 def learn_key(call: dict[str, Any]) -> LearnKey:
@@ -551,15 +547,18 @@ def _trim_heap() -> None:
 class Warm:
     """One EVM at one block's state (`warm_key`, or a fresh one) and what the worker keeps
     with it, in one place (a group at a warm block looks it up once): the calls it ran, what
-    it was given (`Runner._preload`), the block env dict it runs with, and for that env the
-    BASEFEE verdicts and kept answers of calls (`call_key`)."""
+    it was given (`Runner._preload`: the learn keys of calls, slots, and accounts with the
+    BASEFEE verdict of a call into each, `BasefeeCheck.alone`), the block env dict it runs
+    with, and for that env the BASEFEE verdicts and kept answers of calls (`call_key`)."""
 
-    __slots__ = ("answers", "env", "evm", "given", "uses", "verdicts")
+    __slots__ = ("accounts", "answers", "env", "evm", "given", "slots", "uses", "verdicts")
 
     def __init__(self, evm: EVM, env: dict[str, Any]) -> None:
         self.evm = evm
         self.uses = 0
-        self.given: set[Any] = set()
+        self.given: set[LearnKey] = set()
+        self.accounts: dict[str, str | None] = {}
+        self.slots: set[tuple[str, int]] = set()
         self.env = env  # (`new_evm` builds the EVM with it)
         self.verdicts: dict[CallKey, bool] = {}
         self.answers: dict[CallKey, dict[str, Any]] = {}
@@ -627,7 +626,7 @@ class Runner:
                     new = []
                 new.append(call)
         if new is not None:
-            self._preload(warm.evm, job, new, given)
+            self._preload(warm.evm, job, new, warm)
             given.update(learn_key(c) for c in new)
         while len(warms) > self.warm_blocks:
             warms.popitem(last=False)
@@ -643,12 +642,12 @@ class Runner:
         evm: EVM,
         job: dict[str, Any],
         calls: list[dict[str, Any]],
-        given: set[Any] | None = None,
+        warm: Warm | None = None,
     ) -> None:
         """Give an EVM the accounts the calls touch and the slots they read before, read
-        in one go (from the store directly, else one feed request). `given`: what a warm
-        EVM was given before (its cache holds them as of its block, calls are reverted),
-        not read again; what this gives is added to it."""
+        in one go (from the store directly, else one feed request). `warm`: the warm EVM
+        `evm` is, whose accounts and slots given before (its cache holds them as of its
+        block, calls are reverted) are not read again; what this gives is added to them."""
         addresses = touched_accounts({**job, "calls": calls})
         slots = self._predicted(calls)
         known = set(addresses)
@@ -656,11 +655,10 @@ class Runner:
             if address not in known:
                 known.add(address)
                 addresses.append(address)
-        if given is not None:
-            addresses = [a for a in addresses if (_ACCOUNT, a) not in given]
-            slots = [pair for pair in slots if (_SLOT_GIVEN, *pair) not in given]
-            given.update((_ACCOUNT, a) for a in addresses)
-            given.update((_SLOT_GIVEN, *pair) for pair in slots)
+        if warm is not None:
+            accounts, given = warm.accounts, warm.slots
+            addresses = [a for a in addresses if a not in accounts]
+            slots = [pair for pair in slots if pair not in given]
             if not addresses and not slots:
                 return
         reads = self._store_reads(job.get("store"))
@@ -669,6 +667,11 @@ class Runner:
         else:
             infos, values = self.feed.preload(job["fork_url"], addresses, slots, job["height"])
         insert_preloaded(evm, addresses, infos, slots, values, self._analysed)
+        if warm is not None:
+            alone = self._basefee.alone
+            for address, info in zip(addresses, infos, strict=True):
+                accounts[address] = alone(info[2])
+            given.update(slots)
 
     def _store_reads(self, store: list[Any] | None) -> StoreReads | None:
         """The store a job names, opened once; None (read through the feed) when the job
@@ -909,12 +912,18 @@ class Runner:
         if self._key is None:  # a fresh EVM of one call holds only what that call loaded
             suspect = self._may_read_basefee(evm, call, fresh=len(job["calls"]) == 1)
         else:
-            verdicts = self._now.verdicts  # type: ignore[union-attr]
-            if key is None:
-                key = call_key(call)
-            suspect = verdicts.get(key)
-            if suspect is None:
-                suspect = verdicts[key] = self._may_read_basefee(evm, call)
+            warm = self._now
+            assert warm is not None
+            # A callee given to this EVM whose code runs no other: its code decides.
+            alone = warm.accounts.get(call["to"]) if call["to"] is not None else None
+            if alone is not None:
+                suspect = alone == SUSPECT
+            else:
+                if key is None:
+                    key = call_key(call)
+                suspect = warm.verdicts.get(key)
+                if suspect is None:
+                    suspect = warm.verdicts[key] = self._may_read_basefee(evm, call)
         return storage_read(evm.journal_str) if suspect else None
 
     def _may_read_basefee(self, evm: EVM, call: dict[str, Any], fresh: bool = False) -> bool:
