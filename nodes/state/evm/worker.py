@@ -60,6 +60,12 @@ PRELOAD_ACCOUNTS = 64
 PRELOAD_SLOTS = 1024
 LEARNED_CALLS = 4096  # (callee, calldata) whose slots a worker remembers
 LEARN_DATA = 260  # calldata bytes that key a learned call (selector and 8 words)
+# Mapping slots (`mapping_shapes`): the calldata words tried as a key and the slot numbers
+# tried as the mapping's position, when a call's reads are first learned for its code and
+# selector (2 × 16 × 2 keccaks, once).
+MAPPING_WORDS = 2
+MAPPING_POSITIONS = 16
+CODE_KEYS = 65_536  # accounts whose code key (`Runner._code_of`) a worker keeps
 MEMORY_CHECK_S = 0.25  # seconds between two looks at the worker's own memory
 ANSWER_BYTES = 1024  # return data up to which a warm EVM keeps a call's answer
 NO_WARM = frozenset(
@@ -406,6 +412,41 @@ def attached(job: dict[str, Any], conn: Any) -> None:
 
 
 LearnKey = tuple[str | None, bytes]
+# A mapping read as calldata shapes it: (calldata word, the mapping's position, key first):
+# slot keccak(word ‖ position) as Solidity lays a mapping out, or keccak(position ‖ word)
+# as Vyper does.
+Shape = tuple[int, int, bool]
+
+
+def _keccak(data: bytes) -> int:
+    return int.from_bytes(keccak.new(digest_bits=256, data=data).digest(), "big")
+
+
+def _mapping_slot(data: bytes, shape: Shape) -> int | None:
+    """The slot `shape` names for this calldata (None when it is too short)."""
+    word_at, position, key_first = shape
+    word = data[4 + 32 * word_at : 36 + 32 * word_at]
+    if len(word) != 32:
+        return None
+    where = position.to_bytes(32, "big")
+    return _keccak(word + where if key_first else where + word)
+
+
+def mapping_shapes(data: bytes, slots: list[int]) -> list[Shape]:
+    """Which of `slots` (what a call read of its callee's storage) are entries of a mapping
+    at a small position keyed by one of the first calldata words (an ERC20's `balanceOf`
+    reads keccak(holder ‖ position of `_balances`))."""
+    if not slots:
+        return []
+    read = set(slots)
+    out = []
+    for word_at in range(min(MAPPING_WORDS, (len(data) - 4) // 32)):
+        for position in range(MAPPING_POSITIONS):
+            for key_first in (True, False):
+                shape = (word_at, position, key_first)
+                if _mapping_slot(data, shape) in read:
+                    out.append(shape)
+    return out
 
 
 def learn_key(call: dict[str, Any]) -> LearnKey:
@@ -591,6 +632,10 @@ class Runner:
         self.feed = FeedClient()
         self._stores: dict[str, StoreReads | None] = {}
         self._learned: OrderedDict[LearnKey, list[tuple[str, int]]] = OrderedDict()
+        # Callee code (by its length and hash) and selector → the mapping entries its calls
+        # read (`mapping_shapes`); an account's code key, from what was preloaded.
+        self._shapes: OrderedDict[tuple[tuple[int, int], bytes], list[Shape]] = OrderedDict()
+        self._code_of: dict[str, tuple[int, int]] = {}
         self._basefee = BasefeeCheck()
         self._analysed = AnalysedCode()  # contract codes given to EVMs analysed
         self._job: dict[str, Any] = {}  # the job being run
@@ -644,34 +689,62 @@ class Runner:
         calls: list[dict[str, Any]],
         warm: Warm | None = None,
     ) -> None:
-        """Give an EVM the accounts the calls touch and the slots they read before, read
-        in one go (from the store directly, else one feed request). `warm`: the warm EVM
-        `evm` is, whose accounts and slots given before (its cache holds them as of its
-        block, calls are reverted) are not read again; what this gives is added to them."""
+        """Give an EVM the accounts the calls touch and the slots they are predicted to read
+        (`_predicted`), read in one go (from the store directly, else one feed request).
+        `warm`: the warm EVM `evm` is, whose accounts and slots given before (its cache
+        holds them as of its block, calls are reverted) are not read again; what this gives
+        is added to them. A callee whose code this worker has not read yet is read first,
+        then the mapping entries its code's calls read (`mapping_shapes`) in a second go."""
         addresses = touched_accounts({**job, "calls": calls})
+        code_of = self._code_of
+        new_code = any(c["to"] is not None and c["to"] not in code_of for c in calls)
         slots = self._predicted(calls)
-        known = set(addresses)
+        given = self._give(evm, job, addresses, slots, warm)
+        if new_code:
+            more = [pair for pair in self._predicted(calls) if pair not in given]
+            if more:
+                self._give(evm, job, [], more, warm, given)
+
+    def _give(
+        self,
+        evm: EVM,
+        job: dict[str, Any],
+        addresses: list[str],
+        slots: list[tuple[str, int]],
+        warm: Warm | None,
+        given: set[Any] | frozenset[Any] = frozenset(),
+    ) -> set[Any]:
+        """Read and give accounts and slots (with the accounts of those slots, unless in
+        `given`, or the warm EVM has them); what it gave, accounts and slots, as a set."""
+        known = set(addresses) | given
         for address, _slot in slots:  # an account must be cached before its slots
             if address not in known:
                 known.add(address)
                 addresses.append(address)
         if warm is not None:
-            accounts, given = warm.accounts, warm.slots
+            accounts = warm.accounts
             addresses = [a for a in addresses if a not in accounts]
-            slots = [pair for pair in slots if pair not in given]
+            slots = [pair for pair in slots if pair not in warm.slots]
             if not addresses and not slots:
-                return
+                return known
         reads = self._store_reads(job.get("store"))
         if reads is not None:
             infos, values = reads.preload(addresses, slots, job["height"])
         else:
             infos, values = self.feed.preload(job["fork_url"], addresses, slots, job["height"])
         insert_preloaded(evm, addresses, infos, slots, values, self._analysed)
+        code_of = self._code_of
+        if len(code_of) + len(addresses) > CODE_KEYS:
+            code_of.clear()
+        for address, info in zip(addresses, infos, strict=True):
+            code_of[address] = (len(info[2]), hash(info[2]))
         if warm is not None:
             alone = self._basefee.alone
             for address, info in zip(addresses, infos, strict=True):
                 accounts[address] = alone(info[2])
-            given.update(slots)
+            warm.slots.update(slots)
+        known.update(slots)
+        return known
 
     def _store_reads(self, store: list[Any] | None) -> StoreReads | None:
         """The store a job names, opened once; None (read through the feed) when the job
@@ -692,19 +765,43 @@ class Runner:
         prediction; whatever it misses is read lazily as before."""
         out: dict[tuple[str, int], None] = {}
         for call in calls:
-            if call["to"] is None:
+            to = call["to"]
+            if to is None:
                 continue
-            for pair in self._learned.get(learn_key(call), ()):
-                out[pair] = None
+            learned = self._learned.get(learn_key(call))
+            if learned is not None:
+                for pair in learned:
+                    out[pair] = None
+                    if len(out) >= PRELOAD_SLOTS:
+                        return list(out)
+            else:  # a call not run here: the mapping entries calls of its kind read
+                data = bytes(call["data"][: 4 + 32 * MAPPING_WORDS])
+                for shape in self._shapes.get((self._code_of.get(to), data[:4]), ()):  # type: ignore[arg-type]
+                    slot = _mapping_slot(data, shape)
+                    if slot is not None:
+                        out[(to, slot)] = None
                 if len(out) >= PRELOAD_SLOTS:
-                    return list(out)
+                    return list(out)[:PRELOAD_SLOTS]
         return list(out)
 
     def _learn(self, call: dict[str, Any], evm: EVM) -> None:
-        """Remember the slots a call read (from the journal, before it is reverted)."""
-        self._learned[learn_key(call)] = storage_read(evm.journal_str)[:PRELOAD_SLOTS]
+        """Remember the slots a call read (from the journal, before it is reverted), and
+        the first time a code and selector is seen, which of them are mapping entries keyed
+        by calldata (`mapping_shapes`), for calls with other arguments."""
+        read = storage_read(evm.journal_str)[:PRELOAD_SLOTS]
+        self._learned[learn_key(call)] = read
         while len(self._learned) > LEARNED_CALLS:
             self._learned.popitem(last=False)
+        to, data = call["to"], call["data"]
+        code = self._code_of.get(to)
+        if code is None or len(data) < 36:
+            return
+        key = (code, bytes(data[:4]))
+        if key not in self._shapes:
+            head = bytes(data[: 4 + 32 * MAPPING_WORDS])
+            self._shapes[key] = mapping_shapes(head, [slot for a, slot in read if a == to])
+            while len(self._shapes) > LEARNED_CALLS:
+                self._shapes.popitem(last=False)
 
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
         """The answer to a job; to a `groups` job (calls at several blocks, sent together
