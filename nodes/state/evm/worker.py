@@ -761,7 +761,8 @@ class Runner:
         return self._stores[path]
 
     def _predicted(self, calls: list[dict[str, Any]]) -> list[tuple[str, int]]:
-        """The slots the calls read the last time they ran here (at most PRELOAD_SLOTS): a
+        """The slots the calls read the last time they ran here, or for a call not run here
+        the mapping entries calls of its code and selector read (at most PRELOAD_SLOTS): a
         prediction; whatever it misses is read lazily as before."""
         out: dict[tuple[str, int], None] = {}
         for call in calls:
@@ -774,9 +775,9 @@ class Runner:
                     out[pair] = None
                     if len(out) >= PRELOAD_SLOTS:
                         return list(out)
-            else:  # a call not run here: the mapping entries calls of its kind read
+            elif (code := self._code_of.get(to)) is not None:
                 data = bytes(call["data"][: 4 + 32 * MAPPING_WORDS])
-                for shape in self._shapes.get((self._code_of.get(to), data[:4]), ()):  # type: ignore[arg-type]
+                for shape in self._shapes.get((code, data[:4]), ()):
                     slot = _mapping_slot(data, shape)
                     if slot is not None:
                         out[(to, slot)] = None
