@@ -185,11 +185,18 @@ def _written() -> int:
 def _memory() -> dict[str, int]:
     """RSS of this process (both nodes and the generator) and of the EVM workers; `shared`
     is the part that is file pages (LMDB maps its store: the pages reads and writes touched,
-    which the kernel can drop), so `rss - shared` is the process's own memory."""
+    which the kernel can drop), so `rss - shared` is the process's own memory. The same for
+    the workers (and the feed processes), which read the store too: each counts the store's
+    pages it touched, the same pages of the page cache another counts."""
     me = psutil.Process()
     info = me.memory_info()
-    children = sum(c.memory_info().rss for c in me.children(recursive=True))
-    return {"rss": info.rss, "shared": info.shared, "workers_rss": children}
+    children = [c.memory_info() for c in me.children(recursive=True)]
+    return {
+        "rss": info.rss,
+        "shared": info.shared,
+        "workers_rss": sum(c.rss for c in children),
+        "workers_shared": sum(c.shared for c in children),
+    }
 
 
 class ScaleRun:

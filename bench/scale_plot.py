@@ -92,7 +92,10 @@ def render_text(report: dict[str, Any]) -> str:
     if "shared" in memory:
         line += f", of it {memory['shared'] / MIB:,.0f} MiB the stores' mapped pages"
     line += f"; the generator's arrays {large.get('generator_bytes', 0) / MIB:,.0f} MiB; "
-    lines.append(line + f"EVM workers {memory['workers_rss'] / MIB:,.0f} MiB")
+    line += f"EVM workers {memory['workers_rss'] / MIB:,.0f} MiB"
+    if "workers_shared" in memory:
+        line += f", of it {memory['workers_shared'] / MIB:,.0f} MiB the stores' mapped pages"
+    lines.append(line)
     base = small["points"][-1]
     lines.append(
         "small chain reads/CPU s: "

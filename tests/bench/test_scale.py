@@ -52,6 +52,10 @@ def test_suite_scale_runs_end_to_end(tmp_path: Path) -> None:
     assert last["gc_objects"][2] > 1000  # at least the modules' functions and classes
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "eth_getStorageAt" in done.stdout and "archive" in done.stdout
+    # the EVM workers' (and feeds') memory, and the part of it that is the stores' pages
+    memory = last["memory"]
+    assert 0 < memory["workers_shared"] < memory["workers_rss"]
+    assert "EVM workers" in done.stdout and done.stdout.count("the stores' mapped pages") == 2
 
 
 def test_suite_scale_refuses_a_shape_that_cannot_be() -> None:

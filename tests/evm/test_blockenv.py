@@ -165,6 +165,27 @@ async def test_basefee_in_a_reverting_frame_on_warm_state(
         assert await evm.call("eth_call", params) == rpc(chain.url, "eth_call", params)
 
 
+async def test_basefee_read_by_the_called_code_alone_on_warm_state(
+    evm: Client, chain: Chain, blockenv: str
+) -> None:
+    """Callees that call no other code, on warm EVMs of two blocks: one reading BASEFEE
+    answers the block's base fee every time, one holding 0x48 only as PUSH data, called at
+    the same blocks, is answered by revm; both equal anvil."""
+    pushed = deploy(chain.url, "6048600052" + "60206000f3")  # MSTORE(0, 0x48); RETURN
+    old = rpc(chain.url, "eth_blockNumber", [])
+    send(chain.url, {"from": A1, "to": A2, "value": "0x1"})  # (latest is another block)
+    for height in (old, "latest"):
+        for _ in range(2):
+            params = [{"to": blockenv, "data": "0x"}, height]
+            theirs = rpc(chain.url, "eth_call", params)
+            assert await evm.call("eth_call", params) == theirs, height
+            assert words(theirs)["BASEFEE"] != 0
+            params = [{"to": pushed, "data": "0x"}, height]
+            theirs = rpc(chain.url, "eth_call", params)
+            assert await evm.call("eth_call", params) == theirs, height
+            assert int(theirs, 16) == 0x48
+
+
 # Gas and output depend on BASEFEE: SSTORE(0, 1) only when it is not 0, then LOG0 and
 # RETURN of BASEFEE. pyrevm alone would skip the store, log and return 0.
 BASEFEE_BRANCH = "4815600a5760016000555b48600052" + "60206000a0" + "60206000f3"

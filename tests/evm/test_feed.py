@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 import pytest_asyncio
+from Crypto.Hash import keccak
 
 from nodes.state.evm.feed import FeedCore, Overlay, serve
 from nodes.state.evm.feedproc import FeedProcess
@@ -33,17 +34,32 @@ module_loop = pytest.mark.asyncio(loop_scope="module")
 
 # SUM: returns SLOAD(0) + … + SLOAD(5) (six cold SLOADs)
 SUM_RUNTIME = "600054" + "".join(f"60{i:02x}5401" for i in range(1, 6)) + "60005260206000f3"
+# BALANCE: returns SLOAD(keccak(CALLDATALOAD(4) ‖ 0)), an ERC20's balanceOf of `_balances`
+# at position 0 (without the selector dispatch)
+BALANCE_RUNTIME = "6004356000526000602052604060002054" + "60005260206000f3"
 HEIGHTS = 12
+TOKEN = make_addresses(1, "feed-token")[0]
+
+
+def balance_slot(holder: str) -> int:
+    """The token's `_balances` entry of `holder` (position 0)."""
+    key = bytes(12) + bytes.fromhex(holder[2:]) + bytes(32)
+    return int.from_bytes(keccak.new(digest_bits=256, data=key).digest(), "big")
 
 
 def make_chain() -> tuple[SyntheticChain, str, list[str]]:
-    """A contract whose six slots change block after block, and funded accounts."""
+    """A contract whose six slots change block after block, funded accounts, and a token
+    whose balances of them change too (`TOKEN`)."""
     people = make_addresses(3, "feed-test")
     contract = make_addresses(1, "feed-sum")[0]
     chain = SyntheticChain("feed")
     chain.add_block(
         {
             contract: {"code": bytes.fromhex(SUM_RUNTIME), "storage": {0: 1}},
+            TOKEN: {
+                "code": bytes.fromhex(BALANCE_RUNTIME),
+                "storage": {balance_slot(p): 100 + i for i, p in enumerate(people)},
+            },
             **{p: {"balance": 10**18 * (i + 1), "nonce": i} for i, p in enumerate(people)},
         }
     )
@@ -52,6 +68,7 @@ def make_chain() -> tuple[SyntheticChain, str, list[str]]:
             {
                 contract: {"storage": {h % 6: h * 1000 + 7}},
                 people[h % 3]: {"balance": 10**18 + h},
+                TOKEN: {"storage": {balance_slot(people[h % 3]): 1000 * h}},
             }
         )
     return chain, contract, people
@@ -478,6 +495,46 @@ async def test_preloaded_slots_give_the_results_and_gas_of_lazy_reads(
         want = sum(store.chain.state(height)[store.contract].storage.values())
         assert int(preloaded["results"][0]["output"], 16) == want
     assert len(learner._predicted(job(1)["calls"])) == 6  # the six slots the call reads
+
+
+@module_loop
+@pytest.mark.parametrize("direct", [True, False], ids=["store", "feed"])
+async def test_a_balance_read_for_one_holder_is_preloaded_for_another(
+    store: Any, process: FeedProcess, direct: bool
+) -> None:
+    """After a worker ran one balanceOf (a mapping entry keyed by the calldata's first word),
+    a balanceOf of another holder at another height gets that holder's entry given before
+    the call; output and gas (a cold SLOAD) equal a worker that reads it lazily, at every
+    height and for every holder."""
+    from nodes.state.evm.worker import Limits, Runner
+
+    url = process.url_if_running()
+    assert url is not None
+    copy = store.path.parent / "worker-copy"  # one LMDB env per path per process: a copy
+    if direct and not copy.exists():
+        copy.mkdir()
+        store._env.copy(str(copy))
+
+    def job(height: int, holder: str) -> dict[str, Any]:
+        out = sum_job(store, url, height)
+        data = bytes.fromhex("70a08231") + bytes(12) + bytes.fromhex(holder[2:])
+        out["calls"][0] = {**out["calls"][0], "to": TOKEN, "data": data}
+        if direct:
+            out["store"] = [str(copy), 64]
+        return out
+
+    limits = Limits(100, 10**6, 10**6, 10**6, 1000)
+    learner = Runner(limits, 64)
+    first, other = store.people[0], store.people[1]
+    learner.run(job(2, first))
+    assert learner._predicted(job(5, other)["calls"]) == [(TOKEN, balance_slot(other))]
+    for height in range(1, HEIGHTS):
+        for holder in store.people:
+            lazy = await asyncio.to_thread(Runner(limits, 64).run, job(height, holder))
+            preloaded = await asyncio.to_thread(learner.run, job(height, holder))
+            assert preloaded == lazy, (height, holder)
+            want = store.chain.state(height)[TOKEN].storage[balance_slot(holder)]
+            assert int(preloaded["results"][0]["output"], 16) == want
 
 
 @module_loop

@@ -228,6 +228,19 @@ def test_basefee_verdicts() -> None:
     assert check.verdict(clean, clean, in_push) == CLEAN
 
 
+def test_a_code_that_runs_no_other_code_is_judged_alone() -> None:
+    """A callee without CALL- or CREATE-family instructions decides the verdict by itself;
+    one that could run other code (or 0xEF code) is left to the run (None)."""
+    check = BasefeeCheck()
+    assert check.alone(bytes.fromhex("4860005260206000f3")) == SUSPECT  # BASEFEE, RETURN
+    assert check.alone(bytes.fromhex("6048" + "7f" + "f1" * 32 + "00")) == CLEAN  # as data
+    assert check.alone(b"") == CLEAN  # an account without code (or a precompile)
+    for op in ("f0", "f1", "f2", "f4", "f5", "fa"):  # CREATE, CALL, …, CREATE2, STATICCALL
+        assert check.alone(bytes.fromhex("6000600060006000600060005a" + op + "00")) is None
+    assert check.alone(bytes.fromhex("ef0100" + "11" * 20)) is None  # a delegation
+    assert check.alone(bytes.fromhex("4860005260206000f3")) == SUSPECT  # (kept verdict)
+
+
 async def test_an_overrun_job_answers_its_own_culprit_and_queues_the_others() -> None:
     """A combined job stopped at its time limit: the call it was running, having run the
     whole limit, is answered -39004 with data.reason `time_limit` (final: never run again);

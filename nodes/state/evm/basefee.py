@@ -20,6 +20,13 @@ fresh EVM, whose cache holds only what this call loads. Verdicts are kept per co
 and per warm EVM, block env and whole call (`worker.Warm.verdicts`, by `worker.call_key`),
 so a warm call pays a dictionary look-up.
 
+Most calls need none of that (`BasefeeCheck.alone`): a callee whose code holds no CALL-,
+CREATE-family instruction runs no code but its own (a frame is entered only through them),
+so that code alone decides. A warm EVM knows the code of each account it was given, and a
+call into one of those is judged without listing the database cache, whose size grows with
+every account called at the block (on a store of 10 k tokens, listing it per new call cost
+more than the call).
+
 Running them (`nodes/state/evm/pyevm.py`, imported only when a call needs it: py-evm takes
 1.5 s to import): py-evm's Cancun state in memory, filled with the accounts and
 slots revm's run read (the block's values); every read py-evm makes of something not filled
@@ -34,7 +41,10 @@ from __future__ import annotations
 from typing import Any
 
 BASEFEE, CREATE, CREATE2 = 0x48, 0xF0, 0xF5
+# Instructions that run other code: CREATE, CALL, CALLCODE, DELEGATECALL, CREATE2, STATICCALL.
+RUNS_OTHERS = frozenset({0xF0, 0xF1, 0xF2, 0xF4, 0xF5, 0xFA})
 CODE_VERDICTS = 65_536  # code hashes whose verdict is kept
+ALONE_BYTES = 16 * 1024 * 1024  # bytes of code whose `alone` verdict is kept (keyed by code)
 
 
 def code_may_read_basefee(code: bytes) -> bool:
@@ -48,14 +58,46 @@ def code_may_read_basefee(code: bytes) -> bool:
     return False
 
 
+def runs_only_itself(code: bytes) -> bool:
+    """Does a call into this code run no other code: no CALL- or CREATE-family instruction
+    (PUSH data skipped), and no 0xEF code (EOF, EIP-7702 delegations run other code)?"""
+    if code[:1] == b"\xef":
+        return False
+    i, n = 0, len(code)
+    while i < n:
+        op = code[i]
+        if op in RUNS_OTHERS:
+            return False
+        i += op - 0x5E if 0x60 <= op <= 0x7F else 1
+    return True
+
+
 CLEAN, SUSPECT, UNSURE = "clean", "suspect", "unsure"
 
 
 class BasefeeCheck:
-    """Verdicts per code hash (bounded)."""
+    """Verdicts per code hash, and `alone` verdicts per code (both bounded)."""
 
     def __init__(self) -> None:
         self._codes: dict[bytes, bool] = {}
+        self._alone: dict[bytes, str | None] = {}
+        self._alone_bytes = 0
+
+    def alone(self, code: bytes) -> str | None:
+        """The verdict on any call into `code` that is undone before the next (a warm EVM's:
+        the callee's code stays as given): SUSPECT or CLEAN when the code runs no other code
+        (`runs_only_itself`), else None (the run must be looked at: `verdict`)."""
+        verdict = self._alone.get(code, UNSURE)
+        if verdict == UNSURE:
+            verdict = None
+            if runs_only_itself(code):
+                verdict = SUSPECT if code_may_read_basefee(code) else CLEAN
+            if self._alone_bytes + len(code) > ALONE_BYTES:
+                self._alone.clear()
+                self._alone_bytes = 0
+            self._alone[code] = verdict
+            self._alone_bytes += len(code)
+        return verdict
 
     def _suspect_code(self, info: Any) -> bool:
         code_hash = bytes(info.code_hash)

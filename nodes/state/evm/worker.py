@@ -60,6 +60,12 @@ PRELOAD_ACCOUNTS = 64
 PRELOAD_SLOTS = 1024
 LEARNED_CALLS = 4096  # (callee, calldata) whose slots a worker remembers
 LEARN_DATA = 260  # calldata bytes that key a learned call (selector and 8 words)
+# Mapping slots (`mapping_shapes`): the calldata words tried as a key and the slot numbers
+# tried as the mapping's position, when a call's reads are first learned for its code and
+# selector (2 × 16 × 2 keccaks, once).
+MAPPING_WORDS = 2
+MAPPING_POSITIONS = 16
+CODE_KEYS = 65_536  # accounts whose code key (`Runner._code_of`) a worker keeps
 MEMORY_CHECK_S = 0.25  # seconds between two looks at the worker's own memory
 ANSWER_BYTES = 1024  # return data up to which a warm EVM keeps a call's answer
 NO_WARM = frozenset(
@@ -406,10 +412,41 @@ def attached(job: dict[str, Any], conn: Any) -> None:
 
 
 LearnKey = tuple[str | None, bytes]
-# What else a warm EVM's `given` set records (beside learn keys): accounts and slots it was
-# given, as (_ACCOUNT, address) and (_SLOT_GIVEN, address, slot).
-_ACCOUNT = "account"
-_SLOT_GIVEN = "slot"
+# A mapping read as calldata shapes it: (calldata word, the mapping's position, key first):
+# slot keccak(word ‖ position) as Solidity lays a mapping out, or keccak(position ‖ word)
+# as Vyper does.
+Shape = tuple[int, int, bool]
+
+
+def _keccak(data: bytes) -> int:
+    return int.from_bytes(keccak.new(digest_bits=256, data=data).digest(), "big")
+
+
+def _mapping_slot(data: bytes, shape: Shape) -> int | None:
+    """The slot `shape` names for this calldata (None when it is too short)."""
+    word_at, position, key_first = shape
+    word = data[4 + 32 * word_at : 36 + 32 * word_at]
+    if len(word) != 32:
+        return None
+    where = position.to_bytes(32, "big")
+    return _keccak(word + where if key_first else where + word)
+
+
+def mapping_shapes(data: bytes, slots: list[int]) -> list[Shape]:
+    """Which of `slots` (what a call read of its callee's storage) are entries of a mapping
+    at a small position keyed by one of the first calldata words (an ERC20's `balanceOf`
+    reads keccak(holder ‖ position of `_balances`))."""
+    if not slots:
+        return []
+    read = set(slots)
+    out = []
+    for word_at in range(min(MAPPING_WORDS, (len(data) - 4) // 32)):
+        for position in range(MAPPING_POSITIONS):
+            for key_first in (True, False):
+                shape = (word_at, position, key_first)
+                if _mapping_slot(data, shape) in read:
+                    out.append(shape)
+    return out
 
 
 def learn_key(call: dict[str, Any]) -> LearnKey:
@@ -551,15 +588,18 @@ def _trim_heap() -> None:
 class Warm:
     """One EVM at one block's state (`warm_key`, or a fresh one) and what the worker keeps
     with it, in one place (a group at a warm block looks it up once): the calls it ran, what
-    it was given (`Runner._preload`), the block env dict it runs with, and for that env the
-    BASEFEE verdicts and kept answers of calls (`call_key`)."""
+    it was given (`Runner._preload`: the learn keys of calls, slots, and accounts with the
+    BASEFEE verdict of a call into each, `BasefeeCheck.alone`), the block env dict it runs
+    with, and for that env the BASEFEE verdicts and kept answers of calls (`call_key`)."""
 
-    __slots__ = ("answers", "env", "evm", "given", "uses", "verdicts")
+    __slots__ = ("accounts", "answers", "env", "evm", "given", "slots", "uses", "verdicts")
 
     def __init__(self, evm: EVM, env: dict[str, Any]) -> None:
         self.evm = evm
         self.uses = 0
-        self.given: set[Any] = set()
+        self.given: set[LearnKey] = set()
+        self.accounts: dict[str, str | None] = {}
+        self.slots: set[tuple[str, int]] = set()
         self.env = env  # (`new_evm` builds the EVM with it)
         self.verdicts: dict[CallKey, bool] = {}
         self.answers: dict[CallKey, dict[str, Any]] = {}
@@ -592,6 +632,10 @@ class Runner:
         self.feed = FeedClient()
         self._stores: dict[str, StoreReads | None] = {}
         self._learned: OrderedDict[LearnKey, list[tuple[str, int]]] = OrderedDict()
+        # Callee code (by its length and hash) and selector → the mapping entries its calls
+        # read (`mapping_shapes`); an account's code key, from what was preloaded.
+        self._shapes: OrderedDict[tuple[tuple[int, int], bytes], list[Shape]] = OrderedDict()
+        self._code_of: dict[str, tuple[int, int]] = {}
         self._basefee = BasefeeCheck()
         self._analysed = AnalysedCode()  # contract codes given to EVMs analysed
         self._job: dict[str, Any] = {}  # the job being run
@@ -627,7 +671,7 @@ class Runner:
                     new = []
                 new.append(call)
         if new is not None:
-            self._preload(warm.evm, job, new, given)
+            self._preload(warm.evm, job, new, warm)
             given.update(learn_key(c) for c in new)
         while len(warms) > self.warm_blocks:
             warms.popitem(last=False)
@@ -643,32 +687,64 @@ class Runner:
         evm: EVM,
         job: dict[str, Any],
         calls: list[dict[str, Any]],
-        given: set[Any] | None = None,
+        warm: Warm | None = None,
     ) -> None:
-        """Give an EVM the accounts the calls touch and the slots they read before, read
-        in one go (from the store directly, else one feed request). `given`: what a warm
-        EVM was given before (its cache holds them as of its block, calls are reverted),
-        not read again; what this gives is added to it."""
+        """Give an EVM the accounts the calls touch and the slots they are predicted to read
+        (`_predicted`), read in one go (from the store directly, else one feed request).
+        `warm`: the warm EVM `evm` is, whose accounts and slots given before (its cache
+        holds them as of its block, calls are reverted) are not read again; what this gives
+        is added to them. A callee whose code this worker has not read yet is read first,
+        then the mapping entries its code's calls read (`mapping_shapes`) in a second go."""
         addresses = touched_accounts({**job, "calls": calls})
+        code_of = self._code_of
+        new_code = any(c["to"] is not None and c["to"] not in code_of for c in calls)
         slots = self._predicted(calls)
-        known = set(addresses)
+        given = self._give(evm, job, addresses, slots, warm)
+        if new_code:
+            more = [pair for pair in self._predicted(calls) if pair not in given]
+            if more:
+                self._give(evm, job, [], more, warm, given)
+
+    def _give(
+        self,
+        evm: EVM,
+        job: dict[str, Any],
+        addresses: list[str],
+        slots: list[tuple[str, int]],
+        warm: Warm | None,
+        given: set[Any] | frozenset[Any] = frozenset(),
+    ) -> set[Any]:
+        """Read and give accounts and slots (with the accounts of those slots, unless in
+        `given`, or the warm EVM has them); what it gave, accounts and slots, as a set."""
+        known = set(addresses) | given
         for address, _slot in slots:  # an account must be cached before its slots
             if address not in known:
                 known.add(address)
                 addresses.append(address)
-        if given is not None:
-            addresses = [a for a in addresses if (_ACCOUNT, a) not in given]
-            slots = [pair for pair in slots if (_SLOT_GIVEN, *pair) not in given]
-            given.update((_ACCOUNT, a) for a in addresses)
-            given.update((_SLOT_GIVEN, *pair) for pair in slots)
+        if warm is not None:
+            accounts = warm.accounts
+            addresses = [a for a in addresses if a not in accounts]
+            slots = [pair for pair in slots if pair not in warm.slots]
             if not addresses and not slots:
-                return
+                return known
         reads = self._store_reads(job.get("store"))
         if reads is not None:
             infos, values = reads.preload(addresses, slots, job["height"])
         else:
             infos, values = self.feed.preload(job["fork_url"], addresses, slots, job["height"])
         insert_preloaded(evm, addresses, infos, slots, values, self._analysed)
+        code_of = self._code_of
+        if len(code_of) + len(addresses) > CODE_KEYS:
+            code_of.clear()
+        for address, info in zip(addresses, infos, strict=True):
+            code_of[address] = (len(info[2]), hash(info[2]))
+        if warm is not None:
+            alone = self._basefee.alone
+            for address, info in zip(addresses, infos, strict=True):
+                accounts[address] = alone(info[2])
+            warm.slots.update(slots)
+        known.update(slots)
+        return known
 
     def _store_reads(self, store: list[Any] | None) -> StoreReads | None:
         """The store a job names, opened once; None (read through the feed) when the job
@@ -685,23 +761,48 @@ class Runner:
         return self._stores[path]
 
     def _predicted(self, calls: list[dict[str, Any]]) -> list[tuple[str, int]]:
-        """The slots the calls read the last time they ran here (at most PRELOAD_SLOTS): a
+        """The slots the calls read the last time they ran here, or for a call not run here
+        the mapping entries calls of its code and selector read (at most PRELOAD_SLOTS): a
         prediction; whatever it misses is read lazily as before."""
         out: dict[tuple[str, int], None] = {}
         for call in calls:
-            if call["to"] is None:
+            to = call["to"]
+            if to is None:
                 continue
-            for pair in self._learned.get(learn_key(call), ()):
-                out[pair] = None
+            learned = self._learned.get(learn_key(call))
+            if learned is not None:
+                for pair in learned:
+                    out[pair] = None
+                    if len(out) >= PRELOAD_SLOTS:
+                        return list(out)
+            elif (code := self._code_of.get(to)) is not None:
+                data = bytes(call["data"][: 4 + 32 * MAPPING_WORDS])
+                for shape in self._shapes.get((code, data[:4]), ()):
+                    slot = _mapping_slot(data, shape)
+                    if slot is not None:
+                        out[(to, slot)] = None
                 if len(out) >= PRELOAD_SLOTS:
-                    return list(out)
+                    return list(out)[:PRELOAD_SLOTS]
         return list(out)
 
     def _learn(self, call: dict[str, Any], evm: EVM) -> None:
-        """Remember the slots a call read (from the journal, before it is reverted)."""
-        self._learned[learn_key(call)] = storage_read(evm.journal_str)[:PRELOAD_SLOTS]
+        """Remember the slots a call read (from the journal, before it is reverted), and
+        the first time a code and selector is seen, which of them are mapping entries keyed
+        by calldata (`mapping_shapes`), for calls with other arguments."""
+        read = storage_read(evm.journal_str)[:PRELOAD_SLOTS]
+        self._learned[learn_key(call)] = read
         while len(self._learned) > LEARNED_CALLS:
             self._learned.popitem(last=False)
+        to, data = call["to"], call["data"]
+        code = self._code_of.get(to)
+        if code is None or len(data) < 36:
+            return
+        key = (code, bytes(data[:4]))
+        if key not in self._shapes:
+            head = bytes(data[: 4 + 32 * MAPPING_WORDS])
+            self._shapes[key] = mapping_shapes(head, [slot for a, slot in read if a == to])
+            while len(self._shapes) > LEARNED_CALLS:
+                self._shapes.popitem(last=False)
 
     def run(self, job: dict[str, Any]) -> dict[str, Any]:
         """The answer to a job; to a `groups` job (calls at several blocks, sent together
@@ -909,12 +1010,18 @@ class Runner:
         if self._key is None:  # a fresh EVM of one call holds only what that call loaded
             suspect = self._may_read_basefee(evm, call, fresh=len(job["calls"]) == 1)
         else:
-            verdicts = self._now.verdicts  # type: ignore[union-attr]
-            if key is None:
-                key = call_key(call)
-            suspect = verdicts.get(key)
-            if suspect is None:
-                suspect = verdicts[key] = self._may_read_basefee(evm, call)
+            warm = self._now
+            assert warm is not None
+            # A callee given to this EVM whose code runs no other: its code decides.
+            alone = warm.accounts.get(call["to"]) if call["to"] is not None else None
+            if alone is not None:
+                suspect = alone == SUSPECT
+            else:
+                if key is None:
+                    key = call_key(call)
+                suspect = warm.verdicts.get(key)
+                if suspect is None:
+                    suspect = warm.verdicts[key] = self._may_read_basefee(evm, call)
         return storage_read(evm.journal_str) if suspect else None
 
     def _may_read_basefee(self, evm: EVM, call: dict[str, Any], fresh: bool = False) -> bool:
