@@ -278,7 +278,7 @@ class _Connection(asyncio.Protocol):
     ) -> asyncio.Future[tuple[int, bytes]]:
         """The answer's state of a request just written to `transport` (`send`'s second
         half): the engine writes a single request first and builds what the answer needs
-        after the write (`Engine._sent_first`), still in the same callback."""
+        after the write (`FirstAttempt.start`), still in the same callback."""
         self._early = early
         self._body = []
         self._complete = self._headers_done = self._framed = False
