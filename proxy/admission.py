@@ -42,7 +42,6 @@ class Admission:
         self.retry_after = max(1, math.ceil(wait))
         self.refused = 0
         self.inflight = 0  # client requests in flight in this process, every pool's
-        self._limits: dict[str, tuple[float, int]] = {}  # pool id → (computed at, limit)
 
     def enter(self, pool: Pool) -> None:
         """A client request takes its place among the pool's requests in flight: the one
@@ -73,16 +72,14 @@ class Admission:
         )
 
     def limit(self, pool: Pool, now: float) -> int:
-        """The pool's in-flight limit (0: none), recomputed at most every REFRESH_S."""
+        """The pool's in-flight limit (0: none), recomputed at most every REFRESH_S (kept
+        in the pool: `Pool.admit_limit`, as of `Pool.admit_at`)."""
         if self.fixed:
             return self.fixed
-        cached = self._limits.get(pool.id)
-        if cached is not None and now - cached[0] < REFRESH_S:
-            return cached[1]
-        limit = self.derive(pool)
-        if len(self._limits) > 10_000:  # pools come from config; bound it anyway
-            self._limits.clear()
-        self._limits[pool.id] = (now, limit)
+        if now - pool.admit_at < REFRESH_S:
+            return pool.admit_limit
+        pool.admit_limit = limit = self.derive(pool)
+        pool.admit_at = now
         return limit
 
     def derive(self, pool: Pool) -> int:

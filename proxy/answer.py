@@ -45,8 +45,9 @@ class Answers:
         else:
             if item.method in UNMINED_FIELDS:
                 out = self.ryw.view(ctx.pool, item.method, out)
-            # (a node's code: proxy/face.py; `partition`, a third of `find`'s cost here)
-            if spec.standard and out.partition(b"-390")[1]:
+            # (a node's code: proxy/face.py; `partition`, a third of `find`'s cost here; bytes
+            # written early were found without one: `Ctx.answer_early`)
+            if spec.standard and out is not ctx.written and out.partition(b"-390")[1]:
                 out = self.face.raw(spec, out, ctx.pool, item.ref)
             if type(rid) is orjson.Fragment:  # as the client wrote it, not as parsed
                 out = restore_ids(body, out)  # (last: the steps above decode the answer)

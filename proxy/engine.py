@@ -26,7 +26,7 @@ from opentelemetry import trace
 from chainstate.httpserver import Request, Response
 from chainstate.jsonrpc import INVALID_REQUEST, JsonRpcError
 from proxy import buffers
-from proxy.admission import Admission
+from proxy.admission import REFRESH_S, Admission
 from proxy.answer import Answers
 from proxy.attempts import Attempts
 from proxy.books import Books
@@ -197,7 +197,11 @@ class Engine:
             return 503, dumps_error(None, buffers.over_budget(budget)), b"Retry-After: 1\r\n"
         if pool.inflight:  # (nothing in flight is under any limit: none worked out, as at c=1)
             admission, now = self.admission, time.perf_counter()
-            limit = admission.limit(pool, now)  # (the refusal is worked out only when over it)
+            # (the limit kept in the pool while it is fresh: `Admission.limit`'s first test
+            # without its call; the refusal is worked out only when over it)
+            limit = (
+                pool.admit_limit if now - pool.admit_at < REFRESH_S else admission.limit(pool, now)
+            )
             if limit and pool.inflight >= limit:
                 refused = admission.check(pool, now)
                 if refused is not None:

@@ -174,9 +174,16 @@ class FirstAttempt:
                 # (the attempt's clock starts once the node has the bytes: at c=1 a clock
                 # read before the write is the client's wait, and the write is not the node's)
                 sent = time.perf_counter()
-                self._sent_first(
-                    admitted, payload, request, route, node, taken, sent, started, tally
-                )
+                # The request's objects as `_first` makes them, and the answer's wait
+                # (`Attempts.sent_now`): made here, a call less per request.
+                ctx = Ctx(admitted.chain, admitted.pool, request.answer_early, tally)
+                method = route.method
+                ctx.methods.append(method)
+                item = Item(0, payload, payload["id"], method, route.spec, route.ref, False)
+                item.tried.append(node)  # type: ignore[arg-type]
+                group = Group(node, [item], route.nodes, method)  # type: ignore[arg-type]
+                landed = _Then(self, ctx, item, body, [None], started, request)
+                self.attempts.sent_now(ctx, group, taken, sent, landed, body)
                 client = headers.raw.get(b"client-id")  # (no `get` call, no decode)
                 if client:
                     pipeline.metrics.client(client.decode("latin-1"))
@@ -197,7 +204,7 @@ class FirstAttempt:
             if first[0] == 200 and first[1]:
                 result = first[1]  # (a 200's bytes: the server writes them with no render call)
         elif type(first) is Item:
-            result = self._first(ctx, first, body, started, headers, request.answer_later, chosen)
+            result = self._first(ctx, first, body, started, request, chosen)
         else:
             result = first  # type: ignore[assignment]
         # Counted once the node has the request (at c=1 every µs before the write is the
@@ -298,8 +305,7 @@ class FirstAttempt:
         item: Item,
         body: bytes,
         started: float,
-        headers: Mapping[str, str],
-        later: Callable[[Awaitable[Answer]], Any],
+        request: Request,
         chosen: Node | None = None,
     ) -> Answer | Awaitable[Answer] | None:
         """Steps 3-4 of a checked request object: its node chosen and its first attempt
@@ -314,7 +320,7 @@ class FirstAttempt:
         if ctx.early is None or (
             plan is not None and (plan.flight is not None or not _has_inproc(ctx.pool))
         ):
-            return self._finish(ctx, pipeline.sent(ctx, item, body), started, headers)
+            return self._finish(ctx, pipeline.sent(ctx, item, body), started, request.headers)
         answers: list[Any] = [None]
         pinned = False
         if plan is not None:  # what `ReadPath.follow` does for an item that leads its read
@@ -326,46 +332,20 @@ class FirstAttempt:
             pipeline.answers.give_up(ctx, item, answers, group)
             answer = pipeline.answers.single(ctx, item, body, None, answers)
             self._land(item, None, answers)
-            return self._done(ctx, answer, started, headers)
+            return self._done(ctx, answer, started, request.headers)
         assert type(group) is Group
         if pinned:  # written only for a node that takes bytes (in process: the objects)
             written = None
             if not is_inproc(group.node.entry.url):
                 written = pipeline.pinned_body(ctx, item, answers)
                 if type(written) is tuple:
-                    return self._done(ctx, written, started, headers)
+                    return self._done(ctx, written, started, request.headers)
             body = written  # type: ignore[assignment]  (None: another attempt, a sub-batch)
-        landed = _Then(self, ctx, item, body, answers, started, headers, later)
+        landed = _Then(self, ctx, item, body, answers, started, request)
         if self.attempts.send_now(ctx, group, body, landed):
             return None
         resumed = self._resume(ctx, item, body, answers, 1, [item], {group.node: group})
-        return self._finish(ctx, resumed, started, headers)
-
-    def _landed(
-        self,
-        ctx: Ctx,
-        item: Item,
-        group: Group,
-        body: bytes,
-        answers: list[Any],
-        node: Node,
-        raw: bytes | None,
-        exc: UpstreamError | None,
-    ) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]:
-        """Step 5 of a first attempt sent now: the answer, or the rest of the steps
-        (another attempt) as a coroutine."""
-        classifier = self.pipeline.rounds.classifier
-        if exc is not None:
-            pending, out = classifier.failed(ctx, [item], exc, answers), None
-        elif raw is not None:
-            pending, out = classifier.raw(ctx, group, node, raw, answers, True)
-        else:  # not sent after all (a closed idle connection): the usual way, same node
-            return self._resume(ctx, item, body, answers, 1, [item], {node: group})
-        if pending:
-            return self._resume(ctx, item, body, answers, 2, pending)
-        if item.plan is not None:  # (an item the read path left alone has nothing to land)
-            self._land(item, out, answers)
-        return self.pipeline.answers.single(ctx, item, body, out, answers)
+        return self._finish(ctx, resumed, started, request.headers)
 
     def _land(self, item: Item, out: bytes | None, answers: list[Any]) -> None:
         """A planned item's final answer handed to the read path."""
@@ -420,39 +400,14 @@ class FirstAttempt:
             self.pipeline.release(ctx)
         self.leave(ctx.pool)
 
-    def _sent_first(
-        self,
-        admitted: Admitted,
-        payload: dict[str, Any],
-        request: Request,
-        route: KeptRoute,
-        node: Node,
-        taken: Any,
-        sent: float,
-        started: float,
-        tally: Any = None,
-    ) -> None:
-        """After `start` wrote the client's bytes (at `sent`) to the node picked for its kept
-        route, on its connection: the request's objects as `_first` makes them, and the
-        answer's wait (`Attempts.sent_now`)."""
-        ctx = Ctx(admitted.chain, admitted.pool, request.answer_early, tally)
-        method = route.method
-        ctx.methods.append(method)
-        item = Item(0, payload, payload["id"], method, route.spec, route.ref, False)
-        item.tried.append(node)
-        group = Group(node, [item], route.nodes, method)
-        body, headers, later = request.body, request.headers, request.answer_later
-        landed = _Then(self, ctx, item, body, [None], started, headers, later)
-        self.attempts.sent_now(ctx, group, taken, sent, landed, request.body)
-
 
 class _Then(Landed):
     """What a first attempt sent now does with its outcome after the attempt's books
-    (`then`): the answer and the books, or the rest of the steps in a task given to
-    `later`. The attempt's books (`Landed`) are kept in the same object: one object per
-    first attempt, and no bound method of another between the two."""
+    (`then`): the answer and the books, or the rest of the steps in a task given to the
+    request's `answer_later`. The attempt's books (`Landed`) are kept in the same object:
+    one object per first attempt, and no bound method of another between the two."""
 
-    __slots__ = ("answers", "began", "body", "first", "headers", "item", "later")
+    __slots__ = ("answers", "began", "body", "first", "item", "request")
 
     def __init__(
         self,
@@ -462,8 +417,7 @@ class _Then(Landed):
         body: bytes,
         answers: list[Any],
         began: float,
-        headers: Mapping[str, str],
-        later: Callable[[Awaitable[Answer]], Any],
+        request: Request,
     ) -> None:
         self.first = first
         self.ctx = ctx
@@ -471,22 +425,36 @@ class _Then(Landed):
         self.body = body
         self.answers = answers
         self.began = began  # the request's start (`Landed.started`: the attempt's)
-        self.headers = headers
-        self.later = later
+        self.request = request  # (its headers and `answer_later` read only when needed)
 
     def then(self, node: Node, raw: bytes | None, exc: UpstreamError | None) -> None:
         first, ctx, item, answers = self.first, self.ctx, self.item, self.answers
-        try:
-            step = first._landed(ctx, item, self.group, self.body, answers, node, raw, exc)
+        pipeline = first.pipeline
+        try:  # step 5: the answer, or the rest of the steps (another attempt) as a coroutine
+            if raw is None and exc is None:  # not sent after all (a closed idle connection)
+                step = first._resume(ctx, item, self.body, answers, 1, [item], {node: self.group})
+            else:
+                classifier = pipeline.rounds.classifier
+                if exc is not None:
+                    pending, out = classifier.failed(ctx, [item], exc, answers), None
+                else:
+                    pending, out = classifier.raw(ctx, self.group, node, raw, answers, True)
+                if pending:
+                    step = first._resume(ctx, item, self.body, answers, 2, pending)
+                else:
+                    if item.plan is not None:  # (an item the read path left alone: nothing to land)
+                        first._land(item, out, answers)
+                    step = pipeline.answers.single(ctx, item, self.body, out, answers)
         except Exception as error:  # answered as a failed handler's task is
             first._land(item, None, answers)
             step = _reraise(error)
         if type(step) is not tuple:
-            self.later(first._finish(ctx, step, self.began, self.headers))  # type: ignore[arg-type]
+            request = self.request
+            request.answer_later(first._finish(ctx, step, self.began, request.headers))  # type: ignore[arg-type]
             return
         respond = ctx.early  # None when written from the node connection's callback
         ctx.early = None
-        result = first._done(ctx, step, self.began, self.headers)  # type: ignore[arg-type]
+        result = first._done(ctx, step, self.began, self.request.headers)  # type: ignore[arg-type]
         if respond is not None:
             respond(result)
 

@@ -219,28 +219,30 @@ class _Connection(asyncio.Protocol):
         self._framed = True  # on_header's (Content-Length)
         self.length = len(body)
         self.on_headers_complete()
-        self._body.append(body)  # on_body's (a length was announced)
-        self._done(200, plain.persistent)
+        self._done(200, plain.persistent, body)  # (no chunk kept: on_body's list stays empty)
         return True
 
-    def _done(self, status: int, persistent: bool) -> None:
-        """The answer is complete (`status`; `persistent`: llhttp's should_keep_alive)."""
+    def _done(self, status: int, persistent: bool, whole: bytes | None = None) -> None:
+        """The answer is complete (`status`; `persistent`: llhttp's should_keep_alive;
+        `whole`: its body when read in one piece, else the chunks `on_body` kept)."""
         self.status = status
         self.keep_alive = self.keep_alive and persistent
         self._complete = True
         # An idle connection keeps no answer alive: neither the chunks nor the future that
         # holds the joined answer (8 MB answers stayed in memory per idle connection).
         waiter, self._waiter = self._waiter, None
-        body, self._body = self._body, []
+        answer = whole
+        if answer is None:
+            body, self._body = self._body, []
+            answer = body[0] if len(body) == 1 else b"".join(body)
         early, self._early = self._early, None
         if waiter is not None and not waiter.done():
-            answer = body[0] if len(body) == 1 else b"".join(body)
             if early is not None:  # the client may have its answer before the task wakes
                 try:
-                    early(self.status, answer)
+                    early(status, answer)
                 except Exception:
                     log.exception("writing an answer early failed")
-            waiter.set_result((self.status, answer))
+            waiter.set_result((status, answer))
 
     def _fail(self, exc: Exception) -> None:
         waiter = self._waiter
@@ -276,7 +278,7 @@ class _Connection(asyncio.Protocol):
     ) -> asyncio.Future[tuple[int, bytes]]:
         """The answer's state of a request just written to `transport` (`send`'s second
         half): the engine writes a single request first and builds what the answer needs
-        after the write (`Engine._sent_first`), still in the same callback."""
+        after the write (`FirstAttempt.start`), still in the same callback."""
         self._early = early
         self._body = []
         self._complete = self._headers_done = self._framed = False

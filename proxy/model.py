@@ -421,6 +421,10 @@ class Pool:
     # attempt timeouts (proxy/latency.py). Bounded by the served method set.
     latency: dict[str, LatencyWindow] = field(default_factory=dict)
     inflight: int = 0  # client requests being answered from this pool (admission control)
+    # Its in-flight limit and when it was worked out (`Admission.limit`): kept in the pool
+    # that every request holds, no lookup by its id per request.
+    admit_limit: int = field(default=0, compare=False, repr=False)
+    admit_at: float = field(default=float("-inf"), compare=False, repr=False)
     hedge: Any = None  # the pool's hedge budget (proxy/hedge.py), made on first use
     verdicts: dict[str, Any] | None = None  # the checker's last report (proxy/verdicts.py)
     # The readers' shared `Node.changes` (set by `rebuild`): one int tells the routes cache
