@@ -18,7 +18,9 @@ It holds, for the covered heights `[lo, hi]` (at most `blocks` of them):
   until `RESTART` times as many further misses have passed, then starts again empty: reads
   spread over far more keys than it holds (a big store's) would otherwise insert, evict and
   free on nearly every read for a few percent of hits, while a working set that fits stays
-  in it, and one that moves is learnt again at the next restart.
+  in it, and one that moves is learnt again at the next restart. Its reader may also turn
+  it off (`caching` False: emptied, neither consulted nor filled) while its hit rate says
+  it cannot pay for its lookups (`nodes/state/reads.py`, `CacheGate`).
 
 A read at `h` in `[lo, hi]` takes the newest version at or below `h`; without one the key
 was not written in `[lo, h]`, so its value is the base value. A rollback of the newest
@@ -48,6 +50,8 @@ class HotState:
         self.versions: dict[bytes, tuple[Any, ...]] = {}
         self.base: dict[bytes, bytes] = {}
         self._unadmitted = 0  # misses not cached since the base cache was last full
+        self.caching = True  # the base cache is consulted and filled (`set_caching`)
+        self.misses = 0  # base values read from the store (`remember_base` calls), ever
         self._written: deque[list[bytes]] = deque()  # per covered height, oldest first
 
     @property
@@ -102,7 +106,7 @@ class HotState:
                 del self.versions[prefix]
             else:
                 self.versions[prefix] = versions[2:]
-            if prefix in self.base or len(self.base) < self.base_entries:
+            if prefix in self.base or (self.caching and len(self.base) < self.base_entries):
                 self.base[prefix] = value
         self.lo += 1
 
@@ -137,11 +141,20 @@ class HotState:
                 if versions[i] <= height:
                     value: bytes = versions[i + 1]
                     return value
-        return self.base.get(prefix)
+        return self.base.get(prefix)  # (empty while `caching` is off)
+
+    def set_caching(self, on: bool) -> None:
+        """Consult and fill the base cache, or not (then it is emptied: a cache, never the
+        truth, so dropping it is always exact)."""
+        self.caching = on
+        if not on:
+            self.base.clear()
+            self._unadmitted = 0
 
     def remember_base(self, prefix: bytes, value: bytes) -> None:
         """Cache the value at `lo - 1` read from the store, unless the cache is full (see
         the module: it then restarts empty after `RESTART * base_entries` such misses)."""
+        self.misses += 1
         if len(self.base) < self.base_entries:
             self.base[prefix] = value
             return

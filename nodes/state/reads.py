@@ -63,11 +63,74 @@ PARSE_CACHE = 65_536  # parsed addresses / slots / block numbers kept (then the 
 # spread over far more keys than it holds would otherwise insert and free on most reads
 # (the same policy as the hot view's base cache).
 PARSE_RESTART = 4 * PARSE_CACHE
+# Every JUDGE_ITEMS items the read path judges each read cache (`CacheGate`); one judged not
+# worth its lookups stays off for OFF_TIMES its capacity in items, then learns again.
+JUDGE_ITEMS = 4096
+_TICK = 256  # items counted down per body between two adds to the clock (a small int: no
+# allocation per body)
+OFF_TIMES = 4
+PARSE_FLOOR = 0.25  # a parse cache is kept on while its full hit rate would reach this
+BASE_FLOOR = 0.125  # the hot view's base cache (a hit saves a seek: worth it at less)
 _HEAD = -1  # a cached block parameter meaning "the head"
 _SLOW = object()  # an item the dispatcher answers
 _IDS = (int, str)  # the ids of items checked or answered strictly (not bool, float or None)
 _ANY_IDS = (str, int, float)  # the ids the read path answers otherwise (and a missing one)
 _PARAMS = (list, dict)
+
+
+class CacheGate:
+    """Whether a read cache is worth consulting and filling, judged by its hit rate.
+
+    A store of millions of keys read at random misses a cache of thousands on nearly every
+    read: then each read pays a lookup in a big table, an insert and a kept key on top of
+    the seek, for a few percent of hits. The gate counts the cache's misses (its only cost
+    on the hit path is the reader's count of items per body). The share of items that miss
+    in its first window, nearly empty, is the share that reaches it at all (not every item
+    reads through every cache); in each later window, what that share has fallen by is
+    what the cache answers, which extrapolated to a full cache (hits grow at most linearly
+    with the keys held) is its hit rate when full: below `floor`, the cache is emptied and
+    left off (a lookup in an empty table, no admission) for `OFF_TIMES` its capacity in
+    items; then it is on again and learns. Switching off only empties a cache, so answers
+    never depend on it."""
+
+    __slots__ = ("cache", "capacity", "cold", "floor", "mark", "misses", "off_until")
+
+    def __init__(self, cache: dict[Any, Any], capacity: int, floor: float) -> None:
+        self.cache = cache
+        self.capacity = capacity
+        self.floor = floor
+        self.misses = 0  # lookups the cache could not answer, ever (its owner counts them)
+        self.mark = 0  # `misses` at the last judgement
+        self.off_until = -1  # the item count at which an off cache is on again (-1: on)
+        self.cold = -1.0  # the share of items that missed in the first window (-1: to come)
+
+    @property
+    def on(self) -> bool:
+        return self.off_until < 0
+
+    def judge(self, clock: int, items: int) -> bool:
+        """Whether the cache is on for the next window; `items` read since the last call,
+        `clock` items read in all."""
+        if self.off_until >= 0:
+            if clock < self.off_until:
+                return False
+            self.off_until = -1
+            self.mark = self.misses
+            self.cold = -1.0
+            return True
+        share = (self.misses - self.mark) / items
+        self.mark = self.misses
+        held = len(self.cache)
+        if self.cold <= 0:  # (none yet, or a window in which no item reached the cache)
+            self.cold = share
+            return True
+        if held == 0:
+            return True
+        if (self.cold - share) * self.capacity >= self.floor * self.cold * held:
+            return True
+        self.cache.clear()
+        self.off_until = clock + OFF_TIMES * self.capacity
+        return False
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
@@ -200,7 +263,8 @@ class Reads:
                 snap = self.snap  # (its `value`, without the call: most reads of a big store)
                 cur = snap.accounts if len(prefix) == ACCOUNT_PREFIX else snap.cursor
                 value = seek(cur, prefix, base_height) or b""
-                hot.remember_base(prefix, value)
+                if hot.caching:
+                    hot.remember_base(prefix, value)
                 return value
         return self.snap.value(prefix, height)
 
@@ -231,8 +295,15 @@ class ReadPath:
         self.dispatcher = dispatcher
         self.max_batch = max_batch
         self.evm: Any = None  # the EVM methods (`call_now`), set when the node registers them
+        # The parse caches (empty while their gate has them off) and their gates.
         self._addresses: dict[str, bytes] = {}
         self._slots: dict[str, bytes] = {}
+        self._address_gate = CacheGate(self._addresses, PARSE_CACHE, PARSE_FLOOR)
+        self._slot_gate = CacheGate(self._slots, PARSE_CACHE, PARSE_FLOOR)
+        self._base_gate = CacheGate(hot.base, hot.base_entries, BASE_FLOOR)
+        self._items = 0  # items read (the gates' clock), up to the last `_tick`
+        self._left = _TICK  # items until the next `_tick` (counted down per body)
+        self._judged = 0  # `_items` at the last judgement
         self._misses_full = 0  # parses not cached (a full cache) since a cache last restarted
         self._heights: dict[str, int] = dict(_BLOCK_TAGS)
         self._last: Reads | None = None  # the reads of the last snapshot (`_reads`)
@@ -277,6 +348,7 @@ class ReadPath:
 
     def _handler(self, read: Fast) -> Handler:
         async def handler(params: Any) -> Any:
+            self._left -= 1
             snap = self.store.snapshot()  # (-39005 when it fails, as in the loop)
             try:
                 return read(self._reads(snap), params)
@@ -541,6 +613,9 @@ class ReadPath:
           else _SLOW).
 
         One read transaction and cursor for all the items, opened by the first read."""
+        self._left -= len(items)
+        if self._left < 0:
+            self._tick()
         fast = self.fast if table is None else table
         one = None if method is None else fast.get(method)
         if one is None and method is not None:
@@ -643,6 +718,25 @@ class ReadPath:
 
     # parsing with caches ---------------------------------------------------------------
 
+    def _tick(self) -> None:
+        """Add the items counted down to the clock; judge the caches every `JUDGE_ITEMS`."""
+        self._items += _TICK - self._left
+        self._left = _TICK
+        if self._items - self._judged >= JUDGE_ITEMS:
+            self._judge()
+
+    def _judge(self) -> None:
+        """Turn each read cache on or off for the next window (`CacheGate`)."""
+        clock, items = self._items, self._items - self._judged
+        self._judged = clock
+        self._address_gate.judge(clock, items)
+        self._slot_gate.judge(clock, items)
+        hot, gate = self.hot, self._base_gate
+        gate.misses = hot.misses
+        on = gate.judge(clock, items)
+        if on != hot.caching:
+            hot.set_caching(on)
+
     # An address or slot missing from its cache that is "0x" and exactly 40 / 64 hex digits
     # (how clients write them) is decoded by `unhexlify`, the parsers (and their errors) for
     # the rest. A store of millions of keys read at random misses the caches on most reads:
@@ -660,12 +754,17 @@ class ReadPath:
                     key = None
             if key is None:
                 key = bytes.fromhex(parse_address(_require(value, "address"))[2:])
-            self._keep(self._addresses, value, key)
+            self._keep(self._address_gate, value, key)
         return key
 
-    def _keep(self, cache: dict[str, bytes], value: str, key: bytes) -> None:
-        """`key` kept as `value`'s parse, unless `cache` is full: then it admits nothing
-        until `PARSE_RESTART` misses have passed, and starts again empty."""
+    def _keep(self, gate: CacheGate, value: str, key: bytes) -> None:
+        """`key` kept as `value`'s parse, unless the gate has the cache off (it stays empty)
+        or the cache is full: then it admits nothing until `PARSE_RESTART` misses have
+        passed, and starts again empty."""
+        if gate.off_until >= 0:
+            return
+        gate.misses += 1
+        cache = gate.cache
         if len(cache) < PARSE_CACHE:
             cache[value] = key
             return
@@ -684,7 +783,7 @@ class ReadPath:
                     key = None
             if key is None:
                 key = _slot(value).to_bytes(32, "big")
-            self._keep(self._slots, value, key)
+            self._keep(self._slot_gate, value, key)
         return key
 
     def _height(self, reads: Reads, value: Any) -> int:

@@ -17,7 +17,9 @@ from typing import Any
 import orjson
 import pytest
 
+import nodes.state.reads as reads_module
 from nodes.state.hot import MISSING, RESTART, HotState
+from nodes.state.reads import CacheGate
 from nodes.state.service import StateNode
 from nodes.state.vendor import parse_vendor_block
 from tests.nodes.test_state_chain import Account, SyntheticChain, random_chain
@@ -492,6 +494,87 @@ def test_a_full_base_cache_keeps_its_values_then_restarts() -> None:
     assert hot.value(key[0], 1) is MISSING
     hot.remember_base(key[11], b"\x0b")
     assert hot.value(key[11], 1) == b"\x0b"
+
+
+def test_a_cache_gate_turns_a_cache_off_only_when_a_full_cache_would_not_pay() -> None:
+    """The first window's miss share is what reaches the cache; what later windows miss
+    less, extrapolated to a full cache, is its hit rate when full: a cache still learning
+    a working set that fits stays on; one that answers next to nothing is emptied and off
+    for `OFF_TIMES` its capacity in items, then on again and learning afresh."""
+    cache = {i: i for i in range(10)}
+    gate = CacheGate(cache, capacity=100, floor=0.25)
+    gate.misses = 80  # the first window: 80 % of the items reach the cache (and miss)
+    assert gate.judge(clock=100, items=100)
+    gate.misses += 72  # 8 of those 80 hit with 10 keys held: a full cache would hit all
+    assert gate.judge(clock=200, items=100)
+    assert len(cache) == 10
+    cache.update((i, i) for i in range(50))
+    gate.misses += 79  # 1 in 80 hit with 50 keys held: 5 % when full
+    assert not gate.judge(clock=300, items=100)
+    assert cache == {}
+    off_until = 300 + reads_module.OFF_TIMES * 100
+    gate.misses += 5  # (an off cache counts nothing; this must not matter)
+    assert not gate.judge(clock=off_until - 1, items=100)
+    assert gate.judge(clock=off_until, items=100)
+    gate.misses += 99  # a first window again: only a reference, never judged
+    assert gate.judge(clock=off_until + 100, items=100)
+
+
+async def test_caches_turned_off_by_spread_reads_answer_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reads spread over far more slots than the parse and base caches hold turn those
+    caches off; the answers stay the model's while they are off, across a rollback and a
+    fork's new head, and after they are on again."""
+    monkeypatch.setattr(reads_module, "PARSE_CACHE", 4)
+    monkeypatch.setattr(reads_module, "JUDGE_ITEMS", 16)
+    monkeypatch.setattr(reads_module, "_TICK", 8)
+    monkeypatch.setattr(reads_module, "OFF_TIMES", 50)  # off for 200 items
+    node = await make_node(tmp_path, kind="archive", hot_blocks=8, hot_cache_entries=4)
+    try:
+        chain, addrs = random_chain(seed=23, blocks=30)
+        await apply(node, chain, 0)
+        head = chain.head
+        rng = random.Random(7)
+        for _ in range(4):  # windows to learn the share that reaches the caches, then judged
+            reads = [  # written slots first (what the base cache then holds), then a spread
+                (rng.choice(addrs), rng.randrange(1000 if i >= 30 else SLOTS), head - i % 7)
+                for i in range(100)
+            ]
+            items = [
+                {"jsonrpc": "2.0", "id": i, "method": "eth_getStorageAt",
+                 "params": [addr, hex(slot), hex(height)]}
+                for i, (addr, slot, height) in enumerate(reads)
+            ]  # fmt: skip
+            answer = orjson.loads(await node.handle_body(orjson.dumps(items)))
+            want = [
+                "0x" + chain.state(h).get(a, Account()).storage.get(s, 0).to_bytes(32, "big").hex()
+                for a, s, h in reads
+            ]
+            assert [a["result"] for a in answer] == want
+        assert not node.reads._slot_gate.on and not node.hot.caching  # off
+        await node.ingest._rollback()
+        await node.ingest._rollback()
+        fork = chain.fork(chain.head - 2, "spread")
+        for _ in range(4):
+            fork.add_random_block(rng, addrs)
+        await apply(node, fork, chain.head - 1)
+        for height in (fork.head, fork.head - 3):
+            batch = read_batch(addrs[:2], height)  # 20 items: still inside the off period
+            answer = orjson.loads(await node.handle_body(orjson.dumps(batch)))
+            assert [a["result"] for a in answer] == expected(fork, addrs[:2], height)
+        assert not node.reads._slot_gate.on and not node.hot.caching  # (still off)
+        assert not node.reads._slots and not node.hot.base  # (and empty)
+        for _ in range(10):  # past the off period: on again
+            batch = read_batch(addrs, fork.head)
+            answer = orjson.loads(await node.handle_body(orjson.dumps(batch)))
+            assert [a["result"] for a in answer] == expected(fork, addrs, fork.head)
+            if node.reads._slot_gate.on:
+                break
+        assert node.reads._slot_gate.on and node.hot.caching
+        await assert_answers(node, fork, addrs)
+    finally:
+        await node.close()
 
 
 def test_hot_view_entries_are_not_traversed_by_the_collector() -> None:
