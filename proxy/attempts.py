@@ -43,6 +43,14 @@ FAILURE_COST_MS = 1000.0  # a failed attempt counts as at least this slow in the
 READ_KINDS = ("state", "archive")  # a lone node of these may be raced with another kind
 RATE_LIMITED = outcome.RATE_LIMITED.name
 OK = outcome.OK.name
+
+
+def booked_label(ctx: Any, raw: bytes, label: Callable[[bytes], str] = outcome.answered) -> str:
+    """An answer's label in its attempt's books: bytes written early to the client are final
+    as they are (`ok`, never scanned again), others are named by `label`."""
+    return OK if ctx.written is raw else label(raw)
+
+
 # A raced attempt as its second attempt needs it: (ctx, group, body, tracing context or None).
 Sent = tuple[Any, Group, bytes, contextvars.Context | None]
 
@@ -77,12 +85,14 @@ class Attempts:
         group: Group,
         body: bytes,
         usable: Callable[[bytes], bool],
-        label: Callable[[bytes], str] = outcome.answered,
+        label: Callable[[bytes], str] | None = None,
     ) -> tuple[Node, bytes]:
         """Send `body` for `group` (its node, and maybe a second one): (node, answer).
         `usable(answer)` says whether a second attempt's answer may win the race;
         `label(answer)` names the first attempt's answer in its books (a caller that checks
-        the answer anyway checks it there, once)."""
+        the answer anyway checks it there, once; None: `outcome.answered`)."""
+        if label is None:
+            label = outcome.answered
         node = group.node
         lone = len(group.cands) == 1
         race = None
@@ -351,8 +361,7 @@ class Attempts:
                 why = f"slow: another node answered first after {elapsed:.3f}s (hedged)"
                 node.breaker.failure(node.key, why)
             return raw
-        # (bytes written early are final as they are: `ok`, never scanned again)
-        self.answered(ctx, node, lkey, elapsed, OK if ctx.written is raw else label(raw), span)
+        self.answered(ctx, node, lkey, elapsed, booked_label(ctx, raw, label), span)
         return raw
 
     @staticmethod
@@ -537,8 +546,7 @@ class Rescue:
         if exc is not None:
             attempts._failed(ctx, node, exc, elapsed, None)
         elif raw is not None:
-            label = OK if ctx.written is raw else outcome.answered(raw)
-            attempts.answered(ctx, node, self.group.lkey, elapsed, label)
+            attempts.answered(ctx, node, self.group.lkey, elapsed, booked_label(ctx, raw))
         elif task is None:
             ctx.nodes.pop()  # the idle connection was closed: no attempt was made
             if ctx.tally is not None:
@@ -599,9 +607,8 @@ class Landed:
         elapsed = time.perf_counter() - self.started
         if exc is not None:
             attempts._failed(ctx, node, exc, elapsed, None)
-        elif raw is not None:  # (bytes written early are final as they are: `ok`)
-            label = OK if ctx.written is raw else outcome.answered(raw)
-            attempts.answered(ctx, node, self.group.lkey, elapsed, label)
+        elif raw is not None:
+            attempts.answered(ctx, node, self.group.lkey, elapsed, booked_label(ctx, raw))
         else:
             ctx.nodes.pop()  # the idle connection was closed: no attempt was made
             if ctx.tally is not None:

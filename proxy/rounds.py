@@ -26,7 +26,7 @@ import orjson
 from chainstate.jsonrpc import INVALID_PARAMS, error_response
 from proxy import nesting, outcome
 from proxy.answer import Answers
-from proxy.attempts import Attempts
+from proxy.attempts import OK, Attempts
 from proxy.choose import Chooser
 from proxy.classify import Classifier, in_order, loads, place, result_text, results_in_order
 from proxy.model import Node
@@ -73,10 +73,7 @@ class _Checked:
     def label(self, raw: bytes) -> str:
         found = self.found = results_in_order(self.rids, raw)
         self.raw = raw
-        return _OK if found is not None else outcome.answered(raw)
-
-
-_OK = outcome.OK.name
+        return OK if found is not None else outcome.answered(raw)
 
 
 class Followed:
@@ -289,15 +286,12 @@ class Rounds:
         node, cands = found
         sent = _Sent(node, rows)
         group = Group(node, [sent], cands, BATCH if len(rows) > 1 else rows[0].method)
-        checked = None
+        checked = label = None
+        if whole:
+            checked = _Checked(rows.rids if type(rows) is Rows else list(map(_RID, rows)))
+            label = checked.label
         try:
-            if whole:
-                checked = _Checked(rows.rids if type(rows) is Rows else list(map(_RID, rows)))
-                node, raw = await self.attempts.exchange(
-                    ctx, group, data, _usable_batch, checked.label
-                )
-            else:
-                node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch)
+            node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch, label)
         except UpstreamError as exc:
             items = _items(rows, planned, sent.tried)
             failed = self.classifier.failed(ctx, items, exc, answers)

@@ -722,8 +722,7 @@ class Runner:
                 known.add(address)
                 addresses.append(address)
         if warm is not None:
-            accounts = warm.accounts
-            addresses = [a for a in addresses if a not in accounts]
+            addresses = [a for a in addresses if a not in warm.accounts]
             slots = [pair for pair in slots if pair not in warm.slots]
             if not addresses and not slots:
                 return known
@@ -736,12 +735,15 @@ class Runner:
         code_of = self._code_of
         if len(code_of) + len(addresses) > CODE_KEYS:
             code_of.clear()
+        # Each account's code key, and for a warm EVM the BASEFEE verdict of a call into it.
+        given_to = None if warm is None else warm.accounts
+        alone = self._basefee.alone
         for address, info in zip(addresses, infos, strict=True):
-            code_of[address] = (len(info[2]), hash(info[2]))
+            code = info[2]
+            code_of[address] = (len(code), hash(code))
+            if given_to is not None:
+                given_to[address] = alone(code)
         if warm is not None:
-            alone = self._basefee.alone
-            for address, info in zip(addresses, infos, strict=True):
-                accounts[address] = alone(info[2])
             warm.slots.update(slots)
         known.update(slots)
         return known
