@@ -131,6 +131,7 @@ class Pin(NamedTuple):
     pos: int
     key: Key
     epoch: int
+    lead: bool = True  # False: an identical read was in flight (it leads, this one is sent too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,9 +202,12 @@ class Reads:
         plain heights whose hash `planned_at` found), planned as `plan` plans them when
         nothing is cached and no node is avoided: each to be named by hash in the bytes sent
         (`Rows.pin_by_hash`, no item parsed, its key's params cut from its bytes) and
-        leading its read's flight (`land_pins`). None when any of them would do otherwise:
-        the pool's answers cached, a method asked by height, an identical read in flight
-        (in this batch too: a follower), params too long to key; then `plan` plans them."""
+        leading its read's flight (`land_pins`) unless an identical read is in flight (or
+        earlier in this batch): such an item is sent all the same, since its batch makes
+        the round trip anyway and waiting for the other read would split the client's
+        body and splice its answer back in. None when any of them would be planned
+        otherwise: the pool's answers cached, a method asked by height, params too long to
+        key; then `plan` plans them."""
         spec, pool_id, cache = rows.spec, heads.pool.id, self.cache
         if spec.block != "number" or not spec.by_hash or cache.enabled(pool_id) or heads.avoid():
             return None
@@ -211,28 +215,30 @@ class Reads:
         epoch = cache.epochs.get(pool_id, 0)
         hashes = heads.view.hashes  # type: ignore[union-attr]
         heights, method, coalescer = rows.heights, rows.method, self.coalescer
-        flights = {} if coalescer is None else coalescer.flights
         pins: list[Pin] = []
         for i in picked:
             params = rows.key_params(i)
             key = (pool_id, hashes[heights[i]], method, params)  # type: ignore[index]
-            if len(params) > MAX_KEYED_BYTES or (epoch, key) in flights:
+            if len(params) > MAX_KEYED_BYTES:
                 return None
             pins.append(Pin(i, key, epoch))
         if coalescer is not None:
-            if len({pin.key for pin in pins}) < len(pins):
-                return None  # (two reads alike: the second follows the first)
-            for pin in pins:
-                coalescer.join((epoch, pin.key))  # (None: each leads its read)
+            flights = coalescer.flights
+            for n, pin in enumerate(pins):
+                if (epoch, pin.key) in flights:  # (another read leads: this one goes too)
+                    pins[n] = Pin(pin.pos, pin.key, epoch, False)
+                else:
+                    coalescer.join((epoch, pin.key))  # (None: it leads its read)
         return pins
 
     def land_pins(self, pins: list[Pin], answers: list[Any]) -> None:
-        """`land` for the items `pin_rows` pinned: each one's answer (by position in
-        `answers`, None when it got none) handed to the reads that followed it."""
+        """`land` for the items `pin_rows` pinned to lead their reads: each one's answer (by
+        position in `answers`, None when it got none) handed to the reads that followed it."""
         coalescer = self.coalescer
         if coalescer is not None:
             for pin in pins:
-                coalescer.land((pin.epoch, pin.key), answers[pin.pos])
+                if pin.lead:
+                    coalescer.land((pin.epoch, pin.key), answers[pin.pos])
 
     def _plan(
         self,

@@ -17,6 +17,7 @@ from proxy.classify import loads, result_text, results_in_order
 from tests.proxy.conftest import req
 from tests.proxy.mutate import mutated
 from tests.proxy.test_dataport import raw_rpc
+from tests.proxy.test_head_pins import item_by_item
 
 N = 10
 
@@ -207,8 +208,9 @@ def test_an_answer_the_expression_takes_decodes_to_a_plain_result_per_id_over_mu
 async def test_a_batch_whose_items_wait_for_identical_reads_sends_the_rest_as_one_body(
     node_api, monkeypatch
 ) -> None:
-    """Items of a scanned batch identical to single reads in flight (at the head, whose
-    hash the proxy knows) wait for those reads' answers; the other items go as one body,
+    """Items of a scanned batch planned item by item (`pin_rows` declined: a node off the
+    chain, say) identical to single reads in flight (at the head, whose hash the proxy
+    knows) wait for those reads' answers; the other items go as one body,
     and the client gets every id in order with the waiting items' answers in their places,
     the bytes the item-by-item steps would write, without decoding the node's answer."""
     api, node = node_api
@@ -220,6 +222,7 @@ async def test_a_batch_whose_items_wait_for_identical_reads_sends_the_rest_as_on
 
     monkeypatch.setattr(rounds, "loads", counted)
     monkeypatch.setattr(classify, "loads", counted)
+    item_by_item(monkeypatch)
     node.batch_answer = lambda items: orjson.dumps(results(items))
     node.delay = 0.3
     batch = reads()
@@ -246,11 +249,12 @@ async def test_a_batch_whose_items_wait_for_identical_reads_sends_the_rest_as_on
 
 @pytest.mark.parametrize("name", ["error", "missing", "whitespace", "reversed"])
 async def test_a_batch_with_waiting_items_takes_any_other_answer_item_by_item(
-    node_api, name: str
+    node_api, monkeypatch, name: str
 ) -> None:
     """The rest of such a batch answered otherwise than one result per id in order: the
     decoded steps' answers, the waiting items' answers among them."""
     api, node = node_api
+    item_by_item(monkeypatch)
 
     def answer(items: list[dict[str, Any]]) -> bytes:
         got: list[Any] = results(items)

@@ -134,9 +134,12 @@ async def test_an_identical_read_follows_an_item_pinned_in_the_rows(
     assert len(node.bodies) == 3 and not api.proxy.reads.coalescer.flights
 
 
-async def test_items_in_flight_already_are_followed_not_pinned_again(node_api, monkeypatch) -> None:
-    """A batch with two identical items at the head: the second follows the first (the
-    read path plans such a batch item by item), one read of it reaches the node."""
+async def test_an_item_like_one_before_it_in_the_batch_is_sent_pinned_too(
+    node_api, monkeypatch
+) -> None:
+    """A batch with two identical items at the head goes as the client's bytes pinned (no
+    item waits for the other: the batch makes the round trip anyway), each item gets its
+    own answer, and no read is left in flight."""
     api, node = node_api
     await scanned(api, "eth_getBalance", node.head)
     pinned_each = in_rows(monkeypatch)
@@ -147,7 +150,42 @@ async def test_items_in_flight_already_are_followed_not_pinned_again(node_api, m
     answers = orjson.loads(raw)
     assert status == 200 and [a["id"] for a in answers] == list(range(N))
     assert answers[7]["result"] == answers[2]["result"]
-    assert len(node.received) == asked + N - 1 and pinned_each == [False]
+    assert len(node.received) == asked + N and pinned_each == [True]
+    assert node.bodies[-1] == orjson.dumps(pinned(batch, node.head, node.hash_at(node.head)))
+    assert not api.proxy.reads.coalescer.flights
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+async def test_a_batch_item_like_a_read_in_flight_goes_and_leaves_the_flight_to_its_leader(
+    node_api, monkeypatch, batch_first: bool
+) -> None:
+    """A single read and a batch holding the same read at the head, in flight together
+    (either first): the batch goes whole, pinned in its bytes, while a second single read
+    follows whichever leads; every read gets the node's answer and none stays in flight.
+    The batch's item leads when it came first (then no single read reaches the node)."""
+    api, node = node_api
+    await scanned(api, "eth_getBalance", node.head)
+    pinned_each = in_rows(monkeypatch)
+    batch = reads("eth_getBalance", node.head, (5,))
+    single = orjson.dumps(req("eth_getBalance", batch[5]["params"], "s"))
+    node.delay = 0.3
+    asked = len(node.received)
+    sent = [orjson.dumps(batch), single] if batch_first else [single, orjson.dumps(batch)]
+    first = asyncio.ensure_future(raw_rpc(api, sent[0]))
+    await asyncio.sleep(0.05)
+    second = asyncio.ensure_future(raw_rpc(api, sent[1]))
+    await asyncio.sleep(0.05)
+    follower = asyncio.ensure_future(raw_rpc(api, single))
+    done = [orjson.loads(raw) for _, raw in await asyncio.gather(first, second, follower)]
+    whole = done[0] if batch_first else done[1]
+    result = whole[5]["result"]
+    assert [a["id"] for a in whole] == list(range(N)) and result["height"] == node.head
+    assert (
+        done[1 if batch_first else 0] == done[2] == {"jsonrpc": "2.0", "id": "s", "result": result}
+    )
+    # (the batch's items, and the first single read when it leads: the others follow)
+    assert len(node.received) == asked + N + (0 if batch_first else 1)
+    assert pinned_each == [True] and not api.proxy.reads.coalescer.flights
 
 
 async def test_an_item_pinned_in_the_rows_is_asked_by_height_after_an_unseen_reorg(
