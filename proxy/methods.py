@@ -379,7 +379,7 @@ class _Texts:
     block and height (None: a tag or a hash), and the checks of the other params by index,
     so a batch finds each column with one C loop."""
 
-    __slots__ = ("checks", "numbers", "raw", "refs", "spec", "targets")
+    __slots__ = ("checks", "numbers", "raw", "raw_heights", "refs", "spec", "targets")
 
     def __init__(self, spec: MethodSpec, size: int) -> None:
         self.spec = spec
@@ -392,6 +392,7 @@ class _Texts:
         # each text, its block and height by the text's UTF-8 bytes: as a JSON body writes
         # it when it needs no escape (a batch read from its bytes, proxy/scan.py)
         self.raw: dict[bytes, tuple[str, BlockRef, int | None]] = {}
+        self.raw_heights: dict[bytes, int | None] = {}  # (`raw`'s heights: a batch's column)
 
     def __len__(self) -> int:
         return len(self.targets)
@@ -401,13 +402,18 @@ class _Texts:
         self.targets[text] = found
         self.refs[text] = ref
         self.numbers[text] = ref.number
-        self.raw[text.encode()] = (text, ref, ref.number)
+        raw = text.encode()
+        self.raw[raw] = (text, ref, ref.number)
+        self.raw_heights[raw] = ref.number
 
     def clear(self) -> None:
+        """Start afresh. The bytes' dicts are replaced, not emptied: rows read from a batch's
+        bytes before keep looking their entries up in the ones they were read with."""
         self.targets.clear()
         self.refs.clear()
         self.numbers.clear()
-        self.raw.clear()
+        self.raw = {}
+        self.raw_heights = {}
 
 
 class MethodTable:

@@ -19,6 +19,7 @@ of the parse step, never another answer.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -39,7 +40,6 @@ _MAX_METHOD = 64  # longer method names are not looked up here
 _TEXT = rb'"([^"]{1,80}+)"'
 _ADDRESS = rb'"0x[0-9a-fA-F]{40}+",'
 _ANY_ADDRESS = "0x" + "00" * 20  # an address param the expression checked, standing in
-_HEIGHT = itemgetter(2)  # (an entry's height: `_Texts.raw`'s (text, block, height))
 _STRING = rb'"[\x20\x21\x23-\x5b\x5d-\x7e]*+",'  # a param with no check: any string, unescaped
 
 
@@ -94,12 +94,12 @@ class Scanner:
         groups = found.groups()
         groups = groups[1:2] + groups[3:]  # (the block texts: the seams' groups left out)
         try:  # (each text's (text, block, height), as the method table keeps them)
-            entries, heights, span = _columns(known.raw, groups)
+            entries, heights, span = _columns(known, groups)
         except KeyError:  # a text not remembered yet: checked once, as the parse would
             if not self._remember(method, groups):
                 return None  # (not a block: the parse answers the item's error)
             try:
-                entries, heights, span = _columns(known.raw, groups)
+                entries, heights, span = _columns(known, groups)
             except KeyError:  # (the method table started afresh meanwhile)
                 return None
         rids = list(range(first, first + n))
@@ -143,22 +143,43 @@ class Scanner:
 
 
 def _columns(
-    raw: dict[bytes, tuple[str, Any, int | None]], texts: tuple[bytes, ...]
-) -> tuple[tuple[tuple[str, Any, int | None], ...], list[int | None], Any]:
-    """Each of `texts`' entry in `raw` (KeyError: one is not there), each one's height,
-    and their bounds when known here (`Rows.span`; False: `Rows.bounds` finds them).
-    A batch at one block (all at `latest`, say) looks its text up once, and its bounds
-    are that block's height twice (or None for a tag), not found by a `min` and a `max`
-    over the column (~33k instructions per batch of 100); else the entries
-    are found in one C call: an `itemgetter` of the texts makes no call per text, as a
-    `map` over `raw.__getitem__` does (15k of ~330k instructions per batch of 100)."""
+    known: Any, texts: tuple[bytes, ...]
+) -> tuple[Sequence[tuple[str, Any, int | None]], list[int | None], Any]:
+    """Each of `texts`' entry in the method table's `known.raw` (KeyError: one is not
+    there), each one's height, and their bounds when known here (`Rows.span`; False:
+    `Rows.bounds` finds them). A batch at one block (all at `latest`, say) looks its text
+    up once, and its bounds are that block's height twice (or None for a tag), not found
+    by a `min` and a `max` over the column (~33k instructions per batch of 100). Else the
+    heights are found in one C call (an `itemgetter` of the texts makes no call per text,
+    as a `map` over `dict.__getitem__` does), and the entries only when a step reads one
+    (`Entries`: most steps read the heights alone)."""
     text, n = texts[0], len(texts)
     if text == texts[-1] and texts.count(text) == n:
-        entry = raw[text]
+        entry = known.raw[text]
         height = entry[2]
         return (entry,) * n, [height] * n, None if height is None else (height, height)
-    entries = itemgetter(*texts)(raw)  # (a tuple: n > 1 here, as the texts differ)
-    return entries, list(map(_HEIGHT, entries)), False
+    heights = list(itemgetter(*texts)(known.raw_heights))  # (n > 1 here, as texts differ)
+    return Entries(known.raw, texts), heights, False
+
+
+class Entries:
+    """The (text, block, height) entry of each of a batch's block texts, looked up in the
+    method table's `raw` (the dict the texts were found in) when a step reads one."""
+
+    __slots__ = ("raw", "texts")
+
+    def __init__(self, raw: dict[bytes, tuple[str, Any, int | None]], texts: tuple[bytes, ...]):
+        self.raw = raw
+        self.texts = texts
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, i: int) -> tuple[str, Any, int | None]:
+        return self.raw[self.texts[i]]
+
+    def __iter__(self) -> Iterator[tuple[str, Any, int | None]]:
+        return map(self.raw.__getitem__, self.texts)
 
 
 def _shape(name: bytes, addresses: tuple[bool, ...], first: int, n: int) -> re.Pattern[bytes]:
