@@ -292,8 +292,6 @@ class Pipeline:
             finally:
                 for it in planned:
                     readpath.land(it, None, answers)  # type: ignore[union-attr]
-                if readpath is not None:
-                    readpath.land_pins(plain, answers)
             if out is not None:
                 return 200, out
             if waiting:

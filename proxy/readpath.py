@@ -96,12 +96,6 @@ class ReadPath:
         if plan is not None and (plan.lead or plan.store):
             self.reads.land(plan, out if out is not None else answers[item.pos])
 
-    def land_pins(self, rows: list[Row], answers: list[Any]) -> None:
-        """`land` for the items pinned in `rows` (`Reads.pin_rows`), if any."""
-        pins = rows.pins if type(rows) is Rows else None
-        if pins:
-            self.reads.land_pins(pins, answers)
-
     async def route(
         self,
         ctx: Ctx,
@@ -145,9 +139,9 @@ class ReadPath:
             if type(rows) is Rows:  # (its columns: no row made for those left alone)
                 picked = list(compress(count(), known))
                 if in_rows and rows.found is not None and rows.positions is None:
-                    pins = self.reads.pin_rows(heads, rows, picked)
-                    if pins is not None:
-                        return rows.pin_by_hash(pins), [], [], True
+                    hashes = self.reads.pin_rows(heads, rows, picked)
+                    if hashes is not None:
+                        return rows.pin_by_hash(picked, hashes), [], [], True
                 plain = rows.without(known, len(picked))
                 # (rows read from their bytes: each an Item at once, most are planned)
                 make = rows.__getitem__ if rows.found is None else rows.item

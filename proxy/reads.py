@@ -25,7 +25,7 @@ reads. Writer methods (the transaction lifecycle), `pending` reads and methods n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import orjson
 
@@ -113,25 +113,10 @@ class Plan:
 
 class ByteRows(Protocol):
     """What `Reads.pin_rows` reads of a batch's rows read from its bytes (proxy/request.py's
-    `Rows`, which imports this module): their method, its spec, each row's height, and the
-    params of a row's read key cut from its bytes."""
+    `Rows`, which imports this module): their spec and each row's height."""
 
-    method: str
     spec: MethodSpec
     heights: list[int | None] | None
-
-    def key_params(self, i: int) -> bytes: ...
-
-
-class Pin(NamedTuple):
-    """An item of a batch read from its bytes that `Reads.pin_rows` named by hash in the
-    bytes sent, with no `Item` or `Plan` of its own unless the rounds go on with it
-    (`Rows.plan_pins`): its place, its read's key and the cache epoch it was planned in."""
-
-    pos: int
-    key: Key
-    epoch: int
-    lead: bool = True  # False: an identical read was in flight (it leads, this one is sent too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,48 +182,25 @@ class Reads:
             heads.mixed = True
         return known
 
-    def pin_rows(self, heads: RequestHeads, rows: ByteRows, picked: list[int]) -> list[Pin] | None:
-        """The pins of the items at `picked` of a batch read from its bytes (proxy/scan.py;
-        plain heights whose hash `planned_at` found), planned as `plan` plans them when
-        nothing is cached and no node is avoided: each to be named by hash in the bytes sent
-        (`Rows.pin_by_hash`, no item parsed, its key's params cut from its bytes) and
-        leading its read's flight (`land_pins`) unless an identical read is in flight (or
-        earlier in this batch): such an item is sent all the same, since its batch makes
-        the round trip anyway and waiting for the other read would split the client's
-        body and splice its answer back in. None when any of them would be planned
-        otherwise: the pool's answers cached, a method asked by height, params too long to
-        key; then `plan` plans them."""
-        spec, pool_id, cache = rows.spec, heads.pool.id, self.cache
-        if spec.block != "number" or not spec.by_hash or cache.enabled(pool_id) or heads.avoid():
+    def pin_rows(self, heads: RequestHeads, rows: ByteRows, picked: list[int]) -> list[str] | None:
+        """The block hash of each of the items at `picked` of a batch read from its bytes
+        (proxy/scan.py; plain heights whose hash `planned_at` found), each to be named by
+        that hash in the bytes sent (`Rows.pin_by_hash`, no item parsed), as `plan` pins
+        such an item when nothing is cached and no node is avoided; None when any of them
+        would be planned otherwise (the pool's answers cached, a method asked by height, a
+        node off the known chain): then `plan` plans them. These items are not coalesced:
+        keying each (its params cut from the bytes, its flight joined and landed) cost about
+        as much again as pinning it, for the rare identical read in flight meanwhile (as
+        heights older than the known blocks are not); their batch makes its round trip
+        anyway."""
+        spec = rows.spec
+        if spec.block != "number" or not spec.by_hash:
             return None
-        # (`heads.mixed` is False only under a whole-batch key, which a cached pool needs)
-        epoch = cache.epochs.get(pool_id, 0)
+        if self.cache.enabled(heads.pool.id) or heads.avoid():
+            return None
         hashes = heads.view.hashes  # type: ignore[union-attr]
-        heights, method, coalescer = rows.heights, rows.method, self.coalescer
-        pins: list[Pin] = []
-        for i in picked:
-            params = rows.key_params(i)
-            key = (pool_id, hashes[heights[i]], method, params)  # type: ignore[index]
-            if len(params) > MAX_KEYED_BYTES:
-                return None
-            pins.append(Pin(i, key, epoch))
-        if coalescer is not None:
-            flights = coalescer.flights
-            for n, pin in enumerate(pins):
-                if (epoch, pin.key) in flights:  # (another read leads: this one goes too)
-                    pins[n] = Pin(pin.pos, pin.key, epoch, False)
-                else:
-                    coalescer.join((epoch, pin.key))  # (None: it leads its read)
-        return pins
-
-    def land_pins(self, pins: list[Pin], answers: list[Any]) -> None:
-        """`land` for the items `pin_rows` pinned to lead their reads: each one's answer (by
-        position in `answers`, None when it got none) handed to the reads that followed it."""
-        coalescer = self.coalescer
-        if coalescer is not None:
-            for pin in pins:
-                if pin.lead:
-                    coalescer.land((pin.epoch, pin.key), answers[pin.pos])
+        heights = rows.heights
+        return list(map(hashes.__getitem__, map(heights.__getitem__, picked)))  # type: ignore[union-attr, arg-type]
 
     def _plan(
         self,

@@ -21,7 +21,7 @@ from chainstate.blockref import BlockRef
 from proxy.methods import MethodSpec
 from proxy.model import Node, Pool
 from proxy.outcome import ERROR, OK, Outcome
-from proxy.reads import Pin, Plan
+from proxy.reads import Plan
 from proxy.tenancy.nodebudget import limited
 from proxy.upstream import UpstreamError
 
@@ -206,7 +206,7 @@ class Rows:
         self.raw = raw
         self.found = found
         self.own: dict[int, Any] | None = None  # (pinned items' objects, by position)
-        self.pins: list[Pin] | None = None  # (items pinned in the bytes: `pin_by_hash`)
+        self.pins: list[int] | None = None  # (places of items pinned in the bytes: `pin_by_hash`)
         self.span: tuple[int, int] | bool | None = False  # (`bounds`; False: not found yet)
 
     def __len__(self) -> int:
@@ -357,37 +357,34 @@ class Rows:
         rows.span = False if span is None and self.span is None else span
         return rows
 
-    def key_params(self, i: int) -> bytes:
-        """The read path's key of row `i`'s params but its block (`nesting.key` of them)
-        cut from the bytes it was read from: the expression (proxy/scan.py) took them as
-        orjson writes them, and the block text is the last param."""
-        found = self.found
-        body = found.string  # type: ignore[union-attr]
-        text = found.start(text_group(i))  # type: ignore[union-attr]
-        at = body.rfind(b'"params":[', 0, text) + 10  # (this item's: no param holds a quote)
-        return b"[[[" + body[at : text - 2] + b"]]]" if text - 2 > at else b"[[[]]]"
-
-    def pin_by_hash(self, pins: list[Pin]) -> Rows:
-        """These rows (all of a batch read from its bytes) with the block text of each of
-        `pins` (in position order) replaced, in the bytes, by `{"blockHash": …}` naming the
-        block by the hash in its key: the bytes `pinned` writes for items the read path
+    def pin_by_hash(self, picked: list[int], hashes: list[str]) -> Rows:
+        """These rows (all of a batch read from its bytes) with the block text of each item
+        at `picked` (in position order) replaced, in the bytes, by `{"blockHash": …}` naming
+        the block by its hash in `hashes`: the bytes `pinned` writes for items the read path
         pinned so, without the items parsed. The columns stay these rows' (a plain height
-        by hash keeps its row's height and entry, as in `pinned`)."""
+        by hash keeps its row's height and entry, as in `pinned`). The client's bytes between
+        them are joined as views (copied once, into the new body); a batch of many pins
+        takes every group's place in one call (`regs`)."""
         found = self.found
         raw = memoryview(found.string)  # type: ignore[union-attr]
         pieces: list[bytes | memoryview] = []
         own: dict[int, Any] = {}  # (each pinned item's block as written: `__getitem__`)
         at = 0  # (the bytes of `raw` up to here are in `pieces`)
-        for pin in pins:
-            pos = pin.pos
-            text, after = found.span(text_group(pos))  # type: ignore[union-attr]
-            own[pos] = form = b'{"blockHash":"%s"}' % pin.key[1].encode()
+        regs = found.regs if len(picked) > _FEW_PINS else None  # type: ignore[union-attr]
+        forms = _FORMS
+        for pos, block_hash in zip(picked, hashes, strict=True):
+            group = 2 if pos == 0 else pos + 3  # (`text_group`, inline)
+            text, after = found.span(group) if regs is None else regs[group]  # type: ignore[union-attr]
+            form = forms.get(block_hash)
+            if form is None:
+                form = _form(block_hash)
+            own[pos] = form
             pieces += (raw[at : text - 1], form)
             at = after + 1
         pieces.append(raw[at:])
-        return self._rewritten(b"".join(pieces), own, pins)
+        return self._rewritten(b"".join(pieces), own, picked)
 
-    def _rewritten(self, raw: bytes, own: dict[int, Any], pins: list[Pin] | None) -> Rows:
+    def _rewritten(self, raw: bytes, own: dict[int, Any], pins: list[int] | None) -> Rows:
         """These rows (read from their bytes) sent as `raw`, their items' blocks written
         in it (`own`: their objects or blocks, by position): every column as it was. The
         slots are set here rather than by `__init__`, whose call with keywords costs more."""
@@ -407,15 +404,13 @@ class Rows:
         """The Items of these rows (`items`, in their order) that `pin_by_hash` pinned given
         the Plan the read path makes for such an item, for the rounds that go on with them:
         asked by the block's hash, and by height (the client's object) when a node does not
-        know it. (The rows land their reads themselves: `Reads.land_pins`.)"""
+        know it; neither cached nor coalesced (no key: `Reads.pin_rows`)."""
         found = self.found
         body = found.string  # type: ignore[union-attr]
-        for pin in self.pins or ():
-            it = items[pin.pos]
-            start, end = item_span(found, pin.pos)  # type: ignore[arg-type]
-            plan = Plan(it.obj, it.ref, pin.key, fallback=orjson.loads(body[start:end]))
-            plan.epoch = pin.epoch
-            it.plan = plan
+        for pos in self.pins or ():
+            it = items[pos]
+            start, end = item_span(found, pos)  # type: ignore[arg-type]
+            it.plan = Plan(it.obj, it.ref, None, fallback=orjson.loads(body[start:end]))
 
     def _without(self, items: list[Item], cut: list[Item]) -> Rows:
         """`pinned(items)` less the `cut` items, for rows read from their bytes: the body
@@ -449,6 +444,21 @@ def item_span(found: re.Match[bytes], i: int) -> tuple[int, int]:
     its block text, the item's last param, come its `"]}`: `text_group`)."""
     start = 1 if i == 0 else found.end(text_group(i - 1)) + 4  # (after the previous `"]},`)
     return start, found.end(text_group(i)) + 3
+
+
+_FEW_PINS = 8  # more pins than this: every group's span found in one call (`Match.regs`)
+# block hash → its `{"blockHash":…}` form as bytes: the known blocks' (bounded: `_form`)
+_FORMS: dict[str, bytes] = {}
+_MAX_FORMS = 4096
+
+
+def _form(block_hash: str) -> bytes:
+    """`{"blockHash":"<hash>"}` as bytes, kept for the next batch (the known blocks are the
+    last `head_history` ones: started afresh past _MAX_FORMS)."""
+    if len(_FORMS) >= _MAX_FORMS:
+        _FORMS.clear()
+    form = _FORMS[block_hash] = b'{"blockHash":"%s"}' % block_hash.encode()
+    return form
 
 
 def text_group(k: int) -> int:

@@ -367,7 +367,6 @@ class Rounds:
                     classifier.ok(ctx, node, methods)
                 if planned:  # (their answers, for the read path)
                     _place_found(rows, planned, found, answers)
-                _place_pins(rows, found, answers)
                 return raw
         if methods is None:
             methods = [rows.method] * len(rows)  # type: ignore[attr-defined]
@@ -377,9 +376,6 @@ class Rounds:
             if whole:
                 if planned:  # (their answers, for the read path)
                     _place_planned(rows, planned, parsed, answers)
-                pins = rows.pins if type(rows) is Rows else None
-                for pin in pins or ():  # (the same, for those pinned in the rows' bytes)
-                    answers[pin.pos] = parsed[pin.pos]
                 return raw
             place([row.pos for row in rows], rids, parsed, answers)
             return None
@@ -428,17 +424,6 @@ def _place_found(
     for it in planned:
         text = result_text(found, _index(rows, it.pos)).decode("ascii")
         answers[it.pos] = {"jsonrpc": "2.0", "id": it.rid, "result": text}
-
-
-def _place_pins(rows: list[Row], found: re.Match[bytes], answers: list[Any]) -> None:
-    """`_place_found` for the items pinned in the rows' bytes (`Rows.pins`: a whole batch's
-    rows, each at its position)."""
-    pins = rows.pins if type(rows) is Rows else None
-    if pins:
-        rids = rows.rids  # type: ignore[attr-defined]
-        for pin in pins:
-            text = result_text(found, pin.pos).decode("ascii")
-            answers[pin.pos] = {"jsonrpc": "2.0", "id": rids[pin.pos], "result": text}
 
 
 def _index(rows: list[Row], pos: int) -> int:

@@ -1,7 +1,7 @@
 """Items at the head in a batch read from its bytes (proxy/scan.py), pinned by hash in the
 rows' bytes (`Reads.pin_rows`) rather than each planned as an Item: the node gets the bytes
-and the client the answer that planning each item gives, identical reads follow them, and
-after a reorg the proxy has not seen they are asked by height. A real proxy app in front of
+and the client the answer that planning each item gives, they are not coalesced, and after a
+reorg the proxy has not seen they are asked by height. A real proxy app in front of
 fake state nodes, the response cache off."""
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy import nesting
 from proxy.methods import MethodTable
-from proxy.reads import Pin, Reads, with_block, without_block
+from proxy.reads import Reads, with_block
 from proxy.scan import Scanner
 from tests.proxy.conftest import req
 from tests.proxy.test_dataport import raw_rpc
@@ -107,12 +106,12 @@ async def test_items_at_the_head_go_by_hash_as_planning_each_item_writes_them(
 
 
 @pytest.mark.parametrize("method", ["eth_getBalance", "eth_getStorageAt"])
-async def test_an_identical_read_follows_an_item_pinned_in_the_rows(
+async def test_an_item_pinned_in_the_rows_is_not_coalesced(
     node_api, monkeypatch, method: str
 ) -> None:
     """A single read identical to a batch's item at the head, sent while the batch is at
-    the node, gets the item's answer without asking the node; the read that follows after
-    the batch's answer asks the node itself."""
+    the node, asks the node itself (an item pinned in its batch's bytes leads no flight),
+    and gets the item's answer; nothing is left in flight."""
     api, node = node_api
     await scanned(api, method, node.head)
     pinned_each = in_rows(monkeypatch)
@@ -128,10 +127,8 @@ async def test_an_identical_read_follows_an_item_pinned_in_the_rows(
         "id": "s",
         "result": orjson.loads(whole)[3]["result"],
     }
-    assert len(node.bodies) == 2 and pinned_each == [True]  # (the first batch, this one)
-    node.delay = 0.0
-    await raw_rpc(api, single)
-    assert len(node.bodies) == 3 and not api.proxy.reads.coalescer.flights
+    assert len(node.bodies) == 3 and pinned_each == [True]  # (the first batch, these two)
+    assert not api.proxy.reads.coalescer.flights
 
 
 async def test_an_item_like_one_before_it_in_the_batch_is_sent_pinned_too(
@@ -156,13 +153,13 @@ async def test_an_item_like_one_before_it_in_the_batch_is_sent_pinned_too(
 
 
 @pytest.mark.parametrize("batch_first", [False, True])
-async def test_a_batch_item_like_a_read_in_flight_goes_and_leaves_the_flight_to_its_leader(
+async def test_a_batch_item_like_a_read_in_flight_goes_and_singles_follow_their_leader(
     node_api, monkeypatch, batch_first: bool
 ) -> None:
     """A single read and a batch holding the same read at the head, in flight together
-    (either first): the batch goes whole, pinned in its bytes, while a second single read
-    follows whichever leads; every read gets the node's answer and none stays in flight.
-    The batch's item leads when it came first (then no single read reaches the node)."""
+    (either first): the batch goes whole, pinned in its bytes, the single read asks the
+    node, a second single read follows the first; every read gets the node's answer and
+    none stays in flight."""
     api, node = node_api
     await scanned(api, "eth_getBalance", node.head)
     pinned_each = in_rows(monkeypatch)
@@ -183,8 +180,7 @@ async def test_a_batch_item_like_a_read_in_flight_goes_and_leaves_the_flight_to_
     assert (
         done[1 if batch_first else 0] == done[2] == {"jsonrpc": "2.0", "id": "s", "result": result}
     )
-    # (the batch's items, and the first single read when it leads: the others follow)
-    assert len(node.received) == asked + N + (0 if batch_first else 1)
+    assert len(node.received) == asked + N + 1  # (the batch's items and the first single)
     assert pinned_each == [True] and not api.proxy.reads.coalescer.flights
 
 
@@ -213,33 +209,33 @@ async def test_an_item_pinned_in_the_rows_is_asked_by_height_after_an_unseen_reo
 
 
 @pytest.mark.parametrize("method", ["eth_getBalance", "eth_getStorageAt", "eth_getBlockReceipts"])
-@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("n", [1, 3, 20])
 def test_rows_pinned_in_their_bytes_read_as_the_read_path_writes_each_item(
     method: str, n: int
 ) -> None:
-    """The key's params cut from each item's bytes are `nesting.key` of its params but the
-    block, and the rows pinned in their bytes give the objects, rows and body that the read
+    """The rows pinned in their bytes (every other item, each by its own hash; 20 items:
+    more pins than are looked up one by one) give the objects, rows and body that the read
     path's `with_block` of each item gives (one item: the row a lone item's group reads)."""
     table = MethodTable()
     if method == "eth_getBlockReceipts":  # (the block alone)
         items = [req(method, [hex(900 + i)], i) for i in range(n)]
     else:
-        items = reads(method, 1000, ())[:n]
+        items = [req(method, it["params"], i) for i, it in enumerate(reads(method, 1000, ()) * 2)]
+        items = items[:n]
     for it in items:
         table.target(it["method"], it["params"])
     rows = Scanner(table, 1000).scan(orjson.dumps(items))
     assert rows is not None
     spec = rows.spec
-    for i, it in enumerate(items):
-        assert rows.key_params(i) == nesting.key(without_block(it, spec))
-    block_hash = "0x" + "cd" * 32
-    pins = [Pin(i, ("1337", block_hash, method, rows.key_params(i)), 0) for i in range(0, n, 2)]
-    pinned_rows = rows.pin_by_hash(pins)
+    picked = list(range(0, n, 2))
+    hashes = ["0x" + f"{i:02x}" * 32 for i in picked]
+    pinned_rows = rows.pin_by_hash(picked, hashes)
+    by_pos = dict(zip(picked, hashes, strict=True))
     sent = [
-        with_block(it, spec, {"blockHash": block_hash}) if i % 2 == 0 else it
+        with_block(it, spec, {"blockHash": by_pos[i]}) if i in by_pos else it
         for i, it in enumerate(items)
     ]
     assert pinned_rows.raw == orjson.dumps(sent)
     assert [pinned_rows[i].obj for i in range(n)] == sent == pinned_rows.objs
     assert [pinned_rows[i].block for i in range(n)] == [rows[i].block for i in range(n)]
-    assert pinned_rows.heights == rows.heights and pinned_rows.pins == pins
+    assert pinned_rows.heights == rows.heights and pinned_rows.pins == picked
