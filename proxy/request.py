@@ -362,26 +362,25 @@ class Rows:
         at `picked` (in position order) replaced, in the bytes, by `{"blockHash": …}` naming
         the block by its hash in `hashes`: the bytes `pinned` writes for items the read path
         pinned so, without the items parsed. The columns stay these rows' (a plain height
-        by hash keeps its row's height and entry, as in `pinned`). The client's bytes between
-        them are joined as views (copied once, into the new body); a batch of many pins
-        takes every group's place in one call (`regs`)."""
+        by hash keeps its row's height and entry, as in `pinned`). The client's bytes
+        between them are sliced as bytes (joining views costs more than copying a hundred
+        bytes twice), and each hash's form is kept for the next batch (`_FORMS`)."""
         found = self.found
-        raw = memoryview(found.string)  # type: ignore[union-attr]
-        pieces: list[bytes | memoryview] = []
-        own: dict[int, Any] = {}  # (each pinned item's block as written: `__getitem__`)
-        at = 0  # (the bytes of `raw` up to here are in `pieces`)
-        regs = found.regs if len(picked) > _FEW_PINS else None  # type: ignore[union-attr]
+        body = found.string  # type: ignore[union-attr]
         forms = _FORMS
+        pieces: list[bytes] = []
+        own: dict[int, Any] = {}  # (each pinned item's block as written: `__getitem__`)
+        at = 0  # (the bytes of `body` up to here are in `pieces`)
         for pos, block_hash in zip(picked, hashes, strict=True):
-            group = 2 if pos == 0 else pos + 3  # (`text_group`, inline)
-            text, after = found.span(group) if regs is None else regs[group]  # type: ignore[union-attr]
+            # (`text_group`, inline)
+            text, after = found.span(2 if pos == 0 else pos + 3)  # type: ignore[union-attr]
             form = forms.get(block_hash)
             if form is None:
                 form = _form(block_hash)
             own[pos] = form
-            pieces += (raw[at : text - 1], form)
+            pieces += (body[at : text - 1], form)
             at = after + 1
-        pieces.append(raw[at:])
+        pieces.append(body[at:])
         return self._rewritten(b"".join(pieces), own, picked)
 
     def _rewritten(self, raw: bytes, own: dict[int, Any], pins: list[int] | None) -> Rows:
@@ -446,7 +445,6 @@ def item_span(found: re.Match[bytes], i: int) -> tuple[int, int]:
     return start, found.end(text_group(i)) + 3
 
 
-_FEW_PINS = 8  # more pins than this: every group's span found in one call (`Match.regs`)
 # block hash → its `{"blockHash":…}` form as bytes: the known blocks' (bounded: `_form`)
 _FORMS: dict[str, bytes] = {}
 _MAX_FORMS = 4096

@@ -213,9 +213,9 @@ async def test_an_item_pinned_in_the_rows_is_asked_by_height_after_an_unseen_reo
 def test_rows_pinned_in_their_bytes_read_as_the_read_path_writes_each_item(
     method: str, n: int
 ) -> None:
-    """The rows pinned in their bytes (every other item, each by its own hash; 20 items:
-    more pins than are looked up one by one) give the objects, rows and body that the read
-    path's `with_block` of each item gives (one item: the row a lone item's group reads)."""
+    """The rows pinned in their bytes (every other item, each by its own hash) give the
+    objects, rows and body that the read path's `with_block` of each item gives (one item:
+    the row a lone item's group reads)."""
     table = MethodTable()
     if method == "eth_getBlockReceipts":  # (the block alone)
         items = [req(method, [hex(900 + i)], i) for i in range(n)]
