@@ -546,7 +546,9 @@ class Rescue:
         if exc is not None:
             attempts._failed(ctx, node, exc, elapsed, None)
         elif raw is not None:
-            attempts.answered(ctx, node, self.group.lkey, elapsed, booked_label(ctx, raw))
+            attempts.answered(
+                ctx, node, self.group.lkey, elapsed, booked_label(ctx, raw, self.label)
+            )
         elif task is None:
             ctx.nodes.pop()  # the idle connection was closed: no attempt was made
             if ctx.tally is not None:
@@ -585,6 +587,9 @@ class Landed:
     its bound method cost about half of a closure over as many cells)."""
 
     __slots__ = ("attempts", "ctx", "group", "hedgeable", "node", "started")
+    # names the answer in the attempt's books (a subclass that checks the answer anyway
+    # checks it there, once: `Attempts.exchange`'s `label`)
+    label: Callable[[bytes], str] = staticmethod(outcome.answered)  # type: ignore[assignment]
 
     def arm(
         self, attempts: Attempts, ctx: Any, group: Group, hedgeable: bool, started: float
@@ -608,7 +613,9 @@ class Landed:
         if exc is not None:
             attempts._failed(ctx, node, exc, elapsed, None)
         elif raw is not None:
-            attempts.answered(ctx, node, self.group.lkey, elapsed, booked_label(ctx, raw))
+            attempts.answered(
+                ctx, node, self.group.lkey, elapsed, booked_label(ctx, raw, self.label)
+            )
         else:
             ctx.nodes.pop()  # the idle connection was closed: no attempt was made
             if ctx.tally is not None:

@@ -15,7 +15,11 @@ unless the nodes are in this process: then
 
 A batch the pipeline's whole-batch cache holds (its bytes at the request's `latest`) is
 answered from it now by the pipeline's own cached-batch step (`Pipeline.cached_now`).
-Anything else returns the whole pipeline as a coroutine.
+A batch to nodes over HTTP whose answers are not cached takes the pipeline's own steps
+without a task until one must wait (`_over_http`: `Pipeline.batch_plan`, `Rounds.
+plain_start`, `Attempts.send_now`, and from the node connection's callback `Rounds.
+plain_landed`): a task, its coroutine and its deadline cost about as much as reading a
+hundred items. Anything else returns the whole pipeline as a coroutine.
 """
 
 from __future__ import annotations
@@ -32,17 +36,21 @@ from typing import Any
 import orjson
 
 from chainstate.httpserver import Headers, Request, Response
-from proxy.attempts import Attempts, LandedThen
+from proxy import outcome
+from proxy.attempts import Attempts, Landed, LandedThen
 from proxy.books import access_log
 from proxy.breaker import CLOSED
 from proxy.face import public
 from proxy.inprocbooks import InprocBooks, Took, make_took
 from proxy.kept import CALL, Counted, KeptRoutes, Lanes, make_counted, retried, too_large
-from proxy.methods import MethodTable
+from proxy.methods import LocalMethod, MethodTable
 from proxy.model import Node, Pool
-from proxy.pipeline import Pipeline
+from proxy.outcome import UpstreamError
+from proxy.parse import MIN_BLOCK
+from proxy.pipeline import BatchPlan, Pipeline
 from proxy.reads import Reads
 from proxy.request import BATCH, Admitted, Answer, Ctx, Group, Row, items_of
+from proxy.rounds import PlainStep
 from proxy.routes import PoolRoutes
 
 _METHOD, _JSONRPC, _ID, _PARAMS = (
@@ -57,6 +65,7 @@ _LIST = {list}
 _GENERAL: Any = object()  # `_keyed`: not for it, `_now`'s own way decides
 _NODES = attrgetter("nodes")  # a kept route's candidates
 _INFO = logging.INFO
+_MIN_BLOCK = MIN_BLOCK.encode()  # (the header's key in `Headers.raw`)
 # (the answers to send, their books: the calls made, or one call shared by lanes)
 Answered = tuple[list[Any], list[Took] | tuple[str, float, list[Counted]]]
 
@@ -119,6 +128,7 @@ class FirstBatch:
         body, headers = request.body, request.headers
         parsed: list[Any] | None = payload  # (None once a node in process was given it)
         ctx: Any = None  # the request's, when the whole-batch cache was asked (a miss)
+        plainly = False  # nodes over HTTP, nothing cached: `_over_http` may send it now
         if found is not None:
             chain, pool = found
             budget = self.budget  # (over it, admission answers 503: no answer made here)
@@ -149,11 +159,114 @@ class FirstBatch:
                 ctx = self.pipeline.cached_now(chain, pool, body, headers, started, tally)
                 if type(ctx) is tuple:
                     return ctx
+                plainly = ctx is None and not routes.paths and payload is None
         admitted = self.admit(chain_id, found)
         if type(admitted) is tuple:
             return admitted
+        if plainly:
+            out = self._over_http(admitted, request, started, tally)
+            if out is not _GENERAL:
+                return out
         early = request.answer_early
         return self.run(chain_id, body, headers, admitted, early, parsed, tally, ctx)
+
+    # ---- a batch's first attempt over HTTP -----------------------------------------------
+
+    def _over_http(
+        self, admitted: Admitted, request: Request, started: float, tally: Any
+    ) -> Response | Awaitable[Response] | None:
+        """The pipeline's steps for a batch body to nodes over HTTP whose answers are not
+        cached, without a task until a step must wait (as proxy/firstattempt.py takes a
+        single request): parsed and planned (`Pipeline.batch_plan`); rows that go as one
+        body to one node (`Rounds.plain_start`) written now to an idle connection
+        (`Attempts.send_now`), their answer classified from the connection's callback
+        (`_BatchThen`) and written to the client (None returned); anything else goes on
+        from the step reached in a task (its coroutine returned). `_GENERAL`: nothing
+        done here (a header or body the general steps answer)."""
+        pipeline = self.pipeline
+        body, headers = request.body, request.headers
+        if (
+            len(body) > pipeline.max_body
+            or headers.raw.get(_MIN_BLOCK) is not None
+            or pipeline.books.tracer is not None
+            or pipeline.readpath is None
+        ):
+            return _GENERAL
+        try:
+            payload = pipeline.parser.batch(body)
+        except orjson.JSONDecodeError:
+            return _GENERAL  # (the general steps answer it)
+        ctx = Ctx(admitted.chain, admitted.pool, None, tally)
+        client = headers.raw.get(b"client-id")  # (no `get` call, no decode)
+        if client:
+            pipeline.metrics.client(client.decode("latin-1"))
+        try:
+            try:
+                plan = pipeline.batch_plan(ctx, payload, body)
+            except LocalMethod:  # raised only once a divert handler is set
+                return self._diverted(ctx, admitted, body, headers)
+            if type(plan) is tuple:
+                return self._closed(ctx, admitted, plan, started, headers)
+            if not plan.lean or plan.waiting:  # type: ignore[union-attr]
+                rest = pipeline.batch_rest(ctx, plan)  # type: ignore[arg-type]
+                return self._later(ctx, admitted, rest, started, headers)
+            rounds = pipeline.rounds
+            answers, planned = plan.answers, plan.planned  # type: ignore[union-attr]
+            step = rounds.plain_start(ctx, plan.plain, plan.sent, answers, planned)  # type: ignore[union-attr]
+            if type(step) is not PlainStep:
+                rest = pipeline.lean_rest(ctx, plan, step)  # type: ignore[arg-type]
+                return self._later(ctx, admitted, rest, started, headers)
+            landed = _BatchThen(self, ctx, admitted, plan, step, started, request)  # type: ignore[arg-type]
+            if not self.attempts.send_now(ctx, step.group, step.data, landed):
+                rest = pipeline.lean_rest(ctx, plan, rounds.plain_send(ctx, step))  # type: ignore[arg-type]
+                return self._later(ctx, admitted, rest, started, headers)
+        except BaseException:
+            self._left(ctx, admitted)
+            raise
+        return None
+
+    async def _later(
+        self,
+        ctx: Ctx,
+        admitted: Admitted,
+        rest: Awaitable[tuple[int, bytes]],
+        started: float,
+        headers: Headers,
+    ) -> Response:
+        """The rest of a batch `_over_http` began, in a task: its answer, then its books."""
+        try:
+            answer = await rest
+        finally:
+            self._left(ctx, admitted)
+        return self.pipeline.books.close(ctx, "batch", 1, answer, started, headers)
+
+    async def _diverted(
+        self, ctx: Ctx, admitted: Admitted, body: bytes, headers: Headers
+    ) -> Response:
+        """A batch naming a method the divert handler answers (the proxy's filters and
+        subscriptions): the whole body handed to it, as `Pipeline.run` hands it."""
+        try:
+            return await self.pipeline.divert(admitted.pool.id, body, headers)  # type: ignore[misc]
+        finally:
+            self._left(ctx, admitted)
+
+    def _closed(
+        self,
+        ctx: Ctx,
+        admitted: Admitted,
+        answer: tuple[int, bytes],
+        started: float,
+        headers: Headers,
+    ) -> Response:
+        """A batch `_over_http` answered: its books, as `Pipeline.run` closes them."""
+        self._left(ctx, admitted)
+        return self.pipeline.books.close(ctx, "batch", 1, answer, started, headers)
+
+    def _left(self, ctx: Ctx, admitted: Admitted) -> None:
+        """The request is no longer in flight (what `Engine.handle` does on its way out)."""
+        if ctx.reserved:
+            self.pipeline.release(ctx)
+        self.leave(admitted.pool)
 
     # ---- plain reads answered now --------------------------------------------------------
 
@@ -496,6 +609,68 @@ class FirstBatch:
         if client:
             metrics.client(client.decode("latin-1"))
         return 200, out
+
+
+class _BatchThen(Landed):
+    """What a batch's first attempt sent now (`FirstBatch._over_http`) does with its
+    outcome after the attempt's books: the answer classified as `Rounds.plain` classifies
+    it (`Rounds.plain_landed`), the read path's items landed, and the client answered from
+    here; or the rest of the steps (another round, the attempt again when the idle
+    connection closed before it was sent) in a task given to the request's
+    `answer_later`. The attempt's books check a whole answer once, as `plain`'s do
+    (`label`)."""
+
+    __slots__ = ("admitted", "began", "first", "label", "plan", "request", "step")
+
+    def __init__(
+        self,
+        first: FirstBatch,
+        ctx: Ctx,
+        admitted: Admitted,
+        plan: BatchPlan,
+        step: PlainStep,
+        began: float,
+        request: Request,
+    ) -> None:
+        self.first = first
+        self.ctx = ctx
+        self.admitted = admitted
+        self.plan = plan
+        self.step = step
+        self.began = began
+        self.request = request
+        checked = step.checked
+        self.label = outcome.answered if checked is None else checked.label
+
+    def then(self, node: Node, raw: bytes | None, exc: UpstreamError | None) -> None:
+        first, ctx, plan, step = self.first, self.ctx, self.plan, self.step
+        pipeline = first.pipeline
+        rounds = pipeline.rounds
+        rest: Awaitable[tuple[int, bytes]] | None = None
+        answer = None
+        try:
+            if raw is None and exc is None:  # not sent after all (a closed idle connection)
+                rest = pipeline.lean_rest(ctx, plan, rounds.plain_send(ctx, step))
+            else:
+                out, pending = rounds.plain_landed(ctx, step, node, raw, exc)
+                if pending:
+                    rest = pipeline.lean_rest(ctx, plan, rounds.plain_rest(ctx, pending, step, out))
+                else:
+                    pipeline.land_planned(plan)
+                    answer = pipeline.lean_answer(ctx, plan, out)
+        except Exception as error:  # answered as a failed handler's task is
+            pipeline.land_planned(plan)
+            rest = _reraise(error)
+        request, headers = self.request, self.request.headers
+        if rest is not None:
+            request.answer_later(first._later(ctx, self.admitted, rest, self.began, headers))
+            return
+        # (an answer: no item waits for an identical read in a batch `_over_http` sends)
+        request.answer_early(first._closed(ctx, self.admitted, answer, self.began, headers))  # type: ignore[arg-type]
+
+
+async def _reraise(error: Exception) -> Any:
+    raise error
 
 
 class _Held:

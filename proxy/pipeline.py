@@ -250,6 +250,19 @@ class Pipeline:
     ) -> tuple[int, bytes]:
         """A batch: every valid item through the steps, answers in the client's order
         (`payload`: parsed, or the rows read from its bytes, `Parser.batch`)."""
+        plan = self.batch_plan(ctx, payload, body, key)
+        if type(plan) is tuple:
+            return plan
+        return await self.batch_rest(ctx, plan)  # type: ignore[arg-type]
+
+    def batch_plan(
+        self, ctx: Ctx, payload: list[Any] | Rows, body: bytes, key: Any = None
+    ) -> tuple[int, bytes] | BatchPlan:
+        """A batch's steps up to its first attempt, without a task: the answer when it has
+        no item to send (empty, too large), else its rows parsed and planned by the read
+        path and, when they go as one body with no Item per row (`BatchPlan.lean`), that
+        body; `batch_rest` (or the synchronous start's first attempt, proxy/firstbatch.py)
+        goes on from there."""
         if not payload:
             return 200, dumps_error(
                 None, JsonRpcError(INVALID_REQUEST, "Invalid Request: empty batch")
@@ -275,6 +288,8 @@ class Pipeline:
         followed = None
         if lean and waiting:
             followed = _followed(plain, planned, waiting, len(payload), whole and key is None)
+        plan = BatchPlan(len(payload), body, key, answers, rows, planned, waiting, whole)
+        plan.plain, plan.changed, plan.followed = plain, changed, followed
         if lean and (followed is not None or not waiting):
             # The rows go as one body without an Item per row; the items the read path
             # pinned go with their pinned objects, those waiting for an identical read in
@@ -287,31 +302,27 @@ class Pipeline:
                     plain = _pinned_rows(plain, planned)
                 if whole and len(plain) == len(payload):  # every item sent, in order
                     sent = _written(plain)  # (pinned in the rows' bytes: `Rows.pins`)
-            try:
-                out = await self.rounds.plain(ctx, plain, sent, answers, planned, followed)
-            finally:
-                for it in planned:
-                    readpath.land(it, None, answers)  # type: ignore[union-attr]
-            if out is not None:
-                return 200, out
-            if waiting:
-                await readpath.wait(ctx, waiting, answers)  # type: ignore[union-attr]
-                if followed is not None and followed.found is not None:
-                    return 200, followed.joined(answers)
-            done = [a for a in answers if a is not None]
-            if readpath is not None:
-                readpath.keep(ctx, key, rows, len(payload), done, [])
-            return (200, orjson.dumps(done)) if done else (204, b"")
-        items = _merged(plain, planned)
-        sent = body if whole else None
+            plan.lean, plan.plain, plan.sent = True, plain, sent
+        return plan
+
+    async def batch_rest(self, ctx: Ctx, plan: BatchPlan) -> tuple[int, bytes]:
+        """A batch's steps from its first attempt on (`batch_plan` made the rest)."""
+        answers, planned, waiting = plan.answers, plan.planned, plan.waiting
+        if plan.lean:
+            sending = self.rounds.plain(ctx, plan.plain, plan.sent, answers, planned, plan.followed)
+            return await self.lean_rest(ctx, plan, sending)
+        readpath = self.readpath
+        whole, rows, n, key = plan.whole, plan.rows, plan.n, plan.key
+        items = _merged(plan.plain, planned)
+        sent = plan.body if whole else None
         route = self.rounds.route
         pinned = False
         if readpath is not None and rows:
-            if whole and changed:
+            if whole and plan.changed:
                 # Only blocks were pinned (every item goes, none waits): the pinned items
                 # with the client's ids, in its order, are the body, and the node's answer
                 # may still be the client's as it is.
-                pinned = not waiting and len(items) == len(payload)
+                pinned = not waiting and len(items) == n
                 sent = _dumps_or_none([it.obj for it in items]) if pinned else None
                 pinned = sent is not None  # (else an item is too deep: `Rounds.sub_batch`)
             route = readpath.route
@@ -320,14 +331,106 @@ class Pipeline:
             if out is not None:
                 if pinned:
                     done = [a for a in answers if a is not None]
-                    readpath.keep(ctx, key, rows, len(payload), done, items)  # type: ignore[union-attr]
+                    readpath.keep(ctx, key, rows, n, done, items)  # type: ignore[union-attr]
                 return (200, out) if out else (204, b"")
         if waiting:
             await readpath.wait(ctx, waiting, answers)  # type: ignore[union-attr]
         done = [a for a in answers if a is not None]
         if readpath is not None:
-            readpath.keep(ctx, key, rows, len(payload), done, [*items, *waiting])
+            readpath.keep(ctx, key, rows, n, done, [*items, *waiting])
         return (200, orjson.dumps(done)) if done else (204, b"")
+
+    async def lean_rest(
+        self, ctx: Ctx, plan: BatchPlan, sending: Awaitable[bytes | None]
+    ) -> tuple[int, bytes]:
+        """A lean batch's answer once `sending` (its rows' attempt and rounds) gave the
+        node's bytes (or None, the answers placed): the planned items landed, and the
+        items that waited for identical reads given theirs."""
+        try:
+            out = await sending
+        finally:
+            self.land_planned(plan)
+        answer = self.lean_answer(ctx, plan, out)
+        if answer is not None:
+            return answer
+        await self.readpath.wait(ctx, plan.waiting, plan.answers)  # type: ignore[union-attr]
+        followed = plan.followed
+        if followed is not None and followed.found is not None:
+            return 200, followed.joined(plan.answers)
+        return self.collected(ctx, plan)
+
+    def land_planned(self, plan: BatchPlan) -> None:
+        """The final answer of each item the read path planned, handed to it."""
+        readpath = self.readpath
+        for it in plan.planned:
+            readpath.land(it, None, plan.answers)  # type: ignore[union-attr]
+
+    def lean_answer(self, ctx: Ctx, plan: BatchPlan, out: bytes | None) -> tuple[int, bytes] | None:
+        """A lean batch's answer once its rows were answered (`out`: the node's bytes when
+        they are the whole answer), or None while items wait for identical reads."""
+        if out is not None:
+            return 200, out
+        if plan.waiting:
+            return None
+        return self.collected(ctx, plan)
+
+    def collected(self, ctx: Ctx, plan: BatchPlan) -> tuple[int, bytes]:
+        """The batch's answers placed one by one, dumped in the client's order (and kept
+        for the whole-batch cache when `keep` finds them cacheable)."""
+        done = [a for a in plan.answers if a is not None]
+        if self.readpath is not None:
+            self.readpath.keep(ctx, plan.key, plan.rows, plan.n, done, [])
+        return (200, orjson.dumps(done)) if done else (204, b"")
+
+
+class BatchPlan:
+    """A batch's steps up to its first attempt (`Pipeline.batch_plan`): its size, body and
+    whole-batch cache key, where its answers go, its rows, the read path's Items (planned,
+    waiting for identical reads), whether every row is the client's with its own id
+    (`whole`), the rows left to send and whether the read path changed any, the items
+    left out of the body (`Followed`), and, when the rows go as one body with no Item per
+    row (`lean`), that body (`sent`: None when the rounds write it)."""
+
+    __slots__ = (
+        "answers",
+        "body",
+        "changed",
+        "followed",
+        "key",
+        "lean",
+        "n",
+        "plain",
+        "planned",
+        "rows",
+        "sent",
+        "waiting",
+        "whole",
+    )
+
+    def __init__(
+        self,
+        n: int,
+        body: bytes,
+        key: Any,
+        answers: list[Any],
+        rows: list[Row],
+        planned: list[Item],
+        waiting: list[Item],
+        whole: bool,
+    ) -> None:
+        self.n = n
+        self.body = body
+        self.key = key
+        self.answers = answers
+        self.rows = rows
+        self.planned = planned
+        self.waiting = waiting
+        self.whole = whole
+        self.plain: list[Row] = rows
+        self.changed = False
+        self.followed: Followed | None = None
+        self.lean = False
+        self.sent: bytes | None = None
 
 
 def _dumps_or_none(objs: list[Any]) -> bytes | None:

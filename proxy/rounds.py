@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 from bisect import bisect_left
+from collections.abc import Awaitable
 from operator import attrgetter
 from typing import Any
 
@@ -139,6 +140,52 @@ class Followed:
 
 _OPEN = b'{"jsonrpc":"2.0","id":%d,'  # (an answer's start, as `results_in_order` takes it)
 _EMPTY = b'{"jsonrpc":"2.0","id":%d,"result":""}'
+
+
+class PlainStep:
+    """A batch's rows `Rounds.plain_start` made ready to go to one node as one body: the
+    rows, the bytes, where their answers go, the read path's Items among them, the entry
+    the attempt books (`_Sent`), its group, the check of a whole answer (`_Checked`, or
+    None) and whether the bytes are the client's whole body."""
+
+    __slots__ = (
+        "answers",
+        "checked",
+        "data",
+        "followed",
+        "group",
+        "planned",
+        "rows",
+        "sent",
+        "whole",
+    )
+
+    def __init__(
+        self,
+        rows: list[Row],
+        data: bytes,
+        answers: list[Any],
+        planned: list[Item] | None,
+        followed: Followed | None,
+        sent: _Sent,
+        group: Group,
+        checked: _Checked | None,
+        whole: bool,
+    ) -> None:
+        self.rows = rows
+        self.data = data
+        self.answers = answers
+        self.planned = planned
+        self.followed = followed
+        self.sent = sent
+        self.group = group
+        self.checked = checked
+        self.whole = whole
+
+
+async def _none() -> None:
+    """`plain`'s answer for no rows."""
+    return None
 
 
 class Rounds:
@@ -266,13 +313,31 @@ class Rounds:
         placed (the read path lands them). `followed`: the batch's items left out of
         `body`, which is then these rows' bytes, not the client's (their answers are
         placed, and the node's bytes kept in `followed` when they can be joined)."""
+        step = self.plain_start(ctx, rows, body, answers, planned, followed)
+        if type(step) is not PlainStep:
+            return await step  # type: ignore[misc]
+        return await self.plain_send(ctx, step)
+
+    def plain_start(
+        self,
+        ctx: Ctx,
+        rows: list[Row],
+        body: bytes | None,
+        answers: list[Any],
+        planned: list[Item] | None = None,
+        followed: Followed | None = None,
+    ) -> PlainStep | Awaitable[bytes | None]:
+        """`plain`'s steps up to its attempt, without a task: the node the rows go to and
+        the bytes it gets (`PlainStep`, for `plain_send`, or a first attempt sent now:
+        proxy/firstbatch.py); or the rest of `plain` to await when they do not go to one
+        node as one body (none, rows for several nodes, rows too deep to write again)."""
         if not rows:
-            return None
+            return _none()
         whole = body is not None and followed is None
         found = self.chooser.one_node(ctx.pool, rows)
         if found is None:
             items = _items(rows, planned, None)
-            return await self.route(ctx, items, body if whole else None, answers, False)
+            return self.route(ctx, items, body if whole else None, answers, False)
         data = body
         if data is None:
             try:
@@ -282,25 +347,64 @@ class Rounds:
                 for i in deep:
                     self._refuse_deep(ctx, rows[i], answers)
                 rest = [row for i, row in enumerate(rows) if i not in deep]
-                return await self.plain(ctx, rest, None, answers, planned)
+                return self.plain(ctx, rest, None, answers, planned)
         node, cands = found
         sent = _Sent(node, rows)
         group = Group(node, [sent], cands, BATCH if len(rows) > 1 else rows[0].method)
-        checked = label = None
+        checked = None
         if whole:
             checked = _Checked(rows.rids if type(rows) is Rows else list(map(_RID, rows)))
-            label = checked.label
+        return PlainStep(rows, data, answers, planned, followed, sent, group, checked, whole)
+
+    async def plain_send(self, ctx: Ctx, step: PlainStep) -> bytes | None:
+        """`plain`'s attempt of what `plain_start` made ready, and what follows its answer."""
+        label = None if step.checked is None else step.checked.label
         try:
-            node, raw = await self.attempts.exchange(ctx, group, data, _usable_batch, label)
+            node, raw = await self.attempts.exchange(
+                ctx, step.group, step.data, _usable_batch, label
+            )
         except UpstreamError as exc:
-            items = _items(rows, planned, sent.tried)
-            failed = self.classifier.failed(ctx, items, exc, answers)
-            await self.go_on(ctx, failed, answers)
-            return None
-        if followed is not None and self._followed(ctx, node, followed, raw, answers, planned):
-            return None
-        return await self.plain_answered(
-            ctx, rows, node, sent.tried, raw, whole, answers, planned, checked
+            out, pending = self.plain_landed(ctx, step, step.group.node, None, exc)
+        else:
+            followed, answers, planned = step.followed, step.answers, step.planned
+            if followed is not None and self._followed(ctx, node, followed, raw, answers, planned):
+                return None
+            out, pending = self.plain_landed(ctx, step, node, raw, None)
+        await self.go_on(ctx, pending, step.answers)
+        return out
+
+    async def plain_rest(
+        self, ctx: Ctx, pending: list[Item], step: PlainStep, out: bytes | None
+    ) -> bytes | None:
+        """`plain`'s rounds from the second on, for the Items its first attempt left
+        (`plain_landed`), then its outcome."""
+        await self.go_on(ctx, pending, step.answers)
+        return out
+
+    def plain_landed(
+        self,
+        ctx: Ctx,
+        step: PlainStep,
+        node: Node,
+        raw: bytes | None,
+        exc: UpstreamError | None,
+    ) -> tuple[bytes | None, list[Item]]:
+        """What `plain`'s attempt brought (`raw` from `node`, or the error `exc`),
+        classified without a task: (the node's bytes when they are the whole answer as they
+        are, else None with the answers placed; the Items the rounds go on with)."""
+        if exc is not None:
+            items = _items(step.rows, step.planned, step.sent.tried)
+            return None, self.classifier.failed(ctx, items, exc, step.answers)
+        return self.plain_answered_now(
+            ctx,
+            step.rows,
+            node,
+            step.sent.tried,
+            raw,  # type: ignore[arg-type]
+            step.whole,
+            step.answers,
+            step.planned,
+            step.checked,
         )
 
     def _followed(
@@ -344,10 +448,30 @@ class Rounds:
         planned: list[Item] | None = None,
         checked: _Checked | None = None,
     ) -> bytes | None:
-        """`plain` once `node` answered `raw`: the node's bytes when they are the answer
-        as they are and `whole` (they answer the client's body), else None with the answers
-        placed, the rounds gone on for what is left. `checked`: the answer's check made as
-        its attempt was booked, if any."""
+        """`plain` once `node` answered `raw` (`plain_answered_now`), the rounds gone on for
+        what is left."""
+        out, pending = self.plain_answered_now(
+            ctx, rows, node, tried, raw, whole, answers, planned, checked
+        )
+        await self.go_on(ctx, pending, answers)
+        return out
+
+    def plain_answered_now(
+        self,
+        ctx: Ctx,
+        rows: list[Row],
+        node: Node,
+        tried: list[Node],
+        raw: bytes,
+        whole: bool,
+        answers: list[Any],
+        planned: list[Item] | None = None,
+        checked: _Checked | None = None,
+    ) -> tuple[bytes | None, list[Item]]:
+        """`plain` once `node` answered `raw`, classified: (the node's bytes when they are the
+        answer as they are and `whole` (they answer the client's body), else None with the
+        answers placed; the Items the rounds go on with). `checked`: the answer's check made
+        as its attempt was booked, if any."""
         classifier = self.classifier
         methods: list[str] | None = None  # (None: the rows' one method, `rows.method`)
         if type(rows) is Rows:  # (its ids kept as parsed, one method: asked about once)
@@ -367,7 +491,7 @@ class Rounds:
                     classifier.ok(ctx, node, methods)
                 if planned:  # (their answers, for the read path)
                     _place_found(rows, planned, found, answers)
-                return raw
+                return raw, []
         if methods is None:
             methods = [rows.method] * len(rows)  # type: ignore[attr-defined]
         parsed = loads(raw)
@@ -376,17 +500,16 @@ class Rounds:
             if whole:
                 if planned:  # (their answers, for the read path)
                     _place_planned(rows, planned, parsed, answers)
-                return raw
+                return raw, []
             place([row.pos for row in rows], rids, parsed, answers)
-            return None
+            return None, []
         items = _items(rows, planned, tried)
         if not isinstance(parsed, list | dict):
             parsed = classifier.decode(ctx, node, items, raw)  # penalises the node
         pending = items if parsed is None else []
         if parsed is not None:
             pending = classifier.take(ctx, node, items, rids, parsed, answers)
-        await self.go_on(ctx, pending, answers)
-        return None
+        return None, pending
 
 
 def _items(rows: list[Row], planned: list[Item] | None, tried: list[Node] | None) -> list[Item]:
