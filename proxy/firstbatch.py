@@ -11,7 +11,7 @@ unless the nodes are in this process: then
   dumped in the client's order and booked (proxy/inprocbooks.py);
 - a batch of eth_calls at heights goes as parsed items to the node's future (the transport's
   `later_now`, through `Attempts.send_now`), and its answer is classified by the rounds'
-  own steps (`Rounds.plain_answered`), which go on with the items left.
+  own steps (`Rounds.plain_answered_now`), which go on with the items left.
 
 A batch the pipeline's whole-batch cache holds (its bytes at the request's `latest`) is
 answered from it now by the pipeline's own cached-batch step (`Pipeline.cached_now`).
@@ -585,7 +585,8 @@ class FirstBatch:
             pending = rounds.classifier.failed(ctx, items_of(rows, tried), exc, answers)
             await rounds.go_on(ctx, pending, answers)
         else:
-            out = await rounds.plain_answered(ctx, rows, node, tried, raw, True, answers)
+            out, pending = rounds.plain_answered_now(ctx, rows, node, tried, raw, True, answers)
+            await rounds.go_on(ctx, pending, answers)
             if out is not None:
                 return 200, out
         kept = [a for a in answers if a is not None]

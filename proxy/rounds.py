@@ -61,7 +61,7 @@ class _Sent:
 class _Checked:
     """A whole batch's answer checked once, as its attempt is booked: `label` runs
     `results_in_order` over it (a match is results only: `ok`, the label `outcome.answered`
-    gives such an answer), and `plain_answered` reads the match back for the same bytes
+    gives such an answer), and `plain_answered_now` reads the match back for the same bytes
     instead of matching them again (a hedge's answer, other bytes, is matched then)."""
 
     __slots__ = ("found", "raw", "rids")
@@ -435,26 +435,6 @@ class Rounds:
         self.answers.metrics.request(ctx.chain, item.method, NO_NODE_KEY, "invalid")
         if not item.notif:
             answers[item.pos] = error_response(item.rid, INVALID_PARAMS, nesting.MESSAGE)
-
-    async def plain_answered(
-        self,
-        ctx: Ctx,
-        rows: list[Row],
-        node: Node,
-        tried: list[Node],
-        raw: bytes,
-        whole: bool,
-        answers: list[Any],
-        planned: list[Item] | None = None,
-        checked: _Checked | None = None,
-    ) -> bytes | None:
-        """`plain` once `node` answered `raw` (`plain_answered_now`), the rounds gone on for
-        what is left."""
-        out, pending = self.plain_answered_now(
-            ctx, rows, node, tried, raw, whole, answers, planned, checked
-        )
-        await self.go_on(ctx, pending, answers)
-        return out
 
     def plain_answered_now(
         self,
