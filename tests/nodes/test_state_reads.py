@@ -82,6 +82,10 @@ async def apply(node: StateNode, chain: SyntheticChain, start: int) -> None:
         ("state", 16, 8, 1000),
         ("state", 16, 64, 1000),  # more hot blocks than the window holds
         ("state", 16, 8, 3),  # a base cache smaller than the state: cleared and refilled
+        # no base cache: every value below the view read from the store at its earliest
+        # height (a `state` view as long as its window; an archive view over all its blocks)
+        ("state", 16, 16, 0),
+        ("archive", 128, 64, 0),
     ],
 )
 async def test_answers_equal_the_model_through_reorgs_and_pruning(
