@@ -71,7 +71,10 @@ _TICK = 256  # items counted down per body between two adds to the clock (a smal
 # allocation per body)
 OFF_TIMES = 4
 PARSE_FLOOR = 0.25  # a parse cache is kept on while its full hit rate would reach this
-BASE_FLOOR = 0.125  # the hot view's base cache (a hit saves a seek: worth it at less)
+# The hot view's base cache: a hit saves a seek, but every miss pays the lookup and
+# `remember_base` and every value kept is memory read at random; on a big store read at
+# random, a full cache answering a quarter of the reads still costs more than none.
+BASE_FLOOR = 0.5
 _HEAD = -1  # a cached block parameter meaning "the head"
 _SLOW = object()  # an item the dispatcher answers
 _IDS = (int, str)  # the ids of items checked or answered strictly (not bool, float or None)
