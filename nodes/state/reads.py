@@ -241,13 +241,13 @@ def _args(params: Any, names: list[str]) -> list[Any]:
 class Reads:
     """The reads of one body: one snapshot of the store, the hot view in front of it."""
 
-    __slots__ = ("earliest", "floor", "head", "hot", "snap")
+    __slots__ = ("earliest", "earliest_key", "head", "hot", "snap")
 
     def __init__(self, snap: Snapshot, hot: HotState) -> None:
         self.snap = snap
         self.hot = hot
         self.earliest, self.head = snap.bounds or (0, -1)  # head -1: no block yet
-        self.floor = self.earliest.to_bytes(8, "big")  # a version key's earliest height
+        self.earliest_key = self.earliest.to_bytes(8, "big")  # (as a version key ends)
 
     def checked(self, height: int) -> int:
         """`height` when the node holds it, else -39006."""
@@ -269,7 +269,7 @@ class Reads:
                 snap = self.snap  # (its `value`, without the call: most reads of a big store)
                 cur = snap.accounts if len(prefix) == ACCOUNT_PREFIX else snap.cursor
                 if base_height == earliest:  # (a `state` node's view always starts there)
-                    value = oldest(cur, prefix, prefix + self.floor) or b""
+                    value = oldest(cur, prefix, prefix + self.earliest_key) or b""
                 else:
                     value = seek(cur, prefix, base_height) or b""
                 if hot.caching:
