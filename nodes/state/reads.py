@@ -52,6 +52,7 @@ from nodes.state.store import (
     F_STORAGE,
     Snapshot,
     StateStore,
+    oldest,
     out_of_range,
     seek,
 )
@@ -70,7 +71,10 @@ _TICK = 256  # items counted down per body between two adds to the clock (a smal
 # allocation per body)
 OFF_TIMES = 4
 PARSE_FLOOR = 0.25  # a parse cache is kept on while its full hit rate would reach this
-BASE_FLOOR = 0.125  # the hot view's base cache (a hit saves a seek: worth it at less)
+# The hot view's base cache: a hit saves a seek, but every miss pays the lookup and
+# `remember_base` and every value kept is memory read at random; on a big store read at
+# random, a full cache answering a quarter of the reads still costs more than none.
+BASE_FLOOR = 0.5
 _HEAD = -1  # a cached block parameter meaning "the head"
 _SLOW = object()  # an item the dispatcher answers
 _IDS = (int, str)  # the ids of items checked or answered strictly (not bool, float or None)
@@ -237,12 +241,13 @@ def _args(params: Any, names: list[str]) -> list[Any]:
 class Reads:
     """The reads of one body: one snapshot of the store, the hot view in front of it."""
 
-    __slots__ = ("earliest", "head", "hot", "snap")
+    __slots__ = ("earliest", "earliest_key", "head", "hot", "snap")
 
     def __init__(self, snap: Snapshot, hot: HotState) -> None:
         self.snap = snap
         self.hot = hot
         self.earliest, self.head = snap.bounds or (0, -1)  # head -1: no block yet
+        self.earliest_key = self.earliest.to_bytes(8, "big")  # (as a version key ends)
 
     def checked(self, height: int) -> int:
         """`height` when the node holds it, else -39006."""
@@ -259,10 +264,14 @@ class Reads:
                 return value
             # Not written in [lo, height] and not cached: the value as of lo - 1 holds.
             base_height = hot.lo - 1
-            if base_height >= self.earliest:
+            earliest = self.earliest
+            if base_height >= earliest:
                 snap = self.snap  # (its `value`, without the call: most reads of a big store)
                 cur = snap.accounts if len(prefix) == ACCOUNT_PREFIX else snap.cursor
-                value = seek(cur, prefix, base_height) or b""
+                if base_height == earliest:  # (a `state` node's view always starts there)
+                    value = oldest(cur, prefix, prefix + self.earliest_key) or b""
+                else:
+                    value = seek(cur, prefix, base_height) or b""
                 if hot.caching:
                     hot.remember_base(prefix, value)
                 return value
@@ -747,14 +756,16 @@ class ReadPath:
     def _address(self, value: Any) -> bytes:
         key = self._addresses.get(value) if value.__class__ is str else None
         if key is None:
-            if value.__class__ is str and len(value) == 42 and value[:2] == "0x":
+            if value.__class__ is str and len(value) == 42 and value.startswith("0x"):
                 try:
                     key = unhexlify(value[2:])
                 except ValueError:  # (binascii.Error: a character that is no hex digit)
                     key = None
             if key is None:
                 key = bytes.fromhex(parse_address(_require(value, "address"))[2:])
-            self._keep(self._address_gate, value, key)
+            gate = self._address_gate
+            if gate.off_until < 0:  # (`_keep` would not keep it: no call)
+                self._keep(gate, value, key)
         return key
 
     def _keep(self, gate: CacheGate, value: str, key: bytes) -> None:
@@ -776,14 +787,16 @@ class ReadPath:
     def _slot(self, value: Any) -> bytes:
         key = self._slots.get(value) if value.__class__ is str else None
         if key is None:
-            if value.__class__ is str and len(value) == 66 and value[:2] == "0x":
+            if value.__class__ is str and len(value) == 66 and value.startswith("0x"):
                 try:
                     key = unhexlify(value[2:])
                 except ValueError:
                     key = None
             if key is None:
                 key = _slot(value).to_bytes(32, "big")
-            self._keep(self._slot_gate, value, key)
+            gate = self._slot_gate
+            if gate.off_until < 0:
+                self._keep(gate, value, key)
         return key
 
     def _height(self, reads: Reads, value: Any) -> int:

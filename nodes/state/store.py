@@ -191,6 +191,20 @@ def seek(cur: lmdb.Cursor, prefix: bytes, height: int) -> bytes | None:
     return None
 
 
+def oldest(cur: lmdb.Cursor, prefix: bytes, limit: bytes) -> bytes | None:
+    """The oldest version of `prefix` when its key is at most `limit` (`prefix` | a height
+    packed), else None: one seek, no step back. At the store's earliest height it is the
+    newest version at or below it, since each field and slot has at most one there: a
+    `state` node's window move deletes the older ones (`_prune`), and an archive's first
+    height has one version of each."""
+    if cur.set_range(prefix):
+        key = cur.key()
+        # (A key from `prefix` up to `limit` starts with `prefix`: a version of it.)
+        if key <= limit:
+            return cur.value()
+    return None
+
+
 class Snapshot:
     """The store as of one read transaction: its bounds and a cursor for version seeks in
     each of `accounts` and `versions`."""

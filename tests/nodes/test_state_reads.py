@@ -82,6 +82,10 @@ async def apply(node: StateNode, chain: SyntheticChain, start: int) -> None:
         ("state", 16, 8, 1000),
         ("state", 16, 64, 1000),  # more hot blocks than the window holds
         ("state", 16, 8, 3),  # a base cache smaller than the state: cleared and refilled
+        # no base cache: every value below the view read from the store at its earliest
+        # height (a `state` view as long as its window; an archive view over all its blocks)
+        ("state", 16, 16, 0),
+        ("archive", 128, 64, 0),
     ],
 )
 async def test_answers_equal_the_model_through_reorgs_and_pruning(
@@ -573,6 +577,40 @@ async def test_caches_turned_off_by_spread_reads_answer_exactly(
                 break
         assert node.reads._slot_gate.on and node.hot.caching
         await assert_answers(node, fork, addrs)
+    finally:
+        await node.close()
+
+
+@pytest.mark.parametrize(("repeated", "kept"), [(16, True), (2, False)])
+async def test_a_base_cache_that_would_answer_few_reads_is_turned_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repeated: int, kept: bool
+) -> None:
+    """The hot view's base cache stays on only while, full, it would answer at least half
+    the reads that reach it: 2 of a window's 16 balances read again, with 30 of its 64
+    entries held, extrapolate to about a quarter (a big store read at random), and it is
+    turned off; a working set read again whole keeps it on. Answers are the model's."""
+    monkeypatch.setattr(reads_module, "JUDGE_ITEMS", 16)
+    monkeypatch.setattr(reads_module, "_TICK", 8)
+    node = await make_node(tmp_path, kind="archive", hot_blocks=8, hot_cache_entries=64)
+    try:
+        chain, _ = random_chain(seed=29, blocks=4)
+        await apply(node, chain, 0)
+        head = chain.state(chain.head)
+        fresh = iter(f"0x{i:040x}" for i in range(1, 1000))  # (never written: all below)
+        first = [next(fresh) for _ in range(16)]
+        windows = [first, first[:repeated] + [next(fresh) for _ in range(16 - repeated)]]
+        windows.append([next(fresh) for _ in range(16)])  # judged as it starts
+        for addrs in windows:
+            items = [
+                {"jsonrpc": "2.0", "id": i, "method": "eth_getBalance",
+                 "params": [addr, hex(chain.head)]}
+                for i, addr in enumerate(addrs)
+            ]  # fmt: skip
+            answer = orjson.loads(await node.handle_body(orjson.dumps(items)))
+            assert [a["result"] for a in answer] == [
+                hex(head.get(addr, Account()).balance) for addr in addrs
+            ]
+        assert node.hot.caching is kept and bool(node.hot.base) is kept
     finally:
         await node.close()
 
