@@ -261,7 +261,7 @@ class Attempts:
             self.upstream.expect_now(taken, url, self.ceiling, ctx, early, landed.landed)
         else:
             then = landed.then
-            rescue = Rescue(self, ctx, group, body, soft, started, then)  # type: ignore[arg-type]
+            rescue = Rescue(self, ctx, group, body, soft, started, then, landed.label)  # type: ignore[arg-type]
             early = ctx.answer_early
             self.upstream.expect_now(
                 taken, url, self.ceiling, ctx, early, rescue.landed, soft, rescue.slow
@@ -485,6 +485,7 @@ class Rescue:
         "ctx",
         "group",
         "held",
+        "label",
         "sent",
         "soft",
         "started",
@@ -502,11 +503,13 @@ class Rescue:
         soft: float,
         started: float,
         then: Callable[[Node, Any, Any], Any],
+        label: Callable[[bytes], str] = outcome.answered,
     ) -> None:
         self.attempts = attempts
         self.ctx = ctx
         self.group = group
         self.body = body
+        self.label = label  # names the first answer in its books (`Landed.label`)
         self.soft = soft  # the attempt timeout
         self.started = started
         self.then = then

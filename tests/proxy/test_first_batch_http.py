@@ -6,6 +6,7 @@ in flight. A real proxy app in front of fake state nodes, the response cache off
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -113,3 +114,30 @@ async def test_a_batch_naming_a_method_the_proxy_answers_is_handed_over(
     assert answers[0]["result"].startswith("0x") and "result" in answers[1], raw
     assert calls == [0] and in_flight(api) == (0, 0)
     assert all(b"eth_newFilter" not in b for b in node.bodies[sent:])
+
+
+async def test_a_lone_node_of_its_kind_keeps_answering_once_raced_at_its_timeout(
+    make_api, fake_nodes
+) -> None:
+    """A state node beside an archive node: once the pool's latency window knows the
+    attempt timeout, a first attempt sent now to the state node is raced at it (`Rescue`).
+    Single requests and batches keep getting their answers, and a late batch is taken over
+    by the archive node."""
+    state = await fake_nodes("state-1", "state")
+    archive = await fake_nodes("archive-1", "archive")
+    settings = fast_settings(cache_pools=[], upstream_timeout=5.0, attempt_timeout_min=0.2)
+    api = await make_api(settings)
+    await api.add("1337", state)
+    await api.add("1337", archive)
+    await api.heads_known("1337")
+    body = orjson.dumps(reads())
+    single = orjson.dumps(req("eth_getBalance", reads()[0]["params"], "s"))
+    for _ in range(80):  # (latency samples for `batch` and for the method)
+        for sent in (body, single):
+            status, raw = await asyncio.wait_for(raw_rpc(api, sent), 5)
+            assert status == 200 and b'"result"' in raw, raw
+    state.delay = 2.0
+    status, raw = await asyncio.wait_for(raw_rpc(api, body), 1.5)
+    answers = orjson.loads(raw)
+    assert status == 200 and [a["id"] for a in answers] == list(range(N)), raw
+    assert {a["result"]["node"] for a in answers} == {"archive-1"}, raw
