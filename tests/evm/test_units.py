@@ -277,3 +277,27 @@ async def test_an_overrun_job_answers_its_own_culprit_and_queues_the_others() ->
         for task in list(executor._tasks):
             task.cancel()
         await executor.close()
+
+
+def test_the_journal_names_each_slot_a_call_read_or_wrote() -> None:
+    """`storage_read` and `writes_of` find every slot in pyrevm's journal text, per account,
+    with the value it holds after the calls (accounts with analysed code and without)."""
+    from pyrevm import EVM, BlockEnv, CfgEnv, Env
+
+    from nodes.state.evm.worker import storage_read, writes_of
+
+    # SSTORE(calldata word + 1, SLOAD(calldata word))
+    copy = bytes.fromhex("600035805490600101550000")
+    block = BlockEnv(number=5, coinbase="0x" + "11" * 20, timestamp=1, prevrandao=b"\0" * 32)
+    evm = EVM(env=Env(cfg=CfgEnv(chain_id=1), block=block), spec_id="Cancun")
+    one, two, caller = "0x" + "22" * 20, "0x" + "33" * 20, "0x" + "44" * 20
+    for address, slot, value in ((one, 7, 99), (two, 3, 5)):
+        evm.insert_account_info(address, _info(copy))
+        evm.insert_account_storage(address, slot, value)
+    checkpoint = evm.snapshot()
+    evm.message_call(caller, one, (7).to_bytes(32, "big"), 0, 100_000, 0, False)
+    evm.message_call(caller, two, (3).to_bytes(32, "big"), 0, 100_000, 0, False)
+    assert sorted(storage_read(evm.journal_str)) == [(one, 7), (one, 8), (two, 3), (two, 4)]
+    assert writes_of(evm)["slots"] == {one: {7: 99, 8: 99}, two: {3: 5, 4: 5}}
+    evm.revert(checkpoint)
+    assert storage_read(evm.journal_str) == []
