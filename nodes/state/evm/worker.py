@@ -46,6 +46,13 @@ from chainstate.jsonrpc import (
 )
 from nodes.state.evm.analysed import AnalysedCode
 from nodes.state.evm.basefee import SUSPECT, UNSURE, BasefeeCheck
+from nodes.state.evm.checked import (
+    CHECK_ROUNDS,
+    CHECKED_CALLS,
+    Checkable,
+    JournalText,
+    journal_accounts,
+)
 from nodes.state.evm.codec import effective_price
 from nodes.state.evm.revert import PANIC_REASONS, error_string, panic_code
 from nodes.state.evm.wire import WorkerEnvs, pack_answer, unpack
@@ -187,14 +194,17 @@ def _block_env(block: dict[str, Any]) -> BlockEnv:
     )
 
 
-def new_evm(job: dict[str, Any], tracing: bool = False) -> EVM:
-    """A fork-mode EVM reading state as of the job's block from the job's state URL.
+def new_evm(job: dict[str, Any], tracing: bool = False, fork: bool = True) -> EVM:
+    """A fork-mode EVM reading state as of the job's block from the job's state URL, or
+    with `fork` False one in memory holding nothing but what it is given (checked.py).
 
     The constructor's `gas_limit` is what GASLIMIT reads after pyrevm rebuilds the block env,
     so it is the block's gas limit.
     """
     block = job["block"]
     env = Env(cfg=CfgEnv(chain_id=job["chain_id"]), block=_block_env(block))
+    if not fork:
+        return EVM(env=env, gas_limit=block["gas_limit"], tracing=tracing, spec_id=job["spec_id"])
     return EVM(
         env=env,
         fork_url=job["fork_url"],
@@ -488,35 +498,14 @@ def call_key(call: dict[str, Any]) -> CallKey:
 def storage_read(journal: str) -> list[tuple[str, int]]:
     """(address, slot) of every storage slot in the journal (what a call read or wrote)."""
     out = []
-    for address, start, end in _storages(journal):
-        for m in _SLOT.finditer(journal, start, end):
-            out.append((address, int(m.group(1))))
+    for address, start, end in journal_accounts(journal):
+        if start != end:
+            for m in _SLOT.finditer(journal, start, end):
+                out.append((address, int(m.group(1))))
     return out
 
 
-_STORAGE = ", storage: {"
-_ACCOUNT = ": Account { info: "
 _SLOT = re.compile(r"(\d+): (?:Evm)?StorageSlot \{ \w+: \d+, present_value: (\d+)")
-
-
-def _storages(journal: str) -> list[tuple[str, int, int]]:
-    """(address, start, end) of each journal account's storage map that is not empty, in
-    the journal's debug text; found with `str.find`: one regex over the whole text, matching
-    lazily across each account's code, cost ~15 µs for a one-slot call."""
-    out = []
-    at = journal.find(_STORAGE)
-    while at != -1:
-        start = at + len(_STORAGE)
-        if journal.startswith("}", start):  # (most accounts: none)
-            at = journal.find(_STORAGE, start)
-            continue
-        head = journal.rfind(_ACCOUNT, 0, at)
-        end = journal.find("}, status", start)
-        if head < 42 or end == -1 or not journal.startswith("0x", head - 42):
-            raise Unusable(f"unexpected journal text near {journal[max(0, at - 80) : at]!r}")
-        out.append((journal[head - 42 : head], start, end))
-        at = journal.find(_STORAGE, end)
-    return out
 
 
 def writes_of(evm: EVM) -> dict[str, Any]:
@@ -535,7 +524,7 @@ def writes_of(evm: EVM) -> dict[str, Any]:
             code = code[: lengths[key]]
         accounts[key] = (info.balance, info.nonce, code)
     slots: dict[str, dict[int, int]] = {}
-    for address, start, end in _storages(journal):
+    for address, start, end in journal_accounts(journal):
         for m in _SLOT.finditer(journal, start, end):
             slots.setdefault(address, {})[int(m.group(1))] = int(m.group(2))
     return {"accounts": accounts, "slots": slots}
@@ -609,12 +598,27 @@ class Warm:
     with it, in one place (a group at a warm block looks it up once): the calls it ran, what
     it was given (`Runner._preload`: the learn keys of calls, slots, and accounts with the
     BASEFEE verdict of a call into each, `BasefeeCheck.alone`), the block env dict it runs
-    with, and for that env the BASEFEE verdicts and kept answers of calls (`call_key`)."""
+    with, and for that env the BASEFEE verdicts and kept answers of calls (`call_key`).
+    `checked`: an EVM in memory (checked.py), whose given accounts are all it holds, and
+    `unchecked` those of them a call into which it cannot vouch for."""
 
-    __slots__ = ("accounts", "answers", "env", "evm", "given", "slots", "uses", "verdicts")
+    __slots__ = (
+        "accounts",
+        "answers",
+        "checked",
+        "env",
+        "evm",
+        "given",
+        "slots",
+        "unchecked",
+        "uses",
+        "verdicts",
+    )
 
-    def __init__(self, evm: EVM, env: dict[str, Any]) -> None:
+    def __init__(self, evm: EVM, env: dict[str, Any], checked: bool = False) -> None:
         self.evm = evm
+        self.checked = checked
+        self.unchecked: set[str] = set()
         self.uses = 0
         self.given: set[LearnKey] = set()
         self.accounts: dict[str, str | None] = {}
@@ -657,6 +661,7 @@ class Runner:
         self._code_of: dict[str, tuple[int, int]] = {}
         self._basefee = BasefeeCheck()
         self._analysed = AnalysedCode()  # contract codes given to EVMs analysed
+        self._checkable = Checkable()  # codes a call into which an EVM in memory can check
         self._job: dict[str, Any] = {}  # the job being run
         self._key: WarmKey | None = None  # its warm key
         self._now: Warm | None = None  # the EVM it runs on and what is kept with it
@@ -678,13 +683,29 @@ class Runner:
             return fresh
         warms = self._warm
         warm = warms.get(key)
-        if warm is None or warm.uses + len(calls) > self.limits.warm_max_calls:
-            warm = warms[key] = Warm(new_evm(job), job["block"])
+        if (
+            warm is None
+            or warm.uses + len(calls) > self.limits.warm_max_calls
+            or (warm.checked and (warm.uses >= CHECKED_CALLS or not self._may_check(job)))
+        ):
+            checked = warm is None and self._may_check(job)
+            warm = warms[key] = Warm(new_evm(job, fork=not checked), job["block"], checked)
         warms.move_to_end(key)
         warm.uses += len(calls)
+        self._give_calls(job, warm)
+        if warm.checked and not self._vouched(calls, warm):
+            warm = warms[key] = Warm(new_evm(job), job["block"])
+            warm.uses = len(calls)
+            self._give_calls(job, warm)
+        while len(warms) > self.warm_blocks:
+            warms.popitem(last=False)
+        return warm
+
+    def _give_calls(self, job: dict[str, Any], warm: Warm) -> None:
+        """Preload a warm EVM for the job's calls it has not been given yet."""
         given = warm.given
         new = None
-        for call in calls:  # (a loop, not a comprehension: no function made per group)
+        for call in job["calls"]:  # (a loop, not a comprehension: no function made per group)
             if learn_key(call) not in given:
                 if new is None:
                     new = []
@@ -692,9 +713,25 @@ class Runner:
         if new is not None:
             self._preload(warm.evm, job, new, warm)
             given.update(learn_key(c) for c in new)
-        while len(warms) > self.warm_blocks:
-            warms.popitem(last=False)
-        return warm
+
+    def _may_check(self, job: dict[str, Any]) -> bool:
+        """May the job's block get an EVM in memory (checked.py): plain calls (no creation,
+        no simulated transactions) at a block whose state the worker reads from the store."""
+        if job["kind"] != "calls" or job.get("collect_writes"):
+            return False
+        for call in job["calls"]:
+            if call["to"] is None:
+                return False
+        return self._store_reads(job.get("store")) is not None
+
+    @staticmethod
+    def _vouched(calls: list[dict[str, Any]], warm: Warm) -> bool:
+        """Was each callee given to the EVM in memory, with a code it can vouch for?"""
+        for call in calls:
+            to = call["to"]
+            if to not in warm.accounts or to in warm.unchecked:
+                return False
+        return True
 
     def _discard(self, evm: EVM) -> None:
         """Stop keeping an EVM warm (its journal can no longer be trusted)."""
@@ -762,6 +799,8 @@ class Runner:
             code_of[address] = (len(code), hash(code))
             if given_to is not None:
                 given_to[address] = alone(code)
+                if warm.checked and not self._checkable(code):  # type: ignore[union-attr]
+                    warm.unchecked.add(address)  # type: ignore[union-attr]
         if warm is not None:
             warm.slots.update(slots)
         known.update(slots)
@@ -806,11 +845,13 @@ class Runner:
                     return list(out)[:PRELOAD_SLOTS]
         return list(out)
 
-    def _learn(self, call: dict[str, Any], evm: EVM) -> None:
-        """Remember the slots a call read (from the journal, before it is reverted), and
-        the first time a code and selector is seen, which of them are mapping entries keyed
-        by calldata (`mapping_shapes`), for calls with other arguments."""
-        read = storage_read(evm.journal_str)[:PRELOAD_SLOTS]
+    def _learn(
+        self, call: dict[str, Any], evm: EVM, read: list[tuple[str, int]] | None = None
+    ) -> None:
+        """Remember the slots a call read (from the journal, before it is reverted, unless
+        given as `read`), and the first time a code and selector is seen, which of them are
+        mapping entries keyed by calldata (`mapping_shapes`), for calls with other arguments."""
+        read = (storage_read(evm.journal_str) if read is None else read)[:PRELOAD_SLOTS]
         self._learned[learn_key(call)] = read
         while len(self._learned) > LEARNED_CALLS:
             self._learned.popitem(last=False)
@@ -876,7 +917,7 @@ class Runner:
             return {"error": error(INVALID_PARAMS, f"unknown job kind {kind!r}")}
         except CallFailed as exc:
             return {"error": exc.error}
-        except Unusable:
+        except (Unusable, JournalText):
             self._warm.clear()
             return {"error": error(EVM_FAILED, "EVM failed; the execution state was reset")}
         except Exception as exc:  # fork-mode connection failures land here
@@ -967,6 +1008,8 @@ class Runner:
     ) -> dict[str, Any]:
         """One call run on `evm` and undone (`key`: its `call_key`, when the caller has
         it); on py-evm when it may read BASEFEE."""
+        if self._key is not None and self._now.checked:  # type: ignore[union-attr]
+            return self._checked(evm, call, key)
         checkpoint = evm.snapshot()
         try:
             result = self._call(evm, call)
@@ -988,6 +1031,57 @@ class Runner:
         if seeds is not None:
             return self._on_pyevm(call, seeds)
         return result
+
+    def _checked(self, evm: EVM, call: dict[str, Any], key: CallKey | None) -> dict[str, Any]:
+        """`_isolated` on an EVM in memory (checked.py): the call's journal must show nothing
+        read that the EVM was not given; what it shows is given and the call runs again, at
+        most CHECK_ROUNDS times. A call that ran and failed (what a reverted frame read is
+        not journaled), or keeps reading more, runs on a fork-mode EVM (`_unchecked`)."""
+        warm = self._now
+        assert warm is not None
+        for _ in range(CHECK_ROUNDS):
+            checkpoint = evm.snapshot()
+            try:
+                result = self._call(evm, call)
+            except Exact:
+                self._revert(evm, checkpoint)
+                return self._on_pyevm(call, [])
+            except CallFailed as exc:
+                self._revert(evm, checkpoint)
+                if exc.gas_used:
+                    return self._unchecked(call, key)
+                raise  # refused before running, on the caller's account as given
+            journal = evm.journal_str
+            accounts, slots, read = [], [], []
+            for address, start, end in journal_accounts(journal):
+                if address not in warm.accounts:
+                    accounts.append(address)
+                if start != end:
+                    for m in _SLOT.finditer(journal, start, end):
+                        pair = (address, int(m.group(1)))
+                        read.append(pair)
+                        if pair not in warm.slots:
+                            slots.append(pair)
+            if not accounts and not slots:
+                seeds = self._basefee_seeds(evm, call, key)
+                if learn_key(call) not in self._learned:
+                    self._learn(call, evm, read)
+                self._revert(evm, checkpoint)
+                return result if seeds is None else self._on_pyevm(call, seeds)
+            self._revert(evm, checkpoint)
+            self._give(evm, self._job, accounts, slots, warm)
+        return self._unchecked(call, key)
+
+    def _unchecked(self, call: dict[str, Any], key: CallKey | None) -> dict[str, Any]:
+        """A call an EVM in memory cannot vouch for, run on a fork-mode EVM of its own."""
+        job, saved = self._job, (self._key, self._now)
+        fresh = Warm(new_evm(job), job["block"])
+        self._preload(fresh.evm, job, [call])
+        self._key, self._now = None, fresh
+        try:
+            return self._isolated(fresh.evm, call, key)
+        finally:
+            self._key, self._now = saved
 
     def _collected(self, evm: EVM, call: dict[str, Any]) -> dict[str, Any]:
         """A simulated transaction on its own fresh EVM, with what it wrote (`writes`), for
