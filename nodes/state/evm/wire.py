@@ -51,7 +51,7 @@ _JOB_KEY_COUNT = len(JOB_KEYS)
 _CALL_KEY_COUNT = len(CALL_KEYS)
 _BLOCK = JOB_KEYS.index("block")
 _CALLS = JOB_KEYS.index("calls")
-HELD_ENVS = 1024  # block envs a worker holds at most (and the node keeps alive for it)
+HELD_ENVS = 16_384  # block envs a worker holds at most (and the node keeps alive for it)
 
 
 class HeldEnvs:
