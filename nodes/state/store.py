@@ -191,6 +191,25 @@ def seek(cur: lmdb.Cursor, prefix: bytes, height: int) -> bytes | None:
     return None
 
 
+def seek_span(cur: lmdb.Cursor, prefix: bytes, height: int) -> tuple[bytes | None, int, int | None]:
+    """`seek`, with the heights its answer holds for: (value, the height of its version (0
+    when never written), the height of the next version, None when none is written yet).
+    The next version is where the seek lands before it steps back, so this costs no more."""
+    size = len(prefix) + 8
+    if cur.set_range(prefix + _BE.pack(height + 1)):
+        key = cur.key()
+        ours = len(key) == size and key.startswith(prefix)
+        until = _BE.unpack_from(key, len(prefix))[0] if ours else None
+        found = cur.prev()
+    else:
+        until, found = None, cur.last()
+    if found:
+        key = cur.key()
+        if len(key) == size and key.startswith(prefix):
+            return cur.value(), _BE.unpack_from(key, len(prefix))[0], until
+    return None, 0, until
+
+
 def oldest(cur: lmdb.Cursor, prefix: bytes, limit: bytes) -> bytes | None:
     """The oldest version of `prefix` when its key is at most `limit` (`prefix` | a height
     packed), else None: one seek, no step back. At the store's earliest height it is the
@@ -550,6 +569,11 @@ class StateStore:
                 return None
             raw = txn.get(_BE.pack(bounds[1]), db=self._hdr)
         return bounds[1], orjson.loads(raw)["header"]["hash"]
+
+    def stored_header(self, txn: lmdb.Transaction, height: int) -> bytes | None:
+        """The header stored for `height` as its bytes, in `txn` (None if none): two reads
+        of one block compare equal unless a reorg replaced it."""
+        return txn.get(_BE.pack(height), db=self._hdr)  # type: ignore[no-any-return]
 
     def hash_at(self, height: int) -> str | None:
         """Hash of the stored block at `height` while it is in range, else None."""

@@ -56,7 +56,15 @@ from nodes.state.evm.checked import (
 from nodes.state.evm.codec import effective_price
 from nodes.state.evm.revert import PANIC_REASONS, error_string, panic_code
 from nodes.state.evm.wire import WorkerEnvs, pack_answer, unpack
-from nodes.state.store import F_BALANCE, F_CODE, F_NONCE, F_STORAGE, StateStore
+from nodes.state.store import (
+    F_BALANCE,
+    F_CODE,
+    F_NONCE,
+    F_STORAGE,
+    Snapshot,
+    StateStore,
+    seek_span,
+)
 
 # Accounts preloaded into a new EVM: one feed request reads them all at once, which on the
 # in-loop feed (overlays) holds the node's event loop for ~10 µs per account; the rest of a
@@ -73,6 +81,8 @@ LEARN_DATA = 260  # calldata bytes that key a learned call (selector and 8 words
 MAPPING_WORDS = 2
 MAPPING_POSITIONS = 16
 CODE_KEYS = 65_536  # accounts whose code key (`Runner._code_of`) a worker keeps
+SPAN_BYTES = 32 * 1024 * 1024  # account field values a worker keeps (`StoreReads`), bytes
+SPAN_OVERHEAD = 200  # bytes a kept value costs beside its own
 MEMORY_CHECK_S = 0.25  # seconds between two looks at the worker's own memory
 ANSWER_BYTES = 1024  # return data up to which a warm EVM keeps a call's answer
 NO_WARM = frozenset(
@@ -277,11 +287,21 @@ class FeedClient:
 class StoreReads:
     """The node's LMDB store opened read-only in the worker (LMDB serves many reader
     processes): what a new EVM is given is read here directly, with no socket and no other
-    process involved. Only for a block's plain state (jobs that name the store)."""
+    process involved. Only for a block's plain state (jobs that name the store).
+
+    Account fields are kept with the heights each value holds for (`seek_span`): the
+    caller, the coinbase and a called contract are read again for each block an EVM is
+    built for, and their values seldom change. A kept value is the store's only while the
+    chain it was read from stands: the header of the head it was read at is kept too and
+    compared at each read (a reorg below or at that head changes it), and a value read
+    with no later version holds only up to that head."""
 
     def __init__(self, path: str, map_size_mb: int) -> None:
         self.store = StateStore(Path(path), map_size_mb=map_size_mb)
         self.store.open_readonly()
+        self._spans: dict[bytes, tuple[int, int, bytes | None]] = {}  # field → (from, to, value)
+        self._span_bytes = 0
+        self._head: tuple[int, bytes | None] = (-1, None)  # (height, header) spans hold to
 
     def block_hash(self, height: int) -> bytes:
         """A block's hash (zero for a block the store does not hold)."""
@@ -297,12 +317,15 @@ class StoreReads:
             if bounds is None or not bounds[0] <= height <= bounds[1]:
                 msg = f"state read failed: block {height} is outside this node's range"
                 raise CallFailed(error(BLOCK_NOT_FOUND, msg))
+            if addresses:
+                self._still(snap, bounds[1])
+            field = self._field
             infos = []
             for address in addresses:
                 a = bytes.fromhex(address[2:])
-                balance = int.from_bytes(snap.value(a + F_BALANCE, height) or b"", "big")
-                nonce = int.from_bytes(snap.value(a + F_NONCE, height) or b"", "big")
-                infos.append((balance, nonce, snap.value(a + F_CODE, height) or b""))
+                balance = int.from_bytes(field(snap, a + F_BALANCE, height) or b"", "big")
+                nonce = int.from_bytes(field(snap, a + F_NONCE, height) or b"", "big")
+                infos.append((balance, nonce, field(snap, a + F_CODE, height) or b""))
             values = []
             for address, slot in slots:
                 prefix = bytes.fromhex(address[2:]) + F_STORAGE + slot.to_bytes(32, "big")
@@ -310,6 +333,32 @@ class StoreReads:
             return infos, values
         finally:
             snap.close()
+
+    def _still(self, snap: Snapshot, head: int) -> None:
+        """Keep the spans while the head they hold to is still the store's block at its
+        height; else drop them. Either way they hold to the store's head from here on."""
+        held, header = self._head
+        stored = self.store.stored_header
+        if held == head and held >= 0 and stored(snap.txn, held) == header:
+            return
+        if held >= 0 and stored(snap.txn, held) != header:
+            self._spans.clear()
+            self._span_bytes = 0
+        self._head = (head, stored(snap.txn, head))
+
+    def _field(self, snap: Snapshot, key: bytes, height: int) -> bytes | None:
+        span = self._spans.get(key)
+        if span is not None and span[0] <= height < span[1]:
+            return span[2]
+        value, since, until = seek_span(snap.accounts, key, height)
+        if until is None:
+            until = self._head[0] + 1
+        if self._span_bytes > SPAN_BYTES:
+            self._spans.clear()
+            self._span_bytes = 0
+        self._spans[key] = (since, until, value)
+        self._span_bytes += SPAN_OVERHEAD + len(value or b"")
+        return value
 
 
 def touched_accounts(job: dict[str, Any]) -> list[str]:
@@ -346,7 +395,13 @@ def insert_preloaded(
         info = analysed.info(balance, nonce, code) if analysed is not None else None
         if info is None:
             # no hash for empty code: pyrevm then uses KECCAK_EMPTY, as EthersDB does
-            code_hash = keccak.new(digest_bits=256, data=code).digest() if code else None
+            code_hash = None
+            if code:
+                code_hash = (
+                    analysed.code_hash(code)
+                    if analysed is not None
+                    else keccak.new(digest_bits=256, data=code).digest()
+                )
             info = AccountInfo(balance, nonce, code_hash, code)
         evm.insert_account_info(address, info)
     for (address, slot), value in zip(slots, values, strict=True):
