@@ -213,15 +213,9 @@ def new_evm(job: dict[str, Any], tracing: bool = False, fork: bool = True) -> EV
     """
     block = job["block"]
     env = Env(cfg=CfgEnv(chain_id=job["chain_id"]), block=_block_env(block))
-    if not fork:
-        return EVM(env=env, gas_limit=block["gas_limit"], tracing=tracing, spec_id=job["spec_id"])
+    source = {"fork_url": job["fork_url"], "fork_block": hex(job["height"])} if fork else {}
     return EVM(
-        env=env,
-        fork_url=job["fork_url"],
-        fork_block=hex(job["height"]),
-        gas_limit=block["gas_limit"],
-        tracing=tracing,
-        spec_id=job["spec_id"],
+        env=env, gas_limit=block["gas_limit"], tracing=tracing, spec_id=job["spec_id"], **source
     )
 
 
@@ -339,11 +333,12 @@ class StoreReads:
         height; else drop them. Either way they hold to the store's head from here on."""
         held, header = self._head
         stored = self.store.stored_header
-        if held == head and held >= 0 and stored(snap.txn, held) == header:
-            return
-        if held >= 0 and stored(snap.txn, held) != header:
-            self._spans.clear()
-            self._span_bytes = 0
+        if held >= 0:
+            if stored(snap.txn, held) != header:
+                self._spans.clear()
+                self._span_bytes = 0
+            elif held == head:
+                return
         self._head = (head, stored(snap.txn, head))
 
     def _field(self, snap: Snapshot, key: bytes, height: int) -> bytes | None:
